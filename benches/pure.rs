@@ -1,0 +1,106 @@
+//! The pure steps every message and every monitored job goes through, one group each:
+//! - `decode_validate`: a SubmitJob's bytes to a checked message (AMQP type and content type, decoding,
+//!   validation), for the figlet and the two-node MPI examples, in JSON and protobuf;
+//! - `ticks`: accounting tick computation, the common case of one due tick per pass and a day's backlog
+//!   (1,440 one-minute ticks after a monitor outage), each tick turned into its message.
+//!
+//! Run with `cargo bench --bench pure`; render throughput has its own bench (`render`).
+
+use std::hint::black_box;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use jiff::{SignedDuration, Timestamp};
+use volcano_runner::config::Config;
+use volcano_runner::messages::v1::SubmitJob;
+use volcano_runner::messages::{Format, Inbound, MessageType, decode, decode_inbound, encode};
+use volcano_runner::pipeline::hooks::JobFacts;
+use volcano_runner::pipeline::{AnnotationKeys, Horizon, TickCursor, TickSchedule};
+use volcano_runner::validate;
+
+fn example(name: &str) -> SubmitJob {
+    let path = format!(
+        "{}/schemas/examples/submit-job.{name}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read(&path).expect("example file");
+    decode(Format::Json, &text).expect("a SubmitJob")
+}
+
+fn decode_validate(c: &mut Criterion) {
+    let config = Config::default();
+    let mut group = c.benchmark_group("decode_validate");
+    group.throughput(Throughput::Elements(1));
+    for name in ["figlet", "mpi-2-nodes"] {
+        let job = example(name);
+        for format in Format::ALL {
+            let body = encode(format, &job).expect("encodes");
+            let content_type = format.content_type();
+            let check = |body: &[u8]| {
+                let Inbound::Submit(job) = decode_inbound(
+                    Some(MessageType::SubmitJob.amqp_type()),
+                    Some(content_type),
+                    body,
+                )
+                .expect("decodes") else {
+                    panic!("not a submission")
+                };
+                validate::submit(&job, &config).expect("valid");
+                job
+            };
+            check(&body);
+            let id = format!("{name}/{}", format!("{format:?}").to_lowercase());
+            group.bench_function(id, |b| b.iter(|| check(black_box(&body))));
+        }
+    }
+    group.finish();
+}
+
+fn ticks(c: &mut Criterion) {
+    let start: Timestamp = "2026-11-22T09:00:00Z".parse().expect("timestamp");
+    let schedule = TickSchedule::new(start, SignedDuration::from_secs(60)).expect("a schedule");
+    // The facts as the monitor reads them from a rendered VolcanoJob.
+    let config = Config::default();
+    let desired =
+        volcano_runner::pipeline::render(&example("figlet"), &config, start).expect("renders");
+    let keys = AnnotationKeys::new(&config.pipeline.annotation_prefix);
+    let facts = JobFacts::read(&desired.vcjob, &keys, &config).expect("facts");
+    let mut group = c.benchmark_group("ticks");
+    // A job in its 10th hour; the monitor last published tick 599, and tick 600 is now complete.
+    let cursor = TickCursor {
+        next: 600,
+        finished: false,
+    };
+    let now = start + SignedDuration::from_secs(601 * 60 + 5);
+    assert_eq!(schedule.due(cursor, Horizon::Running(now)).count(), 1);
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("one_due", |b| {
+        b.iter(|| {
+            schedule
+                .due(black_box(cursor), Horizon::Running(black_box(now)))
+                .map(|t| t.to_message(&facts))
+                .collect::<Vec<_>>()
+        })
+    });
+    // A day without a monitor, then the job ended: 1,440 ticks, the last one final.
+    let ended = start + SignedDuration::from_secs(24 * 3600);
+    let backlog = schedule
+        .due(TickCursor::default(), Horizon::Ended(ended))
+        .count();
+    assert_eq!(backlog, 1440);
+    group.throughput(Throughput::Elements(backlog as u64));
+    group.bench_function("day_backlog", |b| {
+        b.iter(|| {
+            schedule
+                .due(
+                    black_box(TickCursor::default()),
+                    Horizon::Ended(black_box(ended)),
+                )
+                .map(|t| t.to_message(&facts))
+                .collect::<Vec<_>>()
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, decode_validate, ticks);
+criterion_main!(benches);

@@ -1,0 +1,213 @@
+//! Runner processes for a benchmark phase: this very program's `run` command, one process per runner,
+//! so that each one's CPU time and peak memory come from the kernel's own accounting when it exits.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::BenchError;
+use super::report::RunnerUsage;
+
+/// How a runner process is started.
+#[derive(Debug, Clone)]
+pub struct RunnerSpec {
+    /// The program (`std::env::current_exe()`): the runner measured is the one that was built.
+    pub program: PathBuf,
+    /// The configuration file the benchmark itself was given, if any.
+    pub config_file: Option<PathBuf>,
+    /// `VOLCANO_RUNNER_*` overrides: the phase's exchanges and queues, the in-flight limit, quiet logs.
+    pub env: Vec<(String, String)>,
+    /// The simulator's URL.
+    pub cluster_url: String,
+    pub monitor: bool,
+    /// Where each runner's output goes (`<dir>/<id>.log`), to read when a phase goes wrong.
+    pub log_dir: PathBuf,
+}
+
+/// The runners of one phase.
+#[derive(Debug)]
+pub struct Fleet {
+    runners: Vec<(String, Child)>,
+}
+
+impl Fleet {
+    /// Starts `count` runners named `<prefix>-1` to `<prefix>-<count>`.
+    pub fn start(spec: &RunnerSpec, prefix: &str, count: usize) -> Result<Fleet, BenchError> {
+        std::fs::create_dir_all(&spec.log_dir).map_err(|e| BenchError::Runner {
+            id: prefix.into(),
+            reason: format!(
+                "cannot create log directory {}: {e}",
+                spec.log_dir.display()
+            ),
+        })?;
+        let mut fleet = Fleet {
+            runners: Vec::new(),
+        };
+        for k in 1..=count {
+            let id = format!("{prefix}-{k}");
+            let log_path = spec.log_dir.join(format!("{id}.log"));
+            let log = std::fs::File::create(&log_path).map_err(|e| BenchError::Runner {
+                id: id.clone(),
+                reason: format!("cannot create {}: {e}", log_path.display()),
+            })?;
+            let err_log = log.try_clone().map_err(|e| BenchError::Runner {
+                id: id.clone(),
+                reason: e.to_string(),
+            })?;
+            let mut command = Command::new(&spec.program);
+            if let Some(file) = &spec.config_file {
+                command.arg("--config").arg(file);
+            }
+            command
+                .args(["run", "--cluster", &spec.cluster_url, "--id", &id])
+                .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .stdin(Stdio::null())
+                .stdout(log)
+                .stderr(err_log);
+            if !spec.monitor {
+                command.arg("--no-monitor");
+            }
+            let child = command.spawn().map_err(|e| BenchError::Runner {
+                id: id.clone(),
+                reason: format!("cannot start {}: {e}", spec.program.display()),
+            })?;
+            fleet.runners.push((id, child));
+        }
+        Ok(fleet)
+    }
+
+    /// Fails if a runner has exited already (a bad configuration, say): its log says why.
+    pub fn check_alive(&mut self, log_dir: &std::path::Path) -> Result<(), BenchError> {
+        for (id, child) in &mut self.runners {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(BenchError::Runner {
+                    id: id.clone(),
+                    reason: format!(
+                        "exited early ({status}); see {}",
+                        log_dir.join(format!("{id}.log")).display()
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends SIGTERM to every runner, waits for each to exit (at most `patience`, then SIGKILL) and
+    /// returns what each used over its whole life.
+    pub async fn stop(mut self, patience: Duration) -> Vec<RunnerUsage> {
+        let runners = std::mem::take(&mut self.runners);
+        // The peak RSS of the running program, read before it stops: the kernel's ru_maxrss of a child
+        // also counts the pages it shared with this (large) process between fork and exec.
+        let peaks: Vec<Option<f64>> = runners
+            .iter()
+            .map(|(_, child)| peak_rss_mib(child.id()))
+            .collect();
+        for (_, child) in &runners {
+            signal(child.id(), libc::SIGTERM);
+        }
+        let mut usage = Vec::new();
+        for ((id, child), peak) in runners.into_iter().zip(peaks) {
+            let pid = child.id();
+            let waited = tokio::task::spawn_blocking(move || reap(pid));
+            let (exit_ok, cpu_s) = match tokio::time::timeout(patience, waited).await {
+                Ok(Ok(result)) => result,
+                Ok(Err(_)) => (false, 0.0),
+                Err(_) => {
+                    signal(pid, libc::SIGKILL);
+                    tokio::task::spawn_blocking(move || reap(pid))
+                        .await
+                        .map(|(_, cpu)| (false, cpu))
+                        .unwrap_or((false, 0.0))
+                }
+            };
+            // Reaped by `wait4` above; dropping a `Child` neither waits nor kills.
+            drop(child);
+            usage.push(RunnerUsage {
+                id,
+                cpu_s,
+                peak_rss_mib: peak.unwrap_or(f64::NAN),
+                exit_ok,
+            });
+        }
+        usage
+    }
+}
+
+/// A fleet dropped without [`Fleet::stop`] (a phase that failed half-way) kills its runners, so no
+/// runner outlives the benchmark.
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.runners {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn signal(pid: u32, signal: libc::c_int) {
+    // SAFETY: kill(2) with a pid of our own child; it has no memory-safety preconditions.
+    unsafe {
+        libc::kill(pid as libc::pid_t, signal);
+    }
+}
+
+/// The high-water mark of a process's resident memory (`VmHWM`), in MiB, while it runs.
+pub fn peak_rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_vm_hwm(&status)
+}
+
+fn parse_vm_hwm(status: &str) -> Option<f64> {
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
+/// Waits for the child and returns (exited with status 0, user+system CPU seconds).
+fn reap(pid: u32) -> (bool, f64) {
+    let mut status: libc::c_int = 0;
+    // SAFETY: an all-zero rusage is a valid value of the plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: wait4(2) on our own child's pid with valid pointers to locals.
+    let reaped = unsafe { libc::wait4(pid as libc::pid_t, &mut status, 0, &mut usage) };
+    if reaped != pid as libc::pid_t {
+        return (false, 0.0);
+    }
+    let exited_ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    (exited_ok, cpu_seconds(&usage))
+}
+
+fn cpu_seconds(usage: &libc::rusage) -> f64 {
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
+}
+
+/// CPU seconds (user + system) this process has used so far.
+pub fn own_cpu_seconds() -> f64 {
+    // SAFETY: an all-zero rusage is a valid value of the plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage(2) with a valid pointer to a local.
+    unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+    }
+    cpu_seconds(&usage)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peak_rss_comes_from_vm_hwm() {
+        let status = "Name:\tvolcano-runner\nVmPeak:\t  900000 kB\nVmHWM:\t   65536 kB\nVmRSS:\t   60000 kB\n";
+        assert_eq!(parse_vm_hwm(status), Some(64.0));
+        assert_eq!(parse_vm_hwm("Name:\tx\n"), None);
+        // This very process has a peak of its own.
+        assert!(peak_rss_mib(std::process::id()).unwrap() > 1.0);
+    }
+}

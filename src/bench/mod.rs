@@ -1,0 +1,664 @@
+//! `volcano-runner bench`: the end-to-end load benchmark. On one machine, with the simulator in this
+//! process and the real RabbitMQ, it measures the broker's and the simulator's limits for the runner's
+//! work, then runs phases of N submissions against 1 and then more runner processes (this program's
+//! `run`), unpaced and at fixed rates, and reports sustained jobs/s, publish-to-created and
+//! publish-to-QUEUED latencies, and each runner's CPU time and peak RSS.
+//!
+//! Every phase gets a fresh simulator and exchanges and queues of its own (named after the run and the
+//! phase, deleted at the end), so phases cannot see each other's jobs or events and a deployment's
+//! queues on the same broker are never touched.
+
+pub mod fleet;
+pub mod limits;
+pub mod observe;
+pub mod report;
+pub mod stats;
+pub mod workload;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions, QueueBindOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Confirmation, Connection, ConnectionProperties};
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::broker::{Broker, BrokerConfig};
+use crate::cluster::namespaces;
+use crate::config::Config;
+use crate::messages::{Format, MessageType};
+use crate::sim::{SimConfig, SimHandle, Simulator};
+use fleet::{Fleet, RunnerSpec};
+use report::{Limits, Machine, Phase, Report};
+use stats::{Latency, rate, sustained_rate};
+use workload::Workload;
+
+/// Why a benchmark run could not produce figures. Each says what to look at.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("benchmark setup failed: {0}")]
+    Setup(String),
+    #[error("RabbitMQ: {0}")]
+    Broker(String),
+    #[error("the simulator: {0}")]
+    Cluster(String),
+    #[error("runner {id}: {reason}")]
+    Runner { id: String, reason: String },
+    #[error("writing the results to {path}: {error}")]
+    Output {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The runners' configuration (the file given with `--config`, plus `VOLCANO_RUNNER_*`); the
+    /// benchmark replaces the broker's exchange and queue names and the cluster.
+    pub config: Config,
+    pub config_file: Option<PathBuf>,
+    /// Submissions per phase.
+    pub submissions: usize,
+    /// Runner counts, one phase each (per rate).
+    pub runners: Vec<usize>,
+    /// Publishing rates: `None` is unpaced (as fast as confirms allow); `Some(r)` publishes r per second.
+    pub rates: Vec<Option<f64>>,
+    pub max_in_flight: u32,
+    pub monitor: bool,
+    pub format: Format,
+    /// The runner program (this one).
+    pub program: PathBuf,
+    /// Where runner logs go.
+    pub log_dir: PathBuf,
+    /// How long a phase may take before it is reported incomplete.
+    pub phase_timeout: Duration,
+    /// Skip the limit measurements (for a quick look at one phase).
+    pub skip_limits: bool,
+}
+
+/// Runs the whole benchmark and returns its report.
+pub async fn run(options: &Options) -> Result<Report, BenchError> {
+    let run_id = format!("b{:x}", jiff::Timestamp::now().as_second() % 0xff_ffff);
+    let started_at = jiff::Timestamp::now().to_string();
+    let machine = machine();
+    let prefetch = prefetch_for(options.max_in_flight.saturating_mul(2));
+    let sample = Workload::new(&format!("{run_id}x"), 1, options.format);
+    let workload = report::Workload {
+        submissions: options.submissions,
+        application: workload::APPLICATION.into(),
+        message_bytes: sample.message_bytes(),
+        format: format!("{:?}", options.format).to_lowercase(),
+        max_in_flight: options.max_in_flight,
+        submit_prefetch: prefetch,
+        monitor: options.monitor,
+    };
+
+    let limits = if options.skip_limits {
+        None
+    } else {
+        let limits = measure_limits(options, &run_id).await?;
+        info!(
+            broker = limits.broker_msgs_per_s,
+            sim = limits.sim_creates_per_s,
+            "Measured the limits."
+        );
+        Some(limits)
+    };
+
+    let mut phases = Vec::new();
+    let mut index = 0;
+    for rate in &options.rates {
+        for &runners in &options.runners {
+            index += 1;
+            let prefix = format!("{run_id}p{index}");
+            info!(runners, rate = ?rate, "Starting a phase.");
+            let mut phase = run_phase(options, &prefix, runners, *rate, prefetch).await?;
+            phase.ratio_to_smaller_limit = phase
+                .sustained_jobs_per_s
+                .zip(limits.as_ref())
+                .map(|(r, l)| r / l.smaller());
+            phases.push(phase);
+        }
+    }
+    Ok(Report {
+        started_at,
+        version: env!("CARGO_PKG_VERSION").into(),
+        machine,
+        workload,
+        limits,
+        phases,
+    })
+}
+
+/// A prefetch count (AMQP's is 16 bits).
+fn prefetch_for(messages: u32) -> u16 {
+    u16::try_from(messages).unwrap_or(u16::MAX)
+}
+
+/// The configuration of one phase: its own exchanges and queues.
+fn phase_config(options: &Options, prefix: &str, prefetch: u16) -> Config {
+    let mut config = options.config.clone();
+    let b = &mut config.broker;
+    let name = |what: &str| format!("volcano-runner-bench.{prefix}.{what}");
+    b.jobs_exchange = name("jobs");
+    b.submit_queue = name("submit");
+    b.control_queue = name("control");
+    b.dead_letter_exchange = name("dlx");
+    b.dead_letter_queue = name("dead");
+    b.events_exchange = name("events");
+    b.proxy_exchange = name("proxy");
+    b.submit_prefetch = prefetch;
+    b.connection_name = format!("volcano-runner-bench-{prefix}");
+    config.runner.max_in_flight = options.max_in_flight;
+    config
+}
+
+/// The environment that gives a runner process the phase's configuration.
+fn runner_env(config: &Config) -> Vec<(String, String)> {
+    let b = &config.broker;
+    let mut env = vec![
+        ("BROKER__URL", b.url.expose().to_owned()),
+        ("BROKER__JOBS_EXCHANGE", b.jobs_exchange.clone()),
+        ("BROKER__SUBMIT_QUEUE", b.submit_queue.clone()),
+        ("BROKER__CONTROL_QUEUE", b.control_queue.clone()),
+        (
+            "BROKER__DEAD_LETTER_EXCHANGE",
+            b.dead_letter_exchange.clone(),
+        ),
+        ("BROKER__DEAD_LETTER_QUEUE", b.dead_letter_queue.clone()),
+        ("BROKER__EVENTS_EXCHANGE", b.events_exchange.clone()),
+        ("BROKER__PROXY_EXCHANGE", b.proxy_exchange.clone()),
+        ("BROKER__SUBMIT_PREFETCH", b.submit_prefetch.to_string()),
+        (
+            "RUNNER__MAX_IN_FLIGHT",
+            config.runner.max_in_flight.to_string(),
+        ),
+        // Several runners on one machine: each serves its metrics on a port of its own.
+        ("OPS__LISTEN", "127.0.0.1:0".into()),
+    ];
+    // Quiet runners unless the caller asks for their logs (they go to the log directory).
+    if std::env::var_os(format!("{}OPS__LOG_FILTER", crate::config::ENV_PREFIX)).is_none() {
+        env.push(("OPS__LOG_FILTER", "warn".into()));
+    }
+    env.into_iter()
+        .map(|(k, v)| (format!("{}{k}", crate::config::ENV_PREFIX), v))
+        .collect()
+}
+
+async fn measure_limits(options: &Options, run_id: &str) -> Result<Limits, BenchError> {
+    let prefix = format!("{run_id}lim");
+    let concurrency = prefetch_for(options.max_in_flight);
+    let config = phase_config(options, &prefix, concurrency);
+    let workload = Workload::new(&prefix, options.submissions, options.format);
+
+    // The simulator: a fresh one, VolcanoJob creates only.
+    let sim = start_sim(&config).await?;
+    let sim_rate = match sim.client() {
+        Ok(client) => limits::simulator(client, &config, &workload, usize::from(concurrency)).await,
+        Err(e) => Err(BenchError::Cluster(e.to_string())),
+    };
+    sim.shutdown().await;
+
+    // The broker: the topology as runners see it, the submissions in the submit queue, then the loop;
+    // the events reach a consumer, as in the phases.
+    let broker = PhaseBroker::declare(&config).await?;
+    let broker_rate = async {
+        let _observers = observe::Observers::start(&config, &observer_queue(&prefix), None).await?;
+        let connection = broker.raw().await?;
+        publish(&connection, &config, &workload, None, &mut HashMap::new()).await?;
+        let rate = limits::broker(&connection, &config, &workload, concurrency).await;
+        let _ = connection.close(200, "done".into()).await;
+        rate
+    }
+    .await;
+    broker.delete().await;
+    Ok(Limits {
+        broker_msgs_per_s: broker_rate?,
+        sim_creates_per_s: sim_rate?,
+    })
+}
+
+/// The observers' queue of a phase.
+fn observer_queue(prefix: &str) -> String {
+    format!("volcano-runner-bench.{prefix}.observe")
+}
+
+/// One phase on a fresh simulator and exchanges and queues of its own, which are removed whatever
+/// happens in the phase.
+async fn run_phase(
+    options: &Options,
+    prefix: &str,
+    runners: usize,
+    target_rate: Option<f64>,
+    prefetch: u16,
+) -> Result<Phase, BenchError> {
+    let config = phase_config(options, prefix, prefetch);
+    let sim = start_sim(&config).await?;
+    let phase = match PhaseBroker::declare(&config).await {
+        Ok(broker) => {
+            let phase = phase_on(
+                options,
+                &config,
+                &sim,
+                &broker,
+                prefix,
+                runners,
+                target_rate,
+            )
+            .await;
+            broker.delete().await;
+            phase
+        }
+        Err(e) => Err(e),
+    };
+    sim.shutdown().await;
+    phase
+}
+
+async fn phase_on(
+    options: &Options,
+    config: &Config,
+    sim: &SimHandle,
+    broker: &PhaseBroker,
+    prefix: &str,
+    runners: usize,
+    target_rate: Option<f64>,
+) -> Result<Phase, BenchError> {
+    let workload = Workload::new(prefix, options.submissions, options.format);
+    let client = sim
+        .client()
+        .map_err(|e| BenchError::Cluster(e.to_string()))?;
+    for name in namespaces::runner_namespaces(config) {
+        namespaces::create_if_missing(&client, &name)
+            .await
+            .map_err(|e| BenchError::Cluster(format!("create namespace {name}: {e}")))?;
+    }
+    let connection = broker.raw().await?;
+    let observers = observe::Observers::start(
+        config,
+        &observer_queue(prefix),
+        Some((sim.kube_config(), prefix.to_owned())),
+    )
+    .await?;
+    let (queued, created) = (observers.queued.clone(), observers.created.clone());
+
+    let spec = RunnerSpec {
+        program: options.program.clone(),
+        config_file: options.config_file.clone(),
+        env: runner_env(config),
+        cluster_url: sim.url(),
+        monitor: options.monitor,
+        log_dir: options.log_dir.clone(),
+    };
+    let cpu_before = fleet::own_cpu_seconds();
+    // Dropping the fleet on an error below kills the runners.
+    let mut fleet = Fleet::start(&spec, &format!("bench-{prefix}"), runners)?;
+    wait_for_consumers(&connection, config, runners, &mut fleet, options).await?;
+
+    let mut published_at = HashMap::with_capacity(workload.messages.len());
+    let publish_started = Instant::now();
+    let published = publish(
+        &connection,
+        config,
+        &workload,
+        target_rate,
+        &mut published_at,
+    )
+    .await?;
+    let publish_rate = rate(published, publish_started.elapsed());
+    let complete = wait_with_progress(&queued, published, options.phase_timeout).await;
+    // Created is seen before QUEUED; give the watch a moment if it lags behind the events.
+    let _ = tokio::time::timeout(Duration::from_secs(5), created.wait_for(queued.len())).await;
+    let per_runner = fleet
+        .stop(config.runner.shutdown_grace + Duration::from_secs(10))
+        .await;
+    let harness_cpu_s = fleet::own_cpu_seconds() - cpu_before;
+    drop(observers);
+
+    let mut to_created = Vec::new();
+    let mut to_queued = Vec::new();
+    let mut completions = Vec::new();
+    for (id, at) in &published_at {
+        if let Some(c) = created.get(id) {
+            to_created.push(c.saturating_duration_since(*at));
+        }
+        if let Some(q) = queued.get(id) {
+            to_queued.push(q.saturating_duration_since(*at));
+            completions.push(q.saturating_duration_since(publish_started));
+        }
+    }
+    let _ = connection.close(200, "done".into()).await;
+    Ok(Phase {
+        runners,
+        target_rate,
+        published,
+        created: to_created.len(),
+        queued: to_queued.len(),
+        complete,
+        publish_rate,
+        sustained_jobs_per_s: sustained_rate(&mut completions),
+        ratio_to_smaller_limit: None,
+        publish_to_created: Latency::of(&mut to_created),
+        publish_to_queued: Latency::of(&mut to_queued),
+        per_runner,
+        harness_cpu_s,
+    })
+}
+
+/// A fresh simulator on a free port with the configuration's nodes, on real time.
+async fn start_sim(config: &Config) -> Result<crate::sim::SimHandle, BenchError> {
+    let sim_config = SimConfig {
+        listen: "127.0.0.1:0".into(),
+        clock_speed: 1.0,
+        ..config.sim.clone()
+    };
+    Simulator::start(sim_config)
+        .await
+        .map_err(|e| BenchError::Cluster(format!("the simulator does not start: {e}")))
+}
+
+/// Waits until `count` jobs are QUEUED or `timeout` passes (then `false`), logging progress every few
+/// seconds: a 10,000-job phase takes a while, and a stalled one should show where it stalls.
+async fn wait_with_progress(queued: &observe::Seen, count: usize, timeout: Duration) -> bool {
+    const EVERY: Duration = Duration::from_secs(5);
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let step = EVERY.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+        if tokio::time::timeout(step, queued.wait_for(count))
+            .await
+            .is_ok()
+        {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        info!(
+            queued = queued.len(),
+            of = count,
+            "Waiting for QUEUED events."
+        );
+    }
+}
+
+/// The phase's exchanges and queues, declared the way runners declare them, and deleted at the end.
+struct PhaseBroker {
+    broker: BrokerConfig,
+    token: CancellationToken,
+    declared: Broker,
+}
+
+impl PhaseBroker {
+    async fn declare(config: &Config) -> Result<PhaseBroker, BenchError> {
+        let token = CancellationToken::new();
+        let declared = Broker::connect(config.broker.clone(), token.clone())
+            .await
+            .map_err(|e| BenchError::Broker(e.to_string()))?;
+        Ok(PhaseBroker {
+            broker: config.broker.clone(),
+            token,
+            declared,
+        })
+    }
+
+    /// A plain lapin connection for the publisher, the observers and the limit loop.
+    async fn raw(&self) -> Result<Connection, BenchError> {
+        Connection::connect(self.broker.url.expose(), ConnectionProperties::default())
+            .await
+            .map_err(|e| {
+                BenchError::Broker(format!(
+                    "cannot connect ({e}); is RabbitMQ running at the [broker] url?"
+                ))
+            })
+    }
+
+    async fn delete(self) {
+        if let Ok(connection) = self.raw().await
+            && let Ok(channel) = connection.create_channel().await
+        {
+            let b = &self.broker;
+            for queue in [&b.submit_queue, &b.control_queue, &b.dead_letter_queue] {
+                let _ = channel
+                    .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                    .await;
+            }
+            for exchange in [
+                &b.jobs_exchange,
+                &b.dead_letter_exchange,
+                &b.events_exchange,
+                &b.proxy_exchange,
+            ] {
+                let _ = channel
+                    .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+                    .await;
+            }
+            let _ = connection.close(200, "done".into()).await;
+        }
+        self.declared.close().await;
+        self.token.cancel();
+    }
+}
+
+/// An exclusive queue bound to the events exchange: the orchestrator's view of the events.
+pub(crate) async fn declare_observer_queue(
+    channel: &lapin::Channel,
+    events_exchange: &str,
+    queue: &str,
+) -> Result<(), BenchError> {
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                exclusive: true,
+                auto_delete: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| BenchError::Broker(format!("declare {queue}: {e}")))?;
+    channel
+        .queue_bind(
+            queue.into(),
+            events_exchange.into(),
+            "#".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| BenchError::Broker(format!("bind {queue}: {e}")))
+}
+
+/// Waits until `runners` consumers are on the submit queue (every runner is connected and consuming).
+async fn wait_for_consumers(
+    connection: &Connection,
+    config: &Config,
+    runners: usize,
+    fleet: &mut Fleet,
+    options: &Options,
+) -> Result<(), BenchError> {
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| BenchError::Broker(format!("channel: {e}")))?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        fleet.check_alive(&options.log_dir)?;
+        let queue = channel
+            .queue_declare(
+                config.broker.submit_queue.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| BenchError::Broker(format!("inspect the submit queue: {e}")))?;
+        if queue.consumer_count() as usize >= runners {
+            let _ = channel.close(200, "done".into()).await;
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(BenchError::Runner {
+                id: "all".into(),
+                reason: format!(
+                    "{} of {runners} runners consume after 60 s; see the logs in {}",
+                    queue.consumer_count(),
+                    options.log_dir.display()
+                ),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// How many publishes may await their confirms at once: enough to keep the broker busy, bounded so
+/// that an unpaced publisher does not hold the whole run in memory.
+const PUBLISH_WINDOW: usize = 512;
+
+/// Publishes the workload to the jobs exchange (persistent, confirmed), unpaced or at `target_rate` per
+/// second, recording when each was handed to the client. Returns how many were confirmed.
+async fn publish(
+    connection: &Connection,
+    config: &Config,
+    workload: &Workload,
+    target_rate: Option<f64>,
+    published_at: &mut HashMap<String, Instant>,
+) -> Result<usize, BenchError> {
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| BenchError::Broker(format!("channel: {e}")))?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(|e| BenchError::Broker(format!("confirm mode: {e}")))?;
+    let b = &config.broker;
+    let start = tokio::time::Instant::now();
+    let mut confirms = FuturesUnordered::new();
+    let mut confirmed = 0;
+    for (i, (job_id, body)) in workload.messages.iter().enumerate() {
+        if let Some(rate) = target_rate {
+            let due = start + Duration::from_secs_f64(i as f64 / rate);
+            tokio::time::sleep_until(due).await;
+        }
+        while confirms.len() >= PUBLISH_WINDOW {
+            confirmed += settle(confirms.next().await)?;
+        }
+        published_at.insert(job_id.clone(), Instant::now());
+        let confirm = channel
+            .basic_publish(
+                b.jobs_exchange.as_str().into(),
+                b.submit_routing_key.as_str().into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                body,
+                BasicProperties::default()
+                    .with_delivery_mode(2)
+                    .with_content_type(workload.format.content_type().into())
+                    .with_message_id(job_id.as_str().into())
+                    .with_type(MessageType::SubmitJob.amqp_type().into()),
+            )
+            .await
+            .map_err(|e| BenchError::Broker(format!("publish: {e}")))?;
+        confirms.push(confirm);
+    }
+    while let Some(next) = confirms.next().await {
+        confirmed += settle(Some(next))?;
+    }
+    let _ = channel.close(200, "done".into()).await;
+    Ok(confirmed)
+}
+
+fn settle(confirm: Option<Result<Confirmation, lapin::Error>>) -> Result<usize, BenchError> {
+    match confirm {
+        None => Ok(0),
+        Some(Ok(Confirmation::Ack(None))) => Ok(1),
+        Some(Ok(Confirmation::Ack(Some(_)))) => Err(BenchError::Broker(
+            "a submission was returned: no queue is bound to the jobs exchange".into(),
+        )),
+        Some(Ok(other)) => Err(BenchError::Broker(format!(
+            "a submission was not confirmed: {other:?}"
+        ))),
+        Some(Err(e)) => Err(BenchError::Broker(format!("confirm: {e}"))),
+    }
+}
+
+/// What the figures were measured on.
+fn machine() -> Machine {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu_model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map_or("unknown".into(), |m| m.trim().to_owned());
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let memory_gib = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|kib| kib.parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1024.0 / 1024.0);
+    let load_average_at_start = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().and_then(|v| v.parse().ok()));
+    Machine {
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cpu_model,
+        memory_gib,
+        os: format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),
+        load_average_at_start,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_phase_has_names_of_its_own_and_runners_get_them() {
+        let options = Options {
+            config: Config::default(),
+            config_file: None,
+            submissions: 10,
+            runners: vec![1],
+            rates: vec![None],
+            max_in_flight: 64,
+            monitor: true,
+            format: Format::Json,
+            program: "volcano-runner".into(),
+            log_dir: "/tmp".into(),
+            phase_timeout: Duration::from_secs(1),
+            skip_limits: false,
+        };
+        let a = phase_config(&options, "b1p1", 128);
+        let b = phase_config(&options, "b1p2", 128);
+        assert_ne!(a.broker.submit_queue, b.broker.submit_queue);
+        assert_ne!(a.broker.events_exchange, b.broker.events_exchange);
+        assert_eq!(a.runner.max_in_flight, 64);
+        let env: HashMap<String, String> = runner_env(&a).into_iter().collect();
+        assert_eq!(
+            env["VOLCANO_RUNNER_BROKER__SUBMIT_QUEUE"],
+            a.broker.submit_queue
+        );
+        assert_eq!(env["VOLCANO_RUNNER_RUNNER__MAX_IN_FLIGHT"], "64");
+        assert_eq!(env["VOLCANO_RUNNER_BROKER__SUBMIT_PREFETCH"], "128");
+        // The environment is read back by the configuration loader into the same names.
+        let loaded = Config::from_sources(None, env.clone()).unwrap();
+        assert_eq!(loaded.broker.submit_queue, a.broker.submit_queue);
+        assert_eq!(loaded.broker.dead_letter_queue, a.broker.dead_letter_queue);
+        assert_eq!(loaded.broker.submit_prefetch, 128);
+        assert_eq!(loaded.runner.max_in_flight, 64);
+    }
+}

@@ -1,0 +1,258 @@
+//! The two observers of a phase: a watch of VolcanoJobs (when each job appeared in the cluster) and a
+//! consumer of the events exchange (when each job's QUEUED arrived). Both record the first instant per
+//! job id on the same monotonic clock as the publisher.
+//!
+//! They run on a thread and runtime of their own ([`Observers`]): in the simulator's runtime they would
+//! wait behind its work (serving every runner's requests and watches) and stamp events late.
+
+use std::collections::HashMap;
+use std::pin::pin;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use futures::StreamExt;
+use kube::Api;
+use kube::runtime::watcher;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions};
+use lapin::types::FieldTable;
+use tokio::sync::{Notify, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::BenchError;
+use crate::cluster::volcano::VolcanoJob;
+use crate::messages::v1::{JobEvent, JobState};
+use crate::messages::{Format, decode};
+use crate::pipeline::names::job_id_from_vcjob_name;
+
+/// First-seen instants by job id, shared between an observer and the phase that reads it.
+#[derive(Debug, Default, Clone)]
+pub struct Seen {
+    inner: Arc<(Mutex<HashMap<String, Instant>>, Notify)>,
+}
+
+impl Seen {
+    fn record(&self, job_id: &str, at: Instant) {
+        let mut map = self.inner.0.lock().expect("not poisoned");
+        if !map.contains_key(job_id) {
+            map.insert(job_id.to_owned(), at);
+            self.inner.1.notify_waiters();
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.0.lock().expect("not poisoned").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// When `job_id` was first seen.
+    pub fn get(&self, job_id: &str) -> Option<Instant> {
+        self.inner
+            .0
+            .lock()
+            .expect("not poisoned")
+            .get(job_id)
+            .copied()
+    }
+
+    /// Waits until at least `count` jobs have been seen.
+    pub async fn wait_for(&self, count: usize) {
+        loop {
+            let notified = self.inner.1.notified();
+            if self.len() >= count {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Watches every VolcanoJob; returns once the watch is established (so nothing created after can be
+/// missed), and records until `stop`.
+pub async fn watch_created(
+    client: kube::Client,
+    prefix: String,
+    stop: CancellationToken,
+) -> Result<(Seen, tokio::task::JoinHandle<()>), BenchError> {
+    let seen = Seen::default();
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let api: Api<VolcanoJob> = Api::all(client);
+    let record = seen.clone();
+    let task = tokio::spawn(async move {
+        let mut ready = Some(ready_tx);
+        let mut stream = pin!(watcher(api, watcher::Config::default()));
+        loop {
+            let event = tokio::select! {
+                _ = stop.cancelled() => return,
+                event = stream.next() => event,
+            };
+            let now = Instant::now();
+            match event {
+                None => return,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "The benchmark's VolcanoJob watch failed; it restarts.")
+                }
+                Some(Ok(watcher::Event::InitDone)) => {
+                    if let Some(tx) = ready.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                Some(Ok(watcher::Event::Apply(job) | watcher::Event::InitApply(job))) => {
+                    if let Some(id) = job
+                        .metadata
+                        .name
+                        .as_deref()
+                        .and_then(job_id_from_vcjob_name)
+                        .filter(|id| id.starts_with(&prefix))
+                    {
+                        record.record(id, now);
+                    }
+                }
+                Some(Ok(_)) => {}
+            }
+        }
+    });
+    ready_rx
+        .await
+        .map_err(|_| BenchError::Setup("the VolcanoJob watch ended before it started".into()))?;
+    Ok((seen, task))
+}
+
+/// Consumes `queue` (bound to the events exchange) and records each job's first QUEUED event.
+pub async fn consume_queued(
+    channel: lapin::Channel,
+    queue: &str,
+    stop: CancellationToken,
+) -> Result<(Seen, tokio::task::JoinHandle<()>), BenchError> {
+    let seen = Seen::default();
+    let mut consumer = channel
+        .basic_consume(
+            queue.into(),
+            "bench-observer".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| BenchError::Broker(format!("consume {queue}: {e}")))?;
+    let record = seen.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let delivery = tokio::select! {
+                _ = stop.cancelled() => return,
+                d = consumer.next() => d,
+            };
+            let now = Instant::now();
+            let Some(Ok(delivery)) = delivery else { return };
+            let format = delivery
+                .properties
+                .content_type()
+                .as_ref()
+                .and_then(|c| Format::from_content_type(c.as_str()).ok())
+                .unwrap_or(Format::Json);
+            if let Ok(event) = decode::<JobEvent>(format, &delivery.data)
+                && event.state() == JobState::Queued
+            {
+                record.record(&event.job_id, now);
+            }
+            let _ = delivery.ack(BasicAckOptions::default()).await;
+        }
+    });
+    Ok((seen, task))
+}
+
+/// Both observers on a thread of their own, recording until dropped.
+pub struct Observers {
+    pub queued: Seen,
+    pub created: Seen,
+    stop: CancellationToken,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Observers {
+    /// Connects to RabbitMQ (and, given `watch`, the cluster, watching VolcanoJobs of jobs whose ids
+    /// start with its prefix) from a new thread, binds `queue` to the events exchange, and returns once
+    /// the observers are in place.
+    pub async fn start(
+        config: &crate::config::Config,
+        queue: &str,
+        watch: Option<(kube::Config, String)>,
+    ) -> Result<Observers, BenchError> {
+        let amqp_url = config.broker.url.expose().to_owned();
+        let events_exchange = config.broker.events_exchange.clone();
+        let queue = queue.to_owned();
+        let stop = CancellationToken::new();
+        let (ready_tx, ready_rx) = oneshot::channel::<Result<(Seen, Seen), BenchError>>();
+        let token = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("bench-observers".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(BenchError::Setup(e.to_string())));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    let started = async {
+                        let connection = lapin::Connection::connect(
+                            &amqp_url,
+                            lapin::ConnectionProperties::default(),
+                        )
+                        .await
+                        .map_err(|e| BenchError::Broker(format!("observer connect: {e}")))?;
+                        let channel = connection
+                            .create_channel()
+                            .await
+                            .map_err(|e| BenchError::Broker(format!("channel: {e}")))?;
+                        super::declare_observer_queue(&channel, &events_exchange, &queue).await?;
+                        let (queued, _) = consume_queued(channel, &queue, token.clone()).await?;
+                        let created = match watch {
+                            Some((kube_config, prefix)) => {
+                                let client = kube::Client::try_from(kube_config).map_err(|e| {
+                                    BenchError::Cluster(format!("observer client: {e}"))
+                                })?;
+                                watch_created(client, prefix, token.clone()).await?.0
+                            }
+                            None => Seen::default(),
+                        };
+                        Ok::<_, BenchError>((connection, queued, created))
+                    };
+                    match started.await {
+                        Ok((connection, queued, created)) => {
+                            let _ = ready_tx.send(Ok((queued, created)));
+                            token.cancelled().await;
+                            let _ = connection.close(200, "done".into()).await;
+                        }
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                        }
+                    }
+                });
+            })
+            .map_err(|e| BenchError::Setup(format!("cannot start the observer thread: {e}")))?;
+        let (queued, created) = ready_rx
+            .await
+            .map_err(|_| BenchError::Setup("the observer thread ended early".into()))??;
+        Ok(Observers {
+            queued,
+            created,
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Observers {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! What a benchmark run found: the JSON written by `--out` and the short table printed at the end.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::stats::Latency;
+
+/// One whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// When the run started (RFC 3339), and the program that ran it.
+    pub started_at: String,
+    pub version: String,
+    /// The machine, so figures are compared only with figures from a similar one.
+    pub machine: Machine,
+    /// The workload: how many submissions, of which application, and the runner settings.
+    pub workload: Workload,
+    /// What the broker and the simulator manage alone, measured in the same run; `None` with
+    /// `--skip-limits`.
+    pub limits: Option<Limits>,
+    /// One entry per runner count and rate.
+    pub phases: Vec<Phase>,
+}
+
+/// The machine the figures were measured on.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    pub cpus: usize,
+    pub cpu_model: String,
+    pub memory_gib: f64,
+    pub os: String,
+    /// The 1-minute load average when the run started: other work on the machine skews every figure.
+    pub load_average_at_start: Option<f64>,
+}
+
+/// The workload and the settings of the runners.
+#[derive(Debug, Clone, Serialize)]
+pub struct Workload {
+    pub submissions: usize,
+    pub application: String,
+    pub message_bytes: usize,
+    pub format: String,
+    pub max_in_flight: u32,
+    pub submit_prefetch: u16,
+    /// Whether runners carry the monitoring duty (watching their jobs and publishing lifecycle events).
+    pub monitor: bool,
+}
+
+/// The two limits the runner sits between.
+#[derive(Debug, Clone, Serialize)]
+pub struct Limits {
+    /// Submissions consumed and acked, each answered by one confirmed event of the same size as QUEUED,
+    /// by a minimal lapin loop with the runner's concurrency.
+    pub broker_msgs_per_s: f64,
+    /// VolcanoJobs created through the kube client with the runner's concurrency (nothing else).
+    pub sim_creates_per_s: f64,
+}
+
+impl Limits {
+    /// The smaller limit: no runner can go faster than this on this machine.
+    pub fn smaller(&self) -> f64 {
+        self.broker_msgs_per_s.min(self.sim_creates_per_s)
+    }
+}
+
+/// One phase: some runners, submissions published unpaced or at a fixed rate.
+#[derive(Debug, Clone, Serialize)]
+pub struct Phase {
+    pub runners: usize,
+    /// Submissions per second the publisher aimed at; `None` for as fast as it can.
+    pub target_rate: Option<f64>,
+    /// Submissions published, VolcanoJobs seen created and QUEUED events received.
+    pub published: usize,
+    pub created: usize,
+    pub queued: usize,
+    /// Whether every submission was QUEUED before the phase's time limit.
+    pub complete: bool,
+    /// The publisher's own rate (confirmed submissions per second).
+    pub publish_rate: f64,
+    /// Jobs per second between the first and the last tenth of the QUEUED events.
+    pub sustained_jobs_per_s: Option<f64>,
+    /// `sustained_jobs_per_s` over the smaller of the two limits.
+    pub ratio_to_smaller_limit: Option<f64>,
+    pub publish_to_created: Option<Latency>,
+    pub publish_to_queued: Option<Latency>,
+    pub per_runner: Vec<RunnerUsage>,
+    /// CPU of the benchmark process in the phase: the simulator, the publisher and the observers.
+    pub harness_cpu_s: f64,
+}
+
+/// What one runner process used, from the kernel's accounting when it exited.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunnerUsage {
+    pub id: String,
+    pub cpu_s: f64,
+    pub peak_rss_mib: f64,
+    /// Whether it exited cleanly after SIGTERM.
+    pub exit_ok: bool,
+}
+
+impl Report {
+    /// The short table printed at the end of a run (also what the README shows).
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let m = &self.machine;
+        let _ = writeln!(
+            out,
+            "machine: {} CPUs ({}), {:.0} GiB; load at start {}",
+            m.cpus,
+            m.cpu_model,
+            m.memory_gib,
+            m.load_average_at_start
+                .map_or("unknown".into(), |l| format!("{l:.2}")),
+        );
+        let w = &self.workload;
+        let _ = writeln!(
+            out,
+            "workload: {} x {} ({} bytes, {}), max_in_flight {}, prefetch {}, monitor {}",
+            w.submissions,
+            w.application,
+            w.message_bytes,
+            w.format,
+            w.max_in_flight,
+            w.submit_prefetch,
+            if w.monitor { "on" } else { "off" },
+        );
+        match &self.limits {
+            Some(l) => {
+                let _ = writeln!(
+                    out,
+                    "limits: broker {:.0} msgs/s (consume+ack+confirmed publish), simulator {:.0} VolcanoJob creates/s",
+                    l.broker_msgs_per_s, l.sim_creates_per_s
+                );
+            }
+            None => out.push_str("limits: not measured (--skip-limits)\n"),
+        }
+        let _ = writeln!(
+            out,
+            "{:>7} | {:>9} | {:>8} | {:>6} | {:>21} | {:>21} | {:>15} | {:>13}",
+            "runners",
+            "rate",
+            "jobs/s",
+            "ratio",
+            "created p50/p95/p99",
+            "QUEUED p50/p95/p99",
+            "CPU s/runner",
+            "peak RSS MiB"
+        );
+        for p in &self.phases {
+            let rate = p
+                .target_rate
+                .map_or("unpaced".into(), |r| format!("{r:.0}/s"));
+            let jobs = p
+                .sustained_jobs_per_s
+                .map_or("-".into(), |r| format!("{r:.0}"));
+            let ratio = p
+                .ratio_to_smaller_limit
+                .map_or("-".into(), |r| format!("{:.0}%", r * 100.0));
+            let lat = |l: &Option<Latency>| {
+                l.map_or("-".into(), |l| {
+                    format!("{:.0}/{:.0}/{:.0} ms", l.p50_ms, l.p95_ms, l.p99_ms)
+                })
+            };
+            let cpu = p
+                .per_runner
+                .iter()
+                .map(|r| format!("{:.1}", r.cpu_s))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let rss = p
+                .per_runner
+                .iter()
+                .map(|r| format!("{:.0}", r.peak_rss_mib))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let incomplete = if p.complete {
+                String::new()
+            } else {
+                format!("  (incomplete: {} of {} QUEUED)", p.queued, p.published)
+            };
+            let _ = writeln!(
+                out,
+                "{:>7} | {:>9} | {:>8} | {:>6} | {:>21} | {:>21} | {:>15} | {:>13}{incomplete}",
+                p.runners,
+                rate,
+                jobs,
+                ratio,
+                lat(&p.publish_to_created),
+                lat(&p.publish_to_queued),
+                cpu,
+                rss
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> Report {
+        Report {
+            started_at: "2026-11-22T07:00:00Z".into(),
+            version: "0.1.0".into(),
+            machine: Machine {
+                cpus: 2,
+                cpu_model: "Test CPU".into(),
+                memory_gib: 24.0,
+                os: "linux".into(),
+                load_average_at_start: Some(0.5),
+            },
+            workload: Workload {
+                submissions: 1000,
+                application: "figlet".into(),
+                message_bytes: 1234,
+                format: "json".into(),
+                max_in_flight: 64,
+                submit_prefetch: 128,
+                monitor: true,
+            },
+            limits: Some(Limits {
+                broker_msgs_per_s: 4000.0,
+                sim_creates_per_s: 2500.0,
+            }),
+            phases: vec![Phase {
+                runners: 1,
+                target_rate: None,
+                published: 1000,
+                created: 1000,
+                queued: 990,
+                complete: false,
+                publish_rate: 5000.0,
+                sustained_jobs_per_s: Some(1250.0),
+                ratio_to_smaller_limit: Some(0.5),
+                publish_to_created: Some(Latency {
+                    count: 1000,
+                    p50_ms: 12.0,
+                    p95_ms: 30.4,
+                    p99_ms: 80.6,
+                    max_ms: 100.0,
+                }),
+                publish_to_queued: None,
+                per_runner: vec![RunnerUsage {
+                    id: "bench-1".into(),
+                    cpu_s: 3.25,
+                    peak_rss_mib: 61.2,
+                    exit_ok: true,
+                }],
+                harness_cpu_s: 4.0,
+            }],
+        }
+    }
+
+    #[test]
+    fn the_smaller_limit_bounds_the_runner() {
+        assert_eq!(report().limits.unwrap().smaller(), 2500.0);
+    }
+
+    #[test]
+    fn the_table_shows_each_phase_and_what_is_missing() {
+        let table = report().table();
+        let row = table.lines().last().unwrap();
+        assert!(row.contains("unpaced"), "{row}");
+        assert!(row.contains("1250"), "{row}");
+        assert!(row.contains("50%"), "{row}");
+        assert!(row.contains("12/30/81 ms"), "{row}");
+        assert!(row.contains("3.2") || row.contains("3.3"), "{row}");
+        assert!(row.contains("61"), "{row}");
+        assert!(row.contains("incomplete: 990 of 1000 QUEUED"), "{row}");
+        assert!(table.contains("broker 4000 msgs/s"), "{table}");
+        assert!(table.contains("load at start 0.50"), "{table}");
+        let skipped = Report {
+            limits: None,
+            ..report()
+        };
+        assert!(
+            skipped
+                .table()
+                .contains("limits: not measured (--skip-limits)")
+        );
+        assert!(serde_json::to_value(skipped).unwrap()["limits"].is_null());
+    }
+
+    #[test]
+    fn the_json_names_every_figure() {
+        let json = serde_json::to_value(report()).unwrap();
+        let phase = &json["phases"][0];
+        assert_eq!(phase["publish_to_created"]["p99_ms"], 80.6);
+        assert!(phase["publish_to_queued"].is_null());
+        assert_eq!(json["limits"]["sim_creates_per_s"], 2500.0);
+        assert_eq!(phase["per_runner"][0]["peak_rss_mib"], 61.2);
+    }
+}

@@ -1,0 +1,117 @@
+//! The arithmetic of the benchmark, without I/O: latency percentiles and sustained rates from the
+//! instants the observers recorded.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// Percentiles of a latency sample, in milliseconds (what people compare against a target).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Latency {
+    pub count: usize,
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Latency {
+    /// Nearest-rank percentiles of `sample` (sorted here). `None` for an empty sample, so a phase that
+    /// observed nothing reports no figures rather than zeros that look like a result.
+    pub fn of(sample: &mut [Duration]) -> Option<Latency> {
+        if sample.is_empty() {
+            return None;
+        }
+        sample.sort_unstable();
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        Some(Latency {
+            count: sample.len(),
+            p50_ms: ms(nearest_rank(sample, 50.0)),
+            p95_ms: ms(nearest_rank(sample, 95.0)),
+            p99_ms: ms(nearest_rank(sample, 99.0)),
+            max_ms: ms(sample[sample.len() - 1]),
+        })
+    }
+}
+
+/// The nearest-rank percentile of a sorted, non-empty sample: the smallest value with at least `p`
+/// percent of the sample at or below it.
+fn nearest_rank(sorted: &[Duration], p: f64) -> Duration {
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Jobs per second over the steady part of a run: between the completion of the first and the last
+/// tenth of the jobs (offsets from the phase's start, in any order). Start-up (connections, the first
+/// namespace, caches filling) and the tail (the last runner finishing its prefetch) are what a long run
+/// would not see; a run with fewer than 20 completions uses the whole span.
+pub fn sustained_rate(completions: &mut [Duration]) -> Option<f64> {
+    if completions.len() < 2 {
+        return None;
+    }
+    completions.sort_unstable();
+    let n = completions.len();
+    let (first, last) = if n < 20 {
+        (0, n - 1)
+    } else {
+        (n / 10, n - 1 - n / 10)
+    };
+    let span = completions[last].saturating_sub(completions[first]);
+    if span.is_zero() {
+        return None;
+    }
+    Some((last - first) as f64 / span.as_secs_f64())
+}
+
+/// `count` operations in `elapsed`, per second.
+pub fn rate(count: usize, elapsed: Duration) -> f64 {
+    if elapsed.is_zero() {
+        return f64::INFINITY;
+    }
+    count as f64 / elapsed.as_secs_f64()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: u64) -> Duration {
+        Duration::from_millis(v)
+    }
+
+    #[test]
+    fn percentiles_use_nearest_rank() {
+        let mut sample: Vec<Duration> = (1..=100).rev().map(ms).collect();
+        let l = Latency::of(&mut sample).unwrap();
+        assert_eq!(l.count, 100);
+        assert_eq!(l.p50_ms, 50.0);
+        assert_eq!(l.p95_ms, 95.0);
+        assert_eq!(l.p99_ms, 99.0);
+        assert_eq!(l.max_ms, 100.0);
+
+        let mut three = vec![ms(30), ms(10), ms(20)];
+        let l = Latency::of(&mut three).unwrap();
+        assert_eq!((l.p50_ms, l.p95_ms, l.p99_ms), (20.0, 30.0, 30.0));
+        assert!(Latency::of(&mut []).is_none());
+    }
+
+    #[test]
+    fn sustained_rate_leaves_out_start_and_tail() {
+        // 100 jobs: a slow start (the first 10 over a second), then one every 10 ms, then a slow tail.
+        let mut done: Vec<Duration> = (0..10).map(|i| ms(i * 100)).collect();
+        done.extend((0..80).map(|i| ms(1000 + i * 10)));
+        done.extend((0..10).map(|i| ms(1800 + i * 500)));
+        let rate = sustained_rate(&mut done).unwrap();
+        // Between the 11th (1000 ms) and the 90th (1790 ms... the 90th of the sorted sample, index 89).
+        assert!((rate - 79.0 / 0.79).abs() < 1e-6, "{rate}");
+        assert!(sustained_rate(&mut [ms(5)]).is_none());
+        assert!(sustained_rate(&mut [ms(5), ms(5)]).is_none());
+        assert_eq!(sustained_rate(&mut [ms(0), ms(500), ms(1000)]), Some(2.0));
+    }
+
+    #[test]
+    fn rate_counts_per_second() {
+        assert_eq!(rate(500, Duration::from_millis(250)), 2000.0);
+        assert!(rate(1, Duration::ZERO).is_infinite());
+    }
+}

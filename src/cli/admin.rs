@@ -1,0 +1,316 @@
+//! `volcano-runner admin pause [--reason R] | resume | status [-o json]`: the operator's switches and
+//! gauges.
+//!
+//! - `pause` / `resume` flip the pause switch (a ConfigMap in the runner's namespace) that every runner
+//!   watches: while paused, submissions wait in their queue (nothing is rejected) and cancels and
+//!   extensions still flow. Runners resume on their own when the switch flips back.
+//! - `status` shows the switch, the depth of the submit, control and dead-letter queues (passive declares,
+//!   exact right now), the active jobs against `cluster.max_active_jobs`, and who holds which shard lease
+//!   of the monitoring duty.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, ListParams};
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use super::CliError;
+use super::run::{cluster_error, load_config, operator_client};
+use crate::broker::Broker;
+use crate::cluster::capacity::count_active;
+use crate::cluster::labels::COMPONENT;
+use crate::cluster::lease::COMPONENT_SHARD;
+use crate::cluster::{PauseState, PauseSwitch};
+use crate::config::Config;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The cluster: `auto` (in-cluster, else KUBECONFIG) or an http(s):// URL (a simulator started with
+    /// `run --cluster sim --sim-listen ADDR`). Default: `[cluster] target`.
+    #[arg(long, global = true)]
+    pub cluster: Option<String>,
+    #[command(subcommand)]
+    pub command: AdminCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum AdminCommand {
+    /// Stop every runner from taking submissions; they wait in the queue. Cancels and extensions flow.
+    Pause {
+        /// Why, for whoever looks at `admin status`.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Let submissions flow again.
+    Resume,
+    /// The pause switch, queue depths, active jobs and lease holders.
+    Status {
+        /// `text` or `json`.
+        #[arg(short, long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+}
+
+/// How `status` is printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
+}
+
+pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError> {
+    let config = load_config(config, args.cluster.as_deref())?;
+    let client = operator_client(&config).await?;
+    let switch = PauseSwitch::new(client.clone(), &config.cluster);
+    let now = jiff::Timestamp::now();
+    match args.command {
+        AdminCommand::Pause { reason } => {
+            let state = switch
+                .pause(&reason, &operator(), now)
+                .await
+                .map_err(cluster_error)?;
+            println!("{}", describe_pause(&state));
+        }
+        AdminCommand::Resume => {
+            let state = switch
+                .resume(&operator(), now)
+                .await
+                .map_err(cluster_error)?;
+            println!("{}", describe_pause(&state));
+        }
+        AdminCommand::Status { output } => {
+            let status = status(&config, &client, &switch).await?;
+            match output {
+                Output::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&status).unwrap_or_default()
+                ),
+                Output::Text => print!("{}", status.text()),
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `user@host` of whoever runs the command, recorded on the switch.
+fn operator() -> String {
+    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .unwrap_or_default();
+    format!("{user}@{}", host.trim())
+}
+
+fn describe_pause(state: &PauseState) -> String {
+    let mut text = if state.paused {
+        "submissions are PAUSED".to_owned()
+    } else {
+        "submissions flow".to_owned()
+    };
+    if let Some(reason) = &state.reason {
+        text.push_str(&format!(": {reason}"));
+    }
+    if let (Some(by), Some(at)) = (&state.changed_by, &state.changed_at) {
+        text.push_str(&format!(" (set by {by} at {at})"));
+    }
+    text
+}
+
+/// What `status` reports.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    pub paused: bool,
+    pub pause: String,
+    pub queues: Vec<QueueDepth>,
+    pub active_jobs: usize,
+    pub max_active_jobs: Option<u32>,
+    pub shards: Vec<ShardHolder>,
+}
+
+/// One queue, right now.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueDepth {
+    pub name: String,
+    /// Messages ready for delivery (not counting those delivered and unacknowledged).
+    pub ready: u32,
+    pub consumers: u32,
+}
+
+/// One shard lease of the monitoring duty.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardHolder {
+    pub lease: String,
+    pub holder: Option<String>,
+    /// Whether the holder renewed it within its duration (else it is up for grabs).
+    pub live: bool,
+    pub renewed: Option<String>,
+}
+
+impl Status {
+    fn text(&self) -> String {
+        let mut out = format!("pause switch:  {}\n", self.pause);
+        let cap = self
+            .max_active_jobs
+            .map_or_else(|| "no cap".to_owned(), |m| format!("cap {m}"));
+        out.push_str(&format!("active jobs:   {} ({cap})\n", self.active_jobs));
+        out.push_str("queues:\n");
+        for q in &self.queues {
+            out.push_str(&format!(
+                "  {:<32} {:>7} ready  {:>3} consumers\n",
+                q.name, q.ready, q.consumers
+            ));
+        }
+        out.push_str("monitoring shards:\n");
+        if self.shards.is_empty() {
+            out.push_str("  (no shard leases: no runner with the monitoring duty has started)\n");
+        }
+        for s in &self.shards {
+            let holder = s.holder.as_deref().unwrap_or("(free)");
+            let state = if s.live { "live" } else { "lapsed" };
+            out.push_str(&format!("  {:<32} {holder} ({state})\n", s.lease));
+        }
+        out
+    }
+}
+
+async fn status(
+    config: &Config,
+    client: &kube::Client,
+    switch: &PauseSwitch,
+) -> Result<Status, CliError> {
+    let pause = switch.read().await.map_err(cluster_error)?;
+    let active_jobs = count_active(client, &config.cluster)
+        .await
+        .map_err(cluster_error)?;
+    let queues = queue_depths(config).await?;
+    let shards = shard_holders(client, config).await?;
+    Ok(Status {
+        paused: pause.paused,
+        pause: describe_pause(&pause),
+        queues,
+        active_jobs,
+        max_active_jobs: config.cluster.max_active_jobs,
+        shards,
+    })
+}
+
+/// Passive declares of the runner's queues: exact counts now (the management API lags by seconds).
+async fn queue_depths(config: &Config) -> Result<Vec<QueueDepth>, CliError> {
+    let shutdown = CancellationToken::new();
+    let broker = Broker::connect(config.broker.clone(), shutdown)
+        .await
+        .map_err(|e| CliError::Other(format!("RabbitMQ: {e}")))?;
+    let (_, channel) = broker
+        .channel()
+        .await
+        .map_err(|e| CliError::Other(format!("RabbitMQ: {e}")))?;
+    let c = &config.broker;
+    let mut depths = Vec::new();
+    for name in [&c.submit_queue, &c.control_queue, &c.dead_letter_queue] {
+        let queue = channel
+            .queue_declare(
+                name.as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| CliError::Other(format!("queue {name}: {e}")))?;
+        depths.push(QueueDepth {
+            name: name.clone(),
+            ready: queue.message_count(),
+            consumers: queue.consumer_count(),
+        });
+    }
+    let _ = channel.close(200, "status read".into()).await;
+    broker.close().await;
+    Ok(depths)
+}
+
+async fn shard_holders(
+    client: &kube::Client,
+    config: &Config,
+) -> Result<Vec<ShardHolder>, CliError> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), &config.cluster.namespace);
+    let params = ListParams::default().labels(&format!("{COMPONENT}={COMPONENT_SHARD}"));
+    let leases = api
+        .list(&params)
+        .await
+        .map_err(|e| CliError::Other(format!("listing shard leases: {e}")))?;
+    let now = jiff::Timestamp::now();
+    let mut holders: Vec<ShardHolder> = leases
+        .items
+        .into_iter()
+        .filter(|l| {
+            l.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(&config.cluster.lease.name_prefix))
+        })
+        .map(|l| {
+            let spec = l.spec.unwrap_or_default();
+            let renewed = spec.renew_time.map(|t| t.0);
+            let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
+            let holder = spec.holder_identity.filter(|h| !h.is_empty());
+            let live = holder.is_some()
+                && renewed.is_some_and(|r| {
+                    r.checked_add(jiff::SignedDuration::from_secs(duration))
+                        .is_ok_and(|until| until > now)
+                });
+            ShardHolder {
+                lease: l.metadata.name.unwrap_or_default(),
+                holder,
+                live,
+                renewed: renewed.map(|r| r.to_string()),
+            }
+        })
+        .collect();
+    holders.sort_by_key(|h| natural(&h.lease));
+    Ok(holders)
+}
+
+/// `prefix-shard-10` after `prefix-shard-9`.
+fn natural(name: &str) -> (String, u64) {
+    let digits = name.len() - name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    let (head, tail) = name.split_at(name.len() - digits);
+    (head.to_owned(), tail.parse().unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pause_line_says_who_and_why() {
+        let state = PauseState {
+            paused: true,
+            reason: Some("upgrade".into()),
+            changed_at: Some("2026-01-01T00:00:00Z".parse().unwrap()),
+            changed_by: Some("ops@host".into()),
+        };
+        let line = describe_pause(&state);
+        assert!(
+            line.starts_with("submissions are PAUSED: upgrade"),
+            "{line}"
+        );
+        assert!(line.contains("ops@host"), "{line}");
+        assert_eq!(describe_pause(&PauseState::default()), "submissions flow");
+    }
+
+    #[test]
+    fn shards_sort_by_number() {
+        let mut names = vec!["vr-shard-10", "vr-shard-2", "vr-shard-1"];
+        names.sort_by_key(|n| natural(n));
+        assert_eq!(names, ["vr-shard-1", "vr-shard-2", "vr-shard-10"]);
+    }
+}

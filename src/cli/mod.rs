@@ -1,0 +1,80 @@
+//! The `volcano-runner` command line. One file per subcommand; this file parses and dispatches.
+
+pub mod admin;
+pub mod bench;
+pub mod cancel;
+pub mod events;
+pub mod extend;
+pub mod render;
+pub mod run;
+pub mod sim;
+pub mod submit;
+pub mod validate;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Runs science-cloud jobs on Kubernetes with the Volcano batch scheduler, driven by RabbitMQ.
+#[derive(Debug, Parser)]
+#[command(name = "volcano-runner", version, about)]
+pub struct Cli {
+    /// The configuration file (TOML). Every key can also be set as `VOLCANO_RUNNER_<SECTION>__<KEY>`.
+    #[arg(long, global = true, env = "VOLCANO_RUNNER_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+// Parsed once per process: the size difference between variants costs nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Decode and validate message files (JSON or protobuf); print `ok` or the error for each.
+    Validate(validate::Args),
+    /// Print every Kubernetes object a SubmitJob renders to, in apply order (a dry run to diff).
+    Render(render::Args),
+    /// Serve the cluster simulator: a Kubernetes API with a Volcano model, for tests and a first run.
+    Sim(Box<sim::Args>),
+    /// Run a runner: consume submissions, cancels and extensions and apply them to the cluster.
+    Run(run::Args),
+    /// Publish SubmitJob files to the jobs exchange, as an orchestrator would.
+    Submit(submit::Args),
+    /// Publish a CancelJob for a job.
+    Cancel(cancel::Args),
+    /// Publish an ExtendJob: give a job more time.
+    Extend(extend::Args),
+    /// Print the events runners publish, one line each, as they happen.
+    Events(events::Args),
+    /// Pause or resume submissions on every runner; show queues, active jobs and lease holders.
+    Admin(admin::Args),
+    /// The end-to-end load benchmark: the broker's and the simulator's limits, then N submissions through
+    /// 1 and 3 runner processes (use the release build).
+    Bench(bench::Args),
+}
+
+/// Why a command could not do its job. Each message says what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Runs the parsed command line; the exit code says whether it succeeded.
+pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
+    match cli.command {
+        Command::Validate(args) => validate::run(args, cli.config.as_deref()).await,
+        Command::Render(args) => render::run(args, cli.config.as_deref()).await,
+        Command::Sim(args) => sim::run(*args, cli.config.as_deref()).await,
+        Command::Run(args) => run::run(args, cli.config.as_deref()).await,
+        Command::Submit(args) => submit::run(args, cli.config.as_deref()).await,
+        Command::Cancel(args) => cancel::run(args, cli.config.as_deref()).await,
+        Command::Extend(args) => extend::run(args, cli.config.as_deref()).await,
+        Command::Events(args) => events::run(args, cli.config.as_deref()).await,
+        Command::Admin(args) => admin::run(args, cli.config.as_deref()).await,
+        Command::Bench(args) => bench::run(args, cli.config.as_deref()).await,
+    }
+}

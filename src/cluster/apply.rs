@@ -1,0 +1,915 @@
+//! The one place that creates a job's objects in the cluster: in order, idempotently, and all or nothing.
+//!
+//! A plan is a list of [`Step`]s, each an untyped object plus its [`ApiResource`] and its [`Role`], so
+//! this module does not depend on the pipeline's types. [`Applier::apply`]:
+//!
+//! 1. checks the plan (one primary, companions after it and in its namespace, names present);
+//! 2. creates each object with a POST, in order. Namespaces and shared objects are created only when
+//!    missing (see [`NamespaceCache`]). Companions get an `ownerReference` to the primary, whose uid is
+//!    known once it exists, so the garbage collector removes them with the job;
+//! 3. treats `AlreadyExists` by looking at what exists: a primary with the same fingerprint annotation
+//!    (the hash of the submission) is this job, applied by an earlier delivery, and is reused; a companion
+//!    owned by the primary is reused. Anything else is an [`ApplyError::Conflict`], which the runner turns
+//!    into a `duplicate_job_id` FAILURE;
+//! 4. when a step fails, deletes everything *this attempt* created, newest first, before returning the
+//!    error (W14). Objects found existing are left alone; namespaces and shared objects are never deleted.
+//!
+//! Transient errors are retried within one [`RetryPolicy`] budget for the whole plan. Rollback is best
+//! effort: if it cannot delete something (the API server is down), the leftover carries the same
+//! fingerprint or ownerReference, so the next attempt adopts it instead of tripping over it.
+
+use std::fmt;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{
+    Api, DeleteParams, DynamicObject, GroupVersionKind, PostParams, Preconditions,
+    PropagationPolicy,
+};
+use kube::core::{ApiResource, Resource, TypeMeta};
+use serde::Serialize;
+
+use super::error::{ClusterError, ErrorClass, KubeResultExt};
+use super::labels::FIELD_MANAGER;
+use super::namespaces::NamespaceCache;
+use super::retry::{Budget, RetryPolicy};
+
+/// What an object is to the job, which decides how it is created and whether a rollback removes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// An object shared by many jobs: the owner's namespace, its baseline NetworkPolicies, a project's
+    /// Volcano queue. Created when missing, any existing one is accepted as it is, cached, never rolled
+    /// back. May be cluster-scoped.
+    Shared,
+    /// The VolcanoJob. Exactly one per plan; it carries the fingerprint annotation.
+    Primary,
+    /// An object that belongs to the job (Service, ConfigMap, NetworkPolicy): created after the primary
+    /// with an ownerReference to it, rolled back with it.
+    Companion,
+}
+
+/// One object of a plan.
+#[derive(Debug, Clone)]
+pub struct Step {
+    /// Group, version, kind and plural (the URL path) of the object.
+    pub resource: ApiResource,
+    /// The object as it should be created.
+    pub object: DynamicObject,
+    /// How to create it.
+    pub role: Role,
+}
+
+impl Step {
+    /// A step from an untyped object. `apiVersion` and `kind` are filled in from `resource` when missing.
+    pub fn new(resource: ApiResource, mut object: DynamicObject, role: Role) -> Self {
+        if object.types.is_none() {
+            object.types = Some(TypeMeta {
+                api_version: resource.api_version.clone(),
+                kind: resource.kind.clone(),
+            });
+        }
+        Self {
+            resource,
+            object,
+            role,
+        }
+    }
+
+    /// A step from JSON with `apiVersion`, `kind` and `metadata`. The plural is derived from the kind
+    /// (`Job` → `jobs`, `NetworkPolicy` → `networkpolicies`).
+    pub fn from_value(value: serde_json::Value, role: Role) -> Result<Self, PlanError> {
+        let object: DynamicObject = serde_json::from_value(value)
+            .map_err(|e| PlanError(format!("not a Kubernetes object: {e}")))?;
+        let types = object
+            .types
+            .clone()
+            .ok_or_else(|| PlanError("an object has no apiVersion/kind".into()))?;
+        let (group, version) = match types.api_version.split_once('/') {
+            Some((group, version)) => (group, version),
+            None => ("", types.api_version.as_str()),
+        };
+        let gvk = GroupVersionKind::gvk(group, version, &types.kind);
+        Ok(Self::new(ApiResource::from_gvk(&gvk), object, role))
+    }
+
+    /// A step from a typed object (k8s-openapi types, or the Volcano mirror types).
+    pub fn from_typed<K>(object: &K, role: Role) -> Result<Self, PlanError>
+    where
+        K: Resource<DynamicType = ()> + Serialize,
+    {
+        let resource = ApiResource::erase::<K>(&());
+        let value = serde_json::to_value(object)
+            .map_err(|e| PlanError(format!("{} does not serialise: {e}", resource.kind)))?;
+        let object: DynamicObject = serde_json::from_value(value)
+            .map_err(|e| PlanError(format!("{}: {e}", resource.kind)))?;
+        Ok(Self::new(resource, object, role))
+    }
+
+    /// Which object this step is about.
+    pub fn key(&self) -> ObjectKey {
+        ObjectKey::of(&self.resource, &self.object)
+    }
+}
+
+/// The identity of an object: what it is and where.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ObjectKey {
+    pub api_version: String,
+    pub kind: String,
+    /// `None` for cluster-scoped objects (namespaces).
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl ObjectKey {
+    /// The key of `object`, a `resource`.
+    pub fn of(resource: &ApiResource, object: &DynamicObject) -> Self {
+        Self {
+            api_version: resource.api_version.clone(),
+            kind: resource.kind.clone(),
+            namespace: object.metadata.namespace.clone(),
+            name: object.metadata.name.clone().unwrap_or_default(),
+        }
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{} {}/{}", self.kind, ns, self.name),
+            None => write!(f, "{} {}", self.kind, self.name),
+        }
+    }
+}
+
+/// What a successful apply did.
+#[derive(Debug, Clone)]
+pub struct ApplyOutcome {
+    /// The primary object as the cluster has it (with its uid and resourceVersion).
+    pub primary: DynamicObject,
+    /// The primary existed already with the same fingerprint: an earlier delivery applied this job.
+    pub primary_existed: bool,
+    /// Objects this attempt created, in order.
+    pub created: Vec<ObjectKey>,
+    /// Job objects (primary and companions) that existed already and were adopted.
+    pub reused: Vec<ObjectKey>,
+}
+
+/// What a rollback did after a failed step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Rollback {
+    /// Objects created by the failed attempt and deleted again, newest first.
+    pub deleted: Vec<ObjectKey>,
+    /// Objects the rollback could not delete, with why. The next attempt adopts them.
+    pub failed: Vec<(ObjectKey, ClusterError)>,
+}
+
+impl fmt::Display for Rollback {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.deleted.is_empty() {
+            write!(f, "; removed again: ")?;
+            write_keys(f, self.deleted.iter())?;
+        }
+        if !self.failed.is_empty() {
+            write!(f, "; could not remove: ")?;
+            write_keys(f, self.failed.iter().map(|(k, _)| k))?;
+        }
+        Ok(())
+    }
+}
+
+fn write_keys<'a>(
+    f: &mut fmt::Formatter<'_>,
+    keys: impl Iterator<Item = &'a ObjectKey>,
+) -> fmt::Result {
+    for (i, key) in keys.enumerate() {
+        if i > 0 {
+            f.write_str(", ")?;
+        }
+        write!(f, "{key}")?;
+    }
+    Ok(())
+}
+
+/// Why a plan is inconsistent (a bug in whoever built it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct PlanError(pub String);
+
+/// Why a plan was not applied. Anything this attempt created has been removed (see `rollback`).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ApplyError {
+    /// The plan itself is wrong (a bug in whoever built it): retrying cannot help.
+    #[error("the objects to apply are inconsistent: {0}")]
+    InvalidPlan(#[from] PlanError),
+    /// An object of the job's name exists and is not this job's: another submission with the same job id
+    /// (`role` = Primary, fingerprint differs), or a companion's name taken by something else.
+    #[error(
+        "{object} exists already and belongs to something else (its fingerprint: {}; ours: {desired}){rollback}",
+        existing.as_deref().unwrap_or("none")
+    )]
+    Conflict {
+        object: ObjectKey,
+        role: Role,
+        existing: Option<String>,
+        desired: String,
+        rollback: Rollback,
+    },
+    /// The cluster refused a step or could not be reached; `source.class()` says whether to requeue.
+    #[error("{source}{rollback}")]
+    Cluster {
+        object: ObjectKey,
+        source: ClusterError,
+        rollback: Rollback,
+    },
+}
+
+impl ApplyError {
+    /// Retryable for transient cluster errors; permanent for conflicts, rejections and bad plans.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Self::Cluster { source, .. } => source.class(),
+            Self::InvalidPlan(_) | Self::Conflict { .. } => ErrorClass::Permanent,
+        }
+    }
+
+    /// Shorthand for `class() == Retryable`.
+    pub fn is_retryable(&self) -> bool {
+        self.class() == ErrorClass::Retryable
+    }
+
+    /// Whether the job id is taken by a different submission (the runner's `duplicate_job_id`).
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, Self::Conflict { .. })
+    }
+
+    /// What the rollback did (empty for an invalid plan).
+    pub fn rollback(&self) -> Option<&Rollback> {
+        match self {
+            Self::Conflict { rollback, .. } | Self::Cluster { rollback, .. } => Some(rollback),
+            Self::InvalidPlan(_) => None,
+        }
+    }
+}
+
+/// Creates plans in the cluster. Cheap to share between handlers (`Arc`).
+pub struct Applier {
+    client: kube::Client,
+    retry: RetryPolicy,
+    namespaces: NamespaceCache,
+    fingerprint_annotation: String,
+}
+
+/// Why one step stopped the plan, before rollback.
+enum StepError {
+    Cluster(ObjectKey, ClusterError),
+    Conflict {
+        object: ObjectKey,
+        role: Role,
+        existing: Option<String>,
+        desired: String,
+    },
+}
+
+impl StepError {
+    fn cluster(key: &ObjectKey, e: ClusterError) -> Self {
+        Self::Cluster(key.clone(), e)
+    }
+}
+
+/// An object this attempt created: enough to delete exactly that object again.
+struct Created {
+    key: ObjectKey,
+    resource: ApiResource,
+    uid: Option<String>,
+}
+
+impl fmt::Debug for Applier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Applier")
+            .field("retry", &self.retry)
+            .field("fingerprint_annotation", &self.fingerprint_annotation)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Applier {
+    /// An applier. `fingerprint_annotation` is the annotation key on the primary that identifies the
+    /// submission (the pipeline's `<prefix>submissionHash`).
+    pub fn new(
+        client: kube::Client,
+        retry: RetryPolicy,
+        fingerprint_annotation: impl Into<String>,
+    ) -> Self {
+        Self {
+            client,
+            retry,
+            namespaces: NamespaceCache::new(),
+            fingerprint_annotation: fingerprint_annotation.into(),
+        }
+    }
+
+    /// The namespaces this applier knows to exist.
+    pub fn namespaces(&self) -> &NamespaceCache {
+        &self.namespaces
+    }
+
+    /// Applies `plan` in order. See the module documentation.
+    pub async fn apply(&self, plan: &[Step]) -> Result<ApplyOutcome, ApplyError> {
+        let desired = check_plan(plan, &self.fingerprint_annotation)?;
+        let budget = self.retry.budget();
+        let mut created = Vec::new();
+        match self
+            .apply_steps(plan, &desired, &budget, &mut created)
+            .await
+        {
+            Ok(outcome) => Ok(outcome),
+            Err(failure) => {
+                let rollback = self.rollback(created).await;
+                Err(match failure {
+                    StepError::Cluster(object, source) => ApplyError::Cluster {
+                        object,
+                        source,
+                        rollback,
+                    },
+                    StepError::Conflict {
+                        object,
+                        role,
+                        existing,
+                        desired,
+                    } => ApplyError::Conflict {
+                        object,
+                        role,
+                        existing,
+                        desired,
+                        rollback,
+                    },
+                })
+            }
+        }
+    }
+
+    async fn apply_steps(
+        &self,
+        plan: &[Step],
+        fingerprint: &str,
+        budget: &Budget<'_>,
+        created: &mut Vec<Created>,
+    ) -> Result<ApplyOutcome, StepError> {
+        let mut primary: Option<(DynamicObject, OwnerReference)> = None;
+        let mut primary_existed = false;
+        let mut reused = Vec::new();
+        for step in plan {
+            let key = step.key();
+            match step.role {
+                Role::Shared => {
+                    self.namespaces
+                        .ensure(&self.client, budget, &step.resource, &step.object)
+                        .await
+                        .map_err(|e| StepError::cluster(&key, e))?;
+                }
+                Role::Primary => {
+                    let (object, existed) =
+                        self.create_primary(step, &key, fingerprint, budget).await?;
+                    if existed {
+                        reused.push(key);
+                        primary_existed = true;
+                    } else {
+                        created.push(Created {
+                            key,
+                            resource: step.resource.clone(),
+                            uid: object.metadata.uid.clone(),
+                        });
+                    }
+                    let owner = owner_reference(&step.resource, &object).ok_or_else(|| {
+                        StepError::cluster(
+                            &step.key(),
+                            ClusterError::Internal {
+                                op: format!("create {}", step.key()),
+                                message: "the cluster returned the object without a uid".into(),
+                            },
+                        )
+                    })?;
+                    primary = Some((object, owner));
+                }
+                Role::Companion => {
+                    // check_plan guarantees the primary came first.
+                    let Some((_, owner)) = &primary else {
+                        unreachable!("check_plan puts the primary before its companions")
+                    };
+                    let object = with_owner(&step.object, owner);
+                    let (uid, existed) = self
+                        .create_companion(step, &key, &object, owner, budget)
+                        .await?;
+                    if existed {
+                        reused.push(key);
+                    } else {
+                        created.push(Created {
+                            key,
+                            resource: step.resource.clone(),
+                            uid,
+                        });
+                    }
+                }
+            }
+        }
+        let (primary, _) = primary.unwrap_or_else(|| unreachable!("check_plan requires a primary"));
+        Ok(ApplyOutcome {
+            primary,
+            primary_existed,
+            created: created.iter().map(|c| c.key.clone()).collect(),
+            reused,
+        })
+    }
+
+    /// Creates the primary, or finds it applied by an earlier delivery. Returns the object and whether it
+    /// existed.
+    async fn create_primary(
+        &self,
+        step: &Step,
+        key: &ObjectKey,
+        fingerprint: &str,
+        budget: &Budget<'_>,
+    ) -> Result<(DynamicObject, bool), StepError> {
+        match self.create(step, key, &step.object, budget).await {
+            Ok(object) => return Ok((object, false)),
+            Err(e) if !e.is_already_exists() => return Err(StepError::cluster(key, e)),
+            Err(_) => {}
+        }
+        let existing = self.get_existing(step, key, budget).await?;
+        let theirs = annotation(&existing, &self.fingerprint_annotation);
+        if theirs != Some(fingerprint) {
+            return Err(StepError::Conflict {
+                object: key.clone(),
+                role: Role::Primary,
+                existing: theirs.map(str::to_owned),
+                desired: fingerprint.to_owned(),
+            });
+        }
+        Ok((existing, true))
+    }
+
+    /// Creates a companion, or finds it created for this primary by an earlier delivery. Returns its uid
+    /// and whether it existed.
+    async fn create_companion(
+        &self,
+        step: &Step,
+        key: &ObjectKey,
+        object: &DynamicObject,
+        owner: &OwnerReference,
+        budget: &Budget<'_>,
+    ) -> Result<(Option<String>, bool), StepError> {
+        match self.create(step, key, object, budget).await {
+            Ok(made) => return Ok((made.metadata.uid, false)),
+            Err(e) if !e.is_already_exists() => return Err(StepError::cluster(key, e)),
+            Err(_) => {}
+        }
+        let existing = self.get_existing(step, key, budget).await?;
+        let refs = existing
+            .metadata
+            .owner_references
+            .as_deref()
+            .unwrap_or_default();
+        if refs.iter().any(|r| r.uid == owner.uid) {
+            return Ok((existing.metadata.uid, true));
+        }
+        if refs
+            .iter()
+            .any(|r| r.kind == owner.kind && r.name == owner.name)
+        {
+            // Left over from an earlier object of the same name that has been deleted: the garbage
+            // collector removes it shortly.
+            return Err(StepError::cluster(
+                key,
+                ClusterError::Conflict {
+                    op: format!("create {key}"),
+                    message: format!(
+                        "it still belongs to an earlier {} {}; waiting for the garbage collector",
+                        owner.kind, owner.name
+                    ),
+                },
+            ));
+        }
+        Err(StepError::Conflict {
+            object: key.clone(),
+            role: Role::Companion,
+            existing: annotation(&existing, &self.fingerprint_annotation).map(str::to_owned),
+            desired: format!("owned by {} {}", owner.kind, owner.name),
+        })
+    }
+
+    async fn create(
+        &self,
+        step: &Step,
+        key: &ObjectKey,
+        object: &DynamicObject,
+        budget: &Budget<'_>,
+    ) -> Result<DynamicObject, ClusterError> {
+        let api = self.api(step, key);
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PostParams::default()
+        };
+        let op = format!("create {key}");
+        let result = budget
+            .run(&op, || async {
+                api.create(&params, object).await.classify(|| op.clone())
+            })
+            .await;
+        match result {
+            Err(ClusterError::NotFound { message, .. }) => {
+                // The namespace is gone (or the resource type is not served). Not the job's fault: forget
+                // the namespace so the next attempt creates it, and let the message be requeued.
+                if let Some(ns) = &key.namespace {
+                    self.namespaces.forget_namespace(ns);
+                }
+                Err(ClusterError::Unavailable {
+                    op,
+                    message: format!("{message} (the namespace or the resource type is missing)"),
+                    retry_after: None,
+                })
+            }
+            other => other,
+        }
+    }
+
+    /// Reads the object that answered AlreadyExists. If it is on its way out (deletionTimestamp set) or
+    /// vanished meanwhile, that is a transient conflict: the next attempt sees the final state.
+    async fn get_existing(
+        &self,
+        step: &Step,
+        key: &ObjectKey,
+        budget: &Budget<'_>,
+    ) -> Result<DynamicObject, StepError> {
+        let api = self.api(step, key);
+        let op = format!("get {key}");
+        let found = budget
+            .run(&op, || async {
+                api.get_opt(&key.name).await.classify(|| op.clone())
+            })
+            .await
+            .map_err(|e| StepError::cluster(key, e))?;
+        let transient = |message: &str| {
+            StepError::cluster(
+                key,
+                ClusterError::Conflict {
+                    op: format!("create {key}"),
+                    message: message.to_owned(),
+                },
+            )
+        };
+        match found {
+            None => Err(transient("it existed a moment ago and is gone now")),
+            Some(existing) if existing.metadata.deletion_timestamp.is_some() => Err(transient(
+                "an earlier object of this name is still being deleted",
+            )),
+            Some(existing) => Ok(existing),
+        }
+    }
+
+    /// Deletes what this attempt created, newest first. Each delete is conditional on the uid we
+    /// created, so an object someone else has made since is never touched.
+    async fn rollback(&self, created: Vec<Created>) -> Rollback {
+        let mut rollback = Rollback::default();
+        if created.is_empty() {
+            return rollback;
+        }
+        let budget = self.retry.budget();
+        for item in created.into_iter().rev() {
+            match delete_created(&self.client, &budget, &item).await {
+                Ok(()) => rollback.deleted.push(item.key),
+                Err(e) => {
+                    tracing::warn!(object = %item.key, error = %e, "Rollback could not delete an object.");
+                    rollback.failed.push((item.key, e));
+                }
+            }
+        }
+        rollback
+    }
+
+    fn api(&self, step: &Step, key: &ObjectKey) -> Api<DynamicObject> {
+        match &key.namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &step.resource),
+            None => Api::all_with(self.client.clone(), &step.resource),
+        }
+    }
+}
+
+async fn delete_created(
+    client: &kube::Client,
+    budget: &Budget<'_>,
+    item: &Created,
+) -> Result<(), ClusterError> {
+    let key = &item.key;
+    let api: Api<DynamicObject> = match &key.namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &item.resource),
+        None => Api::all_with(client.clone(), &item.resource),
+    };
+    let params = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Background),
+        preconditions: Some(Preconditions {
+            uid: item.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    let op = format!("delete {key}");
+    let result = budget
+        .run(&op, || async {
+            api.delete(&key.name, &params).await.classify(|| op.clone())
+        })
+        .await;
+    match result {
+        // Gone already, or replaced by an object that is not ours (uid precondition failed).
+        Ok(_) => Ok(()),
+        Err(e) if e.is_not_found() || e.is_conflict() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Checks a plan and returns the primary's fingerprint. Pure.
+fn check_plan(plan: &[Step], fingerprint_annotation: &str) -> Result<String, PlanError> {
+    let invalid = |msg: String| Err(PlanError(msg));
+    let mut primary: Option<&Step> = None;
+    let mut seen = std::collections::HashSet::new();
+    for step in plan {
+        let key = step.key();
+        if key.name.is_empty() {
+            return invalid(format!("a {} has no metadata.name", key.kind));
+        }
+        if !seen.insert(key.clone()) {
+            return invalid(format!("{key} appears twice"));
+        }
+        if step.role != Role::Shared && key.namespace.is_none() {
+            return invalid(format!(
+                "{key} has no metadata.namespace (only shared objects may be cluster-wide)"
+            ));
+        }
+        match step.role {
+            Role::Primary if primary.is_some() => {
+                return invalid(format!("{key} is a second primary object"));
+            }
+            Role::Primary => primary = Some(step),
+            Role::Companion => match primary {
+                None => {
+                    return invalid(format!(
+                        "{key} comes before the primary object it must be owned by"
+                    ));
+                }
+                Some(p) if p.object.metadata.namespace != key.namespace => {
+                    return invalid(format!(
+                        "{key} is not in the primary's namespace (an ownerReference cannot cross \
+                         namespaces)"
+                    ));
+                }
+                Some(_) => {}
+            },
+            Role::Shared => {}
+        }
+    }
+    let Some(primary) = primary else {
+        return invalid("there is no primary object".into());
+    };
+    match annotation(&primary.object, fingerprint_annotation) {
+        Some(fp) if !fp.is_empty() => Ok(fp.to_owned()),
+        _ => invalid(format!(
+            "{} has no {fingerprint_annotation} annotation to recognise a redelivery by",
+            primary.key()
+        )),
+    }
+}
+
+fn annotation<'a>(object: &'a DynamicObject, key: &str) -> Option<&'a str> {
+    object
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+/// The ownerReference a companion gets to the primary, or `None` if the primary has no uid yet. Not a
+/// blocking reference (`blockOwnerDeletion` needs extra RBAC on the owner's finalizers, and nothing
+/// waits for companions when a job is deleted).
+pub fn owner_reference(resource: &ApiResource, primary: &DynamicObject) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        api_version: resource.api_version.clone(),
+        kind: resource.kind.clone(),
+        name: primary.metadata.name.clone()?,
+        uid: primary.metadata.uid.clone()?,
+        controller: Some(true),
+        block_owner_deletion: None,
+    })
+}
+
+/// `object` with `owner` among its ownerReferences, replacing a reference to the same kind and name (a
+/// placeholder without the real uid, or a stale one).
+fn with_owner(object: &DynamicObject, owner: &OwnerReference) -> DynamicObject {
+    let mut object = object.clone();
+    let refs = object
+        .metadata
+        .owner_references
+        .get_or_insert_with(Vec::new);
+    refs.retain(|r| !(r.kind == owner.kind && r.name == owner.name));
+    refs.push(owner.clone());
+    object
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    const FP: &str = "example.org/submissionHash";
+
+    fn vcjob(ns: &str, name: &str, fingerprint: Option<&str>) -> Step {
+        let mut value = json!({
+            "apiVersion": "batch.volcano.sh/v1alpha1",
+            "kind": "Job",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"minAvailable": 1}
+        });
+        if let Some(fp) = fingerprint {
+            value["metadata"]["annotations"] = json!({ FP: fp });
+        }
+        Step::from_value(value, Role::Primary).unwrap()
+    }
+
+    fn companion(kind: &str, api_version: &str, ns: &str, name: &str) -> Step {
+        Step::from_value(
+            json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "namespace": ns}}),
+            Role::Companion,
+        )
+        .unwrap()
+    }
+
+    fn namespace(name: &str) -> Step {
+        Step::from_value(
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
+            Role::Shared,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn resources_come_from_api_version_and_kind() {
+        let job = vcjob("a", "j-1", Some("x"));
+        assert_eq!(job.resource.group, "batch.volcano.sh");
+        assert_eq!(job.resource.version, "v1alpha1");
+        assert_eq!(job.resource.plural, "jobs");
+        let np = companion("NetworkPolicy", "networking.k8s.io/v1", "a", "p");
+        assert_eq!(np.resource.plural, "networkpolicies");
+        let svc = companion("Service", "v1", "a", "s");
+        assert_eq!(svc.resource.group, "");
+        assert_eq!(svc.resource.plural, "services");
+        assert!(Step::from_value(json!({"metadata": {"name": "x"}}), Role::Shared).is_err());
+    }
+
+    #[test]
+    fn typed_objects_become_steps() {
+        let cm = k8s_openapi::api::core::v1::ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some("j-1-etc".into()),
+                namespace: Some("a".into()),
+                ..Default::default()
+            },
+            data: Some([("k".to_owned(), "v".to_owned())].into()),
+            ..Default::default()
+        };
+        let step = Step::from_typed(&cm, Role::Companion).unwrap();
+        assert_eq!(step.resource.plural, "configmaps");
+        assert_eq!(step.object.types.as_ref().unwrap().kind, "ConfigMap");
+        assert_eq!(step.object.data["data"]["k"], "v");
+        assert_eq!(step.key().to_string(), "ConfigMap a/j-1-etc");
+    }
+
+    #[test]
+    fn a_good_plan_passes_and_yields_the_fingerprint() {
+        let plan = [
+            namespace("a"),
+            vcjob("a", "j-1", Some("sha256:1")),
+            companion("Service", "v1", "a", "j-1"),
+        ];
+        assert_eq!(check_plan(&plan, FP).unwrap(), "sha256:1");
+    }
+
+    #[test]
+    fn bad_plans_are_refused_with_a_reason() {
+        let cases: Vec<(Vec<Step>, &str)> = vec![
+            (vec![namespace("a")], "no primary"),
+            (
+                vec![
+                    companion("Service", "v1", "a", "s"),
+                    vcjob("a", "j", Some("1")),
+                ],
+                "before the primary",
+            ),
+            (vec![vcjob("a", "j", None)], "annotation"),
+            (
+                vec![vcjob("a", "j", Some("1")), vcjob("a", "k", Some("1"))],
+                "second primary",
+            ),
+            (
+                vec![
+                    vcjob("a", "j", Some("1")),
+                    companion("Service", "v1", "b", "s"),
+                ],
+                "namespace",
+            ),
+            (
+                vec![
+                    vcjob("a", "j", Some("1")),
+                    companion("Service", "v1", "a", "j-1"),
+                    companion("Service", "v1", "a", "j-1"),
+                ],
+                "twice",
+            ),
+        ];
+        for (plan, why) in cases {
+            let err = check_plan(&plan, FP).unwrap_err().to_string();
+            assert!(err.contains(why), "{err} should mention {why}");
+        }
+        let mut cluster_wide = companion("Service", "v1", "a", "s");
+        cluster_wide.object.metadata.namespace = None;
+        let err = check_plan(&[vcjob("a", "j", Some("1")), cluster_wide], FP).unwrap_err();
+        assert!(err.to_string().contains("no metadata.namespace"), "{err}");
+        let queue = Step::from_value(
+            json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue", "metadata": {"name": "q"}}),
+            Role::Shared,
+        )
+        .unwrap();
+        assert_eq!(queue.resource.plural, "queues");
+        check_plan(&[queue, vcjob("a", "j", Some("1"))], FP)
+            .expect("a cluster-wide shared queue is fine");
+    }
+
+    #[test]
+    fn owner_references_replace_placeholders() {
+        let job = vcjob("a", "j-1", Some("1"));
+        let mut created = job.object.clone();
+        assert!(
+            owner_reference(&job.resource, &created).is_none(),
+            "no uid yet"
+        );
+        created.metadata.uid = Some("uid-1".into());
+        let owner = owner_reference(&job.resource, &created).unwrap();
+        assert_eq!(owner.api_version, "batch.volcano.sh/v1alpha1");
+        assert_eq!(owner.kind, "Job");
+        assert_eq!(owner.name, "j-1");
+        assert_eq!(owner.controller, Some(true));
+
+        let mut svc = companion("Service", "v1", "a", "j-1").object;
+        svc.metadata.owner_references = Some(vec![
+            OwnerReference {
+                uid: String::new(),
+                ..owner.clone()
+            },
+            OwnerReference {
+                api_version: "v1".into(),
+                kind: "ConfigMap".into(),
+                name: "other".into(),
+                uid: "u2".into(),
+                controller: None,
+                block_owner_deletion: None,
+            },
+        ]);
+        let owned = with_owner(&svc, &owner);
+        let refs = owned.metadata.owner_references.unwrap();
+        assert_eq!(refs.len(), 2);
+        assert!(refs.iter().any(|r| r.uid == "uid-1"));
+        assert!(refs.iter().all(|r| !r.uid.is_empty()));
+    }
+
+    #[test]
+    fn errors_say_what_to_do() {
+        let conflict = ApplyError::Conflict {
+            object: vcjob("a", "j-1", Some("1")).key(),
+            role: Role::Primary,
+            existing: Some("sha256:other".into()),
+            desired: "sha256:mine".into(),
+            rollback: Rollback::default(),
+        };
+        assert!(conflict.is_duplicate());
+        assert_eq!(conflict.class(), ErrorClass::Permanent);
+        assert!(conflict.to_string().contains("Job a/j-1"));
+        let transient = ApplyError::Cluster {
+            object: vcjob("a", "j-1", Some("1")).key(),
+            source: ClusterError::Unavailable {
+                op: "create Job a/j-1".into(),
+                message: "503".into(),
+                retry_after: None,
+            },
+            rollback: Rollback {
+                deleted: vec![companion("Service", "v1", "a", "s").key()],
+                failed: vec![],
+            },
+        };
+        assert!(transient.is_retryable());
+        assert!(
+            transient
+                .to_string()
+                .ends_with("removed again: Service a/s"),
+            "{transient}"
+        );
+    }
+}

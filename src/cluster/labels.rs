@@ -1,0 +1,125 @@
+//! Labels on the runner's own bookkeeping objects, and the name checks Kubernetes applies.
+//!
+//! The runner's internal objects (tombstones, the pause switch, leases) use the well-known
+//! `app.kubernetes.io/*` labels plus a few `volcano-runner/*` keys, independent of the job annotation
+//! prefix (`ucloud.dk/`), which belongs to the pipeline.
+
+/// Well-known label naming the tool that manages an object.
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Value of [`MANAGED_BY`] on everything volcano-runner creates.
+pub const MANAGER: &str = "volcano-runner";
+/// Well-known label saying what an object is for (`tombstone`, `pause-switch`, `shard-lease`, ...).
+pub const COMPONENT: &str = "app.kubernetes.io/component";
+/// Label grouping the leases of one runner deployment (the lease name prefix).
+pub const LEASE_GROUP: &str = "volcano-runner/lease-group";
+
+/// The field manager name used for every write, so `kubectl get -o yaml --show-managed-fields` shows who
+/// wrote what.
+pub const FIELD_MANAGER: &str = "volcano-runner";
+
+/// Checks an RFC 1123 DNS label: what Kubernetes requires of namespace names, and what we require of
+/// names we build objects from. Returns a reason a user can act on.
+pub fn check_dns_label(value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if value.len() > 63 {
+        return Err(format!(
+            "must be at most 63 characters, not {}",
+            value.len()
+        ));
+    }
+    if !value
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        return Err(format!(
+            "{value:?} may contain only lower-case letters, digits and '-'"
+        ));
+    }
+    if value.starts_with('-') || value.ends_with('-') {
+        return Err(format!(
+            "{value:?} must start and end with a letter or digit"
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a string can be a label value: at most 63 characters of `[A-Za-z0-9._-]`, beginning and
+/// ending with an alphanumeric character (or empty).
+pub fn is_label_value(value: &str) -> bool {
+    value.is_empty()
+        || (value.len() <= 63
+            && value
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && value.as_bytes()[0].is_ascii_alphanumeric()
+            && value.as_bytes()[value.len() - 1].is_ascii_alphanumeric())
+}
+
+/// Parses an equality label selector (`a=b,c=d`), the only form the runner's configuration needs. The
+/// pairs are returned so the selector can also be checked against an object on this side.
+pub fn parse_equality_selector(selector: &str) -> Result<Vec<(String, String)>, String> {
+    let mut pairs = Vec::new();
+    for term in selector.split(',') {
+        let term = term.trim();
+        let Some((key, value)) = term.split_once('=') else {
+            return Err(format!("{term:?} is not of the form key=value"));
+        };
+        let (key, value) = (key.trim(), value.trim_start_matches('=').trim());
+        let name = key.rsplit('/').next().unwrap_or_default();
+        if name.is_empty() || !is_label_value(name) || key.matches('/').count() > 1 {
+            return Err(format!("{key:?} is not a valid label key"));
+        }
+        if !is_label_value(value) {
+            return Err(format!("{value:?} is not a valid label value"));
+        }
+        pairs.push((key.to_owned(), value.to_owned()));
+    }
+    Ok(pairs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dns_labels() {
+        assert!(check_dns_label("volcano-runner").is_ok());
+        assert!(check_dns_label("a1").is_ok());
+        assert!(check_dns_label("").is_err());
+        assert!(check_dns_label("-a").is_err());
+        assert!(check_dns_label("a-").is_err());
+        assert!(check_dns_label("A").is_err());
+        assert!(check_dns_label("a.b").is_err());
+        assert!(check_dns_label(&"a".repeat(64)).is_err());
+        assert!(check_dns_label(&"a".repeat(63)).is_ok());
+    }
+
+    #[test]
+    fn label_values() {
+        assert!(is_label_value(""));
+        assert!(is_label_value("Job_1.a-b"));
+        assert!(!is_label_value("-a"));
+        assert!(!is_label_value("a/b"));
+        assert!(!is_label_value(&"a".repeat(64)));
+    }
+
+    #[test]
+    fn equality_selectors() {
+        assert_eq!(
+            parse_equality_selector("app.kubernetes.io/managed-by=volcano-runner, x==y").unwrap(),
+            vec![
+                (
+                    "app.kubernetes.io/managed-by".to_owned(),
+                    "volcano-runner".to_owned()
+                ),
+                ("x".to_owned(), "y".to_owned())
+            ]
+        );
+        assert!(parse_equality_selector("a in (b)").is_err());
+        assert!(parse_equality_selector("a/b/c=d").is_err());
+        assert!(parse_equality_selector("a=b c").is_err());
+        assert!(parse_equality_selector("").is_err());
+    }
+}

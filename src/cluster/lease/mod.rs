@@ -1,0 +1,713 @@
+//! Shard leases: which runner carries the monitoring duty for which jobs.
+//!
+//! Jobs are split into `[cluster.lease] shards` shards by [`shard_of`] (a stable hash of the job id).
+//! Each shard has a `coordination.k8s.io/v1` Lease `<prefix>-shard-<n>` in the runner's namespace; the
+//! runner named in its `holderIdentity` carries the duty for that shard's jobs. With one shard this is
+//! plain leader election.
+//!
+//! **Membership.** Every runner also renews a Lease of its own, `<prefix>-member-<identity>`. The number
+//! of member leases that are alive is the number of runners, and each runner aims for a fair share of
+//! `ceil(shards / runners)`: it takes free or abandoned shards up to that number and gives extras back
+//! when more runners appear. Shards are preferred by rendezvous hashing, so runners grabbing at the same
+//! moment mostly pick different ones; every write uses the lease's resourceVersion, so when two do pick
+//! the same shard exactly one wins.
+//!
+//! **Why only one runner acts on a shard at a time.** A holder renews every `renew_interval`. It counts a
+//! shard as lost at `last successful renewal + duration - safety_margin` (the renewal's start, by its own
+//! clock), even when it cannot reach the API to learn anything, and [`HeldShards::holds`] checks that
+//! deadline on every call. Another runner takes a shard over only when it has seen the lease unchanged
+//! for a whole `duration` by its own clock, which starts no earlier than the holder's renewal. So the old
+//! holder has stopped `safety_margin` before the new one starts; the margin absorbs clock-rate drift and
+//! scheduling delays. A shard given back voluntarily is first dropped from the held set and only
+//! released one round later, so the handover has a gap of one renew interval.
+//!
+//! **Takeover time.** With the defaults (duration 10 s, renew every 2 s) a dead runner's shards are
+//! taken within about 14 s: up to 2 s until the others see its last renewal, 10 s of silence, and up to
+//! 2 s until the next round. A runner that shuts down cleanly releases its shards at once.
+
+mod plan;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+pub use plan::shard_of;
+use plan::{Decision, Holder, Observations, decide};
+
+use super::ClusterConfig;
+use super::error::{ClusterError, KubeResultExt};
+use super::labels::{self, COMPONENT, FIELD_MANAGER, LEASE_GROUP, MANAGED_BY, MANAGER};
+
+/// `app.kubernetes.io/component` of a shard lease.
+pub const COMPONENT_SHARD: &str = "shard-lease";
+/// `app.kubernetes.io/component` of a runner's member lease.
+pub const COMPONENT_MEMBER: &str = "runner-member";
+
+/// How many lease durations a dead runner's member lease is left before any runner deletes it.
+const MEMBER_GC_FACTOR: u32 = 3;
+
+/// The shards this runner holds. Compare with `==` to see whether the *set* changed; ask
+/// [`holds`](Self::holds) or [`owns`](Self::owns) before acting, which also checks the deadline.
+#[derive(Debug, Clone)]
+pub struct HeldShards {
+    shards: u32,
+    held: BTreeSet<u32>,
+    deadlines: Arc<Mutex<BTreeMap<u32, Instant>>>,
+}
+
+impl PartialEq for HeldShards {
+    fn eq(&self, other: &Self) -> bool {
+        self.shards == other.shards && self.held == other.held
+    }
+}
+
+impl Eq for HeldShards {}
+
+impl HeldShards {
+    /// The total number of shards.
+    pub fn shards(&self) -> u32 {
+        self.shards
+    }
+
+    /// Whether this runner holds `shard` now: in the set and within its deadline.
+    pub fn holds(&self, shard: u32) -> bool {
+        if !self.held.contains(&shard) {
+            return false;
+        }
+        let deadlines = self.deadlines.lock().unwrap_or_else(|e| e.into_inner());
+        deadlines
+            .get(&shard)
+            .is_some_and(|until| Instant::now() < *until)
+    }
+
+    /// Whether this runner carries the duty for `job_id` now.
+    pub fn owns(&self, job_id: &str) -> bool {
+        self.holds(shard_of(job_id, self.shards))
+    }
+
+    /// The shards held now (in the set and within their deadline): one check for a whole monitoring pass,
+    /// then `valid.contains(&shard_of(id, held.shards()))` per job. Re-check before a long pass's writes.
+    pub fn valid_now(&self) -> BTreeSet<u32> {
+        let now = Instant::now();
+        let deadlines = self.deadlines.lock().unwrap_or_else(|e| e.into_inner());
+        self.held
+            .iter()
+            .copied()
+            .filter(|s| deadlines.get(s).is_some_and(|until| now < *until))
+            .collect()
+    }
+
+    /// The shards in the set (some may be past their deadline a moment before the set is updated).
+    pub fn held(&self) -> &BTreeSet<u32> {
+        &self.held
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+}
+
+/// The monitor's view of the leases: a `watch` of [`HeldShards`].
+#[derive(Debug, Clone)]
+pub struct LeaseHandle {
+    rx: watch::Receiver<HeldShards>,
+    identity: String,
+}
+
+impl LeaseHandle {
+    /// A receiver that wakes when the set of held shards changes.
+    pub fn subscribe(&self) -> watch::Receiver<HeldShards> {
+        self.rx.clone()
+    }
+
+    /// The shards held now.
+    pub fn held(&self) -> HeldShards {
+        self.rx.borrow().clone()
+    }
+
+    /// Whether this runner carries the duty for `job_id` now.
+    pub fn owns(&self, job_id: &str) -> bool {
+        self.rx.borrow().owns(job_id)
+    }
+
+    /// This runner's name in the leases.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+}
+
+/// Timing and naming of the leases, from `[cluster.lease]`.
+#[derive(Debug, Clone)]
+struct Settings {
+    identity: String,
+    prefix: String,
+    shards: u32,
+    duration: Duration,
+    renew_interval: Duration,
+    safety_margin: Duration,
+    /// Per-request cut-off: a renewal that cannot finish within a round is abandoned.
+    request_timeout: Duration,
+}
+
+impl Settings {
+    fn shard_name(&self, shard: u32) -> String {
+        format!("{}-shard-{shard}", self.prefix)
+    }
+
+    fn member_name(&self, identity: &str) -> String {
+        format!("{}-member-{identity}", self.prefix)
+    }
+
+    fn duration_seconds(&self) -> i32 {
+        i32::try_from(self.duration.as_secs_f64().ceil() as u64)
+            .unwrap_or(i32::MAX)
+            .max(1)
+    }
+
+    /// How long a renewal that started at `started` keeps a shard.
+    fn valid_until(&self, started: Instant) -> Instant {
+        started + self.duration.saturating_sub(self.safety_margin)
+    }
+}
+
+/// Runs the leases of one runner. Create with [`ShardLeases::new`], then run it until shutdown.
+pub struct ShardLeases {
+    api: Api<Lease>,
+    settings: Settings,
+    observations: Observations,
+    /// Shards held, with the deadline of each.
+    mine: BTreeMap<u32, Instant>,
+    /// Shards given up last round, to release this round.
+    releasing: BTreeSet<u32>,
+    tx: watch::Sender<HeldShards>,
+    deadlines: Arc<Mutex<BTreeMap<u32, Instant>>>,
+}
+
+impl ShardLeases {
+    /// The leases of this runner in `config.namespace`, and the handle the monitor reads.
+    pub fn new(client: kube::Client, config: &ClusterConfig) -> (Self, LeaseHandle) {
+        let lease = &config.lease;
+        let identity = lease.identity.clone().unwrap_or_else(default_identity);
+        let settings = Settings {
+            identity: identity.clone(),
+            prefix: lease.name_prefix.clone(),
+            shards: lease.shards.max(1),
+            duration: lease.duration,
+            renew_interval: lease.renew_interval,
+            safety_margin: lease.safety_margin,
+            request_timeout: config.request_timeout.min(lease.renew_interval),
+        };
+        let deadlines = Arc::new(Mutex::new(BTreeMap::new()));
+        let (tx, rx) = watch::channel(HeldShards {
+            shards: settings.shards,
+            held: BTreeSet::new(),
+            deadlines: deadlines.clone(),
+        });
+        let leases = Self {
+            api: Api::namespaced(client, &config.namespace),
+            settings,
+            observations: Observations::default(),
+            mine: BTreeMap::new(),
+            releasing: BTreeSet::new(),
+            tx,
+            deadlines,
+        };
+        (leases, LeaseHandle { rx, identity })
+    }
+
+    /// Takes part in the leases until `shutdown` completes, then gives every shard back and removes this
+    /// runner's member lease, so the others take over at once.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut rounds = tokio::time::interval(self.settings.renew_interval);
+        rounds.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let next_expiry = self.mine.values().min().copied();
+            tokio::select! {
+                () = &mut shutdown => break,
+                _ = rounds.tick() => {
+                    let round = self.round();
+                    tokio::select! {
+                        () = &mut shutdown => break,
+                        () = round => {}
+                    }
+                }
+                () = sleep_until_opt(next_expiry) => {}
+            }
+            self.drop_expired(Instant::now());
+            self.publish();
+        }
+        self.leave().await;
+    }
+
+    /// One round: list, renew membership, decide, write.
+    async fn round(&mut self) {
+        let listed = self.list().await;
+        let leases = match listed {
+            Ok(leases) => leases,
+            Err(e) => {
+                tracing::warn!(error = %e, "Could not list the shard leases; keeping what is held until it lapses.");
+                return;
+            }
+        };
+        let now = Instant::now();
+        for lease in &leases {
+            if let (Some(name), Some(rv)) = (&lease.metadata.name, &lease.metadata.resource_version)
+            {
+                self.observations.observe(name, rv, now);
+            }
+        }
+        self.observations.retain(|name| {
+            leases
+                .iter()
+                .any(|l| l.metadata.name.as_deref() == Some(name))
+        });
+        let by_name: BTreeMap<&str, &Lease> = leases
+            .iter()
+            .filter_map(|l| Some((l.metadata.name.as_deref()?, l)))
+            .collect();
+
+        self.renew_membership(
+            by_name
+                .get(self.settings.member_name(&self.settings.identity).as_str())
+                .copied(),
+        )
+        .await;
+        let live = self.live_members(&leases, now);
+
+        // Shards handed over last round: release them now that the duty has stopped for a round.
+        let released = std::mem::take(&mut self.releasing);
+        for &shard in &released {
+            let name = self.settings.shard_name(shard);
+            if let Some(lease) = by_name.get(name.as_str()).filter(|l| self.held_by_me(l))
+                && let Err(e) = self.write_holder(lease, None).await
+            {
+                tracing::debug!(shard, error = %e, "Releasing a shard failed; it will lapse instead.");
+            }
+        }
+
+        let holders: Vec<Holder> = (0..self.settings.shards)
+            .map(|shard| {
+                let lease = by_name
+                    .get(self.settings.shard_name(shard).as_str())
+                    .copied();
+                if released.contains(&shard) {
+                    // Just given back: not ours, and for others to take.
+                    return Holder::Other { expired: false };
+                }
+                self.holder_of(shard, lease, now)
+            })
+            .collect();
+        // Shards we think we hold but the cluster gives to someone else are lost.
+        for (shard, holder) in holders.iter().enumerate() {
+            if *holder != Holder::Me {
+                self.mine.remove(&(shard as u32));
+            }
+        }
+        let Decision {
+            renew,
+            acquire,
+            release,
+        } = decide(&self.settings.identity, &holders, live);
+        for shard in release {
+            self.mine.remove(&shard);
+            self.releasing.insert(shard);
+        }
+        self.publish();
+        for shard in renew {
+            let lease = by_name
+                .get(self.settings.shard_name(shard).as_str())
+                .copied();
+            self.take(shard, lease, false).await;
+        }
+        for shard in acquire {
+            let lease = by_name
+                .get(self.settings.shard_name(shard).as_str())
+                .copied();
+            self.take(shard, lease, true).await;
+        }
+        self.gc_members(&leases, now).await;
+    }
+
+    /// Renews (`acquire == false`) or acquires a shard. On success the shard is held until the new
+    /// deadline; a conflict means another runner has it.
+    async fn take(&mut self, shard: u32, lease: Option<&Lease>, acquire: bool) {
+        let started = Instant::now();
+        let result = match lease {
+            Some(lease) => self.write_holder(lease, Some(acquire)).await,
+            None => {
+                self.create_lease(&self.settings.shard_name(shard), COMPONENT_SHARD)
+                    .await
+            }
+        };
+        match result {
+            Ok(()) => {
+                self.mine.insert(shard, self.settings.valid_until(started));
+            }
+            Err(e) if e.is_conflict() || e.is_already_exists() => {
+                self.mine.remove(&shard);
+            }
+            Err(e) => {
+                tracing::debug!(shard, error = %e, "Lease write failed; the shard lapses if this goes on.");
+            }
+        }
+    }
+
+    fn holder_of(&self, shard: u32, lease: Option<&Lease>, now: Instant) -> Holder {
+        let Some(lease) = lease else {
+            return Holder::Free;
+        };
+        match holder(lease) {
+            None => Holder::Free,
+            Some(h) if h == self.settings.identity && !self.releasing.contains(&shard) => {
+                Holder::Me
+            }
+            Some(h) if h == self.settings.identity => Holder::Other { expired: false },
+            Some(_) => {
+                let name = self.settings.shard_name(shard);
+                Holder::Other {
+                    expired: self
+                        .observations
+                        .expired(&name, self.lease_duration_of(lease), now),
+                }
+            }
+        }
+    }
+
+    fn held_by_me(&self, lease: &Lease) -> bool {
+        holder(lease) == Some(self.settings.identity.as_str())
+    }
+
+    /// The longer of our duration and the one the holder wrote: a holder configured with a longer
+    /// duration is never cut short.
+    fn lease_duration_of(&self, lease: &Lease) -> Duration {
+        let theirs = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.lease_duration_seconds)
+            .and_then(|s| u64::try_from(s).ok())
+            .map(Duration::from_secs)
+            .unwrap_or_default();
+        self.settings.duration.max(theirs)
+    }
+
+    /// Runners alive: this one plus every other member lease that changed within its duration.
+    fn live_members(&self, leases: &[Lease], now: Instant) -> usize {
+        let me = self.settings.member_name(&self.settings.identity);
+        1 + leases
+            .iter()
+            .filter(|l| component(l) == Some(COMPONENT_MEMBER))
+            .filter_map(|l| Some((l.metadata.name.as_deref()?, l)))
+            .filter(|(name, l)| {
+                *name != me
+                    && !self
+                        .observations
+                        .expired(name, self.lease_duration_of(l), now)
+            })
+            .count()
+    }
+
+    async fn renew_membership(&self, lease: Option<&Lease>) {
+        let name = self.settings.member_name(&self.settings.identity);
+        let result = match lease {
+            Some(lease) => self.write_holder(lease, Some(false)).await,
+            None => self.create_lease(&name, COMPONENT_MEMBER).await,
+        };
+        if let Err(e) = result {
+            tracing::debug!(error = %e, "Could not renew this runner's member lease.");
+        }
+    }
+
+    /// Deletes member leases of runners that have been silent for several lease durations.
+    async fn gc_members(&self, leases: &[Lease], now: Instant) {
+        for lease in leases
+            .iter()
+            .filter(|l| component(l) == Some(COMPONENT_MEMBER))
+        {
+            let Some(name) = lease.metadata.name.as_deref() else {
+                continue;
+            };
+            let dead_for = self.lease_duration_of(lease) * MEMBER_GC_FACTOR;
+            if name == self.settings.member_name(&self.settings.identity)
+                || !self.observations.expired(name, dead_for, now)
+            {
+                continue;
+            }
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    resource_version: lease.metadata.resource_version.clone(),
+                    uid: None,
+                }),
+                ..DeleteParams::default()
+            };
+            let deleted = self.timed(self.api.delete(name, &params)).await;
+            if let Err(e) = deleted.classify(|| format!("delete Lease {name}")) {
+                tracing::debug!(lease = name, error = %e, "Could not remove a dead runner's member lease.");
+            }
+        }
+    }
+
+    async fn list(&self) -> Result<Vec<Lease>, ClusterError> {
+        let selector = format!("{LEASE_GROUP}={}", self.settings.prefix);
+        let params = ListParams::default().labels(&selector);
+        let listed = self.timed(self.api.list(&params)).await;
+        Ok(listed.classify(|| "list Leases".to_owned())?.items)
+    }
+
+    async fn create_lease(&self, name: &str, component: &str) -> Result<(), ClusterError> {
+        let now = jiff::Timestamp::now();
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                labels: Some(BTreeMap::from([
+                    (MANAGED_BY.to_owned(), MANAGER.to_owned()),
+                    (COMPONENT.to_owned(), component.to_owned()),
+                    (LEASE_GROUP.to_owned(), self.settings.prefix.clone()),
+                ])),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(self.settings.identity.clone()),
+                lease_duration_seconds: Some(self.settings.duration_seconds()),
+                acquire_time: Some(MicroTime(now)),
+                renew_time: Some(MicroTime(now)),
+                lease_transitions: Some(0),
+                ..LeaseSpec::default()
+            }),
+        };
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PostParams::default()
+        };
+        let created = self.timed(self.api.create(&params, &lease)).await;
+        created
+            .classify(|| format!("create Lease {name}"))
+            .map(drop)
+    }
+
+    /// Writes a lease with its resourceVersion: `Some(false)` renews ours, `Some(true)` takes it over,
+    /// `None` releases it.
+    async fn write_holder(&self, lease: &Lease, take: Option<bool>) -> Result<(), ClusterError> {
+        let name = lease.metadata.name.clone().unwrap_or_default();
+        let now = MicroTime(jiff::Timestamp::now());
+        let mut updated = lease.clone();
+        let spec = updated.spec.get_or_insert_with(LeaseSpec::default);
+        match take {
+            Some(acquire) => {
+                if acquire {
+                    spec.acquire_time = Some(now.clone());
+                    spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+                }
+                spec.holder_identity = Some(self.settings.identity.clone());
+                spec.lease_duration_seconds = Some(self.settings.duration_seconds());
+                spec.renew_time = Some(now);
+            }
+            None => {
+                spec.holder_identity = None;
+                spec.renew_time = Some(now);
+            }
+        }
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PostParams::default()
+        };
+        let replaced = self.timed(self.api.replace(&name, &params, &updated)).await;
+        replaced
+            .classify(|| format!("update Lease {name}"))
+            .map(drop)
+    }
+
+    /// Runs one request with the lease request timeout (a renewal must not outlive its round).
+    async fn timed<T>(
+        &self,
+        fut: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
+        match tokio::time::timeout(self.settings.request_timeout, fut).await {
+            Ok(result) => result,
+            Err(_) => Err(kube::Error::Service(
+                format!("no answer within {:?}", self.settings.request_timeout).into(),
+            )),
+        }
+    }
+
+    fn drop_expired(&mut self, now: Instant) {
+        self.mine.retain(|_, until| now < *until);
+    }
+
+    fn publish(&self) {
+        {
+            let mut deadlines = self.deadlines.lock().unwrap_or_else(|e| e.into_inner());
+            deadlines.clone_from(&self.mine);
+        }
+        let held: BTreeSet<u32> = self.mine.keys().copied().collect();
+        self.tx.send_if_modified(|current| {
+            let changed = current.held != held;
+            if changed {
+                current.held = held;
+            }
+            changed
+        });
+    }
+
+    /// Stops every duty, then releases the shards and deletes the member lease (best effort, bounded).
+    async fn leave(mut self) {
+        let held: Vec<u32> = self.mine.keys().chain(&self.releasing).copied().collect();
+        self.mine.clear();
+        self.publish();
+        let Ok(leases) = self.list().await else {
+            return;
+        };
+        for lease in &leases {
+            let is_my_shard = held
+                .iter()
+                .any(|s| lease.metadata.name.as_deref() == Some(&self.settings.shard_name(*s)));
+            if is_my_shard
+                && self.held_by_me(lease)
+                && let Err(e) = self.write_holder(lease, None).await
+            {
+                tracing::debug!(error = %e, "Could not release a shard at shutdown; it will lapse.");
+            }
+        }
+        let member = self.settings.member_name(&self.settings.identity);
+        let deleted = self
+            .timed(self.api.delete(&member, &DeleteParams::default()))
+            .await;
+        if let Err(e) = deleted.classify(|| format!("delete Lease {member}")) {
+            tracing::debug!(error = %e, "Could not remove this runner's member lease at shutdown.");
+        }
+    }
+}
+
+fn holder(lease: &Lease) -> Option<&str> {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref())
+        .filter(|h| !h.is_empty())
+}
+
+fn component(lease: &Lease) -> Option<&str> {
+    lease
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(COMPONENT))
+        .map(String::as_str)
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The host name (a pod's name) made into a DNS label, plus a random suffix so that a restarted process
+/// is a new member and never inherits its predecessor's leases by accident.
+fn default_identity() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .unwrap_or_default();
+    identity_from(&host, random_suffix())
+}
+
+fn identity_from(host: &str, suffix: u32) -> String {
+    let mut name: String = host
+        .trim()
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .take(40)
+        .collect();
+    name = name.trim_matches('-').to_owned();
+    if name.is_empty() {
+        name = "runner".to_owned();
+    }
+    let identity = format!("{name}-{suffix:06x}");
+    debug_assert!(labels::check_dns_label(&identity).is_ok(), "{identity}");
+    identity
+}
+
+fn random_suffix() -> u32 {
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    (hasher.finish() & 0x00ff_ffff) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identities_are_dns_labels() {
+        assert_eq!(
+            identity_from("runner-7f9c-abcde", 0xabc),
+            "runner-7f9c-abcde-000abc"
+        );
+        assert_eq!(
+            identity_from("My_Host.example\n", 1),
+            "my-host-example-000001"
+        );
+        assert_eq!(identity_from("", 2), "runner-000002");
+        let long = identity_from(&"x".repeat(200), 0xffffff);
+        assert!(labels::check_dns_label(&long).is_ok(), "{long}");
+        assert_ne!(default_identity(), default_identity());
+    }
+
+    #[test]
+    fn a_renewal_holds_until_duration_minus_margin() {
+        let s = Settings {
+            identity: "a".into(),
+            prefix: "vr".into(),
+            shards: 4,
+            duration: Duration::from_secs(10),
+            renew_interval: Duration::from_secs(2),
+            safety_margin: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(2),
+        };
+        let t = Instant::now();
+        assert_eq!(s.valid_until(t), t + Duration::from_secs(8));
+        assert_eq!(s.shard_name(3), "vr-shard-3");
+        assert_eq!(s.member_name("a"), "vr-member-a");
+        assert_eq!(s.duration_seconds(), 10);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn held_shards_lapse_at_their_deadline_without_any_update() {
+        let deadlines = Arc::new(Mutex::new(BTreeMap::new()));
+        let shards = 4;
+        let job = "42";
+        let shard = shard_of(job, shards);
+        deadlines
+            .lock()
+            .unwrap()
+            .insert(shard, Instant::now() + Duration::from_secs(8));
+        let held = HeldShards {
+            shards,
+            held: BTreeSet::from([shard]),
+            deadlines,
+        };
+        assert!(held.owns(job));
+        assert!(!held.holds((shard + 1) % shards));
+        assert_eq!(held.valid_now(), BTreeSet::from([shard]));
+        tokio::time::advance(Duration::from_secs(8)).await;
+        assert!(!held.owns(job), "the deadline alone ends the duty");
+        assert!(held.valid_now().is_empty());
+    }
+}

@@ -1,0 +1,157 @@
+//! Namespaces (and the namespace-wide objects that come with them) created on demand, and remembered.
+//!
+//! A namespace per owner is created by the first job of that owner; every later job only needs to know
+//! it exists. The cache holds the keys of namespaces and shared objects this runner has seen exist, so
+//! the common case costs no API call. It is forgotten for a namespace when a create inside it answers
+//! 404 (someone deleted the namespace), and the next attempt creates it again.
+//!
+//! Namespaces and shared objects are never deleted by a rollback: other jobs may be using them by the
+//! time a rollback runs, and an empty namespace costs nothing.
+
+use dashmap::DashSet;
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::core::ApiResource;
+
+use super::ClusterError;
+use super::apply::ObjectKey;
+use super::error::KubeResultExt;
+use super::labels::FIELD_MANAGER;
+use super::retry::Budget;
+
+/// The namespaces a runner needs before its first job: its own (tombstones, leases, the pause switch)
+/// and, unless every owner gets a namespace of their own, the one every job goes to. A real cluster has
+/// them from the deployment; the simulator starts with `default` and the system ones only.
+pub fn runner_namespaces(config: &crate::config::Config) -> Vec<String> {
+    let mut names = vec![config.cluster.namespace.clone()];
+    let pipeline = &config.pipeline;
+    if pipeline.namespace.mode == crate::pipeline::NamespaceMode::Single
+        || !pipeline.plugins.fair_share
+    {
+        names.push(pipeline.namespace.name.clone());
+    }
+    names
+}
+
+/// Creates a namespace unless it exists.
+pub async fn create_if_missing(client: &kube::Client, name: &str) -> Result<(), kube::Error> {
+    use k8s_openapi::api::core::v1::Namespace;
+    let api: Api<Namespace> = Api::all(client.clone());
+    let namespace = Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        },
+        ..Namespace::default()
+    };
+    match api.create(&PostParams::default(), &namespace).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// What [`NamespaceCache::ensure`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ensured {
+    /// Known from an earlier call: no API request was made.
+    Cached,
+    /// This call created it.
+    Created,
+    /// It existed already (created by another runner or an operator).
+    Existed,
+}
+
+/// The namespaces and shared objects known to exist. Cheap to share (`Arc`) between handlers.
+#[derive(Debug, Default)]
+pub struct NamespaceCache {
+    known: DashSet<ObjectKey>,
+}
+
+impl NamespaceCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Makes sure `object` exists: creates it unless it is known or already there. Any existing object of
+    /// that name is accepted as it is (a namespace's labels, a baseline policy someone tuned by hand).
+    pub async fn ensure(
+        &self,
+        client: &kube::Client,
+        budget: &Budget<'_>,
+        resource: &ApiResource,
+        object: &DynamicObject,
+    ) -> Result<Ensured, ClusterError> {
+        let key = ObjectKey::of(resource, object);
+        if self.known.contains(&key) {
+            return Ok(Ensured::Cached);
+        }
+        let api: Api<DynamicObject> = match &key.namespace {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
+            None => Api::all_with(client.clone(), resource),
+        };
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PostParams::default()
+        };
+        let op = format!("create {key}");
+        let created = budget
+            .run(&op, || async {
+                api.create(&params, object).await.classify(|| op.clone())
+            })
+            .await;
+        let outcome = match created {
+            Ok(_) => Ensured::Created,
+            Err(e) if e.is_already_exists() => Ensured::Existed,
+            Err(e) => return Err(e),
+        };
+        self.known.insert(key);
+        Ok(outcome)
+    }
+
+    /// Forgets a namespace and every shared object in it, after the cluster said it is gone.
+    pub fn forget_namespace(&self, namespace: &str) {
+        self.known.retain(|key| {
+            key.namespace.as_deref() != Some(namespace)
+                && !(key.kind == "Namespace" && key.namespace.is_none() && key.name == namespace)
+        });
+    }
+
+    /// Whether `key` is known to exist.
+    pub fn contains(&self, key: &ObjectKey) -> bool {
+        self.known.contains(key)
+    }
+
+    /// Remembers `key` as existing.
+    pub fn insert(&self, key: ObjectKey) {
+        self.known.insert(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(kind: &str, ns: Option<&str>, name: &str) -> ObjectKey {
+        ObjectKey {
+            api_version: "v1".into(),
+            kind: kind.into(),
+            namespace: ns.map(Into::into),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn forgetting_a_namespace_forgets_what_was_in_it() {
+        let cache = NamespaceCache::new();
+        cache.insert(key("Namespace", None, "alice"));
+        cache.insert(key("NetworkPolicy", Some("alice"), "baseline"));
+        cache.insert(key("Namespace", None, "bob"));
+        cache.insert(key("NetworkPolicy", Some("bob"), "baseline"));
+        cache.forget_namespace("alice");
+        assert!(!cache.contains(&key("Namespace", None, "alice")));
+        assert!(!cache.contains(&key("NetworkPolicy", Some("alice"), "baseline")));
+        assert!(cache.contains(&key("Namespace", None, "bob")));
+        assert!(cache.contains(&key("NetworkPolicy", Some("bob"), "baseline")));
+    }
+}

@@ -1,0 +1,29 @@
+//! volcano-runner: runs science-cloud jobs on Kubernetes with the Volcano batch scheduler.
+//!
+//! # Layout
+//! - [`messages`]: the message contract (prost types from `proto/`, proto3 JSON, decoding) and
+//!   [`validate`], the layer that rejects bad input with the field path and the reason.
+//! - [`config`]: the one typed configuration, from TOML plus `VOLCANO_RUNNER_*` environment overrides.
+//! - [`pipeline`]: the plugins that turn a validated submission into the desired Kubernetes objects
+//!   (pure, no I/O), and their lifecycle hooks.
+//! - [`cluster`]: Kubernetes access: the client, and the applier that creates desired objects in order.
+//! - [`broker`]: RabbitMQ through lapin: topology, consumers, confirmed publishing, reconnects.
+//! - [`runner`]: consumes submissions, cancels and extensions and applies them.
+//! - [`monitor`]: watches jobs: lifecycle events, expiry, accounting ticks, proxy events.
+//! - [`ops`]: metrics, health and readiness, logs with secrets removed, W3C trace context.
+//! - [`sim`]: the cluster simulator, a Kubernetes API server with a Volcano model.
+//! - [`cli`]: the `volcano-runner` command line.
+//! - [`bench`]: the end-to-end load benchmark behind `volcano-runner bench`.
+
+pub mod bench;
+pub mod broker;
+pub mod cli;
+pub mod cluster;
+pub mod config;
+pub mod messages;
+pub mod monitor;
+pub mod ops;
+pub mod pipeline;
+pub mod runner;
+pub mod sim;
+pub mod validate;

@@ -1,0 +1,708 @@
+//! The monitor's view of the cluster: every managed VolcanoJob, its pods, and every PodGroup (for
+//! queue positions), fed by the watches and replaced by each full list.
+//!
+//! Objects are read into slim types ([`WatchedJob`], [`WatchedPod`]) that skip what the monitor never
+//! reads (pod specs, task templates, managed fields), so a runner can hold tens of thousands of jobs.
+//! The cache is owned by the monitor's loop alone; workers get cheap [`Snapshot`]s (`Arc`s).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserialize;
+
+use super::observe;
+use crate::cluster::volcano::{JobSpec, JobStatus, LABEL_JOB_NAME, PodGroup, TaskSpec, VolcanoJob};
+
+/// A VolcanoJob by namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct JobKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl JobKey {
+    pub fn of(meta: &ObjectMeta) -> Self {
+        Self {
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+        }
+    }
+
+    /// The job id (`j-<jobId>`), when the name has that shape.
+    pub fn job_id(&self) -> Option<&str> {
+        crate::pipeline::names::job_id_from_vcjob_name(&self.name)
+    }
+}
+
+impl std::fmt::Display for JobKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A VolcanoJob as read from the API: metadata, the few spec fields the monitor uses, and status.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct WatchedJob {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    spec: SlimJobSpec,
+    #[serde(default)]
+    status: Option<JobStatus>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SlimJobSpec {
+    #[serde(default)]
+    min_available: Option<i32>,
+    #[serde(default)]
+    queue: Option<String>,
+    #[serde(default)]
+    tasks: Vec<SlimTask>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+struct SlimTask {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    replicas: i32,
+}
+
+impl WatchedJob {
+    /// The job as the hooks take it (tasks without templates).
+    pub fn into_job(mut self) -> VolcanoJob {
+        self.metadata.managed_fields = None;
+        VolcanoJob {
+            metadata: self.metadata,
+            spec: JobSpec {
+                min_available: self.spec.min_available,
+                queue: self.spec.queue,
+                tasks: self
+                    .spec
+                    .tasks
+                    .into_iter()
+                    .map(|t| TaskSpec {
+                        name: t.name,
+                        replicas: t.replicas,
+                        ..TaskSpec::default()
+                    })
+                    .collect(),
+                ..JobSpec::default()
+            },
+            status: self.status,
+        }
+    }
+}
+
+impl k8s_openapi::Resource for WatchedJob {
+    const API_VERSION: &'static str = <VolcanoJob as k8s_openapi::Resource>::API_VERSION;
+    const GROUP: &'static str = <VolcanoJob as k8s_openapi::Resource>::GROUP;
+    const KIND: &'static str = <VolcanoJob as k8s_openapi::Resource>::KIND;
+    const VERSION: &'static str = <VolcanoJob as k8s_openapi::Resource>::VERSION;
+    const URL_PATH_SEGMENT: &'static str = <VolcanoJob as k8s_openapi::Resource>::URL_PATH_SEGMENT;
+    type Scope = k8s_openapi::NamespaceResourceScope;
+}
+
+impl k8s_openapi::ListableResource for WatchedJob {
+    const LIST_KIND: &'static str = "JobList";
+}
+
+impl k8s_openapi::Metadata for WatchedJob {
+    type Ty = ObjectMeta;
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// A Pod as read from the API: metadata and status, no spec.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct WatchedPod {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    status: Option<PodStatus>,
+}
+
+impl WatchedPod {
+    pub fn into_pod(mut self) -> Pod {
+        self.metadata.managed_fields = None;
+        Pod {
+            metadata: self.metadata,
+            spec: None,
+            status: self.status,
+        }
+    }
+}
+
+impl k8s_openapi::Resource for WatchedPod {
+    const API_VERSION: &'static str = "v1";
+    const GROUP: &'static str = "";
+    const KIND: &'static str = "Pod";
+    const VERSION: &'static str = "v1";
+    const URL_PATH_SEGMENT: &'static str = "pods";
+    type Scope = k8s_openapi::NamespaceResourceScope;
+}
+
+impl k8s_openapi::ListableResource for WatchedPod {
+    const LIST_KIND: &'static str = "PodList";
+}
+
+impl k8s_openapi::Metadata for WatchedPod {
+    type Ty = ObjectMeta;
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// Whether `new` is at least as recent as `old`. Resource versions are opaque, but every API server in
+/// practice uses increasing integers; when either does not parse, the newer arrival wins.
+pub fn is_newer(new: Option<&str>, old: Option<&str>) -> bool {
+    match (
+        new.and_then(|v| v.parse::<u64>().ok()),
+        old.and_then(|v| v.parse::<u64>().ok()),
+    ) {
+        (Some(n), Some(o)) => n >= o,
+        _ => true,
+    }
+}
+
+/// Everything a worker needs about one job.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub key: JobKey,
+    pub job: Arc<VolcanoJob>,
+    pub pods: Arc<Vec<Pod>>,
+    pub podgroup: Option<Arc<PodGroup>>,
+    pub jobs_ahead: Option<u32>,
+}
+
+/// Which kind of object an event is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Jobs,
+    Pods,
+    Groups,
+}
+
+#[derive(Debug)]
+struct Entry<T> {
+    value: T,
+    /// The list (epoch) it was last seen in, to drop what a fresh list no longer has.
+    epoch: u64,
+}
+
+type GroupKey = (String, String);
+
+/// The cache. See the module documentation.
+#[derive(Debug, Default)]
+pub struct Cache {
+    jobs: HashMap<JobKey, Entry<Arc<VolcanoJob>>>,
+    pods: HashMap<JobKey, Arc<Vec<Pod>>>,
+    /// `(namespace, pod)` → its job and the epoch it was last seen in.
+    pod_index: HashMap<(String, String), (JobKey, u64)>,
+    groups: HashMap<GroupKey, Entry<Arc<PodGroup>>>,
+    group_of_job: HashMap<JobKey, GroupKey>,
+    /// The waiting PodGroups of each queue in queue order, kept up to date with every change, so that a
+    /// job's position is a count and not a sort of every group on every event (which made the monitor
+    /// quadratic in the number of pending jobs).
+    waiting: Waiting,
+    epochs: [u64; 3],
+}
+
+/// A waiting PodGroup's place in its queue: earlier creation first, then namespace and name.
+type WaitKey = (Option<jiff::Timestamp>, String, String);
+
+/// The waiting PodGroups by queue, and where each one is filed.
+#[derive(Debug, Default)]
+struct Waiting {
+    by_queue: HashMap<String, BTreeSet<WaitKey>>,
+    filed: HashMap<GroupKey, (String, WaitKey)>,
+}
+
+impl Waiting {
+    /// Files `pg` (under `gkey`) by its current phase: in its queue while it waits, nowhere otherwise.
+    fn update(&mut self, gkey: &GroupKey, pg: &PodGroup) {
+        self.remove(gkey);
+        if !observe::is_waiting(pg) {
+            return;
+        }
+        let queue = observe::queue_of(pg);
+        let key: WaitKey = (
+            pg.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            gkey.0.clone(),
+            gkey.1.clone(),
+        );
+        self.by_queue
+            .entry(queue.clone())
+            .or_default()
+            .insert(key.clone());
+        self.filed.insert(gkey.clone(), (queue, key));
+    }
+
+    fn remove(&mut self, gkey: &GroupKey) {
+        if let Some((queue, key)) = self.filed.remove(gkey)
+            && let Some(set) = self.by_queue.get_mut(&queue)
+        {
+            set.remove(&key);
+            if set.is_empty() {
+                self.by_queue.remove(&queue);
+            }
+        }
+    }
+
+    /// Waiting groups ahead of `gkey` in its queue; `None` when it is not waiting.
+    fn ahead_of(&self, gkey: &GroupKey) -> Option<u32> {
+        let (queue, key) = self.filed.get(gkey)?;
+        let ahead = self.by_queue.get(queue)?.range(..key).count();
+        Some(u32::try_from(ahead).unwrap_or(u32::MAX))
+    }
+}
+
+fn slot(kind: Kind) -> usize {
+    match kind {
+        Kind::Jobs => 0,
+        Kind::Pods => 1,
+        Kind::Groups => 2,
+    }
+}
+
+/// The job a pod belongs to (Volcano's job-name label).
+pub fn job_of_pod(pod: &Pod) -> Option<JobKey> {
+    let name = pod.metadata.labels.as_ref()?.get(LABEL_JOB_NAME)?;
+    Some(JobKey {
+        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        name: name.clone(),
+    })
+}
+
+/// The job a PodGroup belongs to (its controlling Volcano Job).
+pub fn job_of_group(pg: &PodGroup) -> Option<JobKey> {
+    let owner = pg
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.kind == "Job" && o.api_version.starts_with("batch.volcano.sh/"))?;
+    Some(JobKey {
+        namespace: pg.metadata.namespace.clone().unwrap_or_default(),
+        name: owner.name.clone(),
+    })
+}
+
+impl Cache {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of jobs held.
+    pub fn len(&self) -> usize {
+        self.jobs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+    }
+
+    /// The keys of every job held.
+    pub fn keys(&self) -> impl Iterator<Item = &JobKey> {
+        self.jobs.keys()
+    }
+
+    pub fn job(&self, key: &JobKey) -> Option<&Arc<VolcanoJob>> {
+        self.jobs.get(key).map(|e| &e.value)
+    }
+
+    pub fn pods(&self, key: &JobKey) -> Arc<Vec<Pod>> {
+        self.pods.get(key).cloned().unwrap_or_default()
+    }
+
+    /// A fresh list of `kind` starts: what it does not contain is dropped at [`Cache::init_done`].
+    pub fn init_start(&mut self, kind: Kind) {
+        self.epochs[slot(kind)] += 1;
+    }
+
+    /// A job from the watch or a list. Returns its key.
+    pub fn apply_job(&mut self, job: VolcanoJob) -> JobKey {
+        let key = JobKey::of(&job.metadata);
+        let epoch = self.epochs[0];
+        self.jobs.insert(
+            key.clone(),
+            Entry {
+                value: Arc::new(job),
+                epoch,
+            },
+        );
+        key
+    }
+
+    /// A job a worker wrote (the API's answer to a patch): kept unless the cache already has a newer one.
+    pub fn refresh_job(&mut self, job: Arc<VolcanoJob>) {
+        let key = JobKey::of(&job.metadata);
+        if let Some(entry) = self.jobs.get_mut(&key)
+            && is_newer(
+                job.metadata.resource_version.as_deref(),
+                entry.value.metadata.resource_version.as_deref(),
+            )
+        {
+            entry.value = job;
+        }
+    }
+
+    /// A job was deleted: returns its last state and its pods.
+    pub fn remove_job(&mut self, key: &JobKey) -> Option<(Arc<VolcanoJob>, Arc<Vec<Pod>>)> {
+        let job = self.jobs.remove(key)?.value;
+        Some((job, self.pods(key)))
+    }
+
+    /// A pod from the watch or a list. Returns its job.
+    pub fn apply_pod(&mut self, pod: Pod) -> Option<JobKey> {
+        let key = job_of_pod(&pod)?;
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let epoch = self.epochs[1];
+        self.pod_index
+            .insert((key.namespace.clone(), name.clone()), (key.clone(), epoch));
+        let pods = Arc::make_mut(self.pods.entry(key.clone()).or_default());
+        match pods
+            .iter_mut()
+            .find(|p| p.metadata.name.as_deref() == Some(&name))
+        {
+            Some(old) => *old = pod,
+            None => {
+                pods.push(pod);
+                pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+            }
+        }
+        Some(key)
+    }
+
+    /// A pod was deleted. Returns its job.
+    pub fn remove_pod(&mut self, namespace: &str, name: &str) -> Option<JobKey> {
+        let (key, _) = self
+            .pod_index
+            .remove(&(namespace.to_owned(), name.to_owned()))?;
+        if let Some(pods) = self.pods.get_mut(&key) {
+            Arc::make_mut(pods).retain(|p| p.metadata.name.as_deref() != Some(name));
+            if pods.is_empty() {
+                self.pods.remove(&key);
+            }
+        }
+        Some(key)
+    }
+
+    /// A PodGroup from the watch or a list. Returns its job, when it has one.
+    pub fn apply_group(&mut self, pg: PodGroup) -> Option<JobKey> {
+        let gkey = (
+            pg.metadata.namespace.clone().unwrap_or_default(),
+            pg.metadata.name.clone().unwrap_or_default(),
+        );
+        let job = job_of_group(&pg);
+        if let Some(job) = &job {
+            self.group_of_job.insert(job.clone(), gkey.clone());
+        }
+        let epoch = self.epochs[2];
+        self.waiting.update(&gkey, &pg);
+        self.groups.insert(
+            gkey,
+            Entry {
+                value: Arc::new(pg),
+                epoch,
+            },
+        );
+        job
+    }
+
+    /// A PodGroup was deleted. Returns its job.
+    pub fn remove_group(&mut self, pg: &PodGroup) -> Option<JobKey> {
+        let gkey = (
+            pg.metadata.namespace.clone().unwrap_or_default(),
+            pg.metadata.name.clone().unwrap_or_default(),
+        );
+        self.groups.remove(&gkey);
+        self.waiting.remove(&gkey);
+        let job = job_of_group(pg)?;
+        if self.group_of_job.get(&job) == Some(&gkey) {
+            self.group_of_job.remove(&job);
+        }
+        Some(job)
+    }
+
+    /// The fresh list of `kind` is complete: drops what it did not contain. Returns the jobs affected:
+    /// for [`Kind::Jobs`] the jobs that are gone (with their last state and pods); for the others, the
+    /// jobs whose pods or PodGroup went away (with their current state).
+    pub fn init_done(&mut self, kind: Kind) -> Vec<(JobKey, Arc<VolcanoJob>, Arc<Vec<Pod>>)> {
+        let epoch = self.epochs[slot(kind)];
+        match kind {
+            Kind::Jobs => {
+                let stale: Vec<JobKey> = self
+                    .jobs
+                    .iter()
+                    .filter(|(_, e)| e.epoch < epoch)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                stale
+                    .into_iter()
+                    .filter_map(|k| {
+                        let (job, pods) = self.remove_job(&k)?;
+                        Some((k, job, pods))
+                    })
+                    .collect()
+            }
+            Kind::Pods => {
+                let stale: Vec<(String, String)> = self
+                    .pod_index
+                    .iter()
+                    .filter(|(_, (_, e))| *e < epoch)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                let mut affected: Vec<JobKey> = stale
+                    .into_iter()
+                    .filter_map(|(ns, name)| self.remove_pod(&ns, &name))
+                    .collect();
+                affected.sort();
+                affected.dedup();
+                self.with_state(affected)
+            }
+            Kind::Groups => {
+                let stale: Vec<GroupKey> = self
+                    .groups
+                    .iter()
+                    .filter(|(_, e)| e.epoch < epoch)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                let mut affected = Vec::new();
+                for g in stale {
+                    if let Some(entry) = self.groups.remove(&g) {
+                        affected.extend(self.remove_group(&entry.value));
+                    }
+                }
+                self.with_state(affected)
+            }
+        }
+    }
+
+    fn with_state(&self, keys: Vec<JobKey>) -> Vec<(JobKey, Arc<VolcanoJob>, Arc<Vec<Pod>>)> {
+        keys.into_iter()
+            .filter_map(|k| {
+                let job = self.job(&k)?.clone();
+                let pods = self.pods(&k);
+                Some((k, job, pods))
+            })
+            .collect()
+    }
+
+    /// Everything a worker needs about `key`, or `None` when the job is not held.
+    pub fn snapshot(&self, key: &JobKey) -> Option<Snapshot> {
+        let job = self.job(key)?.clone();
+        let gkey = self.group_of_job.get(key).cloned();
+        let podgroup = gkey
+            .as_ref()
+            .and_then(|g| self.groups.get(g))
+            .map(|e| e.value.clone());
+        let jobs_ahead = gkey.as_ref().and_then(|g| self.waiting.ahead_of(g));
+        Some(Snapshot {
+            key: key.clone(),
+            job,
+            pods: self.pods(key),
+            podgroup,
+            jobs_ahead,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use std::collections::BTreeMap;
+
+    fn job(ns: &str, name: &str, rv: &str) -> VolcanoJob {
+        let mut j = VolcanoJob::default();
+        j.metadata.namespace = Some(ns.into());
+        j.metadata.name = Some(name.into());
+        j.metadata.resource_version = Some(rv.into());
+        j
+    }
+
+    fn pod(ns: &str, job: &str, name: &str) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.namespace = Some(ns.into());
+        p.metadata.name = Some(name.into());
+        p.metadata.labels = Some(BTreeMap::from([(LABEL_JOB_NAME.into(), job.into())]));
+        p
+    }
+
+    #[test]
+    fn slim_reads_skip_templates_and_specs() {
+        let w: WatchedJob = serde_json::from_value(serde_json::json!({
+            "apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+            "metadata": {"name": "j-1", "namespace": "ns", "annotations": {"a": "b"},
+                         "managedFields": [{"manager": "x"}]},
+            "spec": {"queue": "q", "minAvailable": 2,
+                     "tasks": [{"name": "job", "replicas": 2, "template": {"spec": {"containers": []}}}]},
+            "status": {"state": {"phase": "Running"}, "running": 2}
+        }))
+        .unwrap();
+        let j = w.into_job();
+        assert_eq!(j.spec.queue.as_deref(), Some("q"));
+        assert_eq!(j.spec.tasks[0].replicas, 2);
+        assert_eq!(j.spec.tasks[0].template, Default::default());
+        assert!(j.metadata.managed_fields.is_none());
+        assert_eq!(j.status.unwrap().running, 2);
+        let p: WatchedPod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "j-1-job-0"}, "spec": {"containers": [{"name": "user-job"}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.1"}
+        }))
+        .unwrap();
+        let p = p.into_pod();
+        assert!(p.spec.is_none());
+        assert_eq!(p.status.unwrap().pod_ip.as_deref(), Some("10.0.0.1"));
+    }
+
+    /// The positions kept up to date through any sequence of changes, deletions and fresh lists are
+    /// the ones computed from scratch.
+    #[test]
+    fn incremental_queue_positions_match_the_definition() {
+        use crate::cluster::volcano::{PodGroupPhase, PodGroupStatus};
+        let mut rng = fastrand::Rng::with_seed(7);
+        let mut c = Cache::new();
+        let phases = [
+            None,
+            Some(PodGroupPhase::Pending),
+            Some(PodGroupPhase::Inqueue),
+            Some(PodGroupPhase::Running),
+        ];
+        let group = |rng: &mut fastrand::Rng| {
+            let mut pg = PodGroup::default();
+            pg.metadata.namespace = Some(format!("ns-{}", rng.u8(0..3)));
+            pg.metadata.name = Some(format!("pg-{}", rng.u8(0..40)));
+            // Few distinct times, so ties are ordered by namespace and name.
+            pg.metadata.creation_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    jiff::Timestamp::from_second(i64::from(rng.u8(0..10))).unwrap(),
+                ));
+            pg.spec.queue =
+                [None, Some("default".to_owned()), Some("q2".to_owned())][rng.usize(0..3)].clone();
+            pg.status = phases[rng.usize(0..4)].clone().map(|phase| PodGroupStatus {
+                phase: Some(phase),
+                ..PodGroupStatus::default()
+            });
+            pg
+        };
+        for step in 0..3000 {
+            match rng.u8(0..20) {
+                0 => {
+                    // A fresh list that keeps about half the groups.
+                    c.init_start(Kind::Groups);
+                    let keep: Vec<PodGroup> = c
+                        .groups
+                        .values()
+                        .filter(|_| rng.bool())
+                        .map(|e| (*e.value).clone())
+                        .collect();
+                    for pg in keep {
+                        c.apply_group(pg);
+                    }
+                    c.init_done(Kind::Groups);
+                }
+                1..=4 => {
+                    let pg = group(&mut rng);
+                    c.remove_group(&pg);
+                }
+                _ => {
+                    c.apply_group(group(&mut rng));
+                }
+            }
+            let expected = observe::queue_positions(c.groups.values().map(|e| e.value.as_ref()));
+            for key in c.groups.keys() {
+                assert_eq!(
+                    c.waiting.ahead_of(key),
+                    expected.get(key).copied(),
+                    "step {step}: {key:?}"
+                );
+            }
+            assert_eq!(c.waiting.filed.len(), expected.len(), "step {step}");
+        }
+    }
+
+    #[test]
+    fn a_fresh_list_drops_what_it_no_longer_has() {
+        let mut c = Cache::new();
+        c.apply_job(job("ns", "j-1", "5"));
+        c.apply_job(job("ns", "j-2", "6"));
+        c.apply_pod(pod("ns", "j-1", "j-1-job-0"));
+        c.apply_pod(pod("ns", "j-1", "j-1-job-1"));
+        c.init_start(Kind::Jobs);
+        c.apply_job(job("ns", "j-2", "7"));
+        let gone = c.init_done(Kind::Jobs);
+        assert_eq!(gone.len(), 1);
+        assert_eq!(gone[0].0.name, "j-1");
+        assert_eq!(gone[0].2.len(), 2, "a gone job comes with its last pods");
+        assert_eq!(c.len(), 1);
+        c.init_start(Kind::Pods);
+        c.apply_pod(pod("ns", "j-1", "j-1-job-1"));
+        c.init_done(Kind::Pods);
+        let key = JobKey {
+            namespace: "ns".into(),
+            name: "j-1".into(),
+        };
+        assert_eq!(c.pods(&key).len(), 1);
+    }
+
+    #[test]
+    fn a_workers_write_never_replaces_a_newer_watch_event() {
+        let mut c = Cache::new();
+        c.apply_job(job("ns", "j-1", "10"));
+        c.refresh_job(Arc::new(job("ns", "j-1", "9")));
+        let key = JobKey {
+            namespace: "ns".into(),
+            name: "j-1".into(),
+        };
+        assert_eq!(
+            c.job(&key).unwrap().metadata.resource_version.as_deref(),
+            Some("10")
+        );
+        c.refresh_job(Arc::new(job("ns", "j-1", "11")));
+        assert_eq!(
+            c.job(&key).unwrap().metadata.resource_version.as_deref(),
+            Some("11")
+        );
+    }
+
+    #[test]
+    fn snapshots_carry_the_podgroup_and_queue_position() {
+        let mut c = Cache::new();
+        let key = c.apply_job(job("ns", "j-1", "1"));
+        for (name, owner, created) in [("pg-0", "other", 1), ("pg-1", "j-1", 2)] {
+            let mut pg = PodGroup::default();
+            pg.metadata.namespace = Some("ns".into());
+            pg.metadata.name = Some(name.into());
+            pg.metadata.creation_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    jiff::Timestamp::from_second(created).unwrap(),
+                ));
+            pg.metadata.owner_references = Some(vec![OwnerReference {
+                api_version: "batch.volcano.sh/v1alpha1".into(),
+                kind: "Job".into(),
+                name: owner.into(),
+                ..OwnerReference::default()
+            }]);
+            c.apply_group(pg);
+        }
+        let snap = c.snapshot(&key).unwrap();
+        assert_eq!(
+            snap.podgroup.unwrap().metadata.name.as_deref(),
+            Some("pg-1")
+        );
+        assert_eq!(snap.jobs_ahead, Some(1));
+    }
+}

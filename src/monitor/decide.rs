@@ -1,0 +1,1199 @@
+//! The monitor's decision for one job: a pure function from what was observed (the VolcanoJob with its
+//! annotations, its pods, its PodGroup, its place in the queue) and `now` to the next [`Step`]. The
+//! executor carries the step out (publish, then persist, then delete) and asks again; it never decides.
+//!
+//! # The life of a job, as persisted
+//! ```text
+//!  QUEUED ──(phase Running)──▶ RUNNING ──(end observed)──▶ outcome recorded ──▶ terminal published ──▶ gone
+//!    │  status events when the pending reason changes            │                 (+ final tick,
+//!    │  FAILURE after the image-pull grace / queue timeout ──────┘                   proxy remove)
+//! ```
+//! Checked in this order, each one only when the earlier ones do not apply:
+//! 1. The terminal state is published: delete the job if it still exists, remove our finalizer.
+//! 2. An outcome is recorded: publish the final ticks, the proxy remove and the terminal event (RUNNING
+//!    first if it was never published), then persist the terminal state.
+//! 3. The job is being deleted: once its pods have stopped (or `cleanup_grace` has passed), record the
+//!    outcome by the persisted termination cause (EXPIRED, CANCELLED, FAILURE with the cause), W11.
+//! 4. Volcano finished the job (or every rank's program ended `cleanup_grace` ago): record SUCCESS when
+//!    every rank exited 0, else FAILURE with every exit code (W9: never "Failed becomes SUCCESS").
+//! 5. Not started, the image cannot be pulled for longer than `image_pull_grace`: record FAILURE.
+//! 6. Not started, waiting longer than `queue_timeout`: record FAILURE with the pending reason.
+//! 7. Started, RUNNING not yet published: the start hooks (jobStart, expiry, proxy create) and RUNNING.
+//! 8. Running: the monitoring hooks (accounting ticks, expiry warnings and deletion, proxy updates).
+//! 9. Pending: a status event when the plain-language reason changed.
+//!
+//! Recording the outcome is the only write before a publication. It records a decision (and the facts it
+//! rests on: times, exit codes, log tails), not that anything was published, so a kill right after it
+//! loses nothing: whoever looks next publishes from the record, and says exactly the same.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Pod;
+
+use super::events;
+use super::observe::{self, PendingInput, PullFailure, RankView};
+use super::record::{Outcome, Published, RankCode, Record, Terminal};
+use crate::cluster::volcano::{JobPhase, PodGroup, VolcanoJob};
+use crate::config::Config;
+use crate::pipeline::AnnotationKeys;
+use crate::pipeline::annotations::format_millis;
+use crate::pipeline::hooks::{
+    self, FactsError, HookPlan, JobFacts, Outbound, PluginFailure, TerminationCause,
+};
+use crate::pipeline::plugins::expiry::human;
+
+/// What the decision needs besides the job: configuration and identity.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The whole configuration (the hooks read `[pipeline]`).
+    pub config: Arc<Config>,
+    pub keys: AnnotationKeys,
+    /// `<prefix>cleanup`.
+    pub finalizer: String,
+    /// Goes into every event's `runner_id`.
+    pub runner_id: String,
+    pub image_pull_grace: SignedDuration,
+    pub queue_timeout: Option<SignedDuration>,
+    pub cleanup_grace: SignedDuration,
+}
+
+impl Settings {
+    pub fn new(config: Arc<Config>, runner_id: impl Into<String>) -> Self {
+        let keys = AnnotationKeys::new(&config.pipeline.annotation_prefix);
+        let m = &config.monitor;
+        let signed =
+            |d: std::time::Duration| SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
+        Self {
+            finalizer: keys.cleanup_finalizer(),
+            keys,
+            runner_id: runner_id.into(),
+            image_pull_grace: signed(m.image_pull_grace),
+            queue_timeout: m.queue_timeout.map(signed),
+            cleanup_grace: signed(m.cleanup_grace),
+            config,
+        }
+    }
+}
+
+/// One job as observed.
+#[derive(Debug, Clone, Copy)]
+pub struct Observed<'a> {
+    pub job: &'a VolcanoJob,
+    pub pods: &'a [Pod],
+    pub podgroup: Option<&'a PodGroup>,
+    /// PodGroups ahead of this job's in its queue.
+    pub jobs_ahead: Option<u32>,
+    /// When the job and pods were read from the API just now: an instant taken before the read, so the
+    /// view proves the job's state at least until then. `None` for the watch's view, whose age is
+    /// unknown.
+    pub fresh_at: Option<Timestamp>,
+}
+
+/// What to do next for a job.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Nothing until `next_check` (or until something about the job changes).
+    Wait { next_check: Option<Timestamp> },
+    /// Record the outcome: read the log tails of these `(rank, pod)`s into it, persist it with `set`
+    /// (guarded by the resourceVersion), then decide again.
+    Record {
+        outcome: Outcome,
+        logs: Vec<(u32, String)>,
+        set: BTreeMap<String, String>,
+    },
+    /// Publish, then persist, then delete and unfinalize.
+    Act(Action),
+}
+
+impl Step {
+    /// Whether this step may only be taken on a view of the job and its pods read just now, not on the
+    /// watch's: it fixes a start or an end, or charges up to `now` on the strength of the pods still
+    /// running. A watch that lags behind would otherwise let a tick run past the real end.
+    pub fn needs_fresh_view(&self) -> bool {
+        match self {
+            Step::Wait { .. } => false,
+            Step::Record { .. } => true,
+            Step::Act(action) => action.fresh,
+        }
+    }
+}
+
+/// Effects, executed in field order.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Action {
+    /// What this is, for logs and metrics: `start`, `monitor`, `status`, `end`, `finish`, `gone`.
+    pub what: &'static str,
+    /// Published in this order, each confirmed before the next group (lifecycle events last).
+    pub publish: Vec<Outbound>,
+    pub set: BTreeMap<String, String>,
+    pub remove: BTreeSet<String>,
+    /// Delete the VolcanoJob (after the patch).
+    pub delete: bool,
+    /// Remove our cleanup finalizer (last).
+    pub remove_finalizer: bool,
+    /// Decide again right after (a multi-step change).
+    pub again: bool,
+    pub next_check: Option<Timestamp>,
+    /// Plugins that could not decide (logged; the rest of the plan stands, W6/W7).
+    pub failures: Vec<PluginFailure>,
+    /// Take it only on a view read just now (see [`Step::needs_fresh_view`]).
+    pub fresh: bool,
+}
+
+impl Action {
+    fn from_plan(what: &'static str, plan: HookPlan) -> Self {
+        Self {
+            what,
+            publish: plan.publish,
+            set: plan.set,
+            remove: plan.remove,
+            delete: plan.delete.is_some(),
+            remove_finalizer: false,
+            again: plan.delete.is_some(),
+            next_check: plan.next_check,
+            failures: plan.failures,
+            fresh: false,
+        }
+    }
+
+    /// Whether there is anything to execute.
+    pub fn is_empty(&self) -> bool {
+        self.publish.is_empty()
+            && self.set.is_empty()
+            && self.remove.is_empty()
+            && !self.delete
+            && !self.remove_finalizer
+    }
+}
+
+fn earliest(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The decision for a job that exists (see the module documentation for the order).
+pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, FactsError> {
+    let job = obs.job;
+    let facts = JobFacts::read(job, &s.keys, &s.config)?;
+    let record = Record::read(job, &s.keys);
+    let deleting = job.metadata.deletion_timestamp.as_ref().map(|t| t.0);
+    let finalized = job
+        .metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|f| *f == s.finalizer);
+
+    // 1. Everything is published: let the job go.
+    if let Published::Ended(_) = record.published {
+        if deleting.is_none() || finalized {
+            return Ok(Step::Act(Action {
+                what: "finish",
+                delete: deleting.is_none(),
+                remove_finalizer: finalized,
+                ..Action::default()
+            }));
+        }
+        return Ok(Step::Wait { next_check: None });
+    }
+    // 2. The end is decided: publish it.
+    if let Some(outcome) = &record.outcome {
+        return Ok(Step::Act(publish_end(
+            obs, s, &facts, &record, outcome, now,
+        )?));
+    }
+
+    let ranks = observe::ranks(&facts.job_id, obs.pods);
+    let phase = job.phase();
+    let started = facts.start.or_else(|| hooks::pods_started_at(obs.pods));
+
+    // 3. Being deleted: close by the recorded cause once the pods have stopped.
+    if let Some(deleted_at) = deleting {
+        let finished_before =
+            phase.is_finished() && phase_time(job).is_some_and(|t| t < deleted_at);
+        if !finished_before {
+            let grace_end = deleted_at
+                .checked_add(s.cleanup_grace)
+                .unwrap_or(deleted_at);
+            if observe::any_running(obs.pods) && now < grace_end {
+                return Ok(Step::Wait {
+                    next_check: Some(grace_end),
+                });
+            }
+            let outcome = by_cause(&facts, &record, &ranks, started, deleted_at);
+            return Ok(record_step(s, &facts, outcome, &ranks, None));
+        }
+    }
+
+    // 4. Finished.
+    let all_ended = observe::all_ranks_ended(&ranks, facts.replicas);
+    let settled = all_ended
+        && observe::last_finish(&ranks)
+            .and_then(|t| t.checked_add(s.cleanup_grace).ok())
+            .is_some_and(|t| now >= t);
+    if phase.is_finished() || settled {
+        let outcome = natural(job, &facts, &ranks, started, now);
+        let cause = match outcome.state {
+            Terminal::Success => "completed",
+            _ => "failed",
+        };
+        return Ok(record_step(s, &facts, outcome, &ranks, Some(cause)));
+    }
+
+    let never_started = record.published == Published::Queued && started.is_none();
+    let pull = never_started
+        .then(|| observe::pull_failure(obs.pods))
+        .flatten();
+    let pull_deadline = pull
+        .as_ref()
+        .map(|p| p.since.checked_add(s.image_pull_grace).unwrap_or(p.since));
+    let created = job.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let queue_deadline = match (s.queue_timeout, created, never_started) {
+        (Some(t), Some(c), true) => Some(c.checked_add(t).unwrap_or(c)),
+        _ => None,
+    };
+
+    // 5. The image cannot be pulled.
+    if let (Some(failure), Some(deadline)) = (&pull, pull_deadline)
+        && now >= deadline
+    {
+        let outcome = Outcome {
+            state: Terminal::Failure,
+            reason: "image_pull".into(),
+            status: format!(
+                "Unable to pull the container image {} for {}: {}",
+                failure.image,
+                human(s.image_pull_grace),
+                failure.message
+            ),
+            started_at: None,
+            ended_at: deadline.as_millisecond(),
+            exit_codes: Vec::new(),
+            log_tails: Vec::new(),
+        };
+        return Ok(record_step(s, &facts, outcome, &[], Some("image_pull")));
+    }
+
+    // 6. Waited in the queue for too long.
+    if let Some(deadline) = queue_deadline
+        && now >= deadline
+        && phase == JobPhase::Pending
+    {
+        let why = pending(obs, &facts, None).text;
+        let outcome = Outcome {
+            state: Terminal::Failure,
+            reason: "queue_timeout".into(),
+            status: format!(
+                "The job was not scheduled within {}: {why}",
+                human(s.queue_timeout.unwrap_or_default())
+            ),
+            started_at: None,
+            ended_at: deadline.as_millisecond(),
+            exit_codes: Vec::new(),
+            log_tails: Vec::new(),
+        };
+        return Ok(record_step(s, &facts, outcome, &[], Some("queue_timeout")));
+    }
+
+    // 7. Started: RUNNING, once.
+    let running_phase = matches!(
+        phase,
+        JobPhase::Running
+            | JobPhase::Restarting
+            | JobPhase::Completing
+            | JobPhase::Terminating
+            | JobPhase::Aborting
+    );
+    if record.published == Published::Queued
+        && (phase == JobPhase::Running || (running_phase && started.is_some()))
+    {
+        let plan = hooks::on_start(&s.config, job, obs.pods, now)?;
+        let start = facts
+            .start
+            .or_else(|| {
+                plan.set
+                    .get(&s.keys.job_start)
+                    .and_then(|v| crate::pipeline::annotations::parse_millis(v))
+            })
+            .unwrap_or(now);
+        let expiry = facts.expiry.or_else(|| {
+            plan.set
+                .get(&s.keys.expiry)
+                .and_then(|v| crate::pipeline::annotations::parse_millis(v))
+        });
+        let mut action = Action::from_plan("start", plan);
+        action.publish.insert(
+            0,
+            Outbound::Lifecycle(events::running(&facts.job_id, start, expiry, &s.runner_id)),
+        );
+        action.set.insert(
+            s.keys.lifecycle_state.clone(),
+            Published::Running.as_str().into(),
+        );
+        action.again = true;
+        action.fresh = true;
+        return Ok(Step::Act(action));
+    }
+
+    // 8. Running: ticks, expiry, proxy.
+    if record.published == Published::Running {
+        if all_ended {
+            // Volcano has not caught up yet; the final tick will cover the time until the end.
+            return Ok(Step::Wait {
+                next_check: observe::last_finish(&ranks)
+                    .and_then(|t| t.checked_add(s.cleanup_grace).ok()),
+            });
+        }
+        // Never decide past the expiry, even when looking late (after a failover): the job is charged up
+        // to its expiry at most, and ticks past it are never published.
+        // Nor past what the view proves: ticks are charged only up to an instant the pods were seen
+        // running at (a lagging watch must never let a tick run past the real end).
+        let horizon = facts.expiry.map_or(now, |e| now.min(e));
+        let horizon = obs.fresh_at.map_or(horizon, |t| horizon.min(t));
+        let plan = hooks::on_monitoring(&s.config, job, obs.pods, horizon)?;
+        let next_check = plan.next_check;
+        let mut action = Action::from_plan("monitor", plan);
+        action.fresh = action
+            .publish
+            .iter()
+            .any(|o| matches!(o, Outbound::Accounting(_)));
+        if action.is_empty() {
+            for failure in &action.failures {
+                tracing::warn!(job = %facts.job_id, plugin = %failure.plugin, error = %failure.error, "A monitoring hook failed.");
+            }
+            return Ok(Step::Wait { next_check });
+        }
+        return Ok(Step::Act(action));
+    }
+
+    // 9. Pending: tell the user why, once per reason.
+    let reason = pending(obs, &facts, pull.as_ref().zip(pull_deadline));
+    let plain = events::status_hash(None, reason.reason, &reason.text);
+    let previous = record
+        .status_hash
+        .as_deref()
+        .map(|v| v.split_once('/').map_or(v, |(c, _)| c));
+    let last_plain = record
+        .status_hash
+        .as_deref()
+        .and_then(|v| v.split_once('/').map(|(_, p)| p));
+    let next_check = earliest(pull_deadline, queue_deadline);
+    if last_plain == Some(plain.as_str()) {
+        return Ok(Step::Wait { next_check });
+    }
+    let chained = events::status_hash(previous, reason.reason, &reason.text);
+    let fallback = created.unwrap_or(now);
+    let event = events::status(&facts.job_id, &chained, &reason, fallback, &s.runner_id);
+    Ok(Step::Act(Action {
+        what: "status",
+        publish: vec![Outbound::Lifecycle(event)],
+        set: BTreeMap::from([(s.keys.status_hash.clone(), format!("{chained}/{plain}"))]),
+        next_check,
+        ..Action::default()
+    }))
+}
+
+/// The job vanished (a DELETED event, or absent from a full list and from a GET) before its terminal
+/// state was published: publish the end from what was last seen. Nothing can be persisted any more.
+/// `None` when there is nothing to say (the end was published, or the job is not one of ours).
+pub fn decide_gone(
+    last: &VolcanoJob,
+    pods: &[Pod],
+    s: &Settings,
+    now: Timestamp,
+) -> Result<Option<Action>, FactsError> {
+    let facts = JobFacts::read(last, &s.keys, &s.config)?;
+    let record = Record::read(last, &s.keys);
+    if let Published::Ended(_) = record.published {
+        return Ok(None);
+    }
+    let started = facts.start.or_else(|| hooks::pods_started_at(pods));
+    let outcome = match &record.outcome {
+        Some(outcome) => outcome.clone(),
+        None => {
+            let ranks = observe::ranks(&facts.job_id, pods);
+            let end = last
+                .metadata
+                .deletion_timestamp
+                .as_ref()
+                .map(|t| t.0)
+                .or_else(|| observe::last_finish(&ranks))
+                .unwrap_or(now)
+                .min(now);
+            let mut outcome = by_cause(&facts, &record, &ranks, started, end);
+            if facts.termination_cause.is_none() {
+                outcome.reason = "lost_track".into();
+                outcome.status =
+                    "volcano-runner lost track of this job: its VolcanoJob disappeared \
+                                  before the job's end was recorded"
+                        .into();
+            }
+            outcome
+        }
+    };
+    // The hooks read the start from the annotations: give them the one the outcome rests on.
+    let mut job = last.clone();
+    if facts.start.is_none()
+        && let Some(start) = outcome.started()
+    {
+        job.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(s.keys.job_start.clone(), format_millis(start));
+    }
+    let obs = Observed {
+        job: &job,
+        pods,
+        podgroup: None,
+        jobs_ahead: None,
+        fresh_at: None,
+    };
+    let facts = JobFacts::read(&job, &s.keys, &s.config)?;
+    let mut action = publish_end(&obs, s, &facts, &record, &outcome, now)?;
+    action.what = "gone";
+    action.set.clear();
+    action.remove.clear();
+    action.again = false;
+    Ok(Some(action))
+}
+
+/// Step 2: the final ticks, the proxy remove and the terminal event, then the terminal state.
+fn publish_end(
+    obs: &Observed<'_>,
+    s: &Settings,
+    facts: &JobFacts,
+    record: &Record,
+    outcome: &Outcome,
+    now: Timestamp,
+) -> Result<Action, FactsError> {
+    let ended = outcome.ended();
+    let completion = hooks::on_completion(&s.config, obs.job, obs.pods, ended, now.max(ended))?;
+    let cleanup = hooks::on_cleanup(&s.config, obs.job, ended)?;
+    let expiry = facts.expiry.or_else(|| {
+        let start = facts.start.or(outcome.started())?;
+        start.checked_add(facts.max_time?).ok()
+    });
+    let mut action = Action {
+        what: "end",
+        again: true,
+        ..Action::default()
+    };
+    if record.published == Published::Queued
+        && let Some(start) = outcome.started().or(facts.start)
+    {
+        action.publish.push(Outbound::Lifecycle(events::running(
+            &facts.job_id,
+            start,
+            expiry,
+            &s.runner_id,
+        )));
+    }
+    action.failures.extend(completion.failures.iter().cloned());
+    action.failures.extend(cleanup.failures.iter().cloned());
+    action.publish.extend(completion.publish.iter().cloned());
+    action.publish.extend(cleanup.publish.iter().cloned());
+    action.publish.push(Outbound::Lifecycle(events::terminal(
+        &facts.job_id,
+        outcome,
+        expiry,
+        &s.runner_id,
+    )));
+    action.set = completion.set.clone();
+    action.remove = completion.remove.clone();
+    action.set.insert(
+        s.keys.lifecycle_state.clone(),
+        outcome.state.as_str().to_owned(),
+    );
+    Ok(action)
+}
+
+/// The outcome of a job that was deleted (or vanished), by the cause its deleter recorded (W11).
+fn by_cause(
+    facts: &JobFacts,
+    record: &Record,
+    ranks: &[RankView],
+    started: Option<Timestamp>,
+    deleted_at: Timestamp,
+) -> Outcome {
+    // The programs' real end once they have all stopped; while one still runs (the grace is over), the
+    // deletion, which is when the job was asked to stop.
+    let mut end = if ranks.iter().any(|r| r.running) {
+        deleted_at
+    } else {
+        observe::last_finish(ranks).unwrap_or(deleted_at)
+    };
+    let words = record.termination_reason.clone();
+    let (state, reason, status) = match &facts.termination_cause {
+        Some(TerminationCause::Expired) => {
+            if let Some(expiry) = facts.expiry {
+                // Never charged past the allocation, even when the deletion came late.
+                end = end.min(expiry);
+            }
+            let status = match facts.max_time {
+                Some(t) => format!(
+                    "Job has expired: its time allocation of {} ran out",
+                    human(t)
+                ),
+                None => "Job has expired".to_owned(),
+            };
+            (Terminal::Expired, "expired".to_owned(), status)
+        }
+        Some(TerminationCause::Cancelled) => (
+            Terminal::Cancelled,
+            "cancelled".to_owned(),
+            match words {
+                Some(w) => format!("Job was cancelled: {w}"),
+                None => "Job was cancelled".to_owned(),
+            },
+        ),
+        Some(TerminationCause::Other(cause)) => (
+            Terminal::Failure,
+            cause.clone(),
+            words.unwrap_or_else(|| format!("Job was stopped ({cause})")),
+        ),
+        None => (
+            Terminal::Failure,
+            "deleted".to_owned(),
+            "Job was stopped: its VolcanoJob was deleted without a recorded cause".to_owned(),
+        ),
+    };
+    if let Some(start) = started {
+        end = end.max(start);
+    }
+    Outcome {
+        state,
+        reason,
+        status,
+        started_at: started.map(|t| t.as_millisecond()),
+        ended_at: end.as_millisecond(),
+        exit_codes: exit_codes(ranks),
+        log_tails: Vec::new(),
+    }
+}
+
+/// The outcome of a job that ended by itself.
+fn natural(
+    job: &VolcanoJob,
+    facts: &JobFacts,
+    ranks: &[RankView],
+    started: Option<Timestamp>,
+    now: Timestamp,
+) -> Outcome {
+    let codes = exit_codes(ranks);
+    let mut failed: Vec<&RankView> = ranks
+        .iter()
+        .filter(|r| r.terminated.as_ref().is_some_and(|t| t.code != 0))
+        .collect();
+    failed.sort_by_key(|r| (r.terminated.as_ref().and_then(|t| t.finished_at), r.rank));
+    let phase = job.phase();
+    let state = job.status.as_ref().map(|s| &s.state);
+    let volcano_words = || {
+        let reason = state.and_then(|s| s.reason.clone()).unwrap_or_default();
+        let message = state.and_then(|s| s.message.clone()).unwrap_or_default();
+        match (reason.is_empty(), message.is_empty()) {
+            (false, false) => format!(": {reason}: {message}"),
+            (false, true) => format!(": {reason}"),
+            (true, false) => format!(": {message}"),
+            (true, true) => String::new(),
+        }
+    };
+    let all_zero = (0..facts.replicas).all(|r| codes.iter().any(|c| c.rank == r && c.code == 0));
+    let (terminal, reason, status) = if phase == JobPhase::Aborted {
+        (
+            Terminal::Failure,
+            "aborted".to_owned(),
+            format!("Volcano aborted the job{}", volcano_words()),
+        )
+    } else if let Some(first) = failed.first() {
+        let t = first
+            .terminated
+            .as_ref()
+            .map(|t| (t.code, t.reason.clone()));
+        let (code, why) = t.unwrap_or((1, None));
+        let mut status = format!("Rank {} exited with code {code}", first.rank);
+        if let Some(why) = why.filter(|w| w == "OOMKilled") {
+            status.push_str(&format!(" ({why}: out of memory)"));
+        }
+        if failed.len() > 1 {
+            let others: Vec<String> = failed[1..]
+                .iter()
+                .filter_map(|r| {
+                    Some(format!(
+                        "rank {} with {}",
+                        r.rank,
+                        r.terminated.as_ref()?.code
+                    ))
+                })
+                .collect();
+            status.push_str(&format!("; then {}", others.join(", ")));
+        }
+        (Terminal::Failure, "exit_code".to_owned(), status)
+    } else if matches!(phase, JobPhase::Failed | JobPhase::Terminated) {
+        (
+            Terminal::Failure,
+            format!("volcano_{}", phase.as_str().to_ascii_lowercase()),
+            format!("Volcano ended the job as {}{}", phase, volcano_words()),
+        )
+    } else if all_zero
+        || job
+            .status
+            .as_ref()
+            .is_some_and(|s| s.succeeded >= facts.replicas as i32 && s.failed == 0)
+    {
+        (
+            Terminal::Success,
+            "completed".to_owned(),
+            "Job has completed".to_owned(),
+        )
+    } else {
+        (
+            Terminal::Failure,
+            "unknown_exit".to_owned(),
+            "The job ended, but not every rank's exit code could be read".to_owned(),
+        )
+    };
+    // Facts from the objects are never clamped to `now`: the view may be newer than the clock reading.
+    let end = observe::last_finish(ranks)
+        .or_else(|| phase_time(job))
+        .unwrap_or(now);
+    let end = started.map_or(end, |s| end.max(s));
+    Outcome {
+        state: terminal,
+        reason,
+        status,
+        started_at: started.map(|t| t.as_millisecond()),
+        ended_at: end.as_millisecond(),
+        exit_codes: codes,
+        log_tails: Vec::new(),
+    }
+}
+
+fn exit_codes(ranks: &[RankView]) -> Vec<RankCode> {
+    ranks
+        .iter()
+        .filter_map(|r| {
+            Some(RankCode {
+                rank: r.rank,
+                code: r.terminated.as_ref()?.code,
+            })
+        })
+        .collect()
+}
+
+/// When Volcano entered the current phase.
+fn phase_time(job: &VolcanoJob) -> Option<Timestamp> {
+    job.status
+        .as_ref()?
+        .state
+        .last_transition_time
+        .as_ref()
+        .map(|t| t.0)
+}
+
+/// Builds the "record the outcome" step: the outcome with the log tails still to read, plus the start
+/// (for the final tick) and the cause (W11, before anything deletes the job).
+fn record_step(
+    s: &Settings,
+    facts: &JobFacts,
+    outcome: Outcome,
+    ranks: &[RankView],
+    cause: Option<&str>,
+) -> Step {
+    let mut set = BTreeMap::new();
+    if facts.start.is_none()
+        && let Some(start) = outcome.started()
+    {
+        set.insert(s.keys.job_start.clone(), format_millis(start));
+    }
+    if facts.termination_cause.is_none()
+        && let Some(cause) = cause
+    {
+        set.insert(s.keys.termination_cause.clone(), cause.to_owned());
+    }
+    let logs = ranks
+        .iter()
+        .filter(|r| r.started_at.is_some() || r.terminated.is_some())
+        .map(|r| (r.rank, r.pod.clone()))
+        .collect();
+    Step::Record { outcome, logs, set }
+}
+
+fn pending(
+    obs: &Observed<'_>,
+    facts: &JobFacts,
+    pull: Option<(&PullFailure, Timestamp)>,
+) -> observe::PendingReason {
+    let queue = obs.job.spec.queue.as_deref().unwrap_or("default");
+    observe::pending_reason(PendingInput {
+        queue,
+        replicas: facts.replicas,
+        product: &facts.product,
+        podgroup: obs.podgroup,
+        jobs_ahead: obs.jobs_ahead,
+        pods: obs.pods,
+        pull,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    //! The decision driven through whole lives in memory: a rendered job, statuses and pods set by
+    //! hand, and a tiny executor that applies each step the way the real one does.
+
+    use super::*;
+    use crate::cluster::volcano::{JobCondition, JobState as VcState, JobStatus};
+    use crate::messages::v1::{JobEvent, JobState, SubmitJob};
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
+        ContainerStatus, PodStatus,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    const START: i64 = 1_800_000_000;
+
+    fn ts(s: i64) -> Timestamp {
+        Timestamp::from_second(START + s).unwrap()
+    }
+
+    fn settings(f: impl FnOnce(&mut Config)) -> Settings {
+        let mut config = Config::default();
+        f(&mut config);
+        Settings::new(Arc::new(config), "runner-a")
+    }
+
+    /// The figlet example (1 replica, 1 h), as the runner creates it.
+    fn job(s: &Settings) -> VolcanoJob {
+        let submit: SubmitJob = serde_json::from_str(include_str!(
+            "../../schemas/examples/submit-job.figlet.json"
+        ))
+        .unwrap();
+        let mut job = crate::pipeline::render(&submit, &s.config, ts(0))
+            .unwrap()
+            .vcjob;
+        job.metadata.creation_timestamp = Some(Time(ts(0)));
+        job.metadata.resource_version = Some("1".into());
+        job.metadata.finalizers = Some(vec![s.finalizer.clone()]);
+        job.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(s.keys.lifecycle_state.clone(), "QUEUED".into());
+        job
+    }
+
+    fn set_phase(job: &mut VolcanoJob, phase: JobPhase, at: i64) {
+        let status = job.status.get_or_insert_with(JobStatus::default);
+        status.state = VcState {
+            phase: phase.clone(),
+            reason: None,
+            message: None,
+            last_transition_time: Some(Time(ts(at))),
+        };
+        status.conditions.push(JobCondition {
+            status: phase,
+            last_transition_time: Some(Time(ts(at))),
+        });
+    }
+
+    fn pod(job_id: &str, rank: u32, state: ContainerState) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some(crate::pipeline::names::pod_name(job_id, rank));
+        p.metadata.creation_timestamp = Some(Time(ts(1)));
+        p.status = Some(PodStatus {
+            phase: Some(
+                if state.running.is_some() {
+                    "Running"
+                } else {
+                    "Pending"
+                }
+                .into(),
+            ),
+            start_time: Some(Time(ts(1))),
+            pod_ip: Some(format!("10.0.0.{}", rank + 1)),
+            container_statuses: Some(vec![ContainerStatus {
+                name: "user-job".into(),
+                image: "dreg.cloud.sdu.dk/ucloud/figlet:1.0.0".into(),
+                state: Some(state),
+                ..ContainerStatus::default()
+            }]),
+            ..PodStatus::default()
+        });
+        p
+    }
+
+    fn running(at: i64) -> ContainerState {
+        ContainerState {
+            running: Some(ContainerStateRunning {
+                started_at: Some(Time(ts(at))),
+            }),
+            ..ContainerState::default()
+        }
+    }
+
+    fn exited(code: i32, start: i64, end: i64) -> ContainerState {
+        ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: code,
+                started_at: Some(Time(ts(start))),
+                finished_at: Some(Time(ts(end))),
+                ..ContainerStateTerminated::default()
+            }),
+            ..ContainerState::default()
+        }
+    }
+
+    /// What the in-memory executor saw.
+    #[derive(Default)]
+    struct World {
+        published: Vec<Outbound>,
+        deleted: bool,
+        gone: bool,
+        next_check: Option<Timestamp>,
+    }
+
+    /// Decides and applies until the job waits, like `Executor::handle` (log tails are not read).
+    fn drive(s: &Settings, job: &mut VolcanoJob, pods: &[Pod], now: Timestamp, world: &mut World) {
+        for _ in 0..20 {
+            let obs = Observed {
+                job,
+                pods,
+                podgroup: None,
+                jobs_ahead: None,
+                fresh_at: Some(now),
+            };
+            match decide(&obs, s, now).unwrap() {
+                Step::Wait { next_check } => {
+                    world.next_check = next_check;
+                    return;
+                }
+                Step::Record {
+                    outcome, mut set, ..
+                } => {
+                    set.insert(s.keys.outcome.clone(), outcome.to_annotation());
+                    job.metadata.annotations.as_mut().unwrap().extend(set);
+                }
+                Step::Act(action) => {
+                    world.published.extend(action.publish.iter().cloned());
+                    let a = job.metadata.annotations.as_mut().unwrap();
+                    a.extend(action.set.clone());
+                    for k in &action.remove {
+                        a.remove(k);
+                    }
+                    if action.delete && job.metadata.deletion_timestamp.is_none() {
+                        job.metadata.deletion_timestamp = Some(Time(now));
+                        world.deleted = true;
+                    }
+                    if action.remove_finalizer {
+                        job.metadata.finalizers = Some(Vec::new());
+                        world.gone = true;
+                        return;
+                    }
+                    if !action.again {
+                        world.next_check = action.next_check;
+                        return;
+                    }
+                }
+            }
+        }
+        panic!("the decision did not settle");
+    }
+
+    fn lifecycle(world: &World) -> Vec<JobEvent> {
+        world
+            .published
+            .iter()
+            .filter_map(|o| match o {
+                Outbound::Lifecycle(e) => Some(e.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn ticks(world: &World) -> Vec<crate::messages::v1::AccountingTick> {
+        world
+            .published
+            .iter()
+            .filter_map(|o| match o {
+                Outbound::Accounting(t) => Some(t.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn queued_running_success_with_ticks_to_the_real_end() {
+        let s = settings(|_| {});
+        let mut job = job(&s);
+        let mut world = World::default();
+        // Pending: nothing started, a status event.
+        drive(&s, &mut job, &[], ts(0), &mut world);
+        assert_eq!(lifecycle(&world).len(), 1);
+        assert_eq!(lifecycle(&world)[0].state, JobState::Unspecified as i32);
+        // Running from t=5 (the container's start, not the time we look).
+        set_phase(&mut job, JobPhase::Running, 6);
+        let pods = vec![pod("4817", 0, running(5))];
+        drive(&s, &mut job, &pods, ts(20), &mut world);
+        let events = lifecycle(&world);
+        let started = events.last().unwrap();
+        assert_eq!(started.event_id, "4817/RUNNING");
+        assert_eq!(started.started_at.unwrap().seconds, START + 5);
+        assert_eq!(started.expires_at.unwrap().seconds, START + 5 + 3600);
+        assert_eq!(world.next_check, Some(ts(65)), "the first tick boundary");
+        // Looking again changes nothing: RUNNING is persisted, not cached (W4, W5).
+        let before = world.published.len();
+        drive(&s, &mut job, &pods, ts(30), &mut world);
+        assert_eq!(world.published.len(), before);
+        // Two ticks are due at t=130.
+        drive(&s, &mut job, &pods, ts(130), &mut world);
+        assert_eq!(ticks(&world).len(), 2);
+        // The program ends at t=150 with 0; Volcano says Completed.
+        set_phase(&mut job, JobPhase::Completed, 151);
+        let pods = vec![pod("4817", 0, exited(0, 5, 150))];
+        drive(&s, &mut job, &pods, ts(200), &mut world);
+        let all = ticks(&world);
+        let total: i64 = all.iter().map(|t| t.duration_ms).sum();
+        assert_eq!(total, 145_000, "ticks add up to the real run time");
+        assert!(all.last().unwrap().r#final);
+        assert_eq!(
+            all.last().unwrap().interval_end.unwrap().seconds,
+            START + 150
+        );
+        let end = lifecycle(&world).pop().unwrap();
+        assert_eq!(end.event_id, "4817/SUCCESS");
+        assert_eq!(end.ended_at.unwrap().seconds, START + 150);
+        assert_eq!(end.exit_codes.len(), 1);
+        assert!(
+            world.deleted && world.gone,
+            "deleted, then the finalizer removed"
+        );
+    }
+
+    #[test]
+    fn a_non_zero_exit_is_a_failure_with_the_codes() {
+        let s = settings(|_| {});
+        let mut job = job(&s);
+        let mut world = World::default();
+        set_phase(&mut job, JobPhase::Running, 2);
+        drive(
+            &s,
+            &mut job,
+            &[pod("4817", 0, running(2))],
+            ts(3),
+            &mut world,
+        );
+        set_phase(&mut job, JobPhase::Failed, 41);
+        drive(
+            &s,
+            &mut job,
+            &[pod("4817", 0, exited(3, 2, 40))],
+            ts(45),
+            &mut world,
+        );
+        let end = lifecycle(&world).pop().unwrap();
+        assert_eq!(end.event_id, "4817/FAILURE");
+        assert_eq!(end.reason, "exit_code");
+        assert_eq!(end.status, "Rank 0 exited with code 3");
+        assert_eq!(end.exit_codes[0].exit_code, 3);
+    }
+
+    #[test]
+    fn a_job_that_ran_between_two_looks_still_gets_running_then_its_end() {
+        let s = settings(|_| {});
+        let mut job = job(&s);
+        let mut world = World::default();
+        set_phase(&mut job, JobPhase::Completed, 90);
+        drive(
+            &s,
+            &mut job,
+            &[pod("4817", 0, exited(0, 10, 89))],
+            ts(100),
+            &mut world,
+        );
+        let ids: Vec<String> = lifecycle(&world).into_iter().map(|e| e.event_id).collect();
+        assert_eq!(ids, ["4817/RUNNING", "4817/SUCCESS"]);
+        let total: i64 = ticks(&world).iter().map(|t| t.duration_ms).sum();
+        assert_eq!(total, 79_000);
+    }
+
+    #[test]
+    fn image_pull_failure_after_the_grace() {
+        let s = settings(|c| c.monitor.image_pull_grace = std::time::Duration::from_secs(120));
+        let mut job = job(&s);
+        let mut world = World::default();
+        let waiting = ContainerState {
+            waiting: Some(ContainerStateWaiting {
+                reason: Some("ImagePullBackOff".into()),
+                message: Some("Back-off pulling image".into()),
+            }),
+            ..ContainerState::default()
+        };
+        let pods = vec![pod("4817", 0, waiting)];
+        drive(&s, &mut job, &pods, ts(60), &mut world);
+        let status = lifecycle(&world).pop().unwrap();
+        assert_eq!(status.reason, "image_pull_retrying");
+        assert_eq!(world.next_check, Some(ts(121)), "pod start + grace");
+        drive(&s, &mut job, &pods, ts(121), &mut world);
+        let end = lifecycle(&world).pop().unwrap();
+        assert_eq!(end.event_id, "4817/FAILURE");
+        assert_eq!(end.reason, "image_pull");
+        assert_eq!(end.timestamp.unwrap().seconds, START + 121);
+        assert!(
+            ticks(&world).is_empty(),
+            "a job that never ran is not charged"
+        );
+        assert!(world.deleted);
+    }
+
+    #[test]
+    fn queue_timeout_fails_a_job_that_never_starts() {
+        let s = settings(|c| c.monitor.queue_timeout = Some(std::time::Duration::from_secs(600)));
+        let mut job = job(&s);
+        let mut world = World::default();
+        drive(&s, &mut job, &[], ts(10), &mut world);
+        assert_eq!(world.next_check, Some(ts(600)));
+        drive(&s, &mut job, &[], ts(600), &mut world);
+        let end = lifecycle(&world).pop().unwrap();
+        assert_eq!(end.reason, "queue_timeout");
+        assert!(
+            end.status
+                .starts_with("The job was not scheduled within 10 minutes: "),
+            "{}",
+            end.status
+        );
+    }
+
+    #[test]
+    fn expiry_warns_deletes_and_ends_expired_at_the_expiry() {
+        let s = settings(|_| {});
+        let mut job = job(&s);
+        let mut world = World::default();
+        set_phase(&mut job, JobPhase::Running, 0);
+        let pods = vec![pod("4817", 0, running(0))];
+        drive(&s, &mut job, &pods, ts(1), &mut world);
+        // 15 and 5 minutes before the expiry at t=3600.
+        drive(&s, &mut job, &pods, ts(3600 - 900), &mut world);
+        drive(&s, &mut job, &pods, ts(3600 - 300), &mut world);
+        let warnings: Vec<String> = lifecycle(&world)
+            .into_iter()
+            .filter(|e| e.reason == "expiry_warning")
+            .map(|e| e.event_id)
+            .collect();
+        let expiry_ms = (START + 3600) * 1000;
+        assert_eq!(
+            warnings,
+            [
+                format!("4817/warning/{expiry_ms}/15"),
+                format!("4817/warning/{expiry_ms}/5")
+            ]
+        );
+        // Looked at 10 s late (a failover): deleted, and never charged past the expiry.
+        drive(&s, &mut job, &pods, ts(3610), &mut world);
+        assert!(world.deleted);
+        let cause = job.metadata.annotations.as_ref().unwrap()[&s.keys.termination_cause].clone();
+        assert_eq!(cause, "expired");
+        // Volcano kills the pod 2 s after the delete.
+        let pods = vec![pod("4817", 0, exited(143, 0, 3612))];
+        drive(&s, &mut job, &pods, ts(3613), &mut world);
+        let end = lifecycle(&world).pop().unwrap();
+        assert_eq!(end.event_id, "4817/EXPIRED");
+        let total: i64 = ticks(&world).iter().map(|t| t.duration_ms).sum();
+        assert_eq!(total, 3_600_000);
+        assert!(world.gone);
+    }
+
+    #[test]
+    fn cancel_reports_the_reason_the_runner_recorded() {
+        let s = settings(|_| {});
+        let mut job = job(&s);
+        let mut world = World::default();
+        let a = job.metadata.annotations.as_mut().unwrap();
+        a.insert(s.keys.termination_cause.clone(), "cancelled".into());
+        a.insert(s.keys.termination_reason.clone(), "user asked".into());
+        job.metadata.deletion_timestamp = Some(Time(ts(30)));
+        drive(&s, &mut job, &[], ts(31), &mut world);
+        let end = lifecycle(&world).pop().unwrap();
+        assert_eq!(end.event_id, "4817/CANCELLED");
+        assert_eq!(end.status, "Job was cancelled: user asked");
+        assert_eq!(end.ended_at.unwrap().seconds, START + 30);
+        assert!(world.gone);
+    }
+
+    #[test]
+    fn a_deleted_job_waits_for_its_pods_within_the_grace() {
+        let s = settings(|_| {});
+        let mut job = job(&s);
+        let mut world = World::default();
+        set_phase(&mut job, JobPhase::Running, 0);
+        let pods = vec![pod("4817", 0, running(0))];
+        drive(&s, &mut job, &pods, ts(1), &mut world);
+        job.metadata.deletion_timestamp = Some(Time(ts(100)));
+        drive(&s, &mut job, &pods, ts(101), &mut world);
+        assert_eq!(world.next_check, Some(ts(160)));
+        assert!(
+            !lifecycle(&world)
+                .iter()
+                .any(|e| e.state == JobState::Failure as i32)
+        );
+        // The grace is over and the pod still runs: closed at the deletion, a FAILURE without a cause.
+        drive(&s, &mut job, &pods, ts(160), &mut world);
+        let end = lifecycle(&world).pop().unwrap();
+        assert_eq!(
+            (end.event_id.as_str(), end.reason.as_str()),
+            ("4817/FAILURE", "deleted")
+        );
+        assert_eq!(end.ended_at.unwrap().seconds, START + 100);
+    }
+
+    #[test]
+    fn a_vanished_job_is_lost_track_once_and_a_finished_one_is_not() {
+        let s = settings(|_| {});
+        let mut job = job(&s);
+        set_phase(&mut job, JobPhase::Running, 0);
+        let pods = vec![pod("4817", 0, running(0))];
+        let mut world = World::default();
+        drive(&s, &mut job, &pods, ts(70), &mut world);
+        let action = decide_gone(&job, &pods, &s, ts(100)).unwrap().unwrap();
+        let end = action
+            .publish
+            .iter()
+            .rev()
+            .find_map(|o| match o {
+                Outbound::Lifecycle(e) => Some(e.clone()),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(
+            (end.event_id.as_str(), end.reason.as_str()),
+            ("4817/FAILURE", "lost_track")
+        );
+        assert!(
+            action.set.is_empty(),
+            "nothing to persist on a job that is gone"
+        );
+        job.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(s.keys.lifecycle_state.clone(), "SUCCESS".into());
+        assert_eq!(decide_gone(&job, &pods, &s, ts(100)).unwrap(), None);
+    }
+
+    #[test]
+    fn the_pending_reason_is_published_once_per_change() {
+        let s = settings(|_| {});
+        let mut job = job(&s);
+        let mut world = World::default();
+        drive(&s, &mut job, &[], ts(1), &mut world);
+        drive(&s, &mut job, &[], ts(2), &mut world);
+        assert_eq!(
+            lifecycle(&world).len(),
+            1,
+            "the same reason is not repeated"
+        );
+        let first = lifecycle(&world)[0].event_id.clone();
+        assert!(first.starts_with("4817/status/"), "{first}");
+    }
+}

@@ -1,0 +1,162 @@
+//! The lifecycle events the monitor publishes, with their deterministic ids (see `phase2.md`):
+//! `<jobId>/RUNNING`, `<jobId>/<SUCCESS|FAILURE|EXPIRED|CANCELLED>`, `<jobId>/status/<hash16>`.
+//!
+//! Every field is a pure function of persisted facts or of the objects as observed: the timestamp of a
+//! transition is the transition's real time, never the moment a runner published it. Only `runner_id`
+//! names the publisher (for operators).
+
+use jiff::Timestamp;
+
+use super::observe::PendingReason;
+use super::record::Outcome;
+use crate::messages::v1::{JobEvent, JobState, RankExit, RankLog};
+use crate::pipeline::hooks::proto_timestamp;
+use crate::pipeline::names;
+
+/// `<jobId>/RUNNING`, at the real start.
+pub fn running(
+    job_id: &str,
+    started: Timestamp,
+    expiry: Option<Timestamp>,
+    runner_id: &str,
+) -> JobEvent {
+    JobEvent {
+        event_id: format!("{job_id}/RUNNING"),
+        job_id: job_id.to_owned(),
+        state: JobState::Running as i32,
+        status: "Job is now running".to_owned(),
+        reason: "started".to_owned(),
+        expires_at: expiry.map(proto_timestamp),
+        timestamp: Some(proto_timestamp(started)),
+        runner_id: runner_id.to_owned(),
+        started_at: Some(proto_timestamp(started)),
+        ..JobEvent::default()
+    }
+}
+
+/// The one terminal event, from the persisted outcome.
+pub fn terminal(
+    job_id: &str,
+    outcome: &Outcome,
+    expiry: Option<Timestamp>,
+    runner_id: &str,
+) -> JobEvent {
+    JobEvent {
+        event_id: format!("{job_id}/{}", outcome.state.as_str()),
+        job_id: job_id.to_owned(),
+        state: outcome.state.job_state() as i32,
+        status: outcome.status.clone(),
+        reason: outcome.reason.clone(),
+        exit_codes: outcome
+            .exit_codes
+            .iter()
+            .map(|c| RankExit {
+                rank: c.rank,
+                exit_code: c.code,
+            })
+            .collect(),
+        expires_at: expiry.map(proto_timestamp),
+        timestamp: Some(proto_timestamp(outcome.ended())),
+        runner_id: runner_id.to_owned(),
+        log_tails: outcome
+            .log_tails
+            .iter()
+            .map(|t| RankLog {
+                rank: t.rank,
+                tail: t.tail.clone(),
+            })
+            .collect(),
+        started_at: outcome.started().map(proto_timestamp),
+        ended_at: Some(proto_timestamp(outcome.ended())),
+        pending: None,
+    }
+}
+
+/// The hash that names a status event: its text and reason, chained to the previous status event's
+/// hash, so that a reason that comes back after another one gets a new id (consumers drop repeated ids).
+pub fn status_hash(previous: Option<&str>, reason: &str, text: &str) -> String {
+    let input = format!("{}\n{reason}\n{text}", previous.unwrap_or(""));
+    names::short_hash(input.as_bytes(), 16)
+}
+
+/// `<jobId>/status/<hash>`: why the job still waits.
+pub fn status(
+    job_id: &str,
+    hash: &str,
+    pending: &PendingReason,
+    fallback_time: Timestamp,
+    runner_id: &str,
+) -> JobEvent {
+    JobEvent {
+        event_id: format!("{job_id}/status/{hash}"),
+        job_id: job_id.to_owned(),
+        state: JobState::Unspecified as i32,
+        status: pending.text.clone(),
+        reason: pending.reason.to_owned(),
+        pending: Some(pending.details.clone()),
+        timestamp: Some(proto_timestamp(pending.since.unwrap_or(fallback_time))),
+        runner_id: runner_id.to_owned(),
+        ..JobEvent::default()
+    }
+}
+
+/// Cuts a log to its last `max` bytes, at a character boundary and, when possible, a line start.
+pub fn tail(log: &str, max: usize) -> String {
+    if log.len() <= max {
+        return log.to_owned();
+    }
+    let mut start = log.len() - max;
+    while !log.is_char_boundary(start) {
+        start += 1;
+    }
+    let cut = &log[start..];
+    match cut.find('\n') {
+        Some(i) if i + 1 < cut.len() => cut[i + 1..].to_owned(),
+        _ => cut.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::monitor::record::{RankCode, Terminal};
+
+    #[test]
+    fn terminal_event_is_a_function_of_the_outcome() {
+        let outcome = Outcome {
+            state: Terminal::Failure,
+            reason: "exit_code".into(),
+            status: "Rank 1 exited with code 3".into(),
+            started_at: Some(1_000),
+            ended_at: 9_000,
+            exit_codes: vec![RankCode { rank: 1, code: 3 }],
+            log_tails: vec![],
+        };
+        let a = terminal("42", &outcome, None, "r1");
+        assert_eq!(a.event_id, "42/FAILURE");
+        assert_eq!(a.state, JobState::Failure as i32);
+        assert_eq!(a.timestamp, a.ended_at);
+        assert_eq!(a.exit_codes[0].exit_code, 3);
+        assert_eq!(a, terminal("42", &outcome, None, "r1"));
+        crate::validate::job_event(&a).unwrap();
+    }
+
+    #[test]
+    fn status_hashes_chain() {
+        let a = status_hash(None, "queued", "waiting");
+        let b = status_hash(Some(&a), "unschedulable", "no GPUs");
+        let a2 = status_hash(Some(&b), "queued", "waiting");
+        assert_eq!(a.len(), 16);
+        assert_ne!(a, a2, "a reason that returns gets a new id");
+        assert_eq!(a, status_hash(None, "queued", "waiting"));
+    }
+
+    #[test]
+    fn tails_keep_the_end_at_a_line_start() {
+        assert_eq!(tail("short", 10), "short");
+        assert_eq!(tail("one\ntwo\nthree\n", 9), "three\n");
+        let utf8 = "ææææ\nøø\n";
+        assert!(tail(utf8, 5).is_char_boundary(0));
+        assert!(tail(utf8, 5).len() <= 5);
+    }
+}

@@ -1,0 +1,558 @@
+//! Carries out the decisions for one job, in the kill-safe order: **publish (confirmed), then persist
+//! (guarded by the resourceVersion), then delete and remove the finalizer**, and asks [`decide`] again
+//! after every write until the job is settled.
+//!
+//! - A kill before a publication leaves the annotations as they were: the same decision is made again.
+//! - A kill between a publication and its patch re-publishes the same ids with the same content
+//!   (consumers drop duplicates by id); never the other way round, which would lose the message.
+//! - A 409 Conflict means the job changed under us (another runner, an extension, Volcano): re-read and
+//!   decide again, the annotations now say what was done.
+//! - Anything else (broker down, API 5xx past the retry budget) ends this try; the loop retries the job
+//!   later with backoff, and the other jobs carry on (W6, W7).
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use super::Encoding;
+use super::cache::{Snapshot, WatchedJob, WatchedPod};
+use super::clock::Clock;
+use super::decide::{self, Action, Observed, Settings, Step};
+use super::events;
+use super::record::RankTail;
+use crate::broker::{self, BrokerConfig, PublishError, Publisher};
+use crate::cluster::labels::FIELD_MANAGER;
+use crate::cluster::volcano::{LABEL_JOB_NAME, VolcanoJob};
+use crate::cluster::{ClusterError, HeldShards, KubeResultExt, RetryPolicy};
+use crate::messages::Format;
+use crate::pipeline::hooks::{FactsError, Outbound};
+use crate::pipeline::names::USER_CONTAINER;
+
+/// Decisions and writes for one job in one go, before the job is handed back to the loop.
+const MAX_ROUNDS: usize = 12;
+
+/// Why handling a job stopped early. The job is tried again later.
+#[derive(Debug, thiserror::Error)]
+pub enum HandleError {
+    #[error("{0}")]
+    Cluster(#[from] ClusterError),
+    #[error("publishing failed: {0}")]
+    Publish(#[from] PublishError),
+    /// The job's annotations cannot be read; it needs a person.
+    #[error("{0}")]
+    Facts(#[from] FactsError),
+    #[error("the job kept changing while it was handled ({MAX_ROUNDS} rounds)")]
+    Unsettled,
+}
+
+/// What handling a job came to.
+#[derive(Debug)]
+pub struct Handled {
+    /// The job as last read or written, for the cache.
+    pub job: Option<Arc<VolcanoJob>>,
+    /// When to look again (in the clock's time), if no event comes first.
+    pub next_check: Option<Timestamp>,
+    /// Set when the try failed; the loop retries with backoff.
+    pub error: Option<HandleError>,
+    /// The effects carried out, e.g. `["status", "start", "monitor"]`, for logs and tests.
+    pub done: Vec<&'static str>,
+}
+
+/// The writes of the monitor: publisher, API, and everything they need.
+pub struct Executor {
+    pub(crate) client: kube::Client,
+    pub(crate) publisher: Publisher,
+    pub(crate) broker: BrokerConfig,
+    pub(crate) content_type: Format,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) settings: Settings,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) shards: watch::Receiver<HeldShards>,
+    pub(crate) tail_bytes: usize,
+    pub(crate) tail_total: usize,
+}
+
+impl Executor {
+    /// Everything from the monitor's parts and configuration.
+    pub fn new(
+        client: kube::Client,
+        publisher: Publisher,
+        settings: Settings,
+        clock: Arc<dyn Clock>,
+        shards: watch::Receiver<HeldShards>,
+    ) -> Self {
+        let config = settings.config.clone();
+        Self {
+            client,
+            publisher,
+            broker: config.broker.clone(),
+            content_type: match config.monitor.encoding {
+                Encoding::Json => Format::Json,
+                Encoding::Protobuf => Format::Protobuf,
+            },
+            retry: RetryPolicy::from_config(&config.cluster),
+            tail_bytes: config.monitor.log_tail_bytes,
+            tail_total: config.monitor.log_tail_total_bytes,
+            settings,
+            clock,
+            shards,
+        }
+    }
+
+    fn owns(&self, job_id: &str) -> bool {
+        self.shards.borrow().owns(job_id)
+    }
+
+    fn jobs(&self, namespace: &str) -> Api<WatchedJob> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    /// Decides and acts for one job until it needs nothing more for now.
+    pub async fn handle(&self, snap: Snapshot) -> Handled {
+        let mut job = snap.job.clone();
+        let mut pods = snap.pods.clone();
+        let mut fresh = false;
+        // When the view was last read afresh (an instant taken just before the read).
+        let mut fresh_at: Option<Timestamp> = None;
+        // Ids confirmed during this call: after a conflict the same decision comes again, and its
+        // messages (same ids, same content) need not go out twice.
+        let mut confirmed: HashSet<String> = HashSet::new();
+        let mut done = Vec::new();
+        let job_id = snap.key.job_id().unwrap_or_default().to_owned();
+        let result = async {
+            for _ in 0..MAX_ROUNDS {
+                if !self.owns(&job_id) {
+                    return Ok(None);
+                }
+                let now = self.clock.now();
+                let obs = Observed {
+                    job: &job,
+                    pods: &pods,
+                    podgroup: snap.podgroup.as_deref(),
+                    jobs_ahead: snap.jobs_ahead,
+                    fresh_at,
+                };
+                let step = decide::decide(&obs, &self.settings, now)?;
+                if step.needs_fresh_view() && !fresh {
+                    match self.fresh_view(&job).await? {
+                        Some((j, p)) => {
+                            job = j;
+                            pods = p;
+                            fresh = true;
+                            fresh_at = Some(now);
+                            continue;
+                        }
+                        None => return Ok(None),
+                    }
+                }
+                match step {
+                    Step::Wait { next_check } => return Ok(next_check),
+                    Step::Record {
+                        mut outcome,
+                        logs,
+                        mut set,
+                    } => {
+                        outcome.log_tails = self.tails(&snap.key.namespace, &logs).await;
+                        set.insert(self.settings.keys.outcome.clone(), outcome.to_annotation());
+                        done.push("record");
+                        match self.patch(&job, &set, &BTreeSet::new()).await {
+                            Ok(Some(new)) => job = new,
+                            Ok(None) => return Ok(None),
+                            Err(e) if e.is_conflict() => {
+                                // Changed under us: read the job and its pods again, and decide again.
+                                let at = self.clock.now();
+                                match self.fresh_view(&job).await? {
+                                    Some((j, p)) => {
+                                        job = j;
+                                        pods = p;
+                                        fresh = true;
+                                        fresh_at = Some(at);
+                                    }
+                                    None => return Ok(None),
+                                }
+                            }
+                            Err(e) => return Err(e.into()),
+                        }
+                    }
+                    Step::Act(action) => {
+                        for failure in &action.failures {
+                            tracing::warn!(job = %job_id, plugin = %failure.plugin, error = %failure.error, "A hook failed; the other plugins' actions stand.");
+                        }
+                        done.push(action.what);
+                        match self.act(&job, &action, &mut confirmed).await? {
+                            Acted::Settled(new) => {
+                                if let Some(new) = new {
+                                    job = new;
+                                }
+                                if !action.again {
+                                    return Ok(action.next_check);
+                                }
+                            }
+                            Acted::Gone => return Ok(None),
+                            Acted::Conflict => {
+                                // Changed under us: read the job and its pods again, and decide again.
+                                let at = self.clock.now();
+                                match self.fresh_view(&job).await? {
+                                    Some((j, p)) => {
+                                        job = j;
+                                        pods = p;
+                                        fresh = true;
+                                        fresh_at = Some(at);
+                                    }
+                                    None => return Ok(None),
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            Err(HandleError::Unsettled)
+        }
+        .await;
+        match result {
+            Ok(next_check) => Handled {
+                job: Some(job),
+                next_check,
+                error: None,
+                done,
+            },
+            Err(error) => Handled {
+                job: Some(job),
+                next_check: None,
+                error: Some(error),
+                done,
+            },
+        }
+    }
+
+    /// Publishes the end of a job that vanished; nothing can be persisted.
+    pub async fn handle_gone(&self, job: Arc<VolcanoJob>, pods: Arc<Vec<Pod>>) -> Handled {
+        let now = self.clock.now();
+        let job_id = crate::pipeline::names::job_id_from_vcjob_name(
+            job.metadata.name.as_deref().unwrap_or_default(),
+        )
+        .unwrap_or_default()
+        .to_owned();
+        let mut done = Vec::new();
+        let result = async {
+            if !self.owns(&job_id) {
+                return Ok(());
+            }
+            if let Some(action) = decide::decide_gone(&job, &pods, &self.settings, now)? {
+                done.push(action.what);
+                let traceparent = self.traceparent(&job);
+                self.publish(&action.publish, traceparent.as_deref())
+                    .await?;
+            }
+            Ok::<(), HandleError>(())
+        }
+        .await;
+        Handled {
+            job: None,
+            next_check: None,
+            error: result.err(),
+            done,
+        }
+    }
+
+    async fn act(
+        &self,
+        job: &Arc<VolcanoJob>,
+        action: &Action,
+        confirmed: &mut HashSet<String>,
+    ) -> Result<Acted, HandleError> {
+        let mut current = None;
+        let publish: Vec<Outbound> = action
+            .publish
+            .iter()
+            .filter(|m| !confirmed.contains(message_id(m)))
+            .cloned()
+            .collect();
+        if !publish.is_empty() {
+            let traceparent = self.traceparent(job);
+            self.publish(&publish, traceparent.as_deref()).await?;
+            confirmed.extend(publish.iter().map(|m| message_id(m).to_owned()));
+        }
+        if !action.set.is_empty() || !action.remove.is_empty() {
+            match self.patch(job, &action.set, &action.remove).await {
+                Ok(Some(new)) => current = Some(new),
+                Ok(None) => return Ok(Acted::Gone),
+                Err(e) if e.is_conflict() => return Ok(Acted::Conflict),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let mut latest = current.clone().unwrap_or_else(|| job.clone());
+        if action.delete {
+            match self.delete(&latest).await? {
+                Some(new) => {
+                    latest = new.clone();
+                    current = Some(new);
+                }
+                None => return Ok(Acted::Gone),
+            }
+        }
+        if action.remove_finalizer {
+            match self.unfinalize(&latest).await {
+                Ok(Some(new)) => current = Some(new),
+                Ok(None) => return Ok(Acted::Gone),
+                Err(e) if e.is_conflict() => return Ok(Acted::Conflict),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(Acted::Settled(current))
+    }
+
+    fn traceparent(&self, job: &VolcanoJob) -> Option<String> {
+        job.metadata
+            .annotations
+            .as_ref()?
+            .get(&self.settings.keys.traceparent)
+            .cloned()
+    }
+
+    fn outbound(&self, message: &Outbound, traceparent: Option<&str>) -> broker::Outbound {
+        let m = match message {
+            Outbound::Lifecycle(e) => {
+                broker::Outbound::job_event(e, self.content_type, &self.broker)
+            }
+            Outbound::Accounting(t) => {
+                broker::Outbound::accounting(t, self.content_type, &self.broker)
+            }
+            Outbound::Proxy(p) => broker::Outbound::proxy(p, self.content_type, &self.broker),
+        };
+        match traceparent {
+            Some(tp) => m.with_traceparent(tp),
+            None => m,
+        }
+    }
+
+    /// Publishes in order: consecutive ticks and proxy events together (confirms in flight at once),
+    /// each lifecycle event alone after everything before it was confirmed, so consumers see RUNNING
+    /// before the ticks and the terminal event after the final tick.
+    async fn publish(
+        &self,
+        messages: &[Outbound],
+        traceparent: Option<&str>,
+    ) -> Result<(), PublishError> {
+        let mut batch = Vec::new();
+        for message in messages {
+            let out = self.outbound(message, traceparent);
+            if matches!(message, Outbound::Lifecycle(_)) {
+                if !batch.is_empty() {
+                    self.publisher.publish_all(&batch).await?;
+                    batch.clear();
+                }
+                self.publisher.publish(&out).await?;
+            } else {
+                batch.push(out);
+            }
+        }
+        if !batch.is_empty() {
+            self.publisher.publish_all(&batch).await?;
+        }
+        Ok(())
+    }
+
+    /// A merge patch of annotations that only applies to the version the decision was made on.
+    /// `Ok(None)`: the job is gone.
+    async fn patch(
+        &self,
+        job: &VolcanoJob,
+        set: &BTreeMap<String, String>,
+        remove: &BTreeSet<String>,
+    ) -> Result<Option<Arc<VolcanoJob>>, ClusterError> {
+        let mut annotations = serde_json::Map::new();
+        for key in remove {
+            annotations.insert(key.clone(), Value::Null);
+        }
+        for (key, value) in set {
+            annotations.insert(key.clone(), Value::String(value.clone()));
+        }
+        let body = json!({"metadata": {
+            "annotations": annotations,
+            "resourceVersion": job.metadata.resource_version,
+        }});
+        self.write(job, body).await
+    }
+
+    /// Removes our finalizer, guarded by the resourceVersion (other finalizers stay).
+    async fn unfinalize(&self, job: &VolcanoJob) -> Result<Option<Arc<VolcanoJob>>, ClusterError> {
+        let rest: Vec<&String> = job
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .filter(|f| **f != self.settings.finalizer)
+            .collect();
+        let body = json!({"metadata": {
+            "finalizers": rest,
+            "resourceVersion": job.metadata.resource_version,
+        }});
+        self.write(job, body).await
+    }
+
+    async fn write(
+        &self,
+        job: &VolcanoJob,
+        body: Value,
+    ) -> Result<Option<Arc<VolcanoJob>>, ClusterError> {
+        let (ns, name) = names(job);
+        let api = self.jobs(ns);
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        let op = format!("patch jobs.batch.volcano.sh {ns}/{name}");
+        // A conflict is an answer, not a hiccup: the same patch would conflict again, so it goes back to
+        // the caller (re-read, decide again) instead of being retried here.
+        let result = self
+            .retry
+            .run(&op, || async {
+                match api
+                    .patch(name, &params, &Patch::Merge(&body))
+                    .await
+                    .classify(|| op.clone())
+                {
+                    Err(e) if e.is_conflict() => Ok(Err(e)),
+                    other => other.map(Ok),
+                }
+            })
+            .await;
+        match result {
+            Ok(Ok(w)) => Ok(Some(Arc::new(w.into_job()))),
+            Ok(Err(conflict)) => Err(conflict),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes the job (its pods and companions follow by ownerReferences). `Ok(None)`: gone already.
+    async fn delete(&self, job: &VolcanoJob) -> Result<Option<Arc<VolcanoJob>>, ClusterError> {
+        let (ns, name) = names(job);
+        let api = self.jobs(ns);
+        let op = format!("delete jobs.batch.volcano.sh {ns}/{name}");
+        let result = self
+            .retry
+            .run(&op, || async {
+                api.delete(name, &DeleteParams::background())
+                    .await
+                    .classify(|| op.clone())
+            })
+            .await;
+        match result {
+            Ok(either) => match either.left() {
+                Some(w) => Ok(Some(Arc::new(w.into_job()))),
+                // Deleted at once (no finalizer): gone.
+                None => Ok(None),
+            },
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The job and its pods as the API has them now. `None`: the job is gone.
+    async fn fresh_view(
+        &self,
+        job: &VolcanoJob,
+    ) -> Result<Option<(Arc<VolcanoJob>, Arc<Vec<Pod>>)>, HandleError> {
+        let (ns, name) = names(job);
+        let api = self.jobs(ns);
+        let op = format!("get jobs.batch.volcano.sh {ns}/{name}");
+        let got = self
+            .retry
+            .run(&op, || async {
+                api.get(name).await.classify(|| op.clone())
+            })
+            .await;
+        let job = match got {
+            Ok(w) => Arc::new(w.into_job()),
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let pods_api: Api<WatchedPod> = Api::namespaced(self.client.clone(), ns);
+        let params = ListParams::default().labels(&format!("{LABEL_JOB_NAME}={name}"));
+        let op = format!("list pods of {ns}/{name}");
+        let listed = self
+            .retry
+            .run(&op, || async {
+                pods_api.list(&params).await.classify(|| op.clone())
+            })
+            .await?;
+        let mut pods: Vec<Pod> = listed.items.into_iter().map(WatchedPod::into_pod).collect();
+        pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        Ok(Some((job, Arc::new(pods))))
+    }
+
+    /// The end of each rank's log, bounded per rank and in all. A log that cannot be read is left out.
+    async fn tails(&self, namespace: &str, ranks: &[(u32, String)]) -> Vec<RankTail> {
+        if ranks.is_empty() || self.tail_bytes == 0 {
+            return Vec::new();
+        }
+        let per_rank = self.tail_bytes.min(self.tail_total / ranks.len()).max(1);
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let params = LogParams {
+            container: Some(USER_CONTAINER.to_owned()),
+            // Lines are short in practice; the byte cut below is what bounds the size.
+            tail_lines: Some(i64::try_from(per_rank / 16 + 16).unwrap_or(i64::MAX)),
+            ..LogParams::default()
+        };
+        let reads = ranks.iter().map(|(rank, pod)| {
+            let api = api.clone();
+            let params = params.clone();
+            async move {
+                let op = format!("read the log of pod {namespace}/{pod}");
+                let log = self
+                    .retry
+                    .run(&op, || async {
+                        api.logs(pod, &params).await.classify(|| op.clone())
+                    })
+                    .await;
+                match log {
+                    Ok(log) => Some(RankTail {
+                        rank: *rank,
+                        tail: events::tail(&log, per_rank),
+                    }),
+                    Err(e) => {
+                        tracing::info!(pod = %pod, error = %e, "No log tail for this rank.");
+                        None
+                    }
+                }
+            }
+        });
+        futures::future::join_all(reads)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+}
+
+/// The result of carrying out an [`Action`].
+enum Acted {
+    /// Done; the job as written, when a write returned it.
+    Settled(Option<Arc<VolcanoJob>>),
+    /// The job changed under us: re-read and decide again.
+    Conflict,
+    /// The job no longer exists.
+    Gone,
+}
+
+fn message_id(message: &Outbound) -> &str {
+    match message {
+        Outbound::Lifecycle(e) => &e.event_id,
+        Outbound::Accounting(t) => &t.tick_id,
+        Outbound::Proxy(p) => &p.event_id,
+    }
+}
+
+fn names(job: &VolcanoJob) -> (&str, &str) {
+    (
+        job.metadata.namespace.as_deref().unwrap_or_default(),
+        job.metadata.name.as_deref().unwrap_or_default(),
+    )
+}

@@ -1,0 +1,503 @@
+//! The monitor's loop. One task owns the cache, the work queue and the timers; it selects on:
+//!
+//! - three watches (`kube::runtime::watcher`): managed VolcanoJobs, their pods, and every PodGroup (for
+//!   queue positions). A change enqueues the job it concerns.
+//! - a full reconciliation every `reconcile_interval`: the watches start over with a fresh list, whatever
+//!   they were doing (W1). What the list no longer has is gone; when all three lists are in, every job
+//!   is looked at (a "pass").
+//! - the timers: each job's next check (expiry, warnings, the next tick) in the clock's time, and retries
+//!   after failures in real time. They fire whatever the event traffic (W2, W3).
+//! - the shard set: gaining a shard starts a full reconciliation, so a runner that takes over acts on
+//!   fresh state within one list.
+//! - the workers: at most `max_concurrent` jobs are handled at once, one worker per job at a time; a
+//!   change that arrives while its job is in hand makes the job go round once more.
+//!
+//! Every job is handled on its own: a failure is logged and retried with backoff for that job only (W6,
+//! W7), and nothing is acted on for a job whose shard this runner does not hold at that moment.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::{BoxStream, FuturesUnordered};
+use futures::{Future, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::Monitor;
+use super::cache::{Cache, JobKey, Kind, Snapshot, WatchedJob, WatchedPod};
+use super::decide::Settings;
+use super::execute::{Executor, Handled};
+use super::timers::{Backoff, Deadlines};
+use crate::cluster::volcano::{PodGroup, VolcanoJob};
+
+/// What one full reconciliation pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PassReport {
+    /// Passes completed since start (0: none yet).
+    pub passes: u64,
+    /// Jobs held in the cache at the end of the pass.
+    pub jobs: usize,
+    /// Jobs of this runner's shards looked at in the pass.
+    pub owned: usize,
+    /// Jobs found gone by the pass's lists.
+    pub gone: usize,
+    /// From the start of the lists to the last job of the pass handled.
+    pub took: Duration,
+}
+
+type Work = Pin<Box<dyn Future<Output = (JobKey, Handled)> + Send>>;
+
+/// A pass in progress.
+struct Pass {
+    started: Instant,
+    lists_pending: HashSet<u8>,
+    outstanding: HashSet<JobKey>,
+    owned: usize,
+    gone: usize,
+}
+
+/// The loop's state, apart from the streams.
+struct Loop {
+    exec: Arc<Executor>,
+    cache: Cache,
+    ready: VecDeque<JobKey>,
+    queued: HashSet<JobKey>,
+    busy: HashSet<JobKey>,
+    dirty: HashSet<JobKey>,
+    /// Jobs that vanished before their end was published, with their last state.
+    gone: HashMap<JobKey, (Arc<VolcanoJob>, Arc<Vec<Pod>>)>,
+    checks: Deadlines<JobKey, jiff::Timestamp>,
+    retries: Deadlines<JobKey, Instant>,
+    backoff: Backoff<JobKey>,
+    pass: Option<Pass>,
+    passes: u64,
+    max_concurrent: usize,
+}
+
+/// Runs the monitor until `shutdown`. See the module documentation.
+pub async fn run(m: Monitor, shutdown: CancellationToken) {
+    let settings = Settings::new(m.config.clone(), m.runner_id.clone());
+    let mc = m.config.monitor.clone();
+    let exec = Arc::new(Executor::new(
+        m.client.clone(),
+        m.publisher.clone(),
+        settings,
+        m.clock.clone(),
+        m.shards.clone(),
+    ));
+    let selector = m.config.cluster.managed_selector.clone();
+    let jobs_api: Api<WatchedJob> = Api::all(m.client.clone());
+    let pods_api: Api<WatchedPod> = Api::all(m.client.clone());
+    let groups_api: Api<PodGroup> = Api::all(m.client.clone());
+    let managed = watcher::Config::default().labels(&selector);
+    let start_jobs = || {
+        watcher::watcher(jobs_api.clone(), managed.clone())
+            .default_backoff()
+            .boxed()
+    };
+    let start_pods = || {
+        watcher::watcher(pods_api.clone(), managed.clone())
+            .default_backoff()
+            .boxed()
+    };
+    let start_groups = || {
+        watcher::watcher(groups_api.clone(), watcher::Config::default())
+            .default_backoff()
+            .boxed()
+    };
+    let mut jobs: BoxStream<'_, Result<Event<WatchedJob>, watcher::Error>> = start_jobs();
+    let mut pods: BoxStream<'_, Result<Event<WatchedPod>, watcher::Error>> = start_pods();
+    let mut groups: BoxStream<'_, Result<Event<PodGroup>, watcher::Error>> = start_groups();
+
+    let mut state = Loop {
+        exec: exec.clone(),
+        cache: Cache::new(),
+        ready: VecDeque::new(),
+        queued: HashSet::new(),
+        busy: HashSet::new(),
+        dirty: HashSet::new(),
+        gone: HashMap::new(),
+        checks: Deadlines::new(),
+        retries: Deadlines::new(),
+        backoff: Backoff::new(mc.retry_min_delay, mc.retry_max_delay),
+        pass: None,
+        passes: 0,
+        max_concurrent: mc.max_concurrent.max(1),
+    };
+    state.begin_pass();
+    let mut resync = tokio::time::interval_at(
+        Instant::now() + mc.reconcile_interval,
+        mc.reconcile_interval,
+    );
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut shards = m.shards.clone();
+    let mut held = shards.borrow_and_update().held().clone();
+    let mut workers: FuturesUnordered<Work> = FuturesUnordered::new();
+    let clock = m.clock.clone();
+
+    let metrics = m.metrics.clone();
+    let report_shards = |held: &std::collections::BTreeSet<u32>| {
+        if let Some(metrics) = &metrics {
+            metrics.set_lease_shards(held.len(), m.config.cluster.lease.shards);
+        }
+    };
+    let restarted = |watch: &'static str| {
+        if let Some(metrics) = &metrics {
+            metrics.watch_restarted(watch);
+        }
+    };
+    report_shards(&held);
+
+    loop {
+        state.dispatch(&mut workers);
+        if let Some(report) = state.finish_pass() {
+            if let Some(metrics) = &metrics {
+                metrics.set_monitored_jobs(report.owned);
+            }
+            m.reports.send_replace(report);
+        }
+        let wake = state.next_wake(clock.as_ref(), m.poll);
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            Some((key, handled)) = workers.next(), if !workers.is_empty() => state.finished(key, handled),
+            event = jobs.next() => match event {
+                Some(Ok(event)) => state.on_job(event),
+                Some(Err(e)) => {
+                    restarted("jobs");
+                    tracing::warn!(error = %e, "The VolcanoJob watch failed; it restarts by itself.");
+                }
+                None => jobs = start_jobs(),
+            },
+            event = pods.next() => match event {
+                Some(Ok(event)) => state.on_pod(event),
+                Some(Err(e)) => {
+                    restarted("pods");
+                    tracing::warn!(error = %e, "The pod watch failed; it restarts by itself.");
+                }
+                None => pods = start_pods(),
+            },
+            event = groups.next() => match event {
+                Some(Ok(event)) => state.on_group(event),
+                Some(Err(e)) => {
+                    restarted("podgroups");
+                    tracing::warn!(error = %e, "The PodGroup watch failed; it restarts by itself.");
+                }
+                None => groups = start_groups(),
+            },
+            () = sleep(wake) => state.fire(clock.now(), Instant::now()),
+            _ = resync.tick() => {
+                jobs = start_jobs();
+                pods = start_pods();
+                groups = start_groups();
+                state.begin_pass();
+            }
+            changed = shards.changed() => {
+                if changed.is_err() {
+                    // The leases are gone (shutdown in progress): nothing is held any more.
+                    break;
+                }
+                let now_held = shards.borrow_and_update().held().clone();
+                let gained = now_held.difference(&held).count() > 0;
+                held = now_held;
+                report_shards(&held);
+                if gained {
+                    tracing::info!(shards = ?held, "Gained shards: reconciling every job.");
+                    jobs = start_jobs();
+                    pods = start_pods();
+                    groups = start_groups();
+                    state.begin_pass();
+                }
+            }
+        }
+    }
+    // Each step is safe to interrupt; give the jobs in hand a moment to finish theirs.
+    let drain = async { while workers.next().await.is_some() {} };
+    let _ = tokio::time::timeout(Duration::from_secs(5), drain).await;
+}
+
+/// The span of one round of work on a job: its job id and the trace of its submission (from the
+/// VolcanoJob's `traceparent` annotation, continued), so the monitor's log lines join the runner's.
+fn job_span(exec: &Executor, key: &JobKey, job: &VolcanoJob) -> tracing::Span {
+    let trace = job
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(&exec.settings.keys.traceparent))
+        .and_then(|v| crate::ops::TraceContext::parse(v).ok())
+        .map_or_else(crate::ops::TraceContext::new_root, |parent| parent.child());
+    crate::ops::trace::job_span(key.job_id().unwrap_or_default(), &trace)
+}
+
+async fn sleep(wake: Option<Duration>) {
+    match wake {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Loop {
+    fn enqueue(&mut self, key: JobKey) {
+        if self.busy.contains(&key) {
+            self.dirty.insert(key);
+        } else if self.queued.insert(key.clone()) {
+            self.ready.push_back(key);
+        }
+    }
+
+    fn begin_pass(&mut self) {
+        for kind in [Kind::Jobs, Kind::Pods, Kind::Groups] {
+            self.cache.init_start(kind);
+        }
+        self.pass = Some(Pass {
+            started: Instant::now(),
+            lists_pending: HashSet::from([0, 1, 2]),
+            outstanding: HashSet::new(),
+            owned: 0,
+            gone: 0,
+        });
+    }
+
+    fn list_done(&mut self, which: u8) {
+        let Some(pass) = &mut self.pass else { return };
+        if !pass.lists_pending.remove(&which) || !pass.lists_pending.is_empty() {
+            return;
+        }
+        // Every list is in: look at every job of ours.
+        let shards = self.exec.shards.borrow().clone();
+        let owned: Vec<JobKey> = self
+            .cache
+            .keys()
+            .filter(|k| k.job_id().is_some_and(|id| shards.owns(id)))
+            .cloned()
+            .collect();
+        pass.owned = owned.len();
+        pass.outstanding = owned.iter().cloned().collect();
+        for key in owned {
+            self.enqueue(key);
+        }
+    }
+
+    fn finish_pass(&mut self) -> Option<PassReport> {
+        let pass = self.pass.as_ref()?;
+        if !pass.lists_pending.is_empty() || !pass.outstanding.is_empty() {
+            return None;
+        }
+        let pass = self.pass.take()?;
+        self.passes += 1;
+        let report = PassReport {
+            passes: self.passes,
+            jobs: self.cache.len(),
+            owned: pass.owned,
+            gone: pass.gone,
+            took: pass.started.elapsed(),
+        };
+        tracing::debug!(?report, "Reconciliation pass done.");
+        Some(report)
+    }
+
+    fn on_job(&mut self, event: Event<WatchedJob>) {
+        match event {
+            Event::Apply(w) | Event::InitApply(w) => {
+                let key = self.cache.apply_job(w.into_job());
+                self.enqueue(key);
+            }
+            Event::Delete(w) => {
+                let key = JobKey::of(&w.metadata);
+                let pods = self.cache.pods(&key);
+                self.cache.remove_job(&key);
+                self.vanished(key, Arc::new(w.into_job()), pods);
+            }
+            Event::Init => {}
+            Event::InitDone => {
+                for (key, job, pods) in self.cache.init_done(Kind::Jobs) {
+                    if let Some(pass) = &mut self.pass {
+                        pass.gone += 1;
+                    }
+                    self.vanished(key, job, pods);
+                }
+                self.list_done(0);
+            }
+        }
+    }
+
+    fn on_pod(&mut self, event: Event<WatchedPod>) {
+        match event {
+            Event::Apply(w) | Event::InitApply(w) => {
+                if let Some(key) = self.cache.apply_pod(w.into_pod()) {
+                    self.enqueue(key);
+                }
+            }
+            Event::Delete(w) => {
+                let ns = w.metadata.namespace.clone().unwrap_or_default();
+                let name = w.metadata.name.clone().unwrap_or_default();
+                if let Some(key) = self.cache.remove_pod(&ns, &name) {
+                    self.enqueue(key);
+                }
+            }
+            Event::Init => {}
+            Event::InitDone => {
+                for (key, _, _) in self.cache.init_done(Kind::Pods) {
+                    self.enqueue(key);
+                }
+                self.list_done(1);
+            }
+        }
+    }
+
+    fn on_group(&mut self, event: Event<PodGroup>) {
+        match event {
+            Event::Apply(pg) | Event::InitApply(pg) => {
+                if let Some(key) = self.cache.apply_group(pg)
+                    && self.cache.job(&key).is_some()
+                {
+                    self.enqueue(key);
+                }
+            }
+            Event::Delete(pg) => {
+                if let Some(key) = self.cache.remove_group(&pg)
+                    && self.cache.job(&key).is_some()
+                {
+                    self.enqueue(key);
+                }
+            }
+            Event::Init => {}
+            Event::InitDone => {
+                for (key, _, _) in self.cache.init_done(Kind::Groups) {
+                    self.enqueue(key);
+                }
+                self.list_done(2);
+            }
+        }
+    }
+
+    /// A job is gone: publish its end if nobody did.
+    fn vanished(&mut self, key: JobKey, job: Arc<VolcanoJob>, pods: Arc<Vec<Pod>>) {
+        self.checks.set(&key, None);
+        if let Some(pass) = &mut self.pass {
+            pass.outstanding.remove(&key);
+        }
+        self.gone.insert(key.clone(), (job, pods));
+        self.enqueue(key);
+    }
+
+    fn dispatch(&mut self, workers: &mut FuturesUnordered<Work>) {
+        while workers.len() < self.max_concurrent {
+            let Some(key) = self.ready.pop_front() else {
+                return;
+            };
+            self.queued.remove(&key);
+            if self.busy.contains(&key) {
+                self.dirty.insert(key);
+                continue;
+            }
+            let owned = key
+                .job_id()
+                .is_some_and(|id| self.exec.shards.borrow().owns(id));
+            if !owned {
+                // Not ours now; whoever holds the shard looks after it. Keep nothing for it.
+                self.gone.remove(&key);
+                self.checks.set(&key, None);
+                self.retries.set(&key, None);
+                self.done_in_pass(&key);
+                continue;
+            }
+            let exec = self.exec.clone();
+            if let Some((job, pods)) = self.gone.get(&key).cloned() {
+                self.busy.insert(key.clone());
+                let span = job_span(&exec, &key, &job);
+                workers.push(Box::pin(
+                    async move {
+                        let handled = exec.handle_gone(job, pods).await;
+                        (key, handled)
+                    }
+                    .instrument(span),
+                ));
+                continue;
+            }
+            let Some(snap): Option<Snapshot> = self.cache.snapshot(&key) else {
+                self.done_in_pass(&key);
+                continue;
+            };
+            self.busy.insert(key.clone());
+            let span = job_span(&exec, &key, &snap.job);
+            workers.push(Box::pin(
+                async move {
+                    let handled = exec.handle(snap).await;
+                    (key, handled)
+                }
+                .instrument(span),
+            ));
+        }
+    }
+
+    fn done_in_pass(&mut self, key: &JobKey) {
+        if let Some(pass) = &mut self.pass {
+            pass.outstanding.remove(key);
+        }
+    }
+
+    fn finished(&mut self, key: JobKey, handled: Handled) {
+        self.busy.remove(&key);
+        self.done_in_pass(&key);
+        let was_gone = self.gone.contains_key(&key);
+        if let Some(job) = handled.job
+            && !was_gone
+        {
+            self.cache.refresh_job(job);
+        }
+        match handled.error {
+            None => {
+                if was_gone {
+                    self.gone.remove(&key);
+                }
+                self.backoff.succeed(&key);
+                self.retries.set(&key, None);
+                self.checks.set(&key, handled.next_check);
+                if !handled.done.is_empty() {
+                    tracing::debug!(job = %key, done = ?handled.done, "Job handled.");
+                }
+            }
+            Some(error) => {
+                let delay = self.backoff.fail(&key);
+                tracing::warn!(job = %key, error = %error, retry_in = ?delay, "Handling the job failed; it is retried.");
+                self.retries.set(&key, Some(Instant::now() + delay));
+            }
+        }
+        if self.dirty.remove(&key) {
+            self.enqueue(key);
+        }
+    }
+
+    /// How long to sleep before a timer is due: the earliest check in the clock's time, or the earliest
+    /// retry in real time. A clock that does not run by itself is looked at every `poll`.
+    fn next_wake(&self, clock: &dyn super::Clock, poll: Duration) -> Option<Duration> {
+        let check = self
+            .checks
+            .next()
+            .map(|at| clock.real_until(at).unwrap_or(poll));
+        let retry = self
+            .retries
+            .next()
+            .map(|at| at.saturating_duration_since(Instant::now()));
+        match (check, retry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn fire(&mut self, now: jiff::Timestamp, instant: Instant) {
+        for key in self.checks.pop_due(now) {
+            self.enqueue(key);
+        }
+        for key in self.retries.pop_due(instant) {
+            self.enqueue(key);
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! Readiness: whether this runner can do its work right now.
+//!
+//! A runner is ready when the AMQP connection is up, the API server answers, and its consumer loops are
+//! running. Each of these is a check registered by the part that knows: the process registers the
+//! broker and the cluster, and each consumer loop holds a [`RunningGuard`] from its [`ReadyFlag`] for as
+//! long as it runs (a loop that ended, or panicked, drops the guard and the flag goes down).
+//!
+//! Liveness (`/healthz`) is deliberately not tied to these: a broker outage must not make the kubelet
+//! restart every runner, it only takes them out of readiness until the broker is back.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Metrics;
+use crate::broker::Broker;
+
+/// The outcome of one check: `Err` says why it fails, in words for the `/readyz` body.
+pub type CheckResult = Result<(), String>;
+
+/// A named flag that a long-running loop holds up while it runs.
+#[derive(Debug, Clone)]
+pub struct ReadyFlag {
+    name: Arc<str>,
+    up: Arc<AtomicBool>,
+}
+
+impl ReadyFlag {
+    /// Marks the loop as running until the guard is dropped.
+    pub fn running(&self) -> RunningGuard {
+        self.up.store(true, Ordering::SeqCst);
+        RunningGuard {
+            up: self.up.clone(),
+        }
+    }
+
+    /// Whether a guard is alive.
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::SeqCst)
+    }
+
+    /// The check's name in `/readyz`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// Keeps its [`ReadyFlag`] up; dropping it (the loop ended, or unwound) takes the flag down.
+#[must_use = "the flag is up only while this guard lives"]
+#[derive(Debug)]
+pub struct RunningGuard {
+    up: Arc<AtomicBool>,
+}
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        self.up.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Where the broker goes once connected (see [`Readiness::expect_broker`]).
+#[derive(Clone)]
+pub struct BrokerSlot {
+    slot: Arc<std::sync::OnceLock<Broker>>,
+}
+
+impl std::fmt::Debug for BrokerSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokerSlot")
+            .field("filled", &self.slot.get().is_some())
+            .finish()
+    }
+}
+
+impl BrokerSlot {
+    /// The check follows `broker` from now on (a second fill is ignored).
+    pub fn fill(&self, broker: Broker) {
+        let _ = self.slot.set(broker);
+    }
+}
+
+/// The API server answers `/version` within the timeout. A success is reused for `ttl`.
+struct ClusterCheck {
+    client: kube::Client,
+    timeout: Duration,
+    ttl: Duration,
+    last_ok: Mutex<Option<Instant>>,
+}
+
+impl ClusterCheck {
+    async fn check(&self) -> CheckResult {
+        let fresh = self
+            .last_ok
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|at| at.elapsed() < self.ttl);
+        if fresh {
+            return Ok(());
+        }
+        let answer = tokio::time::timeout(self.timeout, self.client.apiserver_version()).await;
+        let result = match answer {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("the API server did not answer: {e}")),
+            Err(_) => Err(format!(
+                "no answer from the API server within {:?}",
+                self.timeout
+            )),
+        };
+        *self.last_ok.lock().unwrap_or_else(|e| e.into_inner()) = result.is_ok().then(Instant::now);
+        result
+    }
+}
+
+enum Check {
+    /// Filled once the broker is connected for the first time; until then, not ready.
+    Broker(Arc<std::sync::OnceLock<Broker>>),
+    Cluster(ClusterCheck),
+    Flag(ReadyFlag),
+}
+
+impl Check {
+    fn name(&self) -> &str {
+        match self {
+            Check::Broker(_) => "broker",
+            Check::Cluster(_) => "cluster",
+            Check::Flag(flag) => flag.name(),
+        }
+    }
+
+    async fn check(&self) -> CheckResult {
+        match self {
+            Check::Broker(slot) => match slot.get() {
+                Some(broker) if broker.is_connected() => Ok(()),
+                Some(_) => Err("not connected to RabbitMQ (reconnecting)".into()),
+                None => Err("not connected to RabbitMQ yet".into()),
+            },
+            Check::Cluster(cluster) => cluster.check().await,
+            Check::Flag(flag) => {
+                if flag.is_up() {
+                    Ok(())
+                } else {
+                    Err("not running".into())
+                }
+            }
+        }
+    }
+}
+
+/// The readiness checks of this process. Cheap to clone; clones share the checks.
+///
+/// Checks are registered by the parts that start one after the other, so a process is not ready before
+/// [`seal`](Readiness::seal) says that every check is there: otherwise a probe between two
+/// registrations would see only the first ones pass.
+#[derive(Clone)]
+pub struct Readiness {
+    checks: Arc<Mutex<Vec<Arc<Check>>>>,
+    metrics: Metrics,
+    sealed: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Readiness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let checks = self.snapshot();
+        f.debug_list()
+            .entries(checks.iter().map(|c| c.name().to_owned()))
+            .finish()
+    }
+}
+
+/// What `/readyz` found: every check with its outcome, in registration order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadinessReport {
+    pub checks: Vec<(String, CheckResult)>,
+}
+
+impl ReadinessReport {
+    /// Ready when every check passes.
+    pub fn is_ready(&self) -> bool {
+        self.checks.iter().all(|(_, r)| r.is_ok())
+    }
+
+    /// One line per check: `ok broker` or `failed cluster: why`.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        for (name, result) in &self.checks {
+            match result {
+                Ok(()) => out.push_str(&format!("ok {name}\n")),
+                Err(why) => out.push_str(&format!("failed {name}: {why}\n")),
+            }
+        }
+        if self.checks.is_empty() {
+            out.push_str("ok (no checks registered)\n");
+        }
+        out
+    }
+}
+
+impl Readiness {
+    /// No checks yet; each outcome is also reported as `volcano_runner_ready{check}` on `metrics`.
+    pub fn new(metrics: Metrics) -> Self {
+        Self {
+            checks: Arc::default(),
+            metrics,
+            sealed: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Every check is registered: from now on the checks alone decide.
+    pub fn seal(&self) {
+        self.sealed.store(true, Ordering::SeqCst);
+    }
+
+    /// Ready only while the AMQP connection is up.
+    pub fn add_broker(&self, broker: Broker) {
+        self.expect_broker().fill(broker);
+    }
+
+    /// A broker check that fails until the broker is handed over with [`BrokerSlot::fill`]: register it
+    /// before connecting, so the process is not ready while the first connection is being made.
+    pub fn expect_broker(&self) -> BrokerSlot {
+        let slot = Arc::new(std::sync::OnceLock::new());
+        self.push(Check::Broker(slot.clone()));
+        BrokerSlot { slot }
+    }
+
+    /// Ready only while the API server answers within `timeout`; a success counts for `ttl`.
+    pub fn add_cluster(&self, client: kube::Client, timeout: Duration, ttl: Duration) {
+        self.push(Check::Cluster(ClusterCheck {
+            client,
+            timeout,
+            ttl,
+            last_ok: Mutex::new(None),
+        }));
+    }
+
+    /// A flag for a loop (e.g. `submit consumer`): ready only while the loop holds it up. Down until then.
+    pub fn flag(&self, name: &str) -> ReadyFlag {
+        let flag = ReadyFlag {
+            name: name.into(),
+            up: Arc::new(AtomicBool::new(false)),
+        };
+        self.push(Check::Flag(flag.clone()));
+        flag
+    }
+
+    /// Runs every check.
+    pub async fn evaluate(&self) -> ReadinessReport {
+        let checks = self.snapshot();
+        let mut report = ReadinessReport { checks: Vec::new() };
+        if !self.sealed.load(Ordering::SeqCst) {
+            report
+                .checks
+                .push(("startup".into(), Err("still starting".into())));
+        }
+        for check in checks {
+            let result = check.check().await;
+            self.metrics.set_ready(check.name(), result.is_ok());
+            report.checks.push((check.name().to_owned(), result));
+        }
+        report
+    }
+
+    fn push(&self, check: Check) {
+        self.checks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::new(check));
+    }
+
+    fn snapshot(&self) -> Vec<Arc<Check>> {
+        self.checks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::metrics::Samples;
+
+    #[tokio::test]
+    async fn flags_follow_their_guards() {
+        let metrics = Metrics::new();
+        let readiness = Readiness::new(metrics.clone());
+        let submit = readiness.flag("submit consumer");
+        let control = readiness.flag("control consumer");
+        readiness.seal();
+        let report = readiness.evaluate().await;
+        assert!(!report.is_ready());
+        assert_eq!(
+            report.text(),
+            "failed submit consumer: not running\nfailed control consumer: not running\n"
+        );
+        let _s = submit.running();
+        let c = control.running();
+        assert!(readiness.evaluate().await.is_ready());
+        let s = Samples::parse(&metrics.encode()).unwrap();
+        assert_eq!(
+            s.get("volcano_runner_ready", &[("check", "control consumer")]),
+            Some(1.0)
+        );
+        drop(c);
+        let report = readiness.evaluate().await;
+        assert!(!report.is_ready());
+        assert_eq!(report.checks[0].1, Ok(()));
+        let s = Samples::parse(&metrics.encode()).unwrap();
+        assert_eq!(
+            s.get("volcano_runner_ready", &[("check", "control consumer")]),
+            Some(0.0)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_loop_that_panics_takes_its_flag_down() {
+        let readiness = Readiness::new(Metrics::new());
+        let flag = readiness.flag("worker");
+        readiness.seal();
+        let task = tokio::spawn({
+            let flag = flag.clone();
+            async move {
+                let _running = flag.running();
+                panic!("the loop broke");
+            }
+        });
+        assert!(task.await.is_err());
+        assert!(!flag.is_up());
+        assert!(!readiness.evaluate().await.is_ready());
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_cluster_is_not_ready() {
+        let readiness = Readiness::new(Metrics::new());
+        // Port 1 on loopback: refused at once.
+        let client = crate::cluster::connect_url(
+            "http://127.0.0.1:1".parse().unwrap(),
+            &crate::cluster::ClusterConfig::default(),
+        )
+        .unwrap();
+        readiness.add_cluster(client, Duration::from_secs(2), Duration::from_secs(5));
+        readiness.seal();
+        let report = readiness.evaluate().await;
+        assert!(!report.is_ready());
+        assert!(
+            report
+                .text()
+                .starts_with("failed cluster: the API server did not answer")
+        );
+    }
+
+    #[tokio::test]
+    async fn sealed_without_checks_is_ready_and_unsealed_is_not() {
+        let readiness = Readiness::new(Metrics::new());
+        let report = readiness.evaluate().await;
+        assert!(!report.is_ready());
+        assert_eq!(report.text(), "failed startup: still starting\n");
+        readiness.seal();
+        let report = readiness.evaluate().await;
+        assert!(report.is_ready());
+        assert_eq!(report.text(), "ok (no checks registered)\n");
+    }
+}

@@ -1,0 +1,802 @@
+//! [`Metrics`]: what a runner counts, as Prometheus metrics.
+//!
+//! One handle per process, cloned into every part that reports (cloning is an `Arc` bump). Methods are
+//! named after what happened (`message_handled`, `kube_call`, `event_published`) so call sites read as a
+//! sentence, and every label value is a `&'static str` chosen by the caller or a Kubernetes resource name,
+//! never an id: the number of time series stays bounded whatever the traffic.
+//!
+//! All names start with `volcano_runner_`; counters end in `_total`, durations are seconds. The
+//! exposition is OpenMetrics text (`# EOF` at the end), which Prometheus reads.
+//!
+//! | metric | type | labels | meaning |
+//! | --- | --- | --- | --- |
+//! | `messages_handled_total` | counter | `type`, `outcome` | inbound messages settled, by what happened to them |
+//! | `message_handling_seconds` | histogram | `type` | from delivery to settlement |
+//! | `messages_in_flight` | gauge | | deliveries being handled now |
+//! | `kube_requests_total` | counter | `verb`, `resource` | Kubernetes API requests |
+//! | `kube_request_errors_total` | counter | `verb`, `resource`, `error` | of those, the failed ones, by class |
+//! | `kube_request_duration_seconds` | histogram | `verb`, `resource` | until the response headers (a watch: until it starts) |
+//! | `submissions_paused` | gauge | | 1 while the pause switch is on |
+//! | `submission_gate_open` | gauge | | 1 while this runner takes submissions (not paused, below the cap) |
+//! | `active_jobs` / `active_jobs_limit` | gauge | | the capacity view and its cap (absent: no cap) |
+//! | `monitored_jobs` | gauge | | jobs whose monitoring duty this runner holds |
+//! | `lease_shards_held` / `lease_shards` | gauge | | shard leases held by this runner, and in all |
+//! | `events_published_total` | counter | `type` | outbound messages the broker confirmed |
+//! | `event_publish_failures_total` | counter | `type`, `reason` | publishes that failed after their retries |
+//! | `event_confirm_seconds` | histogram | `type` | from publish to the broker's confirm |
+//! | `broker_connected` / `broker_reconnects_total` | gauge / counter | | the AMQP connection, read at scrape time |
+//! | `watch_restarts_total` | counter | `watch` | Kubernetes watches that had to start over |
+//! | `ready` | gauge | `check` | the last outcome of each readiness check |
+//! | `build_info` | info | `version` | the running version |
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::broker::Broker;
+use crate::messages::MessageType;
+
+/// The prefix of every metric name.
+pub const PREFIX: &str = "volcano_runner";
+
+/// The `Content-Type` of [`Metrics::encode`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+const HANDLING_BUCKETS: [f64; 13] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+const KUBE_BUCKETS: [f64; 13] = [
+    0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+const CONFIRM_BUCKETS: [f64; 13] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MessageLabels {
+    r#type: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TypeLabel {
+    r#type: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KubeLabels {
+    verb: &'static str,
+    resource: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KubeErrorLabels {
+    verb: &'static str,
+    resource: String,
+    error: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FailureLabels {
+    r#type: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WatchLabel {
+    watch: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CheckLabel {
+    check: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NoLabels {}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+struct Inner {
+    registry: Registry,
+    messages: Family<MessageLabels, Counter>,
+    handling: HistogramFamily<TypeLabel>,
+    in_flight: Gauge,
+    kube_requests: Family<KubeLabels, Counter>,
+    kube_errors: Family<KubeErrorLabels, Counter>,
+    kube_latency: HistogramFamily<KubeLabels>,
+    paused: Gauge,
+    gate_open: Gauge,
+    active_jobs: Gauge,
+    active_jobs_limit: Family<NoLabels, Gauge>,
+    monitored: Gauge,
+    shards_held: Gauge,
+    shards: Gauge,
+    published: Family<TypeLabel, Counter>,
+    publish_failures: Family<FailureLabels, Counter>,
+    confirm: HistogramFamily<TypeLabel>,
+    watch_restarts: Family<WatchLabel, Counter>,
+    ready: Family<CheckLabel, Gauge>,
+    broker: Arc<BrokerSource>,
+}
+
+/// The process's metrics. Cheap to clone; every clone reports into the same registry.
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Counts one delivery as in flight until dropped.
+#[must_use = "the delivery counts as in flight only while this lives"]
+pub struct InFlight {
+    gauge: Gauge,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every metric registered (and at zero where that means something).
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix(PREFIX);
+        let messages = Family::<MessageLabels, Counter>::default();
+        registry.register(
+            "messages_handled",
+            "Inbound messages settled, by message type and what happened to them",
+            messages.clone(),
+        );
+        let handling: HistogramFamily<TypeLabel> =
+            Family::new_with_constructor(|| Histogram::new(HANDLING_BUCKETS));
+        registry.register_with_unit(
+            "message_handling",
+            "Time from delivery to settlement (ack, requeue or dead-letter), by message type",
+            Unit::Seconds,
+            handling.clone(),
+        );
+        let in_flight = Gauge::default();
+        registry.register(
+            "messages_in_flight",
+            "Deliveries being handled now",
+            in_flight.clone(),
+        );
+        let kube_requests = Family::<KubeLabels, Counter>::default();
+        registry.register(
+            "kube_requests",
+            "Kubernetes API requests, by RBAC verb and resource",
+            kube_requests.clone(),
+        );
+        let kube_errors = Family::<KubeErrorLabels, Counter>::default();
+        registry.register(
+            "kube_request_errors",
+            "Kubernetes API requests that failed, by verb, resource and error class",
+            kube_errors.clone(),
+        );
+        let kube_latency: HistogramFamily<KubeLabels> =
+            Family::new_with_constructor(|| Histogram::new(KUBE_BUCKETS));
+        registry.register_with_unit(
+            "kube_request_duration",
+            "Time until the API server's response headers (for a watch: until it started)",
+            Unit::Seconds,
+            kube_latency.clone(),
+        );
+        let paused = Gauge::default();
+        registry.register(
+            "submissions_paused",
+            "1 while the cluster-wide pause switch is on",
+            paused.clone(),
+        );
+        let gate_open = Gauge::default();
+        registry.register(
+            "submission_gate_open",
+            "1 while this runner takes submissions (not paused and below the active-job cap)",
+            gate_open.clone(),
+        );
+        let active_jobs = Gauge::default();
+        registry.register(
+            "active_jobs",
+            "Active VolcanoJobs managed by volcano-runner, as this runner counts them",
+            active_jobs.clone(),
+        );
+        let active_jobs_limit = Family::<NoLabels, Gauge>::default();
+        registry.register(
+            "active_jobs_limit",
+            "The cluster-wide cap on active jobs (absent when there is none)",
+            active_jobs_limit.clone(),
+        );
+        let monitored = Gauge::default();
+        registry.register(
+            "monitored_jobs",
+            "Jobs whose monitoring duty this runner holds (at the last full reconciliation pass)",
+            monitored.clone(),
+        );
+        let shards_held = Gauge::default();
+        registry.register(
+            "lease_shards_held",
+            "Monitoring shards whose lease this runner holds",
+            shards_held.clone(),
+        );
+        let shards = Gauge::default();
+        registry.register("lease_shards", "Monitoring shards in all", shards.clone());
+        let published = Family::<TypeLabel, Counter>::default();
+        registry.register(
+            "events_published",
+            "Outbound messages the broker confirmed, by message type",
+            published.clone(),
+        );
+        let publish_failures = Family::<FailureLabels, Counter>::default();
+        registry.register(
+            "event_publish_failures",
+            "Outbound messages that could not be published after their retries",
+            publish_failures.clone(),
+        );
+        let confirm: HistogramFamily<TypeLabel> =
+            Family::new_with_constructor(|| Histogram::new(CONFIRM_BUCKETS));
+        registry.register_with_unit(
+            "event_confirm",
+            "Time from publishing an outbound message to the broker's confirm",
+            Unit::Seconds,
+            confirm.clone(),
+        );
+        let watch_restarts = Family::<WatchLabel, Counter>::default();
+        registry.register(
+            "watch_restarts",
+            "Kubernetes watches that had to start over (an error, 410 Gone, a dropped stream)",
+            watch_restarts.clone(),
+        );
+        let ready = Family::<CheckLabel, Gauge>::default();
+        registry.register(
+            "ready",
+            "The last outcome of each readiness check (1 ok, 0 failing)",
+            ready.clone(),
+        );
+        registry.register(
+            "build",
+            "The running version",
+            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        );
+        let broker = Arc::new(BrokerSource::default());
+        registry.register_collector(Box::new(broker.clone()));
+        Self {
+            inner: Arc::new(Inner {
+                registry,
+                messages,
+                handling,
+                in_flight,
+                kube_requests,
+                kube_errors,
+                kube_latency,
+                paused,
+                gate_open,
+                active_jobs,
+                active_jobs_limit,
+                monitored,
+                shards_held,
+                shards,
+                published,
+                publish_failures,
+                confirm,
+                watch_restarts,
+                ready,
+                broker,
+            }),
+        }
+    }
+
+    /// The exposition text for a scrape ([`CONTENT_TYPE`]).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.inner.registry);
+        out
+    }
+
+    /// An inbound message was settled. `outcome` is a fixed word (`applied`, `duplicate`, `rejected`,
+    /// `dead_lettered`, `requeued`, ...), `message_type` the message's name (`SubmitJob`, or `unknown`).
+    pub fn message_handled(
+        &self,
+        message_type: &'static str,
+        outcome: &'static str,
+        duration: Duration,
+    ) {
+        self.inner
+            .messages
+            .get_or_create(&MessageLabels {
+                r#type: message_type,
+                outcome,
+            })
+            .inc();
+        self.inner
+            .handling
+            .get_or_create(&TypeLabel {
+                r#type: message_type,
+            })
+            .observe(duration.as_secs_f64());
+    }
+
+    /// Counts one delivery as in flight until the guard is dropped.
+    pub fn in_flight(&self) -> InFlight {
+        self.inner.in_flight.inc();
+        InFlight {
+            gauge: self.inner.in_flight.clone(),
+        }
+    }
+
+    /// One Kubernetes API request: its RBAC verb (`get`, `list`, `watch`, `create`, `patch`, ...), its
+    /// resource (`jobs.batch.volcano.sh`, `pods`, `leases.coordination.k8s.io/status`), how long it
+    /// took, and the error class when it failed. [`KubeCallLayer`](super::KubeCallLayer) calls this for
+    /// every request of a client built with it.
+    pub fn kube_call(
+        &self,
+        verb: &'static str,
+        resource: &str,
+        duration: Duration,
+        error: Option<&'static str>,
+    ) {
+        let labels = KubeLabels {
+            verb,
+            resource: resource.to_owned(),
+        };
+        self.inner.kube_requests.get_or_create(&labels).inc();
+        self.inner
+            .kube_latency
+            .get_or_create(&labels)
+            .observe(duration.as_secs_f64());
+        if let Some(error) = error {
+            self.inner
+                .kube_errors
+                .get_or_create(&KubeErrorLabels {
+                    verb,
+                    resource: labels.resource,
+                    error,
+                })
+                .inc();
+        }
+    }
+
+    /// Whether the cluster-wide pause switch is on.
+    pub fn set_paused(&self, paused: bool) {
+        self.inner.paused.set(i64::from(paused));
+    }
+
+    /// Whether this runner takes submissions now.
+    pub fn set_gate_open(&self, open: bool) {
+        self.inner.gate_open.set(i64::from(open));
+    }
+
+    /// The capacity view: active jobs counted, and the cap (`None`: no cap).
+    pub fn set_capacity(&self, active: u64, limit: Option<u32>) {
+        self.inner
+            .active_jobs
+            .set(i64::try_from(active).unwrap_or(i64::MAX));
+        match limit {
+            Some(limit) => {
+                self.inner
+                    .active_jobs_limit
+                    .get_or_create(&NoLabels {})
+                    .set(i64::from(limit));
+            }
+            None => self.inner.active_jobs_limit.clear(),
+        }
+    }
+
+    /// How many jobs this runner monitors (the jobs of the shards it holds, at the last full pass).
+    pub fn set_monitored_jobs(&self, count: usize) {
+        self.inner
+            .monitored
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// The shard leases this runner holds, of how many.
+    pub fn set_lease_shards(&self, held: usize, total: u32) {
+        self.inner
+            .shards_held
+            .set(i64::try_from(held).unwrap_or(i64::MAX));
+        self.inner.shards.set(i64::from(total));
+    }
+
+    /// An outbound message was confirmed by the broker, `confirm` after it was published.
+    pub fn event_published(&self, message_type: &'static str, confirm: Duration) {
+        let labels = TypeLabel {
+            r#type: message_type,
+        };
+        self.inner.published.get_or_create(&labels).inc();
+        self.inner
+            .confirm
+            .get_or_create(&labels)
+            .observe(confirm.as_secs_f64());
+    }
+
+    /// An outbound message could not be published (`reason`: a fixed word such as `timeout`, `unroutable`).
+    pub fn event_publish_failed(&self, message_type: &'static str, reason: &'static str) {
+        self.inner
+            .publish_failures
+            .get_or_create(&FailureLabels {
+                r#type: message_type,
+                reason,
+            })
+            .inc();
+    }
+
+    /// A publish through an instrumented [`Publisher`](crate::broker::Publisher) ended: confirmed after
+    /// `elapsed`, or failed with `error`. `type_name` is the AMQP `type` (`volcano_runner.v1.JobEvent`).
+    pub fn published(
+        &self,
+        type_name: &str,
+        elapsed: Duration,
+        error: Option<&crate::broker::PublishError>,
+    ) {
+        let message_type =
+            MessageType::from_amqp_type(type_name).map_or("unknown", MessageType::name);
+        match error {
+            None => self.event_published(message_type, elapsed),
+            Some(e) => self.event_publish_failed(message_type, publish_failure(e)),
+        }
+    }
+
+    /// A Kubernetes watch (`jobs`, `pods`, `pause`, `capacity`, ...) had to start over.
+    pub fn watch_restarted(&self, watch: &'static str) {
+        self.inner
+            .watch_restarts
+            .get_or_create(&WatchLabel { watch })
+            .inc();
+    }
+
+    /// The outcome of a readiness check (set by [`Readiness`](super::Readiness) on every evaluation).
+    pub fn set_ready(&self, check: &str, ok: bool) {
+        self.inner
+            .ready
+            .get_or_create(&CheckLabel {
+                check: check.to_owned(),
+            })
+            .set(i64::from(ok));
+    }
+
+    /// Reports the broker connection's state and reconnect count, read at every scrape.
+    pub fn watch_broker(&self, broker: Broker) {
+        *self
+            .inner
+            .broker
+            .broker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(broker);
+    }
+}
+
+/// A fixed word for why a publish failed (the `reason` label).
+fn publish_failure(e: &crate::broker::PublishError) -> &'static str {
+    use crate::broker::PublishError as E;
+    match e {
+        E::Invalid(_) => "invalid",
+        E::Unroutable { .. } => "unroutable",
+        E::ExchangeNotFound { .. } => "exchange_not_found",
+        E::Nacked => "nacked",
+        E::ConfirmTimeout(_) => "confirm_timeout",
+        E::Channel(_) => "channel",
+        E::GaveUp { .. } => "gave_up",
+        E::Shutdown => "shutdown",
+    }
+}
+
+/// Reports the submission gate (pause switch, capacity) as it changes, until `shutdown`.
+pub async fn follow_gate(
+    mut gate: tokio::sync::watch::Receiver<crate::cluster::GateState>,
+    metrics: Metrics,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    loop {
+        {
+            let state = gate.borrow_and_update();
+            metrics.set_paused(state.pause.as_ref().is_some_and(|p| p.paused));
+            metrics.set_gate_open(state.accepts_submissions());
+            if let Some(active) = state.active_jobs {
+                metrics.set_capacity(active as u64, state.max_active_jobs);
+            }
+        }
+        tokio::select! {
+            changed = gate.changed() => if changed.is_err() { return },
+            () = &mut shutdown => return,
+        }
+    }
+}
+
+/// The broker's own counters, read at scrape time so they are never stale or double-counted.
+#[derive(Default)]
+struct BrokerSource {
+    broker: Mutex<Option<Broker>>,
+}
+
+impl std::fmt::Debug for BrokerSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BrokerSource")
+    }
+}
+
+impl Collector for BrokerSource {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let broker = self
+            .broker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let Some(broker) = broker else {
+            return Ok(());
+        };
+        let connected = ConstGauge::new(i64::from(broker.is_connected()));
+        connected.encode(encoder.encode_descriptor(
+            "broker_connected",
+            "1 while the AMQP connection is up",
+            None,
+            connected.metric_type(),
+        )?)?;
+        let reconnects = ConstCounter::new(broker.reconnects());
+        reconnects.encode(encoder.encode_descriptor(
+            "broker_reconnects",
+            "How often the AMQP connection was re-established since start",
+            None,
+            reconnects.metric_type(),
+        )?)?;
+        Ok(())
+    }
+}
+
+/// Samples parsed from exposition text: `name{label="value",...}` to value. For tests and for reading
+/// another runner's `/metrics`; understands what [`Metrics::encode`] writes (no exemplars, no
+/// timestamps).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Samples(BTreeMap<String, f64>);
+
+impl Samples {
+    /// Parses exposition text. Comment lines are skipped; a malformed line is an error naming it.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut samples = BTreeMap::new();
+        for line in text.lines() {
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (key, value) = line
+                .rsplit_once(' ')
+                .ok_or_else(|| format!("not a sample: {line}"))?;
+            let value: f64 = match value {
+                "+Inf" => f64::INFINITY,
+                "-Inf" => f64::NEG_INFINITY,
+                v => v.parse().map_err(|_| format!("not a number: {line}"))?,
+            };
+            samples.insert(normalize(key)?, value);
+        }
+        Ok(Self(samples))
+    }
+
+    /// The value of `name` with exactly these labels (in any order), if present.
+    pub fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        self.0.get(&key(name, labels)).copied()
+    }
+
+    /// Like [`get`](Self::get), 0 when absent (a counter that never moved).
+    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.get(name, labels).unwrap_or(0.0)
+    }
+
+    /// The sum of every sample of `name` whose labels include these.
+    pub fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.0
+            .iter()
+            .filter(|(k, _)| {
+                let (n, rest) = k.split_once('{').unwrap_or((k, ""));
+                n == name
+                    && labels
+                        .iter()
+                        .all(|(l, v)| rest.contains(&format!("{l}=\"{v}\"")))
+            })
+            .map(|(_, v)| v)
+            .sum()
+    }
+}
+
+fn key(name: &str, labels: &[(&str, &str)]) -> String {
+    if labels.is_empty() {
+        return name.to_owned();
+    }
+    let mut sorted: Vec<_> = labels.to_vec();
+    sorted.sort();
+    let inner: Vec<String> = sorted.iter().map(|(l, v)| format!("{l}=\"{v}\"")).collect();
+    format!("{name}{{{}}}", inner.join(","))
+}
+
+/// `name{b="2",a="1"}` as `name{a="1",b="2"}`.
+fn normalize(sample: &str) -> Result<String, String> {
+    let Some((name, rest)) = sample.split_once('{') else {
+        return Ok(sample.to_owned());
+    };
+    let body = rest
+        .strip_suffix('}')
+        .ok_or_else(|| format!("unclosed labels: {sample}"))?;
+    let mut labels = Vec::new();
+    let mut start = 0;
+    let mut in_quotes = false;
+    let mut escaped = false;
+    for (i, c) in body.char_indices() {
+        match c {
+            '\\' if in_quotes && !escaped => {
+                escaped = true;
+                continue;
+            }
+            '"' if !escaped => in_quotes = !in_quotes,
+            ',' if !in_quotes => {
+                labels.push(&body[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+        escaped = false;
+    }
+    if start < body.len() {
+        labels.push(&body[start..]);
+    }
+    if labels.is_empty() {
+        return Ok(name.to_owned());
+    }
+    labels.sort();
+    Ok(format!("{name}{{{}}}", labels.join(",")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_and_histograms_show_up_with_their_labels() {
+        let m = Metrics::new();
+        m.message_handled("SubmitJob", "applied", Duration::from_millis(30));
+        m.message_handled("SubmitJob", "applied", Duration::from_millis(70));
+        m.message_handled("CancelJob", "dead_lettered", Duration::from_millis(2));
+        m.kube_call(
+            "create",
+            "jobs.batch.volcano.sh",
+            Duration::from_millis(4),
+            None,
+        );
+        m.kube_call("get", "pods", Duration::from_millis(1), Some("not_found"));
+        m.event_published("JobEvent", Duration::from_millis(3));
+        m.event_publish_failed("AccountingTick", "timeout");
+        m.set_capacity(5, Some(10));
+        m.set_lease_shards(3, 8);
+        m.set_monitored_jobs(4);
+        m.watch_restarted("jobs");
+        let text = m.encode();
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        let s = Samples::parse(&text).unwrap();
+        let applied = [("type", "SubmitJob"), ("outcome", "applied")];
+        assert_eq!(
+            s.get("volcano_runner_messages_handled_total", &applied),
+            Some(2.0)
+        );
+        assert_eq!(
+            s.get(
+                "volcano_runner_messages_handled_total",
+                &[("outcome", "dead_lettered"), ("type", "CancelJob")]
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            s.get(
+                "volcano_runner_message_handling_seconds_count",
+                &[("type", "SubmitJob")]
+            ),
+            Some(2.0)
+        );
+        let sum = s
+            .get(
+                "volcano_runner_message_handling_seconds_sum",
+                &[("type", "SubmitJob")],
+            )
+            .unwrap();
+        assert!((sum - 0.1).abs() < 1e-9, "{sum}");
+        // Cumulative buckets: 30 ms and 70 ms are both under 0.1 s, only 30 ms under 0.05 s.
+        let bucket = |le| {
+            s.get(
+                "volcano_runner_message_handling_seconds_bucket",
+                &[("type", "SubmitJob"), ("le", le)],
+            )
+        };
+        assert_eq!(bucket("0.05"), Some(1.0));
+        assert_eq!(bucket("0.1"), Some(2.0));
+        assert_eq!(bucket("+Inf"), Some(2.0));
+        assert_eq!(
+            s.get(
+                "volcano_runner_kube_request_errors_total",
+                &[
+                    ("verb", "get"),
+                    ("resource", "pods"),
+                    ("error", "not_found")
+                ]
+            ),
+            Some(1.0)
+        );
+        assert_eq!(s.sum("volcano_runner_kube_requests_total", &[]), 2.0);
+        assert_eq!(
+            s.get(
+                "volcano_runner_events_published_total",
+                &[("type", "JobEvent")]
+            ),
+            Some(1.0)
+        );
+        assert_eq!(s.get("volcano_runner_active_jobs_limit", &[]), Some(10.0));
+        assert_eq!(s.get("volcano_runner_lease_shards_held", &[]), Some(3.0));
+        assert_eq!(s.get("volcano_runner_monitored_jobs", &[]), Some(4.0));
+        assert_eq!(
+            s.get(
+                "volcano_runner_build_info",
+                &[("version", env!("CARGO_PKG_VERSION"))]
+            ),
+            Some(1.0)
+        );
+        // No broker attached: its metrics are absent rather than a made-up 0.
+        assert!(!text.contains("broker_connected"));
+        m.set_capacity(5, None);
+        let s = Samples::parse(&m.encode()).unwrap();
+        assert_eq!(s.get("volcano_runner_active_jobs_limit", &[]), None);
+    }
+
+    #[test]
+    fn the_in_flight_guard_counts_while_it_lives() {
+        let m = Metrics::new();
+        let in_flight = |m: &Metrics| {
+            Samples::parse(&m.encode())
+                .unwrap()
+                .value("volcano_runner_messages_in_flight", &[])
+        };
+        let a = m.in_flight();
+        let b = m.clone().in_flight();
+        assert_eq!(in_flight(&m), 2.0);
+        drop(a);
+        assert_eq!(in_flight(&m), 1.0);
+        drop(b);
+        assert_eq!(in_flight(&m), 0.0);
+    }
+
+    #[test]
+    fn label_values_are_escaped_and_parsed_back() {
+        let m = Metrics::new();
+        m.set_ready("broker \"main\", vhost /", false);
+        let s = Samples::parse(&m.encode()).unwrap();
+        assert_eq!(
+            s.get(
+                "volcano_runner_ready",
+                &[("check", "broker \\\"main\\\", vhost /")]
+            ),
+            Some(0.0)
+        );
+    }
+
+    #[test]
+    fn malformed_text_is_an_error() {
+        assert!(Samples::parse("x{a=\"1\" 2").is_err());
+        assert!(Samples::parse("x one").is_err());
+        assert!(Samples::parse("lonely").is_err());
+    }
+}

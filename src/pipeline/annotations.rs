@@ -1,0 +1,188 @@
+//! Every annotation key volcano-runner persists on a VolcanoJob, in one place.
+//!
+//! A runner holds caches only: the durable facts of a job live here, on the job itself, and every hook is
+//! idempotent against them (DESIGN §4). Keys are `<prefix><name>`, the prefix `ucloud.dk/` by default.
+//! Time values are epoch milliseconds as decimal strings, as UCloud wrote them.
+//!
+//! | name | written by | value |
+//! |---|---|---|
+//! | `user` | FairShare, at create | project, or user without a project (UCloud's key) |
+//! | `ownerUser`, `ownerProject` | core, at create | the owner, for accounting |
+//! | `productId`, `productCategory`, `productCpu`, `productMemoryGib`, `productGpu` | core, at create | the product |
+//! | `replicas` | core, at create | number of ranks |
+//! | `application` | core, at create | `<name>@<version>` |
+//! | `submissionHash` | core, at create | `sha256:<hex>` of the SubmitJob's protobuf encoding (duplicate detection) |
+//! | `acceptedAt` | core, at create | when the runner rendered the job |
+//! | `traceparent` | runner, at create | W3C trace context of the submission |
+//! | `maxTime` | Expiry, at create; extensions | the time allocation in ms; absent: never expires |
+//! | `jobStart` | start hook, once | when the job first ran |
+//! | `expiry` | Expiry start hook, once; extensions | `jobStart + maxTime` |
+//! | `extensions` | extension | JSON array of applied extension request ids |
+//! | `expiryWarned` | Expiry monitoring | `<expiry ms>/<seconds before>` of the last warning sent |
+//! | `accountingPeriodMs` | Accounting, at create | tick length for this job |
+//! | `accountedTicks` | Accounting hooks | number of ticks published (the next tick's index) |
+//! | `accountingFinal` | Accounting completion | `true` once the final tick is published |
+//! | `proxyPort`, `proxyDomains` | Proxy, at create | target port, public links (comma-separated) |
+//! | `proxyGeneration` | Proxy hooks | generation of the last published targets |
+//! | `terminationCause` | whoever deletes the job | `expired`, `cancelled`, ... (W11) |
+//! | `terminationReason` | whoever deletes the job | the cause in words, e.g. the cancel's reason |
+//! | `lifecycleState` | monitor | the last published lifecycle state |
+//! | `statusHash` | monitor | hash of the last status-only event (publish a pending reason once) |
+//! | `outcome` | monitor | the decided end of the job (JSON: state, reason, times, exit codes, log tails) |
+//!
+//! Every VolcanoJob the runner creates carries the finalizer [`AnnotationKeys::cleanup_finalizer`]
+//! (`<prefix>cleanup`): the job cannot vanish before the monitor has run its cleanup (final tick, proxy
+//! remove, terminal event), and the monitor removes the finalizer last.
+
+/// The full keys for one prefix. Build it once per configuration: every field is a ready `String`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnnotationKeys {
+    /// The prefix itself, e.g. `ucloud.dk/`.
+    pub prefix: String,
+    /// `<prefix>user` (see the table above).
+    pub user: String,
+    /// `<prefix>ownerUser` (see the table above).
+    pub owner_user: String,
+    /// `<prefix>ownerProject` (see the table above).
+    pub owner_project: String,
+    /// `<prefix>productId` (see the table above).
+    pub product_id: String,
+    /// `<prefix>productCategory` (see the table above).
+    pub product_category: String,
+    /// `<prefix>productCpu` (see the table above).
+    pub product_cpu: String,
+    /// `<prefix>productMemoryGib` (see the table above).
+    pub product_memory_gib: String,
+    /// `<prefix>productGpu` (see the table above).
+    pub product_gpu: String,
+    /// `<prefix>replicas` (see the table above).
+    pub replicas: String,
+    /// `<prefix>application` (see the table above).
+    pub application: String,
+    /// `<prefix>submissionHash` (see the table above).
+    pub submission_hash: String,
+    /// `<prefix>acceptedAt` (see the table above).
+    pub accepted_at: String,
+    /// `<prefix>traceparent` (see the table above).
+    pub traceparent: String,
+    /// `<prefix>maxTime` (see the table above).
+    pub max_time: String,
+    /// `<prefix>jobStart` (see the table above).
+    pub job_start: String,
+    /// `<prefix>expiry` (see the table above).
+    pub expiry: String,
+    /// `<prefix>extensions` (see the table above).
+    pub extensions: String,
+    /// `<prefix>expiryWarned` (see the table above).
+    pub expiry_warned: String,
+    /// `<prefix>accountingPeriodMs` (see the table above).
+    pub accounting_period: String,
+    /// `<prefix>accountedTicks` (see the table above).
+    pub accounted_ticks: String,
+    /// `<prefix>accountingFinal` (see the table above).
+    pub accounting_final: String,
+    /// `<prefix>proxyPort` (see the table above).
+    pub proxy_port: String,
+    /// `<prefix>proxyDomains` (see the table above).
+    pub proxy_domains: String,
+    /// `<prefix>proxyGeneration` (see the table above).
+    pub proxy_generation: String,
+    /// `<prefix>terminationCause` (see the table above).
+    pub termination_cause: String,
+    /// `<prefix>terminationReason` (see the table above).
+    pub termination_reason: String,
+    /// `<prefix>lifecycleState` (see the table above).
+    pub lifecycle_state: String,
+    /// `<prefix>statusHash` (see the table above).
+    pub status_hash: String,
+    /// `<prefix>outcome` (see the table above).
+    pub outcome: String,
+}
+
+impl AnnotationKeys {
+    /// The keys under `prefix` (e.g. `ucloud.dk/`).
+    pub fn new(prefix: &str) -> Self {
+        let k = |name: &str| format!("{prefix}{name}");
+        Self {
+            prefix: prefix.to_owned(),
+            user: k("user"),
+            owner_user: k("ownerUser"),
+            owner_project: k("ownerProject"),
+            product_id: k("productId"),
+            product_category: k("productCategory"),
+            product_cpu: k("productCpu"),
+            product_memory_gib: k("productMemoryGib"),
+            product_gpu: k("productGpu"),
+            replicas: k("replicas"),
+            application: k("application"),
+            submission_hash: k("submissionHash"),
+            accepted_at: k("acceptedAt"),
+            traceparent: k("traceparent"),
+            max_time: k("maxTime"),
+            job_start: k("jobStart"),
+            expiry: k("expiry"),
+            extensions: k("extensions"),
+            expiry_warned: k("expiryWarned"),
+            accounting_period: k("accountingPeriodMs"),
+            accounted_ticks: k("accountedTicks"),
+            accounting_final: k("accountingFinal"),
+            proxy_port: k("proxyPort"),
+            proxy_domains: k("proxyDomains"),
+            proxy_generation: k("proxyGeneration"),
+            termination_cause: k("terminationCause"),
+            termination_reason: k("terminationReason"),
+            lifecycle_state: k("lifecycleState"),
+            status_hash: k("statusHash"),
+            outcome: k("outcome"),
+        }
+    }
+
+    /// The finalizer on every VolcanoJob the runner creates, `<prefix>cleanup`: the monitor removes it
+    /// once the job's cleanup (final tick, proxy remove, terminal event) is done.
+    pub fn cleanup_finalizer(&self) -> String {
+        format!("{}cleanup", self.prefix)
+    }
+
+    /// The pod label a job's pods carry for each peer they may talk to: `<prefix>peer-<peerJobId>`.
+    /// The peer's own policy admits every pod with this label, so connecting needs no patch of the peer's
+    /// policy, and the permission goes away with the pods (W27).
+    pub fn peer_label(&self, peer_job_id: &str) -> String {
+        format!("{}peer-{peer_job_id}", self.prefix)
+    }
+}
+
+/// Epoch milliseconds of a timestamp, as the annotations store them.
+pub fn format_millis(ts: jiff::Timestamp) -> String {
+    ts.as_millisecond().to_string()
+}
+
+/// A timestamp from an epoch-milliseconds annotation value.
+pub fn parse_millis(value: &str) -> Option<jiff::Timestamp> {
+    jiff::Timestamp::from_millisecond(value.trim().parse().ok()?).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_carry_the_prefix() {
+        let keys = AnnotationKeys::new("ucloud.dk/");
+        assert_eq!(keys.max_time, "ucloud.dk/maxTime");
+        assert_eq!(keys.job_start, "ucloud.dk/jobStart");
+        assert_eq!(keys.user, "ucloud.dk/user");
+        assert_eq!(keys.peer_label("42"), "ucloud.dk/peer-42");
+        assert_eq!(keys.cleanup_finalizer(), "ucloud.dk/cleanup");
+        assert_eq!(keys.outcome, "ucloud.dk/outcome");
+        let other = AnnotationKeys::new("example.org/");
+        assert_eq!(other.expiry, "example.org/expiry");
+    }
+
+    #[test]
+    fn millis_round_trip() {
+        let ts = jiff::Timestamp::from_millisecond(1_700_000_000_123).unwrap();
+        assert_eq!(format_millis(ts), "1700000000123");
+        assert_eq!(parse_millis("1700000000123"), Some(ts));
+        assert_eq!(parse_millis("soon"), None);
+    }
+}

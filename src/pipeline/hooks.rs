@@ -1,0 +1,705 @@
+//! Lifecycle hooks: pure functions from what a runner observed (the VolcanoJob, its pods, `now`) to what
+//! should happen (publish these events, patch these annotations, delete the job). The monitor executes
+//! the returned [`HookPlan`]; nothing here does I/O.
+//!
+//! # When to call what
+//! - [`on_start`]: the job is seen `Running` (any number of times: every part is idempotent against the
+//!   annotations, so a restart of the runner or a repeated event changes nothing, W4/W5).
+//! - [`on_monitoring`]: periodically while the job runs, and at [`HookPlan::next_check`]; decides expiry
+//!   (delete now, warn), accounting ticks and proxy target changes.
+//! - [`on_completion`]: the job reached a finished phase or was deleted; publishes the final accounting
+//!   tick up to the real end.
+//! - [`on_cleanup`]: the job is gone; tells the proxies to drop its routes.
+//!
+//! # Executing a plan
+//! In this order: (1) publish every event in [`HookPlan::publish`] (ids are deterministic, so publishing
+//! twice is harmless); (2) apply [`HookPlan::merge_patch`], which carries the observed resourceVersion:
+//! on 409 Conflict re-read the job and call the hook again (the annotations now say what was done);
+//! (3) if [`HookPlan::delete`] is set, delete the VolcanoJob (the patch already recorded the cause, W11).
+//! Failures of one plugin are isolated in [`HookPlan::failures`]; the other plugins' actions still stand
+//! (W6, W7).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Pod;
+
+use super::annotations::{AnnotationKeys, format_millis, parse_millis};
+use super::names::{self, USER_CONTAINER};
+use super::plugins::{PluginId, REGISTRY};
+use crate::cluster::volcano::{JobPhase, VolcanoJob};
+use crate::config::Config;
+use crate::messages::v1::{AccountingTick, JobEvent, ProxyEvent};
+
+/// Why a job was deleted, persisted as `terminationCause` before the delete so whoever sees the deletion
+/// reports the right state (W11).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TerminationCause {
+    /// The time allocation ran out.
+    Expired,
+    /// The orchestrator cancelled the job.
+    Cancelled,
+    /// Anything else, e.g. `insufficient_funds`, `node_drain`.
+    Other(String),
+}
+
+impl TerminationCause {
+    /// The annotation value.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Expired => "expired",
+            Self::Cancelled => "cancelled",
+            Self::Other(other) => other,
+        }
+    }
+
+    /// From the annotation value; unknown causes are kept as `Other`.
+    pub fn parse(value: &str) -> Self {
+        match value {
+            "expired" => Self::Expired,
+            "cancelled" => Self::Cancelled,
+            other => Self::Other(other.to_owned()),
+        }
+    }
+}
+
+/// A message to publish.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outbound {
+    /// To the events exchange, key `job.lifecycle`.
+    Lifecycle(JobEvent),
+    /// To the events exchange, key `job.accounting`.
+    Accounting(AccountingTick),
+    /// To the proxy fanout exchange.
+    Proxy(ProxyEvent),
+}
+
+/// A job annotation that is missing or unreadable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("VolcanoJob {job}: annotation {key}: {reason}")]
+pub struct FactsError {
+    /// The VolcanoJob's name.
+    pub job: String,
+    /// The annotation (or field) at fault.
+    pub key: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// Why one plugin's hook could not decide. Isolated to that plugin and job.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HookError {
+    /// The job's annotations are unreadable.
+    #[error("{0}")]
+    Facts(#[from] FactsError),
+    /// The persisted values cannot be used (e.g. out of range).
+    #[error("{0}")]
+    Invalid(String),
+    /// Two plugins disagree about an annotation.
+    #[error("annotation {key} set to two different values by two plugins")]
+    Conflict {
+        /// The annotation.
+        key: String,
+    },
+}
+
+/// The owner of a job, as persisted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnerFacts {
+    /// Who launched the job.
+    pub user: String,
+    /// The project charged, if any.
+    pub project: Option<String>,
+}
+
+/// The product of a job, as persisted (per replica).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProductFacts {
+    /// Product id, as charged.
+    pub id: String,
+    /// Product category.
+    pub category: String,
+    /// vCPUs per replica.
+    pub cpu: u32,
+    /// Memory per replica, GiB.
+    pub memory_gib: u32,
+    /// GPUs per replica.
+    pub gpu: u32,
+}
+
+/// The last expiry warning sent: for which expiry, and how long before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpiryWarned {
+    /// The expiry the warning was for (an extension starts warnings over).
+    pub expiry: Timestamp,
+    /// How long before that expiry.
+    pub before: SignedDuration,
+}
+
+/// What the proxy needs to know about an interactive job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyFacts {
+    /// The port of the web or VNC server in every rank.
+    pub port: u32,
+    /// Public links bound to the job.
+    pub domains: Vec<String>,
+    /// Generation of the last published targets, if any were published.
+    pub generation: Option<String>,
+}
+
+/// Everything durable about a job, read from its VolcanoJob's annotations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobFacts {
+    /// The job id (`j-<jobId>` without `j-`).
+    pub job_id: String,
+    /// The VolcanoJob's name.
+    pub name: String,
+    /// The VolcanoJob's namespace.
+    pub namespace: String,
+    /// The version the facts were read from; patches are guarded by it.
+    pub resource_version: Option<String>,
+    /// Who to charge.
+    pub owner: OwnerFacts,
+    /// What to charge for.
+    pub product: ProductFacts,
+    /// Number of ranks.
+    pub replicas: u32,
+    /// The time allocation; `None`: the job never expires.
+    pub max_time: Option<SignedDuration>,
+    /// When the job first ran, once known.
+    pub start: Option<Timestamp>,
+    /// `start + max_time` (plus extensions), once started.
+    pub expiry: Option<Timestamp>,
+    /// Request ids of the extensions already applied, oldest first.
+    pub extensions: Vec<String>,
+    /// The last expiry warning sent.
+    pub expiry_warned: Option<ExpiryWarned>,
+    /// Tick length of this job.
+    pub accounting_period: SignedDuration,
+    /// Ticks published so far (the next tick's index).
+    pub accounted_ticks: u64,
+    /// Whether the final tick was published.
+    pub accounting_final: bool,
+    /// Routing facts, for interactive jobs.
+    pub proxy: Option<ProxyFacts>,
+    /// Why the job was deleted, when it was by volcano-runner.
+    pub termination_cause: Option<TerminationCause>,
+}
+
+impl JobFacts {
+    /// Reads the facts. Fails, naming the annotation, when a required one is missing or one is
+    /// malformed: that job is skipped and reported, the others go on.
+    pub fn read(
+        vcjob: &VolcanoJob,
+        keys: &AnnotationKeys,
+        config: &Config,
+    ) -> Result<Self, FactsError> {
+        let name = vcjob.metadata.name.clone().unwrap_or_default();
+        let job_id = names::job_id_from_vcjob_name(&name)
+            .ok_or_else(|| FactsError {
+                job: name.clone(),
+                key: "metadata.name".into(),
+                reason: "is not `j-<jobId>`".into(),
+            })?
+            .to_owned();
+        let empty = BTreeMap::new();
+        let annotations = vcjob.metadata.annotations.as_ref().unwrap_or(&empty);
+        let err = |key: &str, reason: &str| FactsError {
+            job: name.clone(),
+            key: key.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let get = |key: &str| annotations.get(key).map(String::as_str);
+        let required = |key: &str| get(key).ok_or_else(|| err(key, "is missing"));
+        let number = |key: &str| -> Result<Option<u64>, FactsError> {
+            get(key)
+                .map(|v| {
+                    v.trim()
+                        .parse::<u64>()
+                        .map_err(|_| err(key, "is not a whole number"))
+                })
+                .transpose()
+        };
+        let small = |key: &str| -> Result<u32, FactsError> {
+            number(key)?
+                .map(|v| u32::try_from(v).map_err(|_| err(key, "is too large")))
+                .transpose()
+                .map(Option::unwrap_or_default)
+        };
+        let time = |key: &str| -> Result<Option<Timestamp>, FactsError> {
+            get(key)
+                .map(|v| parse_millis(v).ok_or_else(|| err(key, "is not epoch milliseconds")))
+                .transpose()
+        };
+        let millis = |key: &str| -> Result<Option<SignedDuration>, FactsError> {
+            number(key)?
+                .map(|v| {
+                    i64::try_from(v)
+                        .map(SignedDuration::from_millis)
+                        .map_err(|_| err(key, "is too large"))
+                })
+                .transpose()
+        };
+
+        let extensions = match get(&keys.extensions) {
+            Some(v) => serde_json::from_str::<Vec<String>>(v)
+                .map_err(|_| err(&keys.extensions, "is not a JSON array of strings"))?,
+            None => Vec::new(),
+        };
+        let expiry_warned = get(&keys.expiry_warned)
+            .map(|v| {
+                let (expiry, before) = v
+                    .split_once('/')
+                    .ok_or_else(|| err(&keys.expiry_warned, "is not `<ms>/<s>`"))?;
+                let expiry = parse_millis(expiry)
+                    .ok_or_else(|| err(&keys.expiry_warned, "is not `<ms>/<s>`"))?;
+                let before: i64 = before
+                    .parse()
+                    .map_err(|_| err(&keys.expiry_warned, "is not `<ms>/<s>`"))?;
+                Ok(ExpiryWarned {
+                    expiry,
+                    before: SignedDuration::from_secs(before),
+                })
+            })
+            .transpose()?;
+        let proxy = match number(&keys.proxy_port)? {
+            Some(port) => Some(ProxyFacts {
+                port: u32::try_from(port).map_err(|_| err(&keys.proxy_port, "is too large"))?,
+                domains: get(&keys.proxy_domains)
+                    .map(|d| {
+                        d.split(',')
+                            .filter(|s| !s.is_empty())
+                            .map(str::to_owned)
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                generation: get(&keys.proxy_generation).map(str::to_owned),
+            }),
+            None => None,
+        };
+        let replicas = match number(&keys.replicas)? {
+            Some(r) => u32::try_from(r).map_err(|_| err(&keys.replicas, "is too large"))?,
+            None => vcjob
+                .spec
+                .tasks
+                .first()
+                .map(|t| t.replicas.max(1) as u32)
+                .unwrap_or(1),
+        };
+        let accounting_period = millis(&keys.accounting_period)?
+            .filter(|p| p.is_positive())
+            .unwrap_or(config.pipeline.accounting.period);
+
+        Ok(Self {
+            job_id,
+            namespace: vcjob.metadata.namespace.clone().unwrap_or_default(),
+            resource_version: vcjob.metadata.resource_version.clone(),
+            owner: OwnerFacts {
+                user: required(&keys.owner_user)?.to_owned(),
+                project: get(&keys.owner_project).map(str::to_owned),
+            },
+            product: ProductFacts {
+                id: required(&keys.product_id)?.to_owned(),
+                category: get(&keys.product_category).unwrap_or_default().to_owned(),
+                cpu: small(&keys.product_cpu)?,
+                memory_gib: small(&keys.product_memory_gib)?,
+                gpu: small(&keys.product_gpu)?,
+            },
+            replicas,
+            max_time: millis(&keys.max_time)?,
+            start: time(&keys.job_start)?,
+            expiry: time(&keys.expiry)?,
+            extensions,
+            expiry_warned,
+            accounting_period,
+            accounted_ticks: number(&keys.accounted_ticks)?.unwrap_or(0),
+            accounting_final: get(&keys.accounting_final) == Some("true"),
+            proxy,
+            termination_cause: get(&keys.termination_cause).map(TerminationCause::parse),
+            name,
+        })
+    }
+}
+
+/// What a hook sees.
+#[derive(Debug, Clone, Copy)]
+pub struct HookContext<'a> {
+    /// The job's persisted facts.
+    pub facts: &'a JobFacts,
+    /// The VolcanoJob as observed.
+    pub vcjob: &'a VolcanoJob,
+    /// The job's pods, as listed by `volcano.sh/job-name=j-<jobId>`.
+    pub pods: &'a [Pod],
+    /// The configuration.
+    pub config: &'a Config,
+    /// The annotation keys.
+    pub keys: &'a AnnotationKeys,
+    /// The instant of the decision.
+    pub now: Timestamp,
+    /// The job's real end, in [`on_completion`] only.
+    pub ended_at: Option<Timestamp>,
+}
+
+/// What one plugin's hook asks for.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HookActions {
+    /// Annotations to set.
+    pub set: BTreeMap<String, String>,
+    /// Annotations to remove.
+    pub remove: BTreeSet<String>,
+    /// Messages to publish, in order.
+    pub publish: Vec<Outbound>,
+    /// Delete the VolcanoJob, for this reason.
+    pub delete: Option<TerminationCause>,
+    /// Call [`on_monitoring`] again at this instant at the latest (the earliest of all plugins wins).
+    pub next_check: Option<Timestamp>,
+}
+
+impl HookActions {
+    /// Asks for a monitoring call no later than `at`.
+    pub fn check_at(&mut self, at: Timestamp) {
+        self.next_check = Some(self.next_check.map_or(at, |t| t.min(at)));
+    }
+}
+
+/// A plugin whose hook failed, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginFailure {
+    /// The plugin.
+    pub plugin: PluginId,
+    /// Its error.
+    pub error: HookError,
+}
+
+/// The merged actions of every plugin for one job; see the module docs for how to execute it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HookPlan {
+    /// The job id.
+    pub job_id: String,
+    /// The VolcanoJob's name.
+    pub name: String,
+    /// The VolcanoJob's namespace.
+    pub namespace: String,
+    /// The resourceVersion the decisions were made on; the patch only applies to that version.
+    pub resource_version: Option<String>,
+    /// Annotations to set.
+    pub set: BTreeMap<String, String>,
+    /// Annotations to remove.
+    pub remove: BTreeSet<String>,
+    /// Messages to publish, first.
+    pub publish: Vec<Outbound>,
+    /// Delete the VolcanoJob after the patch, for this reason.
+    pub delete: Option<TerminationCause>,
+    /// Look at the job again at this instant at the latest.
+    pub next_check: Option<Timestamp>,
+    /// Plugins whose hook failed; their actions are not in the plan.
+    pub failures: Vec<PluginFailure>,
+}
+
+impl HookPlan {
+    pub(crate) fn new(facts: &JobFacts) -> Self {
+        Self {
+            job_id: facts.job_id.clone(),
+            name: facts.name.clone(),
+            namespace: facts.namespace.clone(),
+            resource_version: facts.resource_version.clone(),
+            set: BTreeMap::new(),
+            remove: BTreeSet::new(),
+            publish: Vec::new(),
+            delete: None,
+            next_check: None,
+            failures: Vec::new(),
+        }
+    }
+
+    /// Adds one plugin's actions, or its failure. A key another plugin already set to a different value
+    /// is a conflict: that plugin's actions are dropped.
+    fn merge(&mut self, plugin: PluginId, result: Result<HookActions, HookError>) {
+        let actions = match result {
+            Ok(actions) => actions,
+            Err(error) => {
+                self.failures.push(PluginFailure { plugin, error });
+                return;
+            }
+        };
+        if let Some((key, _)) = actions
+            .set
+            .iter()
+            .find(|(k, v)| self.set.get(*k).is_some_and(|old| old != *v))
+        {
+            self.failures.push(PluginFailure {
+                plugin,
+                error: HookError::Conflict { key: key.clone() },
+            });
+            return;
+        }
+        self.set.extend(actions.set);
+        self.remove.extend(actions.remove);
+        self.publish.extend(actions.publish);
+        if self.delete.is_none() {
+            self.delete = actions.delete;
+        }
+        if let Some(at) = actions.next_check {
+            self.next_check = Some(self.next_check.map_or(at, |t| t.min(at)));
+        }
+    }
+
+    /// True when there is nothing to do.
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty()
+            && self.remove.is_empty()
+            && self.publish.is_empty()
+            && self.delete.is_none()
+    }
+
+    /// A JSON merge patch (`application/merge-patch+json`) with the annotation changes and the observed
+    /// `metadata.resourceVersion`, so the API server refuses it (409) if the job changed meanwhile.
+    /// `None` when no annotation changes.
+    pub fn merge_patch(&self) -> Option<serde_json::Value> {
+        if self.set.is_empty() && self.remove.is_empty() {
+            return None;
+        }
+        let mut annotations = serde_json::Map::new();
+        for key in &self.remove {
+            annotations.insert(key.clone(), serde_json::Value::Null);
+        }
+        for (key, value) in &self.set {
+            annotations.insert(key.clone(), serde_json::Value::String(value.clone()));
+        }
+        let mut metadata = serde_json::Map::new();
+        metadata.insert("annotations".into(), serde_json::Value::Object(annotations));
+        if let Some(rv) = &self.resource_version {
+            metadata.insert(
+                "resourceVersion".into(),
+                serde_json::Value::String(rv.clone()),
+            );
+        }
+        Some(serde_json::json!({ "metadata": metadata }))
+    }
+}
+
+/// Which hook to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Start,
+    Monitoring,
+    Completion,
+    Cleanup,
+}
+
+fn run(stage: Stage, cx: &HookContext<'_>, plan: &mut HookPlan) {
+    for plugin in REGISTRY {
+        if !cx.config.pipeline.plugins.is_on(plugin.id()) {
+            continue;
+        }
+        let mut actions = HookActions::default();
+        let result = match stage {
+            Stage::Start => plugin.on_start(cx, &mut actions),
+            Stage::Monitoring => plugin.on_monitoring(cx, &mut actions),
+            Stage::Completion => plugin.on_completion(cx, &mut actions),
+            Stage::Cleanup => plugin.on_cleanup(cx, &mut actions),
+        };
+        plan.merge(plugin.id(), result.map(|()| actions));
+    }
+    if let Some(cause) = &plan.delete {
+        plan.set
+            .insert(cx.keys.termination_cause.clone(), cause.as_str().to_owned());
+    }
+}
+
+/// The job is running. Records `jobStart` once (when the user's program first started in any rank, from
+/// the container statuses, else the first time Volcano reported Running; never the time a runner
+/// happened to look), then every plugin's start hook: the expiry, the
+/// accounting baseline, the proxy routes.
+pub fn on_start(
+    config: &Config,
+    vcjob: &VolcanoJob,
+    pods: &[Pod],
+    now: Timestamp,
+) -> Result<HookPlan, FactsError> {
+    let keys = config.pipeline.keys();
+    let mut facts = JobFacts::read(vcjob, &keys, config)?;
+    let mut plan = HookPlan::new(&facts);
+    if facts.start.is_none() {
+        // The real start: the first rank's program, else Volcano's Running transition.
+        let start = pods_started_at(pods)
+            .map(|t| t.min(now))
+            .unwrap_or_else(|| running_since(vcjob, now));
+        plan.set
+            .insert(keys.job_start.clone(), format_millis(start));
+        facts.start = Some(start);
+    }
+    let cx = HookContext {
+        facts: &facts,
+        vcjob,
+        pods,
+        config,
+        keys: &keys,
+        now,
+        ended_at: None,
+    };
+    run(Stage::Start, &cx, &mut plan);
+    Ok(plan)
+}
+
+/// Periodic check of a running job: expiry (delete now, or warn), accounting ticks, proxy targets.
+/// A job that has not started yet (no `jobStart`) gets an empty plan.
+pub fn on_monitoring(
+    config: &Config,
+    vcjob: &VolcanoJob,
+    pods: &[Pod],
+    now: Timestamp,
+) -> Result<HookPlan, FactsError> {
+    let keys = config.pipeline.keys();
+    let facts = JobFacts::read(vcjob, &keys, config)?;
+    let mut plan = HookPlan::new(&facts);
+    if facts.start.is_none() {
+        return Ok(plan);
+    }
+    let cx = HookContext {
+        facts: &facts,
+        vcjob,
+        pods,
+        config,
+        keys: &keys,
+        now,
+        ended_at: None,
+    };
+    run(Stage::Monitoring, &cx, &mut plan);
+    Ok(plan)
+}
+
+/// The job finished (or was deleted) at `ended_at` (see [`ended_at`]): the final accounting tick.
+/// A job whose start was never recorded (it ran and ended between two looks) takes its start from its
+/// pods; a job that never ran is not charged.
+pub fn on_completion(
+    config: &Config,
+    vcjob: &VolcanoJob,
+    pods: &[Pod],
+    ended_at: Timestamp,
+    now: Timestamp,
+) -> Result<HookPlan, FactsError> {
+    let keys = config.pipeline.keys();
+    let mut facts = JobFacts::read(vcjob, &keys, config)?;
+    let mut plan = HookPlan::new(&facts);
+    if facts.start.is_none()
+        && let Some(start) = pods_started_at(pods)
+    {
+        plan.set
+            .insert(keys.job_start.clone(), format_millis(start));
+        facts.start = Some(start);
+    }
+    let cx = HookContext {
+        facts: &facts,
+        vcjob,
+        pods,
+        config,
+        keys: &keys,
+        now,
+        ended_at: Some(ended_at.min(now)),
+    };
+    run(Stage::Completion, &cx, &mut plan);
+    Ok(plan)
+}
+
+/// The job is gone: `vcjob` is its last known state (e.g. from the DELETED watch event).
+pub fn on_cleanup(
+    config: &Config,
+    vcjob: &VolcanoJob,
+    now: Timestamp,
+) -> Result<HookPlan, FactsError> {
+    let keys = config.pipeline.keys();
+    let facts = JobFacts::read(vcjob, &keys, config)?;
+    let mut plan = HookPlan::new(&facts);
+    let cx = HookContext {
+        facts: &facts,
+        vcjob,
+        pods: &[],
+        config,
+        keys: &keys,
+        now,
+        ended_at: None,
+    };
+    run(Stage::Cleanup, &cx, &mut plan);
+    // The job is gone: there is nothing to patch or delete.
+    plan.set.clear();
+    plan.remove.clear();
+    plan.delete = None;
+    Ok(plan)
+}
+
+/// When the job first ran: the first `Running` entry of Volcano's phase history, else the current
+/// state's transition time when Running, else `now`; never later than `now`.
+pub fn running_since(vcjob: &VolcanoJob, now: Timestamp) -> Timestamp {
+    let Some(status) = &vcjob.status else {
+        return now;
+    };
+    let first = status
+        .conditions
+        .iter()
+        .filter(|c| c.status == JobPhase::Running)
+        .filter_map(|c| c.last_transition_time.as_ref().map(|t| t.0))
+        .min();
+    let current = (status.state.phase == JobPhase::Running)
+        .then(|| status.state.last_transition_time.as_ref().map(|t| t.0))
+        .flatten();
+    first.or(current).map_or(now, |t| t.min(now))
+}
+
+/// When the user's program first started in any rank, from the pods' container states.
+pub fn pods_started_at(pods: &[Pod]) -> Option<Timestamp> {
+    user_states(pods)
+        .filter_map(|state| {
+            state
+                .running
+                .as_ref()
+                .and_then(|r| r.started_at.as_ref())
+                .or_else(|| {
+                    state
+                        .terminated
+                        .as_ref()
+                        .and_then(|t| t.started_at.as_ref())
+                })
+                .map(|t| t.0)
+        })
+        .min()
+}
+
+/// The job's real end (W18: charge to the end, not to when a runner noticed): the last time the user's
+/// program ended in any rank; else, for a finished phase, when Volcano recorded it; else `now`. Never
+/// later than `now`.
+pub fn ended_at(vcjob: &VolcanoJob, pods: &[Pod], now: Timestamp) -> Timestamp {
+    let from_pods = user_states(pods)
+        .filter_map(|state| {
+            state
+                .terminated
+                .as_ref()
+                .and_then(|t| t.finished_at.as_ref())
+                .map(|t| t.0)
+        })
+        .max();
+    let from_phase = vcjob
+        .status
+        .as_ref()
+        .filter(|s| s.state.phase.is_ending())
+        .and_then(|s| s.state.last_transition_time.as_ref())
+        .map(|t| t.0);
+    from_pods.or(from_phase).map_or(now, |t| t.min(now))
+}
+
+fn user_states(pods: &[Pod]) -> impl Iterator<Item = &k8s_openapi::api::core::v1::ContainerState> {
+    pods.iter()
+        .filter_map(|p| p.status.as_ref())
+        .filter_map(|s| s.container_statuses.as_ref())
+        .flatten()
+        .filter(|c| c.name == USER_CONTAINER)
+        .filter_map(|c| c.state.as_ref())
+}
+
+/// A protobuf timestamp from a jiff one.
+pub fn proto_timestamp(ts: Timestamp) -> pbjson_types::Timestamp {
+    pbjson_types::Timestamp {
+        seconds: ts.as_second(),
+        nanos: ts.subsec_nanosecond(),
+    }
+}

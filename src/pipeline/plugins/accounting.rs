@@ -1,0 +1,430 @@
+//! Accounting: charging for a running job in fixed ticks, as a pure computation.
+//!
+//! With the job's real start `S` and the period `P` (config `accounting.period`, persisted on the job at
+//! create so a configuration change never shifts a running job's ticks), tick `n` covers
+//! `[S + n·P, S + (n+1)·P)` and has the id `<jobId>/<n>`. While the job runs, a tick is due once it is
+//! complete (`S + (n+1)·P ≤ now`). When the job has ended at `E`, the remaining ticks are due and the last
+//! one ends exactly at `E` (`final`). So ticks never leave a gap, never overlap, never start before the
+//! job ran, and never charge past its real end (W16–W20): a job that ran 61 s with `P` = 60 s gets ticks
+//! `0` `[S, S+60s)` and `1` `[S+60s, S+61s)` final.
+//!
+//! Exactly one tick per job is `final`. If the end falls exactly on a tick boundary whose tick was already
+//! published (or, after a late look, before the next unpublished tick), the final tick is a zero-length
+//! tick at that boundary.
+//!
+//! A job deleted because it expired is charged up to its expiry, not for the seconds its pods took to
+//! stop.
+//!
+//! The persisted cursor is `accountedTicks` (how many ticks were published, i.e. the next `n`) and
+//! `accountingFinal`. The hooks publish the due ticks first and then advance the cursor with a patch
+//! guarded by the resourceVersion: a tick published twice has the same id and content, so consumers drop
+//! the duplicate, and a tick is never skipped (W19).
+
+use jiff::{SignedDuration, Timestamp};
+
+use super::{Plugin, PluginId};
+use crate::messages::v1::AccountingTick;
+use crate::pipeline::PipelineError;
+use crate::pipeline::context::Context;
+use crate::pipeline::draft::Draft;
+use crate::pipeline::hooks::{
+    HookActions, HookContext, HookError, JobFacts, Outbound, TerminationCause, proto_timestamp,
+};
+
+/// When ticks start and how long they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TickSchedule {
+    start: Timestamp,
+    period: SignedDuration,
+}
+
+/// How far accounting got: the next tick's index, and whether the final tick was published.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TickCursor {
+    /// Index of the next tick to publish.
+    pub next: u64,
+    /// The final tick was published: nothing more is ever due.
+    pub finished: bool,
+}
+
+/// Up to when ticks are due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Horizon {
+    /// The job is still running at this instant: only complete ticks are due.
+    Running(Timestamp),
+    /// The job ended at this instant (its real end): every remaining tick is due, the last one final.
+    Ended(Timestamp),
+}
+
+/// One interval to charge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tick {
+    /// `n`.
+    pub sequence: u64,
+    /// Start of the interval (inclusive).
+    pub start: Timestamp,
+    /// End of the interval (exclusive); the real end for the final tick.
+    pub end: Timestamp,
+    /// The last tick of the job.
+    pub is_final: bool,
+}
+
+impl Tick {
+    /// `<jobId>/<n>`.
+    pub fn id(&self, job_id: &str) -> String {
+        format!("{job_id}/{}", self.sequence)
+    }
+
+    /// Length of the interval (per replica).
+    pub fn duration(&self) -> SignedDuration {
+        self.end.duration_since(self.start)
+    }
+
+    /// The message to publish, with the owner and product from the job's facts.
+    pub fn to_message(&self, facts: &JobFacts) -> AccountingTick {
+        AccountingTick {
+            tick_id: self.id(&facts.job_id),
+            job_id: facts.job_id.clone(),
+            user: facts.owner.user.clone(),
+            project: facts.owner.project.clone(),
+            product_id: facts.product.id.clone(),
+            replicas: facts.replicas,
+            cpu: facts.product.cpu,
+            memory_gib: facts.product.memory_gib,
+            gpu: facts.product.gpu,
+            interval_start: Some(proto_timestamp(self.start)),
+            interval_end: Some(proto_timestamp(self.end)),
+            duration_ms: i64::try_from(self.duration().as_millis()).unwrap_or(i64::MAX),
+            r#final: self.is_final,
+            sequence: self.sequence,
+        }
+    }
+}
+
+impl TickSchedule {
+    /// Ticks of `period` from `start`; `None` when the period is not positive.
+    pub fn new(start: Timestamp, period: SignedDuration) -> Option<Self> {
+        period.is_positive().then_some(Self { start, period })
+    }
+
+    /// The job's real start, where tick 0 begins.
+    pub fn start(&self) -> Timestamp {
+        self.start
+    }
+
+    /// The tick length.
+    pub fn period(&self) -> SignedDuration {
+        self.period
+    }
+
+    /// `start + n·period`, `None` when out of range.
+    pub fn boundary(&self, n: u64) -> Option<Timestamp> {
+        let n = i32::try_from(n).ok()?;
+        self.start.checked_add(self.period.checked_mul(n)?).ok()
+    }
+
+    /// The ticks due after `cursor` up to `horizon`, in order. Lazy: take as many as you publish.
+    pub fn due(&self, cursor: TickCursor, horizon: Horizon) -> DueTicks {
+        DueTicks {
+            schedule: *self,
+            cursor,
+            horizon,
+        }
+    }
+}
+
+/// Iterator over due ticks; [`DueTicks::cursor`] is the cursor after the ticks taken so far.
+#[derive(Debug, Clone)]
+pub struct DueTicks {
+    schedule: TickSchedule,
+    cursor: TickCursor,
+    horizon: Horizon,
+}
+
+impl DueTicks {
+    /// The cursor to persist once every tick taken so far is published.
+    pub fn cursor(&self) -> TickCursor {
+        self.cursor
+    }
+}
+
+impl Iterator for DueTicks {
+    type Item = Tick;
+
+    fn next(&mut self) -> Option<Tick> {
+        if self.cursor.finished {
+            return None;
+        }
+        let n = self.cursor.next;
+        let start = self.schedule.boundary(n)?;
+        let full_end = self.schedule.boundary(n.checked_add(1)?)?;
+        let tick = match self.horizon {
+            Horizon::Running(now) => {
+                if full_end > now {
+                    return None;
+                }
+                Tick {
+                    sequence: n,
+                    start,
+                    end: full_end,
+                    is_final: false,
+                }
+            }
+            Horizon::Ended(end) => {
+                // Never before the job ran; a tick never ends before it starts (when ticks were already
+                // published past the end, the final tick is zero-length at the next boundary).
+                let end = end.max(self.schedule.start);
+                Tick {
+                    sequence: n,
+                    start,
+                    end: end.clamp(start, full_end),
+                    is_final: end <= full_end,
+                }
+            }
+        };
+        self.cursor = TickCursor {
+            next: n + 1,
+            finished: tick.is_final,
+        };
+        Some(tick)
+    }
+}
+
+/// The Accounting plugin; the module documentation says what it builds and why.
+pub struct Accounting;
+
+impl Plugin for Accounting {
+    fn id(&self) -> PluginId {
+        PluginId::Accounting
+    }
+
+    fn build(&self, cx: &Context<'_>, draft: &mut Draft) -> Result<(), PipelineError> {
+        let period = cx.pipeline().accounting.period;
+        if period < SignedDuration::from_millis(1) {
+            return Err(PipelineError::config(
+                "accounting.period",
+                "must be positive",
+            ));
+        }
+        draft.annotate(&cx.keys.accounting_period, period.as_millis().to_string());
+        Ok(())
+    }
+
+    fn on_start(&self, cx: &HookContext<'_>, out: &mut HookActions) -> Result<(), HookError> {
+        if let Some(schedule) = schedule(cx.facts)? {
+            out.check_at(
+                schedule
+                    .boundary(cx.facts.accounted_ticks + 1)
+                    .unwrap_or(cx.now),
+            );
+        }
+        Ok(())
+    }
+
+    fn on_monitoring(&self, cx: &HookContext<'_>, out: &mut HookActions) -> Result<(), HookError> {
+        publish(cx, Horizon::Running(cx.now), out)
+    }
+
+    fn on_completion(&self, cx: &HookContext<'_>, out: &mut HookActions) -> Result<(), HookError> {
+        let mut end = cx.ended_at.unwrap_or(cx.now);
+        // A job deleted because its time ran out is not charged for the seconds its pods took to stop.
+        if cx.facts.termination_cause == Some(TerminationCause::Expired)
+            && let Some(expiry) = cx.facts.expiry
+        {
+            end = end.min(expiry);
+        }
+        publish(cx, Horizon::Ended(end), out)
+    }
+}
+
+fn schedule(facts: &JobFacts) -> Result<Option<TickSchedule>, HookError> {
+    let Some(start) = facts.start else {
+        return Ok(None);
+    };
+    TickSchedule::new(start, facts.accounting_period)
+        .map(Some)
+        .ok_or_else(|| HookError::Invalid("the accounting period is not positive".into()))
+}
+
+/// Publishes every due tick, then advances the cursor.
+fn publish(cx: &HookContext<'_>, horizon: Horizon, out: &mut HookActions) -> Result<(), HookError> {
+    let facts = cx.facts;
+    let Some(schedule) = schedule(facts)? else {
+        return Ok(());
+    };
+    let cursor = TickCursor {
+        next: facts.accounted_ticks,
+        finished: facts.accounting_final,
+    };
+    let mut due = schedule.due(cursor, horizon);
+    for tick in due.by_ref() {
+        out.publish
+            .push(Outbound::Accounting(tick.to_message(facts)));
+    }
+    let after = due.cursor();
+    if after != cursor {
+        out.set
+            .insert(cx.keys.accounted_ticks.clone(), after.next.to_string());
+        if after.finished {
+            out.set
+                .insert(cx.keys.accounting_final.clone(), "true".into());
+        }
+    }
+    if let (Horizon::Running(_), false) = (horizon, after.finished)
+        && let Some(next) = schedule.boundary(after.next + 1)
+    {
+        out.check_at(next);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ts(s: i64) -> Timestamp {
+        Timestamp::from_second(s).unwrap()
+    }
+
+    fn sched() -> TickSchedule {
+        TickSchedule::new(ts(1000), SignedDuration::from_secs(60)).unwrap()
+    }
+
+    fn spans(ticks: &[Tick]) -> Vec<(u64, i64, i64, bool)> {
+        ticks
+            .iter()
+            .map(|t| {
+                (
+                    t.sequence,
+                    t.start.as_second(),
+                    t.end.as_second(),
+                    t.is_final,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn running_job_gets_only_complete_ticks() {
+        let ticks: Vec<Tick> = sched()
+            .due(TickCursor::default(), Horizon::Running(ts(1000 + 150)))
+            .collect();
+        assert_eq!(
+            spans(&ticks),
+            [(0, 1000, 1060, false), (1, 1060, 1120, false)]
+        );
+        let none: Vec<Tick> = sched()
+            .due(
+                TickCursor {
+                    next: 2,
+                    finished: false,
+                },
+                Horizon::Running(ts(1170)),
+            )
+            .collect();
+        assert!(none.is_empty());
+    }
+
+    #[test]
+    fn final_tick_ends_at_the_real_end() {
+        let ticks: Vec<Tick> = sched()
+            .due(
+                TickCursor {
+                    next: 1,
+                    finished: false,
+                },
+                Horizon::Ended(ts(1061)),
+            )
+            .collect();
+        assert_eq!(spans(&ticks), [(1, 1060, 1061, true)]);
+        assert_eq!(ticks[0].id("42"), "42/1");
+        assert_eq!(ticks[0].duration(), SignedDuration::from_secs(1));
+    }
+
+    #[test]
+    fn end_on_a_boundary() {
+        // Not yet published: the full tick is final.
+        let ticks: Vec<Tick> = sched()
+            .due(
+                TickCursor {
+                    next: 1,
+                    finished: false,
+                },
+                Horizon::Ended(ts(1120)),
+            )
+            .collect();
+        assert_eq!(spans(&ticks), [(1, 1060, 1120, true)]);
+        // Already published while running: a zero-length final tick.
+        let ticks: Vec<Tick> = sched()
+            .due(
+                TickCursor {
+                    next: 2,
+                    finished: false,
+                },
+                Horizon::Ended(ts(1120)),
+            )
+            .collect();
+        assert_eq!(spans(&ticks), [(2, 1120, 1120, true)]);
+    }
+
+    #[test]
+    fn never_before_start_and_never_twice_final() {
+        let ticks: Vec<Tick> = sched()
+            .due(TickCursor::default(), Horizon::Ended(ts(500)))
+            .collect();
+        assert_eq!(spans(&ticks), [(0, 1000, 1000, true)]);
+        assert!(
+            sched()
+                .due(TickCursor::default(), Horizon::Running(ts(500)))
+                .next()
+                .is_none()
+        );
+        assert!(
+            sched()
+                .due(
+                    TickCursor {
+                        next: 3,
+                        finished: true
+                    },
+                    Horizon::Ended(ts(5000))
+                )
+                .next()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn cursor_follows_what_was_taken() {
+        let mut due = sched().due(TickCursor::default(), Horizon::Ended(ts(1000 + 61)));
+        assert_eq!(
+            due.cursor(),
+            TickCursor {
+                next: 0,
+                finished: false
+            }
+        );
+        due.next();
+        assert_eq!(
+            due.cursor(),
+            TickCursor {
+                next: 1,
+                finished: false
+            }
+        );
+        due.next();
+        assert_eq!(
+            due.cursor(),
+            TickCursor {
+                next: 2,
+                finished: true
+            }
+        );
+        assert!(due.next().is_none());
+    }
+
+    #[test]
+    fn non_positive_period_is_refused() {
+        assert!(TickSchedule::new(ts(0), SignedDuration::ZERO).is_none());
+        assert!(TickSchedule::new(ts(0), SignedDuration::from_secs(-1)).is_none());
+    }
+}

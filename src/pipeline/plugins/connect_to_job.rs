@@ -1,0 +1,174 @@
+//! ConnectToJob: the job's own NetworkPolicy `policy-<id>` and its peers.
+//!
+//! - Pods of the same job may talk to each other, by an explicit rule (W28: UCloud relied on the policy
+//!   Volcano's `svc` plugin creates, which can be switched off).
+//! - Peers, both ways, without touching the peer (W27). A job that names peer `P` labels its pods
+//!   `<prefix>peer-P`; every job's policy admits traffic from, and allows traffic to, pods labelled with
+//!   its own id. So the peer's policy never needs a patch, and the permission disappears with the
+//!   connecting job's pods. The connecting job's own policy admits the peer's pods (any namespace; job
+//!   names are unique).
+//! - Peer hostnames stay right when a peer restarts (W27: UCloud pinned rank 0's IP in `hostAliases` at
+//!   creation): each peer hostname is an `ExternalName` Service in the job's namespace pointing at the
+//!   peer's rank 0 DNS name `j-P-job-0.j-P.<namespace>.svc.<cluster domain>`, which follows the pod. The
+//!   peer is assumed to run in the same namespace (true in single mode, and for peers of the same owner in
+//!   per-owner mode, as UCloud only offers jobs of the same workspace as peers).
+//! - In single-namespace mode the policy also carries the baseline rules (proxy ingress, DNS and internet
+//!   egress), so it is complete on its own; in per-owner mode the namespace's baseline policy has them.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Service, ServiceSpec};
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
+    NetworkPolicySpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+};
+
+use super::fair_share::{baseline_egress, baseline_ingress};
+use super::{Plugin, PluginId};
+use crate::cluster::volcano::LABEL_JOB_NAME;
+use crate::pipeline::context::Context;
+use crate::pipeline::desired::Companion;
+use crate::pipeline::draft::{Draft, job_selector};
+use crate::pipeline::{PipelineError, names};
+
+/// `policy-<jobId>`, UCloud's name.
+pub fn policy_name(job_id: &str) -> String {
+    format!("policy-{job_id}")
+}
+
+/// The ConnectToJob plugin; the module documentation says what it builds and why.
+pub struct ConnectToJob;
+
+impl Plugin for ConnectToJob {
+    fn id(&self) -> PluginId {
+        PluginId::ConnectToJob
+    }
+
+    fn build(&self, cx: &Context<'_>, draft: &mut Draft) -> Result<(), PipelineError> {
+        let own = |labels| LabelSelector {
+            match_labels: Some(labels),
+            match_expressions: None,
+        };
+        let any_namespace = || Some(LabelSelector::default());
+        let mut peers = vec![
+            // The job's own pods (same namespace).
+            NetworkPolicyPeer {
+                pod_selector: Some(own(job_selector(cx))),
+                ..NetworkPolicyPeer::default()
+            },
+            // Pods of any job that names this job as its peer.
+            NetworkPolicyPeer {
+                namespace_selector: any_namespace(),
+                pod_selector: Some(LabelSelector {
+                    match_labels: None,
+                    match_expressions: Some(vec![LabelSelectorRequirement {
+                        key: cx.keys.peer_label(cx.job_id),
+                        operator: "Exists".to_owned(),
+                        values: None,
+                    }]),
+                }),
+                ..NetworkPolicyPeer::default()
+            },
+        ];
+
+        let mut hostnames: BTreeMap<&str, &str> = BTreeMap::new();
+        for peer in &cx.peers {
+            let field = peer.origin.field("peer");
+            let (peer_id, hostname) = (peer.value.job_id.as_str(), peer.value.hostname.as_str());
+            let label = cx.keys.peer_label(peer_id);
+            if !names::is_dns1123_label(peer_id) || !names::is_qualified_name(&label) {
+                return Err(PipelineError::invalid(
+                    format!("{field}.job_id"),
+                    "is not a job id",
+                ));
+            }
+            if peer_id == cx.job_id {
+                return Err(PipelineError::invalid(
+                    format!("{field}.job_id"),
+                    "a job cannot be its own peer",
+                ));
+            }
+            if !names::is_dns1035_label(hostname) || hostname.starts_with("j-") {
+                return Err(PipelineError::invalid(
+                    format!("{field}.hostname"),
+                    "must be lowercase letters, digits and '-', start with a letter, and not start with `j-`",
+                ));
+            }
+            match hostnames.insert(hostname, peer_id) {
+                Some(other) if other != peer_id => {
+                    return Err(PipelineError::invalid(
+                        format!("{field}.hostname"),
+                        format!("`{hostname}` already names peer {other}"),
+                    ));
+                }
+                Some(_) => continue,
+                None => {}
+            }
+            draft.label_pods(&label, "true");
+            peers.push(NetworkPolicyPeer {
+                namespace_selector: any_namespace(),
+                pod_selector: Some(own(BTreeMap::from([(
+                    LABEL_JOB_NAME.to_owned(),
+                    names::vcjob_name(peer_id),
+                )]))),
+                ..NetworkPolicyPeer::default()
+            });
+            let target = format!(
+                "{}.{}.svc.{}",
+                names::rank_hostname(peer_id, 0),
+                cx.placement.namespace,
+                cx.pipeline().cluster_domain
+            );
+            draft.companions.push(Companion::Service(Box::new(Service {
+                metadata: ObjectMeta {
+                    name: Some(hostname.to_owned()),
+                    labels: Some(BTreeMap::from([(
+                        format!("{}peer-job", cx.keys.prefix),
+                        peer_id.to_owned(),
+                    )])),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(ServiceSpec {
+                    type_: Some("ExternalName".to_owned()),
+                    external_name: Some(target),
+                    ..ServiceSpec::default()
+                }),
+                status: None,
+            })));
+        }
+
+        let mut ingress = vec![NetworkPolicyIngressRule {
+            from: Some(peers.clone()),
+            ports: None,
+        }];
+        let mut egress = vec![NetworkPolicyEgressRule {
+            to: Some(peers),
+            ports: None,
+        }];
+        if !cx.placement.per_owner {
+            let config = &cx.pipeline().network_policy;
+            ingress.extend(baseline_ingress(config));
+            egress.extend(baseline_egress(config));
+        }
+        // First among the companions: the sooner it exists, the shorter the window without it.
+        draft.companions.insert(
+            0,
+            Companion::NetworkPolicy(NetworkPolicy {
+                metadata: ObjectMeta {
+                    name: Some(policy_name(cx.job_id)),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(NetworkPolicySpec {
+                    pod_selector: Some(own(job_selector(cx))),
+                    policy_types: Some(vec!["Ingress".to_owned(), "Egress".to_owned()]),
+                    ingress: Some(ingress),
+                    egress: Some(egress),
+                }),
+            }),
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,173 @@
+//! Task: the gang, the Volcano policies and the user's container.
+//!
+//! - One task `job` with `replicas` pods and `minAvailable = replicas` (all ranks or none), scheduler
+//!   `volcano`, the queue FairShare chose, the `env` and `svc` job plugins (task index, hostnames).
+//! - Policies on purpose (UCloud left them empty): a pod that fails ends the whole job (TerminateJob), so
+//!   the other ranks of a multi-node job never wait for a dead peer; an evicted pod (node loss, drain)
+//!   restarts the job (RestartJob), at most `max_retry` attempts in total. Both configurable.
+//! - Container `user-job`: the image, `IfNotPresent`, requests equal to limits: cpu in millicores,
+//!   memory in `Mi`, `nvidia.com/gpu` only when the product has GPUs (UCloud wrote `"0"`).
+//! - Tolerations from the configuration, and a node selector by product category when configured.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use super::{Plugin, PluginId};
+use crate::cluster::volcano::{LifecyclePolicy, PolicyEvent};
+use crate::messages::v1::Product;
+use crate::pipeline::context::Context;
+use crate::pipeline::draft::Draft;
+use crate::pipeline::{PipelineError, names};
+
+/// The resource name of NVIDIA GPUs.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+
+/// The Task plugin; the module documentation says what it builds and why.
+pub struct Task;
+
+impl Plugin for Task {
+    fn id(&self) -> PluginId {
+        PluginId::Task
+    }
+
+    fn build(&self, cx: &Context<'_>, draft: &mut Draft) -> Result<(), PipelineError> {
+        let scheduling = &cx.pipeline().scheduling;
+        if scheduling.max_retry < 1 {
+            return Err(PipelineError::config(
+                "scheduling.max_retry",
+                "must be at least 1: Volcano turns 0 into 3",
+            ));
+        }
+        let spec = &mut draft.spec;
+        spec.scheduler_name = Some(scheduling.scheduler_name.clone());
+        spec.min_available = Some(cx.replicas_i32());
+        spec.queue = Some(cx.placement.queue.clone());
+        spec.max_retry = Some(scheduling.max_retry);
+        spec.priority_class_name = scheduling.priority_class_name.clone();
+        spec.policies = [
+            (PolicyEvent::PodFailed, scheduling.on_pod_failed),
+            (PolicyEvent::PodEvicted, scheduling.on_pod_evicted),
+        ]
+        .into_iter()
+        .filter_map(|(event, choice)| {
+            choice
+                .action()
+                .map(|action| LifecyclePolicy::on(event, action))
+        })
+        .collect();
+        // env: VC_TASK_INDEX (the rank); svc: hostnames `j-<id>-job-<rank>.j-<id>` through a headless
+        // Service, published before the pods are ready so ranks that start together resolve each other.
+        spec.plugins = BTreeMap::from([
+            ("env".to_owned(), Vec::new()),
+            (
+                "svc".to_owned(),
+                vec!["--publish-not-ready-addresses=true".to_owned()],
+            ),
+        ]);
+
+        if cx.app.image.trim().is_empty() {
+            return Err(PipelineError::invalid(
+                "application.image",
+                "must not be empty",
+            ));
+        }
+        draft.user.image = Some(cx.app.image.clone());
+        draft.user.image_pull_policy = Some("IfNotPresent".to_owned());
+        draft.user.resources = resources(cx.product);
+
+        if !scheduling.tolerations.is_empty() {
+            draft.pod.tolerations = Some(
+                scheduling
+                    .tolerations
+                    .iter()
+                    .map(|t| Toleration {
+                        key: Some(t.key.clone()),
+                        operator: Some(t.operator.clone()),
+                        value: t.value.clone(),
+                        effect: Some(t.effect.clone()),
+                        toleration_seconds: None,
+                    })
+                    .collect(),
+            );
+        }
+        if let Some(label) = &scheduling.node_selector_label {
+            let category = &cx.product.category;
+            let value = scheduling
+                .node_selector_by_category
+                .get(category)
+                .unwrap_or(category);
+            if !names::is_label_value(value) || value.is_empty() {
+                return Err(PipelineError::invalid(
+                    "product.category",
+                    format!("`{value}` cannot select nodes: it is not a label value"),
+                ));
+            }
+            draft.pod.node_selector = Some(BTreeMap::from([(label.clone(), value.clone())]));
+        }
+        Ok(())
+    }
+}
+
+/// Requests equal to limits (Guaranteed QoS): cpu `<cpu·1000>m`, memory `<GiB·1024>Mi`, GPUs only when
+/// the product has some. `None` when the product has none of the three (a BestEffort pod, as UCloud).
+pub fn resources(product: &Product) -> Option<ResourceRequirements> {
+    let mut map = BTreeMap::new();
+    if product.cpu > 0 {
+        map.insert(
+            "cpu".to_owned(),
+            Quantity(format!("{}m", u64::from(product.cpu) * 1000)),
+        );
+    }
+    if product.memory_gib > 0 {
+        map.insert(
+            "memory".to_owned(),
+            Quantity(format!("{}Mi", u64::from(product.memory_gib) * 1024)),
+        );
+    }
+    if product.gpu > 0 {
+        map.insert(GPU_RESOURCE.to_owned(), Quantity(product.gpu.to_string()));
+    }
+    (!map.is_empty()).then(|| ResourceRequirements {
+        limits: Some(map.clone()),
+        requests: Some(map),
+        claims: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn product(cpu: u32, memory_gib: u32, gpu: u32) -> Product {
+        Product {
+            id: "p".into(),
+            category: "c".into(),
+            cpu,
+            memory_gib,
+            gpu,
+        }
+    }
+
+    #[test]
+    fn requests_equal_limits_in_millicores_and_mebibytes() {
+        let r = resources(&product(4, 16, 1)).unwrap();
+        let limits = r.limits.unwrap();
+        assert_eq!(limits["cpu"].0, "4000m");
+        assert_eq!(limits["memory"].0, "16384Mi");
+        assert_eq!(limits[GPU_RESOURCE].0, "1");
+        assert_eq!(r.requests.unwrap(), limits);
+    }
+
+    #[test]
+    fn zero_gpus_are_left_out() {
+        let r = resources(&product(2, 4, 0)).unwrap();
+        assert!(!r.limits.unwrap().contains_key(GPU_RESOURCE));
+    }
+
+    #[test]
+    fn a_product_without_resources_gives_none() {
+        assert!(resources(&product(0, 0, 0)).is_none());
+    }
+}

@@ -1,0 +1,123 @@
+//! CancelJob: record a tombstone, mark the job `terminationCause=cancelled` (with the reason), delete it.
+//!
+//! The tombstone comes first, for every cancel: it stops a submission that is still in the queue (or is
+//! redelivered later), whatever the order in which the two messages are handled (see
+//! [`crate::cluster::tombstone`]). Then:
+//! - **no job**: CANCELLED is published at once from the tombstone (unless
+//!   `runner.announce_cancel_without_job` is off), and the late submission publishes the same event;
+//! - **a running or pending job**: `terminationCause` and `terminationReason` are written (guarded by the
+//!   resourceVersion) *before* the delete (W11), so the monitor, which holds the cleanup finalizer, reports
+//!   CANCELLED with the reason when it cleans up; the runner publishes nothing for it;
+//! - **a job that already ended, or is already being deleted for another cause**: nothing changes; its end
+//!   is reported by the monitor as it is.
+//!
+//! Cancelling twice is harmless: the second cancel finds the tombstone and the marked job, and at most
+//! deletes again (404 and an already-deleting job are fine).
+
+use tracing::info;
+
+use crate::cluster::volcano::VolcanoJob;
+use crate::messages::v1::CancelJob;
+use crate::validate;
+
+use super::super::jobs::{annotation, is_over};
+use super::super::{events, ids};
+use super::reject::{self, Subject};
+use super::{Handler, Message, Settle};
+
+/// Attempts at the guarded write before the message is requeued.
+const CONFLICT_ATTEMPTS: usize = 5;
+
+/// Handles one cancel.
+pub async fn handle(h: &Handler, m: &Message<'_>, cancel: &CancelJob) -> Settle {
+    if let Err(e) = validate::cancel(cancel) {
+        let fingerprint16 = ids::body_fingerprint16(m.body);
+        let subject = Subject {
+            job_id: &cancel.job_id,
+            is_submission: false,
+            fingerprint16: &fingerprint16,
+        };
+        return reject::invalid_by(h, m, subject, &e).await;
+    }
+    let job_id = cancel.job_id.as_str();
+    let reason = cancel.reason.as_deref().unwrap_or_default().trim();
+    let tombstone = match h.tombstones.record(job_id, reason, h.now()).await {
+        Ok(t) => t,
+        Err(e) => return Settle::cluster(&e),
+    };
+    let mut job = match h.jobs.find(job_id).await {
+        Ok(Some(job)) => job,
+        Ok(None) => {
+            info!(job_id, "Cancelled a job that has not been submitted (yet).");
+            if !h.config.runner.announce_cancel_without_job {
+                return Settle::Ack;
+            }
+            let event = events::cancelled_without_job(&tombstone, &h.runner_id);
+            return match h.publish(&event, m.traceparent.as_ref()).await {
+                Ok(()) => Settle::Ack,
+                Err(e) => Settle::publish(&e),
+            };
+        }
+        Err(e) => return Settle::cluster(&e),
+    };
+    for _ in 0..CONFLICT_ATTEMPTS {
+        match decide(h, &job) {
+            Decision::Leave => return Settle::Ack,
+            Decision::Delete => {
+                return match h.jobs.delete(&job).await {
+                    Ok(()) => Settle::Ack,
+                    Err(e) => Settle::cluster(&e),
+                };
+            }
+            Decision::Mark => {}
+        }
+        let patch = serde_json::json!({
+            "metadata": {
+                "resourceVersion": job.metadata.resource_version,
+                "annotations": {
+                    h.keys.termination_cause.as_str(): "cancelled",
+                    h.keys.termination_reason.as_str(): tombstone.reason,
+                }
+            }
+        });
+        match h.jobs.patch(&job, &patch).await {
+            Ok(marked) => {
+                info!(job_id, "Cancelling a job.");
+                return match h.jobs.delete(&marked).await {
+                    Ok(()) => Settle::Ack,
+                    Err(e) => Settle::cluster(&e),
+                };
+            }
+            Err(e) if e.is_conflict() => match h.jobs.find(job_id).await {
+                Ok(Some(fresh)) => job = fresh,
+                // Gone meanwhile: its end has been reported by whoever removed it.
+                Ok(None) => return Settle::Ack,
+                Err(e) => return Settle::cluster(&e),
+            },
+            Err(e) => return Settle::cluster(&e),
+        }
+    }
+    Settle::Requeue {
+        why: format!("the VolcanoJob of {job_id} kept changing while it was being cancelled"),
+    }
+}
+
+/// What a cancel does to an existing job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Decision {
+    /// Write the cause, then delete.
+    Mark,
+    /// The cause is written already (an earlier cancel, a claim by a late submission): delete (again).
+    Delete,
+    /// The job has ended by itself, or is being removed for another cause: leave it.
+    Leave,
+}
+
+fn decide(h: &Handler, job: &VolcanoJob) -> Decision {
+    match annotation(job, &h.keys.termination_cause) {
+        Some("cancelled") => Decision::Delete,
+        Some(_) => Decision::Leave,
+        None if is_over(job, &h.keys) => Decision::Leave,
+        None => Decision::Mark,
+    }
+}

@@ -1,0 +1,149 @@
+//! ExtendJob: add time to a job's allocation, once per request id.
+//!
+//! The new values are computed from what is persisted on the VolcanoJob (the pipeline's
+//! [`expiry::extend`]: `maxTime += d`, `expiry += d` once the job has started, the request id appended to
+//! `extensions`) and written with the observed resourceVersion, so a concurrent write (the monitor
+//! recording the start, another runner applying another extension) makes us re-read and compute again.
+//! The event `<jobId>/extend/<requestId>` follows the write; a redelivery finds the request id applied and
+//! publishes the event again, with the values now persisted.
+//!
+//! An unknown job, a job that has ended, and a job without a time limit get an event with a reason
+//! (`unknown_job`, `job_finished`, `no_time_limit`) and no change.
+
+use jiff::SignedDuration;
+use tracing::info;
+
+use crate::broker::DeadLetterReason;
+use crate::messages::v1::ExtendJob;
+use crate::pipeline::hooks::JobFacts;
+use crate::pipeline::plugins::expiry::{self, Extension};
+use crate::validate;
+
+use super::super::events::{self, Extended, reasons};
+use super::super::ids;
+use super::super::jobs::is_over;
+use super::reject::{self, Subject};
+use super::{Handler, Message, Settle};
+
+/// Attempts at the guarded write before the message is requeued.
+const CONFLICT_ATTEMPTS: usize = 8;
+
+/// Handles one extension request.
+pub async fn handle(h: &Handler, m: &Message<'_>, extend: &ExtendJob) -> Settle {
+    let fingerprint16 = ids::body_fingerprint16(m.body);
+    let subject = Subject {
+        job_id: &extend.job_id,
+        is_submission: false,
+        fingerprint16: &fingerprint16,
+    };
+    if let Err(e) = validate::extend(extend) {
+        return reject::invalid_by(h, m, subject, &e).await;
+    }
+    let Some(added) = extend.extension.as_ref().and_then(to_signed) else {
+        let what = "must be a duration of at most 10000 years";
+        return reject::invalid(h, m, subject, "extension", what, "invalid_field").await;
+    };
+    let (job_id, request_id) = (extend.job_id.as_str(), extend.request_id.as_str());
+    let refuse = |reason: &'static str| {
+        events::extension_refused(job_id, request_id, reason, h.now(), &h.runner_id)
+    };
+
+    for _ in 0..CONFLICT_ATTEMPTS {
+        let job = match h.jobs.find(job_id).await {
+            Ok(Some(job)) => job,
+            Ok(None) => return publish(h, m, &refuse(reasons::UNKNOWN_JOB)).await,
+            Err(e) => return Settle::cluster(&e),
+        };
+        if is_over(&job, &h.keys) {
+            return publish(h, m, &refuse(reasons::JOB_FINISHED)).await;
+        }
+        let outcome = match expiry::extend(&job, &h.config, request_id, added) {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                // The job's own annotations are unreadable: nothing this message can fix.
+                let reason = DeadLetterReason::new(
+                    "job_state_unreadable",
+                    format!("cannot extend job {job_id}: {e}"),
+                );
+                return Settle::DeadLetter(reason);
+            }
+        };
+        let applied = match outcome {
+            Extension::NoTimeLimit => return publish(h, m, &refuse(reasons::NO_TIME_LIMIT)).await,
+            Extension::AlreadyApplied => match JobFacts::read(&job, &h.keys, &h.config) {
+                Ok(facts) => Extended {
+                    added,
+                    max_time: facts.max_time.unwrap_or_default(),
+                    expiry: facts.expiry,
+                },
+                Err(e) => {
+                    let reason = DeadLetterReason::new(
+                        "job_state_unreadable",
+                        format!("cannot extend job {job_id}: {e}"),
+                    );
+                    return Settle::DeadLetter(reason);
+                }
+            },
+            Extension::Apply {
+                plan,
+                max_time,
+                expiry,
+            } => {
+                let Some(patch) = plan.merge_patch() else {
+                    return Settle::Ack;
+                };
+                match h.jobs.patch(&job, &patch).await {
+                    Ok(_) => {
+                        info!(job_id, request_id, "Extended a job's time allocation.");
+                        Extended {
+                            added,
+                            max_time,
+                            expiry,
+                        }
+                    }
+                    Err(e) if e.is_conflict() => continue,
+                    Err(e) => return Settle::cluster(&e),
+                }
+            }
+        };
+        let event = events::extended(job_id, request_id, applied, h.now(), &h.runner_id);
+        return publish(h, m, &event).await;
+    }
+    Settle::Requeue {
+        why: format!("the VolcanoJob of {job_id} kept changing while it was being extended"),
+    }
+}
+
+async fn publish(h: &Handler, m: &Message<'_>, event: &crate::messages::v1::JobEvent) -> Settle {
+    match h.publish(event, m.traceparent.as_ref()).await {
+        Ok(()) => Settle::Ack,
+        Err(e) => Settle::publish(&e),
+    }
+}
+
+/// A protobuf duration as a signed one; `None` when out of range.
+fn to_signed(d: &pbjson_types::Duration) -> Option<SignedDuration> {
+    // The proto3 range: about 10,000 years either way.
+    const MAX_SECONDS: i64 = 315_576_000_000;
+    (d.seconds.abs() <= MAX_SECONDS && d.nanos.abs() < 1_000_000_000)
+        .then(|| SignedDuration::new(d.seconds, d.nanos))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_convert_and_are_bounded() {
+        let d = pbjson_types::Duration {
+            seconds: 3600,
+            nanos: 500,
+        };
+        assert_eq!(to_signed(&d), Some(SignedDuration::new(3600, 500)));
+        let huge = pbjson_types::Duration {
+            seconds: i64::MAX / 2,
+            nanos: 0,
+        };
+        assert_eq!(to_signed(&huge), None);
+    }
+}

@@ -1,0 +1,166 @@
+//! Handling one delivery: decode it, act on it in the cluster, publish what happened, and decide how to
+//! settle it. The consumer loops ([`super::consume`]) own the deliveries; this module never acks.
+//!
+//! Every path is safe to run twice (a redelivery, a second runner): effects are keyed by the job's name,
+//! its fingerprint and its annotations, and events by their deterministic ids.
+//!
+//! - [`submit`]: SubmitJob → VolcanoJob and companions, QUEUED.
+//! - [`cancel`]: CancelJob → tombstone, terminationCause, delete.
+//! - [`extend`]: ExtendJob → maxTime/expiry once per request id.
+//! - [`reject`]: what cannot be read or is invalid → FAILURE (when the job id is known) and the
+//!   dead-letter queue.
+
+pub mod cancel;
+pub mod extend;
+pub mod reject;
+pub mod submit;
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use tracing::warn;
+
+use crate::broker::{DeadLetterReason, Delivery, Outbound, PublishError, Publisher};
+use crate::cluster::{Applier, ClusterError, RetryPolicy, SubmitGate, Tombstones};
+use crate::config::Config;
+use crate::messages::v1::JobEvent;
+use crate::messages::{Format, Inbound, decode_inbound};
+use crate::pipeline::AnnotationKeys;
+
+use super::jobs::JobStore;
+use super::plan::RunnerKeys;
+use super::trace::TraceParent;
+
+/// How to settle a delivery once it has been handled.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Settle {
+    /// Done: its effects are in the cluster and its events are confirmed.
+    Ack,
+    /// A transient failure (cluster or broker): back to the queue for another try, here or elsewhere. The
+    /// delivery limit dead-letters a message that never succeeds. Never a FAILURE event.
+    Requeue { why: String },
+    /// Bad input: to the dead-letter queue with the reason in its headers (its FAILURE, when the job id
+    /// is known, is already published).
+    DeadLetter(DeadLetterReason),
+}
+
+impl Settle {
+    /// A requeue for a transient cluster error.
+    pub fn cluster(e: &ClusterError) -> Self {
+        Self::Requeue { why: e.to_string() }
+    }
+
+    /// A requeue for an event that was not confirmed.
+    pub fn publish(e: &PublishError) -> Self {
+        Self::Requeue {
+            why: format!("an event was not confirmed: {e}"),
+        }
+    }
+
+    /// A short label for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Ack => "ack",
+            Self::Requeue { .. } => "requeue",
+            Self::DeadLetter(_) => "dead_letter",
+        }
+    }
+}
+
+/// What one delivery carries, read once from its properties.
+#[derive(Debug, Clone)]
+pub struct Message<'a> {
+    pub body: &'a [u8],
+    pub type_name: Option<&'a str>,
+    pub content_type: Option<&'a str>,
+    /// Which queue it came from: decides how an unreadable message is reported.
+    pub from_submit_queue: bool,
+    pub traceparent: Option<TraceParent>,
+    /// The `timestamp` property (seconds), when the publisher set one.
+    pub sent_at: Option<Timestamp>,
+}
+
+impl<'a> Message<'a> {
+    /// The message of `delivery`.
+    pub fn of(delivery: &'a Delivery, from_submit_queue: bool) -> Self {
+        Self {
+            body: delivery.body(),
+            type_name: delivery.type_name(),
+            content_type: delivery.content_type(),
+            from_submit_queue,
+            traceparent: delivery
+                .traceparent()
+                .as_deref()
+                .and_then(TraceParent::parse),
+            sent_at: delivery
+                .timestamp()
+                .and_then(|s| Timestamp::from_second(i64::try_from(s).ok()?).ok()),
+        }
+    }
+}
+
+/// Everything a handler needs, shared by all handlers of one runner.
+pub struct Handler {
+    pub config: Arc<Config>,
+    pub runner_id: String,
+    pub keys: AnnotationKeys,
+    pub runner_keys: RunnerKeys,
+    pub client: kube::Client,
+    pub retry: RetryPolicy,
+    pub applier: Applier,
+    pub jobs: JobStore,
+    pub tombstones: Tombstones,
+    pub gate: SubmitGate,
+    pub publisher: Publisher,
+    /// The encoding of every event the runner publishes.
+    pub format: Format,
+}
+
+impl std::fmt::Debug for Handler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handler")
+            .field("runner_id", &self.runner_id)
+            .field("format", &self.format)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Handler {
+    /// Handles one message and says how to settle it.
+    pub async fn handle(&self, message: &Message<'_>) -> Settle {
+        match decode_inbound(message.type_name, message.content_type, message.body) {
+            Err(e) => reject::undecodable(self, message, &e).await,
+            Ok(Inbound::Submit(job)) => {
+                // The VNC password is kept out of every log line while the submission is handled.
+                let _vnc_password = job
+                    .application
+                    .as_ref()
+                    .and_then(|a| a.vnc_password.as_deref())
+                    .map(|p| crate::ops::Redactor::global().hold(p));
+                submit::handle(self, message, &job).await
+            }
+            Ok(Inbound::Cancel(cancel)) => cancel::handle(self, message, &cancel).await,
+            Ok(Inbound::Extend(extend)) => extend::handle(self, message, &extend).await,
+        }
+    }
+
+    /// Publishes one event with confirms, carrying the message's trace context.
+    pub async fn publish(
+        &self,
+        event: &JobEvent,
+        traceparent: Option<&TraceParent>,
+    ) -> Result<(), PublishError> {
+        let mut outbound = Outbound::job_event(event, self.format, &self.config.broker);
+        if let Some(tp) = traceparent {
+            outbound = outbound.with_traceparent(tp.as_str());
+        }
+        self.publisher.publish(&outbound).await.inspect_err(|e| {
+            warn!(event_id = %event.event_id, error = %e, "An event was not confirmed.");
+        })
+    }
+
+    /// The current time (the wall clock; the simulator's clock only drives the cluster model).
+    pub fn now(&self) -> Timestamp {
+        Timestamp::now()
+    }
+}

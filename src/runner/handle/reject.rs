@@ -1,0 +1,162 @@
+//! Bad input: a message that cannot be decoded, or decodes but is invalid. It goes to the dead-letter queue
+//! with the reason in its headers, never back to its queue (it would fail the same way forever).
+//!
+//! When its job id can be read (and is a valid job id), the orchestrator hears about it too:
+//! - a bad *submission* gets a FAILURE event (`<jobId>/rejected/<fingerprint16>`), since the job will
+//!   never run;
+//! - a bad *cancel or extension* gets a status-only event with the same id shape and reason
+//!   `invalid_message`: the job it names is not affected, so reporting it FAILED would be wrong.
+//!
+//! The event is published (confirmed) before the message is dead-lettered, so a failure in between
+//! redelivers the message and publishes the same event again.
+
+use crate::broker::DeadLetterReason;
+use crate::messages::{DecodeError, Format, MessageType, peek_job_id};
+use crate::validate::{self, ValidationError};
+
+use super::super::{events, ids};
+use super::{Handler, Message, Settle};
+
+/// Dead-letter header code of a message that passed decoding but not validation.
+pub const INVALID_MESSAGE: &str = "invalid_message";
+
+/// What was wrong, in the three forms the outcome needs.
+struct Problem {
+    /// The dead-letter reason code.
+    code: String,
+    /// `<field>: <what is wrong>` or the decoder's sentence.
+    text: String,
+    field: Option<String>,
+}
+
+/// A message that could not be decoded.
+pub async fn undecodable(handler: &Handler, message: &Message<'_>, error: &DecodeError) -> Settle {
+    // The content type may be the problem; JSON is then the only format worth a guess.
+    let format = message
+        .content_type
+        .and_then(|ct| Format::from_content_type(ct).ok())
+        .unwrap_or(Format::Json);
+    let job_id = peek_job_id(format, message.body);
+    // A cancel or extension is reported without FAILURE; anything that is not one of the two (a
+    // submission, an unknown or outbound type) counts as what its queue carries.
+    let is_submission = match message.type_name.and_then(MessageType::from_amqp_type) {
+        Some(MessageType::SubmitJob) => true,
+        Some(MessageType::CancelJob | MessageType::ExtendJob) => false,
+        _ => message.from_submit_queue,
+    };
+    let problem = Problem {
+        code: error.reason().to_owned(),
+        text: error.to_string(),
+        field: error.field().map(str::to_owned),
+    };
+    let fingerprint16 = ids::body_fingerprint16(message.body);
+    reject(
+        handler,
+        message,
+        job_id.as_deref(),
+        is_submission,
+        &fingerprint16,
+        problem,
+    )
+    .await
+}
+
+/// The job a rejected message is about.
+#[derive(Debug, Clone, Copy)]
+pub struct Subject<'a> {
+    pub job_id: &'a str,
+    /// A submission (FAILURE) rather than a cancel or extension (status-only event).
+    pub is_submission: bool,
+    /// Identifies the content, for the event id.
+    pub fingerprint16: &'a str,
+}
+
+/// A decoded message that is invalid (validation or rendering): `field` and `what` is wrong with it,
+/// `code` for the dead-letter header.
+pub async fn invalid(
+    handler: &Handler,
+    message: &Message<'_>,
+    subject: Subject<'_>,
+    field: &str,
+    what: &str,
+    code: &str,
+) -> Settle {
+    let problem = Problem {
+        code: code.to_owned(),
+        text: format!("{field}: {what}"),
+        field: Some(field.to_owned()),
+    };
+    reject(
+        handler,
+        message,
+        Some(subject.job_id),
+        subject.is_submission,
+        subject.fingerprint16,
+        problem,
+    )
+    .await
+}
+
+/// [`invalid`] for a validation error.
+pub async fn invalid_by(
+    handler: &Handler,
+    message: &Message<'_>,
+    subject: Subject<'_>,
+    error: &ValidationError,
+) -> Settle {
+    invalid(
+        handler,
+        message,
+        subject,
+        error.field(),
+        error.message(),
+        error.reason(),
+    )
+    .await
+}
+
+async fn reject(
+    handler: &Handler,
+    message: &Message<'_>,
+    job_id: Option<&str>,
+    is_submission: bool,
+    fingerprint16: &str,
+    problem: Problem,
+) -> Settle {
+    let job_id = job_id.filter(|id| validate::job_id(id).is_ok());
+    tracing::info!(
+        job_id = job_id.unwrap_or(""),
+        reason = %problem.code,
+        error = %problem.text,
+        "Rejected a message; it goes to the dead-letter queue."
+    );
+    if let Some(job_id) = job_id {
+        let at = message.sent_at.unwrap_or_else(|| handler.now());
+        let event = if is_submission {
+            events::submission_rejected(
+                job_id,
+                fingerprint16,
+                events::reasons::INVALID_MESSAGE,
+                problem.text.clone(),
+                at,
+                &handler.runner_id,
+            )
+        } else {
+            events::control_rejected(
+                job_id,
+                fingerprint16,
+                problem.text.clone(),
+                at,
+                &handler.runner_id,
+            )
+        };
+        if let Err(e) = handler.publish(&event, message.traceparent.as_ref()).await {
+            return Settle::publish(&e);
+        }
+    }
+    let mut reason = DeadLetterReason::new(problem.code, problem.text);
+    if let Some(field) = problem.field {
+        reason = reason.with_field(field);
+    }
+    Settle::DeadLetter(reason)
+}

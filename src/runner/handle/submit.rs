@@ -1,0 +1,352 @@
+//! SubmitJob: validate → tombstone check → existing job? → render → apply (with rollback) → tombstone
+//! check again → publish QUEUED → ack.
+//!
+//! Redelivery is the normal case, not an error: a job that exists with the same fingerprint is this
+//! submission, applied by an earlier delivery (perhaps on another runner that died before its ack, or in
+//! the middle of the apply): the apply adopts it, creates whatever it still lacks, and the same QUEUED
+//! event is published again. The same job id with other content is `duplicate_job_id`.
+//!
+//! # Cancels that overtake their submission
+//! A cancel records a tombstone first (see [`crate::cluster::tombstone`]). The submission checks for one
+//! before creating the job and again after. Who publishes CANCELLED is decided by who marks the job:
+//! - no job exists: the runner publishes CANCELLED, built from the tombstone (the cancel did so too, with
+//!   the same id and content);
+//! - the job was created before the tombstone was seen: this handler claims it by writing
+//!   `terminationCause=cancelled` *and* `lifecycleState=CANCELLED` (resourceVersion-guarded), publishes
+//!   the tombstone's CANCELLED, and deletes the job; the monitor sees a terminal state and publishes no
+//!   second terminal event;
+//! - the job was already marked by the cancel handler (`terminationCause` without our terminal state):
+//!   the monitor publishes CANCELLED when it cleans up; this handler only makes sure it is deleted.
+
+use tracing::{debug, info};
+
+use crate::cluster::volcano::VolcanoJob;
+use crate::cluster::{ApplyError, ApplyOutcome, CapacityPermit, Role, Tombstone};
+use crate::messages::v1::{JobState, SubmitJob};
+use crate::pipeline;
+use crate::validate;
+
+use super::super::jobs::{annotation, is_over};
+use super::super::plan::{self, Decorations};
+use super::super::{events, ids};
+use super::reject::{self, Subject};
+use super::{Handler, Message, Settle};
+
+/// How often a resourceVersion-guarded write is tried again after a conflict before the message is
+/// requeued.
+const CONFLICT_ATTEMPTS: usize = 5;
+
+/// Handles one submission.
+pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
+    let fingerprint = pipeline::fingerprint(job);
+    let fingerprint16 = ids::fingerprint16(&fingerprint);
+    let subject = Subject {
+        job_id: &job.job_id,
+        is_submission: true,
+        fingerprint16: &fingerprint16,
+    };
+    if let Err(e) = validate::submit(job, &h.config) {
+        return reject::invalid_by(h, m, subject, &e).await;
+    }
+    let job_id = job.job_id.as_str();
+
+    match h.tombstones.check(job_id, h.now()).await {
+        Err(e) => return Settle::cluster(&e),
+        Ok(Some(tombstone)) => return cancelled_before_start(h, m, &tombstone).await,
+        Ok(None) => {}
+    }
+    // A job of this id may exist: an earlier delivery of this submission (perhaps on a runner that died
+    // half-way: the apply below adopts it and creates what is missing), or another submission's.
+    let exists = match h.jobs.find(job_id).await {
+        Err(e) => return Settle::cluster(&e),
+        Ok(Some(existing)) => {
+            if annotation(&existing, &h.keys.submission_hash) != Some(fingerprint.as_str()) {
+                return duplicate(h, m, job_id, &fingerprint16, &existing).await;
+            }
+            if is_over(&existing, &h.keys) {
+                // Past QUEUED already; publishing it now would come after its end.
+                return Settle::Ack;
+            }
+            true
+        }
+        Ok(None) => false,
+    };
+
+    let desired = match pipeline::render(job, &h.config, h.now()) {
+        Ok(desired) => desired,
+        Err(e) => {
+            let code = reject::INVALID_MESSAGE;
+            return reject::invalid(h, m, subject, &e.field(), e.message(), code).await;
+        }
+    };
+    let decorations = Decorations {
+        runner_id: &h.runner_id,
+        traceparent: m.traceparent.as_ref(),
+        finalizer: h.config.runner.cleanup_finalizer,
+    };
+    let plan = match plan::build(desired, &h.keys, &h.runner_keys, decorations) {
+        Ok(plan) => plan,
+        Err(e) => {
+            let what = format!("volcano-runner cannot build the job's objects: {e}");
+            return reject::invalid(h, m, subject, "jobId", &what, "invalid_plan").await;
+        }
+    };
+
+    // A job that exists already holds its capacity.
+    let permit = if exists {
+        None
+    } else {
+        match reserve(h).await {
+            Some(permit) => Some(permit),
+            None => {
+                return Settle::Requeue {
+                    why: "no capacity for another active job within runner.capacity_wait".into(),
+                };
+            }
+        }
+    };
+    let outcome = match h.applier.apply(&plan).await {
+        Ok(outcome) => outcome,
+        Err(e) => return apply_failed(h, m, subject, &e).await,
+    };
+    commit(permit, &outcome);
+
+    // A cancel may have come in while we created the job.
+    match h.tombstones.check(job_id, h.now()).await {
+        Err(e) => return Settle::cluster(&e),
+        Ok(Some(tombstone)) => {
+            return match h.jobs.find(job_id).await {
+                Err(e) => Settle::cluster(&e),
+                Ok(None) => publish_tombstone(h, m, &tombstone).await,
+                Ok(Some(job)) => cancel_after_create(h, m, job, &tombstone).await,
+            };
+        }
+        Ok(None) => {}
+    }
+    // From the job as it exists (created now or by an earlier delivery), so every delivery publishes the
+    // same event.
+    let meta = &outcome.primary.metadata;
+    let created_at = meta
+        .creation_timestamp
+        .as_ref()
+        .map_or(jiff::Timestamp::UNIX_EPOCH, |t| t.0);
+    let accepted_by = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(&h.runner_keys.accepted_by))
+        .map_or(h.runner_id.as_str(), String::as_str);
+    let event = events::queued(job_id, created_at, accepted_by);
+    debug!(
+        job_id,
+        created = outcome.created.len(),
+        reused = outcome.reused.len(),
+        "Applied a job."
+    );
+    match h.publish(&event, m.traceparent.as_ref()).await {
+        Ok(()) => Settle::Ack,
+        Err(e) => Settle::publish(&e),
+    }
+}
+
+/// A capacity slot, waiting up to `runner.capacity_wait` for one. Without `max_active_jobs` this never
+/// waits.
+async fn reserve(h: &Handler) -> Option<CapacityPermit> {
+    let mut rx = h.gate.subscribe();
+    let wait = async {
+        loop {
+            if let Some(permit) = h.gate.try_reserve() {
+                return Some(permit);
+            }
+            if rx.changed().await.is_err() {
+                return None;
+            }
+        }
+    };
+    tokio::time::timeout(h.config.runner.capacity_wait, wait)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Counts the job as active once this attempt created it (a job found existing is counted by the watch).
+fn commit(permit: Option<CapacityPermit>, outcome: &ApplyOutcome) {
+    let Some(permit) = permit else { return };
+    if outcome.primary_existed {
+        return;
+    }
+    let meta = &outcome.primary.metadata;
+    permit.commit(
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
+    );
+}
+
+/// The job id is taken by a job of another submission.
+async fn duplicate(
+    h: &Handler,
+    m: &Message<'_>,
+    job_id: &str,
+    fingerprint16: &str,
+    existing: &VolcanoJob,
+) -> Settle {
+    let status = format!(
+        "Job id {job_id} is taken by another submission (VolcanoJob {}/{}); resubmit under a new id",
+        existing.metadata.namespace.as_deref().unwrap_or_default(),
+        existing.metadata.name.as_deref().unwrap_or_default(),
+    );
+    info!(
+        job_id,
+        "Refused a submission: its job id is taken by another submission."
+    );
+    let at = m.sent_at.unwrap_or_else(|| h.now());
+    let event = events::submission_rejected(
+        job_id,
+        fingerprint16,
+        events::reasons::DUPLICATE_JOB_ID,
+        status,
+        at,
+        &h.runner_id,
+    );
+    match h.publish(&event, m.traceparent.as_ref()).await {
+        Ok(()) => Settle::Ack,
+        Err(e) => Settle::publish(&e),
+    }
+}
+
+/// Maps a failed apply (already rolled back) to its outcome.
+async fn apply_failed(
+    h: &Handler,
+    m: &Message<'_>,
+    subject: Subject<'_>,
+    error: &ApplyError,
+) -> Settle {
+    let job_id = subject.job_id;
+    let at = m.sent_at.unwrap_or_else(|| h.now());
+    let (reason, status) = match error {
+        ApplyError::Conflict {
+            role: Role::Primary,
+            ..
+        } => (
+            events::reasons::DUPLICATE_JOB_ID,
+            format!("Job id {job_id} is taken by another submission: {error}"),
+        ),
+        ApplyError::Conflict { .. } => (
+            events::reasons::NAME_CONFLICT,
+            format!("The job's objects cannot be created: {error}"),
+        ),
+        ApplyError::Cluster { source, .. } if source.is_retryable() => {
+            return Settle::Requeue {
+                why: error.to_string(),
+            };
+        }
+        ApplyError::Cluster {
+            source: source @ crate::cluster::ClusterError::Rejected { .. },
+            ..
+        } => (
+            events::reasons::CLUSTER_REJECTED,
+            format!("The cluster refused the job: {}", source.cluster_message()),
+        ),
+        // Not a rejection of the job (a missing resource type, a response we do not understand): a
+        // problem of the installation. Requeue; the delivery limit parks the message if it persists.
+        ApplyError::Cluster { .. } => {
+            return Settle::Requeue {
+                why: error.to_string(),
+            };
+        }
+        ApplyError::InvalidPlan(e) => {
+            let what = format!("volcano-runner cannot build the job's objects: {e}");
+            return reject::invalid(h, m, subject, "jobId", &what, "invalid_plan").await;
+        }
+    };
+    info!(job_id, reason, error = %error, "The cluster did not take a job.");
+    let event = events::submission_rejected(
+        job_id,
+        subject.fingerprint16,
+        reason,
+        status,
+        at,
+        &h.runner_id,
+    );
+    match h.publish(&event, m.traceparent.as_ref()).await {
+        Ok(()) => Settle::Ack,
+        Err(e) => Settle::publish(&e),
+    }
+}
+
+/// A tombstone was there before we created anything.
+async fn cancelled_before_start(h: &Handler, m: &Message<'_>, tombstone: &Tombstone) -> Settle {
+    match h.jobs.find(&tombstone.job_id).await {
+        Err(e) => Settle::cluster(&e),
+        Ok(None) => publish_tombstone(h, m, tombstone).await,
+        Ok(Some(job)) => cancel_after_create(h, m, job, tombstone).await,
+    }
+}
+
+/// CANCELLED from the tombstone, for a job that never got (or no longer has) a VolcanoJob.
+async fn publish_tombstone(h: &Handler, m: &Message<'_>, tombstone: &Tombstone) -> Settle {
+    info!(job_id = %tombstone.job_id, "A submission arrived after its cancel; it will not run.");
+    let event = events::cancelled_without_job(tombstone, &h.runner_id);
+    match h.publish(&event, m.traceparent.as_ref()).await {
+        Ok(()) => Settle::Ack,
+        Err(e) => Settle::publish(&e),
+    }
+}
+
+/// The job exists and a tombstone says it is cancelled. See the module documentation.
+async fn cancel_after_create(
+    h: &Handler,
+    m: &Message<'_>,
+    mut job: VolcanoJob,
+    tombstone: &Tombstone,
+) -> Settle {
+    let keys = &h.keys;
+    let cancelled = ids::state_name(JobState::Cancelled);
+    for _ in 0..CONFLICT_ATTEMPTS {
+        let ours = match annotation(&job, &keys.termination_cause) {
+            None => {
+                let patch = serde_json::json!({
+                    "metadata": {
+                        "resourceVersion": job.metadata.resource_version,
+                        "annotations": {
+                            keys.termination_cause.as_str(): "cancelled",
+                            keys.termination_reason.as_str(): tombstone.reason,
+                            keys.lifecycle_state.as_str(): cancelled,
+                        }
+                    }
+                });
+                match h.jobs.patch(&job, &patch).await {
+                    Ok(patched) => {
+                        job = patched;
+                        true
+                    }
+                    Err(e) if e.is_conflict() => {
+                        match h.jobs.find(&tombstone.job_id).await {
+                            Ok(Some(fresh)) => job = fresh,
+                            Ok(None) => return publish_tombstone(h, m, tombstone).await,
+                            Err(e) => return Settle::cluster(&e),
+                        }
+                        continue;
+                    }
+                    Err(e) => return Settle::cluster(&e),
+                }
+            }
+            Some(cause) => {
+                cause == "cancelled" && annotation(&job, &keys.lifecycle_state) == Some(cancelled)
+            }
+        };
+        let event = events::cancelled_without_job(tombstone, &h.runner_id);
+        if ours && let Err(e) = h.publish(&event, m.traceparent.as_ref()).await {
+            return Settle::publish(&e);
+        }
+        return match h.jobs.delete(&job).await {
+            Ok(()) => Settle::Ack,
+            Err(e) => Settle::cluster(&e),
+        };
+    }
+    Settle::Requeue {
+        why: format!(
+            "the VolcanoJob of {} kept changing while it was being cancelled",
+            tombstone.job_id
+        ),
+    }
+}

@@ -1,0 +1,86 @@
+//! Deterministic ids of the messages the runner publishes (see `phase2.md`, "Deterministic ids").
+//!
+//! Delivery is at-least-once: a message handled twice (a redelivery after a crash, a second runner
+//! racing the first) publishes its events twice. Consumers drop the copies by id, so every id here is a
+//! pure function of the job and of what happened to it, never of the time or of the runner.
+
+use sha2::{Digest, Sha256};
+
+use crate::messages::v1::JobState;
+
+/// `<jobId>/<STATE>`: the one event of a lifecycle transition. A job has at most one terminal event, so
+/// `<jobId>/FAILURE` and `<jobId>/CANCELLED` never collide.
+pub fn transition(job_id: &str, state: JobState) -> String {
+    format!("{job_id}/{}", state_name(state))
+}
+
+/// `<jobId>/rejected/<fingerprint16>`: a message that never became (or changed) a job: invalid, a
+/// duplicate id with other content, or refused by the cluster. A second delivery of the same message
+/// gives the same id; a corrected resubmission under the same job id gives a new one.
+pub fn rejected(job_id: &str, fingerprint16: &str) -> String {
+    format!("{job_id}/rejected/{fingerprint16}")
+}
+
+/// `<jobId>/extend/<requestId>`: the outcome of one extension request, however often it is delivered.
+pub fn extension(job_id: &str, request_id: &str) -> String {
+    format!("{job_id}/extend/{request_id}")
+}
+
+/// The state's name in ids: `QUEUED`, `RUNNING`, `SUCCESS`, `FAILURE`, `EXPIRED`, `CANCELLED`.
+pub fn state_name(state: JobState) -> &'static str {
+    match state {
+        JobState::Unspecified => "UNSPECIFIED",
+        JobState::Queued => "QUEUED",
+        JobState::Running => "RUNNING",
+        JobState::Success => "SUCCESS",
+        JobState::Failure => "FAILURE",
+        JobState::Expired => "EXPIRED",
+        JobState::Cancelled => "CANCELLED",
+    }
+}
+
+/// The first 16 hex digits of a submission fingerprint (`sha256:<hex>`, see
+/// [`crate::pipeline::fingerprint`]), for rejected ids.
+pub fn fingerprint16(fingerprint: &str) -> String {
+    let hex = fingerprint.strip_prefix("sha256:").unwrap_or(fingerprint);
+    hex.chars().take(16).collect()
+}
+
+/// The first 16 hex digits of the SHA-256 of raw bytes: the fingerprint of a message that could not be
+/// decoded (or of a cancel or extension, which have no submission fingerprint).
+pub fn body_fingerprint16(body: &[u8]) -> String {
+    Sha256::digest(body)
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_follow_the_documented_shapes() {
+        assert_eq!(transition("42", JobState::Queued), "42/QUEUED");
+        assert_eq!(transition("42", JobState::Cancelled), "42/CANCELLED");
+        assert_eq!(
+            rejected("42", "0123456789abcdef"),
+            "42/rejected/0123456789abcdef"
+        );
+        assert_eq!(extension("42", "r-1"), "42/extend/r-1");
+    }
+
+    #[test]
+    fn fingerprints_are_cut_to_16_hex_digits() {
+        assert_eq!(
+            fingerprint16("sha256:0123456789abcdef0123456789abcdef"),
+            "0123456789abcdef"
+        );
+        let a = body_fingerprint16(b"{\"jobId\":\"1\"}");
+        assert_eq!(a.len(), 16);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(a, body_fingerprint16(b"{\"jobId\":\"1\"}"), "stable");
+        assert_ne!(a, body_fingerprint16(b"{\"jobId\":\"2\"}"));
+    }
+}

@@ -1,0 +1,216 @@
+//! The runner's own reads and writes of VolcanoJobs: find a job by its id, change its annotations with
+//! optimistic concurrency, delete it. (Creating a job is the [`crate::cluster::Applier`]'s business.)
+//!
+//! A cancel or an extension names only the job id, and with per-owner namespaces the namespace is not
+//! known from it: the job is found by name across namespaces (a list with a field selector on
+//! `metadata.name`, narrowed by the managed-by label). With one shared namespace it is a plain GET.
+
+use jiff::Timestamp;
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions, PropagationPolicy,
+};
+
+use crate::cluster::labels::FIELD_MANAGER;
+use crate::cluster::volcano::VolcanoJob;
+use crate::cluster::{ClusterError, KubeResultExt, RetryPolicy};
+use crate::config::Config;
+use crate::pipeline::names::{self, MANAGED_BY, MANAGED_BY_LABEL};
+use crate::pipeline::{AnnotationKeys, NamespaceMode};
+
+/// Lifecycle states after which a job has had its terminal event.
+const TERMINAL_STATES: [&str; 4] = ["SUCCESS", "FAILURE", "EXPIRED", "CANCELLED"];
+
+/// Where jobs live and how to reach them.
+#[derive(Clone)]
+pub struct JobStore {
+    client: kube::Client,
+    retry: RetryPolicy,
+    /// `Some(ns)` when every job lives in one namespace.
+    single_namespace: Option<String>,
+}
+
+impl std::fmt::Debug for JobStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobStore")
+            .field("single_namespace", &self.single_namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JobStore {
+    /// The store for the pipeline's placement rules.
+    pub fn new(client: kube::Client, config: &Config) -> Self {
+        let pipeline = &config.pipeline;
+        let per_owner =
+            pipeline.plugins.fair_share && pipeline.namespace.mode == NamespaceMode::PerOwner;
+        Self {
+            client,
+            retry: RetryPolicy::from_config(&config.cluster),
+            single_namespace: (!per_owner).then(|| pipeline.namespace.name.clone()),
+        }
+    }
+
+    /// The VolcanoJob of `job_id`, wherever it lives; `None` when there is none.
+    pub async fn find(&self, job_id: &str) -> Result<Option<VolcanoJob>, ClusterError> {
+        let name = names::vcjob_name(job_id);
+        if let Some(ns) = &self.single_namespace {
+            let api: Api<VolcanoJob> = Api::namespaced(self.client.clone(), ns);
+            let op = format!("get VolcanoJob {ns}/{name}");
+            return self
+                .retry
+                .run(&op, || async {
+                    api.get_opt(&name).await.classify(|| op.clone())
+                })
+                .await;
+        }
+        let api: Api<VolcanoJob> = Api::all(self.client.clone());
+        let params = ListParams::default()
+            .fields(&format!("metadata.name={name}"))
+            .labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+        let op = format!("find VolcanoJob {name} in every namespace");
+        let list = self
+            .retry
+            .run(&op, || async {
+                api.list(&params).await.classify(|| op.clone())
+            })
+            .await?;
+        // The oldest if several owners used the same id (only the first one is the job; see submit).
+        Ok(list
+            .items
+            .into_iter()
+            .min_by_key(|j| j.metadata.creation_timestamp.as_ref().map(|t| t.0)))
+    }
+
+    /// Applies a merge patch (carrying the observed `resourceVersion`, so a concurrent change answers 409
+    /// Conflict) and returns the job as it is now.
+    pub async fn patch(
+        &self,
+        job: &VolcanoJob,
+        patch: &serde_json::Value,
+    ) -> Result<VolcanoJob, ClusterError> {
+        let (ns, name) = namespace_and_name(job);
+        let api: Api<VolcanoJob> = Api::namespaced(self.client.clone(), ns);
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        let op = format!("patch VolcanoJob {ns}/{name}");
+        // A 409 is not retried here with the same stale resourceVersion: the caller re-reads and decides
+        // again. Everything else transient is retried within the budget.
+        self.retry
+            .run(&op, || async {
+                match api
+                    .patch(name, &params, &Patch::Merge(patch))
+                    .await
+                    .classify(|| op.clone())
+                {
+                    Err(e) if e.is_conflict() => Ok(Err(e)),
+                    Ok(job) => Ok(Ok(job)),
+                    Err(e) => Err(e),
+                }
+            })
+            .await?
+    }
+
+    /// Deletes the job (the exact object read: uid precondition). Gone already is fine. With the cleanup
+    /// finalizer the object stays, marked for deletion, until the monitor has cleaned up.
+    pub async fn delete(&self, job: &VolcanoJob) -> Result<(), ClusterError> {
+        let (ns, name) = namespace_and_name(job);
+        let api: Api<VolcanoJob> = Api::namespaced(self.client.clone(), ns);
+        let params = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            preconditions: Some(Preconditions {
+                uid: job.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        let op = format!("delete VolcanoJob {ns}/{name}");
+        match self
+            .retry
+            .run(&op, || async {
+                api.delete(name, &params).await.classify(|| op.clone())
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            // Gone, or replaced by a newer job of the same name (uid precondition): not ours to delete.
+            Err(e) if e.is_not_found() || e.is_conflict() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn namespace_and_name(job: &VolcanoJob) -> (&str, &str) {
+    (
+        job.metadata.namespace.as_deref().unwrap_or_default(),
+        job.metadata.name.as_deref().unwrap_or_default(),
+    )
+}
+
+/// An annotation of the job.
+pub fn annotation<'a>(job: &'a VolcanoJob, key: &str) -> Option<&'a str> {
+    job.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
+}
+
+/// Whether the job has had (or is having) its end: a terminal lifecycle state was published, Volcano
+/// finished it, or it is being deleted.
+pub fn is_over(job: &VolcanoJob, keys: &AnnotationKeys) -> bool {
+    let state = annotation(job, &keys.lifecycle_state).map(|s| s.trim_start_matches("JOB_STATE_"));
+    state.is_some_and(|s| TERMINAL_STATES.contains(&s))
+        || job.phase().is_finished()
+        || job.metadata.deletion_timestamp.is_some()
+}
+
+/// When the job was created (the QUEUED event's time); the epoch if the server did not say.
+pub fn created_at(job: &VolcanoJob) -> Timestamp {
+    job.metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(Timestamp::UNIX_EPOCH, |t| t.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::volcano::{JobPhase, JobState, JobStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn job(state: Option<&str>, phase: Option<JobPhase>) -> VolcanoJob {
+        let mut job = VolcanoJob::default();
+        if let Some(state) = state {
+            job.metadata.annotations =
+                Some([("ucloud.dk/lifecycleState".to_owned(), state.to_owned())].into());
+        }
+        if let Some(phase) = phase {
+            job.status = Some(JobStatus {
+                state: JobState {
+                    phase,
+                    ..JobState::default()
+                },
+                ..JobStatus::default()
+            });
+        }
+        job
+    }
+
+    #[test]
+    fn a_job_is_over_once_terminal_finished_or_deleted() {
+        let keys = AnnotationKeys::new("ucloud.dk/");
+        assert!(!is_over(&job(None, None), &keys));
+        assert!(!is_over(
+            &job(Some("QUEUED"), Some(JobPhase::Running)),
+            &keys
+        ));
+        assert!(is_over(&job(Some("SUCCESS"), None), &keys));
+        assert!(is_over(&job(Some("JOB_STATE_CANCELLED"), None), &keys));
+        assert!(is_over(&job(None, Some(JobPhase::Failed)), &keys));
+        let mut deleting = job(None, Some(JobPhase::Running));
+        deleting.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+        assert!(is_over(&deleting, &keys));
+    }
+}

@@ -1,0 +1,403 @@
+//! The runner: consumes submissions, cancels and extensions from RabbitMQ and applies them to the
+//! cluster, exactly once in effect.
+//!
+//! Delivery is at-least-once, so every effect is made idempotent instead: objects are found by name and
+//! recognised by the submission's fingerprint, annotations are written with resourceVersion preconditions,
+//! and every event has a deterministic id. A delivery is acked only after its effects are in the cluster
+//! and its events are confirmed by the broker; a transient failure returns it to the queue, bad input goes
+//! to the dead-letter queue with the reason.
+//!
+//! # Layout
+//! - [`RunnerConfig`] (this file): the `[runner]` section.
+//! - [`Runner`] (this file): wires consumers, handlers, the submission gate and the tombstone sweeper.
+//! - [`consume`]: the consume loops (in-flight bound, gate, graceful shutdown) and the pause follower.
+//! - [`handle`]: what one message does: [`handle::submit`], [`handle::cancel`], [`handle::extend`],
+//!   [`handle::reject`].
+//! - [`plan`]: the pipeline's desired objects as the applier's steps, with the runner's decorations
+//!   (cleanup finalizer, `acceptedBy`, trace context).
+//! - [`jobs`]: finding, patching and deleting VolcanoJobs by job id.
+//! - [`events`], [`ids`]: the events the runner publishes and their deterministic ids (pure).
+//! - [`service`]: [`service::Service`], the runner with its broker connection, shard leases and monitor:
+//!   what `volcano-runner run` runs.
+//! - [`trace`]: W3C `traceparent` handling.
+
+pub mod consume;
+pub mod events;
+pub mod handle;
+pub mod ids;
+pub mod jobs;
+pub mod plan;
+pub mod service;
+pub mod trace;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::broker::{Broker, BrokerError, ConsumerKind};
+use crate::cluster::{Applier, GateDriver, RetryPolicy, SubmitGate, Tombstones};
+use crate::config::{Config, ConfigError};
+use crate::messages::Format;
+use crate::pipeline::AnnotationKeys;
+
+pub use consume::Stats;
+pub use handle::{Handler, Settle};
+pub use plan::RunnerKeys;
+
+/// Serde helper for durations written as `"30s"`, `"500ms"`, `"5m"`.
+mod duration {
+    pub use jiff::fmt::serde::unsigned_duration::friendly::compact::required;
+}
+
+/// The encoding of the events the runner publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputFormat {
+    /// The proto3 JSON mapping (`application/json`): readable, what `volcano-runner events` shows.
+    #[default]
+    Json,
+    /// Protobuf (`application/x-protobuf`): smaller, for consumers that have the `.proto` files.
+    Protobuf,
+}
+
+impl From<OutputFormat> for Format {
+    fn from(value: OutputFormat) -> Self {
+        match value {
+            OutputFormat::Json => Format::Json,
+            OutputFormat::Protobuf => Format::Protobuf,
+        }
+    }
+}
+
+/// The `[runner]` section of the configuration: who this runner is, how much it handles at once, and how
+/// it stops.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunnerConfig {
+    /// This runner's name: on the jobs it creates (`acceptedBy`), on its events (`runnerId`), and in the
+    /// shard leases. Unset: the host name (a pod's name) plus a random suffix, so a restarted process is a
+    /// new member and never inherits its predecessor's leases by accident. Must be a DNS label.
+    pub id: Option<String>,
+    /// How many submissions one runner handles at the same time. With `broker.submit_prefetch` this is the
+    /// runner's in-progress limit: more than this wait, unacknowledged, in the client's buffer.
+    pub max_in_flight: u32,
+    /// How long in-flight work may take to finish after SIGTERM/SIGINT before it is returned to the queue.
+    /// Keep it below the pod's `terminationGracePeriodSeconds` (30 s by default).
+    #[serde(with = "duration::required")]
+    pub shutdown_grace: Duration,
+    /// How long to wait before returning a message to its queue after a transient failure, so an outage
+    /// does not spin a message through its delivery limit in a tight loop.
+    #[serde(with = "duration::required")]
+    pub requeue_delay: Duration,
+    /// How long a submission taken just as the cluster reached `cluster.max_active_jobs` waits for a free
+    /// slot before it goes back to the queue. Well below the broker's 30-minute acknowledgement timeout.
+    #[serde(with = "duration::required")]
+    pub capacity_wait: Duration,
+    /// The encoding of every event the runner publishes: `json` or `protobuf`.
+    pub output_format: OutputFormat,
+    /// Put the `<prefix>cleanup` finalizer on every VolcanoJob, so a job cannot vanish before the monitor
+    /// has cleaned up after it (final accounting, proxy removal, terminal event) exactly once. Switch off
+    /// only where no runner runs the monitor, or deleted jobs would wait for it forever.
+    pub cleanup_finalizer: bool,
+    /// A cancel of a job that does not exist publishes CANCELLED at once (built from its tombstone), so
+    /// the orchestrator learns that the cancel took effect before the submission arrives. Off: CANCELLED
+    /// comes only when the late submission arrives. Off suits orchestrators that often cancel jobs long
+    /// after they finished and were cleaned up, which would otherwise get a second terminal event.
+    pub announce_cancel_without_job: bool,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        Self {
+            id: None,
+            max_in_flight: 32,
+            shutdown_grace: Duration::from_secs(25),
+            requeue_delay: Duration::from_secs(1),
+            capacity_wait: Duration::from_secs(300),
+            output_format: OutputFormat::Json,
+            cleanup_finalizer: true,
+            announce_cancel_without_job: true,
+        }
+    }
+}
+
+impl RunnerConfig {
+    /// Checks what serde cannot; the error names the key.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &str, reason: &str| ConfigError::Invalid {
+            key: format!("runner.{key}"),
+            reason: reason.to_owned(),
+        };
+        if let Some(id) = &self.id
+            && let Err(why) = crate::cluster::labels::check_dns_label(id)
+        {
+            return Err(invalid("id", &why));
+        }
+        if self.max_in_flight == 0 {
+            return Err(invalid("max_in_flight", "must be at least 1"));
+        }
+        if self.capacity_wait.is_zero() {
+            return Err(invalid("capacity_wait", "must be longer than zero"));
+        }
+        Ok(())
+    }
+
+    /// The configured id, or the host name plus a random suffix.
+    pub fn runner_id(&self) -> String {
+        self.id.clone().unwrap_or_else(default_id)
+    }
+}
+
+/// The host name made into a DNS label, plus six random hex digits.
+fn default_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .unwrap_or_default();
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    id_from(&host, (hasher.finish() & 0x00ff_ffff) as u32)
+}
+
+fn id_from(host: &str, suffix: u32) -> String {
+    let name: String = host
+        .trim()
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .take(40)
+        .collect();
+    let name = name.trim_matches('-');
+    let name = if name.is_empty() { "runner" } else { name };
+    format!("{name}-{suffix:06x}")
+}
+
+/// Why the runner could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RunnerError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+}
+
+/// One runner: the two consumers, the handlers, the submission gate and the tombstone sweeper.
+pub struct Runner {
+    handler: Arc<Handler>,
+    broker: Broker,
+    gate_driver: GateDriver,
+    stats: Arc<Stats>,
+    /// Metrics and readiness of the process (see [`Runner::with_ops`]).
+    ops: crate::ops::Ops,
+    /// Readiness of the two consume loops: down from construction until each loop runs.
+    ready: [crate::ops::ReadyFlag; 2],
+}
+
+impl std::fmt::Debug for Runner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runner")
+            .field("handler", &self.handler)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Runner {
+    /// A runner named `runner_id` on `client` and `broker`. Nothing is consumed until [`Runner::run`].
+    pub fn new(
+        config: Config,
+        client: kube::Client,
+        broker: Broker,
+        runner_id: String,
+    ) -> Result<Self, RunnerError> {
+        Self::with_ops(config, client, broker, runner_id, crate::ops::Ops::new())
+    }
+
+    /// [`Runner::new`], reporting into `ops`: message counts and latencies, in-flight deliveries, published
+    /// events, the gate, and a readiness flag per consume loop.
+    pub fn with_ops(
+        config: Config,
+        client: kube::Client,
+        broker: Broker,
+        runner_id: String,
+        ops: crate::ops::Ops,
+    ) -> Result<Self, RunnerError> {
+        config.runner.check()?;
+        let prefix = &config.pipeline.annotation_prefix;
+        let keys = AnnotationKeys::new(prefix);
+        let retry = RetryPolicy::from_config(&config.cluster);
+        let applier = Applier::new(client.clone(), retry.clone(), keys.submission_hash.clone());
+        let (gate, gate_driver) = SubmitGate::new(client.clone(), &config.cluster);
+        let handler = Handler {
+            runner_keys: RunnerKeys::new(&keys),
+            keys,
+            jobs: jobs::JobStore::new(client.clone(), &config),
+            tombstones: Tombstones::new(client.clone(), &config.cluster),
+            applier,
+            gate,
+            publisher: broker.publisher().with_metrics(ops.metrics.clone()),
+            format: config.runner.output_format.into(),
+            retry,
+            client,
+            runner_id,
+            config: Arc::new(config),
+        };
+        Ok(Self {
+            handler: Arc::new(handler),
+            broker,
+            gate_driver,
+            stats: Arc::new(Stats::default()),
+            ready: [
+                ops.readiness.flag("submit consumer"),
+                ops.readiness.flag("control consumer"),
+            ],
+            ops,
+        })
+    }
+
+    /// The submission gate (pause switch and capacity), as this runner sees it.
+    pub fn gate(&self) -> SubmitGate {
+        self.handler.gate.clone()
+    }
+
+    /// What the runner did so far.
+    pub fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
+    }
+
+    /// Consumes until `shutdown` (the token given to [`Broker::connect`]), then finishes in-flight work
+    /// within `runner.shutdown_grace` and closes its consumers. The broker connection itself is the
+    /// caller's to close.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), RunnerError> {
+        let config = self.handler.config.clone();
+        let submit = self.broker.consumer(ConsumerKind::Submit).await?;
+        // Closed until the pause switch has been read: take nothing before that.
+        let switch = submit.switch();
+        switch.pause();
+        let control = self.broker.consumer(ConsumerKind::Control).await?;
+        info!(
+            runner = %self.handler.runner_id,
+            max_in_flight = config.runner.max_in_flight,
+            "Runner consuming submissions and control messages."
+        );
+
+        let background = shutdown.child_token();
+        let mut tasks = tokio::task::JoinSet::new();
+        let token = background.clone();
+        tasks.spawn(self.gate_driver.run(async move { token.cancelled().await }));
+        tasks.spawn(consume::follow_pause(
+            self.handler.gate.clone(),
+            switch,
+            background.clone(),
+        ));
+        tasks.spawn(crate::ops::metrics::follow_gate(
+            self.handler.gate.subscribe(),
+            self.ops.metrics.clone(),
+            background.clone().cancelled_owned(),
+        ));
+        let tombstones = self.handler.tombstones.clone();
+        let (interval, token) = (config.cluster.tombstone_sweep_interval, background.clone());
+        tasks.spawn(async move {
+            tombstones
+                .run_sweeper(interval, jiff::Timestamp::now, token.cancelled())
+                .await;
+        });
+
+        let submit_loop = consume::Loop {
+            kind: ConsumerKind::Submit,
+            consumer: submit,
+            handler: self.handler.clone(),
+            slots: Arc::new(Semaphore::new(config.runner.max_in_flight as usize)),
+            gate: Some(self.handler.gate.subscribe()),
+            stats: self.stats.clone(),
+            requeue_delay: config.runner.requeue_delay,
+            grace: config.runner.shutdown_grace,
+            metrics: self.ops.metrics.clone(),
+            ready: Some(self.ready[0].clone()),
+        };
+        let control_loop = consume::Loop {
+            kind: ConsumerKind::Control,
+            consumer: control,
+            handler: self.handler.clone(),
+            slots: Arc::new(Semaphore::new(usize::from(config.broker.control_prefetch))),
+            gate: None,
+            stats: self.stats.clone(),
+            requeue_delay: config.runner.requeue_delay,
+            grace: config.runner.shutdown_grace,
+            metrics: self.ops.metrics.clone(),
+            ready: Some(self.ready[1].clone()),
+        };
+        tokio::join!(
+            submit_loop.run(shutdown.clone()),
+            control_loop.run(shutdown.clone())
+        );
+        background.cancel();
+        while tasks.join_next().await.is_some() {}
+        let (acked, requeued, dead_lettered) = self.stats.snapshot();
+        info!(acked, requeued, dead_lettered, "Runner stopped.");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_section_is_the_default() {
+        #[derive(Deserialize)]
+        struct File {
+            runner: RunnerConfig,
+        }
+        let text = include_str!("../../deploy/config.d/runner.toml");
+        let file: File = toml::from_str(text).expect("deploy/config.d/runner.toml parses");
+        assert_eq!(file.runner, RunnerConfig::default());
+    }
+
+    #[test]
+    fn keys_read_as_documented() {
+        let c: RunnerConfig = toml::from_str(
+            "id = \"r-1\"\nmax_in_flight = 4\nshutdown_grace = \"5s\"\noutput_format = \"protobuf\"",
+        )
+        .unwrap();
+        assert_eq!(c.runner_id(), "r-1");
+        assert_eq!(c.max_in_flight, 4);
+        assert_eq!(c.shutdown_grace, Duration::from_secs(5));
+        assert_eq!(Format::from(c.output_format), Format::Protobuf);
+        assert!(toml::from_str::<RunnerConfig>("prefetch = 3").is_err());
+    }
+
+    #[test]
+    fn checks_name_the_key() {
+        let c = RunnerConfig {
+            max_in_flight: 0,
+            ..RunnerConfig::default()
+        };
+        assert!(
+            c.check()
+                .unwrap_err()
+                .to_string()
+                .contains("runner.max_in_flight")
+        );
+        let c = RunnerConfig {
+            id: Some("Not A Label".into()),
+            ..RunnerConfig::default()
+        };
+        assert!(c.check().unwrap_err().to_string().contains("runner.id"));
+    }
+
+    #[test]
+    fn default_ids_are_dns_labels_from_the_host_name() {
+        assert_eq!(
+            id_from("Worker_7.example.org\n", 0xabc),
+            "worker-7-example-org-000abc"
+        );
+        assert_eq!(id_from("", 1), "runner-000001");
+        let id = RunnerConfig::default().runner_id();
+        crate::cluster::labels::check_dns_label(&id).unwrap();
+    }
+}

@@ -1,0 +1,182 @@
+//! From the pipeline's [`DesiredJob`] to the applier's [`Step`]s, plus what only the runner knows at
+//! create time: who accepted the job, the trace context, and the cleanup finalizer.
+//!
+//! Pure: the same job, runner and trace context always give the same plan.
+
+use crate::cluster::{PlanError, Role, Step};
+use crate::pipeline::desired::{ObjectRef, Role as DesiredRole};
+use crate::pipeline::{AnnotationKeys, DesiredJob};
+
+use super::trace::TraceParent;
+
+/// The keys the runner adds to what the pipeline renders. They sit under the same prefix as the
+/// pipeline's [`AnnotationKeys`], so one prefix covers every key a job carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunnerKeys {
+    /// The finalizer `<prefix>cleanup` ([`AnnotationKeys::cleanup_finalizer`]) on every VolcanoJob the
+    /// runner creates: the job cannot vanish before the monitor has run its cleanup (final accounting tick,
+    /// proxy removal, terminal event) exactly once. The monitor removes it last.
+    pub cleanup_finalizer: String,
+    /// Annotation `<prefix>acceptedBy`: the runner that created the job. The QUEUED event carries it, so
+    /// every runner that publishes QUEUED for this job publishes the same message.
+    pub accepted_by: String,
+}
+
+impl RunnerKeys {
+    /// The keys that go with `keys`.
+    pub fn new(keys: &AnnotationKeys) -> Self {
+        Self {
+            cleanup_finalizer: keys.cleanup_finalizer(),
+            accepted_by: format!("{}acceptedBy", keys.prefix),
+        }
+    }
+}
+
+/// Decorations the runner puts on the VolcanoJob.
+#[derive(Debug, Clone, Copy)]
+pub struct Decorations<'a> {
+    pub runner_id: &'a str,
+    pub traceparent: Option<&'a TraceParent>,
+    /// Whether to add the cleanup finalizer (off only where no monitor runs to remove it).
+    pub finalizer: bool,
+}
+
+/// Builds the plan for `desired`: the shared objects (queue, namespace, baseline policies), the VolcanoJob
+/// and its companions, in apply order.
+pub fn build(
+    mut desired: DesiredJob,
+    keys: &AnnotationKeys,
+    runner_keys: &RunnerKeys,
+    decorations: Decorations<'_>,
+) -> Result<Vec<Step>, PlanError> {
+    if let Some(tp) = decorations.traceparent {
+        desired.set_traceparent(keys, tp.as_str());
+    }
+    let meta = &mut desired.vcjob.metadata;
+    meta.annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            runner_keys.accepted_by.clone(),
+            decorations.runner_id.to_owned(),
+        );
+    if decorations.finalizer {
+        let finalizers = meta.finalizers.get_or_insert_with(Vec::new);
+        if !finalizers.contains(&runner_keys.cleanup_finalizer) {
+            finalizers.push(runner_keys.cleanup_finalizer.clone());
+        }
+    }
+    let mut steps = Vec::new();
+    for object in desired.objects() {
+        let role = match (object.role, object.object) {
+            (DesiredRole::Shared, _) => Role::Shared,
+            (DesiredRole::Job, ObjectRef::VolcanoJob(_)) => Role::Primary,
+            (DesiredRole::Companion, _) => Role::Companion,
+            (role, _) => {
+                return Err(PlanError(format!(
+                    "the pipeline gave a {} {} the role {role:?}, which the runner cannot apply",
+                    object.kind(),
+                    object.name()
+                )));
+            }
+        };
+        let value = object.to_json().map_err(|e| {
+            PlanError(format!(
+                "{} {} does not serialise: {e}",
+                object.kind(),
+                object.name()
+            ))
+        })?;
+        let step = Step::from_value(value, role)?;
+        steps.push(step);
+    }
+    Ok(steps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::messages::v1::SubmitJob;
+
+    fn example() -> SubmitJob {
+        let text = include_str!("../../schemas/examples/submit-job.figlet.json");
+        serde_json::from_str(text).expect("the example parses")
+    }
+
+    fn plan_for(config: &Config, decorations: Decorations<'_>) -> Vec<Step> {
+        let desired = crate::pipeline::render(&example(), config, jiff::Timestamp::UNIX_EPOCH)
+            .expect("the example renders");
+        let keys = AnnotationKeys::new(&config.pipeline.annotation_prefix);
+        build(desired, &keys, &RunnerKeys::new(&keys), decorations).expect("a plan")
+    }
+
+    #[test]
+    fn roles_follow_the_pipeline_and_the_job_is_decorated() {
+        let config = Config::default();
+        let tp =
+            TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+        let plan = plan_for(
+            &config,
+            Decorations {
+                runner_id: "runner-a",
+                traceparent: Some(&tp),
+                finalizer: true,
+            },
+        );
+        let roles: Vec<Role> = plan.iter().map(|s| s.role).collect();
+        assert_eq!(roles.first(), Some(&Role::Shared), "{roles:?}");
+        assert_eq!(plan[0].resource.kind, "Namespace");
+        assert_eq!(
+            roles.iter().filter(|r| **r == Role::Primary).count(),
+            1,
+            "{roles:?}"
+        );
+        let primary = plan.iter().position(|s| s.role == Role::Primary).unwrap();
+        assert!(roles[primary + 1..].iter().all(|r| *r == Role::Companion));
+        assert!(roles[..primary].iter().all(|r| *r != Role::Companion));
+
+        let job = &plan[primary].object;
+        let annotations = job.metadata.annotations.as_ref().unwrap();
+        assert_eq!(annotations["ucloud.dk/acceptedBy"], "runner-a");
+        assert_eq!(annotations["ucloud.dk/traceparent"], tp.as_str());
+        assert_eq!(
+            job.metadata.finalizers.as_deref(),
+            Some(&["ucloud.dk/cleanup".to_owned()][..])
+        );
+    }
+
+    #[test]
+    fn without_finalizer_or_trace_the_job_is_as_rendered_plus_its_acceptor() {
+        let config = Config::default();
+        let plan = plan_for(
+            &config,
+            Decorations {
+                runner_id: "r",
+                traceparent: None,
+                finalizer: false,
+            },
+        );
+        let job = plan.iter().find(|s| s.role == Role::Primary).unwrap();
+        assert_eq!(job.object.metadata.finalizers, None);
+        let annotations = job.object.metadata.annotations.as_ref().unwrap();
+        assert!(!annotations.contains_key("ucloud.dk/traceparent"));
+    }
+
+    #[test]
+    fn a_project_queue_comes_first_as_a_shared_object() {
+        let mut config = Config::default();
+        config.pipeline.scheduling.queue_per_project = true;
+        let mut job = example();
+        job.owner.get_or_insert_with(Default::default).project = Some("proj-1".into());
+        let desired = crate::pipeline::render(&job, &config, jiff::Timestamp::UNIX_EPOCH).unwrap();
+        let keys = AnnotationKeys::new("ucloud.dk/");
+        let decorations = Decorations {
+            runner_id: "r",
+            traceparent: None,
+            finalizer: true,
+        };
+        let plan = build(desired, &keys, &RunnerKeys::new(&keys), decorations).unwrap();
+        assert_eq!(plan[0].resource.kind, "Queue");
+        assert_eq!(plan[0].role, Role::Shared);
+    }
+}

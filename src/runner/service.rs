@@ -1,0 +1,117 @@
+//! [`Service`]: everything `volcano-runner run` runs in one process, given a cluster client: the broker
+//! connection, the [`Runner`] (consumers and handlers), the shard leases and the monitor.
+//!
+//! The CLI builds the client (a real cluster, a URL, or the embedded simulator) and hands it over; tests
+//! do the same with a simulator of their own. Every part runs until the one `shutdown` token fires, and
+//! the broker connection is closed last, after every consumer and publisher is done with it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::broker::Broker;
+use crate::cluster::ShardLeases;
+use crate::config::Config;
+use crate::monitor::{Clock, Monitor};
+
+use super::{Runner, RunnerError};
+
+/// How long closing the broker connection may take at the end.
+const BROKER_CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One runner process.
+pub struct Service {
+    /// The whole configuration (broker, cluster, pipeline, runner, monitor).
+    pub config: Config,
+    /// The cluster to work on.
+    pub client: kube::Client,
+    /// This runner's name (see [`super::RunnerConfig::id`]); also its identity in the shard leases.
+    pub runner_id: String,
+    /// Whether this process also carries the monitoring duty (leases and monitor). Off only for
+    /// special deployments (and tests of the consuming side alone): jobs are then never watched here.
+    pub monitor: bool,
+    /// The monitor's clock and how often it looks at a clock that does not run by itself; `None` for the
+    /// system clock. With the embedded simulator, its clock.
+    pub monitor_clock: Option<(Arc<dyn Clock>, Duration)>,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service")
+            .field("runner_id", &self.runner_id)
+            .field("monitor", &self.monitor)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Service {
+    /// Connects to RabbitMQ (declaring or checking the topology), then runs until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), RunnerError> {
+        self.run_with_ops(shutdown, crate::ops::Ops::new()).await
+    }
+
+    /// [`Service::run`], reporting into `ops`: the broker's connection and its readiness, the runner's
+    /// messages and consumers, the monitor's shards, watches and jobs, every published event.
+    pub async fn run_with_ops(
+        mut self,
+        shutdown: CancellationToken,
+        ops: crate::ops::Ops,
+    ) -> Result<(), RunnerError> {
+        self.config.runner.check()?;
+        // Not ready until the broker is connected (the cluster check is the caller's, with its client).
+        let broker_ready = ops.readiness.expect_broker();
+        if self.config.cluster.lease.identity.is_none() {
+            self.config.cluster.lease.identity = Some(self.runner_id.clone());
+        }
+        let broker = Broker::connect(self.config.broker.clone(), shutdown.clone()).await?;
+        ops.metrics.watch_broker(broker.clone());
+        broker_ready.fill(broker.clone());
+        let config = Arc::new(self.config);
+        let runner = Runner::with_ops(
+            (*config).clone(),
+            self.client.clone(),
+            broker.clone(),
+            self.runner_id.clone(),
+            ops.clone(),
+        )?;
+        let mut duties = tokio::task::JoinSet::new();
+        if self.monitor {
+            let (leases, handle) = ShardLeases::new(self.client.clone(), &config.cluster);
+            let token = shutdown.clone();
+            duties.spawn(async move { leases.run(token.cancelled_owned()).await });
+            let mut monitor = Monitor::new(
+                self.client.clone(),
+                broker.publisher().with_metrics(ops.metrics.clone()),
+                config.clone(),
+                self.runner_id.clone(),
+                handle.subscribe(),
+            )
+            .with_metrics(ops.metrics.clone());
+            if let Some((clock, poll)) = self.monitor_clock {
+                monitor = monitor.with_clock(clock, poll);
+            }
+            duties.spawn(monitor.run(shutdown.clone()));
+        }
+        ops.readiness.seal();
+        info!(runner = %self.runner_id, monitor = self.monitor, "volcano-runner started.");
+        let result = runner.run(shutdown.clone()).await;
+        // The runner returns on shutdown (or failed to start): stop the duties too.
+        shutdown.cancel();
+        while let Some(done) = duties.join_next().await {
+            if let Err(e) = done {
+                warn!(error = %e, "A duty ended abnormally.");
+            }
+        }
+        // Bounded: a connection whose close handshake never completes (seen with lapin after a channel
+        // close raced its own Closing state) must not keep the process from exiting.
+        if tokio::time::timeout(BROKER_CLOSE_TIMEOUT, broker.close())
+            .await
+            .is_err()
+        {
+            warn!(timeout = ?BROKER_CLOSE_TIMEOUT, "The RabbitMQ connection did not close in time; leaving it.");
+        }
+        result
+    }
+}

@@ -1,0 +1,1182 @@
+//! The HTTP face of the simulator: routing of Kubernetes API paths, query parameters, content
+//! negotiation (JSON, Table, PartialObjectMetadata, aggregated discovery), watch streams, pod logs, and
+//! fault injection in front of it all.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use crate::sim::json::JsonPath;
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::Response;
+use serde_json::{Value, json};
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::api::{
+    DeleteOptions, Deleted, ListOptions, ListPage, Propagation, Subresource, WriteOptions, name_of,
+};
+use super::clock::SimClock;
+use super::cluster::Cluster;
+use super::discovery;
+use super::error::ApiError;
+use super::faults::Faults;
+use super::patch::PatchKind;
+use super::registry::{Builtin, ResId, ResourceType};
+use super::selector::{FieldSelector, LabelSelector};
+use super::store::{EventType, Record};
+use super::table;
+
+/// Settings the HTTP layer needs.
+#[derive(Debug, Clone)]
+pub(crate) struct ServerSettings {
+    pub watch_timeout: Duration,
+    pub bookmark_interval: Duration,
+    pub default_run: Duration,
+    pub address: String,
+}
+
+/// State shared by every request, the ticker and the handle.
+pub(crate) struct Shared {
+    cluster: Mutex<Cluster>,
+    pub clock: Arc<SimClock>,
+    pub faults: Arc<Faults>,
+    changed: watch::Sender<u64>,
+    /// Bumped to cut every open watch (a test hook for dropped connections).
+    cuts: watch::Sender<u64>,
+    pub wake_ticker: Notify,
+    pub shutdown: CancellationToken,
+    pub settings: ServerSettings,
+}
+
+impl Shared {
+    /// Shared state around a settled cluster.
+    pub fn new(
+        cluster: Cluster,
+        clock: Arc<SimClock>,
+        faults: Arc<Faults>,
+        shutdown: CancellationToken,
+        settings: ServerSettings,
+    ) -> Self {
+        let rv = cluster.core.store.resource_version();
+        Shared {
+            cluster: Mutex::new(cluster),
+            clock,
+            faults,
+            changed: watch::channel(rv).0,
+            cuts: watch::channel(0).0,
+            wake_ticker: Notify::new(),
+            shutdown,
+            settings,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Cluster> {
+        self.cluster.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `f` on the cluster at the current simulated instant, then lets the controllers settle and
+    /// wakes watches.
+    pub fn with<R>(&self, f: impl FnOnce(&mut Cluster) -> R) -> R {
+        let mut c = self.lock();
+        let now = self.clock.now();
+        c.advance_to(now);
+        let r = f(&mut c);
+        c.settle();
+        let rv = c.core.store.resource_version();
+        drop(c);
+        self.notify(rv);
+        r
+    }
+
+    /// Reads the cluster without moving time (watch streams use this).
+    pub fn read<R>(&self, f: impl FnOnce(&Cluster) -> R) -> R {
+        f(&self.lock())
+    }
+
+    fn notify(&self, rv: u64) {
+        self.changed.send_if_modified(|v| {
+            if *v != rv {
+                *v = rv;
+                true
+            } else {
+                false
+            }
+        });
+        self.wake_ticker.notify_one();
+    }
+
+    /// Wakes on every change (its value is the latest resourceVersion).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// Drops every open watch connection, as a network failure or an API server restart does.
+    pub fn cut_watches(&self) {
+        self.cuts.send_modify(|g| *g += 1);
+    }
+}
+
+/// Fires the model's timers as a running clock passes them. Ends on shutdown.
+pub(crate) async fn ticker(shared: Arc<Shared>) {
+    loop {
+        let next = shared.read(|c| c.next_timer());
+        let wait = next
+            .and_then(|t| shared.clock.real_until(t))
+            .unwrap_or(Duration::from_secs(3600));
+        tokio::select! {
+            _ = shared.shutdown.cancelled() => return,
+            _ = tokio::time::sleep(wait.min(Duration::from_secs(1))) => {
+                if shared.clock.speed() > 0.0 {
+                    shared.with(|_| ());
+                }
+            }
+            _ = shared.wake_ticker.notified() => {}
+        }
+    }
+}
+
+// ----- parameters -----
+
+struct Params(Vec<(String, String)>);
+
+impl Params {
+    fn get(&self, k: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn flag(&self, k: &str) -> bool {
+        matches!(self.get(k), Some("true" | "1"))
+    }
+
+    fn list_options(&self, t: &ResourceType) -> Result<ListOptions, ApiError> {
+        let label = LabelSelector::parse(self.get("labelSelector").unwrap_or_default())
+            .map_err(ApiError::bad_request)?;
+        let field = FieldSelector::parse(
+            self.get("fieldSelector").unwrap_or_default(),
+            &t.field_selectors,
+        )
+        .map_err(ApiError::bad_request)?;
+        let limit = match self.get("limit") {
+            Some(l) => Some(
+                l.parse::<usize>()
+                    .map_err(|_| ApiError::bad_request(format!("invalid limit: {l:?}")))?,
+            ),
+            None => None,
+        };
+        let continue_token = self
+            .get("continue")
+            .filter(|c| !c.is_empty())
+            .map(String::from);
+        Ok(ListOptions {
+            label,
+            field,
+            limit,
+            continue_token,
+        })
+    }
+
+    fn write_options(&self) -> WriteOptions {
+        WriteOptions {
+            dry_run: self.get("dryRun") == Some("All"),
+            field_manager: self
+                .get("fieldManager")
+                .filter(|m| !m.is_empty())
+                .map(String::from),
+            strict: self.get("fieldValidation") == Some("Strict"),
+            force: self.flag("force"),
+        }
+    }
+}
+
+// ----- responses -----
+
+fn respond(code: u16, content_type: &str, body: Vec<u8>) -> Response {
+    Response::builder()
+        .status(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+        .header(header::CONTENT_TYPE, content_type)
+        .body(Body::from(body))
+        .unwrap_or_else(|_| Response::new(Body::empty()))
+}
+
+fn json_response(code: u16, v: &Value) -> Response {
+    respond(
+        code,
+        "application/json",
+        serde_json::to_vec(v).unwrap_or_default(),
+    )
+}
+
+fn error_response(e: &ApiError) -> Response {
+    let mut r = json_response(e.code, &e.to_status());
+    if let Some(s) = e.retry_after
+        && let Ok(v) = HeaderValue::from_str(&s.to_string())
+    {
+        r.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    r
+}
+
+fn with_warnings(mut r: Response, warnings: &[String]) -> Response {
+    for w in warnings {
+        if let Ok(v) = HeaderValue::from_str(&format!("299 - {w:?}")) {
+            r.headers_mut().append(header::WARNING, v);
+        }
+    }
+    r
+}
+
+/// How the client wants objects represented.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Repr {
+    Json,
+    Table,
+    Metadata,
+}
+
+fn repr(headers: &HeaderMap) -> Repr {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let first = accept.split(',').next().unwrap_or_default();
+    if first.contains("as=Table") {
+        Repr::Table
+    } else if first.contains("as=PartialObjectMetadata") {
+        Repr::Metadata
+    } else {
+        Repr::Json
+    }
+}
+
+fn partial(obj: &Value) -> Value {
+    json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj.get("metadata").cloned().unwrap_or(json!({}))})
+}
+
+fn object_response(
+    code: u16,
+    t: &ResourceType,
+    obj: &Arc<Value>,
+    r: Repr,
+    now: jiff::Timestamp,
+    rv: u64,
+) -> Response {
+    match r {
+        Repr::Json => respond(
+            code,
+            "application/json",
+            serde_json::to_vec(&**obj).unwrap_or_default(),
+        ),
+        Repr::Metadata => json_response(code, &partial(obj)),
+        Repr::Table => json_response(
+            code,
+            &table::to_table(t, std::slice::from_ref(obj), now, rv, None, "Metadata"),
+        ),
+    }
+}
+
+/// A written object, always as JSON (writes do not negotiate tables).
+fn written(code: u16, obj: &Value) -> Response {
+    respond(
+        code,
+        "application/json",
+        serde_json::to_vec(obj).unwrap_or_default(),
+    )
+}
+
+fn list_response(
+    t: &ResourceType,
+    page: &ListPage,
+    r: Repr,
+    now: jiff::Timestamp,
+    include: &str,
+) -> Response {
+    if r == Repr::Table {
+        return json_response(
+            200,
+            &table::to_table(
+                t,
+                &page.items,
+                now,
+                page.resource_version,
+                page.continue_token.as_deref(),
+                include,
+            ),
+        );
+    }
+    let mut out = Vec::with_capacity(256 + page.items.len() * 1024);
+    let (api_version, kind) = match r {
+        Repr::Metadata => (
+            "meta.k8s.io/v1".to_string(),
+            "PartialObjectMetadataList".to_string(),
+        ),
+        _ => (t.api_version(), t.list_kind.clone()),
+    };
+    let mut meta = json!({"resourceVersion": page.resource_version.to_string()});
+    if let Some(c) = &page.continue_token {
+        meta["continue"] = json!(c);
+    }
+    out.extend_from_slice(b"{\"apiVersion\":");
+    let _ = serde_json::to_writer(&mut out, &api_version);
+    out.extend_from_slice(b",\"kind\":");
+    let _ = serde_json::to_writer(&mut out, &kind);
+    out.extend_from_slice(b",\"metadata\":");
+    let _ = serde_json::to_writer(&mut out, &meta);
+    out.extend_from_slice(b",\"items\":[");
+    for (i, item) in page.items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let _ = match r {
+            Repr::Metadata => serde_json::to_writer(&mut out, &partial(item)),
+            _ => serde_json::to_writer(&mut out, &**item),
+        };
+    }
+    out.extend_from_slice(b"]}");
+    respond(200, "application/json", out)
+}
+
+// ----- routing -----
+
+#[derive(Debug, Clone)]
+struct ResourcePath {
+    group: String,
+    version: String,
+    namespace: Option<String>,
+    plural: String,
+    name: Option<String>,
+    sub: Option<String>,
+}
+
+enum Route {
+    Version,
+    Health,
+    Api,
+    Apis,
+    Group(String),
+    GroupVersion(String, String),
+    OpenApiRoot,
+    OpenApi(String, String),
+    Resource(ResourcePath),
+}
+
+fn parse_resource(group: &str, version: &str, rest: &[&str]) -> Option<ResourcePath> {
+    let mk = |ns: Option<&str>, plural: &str, name: Option<&str>, sub: Option<&str>| ResourcePath {
+        group: group.to_string(),
+        version: version.to_string(),
+        namespace: ns.map(String::from),
+        plural: plural.to_string(),
+        name: name.map(String::from),
+        sub: sub.map(String::from),
+    };
+    match rest {
+        ["namespaces", ns, plural] if !matches!(*plural, "status" | "finalize") => {
+            Some(mk(Some(ns), plural, None, None))
+        }
+        ["namespaces", ns, plural, name] => Some(mk(Some(ns), plural, Some(name), None)),
+        ["namespaces", ns, plural, name, sub] => Some(mk(Some(ns), plural, Some(name), Some(sub))),
+        [plural] => Some(mk(None, plural, None, None)),
+        [plural, name] => Some(mk(None, plural, Some(name), None)),
+        [plural, name, sub] => Some(mk(None, plural, Some(name), Some(sub))),
+        _ => None,
+    }
+}
+
+fn parse_route(path: &str) -> Option<Route> {
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    match segs.as_slice() {
+        ["version"] => Some(Route::Version),
+        ["openapi", "v3"] => Some(Route::OpenApiRoot),
+        ["openapi", "v3", "api", v] => Some(Route::OpenApi(String::new(), v.to_string())),
+        ["openapi", "v3", "apis", g, v] => Some(Route::OpenApi(g.to_string(), v.to_string())),
+        ["healthz" | "livez" | "readyz", ..] => Some(Route::Health),
+        ["api"] => Some(Route::Api),
+        ["api", "v1"] => Some(Route::GroupVersion(String::new(), "v1".into())),
+        ["api", "v1", rest @ ..] => parse_resource("", "v1", rest).map(Route::Resource),
+        ["apis"] => Some(Route::Apis),
+        ["apis", g] => Some(Route::Group(g.to_string())),
+        ["apis", g, v] => Some(Route::GroupVersion(g.to_string(), v.to_string())),
+        ["apis", g, v, rest @ ..] => parse_resource(g, v, rest).map(Route::Resource),
+        _ => None,
+    }
+}
+
+fn verb_of(method: &Method, p: &ResourcePath, params: &Params) -> &'static str {
+    match (method.as_str(), p.name.is_some()) {
+        ("GET", true) => "get",
+        ("GET", false) if params.flag("watch") => "watch",
+        ("GET", false) => "list",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        _ => "unknown",
+    }
+}
+
+/// The single handler behind every path.
+pub(crate) async fn handle(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let params = Params(
+        Query::<Vec<(String, String)>>::try_from_uri(&uri)
+            .map(|q| q.0)
+            .unwrap_or_default(),
+    );
+    let Some(route) = parse_route(uri.path()) else {
+        return error_response(&ApiError::no_route(uri.path()));
+    };
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let aggregated = accept.contains("apidiscovery.k8s.io")
+        && accept.split(',').next().is_some_and(|a| a.contains("v=v2"));
+    if !matches!(route, Route::Resource(_))
+        && let Some(e) = shared.faults.unavailable_now()
+    {
+        return error_response(&e);
+    }
+    match route {
+        Route::Version => json_response(200, &discovery::version()),
+        Route::Health => respond(200, "text/plain", b"ok".to_vec()),
+        Route::OpenApiRoot => json_response(
+            200,
+            &shared.read(|c| discovery::openapi_v3_root(&c.core.registry)),
+        ),
+        Route::OpenApi(g, v) => {
+            match shared.read(|c| discovery::openapi_v3_group_version(&c.core.registry, &g, &v)) {
+                Some(doc) => json_response(200, &doc),
+                None => error_response(&ApiError::no_route(uri.path())),
+            }
+        }
+        Route::Api if aggregated => {
+            let v = shared.read(|c| discovery::aggregated(&c.core.registry, true));
+            respond(
+                200,
+                discovery::AGGREGATED_CONTENT_TYPE,
+                serde_json::to_vec(&v).unwrap_or_default(),
+            )
+        }
+        Route::Api => json_response(200, &discovery::api_versions(&shared.settings.address)),
+        Route::Apis if aggregated => {
+            let v = shared.read(|c| discovery::aggregated(&c.core.registry, false));
+            respond(
+                200,
+                discovery::AGGREGATED_CONTENT_TYPE,
+                serde_json::to_vec(&v).unwrap_or_default(),
+            )
+        }
+        Route::Apis => json_response(
+            200,
+            &shared.read(|c| discovery::api_group_list(&c.core.registry)),
+        ),
+        Route::Group(g) => match shared.read(|c| discovery::api_group(&c.core.registry, &g)) {
+            Some(v) => json_response(200, &v),
+            None => error_response(&ApiError::no_route(uri.path())),
+        },
+        Route::GroupVersion(g, v) => {
+            match shared.read(|c| discovery::api_resource_list(&c.core.registry, &g, &v)) {
+                Some(v) => json_response(200, &v),
+                None => error_response(&ApiError::no_route(uri.path())),
+            }
+        }
+        Route::Resource(p) => {
+            let verb = verb_of(&method, &p, &params);
+            let decision = shared
+                .faults
+                .decide(verb, &p.plural, &p.group, p.sub.as_deref());
+            if !decision.latency.is_zero() {
+                tokio::select! {
+                    _ = tokio::time::sleep(decision.latency) => {}
+                    _ = shared.shutdown.cancelled() => return error_response(&ApiError::unavailable("shutting down", None)),
+                }
+            }
+            if let Some(e) = &decision.error {
+                return error_response(e);
+            }
+            match resource(&shared, &method, &p, &params, &headers, body, &decision) {
+                Ok(r) => r,
+                Err(e) => error_response(&e),
+            }
+        }
+    }
+}
+
+fn resolve(shared: &Shared, p: &ResourcePath) -> Result<(ResId, Arc<ResourceType>), ApiError> {
+    shared.read(|c| {
+        let id = c
+            .core
+            .registry
+            .lookup(&p.group, &p.version, &p.plural)
+            .ok_or_else(|| {
+                ApiError::no_route(&format!("{}/{}/{}", p.group, p.version, p.plural))
+            })?;
+        let t = c.core.registry.get(id);
+        if p.namespace.is_some() && !t.namespaced {
+            return Err(ApiError::no_route(&p.plural));
+        }
+        if p.namespace.is_none() && t.namespaced && p.name.is_some() {
+            return Err(ApiError::no_route(&p.plural));
+        }
+        Ok((id, t))
+    })
+}
+
+fn parse_body(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json");
+    if ct.contains("yaml") {
+        serde_yaml_ng::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
+    } else {
+        serde_json::from_slice(body).map_err(|e| {
+            ApiError::bad_request(format!("error decoding the request body as JSON: {e}"))
+        })
+    }
+}
+
+fn delete_options(params: &Params, body: &[u8]) -> Result<DeleteOptions, ApiError> {
+    let mut opts = DeleteOptions::default();
+    if !body.is_empty() {
+        let v: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?;
+        if let Some(p) = v.get("propagationPolicy").and_then(Value::as_str) {
+            opts.propagation = Some(Propagation::parse(p)?);
+        }
+        if v.get("orphanDependents").and_then(Value::as_bool) == Some(true) {
+            opts.propagation = Some(Propagation::Orphan);
+        }
+        opts.grace_seconds = v.get("gracePeriodSeconds").and_then(Value::as_i64);
+        opts.precondition_uid = v
+            .at("/preconditions/uid")
+            .and_then(Value::as_str)
+            .map(String::from);
+        opts.precondition_rv = v
+            .at("/preconditions/resourceVersion")
+            .and_then(Value::as_str)
+            .map(String::from);
+        opts.dry_run = v
+            .get("dryRun")
+            .and_then(Value::as_array)
+            .is_some_and(|a| a.iter().any(|x| x == "All"));
+    }
+    if let Some(p) = params.get("propagationPolicy") {
+        opts.propagation = Some(Propagation::parse(p)?);
+    }
+    if let Some(g) = params.get("gracePeriodSeconds") {
+        opts.grace_seconds =
+            Some(g.parse().map_err(|_| {
+                ApiError::bad_request(format!("invalid gracePeriodSeconds: {g:?}"))
+            })?);
+    }
+    if params.get("dryRun") == Some("All") {
+        opts.dry_run = true;
+    }
+    Ok(opts)
+}
+
+fn resource(
+    shared: &Arc<Shared>,
+    method: &Method,
+    p: &ResourcePath,
+    params: &Params,
+    headers: &HeaderMap,
+    body: Bytes,
+    decision: &super::faults::Decision,
+) -> Result<Response, ApiError> {
+    let (id, t) = resolve(shared, p)?;
+    let ns = p.namespace.clone().unwrap_or_default();
+    let r = repr(headers);
+    let sub = match p.sub.as_deref() {
+        None => Subresource::Main,
+        Some("status") if t.status_subresource => Subresource::Status,
+        Some("log") if t.builtin == Some(Builtin::Pod) && method == Method::GET => {
+            return pod_log(shared, p, &ns, params);
+        }
+        Some(other) => return Err(ApiError::no_route(&format!("{}/{other}", t.plural))),
+    };
+    match (method.as_str(), &p.name) {
+        ("GET", Some(name)) => shared.with(|c| {
+            let obj = c.core.get(id, &ns, name)?;
+            Ok(object_response(
+                200,
+                &t,
+                &obj,
+                r,
+                c.core.now,
+                c.core.store.resource_version(),
+            ))
+        }),
+        ("GET", None) if params.flag("watch") => {
+            start_watch(shared, id, &t, p.namespace.clone(), params, r, decision)
+        }
+        ("GET", None) => {
+            let opts = params.list_options(&t)?;
+            let (page, now) = shared.with(|c| {
+                c.core
+                    .list(id, p.namespace.as_deref(), &opts)
+                    .map(|pg| (pg, c.core.now))
+            })?;
+            Ok(list_response(
+                &t,
+                &page,
+                r,
+                now,
+                params.get("includeObject").unwrap_or("Metadata"),
+            ))
+        }
+        ("POST", None) => {
+            if t.namespaced && p.namespace.is_none() {
+                return Err(ApiError::method_not_allowed(format!(
+                    "POST is not supported on the cluster-wide collection of {}",
+                    t.plural
+                )));
+            }
+            let body = parse_body(headers, &body)?;
+            let opts = params.write_options();
+            let w = shared.with(|c| c.core.create(id, &ns, body, &opts))?;
+            Ok(with_warnings(written(201, &w.object), &w.warnings))
+        }
+        ("PUT", Some(name)) => {
+            let body = parse_body(headers, &body)?;
+            let opts = params.write_options();
+            let w = shared.with(|c| c.core.update(id, &ns, name, body, sub, &opts))?;
+            Ok(with_warnings(written(200, &w.object), &w.warnings))
+        }
+        ("PATCH", Some(name)) => {
+            let ct = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            let kind = PatchKind::from_content_type(ct).ok_or_else(|| {
+                ApiError::unsupported_media_type(
+                    ct,
+                    &[
+                        "application/json-patch+json",
+                        "application/merge-patch+json",
+                        "application/apply-patch+yaml",
+                        "application/strategic-merge-patch+json",
+                    ],
+                )
+            })?;
+            let opts = params.write_options();
+            let w = shared.with(|c| c.core.patch(id, &ns, name, kind, &body, sub, &opts))?;
+            let code = if w.created { 201 } else { 200 };
+            Ok(with_warnings(written(code, &w.object), &w.warnings))
+        }
+        ("DELETE", Some(name)) => {
+            let opts = delete_options(params, &body)?;
+            let d = shared.with(|c| c.core.delete(id, &ns, name, &opts))?;
+            Ok(match d {
+                Deleted::Pending(o) => written(200, &o),
+                Deleted::Gone(o) => json_response(
+                    200,
+                    &json!({
+                        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                        "details": {"name": name_of(&o), "group": t.group, "kind": t.plural, "uid": o.at("/metadata/uid")}
+                    }),
+                ),
+            })
+        }
+        ("DELETE", None) => {
+            let list = params.list_options(&t)?;
+            let opts = delete_options(params, &body)?;
+            let (items, rv) = shared.with(|c| {
+                c.core
+                    .delete_collection(id, p.namespace.as_deref(), &list, &opts)
+                    .map(|i| (i, c.core.store.resource_version()))
+            })?;
+            let page = ListPage {
+                items,
+                resource_version: rv,
+                continue_token: None,
+            };
+            // A JSON list needs no clock (only tables print ages).
+            Ok(list_response(
+                &t,
+                &page,
+                Repr::Json,
+                jiff::Timestamp::UNIX_EPOCH,
+                "Object",
+            ))
+        }
+        _ => Err(ApiError::method_not_allowed(format!(
+            "the server does not allow this method on the requested resource ({method})"
+        ))),
+    }
+}
+
+// ----- pod logs -----
+
+/// What a `GET .../pods/{name}/log` asks for.
+#[derive(Clone)]
+struct LogRequest {
+    namespace: String,
+    name: String,
+    container: Option<String>,
+    timestamps: bool,
+    default_run: Duration,
+}
+
+impl LogRequest {
+    /// The log so far, and whether the container has finished (no more lines will come).
+    fn render(&self, c: &Cluster) -> Result<(String, bool), ApiError> {
+        let pod = c.core.get(c.core.ids.pods, &self.namespace, &self.name)?;
+        let text = super::volcano::kubelet_log(
+            &pod,
+            self.container.as_deref(),
+            self.default_run,
+            c.core.now,
+            self.timestamps,
+        )?;
+        let container = self.container.clone().or_else(|| {
+            pod.at("/spec/containers/0/name")
+                .and_then(Value::as_str)
+                .map(String::from)
+        });
+        let done = pod
+            .at("/status/containerStatuses")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .find(|s| s["name"].as_str() == container.as_deref())
+            .is_none_or(|s| s.at("/state/terminated").is_some());
+        Ok((text, done))
+    }
+}
+
+fn pod_log(
+    shared: &Arc<Shared>,
+    p: &ResourcePath,
+    ns: &str,
+    params: &Params,
+) -> Result<Response, ApiError> {
+    let req = LogRequest {
+        namespace: ns.to_string(),
+        name: p.name.clone().unwrap_or_default(),
+        container: params.get("container").map(String::from),
+        timestamps: params.flag("timestamps"),
+        default_run: shared.settings.default_run,
+    };
+    let (text, done) = shared.with(|c| req.render(c))?;
+    let first = match params
+        .get("tailLines")
+        .and_then(|t| t.parse::<usize>().ok())
+    {
+        Some(n) => {
+            let lines: Vec<&str> = text.lines().collect();
+            let skip = lines.len().saturating_sub(n);
+            lines[skip..]
+                .iter()
+                .map(|l| format!("{l}\n"))
+                .collect::<String>()
+        }
+        None => text.clone(),
+    };
+    if !params.flag("follow") || done {
+        return Ok(respond(200, "text/plain", first.into_bytes()));
+    }
+    let mut rx = shared.subscribe();
+    rx.mark_unchanged();
+    let state = (shared.clone(), req, rx, Some(first), text.len(), false);
+    let stream = futures::stream::unfold(
+        state,
+        |(shared, req, mut rx, pending, mut sent, finished)| async move {
+            if let Some(p) = pending {
+                return Some((
+                    Ok::<Bytes, std::io::Error>(Bytes::from(p)),
+                    (shared, req, rx, None, sent, finished),
+                ));
+            }
+            if finished {
+                return None;
+            }
+            loop {
+                tokio::select! {
+                    _ = shared.shutdown.cancelled() => return None,
+                    r = rx.changed() => if r.is_err() { return None },
+                }
+                let Ok((text, done)) = shared.read(|c| req.render(c)) else {
+                    return None;
+                };
+                if text.len() > sent || done {
+                    let chunk = text.get(sent..).unwrap_or_default().to_string();
+                    sent = text.len();
+                    return Some((Ok(Bytes::from(chunk)), (shared, req, rx, None, sent, done)));
+                }
+            }
+        },
+    );
+    Ok(Response::builder()
+        .status(200)
+        .header(header::CONTENT_TYPE, "text/plain")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| Response::new(Body::empty())))
+}
+
+// ----- watch -----
+
+struct WatchSpec {
+    storage: ResId,
+    kind: String,
+    api_version: String,
+    namespace: Option<String>,
+    label: LabelSelector,
+    field: FieldSelector,
+    bookmarks: bool,
+    repr: Repr,
+}
+
+impl WatchSpec {
+    fn matches(&self, obj: &Value) -> bool {
+        self.label
+            .matches(obj.at("/metadata/labels").and_then(Value::as_object))
+            && self.field.matches(obj)
+    }
+
+    /// The event a history record becomes for this watch, if any.
+    fn event(&self, r: &Record) -> Option<(&'static str, Arc<Value>)> {
+        if r.key.res != self.storage {
+            return None;
+        }
+        if let Some(ns) = &self.namespace
+            && &r.key.namespace != ns
+        {
+            return None;
+        }
+        let now = self.matches(&r.object);
+        let before = r.prev.as_ref().is_some_and(|p| self.matches(p));
+        match r.kind {
+            EventType::Added if now => Some(("ADDED", r.object.clone())),
+            EventType::Modified if now && before => Some(("MODIFIED", r.object.clone())),
+            EventType::Modified if now => Some(("ADDED", r.object.clone())),
+            EventType::Modified if before => Some(("DELETED", r.object.clone())),
+            EventType::Deleted if now || before => Some(("DELETED", r.object.clone())),
+            _ => None,
+        }
+    }
+
+    fn encode(&self, ty: &str, obj: &Value) -> Bytes {
+        let mut out = Vec::with_capacity(1024);
+        out.extend_from_slice(b"{\"type\":\"");
+        out.extend_from_slice(ty.as_bytes());
+        out.extend_from_slice(b"\",\"object\":");
+        let shown = match self.repr {
+            Repr::Metadata => partial(obj),
+            _ => {
+                if obj.get("apiVersion").and_then(Value::as_str) == Some(self.api_version.as_str())
+                {
+                    let _ = serde_json::to_writer(&mut out, obj);
+                    out.extend_from_slice(b"}\n");
+                    return Bytes::from(out);
+                }
+                let mut o = obj.clone();
+                o["apiVersion"] = json!(self.api_version);
+                o
+            }
+        };
+        let _ = serde_json::to_writer(&mut out, &shown);
+        out.extend_from_slice(b"}\n");
+        Bytes::from(out)
+    }
+
+    fn bookmark(&self, rv: u64, initial_end: bool) -> Bytes {
+        let (kind, api_version) = match self.repr {
+            Repr::Metadata => (
+                "PartialObjectMetadata".to_string(),
+                "meta.k8s.io/v1".to_string(),
+            ),
+            _ => (self.kind.clone(), self.api_version.clone()),
+        };
+        let mut meta = json!({"resourceVersion": rv.to_string()});
+        if initial_end {
+            meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+        }
+        let obj = json!({"kind": kind, "apiVersion": api_version, "metadata": meta});
+        let mut out = b"{\"type\":\"BOOKMARK\",\"object\":".to_vec();
+        let _ = serde_json::to_writer(&mut out, &obj);
+        out.extend_from_slice(b"}\n");
+        Bytes::from(out)
+    }
+}
+
+fn gone_event(e: &ApiError) -> Bytes {
+    let mut out = b"{\"type\":\"ERROR\",\"object\":".to_vec();
+    let _ = serde_json::to_writer(&mut out, &e.to_status());
+    out.extend_from_slice(b"}\n");
+    Bytes::from(out)
+}
+
+struct WatchState {
+    shared: Arc<Shared>,
+    spec: WatchSpec,
+    pos: u64,
+    pending: VecDeque<(Bytes, bool)>,
+    rx: watch::Receiver<u64>,
+    cuts: watch::Receiver<u64>,
+    deadline: tokio::time::Instant,
+    cut_after_events: Option<u64>,
+    cut_at: Option<tokio::time::Instant>,
+    sent: u64,
+    done: bool,
+    bookmark_every: Duration,
+}
+
+const WATCH_BATCH: usize = 2000;
+
+/// A cut watch first lets the server flush what it already sent (hyper drops buffered bytes when a
+/// body fails), so that the client sees the events before the connection drops.
+const FLUSH_BEFORE_CUT: Duration = Duration::from_millis(20);
+
+impl WatchState {
+    /// Moves history after `pos` into `pending`.
+    fn pull(&mut self) {
+        let spec = &self.spec;
+        let (batch, current) = self.shared.read(|c| {
+            (
+                c.core.store.history_after(self.pos, WATCH_BATCH),
+                c.core.store.resource_version(),
+            )
+        });
+        match batch {
+            None => {
+                let e = ApiError::expired(format!(
+                    "too old resource version: {} ({})",
+                    self.pos, current
+                ));
+                self.pending.push_back((gone_event(&e), false));
+                self.done = true;
+            }
+            Some(records) => {
+                let full = records.len() == WATCH_BATCH;
+                for r in &records {
+                    if let Some((ty, obj)) = spec.event(r) {
+                        self.pending.push_back((spec.encode(ty, &obj), true));
+                    }
+                    self.pos = r.rv;
+                }
+                if !full {
+                    self.pos = self.pos.max(current);
+                }
+            }
+        }
+    }
+}
+
+fn start_watch(
+    shared: &Arc<Shared>,
+    id: ResId,
+    t: &ResourceType,
+    namespace: Option<String>,
+    params: &Params,
+    repr: Repr,
+    decision: &super::faults::Decision,
+) -> Result<Response, ApiError> {
+    let opts = params.list_options(t)?;
+    let bookmarks = params.flag("allowWatchBookmarks");
+    let send_initial = params.flag("sendInitialEvents");
+    let rv_param = params.get("resourceVersion").unwrap_or_default();
+    let timeout = params
+        .get("timeoutSeconds")
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(shared.settings.watch_timeout);
+    let spec = WatchSpec {
+        storage: t.storage,
+        kind: t.kind.clone(),
+        api_version: t.api_version(),
+        namespace: namespace.clone(),
+        label: opts.label.clone(),
+        field: opts.field.clone(),
+        bookmarks,
+        repr: if repr == Repr::Metadata {
+            Repr::Metadata
+        } else {
+            Repr::Json
+        },
+    };
+    let mut pending = VecDeque::new();
+    let mut done = false;
+    let pos = if rv_param.is_empty() || rv_param == "0" || send_initial {
+        let page = shared.with(|c| {
+            c.core.list(
+                id,
+                namespace.as_deref(),
+                &ListOptions {
+                    limit: None,
+                    continue_token: None,
+                    ..opts.clone()
+                },
+            )
+        })?;
+        for obj in &page.items {
+            pending.push_back((spec.encode("ADDED", obj), true));
+        }
+        if send_initial && bookmarks {
+            pending.push_back((spec.bookmark(page.resource_version, true), false));
+        }
+        page.resource_version
+    } else {
+        let rv: u64 = rv_param.parse().map_err(|_| {
+            ApiError::bad_request(format!("invalid resource version: {rv_param:?}"))
+        })?;
+        let compacted = shared.read(|c| c.core.store.compacted());
+        if rv < compacted {
+            let e = ApiError::expired(format!(
+                "too old resource version: {rv} ({})",
+                compacted + 1
+            ));
+            pending.push_back((gone_event(&e), false));
+            done = true;
+        }
+        rv
+    };
+    let now = tokio::time::Instant::now();
+    let mut rx = shared.subscribe();
+    rx.mark_unchanged();
+    let mut cuts = shared.cuts.subscribe();
+    cuts.mark_unchanged();
+    let state = WatchState {
+        shared: shared.clone(),
+        spec,
+        pos,
+        pending,
+        rx,
+        cuts,
+        deadline: now + timeout,
+        cut_after_events: decision.cut_after_events,
+        cut_at: decision.cut_after.map(|d| now + d),
+        sent: 0,
+        done,
+        bookmark_every: shared.settings.bookmark_interval,
+    };
+    let stream = futures::stream::unfold(state, |mut st| async move {
+        loop {
+            if let Some((bytes, is_event)) = st.pending.pop_front() {
+                if is_event {
+                    if st.cut_after_events.is_some_and(|n| st.sent >= n) {
+                        st.done = true;
+                        st.pending.clear();
+                        st.cut_after_events = None;
+                        tokio::time::sleep(FLUSH_BEFORE_CUT).await;
+                        return Some((
+                            Err(std::io::Error::other("watch cut by the fault plan")),
+                            st,
+                        ));
+                    }
+                    st.sent += 1;
+                }
+                return Some((Ok::<Bytes, std::io::Error>(bytes), st));
+            }
+            if st.done {
+                return None;
+            }
+            st.pull();
+            if !st.pending.is_empty() {
+                continue;
+            }
+            let cut_at = st.cut_at;
+            let bookmark = st.spec.bookmarks;
+            tokio::select! {
+                _ = st.shared.shutdown.cancelled() => return None,
+                _ = tokio::time::sleep_until(st.deadline) => return None,
+                _ = async { match cut_at { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {
+                    st.done = true;
+                    tokio::time::sleep(FLUSH_BEFORE_CUT).await;
+                    return Some((Err(std::io::Error::other("watch cut by the fault plan")), st));
+                }
+                r = st.rx.changed() => if r.is_err() { return None },
+                _ = st.cuts.changed() => {
+                    st.done = true;
+                    tokio::time::sleep(FLUSH_BEFORE_CUT).await;
+                    return Some((Err(std::io::Error::other("watch cut")), st));
+                }
+                _ = tokio::time::sleep(st.bookmark_every), if bookmark => {
+                    let rv = st.pos;
+                    st.pending.push_back((st.spec.bookmark(rv, false), false));
+                }
+            }
+        }
+    });
+    Ok(Response::builder()
+        .status(200)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CACHE_CONTROL, "no-cache, private")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| Response::new(Body::empty())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes() {
+        let Some(Route::Resource(p)) =
+            parse_route("/apis/batch.volcano.sh/v1alpha1/namespaces/ns/jobs/j-1/status")
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (
+                p.group.as_str(),
+                p.namespace.as_deref(),
+                p.plural.as_str(),
+                p.name.as_deref(),
+                p.sub.as_deref()
+            ),
+            (
+                "batch.volcano.sh",
+                Some("ns"),
+                "jobs",
+                Some("j-1"),
+                Some("status")
+            )
+        );
+        let Some(Route::Resource(p)) = parse_route("/api/v1/namespaces/foo") else {
+            panic!()
+        };
+        assert_eq!(
+            (p.plural.as_str(), p.name.as_deref(), p.namespace),
+            ("namespaces", Some("foo"), None)
+        );
+        let Some(Route::Resource(p)) = parse_route("/api/v1/namespaces/foo/status") else {
+            panic!()
+        };
+        assert_eq!(
+            (p.plural.as_str(), p.name.as_deref(), p.sub.as_deref()),
+            ("namespaces", Some("foo"), Some("status"))
+        );
+        let Some(Route::Resource(p)) = parse_route("/api/v1/namespaces/foo/pods") else {
+            panic!()
+        };
+        assert_eq!(
+            (p.plural.as_str(), p.namespace.as_deref(), p.name),
+            ("pods", Some("foo"), None)
+        );
+        let Some(Route::Resource(p)) = parse_route("/api/v1/pods") else {
+            panic!()
+        };
+        assert_eq!((p.plural.as_str(), p.namespace), ("pods", None));
+        assert!(matches!(
+            parse_route("/apis/batch.volcano.sh/v1alpha1"),
+            Some(Route::GroupVersion(..))
+        ));
+        assert!(parse_route("/nope").is_none());
+    }
+}

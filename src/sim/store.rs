@@ -1,0 +1,517 @@
+//! The object store: every object as JSON, one global increasing `resourceVersion`, a bounded history of
+//! changes for watches, and indices by uid and by owner for garbage collection.
+//!
+//! The store is synchronous and knows nothing of HTTP, validation or time; the API layer above it decides
+//! what to write.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+
+use crate::sim::json::JsonPath;
+use serde_json::Value;
+
+use super::registry::ResId;
+
+/// What happened to an object, as a watch reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl EventType {
+    /// The watch event type.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        }
+    }
+}
+
+/// Identifies an object: storage resource type, namespace (empty for cluster-scoped) and name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    pub res: ResId,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectKey {
+    /// A key; `namespace` is empty for cluster-scoped objects.
+    pub fn new(res: ResId, namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            res,
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+/// One entry of the watch history.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub rv: u64,
+    pub key: ObjectKey,
+    pub kind: EventType,
+    pub object: Arc<Value>,
+    /// The object before this change (for watches with selectors: an object that stops matching is
+    /// reported as DELETED, one that starts matching as ADDED).
+    pub prev: Option<Arc<Value>>,
+}
+
+/// Per storage resource type: namespace → name → object.
+type Objects = BTreeMap<String, BTreeMap<String, Arc<Value>>>;
+
+/// The in-memory object store.
+#[derive(Debug)]
+pub struct Store {
+    objects: Vec<Objects>,
+    rv: u64,
+    history: VecDeque<Record>,
+    history_cap: usize,
+    /// Watches may resume from any resourceVersion at or after this one.
+    compacted: u64,
+    uid_state: u64,
+    /// Changes not yet seen by the controllers (drained by the model after each write).
+    changes: Vec<Record>,
+    uids: HashMap<String, ObjectKey>,
+    /// Owner uid → objects whose ownerReferences name it.
+    dependents: HashMap<String, BTreeSet<ObjectKey>>,
+}
+
+/// `metadata.uid` of an object, if any.
+pub fn uid_of(obj: &Value) -> Option<&str> {
+    obj.at("/metadata/uid").and_then(Value::as_str)
+}
+
+/// The owner uids in `metadata.ownerReferences`.
+pub fn owner_uids(obj: &Value) -> Vec<String> {
+    obj.at("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .map(|refs| {
+            refs.iter()
+                .filter_map(|r| r.get("uid").and_then(Value::as_str).map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl Store {
+    /// An empty store; `seed` makes generated uids differ between simulators and repeat between runs.
+    pub fn new(history_cap: usize, seed: u64) -> Self {
+        Self {
+            objects: Vec::new(),
+            rv: 0,
+            history: VecDeque::new(),
+            history_cap: history_cap.max(1),
+            compacted: 0,
+            uid_state: seed,
+            changes: Vec::new(),
+            uids: HashMap::new(),
+            dependents: HashMap::new(),
+        }
+    }
+
+    fn slot(&mut self, res: ResId) -> &mut Objects {
+        if self.objects.len() <= res {
+            self.objects.resize_with(res + 1, BTreeMap::new);
+        }
+        &mut self.objects[res]
+    }
+
+    /// The latest resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.rv
+    }
+
+    /// The oldest resourceVersion a watch may resume from.
+    pub fn compacted(&self) -> u64 {
+        self.compacted
+    }
+
+    /// A fresh uid in the usual 8-4-4-4-12 shape, deterministic for a given seed.
+    pub fn next_uid(&mut self) -> String {
+        self.uid_state = self.uid_state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.uid_state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        let a = z ^ (z >> 31);
+        let b = a.rotate_left(23).wrapping_mul(0x2545_F491_4F6C_DD1D);
+        format!(
+            "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+            (a >> 32) as u32,
+            (a >> 16) as u16,
+            a as u16 & 0x0fff,
+            (b >> 48) as u16 & 0x3fff | 0x8000,
+            b & 0xffff_ffff_ffff
+        )
+    }
+
+    /// The stored object, shared (watch history and lists hold the same `Arc`).
+    pub fn get(&self, key: &ObjectKey) -> Option<&Arc<Value>> {
+        self.objects
+            .get(key.res)?
+            .get(&key.namespace)?
+            .get(&key.name)
+    }
+
+    /// The objects of one type named `name`, in one namespace or all, in namespace order, starting after
+    /// `after` (a `(namespace, name)` pair from a continue token). A direct lookup per namespace: a list
+    /// with `fieldSelector=metadata.name=...` (how a client finds a job whose namespace it does not know)
+    /// costs the number of namespaces, not the number of objects.
+    pub fn named<'a>(
+        &'a self,
+        res: ResId,
+        namespace: Option<&'a str>,
+        name: &'a str,
+        after: Option<(&'a str, &'a str)>,
+    ) -> Box<dyn Iterator<Item = &'a Arc<Value>> + 'a> {
+        let Some(objects) = self.objects.get(res) else {
+            return Box::new(std::iter::empty());
+        };
+        let after_key = move |ns: &str| match after {
+            Some((ans, aname)) => ns > ans || (ns == ans && name > aname),
+            None => true,
+        };
+        match namespace {
+            Some(ns) => Box::new(
+                objects
+                    .get(ns)
+                    .and_then(|names| names.get(name))
+                    .filter(move |_| after_key(ns))
+                    .into_iter(),
+            ),
+            None => Box::new(
+                objects
+                    .iter()
+                    .filter(move |(ns, _)| after_key(ns.as_str()))
+                    .filter_map(move |(_, names)| names.get(name)),
+            ),
+        }
+    }
+
+    /// Objects of one type, in one namespace or all, in (namespace, name) order, starting after
+    /// `after` (a `(namespace, name)` pair from a continue token).
+    pub fn list<'a>(
+        &'a self,
+        res: ResId,
+        namespace: Option<&'a str>,
+        after: Option<(&'a str, &'a str)>,
+    ) -> Box<dyn Iterator<Item = &'a Arc<Value>> + 'a> {
+        let Some(objects) = self.objects.get(res) else {
+            return Box::new(std::iter::empty());
+        };
+        match namespace {
+            Some(ns) => {
+                let Some(names) = objects.get(ns) else {
+                    return Box::new(std::iter::empty());
+                };
+                match after {
+                    Some((_, name)) => Box::new(
+                        names
+                            .range::<str, _>((
+                                std::ops::Bound::Excluded(name),
+                                std::ops::Bound::Unbounded,
+                            ))
+                            .map(|(_, v)| v),
+                    ),
+                    None => Box::new(names.values()),
+                }
+            }
+            None => Box::new(
+                objects
+                    .iter()
+                    .filter(move |(ns, _)| after.is_none_or(|(ans, _)| ns.as_str() >= ans))
+                    .flat_map(move |(ns, names)| {
+                        names.iter().filter(move |(name, _)| match after {
+                            Some((ans, aname)) => ns.as_str() > ans || name.as_str() > aname,
+                            None => true,
+                        })
+                    })
+                    .map(|(_, v)| v),
+            ),
+        }
+    }
+
+    /// Number of objects of one type in a namespace (or all).
+    pub fn count(&self, res: ResId, namespace: Option<&str>) -> usize {
+        let Some(objects) = self.objects.get(res) else {
+            return 0;
+        };
+        match namespace {
+            Some(ns) => objects.get(ns).map_or(0, BTreeMap::len),
+            None => objects.values().map(BTreeMap::len).sum(),
+        }
+    }
+
+    /// Namespaces that hold objects of a type.
+    pub fn namespaces_of(&self, res: ResId) -> Vec<String> {
+        self.objects
+            .get(res)
+            .map(|o| o.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn record(
+        &mut self,
+        key: ObjectKey,
+        kind: EventType,
+        object: Arc<Value>,
+        prev: Option<Arc<Value>>,
+    ) {
+        let record = Record {
+            rv: self.rv,
+            key,
+            kind,
+            object,
+            prev,
+        };
+        self.changes.push(record.clone());
+        self.history.push_back(record);
+        while self.history.len() > self.history_cap {
+            if let Some(old) = self.history.pop_front() {
+                self.compacted = old.rv;
+            }
+        }
+    }
+
+    fn index(&mut self, key: &ObjectKey, old: Option<&Value>, new: Option<&Value>) {
+        if let (Some(o), Some(n)) = (old, new)
+            && o.at("/metadata/ownerReferences") == n.at("/metadata/ownerReferences")
+            && uid_of(o) == uid_of(n)
+        {
+            return;
+        }
+        let old_owners: BTreeSet<String> = old
+            .map(owner_uids)
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        let new_owners: BTreeSet<String> = new
+            .map(owner_uids)
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        for gone in old_owners.difference(&new_owners) {
+            if let Some(set) = self.dependents.get_mut(gone) {
+                set.remove(key);
+                if set.is_empty() {
+                    self.dependents.remove(gone);
+                }
+            }
+        }
+        for added in new_owners.difference(&old_owners) {
+            self.dependents
+                .entry(added.clone())
+                .or_default()
+                .insert(key.clone());
+        }
+        if let Some(uid) = old.and_then(uid_of)
+            && new.and_then(uid_of) != Some(uid)
+        {
+            self.uids.remove(uid);
+        }
+        if let Some(uid) = new.and_then(uid_of) {
+            self.uids.insert(uid.to_string(), key.clone());
+        }
+    }
+
+    /// Writes an object (create or replace), giving it the next resourceVersion. Returns the stored object.
+    pub fn put(&mut self, key: ObjectKey, mut object: Value) -> Arc<Value> {
+        self.rv += 1;
+        if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.insert("resourceVersion".into(), Value::String(self.rv.to_string()));
+        }
+        let object = Arc::new(object);
+        let old = self
+            .slot(key.res)
+            .entry(key.namespace.clone())
+            .or_default()
+            .insert(key.name.clone(), object.clone());
+        self.index(&key, old.as_deref(), Some(&object));
+        let kind = if old.is_some() {
+            EventType::Modified
+        } else {
+            EventType::Added
+        };
+        self.record(key, kind, object.clone(), old);
+        object
+    }
+
+    /// Removes an object; the DELETED event carries its last state with a new resourceVersion.
+    pub fn remove(&mut self, key: &ObjectKey) -> Option<Arc<Value>> {
+        let objects = self.objects.get_mut(key.res)?;
+        let names = objects.get_mut(&key.namespace)?;
+        let old = names.remove(&key.name)?;
+        if names.is_empty() {
+            objects.remove(&key.namespace);
+        }
+        self.rv += 1;
+        let mut last = (*old).clone();
+        if let Some(meta) = last.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.insert("resourceVersion".into(), Value::String(self.rv.to_string()));
+        }
+        self.index(key, Some(&old), None);
+        let last = Arc::new(last);
+        self.record(key.clone(), EventType::Deleted, last.clone(), Some(old));
+        Some(last)
+    }
+
+    /// The object with this uid, if it exists.
+    pub fn by_uid(&self, uid: &str) -> Option<&ObjectKey> {
+        self.uids.get(uid)
+    }
+
+    /// Objects whose ownerReferences name `uid`.
+    pub fn dependents_of(&self, uid: &str) -> Vec<ObjectKey> {
+        self.dependents
+            .get(uid)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Takes the changes made since the last call (for the controllers).
+    pub fn take_changes(&mut self) -> Vec<Record> {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// History records after `rv`, or `None` when some of them are no longer retained (410 Gone).
+    pub fn history_after(&self, rv: u64, max: usize) -> Option<Vec<Record>> {
+        if rv < self.compacted {
+            return None;
+        }
+        let start = self.history.partition_point(|r| r.rv <= rv);
+        Some(self.history.iter().skip(start).take(max).cloned().collect())
+    }
+
+    /// Drops the whole history, as an etcd compaction does: watches from older versions get 410 Gone.
+    pub fn compact(&mut self) {
+        self.history.clear();
+        self.compacted = self.rv;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn obj(name: &str, uid: &str, owners: &[&str]) -> Value {
+        let refs: Vec<Value> = owners.iter().map(|o| json!({"uid": o})).collect();
+        json!({"metadata": {"name": name, "uid": uid, "ownerReferences": refs}})
+    }
+
+    #[test]
+    fn resource_versions_increase_and_history_is_bounded() {
+        let mut s = Store::new(3, 1);
+        for i in 0..5 {
+            s.put(
+                ObjectKey::new(0, "ns", format!("o{i}")),
+                obj(&format!("o{i}"), &format!("u{i}"), &[]),
+            );
+        }
+        assert_eq!(s.resource_version(), 5);
+        assert_eq!(
+            s.get(&ObjectKey::new(0, "ns", "o4")).unwrap()["metadata"]["resourceVersion"],
+            "5"
+        );
+        assert!(
+            s.history_after(1, 10).is_none(),
+            "rv 1 fell out of a history of 3"
+        );
+        let after = s.history_after(2, 10).unwrap();
+        assert_eq!(
+            after.iter().map(|r| r.rv).collect::<Vec<_>>(),
+            vec![3, 4, 5]
+        );
+        s.compact();
+        assert!(s.history_after(4, 10).is_none());
+        assert!(s.history_after(5, 10).unwrap().is_empty());
+    }
+
+    #[test]
+    fn list_is_ordered_and_resumes_after_a_key() {
+        let mut s = Store::new(100, 1);
+        for (ns, name) in [("b", "x"), ("a", "z"), ("a", "y"), ("c", "w")] {
+            s.put(
+                ObjectKey::new(0, ns, name),
+                obj(name, &format!("{ns}{name}"), &[]),
+            );
+        }
+        let names = |it: Box<dyn Iterator<Item = &Arc<Value>> + '_>| {
+            it.map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(s.list(0, None, None)), vec!["y", "z", "x", "w"]);
+        assert_eq!(names(s.list(0, None, Some(("a", "z")))), vec!["x", "w"]);
+        assert_eq!(names(s.list(0, Some("a"), Some(("a", "y")))), vec!["z"]);
+        assert_eq!(s.count(0, None), 4);
+    }
+
+    #[test]
+    fn named_finds_a_name_in_every_namespace_as_a_filtered_list_would() {
+        let mut s = Store::new(100, 1);
+        for (ns, name) in [("b", "x"), ("a", "x"), ("a", "y"), ("c", "x"), ("c", "w")] {
+            s.put(
+                ObjectKey::new(0, ns, name),
+                obj(name, &format!("{ns}{name}"), &[]),
+            );
+        }
+        let uids = |it: Box<dyn Iterator<Item = &Arc<Value>> + '_>| {
+            it.map(|o| o["metadata"]["uid"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        };
+        let filtered = |ns, after| {
+            uids(s.list(0, ns, after))
+                .into_iter()
+                .filter(|u| u.ends_with('x'))
+                .collect::<Vec<_>>()
+        };
+        for (ns, after) in [
+            (None, None),
+            (None, Some(("a", "x"))),
+            (None, Some(("b", "a"))),
+            (Some("c"), None),
+            (Some("d"), None),
+        ] {
+            assert_eq!(
+                uids(s.named(0, ns, "x", after)),
+                filtered(ns, after),
+                "{ns:?} {after:?}"
+            );
+        }
+        assert_eq!(uids(s.named(0, None, "x", None)), vec!["ax", "bx", "cx"]);
+        assert!(uids(s.named(1, None, "x", None)).is_empty());
+    }
+
+    #[test]
+    fn owner_index_follows_updates_and_deletes() {
+        let mut s = Store::new(100, 1);
+        let owner = ObjectKey::new(0, "ns", "owner");
+        s.put(owner.clone(), obj("owner", "U", &[]));
+        let dep = ObjectKey::new(1, "ns", "dep");
+        s.put(dep.clone(), obj("dep", "D", &["U"]));
+        assert_eq!(s.dependents_of("U"), vec![dep.clone()]);
+        assert_eq!(s.by_uid("U"), Some(&owner));
+        s.put(dep.clone(), obj("dep", "D", &[]));
+        assert!(s.dependents_of("U").is_empty());
+        s.remove(&owner);
+        assert!(s.by_uid("U").is_none());
+        let changes = s.take_changes();
+        assert_eq!(changes.last().unwrap().kind, EventType::Deleted);
+        assert!(s.take_changes().is_empty());
+    }
+
+    #[test]
+    fn uids_look_like_uuids_and_differ() {
+        let mut s = Store::new(1, 42);
+        let a = s.next_uid();
+        let b = s.next_uid();
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 36);
+        assert_eq!(a.matches('-').count(), 4);
+    }
+}

@@ -1,0 +1,624 @@
+//! The Volcano model: the job controller (PodGroups, pods, the `svc` and `env` plugins, phases and
+//! policies), the gang scheduler (enqueue, then all-or-nothing allocation onto simulated nodes), the
+//! queue controller, and a kubelet that runs each container by the rules of [`command`].
+//!
+//! It is a deterministic step function: the API server calls [`Model::on_changes`] and [`Model::run`]
+//! after every write until nothing changes, and fires the model's timers (pod start, container exit,
+//! graceful termination, TTL) in time order as the simulated clock passes them.
+
+pub mod admission;
+pub mod command;
+mod job;
+mod kubelet;
+pub mod nodes;
+mod scheduler;
+
+pub use kubelet::pod_log as kubelet_log;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use crate::sim::json::JsonPath;
+use jiff::Timestamp;
+use serde_json::{Value, json};
+
+use super::api::{Core, name_of};
+use super::clock::format_time;
+use super::store::{EventType, ObjectKey, Record};
+use nodes::Node;
+
+/// The model's settings (from [`crate::sim::SimConfig`]).
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    pub nodes: Vec<crate::sim::NodeSpec>,
+    /// How long a container whose command the rules do not understand runs.
+    pub default_run: Duration,
+    /// An image whose name contains this never pulls.
+    pub image_pull_failure_marker: String,
+    /// From binding to the containers starting (image pull, sandbox).
+    pub pod_start_delay: Duration,
+    /// From a delete request to a running pod being gone (it exits on SIGTERM), capped by its grace period.
+    pub pod_termination_delay: Duration,
+    /// Volcano's enqueue over-commit factor.
+    pub overcommit_factor: f64,
+    /// Whether to record Kubernetes Events.
+    pub events: bool,
+}
+
+/// Something the model does at a simulated instant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Timer {
+    PodStart {
+        key: ObjectKey,
+        uid: String,
+    },
+    MainStart {
+        key: ObjectKey,
+        uid: String,
+    },
+    ContainerExit {
+        key: ObjectKey,
+        uid: String,
+        container: usize,
+        run: u32,
+    },
+    ContainerRestart {
+        key: ObjectKey,
+        uid: String,
+        container: usize,
+    },
+    ImagePullBackOff {
+        key: ObjectKey,
+        uid: String,
+    },
+    PodGone {
+        key: ObjectKey,
+        uid: String,
+    },
+    JobTtl {
+        key: ObjectKey,
+        uid: String,
+    },
+}
+
+/// What the kubelet keeps about a bound pod.
+#[derive(Debug, Clone)]
+struct PodRuntime {
+    uid: String,
+    node: usize,
+    requests: super::quantity::Resources,
+    queue: Option<String>,
+    /// Host octet of the pod IP on its node, while the pod holds one.
+    ip: Option<u8>,
+    /// Capacity has been given back (the pod ended).
+    released: bool,
+    terminating: bool,
+    /// Per main container: how many times it has started.
+    runs: Vec<u32>,
+}
+
+/// What the job controller remembers between reconciles.
+#[derive(Debug, Clone, Default)]
+struct JobMemory {
+    uid: String,
+    /// Pod phases seen last time, to turn transitions into policy events.
+    seen: HashMap<String, String>,
+    /// Pods the controller itself deleted (their disappearance is no eviction).
+    killed: BTreeSet<String>,
+    /// Tasks whose TaskCompleted event has been handled.
+    completed_tasks: BTreeSet<String>,
+    /// When the job last became Running (for `runningDuration`).
+    running_since: Option<Timestamp>,
+    ttl_set: bool,
+}
+
+/// The Volcano model's state.
+#[derive(Debug)]
+pub struct Model {
+    pub config: ModelConfig,
+    nodes: Vec<Node>,
+    pods: HashMap<ObjectKey, PodRuntime>,
+    timers: BTreeMap<(Timestamp, u64), Timer>,
+    timer_seq: u64,
+    jobs: HashMap<ObjectKey, JobMemory>,
+    /// Job key → names of its pods.
+    job_pods: HashMap<ObjectKey, BTreeSet<String>>,
+    dirty_jobs: BTreeSet<ObjectKey>,
+    /// PodGroups waiting for the scheduler, by arrival order, with their queue.
+    pending_groups: BTreeMap<u64, (ObjectKey, String)>,
+    group_order: HashMap<ObjectKey, u64>,
+    group_seq: u64,
+    /// Waiting PodGroups that changed since the last pass (new, or new pods): tried in the next pass
+    /// even when capacity did not change.
+    fresh_groups: BTreeSet<u64>,
+    /// Bumped whenever capacity is freed or nodes and queues change; a pass at a new epoch tries every
+    /// waiting gang, otherwise only the fresh ones.
+    epoch: u64,
+    scanned_epoch: u64,
+    /// Enqueued PodGroups whose pods are not all bound yet, with their queue and minimum resources
+    /// (held back from later enqueues).
+    inqueue: HashMap<ObjectKey, (String, super::quantity::Resources)>,
+    /// Requests of running pods by queue.
+    queue_alloc: HashMap<String, super::quantity::Resources>,
+    /// PodGroups by queue and phase, for queue status.
+    queue_counts: HashMap<String, BTreeMap<&'static str, i64>>,
+    bare_pending: BTreeSet<ObjectKey>,
+    bare_fresh: BTreeSet<ObjectKey>,
+    /// Queues whose status needs a refresh.
+    queues_dirty: BTreeSet<String>,
+    queue_signatures: HashMap<String, String>,
+}
+
+/// The queue-status counter a PodGroup phase falls under.
+fn phase_bucket(pg: &Value) -> &'static str {
+    match pg
+        .at("/status/phase")
+        .and_then(Value::as_str)
+        .unwrap_or("Pending")
+    {
+        "Inqueue" => "inqueue",
+        "Running" => "running",
+        "Completed" => "completed",
+        "Unknown" => "unknown",
+        _ => "pending",
+    }
+}
+
+fn group_queue(pg: &Value) -> String {
+    pg.at("/spec/queue")
+        .and_then(Value::as_str)
+        .unwrap_or("default")
+        .to_string()
+}
+
+/// The PodGroup name Volcano uses for a job.
+pub fn podgroup_name(job: &Value) -> String {
+    format!(
+        "{}-{}",
+        name_of(job),
+        job.at("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    )
+}
+
+fn owner_job(obj: &Value) -> Option<String> {
+    obj.at("/metadata/ownerReferences")
+        .and_then(Value::as_array)?
+        .iter()
+        .find(|r| {
+            r.get("kind").and_then(Value::as_str) == Some("Job")
+                && r.get("apiVersion")
+                    .and_then(Value::as_str)
+                    .is_some_and(|a| a.starts_with("batch.volcano.sh/"))
+        })
+        .and_then(|r| r.get("name").and_then(Value::as_str))
+        .map(String::from)
+}
+
+impl Model {
+    /// A model with the configured nodes and nothing running.
+    pub fn new(config: ModelConfig) -> Model {
+        let nodes = config
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| Node::from_spec(n, i as u8 + 1))
+            .collect();
+        Model {
+            config,
+            nodes,
+            pods: HashMap::new(),
+            timers: BTreeMap::new(),
+            timer_seq: 0,
+            jobs: HashMap::new(),
+            job_pods: HashMap::new(),
+            dirty_jobs: BTreeSet::new(),
+            pending_groups: BTreeMap::new(),
+            group_order: HashMap::new(),
+            group_seq: 0,
+            fresh_groups: BTreeSet::new(),
+            epoch: 1,
+            scanned_epoch: 0,
+            inqueue: HashMap::new(),
+            queue_alloc: HashMap::new(),
+            queue_counts: HashMap::new(),
+            bare_pending: BTreeSet::new(),
+            bare_fresh: BTreeSet::new(),
+            queues_dirty: BTreeSet::new(),
+            queue_signatures: HashMap::new(),
+        }
+    }
+
+    /// Creates the Node objects and the `root` and `default` queues.
+    pub fn bootstrap(&mut self, core: &mut Core) {
+        let created = format_time(core.now);
+        for n in &self.nodes {
+            let _ = core.create_internal(core.ids.nodes, "", n.to_object(&created));
+        }
+        for (name, spec) in [
+            ("root", json!({"weight": 1, "reclaimable": false})),
+            (
+                "default",
+                json!({"weight": 1, "reclaimable": true, "parent": "root"}),
+            ),
+        ] {
+            let _ = core.create_internal(
+                core.ids.queues,
+                "",
+                json!({"metadata": {"name": name}, "spec": spec}),
+            );
+        }
+    }
+
+    fn timer(&mut self, at: Timestamp, t: Timer) {
+        self.timer_seq += 1;
+        self.timers.insert((at, self.timer_seq), t);
+    }
+
+    /// The instant of the next timer, if any.
+    pub fn next_timer(&self) -> Option<Timestamp> {
+        self.timers.keys().next().map(|(t, _)| *t)
+    }
+
+    /// Fires the earliest timer if it is due at or before `until`; returns whether one fired.
+    pub fn fire_next(&mut self, core: &mut Core, until: Timestamp) -> bool {
+        let Some((&(at, seq), _)) = self.timers.iter().next() else {
+            return false;
+        };
+        if at > until {
+            return false;
+        }
+        let timer = self.timers.remove(&(at, seq)).expect("just seen");
+        if at > core.now {
+            core.now = at;
+        }
+        match timer {
+            Timer::PodStart { key, uid } => self.pod_start(core, &key, &uid),
+            Timer::MainStart { key, uid } => self.main_start(core, &key, &uid),
+            Timer::ContainerExit {
+                key,
+                uid,
+                container,
+                run,
+            } => self.container_exit(core, &key, &uid, container, run),
+            Timer::ContainerRestart {
+                key,
+                uid,
+                container,
+            } => self.container_restart(core, &key, &uid, container),
+            Timer::ImagePullBackOff { key, uid } => self.image_pull_backoff(core, &key, &uid),
+            Timer::PodGone { key, uid } => self.pod_gone(core, &key, &uid),
+            Timer::JobTtl { key, uid } => {
+                if core.store.get(&key).and_then(|j| {
+                    j.at("/metadata/uid")
+                        .and_then(Value::as_str)
+                        .map(String::from)
+                }) == Some(uid)
+                {
+                    core.delete_key(&key, Some(super::api::Propagation::Background), None);
+                }
+            }
+        }
+        true
+    }
+
+    fn is(&self, core: &Core, key: &ObjectKey, res: usize) -> bool {
+        key.res == core.registry.get(res).storage
+    }
+
+    /// Takes note of what changed in the store.
+    pub fn on_changes(&mut self, core: &mut Core, records: &[Record]) {
+        for r in records {
+            if self.is(core, &r.key, core.ids.jobs) {
+                // A write that touched only status or annotations (the controller's own status updates,
+                // the runner's annotations) gives the controller nothing to do.
+                let same = |p: &str| {
+                    r.prev
+                        .as_ref()
+                        .is_some_and(|prev| prev.at(p) == r.object.at(p))
+                };
+                let idle = r.kind == EventType::Modified
+                    && same("/metadata/generation")
+                    && same("/metadata/deletionTimestamp")
+                    && same("/metadata/finalizers");
+                if !idle {
+                    self.dirty_jobs.insert(r.key.clone());
+                }
+                if r.kind == EventType::Deleted {
+                    self.jobs.remove(&r.key);
+                }
+            } else if self.is(core, &r.key, core.ids.pods) {
+                self.on_pod_change(core, r);
+            } else if self.is(core, &r.key, core.ids.podgroups) {
+                self.on_group_change(core, r);
+            } else if self.is(core, &r.key, core.ids.queues) {
+                if r.kind != EventType::Deleted {
+                    self.queues_dirty.insert(r.key.name.clone());
+                }
+                let name = r.key.name.clone();
+                if r.kind == EventType::Deleted {
+                    self.queue_signatures.remove(&name);
+                    self.epoch += 1;
+                } else {
+                    let sig = format!(
+                        "{}|{}",
+                        r.object
+                            .get("spec")
+                            .map(Value::to_string)
+                            .unwrap_or_default(),
+                        r.object
+                            .at("/status/state")
+                            .map(Value::to_string)
+                            .unwrap_or_default()
+                    );
+                    if self.queue_signatures.insert(name, sig.clone()).as_ref() != Some(&sig) {
+                        self.epoch += 1;
+                    }
+                }
+            } else if self.is(core, &r.key, core.ids.nodes)
+                && r.kind != EventType::Deleted
+                && let Some(n) = self.nodes.iter_mut().find(|n| n.name == r.key.name)
+                && n.refresh_from(&r.object)
+            {
+                self.epoch += 1;
+            }
+        }
+    }
+
+    fn on_pod_change(&mut self, core: &mut Core, r: &Record) {
+        let pod = &r.object;
+        let job = pod
+            .at("/metadata/labels/volcano.sh~1job-name")
+            .and_then(Value::as_str)
+            .map(|j| core.key_of(core.ids.jobs, &r.key.namespace, j));
+        match r.kind {
+            EventType::Deleted => {
+                self.release(core, &r.key, true);
+                self.pods.remove(&r.key);
+                self.bare_pending.remove(&r.key);
+                self.bare_fresh.remove(&r.key);
+                if let Some(j) = &job
+                    && let Some(set) = self.job_pods.get_mut(j)
+                {
+                    set.remove(&r.key.name);
+                }
+            }
+            _ => {
+                if let Some(j) = &job {
+                    self.job_pods
+                        .entry(j.clone())
+                        .or_default()
+                        .insert(r.key.name.clone());
+                }
+                let bound = pod
+                    .at("/spec/nodeName")
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| !n.is_empty());
+                let deleting = pod.at("/metadata/deletionTimestamp").is_some();
+                let group = pod
+                    .at("/metadata/annotations/scheduling.k8s.io~1group-name")
+                    .and_then(Value::as_str);
+                if !bound && !deleting {
+                    match group {
+                        Some(g) => {
+                            let gkey = core.key_of(core.ids.podgroups, &r.key.namespace, g);
+                            let queue = core
+                                .store
+                                .get(&gkey)
+                                .map(|pg| group_queue(pg))
+                                .unwrap_or_else(|| "default".into());
+                            self.enqueue_group(gkey, queue);
+                        }
+                        None => {
+                            self.bare_pending.insert(r.key.clone());
+                            self.bare_fresh.insert(r.key.clone());
+                        }
+                    }
+                } else {
+                    self.bare_pending.remove(&r.key);
+                    self.bare_fresh.remove(&r.key);
+                }
+                if bound && !self.pods.contains_key(&r.key) && !deleting {
+                    // Bound by someone else (a user setting nodeName): the kubelet takes it on.
+                    self.adopt(core, &r.key, pod);
+                }
+                if deleting {
+                    self.begin_termination(core, &r.key, pod);
+                }
+            }
+        }
+        if let Some(j) = job {
+            self.dirty_jobs.insert(j);
+        }
+    }
+
+    /// Puts a PodGroup on the scheduler's list (keeping its place if it is already there) and marks it
+    /// for the next pass.
+    fn enqueue_group(&mut self, key: ObjectKey, queue: String) {
+        let seq = match self.group_order.get(&key) {
+            Some(seq) => *seq,
+            None => {
+                self.group_seq += 1;
+                self.group_order.insert(key.clone(), self.group_seq);
+                self.pending_groups.insert(self.group_seq, (key, queue));
+                self.group_seq
+            }
+        };
+        self.fresh_groups.insert(seq);
+    }
+
+    /// Takes a PodGroup off the scheduler's list.
+    fn forget_group(&mut self, key: &ObjectKey) {
+        if let Some(seq) = self.group_order.remove(key) {
+            self.pending_groups.remove(&seq);
+            self.fresh_groups.remove(&seq);
+        }
+    }
+
+    fn on_group_change(&mut self, core: &mut Core, r: &Record) {
+        if let Some(prev) = &r.prev {
+            self.queues_dirty.insert(group_queue(prev));
+        }
+        self.queues_dirty.insert(group_queue(&r.object));
+        if let Some(prev) = &r.prev
+            && let Some(c) = self
+                .queue_counts
+                .get_mut(&group_queue(prev))
+                .and_then(|m| m.get_mut(phase_bucket(prev)))
+        {
+            *c -= 1;
+        }
+        if r.kind == EventType::Deleted {
+            self.forget_group(&r.key);
+            self.inqueue.remove(&r.key);
+            self.epoch += 1;
+            return;
+        }
+        *self
+            .queue_counts
+            .entry(group_queue(&r.object))
+            .or_default()
+            .entry(phase_bucket(&r.object))
+            .or_insert(0) += 1;
+        let phase = r
+            .object
+            .at("/status/phase")
+            .and_then(Value::as_str)
+            .unwrap_or("Pending");
+        let relevant_change = r.prev.as_ref().is_none_or(|p| {
+            p.at("/status/phase") != r.object.at("/status/phase")
+                || p.get("spec") != r.object.get("spec")
+        });
+        if (phase == "Pending" || phase == "Inqueue") && relevant_change {
+            self.enqueue_group(r.key.clone(), group_queue(&r.object));
+        }
+        if phase != "Inqueue" {
+            self.inqueue.remove(&r.key);
+        }
+        let phase_changed = r
+            .prev
+            .as_ref()
+            .is_none_or(|p| p.at("/status/phase") != r.object.at("/status/phase"));
+        if phase_changed && let Some(job) = owner_job(&r.object) {
+            self.dirty_jobs
+                .insert(core.key_of(core.ids.jobs, &r.key.namespace, &job));
+        }
+    }
+
+    /// Whether [`Model::run`] has work left.
+    pub fn has_work(&self) -> bool {
+        !self.dirty_jobs.is_empty() || !self.queues_dirty.is_empty()
+    }
+
+    /// Reconciles dirty jobs, schedules, and updates queue status.
+    pub fn run(&mut self, core: &mut Core) {
+        let dirty = std::mem::take(&mut self.dirty_jobs);
+        for key in dirty {
+            self.reconcile_job(core, &key);
+        }
+        self.schedule(core);
+        let queues = std::mem::take(&mut self.queues_dirty);
+        if !queues.is_empty() {
+            self.sync_queues(core, queues);
+        }
+    }
+
+    /// Queue controller: `Open` by default, `Closing` until a closed queue's PodGroups are gone, and the
+    /// PodGroup counts in status.
+    fn sync_queues(&mut self, core: &mut Core, names: BTreeSet<String>) {
+        for name in names {
+            let key = core.key_of(core.ids.queues, "", &name);
+            let c = self
+                .queue_counts
+                .get(&key.name)
+                .cloned()
+                .unwrap_or_default();
+            let active = c.get("pending").unwrap_or(&0)
+                + c.get("inqueue").unwrap_or(&0)
+                + c.get("running").unwrap_or(&0);
+            let alloc = self.queue_alloc.get(&key.name).cloned().unwrap_or_default();
+            core.update_internal(&key, |q| {
+                let state = q
+                    .at("/status/state")
+                    .and_then(Value::as_str)
+                    .unwrap_or("Open")
+                    .to_string();
+                let state = match state.as_str() {
+                    "Closed" | "Closing" if active > 0 => "Closing",
+                    "Closed" | "Closing" => "Closed",
+                    _ => "Open",
+                };
+                let mut status = json!({"state": state});
+                for (k, v) in &c {
+                    if *v > 0 {
+                        status[*k] = json!(v);
+                    }
+                }
+                let mut alloc = alloc.clone();
+                alloc.0.remove("pods");
+                status["allocated"] = alloc.to_json();
+                q["status"] = status;
+            });
+        }
+    }
+
+    /// Gives back a pod's capacity and IP (when it ends or is removed).
+    fn release(&mut self, _core: &mut Core, key: &ObjectKey, removed: bool) {
+        let Some(rt) = self.pods.get_mut(key) else {
+            return;
+        };
+        if !rt.released {
+            rt.released = true;
+            let node = &mut self.nodes[rt.node];
+            node.allocated.sub(&rt.requests);
+            if let Some(q) = &rt.queue
+                && let Some(a) = self.queue_alloc.get_mut(q)
+            {
+                a.sub(&rt.requests);
+                self.queues_dirty.insert(q.clone());
+            }
+            self.epoch += 1;
+        }
+        if removed && let Some(octet) = rt.ip.take() {
+            self.nodes[rt.node].release_ip(octet);
+        }
+    }
+
+    /// Total and free capacity over schedulable nodes.
+    fn cluster_idle(&self) -> super::quantity::Resources {
+        let mut idle = super::quantity::Resources::default();
+        for n in self.nodes.iter().filter(|n| !n.unschedulable) {
+            idle.add(&n.free());
+        }
+        idle
+    }
+
+    /// Records an Event when events are switched on.
+    fn event(
+        &self,
+        core: &mut Core,
+        involved: &Value,
+        ty: &str,
+        reason: &str,
+        message: &str,
+        component: &str,
+    ) {
+        if self.config.events {
+            core.record_event(involved, ty, reason, message, component);
+        }
+    }
+
+    /// The namespace/name pairs of a job's pods.
+    fn pods_of(&self, job: &ObjectKey) -> Vec<String> {
+        self.job_pods
+            .get(job)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Number of nodes (for scheduler messages).
+    fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+}

@@ -1,0 +1,497 @@
+//! The gang scheduler. A PodGroup is first enqueued (its `minResources` must fit in the idle capacity
+//! times the over-commit factor, within its queue's capability), then, once the job controller has made
+//! its pods, allocated all-or-nothing: the pods are bound only when at least `minMember` of them fit on
+//! nodes. Otherwise the PodGroup carries an `Unschedulable` condition with Volcano's message and waits.
+//! PodGroups are tried in arrival order; a queue with `dequeueStrategy: fifo` lets nothing overtake a
+//! waiting gang. A gang that failed is tried again only when capacity, nodes or queues change.
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::sim::json::JsonPath;
+use serde_json::{Value, json};
+
+use super::Model;
+use super::nodes::{Misfit, pod_requests, unavailable_message};
+use crate::sim::api::{Core, name_of};
+use crate::sim::clock::format_time;
+use crate::sim::quantity::Resources;
+use crate::sim::store::ObjectKey;
+
+struct QueueInfo {
+    state: String,
+    fifo: bool,
+    capability: Option<Resources>,
+}
+
+fn without_pods(r: &Resources) -> Resources {
+    let mut r = r.clone();
+    r.0.remove("pods");
+    r
+}
+
+/// Sort key of a pod name `<job>-<task>-<index>`: task, then numeric index.
+fn pod_order(name: &str) -> (String, u64) {
+    match name.rsplit_once('-') {
+        Some((prefix, idx)) => (prefix.to_string(), idx.parse().unwrap_or(u64::MAX)),
+        None => (name.to_string(), 0),
+    }
+}
+
+impl Model {
+    fn load_queues(&self, core: &Core) -> HashMap<String, QueueInfo> {
+        let qt = core.registry.get(core.ids.queues);
+        core.store
+            .list(qt.storage, None, None)
+            .map(|q| {
+                let cap = q
+                    .at("/spec/capability")
+                    .filter(|c| c.as_object().is_some_and(|m| !m.is_empty()));
+                (
+                    name_of(q).to_string(),
+                    QueueInfo {
+                        state: q
+                            .at("/status/state")
+                            .and_then(Value::as_str)
+                            .unwrap_or("Open")
+                            .to_string(),
+                        fifo: q.at("/spec/dequeueStrategy").and_then(Value::as_str) == Some("fifo"),
+                        capability: cap.map(|c| Resources::from_json(Some(c))),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// Writes a PodGroup condition (replacing one of the same type) and the phase; returns whether the
+    /// condition's message changed.
+    fn set_group_status(
+        &mut self,
+        core: &mut Core,
+        key: &ObjectKey,
+        phase: Option<&str>,
+        cond: Option<(&str, &str, &str)>,
+    ) -> bool {
+        let now = format_time(core.now);
+        let transition = core.store.next_uid();
+        let mut changed = false;
+        core.update_internal(key, |pg| {
+            if !pg.get("status").is_some_and(Value::is_object) {
+                pg["status"] = json!({});
+            }
+            if let Some(p) = phase {
+                pg["status"]["phase"] = json!(p);
+            }
+            if let Some((ty, reason, message)) = cond {
+                let list = pg["status"].as_object_mut().expect("status object").entry("conditions").or_insert_with(|| json!([]));
+                if let Value::Array(list) = list {
+                    let existing = list.iter().position(|c| c["type"] == ty);
+                    let same = existing.is_some_and(|i| list[i]["message"].as_str().unwrap_or_default() == message && list[i]["reason"] == reason);
+                    if !same {
+                        changed = true;
+                        let mut c = json!({"type": ty, "status": "True", "reason": reason, "lastTransitionTime": now, "transitionID": transition});
+                        if !message.is_empty() {
+                            c["message"] = json!(message);
+                        }
+                        match existing {
+                            Some(i) => list[i] = c,
+                            None => list.push(c),
+                        }
+                    }
+                }
+            }
+        });
+        changed
+    }
+
+    fn unschedulable(&mut self, core: &mut Core, gkey: &ObjectKey, pg: &Value, message: &str) {
+        if self.set_group_status(
+            core,
+            gkey,
+            None,
+            Some(("Unschedulable", "NotEnoughResources", message)),
+        ) {
+            self.event(core, pg, "Warning", "Unschedulable", message, "volcano");
+            if let Some(job_name) = super::owner_job(pg) {
+                let jkey = core.key_of(core.ids.jobs, &gkey.namespace, &job_name);
+                if let Some(job) = core.store.get(&jkey).cloned() {
+                    let text = format!(
+                        "PodGroup {}:{} unschedule,reason: {message}",
+                        gkey.namespace, gkey.name
+                    );
+                    self.event(
+                        core,
+                        &job,
+                        "Warning",
+                        "PodGroupPending",
+                        &text,
+                        "vc-controller-manager",
+                    );
+                }
+            }
+        }
+    }
+
+    /// One scheduling pass: every waiting gang when capacity, nodes or queues changed since the last
+    /// full pass, otherwise only the gangs that changed. Then the bare pods the same way.
+    pub(super) fn schedule(&mut self, core: &mut Core) {
+        let epoch = self.epoch;
+        let full = self.scanned_epoch != epoch;
+        self.scanned_epoch = epoch;
+        let candidates: Vec<(u64, ObjectKey, String)> = if full {
+            self.pending_groups
+                .iter()
+                .map(|(s, (k, q))| (*s, k.clone(), q.clone()))
+                .collect()
+        } else {
+            self.fresh_groups
+                .iter()
+                .filter_map(|s| {
+                    self.pending_groups
+                        .get(s)
+                        .map(|(k, q)| (*s, k.clone(), q.clone()))
+                })
+                .collect()
+        };
+        self.fresh_groups.clear();
+        if candidates.is_empty() && self.bare_fresh.is_empty() && !full {
+            return;
+        }
+        let queues = self.load_queues(core);
+        let mut reserved: HashMap<String, Resources> = HashMap::new();
+        let mut reserved_total = Resources::default();
+        for (q, min) in self.inqueue.values() {
+            reserved.entry(q.clone()).or_default().add(min);
+            reserved_total.add(min);
+        }
+        let mut blocked: BTreeSet<String> = BTreeSet::new();
+        for (seq, gkey, queue) in candidates {
+            let Some(pg) = core.store.get(&gkey).cloned() else {
+                self.forget_group(&gkey);
+                continue;
+            };
+            let info = queues.get(&queue);
+            let fifo = info.is_some_and(|q| q.fifo);
+            // In a fifo queue nothing overtakes a gang that is still waiting.
+            if fifo
+                && !full
+                && self
+                    .pending_groups
+                    .range(..seq)
+                    .any(|(_, (_, q))| *q == queue)
+            {
+                blocked.insert(queue.clone());
+            }
+            let phase = pg
+                .at("/status/phase")
+                .and_then(Value::as_str)
+                .unwrap_or("Pending")
+                .to_string();
+            match phase.as_str() {
+                "Pending" => {
+                    let min = Resources::from_json(pg.at("/spec/minResources"));
+                    let min_member = pg
+                        .at("/spec/minMember")
+                        .and_then(Value::as_i64)
+                        .unwrap_or(1);
+                    let why = if blocked.contains(&queue) {
+                        Some(format!("waiting behind earlier jobs in fifo queue {queue}"))
+                    } else {
+                        match info {
+                            None => Some(format!("queue {queue} does not exist")),
+                            Some(q) if q.state != "Open" => {
+                                Some(format!("queue {queue} is {}", q.state))
+                            }
+                            Some(q) => {
+                                let mut used = self
+                                    .queue_alloc
+                                    .get(&queue)
+                                    .map(without_pods)
+                                    .unwrap_or_default();
+                                used.add(&without_pods(
+                                    reserved.get(&queue).unwrap_or(&Resources::default()),
+                                ));
+                                used.add(&without_pods(&min));
+                                let over_cap = q.capability.as_ref().map(|cap| {
+                                    used.0
+                                        .iter()
+                                        .filter(|(k, v)| cap.0.contains_key(*k) && **v > cap.get(k))
+                                        .map(|(k, _)| k.clone())
+                                        .collect::<Vec<_>>()
+                                });
+                                let mut idle =
+                                    self.cluster_idle().scaled(self.config.overcommit_factor);
+                                idle.sub(&reserved_total);
+                                let short = without_pods(&min).shortfall(&idle);
+                                match over_cap {
+                                    Some(over) if !over.is_empty() => Some(format!(
+                                        "queue resource quota insufficient: {}",
+                                        over.join(", ")
+                                    )),
+                                    _ if !short.is_empty() => Some(format!(
+                                        "resource in cluster is overused: insufficient {}",
+                                        short.join(", ")
+                                    )),
+                                    _ => None,
+                                }
+                            }
+                        }
+                    };
+                    match why {
+                        None => {
+                            self.set_group_status(core, &gkey, Some("Inqueue"), None);
+                            reserved.entry(queue.clone()).or_default().add(&min);
+                            reserved_total.add(&min);
+                            self.inqueue.insert(gkey.clone(), (queue, min));
+                        }
+                        Some(reason) => {
+                            let message = format!(
+                                "{min_member}/0 tasks in gang unschedulable: pod group is not ready, {min_member} minAvailable. Origin reason is: {reason}"
+                            );
+                            self.unschedulable(core, &gkey, &pg, &message);
+                            if fifo {
+                                blocked.insert(queue);
+                            }
+                        }
+                    }
+                }
+                "Inqueue" | "Running" => match self.allocate(core, &gkey, &pg) {
+                    Allocation::Waiting => {}
+                    Allocation::Done => {
+                        if let Some((q, min)) = self.inqueue.remove(&gkey) {
+                            reserved_total.sub(&min);
+                            if let Some(r) = reserved.get_mut(&q) {
+                                r.sub(&min);
+                            }
+                        }
+                        self.forget_group(&gkey);
+                    }
+                    Allocation::Failed => {
+                        if fifo {
+                            blocked.insert(queue);
+                        }
+                    }
+                },
+                _ => self.forget_group(&gkey),
+            }
+        }
+        self.schedule_bare_pods(core, full);
+    }
+
+    /// Picks the least loaded node that fits, trying `extra` as already allocated.
+    fn pick_node(
+        &self,
+        spec: &Value,
+        requests: &Resources,
+        extra: &[Resources],
+    ) -> Result<usize, Vec<Misfit>> {
+        let mut best: Option<(f64, usize)> = None;
+        let mut misfits = Vec::new();
+        for (i, node) in self.nodes.iter().enumerate() {
+            let mut n = node.clone();
+            n.allocated.add(&extra[i]);
+            match n.fits(spec, requests) {
+                Ok(()) => {
+                    let load = n.load();
+                    if best.is_none_or(|(l, _)| load < l) {
+                        best = Some((load, i));
+                    }
+                }
+                Err(why) => misfits.push(why.into_iter().next().expect("a misfit has a reason")),
+            }
+        }
+        best.map(|(_, i)| i).ok_or(misfits)
+    }
+
+    fn allocate(&mut self, core: &mut Core, gkey: &ObjectKey, pg: &Value) -> Allocation {
+        let Some(job_name) = super::owner_job(pg) else {
+            return Allocation::Done;
+        };
+        let jkey = core.key_of(core.ids.jobs, &gkey.namespace, &job_name);
+        let pt = core.registry.get(core.ids.pods);
+        let mut unbound = Vec::new();
+        let mut active_bound = 0i64;
+        let mut total = 0usize;
+        for name in self.pods_of(&jkey) {
+            let key = ObjectKey::new(pt.storage, gkey.namespace.clone(), name.clone());
+            let Some(pod) = core.store.get(&key) else {
+                continue;
+            };
+            total += 1;
+            if pod.at("/metadata/deletionTimestamp").is_some() {
+                continue;
+            }
+            let bound = pod
+                .at("/spec/nodeName")
+                .and_then(Value::as_str)
+                .is_some_and(|n| !n.is_empty());
+            let phase = pod
+                .at("/status/phase")
+                .and_then(Value::as_str)
+                .unwrap_or("Pending");
+            if bound {
+                if phase != "Failed" {
+                    active_bound += 1;
+                }
+            } else {
+                unbound.push((key, (**pod).clone()));
+            }
+        }
+        if unbound.is_empty() {
+            return if active_bound > 0 {
+                Allocation::Done
+            } else {
+                Allocation::Waiting
+            };
+        }
+        unbound.sort_by_key(|(k, _)| pod_order(&k.name));
+        let min_member = pg
+            .at("/spec/minMember")
+            .and_then(Value::as_i64)
+            .unwrap_or(1);
+        let mut extra = vec![Resources::default(); self.nodes.len()];
+        let mut placements = Vec::new();
+        let mut first_failure: Option<(String, Vec<Misfit>)> = None;
+        for (key, pod) in &unbound {
+            let req = pod_requests(&pod["spec"]);
+            match self.pick_node(&pod["spec"], &req, &extra) {
+                Ok(i) => {
+                    extra[i].add(&req);
+                    placements.push((key.clone(), i));
+                }
+                Err(why) => {
+                    if first_failure.is_none() {
+                        first_failure = Some((key.name.clone(), why));
+                    }
+                }
+            }
+        }
+        let now = format_time(core.now);
+        if active_bound + placements.len() as i64 >= min_member {
+            let placed: BTreeSet<ObjectKey> = placements.iter().map(|(k, _)| k.clone()).collect();
+            for (key, node) in placements {
+                self.bind(core, &key, node, "volcano");
+            }
+            if pg.at("/status/phase").and_then(Value::as_str) == Some("Inqueue") {
+                self.set_group_status(
+                    core,
+                    gkey,
+                    Some("Running"),
+                    Some(("Scheduled", "tasks in gang are ready to be scheduled", "")),
+                );
+                self.event(
+                    core,
+                    pg,
+                    "Normal",
+                    "Scheduled",
+                    "pod group is ready",
+                    "volcano",
+                );
+            }
+            let mut left = false;
+            for (key, pod) in unbound.iter().filter(|(k, _)| !placed.contains(k)) {
+                left = true;
+                let msg = first_failure
+                    .as_ref()
+                    .map(|(_, w)| unavailable_message(self.node_count(), w))
+                    .unwrap_or_default();
+                core.update_internal(key, |p| pod_unschedulable(p, &msg, &now));
+                self.event(core, pod, "Warning", "FailedScheduling", &msg, "volcano");
+            }
+            return if left {
+                Allocation::Failed
+            } else {
+                Allocation::Done
+            };
+        }
+        let pending = unbound.len();
+        let schedulable = placements.len();
+        let mut hist = Vec::new();
+        if schedulable > 0 {
+            hist.push(format!("{schedulable} Schedulable"));
+        }
+        if pending > schedulable {
+            hist.push(format!("{} Unschedulable", pending - schedulable));
+        }
+        let mut message = format!(
+            "{pending}/{total} tasks in gang unschedulable: pod group is not ready, {pending} Pending, {min_member} minAvailable; Pending: {}",
+            hist.join(", ")
+        );
+        if let Some((pod, why)) = &first_failure {
+            message.push_str(&format!(
+                ". Origin reason is {pod}: {}",
+                unavailable_message(self.node_count(), why)
+            ));
+        }
+        for (key, _) in &unbound {
+            core.update_internal(key, |p| pod_unschedulable(p, &message, &now));
+        }
+        self.unschedulable(core, gkey, pg, &message);
+        Allocation::Failed
+    }
+
+    fn schedule_bare_pods(&mut self, core: &mut Core, full: bool) {
+        let keys: Vec<ObjectKey> = if full {
+            self.bare_pending.iter().cloned().collect()
+        } else {
+            self.bare_fresh.iter().cloned().collect()
+        };
+        self.bare_fresh.clear();
+        for key in keys {
+            let Some(pod) = core.store.get(&key).cloned() else {
+                self.bare_pending.remove(&key);
+                continue;
+            };
+            let req = pod_requests(&pod["spec"]);
+            let extra = vec![Resources::default(); self.nodes.len()];
+            let scheduler = pod
+                .at("/spec/schedulerName")
+                .and_then(Value::as_str)
+                .unwrap_or("default-scheduler")
+                .to_string();
+            match self.pick_node(&pod["spec"], &req, &extra) {
+                Ok(node) => {
+                    self.bare_pending.remove(&key);
+                    self.bind(core, &key, node, &scheduler);
+                }
+                Err(why) => {
+                    let now = format_time(core.now);
+                    let msg = unavailable_message(self.node_count(), &why);
+                    core.update_internal(&key, |p| pod_unschedulable(p, &msg, &now));
+                    self.event(core, &pod, "Warning", "FailedScheduling", &msg, &scheduler);
+                }
+            }
+        }
+    }
+}
+
+enum Allocation {
+    /// Nothing to place yet (the pods are not created).
+    Waiting,
+    /// Every pod of the gang is bound.
+    Done,
+    /// The gang (or some of its pods) could not be placed.
+    Failed,
+}
+
+fn pod_unschedulable(p: &mut Value, message: &str, now: &str) {
+    if !p.get("status").is_some_and(Value::is_object) {
+        p["status"] = json!({"phase": "Pending"});
+    }
+    let cond = json!({"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
+                      "lastProbeTime": null, "lastTransitionTime": now});
+    let list = p["status"]
+        .as_object_mut()
+        .expect("status object")
+        .entry("conditions")
+        .or_insert_with(|| json!([]));
+    if let Value::Array(list) = list {
+        match list.iter_mut().find(|c| c["type"] == "PodScheduled") {
+            Some(c) => {
+                if c["message"] != message {
+                    *c = cond;
+                }
+            }
+            None => list.push(cond),
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! Names that end up in Kubernetes objects: job ids, host names, environment variable names.
+
+/// The longest DNS-1123 label (RFC 1123): object names such as the VolcanoJob `j-<id>` and pod host names.
+pub const DNS_LABEL_MAX: usize = 63;
+/// The longest DNS-1123 subdomain: host aliases and public domains.
+pub const DNS_SUBDOMAIN_MAX: usize = 253;
+
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters.
+pub fn is_dns_label(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    let inner = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-';
+    let end = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    match (bytes.first(), bytes.last()) {
+        (Some(first), Some(last)) => {
+            bytes.len() <= DNS_LABEL_MAX && end(first) && end(last) && bytes.iter().all(inner)
+        }
+        _ => false,
+    }
+}
+
+/// Dot-separated DNS-1123 labels, at most 253 characters in all.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= DNS_SUBDOMAIN_MAX && s.split('.').all(is_dns_label)
+}
+
+/// An environment variable name as the Kubernetes API has long validated it: letters, digits, `_`, `-`
+/// and `.`, not starting with a digit. (Recent API servers accept more; this rule works on every one.)
+pub fn is_env_var_name(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    let allowed = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.');
+    match bytes.first() {
+        Some(first) => !first.is_ascii_digit() && bytes.iter().all(allowed),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// DNS labels: lower case, dashes inside only, 63 characters at most.
+    #[test]
+    fn dns_labels() {
+        for ok in ["a", "j-4817", "0", "a-b-c", &"x".repeat(63)] {
+            assert!(is_dns_label(ok), "{ok}");
+        }
+        for bad in ["", "-a", "a-", "A", "a_b", "a.b", "ø", &"x".repeat(64)] {
+            assert!(!is_dns_label(bad), "{bad}");
+        }
+    }
+
+    /// Subdomains are labels joined by dots, 253 characters at most.
+    #[test]
+    fn dns_subdomains() {
+        for ok in ["postgres", "app-mylink.cloud.sdu.dk", "j-1-job-0.j-1"] {
+            assert!(is_dns_subdomain(ok), "{ok}");
+        }
+        let long = vec!["a".repeat(63); 4].join(".");
+        assert_eq!(long.len(), 255);
+        for bad in ["", "a..b", ".a", "a.", "Postgres", "my db", &long] {
+            assert!(!is_dns_subdomain(bad), "{bad}");
+        }
+    }
+
+    /// Environment variable names.
+    #[test]
+    fn env_var_names() {
+        for ok in ["OMP_NUM_THREADS", "_x", "a.b-c", "PATH2"] {
+            assert!(is_env_var_name(ok), "{ok}");
+        }
+        for bad in ["", "1BAD", "A=B", "A B", "Ä"] {
+            assert!(!is_env_var_name(bad), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! `volcano-runner validate` and `--version`, run as the built binary.
+
+use crate::support;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use volcano_runner::messages::{self, Format, MessageType};
+
+use support::root;
+
+/// The binary with a clean environment, run from the repository root.
+fn volcano_runner(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_volcano-runner"))
+        .args(args)
+        .env_clear()
+        .envs(env.iter().copied())
+        .current_dir(root())
+        .output()
+        .expect("the binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn example_paths() -> Vec<String> {
+    support::examples()
+        .into_iter()
+        .map(|(p, _)| p.strip_prefix(root()).unwrap().display().to_string())
+        .collect()
+}
+
+/// A fresh scratch directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("volcano-runner-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `validate schemas/examples/*.json` with the test configuration prints `<file>: ok` for each and
+/// exits 0.
+#[test]
+fn examples_are_ok() {
+    let files = example_paths();
+    let mut args = vec!["validate", "--config", "tests/fixtures/config.toml"];
+    args.extend(files.iter().map(String::as_str));
+    let out = volcano_runner(&args, &[]);
+    let lines: Vec<String> = files.iter().map(|f| format!("{f}: ok")).collect();
+    assert_eq!(stdout(&out), lines.join("\n") + "\n");
+    assert_eq!(out.status.code(), Some(0));
+}
+
+/// Without any configuration the examples are still ok; the license id that cannot be checked is
+/// reported as such.
+#[test]
+fn examples_are_ok_without_configuration() {
+    let files = example_paths();
+    let mut args = vec!["validate"];
+    args.extend(files.iter().map(String::as_str));
+    let out = volcano_runner(&args, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    let text = stdout(&out);
+    assert_eq!(text.lines().count(), files.len());
+    assert!(text.lines().all(|l| l.contains(": ok")), "{text}");
+    assert!(
+        text.contains("submit-job.matlab-web.json: ok (license server ids not checked"),
+        "{text}"
+    );
+}
+
+/// With a configuration that lacks the license, the same example is invalid.
+#[test]
+fn unknown_license_with_configuration() {
+    let dir = scratch("license");
+    let config = dir.join("runner.toml");
+    std::fs::write(&config, "[limits]\nmax_replicas = 4\n").unwrap();
+    let out = volcano_runner(
+        &["validate", "schemas/examples/submit-job.matlab-web.json"],
+        &[("VOLCANO_RUNNER_CONFIG", config.to_str().unwrap())],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stdout(&out).starts_with(
+            "schemas/examples/submit-job.matlab-web.json: parameters.license.licenseServer.id: unknown license server \"matlab-campus\""
+        ),
+        "{}",
+        stdout(&out)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One broken file among good ones: every file gets its line, the broken one names the field, and the
+/// exit code is 1.
+#[test]
+fn a_broken_copy_exits_non_zero_naming_the_field() {
+    let out = volcano_runner(
+        &[
+            "validate",
+            "schemas/examples/cancel-job.json",
+            "tests/fixtures/invalid/submit-job.dotdot-mount.json",
+            "schemas/examples/extend-job.json",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines[0], "schemas/examples/cancel-job.json: ok");
+    assert!(
+        lines[1].starts_with(
+            "tests/fixtures/invalid/submit-job.dotdot-mount.json: resources[0].file.path: "
+        ),
+        "{text}"
+    );
+    assert_eq!(lines[2], "schemas/examples/extend-job.json: ok");
+}
+
+/// Protobuf files: the format from the extension or --format, the type from the name or --type.
+#[test]
+fn protobuf_files() {
+    let dir = scratch("protobuf");
+    let json = std::fs::read(root().join("schemas/examples/submit-job.figlet.json")).unwrap();
+    let job: messages::v1::SubmitJob = messages::decode(Format::Json, &json).unwrap();
+    let by_name = dir.join("submit-job.figlet.binpb");
+    std::fs::write(&by_name, messages::encode(Format::Protobuf, &job).unwrap()).unwrap();
+    let anonymous = dir.join("message.dat");
+    let mut broken = job.clone();
+    broken.replicas = 0;
+    std::fs::write(
+        &anonymous,
+        messages::encode(Format::Protobuf, &broken).unwrap(),
+    )
+    .unwrap();
+
+    let out = volcano_runner(&["validate", by_name.to_str().unwrap()], &[]);
+    assert_eq!(stdout(&out), format!("{}: ok\n", by_name.display()));
+
+    let out = volcano_runner(
+        &[
+            "validate",
+            "--format",
+            "protobuf",
+            "--type",
+            "SubmitJob",
+            anonymous.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stdout(&out),
+        format!("{}: replicas: must be at least 1\n", anonymous.display())
+    );
+
+    // Without --type the message type is unknown; without --format so is the format.
+    let out = volcano_runner(&["validate", anonymous.to_str().unwrap()], &[]);
+    assert!(
+        stdout(&out).contains("cannot tell the message type"),
+        "{}",
+        stdout(&out)
+    );
+    let out = volcano_runner(
+        &[
+            "validate",
+            "--type",
+            "submit-job",
+            anonymous.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(
+        stdout(&out).contains("cannot tell the format"),
+        "{}",
+        stdout(&out)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A bad configuration stops the command before any file is read, naming the key and the variable.
+#[test]
+fn bad_configuration_stops_with_the_key() {
+    let out = volcano_runner(
+        &["validate", "schemas/examples/cancel-job.json"],
+        &[("VOLCANO_RUNNER_LIMITS__MAX_REPLICAS", "many")],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stdout(&out).is_empty());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("configuration limits.max_replicas: ")
+            && stderr.contains("VOLCANO_RUNNER_LIMITS__MAX_REPLICAS"),
+        "{stderr}"
+    );
+}
+
+/// The limit on replicas comes from the configuration, here from the environment.
+#[test]
+fn replica_limit_from_the_environment() {
+    let out = volcano_runner(
+        &["validate", "schemas/examples/submit-job.mpi-2-nodes.json"],
+        &[("VOLCANO_RUNNER_LIMITS__MAX_REPLICAS", "1")],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stdout(&out).contains("replicas: 2 replicas asked for, at most 1"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+/// `--version` prints the crate version.
+#[test]
+fn version() {
+    let out = volcano_runner(&["--version"], &[]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        stdout(&out),
+        format!("volcano-runner {}\n", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+/// Every message type the CLI can be told about by name.
+#[test]
+fn type_names_parse() {
+    for t in MessageType::ALL {
+        let out = volcano_runner(
+            &[
+                "validate",
+                "--type",
+                t.name(),
+                "--format",
+                "json",
+                "/nonexistent/x",
+            ],
+            &[],
+        );
+        assert!(stdout(&out).contains("cannot read"), "{}", stdout(&out));
+    }
+}

@@ -1,0 +1,640 @@
+//! The message contract holds together: the examples, the JSON Schemas, the protobuf descriptors compiled
+//! from `proto/`, the decoder and the validator all agree, and the invalid fixtures are rejected with
+//! the field they break.
+
+use crate::support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use prost::Message as _;
+use prost_types::field_descriptor_proto::{Label, Type};
+use prost_types::{DescriptorProto, EnumDescriptorProto, FieldDescriptorProto, FileDescriptorSet};
+use serde::Deserialize;
+use serde_json::Value;
+use volcano_runner::messages::{self, AnyMessage, Format, MessageType, v1};
+use volcano_runner::validate;
+
+use support::{examples, read_json, root, schema, schema_errors, test_config, validator};
+
+/// Every example is valid against its message's JSON Schema (draft 2020-12, formats checked).
+#[test]
+fn examples_validate_against_their_schemas() {
+    let mut problems = Vec::new();
+    for (path, message_type) in examples() {
+        let errors = schema_errors(&validator(message_type), &read_json(&path));
+        problems.extend(
+            errors
+                .into_iter()
+                .map(|e| format!("{}: {e}", path.display())),
+        );
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// Every example decodes into its prost type, passes validation, survives protobuf encoding, and
+/// re-encodes to exactly the JSON it was read from (the examples are in canonical proto3 JSON form).
+#[test]
+fn examples_decode_validate_and_round_trip() {
+    let config = test_config();
+    for (path, message_type) in examples() {
+        let name = path.display();
+        let bytes = std::fs::read(&path).unwrap();
+        let message = messages::decode_any(message_type, Format::Json, &bytes)
+            .unwrap_or_else(|e| panic!("{name}: does not decode: {e}"));
+        validate::message(&message, &config).unwrap_or_else(|e| panic!("{name}: invalid: {e}"));
+
+        let protobuf = message.encode(Format::Protobuf).unwrap();
+        let back = messages::decode_any(message_type, Format::Protobuf, &protobuf)
+            .unwrap_or_else(|e| panic!("{name}: protobuf does not decode: {e}"));
+        assert_eq!(
+            back, message,
+            "{name}: protobuf round trip changed the message"
+        );
+
+        let json = message.encode(Format::Json).unwrap();
+        let reencoded: Value = serde_json::from_slice(&json).unwrap();
+        assert_eq!(
+            reencoded,
+            read_json(&path),
+            "{name}: re-encoding changed the JSON"
+        );
+    }
+}
+
+/// Each message has a schema file and at least one example, and no schema file is a stray.
+#[test]
+fn every_message_has_a_schema_and_an_example() {
+    let with_examples: BTreeSet<MessageType> = examples().into_iter().map(|(_, t)| t).collect();
+    for message_type in MessageType::ALL {
+        assert!(
+            support::schema_path(message_type).is_file(),
+            "no schema for {message_type}"
+        );
+        assert!(
+            with_examples.contains(&message_type),
+            "no example for {message_type}"
+        );
+    }
+    let schema_files: Vec<_> = std::fs::read_dir(root().join("schemas"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".schema.json"))
+        .collect();
+    assert_eq!(
+        schema_files.len(),
+        MessageType::ALL.len(),
+        "{schema_files:?}"
+    );
+}
+
+/// The examples the contract promises exist: a figlet-like batch job, a 2-node MPI-style job with input
+/// files and an output folder, and an interactive web application with a peer and a license server.
+#[test]
+fn promised_examples_exist() {
+    let submits: Vec<v1::SubmitJob> = examples()
+        .into_iter()
+        .filter(|(_, t)| *t == MessageType::SubmitJob)
+        .map(|(p, _)| messages::decode(Format::Json, &std::fs::read(p).unwrap()).unwrap())
+        .collect();
+    let app = |j: &v1::SubmitJob| j.application.clone().unwrap_or_default();
+    let has_value = |j: &v1::SubmitJob, f: fn(&v1::parameter_value::Value) -> bool| {
+        j.parameters
+            .values()
+            .filter_map(|v| v.value.as_ref())
+            .any(f)
+    };
+    use v1::parameter_value::Value as V;
+    assert!(submits.iter().any(|j| j.replicas == 1
+        && app(j).application_type == v1::ApplicationType::Batch as i32
+        && app(j).image.contains("figlet")));
+    assert!(submits.iter().any(|j| j.replicas == 2
+        && has_value(j, |v| matches!(v, V::File(_)))
+        && j.output_folder.is_some()));
+    assert!(submits.iter().any(
+        |j| app(j).application_type == v1::ApplicationType::Web as i32
+            && has_value(j, |v| matches!(v, V::Peer(_)))
+            && has_value(j, |v| matches!(v, V::LicenseServer(_)))
+    ));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Drift between proto and schema.
+
+/// Every field of every message reachable from each top-level message appears in the schema under its
+/// proto3 JSON name with a matching JSON type (and enum names), and the schema has no property that is
+/// not a field. A field added to the proto and not to the schema fails here.
+#[test]
+fn schemas_match_the_proto_descriptors() {
+    let descriptors = Descriptors::load();
+    let mut problems = Vec::new();
+    for message_type in MessageType::ALL {
+        problems.extend(drift(&descriptors, message_type, &schema(message_type)));
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The drift check itself finds a missing field, an extra property, a wrong type and a missing enum
+/// value, so that a passing drift test means something.
+#[test]
+fn drift_check_detects_each_kind_of_mismatch() {
+    let descriptors = Descriptors::load();
+    let base = schema(MessageType::SubmitJob);
+    assert!(drift(&descriptors, MessageType::SubmitJob, &base).is_empty());
+
+    let broken = |edit: fn(&mut Value)| {
+        let mut s = base.clone();
+        edit(&mut s);
+        drift(&descriptors, MessageType::SubmitJob, &s).join("\n")
+    };
+    let found = broken(|s| {
+        s["$defs"]["Product"]["properties"]
+            .as_object_mut()
+            .unwrap()
+            .remove("gpu");
+    });
+    assert!(found.contains("volcano_runner.v1.Product.gpu"), "{found}");
+    let found = broken(|s| s["properties"]["jobNmae"] = serde_json::json!({"type": "string"}));
+    assert!(found.contains("jobNmae"), "{found}");
+    let found = broken(|s| s["properties"]["replicas"] = serde_json::json!({"type": "string"}));
+    assert!(found.contains("replicas"), "{found}");
+    let found = broken(|s| {
+        s["$defs"]["PortRange"]["properties"]["protocol"]["enum"] =
+            serde_json::json!(["PROTOCOL_TCP"]);
+    });
+    assert!(found.contains("PROTOCOL_UDP"), "{found}");
+}
+
+struct Descriptors {
+    messages: BTreeMap<String, DescriptorProto>,
+    enums: BTreeMap<String, EnumDescriptorProto>,
+}
+
+impl Descriptors {
+    fn load() -> Self {
+        let set = FileDescriptorSet::decode(messages::FILE_DESCRIPTOR_SET).unwrap();
+        let mut d = Descriptors {
+            messages: BTreeMap::new(),
+            enums: BTreeMap::new(),
+        };
+        for file in set.file {
+            let prefix = format!(".{}", file.package());
+            for m in file.message_type {
+                d.add_message(&prefix, m);
+            }
+            for e in file.enum_type {
+                d.enums.insert(format!("{prefix}.{}", e.name()), e);
+            }
+        }
+        d
+    }
+
+    fn add_message(&mut self, prefix: &str, m: DescriptorProto) {
+        let name = format!("{prefix}.{}", m.name());
+        for nested in m.nested_type.clone() {
+            self.add_message(&name, nested);
+        }
+        for e in m.enum_type.clone() {
+            self.enums.insert(format!("{name}.{}", e.name()), e);
+        }
+        self.messages.insert(name, m);
+    }
+}
+
+/// The mismatches between a message's schema and its descriptor.
+fn drift(descriptors: &Descriptors, message_type: MessageType, doc: &Value) -> Vec<String> {
+    let mut check = Drift {
+        descriptors,
+        doc,
+        problems: Vec::new(),
+        visited: BTreeSet::new(),
+    };
+    let full_name = format!(".{}", message_type.amqp_type());
+    check.message(doc, &full_name, message_type.file_stem());
+    check.problems
+}
+
+struct Drift<'a> {
+    descriptors: &'a Descriptors,
+    doc: &'a Value,
+    problems: Vec<String>,
+    visited: BTreeSet<String>,
+}
+
+impl<'a> Drift<'a> {
+    fn problem(&mut self, at: &str, what: String) {
+        self.problems.push(format!("{at}: {what}"));
+    }
+
+    fn message(&mut self, node: &Value, full_name: &str, at: &str) {
+        if !self.visited.insert(full_name.to_owned()) {
+            return;
+        }
+        let Some(descriptor) = self.descriptors.messages.get(full_name) else {
+            return self.problem(at, format!("no message {full_name} in the descriptors"));
+        };
+        let Some(properties) = node.get("properties").and_then(Value::as_object) else {
+            return self.problem(at, format!("schema for {full_name} has no properties"));
+        };
+        if node.get("additionalProperties") != Some(&Value::Bool(false)) {
+            self.problem(
+                at,
+                "additionalProperties must be false, as the decoder rejects unknown fields".into(),
+            );
+        }
+        let fields: BTreeMap<String, &FieldDescriptorProto> =
+            descriptor.field.iter().map(|f| (json_name(f), f)).collect();
+        for name in properties.keys() {
+            if !fields.contains_key(name) {
+                self.problem(at, format!("property {name} is not a field of {full_name}"));
+            }
+        }
+        for required in node
+            .get("required")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let required = required.as_str().unwrap_or_default();
+            if !properties.contains_key(required) {
+                self.problem(at, format!("required {required} is not a property"));
+            }
+        }
+        for (json, field) in fields {
+            let field_name = format!("{}.{}", full_name.trim_start_matches('.'), field.name());
+            match properties.get(&json) {
+                None => self.problem(
+                    at,
+                    format!("field {field_name} (JSON {json}) is missing from the schema"),
+                ),
+                Some(property) => self.field(property, field, &format!("{at}.{json}")),
+            }
+        }
+    }
+
+    fn field(&mut self, property: &Value, field: &FieldDescriptorProto, at: &str) {
+        let property = self.deref(property);
+        if field.label() != Label::Repeated {
+            return self.single(property, field, at);
+        }
+        let entry = self
+            .descriptors
+            .messages
+            .get(field.type_name())
+            .filter(|m| m.options.as_ref().is_some_and(|o| o.map_entry()));
+        match entry {
+            Some(entry) => {
+                if types(property) != ["object"] {
+                    return self.problem(at, "a map must be a JSON object".into());
+                }
+                let value_field = &entry.field[1];
+                match property.get("additionalProperties") {
+                    Some(values) if values.is_object() => {
+                        self.single(self.deref(values), value_field, at)
+                    }
+                    _ => self.problem(
+                        at,
+                        "a map needs an additionalProperties schema for its values".into(),
+                    ),
+                }
+            }
+            None => {
+                if types(property) != ["array"] {
+                    return self.problem(at, "a repeated field must be a JSON array".into());
+                }
+                match property.get("items") {
+                    Some(items) => self.single(self.deref(items), field, at),
+                    None => self.problem(at, "an array needs an items schema".into()),
+                }
+            }
+        }
+    }
+
+    fn single(&mut self, property: &Value, field: &FieldDescriptorProto, at: &str) {
+        let property = self.deref(property);
+        let t = types(property);
+        let expect = |ok: bool, what: &str, problems: &mut Vec<String>| {
+            if !ok {
+                problems.push(format!("{at}: expected {what}, schema says {property}"));
+            }
+        };
+        match field.r#type() {
+            Type::String | Type::Bytes => {
+                expect(t == ["string"], "type string", &mut self.problems)
+            }
+            Type::Bool => expect(t == ["boolean"], "type boolean", &mut self.problems),
+            Type::Int32 | Type::Uint32 | Type::Sint32 | Type::Fixed32 | Type::Sfixed32 => {
+                expect(t == ["integer"], "type integer", &mut self.problems)
+            }
+            Type::Int64 | Type::Uint64 | Type::Sint64 | Type::Fixed64 | Type::Sfixed64 => expect(
+                t.contains(&"string") && property.get("pattern").is_some(),
+                "a string of digits (64-bit integers are strings in proto3 JSON)",
+                &mut self.problems,
+            ),
+            Type::Double | Type::Float => {
+                expect(t == ["number"], "type number", &mut self.problems)
+            }
+            Type::Enum => self.enumeration(property, field.type_name(), at),
+            Type::Message => match field.type_name() {
+                ".google.protobuf.Timestamp" => expect(
+                    t == ["string"] && property.get("format") == Some(&Value::from("date-time")),
+                    "an RFC 3339 date-time string",
+                    &mut self.problems,
+                ),
+                ".google.protobuf.Duration" => expect(
+                    t == ["string"]
+                        && property
+                            .get("pattern")
+                            .and_then(Value::as_str)
+                            .is_some_and(|p| p.ends_with("s$")),
+                    "a duration string such as \"3600s\"",
+                    &mut self.problems,
+                ),
+                name => self.message(property, name, at),
+            },
+            Type::Group => self.problem(at, "groups are not part of the contract".into()),
+        }
+    }
+
+    fn enumeration(&mut self, property: &Value, enum_name: &str, at: &str) {
+        let Some(descriptor) = self.descriptors.enums.get(enum_name) else {
+            return self.problem(at, format!("no enum {enum_name} in the descriptors"));
+        };
+        let Some(listed) = property.get("enum").and_then(Value::as_array) else {
+            return self.problem(at, format!("{enum_name} must list its names in `enum`"));
+        };
+        let listed: BTreeSet<&str> = listed.iter().filter_map(Value::as_str).collect();
+        for value in &descriptor.value {
+            // The zero value may be left out: proto3 JSON omits it, and validation may require another.
+            if value.number() != 0 && !listed.contains(value.name()) {
+                self.problem(
+                    at,
+                    format!("{enum_name} value {} is not in the schema", value.name()),
+                );
+            }
+        }
+        for name in listed {
+            if !descriptor.value.iter().any(|v| v.name() == name) {
+                self.problem(at, format!("{name} is not a value of {enum_name}"));
+            }
+        }
+    }
+
+    /// Follows a local `$ref` (`#/$defs/Name`).
+    fn deref<'v>(&self, node: &'v Value) -> &'v Value
+    where
+        'a: 'v,
+    {
+        match node.get("$ref").and_then(Value::as_str) {
+            Some(reference) => {
+                let pointer = reference.trim_start_matches('#');
+                self.doc.pointer(pointer).unwrap_or(&Value::Null)
+            }
+            None => node,
+        }
+    }
+}
+
+/// The JSON types a schema node allows.
+fn types(node: &Value) -> Vec<&str> {
+    match node.get("type") {
+        Some(Value::String(t)) => vec![t.as_str()],
+        Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The proto3 JSON name of a field: protoc's json_name, or lowerCamelCase of the field name.
+fn json_name(field: &FieldDescriptorProto) -> String {
+    if let Some(name) = field.json_name.as_deref().filter(|n| !n.is_empty()) {
+        return name.to_owned();
+    }
+    let mut out = String::new();
+    let mut upper = false;
+    for c in field.name().chars() {
+        if c == '_' {
+            upper = true;
+        } else if upper {
+            out.push(c.to_ascii_uppercase());
+            upper = false;
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Invalid fixtures.
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Index {
+    case: Vec<Case>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Case {
+    file: String,
+    base: String,
+    stage: String,
+    field: String,
+    reason: String,
+    message: Option<String>,
+    schema: String,
+}
+
+fn fixtures_dir() -> std::path::PathBuf {
+    root().join("tests/fixtures/invalid")
+}
+
+fn index() -> Index {
+    let text = std::fs::read_to_string(fixtures_dir().join("index.toml")).unwrap();
+    toml::from_str(&text).unwrap()
+}
+
+/// Each invalid message is rejected at the expected stage (decoding or validation), with an error that
+/// names the expected field first (`<field>: ...`), carries the expected reason code and text, and the
+/// JSON Schema agrees where a schema can express the rule.
+#[test]
+fn invalid_fixtures_are_rejected_naming_the_field() {
+    let config = test_config();
+    let mut problems = Vec::new();
+    for case in index().case {
+        let path = fixtures_dir().join(&case.file);
+        let message_type = MessageType::from_file_name(Path::new(&case.file)).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        let (stage, field, reason, text) =
+            match messages::decode_any(message_type, Format::Json, &bytes) {
+                Err(e) => (
+                    "decode",
+                    e.field().unwrap_or_default().to_owned(),
+                    e.reason(),
+                    e.to_string(),
+                ),
+                Ok(message) => match validate::message(&message, &config) {
+                    Err(e) => ("validate", e.field().to_owned(), e.reason(), e.to_string()),
+                    Ok(()) => {
+                        problems.push(format!("{}: accepted", case.file));
+                        continue;
+                    }
+                },
+            };
+        let mut wrong = |what: &str, got: &str, expected: &str| {
+            if got != expected {
+                problems.push(format!(
+                    "{}: {what} is {got:?}, expected {expected:?} ({text})",
+                    case.file
+                ));
+            }
+        };
+        wrong("stage", stage, &case.stage);
+        wrong("field", &field, &case.field);
+        wrong("reason", reason, &case.reason);
+        if !text.starts_with(&format!("{}: ", case.field)) {
+            problems.push(format!(
+                "{}: the error does not start with the field: {text}",
+                case.file
+            ));
+        }
+        if let Some(part) = &case.message
+            && !text.contains(part.as_str())
+        {
+            problems.push(format!("{}: {text:?} does not contain {part:?}", case.file));
+        }
+        let schema_valid = validator(message_type).is_valid(&read_json(&path));
+        let expected_valid = match case.schema.as_str() {
+            "accepts" => true,
+            "rejects" => false,
+            other => panic!(
+                "{}: schema must be accepts or rejects, not {other}",
+                case.file
+            ),
+        };
+        if schema_valid != expected_valid {
+            problems.push(format!(
+                "{}: the schema {} it",
+                case.file,
+                if schema_valid { "accepts" } else { "rejects" }
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// Each fixture differs from its base example in exactly one place, so it tests one rule; every file in
+/// the directory has a case and every case a file.
+#[test]
+fn fixtures_are_examples_broken_in_one_way() {
+    let cases = index().case;
+    let listed: BTreeSet<String> = cases.iter().map(|c| c.file.clone()).collect();
+    let present: BTreeSet<String> = support::json_files(&fixtures_dir())
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(listed, present, "index.toml and the fixture files differ");
+    assert!(cases.len() >= 20, "only {} invalid fixtures", cases.len());
+    for case in cases {
+        let fixture = read_json(&fixtures_dir().join(&case.file));
+        let base = read_json(&root().join("schemas/examples").join(&case.base));
+        let n = differences(&base, &fixture);
+        assert_eq!(
+            n, 1,
+            "{} differs from {} in {n} places",
+            case.file, case.base
+        );
+    }
+}
+
+/// The number of places where two JSON values differ: a changed scalar, an added or removed member, an
+/// added or removed array element, or an object replaced by one with other members (another member of
+/// a oneof) counts one each.
+fn differences(a: &Value, b: &Value) -> usize {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y))
+            if !x.is_empty() && !y.is_empty() && !x.keys().any(|k| y.contains_key(k)) =>
+        {
+            1
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            keys.into_iter()
+                .map(|k| match (x.get(k), y.get(k)) {
+                    (Some(u), Some(v)) => differences(u, v),
+                    _ => 1,
+                })
+                .sum()
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            let common: usize = x.iter().zip(y).map(|(u, v)| differences(u, v)).sum();
+            common + x.len().abs_diff(y.len())
+        }
+        _ => usize::from(a != b),
+    }
+}
+
+/// Protobuf input is validated the same way: an example re-encoded as protobuf with one field broken
+/// is rejected naming the field, including an enum number the contract does not define (which JSON
+/// cannot even express).
+#[test]
+fn protobuf_messages_are_validated_too() {
+    let config = test_config();
+    let bytes = std::fs::read(root().join("schemas/examples/submit-job.figlet.json")).unwrap();
+    let job: v1::SubmitJob = messages::decode(Format::Json, &bytes).unwrap();
+
+    let mut broken = job.clone();
+    broken.application.as_mut().unwrap().application_type = 42;
+    let decoded: v1::SubmitJob = messages::decode(
+        Format::Protobuf,
+        &messages::encode(Format::Protobuf, &broken).unwrap(),
+    )
+    .unwrap();
+    let e = validate::submit(&decoded, &config).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "application.applicationType: unknown application type 42"
+    );
+
+    let mut broken = job;
+    broken.product.as_mut().unwrap().cpu = 0;
+    let decoded: v1::SubmitJob = messages::decode(
+        Format::Protobuf,
+        &messages::encode(Format::Protobuf, &broken).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        validate::submit(&decoded, &config).unwrap_err().field(),
+        "product.cpu"
+    );
+}
+
+/// A message that is not an inbound message is refused on the jobs queue, and decode_inbound accepts
+/// each inbound example in both formats.
+#[test]
+fn inbound_examples_decode_from_amqp_properties() {
+    for (path, message_type) in examples() {
+        let json = std::fs::read(&path).unwrap();
+        let message = messages::decode_any(message_type, Format::Json, &json).unwrap();
+        for format in Format::ALL {
+            let body = message.encode(format).unwrap();
+            let result = messages::decode_inbound(
+                Some(message_type.amqp_type()),
+                Some(format.content_type()),
+                &body,
+            );
+            match (message_type.is_inbound(), result) {
+                (true, Ok(inbound)) => {
+                    let again = match inbound {
+                        messages::Inbound::Submit(m) => AnyMessage::SubmitJob(m),
+                        messages::Inbound::Cancel(m) => AnyMessage::CancelJob(m),
+                        messages::Inbound::Extend(m) => AnyMessage::ExtendJob(m),
+                    };
+                    assert_eq!(again, message, "{}", path.display());
+                }
+                (false, Err(messages::DecodeError::NotInbound(t))) => assert_eq!(t, message_type),
+                (_, other) => panic!("{} as {format}: {other:?}", path.display()),
+            }
+        }
+    }
+}

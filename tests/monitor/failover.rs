@@ -1,0 +1,323 @@
+//! The monitoring duty under failure: the runner holding a job's shard is killed mid-job and another takes
+//! over from the annotations; watches cut by the simulator's fault plan; 10 s of API 503s; a job with
+//! unreadable annotations next to healthy ones.
+
+use crate::monitor_support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use monitor_support::*;
+use volcano_runner::cluster::shard_of;
+use volcano_runner::messages::v1::JobEvent;
+use volcano_runner::sim::FaultRule;
+
+/// Every lifecycle event id was published with one content only (the publishing runner's name aside,
+/// which says who sent it), and the transitions are exactly `expected`, in order.
+fn check_lifecycle(seen: &Seen, job_id: &str, expected: &[&str]) {
+    let mut by_id: BTreeMap<&str, JobEvent> = BTreeMap::new();
+    for e in seen.of(job_id).lifecycle.iter() {
+        let mut content = e.clone();
+        content.runner_id.clear();
+        if let Some(old) = by_id.get(e.event_id.as_str()) {
+            assert_eq!(
+                old, &content,
+                "{} published twice with different content",
+                e.event_id
+            );
+        }
+        by_id.insert(&e.event_id, content);
+    }
+    let transitions: Vec<String> = seen
+        .of(job_id)
+        .transitions()
+        .iter()
+        .map(|e| e.event_id.clone())
+        .collect();
+    let expected: Vec<String> = expected.iter().map(|s| format!("{job_id}/{s}")).collect();
+    assert_eq!(transitions, expected);
+}
+
+/// The runner that holds the job's shard is killed in the middle of the job. Another runner takes the
+/// shard over within 15 s and carries on from the annotations: over the whole job the ticks are distinct,
+/// gap-free, overlap-free and add up to the real run time, and no lifecycle event is missing or published
+/// twice with different content.
+#[tokio::test]
+async fn the_duty_holder_dies_mid_job_and_another_runner_takes_over() {
+    let mut w = World::start(
+        "mon-failover",
+        |c| {
+            // The production lease timing (10 s, renewed every 2 s, 2 s margin).
+            c.cluster.lease = Default::default();
+            c.cluster.lease.shards = 4;
+        },
+        |_| {},
+    )
+    .await;
+    let a = w.runner("runner-a").await;
+    a.holds(4).await;
+    let b = w.runner("runner-b").await;
+    b.holds(2).await;
+    let job_id = "f1";
+    let shard = shard_of(job_id, 4);
+    let job = job(job_id, "echo go; sleep 400; echo finished");
+    w.submit(&job).await;
+    w.advance(3);
+    w.until("RUNNING", |s| s.event("f1/RUNNING").is_some())
+        .await;
+    let start = ms(&w.seen.event("f1/RUNNING").unwrap().started_at);
+    w.advance(130);
+    w.until("two ticks", |s| s.of("f1").unique_ticks().len() >= 2)
+        .await;
+    // Kill the holder; the other is the survivor.
+    let (holder, survivor) = if a.leases.held().held().contains(&shard) {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    assert!(
+        holder.leases.held().held().contains(&shard),
+        "one of them holds shard {shard}"
+    );
+    let victim = holder.identity.clone();
+    holder.kill().await;
+    let killed_at = Instant::now();
+    // Time goes on while nobody carries the duty: ticks 2 and 3 fall due.
+    w.advance(130);
+    w.until("a tick published by the survivor", |s| {
+        s.of("f1").ticks.len() >= 4
+    })
+    .await;
+    let took_over = killed_at.elapsed();
+    assert!(
+        survivor.leases.held().held().contains(&shard),
+        "{} holds shard {shard} now",
+        survivor.identity
+    );
+    assert!(
+        took_over < Duration::from_secs(15),
+        "{victim} died and {} published after {took_over:?}",
+        survivor.identity
+    );
+    for _ in 0..5 {
+        w.advance(30);
+    }
+    w.until("SUCCESS and the final tick", |s| {
+        s.event("f1/SUCCESS").is_some() && s.of("f1").has_final_tick()
+    })
+    .await;
+    w.settle(Duration::from_millis(500)).await;
+    let success = w.seen.event("f1/SUCCESS").unwrap().clone();
+    assert_eq!(ms(&success.ended_at) - start, 400_000, "sleep 400");
+    let ticks = w.seen.of("f1").unique_ticks();
+    check_ticks("f1", &ticks, start, ms(&success.ended_at));
+    check_lifecycle(&w.seen, "f1", &["RUNNING", "SUCCESS"]);
+    assert_eq!(success.runner_id, survivor.identity);
+    eprintln!("takeover after the kill: {took_over:?}");
+    survivor.stop().await;
+    w.close().await;
+}
+
+/// The holder publishes a tick but cannot persist it (every patch of the job fails) and is killed in that
+/// window: the runner that takes over publishes the same tick again, with the same id and content, and
+/// the job's accounting stays gap-free and overlap-free.
+#[tokio::test]
+async fn a_kill_between_publishing_and_persisting_republishes_the_same_tick() {
+    let mut w = World::start("mon-window", |_| {}, |_| {}).await;
+    let a = w.runner("runner-a").await;
+    a.holds(4).await;
+    let job = job("k1", "sleep 300");
+    w.submit(&job).await;
+    w.advance(3);
+    w.until("RUNNING", |s| s.event("k1/RUNNING").is_some())
+        .await;
+    let start = ms(&w.seen.event("k1/RUNNING").unwrap().started_at);
+    w.advance(60);
+    w.until("tick 0", |s| s.of("k1").unique_ticks().len() == 1)
+        .await;
+    w.sim.faults().add_rule(FaultRule {
+        resource: "jobs".into(),
+        verb: "patch".into(),
+        error_503: 1.0,
+        ..FaultRule::default()
+    });
+    w.advance(60);
+    w.until("tick 1, published but not persisted", |s| {
+        s.of("k1").ticks.iter().any(|t| t.tick_id == "k1/1")
+    })
+    .await;
+    a.kill().await;
+    w.sim.faults().clear();
+    let b = w.runner("runner-b").await;
+    b.holds(4).await;
+    w.until("tick 1 again, from the new holder", |s| {
+        s.of("k1")
+            .ticks
+            .iter()
+            .filter(|t| t.tick_id == "k1/1")
+            .count()
+            >= 2
+    })
+    .await;
+    for _ in 0..7 {
+        w.advance(30);
+    }
+    w.until("SUCCESS and the final tick", |s| {
+        s.event("k1/SUCCESS").is_some() && s.of("k1").has_final_tick()
+    })
+    .await;
+    w.settle(Duration::from_millis(500)).await;
+    let success = w.seen.event("k1/SUCCESS").unwrap().clone();
+    // `unique_ticks` fails if the two publications of tick 1 differ in any field.
+    let ticks = w.seen.of("k1").unique_ticks();
+    check_ticks("k1", &ticks, start, ms(&success.ended_at));
+    assert_eq!(ms(&success.ended_at) - start, 300_000);
+    check_lifecycle(&w.seen, "k1", &["RUNNING", "SUCCESS"]);
+    b.stop().await;
+    w.close().await;
+}
+
+/// Every watch is cut after each event it delivers, and the simulator also drops all watch connections
+/// while the job runs: the watcher resumes (or lists again after 410 Gone) and the full reconciliation
+/// looks at every job anyway, so no transition is lost.
+#[tokio::test]
+async fn watches_cut_by_the_fault_plan_lose_no_transition() {
+    let mut w = World::start(
+        "mon-cuts",
+        |c| c.monitor.reconcile_interval = Duration::from_secs(2),
+        |s| s.watch_history = 20,
+    )
+    .await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    for resource in ["jobs", "pods", "podgroups"] {
+        w.sim.faults().add_rule(FaultRule {
+            resource: resource.into(),
+            verb: "watch".into(),
+            watch_cut_after_events: Some(1),
+            ..FaultRule::default()
+        });
+    }
+    let job = job("c1", "sleep 200; exit 4");
+    w.submit(&job).await;
+    w.advance(3);
+    w.until("RUNNING", |s| s.event("c1/RUNNING").is_some())
+        .await;
+    let start = ms(&w.seen.event("c1/RUNNING").unwrap().started_at);
+    for i in 0..8 {
+        w.sim.cut_watches();
+        if i % 3 == 0 {
+            w.sim.compact_history();
+        }
+        w.advance(30);
+    }
+    w.until("FAILURE and the final tick", |s| {
+        s.event("c1/FAILURE").is_some() && s.of("c1").has_final_tick()
+    })
+    .await;
+    w.settle(Duration::from_millis(500)).await;
+    let failure = w.seen.event("c1/FAILURE").unwrap().clone();
+    assert_eq!(failure.exit_codes.len(), 1, "{failure:#?}");
+    assert_eq!(failure.exit_codes[0].exit_code, 4);
+    assert_eq!(ms(&failure.ended_at) - start, 200_000);
+    check_ticks(
+        "c1",
+        &w.seen.of("c1").unique_ticks(),
+        start,
+        ms(&failure.ended_at),
+    );
+    check_lifecycle(&w.seen, "c1", &["RUNNING", "FAILURE"]);
+    runner.stop().await;
+    w.close().await;
+}
+
+/// The API answers 503 to everything for 10 s (real time) while a job ends: the monitor (and its leases)
+/// ride it out and nothing is lost once the API is back.
+#[tokio::test]
+async fn ten_seconds_of_503_lose_nothing() {
+    let mut w = World::start("mon-503", |_| {}, |_| {}).await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let job = job("u1", "sleep 90");
+    let ns = w.namespace_of(&job);
+    w.submit(&job).await;
+    w.advance(3);
+    w.until("RUNNING", |s| s.event("u1/RUNNING").is_some())
+        .await;
+    let start = ms(&w.seen.event("u1/RUNNING").unwrap().started_at);
+    w.sim.faults().unavailable_for(Duration::from_secs(10));
+    let outage = Instant::now();
+    // The job ends and a tick falls due during the outage.
+    w.advance(100);
+    w.settle(Duration::from_secs(2)).await;
+    assert!(
+        w.seen.event("u1/SUCCESS").is_none(),
+        "nothing can be decided while the API is down"
+    );
+    w.until("SUCCESS and the final tick", |s| {
+        s.event("u1/SUCCESS").is_some() && s.of("u1").has_final_tick()
+    })
+    .await;
+    assert!(outage.elapsed() >= Duration::from_secs(10));
+    w.settle(Duration::from_millis(500)).await;
+    let success = w.seen.event("u1/SUCCESS").unwrap().clone();
+    assert_eq!(
+        ms(&success.ended_at) - start,
+        90_000,
+        "{:#?}",
+        summary(&w.seen)
+    );
+    check_ticks(
+        "u1",
+        &w.seen.of("u1").unique_ticks(),
+        start,
+        ms(&success.ended_at),
+    );
+    check_lifecycle(&w.seen, "u1", &["RUNNING", "SUCCESS"]);
+    let gone = async {
+        while w.vcjob(&ns, "u1").is_some() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, gone)
+        .await
+        .expect("the job is cleaned up after the outage");
+    runner.stop().await;
+    w.close().await;
+}
+
+/// A managed job whose annotations cannot be read is reported and skipped; the job next to it runs its
+/// whole life (W6, W7).
+#[tokio::test]
+async fn a_broken_job_does_not_stop_the_others() {
+    let mut w = World::start("mon-isolation", |_| {}, |_| {}).await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let broken = job("b0", "sleep 30");
+    let key = w.keys.accounted_ticks.clone();
+    w.submit_edited(&broken, |j| {
+        j.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(key, "many".into());
+    })
+    .await;
+    let healthy = job("h1", "sleep 30");
+    w.submit(&healthy).await;
+    w.advance(3);
+    for _ in 0..3 {
+        w.advance(15);
+    }
+    w.until("the healthy job's end", |s| {
+        s.event("h1/SUCCESS").is_some() && s.of("h1").has_final_tick()
+    })
+    .await;
+    w.settle(Duration::from_millis(300)).await;
+    assert!(
+        w.seen.of("b0").lifecycle.is_empty(),
+        "nothing is published on the strength of unreadable annotations: {:?}",
+        summary(&w.seen.of("b0"))
+    );
+    runner.stop().await;
+    w.close().await;
+}

@@ -1,0 +1,12 @@
+//! The monitor: lifecycle events, accounting ticks, expiry and shard failover.
+//!
+//! One test binary per area: each binary links the whole dependency tree, so fewer binaries
+//! keep the build quick to link and small on disk.
+
+#[path = "../common/monitor.rs"]
+mod monitor_support;
+#[path = "../common/rabbit.rs"]
+mod rabbit;
+
+mod failover;
+mod lifecycle;

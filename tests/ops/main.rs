@@ -1,0 +1,13 @@
+//! Operations: deployment manifests, metrics, RBAC, readiness and redaction of the CLI.
+//!
+//! One test binary per area: each binary links the whole dependency tree, so fewer binaries
+//! keep the build quick to link and small on disk.
+
+#[path = "../ops_common/mod.rs"]
+mod ops_common;
+
+mod deploy;
+mod metrics;
+mod rbac;
+mod readiness;
+mod redaction_cli;

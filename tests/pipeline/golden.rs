@@ -1,0 +1,1657 @@
+//! Golden tests of the pipeline: one test per case of section 5 of the UCloud reference
+//! (`ucloud-app-kubernetes.md`), named after the case; `_changed` marks where issue 4 deliberately changes
+//! UCloud's behaviour. Inputs are SubmitJob files in `tests/golden/cases/`, expected output the `.yaml`
+//! next to them (regenerate with `UPDATE_GOLDEN=1 cargo test --test pipeline golden::`, then review the
+//! diff). Each test also asserts the facts the reference states, so a blindly regenerated golden still
+//! fails when behaviour drifts. Every rendered VolcanoJob is checked against the real CRD schema and
+//! Volcano's admission rules (`pipeline_support::assert_cluster_accepts`).
+//!
+//! Cases 20–24 are mostly the runner's and the monitor's (lifecycle texts, cancel, reconciliation, the
+//! pause switch); their tests here cover the pipeline's share of them.
+
+use crate::pipeline_support;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus, Pod,
+    PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use pipeline_support::*;
+use serde_json::{Value, json};
+use volcano_runner::cluster::volcano::{JobCondition, JobPhase, JobState, JobStatus, VolcanoJob};
+use volcano_runner::messages::v1::{ProxyAction, parameter_value, resource_value};
+use volcano_runner::pipeline::hooks::{self, HookPlan, Outbound, TerminationCause};
+use volcano_runner::pipeline::plugins::expiry::{self, Extension};
+use volcano_runner::pipeline::{DesiredJob, NamespaceMode, names};
+
+fn case(name: &str) -> volcano_runner::messages::v1::SubmitJob {
+    job(&format!("cases/{name}"))
+}
+
+fn check(name: &str, actual: Value) {
+    golden(&format!("cases/{name}"), &actual);
+}
+
+/// The rendered VolcanoJob as the API server returns it, in `phase` since `since`.
+fn observed(desired: &DesiredJob, phase: JobPhase, since: Timestamp) -> VolcanoJob {
+    let mut job = desired.vcjob.clone();
+    job.metadata.uid = Some("uid-1".into());
+    job.metadata.resource_version = Some("100".into());
+    job.status = Some(JobStatus {
+        state: JobState {
+            phase: phase.clone(),
+            reason: None,
+            message: None,
+            last_transition_time: Some(Time(since)),
+        },
+        conditions: vec![JobCondition {
+            status: phase,
+            last_transition_time: Some(Time(since)),
+        }],
+        ..JobStatus::default()
+    });
+    job
+}
+
+/// What the job looks like after the monitor applied `plan`'s patch.
+fn patched(job: &VolcanoJob, plan: &HookPlan) -> VolcanoJob {
+    let mut job = job.clone();
+    let annotations = job
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default);
+    for key in &plan.remove {
+        annotations.remove(key);
+    }
+    annotations.extend(plan.set.clone());
+    let rv: u64 = job
+        .metadata
+        .resource_version
+        .as_deref()
+        .unwrap_or("0")
+        .parse()
+        .unwrap();
+    job.metadata.resource_version = Some((rv + 1).to_string());
+    job
+}
+
+fn pod(job_id: &str, rank: u32, ip: &str, started: Timestamp, finished: Option<Timestamp>) -> Pod {
+    let state = match finished {
+        Some(end) => ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: 1,
+                started_at: Some(Time(started)),
+                finished_at: Some(Time(end)),
+                ..ContainerStateTerminated::default()
+            }),
+            ..ContainerState::default()
+        },
+        None => ContainerState {
+            running: Some(ContainerStateRunning {
+                started_at: Some(Time(started)),
+            }),
+            ..ContainerState::default()
+        },
+    };
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(names::pod_name(job_id, rank)),
+            ..ObjectMeta::default()
+        },
+        spec: None,
+        status: Some(PodStatus {
+            phase: Some(
+                if finished.is_some() {
+                    "Failed"
+                } else {
+                    "Running"
+                }
+                .into(),
+            ),
+            pod_ip: Some(ip.into()),
+            container_statuses: Some(vec![ContainerStatus {
+                name: names::USER_CONTAINER.into(),
+                state: Some(state),
+                ..ContainerStatus::default()
+            }]),
+            ..PodStatus::default()
+        }),
+    }
+}
+
+fn ts(s: &str) -> Timestamp {
+    s.parse().unwrap()
+}
+
+/// Case 1: `j-<id>` in the configured namespace, task `job`, so pods are `j-42-job-<rank>`.
+#[test]
+fn case_01_names() {
+    let desired = render(&case("case_01_names"), &reference());
+    let job = vcjob_json(&desired);
+    assert_eq!(job["apiVersion"], "batch.volcano.sh/v1alpha1");
+    assert_eq!(job["kind"], "Job");
+    assert_eq!(job["metadata"]["name"], "j-42");
+    assert_eq!(job["metadata"]["namespace"], "app-kubernetes");
+    assert_eq!(job["spec"]["tasks"][0]["name"], "job");
+    assert_eq!(names::pod_name("42", 0), "j-42-job-0");
+    assert!(
+        desired.namespace.is_none(),
+        "single mode declares no namespace"
+    );
+    check(
+        "case_01_names",
+        json!({
+            "apiVersion": job["apiVersion"], "kind": job["kind"],
+            "name": job["metadata"]["name"], "namespace": job["metadata"]["namespace"],
+            "task": job["spec"]["tasks"][0]["name"],
+            "container": at(&job, "/spec/tasks/0/template/spec/containers/0/name"),
+        }),
+    );
+}
+
+/// Case 2 (changed): gang of 3, scheduler volcano, queue default; unlike UCloud, policies are set on
+/// purpose (a failed pod ends the job, an eviction restarts it) and maxRetry is explicit (Volcano turns 0
+/// into 3).
+#[test]
+fn case_02_gang_spec_policies_changed() {
+    let desired = render(&case("case_02_gang_spec_policies_changed"), &reference());
+    let mut spec = vcjob_json(&desired)["spec"].clone();
+    let task = spec["tasks"][0].clone();
+    assert_eq!(spec["schedulerName"], "volcano");
+    assert_eq!(spec["minAvailable"], 3);
+    assert_eq!(spec["queue"], "default");
+    assert_eq!(spec["maxRetry"], 3);
+    assert_eq!(
+        spec["policies"],
+        json!([
+            {"event": "PodFailed", "action": "TerminateJob"},
+            {"event": "PodEvicted", "action": "RestartJob"}
+        ])
+    );
+    assert!(spec["plugins"]["env"].is_array() && spec["plugins"]["svc"].is_array());
+    assert_eq!(task["replicas"], 3);
+    assert_eq!(task["template"]["metadata"]["name"], "job-42");
+    assert_eq!(spec["tasks"].as_array().unwrap().len(), 1);
+    spec["tasks"] = json!([{"name": task["name"], "replicas": task["replicas"], "templateName": task["template"]["metadata"]["name"]}]);
+    check("case_02_gang_spec_policies_changed", spec);
+}
+
+/// Case 3 (changed): requests equal limits, cpu in millicores; memory in `Mi` (as UCloud's final
+/// version); `nvidia.com/gpu` only when the product has GPUs (UCloud wrote `"0"`); no resources at all for
+/// a product with none.
+#[test]
+fn case_03_resources_gpu_zero_omitted_changed() {
+    let config = reference();
+    let mut job = case("case_03_resources_gpu_zero_omitted_changed");
+    let gpu = user_container(&render(&job, &config))["resources"].clone();
+    let expected = json!({"cpu": "4000m", "memory": "16384Mi", "nvidia.com/gpu": "1"});
+    assert_eq!(gpu["limits"], expected);
+    assert_eq!(gpu["requests"], expected);
+
+    job.product.as_mut().unwrap().gpu = 0;
+    let no_gpu = user_container(&render(&job, &config))["resources"].clone();
+    assert_eq!(
+        no_gpu["limits"],
+        json!({"cpu": "4000m", "memory": "16384Mi"})
+    );
+
+    let product = job.product.as_mut().unwrap();
+    (product.cpu, product.memory_gib) = (0, 0);
+    let none = user_container(&render(&job, &config));
+    assert!(none.get("resources").is_none(), "{none}");
+    check(
+        "case_03_resources_gpu_zero_omitted_changed",
+        json!({"gpu1": gpu, "gpu0": no_gpu, "none": Value::Null}),
+    );
+}
+
+/// Case 4: the tool's image, pulled if not present.
+#[test]
+fn case_04_image() {
+    let container = user_container(&render(&case("case_04_image"), &reference()));
+    assert_eq!(container["image"], "ubuntu:20.04");
+    assert_eq!(container["imagePullPolicy"], "IfNotPresent");
+    check(
+        "case_04_image",
+        json!({"image": container["image"], "imagePullPolicy": container["imagePullPolicy"]}),
+    );
+}
+
+/// Case 5: the configured toleration; none without configuration; the node selector by category.
+#[test]
+fn case_05_toleration_and_node_selector() {
+    let job = case("case_05_toleration_and_node_selector");
+    let with = pod_spec(&render(&job, &reference()));
+    assert_eq!(
+        with["tolerations"],
+        json!([{"effect": "NoSchedule", "key": "sducloud", "operator": "Equal", "value": "apps"}])
+    );
+    assert!(with.get("nodeSelector").is_none());
+
+    let mut config = defaults();
+    let without = pod_spec(&render(&job, &config));
+    assert!(without.get("tolerations").is_none());
+
+    config.pipeline.scheduling.node_selector_label = Some("ucloud.dk/machine".into());
+    let by_category = pod_spec(&render(&job, &config))["nodeSelector"].clone();
+    assert_eq!(by_category, json!({"ucloud.dk/machine": "u1-standard"}));
+    config
+        .pipeline
+        .scheduling
+        .node_selector_by_category
+        .insert("u1-standard".into(), "standard-node".into());
+    let mapped = pod_spec(&render(&job, &config))["nodeSelector"].clone();
+    assert_eq!(mapped, json!({"ucloud.dk/machine": "standard-node"}));
+    check(
+        "case_05_toleration_and_node_selector",
+        json!({"tolerations": with["tolerations"], "nodeSelector": by_category, "mappedNodeSelector": mapped}),
+    );
+}
+
+/// Case 6: `/dev/shm` memory-backed, sized to the product's memory; 1 GiB without.
+#[test]
+fn case_06_shared_memory() {
+    let mut job = case("case_06_shared_memory");
+    let spec = pod_spec(&render(&job, &reference()));
+    let shm = spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "shm")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        shm["emptyDir"],
+        json!({"medium": "Memory", "sizeLimit": "16Gi"})
+    );
+    let mounts = spec["containers"][0]["volumeMounts"].as_array().unwrap();
+    assert!(
+        mounts
+            .iter()
+            .any(|m| m["name"] == "shm" && m["mountPath"] == "/dev/shm")
+    );
+
+    job.product.as_mut().unwrap().memory_gib = 0;
+    let spec = pod_spec(&render(&job, &reference()));
+    let small = spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "shm")
+        .unwrap()
+        .clone();
+    assert_eq!(small["emptyDir"]["sizeLimit"], "1Gi");
+    check(
+        "case_06_shared_memory",
+        json!({"memory16": shm, "noMemory": small}),
+    );
+}
+
+/// Case 7 (changed): every job gets `/etc/ucloud`. The static files come from a per-job ConfigMap
+/// (hostnames are deterministic); a pinned, POSIX-sh init container with limits copies them and writes
+/// the rank from `VC_TASK_INDEX`, once, with no loop. The script is run here with a real `sh` to check the
+/// files rank 1 of a 2-replica job sees, including `cores.txt` and `job_id.txt` (W29).
+#[test]
+fn case_07_multinode_scaffolding_configmap_changed() {
+    let desired = render(
+        &case("case_07_multinode_scaffolding_configmap_changed"),
+        &reference(),
+    );
+    let spec = pod_spec(&desired);
+    let init = spec["initContainers"][0].clone();
+    assert_eq!(init["name"], "ucloud-compat");
+    assert_eq!(init["image"], "docker.io/library/busybox:1.36.1");
+    assert_eq!(init["command"][0], "/bin/sh");
+    assert_eq!(
+        init["resources"]["limits"],
+        json!({"cpu": "50m", "memory": "16Mi"})
+    );
+    assert!(
+        spec["containers"][0]["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["name"] == "ucloud-multinode"
+                && m["mountPath"] == "/etc/ucloud"
+                && m["readOnly"] == false)
+    );
+    let config_map = objects_json(&desired)
+        .into_iter()
+        .find(|o| o["kind"] == "ConfigMap")
+        .unwrap();
+    assert_eq!(config_map["metadata"]["name"], "j-42-ucloud");
+
+    // Run the script as the pod would, with the volumes as temporary directories.
+    let dir = std::env::temp_dir().join(format!("ucloud-multinode-{}", std::process::id()));
+    let (src, out) = (dir.join("src"), dir.join("out"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&out).unwrap();
+    for (file, content) in config_map["data"].as_object().unwrap() {
+        std::fs::write(src.join(file), content.as_str().unwrap()).unwrap();
+    }
+    let script = init["command"][2]
+        .as_str()
+        .unwrap()
+        .replace("/etc/ucloud-src", src.to_str().unwrap())
+        .replace("/etc/ucloud", out.to_str().unwrap());
+    let status = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&script)
+        .env("VC_TASK_INDEX", "1")
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let read = |f: &str| std::fs::read_to_string(out.join(f)).unwrap();
+    assert_eq!(read("rank.txt"), "1\n");
+    assert_eq!(read("number_of_nodes.txt"), "2\n");
+    assert_eq!(read("nodes.txt"), "j-42-job-0.j-42\nj-42-job-1.j-42\n");
+    assert_eq!(read("node-0.txt"), "j-42-job-0.j-42\n");
+    assert_eq!(read("node-1.txt"), "j-42-job-1.j-42\n");
+    assert_eq!(read("cores.txt"), "4\n");
+    assert_eq!(read("job_id.txt"), "42\n");
+    // Without the index the init container fails (the job fails) instead of spinning.
+    let missing = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&script)
+        .env_remove("VC_TASK_INDEX")
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("VC_TASK_INDEX"));
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let volumes: Vec<Value> = spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["name"].as_str().unwrap().starts_with("ucloud-multinode"))
+        .cloned()
+        .collect();
+    check(
+        "case_07_multinode_scaffolding_configmap_changed",
+        json!({"initContainer": init, "volumes": volumes, "configMap": config_map}),
+    );
+}
+
+/// Case 8 (changed: hardened): restartPolicy Never, no service account token, workingDir `/work` unless
+/// turned off, non-root unless runAsRoot; additionally no service links, seccomp RuntimeDefault and all
+/// capabilities dropped.
+#[test]
+fn case_08_pod_hygiene_hardened_changed() {
+    let mut job = case("case_08_pod_hygiene_hardened_changed");
+    let spec = pod_spec(&render(&job, &reference()));
+    assert_eq!(spec["restartPolicy"], "Never");
+    assert_eq!(spec["automountServiceAccountToken"], false);
+    assert_eq!(spec["enableServiceLinks"], false);
+    assert_eq!(
+        spec["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    let user = spec["containers"][0].clone();
+    assert_eq!(user["workingDir"], "/work");
+    assert_eq!(
+        user["securityContext"],
+        json!({"runAsNonRoot": true, "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}})
+    );
+
+    job.application.as_mut().unwrap().container =
+        Some(volcano_runner::messages::v1::ContainerOptions {
+            change_working_directory: Some(false),
+            run_as_root: Some(true),
+            run_as_real_user: None,
+        });
+    let root = pod_spec(&render(&job, &reference()))["containers"][0].clone();
+    assert!(root.get("workingDir").is_none());
+    assert_eq!(root["securityContext"]["runAsNonRoot"], false);
+    assert_eq!(root["securityContext"]["allowPrivilegeEscalation"], true);
+    check(
+        "case_08_pod_hygiene_hardened_changed",
+        json!({
+            "pod": {"restartPolicy": spec["restartPolicy"], "automountServiceAccountToken": spec["automountServiceAccountToken"],
+                    "enableServiceLinks": spec["enableServiceLinks"], "securityContext": spec["securityContext"]},
+            "default": {"workingDir": user["workingDir"], "securityContext": user["securityContext"]},
+            "runAsRoot": {"workingDir": root.get("workingDir"), "securityContext": root["securityContext"]},
+        }),
+    );
+}
+
+/// Case 9: the argv replaces the entrypoint, two elements, nothing quoted.
+#[test]
+fn case_09_command() {
+    let container = user_container(&render(&case("case_09_command"), &reference()));
+    assert_eq!(container["command"], json!(["figlet", "Hello, World!"]));
+    assert!(container.get("args").is_none());
+    check("case_09_command", json!({"command": container["command"]}));
+}
+
+/// Case 10: the worked affix example; a `var` whose variables all lack values yields nothing, not even
+/// its global prefix.
+#[test]
+fn case_10_affixes() {
+    let container = user_container(&render(&case("case_10_affixes"), &reference()));
+    assert_eq!(
+        container["command"],
+        json!([
+            "prog",
+            "--entries",
+            "--entry",
+            "42--next",
+            "--entry",
+            "hello--next",
+            "--endOfEntries"
+        ])
+    );
+    check("case_10_affixes", json!({"command": container["command"]}));
+}
+
+/// Case 11: a flag when true (trimmed, one argument), nothing when false or absent, an error naming the
+/// parameter when the value is not a boolean.
+#[test]
+fn case_11_flags() {
+    let config = reference();
+    let mut job = case("case_11_flags");
+    let on = user_container(&render(&job, &config))["command"].clone();
+    assert_eq!(on, json!(["prog", "--verbose"]));
+    job.parameters.get_mut("v").unwrap().value = Some(parameter_value::Value::Boolean(false));
+    let off = user_container(&render(&job, &config))["command"].clone();
+    assert_eq!(off, json!(["prog"]));
+    job.parameters.clear();
+    let absent = user_container(&render(&job, &config))["command"].clone();
+    assert_eq!(absent, json!(["prog"]));
+    job.parameters.insert(
+        "v".into(),
+        volcano_runner::messages::v1::ParameterValue {
+            value: Some(parameter_value::Value::Text("yes".into())),
+        },
+    );
+    let err = render_err(&job, &config);
+    assert_eq!(err.field(), "parameters.v");
+    check(
+        "case_11_flags",
+        json!({"true": on, "false": off, "absent": absent, "text": err.to_string()}),
+    );
+}
+
+/// Case 12 (changed): booleans honour the parameter's trueValue/falseValue (W23; UCloud ignored them after
+/// 2020) and fall back to `true`/`false`; enumerations map the option name to its value; an unknown option
+/// is refused instead of passed through; floats are plain decimals.
+#[test]
+fn case_12_booleans_use_true_false_values_and_unknown_option_rejected_changed() {
+    let name = "case_12_booleans_use_true_false_values_and_unknown_option_rejected_changed";
+    let mut job = case(name);
+    let command = user_container(&render(&job, &reference()))["command"].clone();
+    assert_eq!(
+        command,
+        json!(["prog", "--gpu=no", "true", "-O3", "0.5", "10000000000.0"])
+    );
+    job.parameters.get_mut("opt").unwrap().value =
+        Some(parameter_value::Value::Enumeration("Turbo".into()));
+    let err = render_err(&job, &reference());
+    assert_eq!(err.field(), "parameters.opt");
+    assert_eq!(err.message(), "`Turbo` is not one of the options");
+    check(
+        name,
+        json!({"command": command, "unknownOption": err.to_string()}),
+    );
+}
+
+/// Case 13: an input file is passed and mounted as `/work/<name>`, read-only as asked, a folder likewise;
+/// the subfolder prefixes the subPath; one `data` volume on the storage claim.
+#[test]
+fn case_13_file_parameters() {
+    let job = case("case_13_file_parameters");
+    let desired = render(&job, &reference());
+    let spec = pod_spec(&desired);
+    let user = spec["containers"][0].clone();
+    assert_eq!(user["command"], json!(["prog", "/work/x.csv", "/work/ds"]));
+    let mounts: Vec<Value> = user["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["name"] == "data")
+        .cloned()
+        .collect();
+    assert!(mounts.contains(&json!({"name": "data", "mountPath": "/work/x.csv", "subPath": "home/alice/data/x.csv", "readOnly": true})));
+    assert!(mounts.contains(&json!({"name": "data", "mountPath": "/work/ds", "subPath": "home/alice/ds", "readOnly": false})));
+    let volume = spec["volumes"][0].clone();
+    assert_eq!(
+        volume,
+        json!({"name": "data", "persistentVolumeClaim": {"claimName": "cephfs", "readOnly": false}})
+    );
+
+    let mut config = reference();
+    config.pipeline.storage.subfolder = "/prod/".into();
+    let prefixed = pod_spec(&render(&job, &config))["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == "/work/x.csv")
+        .unwrap()["subPath"]
+        .clone();
+    assert_eq!(prefixed, "prod/home/alice/data/x.csv");
+    check(
+        "case_13_file_parameters",
+        json!({"command": user["command"], "mounts": mounts, "volume": volume, "subfolderSubPath": prefixed}),
+    );
+}
+
+/// Case 14: the output folder is `/work`, read-write.
+#[test]
+fn case_14_output_folder() {
+    let user = user_container(&render(&case("case_14_output_folder"), &reference()));
+    let work = user["volumeMounts"][0].clone();
+    assert_eq!(
+        work,
+        json!({"name": "data", "mountPath": "/work", "readOnly": false, "subPath": "home/alice/Jobs/Figlet/42"})
+    );
+    check("case_14_output_folder", json!({"mount": work}));
+}
+
+/// Case 15: environment templates; `$(VAR)` for `env`; an empty result is left out.
+#[test]
+fn case_15_environment() {
+    let user = user_container(&render(&case("case_15_environment"), &reference()));
+    assert_eq!(
+        user["env"],
+        json!([
+            {"name": "GREETING", "value": "Hello, World!"},
+            {"name": "HOMEDIR", "value": "$(HOME)"}
+        ])
+    );
+    check("case_15_environment", json!({"env": user["env"]}));
+}
+
+/// Case 16: license servers resolve through the configuration; an unknown id is refused with UCloud's
+/// message, naming the parameter.
+#[test]
+fn case_16_license() {
+    let config = reference();
+    let mut job = case("case_16_license");
+    let with_key = user_container(&render(&job, &config))["command"].clone();
+    assert_eq!(
+        with_key,
+        json!(["prog", "--license", "lic.example:1055/abc"])
+    );
+    let set = |job: &mut volcano_runner::messages::v1::SubmitJob, id: &str| {
+        job.parameters.get_mut("lic").unwrap().value = Some(parameter_value::Value::LicenseServer(
+            volcano_runner::messages::v1::LicenseServerValue { id: id.into() },
+        ));
+    };
+    set(&mut job, "L2");
+    let without_key = user_container(&render(&job, &config))["command"].clone();
+    assert_eq!(
+        without_key,
+        json!(["prog", "--license", "lic.example:1055"])
+    );
+    set(&mut job, "L9");
+    let err = render_err(&job, &config);
+    assert_eq!(err.field(), "parameters.lic");
+    assert_eq!(err.message(), "Invalid license passed for parameter: lic");
+    check(
+        "case_16_license",
+        json!({"withKey": with_key, "withoutKey": without_key, "unknown": err.to_string()}),
+    );
+}
+
+/// Case 17: `maxTime` at create; `jobStart` and `expiry` once, when first seen Running (from Volcano's
+/// phase history); never again (W4).
+#[test]
+fn case_17_expiry_annotations() {
+    let config = reference();
+    let desired = render(&case("case_17_expiry_annotations"), &config);
+    let annotations = desired.vcjob.metadata.annotations.clone().unwrap();
+    assert_eq!(annotations["ucloud.dk/maxTime"], "5400000");
+
+    let started = ts("2024-05-01T12:01:00Z");
+    let running = observed(&desired, JobPhase::Running, started);
+    let plan = hooks::on_start(&config, &running, &[], ts("2024-05-01T12:01:07Z")).unwrap();
+    assert_eq!(
+        plan.set["ucloud.dk/jobStart"],
+        started.as_millisecond().to_string()
+    );
+    assert_eq!(
+        plan.set["ucloud.dk/expiry"],
+        (started.as_millisecond() + 5_400_000).to_string()
+    );
+    assert_eq!(
+        plan.merge_patch().unwrap()["metadata"]["resourceVersion"],
+        "100"
+    );
+
+    // Seen Running again, e.g. after a restart of the runner: nothing changes.
+    let again = hooks::on_start(
+        &config,
+        &patched(&running, &plan),
+        &[],
+        ts("2024-05-01T13:00:00Z"),
+    )
+    .unwrap();
+    assert!(
+        !again.set.contains_key("ucloud.dk/jobStart")
+            && !again.set.contains_key("ucloud.dk/expiry"),
+        "{:?}",
+        again.set
+    );
+    check(
+        "case_17_expiry_annotations",
+        json!({"maxTime": annotations["ucloud.dk/maxTime"], "onStart": plan_json(&plan)}),
+    );
+}
+
+/// Case 18: at or after the expiry, delete the job, with the cause recorded first (W11).
+#[test]
+fn case_18_expiry_enforcement() {
+    let mut config = reference();
+    // Accounting would publish the hour's ticks in the same plan; this case is about expiry.
+    config.pipeline.plugins.accounting = false;
+    let desired = render(&job("jobs/figlet"), &config);
+    let start = ts("2024-05-01T12:01:00Z");
+    let running = observed(&desired, JobPhase::Running, start);
+    let started = patched(
+        &running,
+        &hooks::on_start(&config, &running, &[], start).unwrap(),
+    );
+
+    let before = hooks::on_monitoring(&config, &started, &[], ts("2024-05-01T13:00:59Z")).unwrap();
+    assert_eq!(before.delete, None);
+    let at = hooks::on_monitoring(&config, &started, &[], ts("2024-05-01T13:01:00Z")).unwrap();
+    assert_eq!(at.delete, Some(TerminationCause::Expired));
+    assert_eq!(at.set["ucloud.dk/terminationCause"], "expired");
+    check("case_18_expiry_enforcement", plan_json(&at));
+
+    // With accounting on, the final tick of the deleted job ends at the expiry, not when its pods
+    // finished stopping 20 s later.
+    let config = reference();
+    let deleted = patched(&started, &at);
+    let stopped = ts("2024-05-01T13:01:20Z");
+    let pods = [pod("42", 0, "10.0.0.5", start, Some(stopped))];
+    let later = ts("2024-05-01T13:02:00Z");
+    assert_eq!(hooks::ended_at(&deleted, &pods, later), stopped);
+    let done = hooks::on_completion(&config, &deleted, &pods, stopped, later).unwrap();
+    let last = done
+        .publish
+        .iter()
+        .rev()
+        .find_map(|o| match o {
+            Outbound::Accounting(t) => Some(t),
+            _ => None,
+        })
+        .unwrap();
+    assert!(last.r#final);
+    assert_eq!(
+        last.interval_end.unwrap().seconds,
+        ts("2024-05-01T13:01:00Z").as_second()
+    );
+    assert_eq!(last.tick_id, "42/59");
+}
+
+/// Case 19: extension adds the increment to maxTime and expiry (W21), once per request id (W22); before
+/// the start only maxTime moves.
+#[test]
+fn case_19_extension_fixed_semantics() {
+    let config = reference();
+    let desired = render(&job("jobs/figlet"), &config);
+    let two_hours = SignedDuration::from_hours(2);
+
+    let pending = observed(&desired, JobPhase::Pending, ts("2024-05-01T12:00:06Z"));
+    let Extension::Apply {
+        plan: early,
+        expiry: None,
+        ..
+    } = expiry::extend(&pending, &config, "r0", two_hours).unwrap()
+    else {
+        panic!("a pending job only changes maxTime")
+    };
+    assert_eq!(early.set["ucloud.dk/maxTime"], "10800000");
+    assert!(!early.set.contains_key("ucloud.dk/expiry"));
+
+    let start = ts("2024-05-01T12:01:00Z");
+    let running = observed(&desired, JobPhase::Running, start);
+    let started = patched(
+        &running,
+        &hooks::on_start(&config, &running, &[], start).unwrap(),
+    );
+    let expiry_before = start.as_millisecond() + 3_600_000;
+    let Extension::Apply { plan, .. } = expiry::extend(&started, &config, "r1", two_hours).unwrap()
+    else {
+        panic!("expected a patch")
+    };
+    assert_eq!(plan.set["ucloud.dk/maxTime"], "10800000");
+    assert_eq!(
+        plan.set["ucloud.dk/expiry"],
+        (expiry_before + 7_200_000).to_string()
+    );
+    assert_eq!(
+        plan.merge_patch().unwrap()["metadata"]["resourceVersion"],
+        "101"
+    );
+    let extended = patched(&started, &plan);
+    assert_eq!(
+        expiry::extend(&extended, &config, "r1", two_hours).unwrap(),
+        Extension::AlreadyApplied
+    );
+    let Extension::Apply { plan: second, .. } =
+        expiry::extend(&extended, &config, "r2", two_hours).unwrap()
+    else {
+        panic!("a new request applies")
+    };
+    assert_eq!(second.set["ucloud.dk/maxTime"], "18000000");
+    check(
+        "case_19_extension_fixed_semantics",
+        json!({"pending": plan_json(&early), "running": plan_json(&plan), "second": plan_json(&second)}),
+    );
+}
+
+/// Case 20 (pipeline share): Running runs the start hooks; seeing Running again runs them with no
+/// effect (UCloud re-ran them when its 10-minute cache expired, W5).
+#[test]
+fn case_20_running_start_hooks_run_once() {
+    let config = reference();
+    let desired = render(&job("jobs/figlet"), &config);
+    let start = ts("2024-05-01T12:01:00Z");
+    let running = observed(&desired, JobPhase::Running, start);
+    let first = hooks::on_start(&config, &running, &[], start).unwrap();
+    assert!(!first.is_empty());
+    let second = hooks::on_start(
+        &config,
+        &patched(&running, &first),
+        &[],
+        ts("2024-05-01T12:20:00Z"),
+    )
+    .unwrap();
+    assert!(second.is_empty(), "{:?}", plan_json(&second));
+    check(
+        "case_20_running_start_hooks_run_once",
+        json!({"first": plan_json(&first), "second": plan_json(&second)}),
+    );
+}
+
+/// Case 21 (changed, pipeline share): a rank that exits non-zero ends the whole job (PodFailed →
+/// TerminateJob) instead of leaving the other ranks waiting; the final charge ends at the rank's real end,
+/// not when the monitor noticed (W18).
+#[test]
+fn case_21_nonzero_exit_terminates_whole_job_changed() {
+    let config = reference();
+    let desired = render(&job("jobs/figlet"), &config);
+    assert!(
+        desired
+            .vcjob
+            .spec
+            .policies
+            .iter()
+            .any(
+                |p| p.event.as_ref().map(|e| e.as_str()) == Some("PodFailed")
+                    && p.action.as_ref().map(|a| a.as_str()) == Some("TerminateJob")
+            )
+    );
+    let start = ts("2024-05-01T12:01:00Z");
+    let running = observed(&desired, JobPhase::Running, start);
+    let started = patched(
+        &running,
+        &hooks::on_start(&config, &running, &[], start).unwrap(),
+    );
+    let end = ts("2024-05-01T12:03:30Z");
+    let pods = [pod("42", 0, "10.0.0.5", start, Some(end))];
+    let mut failed = started.clone();
+    failed.status = observed(&desired, JobPhase::Terminated, ts("2024-05-01T12:03:31Z")).status;
+    let now = ts("2024-05-01T12:09:00Z");
+    let ended = hooks::ended_at(&failed, &pods, now);
+    assert_eq!(ended, end);
+    let plan = hooks::on_completion(&config, &failed, &pods, ended, now).unwrap();
+    let ticks: Vec<_> = plan
+        .publish
+        .iter()
+        .filter_map(|o| match o {
+            Outbound::Accounting(t) => Some(t),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ticks.len(), 3);
+    assert!(ticks[2].r#final);
+    assert_eq!(ticks[2].interval_end.unwrap().seconds, end.as_second());
+    check(
+        "case_21_nonzero_exit_terminates_whole_job_changed",
+        json!({"policies": vcjob_json(&desired)["spec"]["policies"], "completion": plan_json(&plan)}),
+    );
+}
+
+/// Case 22 (pipeline share): after a cancel the cleanup hook removes the proxy routes, and every
+/// companion (the job's NetworkPolicy, ConfigMap, Services) carries an ownerReference, so the cluster
+/// deletes them with the job.
+#[test]
+fn case_22_cancel_cleanup_removes_routes_and_owned_companions() {
+    let config = reference();
+    let mut desired = render(&case("case_30_minikube_service"), &config);
+    desired.set_owner_uid("uid-1");
+    for companion in &desired.companions {
+        let owner = &companion.metadata().owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+            ("Job", "j-42", "uid-1")
+        );
+        assert_eq!(owner.controller, Some(true));
+    }
+    assert!(
+        desired
+            .companions
+            .iter()
+            .any(|c| c.metadata().name.as_deref() == Some("policy-42"))
+    );
+    let gone = observed(&desired, JobPhase::Running, ts("2024-05-01T12:01:00Z"));
+    let plan = hooks::on_cleanup(&config, &gone, ts("2024-05-01T12:30:00Z")).unwrap();
+    let [Outbound::Proxy(event)] = plan.publish.as_slice() else {
+        panic!("one proxy event: {:?}", plan.publish)
+    };
+    assert_eq!(event.action, ProxyAction::Remove as i32);
+    assert_eq!(event.job_id, "42");
+    assert!(plan.merge_patch().is_none() && plan.delete.is_none());
+    check(
+        "case_22_cancel_cleanup_removes_routes_and_owned_companions",
+        json!({
+        "ownerReferences": desired.companions[0].metadata().owner_references, "cleanup": plan_json(&plan)}),
+    );
+}
+
+/// Case 23 (pipeline share): reconciliation maps VolcanoJob names back to job ids; only `j-<id>` names
+/// count, so `j-7` present and `8` missing is detectable.
+#[test]
+fn case_23_lost_job_names_map_back_to_ids() {
+    let listed = ["j-7", "something-else", "j-"];
+    let known: Vec<&str> = listed
+        .iter()
+        .filter_map(|n| names::job_id_from_vcjob_name(n))
+        .collect();
+    assert_eq!(known, ["7"]);
+    let lost: Vec<&str> = ["7", "8"]
+        .into_iter()
+        .filter(|id| !known.contains(id))
+        .collect();
+    assert_eq!(lost, ["8"]);
+    assert_eq!(names::vcjob_name("8"), "j-8");
+}
+
+/// Case 24 (pipeline share): rendering creates nothing and is deterministic, so a paused runner can
+/// decide before anything exists; the same submission always gives the same objects and fingerprint.
+#[test]
+fn case_24_paused_cluster_render_creates_nothing() {
+    let config = reference();
+    let job = job("jobs/figlet");
+    let (a, b) = (render(&job, &config), render(&job, &config));
+    assert_eq!(a, b);
+    let mut other = job.clone();
+    other.replicas = 2;
+    assert_ne!(
+        volcano_runner::pipeline::fingerprint(&job),
+        volcano_runner::pipeline::fingerprint(&other)
+    );
+    assert_eq!(
+        a.vcjob.metadata.annotations.as_ref().unwrap()["ucloud.dk/submissionHash"],
+        volcano_runner::pipeline::fingerprint(&job)
+    );
+}
+
+/// Case 25 (changed): fixed ticks of the configured period from the real start (UCloud: one charge per
+/// 15-minute scan from the last patch), ids `<jobId>/<n>`, published first and then the cursor advanced;
+/// the final tick ends at the real end.
+#[test]
+fn case_25_accounting_ticks_fixed_period_changed() {
+    let config = reference();
+    let desired = render(&job("jobs/figlet"), &config);
+    let start = ts("2024-05-01T12:01:00Z");
+    let running = observed(&desired, JobPhase::Running, start);
+    let on_start = hooks::on_start(&config, &running, &[], start).unwrap();
+    assert_eq!(on_start.next_check, Some(ts("2024-05-01T12:02:00Z")));
+    let started = patched(&running, &on_start);
+
+    let tick_plan =
+        hooks::on_monitoring(&config, &started, &[], ts("2024-05-01T12:03:30Z")).unwrap();
+    let ids: Vec<String> = tick_plan
+        .publish
+        .iter()
+        .filter_map(|o| match o {
+            Outbound::Accounting(t) => Some(t.tick_id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids, ["42/0", "42/1"]);
+    assert_eq!(tick_plan.set["ucloud.dk/accountedTicks"], "2");
+    assert_eq!(tick_plan.next_check, Some(ts("2024-05-01T12:04:00Z")));
+    let ticked = patched(&started, &tick_plan);
+
+    // The same look again publishes nothing new.
+    let repeat = hooks::on_monitoring(&config, &ticked, &[], ts("2024-05-01T12:03:40Z")).unwrap();
+    assert!(
+        repeat
+            .publish
+            .iter()
+            .all(|o| !matches!(o, Outbound::Accounting(_)))
+    );
+
+    let end = ts("2024-05-01T12:03:41Z");
+    let done =
+        hooks::on_completion(&config, &ticked, &[], end, ts("2024-05-01T12:05:00Z")).unwrap();
+    let [Outbound::Accounting(last)] = done.publish.as_slice() else {
+        panic!("{:?}", done.publish)
+    };
+    assert_eq!(
+        (last.tick_id.as_str(), last.duration_ms, last.r#final),
+        ("42/2", 41_000, true)
+    );
+    assert_eq!(done.set["ucloud.dk/accountingFinal"], "true");
+    check(
+        "case_25_accounting_ticks_fixed_period_changed",
+        json!({"monitoring": plan_json(&tick_plan), "completion": plan_json(&done)}),
+    );
+}
+
+/// Case 26 (changed): peers without host aliases or patches of the peer's policy (W27). The job's pods
+/// carry `ucloud.dk/peer-42`, which job 42's own policy admits; the job's policy admits job 42's pods and
+/// its own (W28); the hostname `db` is an ExternalName Service that follows rank 0 of job 42.
+#[test]
+fn case_26_peers_label_rules_and_dns_names_changed() {
+    let desired = render(
+        &case("case_26_peers_label_rules_and_dns_names_changed"),
+        &reference(),
+    );
+    let spec = pod_spec(&desired);
+    assert!(spec.get("hostAliases").is_none());
+    let labels = at(
+        &vcjob_json(&desired),
+        "/spec/tasks/0/template/metadata/labels",
+    )
+    .clone();
+    assert_eq!(labels["ucloud.dk/peer-42"], "true");
+    let objects = objects_json(&desired);
+    let policy = objects
+        .iter()
+        .find(|o| o["metadata"]["name"] == "policy-50")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchLabels"]["volcano.sh/job-name"],
+        "j-50"
+    );
+    let from = policy["spec"]["ingress"][0]["from"].as_array().unwrap();
+    assert!(
+        from.contains(&json!({"podSelector": {"matchLabels": {"volcano.sh/job-name": "j-50"}}}))
+    );
+    assert!(from.contains(&json!({"namespaceSelector": {}, "podSelector": {"matchLabels": {"volcano.sh/job-name": "j-42"}}})));
+    assert!(from.contains(&json!({"namespaceSelector": {}, "podSelector": {"matchExpressions": [{"key": "ucloud.dk/peer-50", "operator": "Exists"}]}})));
+    let service = objects
+        .iter()
+        .find(|o| o["kind"] == "Service")
+        .unwrap()
+        .clone();
+    assert_eq!(service["metadata"]["name"], "db");
+    assert_eq!(
+        service["spec"]["externalName"],
+        "j-42-job-0.j-42.app-kubernetes.svc.cluster.local"
+    );
+
+    // A job without peers still admits its own pods and any job that names it.
+    let alone = render(&job("jobs/figlet"), &reference());
+    let alone_policy = objects_json(&alone)
+        .into_iter()
+        .find(|o| o["metadata"]["name"] == "policy-42")
+        .unwrap();
+    assert_eq!(
+        alone_policy["spec"]["ingress"][0]["from"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    check(
+        "case_26_peers_label_rules_and_dns_names_changed",
+        json!({"podLabels": labels, "policy": policy, "service": service}),
+    );
+}
+
+/// Case 27 (changed): the `user` annotation is the project (else the user) as in UCloud, but the job
+/// lives in its owner's namespace, declared with its baseline policy; optionally a queue per project.
+#[test]
+fn case_27_fairshare_namespace_per_owner_changed() {
+    let mut config = defaults();
+    assert_eq!(config.pipeline.namespace.mode, NamespaceMode::PerOwner);
+    let mut job = case("case_27_fairshare_namespace_per_owner_changed");
+    let desired = render(&job, &config);
+    let annotations = desired.vcjob.metadata.annotations.clone().unwrap();
+    assert_eq!(annotations["ucloud.dk/user"], "p1");
+    let namespace = desired.job_namespace().to_owned();
+    assert!(
+        namespace.starts_with("app-p-p1-") && names::is_dns1123_label(&namespace),
+        "{namespace}"
+    );
+    let owned = desired.namespace.as_ref().unwrap();
+    assert_eq!(
+        owned.namespace.metadata.name.as_deref(),
+        Some(namespace.as_str())
+    );
+    assert_eq!(
+        owned.network_policies[0].metadata.namespace.as_deref(),
+        Some(namespace.as_str())
+    );
+
+    job.owner.as_mut().unwrap().project = None;
+    let user = render(&job, &config);
+    assert_eq!(
+        user.vcjob.metadata.annotations.as_ref().unwrap()["ucloud.dk/user"],
+        "alice"
+    );
+    assert!(user.job_namespace().starts_with("app-u-alice-"));
+
+    job.owner.as_mut().unwrap().project = Some("p1".into());
+    config.pipeline.scheduling.queue_per_project = true;
+    let queued = render(&job, &config);
+    let queue = queued.queue.as_ref().unwrap();
+    assert_eq!(queued.vcjob.spec.queue, queue.metadata.name);
+    let objects: Vec<Value> = objects_json(&queued).into_iter().take(3).collect();
+    assert_eq!(
+        objects
+            .iter()
+            .map(|o| o["kind"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["Queue", "Namespace", "NetworkPolicy"]
+    );
+    check(
+        "case_27_fairshare_namespace_per_owner_changed",
+        json!({"user": annotations["ucloud.dk/user"], "sharedObjects": objects}),
+    );
+}
+
+/// Case 28: a running 2-replica web app is published with one target per rank (its pod IP and the web
+/// port) and its hostnames; with a public link and one replica, the domain goes along.
+#[test]
+fn case_28_proxy_event_targets_per_rank() {
+    let config = reference();
+    let mut job = case("case_28_proxy_event_targets_per_rank");
+    let desired = render(&job, &config);
+    let start = ts("2024-05-01T12:01:00Z");
+    let running = observed(&desired, JobPhase::Running, start);
+    // One pod without an IP yet: nothing to publish.
+    let partial = [pod("42", 0, "10.1.0.4", start, None)];
+    let none = hooks::on_start(&config, &running, &partial, start).unwrap();
+    assert!(
+        none.publish
+            .iter()
+            .all(|o| !matches!(o, Outbound::Proxy(_)))
+    );
+    let pods = [
+        pod("42", 0, "10.1.0.4", start, None),
+        pod("42", 1, "10.1.0.5", start, None),
+    ];
+    let plan = hooks::on_start(&config, &running, &pods, start).unwrap();
+    let Some(Outbound::Proxy(event)) = plan
+        .publish
+        .iter()
+        .find(|o| matches!(o, Outbound::Proxy(_)))
+    else {
+        panic!()
+    };
+    assert_eq!(event.action, ProxyAction::Create as i32);
+    assert!(event.domains.is_empty());
+    let targets: Vec<(u32, &str, u32, &str)> = event
+        .targets
+        .iter()
+        .map(|t| (t.rank, t.pod_ip.as_str(), t.port, t.hostname.as_str()))
+        .collect();
+    assert_eq!(
+        targets,
+        [
+            (0, "10.1.0.4", 8888, "j-42-job-0.j-42"),
+            (1, "10.1.0.5", 8888, "j-42-job-1.j-42")
+        ]
+    );
+    assert_eq!(
+        config.pipeline.proxy.rank_host("42", 0),
+        "app-42-0.cloud.sdu.dk"
+    );
+    // Published once per set of targets; a restart with new IPs is an update.
+    let published = patched(&running, &plan);
+    assert!(
+        hooks::on_monitoring(&config, &published, &pods, start)
+            .unwrap()
+            .publish
+            .iter()
+            .all(|o| !matches!(o, Outbound::Proxy(_)))
+    );
+    let moved = [
+        pod("42", 0, "10.1.0.9", start, None),
+        pod("42", 1, "10.1.0.5", start, None),
+    ];
+    let update = hooks::on_monitoring(&config, &published, &moved, start).unwrap();
+    assert!(
+        update
+            .publish
+            .iter()
+            .any(|o| matches!(o, Outbound::Proxy(e) if e.action == ProxyAction::Update as i32))
+    );
+
+    job.replicas = 1;
+    job.resources
+        .push(volcano_runner::messages::v1::ResourceValue {
+            value: Some(resource_value::Value::Ingress(
+                volcano_runner::messages::v1::IngressValue {
+                    id: "ing1".into(),
+                    domain: "app-mylink.cloud.sdu.dk".into(),
+                },
+            )),
+        });
+    let linked = render(&job, &config);
+    let running = observed(&linked, JobPhase::Running, start);
+    let plan_linked = hooks::on_start(&config, &running, &pods[..1], start).unwrap();
+    let Some(Outbound::Proxy(linked_event)) = plan_linked
+        .publish
+        .iter()
+        .find(|o| matches!(o, Outbound::Proxy(_)))
+    else {
+        panic!()
+    };
+    assert_eq!(linked_event.domains, ["app-mylink.cloud.sdu.dk"]);
+    check(
+        "case_28_proxy_event_targets_per_rank",
+        json!({"twoReplicas": plan_json(&plan), "publicLink": plan_json(&plan_linked)}),
+    );
+}
+
+/// Case 29: public links and public IPs only with one replica, with UCloud's messages.
+#[test]
+fn case_29_single_replica_only_resources() {
+    let config = reference();
+    let mut job = case("case_29_single_replica_only_resources");
+    let ingress = render_err(&job, &config);
+    assert_eq!(ingress.field(), "resources[0].ingress");
+    assert_eq!(
+        ingress.message(),
+        "UCloud/compute does not currently support ingress with multiple replicas"
+    );
+    job.resources = vec![volcano_runner::messages::v1::ResourceValue {
+        value: Some(resource_value::Value::NetworkIp(
+            volcano_runner::messages::v1::NetworkIpValue {
+                id: "ip1".into(),
+                ip_address: "203.0.113.7".into(),
+                open_ports: vec![],
+            },
+        )),
+    }];
+    let ip = render_err(&job, &config);
+    assert_eq!(
+        ip.message(),
+        "UCloud/compute does not currently support IPs with multiple nodes"
+    );
+    job.replicas = 1;
+    render(&job, &config);
+    check(
+        "case_29_single_replica_only_resources",
+        json!({"ingress": ingress.to_string(), "networkIp": ip.to_string()}),
+    );
+}
+
+/// Case 30 (changed): Kata through `runtimeClassName` (not the legacy annotation) for configured products,
+/// with the VM overhead taken off: 8 vCPU/16 GiB → 7000m/10240Mi; 1 vCPU/4 GiB → the minimums 1000m/1024Mi.
+#[test]
+fn case_30_kata_runtime_class_changed() {
+    let mut config = reference();
+    config.pipeline.kata.products = vec!["u1-kata".into()];
+    let mut job = case("case_30_kata_runtime_class_changed");
+    let spec = pod_spec(&render(&job, &config));
+    assert_eq!(spec["runtimeClassName"], "kata");
+    let big = spec["containers"][0]["resources"].clone();
+    assert_eq!(big["limits"], json!({"cpu": "7000m", "memory": "10240Mi"}));
+    assert_eq!(big["requests"], big["limits"]);
+    assert!(
+        at(
+            &vcjob_json(&render(&job, &config)),
+            "/spec/tasks/0/template/metadata/annotations/io.kubernetes.cri.untrusted-workload"
+        )
+        .is_null()
+    );
+    let product = job.product.as_mut().unwrap();
+    (product.cpu, product.memory_gib) = (1, 4);
+    let small = pod_spec(&render(&job, &config))["containers"][0]["resources"]["limits"].clone();
+    assert_eq!(small, json!({"cpu": "1000m", "memory": "1024Mi"}));
+    // Products not listed are untouched.
+    config.pipeline.kata.products.clear();
+    assert!(
+        pod_spec(&render(&job, &config))
+            .get("runtimeClassName")
+            .is_none()
+    );
+    check(
+        "case_30_kata_runtime_class_changed",
+        json!({"runtimeClassName": spec["runtimeClassName"], "8x16": big["limits"], "1x4": small}),
+    );
+}
+
+/// Case 30 (Minikube): a LoadBalancer Service `j-42-mk`, port 80 to the web port (else VNC, else 80).
+#[test]
+fn case_30_minikube_service() {
+    let mut config = reference();
+    config.pipeline.plugins.minikube = true;
+    let mut job = case("case_30_minikube_service");
+    let service = |job: &volcano_runner::messages::v1::SubmitJob| {
+        objects_json(&render(job, &config))
+            .into_iter()
+            .find(|o| o["metadata"]["name"] == "j-42-mk")
+            .unwrap()
+    };
+    let web = service(&job);
+    assert_eq!(web["spec"]["type"], "LoadBalancer");
+    assert_eq!(
+        web["spec"]["ports"],
+        json!([{"name": "placeholder", "port": 80, "targetPort": 8888, "protocol": "TCP"}])
+    );
+    assert_eq!(
+        web["spec"]["selector"],
+        json!({"volcano.sh/job-name": "j-42"})
+    );
+    let app = job.application.as_mut().unwrap();
+    (app.web_port, app.vnc_port, app.application_type) = (None, Some(5901), 3);
+    assert_eq!(service(&job)["spec"]["ports"][0]["targetPort"], 5901);
+    let app = job.application.as_mut().unwrap();
+    (app.vnc_port, app.application_type) = (None, 1);
+    assert_eq!(service(&job)["spec"]["ports"][0]["targetPort"], 80);
+    check("case_30_minikube_service", web);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Whole jobs: every object, as `volcano-runner render` prints it.
+
+fn whole_job(name: &str, config_name: &str, golden_name: &str) {
+    let config = config(config_name);
+    let desired = render(&job(&format!("jobs/{name}")), &config);
+    let text =
+        volcano_runner::cli::render::format(&desired, volcano_runner::cli::render::Format::Yaml)
+            .unwrap();
+    golden_text(
+        &golden_dir().join(format!("jobs/{golden_name}.yaml")),
+        &text,
+    );
+}
+
+/// The figlet job of UCloud's integration test, with the shipped defaults (per-owner namespace).
+#[test]
+fn whole_job_figlet() {
+    whole_job("figlet", "default", "figlet");
+}
+
+/// The figlet job with the reference configuration (single namespace, toleration).
+#[test]
+fn whole_job_figlet_reference_config() {
+    whole_job("figlet", "reference", "figlet.reference");
+}
+
+/// A 3-rank MPI-style job of a project: files with clashing names (W24), every parameter type,
+/// environment, license, an opened file, a peer.
+#[test]
+fn whole_job_multinode_project() {
+    whole_job("multinode_project", "default", "multinode_project");
+}
+
+/// An interactive web application with a public link.
+#[test]
+fn whole_job_web_app_with_public_link() {
+    whole_job("web_app", "default", "web_app");
+}
+
+/// The benchmark's large job: 64 replicas, 20 parameters, 10 mounts.
+#[test]
+fn whole_job_large_64_replicas() {
+    whole_job("large", "default", "large");
+}
+
+/// `-o json` prints one `List` that kubectl accepts, with the same objects as YAML.
+#[test]
+fn whole_job_json_output_is_a_list() {
+    let desired = render(&job("jobs/figlet"), &defaults());
+    let text =
+        volcano_runner::cli::render::format(&desired, volcano_runner::cli::render::Format::Json)
+            .unwrap();
+    let list: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(list["kind"], "List");
+    assert_eq!(list["items"].as_array().unwrap(), &objects_json(&desired));
+    let kinds: Vec<&str> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "Namespace",
+            "NetworkPolicy",
+            "Job",
+            "NetworkPolicy",
+            "ConfigMap"
+        ]
+    );
+}
+
+/// Every SubmitJob example of the message schemas (`schemas/examples/`) and every golden input renders
+/// to objects the cluster accepts (CRD schema and admission rules), with both configurations.
+#[test]
+fn every_example_and_golden_input_is_accepted() {
+    let mut files: Vec<std::path::PathBuf> = Vec::new();
+    for dir in [
+        golden_dir().join("cases"),
+        golden_dir().join("jobs"),
+        root().join("schemas/examples"),
+    ] {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = path.file_name().unwrap().to_string_lossy().to_lowercase();
+            let is_submit = dir.ends_with("examples")
+                && name.contains("submit")
+                && !name.contains("invalid")
+                && !name.contains("bad");
+            if path.extension().is_some_and(|e| e == "json")
+                && (is_submit || !dir.ends_with("examples"))
+            {
+                files.push(path);
+            }
+        }
+    }
+    assert!(files.len() >= 25, "found only {} inputs", files.len());
+    let (reference, defaults) = (reference(), defaults());
+    let mut rendered = 0;
+    for path in &files {
+        let text = std::fs::read_to_string(path).unwrap();
+        let job: volcano_runner::messages::v1::SubmitJob = serde_json::from_str(&text).unwrap();
+        for config in [&reference, &defaults] {
+            // Some golden inputs are deliberately refused (case 29); the rest must be accepted.
+            if let Ok(desired) = volcano_runner::pipeline::render(&job, config, now()) {
+                assert_cluster_accepts(&desired);
+                rendered += 1;
+            }
+        }
+    }
+    assert!(
+        rendered >= 2 * (files.len() - 1),
+        "rendered {rendered} of {}",
+        2 * files.len()
+    );
+}
+
+/// The schema check can fail: a misspelt field, a duplicate mount point and a maxRetry of 0 are caught.
+#[test]
+fn the_cluster_checks_catch_what_a_cluster_would_refuse() {
+    let desired = render(&job("jobs/figlet"), &defaults());
+    let mut value = vcjob_json(&desired);
+    value["spec"]["maxRetries"] = json!(3);
+    assert!(
+        schema_errors(&value)
+            .iter()
+            .any(|e| e.contains("maxRetries")),
+        "{:?}",
+        schema_errors(&value)
+    );
+
+    let mut value = vcjob_json(&desired);
+    let mounts = value
+        .pointer_mut("/spec/tasks/0/template/spec/containers/0/volumeMounts")
+        .unwrap();
+    let first = mounts[0].clone();
+    mounts.as_array_mut().unwrap().push(first);
+    assert!(
+        schema_errors(&value)
+            .iter()
+            .any(|e| e.contains("duplicate")),
+        "{:?}",
+        schema_errors(&value)
+    );
+
+    let mut job = desired.vcjob.clone();
+    job.spec.max_retry = Some(0);
+    assert!(!admission_errors(&job).is_empty());
+    let mut job = desired.vcjob.clone();
+    job.spec.policies.push(job.spec.policies[0].clone());
+    assert!(
+        admission_errors(&job)
+            .iter()
+            .any(|e| e.contains("duplicate event"))
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Hook mechanics.
+
+/// One plugin's failure is reported and leaves the others' actions standing (W6, W7): an expiry out of
+/// range fails Expiry, accounting still ticks.
+#[test]
+fn hooks_isolate_a_failing_plugin() {
+    let config = reference();
+    let desired = render(&job("jobs/figlet"), &config);
+    let start = ts("2024-05-01T12:01:00Z");
+    let mut running = observed(&desired, JobPhase::Running, start);
+    running
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert("ucloud.dk/maxTime".into(), i64::MAX.to_string());
+    let plan = hooks::on_start(&config, &running, &[], start).unwrap();
+    assert_eq!(plan.failures.len(), 1, "{:?}", plan.failures);
+    assert_eq!(plan.failures[0].plugin.name(), "Expiry");
+    assert!(plan.set.contains_key("ucloud.dk/jobStart"));
+    let started = patched(&running, &plan);
+    let ticks = hooks::on_monitoring(&config, &started, &[], ts("2024-05-01T12:03:00Z")).unwrap();
+    assert_eq!(ticks.publish.len(), 2);
+    assert_eq!(ticks.failures.len(), 1);
+}
+
+/// A malformed annotation makes the job's facts unreadable, naming the annotation; a job that is not
+/// volcano-runner's is refused by name.
+#[test]
+fn hooks_name_the_bad_annotation() {
+    let config = reference();
+    let desired = render(&job("jobs/figlet"), &config);
+    let mut running = observed(&desired, JobPhase::Running, ts("2024-05-01T12:01:00Z"));
+    running
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert("ucloud.dk/jobStart".into(), "soon".into());
+    let err = hooks::on_monitoring(&config, &running, &[], now()).unwrap_err();
+    assert_eq!(err.key, "ucloud.dk/jobStart");
+    assert_eq!(
+        err.to_string(),
+        "VolcanoJob j-42: annotation ucloud.dk/jobStart: is not epoch milliseconds"
+    );
+    running.metadata.name = Some("other".into());
+    assert_eq!(
+        hooks::on_monitoring(&config, &running, &[], now())
+            .unwrap_err()
+            .key,
+        "metadata.name"
+    );
+}
+
+/// A job that has not started yet is left alone by monitoring; the real start comes from Volcano's
+/// phase history, not from when a runner looked (a runner that was away does not move it).
+#[test]
+fn hooks_use_the_phase_history_for_the_start() {
+    let config = reference();
+    let desired = render(&job("jobs/figlet"), &config);
+    let pending = observed(&desired, JobPhase::Pending, ts("2024-05-01T12:00:06Z"));
+    assert!(
+        hooks::on_monitoring(&config, &pending, &[], now())
+            .unwrap()
+            .is_empty()
+    );
+    let first_running = ts("2024-05-01T12:01:00Z");
+    let mut job = observed(&desired, JobPhase::Running, ts("2024-05-01T12:30:00Z"));
+    job.status.as_mut().unwrap().conditions.insert(
+        0,
+        JobCondition {
+            status: JobPhase::Running,
+            last_transition_time: Some(Time(first_running)),
+        },
+    );
+    let plan = hooks::on_start(&config, &job, &[], ts("2024-05-01T12:40:00Z")).unwrap();
+    assert_eq!(
+        plan.set["ucloud.dk/jobStart"],
+        first_running.as_millisecond().to_string()
+    );
+}
+
+/// The merge patch carries the observed resourceVersion (the API server refuses it if the job changed)
+/// and nulls for removed annotations.
+#[test]
+fn hooks_merge_patch_is_guarded_by_the_resource_version() {
+    let config = reference();
+    let desired = render(&job("jobs/figlet"), &config);
+    let running = observed(&desired, JobPhase::Running, ts("2024-05-01T12:01:00Z"));
+    let mut plan = hooks::on_start(&config, &running, &[], now()).unwrap();
+    plan.remove.insert("ucloud.dk/old".into());
+    let patch = plan.merge_patch().unwrap();
+    assert_eq!(patch["metadata"]["resourceVersion"], "100");
+    assert_eq!(
+        patch["metadata"]["annotations"]["ucloud.dk/old"],
+        Value::Null
+    );
+    assert!(patch["metadata"]["annotations"]["ucloud.dk/jobStart"].is_string());
+}
+
+/// `deploy/config.d/pipeline.toml` documents the defaults: it parses and equals `PipelineConfig::default()`,
+/// so the file and the code cannot drift apart.
+#[test]
+fn deploy_config_section_matches_the_defaults() {
+    let text = std::fs::read_to_string(root().join("deploy/config.d/pipeline.toml")).unwrap();
+    let config: volcano_runner::config::Config = toml::from_str(&text).unwrap();
+    assert_eq!(
+        config.pipeline,
+        volcano_runner::pipeline::PipelineConfig::default()
+    );
+    config.pipeline.validate().unwrap();
+}
+
+/// Bad configuration is refused at start with the key and the reason.
+#[test]
+fn bad_pipeline_configuration_is_refused_with_the_key() {
+    let refused = |toml: &str| {
+        let config: volcano_runner::config::Config = toml::from_str(toml).unwrap();
+        config.pipeline.validate().unwrap_err().to_string()
+    };
+    assert!(
+        refused("[pipeline.scheduling]\nmax_retry = 0").contains("pipeline.scheduling.max_retry")
+    );
+    assert!(
+        refused("[pipeline.multi_node]\ninit_image = \"busybox:latest\"")
+            .contains("pipeline.multi_node.init_image")
+    );
+    assert!(refused("[pipeline.multi_node]\ninit_image = \"busybox\"").contains("pinned"));
+    assert!(
+        refused("[pipeline]\nannotation_prefix = \"ucloud.dk\"")
+            .contains("pipeline.annotation_prefix")
+    );
+    assert!(
+        refused("[pipeline.network_policy]\negress_except = [\"10.0.0.0/33\"]")
+            .contains("egress_except")
+    );
+    assert!(refused("[pipeline.plugins]\ntask = false").contains("pipeline.plugins.task"));
+    assert!(
+        refused("[pipeline.namespace]\nname = \"Bad_Name\"").contains("pipeline.namespace.name")
+    );
+    let unknown =
+        toml::from_str::<volcano_runner::config::Config>("[pipeline]\nannotation_prefx = \"x/\"");
+    assert!(unknown.is_err());
+}
+
+/// With `storage.owner_claim`, every owner namespace gets its own storage claim (a PVC is namespaced),
+/// applied after the namespace and before the job.
+#[test]
+fn fairshare_declares_the_storage_claim_in_owner_namespaces() {
+    let mut config = defaults();
+    config.pipeline.storage.owner_claim = Some(volcano_runner::pipeline::OwnerClaimConfig {
+        storage_class_name: Some("cephfs-shared".into()),
+        volume_name: Some("ucloud-{namespace}".into()),
+        ..Default::default()
+    });
+    config.pipeline.validate().unwrap();
+    let desired = render(&job("jobs/figlet"), &config);
+    let objects = objects_json(&desired);
+    let kinds: Vec<&str> = objects
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds[..4],
+        ["Namespace", "NetworkPolicy", "PersistentVolumeClaim", "Job"]
+    );
+    let claim = &objects[2];
+    let namespace = desired.job_namespace();
+    assert_eq!(claim["metadata"]["name"], "cephfs");
+    assert_eq!(claim["metadata"]["namespace"], namespace);
+    assert_eq!(claim["spec"]["volumeName"], format!("ucloud-{namespace}"));
+    assert_eq!(claim["spec"]["accessModes"], json!(["ReadWriteMany"]));
+    assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "1Ti");
+    // Single mode declares no namespace and so no claim.
+    assert!(
+        render(&job("jobs/figlet"), &reference())
+            .namespace
+            .is_none()
+    );
+}
+
+/// The trace context goes on the job as an annotation, outside the submission hash.
+#[test]
+fn traceparent_is_recorded_on_the_job() {
+    let config = defaults();
+    let mut desired = render(&job("jobs/figlet"), &config);
+    let before =
+        desired.vcjob.metadata.annotations.as_ref().unwrap()["ucloud.dk/submissionHash"].clone();
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    desired.set_traceparent(&config.pipeline.keys(), tp);
+    let annotations = desired.vcjob.metadata.annotations.as_ref().unwrap();
+    assert_eq!(annotations["ucloud.dk/traceparent"], tp);
+    assert_eq!(annotations["ucloud.dk/submissionHash"], before);
+}
+
+/// `volcano-runner render` end to end: the binary prints the golden objects for a job and a
+/// configuration file, and refuses a bad job naming the field, with exit status 1.
+#[test]
+fn render_command_prints_the_objects_and_refuses_bad_jobs() {
+    let bin = env!("CARGO_BIN_EXE_volcano-runner");
+    let out = std::process::Command::new(bin)
+        .args([
+            "--config",
+            "tests/golden/config/reference.toml",
+            "render",
+            "tests/golden/jobs/figlet.json",
+        ])
+        .args(["--now", "2024-05-01T12:00:05Z"])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expected =
+        std::fs::read_to_string(golden_dir().join("jobs/figlet.reference.yaml")).unwrap();
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), expected);
+
+    let bad = std::env::temp_dir().join(format!("bad-job-{}.json", std::process::id()));
+    let mut job = serde_json::to_value(job("jobs/figlet")).unwrap();
+    job["replicas"] = json!(0);
+    std::fs::write(&bad, job.to_string()).unwrap();
+    let out = std::process::Command::new(bin)
+        .arg("render")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    std::fs::remove_file(&bad).unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("replicas: must be at least 1"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -1,0 +1,17 @@
+//! The runner for real: RabbitMQ, the in-process simulator and runners started as a library.
+//!
+//! One test binary per area: each binary links the whole dependency tree, so fewer binaries
+//! keep the build quick to link and small on disk.
+
+#[path = "../common/runner.rs"]
+mod harness;
+#[path = "../common/rabbit.rs"]
+mod rabbit;
+
+mod bad_input;
+mod bench;
+mod control;
+mod faults;
+mod gate;
+mod scale;
+mod submit;

@@ -1,0 +1,291 @@
+//! Submissions end to end: real RabbitMQ (a vhost per test), the cluster simulator in-process, and the
+//! runner started as `volcano-runner run` starts it.
+
+use crate::harness;
+
+use harness::{Harness, examples, figlet};
+use kube::api::{Api, DynamicObject, GroupVersionKind, ListParams};
+use kube::core::ApiResource;
+use serde_json::Value;
+use volcano_runner::messages::v1::JobState;
+use volcano_runner::pipeline::{self, AnnotationKeys, annotations::parse_millis};
+
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// `expected` is contained in `actual`: every key it has is there with a contained value, arrays element
+/// by element. What the server or the runner adds (status, uid, defaults, the finalizer) is allowed.
+fn assert_contained(expected: &Value, actual: &Value, path: &str) {
+    match (expected, actual) {
+        (Value::Object(e), Value::Object(a)) => {
+            for (key, value) in e {
+                let Some(got) = a.get(key) else {
+                    panic!("{path}.{key} is missing; expected {value}");
+                };
+                assert_contained(value, got, &format!("{path}.{key}"));
+            }
+        }
+        (Value::Array(e), Value::Array(a)) => {
+            assert_eq!(e.len(), a.len(), "{path}: {expected} vs {actual}");
+            for (i, (e, a)) in e.iter().zip(a).enumerate() {
+                assert_contained(e, a, &format!("{path}[{i}]"));
+            }
+        }
+        _ => assert_eq!(expected, actual, "{path}"),
+    }
+}
+
+fn resource(api_version: &str, kind: &str) -> ApiResource {
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind))
+}
+
+/// A submitted example becomes exactly the objects `render` prints (plus what the server and the
+/// runner add: status, uids, the cleanup finalizer, acceptedBy, the trace context, ownerReferences),
+/// and QUEUED is published once per job, carrying the submission's trace context.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submitted_example_becomes_exactly_the_rendered_objects_and_one_queued() {
+    let h = Harness::new("submit-example").await;
+    let runner = h.start("runner-a");
+    let jobs = examples();
+    for job in jobs.values() {
+        h.submit_traced(job, TRACEPARENT).await;
+    }
+    h.wait_events("QUEUED for every example", |events| {
+        jobs.keys().all(|id| {
+            events
+                .iter()
+                .any(|c| c.message_id == format!("{id}/QUEUED"))
+        })
+    })
+    .await;
+    h.wait_queues_settled().await;
+    runner.stop().await;
+
+    let keys = AnnotationKeys::new(&h.config.pipeline.annotation_prefix);
+    let events = h.events().await;
+    for (id, job) in &jobs {
+        let queued: Vec<_> = events
+            .iter()
+            .filter(|c| c.message_id == format!("{id}/QUEUED"))
+            .collect();
+        assert_eq!(queued.len(), 1, "QUEUED of {id} published once");
+        let event = queued[0].event.as_ref().expect("a JobEvent");
+        assert_eq!(event.state, JobState::Queued as i32);
+        assert_eq!(event.runner_id, "runner-a");
+        // The trace continues: same trace id, the runner's own span as the parent (ops::trace).
+        let continued = queued[0].traceparent.as_deref().expect("a traceparent");
+        assert_eq!(&continued[..36], &TRACEPARENT[..36], "same trace");
+        assert_ne!(
+            continued, TRACEPARENT,
+            "the runner's span, not the sender's"
+        );
+
+        let vcjob = h.vcjob(id).await.expect("the VolcanoJob exists");
+        let annotations = vcjob.metadata.annotations.clone().unwrap_or_default();
+        let created = vcjob.metadata.creation_timestamp.as_ref().unwrap().0;
+        let ts = event.timestamp.as_ref().unwrap();
+        assert_eq!(
+            (ts.seconds, ts.nanos),
+            (created.as_second(), created.subsec_nanosecond()),
+            "QUEUED is timed by the job's creation"
+        );
+        assert_eq!(annotations[&keys.traceparent], continued);
+        assert_eq!(annotations["ucloud.dk/acceptedBy"], "runner-a");
+        assert_eq!(
+            vcjob.metadata.finalizers.as_deref(),
+            Some(&[keys.cleanup_finalizer()][..])
+        );
+
+        // Render at the instant the runner rendered, so even `acceptedAt` must match.
+        let now = parse_millis(&annotations[&keys.accepted_at]).unwrap();
+        let desired = pipeline::render(job, &h.config, now).expect("the example renders");
+        let namespace = desired.job_namespace().to_owned();
+        let uid = vcjob.metadata.uid.clone().unwrap();
+        let mut companions = Vec::new();
+        for object in desired.objects() {
+            let expected = object.to_json().unwrap();
+            let r = resource(object.api_version(), object.kind());
+            let actual = h
+                .sim
+                .object(
+                    &r.group,
+                    &r.version,
+                    &r.plural,
+                    object.namespace().unwrap_or(""),
+                    object.name(),
+                )
+                .unwrap_or_else(|| panic!("{} {} exists", object.kind(), object.name()));
+            assert_contained(
+                &expected,
+                &actual,
+                &format!("{id}: {} {}", object.kind(), object.name()),
+            );
+            if object.role == pipeline::desired::Role::Companion {
+                assert_eq!(
+                    actual["metadata"]["ownerReferences"][0]["uid"],
+                    uid,
+                    "{} {} is owned by the job",
+                    object.kind(),
+                    object.name()
+                );
+                companions.push((object.kind().to_owned(), object.name().to_owned()));
+            }
+        }
+        // Nothing else of ours is owned by the job: exactly the rendered companions. (Volcano's svc plugin
+        // adds objects of its own, also owned by the job; they do not carry our managed-by label.)
+        let mut owned = Vec::new();
+        for (api_version, kind) in [
+            ("v1", "ConfigMap"),
+            ("v1", "Service"),
+            ("networking.k8s.io/v1", "NetworkPolicy"),
+        ] {
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(h.client.clone(), &namespace, &resource(api_version, kind));
+            let ours = ListParams::default().labels("app.kubernetes.io/managed-by=volcano-runner");
+            for o in api.list(&ours).await.unwrap().items {
+                let refs = o.metadata.owner_references.unwrap_or_default();
+                if refs.iter().any(|r| r.uid == uid) {
+                    owned.push((kind.to_owned(), o.metadata.name.unwrap()));
+                }
+            }
+        }
+        owned.sort();
+        companions.sort();
+        assert_eq!(
+            owned, companions,
+            "{id}: the job owns exactly its rendered companions"
+        );
+    }
+    assert_eq!(h.vcjobs().await.len(), jobs.len());
+}
+
+/// The same submission delivered twice (an orchestrator's retry): one job, and the same QUEUED event
+/// (same id, same bytes) for both deliveries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_submission_twice_gives_one_job_and_the_same_queued() {
+    let h = Harness::new("submit-twice").await;
+    let runner = h.start("runner-a");
+    let job = figlet("twice-1");
+    h.submit(&job).await;
+    h.wait_events("the first QUEUED", |e| {
+        e.iter().any(|c| c.message_id == "twice-1/QUEUED")
+    })
+    .await;
+    h.submit(&job).await;
+    let events = h
+        .wait_events("the second QUEUED", |e| {
+            e.iter()
+                .filter(|c| c.message_id == "twice-1/QUEUED")
+                .count()
+                == 2
+        })
+        .await;
+    h.wait_queues_settled().await;
+    runner.stop().await;
+    let queued: Vec<_> = events
+        .iter()
+        .filter(|c| c.message_id == "twice-1/QUEUED")
+        .collect();
+    assert_eq!(
+        queued[0].body, queued[1].body,
+        "a re-published event is the same message"
+    );
+    let jobs = h.vcjobs().await;
+    assert_eq!(jobs.len(), 1);
+    assert!(
+        events.iter().all(|c| !c.message_id.contains("/rejected/")),
+        "no rejection"
+    );
+}
+
+/// The same job id with other content is refused with `duplicate_job_id`; the first job stays as it
+/// was, and the message is acknowledged (not dead-lettered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_id_with_other_content_is_a_duplicate_job_id() {
+    let h = Harness::new("submit-dup").await;
+    let runner = h.start("runner-a");
+    let first = figlet("dup-1");
+    h.submit(&first).await;
+    h.wait_events("QUEUED", |e| {
+        e.iter().any(|c| c.message_id == "dup-1/QUEUED")
+    })
+    .await;
+    let mut second = first.clone();
+    second.product.as_mut().unwrap().cpu += 1;
+    let fingerprint16 = pipeline::fingerprint(&second)["sha256:".len()..][..16].to_owned();
+    let rejected_id = format!("dup-1/rejected/{fingerprint16}");
+    h.submit(&second).await;
+    let events = h
+        .wait_events("the duplicate's FAILURE", |e| {
+            e.iter().any(|c| c.message_id == rejected_id)
+        })
+        .await;
+    h.wait_queues_settled().await;
+    runner.stop().await;
+    let failure = events
+        .iter()
+        .find(|c| c.message_id == rejected_id)
+        .and_then(|c| c.event.clone())
+        .unwrap();
+    assert_eq!(failure.state, JobState::Failure as i32);
+    assert_eq!(failure.reason, "duplicate_job_id");
+    let keys = AnnotationKeys::new("ucloud.dk/");
+    let jobs = h.vcjobs().await;
+    assert_eq!(jobs.len(), 1);
+    let hash = &jobs[0].metadata.annotations.as_ref().unwrap()[&keys.submission_hash];
+    assert_eq!(
+        *hash,
+        pipeline::fingerprint(&first),
+        "the first job is untouched"
+    );
+    assert!(
+        h.dead_letters().await.is_empty(),
+        "a duplicate is not poison"
+    );
+    assert_eq!(
+        events
+            .iter()
+            .filter(|c| c.message_id == "dup-1/QUEUED")
+            .count(),
+        1
+    );
+}
+
+/// A job the cluster refuses (its Volcano queue is closed: the admission webhook denies it) is a
+/// FAILURE that carries the cluster's own message, and nothing is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_rejection_is_a_failure_with_the_clusters_message() {
+    let h = Harness::new("submit-rejected").await;
+    h.sim
+        .set_queue_state("default", "Closed")
+        .expect("close the default queue");
+    let runner = h.start("runner-a");
+    let job = figlet("closed-1");
+    h.submit(&job).await;
+    let events = h
+        .wait_events("the FAILURE", |e| {
+            e.iter()
+                .any(|c| c.message_id.starts_with("closed-1/rejected/"))
+        })
+        .await;
+    h.wait_queues_settled().await;
+    runner.stop().await;
+    let failure = events
+        .iter()
+        .find_map(|c| {
+            c.message_id
+                .starts_with("closed-1/rejected/")
+                .then(|| c.event.clone())
+        })
+        .flatten()
+        .unwrap();
+    assert_eq!(failure.state, JobState::Failure as i32);
+    assert_eq!(failure.reason, "cluster_rejected");
+    assert!(
+        failure.status.to_lowercase().contains("queue") && failure.status.contains("default"),
+        "the cluster's words: {}",
+        failure.status
+    );
+    assert!(h.vcjobs().await.is_empty(), "nothing left behind");
+    assert!(h.dead_letters().await.is_empty());
+}

@@ -1,0 +1,13 @@
+//! The cluster simulator through the real kube client and kubectl.
+//!
+//! One test binary per area: each binary links the whole dependency tree, so fewer binaries
+//! keep the build quick to link and small on disk.
+
+#[path = "../common/sim.rs"]
+mod sim_support;
+
+mod api;
+mod faults;
+mod kubectl;
+mod volcano;
+mod watch;
