@@ -64,6 +64,9 @@ pub struct Args {
     /// Fault rule: cut watches after this many seconds.
     #[arg(long)]
     pub fault_watch_cut_secs: Option<f64>,
+    /// Fault rule: fraction (0..1) of watch events silently lost while the watch goes on.
+    #[arg(long)]
+    pub fault_watch_lose: Option<f64>,
     /// Total unavailability (every request 503) starting this many seconds after start ...
     #[arg(long)]
     pub fault_unavailable_from: Option<f64>,
@@ -163,11 +166,13 @@ pub fn apply(args: &Args, mut cfg: SimConfig) -> Result<SimConfig, CliError> {
         retry_after_secs: args.fault_retry_after.unwrap_or(1),
         watch_cut_after_events: args.fault_watch_cut_events,
         watch_cut_after_secs: args.fault_watch_cut_secs,
+        watch_lose_events: args.fault_watch_lose.unwrap_or(0.0),
     };
     for (flag, v) in [
         ("fault-500", rule.error_500),
         ("fault-503", rule.error_503),
         ("fault-429", rule.error_429),
+        ("fault-watch-lose", rule.watch_lose_events),
     ] {
         if !(0.0..=1.0).contains(&v) {
             return Err(bad(flag, format!("{v} is not a fraction between 0 and 1")));

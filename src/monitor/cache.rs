@@ -5,7 +5,7 @@
 //! reads (pod specs, task templates, managed fields), so a runner can hold tens of thousands of jobs.
 //! The cache is owned by the monitor's loop alone; workers get cheap [`Snapshot`]s (`Arc`s).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
@@ -13,14 +13,26 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
 use super::observe;
-use crate::cluster::volcano::{JobSpec, JobStatus, LABEL_JOB_NAME, PodGroup, TaskSpec, VolcanoJob};
+use crate::cluster::volcano::{
+    JobSpec, JobStatus, LABEL_JOB_NAME, LABEL_TASK_INDEX, PodGroup, TaskSpec, VolcanoJob,
+};
 
-/// A VolcanoJob by namespace and name.
+/// Maps keyed by names the API gives (not by user input an attacker could shape against the hasher's
+/// fixed seed: the seed is random per map), hashed quickly: the monitor looks keys up tens of thousands
+/// of times per reconciliation.
+pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+/// See [`FastMap`].
+pub type FastSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
+
+/// A VolcanoJob by namespace and name (and, as [`ObjectKey`], any namespaced object).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct JobKey {
     pub namespace: String,
     pub name: String,
 }
+
+/// A pod or PodGroup by namespace and name.
+pub type ObjectKey = JobKey;
 
 impl JobKey {
     pub fn of(meta: &ObjectMeta) -> Self {
@@ -131,8 +143,33 @@ pub struct WatchedPod {
 }
 
 impl WatchedPod {
+    /// The pod as the monitor keeps it: of its metadata only what identifies it and the two Volcano
+    /// labels read (its job and its rank); of its status everything but conditions, which nothing reads.
+    /// A runner holds one of these per rank of every job, so each byte counts ten-thousandfold.
     pub fn into_pod(mut self) -> Pod {
-        self.metadata.managed_fields = None;
+        let m = &mut self.metadata;
+        m.managed_fields = None;
+        m.annotations = None;
+        m.owner_references = None;
+        m.finalizers = None;
+        if let Some(labels) = &mut m.labels {
+            labels.retain(|k, _| k == LABEL_JOB_NAME || k == LABEL_TASK_INDEX);
+        }
+        if let Some(status) = &mut self.status {
+            status.conditions = None;
+            status.host_ips = None;
+            // Deserialized vectors of large elements start at four; a pod has one or two containers.
+            for statuses in [
+                &mut status.container_statuses,
+                &mut status.init_container_statuses,
+                &mut status.ephemeral_container_statuses,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                statuses.shrink_to_fit();
+            }
+        }
         Pod {
             metadata: self.metadata,
             spec: None,
@@ -184,6 +221,18 @@ pub struct Snapshot {
     pub pods: Arc<Vec<Pod>>,
     pub podgroup: Option<Arc<PodGroup>>,
     pub jobs_ahead: Option<u32>,
+    /// What this snapshot is, for deciding whether a job needs deciding again.
+    pub fingerprint: Fingerprint,
+}
+
+/// What a decision about a job was made on: the cache's generation of the job's view (a fresh one
+/// whenever the job, one of its pods or its PodGroup changes to another version) and its place in its
+/// queue (which other jobs move). Equal fingerprints, equal decisions, until the next deadline in the
+/// clock's time, which has a timer of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fingerprint {
+    generation: u64,
+    jobs_ahead: Option<u32>,
 }
 
 /// Which kind of object an event is about.
@@ -201,22 +250,29 @@ struct Entry<T> {
     epoch: u64,
 }
 
-type GroupKey = (String, String);
+type GroupKey = ObjectKey;
 
 /// The cache. See the module documentation.
 #[derive(Debug, Default)]
 pub struct Cache {
-    jobs: HashMap<JobKey, Entry<Arc<VolcanoJob>>>,
-    pods: HashMap<JobKey, Arc<Vec<Pod>>>,
+    jobs: FastMap<JobKey, Entry<Arc<VolcanoJob>>>,
+    pods: FastMap<JobKey, Arc<Vec<Pod>>>,
     /// `(namespace, pod)` → its job and the epoch it was last seen in.
-    pod_index: HashMap<(String, String), (JobKey, u64)>,
-    groups: HashMap<GroupKey, Entry<Arc<PodGroup>>>,
-    group_of_job: HashMap<JobKey, GroupKey>,
+    pod_index: FastMap<ObjectKey, (JobKey, u64)>,
+    groups: FastMap<GroupKey, Entry<Arc<PodGroup>>>,
+    group_of_job: FastMap<JobKey, GroupKey>,
     /// The waiting PodGroups of each queue in queue order, kept up to date with every change, so that a
     /// job's position is a count and not a sort of every group on every event (which made the monitor
     /// quadratic in the number of pending jobs).
     waiting: Waiting,
     epochs: [u64; 3],
+    /// The annotation that records a job's replicas. A job that has it is kept without its tasks: in
+    /// monitoring, tasks are read only for the replicas when that annotation is missing, and each task
+    /// carries a whole pod template (nearly 2 KB even when empty).
+    replicas_key: Option<String>,
+    /// Each job's view generation (see [`Fingerprint`]), and the last one handed out.
+    generations: FastMap<JobKey, u64>,
+    last_generation: u64,
 }
 
 /// A waiting PodGroup's place in its queue: earlier creation first, then namespace and name.
@@ -225,8 +281,8 @@ type WaitKey = (Option<jiff::Timestamp>, String, String);
 /// The waiting PodGroups by queue, and where each one is filed.
 #[derive(Debug, Default)]
 struct Waiting {
-    by_queue: HashMap<String, BTreeSet<WaitKey>>,
-    filed: HashMap<GroupKey, (String, WaitKey)>,
+    by_queue: FastMap<String, BTreeSet<WaitKey>>,
+    filed: FastMap<GroupKey, (String, WaitKey)>,
 }
 
 impl Waiting {
@@ -239,8 +295,8 @@ impl Waiting {
         let queue = observe::queue_of(pg);
         let key: WaitKey = (
             pg.metadata.creation_timestamp.as_ref().map(|t| t.0),
-            gkey.0.clone(),
-            gkey.1.clone(),
+            gkey.namespace.clone(),
+            gkey.name.clone(),
         );
         self.by_queue
             .entry(queue.clone())
@@ -304,6 +360,14 @@ impl Cache {
         Self::default()
     }
 
+    /// A cache that keeps jobs annotated with `replicas_key` without their tasks.
+    pub fn with_replicas_key(replicas_key: impl Into<String>) -> Self {
+        Self {
+            replicas_key: Some(replicas_key.into()),
+            ..Self::default()
+        }
+    }
+
     /// Number of jobs held.
     pub fn len(&self) -> usize {
         self.jobs.len()
@@ -326,14 +390,45 @@ impl Cache {
         self.pods.get(key).cloned().unwrap_or_default()
     }
 
+    /// The job's view changed: it gets a generation no view has had.
+    fn touch(&mut self, key: &JobKey) {
+        self.last_generation += 1;
+        let g = self.last_generation;
+        match self.generations.get_mut(key) {
+            Some(v) => *v = g,
+            None => {
+                self.generations.insert(key.clone(), g);
+            }
+        }
+    }
+
     /// A fresh list of `kind` starts: what it does not contain is dropped at [`Cache::init_done`].
     pub fn init_start(&mut self, kind: Kind) {
         self.epochs[slot(kind)] += 1;
     }
 
     /// A job from the watch or a list. Returns its key.
-    pub fn apply_job(&mut self, job: VolcanoJob) -> JobKey {
+    pub fn apply_job(&mut self, mut job: VolcanoJob) -> JobKey {
         let key = JobKey::of(&job.metadata);
+        if let Some(replicas) = &self.replicas_key
+            && job
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(replicas))
+        {
+            job.spec.tasks = Vec::new();
+        }
+        if let Some(status) = &mut job.status {
+            status.conditions.shrink_to_fit();
+        }
+        let changed = self
+            .jobs
+            .get(&key)
+            .is_none_or(|e| e.value.metadata.resource_version != job.metadata.resource_version);
+        if changed {
+            self.touch(&key);
+        }
         let epoch = self.epochs[0];
         self.jobs.insert(
             key.clone(),
@@ -354,13 +449,18 @@ impl Cache {
                 entry.value.metadata.resource_version.as_deref(),
             )
         {
+            let changed = entry.value.metadata.resource_version != job.metadata.resource_version;
             entry.value = job;
+            if changed {
+                self.touch(&key);
+            }
         }
     }
 
     /// A job was deleted: returns its last state and its pods.
     pub fn remove_job(&mut self, key: &JobKey) -> Option<(Arc<VolcanoJob>, Arc<Vec<Pod>>)> {
         let job = self.jobs.remove(key)?.value;
+        self.generations.remove(key);
         Some((job, self.pods(key)))
     }
 
@@ -369,45 +469,73 @@ impl Cache {
         let key = job_of_pod(&pod)?;
         let name = pod.metadata.name.clone().unwrap_or_default();
         let epoch = self.epochs[1];
-        self.pod_index
-            .insert((key.namespace.clone(), name.clone()), (key.clone(), epoch));
+        self.pod_index.insert(
+            ObjectKey {
+                namespace: key.namespace.clone(),
+                name: name.clone(),
+            },
+            (key.clone(), epoch),
+        );
         let pods = Arc::make_mut(self.pods.entry(key.clone()).or_default());
-        match pods
+        let changed = match pods
             .iter_mut()
             .find(|p| p.metadata.name.as_deref() == Some(&name))
         {
-            Some(old) => *old = pod,
+            Some(old) => {
+                let changed = old.metadata.resource_version != pod.metadata.resource_version;
+                *old = pod;
+                changed
+            }
             None => {
                 pods.push(pod);
                 pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+                // A Vec grows to four at its first push; most jobs have one pod.
+                pods.shrink_to_fit();
+                true
             }
+        };
+        if changed {
+            self.touch(&key);
         }
         Some(key)
     }
 
     /// A pod was deleted. Returns its job.
     pub fn remove_pod(&mut self, namespace: &str, name: &str) -> Option<JobKey> {
-        let (key, _) = self
-            .pod_index
-            .remove(&(namespace.to_owned(), name.to_owned()))?;
+        let (key, _) = self.pod_index.remove(&ObjectKey {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        })?;
         if let Some(pods) = self.pods.get_mut(&key) {
             Arc::make_mut(pods).retain(|p| p.metadata.name.as_deref() != Some(name));
             if pods.is_empty() {
                 self.pods.remove(&key);
             }
         }
+        self.touch(&key);
         Some(key)
     }
 
     /// A PodGroup from the watch or a list. Returns its job, when it has one.
-    pub fn apply_group(&mut self, pg: PodGroup) -> Option<JobKey> {
-        let gkey = (
-            pg.metadata.namespace.clone().unwrap_or_default(),
-            pg.metadata.name.clone().unwrap_or_default(),
-        );
+    pub fn apply_group(&mut self, mut pg: PodGroup) -> Option<JobKey> {
+        // Read: name, namespace, owner, creation time, version, spec and status; never the rest.
+        pg.metadata.managed_fields = None;
+        pg.metadata.annotations = None;
+        pg.metadata.labels = None;
+        if let Some(status) = &mut pg.status {
+            status.conditions.shrink_to_fit();
+        }
+        let gkey = ObjectKey::of(&pg.metadata);
         let job = job_of_group(&pg);
         if let Some(job) = &job {
             self.group_of_job.insert(job.clone(), gkey.clone());
+            let changed = self
+                .groups
+                .get(&gkey)
+                .is_none_or(|e| e.value.metadata.resource_version != pg.metadata.resource_version);
+            if changed {
+                self.touch(job);
+            }
         }
         let epoch = self.epochs[2];
         self.waiting.update(&gkey, &pg);
@@ -423,16 +551,14 @@ impl Cache {
 
     /// A PodGroup was deleted. Returns its job.
     pub fn remove_group(&mut self, pg: &PodGroup) -> Option<JobKey> {
-        let gkey = (
-            pg.metadata.namespace.clone().unwrap_or_default(),
-            pg.metadata.name.clone().unwrap_or_default(),
-        );
+        let gkey = ObjectKey::of(&pg.metadata);
         self.groups.remove(&gkey);
         self.waiting.remove(&gkey);
         let job = job_of_group(pg)?;
         if self.group_of_job.get(&job) == Some(&gkey) {
             self.group_of_job.remove(&job);
         }
+        self.touch(&job);
         Some(job)
     }
 
@@ -458,7 +584,7 @@ impl Cache {
                     .collect()
             }
             Kind::Pods => {
-                let stale: Vec<(String, String)> = self
+                let stale: Vec<ObjectKey> = self
                     .pod_index
                     .iter()
                     .filter(|(_, (_, e))| *e < epoch)
@@ -466,7 +592,7 @@ impl Cache {
                     .collect();
                 let mut affected: Vec<JobKey> = stale
                     .into_iter()
-                    .filter_map(|(ns, name)| self.remove_pod(&ns, &name))
+                    .filter_map(|k| self.remove_pod(&k.namespace, &k.name))
                     .collect();
                 affected.sort();
                 affected.dedup();
@@ -500,6 +626,80 @@ impl Cache {
             .collect()
     }
 
+    /// The cached version of one object of `kind` (pods and PodGroups by their own namespace and name).
+    pub fn version(&self, kind: Kind, key: &JobKey) -> Option<&str> {
+        match kind {
+            Kind::Jobs => self
+                .jobs
+                .get(key)?
+                .value
+                .metadata
+                .resource_version
+                .as_deref(),
+            Kind::Pods => {
+                let (job, _) = self.pod_index.get(key)?;
+                self.pods
+                    .get(job)?
+                    .iter()
+                    .find(|p| p.metadata.name.as_deref() == Some(key.name.as_str()))?
+                    .metadata
+                    .resource_version
+                    .as_deref()
+            }
+            Kind::Groups => self
+                .groups
+                .get(key)?
+                .value
+                .metadata
+                .resource_version
+                .as_deref(),
+        }
+    }
+
+    /// How many objects of `kind` are held.
+    pub fn count(&self, kind: Kind) -> usize {
+        match kind {
+            Kind::Jobs => self.jobs.len(),
+            Kind::Pods => self.pod_index.len(),
+            Kind::Groups => self.groups.len(),
+        }
+    }
+
+    /// Every object of `kind` held, with its version.
+    pub fn versions(&self, kind: Kind) -> Vec<(JobKey, String)> {
+        let rv = |m: &ObjectMeta| m.resource_version.clone().unwrap_or_default();
+        match kind {
+            Kind::Jobs => self
+                .jobs
+                .iter()
+                .map(|(k, e)| (k.clone(), rv(&e.value.metadata)))
+                .collect(),
+            Kind::Pods => self
+                .pods
+                .values()
+                .flat_map(|pods| pods.iter())
+                .map(|p| (JobKey::of(&p.metadata), rv(&p.metadata)))
+                .collect(),
+            Kind::Groups => self
+                .groups
+                .values()
+                .map(|e| (JobKey::of(&e.value.metadata), rv(&e.value.metadata)))
+                .collect(),
+        }
+    }
+
+    /// The job's current [`Fingerprint`], or `None` when the job is not held. No snapshot is made.
+    pub fn fingerprint(&self, key: &JobKey) -> Option<Fingerprint> {
+        self.jobs.get(key)?;
+        Some(Fingerprint {
+            generation: self.generations.get(key).copied().unwrap_or_default(),
+            jobs_ahead: self
+                .group_of_job
+                .get(key)
+                .and_then(|g| self.waiting.ahead_of(g)),
+        })
+    }
+
     /// Everything a worker needs about `key`, or `None` when the job is not held.
     pub fn snapshot(&self, key: &JobKey) -> Option<Snapshot> {
         let job = self.job(key)?.clone();
@@ -515,6 +715,10 @@ impl Cache {
             pods: self.pods(key),
             podgroup,
             jobs_ahead,
+            fingerprint: Fingerprint {
+                generation: self.generations.get(key).copied().unwrap_or_default(),
+                jobs_ahead,
+            },
         })
     }
 }
@@ -566,6 +770,81 @@ mod tests {
         let p = p.into_pod();
         assert!(p.spec.is_none());
         assert_eq!(p.status.unwrap().pod_ip.as_deref(), Some("10.0.0.1"));
+    }
+
+    #[test]
+    fn pods_keep_only_what_the_monitor_reads() {
+        let w: WatchedPod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "j-1-job-0", "namespace": "ns", "resourceVersion": "9",
+                         "labels": {LABEL_JOB_NAME: "j-1", LABEL_TASK_INDEX: "0", "queue": "default"},
+                         "annotations": {"scheduling.k8s.io/group-name": "pg"},
+                         "ownerReferences": [{"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+                                              "name": "j-1", "uid": "u"}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.1",
+                       "conditions": [{"type": "Ready", "status": "True"}],
+                       "containerStatuses": [{"name": "user-job", "image": "i", "imageID": "",
+                                              "ready": true, "restartCount": 0,
+                                              "state": {"running": {"startedAt": "2026-11-22T08:00:00Z"}}}]}
+        }))
+        .unwrap();
+        let p = w.into_pod();
+        let labels = p.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels.len(), 2, "{labels:?}");
+        assert_eq!(job_of_pod(&p).unwrap().name, "j-1");
+        assert_eq!(observe::rank_of("1", &p), Some(0));
+        assert!(p.metadata.annotations.is_none() && p.metadata.owner_references.is_none());
+        assert_eq!(p.metadata.resource_version.as_deref(), Some("9"));
+        let status = p.status.as_ref().unwrap();
+        assert!(status.conditions.is_none());
+        assert!(observe::user_container(&p).is_some());
+    }
+
+    #[test]
+    fn the_fingerprint_changes_with_any_new_version_and_only_then() {
+        let mut c = Cache::new();
+        let key = c.apply_job(job("ns", "j-1", "1"));
+        let mut p = pod("ns", "j-1", "j-1-job-0");
+        p.metadata.resource_version = Some("2".into());
+        c.apply_pod(p.clone());
+        let first = c.fingerprint(&key).unwrap();
+        assert_eq!(c.snapshot(&key).unwrap().fingerprint, first);
+        // The same versions again (a fresh list, a watch event after the worker's own write).
+        c.apply_job(job("ns", "j-1", "1"));
+        c.apply_pod(p.clone());
+        c.refresh_job(Arc::new(job("ns", "j-1", "1")));
+        assert_eq!(c.fingerprint(&key).unwrap(), first);
+        // A new version of the pod, then of the job.
+        p.metadata.resource_version = Some("3".into());
+        c.apply_pod(p.clone());
+        let second = c.fingerprint(&key).unwrap();
+        assert_ne!(second, first);
+        c.refresh_job(Arc::new(job("ns", "j-1", "4")));
+        let third = c.fingerprint(&key).unwrap();
+        assert_ne!(third, second);
+        // The pod goes away.
+        c.remove_pod("ns", "j-1-job-0");
+        assert_ne!(c.fingerprint(&key).unwrap(), third);
+        assert!(
+            c.fingerprint(&JobKey::of(&job("ns", "j-2", "1").metadata))
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn tasks_are_kept_only_when_the_replicas_are_not_annotated() {
+        let mut c = Cache::with_replicas_key("x/replicas");
+        let mut with = job("ns", "j-a", "1");
+        with.spec.tasks = vec![TaskSpec::default()];
+        with.metadata.annotations = Some(BTreeMap::from([("x/replicas".into(), "2".into())]));
+        let mut without = job("ns", "j-b", "1");
+        without.spec.tasks = vec![TaskSpec {
+            replicas: 3,
+            ..TaskSpec::default()
+        }];
+        let a = c.apply_job(with);
+        let b = c.apply_job(without);
+        assert!(c.job(&a).unwrap().spec.tasks.is_empty());
+        assert_eq!(c.job(&b).unwrap().spec.tasks[0].replicas, 3);
     }
 
     /// The positions kept up to date through any sequence of changes, deletions and fresh lists are
@@ -626,7 +905,9 @@ mod tests {
             for key in c.groups.keys() {
                 assert_eq!(
                     c.waiting.ahead_of(key),
-                    expected.get(key).copied(),
+                    expected
+                        .get(&(key.namespace.clone(), key.name.clone()))
+                        .copied(),
                     "step {step}: {key:?}"
                 );
             }

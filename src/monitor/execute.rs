@@ -61,6 +61,9 @@ pub struct Handled {
     pub error: Option<HandleError>,
     /// The effects carried out, e.g. `["status", "start", "monitor"]`, for logs and tests.
     pub done: Vec<&'static str>,
+    /// The job's snapshot, as it was given, needed nothing until `next_check`: no read, no write. The
+    /// same snapshot need not be decided again before then.
+    pub settled: bool,
 }
 
 /// The writes of the monitor: publisher, API, and everything they need.
@@ -123,6 +126,7 @@ impl Executor {
         // messages (same ids, same content) need not go out twice.
         let mut confirmed: HashSet<String> = HashSet::new();
         let mut done = Vec::new();
+        let mut settled = false;
         let job_id = snap.key.job_id().unwrap_or_default().to_owned();
         let result = async {
             for _ in 0..MAX_ROUNDS {
@@ -151,7 +155,10 @@ impl Executor {
                     }
                 }
                 match step {
-                    Step::Wait { next_check } => return Ok(next_check),
+                    Step::Wait { next_check } => {
+                        settled = !fresh && done.is_empty();
+                        return Ok(next_check);
+                    }
                     Step::Record {
                         mut outcome,
                         logs,
@@ -220,12 +227,14 @@ impl Executor {
                 next_check,
                 error: None,
                 done,
+                settled,
             },
             Err(error) => Handled {
                 job: Some(job),
                 next_check: None,
                 error: Some(error),
                 done,
+                settled: false,
             },
         }
     }
@@ -257,6 +266,7 @@ impl Executor {
             next_check: None,
             error: result.err(),
             done,
+            settled: false,
         }
     }
 

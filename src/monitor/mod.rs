@@ -13,6 +13,7 @@
 //! - [`cache`]: the watched objects, kept small.
 //! - [`timers`]: deadlines by job (in the clock's time) and retry backoff (in real time).
 //! - [`execute`]: carries a step out: publish (confirmed), then patch (resourceVersion), then delete.
+//! - [`verify`]: the full reconciliation's check of the watches: metadata lists against the cache.
 //! - [`run`]: the loop: watches, full reconciliation, timers, shards, bounded concurrency.
 //!
 //! See `docs/monitor.md` for the duty and failover design and the order of effects.
@@ -26,6 +27,7 @@ pub mod observe;
 pub mod record;
 pub mod run;
 pub mod timers;
+pub mod verify;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,9 +64,10 @@ pub enum Encoding {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct MonitorConfig {
-    /// How often every job is listed afresh and looked at, whatever the watches said. A watch can go
-    /// quiet without an error (W1); this bounds how long a missed change goes unnoticed. Deadlines
-    /// (expiry, ticks) do not wait for it: they have timers of their own.
+    /// How often the watches are checked against the API (a metadata list of every kind) and every job
+    /// is looked at. A watch can go quiet or lose a change without an error (W1); this bounds how long a
+    /// missed change goes unnoticed. Deadlines (expiry, ticks) do not wait for it: they have timers of
+    /// their own.
     #[serde(with = "duration::required")]
     pub reconcile_interval: Duration,
     /// How long a job whose image cannot be pulled keeps trying before it ends as FAILURE. Registries

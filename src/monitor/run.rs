@@ -2,9 +2,11 @@
 //!
 //! - three watches (`kube::runtime::watcher`): managed VolcanoJobs, their pods, and every PodGroup (for
 //!   queue positions). A change enqueues the job it concerns.
-//! - a full reconciliation every `reconcile_interval`: the watches start over with a fresh list, whatever
-//!   they were doing (W1). What the list no longer has is gone; when all three lists are in, every job
-//!   is looked at (a "pass").
+//! - a full reconciliation every `reconcile_interval` (W1): a metadata-only list of each kind is compared
+//!   with the cache ([`super::verify`]); then every job is looked at (a "pass"). A difference the watch
+//!   does not explain within [`SUSPECT_GRACE`] makes that kind's watch start over with a full list, and
+//!   what that list no longer has is gone. A job whose objects have not changed since it was last
+//!   decided, and that has no deadline due, keeps its decision: deciding it again would give the same.
 //! - the timers: each job's next check (expiry, warnings, the next tick) in the clock's time, and retries
 //!   after failures in real time. They fire whatever the event traffic (W2, W3).
 //! - the shard set: gaining a shard starts a full reconciliation, so a runner that takes over acts on
@@ -15,7 +17,7 @@
 //! Every job is handled on its own: a failure is logged and retried with backoff for that job only (W6,
 //! W7), and nothing is acted on for a job whose shard this runner does not hold at that moment.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,11 +33,19 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::Monitor;
-use super::cache::{Cache, JobKey, Kind, Snapshot, WatchedJob, WatchedPod};
+use super::cache::{
+    Cache, FastMap, FastSet, Fingerprint, JobKey, Kind, Snapshot, WatchedJob, WatchedPod,
+};
 use super::decide::Settings;
 use super::execute::{Executor, Handled};
 use super::timers::{Backoff, Deadlines};
-use crate::cluster::volcano::{PodGroup, VolcanoJob};
+use super::verify::{self, Listed, Suspect};
+use crate::cluster::volcano::{LABEL_JOB_NAME, PodGroup, VolcanoJob};
+
+/// How long a difference between the API and the cache may stay unexplained before the watch of that
+/// kind is taken to have missed it. A healthy watch delivers a change within milliseconds; this leaves
+/// room for a busy API server without letting a broken watch go unnoticed for long.
+pub const SUSPECT_GRACE: Duration = Duration::from_secs(3);
 
 /// What one full reconciliation pass did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -46,20 +56,27 @@ pub struct PassReport {
     pub jobs: usize,
     /// Jobs of this runner's shards looked at in the pass.
     pub owned: usize,
+    /// Of those, the jobs decided afresh; the others had not changed since their last decision.
+    pub decided: usize,
     /// Jobs found gone by the pass's lists.
     pub gone: usize,
     /// From the start of the lists to the last job of the pass handled.
     pub took: Duration,
 }
 
-type Work = Pin<Box<dyn Future<Output = (JobKey, Handled)> + Send>>;
+/// A job handled: its key, what came of it, and the fingerprint of the snapshot it was decided on.
+type Work = Pin<Box<dyn Future<Output = (JobKey, Handled, Option<Fingerprint>)> + Send>>;
+
+/// The three metadata lists of a reconciliation, jobs, pods and PodGroups.
+type Verifying = Pin<Box<dyn Future<Output = Result<[Listed; 3], kube::Error>> + Send>>;
 
 /// A pass in progress.
 struct Pass {
     started: Instant,
     lists_pending: HashSet<u8>,
-    outstanding: HashSet<JobKey>,
+    outstanding: FastSet<JobKey>,
     owned: usize,
+    decided: usize,
     gone: usize,
 }
 
@@ -68,17 +85,23 @@ struct Loop {
     exec: Arc<Executor>,
     cache: Cache,
     ready: VecDeque<JobKey>,
-    queued: HashSet<JobKey>,
-    busy: HashSet<JobKey>,
-    dirty: HashSet<JobKey>,
+    queued: FastSet<JobKey>,
+    busy: FastSet<JobKey>,
+    dirty: FastSet<JobKey>,
     /// Jobs that vanished before their end was published, with their last state.
-    gone: HashMap<JobKey, (Arc<VolcanoJob>, Arc<Vec<Pod>>)>,
+    gone: FastMap<JobKey, (Arc<VolcanoJob>, Arc<Vec<Pod>>)>,
     checks: Deadlines<JobKey, jiff::Timestamp>,
     retries: Deadlines<JobKey, Instant>,
     backoff: Backoff<JobKey>,
     pass: Option<Pass>,
     passes: u64,
     max_concurrent: usize,
+    /// The fingerprint of the snapshot each job was last decided on, when that decision was to wait.
+    settled: FastMap<JobKey, Fingerprint>,
+    /// Differences found by the last reconciliation that the watches have yet to explain, by kind.
+    suspects: Vec<(Kind, Suspect)>,
+    /// When the suspects are judged.
+    suspects_due: Option<Instant>,
 }
 
 /// Runs the monitor until `shutdown`. See the module documentation.
@@ -102,8 +125,11 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
             .default_backoff()
             .boxed()
     };
+    // Only pods of Volcano jobs: the cache keeps no other, and the reconciliation's list must match it.
+    let pod_selector = format!("{selector},{LABEL_JOB_NAME}");
+    let managed_pods = watcher::Config::default().labels(&pod_selector);
     let start_pods = || {
-        watcher::watcher(pods_api.clone(), managed.clone())
+        watcher::watcher(pods_api.clone(), managed_pods.clone())
             .default_backoff()
             .boxed()
     };
@@ -118,20 +144,43 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
 
     let mut state = Loop {
         exec: exec.clone(),
-        cache: Cache::new(),
+        cache: Cache::with_replicas_key(exec.settings.keys.replicas.clone()),
         ready: VecDeque::new(),
-        queued: HashSet::new(),
-        busy: HashSet::new(),
-        dirty: HashSet::new(),
-        gone: HashMap::new(),
+        queued: FastSet::default(),
+        busy: FastSet::default(),
+        dirty: FastSet::default(),
+        gone: FastMap::default(),
         checks: Deadlines::new(),
         retries: Deadlines::new(),
         backoff: Backoff::new(mc.retry_min_delay, mc.retry_max_delay),
         pass: None,
         passes: 0,
         max_concurrent: mc.max_concurrent.max(1),
+        settled: FastMap::default(),
+        suspects: Vec::new(),
+        suspects_due: None,
     };
-    state.begin_pass();
+    state.begin_pass(&ALL_KINDS);
+    let start_verify = || -> Verifying {
+        let client = m.client.clone();
+        let urls = [
+            jobs_api.resource_url().to_owned(),
+            pods_api.resource_url().to_owned(),
+            groups_api.resource_url().to_owned(),
+        ];
+        let selectors = [Some(selector.clone()), Some(pod_selector.clone()), None];
+        Box::pin(async move {
+            let [jobs, pods, groups] = &urls;
+            let [sj, sp, sg] = &selectors;
+            let (j, p, g) = futures::try_join!(
+                verify::list_versions(&client, jobs, sj.as_deref()),
+                verify::list_versions(&client, pods, sp.as_deref()),
+                verify::list_versions(&client, groups, sg.as_deref()),
+            )?;
+            Ok([j, p, g])
+        })
+    };
+    let mut verifying: Option<Verifying> = None;
     let mut resync = tokio::time::interval_at(
         Instant::now() + mc.reconcile_interval,
         mc.reconcile_interval,
@@ -166,7 +215,7 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
         let wake = state.next_wake(clock.as_ref(), m.poll);
         tokio::select! {
             () = shutdown.cancelled() => break,
-            Some((key, handled)) = workers.next(), if !workers.is_empty() => state.finished(key, handled),
+            Some((key, handled, fingerprint)) = workers.next(), if !workers.is_empty() => state.finished(key, handled, fingerprint),
             event = jobs.next() => match event {
                 Some(Ok(event)) => state.on_job(event),
                 Some(Err(e)) => {
@@ -193,10 +242,36 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
             },
             () = sleep(wake) => state.fire(clock.now(), Instant::now()),
             _ = resync.tick() => {
-                jobs = start_jobs();
-                pods = start_pods();
-                groups = start_groups();
-                state.begin_pass();
+                if state.pass.is_some() || state.suspects_due.is_some() {
+                    // Still listing, or still giving the watches their moment: the next tick comes soon.
+                    tracing::debug!("The previous reconciliation is still going; this one is skipped.");
+                } else {
+                    verifying = Some(start_verify());
+                    state.begin_verify();
+                }
+            }
+            listed = async { verifying.as_mut().expect("guarded").await }, if verifying.is_some() => {
+                verifying = None;
+                match listed {
+                    Ok(lists) => state.verified(lists),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Listing for the reconciliation failed; every watch starts over with a full list.");
+                        jobs = start_jobs();
+                        pods = start_pods();
+                        groups = start_groups();
+                        state.begin_pass(&ALL_KINDS);
+                    }
+                }
+            }
+            () = sleep_until(state.suspects_due) => {
+                for kind in state.judge_suspects() {
+                    let watch = match kind {
+                        Kind::Jobs => { jobs = start_jobs(); "jobs" }
+                        Kind::Pods => { pods = start_pods(); "pods" }
+                        Kind::Groups => { groups = start_groups(); "podgroups" }
+                    };
+                    restarted(watch);
+                }
             }
             changed = shards.changed() => {
                 if changed.is_err() {
@@ -207,12 +282,15 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
                 let gained = now_held.difference(&held).count() > 0;
                 held = now_held;
                 report_shards(&held);
+                // Another runner may have acted on a job meanwhile; decide every job afresh.
+                state.settled.clear();
                 if gained {
                     tracing::info!(shards = ?held, "Gained shards: reconciling every job.");
+                    verifying = None;
                     jobs = start_jobs();
                     pods = start_pods();
                     groups = start_groups();
-                    state.begin_pass();
+                    state.begin_pass(&ALL_KINDS);
                 }
             }
         }
@@ -235,6 +313,23 @@ fn job_span(exec: &Executor, key: &JobKey, job: &VolcanoJob) -> tracing::Span {
     crate::ops::trace::job_span(key.job_id().unwrap_or_default(), &trace)
 }
 
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+const ALL_KINDS: [Kind; 3] = [Kind::Jobs, Kind::Pods, Kind::Groups];
+
+fn slot(kind: Kind) -> u8 {
+    match kind {
+        Kind::Jobs => 0,
+        Kind::Pods => 1,
+        Kind::Groups => 2,
+    }
+}
+
 async fn sleep(wake: Option<Duration>) {
     match wake {
         Some(d) => tokio::time::sleep(d).await,
@@ -251,17 +346,83 @@ impl Loop {
         }
     }
 
-    fn begin_pass(&mut self) {
-        for kind in [Kind::Jobs, Kind::Pods, Kind::Groups] {
-            self.cache.init_start(kind);
+    /// The watches of `kinds` start over with a full list; the pass looks at every job once they are in.
+    fn begin_pass(&mut self, kinds: &[Kind]) {
+        for kind in kinds {
+            self.cache.init_start(*kind);
+        }
+        // Suspects of a kind listed afresh are settled by that list.
+        self.suspects.retain(|(k, _)| !kinds.contains(k));
+        if self.suspects.is_empty() {
+            self.suspects_due = None;
         }
         self.pass = Some(Pass {
             started: Instant::now(),
-            lists_pending: HashSet::from([0, 1, 2]),
-            outstanding: HashSet::new(),
+            lists_pending: kinds.iter().map(|k| slot(*k)).collect(),
+            outstanding: FastSet::default(),
             owned: 0,
+            decided: 0,
             gone: 0,
         });
+    }
+
+    /// A reconciliation by metadata lists starts: the pass waits for [`Loop::verified`].
+    fn begin_verify(&mut self) {
+        self.pass = Some(Pass {
+            started: Instant::now(),
+            lists_pending: HashSet::from([3]),
+            outstanding: FastSet::default(),
+            owned: 0,
+            decided: 0,
+            gone: 0,
+        });
+    }
+
+    /// The metadata lists are in: note what the cache does not explain, then look at every job.
+    fn verified(&mut self, lists: [Listed; 3]) {
+        let mut found = Vec::new();
+        for (kind, listed) in ALL_KINDS.into_iter().zip(&lists) {
+            let cache = &self.cache;
+            let suspects = verify::differences(
+                listed,
+                |k| cache.version(kind, k),
+                cache.count(kind),
+                || cache.versions(kind),
+            );
+            found.extend(suspects.into_iter().map(|s| (kind, s)));
+        }
+        if !found.is_empty() {
+            tracing::debug!(
+                differences = found.len(),
+                "The reconciliation found differences; the watches have a moment to explain them."
+            );
+            self.suspects = found;
+            self.suspects_due = Some(Instant::now() + SUSPECT_GRACE);
+        }
+        self.list_done(3);
+    }
+
+    /// The kinds whose watch has not explained a difference in time (and must list again in full).
+    fn judge_suspects(&mut self) -> Vec<Kind> {
+        self.suspects_due = None;
+        let suspects = std::mem::take(&mut self.suspects);
+        let mut kinds = Vec::new();
+        for (kind, suspect) in &suspects {
+            if kinds.contains(kind) || suspect.resolved(self.cache.version(*kind, &suspect.key)) {
+                continue;
+            }
+            tracing::warn!(
+                kind = ?kind,
+                object = %suspect.key,
+                expected = ?suspect.expect,
+                "The watch missed a change; that kind is listed afresh."
+            );
+            kinds.push(*kind);
+        }
+        if !kinds.is_empty() {
+            self.begin_pass(&kinds);
+        }
+        kinds
     }
 
     fn list_done(&mut self, which: u8) {
@@ -269,17 +430,29 @@ impl Loop {
         if !pass.lists_pending.remove(&which) || !pass.lists_pending.is_empty() {
             return;
         }
-        // Every list is in: look at every job of ours.
+        // Every list is in: look at every job of ours. One that has not changed since it was decided
+        // (and is not in hand, and not gone) keeps its decision without being queued.
         let shards = self.exec.shards.borrow().clone();
-        let owned: Vec<JobKey> = self
-            .cache
-            .keys()
-            .filter(|k| k.job_id().is_some_and(|id| shards.owns(id)))
-            .cloned()
-            .collect();
-        pass.owned = owned.len();
-        pass.outstanding = owned.iter().cloned().collect();
-        for key in owned {
+        let mut owned = 0;
+        let mut stale: Vec<JobKey> = Vec::new();
+        for key in self.cache.keys() {
+            if !key.job_id().is_some_and(|id| shards.owns(id)) {
+                continue;
+            }
+            owned += 1;
+            let unchanged = !self.busy.contains(key)
+                && !self.gone.contains_key(key)
+                && self
+                    .settled
+                    .get(key)
+                    .is_some_and(|f| Some(*f) == self.cache.fingerprint(key));
+            if !unchanged {
+                stale.push(key.clone());
+            }
+        }
+        pass.owned = owned;
+        pass.outstanding = stale.iter().cloned().collect();
+        for key in stale {
             self.enqueue(key);
         }
     }
@@ -295,6 +468,7 @@ impl Loop {
             passes: self.passes,
             jobs: self.cache.len(),
             owned: pass.owned,
+            decided: pass.decided,
             gone: pass.gone,
             took: pass.started.elapsed(),
         };
@@ -314,7 +488,7 @@ impl Loop {
                 self.cache.remove_job(&key);
                 self.vanished(key, Arc::new(w.into_job()), pods);
             }
-            Event::Init => {}
+            Event::Init => self.cache.init_start(Kind::Jobs),
             Event::InitDone => {
                 for (key, job, pods) in self.cache.init_done(Kind::Jobs) {
                     if let Some(pass) = &mut self.pass {
@@ -341,7 +515,7 @@ impl Loop {
                     self.enqueue(key);
                 }
             }
-            Event::Init => {}
+            Event::Init => self.cache.init_start(Kind::Pods),
             Event::InitDone => {
                 for (key, _, _) in self.cache.init_done(Kind::Pods) {
                     self.enqueue(key);
@@ -367,7 +541,7 @@ impl Loop {
                     self.enqueue(key);
                 }
             }
-            Event::Init => {}
+            Event::Init => self.cache.init_start(Kind::Groups),
             Event::InitDone => {
                 for (key, _, _) in self.cache.init_done(Kind::Groups) {
                     self.enqueue(key);
@@ -402,6 +576,7 @@ impl Loop {
                 .is_some_and(|id| self.exec.shards.borrow().owns(id));
             if !owned {
                 // Not ours now; whoever holds the shard looks after it. Keep nothing for it.
+                self.settled.remove(&key);
                 self.gone.remove(&key);
                 self.checks.set(&key, None);
                 self.retries.set(&key, None);
@@ -415,7 +590,7 @@ impl Loop {
                 workers.push(Box::pin(
                     async move {
                         let handled = exec.handle_gone(job, pods).await;
-                        (key, handled)
+                        (key, handled, None)
                     }
                     .instrument(span),
                 ));
@@ -425,12 +600,23 @@ impl Loop {
                 self.done_in_pass(&key);
                 continue;
             };
+            let fingerprint = snap.fingerprint;
+            if self.settled.get(&key) == Some(&fingerprint) {
+                // Nothing about it changed since it was decided: the decision stands.
+                self.done_in_pass(&key);
+                continue;
+            }
+            if let Some(pass) = &mut self.pass
+                && pass.outstanding.contains(&key)
+            {
+                pass.decided += 1;
+            }
             self.busy.insert(key.clone());
             let span = job_span(&exec, &key, &snap.job);
             workers.push(Box::pin(
                 async move {
                     let handled = exec.handle(snap).await;
-                    (key, handled)
+                    (key, handled, Some(fingerprint))
                 }
                 .instrument(span),
             ));
@@ -443,8 +629,16 @@ impl Loop {
         }
     }
 
-    fn finished(&mut self, key: JobKey, handled: Handled) {
+    fn finished(&mut self, key: JobKey, handled: Handled, fingerprint: Option<Fingerprint>) {
         self.busy.remove(&key);
+        match fingerprint {
+            Some(f) if handled.settled && handled.error.is_none() => {
+                self.settled.insert(key.clone(), f);
+            }
+            _ => {
+                self.settled.remove(&key);
+            }
+        }
         self.done_in_pass(&key);
         let was_gone = self.gone.contains_key(&key);
         if let Some(job) = handled.job
@@ -493,10 +687,13 @@ impl Loop {
     }
 
     fn fire(&mut self, now: jiff::Timestamp, instant: Instant) {
+        // A deadline is due: the same objects may now call for something else.
         for key in self.checks.pop_due(now) {
+            self.settled.remove(&key);
             self.enqueue(key);
         }
         for key in self.retries.pop_due(instant) {
+            self.settled.remove(&key);
             self.enqueue(key);
         }
     }

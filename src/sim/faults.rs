@@ -34,6 +34,9 @@ pub struct FaultRule {
     pub watch_cut_after_events: Option<u64>,
     /// A matching watch is cut after this many seconds (real time).
     pub watch_cut_after_secs: Option<f64>,
+    /// Fraction (0..1) of a matching watch's events silently never sent, while the watch goes on and its
+    /// bookmarks move past them: the quiet loss that only a full reconciliation can catch (W1).
+    pub watch_lose_events: f64,
 }
 
 impl FaultRule {
@@ -77,6 +80,8 @@ pub struct Decision {
     pub error: Option<ApiError>,
     pub cut_after_events: Option<u64>,
     pub cut_after: Option<Duration>,
+    /// Fraction of a watch's events lost (evenly spread: every `1/f`-th event).
+    pub lose_events: f64,
 }
 
 #[derive(Debug)]
@@ -204,6 +209,7 @@ impl Faults {
             if let Some(n) = r.watch_cut_after_events {
                 d.cut_after_events = Some(d.cut_after_events.map_or(n, |m| m.min(n)));
             }
+            d.lose_events = (d.lose_events + r.watch_lose_events.max(0.0)).min(1.0);
             if let Some(secs) = r.watch_cut_after_secs {
                 let c = Duration::from_secs_f64(secs.max(0.0));
                 d.cut_after = Some(d.cut_after.map_or(c, |m| m.min(c)));

@@ -932,6 +932,9 @@ struct WatchState {
     deadline: tokio::time::Instant,
     cut_after_events: Option<u64>,
     cut_at: Option<tokio::time::Instant>,
+    /// Fraction of events silently dropped, and how much of an event is owed to it so far.
+    lose: f64,
+    lost: f64,
     sent: u64,
     done: bool,
     bookmark_every: Duration,
@@ -1061,6 +1064,8 @@ fn start_watch(
         deadline: now + timeout,
         cut_after_events: decision.cut_after_events,
         cut_at: decision.cut_after.map(|d| now + d),
+        lose: decision.lose_events,
+        lost: 0.0,
         sent: 0,
         done,
         bookmark_every: shared.settings.bookmark_interval,
@@ -1078,6 +1083,11 @@ fn start_watch(
                             Err(std::io::Error::other("watch cut by the fault plan")),
                             st,
                         ));
+                    }
+                    st.lost += st.lose;
+                    if st.lost >= 1.0 {
+                        st.lost -= 1.0;
+                        continue;
                     }
                     st.sent += 1;
                 }

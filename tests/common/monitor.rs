@@ -56,6 +56,8 @@ pub struct TestRunner {
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
     broker: Broker,
+    /// The monitor's pass reports.
+    pub reports: tokio::sync::watch::Receiver<volcano_runner::monitor::PassReport>,
 }
 
 impl TestRunner {
@@ -297,6 +299,7 @@ impl World {
             Arc::new(SimClock(self.sim.clone())),
             Duration::from_millis(20),
         );
+        let reports = monitor.reports();
         let stop = shutdown.clone();
         let leases_task = tokio::spawn(async move { leases.run(stop.cancelled_owned()).await });
         let monitor_task = tokio::spawn(monitor.run(shutdown.clone()));
@@ -306,6 +309,7 @@ impl World {
             shutdown,
             tasks: vec![monitor_task, leases_task],
             broker,
+            reports,
         }
     }
 

@@ -231,6 +231,54 @@ async fn watches_cut_by_the_fault_plan_lose_no_transition() {
     w.close().await;
 }
 
+/// Every watch stays open but silently loses every event (its bookmarks go on, so it never errs and
+/// never lists again by itself). Only the full reconciliation sees the job at all: its metadata lists
+/// show what the watches missed, and the watches of those kinds list afresh. No transition is lost.
+#[tokio::test]
+async fn watches_that_silently_lose_every_event_lose_no_transition() {
+    let mut w = World::start(
+        "mon-lose",
+        |c| c.monitor.reconcile_interval = Duration::from_secs(2),
+        |_| {},
+    )
+    .await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    for resource in ["jobs", "pods", "podgroups"] {
+        w.sim.faults().add_rule(FaultRule {
+            resource: resource.into(),
+            verb: "watch".into(),
+            watch_lose_events: 1.0,
+            ..FaultRule::default()
+        });
+    }
+    // The watches open now lose events too: they start over under the new plan.
+    w.sim.cut_watches();
+    let job = job("q1", "sleep 100");
+    w.submit(&job).await;
+    w.advance(3);
+    w.until("RUNNING", |s| s.event("q1/RUNNING").is_some())
+        .await;
+    let start = ms(&w.seen.event("q1/RUNNING").unwrap().started_at);
+    w.advance(120);
+    w.until("SUCCESS and the final tick", |s| {
+        s.event("q1/SUCCESS").is_some() && s.of("q1").has_final_tick()
+    })
+    .await;
+    w.settle(Duration::from_millis(500)).await;
+    let success = w.seen.event("q1/SUCCESS").unwrap().clone();
+    assert_eq!(ms(&success.ended_at) - start, 100_000);
+    check_ticks(
+        "q1",
+        &w.seen.of("q1").unique_ticks(),
+        start,
+        ms(&success.ended_at),
+    );
+    check_lifecycle(&w.seen, "q1", &["RUNNING", "SUCCESS"]);
+    runner.stop().await;
+    w.close().await;
+}
+
 /// The API answers 503 to everything for 10 s (real time) while a job ends: the monitor (and its leases)
 /// ride it out and nothing is lost once the API is back.
 #[tokio::test]

@@ -523,3 +523,47 @@ async fn extend(w: &World, ns: &str, name: &str, request: &str, minutes: i64) {
     }
     panic!("the extension kept conflicting");
 }
+
+/// A running job with nothing due is not decided again on every pass: its job, pod and PodGroup are the
+/// versions it was last decided on. A deadline still makes it decided again: the next tick goes out
+/// although none of its objects changed.
+#[tokio::test]
+async fn a_quiet_job_keeps_its_decision_until_a_deadline_or_a_change() {
+    let mut w = World::start(
+        "mon-quiet",
+        |c| c.monitor.reconcile_interval = Duration::from_secs(1),
+        |_| {},
+    )
+    .await;
+    let mut runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let job = job("z1", "sleep 1000");
+    w.submit(&job).await;
+    w.advance(3);
+    w.until("RUNNING", |s| s.event("z1/RUNNING").is_some())
+        .await;
+    let quiet = tokio::time::timeout(
+        PATIENCE,
+        runner
+            .reports
+            .wait_for(|r| r.passes > 0 && r.owned == 1 && r.decided == 0),
+    )
+    .await
+    .map(|r| r.map(|r| r.clone()));
+    let last = runner.reports.borrow().clone();
+    assert!(
+        matches!(quiet, Ok(Ok(_))),
+        "no pass left the quiet job alone: {last:?}"
+    );
+    assert!(w.seen.of("z1").unique_ticks().is_empty());
+    w.advance(61);
+    w.until("the first tick", |s| !s.of("z1").unique_ticks().is_empty())
+        .await;
+    let start = ms(&w.seen.event("z1/RUNNING").unwrap().started_at);
+    let tick = &w.seen.of("z1").unique_ticks()[0];
+    assert_eq!(tick.tick_id, "z1/0", "{tick:?}");
+    assert_eq!(ms(&tick.interval_start), start);
+    assert_eq!(tick.duration_ms, 60_000);
+    runner.stop().await;
+    w.close().await;
+}

@@ -1,0 +1,289 @@
+//! The full reconciliation's check of the watches (W1): a metadata-only list of each watched kind,
+//! compared object by object with the cache by resourceVersion.
+//!
+//! A watch that went quiet, or lost an event, leaves the cache behind the API; a metadata list shows it
+//! at a fraction of a full list's cost (no specs, no statuses), so it can run often on a runner that
+//! holds tens of thousands of jobs. A difference is not yet proof: the watch may simply not have
+//! delivered a change made a moment ago. So each difference becomes a [`Suspect`] that must be
+//! [resolved](Suspect::resolved) within a short grace; one that is not means the watch missed something,
+//! and that kind is listed afresh in full.
+
+use kube::api::ListParams;
+use serde::Deserialize;
+
+use super::cache::{JobKey, is_newer};
+
+/// Objects per page of a metadata list.
+const PAGE: u32 = 500;
+
+/// One object of a metadata list: where it is and its version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Version {
+    pub key: JobKey,
+    pub resource_version: String,
+}
+
+/// A whole metadata list (every page), with the version of the collection it was read at.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Listed {
+    pub items: Vec<Version>,
+    pub resource_version: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Page {
+    #[serde(default)]
+    metadata: PageMeta,
+    #[serde(default)]
+    items: Vec<Item>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PageMeta {
+    #[serde(default)]
+    resource_version: Option<String>,
+    #[serde(default, rename = "continue")]
+    continue_token: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Item {
+    #[serde(default)]
+    metadata: ItemMeta,
+}
+
+/// Only the three fields compared; serde skips labels, annotations and the rest without keeping them.
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ItemMeta {
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    resource_version: String,
+}
+
+/// Lists the metadata of every object under `url` (a collection URL as [`kube::Api::resource_url`]
+/// gives it) that matches `selector`, page by page.
+pub async fn list_versions(
+    client: &kube::Client,
+    url: &str,
+    selector: Option<&str>,
+) -> Result<Listed, kube::Error> {
+    let request = kube::core::Request::new(url);
+    let mut listed = Listed::default();
+    let mut params = ListParams::default().limit(PAGE);
+    if let Some(s) = selector {
+        params = params.labels(s);
+    }
+    loop {
+        let http = request
+            .list_metadata(&params)
+            .map_err(kube::Error::BuildRequest)?;
+        let page: Page = client.request(http).await?;
+        if listed.resource_version.is_none() {
+            // A paginated list is one snapshot: the first page's version.
+            listed.resource_version = page.metadata.resource_version;
+        }
+        listed.items.extend(page.items.into_iter().map(|i| Version {
+            key: JobKey {
+                namespace: i.metadata.namespace.unwrap_or_default(),
+                name: i.metadata.name,
+            },
+            resource_version: i.metadata.resource_version,
+        }));
+        match page.metadata.continue_token.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(listed),
+        }
+    }
+}
+
+/// What the cache must show for a difference to be explained by a change the watch had not yet
+/// delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expect {
+    /// The object at this version or a later one.
+    AtLeast(String),
+    /// The object gone, or changed after the list (whose version this is) was taken.
+    GoneAsOf(Option<String>),
+}
+
+/// An object whose cached version differs from the API's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Suspect {
+    pub key: JobKey,
+    pub expect: Expect,
+}
+
+impl Suspect {
+    /// Whether the cache, holding `cached` for this object now, explains the difference.
+    pub fn resolved(&self, cached: Option<&str>) -> bool {
+        match &self.expect {
+            Expect::AtLeast(rv) => cached.is_some_and(|c| is_newer(Some(c), Some(rv))),
+            Expect::GoneAsOf(list_rv) => cached.is_none_or(|c| later(c, list_rv.as_deref())),
+        }
+    }
+}
+
+/// Whether version `a` is strictly later than `b` (false when either does not parse: not provable).
+fn later(a: &str, b: Option<&str>) -> bool {
+    match (a.parse::<u64>(), b.map(str::parse::<u64>)) {
+        (Ok(a), Some(Ok(b))) => a > b,
+        _ => false,
+    }
+}
+
+/// The differences between a metadata list and the cache of that kind.
+///
+/// `cached` looks one object up; `cached_count` is how many the cache holds and `cached_all` lists them
+/// (called only when the cache holds objects the list does not).
+pub fn differences<'c>(
+    listed: &Listed,
+    cached: impl Fn(&JobKey) -> Option<&'c str>,
+    cached_count: usize,
+    cached_all: impl FnOnce() -> Vec<(JobKey, String)>,
+) -> Vec<Suspect> {
+    let mut suspects = Vec::new();
+    let mut found = 0usize;
+    for item in &listed.items {
+        let have = cached(&item.key);
+        if have.is_some() {
+            found += 1;
+        }
+        // Equal, or the watch is already past the list: nothing to explain.
+        let fine = have.is_some_and(|c| is_newer(Some(c), Some(&item.resource_version)));
+        if !fine {
+            suspects.push(Suspect {
+                key: item.key.clone(),
+                expect: Expect::AtLeast(item.resource_version.clone()),
+            });
+        }
+    }
+    if found < cached_count {
+        let in_list: std::collections::HashSet<&JobKey> =
+            listed.items.iter().map(|i| &i.key).collect();
+        for (key, rv) in cached_all() {
+            if in_list.contains(&key) || later(&rv, listed.resource_version.as_deref()) {
+                continue;
+            }
+            suspects.push(Suspect {
+                key,
+                expect: Expect::GoneAsOf(listed.resource_version.clone()),
+            });
+        }
+    }
+    suspects
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn key(name: &str) -> JobKey {
+        JobKey {
+            namespace: "ns".into(),
+            name: name.into(),
+        }
+    }
+
+    fn listed(rv: &str, items: &[(&str, &str)]) -> Listed {
+        Listed {
+            items: items
+                .iter()
+                .map(|(n, v)| Version {
+                    key: key(n),
+                    resource_version: (*v).into(),
+                })
+                .collect(),
+            resource_version: Some(rv.into()),
+        }
+    }
+
+    fn diff(list: &Listed, cache: &HashMap<JobKey, String>) -> Vec<Suspect> {
+        differences(
+            list,
+            |k| cache.get(k).map(String::as_str),
+            cache.len(),
+            || cache.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        )
+    }
+
+    fn cache(items: &[(&str, &str)]) -> HashMap<JobKey, String> {
+        items.iter().map(|(n, v)| (key(n), (*v).into())).collect()
+    }
+
+    #[test]
+    fn a_cache_equal_to_or_ahead_of_the_list_has_nothing_to_explain() {
+        let list = listed("100", &[("a", "10"), ("b", "20")]);
+        assert!(diff(&list, &cache(&[("a", "10"), ("b", "20")])).is_empty());
+        // The watch delivered a change made after the list was taken.
+        assert!(diff(&list, &cache(&[("a", "10"), ("b", "120")])).is_empty());
+        // An object created after the list was taken.
+        assert!(diff(&list, &cache(&[("a", "10"), ("b", "20"), ("c", "101")])).is_empty());
+    }
+
+    #[test]
+    fn behind_missing_and_extra_objects_are_suspects() {
+        let list = listed("100", &[("a", "10"), ("b", "20"), ("new", "90")]);
+        let c = cache(&[("a", "10"), ("b", "15"), ("deleted", "50")]);
+        let mut s = diff(&list, &c);
+        s.sort_by(|x, y| x.key.name.cmp(&y.key.name));
+        assert_eq!(
+            s,
+            vec![
+                Suspect {
+                    key: key("b"),
+                    expect: Expect::AtLeast("20".into())
+                },
+                Suspect {
+                    key: key("deleted"),
+                    expect: Expect::GoneAsOf(Some("100".into()))
+                },
+                Suspect {
+                    key: key("new"),
+                    expect: Expect::AtLeast("90".into())
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_suspect_is_resolved_only_by_the_change_it_waits_for() {
+        let behind = Suspect {
+            key: key("b"),
+            expect: Expect::AtLeast("20".into()),
+        };
+        assert!(!behind.resolved(Some("15")));
+        assert!(!behind.resolved(None));
+        assert!(behind.resolved(Some("20")));
+        assert!(behind.resolved(Some("25")));
+        let gone = Suspect {
+            key: key("d"),
+            expect: Expect::GoneAsOf(Some("100".into())),
+        };
+        assert!(gone.resolved(None));
+        assert!(!gone.resolved(Some("50")));
+        // Recreated (or changed) after the list: the watch is alive and ahead of it.
+        assert!(gone.resolved(Some("101")));
+    }
+
+    #[test]
+    fn pages_read_only_names_and_versions() {
+        let page: Page = serde_json::from_value(serde_json::json!({
+            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+            "metadata": {"resourceVersion": "77", "continue": "77/ns/b"},
+            "items": [{"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                       "metadata": {"name": "a", "namespace": "ns", "resourceVersion": "5",
+                                    "labels": {"x": "y"}, "annotations": {"big": "value"}}}]
+        }))
+        .unwrap();
+        assert_eq!(page.metadata.resource_version.as_deref(), Some("77"));
+        assert_eq!(page.metadata.continue_token.as_deref(), Some("77/ns/b"));
+        assert_eq!(page.items[0].metadata.name, "a");
+        assert_eq!(page.items[0].metadata.resource_version, "5");
+    }
+}
