@@ -70,10 +70,18 @@ type Work = Pin<Box<dyn Future<Output = (JobKey, Handled, Option<Fingerprint>)> 
 /// The three metadata lists of a reconciliation, jobs, pods and PodGroups.
 type Verifying = Pin<Box<dyn Future<Output = Result<[Listed; 3], kube::Error>> + Send>>;
 
+/// A list a pass waits for: a kind's full list (through its watch), or the reconciliation's metadata
+/// lists of all three kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Awaited {
+    Full(Kind),
+    Metadata,
+}
+
 /// A pass in progress.
 struct Pass {
     started: Instant,
-    lists_pending: HashSet<u8>,
+    lists_pending: HashSet<Awaited>,
     outstanding: FastSet<JobKey>,
     owned: usize,
     decided: usize,
@@ -197,11 +205,25 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
             metrics.set_lease_shards(held.len(), m.config.cluster.lease.shards);
         }
     };
-    let restarted = |watch: &'static str| {
+    let restarted = |kind: Kind| {
         if let Some(metrics) = &metrics {
-            metrics.watch_restarted(watch);
+            metrics.watch_restarted(watch_name(kind));
         }
     };
+    // The watches of `kinds` start over with a full list, and a pass waits for those lists.
+    macro_rules! start_over {
+        ($kinds:expr) => {{
+            let kinds: &[Kind] = $kinds;
+            for kind in kinds {
+                match kind {
+                    Kind::Jobs => jobs = start_jobs(),
+                    Kind::Pods => pods = start_pods(),
+                    Kind::Groups => groups = start_groups(),
+                }
+            }
+            state.begin_pass(kinds);
+        }};
+    }
     report_shards(&held);
 
     loop {
@@ -219,7 +241,7 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
             event = jobs.next() => match event {
                 Some(Ok(event)) => state.on_job(event),
                 Some(Err(e)) => {
-                    restarted("jobs");
+                    restarted(Kind::Jobs);
                     tracing::warn!(error = %e, "The VolcanoJob watch failed; it restarts by itself.");
                 }
                 None => jobs = start_jobs(),
@@ -227,7 +249,7 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
             event = pods.next() => match event {
                 Some(Ok(event)) => state.on_pod(event),
                 Some(Err(e)) => {
-                    restarted("pods");
+                    restarted(Kind::Pods);
                     tracing::warn!(error = %e, "The pod watch failed; it restarts by itself.");
                 }
                 None => pods = start_pods(),
@@ -235,7 +257,7 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
             event = groups.next() => match event {
                 Some(Ok(event)) => state.on_group(event),
                 Some(Err(e)) => {
-                    restarted("podgroups");
+                    restarted(Kind::Groups);
                     tracing::warn!(error = %e, "The PodGroup watch failed; it restarts by itself.");
                 }
                 None => groups = start_groups(),
@@ -256,21 +278,15 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
                     Ok(lists) => state.verified(lists),
                     Err(e) => {
                         tracing::warn!(error = %e, "Listing for the reconciliation failed; every watch starts over with a full list.");
-                        jobs = start_jobs();
-                        pods = start_pods();
-                        groups = start_groups();
-                        state.begin_pass(&ALL_KINDS);
+                        start_over!(&ALL_KINDS);
                     }
                 }
             }
             () = sleep_until(state.suspects_due) => {
-                for kind in state.judge_suspects() {
-                    let watch = match kind {
-                        Kind::Jobs => { jobs = start_jobs(); "jobs" }
-                        Kind::Pods => { pods = start_pods(); "pods" }
-                        Kind::Groups => { groups = start_groups(); "podgroups" }
-                    };
-                    restarted(watch);
+                let missed = state.judge_suspects();
+                if !missed.is_empty() {
+                    missed.iter().for_each(|kind| restarted(*kind));
+                    start_over!(&missed);
                 }
             }
             changed = shards.changed() => {
@@ -287,10 +303,7 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
                 if gained {
                     tracing::info!(shards = ?held, "Gained shards: reconciling every job.");
                     verifying = None;
-                    jobs = start_jobs();
-                    pods = start_pods();
-                    groups = start_groups();
-                    state.begin_pass(&ALL_KINDS);
+                    start_over!(&ALL_KINDS);
                 }
             }
         }
@@ -322,11 +335,12 @@ async fn sleep_until(at: Option<Instant>) {
 
 const ALL_KINDS: [Kind; 3] = [Kind::Jobs, Kind::Pods, Kind::Groups];
 
-fn slot(kind: Kind) -> u8 {
+/// The name of a kind's watch in metrics.
+fn watch_name(kind: Kind) -> &'static str {
     match kind {
-        Kind::Jobs => 0,
-        Kind::Pods => 1,
-        Kind::Groups => 2,
+        Kind::Jobs => "jobs",
+        Kind::Pods => "pods",
+        Kind::Groups => "podgroups",
     }
 }
 
@@ -334,6 +348,19 @@ async fn sleep(wake: Option<Duration>) {
     match wake {
         Some(d) => tokio::time::sleep(d).await,
         None => std::future::pending().await,
+    }
+}
+
+impl Pass {
+    fn new(awaited: impl IntoIterator<Item = Awaited>) -> Self {
+        Self {
+            started: Instant::now(),
+            lists_pending: awaited.into_iter().collect(),
+            outstanding: FastSet::default(),
+            owned: 0,
+            decided: 0,
+            gone: 0,
+        }
     }
 }
 
@@ -356,26 +383,12 @@ impl Loop {
         if self.suspects.is_empty() {
             self.suspects_due = None;
         }
-        self.pass = Some(Pass {
-            started: Instant::now(),
-            lists_pending: kinds.iter().map(|k| slot(*k)).collect(),
-            outstanding: FastSet::default(),
-            owned: 0,
-            decided: 0,
-            gone: 0,
-        });
+        self.pass = Some(Pass::new(kinds.iter().map(|k| Awaited::Full(*k))));
     }
 
     /// A reconciliation by metadata lists starts: the pass waits for [`Loop::verified`].
     fn begin_verify(&mut self) {
-        self.pass = Some(Pass {
-            started: Instant::now(),
-            lists_pending: HashSet::from([3]),
-            outstanding: FastSet::default(),
-            owned: 0,
-            decided: 0,
-            gone: 0,
-        });
+        self.pass = Some(Pass::new([Awaited::Metadata]));
     }
 
     /// The metadata lists are in: note what the cache does not explain, then look at every job.
@@ -399,7 +412,7 @@ impl Loop {
             self.suspects = found;
             self.suspects_due = Some(Instant::now() + SUSPECT_GRACE);
         }
-        self.list_done(3);
+        self.list_done(Awaited::Metadata);
     }
 
     /// The kinds whose watch has not explained a difference in time (and must list again in full).
@@ -419,13 +432,10 @@ impl Loop {
             );
             kinds.push(*kind);
         }
-        if !kinds.is_empty() {
-            self.begin_pass(&kinds);
-        }
         kinds
     }
 
-    fn list_done(&mut self, which: u8) {
+    fn list_done(&mut self, which: Awaited) {
         let Some(pass) = &mut self.pass else { return };
         if !pass.lists_pending.remove(&which) || !pass.lists_pending.is_empty() {
             return;
@@ -496,7 +506,7 @@ impl Loop {
                     }
                     self.vanished(key, job, pods);
                 }
-                self.list_done(0);
+                self.list_done(Awaited::Full(Kind::Jobs));
             }
         }
     }
@@ -520,7 +530,7 @@ impl Loop {
                 for (key, _, _) in self.cache.init_done(Kind::Pods) {
                     self.enqueue(key);
                 }
-                self.list_done(1);
+                self.list_done(Awaited::Full(Kind::Pods));
             }
         }
     }
@@ -546,7 +556,7 @@ impl Loop {
                 for (key, _, _) in self.cache.init_done(Kind::Groups) {
                     self.enqueue(key);
                 }
-                self.list_done(2);
+                self.list_done(Awaited::Full(Kind::Groups));
             }
         }
     }

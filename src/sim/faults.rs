@@ -312,4 +312,21 @@ mod tests {
         assert_eq!(d.cut_after_events, Some(2));
         assert_eq!(d.latency, Duration::from_millis(10));
     }
+
+    #[test]
+    fn lost_event_fractions_add_up_to_at_most_all() {
+        let rule = |resource: &str, f: f64| FaultRule {
+            resource: resource.into(),
+            verb: "watch".into(),
+            watch_lose_events: f,
+            ..Default::default()
+        };
+        let f = Faults::new(FaultPlan {
+            rules: vec![rule("pods", 0.25), rule("", 0.5), rule("jobs", 0.75)],
+            ..Default::default()
+        });
+        assert_eq!(f.decide("watch", "pods", "", None).lose_events, 0.75);
+        assert_eq!(f.decide("watch", "jobs", "", None).lose_events, 1.0);
+        assert_eq!(f.decide("list", "pods", "", None).lose_events, 0.0);
+    }
 }

@@ -190,14 +190,13 @@ async fn watches_cut_by_the_fault_plan_lose_no_transition() {
     .await;
     let runner = w.runner("runner-a").await;
     runner.holds(4).await;
-    for resource in ["jobs", "pods", "podgroups"] {
-        w.sim.faults().add_rule(FaultRule {
-            resource: resource.into(),
-            verb: "watch".into(),
+    on_every_watch(
+        &w,
+        FaultRule {
             watch_cut_after_events: Some(1),
             ..FaultRule::default()
-        });
-    }
+        },
+    );
     let job = job("c1", "sleep 200; exit 4");
     w.submit(&job).await;
     w.advance(3);
@@ -244,14 +243,13 @@ async fn watches_that_silently_lose_every_event_lose_no_transition() {
     .await;
     let runner = w.runner("runner-a").await;
     runner.holds(4).await;
-    for resource in ["jobs", "pods", "podgroups"] {
-        w.sim.faults().add_rule(FaultRule {
-            resource: resource.into(),
-            verb: "watch".into(),
+    on_every_watch(
+        &w,
+        FaultRule {
             watch_lose_events: 1.0,
             ..FaultRule::default()
-        });
-    }
+        },
+    );
     // The watches open now lose events too: they start over under the new plan.
     w.sim.cut_watches();
     let job = job("q1", "sleep 100");
@@ -368,4 +366,15 @@ async fn a_broken_job_does_not_stop_the_others() {
     );
     runner.stop().await;
     w.close().await;
+}
+
+/// Adds `rule` to the watches of the three kinds the monitor watches.
+fn on_every_watch(w: &World, rule: FaultRule) {
+    for resource in ["jobs", "pods", "podgroups"] {
+        w.sim.faults().add_rule(FaultRule {
+            resource: resource.into(),
+            verb: "watch".into(),
+            ..rule.clone()
+        });
+    }
 }
