@@ -33,6 +33,48 @@ pub struct JobKey {
 /// A pod or PodGroup by namespace and name.
 pub type ObjectKey = JobKey;
 
+/// A namespace and name, however held: lets the maps keyed by [`JobKey`] be searched with borrowed
+/// strings (the reconciliation looks up every listed object, and building an owned key for each was
+/// two allocations apiece).
+pub trait KeyParts {
+    fn parts(&self) -> (&str, &str);
+}
+
+impl KeyParts for JobKey {
+    fn parts(&self) -> (&str, &str) {
+        (&self.namespace, &self.name)
+    }
+}
+
+impl KeyParts for (&str, &str) {
+    fn parts(&self) -> (&str, &str) {
+        (self.0, self.1)
+    }
+}
+
+impl std::hash::Hash for dyn KeyParts + '_ {
+    /// As `JobKey`'s derived hash: its two fields in order.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let (namespace, name) = self.parts();
+        namespace.hash(state);
+        name.hash(state);
+    }
+}
+
+impl PartialEq for dyn KeyParts + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.parts() == other.parts()
+    }
+}
+
+impl Eq for dyn KeyParts + '_ {}
+
+impl<'a> std::borrow::Borrow<dyn KeyParts + 'a> for JobKey {
+    fn borrow(&self) -> &(dyn KeyParts + 'a) {
+        self
+    }
+}
+
 impl JobKey {
     pub fn of(meta: &ObjectMeta) -> Self {
         Self {
@@ -157,6 +199,8 @@ impl WatchedPod {
         if let Some(status) = &mut self.status {
             status.conditions = None;
             status.host_ips = None;
+            status.pod_ips = None;
+            status.resource_claim_statuses = None;
             // Deserialized vectors of large elements start at four; a pod has one or two containers.
             for statuses in [
                 &mut status.container_statuses,
@@ -167,6 +211,17 @@ impl WatchedPod {
             .flatten()
             {
                 statuses.shrink_to_fit();
+                for c in statuses {
+                    // Read: name, image, state. Never the rest.
+                    c.image_id = String::new();
+                    c.container_id = None;
+                    c.last_state = None;
+                    c.allocated_resources = None;
+                    c.allocated_resources_status = None;
+                    c.resources = None;
+                    c.user = None;
+                    c.volume_mounts = None;
+                }
             }
         }
         Pod {
@@ -197,6 +252,48 @@ impl k8s_openapi::Metadata for WatchedPod {
     }
     fn metadata_mut(&mut self) -> &mut ObjectMeta {
         &mut self.metadata
+    }
+}
+
+/// A pod as the cache holds it: a [`Pod`] without the spec (whose inline size alone is 1.4 KB, even
+/// empty) and without the labels map (a B-tree node of over half a kilobyte for two labels). Its job is
+/// the key it is filed under; its rank label is kept as a string. Made back into a [`Pod`] only for the
+/// snapshot of a job being decided.
+#[derive(Debug, Clone)]
+struct CachedPod {
+    metadata: ObjectMeta,
+    task_index: Option<String>,
+    status: Option<PodStatus>,
+}
+
+impl CachedPod {
+    fn new(pod: Pod) -> Self {
+        let mut metadata = pod.metadata;
+        let task_index = metadata
+            .labels
+            .take()
+            .and_then(|mut l| l.remove(LABEL_TASK_INDEX));
+        Self {
+            metadata,
+            task_index,
+            status: pod.status,
+        }
+    }
+
+    /// The pod as the decision reads it, with the two Volcano labels back.
+    fn to_pod(&self, job: &str) -> Pod {
+        let mut labels =
+            std::collections::BTreeMap::from([(LABEL_JOB_NAME.to_owned(), job.to_owned())]);
+        if let Some(index) = &self.task_index {
+            labels.insert(LABEL_TASK_INDEX.to_owned(), index.clone());
+        }
+        let mut metadata = self.metadata.clone();
+        metadata.labels = Some(labels);
+        Pod {
+            metadata,
+            spec: None,
+            status: self.status.clone(),
+        }
     }
 }
 
@@ -255,7 +352,7 @@ type GroupKey = ObjectKey;
 #[derive(Debug, Default)]
 pub struct Cache {
     jobs: FastMap<JobKey, Entry<Arc<VolcanoJob>>>,
-    pods: FastMap<JobKey, Arc<Vec<Pod>>>,
+    pods: FastMap<JobKey, Vec<CachedPod>>,
     /// `(namespace, pod)` → its job and the epoch it was last seen in.
     pod_index: FastMap<ObjectKey, (JobKey, u64)>,
     groups: FastMap<GroupKey, Entry<Arc<PodGroup>>>,
@@ -386,7 +483,11 @@ impl Cache {
     }
 
     pub fn pods(&self, key: &JobKey) -> Arc<Vec<Pod>> {
-        self.pods.get(key).cloned().unwrap_or_default()
+        let pods = self
+            .pods
+            .get(key)
+            .map(|pods| pods.iter().map(|p| p.to_pod(&key.name)).collect::<Vec<_>>());
+        Arc::new(pods.unwrap_or_default())
     }
 
     /// The job's view changed: it gets a generation no view has had.
@@ -409,18 +510,7 @@ impl Cache {
     /// A job from the watch or a list. Returns its key.
     pub fn apply_job(&mut self, mut job: VolcanoJob) -> JobKey {
         let key = JobKey::of(&job.metadata);
-        if let Some(replicas) = &self.replicas_key
-            && job
-                .metadata
-                .annotations
-                .as_ref()
-                .is_some_and(|a| a.contains_key(replicas))
-        {
-            job.spec.tasks = Vec::new();
-        }
-        if let Some(status) = &mut job.status {
-            status.conditions.shrink_to_fit();
-        }
+        self.slim_job(&mut job);
         let changed = self
             .jobs
             .get(&key)
@@ -439,20 +529,48 @@ impl Cache {
         key
     }
 
+    /// Drops from a job what the monitor never reads: labels, managed fields, Volcano's per-task counts,
+    /// controlled resources and conditions, and (when the replicas are annotated) the tasks, each of which
+    /// carries a whole pod template.
+    fn slim_job(&self, job: &mut VolcanoJob) {
+        job.metadata.labels = None;
+        job.metadata.managed_fields = None;
+        if let Some(replicas) = &self.replicas_key
+            && job
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(replicas))
+        {
+            job.spec.tasks = Vec::new();
+        }
+        if let Some(status) = &mut job.status {
+            status.conditions = Vec::new();
+            status.task_status_count.clear();
+            status.controlled_resources.clear();
+        }
+    }
+
     /// A job a worker wrote (the API's answer to a patch): kept unless the cache already has a newer one.
     pub fn refresh_job(&mut self, job: Arc<VolcanoJob>) {
         let key = JobKey::of(&job.metadata);
-        if let Some(entry) = self.jobs.get_mut(&key)
+        if let Some(entry) = self.jobs.get(&key)
+            // The job a worker read and left unchanged is the cached one: copying it back would only
+            // clone it (this is every settled job, every pass).
+            && !Arc::ptr_eq(&entry.value, &job)
+            && entry.value.metadata.resource_version != job.metadata.resource_version
             && is_newer(
                 job.metadata.resource_version.as_deref(),
                 entry.value.metadata.resource_version.as_deref(),
             )
         {
-            let changed = entry.value.metadata.resource_version != job.metadata.resource_version;
-            entry.value = job;
-            if changed {
-                self.touch(&key);
-            }
+            let mut job = Arc::unwrap_or_clone(job);
+            self.slim_job(&mut job);
+            let Some(entry) = self.jobs.get_mut(&key) else {
+                return;
+            };
+            entry.value = Arc::new(job);
+            self.touch(&key);
         }
     }
 
@@ -475,7 +593,8 @@ impl Cache {
             },
             (key.clone(), epoch),
         );
-        let pods = Arc::make_mut(self.pods.entry(key.clone()).or_default());
+        let pod = CachedPod::new(pod);
+        let pods = self.pods.entry(key.clone()).or_default();
         let changed = match pods
             .iter_mut()
             .find(|p| p.metadata.name.as_deref() == Some(&name))
@@ -506,7 +625,7 @@ impl Cache {
             name: name.to_owned(),
         })?;
         if let Some(pods) = self.pods.get_mut(&key) {
-            Arc::make_mut(pods).retain(|p| p.metadata.name.as_deref() != Some(name));
+            pods.retain(|p| p.metadata.name.as_deref() != Some(name));
             if pods.is_empty() {
                 self.pods.remove(&key);
             }
@@ -627,32 +746,26 @@ impl Cache {
 
     /// The cached version of one object of `kind` (pods and PodGroups by their own namespace and name).
     pub fn version(&self, kind: Kind, key: &JobKey) -> Option<&str> {
-        match kind {
-            Kind::Jobs => self
-                .jobs
-                .get(key)?
-                .value
-                .metadata
-                .resource_version
-                .as_deref(),
+        self.version_of(kind, &key.namespace, &key.name)
+    }
+
+    /// [`Cache::version`] by borrowed namespace and name.
+    pub fn version_of(&self, kind: Kind, namespace: &str, name: &str) -> Option<&str> {
+        let key: &dyn KeyParts = &(namespace, name);
+        let meta = match kind {
+            Kind::Jobs => &self.jobs.get(key)?.value.metadata,
             Kind::Pods => {
                 let (job, _) = self.pod_index.get(key)?;
-                self.pods
+                &self
+                    .pods
                     .get(job)?
                     .iter()
-                    .find(|p| p.metadata.name.as_deref() == Some(key.name.as_str()))?
+                    .find(|p| p.metadata.name.as_deref() == Some(name))?
                     .metadata
-                    .resource_version
-                    .as_deref()
             }
-            Kind::Groups => self
-                .groups
-                .get(key)?
-                .value
-                .metadata
-                .resource_version
-                .as_deref(),
-        }
+            Kind::Groups => &self.groups.get(key)?.value.metadata,
+        };
+        meta.resource_version.as_deref()
     }
 
     /// How many objects of `kind` are held.

@@ -14,6 +14,7 @@
 //! - [`timers`]: deadlines by job (in the clock's time) and retry backoff (in real time).
 //! - [`execute`]: carries a step out: publish (confirmed), then patch (resourceVersion), then delete.
 //! - [`verify`]: the full reconciliation's check of the watches: metadata lists against the cache.
+//! - [`listing`]: reads a page of a metadata list for names and versions only, without a serde tree.
 //! - [`run`]: the loop: watches, full reconciliation, timers, shards, bounded concurrency.
 //!
 //! See `docs/monitor.md` for the duty and failover design and the order of effects.
@@ -23,6 +24,7 @@ pub mod clock;
 pub mod decide;
 pub mod events;
 pub mod execute;
+pub mod listing;
 pub mod observe;
 pub mod record;
 pub mod run;

@@ -9,60 +9,78 @@
 //! and that kind is listed afresh in full.
 
 use kube::api::ListParams;
-use serde::Deserialize;
 
 use super::cache::{JobKey, is_newer};
+use super::listing;
 
 /// Objects per page of a metadata list.
 const PAGE: u32 = 500;
 
-/// One object of a metadata list: where it is and its version.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Version {
-    pub key: JobKey,
-    pub resource_version: String,
-}
-
-/// A whole metadata list (every page), with the version of the collection it was read at.
+/// A whole metadata list (every page): each object's namespace, name and version, packed in one
+/// buffer (three small strings per object would be tens of thousands of allocations per pass), and the
+/// version of the collection it was read at.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Listed {
-    pub items: Vec<Version>,
+    text: String,
+    items: Vec<Packed>,
     pub resource_version: Option<String>,
 }
 
-#[derive(Deserialize)]
-struct Page {
-    #[serde(default)]
-    metadata: PageMeta,
-    #[serde(default)]
-    items: Vec<Item>,
+/// Where one object's namespace, name and version are in [`Listed::text`] (each as start and end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Packed([u32; 6]);
+
+/// One object of a [`Listed`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Version<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub resource_version: &'a str,
 }
 
-#[derive(Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct PageMeta {
-    #[serde(default)]
-    resource_version: Option<String>,
-    #[serde(default, rename = "continue")]
-    continue_token: Option<String>,
+impl Version<'_> {
+    pub fn key(&self) -> JobKey {
+        JobKey {
+            namespace: self.namespace.to_owned(),
+            name: self.name.to_owned(),
+        }
+    }
 }
 
-#[derive(Deserialize)]
-struct Item {
-    #[serde(default)]
-    metadata: ItemMeta,
+impl Listed {
+    pub fn push(&mut self, namespace: &str, name: &str, resource_version: &str) {
+        let mut bounds = [0u32; 6];
+        for (i, part) in [namespace, name, resource_version].into_iter().enumerate() {
+            bounds[2 * i] = offset(self.text.len());
+            self.text.push_str(part);
+            bounds[2 * i + 1] = offset(self.text.len());
+        }
+        self.items.push(Packed(bounds));
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = Version<'_>> {
+        self.items.iter().map(|Packed(b)| {
+            let part = |i: usize| &self.text[b[2 * i] as usize..b[2 * i + 1] as usize];
+            Version {
+                namespace: part(0),
+                name: part(1),
+                resource_version: part(2),
+            }
+        })
+    }
 }
 
-/// Only the three fields compared; serde skips labels, annotations and the rest without keeping them.
-#[derive(Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ItemMeta {
-    #[serde(default)]
-    namespace: Option<String>,
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    resource_version: String,
+/// A buffer offset; a metadata list held in memory is far below 4 GiB.
+fn offset(at: usize) -> u32 {
+    u32::try_from(at).expect("a metadata list under 4 GiB")
 }
 
 /// Lists the metadata of every object under `url` (a collection URL as [`kube::Api::resource_url`]
@@ -82,19 +100,21 @@ pub async fn list_versions(
         let http = request
             .list_metadata(&params)
             .map_err(kube::Error::BuildRequest)?;
-        let page: Page = client.request(http).await?;
-        if listed.resource_version.is_none() {
+        let text = client.request_text(http).await?;
+        let first = listed.resource_version.is_none();
+        let page = listing::read(&text, |o| {
+            listed.push(
+                o.namespace.as_deref().unwrap_or_default(),
+                o.name.as_deref().unwrap_or_default(),
+                o.resource_version.as_deref().unwrap_or_default(),
+            );
+        })
+        .map_err(|e| kube::Error::SerdeError(serde::de::Error::custom(e)))?;
+        if first {
             // A paginated list is one snapshot: the first page's version.
-            listed.resource_version = page.metadata.resource_version;
+            listed.resource_version = page.resource_version.map(String::from);
         }
-        listed.items.extend(page.items.into_iter().map(|i| Version {
-            key: JobKey {
-                namespace: i.metadata.namespace.unwrap_or_default(),
-                name: i.metadata.name,
-            },
-            resource_version: i.metadata.resource_version,
-        }));
-        match page.metadata.continue_token.filter(|c| !c.is_empty()) {
+        match page.continue_token.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),
             None => return Ok(listed),
         }
@@ -138,35 +158,37 @@ fn later(a: &str, b: Option<&str>) -> bool {
 
 /// The differences between a metadata list and the cache of that kind.
 ///
-/// `cached` looks one object up; `cached_count` is how many the cache holds and `cached_all` lists them
-/// (called only when the cache holds objects the list does not).
+/// `cached` looks one object up by namespace and name; `cached_count` is how many the cache holds and
+/// `cached_all` lists them (called only when the cache holds objects the list does not).
 pub fn differences<'c>(
     listed: &Listed,
-    cached: impl Fn(&JobKey) -> Option<&'c str>,
+    cached: impl Fn(&str, &str) -> Option<&'c str>,
     cached_count: usize,
     cached_all: impl FnOnce() -> Vec<(JobKey, String)>,
 ) -> Vec<Suspect> {
     let mut suspects = Vec::new();
     let mut found = 0usize;
-    for item in &listed.items {
-        let have = cached(&item.key);
+    for item in listed.iter() {
+        let have = cached(item.namespace, item.name);
         if have.is_some() {
             found += 1;
         }
         // Equal, or the watch is already past the list: nothing to explain.
-        let fine = have.is_some_and(|c| is_newer(Some(c), Some(&item.resource_version)));
+        let fine = have.is_some_and(|c| is_newer(Some(c), Some(item.resource_version)));
         if !fine {
             suspects.push(Suspect {
-                key: item.key.clone(),
-                expect: Expect::AtLeast(item.resource_version.clone()),
+                key: item.key(),
+                expect: Expect::AtLeast(item.resource_version.to_owned()),
             });
         }
     }
     if found < cached_count {
-        let in_list: std::collections::HashSet<&JobKey> =
-            listed.items.iter().map(|i| &i.key).collect();
+        let in_list: std::collections::HashSet<(&str, &str)> =
+            listed.iter().map(|i| (i.namespace, i.name)).collect();
         for (key, rv) in cached_all() {
-            if in_list.contains(&key) || later(&rv, listed.resource_version.as_deref()) {
+            if in_list.contains(&(key.namespace.as_str(), key.name.as_str()))
+                || later(&rv, listed.resource_version.as_deref())
+            {
                 continue;
             }
             suspects.push(Suspect {
@@ -191,25 +213,30 @@ mod tests {
     }
 
     fn listed(rv: &str, items: &[(&str, &str)]) -> Listed {
-        Listed {
-            items: items
-                .iter()
-                .map(|(n, v)| Version {
-                    key: key(n),
-                    resource_version: (*v).into(),
-                })
-                .collect(),
+        let mut listed = Listed {
             resource_version: Some(rv.into()),
+            ..Listed::default()
+        };
+        for (n, v) in items {
+            listed.push("ns", n, v);
         }
+        listed
     }
 
     fn diff(list: &Listed, cache: &HashMap<JobKey, String>) -> Vec<Suspect> {
         differences(
             list,
-            |k| cache.get(k).map(String::as_str),
+            |ns, name| cache.get(&key_in(ns, name)).map(String::as_str),
             cache.len(),
             || cache.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
         )
+    }
+
+    fn key_in(ns: &str, name: &str) -> JobKey {
+        JobKey {
+            namespace: ns.into(),
+            name: name.into(),
+        }
     }
 
     fn cache(items: &[(&str, &str)]) -> HashMap<JobKey, String> {
@@ -272,18 +299,19 @@ mod tests {
     }
 
     #[test]
-    fn pages_read_only_names_and_versions() {
-        let page: Page = serde_json::from_value(serde_json::json!({
-            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
-            "metadata": {"resourceVersion": "77", "continue": "77/ns/b"},
-            "items": [{"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-                       "metadata": {"name": "a", "namespace": "ns", "resourceVersion": "5",
-                                    "labels": {"x": "y"}, "annotations": {"big": "value"}}}]
-        }))
-        .unwrap();
-        assert_eq!(page.metadata.resource_version.as_deref(), Some("77"));
-        assert_eq!(page.metadata.continue_token.as_deref(), Some("77/ns/b"));
-        assert_eq!(page.items[0].metadata.name, "a");
-        assert_eq!(page.items[0].metadata.resource_version, "5");
+    fn a_listed_object_reads_back_as_pushed() {
+        let mut l = Listed::default();
+        l.push("ns", "a", "5");
+        l.push("", "bb", "");
+        l.push("other", "c", "123");
+        let read: Vec<(&str, &str, &str)> = l
+            .iter()
+            .map(|v| (v.namespace, v.name, v.resource_version))
+            .collect();
+        assert_eq!(
+            read,
+            vec![("ns", "a", "5"), ("", "bb", ""), ("other", "c", "123")]
+        );
+        assert_eq!(l.len(), 3);
     }
 }
