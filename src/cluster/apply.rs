@@ -148,6 +148,9 @@ pub struct ApplyOutcome {
     pub primary: DynamicObject,
     /// The primary existed already with the same fingerprint: an earlier delivery applied this job.
     pub primary_existed: bool,
+    /// The primary exists with the same fingerprint and is being deleted: the job has ended (or is
+    /// ending), and the object is kept as the record of this submission. Nothing was created.
+    pub primary_ended: bool,
     /// Objects this attempt created, in order.
     pub created: Vec<ObjectKey>,
     /// Job objects (primary and companions) that existed already and were adopted.
@@ -370,6 +373,17 @@ impl Applier {
                 Role::Primary => {
                     let (object, existed) =
                         self.create_primary(step, &key, fingerprint, budget).await?;
+                    if existed && object.metadata.deletion_timestamp.is_some() {
+                        // This submission's job, ended: nothing more to create, and its companions must
+                        // not come back.
+                        return Ok(ApplyOutcome {
+                            primary: object,
+                            primary_existed: true,
+                            primary_ended: true,
+                            created: created.iter().map(|c| c.key.clone()).collect(),
+                            reused: vec![key],
+                        });
+                    }
                     if existed {
                         reused.push(key);
                         primary_existed = true;
@@ -416,6 +430,7 @@ impl Applier {
         Ok(ApplyOutcome {
             primary,
             primary_existed,
+            primary_ended: false,
             created: created.iter().map(|c| c.key.clone()).collect(),
             reused,
         })
@@ -435,7 +450,7 @@ impl Applier {
             Err(e) if !e.is_already_exists() => return Err(StepError::cluster(key, e)),
             Err(_) => {}
         }
-        let existing = self.get_existing(step, key, budget).await?;
+        let existing = self.get_existing(step, key, budget, true).await?;
         let theirs = annotation(&existing, &self.fingerprint_annotation);
         if theirs != Some(fingerprint) {
             return Err(StepError::Conflict {
@@ -463,7 +478,7 @@ impl Applier {
             Err(e) if !e.is_already_exists() => return Err(StepError::cluster(key, e)),
             Err(_) => {}
         }
-        let existing = self.get_existing(step, key, budget).await?;
+        let existing = self.get_existing(step, key, budget, false).await?;
         let refs = existing
             .metadata
             .owner_references
@@ -532,13 +547,16 @@ impl Applier {
         }
     }
 
-    /// Reads the object that answered AlreadyExists. If it is on its way out (deletionTimestamp set) or
-    /// vanished meanwhile, that is a transient conflict: the next attempt sees the final state.
+    /// Reads the object that answered AlreadyExists. If it vanished meanwhile, or is on its way out
+    /// (deletionTimestamp set) and `deleting_is_final` is false, that is a transient conflict: the next
+    /// attempt sees the final state. A primary being deleted is final: it is kept, as the record of its
+    /// submission, for `ended_job_retention`.
     async fn get_existing(
         &self,
         step: &Step,
         key: &ObjectKey,
         budget: &Budget<'_>,
+        deleting_is_final: bool,
     ) -> Result<DynamicObject, StepError> {
         let api = self.api(step, key);
         let op = format!("get {key}");
@@ -559,9 +577,13 @@ impl Applier {
         };
         match found {
             None => Err(transient("it existed a moment ago and is gone now")),
-            Some(existing) if existing.metadata.deletion_timestamp.is_some() => Err(transient(
-                "an earlier object of this name is still being deleted",
-            )),
+            Some(existing)
+                if existing.metadata.deletion_timestamp.is_some() && !deleting_is_final =>
+            {
+                Err(transient(
+                    "an earlier object of this name is still being deleted",
+                ))
+            }
             Some(existing) => Ok(existing),
         }
     }

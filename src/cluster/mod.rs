@@ -78,6 +78,14 @@ pub struct ClusterConfig {
     /// this only bounds how many stale ConfigMaps accumulate.
     #[serde(with = "duration::required")]
     pub tombstone_sweep_interval: Duration,
+    /// How long an ended job's VolcanoJob is kept, without its pods and companions, as the durable record
+    /// that its submission was carried out. A redelivery of the submission finds it (the create answers
+    /// AlreadyExists) and is only acknowledged, so a job never runs twice; a deleted object and one never
+    /// created would look the same. Like `tombstone_ttl`, it must outlive the longest time a submission
+    /// can stay in the queue unacknowledged (pauses and backlogs included): only a message still in the
+    /// queue can be redelivered. Zero releases the record as soon as the end is published.
+    #[serde(with = "duration::required")]
+    pub ended_job_retention: Duration,
     /// Name of the ConfigMap (in [`namespace`](Self::namespace)) that pauses submissions on every runner.
     /// `volcano-runner admin pause|resume|status` writes and reads it.
     pub pause_configmap: String,
@@ -106,6 +114,7 @@ impl Default for ClusterConfig {
             retry: RetryConfig::default(),
             tombstone_ttl: Duration::from_secs(24 * 3600),
             tombstone_sweep_interval: Duration::from_secs(600),
+            ended_job_retention: Duration::from_secs(24 * 3600),
             pause_configmap: "volcano-runner-pause".to_owned(),
             max_active_jobs: None,
             managed_selector: format!("{}={}", labels::MANAGED_BY, labels::MANAGER),

@@ -54,9 +54,13 @@ pub struct Settings {
     pub finalizer: String,
     /// Goes into every event's `runner_id`.
     pub runner_id: String,
+    /// `<prefix>acceptedBy`: the runner that created the job, which its QUEUED names.
+    pub accepted_by: String,
     pub image_pull_grace: SignedDuration,
     pub queue_timeout: Option<SignedDuration>,
     pub cleanup_grace: SignedDuration,
+    /// How long an ended job is kept as the record of its submission (`[cluster] ended_job_retention`).
+    pub retention: SignedDuration,
 }
 
 impl Settings {
@@ -67,11 +71,13 @@ impl Settings {
             |d: std::time::Duration| SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
         Self {
             finalizer: keys.cleanup_finalizer(),
+            accepted_by: crate::runner::plan::RunnerKeys::new(&keys).accepted_by,
             keys,
             runner_id: runner_id.into(),
             image_pull_grace: signed(m.image_pull_grace),
             queue_timeout: m.queue_timeout.map(signed),
             cleanup_grace: signed(m.cleanup_grace),
+            retention: signed(config.cluster.ended_job_retention),
             config,
         }
     }
@@ -129,8 +135,11 @@ pub struct Action {
     pub publish: Vec<Outbound>,
     pub set: BTreeMap<String, String>,
     pub remove: BTreeSet<String>,
-    /// Delete the VolcanoJob (after the patch).
+    /// Delete the VolcanoJob (after the patch), its pods and companions staying until it is gone.
     pub delete: bool,
+    /// Delete the VolcanoJob in the foreground (after the patch): its pods, PodGroup and companions go
+    /// at once, while our finalizer keeps the job itself as the record of its submission.
+    pub release: bool,
     /// Remove our cleanup finalizer (last).
     pub remove_finalizer: bool,
     /// Decide again right after (a multi-step change).
@@ -150,6 +159,7 @@ impl Action {
             set: plan.set,
             remove: plan.remove,
             delete: plan.delete.is_some(),
+            release: false,
             remove_finalizer: false,
             again: plan.delete.is_some(),
             next_check: plan.next_check,
@@ -164,6 +174,7 @@ impl Action {
             && self.set.is_empty()
             && self.remove.is_empty()
             && !self.delete
+            && !self.release
             && !self.remove_finalizer
     }
 }
@@ -188,13 +199,33 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         .flatten()
         .any(|f| *f == s.finalizer);
 
-    // 1. Everything is published: let the job go.
+    // 1. Everything is published. The job stays, without pods and companions, as the record that its
+    //    submission was carried out, until the retention has passed; then it goes.
     if let Published::Ended(_) = record.published {
-        if deleting.is_none() || finalized {
+        if deleting.is_none() {
+            return Ok(Step::Act(Action {
+                what: "release",
+                release: true,
+                again: true,
+                ..Action::default()
+            }));
+        }
+        let ended = record
+            .outcome
+            .as_ref()
+            .map(Outcome::ended)
+            .or(deleting)
+            .unwrap_or(now);
+        let keep_until = ended.checked_add(s.retention).unwrap_or(ended);
+        if finalized && now < keep_until {
+            return Ok(Step::Wait {
+                next_check: Some(keep_until),
+            });
+        }
+        if finalized {
             return Ok(Step::Act(Action {
                 what: "finish",
-                delete: deleting.is_none(),
-                remove_finalizer: finalized,
+                remove_finalizer: true,
                 ..Action::default()
             }));
         }
@@ -330,6 +361,9 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
             0,
             Outbound::Lifecycle(events::running(&facts.job_id, start, expiry, &s.runner_id)),
         );
+        action
+            .publish
+            .splice(0..0, queued_first(job, &facts, &record, s));
         action.set.insert(
             s.keys.lifecycle_state.clone(),
             Published::Running.as_str().into(),
@@ -388,9 +422,11 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     let chained = events::status_hash(previous, reason.reason, &reason.text);
     let fallback = created.unwrap_or(now);
     let event = events::status(&facts.job_id, &chained, &reason, fallback, &s.runner_id);
+    let mut publish: Vec<Outbound> = queued_first(job, &facts, &record, s).into_iter().collect();
+    publish.push(Outbound::Lifecycle(event));
     Ok(Step::Act(Action {
         what: "status",
-        publish: vec![Outbound::Lifecycle(event)],
+        publish,
         set: BTreeMap::from([(s.keys.status_hash.clone(), format!("{chained}/{plain}"))]),
         next_check,
         ..Action::default()
@@ -457,8 +493,40 @@ pub fn decide_gone(
     action.what = "gone";
     action.set.clear();
     action.remove.clear();
+    action.release = false;
     action.again = false;
     Ok(Some(action))
+}
+
+/// The job's QUEUED, when nothing the monitor publishes about the job can have gone out before: no
+/// status event (its hash is persisted) and no later state. A consumer sees QUEUED before any other
+/// event of the job, whoever publishes first: the submitting runner publishes the very same message
+/// (same id, same content: from the job's creation time and `acceptedBy`), possibly later.
+fn queued_first(
+    job: &VolcanoJob,
+    facts: &JobFacts,
+    record: &Record,
+    s: &Settings,
+) -> Option<Outbound> {
+    if record.published != Published::Queued || record.status_hash.is_some() {
+        return None;
+    }
+    let created = job
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(Timestamp::UNIX_EPOCH, |t| t.0);
+    let accepted_by = job
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(&s.accepted_by))
+        .map_or(s.runner_id.as_str(), String::as_str);
+    Some(Outbound::Lifecycle(crate::runner::events::queued(
+        &facts.job_id,
+        created,
+        accepted_by,
+    )))
 }
 
 /// Step 2: the final ticks, the proxy remove and the terminal event, then the terminal state.
@@ -477,11 +545,17 @@ fn publish_end(
         let start = facts.start.or(outcome.started())?;
         start.checked_add(facts.max_time?).ok()
     });
+    // Released right after the terminal state is persisted: a job already being deleted (a cancel, an
+    // expiry) still has its companions, which only a foreground deletion removes before the record ends.
     let mut action = Action {
         what: "end",
         again: true,
+        release: true,
         ..Action::default()
     };
+    action
+        .publish
+        .extend(queued_first(obs.job, facts, record, s));
     if record.published == Published::Queued
         && let Some(start) = outcome.started().or(facts.start)
     {
@@ -882,7 +956,9 @@ mod tests {
                     for k in &action.remove {
                         a.remove(k);
                     }
-                    if action.delete && job.metadata.deletion_timestamp.is_none() {
+                    if (action.delete || action.release)
+                        && job.metadata.deletion_timestamp.is_none()
+                    {
                         job.metadata.deletion_timestamp = Some(Time(now));
                         world.deleted = true;
                     }
@@ -928,10 +1004,11 @@ mod tests {
         let s = settings(|_| {});
         let mut job = job(&s);
         let mut world = World::default();
-        // Pending: nothing started, a status event.
+        // Pending: nothing started, QUEUED (before anything else of the job) and a status event.
         drive(&s, &mut job, &[], ts(0), &mut world);
-        assert_eq!(lifecycle(&world).len(), 1);
-        assert_eq!(lifecycle(&world)[0].state, JobState::Unspecified as i32);
+        assert_eq!(lifecycle(&world).len(), 2);
+        assert_eq!(lifecycle(&world)[0].event_id, "4817/QUEUED");
+        assert_eq!(lifecycle(&world)[1].state, JobState::Unspecified as i32);
         // Running from t=5 (the container's start, not the time we look).
         set_phase(&mut job, JobPhase::Running, 6);
         let pods = vec![pod("4817", 0, running(5))];
@@ -966,9 +1043,14 @@ mod tests {
         assert_eq!(end.ended_at.unwrap().seconds, START + 150);
         assert_eq!(end.exit_codes.len(), 1);
         assert!(
-            world.deleted && world.gone,
-            "deleted, then the finalizer removed"
+            world.deleted && !world.gone,
+            "released (pods and companions go), kept as the record of the submission"
         );
+        assert_eq!(world.next_check, Some(ts(150 + 24 * 3600)));
+        drive(&s, &mut job, &pods, ts(150 + 24 * 3600 - 1), &mut world);
+        assert!(!world.gone, "kept for the whole retention");
+        drive(&s, &mut job, &pods, ts(150 + 24 * 3600), &mut world);
+        assert!(world.gone, "then the finalizer is removed");
     }
 
     #[test]
@@ -1013,7 +1095,7 @@ mod tests {
             &mut world,
         );
         let ids: Vec<String> = lifecycle(&world).into_iter().map(|e| e.event_id).collect();
-        assert_eq!(ids, ["4817/RUNNING", "4817/SUCCESS"]);
+        assert_eq!(ids, ["4817/QUEUED", "4817/RUNNING", "4817/SUCCESS"]);
         let total: i64 = ticks(&world).iter().map(|t| t.duration_ms).sum();
         assert_eq!(total, 79_000);
     }
@@ -1101,7 +1183,12 @@ mod tests {
         assert_eq!(end.event_id, "4817/EXPIRED");
         let total: i64 = ticks(&world).iter().map(|t| t.duration_ms).sum();
         assert_eq!(total, 3_600_000);
-        assert!(world.gone);
+        assert!(!world.gone);
+        drive(&s, &mut job, &pods, ts(3612 + 24 * 3600), &mut world);
+        assert!(
+            world.gone,
+            "released after the retention, counted from the end"
+        );
     }
 
     #[test]
@@ -1118,6 +1205,10 @@ mod tests {
         assert_eq!(end.event_id, "4817/CANCELLED");
         assert_eq!(end.status, "Job was cancelled: user asked");
         assert_eq!(end.ended_at.unwrap().seconds, START + 30);
+        let ids: Vec<String> = lifecycle(&world).into_iter().map(|e| e.event_id).collect();
+        assert_eq!(ids, ["4817/QUEUED", "4817/CANCELLED"], "QUEUED first");
+        assert!(!world.gone);
+        drive(&s, &mut job, &[], ts(30 + 24 * 3600), &mut world);
         assert!(world.gone);
     }
 
@@ -1190,10 +1281,11 @@ mod tests {
         drive(&s, &mut job, &[], ts(2), &mut world);
         assert_eq!(
             lifecycle(&world).len(),
-            1,
-            "the same reason is not repeated"
+            2,
+            "QUEUED once, and the same reason is not repeated"
         );
-        let first = lifecycle(&world)[0].event_id.clone();
+        assert_eq!(lifecycle(&world)[0].event_id, "4817/QUEUED");
+        let first = lifecycle(&world)[1].event_id.clone();
         assert!(first.starts_with("4817/status/"), "{first}");
     }
 }

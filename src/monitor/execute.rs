@@ -297,8 +297,13 @@ impl Executor {
             }
         }
         let mut latest = current.clone().unwrap_or_else(|| job.clone());
-        if action.delete {
-            match self.delete(&latest).await? {
+        if action.delete || action.release {
+            let params = if action.release {
+                DeleteParams::foreground()
+            } else {
+                DeleteParams::background()
+            };
+            match self.delete(&latest, &params).await? {
                 Some(new) => {
                     latest = new.clone();
                     current = Some(new);
@@ -441,17 +446,20 @@ impl Executor {
         }
     }
 
-    /// Deletes the job (its pods and companions follow by ownerReferences). `Ok(None)`: gone already.
-    async fn delete(&self, job: &VolcanoJob) -> Result<Option<Arc<VolcanoJob>>, ClusterError> {
+    /// Deletes the job (its pods and companions follow by ownerReferences: after it with `background`,
+    /// before it with `foreground`). `Ok(None)`: gone already.
+    async fn delete(
+        &self,
+        job: &VolcanoJob,
+        params: &DeleteParams,
+    ) -> Result<Option<Arc<VolcanoJob>>, ClusterError> {
         let (ns, name) = names(job);
         let api = self.jobs(ns);
         let op = format!("delete jobs.batch.volcano.sh {ns}/{name}");
         let result = self
             .retry
             .run(&op, || async {
-                api.delete(name, &DeleteParams::background())
-                    .await
-                    .classify(|| op.clone())
+                api.delete(name, params).await.classify(|| op.clone())
             })
             .await;
         match result {

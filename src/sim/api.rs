@@ -1107,6 +1107,20 @@ impl Core {
             if is_pod && grace == Some(0) && finalizers(&old).is_empty() {
                 return Deleted::Gone(self.store.remove(key).expect("exists"));
             }
+            // As the API server does for an object its finalizers hold: a later delete asking for
+            // foreground propagation adds the finalizer that has the dependents removed first.
+            let mut fins = finalizers(&old);
+            let has_dependents =
+                meta_str(&old, "uid").is_some_and(|u| !self.store.dependents_of(u).is_empty());
+            if propagation == Some(Propagation::Foreground)
+                && has_dependents
+                && !fins.iter().any(|f| f == FOREGROUND_FINALIZER)
+            {
+                fins.push(FOREGROUND_FINALIZER.to_string());
+                let mut obj = (*old).clone();
+                meta_mut(&mut obj).insert("finalizers".into(), json!(fins));
+                return Deleted::Pending(self.store.put(key.clone(), obj));
+            }
             return Deleted::Pending(old);
         }
         let mut obj = (*old).clone();

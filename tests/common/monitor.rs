@@ -387,6 +387,65 @@ impl World {
         self.sim.object("", "v1", "pods", namespace, name)
     }
 
+    /// After its end is published: the VolcanoJob stays, being deleted, as the record of its submission,
+    /// with its first rank's pod and its PodGroup gone (a foreground deletion held by our finalizer);
+    /// once `ended_job_retention` has passed in simulated time, it is gone too.
+    pub async fn released_then_gone(&mut self, namespace: &str, job_id: &str) {
+        let name = format!("j-{job_id}");
+        let released = async {
+            loop {
+                let held = self.vcjob(namespace, job_id).is_some_and(|j| {
+                    j.pointer("/metadata/deletionTimestamp").is_some()
+                        && j.pointer("/metadata/finalizers")
+                            .and_then(|f| f.as_array())
+                            .is_some_and(|f| f.iter().all(|f| f != "foregroundDeletion"))
+                });
+                let pod = self.pod(namespace, &format!("{name}-job-0"));
+                let group = self.sim.object(
+                    "scheduling.volcano.sh",
+                    "v1beta1",
+                    "podgroups",
+                    namespace,
+                    &format!("{name}-{}", self.vcjob_uid(namespace, job_id)),
+                );
+                if held && pod.is_none() && group.is_none() {
+                    return;
+                }
+                // Pods that still run take their termination grace period, in simulated time.
+                self.advance(1);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::time::timeout(PATIENCE, released).await.expect(
+            "the ended job is released: pods and PodGroup gone, the job kept as the record",
+        );
+        // Kept until the retention has passed, counted from the end.
+        self.settle(Duration::from_millis(300)).await;
+        assert!(
+            self.vcjob(namespace, job_id).is_some(),
+            "kept during the retention"
+        );
+        self.advance(self.config.cluster.ended_job_retention.as_secs() + 1);
+        let gone = async {
+            while self.vcjob(namespace, job_id).is_some() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::time::timeout(PATIENCE, gone)
+            .await
+            .expect("the record goes once the retention has passed");
+    }
+
+    fn vcjob_uid(&self, namespace: &str, job_id: &str) -> String {
+        self.vcjob(namespace, job_id)
+            .and_then(|j| {
+                j.pointer("/metadata/uid")
+                    .and_then(|u| u.as_str())
+                    .map(String::from)
+            })
+            .unwrap_or_default()
+    }
+
     /// Receives events until `done` holds for what was seen, or panics after [`PATIENCE`] with what was
     /// seen.
     pub async fn until(&mut self, what: &str, done: impl Fn(&Seen) -> bool) {

@@ -10,7 +10,8 @@ use monitor_support::*;
 use volcano_runner::messages::v1::{JobState, ProxyAction};
 
 /// QUEUED → RUNNING → SUCCESS with ticks that add up exactly to the simulated run time, the final tick
-/// ending at the real end, and the job gone (finalizer removed) afterwards.
+/// ending at the real end; the job is then kept (pods gone) as the record of its submission until the
+/// retention has passed, and only then gone.
 #[tokio::test]
 async fn a_job_runs_and_succeeds_with_ticks_summing_to_its_run_time() {
     let mut w = World::start("mon-success", |_| {}, |_| {}).await;
@@ -81,16 +82,8 @@ async fn a_job_runs_and_succeeds_with_ticks_summing_to_its_run_time() {
         .iter()
         .map(|e| e.event_id.as_str())
         .collect();
-    assert_eq!(states, ["m1/RUNNING", "m1/SUCCESS"]);
-    // Cleanup ran once and the finalizer is gone, so the job is too.
-    let gone = async {
-        while w.vcjob(&ns, "m1").is_some() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    tokio::time::timeout(PATIENCE, gone)
-        .await
-        .expect("the VolcanoJob is deleted once its end is published");
+    assert_eq!(states, ["m1/QUEUED", "m1/RUNNING", "m1/SUCCESS"]);
+    w.released_then_gone(&ns, "m1").await;
     runner.stop().await;
     w.close().await;
 }
@@ -193,14 +186,7 @@ async fn an_image_that_cannot_be_pulled_fails_after_the_grace() {
         w.seen.of("m3").ticks.is_empty(),
         "a job that never ran is not charged"
     );
-    let gone = async {
-        while w.vcjob(&ns, "m3").is_some() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    tokio::time::timeout(PATIENCE, gone)
-        .await
-        .expect("the failed job is deleted");
+    w.released_then_gone(&ns, "m3").await;
     runner.stop().await;
     w.close().await;
 }
@@ -346,14 +332,7 @@ async fn expiry_warns_then_deletes_and_an_extension_moves_both() {
     );
     let ticks = w.seen.of("m5").unique_ticks();
     check_ticks("m5", &ticks, start, moved);
-    let gone = async {
-        while w.vcjob(&ns, "m5").is_some() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    tokio::time::timeout(PATIENCE, gone)
-        .await
-        .expect("the expired job is deleted");
+    w.released_then_gone(&ns, "m5").await;
     runner.stop().await;
     w.close().await;
 }

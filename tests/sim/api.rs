@@ -611,6 +611,29 @@ async fn cascading_deletes_follow_owner_references() {
     assert_eq!(code(&api.get("held").await.unwrap_err()), 404);
     assert_eq!(code(&api.get("owner2").await.unwrap_err()), 404);
 
+    // An owner that its own finalizer holds after a background delete keeps its dependents; a second
+    // delete asking for the foreground removes them while the finalizer still holds the owner.
+    let mut kept = cm("kept", &[]);
+    kept.metadata.finalizers = Some(vec!["example.com/record".into()]);
+    let owner = api.create(&PostParams::default(), &kept).await.unwrap();
+    api.create(&PostParams::default(), &owned("companion", &owner))
+        .await
+        .unwrap();
+    api.delete("kept", &DeleteParams::background())
+        .await
+        .unwrap();
+    assert!(
+        api.get("companion").await.is_ok(),
+        "background: dependents wait for the owner"
+    );
+    api.delete("kept", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    assert_eq!(code(&api.get("companion").await.unwrap_err()), 404);
+    let record = api.get("kept").await.unwrap();
+    assert!(record.metadata.deletion_timestamp.is_some());
+    assert_eq!(record.finalizers(), ["example.com/record".to_string()]);
+
     // Orphan: the dependent stays and loses its owner reference.
     let owner = api
         .create(&PostParams::default(), &cm("owner3", &[]))

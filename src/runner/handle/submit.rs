@@ -18,6 +18,7 @@
 //! - the job was already marked by the cancel handler (`terminationCause` without our terminal state):
 //!   the monitor publishes CANCELLED when it cleans up; this handler only makes sure it is deleted.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tracing::{debug, info};
 
 use crate::cluster::volcano::VolcanoJob;
@@ -64,8 +65,10 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
                 return duplicate(h, m, job_id, &fingerprint16, &existing).await;
             }
             if is_over(&existing, &h.keys) {
-                // Past QUEUED already; publishing it now would come after its end.
-                return Settle::Ack;
+                // This submission's job has ended (it is kept as the record of the submission for
+                // `ended_job_retention`): never again. Its QUEUED is published again, the same message:
+                // the monitor published it before any other event of the job, so it comes first.
+                return queued(h, m, job_id, &existing.metadata).await;
             }
             true
         }
@@ -110,6 +113,11 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         Err(e) => return apply_failed(h, m, subject, &e).await,
     };
     commit(permit, &outcome);
+    if outcome.primary_ended {
+        // Ended between the lookup and the create: as above.
+        let meta = outcome.primary.metadata.clone();
+        return queued(h, m, job_id, &meta).await;
+    }
 
     // A cancel may have come in while we created the job.
     match h.tombstones.check(job_id, h.now()).await {
@@ -123,9 +131,18 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         }
         Ok(None) => {}
     }
-    // From the job as it exists (created now or by an earlier delivery), so every delivery publishes the
-    // same event.
-    let meta = &outcome.primary.metadata;
+    debug!(
+        job_id,
+        created = outcome.created.len(),
+        reused = outcome.reused.len(),
+        "Applied a job."
+    );
+    queued(h, m, job_id, &outcome.primary.metadata).await
+}
+
+/// Publishes the job's QUEUED and settles. Built from the job as it exists (created now or by an
+/// earlier delivery), so every delivery, and the monitor, publish the same message.
+async fn queued(h: &Handler, m: &Message<'_>, job_id: &str, meta: &ObjectMeta) -> Settle {
     let created_at = meta
         .creation_timestamp
         .as_ref()
@@ -136,12 +153,6 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         .and_then(|a| a.get(&h.runner_keys.accepted_by))
         .map_or(h.runner_id.as_str(), String::as_str);
     let event = events::queued(job_id, created_at, accepted_by);
-    debug!(
-        job_id,
-        created = outcome.created.len(),
-        reused = outcome.reused.len(),
-        "Applied a job."
-    );
     match h.publish(&event, m.traceparent.as_ref()).await {
         Ok(()) => Settle::Ack,
         Err(e) => Settle::publish(&e),
@@ -330,8 +341,12 @@ async fn cancel_after_create(
                     Err(e) => return Settle::cluster(&e),
                 }
             }
+            // Claimed by a submission (ours, or an earlier delivery's) only when no outcome is recorded:
+            // the monitor's CANCELLED records one, and its event is not the tombstone's.
             Some(cause) => {
-                cause == "cancelled" && annotation(&job, &keys.lifecycle_state) == Some(cancelled)
+                cause == "cancelled"
+                    && annotation(&job, &keys.lifecycle_state) == Some(cancelled)
+                    && annotation(&job, &keys.outcome).is_none()
             }
         };
         let event = events::cancelled_without_job(tombstone, &h.runner_id);
