@@ -11,6 +11,7 @@ mod rabbit;
 mod bad_input;
 mod bench;
 mod control;
+mod exactly_once;
 mod faults;
 mod gate;
 mod scale;
