@@ -10,6 +10,7 @@ mod rabbit;
 
 mod bad_input;
 mod bench;
+mod chaos;
 mod control;
 mod exactly_once;
 mod faults;

@@ -1,0 +1,389 @@
+//! Chaos, as an operator meets it: three runner processes (`volcano-runner run`, monitoring on) against
+//! one simulator whose VolcanoJob creates are slowed to 1.5 s, 300 short jobs, and `kill -9` of a random
+//! runner every 2 s (restarted at once, as a Deployment would), at least ten times while submissions are
+//! in flight. Afterwards, for every job: one VolcanoJob uid over its whole life, one QUEUED content,
+//! QUEUED before any other event, exactly one terminal state, no event id with two contents, and ticks
+//! that are contiguous from the real start to the real end and add up to the run time.
+
+use crate::harness;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use harness::{Captured, Harness};
+use kube::api::Api;
+use kube::runtime::watcher;
+use volcano_runner::cluster::volcano::VolcanoJob;
+use volcano_runner::messages::v1::{
+    AccountingTick, InvocationParameter, JobEvent, WordInvocation, invocation_parameter,
+};
+use volcano_runner::messages::{Format, decode};
+use volcano_runner::sim::{FaultRule, SimConfig};
+
+const JOBS: usize = 300;
+const RUNNERS: usize = 3;
+const MIN_KILLS: usize = 10;
+
+/// A job that runs `seconds` (the simulator reads the container's command).
+fn sleeper(job_id: &str, seconds: u64) -> volcano_runner::messages::v1::SubmitJob {
+    let mut job = harness::figlet(job_id);
+    let word = |w: &str| InvocationParameter {
+        kind: Some(invocation_parameter::Kind::Word(WordInvocation {
+            word: w.to_owned(),
+        })),
+    };
+    if let Some(app) = job.application.as_mut() {
+        app.invocation = vec![word("sh"), word("-c"), word(&format!("sleep {seconds}"))];
+    }
+    job
+}
+
+/// Runner processes, each restartable under a new name after a kill.
+struct Processes {
+    env: Vec<(String, String)>,
+    cluster: String,
+    slots: Vec<Child>,
+    started: usize,
+}
+
+impl Processes {
+    fn spawn(&mut self) -> Child {
+        self.started += 1;
+        Command::new(env!("CARGO_BIN_EXE_volcano-runner"))
+            .args([
+                "run",
+                "--cluster",
+                &self.cluster,
+                "--id",
+                &format!("chaos-{}", self.started),
+            ])
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("a runner process starts")
+    }
+
+    /// `kill -9` of the runner in `slot`, and a new one in its place.
+    fn kill_and_restart(&mut self, slot: usize) {
+        let child = &mut self.slots[slot];
+        child.kill().expect("SIGKILL");
+        let _ = child.wait();
+        self.slots[slot] = self.spawn();
+    }
+}
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for child in &mut self.slots {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn tick_of(c: &Captured) -> Option<AccountingTick> {
+    (c.routing_key.contains("accounting"))
+        .then(|| decode::<AccountingTick>(Format::Json, &c.body).ok())
+        .flatten()
+}
+
+fn ms(t: &Option<pbjson_types::Timestamp>) -> i64 {
+    let t = t.as_ref().expect("a timestamp");
+    t.seconds * 1000 + i64::from(t.nanos) / 1_000_000
+}
+
+const TERMINAL: [&str; 4] = ["SUCCESS", "FAILURE", "EXPIRED", "CANCELLED"];
+
+fn terminal_of(e: &JobEvent) -> bool {
+    TERMINAL
+        .iter()
+        .any(|t| e.event_id == format!("{}/{t}", e.job_id))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_nine_of_random_runners_loses_nothing_and_does_nothing_twice() {
+    let sim = SimConfig {
+        clock_speed: 1.0,
+        ..SimConfig::for_tests()
+    };
+    let h = Harness::with_sim("chaos", sim).await;
+    h.sim.faults().add_rule(FaultRule {
+        resource: "jobs.batch.volcano.sh".into(),
+        verb: "create".into(),
+        latency_ms: 1500,
+        ..FaultRule::default()
+    });
+
+    // Every uid each VolcanoJob name ever had, from a watch of our own.
+    let uids: Arc<Mutex<BTreeMap<String, BTreeSet<String>>>> = Arc::default();
+    let api: Api<VolcanoJob> = Api::all(h.client.clone());
+    let seen = uids.clone();
+    let watch = tokio::spawn(async move {
+        let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
+        while let Some(event) = stream.next().await {
+            let Ok(event) = event else { continue };
+            let jobs: Vec<VolcanoJob> = match event {
+                watcher::Event::Apply(j)
+                | watcher::Event::InitApply(j)
+                | watcher::Event::Delete(j) => {
+                    vec![j]
+                }
+                _ => Vec::new(),
+            };
+            let mut seen = seen.lock().unwrap();
+            for j in jobs {
+                if let (Some(name), Some(uid)) = (j.metadata.name, j.metadata.uid) {
+                    seen.entry(name).or_default().insert(uid);
+                }
+            }
+        }
+    });
+
+    let env = vec![
+        ("VOLCANO_RUNNER_BROKER__URL".into(), h.vhost.amqp_url()),
+        ("VOLCANO_RUNNER_OPS__LISTEN".into(), "127.0.0.1:0".into()),
+        ("VOLCANO_RUNNER_LOG".into(), "error".into()),
+        ("VOLCANO_RUNNER_CLUSTER__LEASE__SHARDS".into(), "4".into()),
+        (
+            "VOLCANO_RUNNER_CLUSTER__LEASE__DURATION".into(),
+            "3s".into(),
+        ),
+        (
+            "VOLCANO_RUNNER_CLUSTER__LEASE__RENEW_INTERVAL".into(),
+            "500ms".into(),
+        ),
+        (
+            "VOLCANO_RUNNER_CLUSTER__LEASE__SAFETY_MARGIN".into(),
+            "1s".into(),
+        ),
+        (
+            "VOLCANO_RUNNER_RUNNER__REQUEUE_DELAY".into(),
+            "200ms".into(),
+        ),
+        (
+            "VOLCANO_RUNNER_MONITOR__RECONCILE_INTERVAL".into(),
+            "10s".into(),
+        ),
+    ];
+    let mut fleet = Processes {
+        env,
+        cluster: h.sim.url(),
+        slots: Vec::new(),
+        started: 0,
+    };
+    for _ in 0..RUNNERS {
+        let child = fleet.spawn();
+        fleet.slots.push(child);
+    }
+    h.wait_consumers(&h.config.broker.submit_queue, RUNNERS as u32)
+        .await;
+
+    // Submissions paced over the chaos (15 a second), kills every 2 s while they are in flight.
+    let publisher = h.orchestrator.publisher();
+    let pace = Duration::from_millis(66);
+    let mut kills = 0;
+    let mut next_kill = tokio::time::Instant::now() + Duration::from_secs(2);
+    let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut random = |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    for i in 0..JOBS {
+        let seconds = 3 + random(18);
+        let message = volcano_runner::broker::Outbound::submit(
+            &sleeper(&format!("c-{i}"), seconds),
+            Format::Json,
+            &h.config.broker,
+        );
+        publisher
+            .publish(&message)
+            .await
+            .expect("submission confirmed");
+        tokio::time::sleep(pace).await;
+        if tokio::time::Instant::now() >= next_kill {
+            fleet.kill_and_restart(random(RUNNERS as u64) as usize);
+            kills += 1;
+            next_kill += Duration::from_secs(2);
+        }
+    }
+    while kills < MIN_KILLS {
+        tokio::time::sleep_until(next_kill).await;
+        fleet.kill_and_restart(random(RUNNERS as u64) as usize);
+        kills += 1;
+        next_kill += Duration::from_secs(2);
+    }
+
+    // Every job ends.
+    h.wait_events_for(
+        "a terminal event for every job",
+        Duration::from_secs(240),
+        |e| {
+            let ended: BTreeSet<&str> = e
+                .iter()
+                .filter_map(|c| c.event.as_ref())
+                .filter(|e| terminal_of(e))
+                .map(|e| e.job_id.as_str())
+                .collect();
+            ended.len() == JOBS
+        },
+    )
+    .await;
+    h.wait_queues_settled().await;
+    // Late duplicates (a runner that was between publishing and persisting) have time to arrive.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let processes = fleet.started;
+    drop(fleet);
+    watch.abort();
+
+    let events = h.events().await;
+    let mut by_job: BTreeMap<String, Vec<&Captured>> = BTreeMap::new();
+    for c in &events {
+        let job = c
+            .event
+            .as_ref()
+            .map(|e| e.job_id.clone())
+            .or_else(|| tick_of(c).map(|t| t.job_id));
+        if let Some(job) = job {
+            by_job.entry(job).or_default().push(c);
+        }
+    }
+    let uids = uids.lock().unwrap().clone();
+    // Every violation, by kind, so one run reports them all.
+    let mut twice_run = Vec::new();
+    let mut different_content = Vec::new();
+    let mut queued_not_first = Vec::new();
+    let mut not_one_end = Vec::new();
+    let mut wrong_ticks = Vec::new();
+    for i in 0..JOBS {
+        let job = format!("c-{i}");
+        let n = uids.get(&format!("j-{job}")).map_or(0, BTreeSet::len);
+        if n != 1 {
+            twice_run.push(format!("{job}: {n} uids"));
+        }
+        let mine = by_job.get(&job).cloned().unwrap_or_default();
+        let lifecycle: Vec<&JobEvent> = mine.iter().filter_map(|c| c.event.as_ref()).collect();
+        if lifecycle.first().map(|e| e.event_id.clone()) != Some(format!("{job}/QUEUED")) {
+            queued_not_first.push(format!(
+                "{job}: {:?}",
+                lifecycle.iter().map(|e| &e.event_id).collect::<Vec<_>>()
+            ));
+        }
+        // One content per id (who published it aside, except QUEUED, which names the accepting runner).
+        let mut contents: BTreeMap<&str, BTreeSet<Vec<u8>>> = BTreeMap::new();
+        for c in &mine {
+            let body = match &c.event {
+                Some(e) => {
+                    let mut e = e.clone();
+                    if !e.event_id.ends_with("/QUEUED") {
+                        e.runner_id.clear();
+                    }
+                    serde_json::to_vec(&e).unwrap()
+                }
+                None => c.body.clone(),
+            };
+            contents
+                .entry(c.message_id.as_str())
+                .or_default()
+                .insert(body);
+        }
+        for (id, bodies) in &contents {
+            if bodies.len() != 1 {
+                different_content.push((*id).to_owned());
+            }
+        }
+        let terminals: BTreeSet<&str> = lifecycle
+            .iter()
+            .filter(|e| terminal_of(e))
+            .map(|e| e.event_id.as_str())
+            .collect();
+        let end = lifecycle.iter().find(|e| terminal_of(e));
+        match end {
+            Some(end) if terminals.len() == 1 && end.event_id.ends_with("/SUCCESS") => {
+                if let Err(why) = ticks_exact(&mine, ms(&end.started_at), ms(&end.ended_at)) {
+                    wrong_ticks.push(format!("{job}: {why}"));
+                }
+            }
+            _ => not_one_end.push(format!("{job}: {terminals:?}")),
+        }
+    }
+    eprintln!(
+        "chaos: {kills} kills, {processes} runner processes, {JOBS} jobs; VolcanoJob uids per job: {}; \
+         jobs run more than once: {}; ids with different contents: {}; QUEUED not first: {}; \
+         not exactly one SUCCESS: {}; ticks not exact: {}",
+        uids_per_job(&uids),
+        twice_run.len(),
+        different_content.len(),
+        queued_not_first.len(),
+        not_one_end.len(),
+        wrong_ticks.len()
+    );
+    assert!(kills >= MIN_KILLS);
+    assert!(
+        twice_run.is_empty(),
+        "jobs run more than once: {twice_run:?}"
+    );
+    assert!(
+        different_content.is_empty(),
+        "ids published with different contents: {different_content:?}"
+    );
+    assert!(
+        queued_not_first.is_empty(),
+        "QUEUED not first: {queued_not_first:?}"
+    );
+    assert!(
+        not_one_end.is_empty(),
+        "not exactly one SUCCESS: {not_one_end:?}"
+    );
+    assert!(wrong_ticks.is_empty(), "ticks not exact: {wrong_ticks:?}");
+    assert!(h.dead_letters().await.is_empty(), "nothing dead-lettered");
+}
+
+/// The ticks of a job (distinct by sequence) are contiguous from `start` to `end`, each with a duration,
+/// the last one final.
+fn ticks_exact(events: &[&Captured], start: i64, end: i64) -> Result<(), String> {
+    let mut ticks: BTreeMap<u64, AccountingTick> = BTreeMap::new();
+    for t in events.iter().filter_map(|c| tick_of(c)) {
+        ticks.insert(t.sequence, t);
+    }
+    let mut at = start;
+    for (n, t) in &ticks {
+        let (from, to) = (ms(&t.interval_start), ms(&t.interval_end));
+        if from != at {
+            return Err(format!("tick {n} starts at {from}, the last ended at {at}"));
+        }
+        if t.duration_ms <= 0 || to - from != t.duration_ms {
+            return Err(format!(
+                "tick {n}: {from}..{to} with durationMs {}",
+                t.duration_ms
+            ));
+        }
+        at = to;
+    }
+    if at != end {
+        return Err(format!("the ticks end at {at}, the job at {end}"));
+    }
+    if !ticks.values().last().is_some_and(|t| t.r#final) {
+        return Err("no final tick".into());
+    }
+    Ok(())
+}
+
+/// "n×k" counts of how many uids each job name had.
+fn uids_per_job(uids: &BTreeMap<String, BTreeSet<String>>) -> String {
+    let mut counts: BTreeMap<usize, usize> = BTreeMap::new();
+    for set in uids.values() {
+        *counts.entry(set.len()).or_default() += 1;
+    }
+    counts
+        .iter()
+        .map(|(n, jobs)| format!("{jobs} jobs with {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
