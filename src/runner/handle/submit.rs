@@ -4,7 +4,10 @@
 //! Redelivery is the normal case, not an error: a job that exists with the same fingerprint is this
 //! submission, applied by an earlier delivery (perhaps on another runner that died before its ack, or in
 //! the middle of the apply): the apply adopts it, creates whatever it still lacks, and the same QUEUED
-//! event is published again. The same job id with other content is `duplicate_job_id`.
+//! event is published again. The same job id with other content is `duplicate_job_id`. A job that has
+//! ended is kept (being deleted, without pods) for `[cluster] ended_job_retention` as the record of its
+//! submission: a redelivery finds it, by the lookup or by the create's AlreadyExists, creates nothing and
+//! publishes the same QUEUED again. The job never runs twice.
 //!
 //! # Cancels that overtake their submission
 //! A cancel records a tombstone first (see [`crate::cluster::tombstone`]). The submission checks for one
