@@ -50,8 +50,11 @@ struct Processes {
 }
 
 impl Processes {
+    /// Starts a runner; its log goes to `chaos-<n>.log` in the temporary directory, for a failed run.
     fn spawn(&mut self) -> Child {
         self.started += 1;
+        let log = std::env::temp_dir().join(format!("chaos-{}.log", self.started));
+        let log = std::fs::File::create(log).expect("a log file");
         Command::new(env!("CARGO_BIN_EXE_volcano-runner"))
             .args([
                 "run",
@@ -63,7 +66,7 @@ impl Processes {
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("a runner process starts")
     }
@@ -147,7 +150,7 @@ async fn kill_nine_of_random_runners_loses_nothing_and_does_nothing_twice() {
     let env = vec![
         ("VOLCANO_RUNNER_BROKER__URL".into(), h.vhost.amqp_url()),
         ("VOLCANO_RUNNER_OPS__LISTEN".into(), "127.0.0.1:0".into()),
-        ("VOLCANO_RUNNER_LOG".into(), "error".into()),
+        ("VOLCANO_RUNNER_LOG".into(), "warn".into()),
         ("VOLCANO_RUNNER_CLUSTER__LEASE__SHARDS".into(), "4".into()),
         (
             "VOLCANO_RUNNER_CLUSTER__LEASE__DURATION".into(),
