@@ -2,7 +2,9 @@
 //! - `decode_validate`: a SubmitJob's bytes to a checked message (AMQP type and content type, decoding,
 //!   validation), for the figlet and the two-node MPI examples, in JSON and protobuf;
 //! - `ticks`: accounting tick computation, the common case of one due tick per pass and a day's backlog
-//!   (1,440 one-minute ticks after a monitor outage), each tick turned into its message.
+//!   (1,440 one-minute ticks after a monitor outage), each tick turned into its message;
+//! - `estimate`: start-time estimates for 10,000 pending jobs (single ranks and gangs of 2 to 8, CPU and
+//!   GPU products) over 1,000 full nodes with 4,000 running jobs ending over the next day.
 //!
 //! Run with `cargo bench --bench pure`; render throughput has its own bench (`render`).
 
@@ -102,5 +104,50 @@ fn ticks(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, decode_validate, ticks);
+fn estimates(c: &mut Criterion) {
+    use volcano_runner::monitor::estimate::{Node, Pending, Resources, Running, estimate};
+    let now = Timestamp::from_second(1_800_000_000).unwrap();
+    let res = |cpu: u64, gpu: u64| Resources {
+        cpu_milli: cpu * 1000,
+        memory_mib: cpu * 4096,
+        gpu,
+    };
+    let nodes: Vec<Node> = (0..1000)
+        .map(|i| Node {
+            name: format!("node-{i}"),
+            allocatable: if i % 10 == 0 { res(64, 4) } else { res(64, 0) },
+        })
+        .collect();
+    // Every node full: four running jobs of 16 CPUs each, ending at spread instants over a day.
+    let running: Vec<Running> = (0..4000)
+        .map(|i| Running {
+            ranks: vec![(i / 4, res(16, if (i / 4) % 10 == 0 { 1 } else { 0 }))],
+            ends_by: Some(now + SignedDuration::from_secs(((i * 7919) % 86_400) as i64)),
+        })
+        .collect();
+    let pending: Vec<Pending> = (0..10_000u32)
+        .map(|i| Pending {
+            job_id: format!("p-{i}"),
+            replicas: if i % 5 == 0 { 2 + i % 7 } else { 1 },
+            per_rank: res(u64::from(1 + i % 16), u64::from(i % 23 == 0)),
+            runs_for: Some(SignedDuration::from_secs(600 + i64::from(i % 48) * 300)),
+        })
+        .collect();
+    let mut group = c.benchmark_group("estimate");
+    group.throughput(Throughput::Elements(pending.len() as u64));
+    group.sample_size(20);
+    group.bench_function("10000_pending_1000_nodes", |b| {
+        b.iter(|| {
+            estimate(
+                black_box(&nodes),
+                black_box(&running),
+                black_box(&pending),
+                now,
+            )
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, decode_validate, ticks, estimates);
 criterion_main!(benches);

@@ -11,6 +11,7 @@
 //! - [`decide`]: the pure decision per job: observed objects + now → [`decide::Step`].
 //! - [`events`]: the lifecycle events and their deterministic ids.
 //! - [`cache`]: the watched objects, kept small.
+//! - [`estimate`]: start-time estimates for pending jobs, by replaying the placement forward in time.
 //! - [`timers`]: deadlines by job (in the clock's time) and retry backoff (in real time).
 //! - [`execute`]: carries a step out: publish (confirmed), then patch (resourceVersion), then delete.
 //! - [`verify`]: the full reconciliation's check of the watches: metadata lists against the cache.
@@ -22,6 +23,7 @@
 pub mod cache;
 pub mod clock;
 pub mod decide;
+pub mod estimate;
 pub mod events;
 pub mod execute;
 pub mod listing;
