@@ -425,6 +425,11 @@ pub enum Inbound {
 }
 
 impl Inbound {
+    /// Whether it belongs on the submit queue (the others go on the control queue).
+    pub fn is_submission(&self) -> bool {
+        matches!(self, Inbound::Submit(_))
+    }
+
     /// The job the message is about (not yet validated).
     pub fn job_id(&self) -> &str {
         match self {

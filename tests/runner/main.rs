@@ -12,6 +12,7 @@ mod bad_input;
 mod bench;
 mod chaos;
 mod control;
+mod edges;
 mod exactly_once;
 mod faults;
 mod gate;

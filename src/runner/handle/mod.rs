@@ -130,6 +130,11 @@ impl Handler {
     pub async fn handle(&self, message: &Message<'_>) -> Settle {
         match decode_inbound(message.type_name, message.content_type, message.body) {
             Err(e) => reject::undecodable(self, message, &e).await,
+            // The queue a message arrived on decides what it may be, not its type: a submission on the
+            // control queue would bypass the pause switch and the capacity cap.
+            Ok(inbound) if inbound.is_submission() != message.from_submit_queue => {
+                reject::wrong_queue(self, message, &inbound).await
+            }
             Ok(Inbound::Submit(job)) => {
                 // The VNC password is kept out of every log line while the submission is handled.
                 let _vnc_password = job

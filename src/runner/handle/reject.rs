@@ -11,7 +11,7 @@
 //! redelivers the message and publishes the same event again.
 
 use crate::broker::DeadLetterReason;
-use crate::messages::{DecodeError, Format, MessageType, peek_job_id};
+use crate::messages::{DecodeError, Format, Inbound, MessageType, peek_job_id};
 use crate::validate::{self, ValidationError};
 
 use super::super::{events, ids};
@@ -55,6 +55,48 @@ pub async fn undecodable(handler: &Handler, message: &Message<'_>, error: &Decod
         message,
         job_id.as_deref(),
         is_submission,
+        &fingerprint16,
+        problem,
+    )
+    .await
+}
+
+/// Dead-letter code of a message that arrived on a queue not meant for its type.
+pub const WRONG_QUEUE: &str = "wrong_queue";
+
+/// A message on a queue not meant for its type (a SubmitJob on the control queue, a cancel or extension
+/// on the submit queue): nothing is done; it is dead-lettered with `wrong_queue`, and the orchestrator
+/// hears about it like any rejected message.
+pub async fn wrong_queue(handler: &Handler, message: &Message<'_>, inbound: &Inbound) -> Settle {
+    let broker = &handler.config.broker;
+    let (what, arrived_on, belongs_on, key) = if inbound.is_submission() {
+        (
+            "a SubmitJob",
+            &broker.control_queue,
+            &broker.submit_queue,
+            "submit",
+        )
+    } else {
+        (
+            "a CancelJob or ExtendJob",
+            &broker.submit_queue,
+            &broker.control_queue,
+            "cancel or extend",
+        )
+    };
+    let problem = Problem {
+        code: WRONG_QUEUE.to_owned(),
+        text: format!(
+            "{what} arrived on queue {arrived_on}; it is only handled on {belongs_on} (routing key {key})"
+        ),
+        field: None,
+    };
+    let fingerprint16 = ids::body_fingerprint16(message.body);
+    reject(
+        handler,
+        message,
+        Some(inbound.job_id()),
+        inbound.is_submission(),
         &fingerprint16,
         problem,
     )

@@ -1,0 +1,121 @@
+//! Contract edges and refusals, one deterministic repro each: a message on a queue not meant for its type
+//! (the pause switch must not be bypassed), job ids at the length limit, readable but invalid job ids,
+//! extensions out of range, and permanent cluster errors that must not be retried.
+
+use crate::harness;
+use crate::rabbit;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use harness::{Harness, figlet};
+use lapin::types::AMQPValue;
+use volcano_runner::broker::{Outbound, headers};
+use volcano_runner::cluster::PauseSwitch;
+use volcano_runner::messages::Format;
+use volcano_runner::messages::v1::CancelJob;
+
+/// A dead-lettered message's reason headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dead {
+    pub reason: String,
+    pub error: String,
+    pub field: Option<String>,
+}
+
+fn text(value: Option<&AMQPValue>) -> Option<String> {
+    match value? {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+        _ => None,
+    }
+}
+
+/// Waits until `n` messages are dead-lettered; returns their headers by message id.
+pub async fn dead_letters(h: &Harness, n: usize) -> BTreeMap<String, Dead> {
+    let mut dead = BTreeMap::new();
+    let deadline = tokio::time::Instant::now() + rabbit::PATIENCE;
+    while dead.len() < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{n} dead letters expected, got {dead:?}"
+        );
+        for m in h.dead_letters().await {
+            let props = &m.delivery.properties;
+            let id = props
+                .message_id()
+                .as_ref()
+                .map(|s| s.to_string())
+                .unwrap_or_default();
+            let table = props.headers().clone().unwrap_or_default();
+            let table = table.inner();
+            dead.insert(
+                id,
+                Dead {
+                    reason: text(table.get(headers::REASON)).unwrap_or_default(),
+                    error: text(table.get(headers::ERROR)).unwrap_or_default(),
+                    field: text(table.get(headers::FIELD)),
+                },
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    dead
+}
+
+/// While submissions are paused, a SubmitJob published with routing key `cancel` lands on the control
+/// queue: it is not handled there (that would bypass the pause) but dead-lettered as `wrong_queue`; a
+/// cancel published with routing key `submit` likewise. Nothing is created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_on_a_queue_not_meant_for_it_is_dead_lettered_as_wrong_queue() {
+    let h = Harness::new("edge-wrong-queue").await;
+    let runner = h.start("runner-a");
+    let switch = PauseSwitch::new(h.client.clone(), &h.config.cluster);
+    switch
+        .pause("maintenance", "test", jiff::Timestamp::now())
+        .await
+        .unwrap();
+    h.wait_consumers(&h.config.broker.submit_queue, 0).await;
+
+    let mut sneaky = Outbound::submit(&figlet("wq-1"), Format::Json, &h.config.broker);
+    sneaky.routing_key = "cancel".into();
+    sneaky.message_id = "sneaky-submit".into();
+    h.publish(sneaky).await;
+    let cancel = CancelJob {
+        job_id: "wq-2".into(),
+        reason: Some("wrong key".into()),
+        ..CancelJob::default()
+    };
+    let mut misrouted = Outbound::cancel(&cancel, Format::Json, &h.config.broker);
+    misrouted.routing_key = "submit".into();
+    misrouted.message_id = "misrouted-cancel".into();
+    h.publish(misrouted).await;
+    // The cancel waits in the paused submit queue; resume so it is consumed and refused there.
+    let dead = dead_letters(&h, 1).await;
+    assert_eq!(dead["sneaky-submit"].reason, "wrong_queue");
+    assert!(
+        dead["sneaky-submit"].error.contains("submit"),
+        "{:?}",
+        dead["sneaky-submit"]
+    );
+    assert!(
+        h.vcjob("wq-1").await.is_none(),
+        "the pause was not bypassed"
+    );
+    switch.resume("test", jiff::Timestamp::now()).await.unwrap();
+    let dead = dead_letters(&h, 1).await;
+    assert_eq!(dead["misrouted-cancel"].reason, "wrong_queue");
+    h.wait_queues_settled().await;
+    assert!(h.vcjobs().await.is_empty());
+    let tombstones: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(h.client.clone(), &h.config.cluster.namespace);
+    assert!(
+        tombstones
+            .get_opt("tombstone-wq-2")
+            .await
+            .unwrap()
+            .is_none(),
+        "the misrouted cancel had no effect"
+    );
+    runner.stop().await;
+}
