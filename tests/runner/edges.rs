@@ -84,7 +84,6 @@ async fn a_message_on_a_queue_not_meant_for_it_is_dead_lettered_as_wrong_queue()
     let cancel = CancelJob {
         job_id: "wq-2".into(),
         reason: Some("wrong key".into()),
-        ..CancelJob::default()
     };
     let mut misrouted = Outbound::cancel(&cancel, Format::Json, &h.config.broker);
     misrouted.routing_key = "submit".into();
