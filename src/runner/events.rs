@@ -34,6 +34,8 @@ pub mod reasons {
     pub const JOB_FINISHED: &str = "job_finished";
     /// Extension of a job without a time allocation.
     pub const NO_TIME_LIMIT: &str = "no_time_limit";
+    /// An extension refused because the new time allocation would be out of range.
+    pub const LIMIT_EXCEEDED: &str = "limit_exceeded";
 }
 
 fn event(job_id: &str, event_id: String, state: JobState, at: Timestamp, runner: &str) -> JobEvent {
@@ -195,6 +197,9 @@ pub fn extension_refused(
         reasons::NO_TIME_LIMIT => {
             format!("Job {job_id} has no time limit; there is nothing to extend")
         }
+        reasons::LIMIT_EXCEEDED => format!(
+            "Cannot extend job {job_id}: extension: the new time allocation would be more than 100 years"
+        ),
         other => format!("Cannot extend job {job_id}: {other}"),
     };
     JobEvent {

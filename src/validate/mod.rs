@@ -202,10 +202,25 @@ pub fn message(message: &AnyMessage, config: &Config) -> Result<(), ValidationEr
     }
 }
 
-/// Checks that a job id makes valid Kubernetes names: `j-<id>` must be a DNS-1123 label. The error
-/// names the field `jobId`.
+/// The longest job id: the first pod's host name `j-<jobId>-job-0` must be a DNS-1123 label of at most
+/// 63 characters. (A job of more than ten ranks needs a shorter id, which the submission's validation
+/// checks against its replica count.) The schemas' `JobId` says the same.
+pub const JOB_ID_MAX: usize = names::DNS_LABEL_MAX - "j-".len() - "-job-0".len();
+
+/// The longest job id a rejection event still carries as it was sent (valid or not): the event id
+/// `<jobId>/rejected/<fingerprint16>` must fit an AMQP message id of 255 bytes.
+pub const READABLE_JOB_ID_MAX: usize = 200;
+
+/// Checks that a job id makes valid Kubernetes names: `j-<id>` and the first pod's host name must be
+/// DNS-1123 labels. The error names the field `jobId`.
 pub fn job_id(id: &str) -> Result<(), ValidationError> {
     job_id_at("jobId", id)
+}
+
+/// Whether a message's job id, valid or not, can be named in an event about the message: not empty, at
+/// most [`READABLE_JOB_ID_MAX`] bytes, no control characters.
+pub fn readable_job_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= READABLE_JOB_ID_MAX && !id.chars().any(char::is_control)
 }
 
 pub(crate) fn job_id_at(field: &str, id: &str) -> Result<(), ValidationError> {
@@ -213,14 +228,13 @@ pub(crate) fn job_id_at(field: &str, id: &str) -> Result<(), ValidationError> {
         return Err(ValidationError::missing(field));
     }
     let name = format!("j-{id}");
-    if name.len() > names::DNS_LABEL_MAX {
+    if id.chars().count() > JOB_ID_MAX {
         return Err(ValidationError::invalid(
             field,
             format!(
-                "job id is {} characters long; at most {} fit, because j-<jobId> must be a DNS-1123 \
-                 label of at most {} characters",
+                "job id is {} characters long; at most {JOB_ID_MAX} fit, because the first pod's host \
+                 name j-<jobId>-job-0 must be a DNS-1123 label of at most {} characters",
                 id.chars().count(),
-                names::DNS_LABEL_MAX - 2,
                 names::DNS_LABEL_MAX
             ),
         ));
@@ -327,15 +341,18 @@ pub(crate) fn quoted(s: &str) -> String {
 mod tests {
     use super::*;
 
-    /// Job ids: `j-<id>` must be a DNS-1123 label, so 61 characters at most, lower case, no trailing dash.
+    /// Job ids: `j-<id>-job-0` must be a DNS-1123 label, so 55 characters at most, lower case, no
+    /// trailing dash.
     #[test]
     fn job_ids() {
-        for ok in ["4817", "a", "abc-123", &"7".repeat(61)] {
+        assert_eq!(JOB_ID_MAX, 55);
+        for ok in ["4817", "a", "abc-123", &"7".repeat(55)] {
             assert_eq!(job_id(ok), Ok(()), "{ok}");
         }
-        let e = job_id(&"7".repeat(62)).unwrap_err();
+        let e = job_id(&"7".repeat(56)).unwrap_err();
         assert_eq!(e.field(), "jobId");
-        assert!(e.message().contains("62 characters"), "{e}");
+        assert!(e.message().contains("56 characters"), "{e}");
+        assert!(e.message().contains("at most 55"), "{e}");
         for bad in ["Job42", "a_b", "a-", "a.b", "é"] {
             let e = job_id(bad).unwrap_err();
             assert_eq!(

@@ -11,7 +11,20 @@ type Check = Result<(), ValidationError>;
 /// A lifecycle event: ids, a known state, a timestamp, and a status text when the state does not change.
 pub fn job_event(event: &JobEvent) -> Check {
     non_empty("eventId", &event.event_id)?;
-    job_id_at("jobId", &event.job_id)?;
+    if event.event_id.contains("/rejected/") {
+        // A rejected message's id as the message had it: it need not be a valid job id.
+        if !super::readable_job_id(&event.job_id) {
+            return Err(ValidationError::invalid(
+                "jobId",
+                format!(
+                    "a rejection names the job id as sent, at most {} bytes without control characters",
+                    super::READABLE_JOB_ID_MAX
+                ),
+            ));
+        }
+    } else {
+        job_id_at("jobId", &event.job_id)?;
+    }
     match JobState::try_from(event.state) {
         Ok(JobState::Unspecified) if event.status.is_empty() => {
             return Err(ValidationError::missing("status")

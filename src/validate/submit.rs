@@ -775,18 +775,19 @@ mod tests {
         assert_eq!(e.reason(), "wrong_parameter_type");
     }
 
-    /// A job id short enough for j-<id> can still be too long for its pods' host names.
+    /// A job id short enough for a one-rank job can still be too long for the host names of many ranks.
     #[test]
     fn pod_host_names_must_fit() {
-        let id = "4".repeat(52);
+        let id = "4".repeat(55);
         let mut job = example("submit-job.mpi-2-nodes.json");
         job.job_id = id.clone();
-        // j- + 52 + -job-1 = 60 characters: fine.
+        // j- + 55 + -job-1 = 63 characters: fine.
         assert_eq!(submit(&job, &config()), Ok(()));
         job.replicas = 11;
-        // j- + 52 + -job-10 = 61: still fine. One more digit in the id is not.
+        // j- + 54 + -job-10 = 63: still fine. One more character in the id is not.
+        job.job_id = "4".repeat(54);
         assert_eq!(submit(&job, &config()), Ok(()));
-        job.job_id = "4".repeat(56);
+        job.job_id = "4".repeat(55);
         let e = submit(&job, &config()).unwrap_err();
         assert_eq!(e.field(), "jobId");
         assert!(e.message().contains("pod host name"), "{e}");

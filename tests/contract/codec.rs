@@ -62,6 +62,45 @@ fn examples_decode_validate_and_round_trip() {
     }
 }
 
+/// The job id limit is one number: every inbound schema's `JobId` has the validator's maximum, and ids
+/// at and one past it are accepted and refused alike by the schema and by validation. Events that reject
+/// a message may name any readable id, as the message had it.
+#[test]
+fn the_job_id_limit_is_the_same_in_schemas_and_validation() {
+    let max = validate::JOB_ID_MAX;
+    for message_type in [
+        MessageType::SubmitJob,
+        MessageType::CancelJob,
+        MessageType::ExtendJob,
+    ] {
+        let schema = schema(message_type);
+        let job_id = &schema["$defs"]["JobId"];
+        assert_eq!(
+            job_id["maxLength"].as_u64(),
+            Some(max as u64),
+            "{message_type:?}: JobId maxLength"
+        );
+        let check = support::validator_for(job_id);
+        let id = |n: usize| Value::String("7".repeat(n));
+        assert!(
+            check.is_valid(&id(max)),
+            "{message_type:?}: {max} characters fit"
+        );
+        assert!(
+            !check.is_valid(&id(max + 1)),
+            "{message_type:?}: {} do not",
+            max + 1
+        );
+    }
+    assert_eq!(validate::job_id(&"7".repeat(max)), Ok(()));
+    assert!(validate::job_id(&"7".repeat(max + 1)).is_err());
+    let event = schema(MessageType::JobEvent);
+    assert_eq!(
+        event["$defs"]["JobId"]["maxLength"].as_u64(),
+        Some(validate::READABLE_JOB_ID_MAX as u64)
+    );
+}
+
 /// Each message has a schema file and at least one example, and no schema file is a stray.
 #[test]
 fn every_message_has_a_schema_and_an_example() {

@@ -118,3 +118,98 @@ async fn a_message_on_a_queue_not_meant_for_it_is_dead_lettered_as_wrong_queue()
     );
     runner.stop().await;
 }
+
+/// The job id limit is what the contract says: a 55-character id runs, a 56-character one is refused with
+/// a FAILURE naming `jobId`; ids that are readable but invalid (too long, upper case, not ASCII) get a
+/// FAILURE under the id as sent, so the orchestrator can match it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_ids_at_the_limit_and_readable_invalid_ids_get_an_answer() {
+    let h = Harness::new("edge-job-ids").await;
+    let runner = h.start("runner-a");
+    let longest = "5".repeat(55);
+    let too_long = "6".repeat(56);
+    let way_too_long = "6".repeat(64);
+    let unicode = "jöb-42".to_owned();
+    for id in [&longest, &too_long, &way_too_long, &unicode] {
+        let mut job = figlet("x");
+        job.job_id = id.clone();
+        h.submit(&job).await;
+    }
+    let refused = [&too_long, &way_too_long, &unicode];
+    h.wait_events("QUEUED for the longest id, a FAILURE for each other", |e| {
+        e.iter()
+            .any(|c| c.message_id == format!("{longest}/QUEUED"))
+            && refused.iter().all(|id| {
+                e.iter()
+                    .any(|c| c.message_id.starts_with(&format!("{id}/rejected/")))
+            })
+    })
+    .await;
+    let events = h.events().await;
+    for id in refused {
+        let failure = events
+            .iter()
+            .filter_map(|c| c.event.as_ref())
+            .find(|e| e.job_id == *id)
+            .unwrap();
+        assert_eq!(
+            failure.state,
+            volcano_runner::messages::v1::JobState::Failure as i32
+        );
+        assert!(failure.status.starts_with("jobId: "), "{}", failure.status);
+    }
+    assert!(h.vcjob(&longest).await.is_some(), "55 characters fit");
+    let dead = dead_letters(&h, 3).await;
+    assert_eq!(dead.len(), 3);
+    assert!(dead.values().all(|d| d.field.as_deref() == Some("jobId")));
+    runner.stop().await;
+}
+
+/// An extension whose sum with the job's time allocation is out of range is refused with the extension
+/// event the orchestrator waits for (`<jobId>/extend/<requestId>`, reason `limit_exceeded`) and
+/// dead-lettered with that reason; the job keeps its allocation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_out_of_range_gets_its_refusal_event() {
+    let h = Harness::new("edge-extend").await;
+    let runner = h.start("runner-a");
+    h.submit(&figlet("ext-1")).await;
+    h.wait_events("QUEUED", |e| {
+        e.iter().any(|c| c.message_id == "ext-1/QUEUED")
+    })
+    .await;
+    let before = h.vcjob("ext-1").await.unwrap();
+    // About 9,999 years: a valid duration, but not added to an allocation that already exists.
+    h.extend("ext-1", "huge", 315_500_000_000).await;
+    let events = h
+        .wait_events("the extension's answer", |e| {
+            e.iter().any(|c| c.message_id == "ext-1/extend/huge")
+        })
+        .await;
+    let answer = events
+        .iter()
+        .find(|c| c.message_id == "ext-1/extend/huge")
+        .and_then(|c| c.event.clone())
+        .unwrap();
+    assert_eq!(answer.reason, "limit_exceeded", "{}", answer.status);
+    let dead = dead_letters(&h, 1).await;
+    let d = dead.values().next().unwrap();
+    assert_eq!(d.reason, "limit_exceeded");
+    assert_eq!(d.field.as_deref(), Some("extension"));
+    let after = h.vcjob("ext-1").await.unwrap();
+    assert_eq!(
+        before
+            .metadata
+            .annotations
+            .as_ref()
+            .unwrap()
+            .get("ucloud.dk/maxTime"),
+        after
+            .metadata
+            .annotations
+            .as_ref()
+            .unwrap()
+            .get("ucloud.dk/maxTime"),
+        "the allocation is unchanged"
+    );
+    runner.stop().await;
+}

@@ -253,10 +253,15 @@ pub enum ExtendError {
     /// Extensions only add time.
     #[error("extension: must be positive")]
     NotPositive,
-    /// The sum does not fit.
-    #[error("extension: the new time allocation is out of range")]
+    /// The sum does not fit, or is past [`MAX_ALLOCATION`].
+    #[error("extension: the new time allocation would be more than 100 years")]
     OutOfRange,
 }
+
+/// The longest time allocation an extension may lead to. A technical bound, far above any real job's, so
+/// that the start plus the allocation is always a representable instant: an absurd extension is refused
+/// instead of leaving the job with an expiry nobody can compute.
+pub const MAX_ALLOCATION: SignedDuration = SignedDuration::from_secs(100 * 366 * 24 * 3600);
 
 /// Extends the job by `extension`, once per `request_id`, against the persisted values.
 pub fn extend(
@@ -281,6 +286,7 @@ pub fn extend(
     };
     let max_time = max_time
         .checked_add(extension)
+        .filter(|t| *t <= MAX_ALLOCATION)
         .ok_or(ExtendError::OutOfRange)?;
     let expiry = facts
         .expiry

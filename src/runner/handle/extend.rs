@@ -16,7 +16,7 @@ use tracing::info;
 use crate::broker::DeadLetterReason;
 use crate::messages::v1::ExtendJob;
 use crate::pipeline::hooks::JobFacts;
-use crate::pipeline::plugins::expiry::{self, Extension};
+use crate::pipeline::plugins::expiry::{self, ExtendError, Extension};
 use crate::validate;
 
 use super::super::events::{self, Extended, reasons};
@@ -59,6 +59,22 @@ pub async fn handle(h: &Handler, m: &Message<'_>, extend: &ExtendJob) -> Settle 
         }
         let outcome = match expiry::extend(&job, &h.config, request_id, added) {
             Ok(outcome) => outcome,
+            Err(ExtendError::OutOfRange) => {
+                // The request's fault, not the job's: the orchestrator gets its answer, and the message
+                // goes to the dead-letter queue like any invalid one.
+                let event = refuse(reasons::LIMIT_EXCEEDED);
+                if let Err(e) = h.publish(&event, m.traceparent.as_ref()).await {
+                    return Settle::publish(&e);
+                }
+                let reason = DeadLetterReason::new(
+                    reasons::LIMIT_EXCEEDED,
+                    format!(
+                        "extension: job {job_id}'s time allocation would be more than 100 years"
+                    ),
+                )
+                .with_field("extension");
+                return Settle::DeadLetter(reason);
+            }
             Err(e) => {
                 // The job's own annotations are unreadable: nothing this message can fix.
                 let reason = DeadLetterReason::new(

@@ -1,7 +1,8 @@
 //! Bad input: a message that cannot be decoded, or decodes but is invalid. It goes to the dead-letter queue
 //! with the reason in its headers, never back to its queue (it would fail the same way forever).
 //!
-//! When its job id can be read (and is a valid job id), the orchestrator hears about it too:
+//! When its job id can be read (valid or not: up to 200 bytes, no control characters), the orchestrator
+//! hears about it too:
 //! - a bad *submission* gets a FAILURE event (`<jobId>/rejected/<fingerprint16>`), since the job will
 //!   never run;
 //! - a bad *cancel or extension* gets a status-only event with the same id shape and reason
@@ -165,7 +166,9 @@ async fn reject(
     fingerprint16: &str,
     problem: Problem,
 ) -> Settle {
-    let job_id = job_id.filter(|id| validate::job_id(id).is_ok());
+    // Named as the message had it, valid or not, so the orchestrator hears about every message whose id
+    // it can match.
+    let job_id = job_id.filter(|id| validate::readable_job_id(id));
     tracing::info!(
         job_id = job_id.unwrap_or(""),
         reason = %problem.code,
