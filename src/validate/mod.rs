@@ -39,6 +39,7 @@ pub mod image;
 pub mod names;
 mod outbound;
 mod submit;
+pub mod text;
 
 use std::fmt;
 

@@ -28,6 +28,11 @@ const NETWORK_IP_MULTI_REPLICA: &str =
 
 pub(super) fn check(job: &SubmitJob, config: &Config, check_licenses: bool) -> Check {
     job_id_at("jobId", &job.job_id)?;
+    // Every string within its bound (the JSON Schema's maxLength). A message that has no JSON form (an
+    // enum number or a time outside the contract) is refused below for that, naming the field.
+    if let Ok(json) = serde_json::to_value(job) {
+        super::text::check(&json, super::text::submit_limit)?;
+    }
     owner(job.owner.as_ref())?;
     if let Some(name) = &job.job_name {
         job_name(name)?;

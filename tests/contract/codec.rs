@@ -101,6 +101,72 @@ fn the_job_id_limit_is_the_same_in_schemas_and_validation() {
     );
 }
 
+/// No free text is unbounded: in every example submission, every string made one character longer than
+/// validation's bound for its field is refused by the JSON Schema (at that field) and by validation
+/// (naming that field), so schema and validation bound the same fields.
+#[test]
+fn every_string_of_a_submission_is_bounded_in_schema_and_validation() {
+    let config = test_config();
+    let schema = validator(MessageType::SubmitJob);
+    let mut checked = 0;
+    for (path, message_type) in examples() {
+        if message_type != MessageType::SubmitJob {
+            continue;
+        }
+        let example = read_json(&path);
+        let mut leaves = Vec::new();
+        string_leaves(&example, String::new(), String::new(), &mut leaves);
+        for (field, pointer) in leaves {
+            if field == "jobId" {
+                continue; // its own limit, held by the_job_id_limit_is_the_same_in_schemas_and_validation
+            }
+            let max = validate::text::submit_limit(&field);
+            let mut long = example.clone();
+            *long.pointer_mut(&pointer).unwrap() = Value::String("a".repeat(max + 1));
+            // Enumerations, times, durations and 64-bit integers are strings in JSON, not free text.
+            let Ok(job) = serde_json::from_value::<v1::SubmitJob>(long.clone()) else {
+                continue;
+            };
+            let at_field = schema
+                .iter_errors(&long)
+                .any(|e| e.instance_path().to_string() == pointer);
+            assert!(
+                at_field,
+                "{}: {field} is not bounded by the schema",
+                path.display()
+            );
+            let e = validate::submit(&job, &config).unwrap_err();
+            assert_eq!(e.field(), field, "{}: {e}", path.display());
+            checked += 1;
+        }
+    }
+    assert!(checked > 20, "only {checked} strings checked");
+}
+
+/// `(field path as validation names it, JSON pointer)` of every string in `value`.
+fn string_leaves(value: &Value, field: String, pointer: String, out: &mut Vec<(String, String)>) {
+    match value {
+        Value::String(_) => out.push((field, pointer)),
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                string_leaves(item, format!("{field}[{i}]"), format!("{pointer}/{i}"), out);
+            }
+        }
+        Value::Object(map) => {
+            for (key, item) in map {
+                let f = if field.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{field}.{key}")
+                };
+                let escaped = key.replace('~', "~0").replace('/', "~1");
+                string_leaves(item, f, format!("{pointer}/{escaped}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
 /// Each message has a schema file and at least one example, and no schema file is a stray.
 #[test]
 fn every_message_has_a_schema_and_an_example() {

@@ -213,3 +213,82 @@ async fn an_extension_out_of_range_gets_its_refusal_event() {
     );
     runner.stop().await;
 }
+
+/// A cancel with a 300 KB reason cancels: the reason is kept cut to 1024 characters (on the job and in
+/// the tombstone), the job is deleted, and nothing is retried or dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_with_a_huge_reason_still_cancels() {
+    let h = Harness::new("edge-huge-reason").await;
+    let runner = h.start("runner-a");
+    h.submit(&figlet("huge-1")).await;
+    h.wait_events("QUEUED", |e| {
+        e.iter().any(|c| c.message_id == "huge-1/QUEUED")
+    })
+    .await;
+    let reason = "why ".repeat(75_000);
+    h.cancel("huge-1", Some(&reason)).await;
+    let cancelled = async {
+        loop {
+            match h.vcjob("huge-1").await {
+                Some(job) if job.metadata.deletion_timestamp.is_some() => return job,
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    };
+    let job = rabbit::within("the job is cancelled", cancelled).await;
+    h.wait_queues_settled().await;
+    let annotations = job.metadata.annotations.unwrap();
+    assert_eq!(annotations["ucloud.dk/terminationCause"], "cancelled");
+    let kept = &annotations["ucloud.dk/terminationReason"];
+    assert_eq!(kept.chars().count(), 1024);
+    assert!(kept.ends_with('…'));
+    assert!(h.dead_letters().await.is_empty(), "nothing dead-lettered");
+    runner.stop().await;
+}
+
+/// The cluster refuses the cancel's annotation patch for good (422): no retries; the job is cancelled
+/// all the same (deleted), the orchestrator gets an event saying the cluster refused, and the message is
+/// dead-lettered as `cluster_rejected` (not by the delivery limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permanent_refusal_is_not_retried_and_the_cancel_still_cancels() {
+    let h = Harness::new("edge-refused").await;
+    let runner = h.start("runner-a");
+    h.submit(&figlet("ref-1")).await;
+    h.wait_events("QUEUED", |e| {
+        e.iter().any(|c| c.message_id == "ref-1/QUEUED")
+    })
+    .await;
+    h.sim.faults().add_rule(volcano_runner::sim::FaultRule {
+        resource: "jobs.batch.volcano.sh".into(),
+        verb: "patch".into(),
+        error_422: 1.0,
+        ..volcano_runner::sim::FaultRule::default()
+    });
+    h.cancel("ref-1", Some("user asked")).await;
+    let dead = dead_letters(&h, 1).await;
+    let d = dead.values().next().unwrap();
+    assert_eq!(d.reason, "cluster_rejected", "{d:?}");
+    assert!(d.error.contains("simulated fault"), "{d:?}");
+    let job = h.vcjob("ref-1").await.expect("held by its finalizer");
+    assert!(
+        job.metadata.deletion_timestamp.is_some(),
+        "cancelled all the same"
+    );
+    let events = h
+        .wait_events("the refusal's event", |e| {
+            e.iter()
+                .any(|c| c.message_id.starts_with("ref-1/rejected/"))
+        })
+        .await;
+    let event = events
+        .iter()
+        .find(|c| c.message_id.starts_with("ref-1/rejected/"))
+        .and_then(|c| c.event.clone())
+        .unwrap();
+    assert!(
+        event.status.contains("the cluster refused it"),
+        "{}",
+        event.status
+    );
+    runner.stop().await;
+}

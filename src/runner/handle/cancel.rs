@@ -14,8 +14,9 @@
 //! Cancelling twice is harmless: the second cancel finds the tombstone and the marked job, and at most
 //! deletes again (404 and an already-deleting job are fine).
 
-use tracing::info;
+use tracing::{info, warn};
 
+use crate::cluster::ClusterError;
 use crate::cluster::volcano::VolcanoJob;
 use crate::messages::v1::CancelJob;
 use crate::validate;
@@ -40,7 +41,9 @@ pub async fn handle(h: &Handler, m: &Message<'_>, cancel: &CancelJob) -> Settle 
         return reject::invalid_by(h, m, subject, &e).await;
     }
     let job_id = cancel.job_id.as_str();
-    let reason = cancel.reason.as_deref().unwrap_or_default().trim();
+    // Cut, never refused: a cancel always cancels, whatever its reason's length.
+    let reason = validate::text::cancel_reason(cancel.reason.as_deref().unwrap_or_default());
+    let reason = reason.as_str();
     let tombstone = match h.tombstones.record(job_id, reason, h.now()).await {
         Ok(t) => t,
         Err(e) => return Settle::cluster(&e),
@@ -94,12 +97,48 @@ pub async fn handle(h: &Handler, m: &Message<'_>, cancel: &CancelJob) -> Settle 
                 Ok(None) => return Settle::Ack,
                 Err(e) => return Settle::cluster(&e),
             },
+            Err(e @ ClusterError::Rejected { .. }) => {
+                return refused_mark(h, m, job_id, &job, &e).await;
+            }
             Err(e) => return Settle::cluster(&e),
         }
     }
     Settle::Requeue {
         why: format!("the VolcanoJob of {job_id} kept changing while it was being cancelled"),
     }
+}
+
+/// The cluster refused the cancel's annotations for good (not their size: the reason is bounded). A
+/// cancel still cancels: the cause alone is recorded if the cluster takes that, the job is deleted either
+/// way, and the orchestrator hears about the refusal (naming `reason` when the cause alone was taken).
+async fn refused_mark(
+    h: &Handler,
+    m: &Message<'_>,
+    job_id: &str,
+    job: &VolcanoJob,
+    e: &ClusterError,
+) -> Settle {
+    warn!(job_id, error = %e, "The cluster refused the cancel's annotations; cancelling without them.");
+    let cause_only = serde_json::json!({
+        "metadata": {
+            "resourceVersion": job.metadata.resource_version,
+            "annotations": { h.keys.termination_cause.as_str(): "cancelled" }
+        }
+    });
+    let field = match h.jobs.patch(job, &cause_only).await {
+        Ok(_) => "reason",
+        Err(_) => "jobId",
+    };
+    if let Err(e) = h.jobs.delete(job).await {
+        return Settle::cluster(&e);
+    }
+    let fingerprint16 = ids::body_fingerprint16(m.body);
+    let subject = Subject {
+        job_id,
+        is_submission: false,
+        fingerprint16: &fingerprint16,
+    };
+    reject::cluster_refused(h, m, subject, Some(field), e).await
 }
 
 /// What a cancel does to an existing job.

@@ -45,9 +45,20 @@ pub enum Settle {
 }
 
 impl Settle {
-    /// A requeue for a transient cluster error.
+    /// How a cluster error settles a delivery: a refusal (400, 403, 413, 422, an admission webhook's
+    /// denial) will be the same on every try, so the message goes to the dead-letter queue with the
+    /// cluster's words (`cluster_rejected`); anything else is transient here (5xx, 429, timeouts,
+    /// conflicts, an object or namespace missing for a moment) and the message goes back to its queue.
+    /// Handlers that can tell the orchestrator more (an event naming the field) use
+    /// [`reject::cluster_refused`] first.
     pub fn cluster(e: &ClusterError) -> Self {
-        Self::Requeue { why: e.to_string() }
+        match e {
+            ClusterError::Rejected { .. } => Self::DeadLetter(DeadLetterReason::new(
+                reject::CLUSTER_REJECTED,
+                e.to_string(),
+            )),
+            _ => Self::Requeue { why: e.to_string() },
+        }
     }
 
     /// A requeue for an event that was not confirmed.

@@ -12,6 +12,7 @@
 //! redelivers the message and publishes the same event again.
 
 use crate::broker::DeadLetterReason;
+use crate::cluster::ClusterError;
 use crate::messages::{DecodeError, Format, Inbound, MessageType, peek_job_id};
 use crate::validate::{self, ValidationError};
 
@@ -57,6 +58,43 @@ pub async fn undecodable(handler: &Handler, message: &Message<'_>, error: &Decod
         job_id.as_deref(),
         is_submission,
         &fingerprint16,
+        problem,
+    )
+    .await
+}
+
+/// Dead-letter code of a message whose effect the cluster refuses for good.
+pub const CLUSTER_REJECTED: &str = "cluster_rejected";
+
+/// The cluster refused, for good, what a message asked for (`error` is a [`ClusterError::Rejected`]):
+/// the orchestrator hears about it (a FAILURE for a submission, a status event for a cancel or an
+/// extension, naming `field` when the refusal is about one), and the message is dead-lettered with
+/// reason `cluster_rejected` and the cluster's words. A transient error is left to [`Settle::cluster`].
+pub async fn cluster_refused(
+    handler: &Handler,
+    message: &Message<'_>,
+    subject: Subject<'_>,
+    field: Option<&str>,
+    error: &ClusterError,
+) -> Settle {
+    if !matches!(error, ClusterError::Rejected { .. }) {
+        return Settle::cluster(error);
+    }
+    let words = format!("the cluster refused it: {}", error.cluster_message());
+    let problem = Problem {
+        code: CLUSTER_REJECTED.to_owned(),
+        text: match field {
+            Some(f) => format!("{f}: {words}"),
+            None => words,
+        },
+        field: field.map(str::to_owned),
+    };
+    reject(
+        handler,
+        message,
+        Some(subject.job_id),
+        subject.is_submission,
+        subject.fingerprint16,
         problem,
     )
     .await
@@ -178,10 +216,15 @@ async fn reject(
     if let Some(job_id) = job_id {
         let at = message.sent_at.unwrap_or_else(|| handler.now());
         let event = if is_submission {
+            let reason = if problem.code == CLUSTER_REJECTED {
+                events::reasons::CLUSTER_REJECTED
+            } else {
+                events::reasons::INVALID_MESSAGE
+            };
             events::submission_rejected(
                 job_id,
                 fingerprint16,
-                events::reasons::INVALID_MESSAGE,
+                reason,
                 problem.text.clone(),
                 at,
                 &handler.runner_id,
