@@ -131,6 +131,8 @@ pub struct Status {
     pub active_jobs: usize,
     pub max_active_jobs: Option<u32>,
     pub shards: Vec<ShardHolder>,
+    /// What keeps the runners from doing their work, in words for an operator (empty when nothing).
+    pub problems: Vec<String>,
 }
 
 /// One queue, right now.
@@ -169,13 +171,16 @@ impl Status {
             ));
         }
         out.push_str("monitoring shards:\n");
-        if self.shards.is_empty() {
+        if self.shards.is_empty() && self.problems.is_empty() {
             out.push_str("  (no shard leases: no runner with the monitoring duty has started)\n");
         }
         for s in &self.shards {
             let holder = s.holder.as_deref().unwrap_or("(free)");
             let state = if s.live { "live" } else { "lapsed" };
             out.push_str(&format!("  {:<32} {holder} ({state})\n", s.lease));
+        }
+        for problem in &self.problems {
+            out.push_str(&format!("PROBLEM: {problem}\n"));
         }
         out
     }
@@ -192,6 +197,7 @@ async fn status(
         .map_err(cluster_error)?;
     let queues = queue_depths(config).await?;
     let shards = shard_holders(client, config).await?;
+    let problems = problems(client, config).await?;
     Ok(Status {
         paused: pause.paused,
         pause: describe_pause(&pause),
@@ -199,7 +205,33 @@ async fn status(
         active_jobs,
         max_active_jobs: config.cluster.max_active_jobs,
         shards,
+        problems,
     })
+}
+
+/// What the cluster shows is keeping runners from their work: the runner's own namespace missing (no
+/// runner could create it, so no lease is written and no job is monitored).
+async fn problems(client: &kube::Client, config: &Config) -> Result<Vec<String>, CliError> {
+    use k8s_openapi::api::core::v1::Namespace;
+    let api: Api<Namespace> = Api::all(client.clone());
+    let mut problems = Vec::new();
+    let name = &config.cluster.namespace;
+    match api.get_opt(name).await {
+        Ok(Some(_)) => {}
+        Ok(None) => problems.push(format!(
+            "namespace {name} does not exist: runners keep their shard leases, tombstones and pause \
+             switch there, so no job is monitored (no RUNNING, ticks, expiry or end) and cancels \
+             cannot be recorded. Runners create it when they may; otherwise create it (kubectl create \
+             namespace {name}) or allow the runners' service account to create namespaces. A runner \
+             that cannot create it says so in its log (ERROR) and in /readyz."
+        )),
+        // Not allowed to read namespaces: nothing to conclude.
+        Err(kube::Error::Api(s)) if s.code == 403 => {}
+        Err(e) => {
+            return Err(CliError::Other(format!("reading namespace {name}: {e}")));
+        }
+    }
+    Ok(problems)
 }
 
 /// Passive declares of the runner's queues: exact counts now (the management API lags by seconds).

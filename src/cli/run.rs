@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use super::CliError;
-use crate::cluster::{ClusterTarget, client, namespaces};
+use crate::cluster::{ClusterTarget, client};
 use crate::config::Config;
 use crate::monitor::Clock;
 use crate::ops::Ops;
@@ -109,13 +109,8 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     );
     let version = client::probe(&client).await.map_err(cluster_error)?;
     info!(cluster = %config.cluster.target, %version, "Connected to the cluster.");
-    if sim.is_some() {
-        for name in namespaces::runner_namespaces(&config) {
-            namespaces::create_if_missing(&client, &name)
-                .await
-                .map_err(|e| CliError::Other(format!("creating namespace {name}: {e}")))?;
-        }
-    }
+    // The runner's own namespaces are made sure of by the service (created where it may), for any
+    // cluster: the embedded simulator, a standalone one, or a real one.
 
     let monitor_clock = sim.as_ref().map(|(handle, speed)| {
         let clock: Arc<dyn Clock> = Arc::new(SimClock {

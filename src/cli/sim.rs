@@ -58,6 +58,9 @@ pub struct Args {
     /// Fault rule: fraction of matching requests answered 422 Invalid (a refusal no retry changes).
     #[arg(long)]
     pub fault_422: Option<f64>,
+    /// Fault rule: fraction of matching requests answered 403 Forbidden (as RBAC would).
+    #[arg(long)]
+    pub fault_403: Option<f64>,
     /// Fault rule: Retry-After seconds on 429 and 503.
     #[arg(long)]
     pub fault_retry_after: Option<u64>,
@@ -167,6 +170,7 @@ pub fn apply(args: &Args, mut cfg: SimConfig) -> Result<SimConfig, CliError> {
         error_503: args.fault_503.unwrap_or(0.0),
         error_429: args.fault_429.unwrap_or(0.0),
         error_422: args.fault_422.unwrap_or(0.0),
+        error_403: args.fault_403.unwrap_or(0.0),
         retry_after_secs: args.fault_retry_after.unwrap_or(1),
         watch_cut_after_events: args.fault_watch_cut_events,
         watch_cut_after_secs: args.fault_watch_cut_secs,
@@ -177,6 +181,7 @@ pub fn apply(args: &Args, mut cfg: SimConfig) -> Result<SimConfig, CliError> {
         ("fault-503", rule.error_503),
         ("fault-429", rule.error_429),
         ("fault-422", rule.error_422),
+        ("fault-403", rule.error_403),
         ("fault-watch-lose", rule.watch_lose_events),
     ] {
         if !(0.0..=1.0).contains(&v) {

@@ -32,8 +32,8 @@ pub fn runner_namespaces(config: &crate::config::Config) -> Vec<String> {
     names
 }
 
-/// Creates a namespace unless it exists.
-pub async fn create_if_missing(client: &kube::Client, name: &str) -> Result<(), kube::Error> {
+/// Creates a namespace unless it exists; `true` when this call created it.
+pub async fn create_if_missing(client: &kube::Client, name: &str) -> Result<bool, kube::Error> {
     use k8s_openapi::api::core::v1::Namespace;
     let api: Api<Namespace> = Api::all(client.clone());
     let namespace = Namespace {
@@ -44,10 +44,50 @@ pub async fn create_if_missing(client: &kube::Client, name: &str) -> Result<(), 
         ..Namespace::default()
     };
     match api.create(&PostParams::default(), &namespace).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(()),
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// Makes sure the runner's own namespaces exist (see [`runner_namespaces`]): its leases, tombstones and
+/// pause switch live there, and without it the monitoring duty silently never starts. Creates a missing
+/// one when the runner may; `Err` says, for an operator, what is missing and what to do.
+pub async fn ensure_runner_namespaces(
+    client: &kube::Client,
+    config: &crate::config::Config,
+) -> Result<Vec<String>, String> {
+    use k8s_openapi::api::core::v1::Namespace;
+    let api: Api<Namespace> = Api::all(client.clone());
+    let mut created = Vec::new();
+    for name in runner_namespaces(config) {
+        // Create first: with the deployed RBAC (create on namespaces) an existing namespace answers
+        // AlreadyExists, and no read permission is needed.
+        let forbidden = match create_if_missing(client, &name).await {
+            Ok(true) => {
+                created.push(name);
+                continue;
+            }
+            Ok(false) => continue,
+            Err(kube::Error::Api(s)) if s.code == 403 => s.message,
+            Err(e) => return Err(format!("cannot create namespace {name}: {e}")),
+        };
+        // May not create namespaces: fine if it exists (or if we may not tell).
+        match api.get_opt(&name).await {
+            Ok(Some(_)) => {}
+            Err(kube::Error::Api(s)) if s.code == 403 => {}
+            Ok(None) => {
+                return Err(format!(
+                    "namespace {name} does not exist and this runner may not create it \
+                     ({forbidden}): create it (kubectl create namespace {name}) or allow the runner's \
+                     service account to create namespaces; until then no shard lease can be written, \
+                     so no job is monitored (no RUNNING, ticks, expiry or end)"
+                ));
+            }
+            Err(e) => return Err(format!("cannot read namespace {name}: {e}")),
+        }
+    }
+    Ok(created)
 }
 
 /// What [`NamespaceCache::ensure`] found.

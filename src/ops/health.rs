@@ -118,6 +118,31 @@ enum Check {
     Broker(Arc<std::sync::OnceLock<Broker>>),
     Cluster(ClusterCheck),
     Flag(ReadyFlag),
+    Condition(Condition),
+}
+
+/// A condition that a part of the runner sets as it learns it (e.g. whether its own namespace exists):
+/// failing, with the reason, until set otherwise.
+#[derive(Debug, Clone)]
+pub struct Condition {
+    name: Arc<str>,
+    state: Arc<Mutex<CheckResult>>,
+}
+
+impl Condition {
+    /// Sets the outcome `/readyz` reports.
+    pub fn set(&self, result: CheckResult) {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = result;
+    }
+
+    fn get(&self) -> CheckResult {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The reason it fails, if it does.
+    pub fn get_err(&self) -> Option<String> {
+        self.get().err()
+    }
 }
 
 impl Check {
@@ -126,6 +151,7 @@ impl Check {
             Check::Broker(_) => "broker",
             Check::Cluster(_) => "cluster",
             Check::Flag(flag) => flag.name(),
+            Check::Condition(c) => &c.name,
         }
     }
 
@@ -137,6 +163,7 @@ impl Check {
                 None => Err("not connected to RabbitMQ yet".into()),
             },
             Check::Cluster(cluster) => cluster.check().await,
+            Check::Condition(c) => c.get(),
             Check::Flag(flag) => {
                 if flag.is_up() {
                     Ok(())
@@ -243,6 +270,16 @@ impl Readiness {
         };
         self.push(Check::Flag(flag.clone()));
         flag
+    }
+
+    /// A condition named `name`, failing with `initially` until it is set.
+    pub fn condition(&self, name: &str, initially: &str) -> Condition {
+        let condition = Condition {
+            name: name.into(),
+            state: Arc::new(Mutex::new(Err(initially.to_owned()))),
+        };
+        self.push(Check::Condition(condition.clone()));
+        condition
     }
 
     /// Runs every check.

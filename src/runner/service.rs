@@ -18,6 +18,35 @@ use crate::monitor::{Clock, Monitor};
 
 use super::{Runner, RunnerError};
 
+/// How often a runner whose own namespace is missing (and that may not create it) looks again.
+const NAMESPACE_RETRY: Duration = Duration::from_secs(30);
+
+/// Ensures the runner's namespaces exist and reports it in readiness: `false` (with an ERROR naming the
+/// cause, once per cause) when they do not and cannot be made to.
+async fn ensure_own_namespaces(
+    client: &kube::Client,
+    config: &Config,
+    condition: &crate::ops::health::Condition,
+) -> bool {
+    match crate::cluster::namespaces::ensure_runner_namespaces(client, config).await {
+        Ok(created) => {
+            for name in created {
+                info!(namespace = %name, "Created the runner's namespace (leases, tombstones, pause switch).");
+            }
+            condition.set(Ok(()));
+            true
+        }
+        Err(why) => {
+            let first = condition.get_err().as_deref() != Some(why.as_str());
+            if first {
+                tracing::error!(namespace = %config.cluster.namespace, "{why}");
+            }
+            condition.set(Err(why));
+            false
+        }
+    }
+}
+
 /// How long closing the broker connection may take at the end.
 const BROKER_CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -77,6 +106,27 @@ impl Service {
             ops.clone(),
         )?;
         let mut duties = tokio::task::JoinSet::new();
+        // The runner's own namespace holds its leases, tombstones and pause switch: without it the
+        // monitoring duty would never start, silently. Made sure of now, and again until it works.
+        let own = ops.readiness.condition(
+            "own namespace",
+            &format!("namespace {} not checked yet", config.cluster.namespace),
+        );
+        let namespaces_ok = ensure_own_namespaces(&self.client, &config, &own).await;
+        if !namespaces_ok {
+            let (client, config, token) = (self.client.clone(), config.clone(), shutdown.clone());
+            duties.spawn(async move {
+                loop {
+                    tokio::select! {
+                        () = token.cancelled() => return,
+                        () = tokio::time::sleep(NAMESPACE_RETRY) => {}
+                    }
+                    if ensure_own_namespaces(&client, &config, &own).await {
+                        return;
+                    }
+                }
+            });
+        }
         if self.monitor {
             let (leases, handle) = ShardLeases::new(self.client.clone(), &config.cluster);
             let token = shutdown.clone();

@@ -31,6 +31,9 @@ pub struct FaultRule {
     /// Fraction of matching requests answered 422 Invalid: a refusal that no retry changes, as an
     /// admission webhook or a validation rule gives.
     pub error_422: f64,
+    /// Fraction of matching requests answered 403 Forbidden, as RBAC answers a request the service
+    /// account may not make.
+    pub error_403: f64,
     /// `Retry-After` seconds sent with 429 and 503 (0 lets clients retry at once, which keeps tests fast).
     pub retry_after_secs: u64,
     /// A matching watch is cut (the connection drops) after this many events.
@@ -202,13 +205,15 @@ impl Faults {
             return Decision::default();
         }
         let mut d = Decision::default();
-        let (mut p500, mut p503, mut p429, mut p422, mut retry) = (0.0, 0.0, 0.0, 0.0, 0u64);
+        let (mut p500, mut p503, mut p429, mut p422, mut p403, mut retry) =
+            (0.0, 0.0, 0.0, 0.0, 0.0, 0u64);
         for r in &matching {
             d.latency += Duration::from_millis(r.latency_ms);
             p500 += r.error_500.max(0.0);
             p503 += r.error_503.max(0.0);
             p429 += r.error_429.max(0.0);
             p422 += r.error_422.max(0.0);
+            p403 += r.error_403.max(0.0);
             retry = retry.max(r.retry_after_secs);
             if let Some(n) = r.watch_cut_after_events {
                 d.cut_after_events = Some(d.cut_after_events.map_or(n, |m| m.min(n)));
@@ -232,6 +237,13 @@ impl Faults {
         } else if u < p500 + p503 + p429 + p422 {
             Some(ApiError::unprocessable(
                 "simulated fault: the request is invalid and will stay so",
+            ))
+        } else if u < p500 + p503 + p429 + p422 + p403 {
+            Some(ApiError::forbidden(
+                resource,
+                group,
+                "",
+                &format!("simulated fault: this user may not {verb} {resource}"),
             ))
         } else {
             None

@@ -292,3 +292,105 @@ async fn a_permanent_refusal_is_not_retried_and_the_cancel_still_cancels() {
     );
     runner.stop().await;
 }
+
+/// A runner whose own namespace does not exist (a standalone simulator, a wrong deploy) creates it and
+/// monitors: the job gets RUNNING.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_runner_namespace_is_created_and_jobs_are_monitored() {
+    let h = Harness::new("edge-own-ns").await;
+    let mut config = h.config.clone();
+    config.cluster.namespace = "vr-own-created".into();
+    config.cluster.lease.shards = 1;
+    config.cluster.lease.duration = Duration::from_secs(4);
+    config.cluster.lease.renew_interval = Duration::from_millis(500);
+    config.cluster.lease.safety_margin = Duration::from_secs(1);
+    let runner = h.start_with("runner-ns", config, true);
+    h.submit(&figlet("ns-1")).await;
+    let deadline = tokio::time::Instant::now() + rabbit::PATIENCE;
+    loop {
+        h.sim.advance(Duration::from_secs(5));
+        if h.events()
+            .await
+            .iter()
+            .any(|c| c.message_id == "ns-1/RUNNING")
+        {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "RUNNING");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+        kube::Api::all(h.client.clone());
+    assert!(
+        namespaces
+            .get_opt("vr-own-created")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    runner.stop().await;
+}
+
+/// A runner that may not create its missing namespace says so: `/readyz` fails naming the namespace and
+/// what to do, and `admin status` reports the problem instead of "no runner has started".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_that_cannot_create_its_namespace_is_not_ready_and_admin_status_says_why() {
+    let h = Harness::new("edge-own-ns-forbidden").await;
+    h.sim.faults().add_rule(volcano_runner::sim::FaultRule {
+        resource: "namespaces".into(),
+        verb: "create".into(),
+        error_403: 1.0,
+        ..volcano_runner::sim::FaultRule::default()
+    });
+    let mut config = h.config.clone();
+    config.cluster.namespace = "vr-own-forbidden".into();
+    let ops = volcano_runner::ops::Ops::new();
+    let service = volcano_runner::runner::service::Service {
+        config,
+        client: h.client.clone(),
+        runner_id: "runner-forbidden".into(),
+        monitor: true,
+        monitor_clock: None,
+    };
+    let token = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(service.run_with_ops(token.clone(), ops.clone()));
+    let deadline = tokio::time::Instant::now() + rabbit::PATIENCE;
+    let report = loop {
+        let report = ops.readiness.evaluate().await;
+        let said = report.checks.iter().any(|(name, r)| {
+            name == "own namespace" && r.as_ref().is_err_and(|e| e.contains("may not create"))
+        });
+        if said {
+            break report;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{}", report.text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(!report.is_ready());
+    assert!(
+        report
+            .text()
+            .contains("kubectl create namespace vr-own-forbidden"),
+        "{}",
+        report.text()
+    );
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_volcano-runner"))
+        .args(["admin", "--cluster", &h.sim.url(), "status"])
+        .env("VOLCANO_RUNNER_BROKER__URL", h.vhost.amqp_url())
+        .env("VOLCANO_RUNNER_CLUSTER__NAMESPACE", "vr-own-forbidden")
+        .output()
+        .expect("admin status runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("PROBLEM: namespace vr-own-forbidden does not exist"),
+        "{text}"
+    );
+    token.cancel();
+    let _ = task.await;
+}
