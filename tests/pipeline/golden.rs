@@ -976,8 +976,17 @@ fn case_26_peers_label_rules_and_dns_names_changed() {
     assert!(
         from.contains(&json!({"podSelector": {"matchLabels": {"volcano.sh/job-name": "j-50"}}}))
     );
-    assert!(from.contains(&json!({"namespaceSelector": {}, "podSelector": {"matchLabels": {"volcano.sh/job-name": "j-42"}}})));
-    assert!(from.contains(&json!({"namespaceSelector": {}, "podSelector": {"matchExpressions": [{"key": "ucloud.dk/peer-50", "operator": "Exists"}]}})));
+    // Same-namespace pods only: no rule admits another namespace (another owner's pods could carry the
+    // label too).
+    assert!(
+        from.contains(&json!({"podSelector": {"matchLabels": {"volcano.sh/job-name": "j-42"}}}))
+    );
+    assert!(from.contains(&json!({"podSelector": {"matchExpressions": [{"key": "ucloud.dk/peer-50", "operator": "Exists"}]}})));
+    assert!(
+        from.iter()
+            .all(|peer| peer.get("namespaceSelector").is_none()),
+        "{from:?}"
+    );
     let service = objects
         .iter()
         .find(|o| o["kind"] == "Service")

@@ -394,3 +394,90 @@ async fn a_runner_that_cannot_create_its_namespace_is_not_ready_and_admin_status
     token.cancel();
     let _ = task.await;
 }
+
+/// Two owners whose names differ only by case: `alice` naming `Alice`'s job as a peer is refused (a
+/// FAILURE naming the field, no job), `alice` naming her own job is fine, and no NetworkPolicy admits pods
+/// of another namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_must_be_a_job_of_the_same_owner() {
+    use volcano_runner::messages::v1::{PeerValue, ResourceValue, resource_value};
+    let h = Harness::new("edge-peers").await;
+    let runner = h.start("runner-a");
+    let owned = |id: &str, user: &str| {
+        let mut job = figlet(id);
+        job.owner.as_mut().unwrap().user = user.into();
+        job.owner.as_mut().unwrap().project = None;
+        job
+    };
+    let with_peer = |mut job: volcano_runner::messages::v1::SubmitJob, peer: &str| {
+        job.resources.push(ResourceValue {
+            value: Some(resource_value::Value::Peer(PeerValue {
+                hostname: "partner".into(),
+                job_id: peer.into(),
+            })),
+        });
+        job
+    };
+    h.submit(&owned("victim", "Alice")).await;
+    h.submit(&owned("own", "alice")).await;
+    h.wait_events("both first jobs queued", |e| {
+        ["victim/QUEUED", "own/QUEUED"]
+            .iter()
+            .all(|id| e.iter().any(|c| c.message_id == *id))
+    })
+    .await;
+    h.submit(&with_peer(owned("intruder", "alice"), "victim"))
+        .await;
+    h.submit(&with_peer(owned("friend", "alice"), "own")).await;
+    let events = h
+        .wait_events("the intruder refused, the friend queued", |e| {
+            e.iter()
+                .any(|c| c.message_id.starts_with("intruder/rejected/"))
+                && e.iter().any(|c| c.message_id == "friend/QUEUED")
+        })
+        .await;
+    let refusal = events
+        .iter()
+        .find(|c| c.message_id.starts_with("intruder/rejected/"))
+        .and_then(|c| c.event.clone())
+        .unwrap();
+    assert!(
+        refusal
+            .status
+            .starts_with("resources[0].peer.jobId: job victim belongs to another owner"),
+        "{}",
+        refusal.status
+    );
+    assert!(h.vcjob("intruder").await.is_none());
+    let victim = h.vcjob("victim").await.unwrap();
+    let own = h.vcjob("own").await.unwrap();
+    assert_ne!(
+        victim.metadata.namespace, own.metadata.namespace,
+        "Alice and alice have namespaces of their own"
+    );
+    let policies: kube::Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+        kube::Api::all(h.client.clone());
+    let all = policies.list(&Default::default()).await.unwrap();
+    assert!(!all.items.is_empty());
+    for policy in all.items {
+        let spec = serde_json::to_value(policy.spec).unwrap();
+        for rule in ["ingress", "egress"] {
+            for r in spec[rule].as_array().into_iter().flatten() {
+                for peer in r["from"]
+                    .as_array()
+                    .or(r["to"].as_array())
+                    .into_iter()
+                    .flatten()
+                {
+                    assert!(
+                        peer.get("namespaceSelector")
+                            .is_none_or(|s| s != &serde_json::json!({})),
+                        "{:?} admits every namespace: {peer}",
+                        policy.metadata.name
+                    );
+                }
+            }
+        }
+    }
+    runner.stop().await;
+}

@@ -5,8 +5,13 @@
 //! - Peers, both ways, without touching the peer (W27). A job that names peer `P` labels its pods
 //!   `<prefix>peer-P`; every job's policy admits traffic from, and allows traffic to, pods labelled with
 //!   its own id. So the peer's policy never needs a patch, and the permission disappears with the
-//!   connecting job's pods. The connecting job's own policy admits the peer's pods (any namespace; job
-//!   names are unique).
+//!   connecting job's pods. The connecting job's own policy admits the peer's pods.
+//! - **Only within the namespace.** Every rule selects pods of the policy's own namespace only (no
+//!   `namespaceSelector`): a label is something any job can put on its pods, so a rule that admitted
+//!   labelled pods from any namespace would let one owner open another owner's job. In per-owner mode
+//!   the namespace is the owner's, so a peer can only be the same owner's job; in single-namespace mode
+//!   the runner refuses a submission whose peer belongs to another owner (the rule: a peer must belong to
+//!   the same user, or to the same project for a project's job, compared exactly).
 //! - Peer hostnames stay right when a peer restarts (W27: UCloud pinned rank 0's IP in `hostAliases` at
 //!   creation): each peer hostname is an `ExternalName` Service in the job's namespace pointing at the
 //!   peer's rank 0 DNS name `j-P-job-0.j-P.<namespace>.svc.<cluster domain>`, which follows the pod. The
@@ -52,16 +57,14 @@ impl Plugin for ConnectToJob {
             match_labels: Some(labels),
             match_expressions: None,
         };
-        let any_namespace = || Some(LabelSelector::default());
         let mut peers = vec![
             // The job's own pods (same namespace).
             NetworkPolicyPeer {
                 pod_selector: Some(own(job_selector(cx))),
                 ..NetworkPolicyPeer::default()
             },
-            // Pods of any job that names this job as its peer.
+            // Pods of any job of this namespace that names this job as its peer.
             NetworkPolicyPeer {
-                namespace_selector: any_namespace(),
                 pod_selector: Some(LabelSelector {
                     match_labels: None,
                     match_expressions: Some(vec![LabelSelectorRequirement {
@@ -109,7 +112,6 @@ impl Plugin for ConnectToJob {
             }
             draft.label_pods(&label, "true");
             peers.push(NetworkPolicyPeer {
-                namespace_selector: any_namespace(),
                 pod_selector: Some(own(BTreeMap::from([(
                     LABEL_JOB_NAME.to_owned(),
                     names::vcjob_name(peer_id),

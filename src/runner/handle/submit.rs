@@ -78,6 +78,19 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         Ok(None) => false,
     };
 
+    // A peer must be the same owner's job: its pods are let into this job's network and this job's into
+    // its (see the ConnectToJob plugin).
+    if !exists {
+        match foreign_peer(h, job).await {
+            Err(e) => return Settle::cluster(&e),
+            Ok(Some((field, what))) => {
+                let code = "invalid_field";
+                return reject::invalid(h, m, subject, &field, &what, code).await;
+            }
+            Ok(None) => {}
+        }
+    }
+
     let desired = match pipeline::render(job, &h.config, h.now()) {
         Ok(desired) => desired,
         Err(e) => {
@@ -160,6 +173,52 @@ async fn queued(h: &Handler, m: &Message<'_>, job_id: &str, meta: &ObjectMeta) -
         Ok(()) => Settle::Ack,
         Err(e) => Settle::publish(&e),
     }
+}
+
+/// The first peer that is not this owner's job: `(field, what is wrong)`. A peer belongs to the same
+/// owner when it has the same project (a project's job) or, for a personal job, the same user and no
+/// project; names are compared exactly (`Alice` is not `alice`).
+async fn foreign_peer(
+    h: &Handler,
+    job: &SubmitJob,
+) -> Result<Option<(String, String)>, crate::cluster::ClusterError> {
+    use crate::messages::v1::{parameter_value, resource_value};
+    let mut peers: Vec<(String, &str)> = Vec::new();
+    for (i, r) in job.resources.iter().enumerate() {
+        if let Some(resource_value::Value::Peer(p)) = &r.value {
+            peers.push((format!("resources[{i}].peer.jobId"), p.job_id.as_str()));
+        }
+    }
+    for (name, v) in &job.parameters {
+        if let Some(parameter_value::Value::Peer(p)) = &v.value {
+            peers.push((format!("parameters.{name}.peer.jobId"), p.job_id.as_str()));
+        }
+    }
+    let owner = job.owner.clone().unwrap_or_default();
+    let project = owner.project.as_deref().filter(|p| !p.is_empty());
+    for (field, peer_id) in peers {
+        let Some(peer) = h.jobs.find(peer_id).await? else {
+            return Ok(Some((
+                field,
+                format!("job {peer_id} does not exist (a peer must be running)"),
+            )));
+        };
+        let theirs_user = annotation(&peer, &h.keys.owner_user);
+        let theirs_project = annotation(&peer, &h.keys.owner_project);
+        let same = match project {
+            Some(p) => theirs_project == Some(p),
+            None => theirs_project.is_none() && theirs_user == Some(owner.user.as_str()),
+        };
+        if !same {
+            return Ok(Some((
+                field,
+                format!(
+                    "job {peer_id} belongs to another owner; a peer must be a job of the same user or project"
+                ),
+            )));
+        }
+    }
+    Ok(None)
 }
 
 /// A capacity slot, waiting up to `runner.capacity_wait` for one. Without `max_active_jobs` this never
