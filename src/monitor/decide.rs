@@ -1018,13 +1018,19 @@ mod tests {
         assert_eq!(started.event_id, "4817/RUNNING");
         assert_eq!(started.started_at.unwrap().seconds, START + 5);
         assert_eq!(started.expires_at.unwrap().seconds, START + 5 + 3600);
-        assert_eq!(world.next_check, Some(ts(65)), "the first tick boundary");
+        assert_eq!(
+            world.next_check,
+            Some(ts(75)),
+            "the first tick boundary, plus the settle delay"
+        );
         // Looking again changes nothing: RUNNING is persisted, not cached (W4, W5).
         let before = world.published.len();
         drive(&s, &mut job, &pods, ts(30), &mut world);
         assert_eq!(world.published.len(), before);
-        // Two ticks are due at t=130.
-        drive(&s, &mut job, &pods, ts(130), &mut world);
+        // Two ticks are due at t=135 (the second boundary, 125, plus the settle delay), one before.
+        drive(&s, &mut job, &pods, ts(134), &mut world);
+        assert_eq!(ticks(&world).len(), 1);
+        drive(&s, &mut job, &pods, ts(135), &mut world);
         assert_eq!(ticks(&world).len(), 2);
         // The program ends at t=150 with 0; Volcano says Completed.
         set_phase(&mut job, JobPhase::Completed, 151);
@@ -1051,6 +1057,41 @@ mod tests {
         assert!(!world.gone, "kept for the whole retention");
         drive(&s, &mut job, &pods, ts(150 + 24 * 3600), &mut world);
         assert!(world.gone, "then the finalizer is removed");
+    }
+
+    /// A 59 s job whose end the kubelet reports a second late: at the boundary (60 s) the view still
+    /// says running, but nothing is charged before the settle delay, by when the end is seen; one final
+    /// tick of 59 s, never a 60 s tick plus a zero-length one.
+    #[test]
+    fn an_end_reported_late_is_not_charged_past() {
+        let s = settings(|_| {});
+        let mut job = job(&s);
+        let mut world = World::default();
+        set_phase(&mut job, JobPhase::Running, 1);
+        let running_pods = vec![pod("4817", 0, running(0))];
+        drive(&s, &mut job, &running_pods, ts(1), &mut world);
+        // The boundary has passed and the lagging view still shows the container running.
+        drive(&s, &mut job, &running_pods, ts(60), &mut world);
+        drive(
+            &s,
+            &mut job,
+            &running_pods,
+            ts(60) + SignedDuration::from_millis(999),
+            &mut world,
+        );
+        assert!(
+            ticks(&world).is_empty(),
+            "nothing charged within the settle delay"
+        );
+        // A second later the view catches up: the container ended at 59 s.
+        set_phase(&mut job, JobPhase::Completed, 61);
+        let ended = vec![pod("4817", 0, exited(0, 0, 59))];
+        drive(&s, &mut job, &ended, ts(70), &mut world);
+        let all = ticks(&world);
+        assert_eq!(all.len(), 1, "{all:?}");
+        assert_eq!(all[0].duration_ms, 59_000);
+        assert!(all[0].r#final);
+        assert_eq!(all[0].interval_end.unwrap().seconds, START + 59);
     }
 
     #[test]

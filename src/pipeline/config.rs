@@ -431,12 +431,18 @@ pub struct AccountingConfig {
     /// Length of one accounting tick. Persisted on each job at creation, so a change only affects new
     /// jobs and ticks of a running job never overlap.
     pub period: SignedDuration,
+    /// How long after a tick's end the monitor waits before charging it. A kubelet reports a container's
+    /// end a moment late, so a job that ended just before a boundary still looks running just after it;
+    /// charging at the boundary itself would charge past the real end. After this delay the cluster's
+    /// view has passed the boundary, and the tick is decided from the containers' real start and end.
+    pub settle: SignedDuration,
 }
 
 impl Default for AccountingConfig {
     fn default() -> Self {
         Self {
             period: SignedDuration::from_secs(60),
+            settle: SignedDuration::from_secs(10),
         }
     }
 }

@@ -132,7 +132,8 @@ async fn a_kill_between_publishing_and_persisting_republishes_the_same_tick() {
     w.until("RUNNING", |s| s.event("k1/RUNNING").is_some())
         .await;
     let start = ms(&w.seen.event("k1/RUNNING").unwrap().started_at);
-    w.advance(60);
+    // The first boundary plus the accounting settle delay (10 s).
+    w.advance(70);
     w.until("tick 0", |s| s.of("k1").unique_ticks().len() == 1)
         .await;
     w.sim.faults().add_rule(FaultRule {

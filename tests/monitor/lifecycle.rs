@@ -535,7 +535,8 @@ async fn a_quiet_job_keeps_its_decision_until_its_next_deadline() {
         *runner.reports.borrow()
     );
     assert!(w.seen.of("z1").unique_ticks().is_empty());
-    w.advance(61);
+    // The first boundary plus the accounting settle delay (10 s).
+    w.advance(71);
     w.until("the first tick", |s| !s.of("z1").unique_ticks().is_empty())
         .await;
     let start = ms(&w.seen.event("z1/RUNNING").unwrap().started_at);

@@ -3,14 +3,17 @@
 //! With the job's real start `S` and the period `P` (config `accounting.period`, persisted on the job at
 //! create so a configuration change never shifts a running job's ticks), tick `n` covers
 //! `[S + n·P, S + (n+1)·P)` and has the id `<jobId>/<n>`. While the job runs, a tick is due once it is
-//! complete (`S + (n+1)·P ≤ now`). When the job has ended at `E`, the remaining ticks are due and the last
+//! complete and the cluster's view has had `[pipeline.accounting] settle` to report an earlier end
+//! (`S + (n+1)·P + settle ≤ now`). When the job has ended at `E`, the remaining ticks are due and the last
 //! one ends exactly at `E` (`final`). So ticks never leave a gap, never overlap, never start before the
 //! job ran, and never charge past its real end (W16–W20): a job that ran 61 s with `P` = 60 s gets ticks
 //! `0` `[S, S+60s)` and `1` `[S+60s, S+61s)` final.
 //!
-//! Exactly one tick per job is `final`. If the end falls exactly on a tick boundary whose tick was already
-//! published (or, after a late look, before the next unpublished tick), the final tick is a zero-length
-//! tick at that boundary.
+//! Every tick has a duration: there is never a zero-length tick. A job whose end falls exactly on a boundary
+//! gets that tick as its final one (its end is seen within the settle delay, before the tick would be
+//! charged as running). Only a cluster whose view lags by more than the settle delay can have a tick
+//! charged to its boundary before the end is seen; the job then has no further tick, and its terminal
+//! event marks the end.
 //!
 //! A job deleted because it expired is charged up to its expiry, not for the seconds its pods took to
 //! stop.
@@ -171,9 +174,12 @@ impl Iterator for DueTicks {
                 }
             }
             Horizon::Ended(end) => {
-                // Never before the job ran; a tick never ends before it starts (when ticks were already
-                // published past the end, the final tick is zero-length at the next boundary).
-                let end = end.max(self.schedule.start);
+                // Nothing left to charge (the job ran no time, or its end was seen only after the tick up
+                // to it was charged): no zero-length tick.
+                if end <= start {
+                    self.cursor.finished = true;
+                    return None;
+                }
                 Tick {
                     sequence: n,
                     start,
@@ -206,23 +212,33 @@ impl Plugin for Accounting {
                 "must be positive",
             ));
         }
+        if cx.pipeline().accounting.settle.is_negative() {
+            return Err(PipelineError::config(
+                "accounting.settle",
+                "must not be negative",
+            ));
+        }
         draft.annotate(&cx.keys.accounting_period, period.as_millis().to_string());
         Ok(())
     }
 
     fn on_start(&self, cx: &HookContext<'_>, out: &mut HookActions) -> Result<(), HookError> {
         if let Some(schedule) = schedule(cx.facts)? {
-            out.check_at(
-                schedule
-                    .boundary(cx.facts.accounted_ticks + 1)
-                    .unwrap_or(cx.now),
-            );
+            let settle = cx.config.pipeline.accounting.settle;
+            let next = schedule
+                .boundary(cx.facts.accounted_ticks + 1)
+                .unwrap_or(cx.now);
+            out.check_at(next.checked_add(settle).unwrap_or(next));
         }
         Ok(())
     }
 
     fn on_monitoring(&self, cx: &HookContext<'_>, out: &mut HookActions) -> Result<(), HookError> {
-        publish(cx, Horizon::Running(cx.now), out)
+        // Only time the cluster's view has had `settle` to prove: a job that ended just before a
+        // boundary must not be charged the whole tick because its end was reported late.
+        let settle = cx.config.pipeline.accounting.settle;
+        let proven = cx.now.checked_sub(settle).unwrap_or(cx.now);
+        publish(cx, Horizon::Running(proven), out)
     }
 
     fn on_completion(&self, cx: &HookContext<'_>, out: &mut HookActions) -> Result<(), HookError> {
@@ -273,7 +289,8 @@ fn publish(cx: &HookContext<'_>, horizon: Horizon, out: &mut HookActions) -> Res
     if let (Horizon::Running(_), false) = (horizon, after.finished)
         && let Some(next) = schedule.boundary(after.next + 1)
     {
-        out.check_at(next);
+        let settle = cx.config.pipeline.accounting.settle;
+        out.check_at(next.checked_add(settle).unwrap_or(next));
     }
     Ok(())
 }
@@ -354,25 +371,25 @@ mod tests {
             )
             .collect();
         assert_eq!(spans(&ticks), [(1, 1060, 1120, true)]);
-        // Already published while running: a zero-length final tick.
-        let ticks: Vec<Tick> = sched()
-            .due(
-                TickCursor {
-                    next: 2,
-                    finished: false,
-                },
-                Horizon::Ended(ts(1120)),
-            )
-            .collect();
-        assert_eq!(spans(&ticks), [(2, 1120, 1120, true)]);
+        // Already published while running (a view that lagged past the settle delay): no zero-length
+        // tick; the cursor is finished.
+        let mut due = sched().due(
+            TickCursor {
+                next: 2,
+                finished: false,
+            },
+            Horizon::Ended(ts(1120)),
+        );
+        assert_eq!(due.next(), None);
+        assert!(due.cursor().finished);
     }
 
     #[test]
     fn never_before_start_and_never_twice_final() {
-        let ticks: Vec<Tick> = sched()
-            .due(TickCursor::default(), Horizon::Ended(ts(500)))
-            .collect();
-        assert_eq!(spans(&ticks), [(0, 1000, 1000, true)]);
+        // An end before the start (clocks of two nodes): nothing ran, nothing is charged.
+        let mut due = sched().due(TickCursor::default(), Horizon::Ended(ts(500)));
+        assert_eq!(due.next(), None);
+        assert!(due.cursor().finished);
         assert!(
             sched()
                 .due(TickCursor::default(), Horizon::Running(ts(500)))
