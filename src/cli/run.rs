@@ -112,13 +112,33 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     // The runner's own namespaces are made sure of by the service (created where it may), for any
     // cluster: the embedded simulator, a standalone one, or a real one.
 
-    let monitor_clock = sim.as_ref().map(|(handle, speed)| {
+    let mut monitor_clock = sim.as_ref().map(|(handle, speed)| {
         let clock: Arc<dyn Clock> = Arc::new(SimClock {
             handle: handle.clone(),
             speed: *speed,
         });
         (clock, Duration::from_millis(200))
     });
+    // A simulator reached by URL runs a clock of its own (often faster than real time): the monitor must
+    // use it, or it would charge wall-clock time against simulated jobs and publish ticks for the future.
+    if sim.is_none() && version.contains(SIM_VERSION_MARK) {
+        let clock = RemoteSimClock::read(&client).await.map_err(|e| {
+            CliError::Other(format!(
+                "the cluster at {} is a volcano-runner simulator, but its clock could not be read \
+                 (GET /sim/v1/clock: {e}); the monitor must use the simulator's clock, so the runner \
+                 does not start. Use a simulator of this version.",
+                config.cluster.target
+            ))
+        })?;
+        info!(
+            speed = clock.speed(),
+            "The cluster is a simulator: the monitor follows its clock."
+        );
+        let clock = Arc::new(clock);
+        tokio::spawn(clock.clone().follow(client.clone(), shutdown.clone()));
+        let clock: Arc<dyn Clock> = clock;
+        monitor_clock = Some((clock, Duration::from_millis(200)));
+    }
     let service = Service {
         config,
         client,
@@ -197,6 +217,89 @@ pub async fn cancel_on_signal(token: CancellationToken) {
     }
     info!("Signal received; shutting down.");
     token.cancel();
+}
+
+/// What a volcano-runner simulator's `/version` says it is.
+const SIM_VERSION_MARK: &str = "volcano-runner-sim";
+
+/// A simulator's clock read over HTTP (`GET /sim/v1/clock`), for a runner pointed at a simulator by URL:
+/// the simulated instant and speed at the last reading, extrapolated with the local monotonic clock, and
+/// read again every [`RemoteSimClock::RESYNC`] (a clock a test moves by hand has speed 0 and only moves
+/// between readings).
+#[derive(Debug)]
+struct RemoteSimClock {
+    reading: std::sync::Mutex<(jiff::Timestamp, std::time::Instant, f64)>,
+}
+
+impl RemoteSimClock {
+    const RESYNC: Duration = Duration::from_millis(200);
+
+    async fn read(client: &kube::Client) -> Result<Self, String> {
+        let reading = Self::fetch(client).await?;
+        Ok(Self {
+            reading: std::sync::Mutex::new(reading),
+        })
+    }
+
+    async fn fetch(
+        client: &kube::Client,
+    ) -> Result<(jiff::Timestamp, std::time::Instant, f64), String> {
+        let request = http::Request::get("/sim/v1/clock")
+            .body(Vec::new())
+            .map_err(|e| e.to_string())?;
+        let asked = std::time::Instant::now();
+        let text = client
+            .request_text(request)
+            .await
+            .map_err(|e| e.to_string())?;
+        let body: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+        let now = body["now"]
+            .as_str()
+            .and_then(|s| s.parse::<jiff::Timestamp>().ok())
+            .ok_or_else(|| format!("no time in {text}"))?;
+        let speed = body["speed"]
+            .as_f64()
+            .ok_or_else(|| format!("no speed in {text}"))?;
+        Ok((now, asked, speed))
+    }
+
+    fn speed(&self) -> f64 {
+        self.reading.lock().unwrap_or_else(|e| e.into_inner()).2
+    }
+
+    /// Reads the simulator's clock again every [`Self::RESYNC`] until `shutdown`.
+    async fn follow(self: Arc<Self>, client: kube::Client, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(Self::RESYNC) => {}
+            }
+            match Self::fetch(&client).await {
+                Ok(reading) => *self.reading.lock().unwrap_or_else(|e| e.into_inner()) = reading,
+                Err(e) => {
+                    tracing::debug!(error = %e, "The simulator's clock could not be read; extrapolating.")
+                }
+            }
+        }
+    }
+}
+
+impl Clock for RemoteSimClock {
+    fn now(&self) -> jiff::Timestamp {
+        let (at, read, speed) = *self.reading.lock().unwrap_or_else(|e| e.into_inner());
+        let passed = read.elapsed().as_secs_f64() * speed;
+        at.checked_add(jiff::SignedDuration::from_secs_f64(passed))
+            .unwrap_or(at)
+    }
+
+    fn real_until(&self, at: jiff::Timestamp) -> Option<Duration> {
+        let speed = self.speed();
+        if speed <= 0.0 {
+            return None;
+        }
+        let left = at.duration_since(self.now()).as_secs_f64().max(0.0);
+        Some(Duration::from_secs_f64(left / speed))
+    }
 }
 
 /// The embedded simulator's clock, as the monitor's clock: the monitor's timers then fire in simulated

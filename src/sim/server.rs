@@ -356,6 +356,9 @@ struct ResourcePath {
 
 enum Route {
     Version,
+    /// `GET /sim/v1/clock`: the simulated time and its speed, so a runner pointed at this simulator by
+    /// URL uses its clock rather than the wall clock.
+    Clock,
     Health,
     Api,
     Apis,
@@ -392,6 +395,7 @@ fn parse_route(path: &str) -> Option<Route> {
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     match segs.as_slice() {
         ["version"] => Some(Route::Version),
+        ["sim", "v1", "clock"] => Some(Route::Clock),
         ["openapi", "v3"] => Some(Route::OpenApiRoot),
         ["openapi", "v3", "api", v] => Some(Route::OpenApi(String::new(), v.to_string())),
         ["openapi", "v3", "apis", g, v] => Some(Route::OpenApi(g.to_string(), v.to_string())),
@@ -451,6 +455,13 @@ pub(crate) async fn handle(
     }
     match route {
         Route::Version => json_response(200, &discovery::version()),
+        Route::Clock => json_response(
+            200,
+            &serde_json::json!({
+                "now": shared.clock.now().to_string(),
+                "speed": shared.clock.speed(),
+            }),
+        ),
         Route::Health => respond(200, "text/plain", b"ok".to_vec()),
         Route::OpenApiRoot => json_response(
             200,

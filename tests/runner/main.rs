@@ -17,4 +17,5 @@ mod exactly_once;
 mod faults;
 mod gate;
 mod scale;
+mod sim_clock;
 mod submit;
