@@ -166,6 +166,11 @@ pub struct SimConfig {
     /// From a delete request to a running pod being gone (it exits on SIGTERM), at most its grace period.
     #[serde(deserialize_with = "duration")]
     pub pod_termination_delay: Duration,
+    /// How late the kubelet reports a container's end: the pod status says the container runs until
+    /// this long after it really ended, then reports it terminated with its real `finishedAt`. Real
+    /// kubelets lag by about a second; zero reports at once.
+    #[serde(deserialize_with = "duration")]
+    pub status_report_delay: Duration,
     /// Volcano's enqueue over-commit factor: a gang is enqueued when its minimum resources fit into
     /// this many times the idle capacity.
     pub overcommit_factor: f64,
@@ -200,6 +205,7 @@ impl Default for SimConfig {
             start_time: String::new(),
             pod_start_delay: Duration::from_secs(1),
             pod_termination_delay: Duration::from_secs(1),
+            status_report_delay: Duration::ZERO,
             overcommit_factor: 1.2,
             watch_history: 100_000,
             watch_timeout: Duration::from_secs(1800),
@@ -310,6 +316,7 @@ impl SimConfig {
             image_pull_failure_marker: self.image_pull_failure_marker.clone(),
             pod_start_delay: self.pod_start_delay,
             pod_termination_delay: self.pod_termination_delay,
+            status_report_delay: self.status_report_delay,
             overcommit_factor: self.overcommit_factor,
             events: self.events,
         }

@@ -547,3 +547,42 @@ async fn a_quiet_job_keeps_its_decision_until_its_next_deadline() {
     runner.stop().await;
     w.close().await;
 }
+
+/// A 59 s job whose end the kubelet reports 2 s late: at the tick boundary (60 s) its pod still looks
+/// running. It is charged one final tick of exactly 59 s: never a full 60 s tick plus a zero-length one,
+/// and every tick has its duration.
+#[tokio::test]
+async fn an_end_the_kubelet_reports_late_is_charged_to_the_real_end() {
+    let mut w = World::start(
+        "mon-lag",
+        |_| {},
+        |s| s.status_report_delay = Duration::from_secs(2),
+    )
+    .await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    w.submit(&job("lag1", "sleep 59")).await;
+    w.advance(3);
+    w.until("RUNNING", |s| s.event("lag1/RUNNING").is_some())
+        .await;
+    for _ in 0..80 {
+        w.advance(1);
+        w.settle(Duration::from_millis(20)).await;
+    }
+    w.until("SUCCESS and the final tick", |s| {
+        s.event("lag1/SUCCESS").is_some() && s.of("lag1").has_final_tick()
+    })
+    .await;
+    w.settle(Duration::from_millis(300)).await;
+    let seen = w.seen.of("lag1");
+    let success = seen.event("lag1/SUCCESS").unwrap();
+    let (start, end) = (ms(&success.started_at), ms(&success.ended_at));
+    assert_eq!(end - start, 59_000, "the real run time");
+    let ticks = seen.unique_ticks();
+    assert_eq!(ticks.len(), 1, "{ticks:?}");
+    assert_eq!(ticks[0].duration_ms, 59_000);
+    assert!(ticks[0].r#final);
+    check_ticks("lag1", &ticks, start, end);
+    runner.stop().await;
+    w.close().await;
+}

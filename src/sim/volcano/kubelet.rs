@@ -367,7 +367,7 @@ impl Model {
         }
         for (i, at) in exits {
             self.timer(
-                at,
+                after(at, self.config.status_report_delay),
                 Timer::ContainerExit {
                     key: key.clone(),
                     uid: uid.to_string(),
@@ -404,6 +404,13 @@ impl Model {
         let restarts =
             restart_policy == "Always" || (restart_policy == "OnFailure" && p.exit_code != 0);
         let now = format_time(core.now);
+        // Reported now, ended when it really did.
+        let ended = format_time(
+            jiff::SignedDuration::try_from(self.config.status_report_delay)
+                .ok()
+                .and_then(|d| core.now.checked_sub(d).ok())
+                .unwrap_or(core.now),
+        );
         let name = spec["name"].as_str().unwrap_or_default().to_string();
         let pod_name = name_of(&pod).to_string();
         let mut all_done = false;
@@ -413,7 +420,7 @@ impl Model {
             let Some(cs) = list.iter_mut().find(|c| c["name"] == name.as_str()) else { return };
             let started = cs.at("/state/running/startedAt").cloned().unwrap_or(json!(now));
             let terminated = json!({"exitCode": p.exit_code, "reason": if p.exit_code == 0 { "Completed" } else { "Error" },
-                "startedAt": started, "finishedAt": now, "containerID": container_id(uid, &name, run)});
+                "startedAt": started, "finishedAt": ended, "containerID": container_id(uid, &name, run)});
             cs["ready"] = json!(false);
             cs["started"] = json!(false);
             if restarts {
@@ -494,7 +501,7 @@ impl Model {
             }
         });
         if let Some(d) = container_plan(spec, self.config.default_run).duration {
-            let at = after(core.now, d);
+            let at = after(after(core.now, d), self.config.status_report_delay);
             self.timer(
                 at,
                 Timer::ContainerExit {

@@ -39,6 +39,8 @@ pub struct ModelConfig {
     pub pod_start_delay: Duration,
     /// From a delete request to a running pod being gone (it exits on SIGTERM), capped by its grace period.
     pub pod_termination_delay: Duration,
+    /// How late a container's end is reported (its `finishedAt` stays the real one).
+    pub status_report_delay: Duration,
     /// Volcano's enqueue over-commit factor.
     pub overcommit_factor: f64,
     /// Whether to record Kubernetes Events.
