@@ -134,6 +134,7 @@ fn bench(c: &mut Criterion) {
                     image_pull_failure_marker: cfg.image_pull_failure_marker.clone(),
                     pod_start_delay: cfg.pod_start_delay,
                     pod_termination_delay: cfg.pod_termination_delay,
+                    status_report_delay: cfg.status_report_delay,
                     overcommit_factor: cfg.overcommit_factor,
                     events: true,
                 };
