@@ -901,7 +901,8 @@ fn case_25_accounting_ticks_fixed_period_changed() {
     let start = ts("2024-05-01T12:01:00Z");
     let running = observed(&desired, JobPhase::Running, start);
     let on_start = hooks::on_start(&config, &running, &[], start).unwrap();
-    assert_eq!(on_start.next_check, Some(ts("2024-05-01T12:02:00Z")));
+    // The first boundary plus the settle delay (10 s): charged once the cluster's view has passed it.
+    assert_eq!(on_start.next_check, Some(ts("2024-05-01T12:02:10Z")));
     let started = patched(&running, &on_start);
 
     let tick_plan =
@@ -916,7 +917,7 @@ fn case_25_accounting_ticks_fixed_period_changed() {
         .collect();
     assert_eq!(ids, ["42/0", "42/1"]);
     assert_eq!(tick_plan.set["ucloud.dk/accountedTicks"], "2");
-    assert_eq!(tick_plan.next_check, Some(ts("2024-05-01T12:04:00Z")));
+    assert_eq!(tick_plan.next_check, Some(ts("2024-05-01T12:04:10Z")));
     let ticked = patched(&started, &tick_plan);
 
     // The same look again publishes nothing new.
@@ -1448,7 +1449,8 @@ fn hooks_isolate_a_failing_plugin() {
     assert_eq!(plan.failures[0].plugin.name(), "Expiry");
     assert!(plan.set.contains_key("ucloud.dk/jobStart"));
     let started = patched(&running, &plan);
-    let ticks = hooks::on_monitoring(&config, &started, &[], ts("2024-05-01T12:03:00Z")).unwrap();
+    // Two boundaries (12:02, 12:03) and the settle delay past the second.
+    let ticks = hooks::on_monitoring(&config, &started, &[], ts("2024-05-01T12:03:10Z")).unwrap();
     assert_eq!(ticks.publish.len(), 2);
     assert_eq!(ticks.failures.len(), 1);
 }
