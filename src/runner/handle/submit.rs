@@ -196,8 +196,17 @@ async fn foreign_peer(
     }
     let owner = job.owner.clone().unwrap_or_default();
     let project = owner.project.as_deref().filter(|p| !p.is_empty());
+    // Per owner, every job of a namespace is the owner's, and the policies admit only their namespace:
+    // a peer that does not exist yet cannot be another owner's. In one shared namespace it could be
+    // created later by anyone, so it must exist now.
+    let pipeline = &h.config.pipeline;
+    let per_owner = pipeline.plugins.fair_share
+        && pipeline.namespace.mode == crate::pipeline::NamespaceMode::PerOwner;
     for (field, peer_id) in peers {
         let Some(peer) = h.jobs.find(peer_id).await? else {
+            if per_owner {
+                continue;
+            }
             return Ok(Some((
                 field,
                 format!("job {peer_id} does not exist (a peer must be running)"),
