@@ -89,15 +89,7 @@ pub async fn cluster_refused(
         },
         field: field.map(str::to_owned),
     };
-    reject(
-        handler,
-        message,
-        Some(subject.job_id),
-        subject.is_submission,
-        subject.fingerprint16,
-        problem,
-    )
-    .await
+    reject_about(handler, message, subject, problem).await
 }
 
 /// Dead-letter code of a message that arrived on a queue not meant for its type.
@@ -131,15 +123,12 @@ pub async fn wrong_queue(handler: &Handler, message: &Message<'_>, inbound: &Inb
         field: None,
     };
     let fingerprint16 = ids::body_fingerprint16(message.body);
-    reject(
-        handler,
-        message,
-        Some(inbound.job_id()),
-        inbound.is_submission(),
-        &fingerprint16,
-        problem,
-    )
-    .await
+    let subject = Subject {
+        job_id: inbound.job_id(),
+        is_submission: inbound.is_submission(),
+        fingerprint16: &fingerprint16,
+    };
+    reject_about(handler, message, subject, problem).await
 }
 
 /// The job a rejected message is about.
@@ -167,15 +156,7 @@ pub async fn invalid(
         text: format!("{field}: {what}"),
         field: Some(field.to_owned()),
     };
-    reject(
-        handler,
-        message,
-        Some(subject.job_id),
-        subject.is_submission,
-        subject.fingerprint16,
-        problem,
-    )
-    .await
+    reject_about(handler, message, subject, problem).await
 }
 
 /// [`invalid`] for a validation error.
@@ -192,6 +173,24 @@ pub async fn invalid_by(
         error.field(),
         error.message(),
         error.reason(),
+    )
+    .await
+}
+
+/// [`reject`] for a message whose subject is known.
+async fn reject_about(
+    handler: &Handler,
+    message: &Message<'_>,
+    subject: Subject<'_>,
+    problem: Problem,
+) -> Settle {
+    reject(
+        handler,
+        message,
+        Some(subject.job_id),
+        subject.is_submission,
+        subject.fingerprint16,
+        problem,
     )
     .await
 }
