@@ -101,6 +101,58 @@ fn the_job_id_limit_is_the_same_in_schemas_and_validation() {
     );
 }
 
+/// The examples' message ids are the ones the runner makes: `<jobId>/<STATE>` for a transition,
+/// `<jobId>/status/<16 hex>` for a pending status, `<jobId>/proxy/<action>/<generation>`, `<jobId>/<n>`
+/// for the n-th tick.
+#[test]
+fn example_ids_follow_the_runtime_scheme() {
+    use volcano_runner::runner::ids;
+    let mut checked = 0;
+    for (path, message_type) in examples() {
+        let bytes = std::fs::read(&path).unwrap();
+        let name = path.display();
+        match messages::decode_any(message_type, Format::Json, &bytes).unwrap() {
+            AnyMessage::JobEvent(e) => {
+                let state = v1::JobState::try_from(e.state).unwrap();
+                if state == v1::JobState::Unspecified {
+                    let hash = e
+                        .event_id
+                        .strip_prefix(&format!("{}/status/", e.job_id))
+                        .unwrap_or_else(|| panic!("{name}: {}", e.event_id));
+                    assert!(
+                        hash.len() == 16 && hash.chars().all(|c| c.is_ascii_hexdigit()),
+                        "{name}: {}",
+                        e.event_id
+                    );
+                } else {
+                    assert_eq!(e.event_id, ids::transition(&e.job_id, state), "{name}");
+                }
+            }
+            AnyMessage::ProxyEvent(p) => {
+                let action = match v1::ProxyAction::try_from(p.action).unwrap() {
+                    v1::ProxyAction::Create => "create",
+                    v1::ProxyAction::Update => "update",
+                    v1::ProxyAction::Remove => "remove",
+                    v1::ProxyAction::Unspecified => "unspecified",
+                };
+                let prefix = format!("{}/proxy/{action}/", p.job_id);
+                let generation = p.event_id.strip_prefix(&prefix);
+                assert!(
+                    generation.is_some_and(|g| g.parse::<u64>().is_ok()),
+                    "{name}: {}",
+                    p.event_id
+                );
+            }
+            AnyMessage::AccountingTick(t) => {
+                assert_eq!(t.tick_id, format!("{}/{}", t.job_id, t.sequence), "{name}");
+            }
+            _ => continue,
+        }
+        checked += 1;
+    }
+    assert!(checked >= 5, "only {checked} outbound examples");
+}
+
 /// No free text is unbounded: in every example submission, every string made one character longer than
 /// validation's bound for its field is refused by the JSON Schema (at that field) and by validation
 /// (naming that field), so schema and validation bound the same fields.
