@@ -116,7 +116,7 @@ struct Inner {
     kube_latency: HistogramFamily<KubeLabels>,
     paused: Gauge,
     gate_open: Gauge,
-    active_jobs: Gauge,
+    active_jobs: Family<NoLabels, Gauge>,
     active_jobs_limit: Family<NoLabels, Gauge>,
     monitored: Gauge,
     shards_held: Gauge,
@@ -215,10 +215,11 @@ impl Metrics {
             "1 while this runner takes submissions (not paused and below the active-job cap)",
             gate_open.clone(),
         );
-        let active_jobs = Gauge::default();
+        let active_jobs = Family::<NoLabels, Gauge>::default();
         registry.register(
             "active_jobs",
-            "Active VolcanoJobs managed by volcano-runner, as this runner counts them",
+            "Active VolcanoJobs managed by volcano-runner, as this runner counts them (absent when not \
+             counted: without a cap runners do not watch for it)",
             active_jobs.clone(),
         );
         let active_jobs_limit = Family::<NoLabels, Gauge>::default();
@@ -387,11 +388,18 @@ impl Metrics {
         self.inner.gate_open.set(i64::from(open));
     }
 
-    /// The capacity view: active jobs counted, and the cap (`None`: no cap).
-    pub fn set_capacity(&self, active: u64, limit: Option<u32>) {
-        self.inner
-            .active_jobs
-            .set(i64::try_from(active).unwrap_or(i64::MAX));
+    /// The capacity view: active jobs counted (`None`: not counted, so absent rather than a made-up 0),
+    /// and the cap (`None`: no cap).
+    pub fn set_capacity(&self, active: Option<u64>, limit: Option<u32>) {
+        match active {
+            Some(active) => {
+                self.inner
+                    .active_jobs
+                    .get_or_create(&NoLabels {})
+                    .set(i64::try_from(active).unwrap_or(i64::MAX));
+            }
+            None => self.inner.active_jobs.clear(),
+        }
         match limit {
             Some(limit) => {
                 self.inner
@@ -513,9 +521,10 @@ pub async fn follow_gate(
             let state = gate.borrow_and_update();
             metrics.set_paused(state.pause.as_ref().is_some_and(|p| p.paused));
             metrics.set_gate_open(state.accepts_submissions());
-            if let Some(active) = state.active_jobs {
-                metrics.set_capacity(active as u64, state.max_active_jobs);
-            }
+            metrics.set_capacity(
+                state.active_jobs.map(|a| a as u64),
+                state.max_active_jobs,
+            );
         }
         tokio::select! {
             changed = gate.changed() => if changed.is_err() { return },
@@ -683,7 +692,7 @@ mod tests {
         m.kube_call("get", "pods", Duration::from_millis(1), Some("not_found"));
         m.event_published("JobEvent", Duration::from_millis(3));
         m.event_publish_failed("AccountingTick", "timeout");
-        m.set_capacity(5, Some(10));
+        m.set_capacity(Some(5), Some(10));
         m.set_lease_shards(3, 8);
         m.set_monitored_jobs(4);
         m.watch_restarted("jobs");
@@ -757,9 +766,14 @@ mod tests {
         );
         // No broker attached: its metrics are absent rather than a made-up 0.
         assert!(!text.contains("broker_connected"));
-        m.set_capacity(5, None);
+        m.set_capacity(None, None);
         let s = Samples::parse(&m.encode()).unwrap();
         assert_eq!(s.get("volcano_runner_active_jobs_limit", &[]), None);
+        assert_eq!(
+            s.get("volcano_runner_active_jobs", &[]),
+            None,
+            "not counted without a cap: absent, not 0"
+        );
     }
 
     #[test]
