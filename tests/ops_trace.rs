@@ -173,6 +173,22 @@ async fn the_trace_continues_from_the_submission_to_the_monitor() {
             .unwrap_or_else(|| panic!("no log line in a `{name}` span of trace-1"));
         assert_eq!(span["trace_id"], TRACE_ID, "{name}");
     }
+    // At info: the accepted job, and each lifecycle transition, with the job and its trace.
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|l| l["level"] == "INFO")
+        .filter(|l| l["span"]["job_id"] == "trace-1" && l["span"]["trace_id"] == TRACE_ID)
+        .collect();
+    let said = |what: &str| {
+        lines.iter().any(|l| {
+            l["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(what))
+        })
+    };
+    assert!(said("Accepted a job."), "{lines:?}");
+    assert!(said("Published a lifecycle transition."), "{lines:?}");
 }
 
 /// A message without a traceparent starts a trace of its own, and it is still carried through.

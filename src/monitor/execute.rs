@@ -370,6 +370,14 @@ impl Executor {
         if !batch.is_empty() {
             self.publisher.publish_all(&batch).await?;
         }
+        // Each lifecycle transition once at info, in the job's span (job id, trace id).
+        for message in messages {
+            if let Outbound::Lifecycle(e) = message
+                && e.state != crate::messages::v1::JobState::Unspecified as i32
+            {
+                tracing::info!(event_id = %e.event_id, status = %e.status, "Published a lifecycle transition.");
+            }
+        }
         Ok(())
     }
 

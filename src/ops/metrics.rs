@@ -521,10 +521,7 @@ pub async fn follow_gate(
             let state = gate.borrow_and_update();
             metrics.set_paused(state.pause.as_ref().is_some_and(|p| p.paused));
             metrics.set_gate_open(state.accepts_submissions());
-            metrics.set_capacity(
-                state.active_jobs.map(|a| a as u64),
-                state.max_active_jobs,
-            );
+            metrics.set_capacity(state.active_jobs.map(|a| a as u64), state.max_active_jobs);
         }
         tokio::select! {
             changed = gate.changed() => if changed.is_err() { return },

@@ -22,7 +22,7 @@
 //!   the monitor publishes CANCELLED when it cleans up; this handler only makes sure it is deleted.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use tracing::{debug, info};
+use tracing::info;
 
 use crate::cluster::volcano::VolcanoJob;
 use crate::cluster::{ApplyError, ApplyOutcome, CapacityPermit, Role, Tombstone};
@@ -147,11 +147,11 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         }
         Ok(None) => {}
     }
-    debug!(
+    info!(
         job_id,
         created = outcome.created.len(),
         reused = outcome.reused.len(),
-        "Applied a job."
+        "Accepted a job."
     );
     queued(h, m, job_id, &outcome.primary.metadata).await
 }
