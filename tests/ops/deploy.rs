@@ -565,6 +565,31 @@ fn the_overlays_do_what_they_say() {
             all(&prod, "Secret").is_empty(),
             "prod must not carry credentials"
         );
+        // The runners reach the API server and RabbitMQ by address, not any address on their ports
+        // (docs/ops.md, "Network policies"); DNS stays open.
+        let policy = find(&prod, "NetworkPolicy", "volcano-runner");
+        let egress = policy["spec"]["egress"].as_array().unwrap();
+        for port in [443, 6443, 5672, 5671] {
+            let rule = egress
+                .iter()
+                .find(|r| {
+                    r["ports"]
+                        .as_array()
+                        .is_some_and(|ps| ps.iter().any(|p| p["port"] == port))
+                })
+                .unwrap_or_else(|| panic!("no egress rule for port {port}"));
+            let to = rule["to"]
+                .as_array()
+                .unwrap_or_else(|| panic!("port {port} is open to any address: {rule}"));
+            assert!(!to.is_empty());
+            for peer in to {
+                let cidr = peer["ipBlock"]["cidr"].as_str().unwrap_or_default();
+                assert!(
+                    !cidr.is_empty() && cidr != "0.0.0.0/0",
+                    "port {port}: {peer}"
+                );
+            }
+        }
     }
 }
 
