@@ -54,19 +54,10 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     }
 }
 
-/// The configuration from a TOML file (or the defaults), with the pipeline section checked.
+/// The configuration as every command loads it (the file, then the `VOLCANO_RUNNER_*` variables, every
+/// section checked): a dry run renders exactly what the runner would create.
 pub fn load_config(path: Option<&Path>) -> Result<Config, CliError> {
-    let config: Config = match path {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| CliError::Other(format!("{}: {e}", path.display())))?;
-            toml::from_str(&text)
-                .map_err(|e| CliError::Other(format!("{}: {e}", path.display())))?
-        }
-        None => Config::default(),
-    };
-    config.pipeline.validate()?;
-    Ok(config)
+    Ok(Config::load(path)?)
 }
 
 /// Every object of `desired` in apply order, printed as `format`.

@@ -110,22 +110,10 @@ pub fn parse_node(s: &str) -> Result<NodeSpec, String> {
     })
 }
 
-/// The `[sim]` section of a configuration file, or the defaults.
+/// The `[sim]` section, loaded as every command loads the configuration (the file, then the
+/// `VOLCANO_RUNNER_*` variables, every section checked).
 fn load(config: Option<&Path>) -> Result<SimConfig, CliError> {
-    let Some(path) = config else {
-        return Ok(SimConfig::default());
-    };
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| CliError::Other(format!("{}: {e}", path.display())))?;
-    let table: toml::Table =
-        toml::from_str(&text).map_err(|e| CliError::Other(format!("{}: {e}", path.display())))?;
-    match table.get("sim") {
-        None => Ok(SimConfig::default()),
-        Some(section) => section
-            .clone()
-            .try_into()
-            .map_err(|e| CliError::Other(format!("{}: [sim]: {e}", path.display()))),
-    }
+    Ok(crate::config::Config::load(config)?.sim)
 }
 
 /// Applies the flags over the configuration.

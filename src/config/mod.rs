@@ -206,6 +206,21 @@ impl Config {
                 return Err(invalid(format!("licenses.{id}.port"), "must be 1 to 65535"));
             }
         }
+        // Every section, for every command: a value `run` would refuse is refused by `render`, `sim` and
+        // the rest alike, at load, naming the key.
+        self.broker.check()?;
+        self.cluster.validate()?;
+        self.pipeline.validate()?;
+        self.runner.check()?;
+        self.monitor.validate()?;
+        self.ops.check()?;
+        self.sim.validate().map_err(|e| match e {
+            crate::sim::SimError::Config { key, reason } => ConfigError::Invalid { key, reason },
+            other => ConfigError::Invalid {
+                key: "sim".into(),
+                reason: other.to_string(),
+            },
+        })?;
         Ok(())
     }
 }

@@ -240,3 +240,55 @@ fn type_names_parse() {
         assert!(stdout(&out).contains("cannot read"), "{}", stdout(&out));
     }
 }
+
+/// One configuration, checked once, for every command: a bad value in the `[pipeline]`, `[cluster]`,
+/// `[monitor]` or `[sim]` section (here set through the environment, which every command honours) stops
+/// each command at start, naming the key, before it touches a broker or a cluster.
+#[test]
+fn every_command_refuses_a_bad_value_in_every_section_naming_the_key() {
+    let figlet = "schemas/examples/submit-job.figlet.json";
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["run", "--cluster", "http://127.0.0.1:9"],
+        vec!["render", figlet],
+        vec!["sim", "--listen", "127.0.0.1:0"],
+        vec!["validate", figlet],
+        vec!["submit", figlet],
+        vec!["cancel", "4817"],
+        vec!["extend", "4817", "30m"],
+        vec!["events"],
+        vec!["admin", "--cluster", "http://127.0.0.1:9", "status"],
+    ];
+    let bad = [
+        (
+            "VOLCANO_RUNNER_PIPELINE__ANNOTATION_PREFIX",
+            "ucloud.dk",
+            "pipeline.annotation_prefix",
+        ),
+        (
+            "VOLCANO_RUNNER_CLUSTER__NAMESPACE",
+            "Not_A_Name",
+            "cluster.namespace",
+        ),
+        (
+            "VOLCANO_RUNNER_MONITOR__RECONCILE_INTERVAL",
+            "100ms",
+            "monitor.reconcile_interval",
+        ),
+        ("VOLCANO_RUNNER_SIM__CLOCK_SPEED", "-1", "sim.clock_speed"),
+    ];
+    for args in &commands {
+        for (name, value, key) in bad {
+            let out = volcano_runner(args, &[(name, value)]);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                !out.status.success(),
+                "{args:?} with {name}={value} did not stop: {}",
+                stdout(&out)
+            );
+            assert!(
+                stderr.contains(key),
+                "{args:?} with {name}={value}: the error does not name {key}: {stderr}"
+            );
+        }
+    }
+}
