@@ -45,9 +45,16 @@ pub enum BrokerError {
     Channel(#[source] lapin::Error),
     /// The first connection did not succeed within `broker.startup_timeout`.
     #[error(
-        "no connection to RabbitMQ after {waited:?} (broker.startup_timeout); last error: {last}"
+        "no connection to RabbitMQ at {endpoint} within {waited:?} (broker.startup_timeout); last \
+         error: {last}. Check that RabbitMQ runs there and that [broker] url \
+         (VOLCANO_RUNNER_BROKER__URL) points at it"
     )]
-    StartupTimeout { waited: Duration, last: String },
+    StartupTimeout {
+        waited: Duration,
+        /// Where it tried: host, port and vhost, never the credentials.
+        endpoint: String,
+        last: String,
+    },
     /// The broker is shutting down; nothing new is started.
     #[error("the broker connection is shutting down")]
     Shutdown,
@@ -340,12 +347,19 @@ async fn first_connection(shared: &Shared) -> Result<(Connection, Events), Broke
     let deadline = tokio::time::Instant::now() + shared.config.startup_timeout;
     retry_until(
         deadline,
-        shared.config.startup_timeout,
         shared.config.reconnect_backoff(),
         &shared.shutdown,
         || open(shared),
     )
     .await
+    .map_err(|e| match e {
+        BrokerError::StartupTimeout { waited, last, .. } => BrokerError::StartupTimeout {
+            waited,
+            endpoint: shared.config.endpoint(),
+            last,
+        },
+        other => other,
+    })
 }
 
 /// Runs `attempt` until it succeeds, fails permanently, shutdown begins, or the next try would start after
@@ -353,7 +367,6 @@ async fn first_connection(shared: &Shared) -> Result<(Connection, Events), Broke
 /// that hangs is cut off at the deadline (lapin has hung on unreachable servers before, its 3.1.1 changelog).
 async fn retry_until<T, F, Fut>(
     deadline: tokio::time::Instant,
-    budget: Duration,
     mut delays: impl Iterator<Item = Duration>,
     shutdown: &CancellationToken,
     mut attempt: F,
@@ -362,8 +375,11 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, BrokerError>>,
 {
+    let started = tokio::time::Instant::now();
     let gave_up = |last: String| BrokerError::StartupTimeout {
-        waited: budget,
+        // What was really waited (the whole budget, give or take an attempt), not what was configured.
+        waited: started.elapsed(),
+        endpoint: String::new(),
         last,
     };
     let mut last: Option<String> = None;
@@ -384,9 +400,13 @@ where
         let Some(delay) = delays.next() else {
             return Err(gave_up(error.to_string()));
         };
-        if tokio::time::Instant::now() + delay >= deadline {
+        // The last wait is cut to the deadline, for one more try: the budget is used up, not given up
+        // on early.
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
             return Err(gave_up(error.to_string()));
         }
+        let delay = delay.min(deadline - now);
         warn!(error = %error, ?delay, "RabbitMQ is not reachable yet; retrying.");
         last = Some(error.to_string());
         tokio::select! {
@@ -541,7 +561,6 @@ mod tests {
         let budget = Duration::from_secs(30);
         let err = retry_until(
             start + budget,
-            budget,
             backoff(),
             &CancellationToken::new(),
             || async {
@@ -554,11 +573,17 @@ mod tests {
         let waited = start.elapsed();
         assert!(matches!(err, BrokerError::StartupTimeout { .. }), "{err:?}");
         assert!(err.to_string().contains("Connection refused"), "{err}");
+        // The budget is used up (the last wait is cut to the deadline), not given up on early, and the
+        // error says how long it really waited.
         assert!(
-            waited > Duration::from_secs(26) && waited < budget,
+            waited > Duration::from_secs(29) && waited <= budget,
             "{waited:?}"
         );
-        // Delays of at least 1, 2, 4, 4, ... seconds (plus jitter) fit 5 to 9 times into 30 s.
+        assert!(
+            err.to_string().contains(&format!("within {waited:?}")),
+            "{err}"
+        );
+        // Delays of at least 1, 2, 4, 4, ... seconds (plus jitter) fit 5 to 10 times into 30 s.
         let n = attempts.load(Ordering::Relaxed);
         assert!((5..=10).contains(&n), "{n} attempts");
     }
@@ -569,7 +594,6 @@ mod tests {
         let start = tokio::time::Instant::now();
         let err = retry_until(
             start + Duration::from_secs(30),
-            Duration::from_secs(30),
             backoff(),
             &CancellationToken::new(),
             || async {
@@ -598,7 +622,6 @@ mod tests {
         let attempts = AtomicU32::new(0);
         let value = retry_until(
             tokio::time::Instant::now() + Duration::from_secs(30),
-            Duration::from_secs(30),
             backoff(),
             &CancellationToken::new(),
             || async {
@@ -618,7 +641,6 @@ mod tests {
         let start = tokio::time::Instant::now();
         let err = retry_until(
             start + Duration::from_secs(10),
-            Duration::from_secs(10),
             backoff(),
             &CancellationToken::new(),
             std::future::pending::<Result<(), BrokerError>>,
@@ -634,7 +656,6 @@ mod tests {
         let (err, ()) = tokio::join!(
             retry_until(
                 start + Duration::from_secs(10),
-                Duration::from_secs(10),
                 backoff(),
                 &shutdown,
                 std::future::pending::<Result<(), BrokerError>>,

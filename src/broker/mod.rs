@@ -188,6 +188,17 @@ impl Default for BrokerConfig {
 const MAX_NAME_BYTES: usize = 255;
 
 impl BrokerConfig {
+    /// Where the broker is, for messages: `host:port/vhost`, never the credentials.
+    pub fn endpoint(&self) -> String {
+        match self.url.expose().parse::<lapin::uri::AMQPUri>() {
+            Ok(uri) => format!(
+                "{}:{}/{}",
+                uri.authority.host, uri.authority.port, uri.vhost
+            ),
+            Err(_) => "(an unreadable [broker] url)".to_owned(),
+        }
+    }
+
     /// Checks what serde cannot: names fit AMQP, bounds are ordered, the URL parses. A bad value fails the
     /// start with the key and the reason, never a message later.
     pub fn check(&self) -> Result<(), ConfigError> {
