@@ -107,7 +107,9 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
         config.ops.cluster_check_timeout,
         config.ops.cluster_check_ttl,
     );
-    let version = client::probe(&client).await.map_err(cluster_error)?;
+    let version = client::probe(&client)
+        .await
+        .map_err(|e| unreachable(&config, &e.to_string()))?;
     info!(cluster = %config.cluster.target, %version, "Connected to the cluster.");
     // The runner's own namespaces are made sure of by the service (created where it may), for any
     // cluster: the embedded simulator, a standalone one, or a real one.
@@ -181,9 +183,27 @@ pub async fn operator_client(config: &Config) -> Result<kube::Client, CliError> 
                 .into(),
         ));
     }
-    client::connect(&config.cluster)
+    let client = client::connect(&config.cluster)
         .await
-        .map_err(cluster_error)
+        .map_err(cluster_error)?;
+    // One quick look, no retries: an operator command against a wrong address should say so at once,
+    // not after the retry budget.
+    let budget = config.cluster.connect_timeout + config.cluster.request_timeout;
+    match tokio::time::timeout(budget, client::probe(&client)).await {
+        Ok(Ok(_)) => Ok(client),
+        Ok(Err(e)) => Err(unreachable(config, &e.to_string())),
+        Err(_) => Err(unreachable(config, &format!("no answer within {budget:?}"))),
+    }
+}
+
+/// The cluster cannot be reached: where, why, and what to do.
+fn unreachable(config: &Config, why: &str) -> CliError {
+    CliError::Other(format!(
+        "cannot reach the cluster at {}: {why}. Is the API server (or `volcano-runner sim`, or the \
+         runner started with --cluster sim --sim-listen) running there? Point --cluster or \
+         [cluster] target at it.",
+        config.cluster.target
+    ))
 }
 
 pub fn cluster_error(e: crate::cluster::ClusterError) -> CliError {

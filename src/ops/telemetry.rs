@@ -65,10 +65,20 @@ pub fn subscriber<W>(
 where
     W: for<'a> MakeWriter<'a> + Send + Sync + 'static,
 {
-    let filter = EnvFilter::try_new(&settings.filter).map_err(|e| TelemetryError::Filter {
+    let mut filter = EnvFilter::try_new(&settings.filter).map_err(|e| TelemetryError::Filter {
         filter: settings.filter.clone(),
         reason: e.to_string(),
     })?;
+    // The kube client logs every failed request at ERROR, without saying where or what for; our own
+    // errors name the request and the cluster. An explicit directive for it in the filter still wins.
+    if !settings.filter.contains("kube_client") {
+        filter = filter.add_directive("kube_client::client::builder=off".parse().map_err(
+            |e: tracing_subscriber::filter::ParseError| TelemetryError::Filter {
+                filter: settings.filter.clone(),
+                reason: e.to_string(),
+            },
+        )?);
+    }
     let writer = RedactingWriter {
         inner: writer,
         redactor,

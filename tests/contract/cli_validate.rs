@@ -292,3 +292,23 @@ fn every_command_refuses_a_bad_value_in_every_section_naming_the_key() {
         }
     }
 }
+
+/// An operator command pointed at a cluster that is not there says so at once (no retry budget), with
+/// the address and what to do, and without the client library's own error lines.
+#[test]
+fn an_unreachable_cluster_is_named_at_once() {
+    let out = volcano_runner(&["admin", "--cluster", "http://127.0.0.1:9", "status"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("cannot reach the cluster at http://127.0.0.1:9/"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("Point --cluster"), "{stderr}");
+    assert!(!stderr.contains("kube_client"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        !stderr.contains("attempts"),
+        "no retry budget spent: {stderr}"
+    );
+}
