@@ -65,7 +65,22 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
         .await
         .map_err(|e| CliError::Other(e.to_string()))?;
     info!(listen = %endpoint.local_addr().map_err(|e| CliError::Other(e.to_string()))?, "Serving /metrics, /healthz and /readyz.");
-    let endpoint = tokio::spawn(endpoint.run(shutdown.clone().cancelled_owned()));
+    // The endpoint outlives the drain: during it /readyz answers 503 `draining`, rather than refusing
+    // connections, until the process is done.
+    let endpoint_stop = CancellationToken::new();
+    let _stop_endpoint_on_return = endpoint_stop.clone().drop_guard();
+    let endpoint = tokio::spawn(endpoint.run(endpoint_stop.clone().cancelled_owned()));
+    let draining = ops.readiness.condition("not draining", "");
+    draining.set(Ok(()));
+    {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            draining.set(Err(
+                "draining: finishing the messages in hand, then exiting".into(),
+            ));
+        });
+    }
 
     let sim = match config.cluster.target {
         ClusterTarget::Sim => {
@@ -150,6 +165,7 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     };
     let result = service.run_with_ops(shutdown.clone(), ops).await;
     shutdown.cancel();
+    endpoint_stop.cancel();
     if let Ok(Err(e)) = endpoint.await {
         tracing::warn!(error = %e, "The metrics endpoint failed.");
     }
