@@ -44,8 +44,11 @@ pub async fn handle(h: &Handler, m: &Message<'_>, extend: &ExtendJob) -> Settle 
         return reject::invalid(h, m, subject, "extension", what, "invalid_field").await;
     };
     let (job_id, request_id) = (extend.job_id.as_str(), extend.request_id.as_str());
+    // The answer's time is the request's (its AMQP timestamp) when it has one, so every delivery of the
+    // request publishes the same answer under its id.
+    let at = m.sent_at.unwrap_or_else(|| h.now());
     let refuse = |reason: &'static str| {
-        events::extension_refused(job_id, request_id, reason, h.now(), &h.runner_id)
+        events::extension_refused(job_id, request_id, reason, at, &h.runner_id)
     };
 
     for _ in 0..CONFLICT_ATTEMPTS {
@@ -122,7 +125,7 @@ pub async fn handle(h: &Handler, m: &Message<'_>, extend: &ExtendJob) -> Settle 
                 }
             }
         };
-        let event = events::extended(job_id, request_id, applied, h.now(), &h.runner_id);
+        let event = events::extended(job_id, request_id, applied, at, &h.runner_id);
         return publish(h, m, &event).await;
     }
     Settle::Requeue {
