@@ -150,6 +150,37 @@ pub fn aggregated(registry: &Registry, core: bool) -> Value {
     json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": items})
 }
 
+/// The title and version of the simulator's (empty) Swagger 2.0 document.
+const OPENAPI_V2_TITLE: &str = "volcano-runner sim";
+const OPENAPI_V2_VERSION: &str = "v1.33.0";
+
+/// The Swagger 2.0 document, in JSON: no paths and no definitions, so a client validates nothing itself.
+pub fn openapi_v2() -> Value {
+    json!({
+        "swagger": "2.0",
+        "info": {"title": OPENAPI_V2_TITLE, "version": OPENAPI_V2_VERSION},
+        "paths": {},
+        "definitions": {},
+    })
+}
+
+/// The same document in the protobuf form (gnostic's `openapi.v2.Document`) that older kubectl asks for:
+/// `swagger` is field 1, `info` field 2, and in `Info` `title` is field 1 and `version` field 2.
+pub fn openapi_v2_protobuf() -> Vec<u8> {
+    fn field(number: u8, bytes: &[u8], out: &mut Vec<u8>) {
+        out.push(number << 3 | 2); // length-delimited
+        out.push(u8::try_from(bytes.len()).expect("short fields"));
+        out.extend_from_slice(bytes);
+    }
+    let mut info = Vec::new();
+    field(1, OPENAPI_V2_TITLE.as_bytes(), &mut info);
+    field(2, OPENAPI_V2_VERSION.as_bytes(), &mut info);
+    let mut doc = Vec::new();
+    field(1, b"2.0", &mut doc);
+    field(2, &info, &mut doc);
+    doc
+}
+
 /// The OpenAPI v3 root document. It lists the built-in group versions only: for custom resources
 /// `kubectl` then checks field-validation support on the Namespace document and validates on the
 /// server, as it does against a real cluster whose CRD documents it cannot find.

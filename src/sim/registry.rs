@@ -27,7 +27,7 @@ pub enum Builtin {
     /// `events.k8s.io/v1` Event, which kube-runtime's event recorder writes.
     EventV1,
     CustomResourceDefinition,
-    // The kinds of the deploy manifests (deploy/base), stored and served without a controller, so that
+    // The kinds of the deploy manifests (deploy/base, deploy/scheduling), stored and served without a controller, so that
     // the base can be applied to the simulator as to a cluster.
     ServiceAccount,
     Role,

@@ -366,6 +366,9 @@ enum Route {
     GroupVersion(String, String),
     OpenApiRoot,
     OpenApi(String, String),
+    /// `GET /openapi/v2`: an empty Swagger 2.0 document, which older kubectl (Debian 12's 1.20) reads
+    /// before `apply`; with no definitions it leaves validation to the server, as for any custom resource.
+    OpenApiV2,
     Resource(ResourcePath),
 }
 
@@ -396,6 +399,7 @@ fn parse_route(path: &str) -> Option<Route> {
     match segs.as_slice() {
         ["version"] => Some(Route::Version),
         ["sim", "v1", "clock"] => Some(Route::Clock),
+        ["openapi", "v2"] => Some(Route::OpenApiV2),
         ["openapi", "v3"] => Some(Route::OpenApiRoot),
         ["openapi", "v3", "api", v] => Some(Route::OpenApi(String::new(), v.to_string())),
         ["openapi", "v3", "apis", g, v] => Some(Route::OpenApi(g.to_string(), v.to_string())),
@@ -463,6 +467,12 @@ pub(crate) async fn handle(
             }),
         ),
         Route::Health => respond(200, "text/plain", b"ok".to_vec()),
+        Route::OpenApiV2 if accept.contains("protobuf") => respond(
+            200,
+            "application/octet-stream",
+            discovery::openapi_v2_protobuf(),
+        ),
+        Route::OpenApiV2 => json_response(200, &discovery::openapi_v2()),
         Route::OpenApiRoot => json_response(
             200,
             &shared.read(|c| discovery::openapi_v3_root(&c.core.registry)),

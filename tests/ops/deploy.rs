@@ -21,7 +21,10 @@ use volcano_runner::cluster::volcano::Queue;
 use ops_common::*;
 
 /// The directories under deploy/ that Kustomize renders.
-const DIRS: [&str; 3] = ["base", "overlays/dev", "overlays/prod"];
+const DIRS: [&str; 4] = ["base", "scheduling", "overlays/dev", "overlays/prod"];
+
+/// The renderings with a runner Deployment in them.
+const RUNNER_DIRS: [&str; 3] = ["base", "overlays/dev", "overlays/prod"];
 
 /// Kustomize folds long base64 values of a Secret over lines; the API server's decoder skips the line
 /// breaks (Go's base64 does), the simulator's and k8s-openapi's do not, so they are joined first.
@@ -76,7 +79,7 @@ fn check_type(object: &Value) -> Result<(), String> {
 #[test]
 fn every_rendered_object_parses_into_its_type() {
     for dir in DIRS {
-        let Some(objects) = render(dir) else { continue };
+        let objects = render(dir);
         assert!(!objects.is_empty(), "{dir} renders nothing");
         for object in &objects {
             if let Err(why) = check_type(object) {
@@ -91,7 +94,7 @@ fn every_rendered_object_parses_into_its_type() {
 /// The strict reading catches a misplaced key (so the test above can fail).
 #[test]
 fn the_type_check_catches_a_misplaced_key() {
-    let objects = render("base").unwrap();
+    let objects = render("base");
     let mut deployment = find(&objects, "Deployment", "volcano-runner").clone();
     check_type(&deployment).unwrap();
     deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["paht"] =
@@ -112,7 +115,7 @@ fn every_manifest_file_is_rendered() {
         for r in &k.resources {
             used.insert(base.join(r));
         }
-        for p in k.patches.iter().filter_map(|p| p.path.as_ref()) {
+        for p in &k.patches_strategic_merge {
             used.insert(base.join(p));
         }
     }
@@ -155,7 +158,7 @@ fn the_configmap_is_built_from_the_example_configuration() {
         "deploy/base/config.toml differs from deploy/config.example.toml: run \
          `scripts/assemble-config && cp deploy/config.example.toml deploy/base/config.toml`"
     );
-    let objects = render("base").unwrap();
+    let objects = render("base");
     let maps: Vec<_> = all(&objects, "ConfigMap");
     assert_eq!(maps.len(), 1);
     assert_eq!(
@@ -167,8 +170,8 @@ fn the_configmap_is_built_from_the_example_configuration() {
 /// The runner in every rendering starts with a configuration that loads and passes every section's checks.
 #[test]
 fn the_deployment_configuration_loads() {
-    for dir in DIRS {
-        let Some(objects) = render(dir) else { continue };
+    for dir in RUNNER_DIRS {
+        let objects = render(dir);
         let config = runner_config(&objects);
         config.ops.check().unwrap_or_else(|e| panic!("{dir}: {e}"));
         config
@@ -205,8 +208,8 @@ fn runner_deployment(objects: &[Value]) -> Deployment {
 /// Probes, ports and the termination grace period agree with the configuration the runner reads.
 #[test]
 fn probes_ports_and_grace_period_match_the_configuration() {
-    for dir in DIRS {
-        let Some(objects) = render(dir) else { continue };
+    for dir in RUNNER_DIRS {
+        let objects = render(dir);
         let config = runner_config(&objects);
         let deployment = runner_deployment(&objects);
         let pod = deployment.spec.unwrap().template.spec.unwrap();
@@ -260,8 +263,8 @@ fn probes_ports_and_grace_period_match_the_configuration() {
 /// Non-root, read-only root filesystem, no privilege escalation, no capabilities, requests and limits.
 #[test]
 fn the_pod_is_locked_down() {
-    for dir in DIRS {
-        let Some(objects) = render(dir) else { continue };
+    for dir in RUNNER_DIRS {
+        let objects = render(dir);
         let pod = runner_deployment(&objects)
             .spec
             .unwrap()
@@ -327,8 +330,8 @@ fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool 
 /// tells the operator to create).
 #[test]
 fn selectors_and_references_line_up() {
-    for dir in DIRS {
-        let Some(objects) = render(dir) else { continue };
+    for dir in RUNNER_DIRS {
+        let objects = render(dir);
         let deployment = runner_deployment(&objects);
         let namespace = deployment.metadata.namespace.clone().unwrap();
         let spec = deployment.spec.clone().unwrap();
@@ -434,8 +437,8 @@ fn selectors_and_references_line_up() {
 /// which counts unacknowledged messages), never to zero, with credentials from a Secret.
 #[test]
 fn keda_scales_on_the_submit_queue_over_http() {
-    for dir in ["base", "overlays/prod"] {
-        let Some(objects) = render(dir) else { continue };
+    for dir in ["overlays/prod"] {
+        let objects = render(dir);
         let config = runner_config(&objects);
         let scaled = find(&objects, "ScaledObject", "volcano-runner");
         let spec = &scaled["spec"];
@@ -503,10 +506,11 @@ fn keda_scales_on_the_submit_queue_over_http() {
     }
 }
 
-/// The Volcano Queue in the base is the one the runner's jobs go to, and it admits them (Open, weight > 0).
+/// The Volcano Queue the prod overlay deploys is the one the runner's jobs go to, and it admits them
+/// (Open, weight > 0).
 #[test]
 fn the_volcano_queue_is_the_one_jobs_go_to() {
-    let objects = render("base").unwrap();
+    let objects = render("overlays/prod");
     let config = runner_config(&objects);
     let queue: Queue = strict(find(&objects, "Queue", &config.pipeline.scheduling.queue)).unwrap();
     assert!(
@@ -522,7 +526,8 @@ fn the_volcano_queue_is_the_one_jobs_go_to() {
 /// its own that the runner's URL points at. The prod overlay: the base with a real image name.
 #[test]
 fn the_overlays_do_what_they_say() {
-    if let Some(dev) = render("overlays/dev") {
+    {
+        let dev = render("overlays/dev");
         let config = runner_config(&dev);
         assert_eq!(config.cluster.target.to_string(), "sim");
         let deployment = runner_deployment(&dev);
@@ -551,7 +556,8 @@ fn the_overlays_do_what_they_say() {
             "{url}"
         );
     }
-    if let Some(prod) = render("overlays/prod") {
+    {
+        let prod = render("overlays/prod");
         let deployment = runner_deployment(&prod);
         let image = deployment.spec.unwrap().template.spec.unwrap().containers[0]
             .image
@@ -629,7 +635,7 @@ fn the_dockerfile_is_multi_stage_and_non_root() {
         .find_map(|l| l.strip_prefix("USER "))
         .expect("a USER line");
     let uid: i64 = user.split(':').next().unwrap().parse().unwrap();
-    let objects = render("base").unwrap();
+    let objects = render("base");
     let pod = runner_deployment(&objects)
         .spec
         .unwrap()
@@ -718,8 +724,9 @@ async fn apply_to_simulator(dir: &str, objects: &[Value]) {
 
 #[tokio::test]
 async fn the_renderings_apply_cleanly_to_the_simulator() {
-    for dir in DIRS {
-        let Some(objects) = render(dir) else { continue };
+    // deploy/scheduling is applied as part of the prod overlay (alone it has no namespace to go to).
+    for dir in RUNNER_DIRS {
+        let objects = render(dir);
         apply_to_simulator(dir, &objects).await;
     }
 }
@@ -728,7 +735,7 @@ async fn the_renderings_apply_cleanly_to_the_simulator() {
 /// refused.
 #[tokio::test]
 async fn the_simulator_apply_catches_unknown_fields() {
-    let objects = render("base").unwrap();
+    let objects = render("overlays/prod");
     for (kind, pointer) in [
         ("ScaledObject", "/spec"),
         ("Deployment", "/spec/template/spec"),
@@ -736,7 +743,8 @@ async fn the_simulator_apply_catches_unknown_fields() {
         let mut broken = objects.clone();
         let target = broken.iter_mut().find(|o| o["kind"] == kind).unwrap();
         target.pointer_mut(pointer).unwrap()["replicaCont"] = Value::from(3);
-        let outcome = tokio::spawn(async move { apply_to_simulator("base", &broken).await }).await;
+        let outcome =
+            tokio::spawn(async move { apply_to_simulator("overlays/prod", &broken).await }).await;
         assert!(
             outcome.is_err(),
             "a misspelt field in a {kind} was accepted"

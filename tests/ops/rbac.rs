@@ -18,7 +18,7 @@ use ops_common::*;
 
 /// The Role and ClusterRole of the rendered base, for the runner's namespace.
 fn deployed_permissions(namespace: &str) -> Permissions {
-    let objects = render("base").expect("the base renders");
+    let objects = render("base");
     let role: Role = strict(all(&objects, "Role")[0]).unwrap();
     let cluster_role: ClusterRole = strict(all(&objects, "ClusterRole")[0]).unwrap();
     Permissions {

@@ -11,7 +11,6 @@ pub mod secrets;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use serde::Serialize;
@@ -29,41 +28,28 @@ pub fn deploy() -> PathBuf {
     root().join("deploy")
 }
 
-/// Whether `kubectl kustomize` works on this machine (checked once).
-pub fn kubectl_kustomize() -> bool {
-    static OK: OnceLock<bool> = OnceLock::new();
-    *OK.get_or_init(|| {
-        Command::new("kubectl")
-            .args(["kustomize", "--help"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    })
-}
-
-/// The objects a Kustomize directory (relative to deploy/) renders to: with `kubectl kustomize` when it is
-/// there; without it, the base is rendered by reading its kustomization (resources, the ConfigMap
-/// generator, labels) and overlays give `None` (the caller skips, saying so).
-pub fn render(dir: &str) -> Option<Vec<Value>> {
+/// The objects a Kustomize directory (relative to deploy/) renders to, rendered by `kubectl kustomize` as an
+/// operator renders them. kubectl is required, not optional: `scripts/test` installs it when it is missing
+/// (Debian's `kubernetes-client`), so these checks run on every machine instead of being skipped.
+pub fn render(dir: &str) -> Vec<Value> {
     let path = deploy().join(dir);
-    if kubectl_kustomize() {
-        let out = Command::new("kubectl")
-            .arg("kustomize")
-            .arg(&path)
-            .output()
-            .expect("kubectl runs");
-        assert!(
-            out.status.success(),
-            "kubectl kustomize {}: {}",
-            path.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        return Some(yaml_docs(&String::from_utf8(out.stdout).unwrap(), &path));
-    }
-    if dir == "base" {
-        return Some(render_base_by_hand(&path));
-    }
-    eprintln!("NOTICE: kubectl kustomize is not available: {dir} is not rendered or checked");
-    None
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&path)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "kubectl cannot be run ({e}): the deploy tests need it; scripts/test installs it \
+                 (apt-get install kubernetes-client)"
+            )
+        });
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    yaml_docs(&String::from_utf8(out.stdout).unwrap(), &path)
 }
 
 /// Every YAML document of a text, as JSON values (empty documents skipped).
@@ -84,18 +70,11 @@ use serde::Deserialize;
 #[derive(Debug, Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Kustomization {
+    pub bases: Vec<String>,
     pub resources: Vec<String>,
-    pub patches: Vec<PatchRef>,
+    pub patches_strategic_merge: Vec<String>,
     pub config_map_generator: Vec<Generator>,
     pub secret_generator: Vec<Generator>,
-    pub labels: Vec<LabelSpec>,
-}
-
-#[derive(Debug, Deserialize, Default)]
-#[serde(default)]
-pub struct PatchRef {
-    pub path: Option<String>,
-    pub patch: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -107,55 +86,11 @@ pub struct Generator {
     pub literals: Vec<String>,
 }
 
-#[derive(Debug, Deserialize, Default)]
-#[serde(rename_all = "camelCase", default)]
-pub struct LabelSpec {
-    pub pairs: BTreeMap<String, String>,
-    pub include_templates: bool,
-}
-
 /// Reads `deploy/<dir>/kustomization.yaml`.
 pub fn kustomization(dir: &Path) -> Kustomization {
     let path = dir.join("kustomization.yaml");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn render_base_by_hand(dir: &Path) -> Vec<Value> {
-    let k = kustomization(dir);
-    let mut objects = Vec::new();
-    for resource in &k.resources {
-        let path = dir.join(resource);
-        let text = std::fs::read_to_string(&path).unwrap();
-        objects.extend(yaml_docs(&text, &path));
-    }
-    for generator in &k.config_map_generator {
-        let mut data = serde_json::Map::new();
-        for file in &generator.files {
-            let (key, source) = file.split_once('=').unwrap_or((file, file));
-            data.insert(
-                key.to_owned(),
-                json!(std::fs::read_to_string(dir.join(source)).unwrap()),
-            );
-        }
-        objects.push(json!({
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": generator.name, "namespace": generator.namespace},
-            "data": data,
-        }));
-    }
-    for spec in &k.labels {
-        for object in &mut objects {
-            for (key, value) in &spec.pairs {
-                object["metadata"]["labels"][key] = json!(value);
-                if spec.include_templates && object["kind"] == "Deployment" {
-                    object["spec"]["template"]["metadata"]["labels"][key] = json!(value);
-                }
-            }
-        }
-    }
-    objects
 }
 
 /// `kind/namespace/name` of an object, for messages.
