@@ -8,14 +8,13 @@ pub mod rabbit;
 pub mod fleet;
 pub mod secrets;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use serde_json::Value;
 use volcano_runner::config::Config;
 
 /// The repository root.
