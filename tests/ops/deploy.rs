@@ -437,7 +437,8 @@ fn selectors_and_references_line_up() {
 /// which counts unacknowledged messages), never to zero, with credentials from a Secret.
 #[test]
 fn keda_scales_on_the_submit_queue_over_http() {
-    for dir in ["overlays/prod"] {
+    {
+        let dir = "overlays/prod";
         let objects = render(dir);
         let config = runner_config(&objects);
         let scaled = find(&objects, "ScaledObject", "volcano-runner");
