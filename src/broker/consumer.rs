@@ -474,7 +474,7 @@ fn is_not_found(e: &lapin::Error) -> bool {
 /// the field it is about when known.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetterReason {
-    /// A short code, e.g. `undecodable`, `invalid_message`, `unknown_type`.
+    /// A short code, e.g. `invalid_json`, `missing_field`, `unknown_message_type`.
     pub code: String,
     /// What is wrong, for a person, e.g. `replicas: must be at least 1`.
     pub message: String,

@@ -48,7 +48,7 @@ pub type ContentType = crate::messages::Format;
 /// Header names this module writes on dead-lettered copies. They are part of the contract with whoever reads
 /// the dead-letter queue (an operator, a replay tool), so they never change silently.
 pub mod headers {
-    /// Machine-readable reason code, e.g. `undecodable`, `invalid_message`.
+    /// Machine-readable reason code, e.g. `invalid_json`, `missing_field`.
     pub const REASON: &str = "x-volcano-runner-reason";
     /// The human-readable explanation, e.g. `parameters.threads: must be at most 64`.
     pub const ERROR: &str = "x-volcano-runner-error";

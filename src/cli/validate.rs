@@ -3,16 +3,17 @@
 //! Decodes and validates message files exactly as a runner would, and prints `<file>: ok` or
 //! `<file>: <field>: <what is wrong>` for each. The exit code is 0 when every file is valid, 1 when any is
 //! not. Validation uses the configuration (`--config`, `VOLCANO_RUNNER_*`) for `limits.max_replicas` and
-//! the `licenses` table; without any configuration, license server ids cannot be known and are reported
-//! as not checked instead of as unknown.
+//! the `licenses` table, exactly as a runner (and `submit`) with that configuration would: a license
+//! server the configuration does not name is unknown, so `validate` never says `ok` to what a runner
+//! refuses.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use super::CliError;
 use crate::config::Config;
-use crate::messages::{self, AnyMessage, Format, MessageType};
-use crate::validate::{self, ErrorKind};
+use crate::messages::{self, Format, MessageType};
+use crate::validate;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -32,13 +33,10 @@ pub struct Args {
 
 pub async fn run(args: Args, config_path: Option<&Path>) -> Result<ExitCode, CliError> {
     let config = Config::load(config_path)?;
-    // Without a configuration file or licenses from the environment, nothing says which license
-    // servers exist; say so instead of calling every id unknown.
-    let licenses_known = config_path.is_some() || !config.licenses.is_empty();
     let mut all_ok = true;
     for file in &args.files {
-        let line = match check(file, &args, &config, licenses_known) {
-            Ok(note) => format!("{}: ok{note}", file.display()),
+        let line = match check(file, &args, &config) {
+            Ok(()) => format!("{}: ok", file.display()),
             Err(problem) => {
                 all_ok = false;
                 format!("{}: {problem}", file.display())
@@ -53,13 +51,8 @@ pub async fn run(args: Args, config_path: Option<&Path>) -> Result<ExitCode, Cli
     })
 }
 
-/// Checks one file; `Ok` carries a note to print after `ok`, `Err` the problem.
-fn check(
-    file: &Path,
-    args: &Args,
-    config: &Config,
-    licenses_known: bool,
-) -> Result<String, String> {
+/// Checks one file; `Err` carries the problem.
+fn check(file: &Path, args: &Args, config: &Config) -> Result<(), String> {
     let message_type = args
         .message_type
         .or_else(|| MessageType::from_file_name(file))
@@ -79,15 +72,5 @@ fn check(
         })?;
     let bytes = std::fs::read(file).map_err(|e| format!("cannot read: {e}"))?;
     let message = messages::decode_any(message_type, format, &bytes).map_err(|e| e.to_string())?;
-    match validate::message(&message, config) {
-        Ok(()) => Ok(String::new()),
-        Err(e) if e.kind() == ErrorKind::UnknownLicense && !licenses_known => {
-            let AnyMessage::SubmitJob(job) = &message else {
-                return Err(e.to_string());
-            };
-            validate::submit_without_licenses(job, config).map_err(|e| e.to_string())?;
-            Ok(" (license server ids not checked: no configuration given)".to_owned())
-        }
-        Err(e) => Err(e.to_string()),
-    }
+    validate::message(&message, config).map_err(|e| e.to_string())
 }

@@ -180,6 +180,15 @@ impl PipelineError {
         }
     }
 
+    /// The short code the rejection carries (dead-letter header, FAILURE `reason`): `invalid_field` for the
+    /// submission's fault, `runner_configuration` when the runner's own settings cannot build the object.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Invalid { .. } => "invalid_field",
+            Self::Config { .. } => "runner_configuration",
+        }
+    }
+
     /// Rendering is pure: retrying never helps. A caller rejects (dead-letters) the message.
     pub fn is_retryable(&self) -> bool {
         false

@@ -16,8 +16,10 @@ use crate::pipeline::plugins::expiry::human;
 pub mod reasons {
     /// QUEUED: the job's objects exist and it waits for the scheduler.
     pub const SUBMITTED: &str = "submitted";
-    /// FAILURE: the submission could not be decoded or did not pass validation or rendering.
-    pub const INVALID_MESSAGE: &str = "invalid_message";
+    // FAILURE of a submission that could not be decoded or did not pass validation or rendering, and the
+    // status event of such a cancel or extension: the dead-letter code (`missing_field`, `invalid_field`,
+    // `invalid_json`, `wrong_queue`, ...; see `crate::validate::ErrorKind::code` and
+    // `crate::messages::DecodeError::reason`).
     /// FAILURE: the job id is taken by a submission with other content.
     pub const DUPLICATE_JOB_ID: &str = "duplicate_job_id";
     /// FAILURE: the cluster refused the job (invalid object, admission webhook, closed queue).
@@ -94,13 +96,14 @@ pub fn submission_rejected(
 pub fn control_rejected(
     job_id: &str,
     fingerprint16: &str,
+    reason: &str,
     status: impl Into<String>,
     at: Timestamp,
     runner: &str,
 ) -> JobEvent {
     JobEvent {
         status: status.into(),
-        reason: reasons::INVALID_MESSAGE.into(),
+        reason: reason.to_owned(),
         ..event(
             job_id,
             ids::rejected(job_id, fingerprint16),
@@ -234,7 +237,7 @@ mod tests {
             submission_rejected(
                 "42",
                 "0123456789abcdef",
-                reasons::INVALID_MESSAGE,
+                "invalid_field",
                 "replicas: must be at least 1",
                 at(2),
                 "r",
@@ -242,6 +245,7 @@ mod tests {
             control_rejected(
                 "42",
                 "0123456789abcdef",
+                "invalid_field",
                 "extension: must be positive",
                 at(3),
                 "r",

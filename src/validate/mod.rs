@@ -166,13 +166,7 @@ impl std::error::Error for ValidationError {}
 /// assert_eq!((err.field(), err.reason()), ("replicas", "invalid_field"));
 /// ```
 pub fn submit(job: &SubmitJob, config: &Config) -> Result<(), ValidationError> {
-    submit::check(job, config, true)
-}
-
-/// Like [`submit`], but does not look license server ids up in `config.licenses`. For offline tools
-/// that check a message without the deployment's configuration; a runner always uses [`submit`].
-pub fn submit_without_licenses(job: &SubmitJob, config: &Config) -> Result<(), ValidationError> {
-    submit::check(job, config, false)
+    submit::check(job, config)
 }
 
 /// Checks a cancellation: the job id must be one a job can have. An unknown job is not an error here.

@@ -26,7 +26,7 @@ const INGRESS_MULTI_REPLICA: &str =
 const NETWORK_IP_MULTI_REPLICA: &str =
     "UCloud/compute does not currently support IPs with multiple nodes";
 
-pub(super) fn check(job: &SubmitJob, config: &Config, check_licenses: bool) -> Check {
+pub(super) fn check(job: &SubmitJob, config: &Config) -> Check {
     job_id_at("jobId", &job.job_id)?;
     // Every string within its bound (the JSON Schema's maxLength). A message that has no JSON form (an
     // enum number or a time outside the contract) is refused below for that, naming the field.
@@ -51,10 +51,7 @@ pub(super) fn check(job: &SubmitJob, config: &Config, check_licenses: bool) -> C
         timestamp("submittedAt", t)?;
     }
 
-    let values = Values {
-        config,
-        check_licenses,
-    };
+    let values = Values { config };
     for (name, value) in &job.parameters {
         let field = format!("parameters.{name}");
         let definition = definitions.get(name.as_str()).ok_or_else(|| {
@@ -409,7 +406,6 @@ fn declared<'a>(
 /// What parameter values are checked against.
 struct Values<'a> {
     config: &'a Config,
-    check_licenses: bool,
 }
 
 impl Values<'_> {
@@ -468,7 +464,7 @@ impl Values<'_> {
     fn license(&self, field: &str, license: &LicenseServerValue) -> Check {
         let field = format!("{field}.licenseServer.id");
         non_empty(&field, &license.id)?;
-        if !self.check_licenses || self.config.licenses.contains_key(&license.id) {
+        if self.config.licenses.contains_key(&license.id) {
             return Ok(());
         }
         let known: Vec<String> = self
@@ -730,7 +726,7 @@ fn number(x: f64) -> String {
 mod tests {
     use super::*;
     use crate::messages::{Format, decode, v1};
-    use crate::validate::{submit, submit_without_licenses};
+    use crate::validate::submit;
 
     fn example(name: &str) -> SubmitJob {
         let path = format!("{}/schemas/examples/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -838,7 +834,7 @@ mod tests {
         );
     }
 
-    /// License ids are checked against the configuration, except by the offline variant.
+    /// License ids are checked against the configuration.
     #[test]
     fn licenses() {
         let job = example("submit-job.matlab-web.json");
@@ -846,7 +842,6 @@ mod tests {
         assert_eq!(e.field(), "parameters.license.licenseServer.id");
         assert_eq!(e.kind(), ErrorKind::UnknownLicense);
         assert!(e.message().contains("none are configured"), "{e}");
-        assert_eq!(submit_without_licenses(&job, &Config::default()), Ok(()));
     }
 
     /// Replicas are bounded by the configuration.

@@ -52,21 +52,65 @@ fn examples_are_ok() {
     assert_eq!(out.status.code(), Some(0));
 }
 
-/// Without any configuration the examples are still ok; the license id that cannot be checked is
-/// reported as such.
+/// `validate` gives the verdict `submit` (and a runner) gives, with and without a configuration: the
+/// MATLAB example names a license server, so without one configured both refuse it with the same words.
 #[test]
-fn examples_are_ok_without_configuration() {
-    let files = example_paths();
-    let mut args = vec!["validate"];
-    args.extend(files.iter().map(String::as_str));
-    let out = volcano_runner(&args, &[]);
-    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
-    let text = stdout(&out);
-    assert_eq!(text.lines().count(), files.len());
-    assert!(text.lines().all(|l| l.contains(": ok")), "{text}");
+fn validate_and_submit_agree_on_every_example_submission() {
+    let submissions: Vec<String> = example_paths()
+        .into_iter()
+        .filter(|p| p.contains("submit-job."))
+        .collect();
+    assert!(submissions.len() >= 3, "{submissions:?}");
+    let mut refused_somewhere = false;
+    for config in [None, Some("tests/fixtures/config.toml")] {
+        for file in &submissions {
+            let mut validate = vec!["validate"];
+            let mut submit = vec!["submit"];
+            if let Some(config) = config {
+                validate.extend(["--config", config]);
+                submit.extend(["--config", config]);
+            }
+            validate.push(file);
+            submit.push(file);
+            // No broker listens here: a valid submission fails at the connection, an invalid one before.
+            let env = [
+                (
+                    "VOLCANO_RUNNER_BROKER__URL",
+                    "amqp://guest:guest@127.0.0.1:9/%2f",
+                ),
+                ("VOLCANO_RUNNER_BROKER__STARTUP_TIMEOUT", "1s"),
+            ];
+            let checked = volcano_runner(&validate, &env);
+            let sent = volcano_runner(&submit, &env);
+            let verdict = stdout(&checked);
+            let submit_err = String::from_utf8_lossy(&sent.stderr).into_owned();
+            let valid = checked.status.success();
+            assert_eq!(
+                verdict.trim_end() == format!("{file}: ok"),
+                valid,
+                "{config:?} {file}: {verdict}"
+            );
+            let refused = submit_err.contains(&format!("{file}: invalid: "));
+            assert_eq!(
+                refused, !valid,
+                "{config:?} {file}: validate says {verdict:?}, submit says {submit_err:?}"
+            );
+            if refused {
+                refused_somewhere = true;
+                let problem = verdict
+                    .trim_end()
+                    .strip_prefix(&format!("{file}: "))
+                    .unwrap();
+                assert!(
+                    submit_err.contains(problem),
+                    "{config:?} {file}: the same words: {problem:?} vs {submit_err:?}"
+                );
+            }
+        }
+    }
     assert!(
-        text.contains("submit-job.matlab-web.json: ok (license server ids not checked"),
-        "{text}"
+        refused_somewhere,
+        "the MATLAB example without a license configured is refused by both"
     );
 }
 

@@ -247,7 +247,11 @@ async fn every_kind_of_bad_message_is_dead_lettered_with_its_reason_and_reported
                     })
                     .unwrap_or_else(|| panic!("{}: an event about {job_id}", case.id));
                 assert_eq!(event.state, state as i32, "{}", case.id);
-                assert_eq!(event.reason, "invalid_message", "{}", case.id);
+                assert_eq!(
+                    event.reason, case.reason,
+                    "{}: the event carries the dead-letter code",
+                    case.id
+                );
                 if let Some(field) = case.field {
                     assert!(
                         event.status.starts_with(&format!("{field}: ")),

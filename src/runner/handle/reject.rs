@@ -5,8 +5,12 @@
 //! hears about it too:
 //! - a bad *submission* gets a FAILURE event (`<jobId>/rejected/<fingerprint16>`), since the job will
 //!   never run;
-//! - a bad *cancel or extension* gets a status-only event with the same id shape and reason
-//!   `invalid_message`: the job it names is not affected, so reporting it FAILED would be wrong.
+//! - a bad *cancel or extension* gets a status-only event with the same id shape: the job it names is
+//!   not affected, so reporting it FAILED would be wrong.
+//!
+//! Both carry, as their `reason`, the same short code as the dead-letter header (`missing_field`,
+//! `invalid_field`, `unknown_parameter`, `invalid_json`, `wrong_queue`, `cluster_rejected`, ...), so an
+//! orchestrator can tell its users what kind of problem it was without parsing the text.
 //!
 //! The event is published (confirmed) before the message is dead-lettered, so a failure in between
 //! redelivers the message and publishes the same event again.
@@ -18,9 +22,6 @@ use crate::validate::{self, ValidationError};
 
 use super::super::{events, ids};
 use super::{Handler, Message, Settle};
-
-/// Dead-letter header code of a message that passed decoding but not validation.
-pub const INVALID_MESSAGE: &str = "invalid_message";
 
 /// What was wrong, in the three forms the outcome needs.
 struct Problem {
@@ -215,15 +216,10 @@ async fn reject(
     if let Some(job_id) = job_id {
         let at = message.sent_at.unwrap_or_else(|| handler.now());
         let event = if is_submission {
-            let reason = if problem.code == CLUSTER_REJECTED {
-                events::reasons::CLUSTER_REJECTED
-            } else {
-                events::reasons::INVALID_MESSAGE
-            };
             events::submission_rejected(
                 job_id,
                 fingerprint16,
-                reason,
+                &problem.code,
                 problem.text.clone(),
                 at,
                 &handler.runner_id,
@@ -232,6 +228,7 @@ async fn reject(
             events::control_rejected(
                 job_id,
                 fingerprint16,
+                &problem.code,
                 problem.text.clone(),
                 at,
                 &handler.runner_id,

@@ -94,8 +94,7 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
     let desired = match pipeline::render(job, &h.config, h.now()) {
         Ok(desired) => desired,
         Err(e) => {
-            let code = reject::INVALID_MESSAGE;
-            return reject::invalid(h, m, subject, &e.field(), e.message(), code).await;
+            return reject::invalid(h, m, subject, &e.field(), e.message(), e.code()).await;
         }
     };
     let decorations = Decorations {
