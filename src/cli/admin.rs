@@ -29,8 +29,9 @@ use crate::config::Config;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The cluster: `auto` (in-cluster, else KUBECONFIG) or an http(s):// URL (a simulator started with
-    /// `run --cluster sim --sim-listen ADDR`). Default: `[cluster] target`.
+    /// The cluster: `auto` (in-cluster, else KUBECONFIG), an http(s):// URL, or `sim`: the simulator
+    /// inside the runner started on this machine with `run --cluster sim` (it leaves its URL in the
+    /// temporary directory). Default: `[cluster] target`.
     #[arg(long, global = true)]
     pub cluster: Option<String>,
     #[command(subcommand)]

@@ -8,7 +8,7 @@
 //! this process (for a first run without a cluster; `--sim-listen` makes it reachable for `kubectl` and
 //! `volcano-runner admin`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -100,12 +100,13 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
                 "volcano-runner: embedded cluster simulator at {} (clock speed {speed})",
                 handle.url()
             );
-            Some((Arc::new(handle), speed))
+            let address = EmbeddedSimAddress::publish(&handle.url());
+            Some((Arc::new(handle), speed, address))
         }
         _ => None,
     };
     let client = match &sim {
-        Some((handle, _)) => {
+        Some((handle, _, _)) => {
             let url = handle
                 .url()
                 .parse()
@@ -129,7 +130,7 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     // The runner's own namespaces are made sure of by the service (created where it may), for any
     // cluster: the embedded simulator, a standalone one, or a real one.
 
-    let mut monitor_clock = sim.as_ref().map(|(handle, speed)| {
+    let mut monitor_clock = sim.as_ref().map(|(handle, speed, _)| {
         let clock: Arc<dyn Clock> = Arc::new(SimClock {
             handle: handle.clone(),
             speed: *speed,
@@ -169,10 +170,11 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     if let Ok(Err(e)) = endpoint.await {
         tracing::warn!(error = %e, "The metrics endpoint failed.");
     }
-    if let Some((handle, _)) = sim
-        && let Ok(handle) = Arc::try_unwrap(handle)
-    {
-        handle.shutdown().await;
+    if let Some((handle, _, address)) = sim {
+        drop(address);
+        if let Ok(handle) = Arc::try_unwrap(handle) {
+            handle.shutdown().await;
+        }
     }
     result.map_err(|e| CliError::Other(e.to_string()))?;
     Ok(ExitCode::SUCCESS)
@@ -188,17 +190,78 @@ pub fn load_config(path: Option<&Path>, cluster: Option<&str>) -> Result<Config,
     Ok(config)
 }
 
-/// A client for `--cluster` (or `[cluster] target`) for the operator commands; `sim` makes no sense
-/// there (it would be a new, empty simulator): point them at the running one's URL.
-pub async fn operator_client(config: &Config) -> Result<kube::Client, CliError> {
-    if config.cluster.target == ClusterTarget::Sim {
-        return Err(CliError::Other(
-            "--cluster sim would start a new, empty simulator; give the URL of the running one \
-             (volcano-runner run --cluster sim --sim-listen 127.0.0.1:6443, then --cluster \
-             http://127.0.0.1:6443)"
-                .into(),
-        ));
+/// Where `run --cluster sim` writes its embedded simulator's URL, so that the operator commands with
+/// `[cluster] target = "sim"` (the default) reach the simulator of the runner started on this machine:
+/// `volcano-runner-embedded-sim.url` in the temporary directory (`TMPDIR`).
+pub fn embedded_sim_address_file() -> PathBuf {
+    std::env::temp_dir().join("volcano-runner-embedded-sim.url")
+}
+
+/// The embedded simulator's URL, written to [`embedded_sim_address_file`] while the runner runs and
+/// removed when it stops (a runner killed with SIGKILL leaves it; the next one overwrites it).
+struct EmbeddedSimAddress {
+    path: PathBuf,
+    url: String,
+}
+
+impl EmbeddedSimAddress {
+    fn publish(url: &str) -> Option<Self> {
+        let path = embedded_sim_address_file();
+        match std::fs::write(&path, format!("{url}\n")) {
+            Ok(()) => Some(Self {
+                path,
+                url: url.to_owned(),
+            }),
+            Err(e) => {
+                tracing::warn!(
+                    path = %path.display(),
+                    error = %e,
+                    "Cannot write the embedded simulator's address: `volcano-runner admin` needs \
+                     --cluster with its URL."
+                );
+                None
+            }
+        }
     }
+}
+
+impl Drop for EmbeddedSimAddress {
+    fn drop(&mut self) {
+        // Only our own address: another runner may have started since and written its own.
+        if std::fs::read_to_string(&self.path).is_ok_and(|text| text.trim() == self.url) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// The URL of the embedded simulator a runner on this machine serves (`run --cluster sim`), for the
+/// operator commands when the target is `sim`.
+fn embedded_sim_url() -> Result<http::Uri, CliError> {
+    let path = embedded_sim_address_file();
+    let text = std::fs::read_to_string(&path).map_err(|_| {
+        CliError::Other(format!(
+            "[cluster] target is \"sim\", but no runner with an embedded simulator is running on this \
+             machine ({} does not exist). Start one with `volcano-runner run --cluster sim`, or point \
+             --cluster at a cluster (auto, or an http(s):// URL).",
+            path.display()
+        ))
+    })?;
+    text.trim().parse().map_err(|e| {
+        CliError::Other(format!(
+            "{}: not a URL ({e}); remove it and restart `volcano-runner run --cluster sim`",
+            path.display()
+        ))
+    })
+}
+
+/// A client for `--cluster` (or `[cluster] target`) for the operator commands. With `sim`, the
+/// simulator inside the runner started on this machine with `run --cluster sim`.
+pub async fn operator_client(config: &Config) -> Result<kube::Client, CliError> {
+    let mut config = config.clone();
+    if config.cluster.target == ClusterTarget::Sim {
+        config.cluster.target = ClusterTarget::Url(embedded_sim_url()?);
+    }
+    let config = &config;
     let client = client::connect(&config.cluster)
         .await
         .map_err(cluster_error)?;
@@ -216,8 +279,8 @@ pub async fn operator_client(config: &Config) -> Result<kube::Client, CliError> 
 fn unreachable(config: &Config, why: &str) -> CliError {
     CliError::Other(format!(
         "cannot reach the cluster at {}: {why}. Is the API server (or `volcano-runner sim`, or the \
-         runner started with --cluster sim --sim-listen) running there? Point --cluster or \
-         [cluster] target at it.",
+         runner started with `run --cluster sim`) running there? Point --cluster or [cluster] target \
+         at it.",
         config.cluster.target
     ))
 }

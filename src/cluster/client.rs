@@ -129,7 +129,9 @@ async fn infer() -> Result<kube::Config, ClusterError> {
             .map_err(|kubeconfig| {
                 ClusterError::Config(format!(
                     "no cluster found: not in a pod ({in_cluster}) and no usable kubeconfig \
-                     ({kubeconfig}); set KUBECONFIG, or [cluster] target = \"sim\" to use the simulator"
+                     ({kubeconfig}); set KUBECONFIG, or use the simulator with --cluster sim \
+                     ([cluster] target = \"sim\"): `run` starts one inside the runner, and \
+                     `admin` reaches the one of the runner started so on this machine"
                 ))
             }),
     }

@@ -20,11 +20,19 @@ use crate::broker::Broker;
 /// The outcome of one check: `Err` says why it fails, in words for the `/readyz` body.
 pub type CheckResult = Result<(), String>;
 
+/// Says why a loop takes no work right now; `None` when it does.
+type NoteFn = Box<dyn Fn() -> Option<String> + Send + Sync>;
+
 /// A named flag that a long-running loop holds up while it runs.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ReadyFlag {
     name: Arc<str>,
     up: Arc<AtomicBool>,
+    /// Why the loop takes no work right now (e.g. `paused: maintenance`), asked at every probe and
+    /// shown after `ok`, so that `/readyz` never says a consumer consumes when it does not.
+    note: Arc<Mutex<Option<NoteFn>>>,
+    /// A consumer: it takes nothing while the broker connection is down, whatever its loop does.
+    needs_broker: bool,
 }
 
 impl ReadyFlag {
@@ -44,6 +52,31 @@ impl ReadyFlag {
     /// The check's name in `/readyz`.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// From now on `/readyz` asks `why_idle` whether, and why, the loop takes no work (`None`: it does).
+    /// The check stays `ok` then: a paused or capped runner is doing what it was told, and must not be
+    /// taken out of a rollout for it.
+    pub fn explain_with(&self, why_idle: impl Fn() -> Option<String> + Send + Sync + 'static) {
+        *self.note.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(why_idle));
+    }
+
+    fn note(&self) -> Option<String> {
+        self.note
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(|why_idle| why_idle())
+    }
+}
+
+impl std::fmt::Debug for ReadyFlag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadyFlag")
+            .field("name", &self.name)
+            .field("up", &self.is_up())
+            .field("needs_broker", &self.needs_broker)
+            .finish()
     }
 }
 
@@ -155,7 +188,8 @@ impl Check {
         }
     }
 
-    async fn check(&self) -> CheckResult {
+    /// The outcome; `broker_up` is whether the broker connection is up now (for consumers).
+    async fn check(&self, broker_up: bool) -> CheckResult {
         match self {
             Check::Broker(slot) => match slot.get() {
                 Some(broker) if broker.is_connected() => Ok(()),
@@ -164,13 +198,22 @@ impl Check {
             },
             Check::Cluster(cluster) => cluster.check().await,
             Check::Condition(c) => c.get(),
-            Check::Flag(flag) => {
-                if flag.is_up() {
-                    Ok(())
-                } else {
-                    Err("not running".into())
-                }
+            Check::Flag(flag) if !flag.is_up() => Err("not running".into()),
+            Check::Flag(flag) if flag.needs_broker && !broker_up => {
+                Err("not consuming: the broker connection is down".into())
             }
+            Check::Flag(_) => Ok(()),
+        }
+    }
+
+    /// How the check is named in the report: a flag's note follows its name.
+    fn label(&self) -> String {
+        match self {
+            Check::Flag(flag) => match flag.note() {
+                Some(note) => format!("{}: {note}", flag.name()),
+                None => flag.name().to_owned(),
+            },
+            other => other.name().to_owned(),
         }
     }
 }
@@ -262,11 +305,23 @@ impl Readiness {
         }));
     }
 
-    /// A flag for a loop (e.g. `submit consumer`): ready only while the loop holds it up. Down until then.
+    /// A flag for a loop (e.g. the monitor): ready only while the loop holds it up. Down until then.
     pub fn flag(&self, name: &str) -> ReadyFlag {
+        self.add_flag(name, false)
+    }
+
+    /// A flag for a consumer loop (e.g. `submit consumer`): like [`flag`](Self::flag), and failing too
+    /// while the broker connection is down (a consumer then takes nothing, whatever its loop does).
+    pub fn consumer_flag(&self, name: &str) -> ReadyFlag {
+        self.add_flag(name, true)
+    }
+
+    fn add_flag(&self, name: &str, needs_broker: bool) -> ReadyFlag {
         let flag = ReadyFlag {
             name: name.into(),
             up: Arc::new(AtomicBool::new(false)),
+            note: Arc::new(Mutex::new(None)),
+            needs_broker,
         };
         self.push(Check::Flag(flag.clone()));
         flag
@@ -291,10 +346,15 @@ impl Readiness {
                 .checks
                 .push(("startup".into(), Err("still starting".into())));
         }
+        // Without a broker check (a process that consumes nothing) consumers are not held to one.
+        let broker_up = checks.iter().all(|c| match c.as_ref() {
+            Check::Broker(slot) => slot.get().is_some_and(Broker::is_connected),
+            _ => true,
+        });
         for check in checks {
-            let result = check.check().await;
+            let result = check.check(broker_up).await;
             self.metrics.set_ready(check.name(), result.is_ok());
-            report.checks.push((check.name().to_owned(), result));
+            report.checks.push((check.label(), result));
         }
         report
     }

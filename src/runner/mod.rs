@@ -232,6 +232,14 @@ impl Runner {
         let retry = RetryPolicy::from_config(&config.cluster);
         let applier = Applier::new(client.clone(), retry.clone(), keys.submission_hash.clone());
         let (gate, gate_driver) = SubmitGate::new(client.clone(), &config.cluster);
+        let submit_ready = ops.readiness.consumer_flag("submit consumer");
+        let gate_state = gate.subscribe();
+        submit_ready.explain_with(move || {
+            gate_state
+                .borrow()
+                .closed_because()
+                .map(|why| format!("not taking submissions ({why}); they wait in the queue"))
+        });
         let handler = Handler {
             runner_keys: RunnerKeys::new(&keys),
             keys,
@@ -252,8 +260,8 @@ impl Runner {
             gate_driver,
             stats: Arc::new(Stats::default()),
             ready: [
-                ops.readiness.flag("submit consumer"),
-                ops.readiness.flag("control consumer"),
+                submit_ready,
+                ops.readiness.consumer_flag("control consumer"),
             ],
             ops,
         })

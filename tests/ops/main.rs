@@ -10,4 +10,5 @@ mod deploy;
 mod metrics;
 mod rbac;
 mod readiness;
+mod readme;
 mod redaction_cli;

@@ -15,10 +15,20 @@ use ops_common::*;
 
 /// Polls /readyz until its status is `want`; returns the body.
 async fn readyz_becomes(addr: std::net::SocketAddr, want: u16, what: &str) -> String {
+    readyz_when(addr, want, what, |_| true).await
+}
+
+/// Polls /readyz until its status is `want` and its body passes `check`; returns the body.
+async fn readyz_when(
+    addr: std::net::SocketAddr,
+    want: u16,
+    what: &str,
+    check: impl Fn(&str) -> bool,
+) -> String {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let (status, _, body) = http_get(addr, "/readyz").await;
-        if status == want {
+        if status == want && check(&body) {
             return body;
         }
         assert!(
@@ -43,6 +53,32 @@ async fn readiness_follows_the_broker_and_the_cluster() {
         "ok cluster\nok broker\nok submit consumer\nok control consumer\nok own namespace\n"
     );
 
+    // Paused: still ready (the runner does what it was told, and a rollout must not stall on it), but
+    // /readyz says that the submit consumer takes nothing, and why.
+    let switch =
+        volcano_runner::cluster::PauseSwitch::new(fleet.admin.clone(), &fleet.config.cluster);
+    switch
+        .pause("maintenance window", "ops-test", jiff::Timestamp::now())
+        .await
+        .unwrap();
+    let body = readyz_when(addr, 200, "the pause to be seen", |b| b.contains("paused")).await;
+    assert!(
+        body.contains(
+            "ok submit consumer: not taking submissions (paused: maintenance window); they wait in the queue\n"
+        ),
+        "{body}"
+    );
+    assert!(body.contains("ok control consumer\n"), "{body}");
+    switch
+        .resume("ops-test", jiff::Timestamp::now())
+        .await
+        .unwrap();
+    let body = readyz_when(addr, 200, "the resume to be seen", |b| {
+        !b.contains("paused")
+    })
+    .await;
+    assert!(body.contains("ok submit consumer\n"), "{body}");
+
     // The broker goes away.
     let vhost = segment(&fleet.vhost.name);
     let (status, body) = management("DELETE", &format!("/api/vhosts/{vhost}"), None).await;
@@ -52,6 +88,15 @@ async fn readiness_follows_the_broker_and_the_cluster() {
         body.contains("failed broker: not connected to RabbitMQ"),
         "{body}"
     );
+    // The consumers do not claim to consume while there is no connection to consume on.
+    for consumer in ["submit", "control"] {
+        assert!(
+            body.contains(&format!(
+                "failed {consumer} consumer: not consuming: the broker connection is down"
+            )),
+            "{body}"
+        );
+    }
     assert!(body.contains("ok cluster"), "{body}");
     // Liveness is not affected: the kubelet must not restart a runner for a broker outage.
     assert_eq!(http_get(addr, "/healthz").await.0, 200);
