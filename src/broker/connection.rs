@@ -108,6 +108,11 @@ struct Shared {
     /// [`Broker::close`]: close the connection and end the supervisor.
     closing: CancellationToken,
     supervisor: Mutex<Option<JoinHandle<()>>>,
+    /// Every publisher made from this broker, so that [`Broker::close`] closes their channels (and waits
+    /// for the broker's close-ok) before the connection: a channel closed by lapin when its last handle
+    /// drops races the connection's close and is logged as a connection error.
+    /// Held strongly: a channel whose last publisher is dropped during shutdown is still closed here.
+    publishers: Mutex<Vec<Arc<super::publisher::PublisherChannel>>>,
 }
 
 /// The process's connection to RabbitMQ. Cheap to clone; every clone is the same connection.
@@ -155,6 +160,7 @@ impl Broker {
             shutdown,
             closing: CancellationToken::new(),
             supervisor: Mutex::new(None),
+            publishers: Mutex::new(Vec::new()),
         });
         let (connection, events) = first_connection(&shared).await?;
         info!(
@@ -210,7 +216,12 @@ impl Broker {
 
     /// A publisher with confirms on its own channel.
     pub fn publisher(&self) -> Publisher {
-        Publisher::new(self.clone())
+        let publisher = Publisher::new(self.clone());
+        let mut publishers = self.shared.publishers.lock().expect("publishers lock");
+        // Channels no publisher uses any more are let go (lapin closes a dropped channel) while running.
+        publishers.retain(|p| Arc::strong_count(p) > 1);
+        publishers.push(publisher.channel_handle());
+        publisher
     }
 
     /// A consumer of the submit or control queue with its configured prefetch, already consuming.
@@ -237,6 +248,16 @@ impl Broker {
     /// Closes the connection cleanly (unacknowledged deliveries go back to their queues) and ends the
     /// supervisor. Close consumers first so they can cancel politely; this is safe to call more than once.
     pub async fn close(&self) {
+        let publishers: Vec<_> = self
+            .shared
+            .publishers
+            .lock()
+            .expect("publishers lock")
+            .drain(..)
+            .collect();
+        for publisher in publishers {
+            publisher.close().await;
+        }
         self.shared.closing.cancel();
         let task = self
             .shared

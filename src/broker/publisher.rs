@@ -91,8 +91,27 @@ pub struct Publisher {
 
 struct Inner {
     broker: Broker,
-    /// The confirm-mode channel and the connection generation it was opened on.
-    channel: Mutex<Option<(u64, Channel)>>,
+    channel: Arc<PublisherChannel>,
+}
+
+/// A publisher's confirm-mode channel and the connection generation it was opened on (shared by its
+/// clones; the broker keeps a reference to close it before the connection).
+#[derive(Default)]
+pub(crate) struct PublisherChannel {
+    slot: Mutex<Option<(u64, Channel)>>,
+}
+
+impl PublisherChannel {
+    /// Closes the channel, if open, and waits for the broker's close-ok; the next publish opens another.
+    pub(crate) async fn close(&self) {
+        let taken = self.slot.lock().await.take();
+        if let Some((_, channel)) = taken
+            && channel.status().connected()
+            && let Err(e) = channel.close(200, "publisher closed".into()).await
+        {
+            tracing::debug!(error = %e, "Closing a publisher channel failed; it is gone either way.");
+        }
+    }
 }
 
 impl std::fmt::Debug for Publisher {
@@ -106,10 +125,15 @@ impl Publisher {
         Self {
             inner: Arc::new(Inner {
                 broker,
-                channel: Mutex::new(None),
+                channel: Arc::new(PublisherChannel::default()),
             }),
             metrics: None,
         }
+    }
+
+    /// The channel's handle, for the broker to close at shutdown.
+    pub(crate) fn channel_handle(&self) -> Arc<PublisherChannel> {
+        self.inner.channel.clone()
     }
 
     /// This publisher (same channel), counting every publish in `metrics`: confirmed messages and their
@@ -254,7 +278,7 @@ impl Publisher {
 
     /// The shared confirm-mode channel, opened (again) when it is missing, failed or from an old connection.
     async fn channel(&self) -> Result<(u64, Channel), PublishError> {
-        let mut slot = self.inner.channel.lock().await;
+        let mut slot = self.inner.channel.slot.lock().await;
         if let Some((generation, channel)) = slot.as_ref()
             && channel.status().connected()
             && *generation == self.inner.broker.generation()
@@ -277,7 +301,7 @@ impl Publisher {
 
     /// Forgets a failed channel (only if it is still the current one) and tells the supervisor.
     async fn discard(&self, generation: u64, channel: &Channel) {
-        let mut slot = self.inner.channel.lock().await;
+        let mut slot = self.inner.channel.slot.lock().await;
         if slot
             .as_ref()
             .is_some_and(|(g, c)| *g == generation && c.id() == channel.id())

@@ -58,11 +58,12 @@ impl Stats {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A snapshot `(acked, requeued, dead_lettered)`.
+    /// A snapshot `(acked, requeued, dead_lettered)`. `requeued` counts every message given back to its
+    /// queue: after a transient failure, and those stopped at the grace deadline.
     pub fn snapshot(&self) -> (u64, u64, u64) {
         (
             self.acked.load(Ordering::Relaxed),
-            self.requeued.load(Ordering::Relaxed),
+            self.requeued.load(Ordering::Relaxed) + self.stopped.load(Ordering::Relaxed),
             self.dead_lettered.load(Ordering::Relaxed),
         )
     }
@@ -137,6 +138,8 @@ impl Loop {
         }
         drop(running);
         self.consumer.stop().await;
+        // Handlers that already finished are not in hand: collect them before counting.
+        reap(&mut tasks, label);
         let in_flight = tasks.len();
         if in_flight > 0 {
             info!(queue = label, in_flight, grace = ?self.grace, "Stopped consuming; finishing the messages in hand.");

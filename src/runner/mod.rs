@@ -31,6 +31,7 @@ pub mod service;
 pub mod trace;
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -346,7 +347,12 @@ impl Runner {
         background.cancel();
         while tasks.join_next().await.is_some() {}
         let (acked, requeued, dead_lettered) = self.stats.snapshot();
-        info!(acked, requeued, dead_lettered, "Runner stopped.");
+        let returned_at_shutdown = self.stats.stopped.load(Ordering::Relaxed);
+        let settle_failed = self.stats.settle_failed.load(Ordering::Relaxed);
+        info!(
+            acked,
+            requeued, returned_at_shutdown, dead_lettered, settle_failed, "Runner stopped."
+        );
         Ok(())
     }
 }

@@ -17,5 +17,6 @@ mod exactly_once;
 mod faults;
 mod gate;
 mod scale;
+mod shutdown;
 mod sim_clock;
 mod submit;
