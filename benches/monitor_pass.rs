@@ -23,13 +23,13 @@ use kube::api::PostParams;
 use tokio_util::sync::CancellationToken;
 use volcano_runner::broker::Broker;
 use volcano_runner::cluster::ShardLeases;
-use volcano_runner::cluster::volcano::VolcanoJob;
 use volcano_runner::config::Config;
 use volcano_runner::messages::v1::{
     InvocationParameter, SubmitJob, WordInvocation, invocation_parameter,
 };
 use volcano_runner::monitor::{Clock, Monitor, PassReport};
 use volcano_runner::pipeline::{AnnotationKeys, NamespaceMode};
+use volcano_runner::volcano::VolcanoJob;
 
 const NAMESPACE: &str = "bench";
 const START: &str = "2026-11-22T08:00:00Z";

@@ -6,6 +6,8 @@
 //! - [`config`]: the one typed configuration, from TOML plus `VOLCANO_RUNNER_*` environment overrides.
 //! - [`pipeline`]: the plugins that turn a validated submission into the desired Kubernetes objects
 //!   (pure, no I/O), and their lifecycle hooks.
+//! - [`volcano`]: the Volcano CRD types (Job, PodGroup, Queue) that the pipeline renders and the cluster
+//!   layer, the monitor and the simulator read; below all of them, so the pipeline needs no cluster access.
 //! - [`cluster`]: Kubernetes access: the client, and the applier that creates desired objects in order.
 //! - [`broker`]: RabbitMQ through lapin: topology, consumers, confirmed publishing, reconnects.
 //! - [`runner`]: consumes submissions, cancels and extensions and applies them.
@@ -27,3 +29,4 @@ pub mod pipeline;
 pub mod runner;
 pub mod sim;
 pub mod validate;
+pub mod volcano;

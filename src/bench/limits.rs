@@ -20,10 +20,10 @@ use lapin::{BasicProperties, Confirmation};
 use super::BenchError;
 use super::stats::rate;
 use super::workload::Workload;
-use crate::cluster::volcano::VolcanoJob;
 use crate::config::Config;
 use crate::messages::v1::SubmitJob;
 use crate::messages::{decode, encode};
+use crate::volcano::VolcanoJob;
 
 /// Messages consumed, acked and answered per second by the minimal loop. The submissions must already
 /// be in `config.broker.submit_queue`, and a queue must be bound to the events exchange so that the

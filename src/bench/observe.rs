@@ -19,10 +19,10 @@ use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::BenchError;
-use crate::cluster::volcano::VolcanoJob;
 use crate::messages::v1::{JobEvent, JobState};
 use crate::messages::{Format, decode};
 use crate::pipeline::names::job_id_from_vcjob_name;
+use crate::volcano::VolcanoJob;
 
 /// First-seen instants by job id, shared between an observer and the phase that reads it.
 #[derive(Debug, Default, Clone)]

@@ -28,7 +28,6 @@ pub mod namespaces;
 pub mod pause;
 pub mod retry;
 pub mod tombstone;
-pub mod volcano;
 
 use std::time::Duration;
 

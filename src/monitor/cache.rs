@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
 use super::observe;
-use crate::cluster::volcano::{
+use crate::volcano::{
     JobSpec, JobStatus, LABEL_JOB_NAME, LABEL_TASK_INDEX, PodGroup, TaskSpec, VolcanoJob,
 };
 
@@ -965,7 +965,7 @@ mod tests {
     /// the ones computed from scratch.
     #[test]
     fn incremental_queue_positions_match_the_definition() {
-        use crate::cluster::volcano::{PodGroupPhase, PodGroupStatus};
+        use crate::volcano::{PodGroupPhase, PodGroupStatus};
         let mut rng = fastrand::Rng::with_seed(7);
         let mut c = Cache::new();
         let phases = [

@@ -35,7 +35,6 @@ use k8s_openapi::api::core::v1::Pod;
 use super::events;
 use super::observe::{self, PendingInput, PullFailure, RankView};
 use super::record::{Outcome, Published, RankCode, Record, Terminal};
-use crate::cluster::volcano::{JobPhase, PodGroup, VolcanoJob};
 use crate::config::Config;
 use crate::pipeline::AnnotationKeys;
 use crate::pipeline::annotations::format_millis;
@@ -43,6 +42,7 @@ use crate::pipeline::hooks::{
     self, FactsError, HookPlan, JobFacts, Outbound, PluginFailure, TerminationCause,
 };
 use crate::pipeline::plugins::expiry::human;
+use crate::volcano::{JobPhase, PodGroup, VolcanoJob};
 
 /// What the decision needs besides the job: configuration and identity.
 #[derive(Debug, Clone)]
@@ -819,8 +819,8 @@ mod tests {
     //! hand, and a tiny executor that applies each step the way the real one does.
 
     use super::*;
-    use crate::cluster::volcano::{JobCondition, JobState as VcState, JobStatus};
     use crate::messages::v1::{JobEvent, JobState, SubmitJob};
+    use crate::volcano::{JobCondition, JobState as VcState, JobStatus};
     use k8s_openapi::api::core::v1::{
         ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
         ContainerStatus, PodStatus,

@@ -27,11 +27,11 @@ use super::events;
 use super::record::RankTail;
 use crate::broker::{self, BrokerConfig, PublishError, Publisher};
 use crate::cluster::labels::FIELD_MANAGER;
-use crate::cluster::volcano::{LABEL_JOB_NAME, VolcanoJob};
 use crate::cluster::{ClusterError, HeldShards, KubeResultExt, RetryPolicy};
 use crate::messages::Format;
 use crate::pipeline::hooks::{FactsError, Outbound};
 use crate::pipeline::names::USER_CONTAINER;
+use crate::volcano::{LABEL_JOB_NAME, VolcanoJob};
 
 /// Decisions and writes for one job in one go, before the job is handed back to the loop.
 const MAX_ROUNDS: usize = 12;
@@ -322,12 +322,14 @@ impl Executor {
         Ok(Acted::Settled(current))
     }
 
+    /// The submission's trace context from the job's annotation, when it is well-formed.
     fn traceparent(&self, job: &VolcanoJob) -> Option<String> {
-        job.metadata
+        let value = job
+            .metadata
             .annotations
             .as_ref()?
-            .get(&self.settings.keys.traceparent)
-            .cloned()
+            .get(&self.settings.keys.traceparent)?;
+        crate::ops::trace::TraceParent::parse(value).map(|t| t.as_str().to_owned())
     }
 
     fn outbound(&self, message: &Outbound, traceparent: Option<&str>) -> broker::Outbound {

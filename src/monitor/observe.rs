@@ -4,10 +4,10 @@
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 
-use crate::cluster::volcano::{LABEL_TASK_INDEX, PodGroup, PodGroupPhase};
 use crate::messages::v1::PendingDetails;
 use crate::pipeline::hooks::ProductFacts;
 use crate::pipeline::names::{self, USER_CONTAINER};
+use crate::volcano::{LABEL_TASK_INDEX, PodGroup, PodGroupPhase};
 
 /// Waiting reasons that mean the image cannot be pulled (the kubelet keeps retrying, forever).
 const PULL_FAILURES: &[&str] = &[
@@ -427,7 +427,7 @@ pub fn queue_positions<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::volcano::{PodGroupCondition, PodGroupStatus};
+    use crate::volcano::{PodGroupCondition, PodGroupStatus};
     use k8s_openapi::api::core::v1::{
         ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
         PodStatus,

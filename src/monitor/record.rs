@@ -10,9 +10,9 @@ use std::fmt;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::volcano::VolcanoJob;
 use crate::messages::v1::JobState;
 use crate::pipeline::AnnotationKeys;
+use crate::volcano::VolcanoJob;
 
 /// The four ways a job can end. Exactly one is published per job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

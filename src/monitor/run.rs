@@ -40,7 +40,7 @@ use super::decide::Settings;
 use super::execute::{Executor, Handled};
 use super::timers::{Backoff, Deadlines};
 use super::verify::{self, Listed, Suspect};
-use crate::cluster::volcano::{LABEL_JOB_NAME, PodGroup, VolcanoJob};
+use crate::volcano::{LABEL_JOB_NAME, PodGroup, VolcanoJob};
 
 /// How long a difference between the API and the cache may stay unexplained before the watch of that
 /// kind is taken to have missed it. A healthy watch delivers a change within milliseconds; this leaves

@@ -251,6 +251,33 @@ fn random_nonzero<const N: usize>() -> [u8; N] {
     }
 }
 
+/// A well-formed `traceparent` header value, passed on unchanged from an inbound message to everything it
+/// causes (the events published about it, the VolcanoJob's annotation and the monitor's events from it).
+/// Well-formed means what [`TraceContext::parse`] accepts: the one parser of the header in the program. A
+/// value that is not well-formed is dropped rather than spread (a consumer's tracer would reject it anyway).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceParent(String);
+
+impl TraceParent {
+    /// The value, trimmed of surrounding blanks, when [`TraceContext::parse`] accepts it.
+    pub fn parse(value: &str) -> Option<Self> {
+        let value = value.trim_matches([' ', '\t']);
+        TraceContext::parse(value).ok()?;
+        Some(Self(value.to_owned()))
+    }
+
+    /// The header value.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for TraceParent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -371,5 +398,40 @@ mod tests {
         assert!(TraceContext::from_annotations(&annotations, "example.org/").is_none());
         annotations.insert(annotation_key("x/"), "nonsense".into());
         assert!(TraceContext::from_annotations(&annotations, "x/").is_none());
+    }
+}
+
+#[cfg(test)]
+mod traceparent_tests {
+    use super::*;
+
+    const GOOD: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn well_formed_values_pass_unchanged() {
+        assert_eq!(TraceParent::parse(GOOD).unwrap().as_str(), GOOD);
+        assert_eq!(
+            TraceParent::parse(&format!(" {GOOD} ")).unwrap().as_str(),
+            GOOD
+        );
+        let future = "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra";
+        assert!(TraceParent::parse(future).is_some());
+    }
+
+    #[test]
+    fn malformed_values_are_dropped() {
+        for bad in [
+            "",
+            "garbage",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+        ] {
+            assert!(TraceParent::parse(bad).is_none(), "{bad:?}");
+        }
     }
 }

@@ -9,8 +9,8 @@ use serde::Deserialize;
 use super::PipelineConfig;
 use super::names;
 use super::plugins::PluginId;
-use crate::cluster::volcano::PolicyAction;
 use crate::config::ConfigError;
+use crate::volcano::PolicyAction;
 
 /// One switch per plugin. Order is fixed by the registry; only on/off is configurable.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::Serialize;
 
-use crate::cluster::volcano::{Queue, VolcanoJob};
+use crate::volcano::{Queue, VolcanoJob};
 
 /// The objects of one job, in apply order (see [`DesiredJob::objects`]).
 #[derive(Debug, Clone, PartialEq)]

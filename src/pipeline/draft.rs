@@ -13,7 +13,7 @@ use super::annotations::format_millis;
 use super::context::Context;
 use super::desired::{Companion, DesiredJob, OwnerNamespace};
 use super::names::{self, MANAGED_BY, MANAGED_BY_LABEL, TASK_NAME, USER_CONTAINER};
-use crate::cluster::volcano::{JobSpec, LifecyclePolicy, Queue, TaskSpec, VolcanoJob};
+use crate::volcano::{JobSpec, LifecyclePolicy, Queue, TaskSpec, VolcanoJob};
 
 /// A job being rendered. Plugins change it through its public fields and helpers.
 #[derive(Debug, Clone)]
@@ -183,7 +183,7 @@ impl Draft {
 /// Quick access used by several plugins.
 pub(crate) fn job_selector(cx: &Context<'_>) -> BTreeMap<String, String> {
     BTreeMap::from([(
-        crate::cluster::volcano::LABEL_JOB_NAME.to_owned(),
+        crate::volcano::LABEL_JOB_NAME.to_owned(),
         names::vcjob_name(cx.job_id),
     )])
 }

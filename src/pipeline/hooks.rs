@@ -27,9 +27,9 @@ use k8s_openapi::api::core::v1::Pod;
 use super::annotations::{AnnotationKeys, format_millis, parse_millis};
 use super::names::{self, USER_CONTAINER};
 use super::plugins::{PluginId, REGISTRY};
-use crate::cluster::volcano::{JobPhase, VolcanoJob};
 use crate::config::Config;
 use crate::messages::v1::{AccountingTick, JobEvent, ProxyEvent};
+use crate::volcano::{JobPhase, VolcanoJob};
 
 /// Why a job was deleted, persisted as `terminationCause` before the delete so whoever sees the deletion
 /// reports the right state (W11).

@@ -28,9 +28,9 @@ use crate::broker::{ConsumerKind, ConsumerSwitch, Delivery, QueueConsumer};
 use crate::cluster::{GateState, SubmitGate};
 
 use super::handle::{Handler, Message, Settle};
-use super::trace::TraceParent;
 use crate::messages::{Format, MessageType, peek_job_id};
 use crate::ops::TraceContext;
+use crate::ops::trace::TraceParent;
 use crate::ops::trace::message_span;
 
 /// How long handlers stopped at the grace deadline get to return their messages.

@@ -11,11 +11,11 @@ use kube::api::{
 };
 
 use crate::cluster::labels::FIELD_MANAGER;
-use crate::cluster::volcano::VolcanoJob;
 use crate::cluster::{ClusterError, KubeResultExt, RetryPolicy};
 use crate::config::Config;
 use crate::pipeline::names::{self, MANAGED_BY, MANAGED_BY_LABEL};
 use crate::pipeline::{AnnotationKeys, NamespaceMode};
+use crate::volcano::VolcanoJob;
 
 /// Lifecycle states after which a job has had its terminal event.
 const TERMINAL_STATES: [&str; 4] = ["SUCCESS", "FAILURE", "EXPIRED", "CANCELLED"];
@@ -177,7 +177,7 @@ pub fn created_at(job: &VolcanoJob) -> Timestamp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::volcano::{JobPhase, JobState, JobStatus};
+    use crate::volcano::{JobPhase, JobState, JobStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn job(state: Option<&str>, phase: Option<JobPhase>) -> VolcanoJob {

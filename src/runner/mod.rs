@@ -19,7 +19,6 @@
 //! - [`events`], [`ids`]: the events the runner publishes and their deterministic ids (pure).
 //! - [`service`]: [`service::Service`], the runner with its broker connection, shard leases and monitor:
 //!   what `volcano-runner run` runs.
-//! - [`trace`]: W3C `traceparent` handling.
 
 pub mod consume;
 pub mod events;
@@ -28,7 +27,6 @@ pub mod ids;
 pub mod jobs;
 pub mod plan;
 pub mod service;
-pub mod trace;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

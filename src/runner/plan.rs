@@ -7,7 +7,7 @@ use crate::cluster::{PlanError, Role, Step};
 use crate::pipeline::desired::{ObjectRef, Role as DesiredRole};
 use crate::pipeline::{AnnotationKeys, DesiredJob};
 
-use super::trace::TraceParent;
+use crate::ops::trace::TraceParent;
 
 /// The keys the runner adds to what the pipeline renders. They sit under the same prefix as the
 /// pipeline's [`AnnotationKeys`], so one prefix covers every key a job carries.

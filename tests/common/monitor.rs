@@ -337,7 +337,7 @@ impl World {
     pub async fn submit_edited(
         &self,
         job: &SubmitJob,
-        edit: impl FnOnce(&mut volcano_runner::cluster::volcano::VolcanoJob),
+        edit: impl FnOnce(&mut volcano_runner::volcano::VolcanoJob),
     ) {
         let mut desired =
             volcano_runner::pipeline::render(job, &self.config, self.sim.now()).expect("renders");

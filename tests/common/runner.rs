@@ -22,13 +22,13 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use volcano_runner::broker::{Broker, Outbound};
 use volcano_runner::cluster::ClusterTarget;
-use volcano_runner::cluster::volcano::VolcanoJob;
 use volcano_runner::config::Config;
 use volcano_runner::messages::v1::{CancelJob, ExtendJob, JobEvent, SubmitJob};
 use volcano_runner::messages::{Format, decode};
 use volcano_runner::runner::RunnerError;
 use volcano_runner::runner::service::Service;
 use volcano_runner::sim::{SimConfig, SimHandle, Simulator};
+use volcano_runner::volcano::VolcanoJob;
 
 use crate::rabbit::{PATIENCE, TestVhost};
 

@@ -424,7 +424,7 @@ async fn proxy_create_update_and_remove_for_a_two_replica_web_job() {
     assert_eq!(update.targets.len(), 2);
     assert_ne!(update.targets, create.targets, "new targets");
     // Cancel as the runner does: cause and reason first, then the delete.
-    let api: kube::Api<volcano_runner::cluster::volcano::VolcanoJob> =
+    let api: kube::Api<volcano_runner::volcano::VolcanoJob> =
         kube::Api::namespaced(w.client.clone(), &ns);
     api.patch(
         "j-m6",
@@ -472,8 +472,8 @@ async fn proxy_create_update_and_remove_for_a_two_replica_web_job() {
 
 /// Extends a job as the runner does: read, one patch guarded by the resourceVersion, again on 409.
 async fn extend(w: &World, ns: &str, name: &str, request: &str, minutes: i64) {
-    use volcano_runner::cluster::volcano::VolcanoJob;
     use volcano_runner::pipeline::plugins::expiry::{self, Extension};
+    use volcano_runner::volcano::VolcanoJob;
     let api: kube::Api<VolcanoJob> = kube::Api::namespaced(w.client.clone(), ns);
     for _ in 0..20 {
         let job = api.get(name).await.expect("the job");

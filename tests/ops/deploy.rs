@@ -16,7 +16,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBind
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::Value;
-use volcano_runner::cluster::volcano::Queue;
+use volcano_runner::volcano::Queue;
 
 use ops_common::*;
 

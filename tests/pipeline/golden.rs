@@ -19,11 +19,11 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use pipeline_support::*;
 use serde_json::{Value, json};
-use volcano_runner::cluster::volcano::{JobCondition, JobPhase, JobState, JobStatus, VolcanoJob};
 use volcano_runner::messages::v1::{ProxyAction, parameter_value, resource_value};
 use volcano_runner::pipeline::hooks::{self, HookPlan, Outbound, TerminationCause};
 use volcano_runner::pipeline::plugins::expiry::{self, Extension};
 use volcano_runner::pipeline::{DesiredJob, NamespaceMode, names};
+use volcano_runner::volcano::{JobCondition, JobPhase, JobState, JobStatus, VolcanoJob};
 
 fn case(name: &str) -> volcano_runner::messages::v1::SubmitJob {
     job(&format!("cases/{name}"))

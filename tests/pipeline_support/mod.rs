@@ -8,11 +8,11 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use serde_json::{Value, json};
-use volcano_runner::cluster::volcano::VolcanoJob;
 use volcano_runner::config::Config;
 use volcano_runner::messages::v1::SubmitJob;
 use volcano_runner::pipeline::hooks::{HookPlan, Outbound};
 use volcano_runner::pipeline::{self, DesiredJob, PipelineError};
+use volcano_runner::volcano::VolcanoJob;
 
 /// The instant every golden render happens at.
 pub fn now() -> jiff::Timestamp {
@@ -390,7 +390,7 @@ pub fn admission_errors(job: &VolcanoJob) -> Vec<String> {
     errors
 }
 
-fn policy_errors(policies: &[volcano_runner::cluster::volcano::LifecyclePolicy]) -> Vec<String> {
+fn policy_errors(policies: &[volcano_runner::volcano::LifecyclePolicy]) -> Vec<String> {
     let mut errors = Vec::new();
     let mut events = BTreeSet::new();
     for policy in policies {

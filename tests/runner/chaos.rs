@@ -16,12 +16,12 @@ use futures::StreamExt;
 use harness::{Captured, Harness};
 use kube::api::Api;
 use kube::runtime::watcher;
-use volcano_runner::cluster::volcano::VolcanoJob;
 use volcano_runner::messages::v1::{
     AccountingTick, InvocationParameter, JobEvent, WordInvocation, invocation_parameter,
 };
 use volcano_runner::messages::{Format, decode};
 use volcano_runner::sim::{FaultRule, SimConfig};
+use volcano_runner::volcano::VolcanoJob;
 
 const JOBS: usize = 300;
 const RUNNERS: usize = 3;

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use harness::{Harness, figlet};
 use kube::api::{Api, Patch, PatchParams};
-use volcano_runner::cluster::volcano::VolcanoJob;
 use volcano_runner::messages::v1::JobState;
 use volcano_runner::pipeline::AnnotationKeys;
+use volcano_runner::volcano::VolcanoJob;
 
 fn keys() -> AnnotationKeys {
     AnnotationKeys::new("ucloud.dk/")

@@ -82,7 +82,7 @@ async fn max_active_jobs_holds_the_count_at_the_cap() {
     for i in 0..JOBS {
         h.submit(&figlet(&format!("cap-{i}"))).await;
     }
-    let active = |jobs: &[volcano_runner::cluster::volcano::VolcanoJob]| {
+    let active = |jobs: &[volcano_runner::volcano::VolcanoJob]| {
         jobs.iter()
             .filter(|j| !j.phase().is_finished() && j.metadata.deletion_timestamp.is_none())
             .count()

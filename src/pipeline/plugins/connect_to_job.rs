@@ -33,11 +33,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 
 use super::fair_share::{baseline_egress, baseline_ingress};
 use super::{Plugin, PluginId};
-use crate::cluster::volcano::LABEL_JOB_NAME;
 use crate::pipeline::context::Context;
 use crate::pipeline::desired::Companion;
 use crate::pipeline::draft::{Draft, job_selector};
 use crate::pipeline::{PipelineError, names};
+use crate::volcano::LABEL_JOB_NAME;
 
 /// `policy-<jobId>`, UCloud's name.
 pub fn policy_name(job_id: &str) -> String {

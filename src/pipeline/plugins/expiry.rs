@@ -12,7 +12,6 @@
 use jiff::{SignedDuration, Timestamp};
 
 use super::{Plugin, PluginId};
-use crate::cluster::volcano::VolcanoJob;
 use crate::config::Config;
 use crate::messages::v1::{JobEvent, JobState};
 use crate::pipeline::PipelineError;
@@ -23,6 +22,7 @@ use crate::pipeline::hooks::{
     FactsError, HookActions, HookContext, HookError, HookPlan, JobFacts, Outbound,
     TerminationCause, proto_timestamp,
 };
+use crate::volcano::VolcanoJob;
 
 /// Reason code of the warning events.
 pub const WARNING_REASON: &str = "expiry_warning";

@@ -27,12 +27,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{Plugin, PluginId};
-use crate::cluster::volcano::{Queue, QueueSpec};
 use crate::pipeline::context::Context;
 use crate::pipeline::desired::OwnerNamespace;
 use crate::pipeline::draft::Draft;
 use crate::pipeline::names::{MANAGED_BY, MANAGED_BY_LABEL, OwnerKind};
 use crate::pipeline::{NetworkPolicyConfig, PipelineError};
+use crate::volcano::{Queue, QueueSpec};
 
 /// Name of the baseline NetworkPolicy in every owner namespace.
 pub const BASELINE_POLICY: &str = "ucloud-baseline";

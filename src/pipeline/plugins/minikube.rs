@@ -9,11 +9,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{Plugin, PluginId};
-use crate::cluster::volcano::LABEL_JOB_NAME;
 use crate::pipeline::PipelineError;
 use crate::pipeline::context::Context;
 use crate::pipeline::desired::Companion;
 use crate::pipeline::draft::Draft;
+use crate::volcano::LABEL_JOB_NAME;
 
 /// `j-<jobId>-mk`.
 pub fn service_name(job_id: &str) -> String {

@@ -14,7 +14,6 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::{Plugin, PluginId};
-use crate::cluster::volcano::LABEL_TASK_INDEX;
 use crate::messages::v1::{ApplicationType, ProxyAction, ProxyEvent, ProxyTarget};
 use crate::pipeline::context::Context;
 use crate::pipeline::draft::Draft;
@@ -22,6 +21,7 @@ use crate::pipeline::hooks::{
     HookActions, HookContext, HookError, JobFacts, Outbound, proto_timestamp,
 };
 use crate::pipeline::{PipelineError, names};
+use crate::volcano::LABEL_TASK_INDEX;
 
 /// The Proxy plugin; the module documentation says what it builds and why.
 pub struct Proxy;

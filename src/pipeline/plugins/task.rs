@@ -15,11 +15,11 @@ use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::{Plugin, PluginId};
-use crate::cluster::volcano::{LifecyclePolicy, PolicyEvent};
 use crate::messages::v1::Product;
 use crate::pipeline::context::Context;
 use crate::pipeline::draft::Draft;
 use crate::pipeline::{PipelineError, names};
+use crate::volcano::{LifecyclePolicy, PolicyEvent};
 
 /// The resource name of NVIDIA GPUs.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";

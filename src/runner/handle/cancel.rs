@@ -17,9 +17,9 @@
 use tracing::{info, warn};
 
 use crate::cluster::ClusterError;
-use crate::cluster::volcano::VolcanoJob;
 use crate::messages::v1::CancelJob;
 use crate::validate;
+use crate::volcano::VolcanoJob;
 
 use super::super::jobs::{annotation, is_over};
 use super::super::{events, ids};

@@ -29,7 +29,7 @@ use crate::pipeline::AnnotationKeys;
 
 use super::jobs::JobStore;
 use super::plan::RunnerKeys;
-use super::trace::TraceParent;
+use crate::ops::trace::TraceParent;
 
 /// How to settle a delivery once it has been handled.
 #[derive(Debug, Clone, PartialEq)]

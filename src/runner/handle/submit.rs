@@ -24,11 +24,11 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tracing::info;
 
-use crate::cluster::volcano::VolcanoJob;
 use crate::cluster::{ApplyError, ApplyOutcome, CapacityPermit, Role, Tombstone};
 use crate::messages::v1::{JobState, SubmitJob};
 use crate::pipeline;
 use crate::validate;
+use crate::volcano::VolcanoJob;
 
 use super::super::jobs::{annotation, is_over};
 use super::super::plan::{self, Decorations};
