@@ -24,11 +24,12 @@ use tokio_util::sync::CancellationToken;
 use volcano_runner::broker::Broker;
 use volcano_runner::cluster::ShardLeases;
 use volcano_runner::config::Config;
+use volcano_runner::durable::AnnotationKeys;
 use volcano_runner::messages::v1::{
     InvocationParameter, SubmitJob, WordInvocation, invocation_parameter,
 };
 use volcano_runner::monitor::{Clock, Monitor, PassReport};
-use volcano_runner::pipeline::{AnnotationKeys, NamespaceMode};
+use volcano_runner::pipeline::NamespaceMode;
 use volcano_runner::volcano::VolcanoJob;
 
 const NAMESPACE: &str = "bench";

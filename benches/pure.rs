@@ -13,10 +13,11 @@ use std::hint::black_box;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use jiff::{SignedDuration, Timestamp};
 use volcano_runner::config::Config;
+use volcano_runner::durable::AnnotationKeys;
 use volcano_runner::messages::v1::SubmitJob;
 use volcano_runner::messages::{Format, Inbound, MessageType, decode, decode_inbound, encode};
 use volcano_runner::pipeline::hooks::JobFacts;
-use volcano_runner::pipeline::{AnnotationKeys, Horizon, TickCursor, TickSchedule};
+use volcano_runner::pipeline::{Horizon, TickCursor, TickSchedule};
 use volcano_runner::validate;
 
 fn example(name: &str) -> SubmitJob {

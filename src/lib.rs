@@ -4,6 +4,8 @@
 //! - [`messages`]: the message contract (prost types from `proto/`, proto3 JSON, decoding) and
 //!   [`validate`], the layer that rejects bad input with the field path and the reason.
 //! - [`config`]: the one typed configuration, from TOML plus `VOLCANO_RUNNER_*` environment overrides.
+//! - [`durable`]: a job's durable record on its VolcanoJob (every annotation key) and the deterministic
+//!   ids of every event published about it: the one place both are defined.
 //! - [`pipeline`]: the plugins that turn a validated submission into the desired Kubernetes objects
 //!   (pure, no I/O), and their lifecycle hooks.
 //! - [`volcano`]: the Volcano CRD types (Job, PodGroup, Queue) that the pipeline renders and the cluster
@@ -22,11 +24,13 @@ pub mod broker;
 pub mod cli;
 pub mod cluster;
 pub mod config;
+pub mod durable;
 pub mod messages;
 pub mod monitor;
 pub mod ops;
 pub mod pipeline;
 pub mod runner;
+pub mod secret;
 pub mod sim;
 pub mod validate;
 pub mod volcano;

@@ -82,7 +82,7 @@ pub async fn broker(
                 received += 1;
                 let job: SubmitJob = decode(workload.format, &delivery.data)
                     .map_err(|e| BenchError::Broker(format!("a submission does not decode: {e}")))?;
-                let event = crate::runner::events::queued(&job.job_id, jiff::Timestamp::now(), "bench");
+                let event = crate::durable::queued_event(&job.job_id, jiff::Timestamp::now(), "bench");
                 let body = encode(event_format, &event)
                     .map_err(|e| BenchError::Broker(format!("encode: {e}")))?;
                 let publish = publish.clone();

@@ -26,14 +26,13 @@ use tracing::{debug, info, warn};
 
 use super::topology::{DeclareMode, Topology, TopologyError};
 use super::{BrokerConfig, ConsumerKind, EventsFollower, Publisher, QueueConsumer};
-use crate::config::ConfigError;
 
 /// Why the broker could not be reached or used.
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
     /// The `[broker]` configuration is invalid.
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(#[from] super::BrokerConfigError),
     /// Connecting failed. `retryable` is false for refused credentials or a missing vhost.
     #[error("cannot connect to RabbitMQ: {message}")]
     Connect { message: String, retryable: bool },

@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::{ConfigError, Secret};
+use crate::secret::Secret;
 
 pub use connection::{Broker, BrokerError};
 pub use consumer::{
@@ -201,8 +201,8 @@ impl BrokerConfig {
 
     /// Checks what serde cannot: names fit AMQP, bounds are ordered, the URL parses. A bad value fails the
     /// start with the key and the reason, never a message later.
-    pub fn check(&self) -> Result<(), ConfigError> {
-        let invalid = |key: &str, reason: String| ConfigError::Invalid {
+    pub fn check(&self) -> Result<(), BrokerConfigError> {
+        let invalid = |key: &str, reason: String| BrokerConfigError {
             key: format!("broker.{key}"),
             reason,
         };
@@ -332,6 +332,15 @@ mod duration_text {
             serde::de::Error::custom(format!("`{text}` is negative; durations must be positive"))
         })
     }
+}
+
+/// A `[broker]` setting that cannot work: the key (e.g. `broker.url`) and what is wrong. This
+/// section's own error, so the section does not depend on the configuration module that composes it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("configuration {key}: {reason}")]
+pub struct BrokerConfigError {
+    pub key: String,
+    pub reason: String,
 }
 
 #[cfg(test)]

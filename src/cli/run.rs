@@ -50,8 +50,8 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     if let Some(id) = &args.id {
         config.runner.id = Some(id.clone());
     }
-    config.runner.check()?;
-    config.ops.check()?;
+    // `--id` changed the configuration after it was loaded: check it again.
+    config.check()?;
     let runner_id = config.runner.runner_id();
     let shutdown = CancellationToken::new();
     // Whatever way this function returns, everything it started stops.

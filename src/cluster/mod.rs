@@ -193,8 +193,8 @@ impl Default for LeaseConfig {
 impl ClusterConfig {
     /// Checks the values that serde cannot: names Kubernetes will accept and durations that make sense
     /// together. The error names the key.
-    pub fn validate(&self) -> Result<(), crate::config::ConfigError> {
-        let invalid = |key: &str, reason: String| crate::config::ConfigError::Invalid {
+    pub fn validate(&self) -> Result<(), ClusterConfigError> {
+        let invalid = |key: &str, reason: String| ClusterConfigError {
             key: format!("cluster.{key}"),
             reason,
         };
@@ -248,6 +248,15 @@ impl ClusterConfig {
         }
         Ok(())
     }
+}
+
+/// A `[cluster]` setting that cannot work: the key (e.g. `cluster.namespace`) and what is wrong. This
+/// section's own error, so the section does not depend on the configuration module that composes it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("configuration {key}: {reason}")]
+pub struct ClusterConfigError {
+    pub key: String,
+    pub reason: String,
 }
 
 #[cfg(test)]

@@ -21,7 +21,6 @@
 //! like (a section name, then a single `_`) are rejected as a misspelt override.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -75,33 +74,7 @@ pub struct LicenseServer {
     pub license: Option<Secret>,
 }
 
-/// A string that must never reach a log: its `Debug` and `Display` print `***`.
-#[derive(Clone, Deserialize, PartialEq, Eq)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
-
-    /// The secret itself, for the one place that has to use it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("***")
-    }
-}
-
-impl fmt::Display for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("***")
-    }
-}
+pub use crate::secret::Secret;
 
 /// Why the configuration could not be loaded: names the key (or file) and the reason.
 #[derive(Debug, thiserror::Error)]
@@ -186,8 +159,9 @@ impl Config {
         Ok(config)
     }
 
-    /// Rules that types alone cannot express.
-    fn check(&self) -> Result<(), ConfigError> {
+    /// Rules that types alone cannot express, for every section; [`Config::load`] runs it, and so does
+    /// anything that changes a loaded configuration.
+    pub fn check(&self) -> Result<(), ConfigError> {
         let invalid = |key: String, reason: &str| ConfigError::Invalid {
             key,
             reason: reason.to_owned(),
@@ -208,12 +182,20 @@ impl Config {
         }
         // Every section, for every command: a value `run` would refuse is refused by `render`, `sim` and
         // the rest alike, at load, naming the key.
-        self.broker.check()?;
-        self.cluster.validate()?;
-        self.pipeline.validate()?;
-        self.runner.check()?;
-        self.monitor.validate()?;
-        self.ops.check()?;
+        // Each section owns its error (key and reason); here they become one.
+        let invalid = |key: String, reason: String| ConfigError::Invalid { key, reason };
+        self.broker.check().map_err(|e| invalid(e.key, e.reason))?;
+        self.cluster
+            .validate()
+            .map_err(|e| invalid(e.key, e.reason))?;
+        self.pipeline
+            .validate()
+            .map_err(|e| invalid(e.key, e.reason))?;
+        self.runner.check().map_err(|e| invalid(e.key, e.reason))?;
+        self.monitor
+            .validate()
+            .map_err(|e| invalid(e.key, e.reason))?;
+        self.ops.check().map_err(|e| invalid(e.key, e.reason))?;
         self.sim.validate().map_err(|e| match e {
             crate::sim::SimError::Config { key, reason } => ConfigError::Invalid { key, reason },
             other => ConfigError::Invalid {

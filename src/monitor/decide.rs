@@ -36,8 +36,8 @@ use super::events;
 use super::observe::{self, PendingInput, PullFailure, RankView};
 use super::record::{Outcome, Published, RankCode, Record, Terminal};
 use crate::config::Config;
-use crate::pipeline::AnnotationKeys;
-use crate::pipeline::annotations::format_millis;
+use crate::durable::AnnotationKeys;
+use crate::durable::annotations::format_millis;
 use crate::pipeline::hooks::{
     self, FactsError, HookPlan, JobFacts, Outbound, PluginFailure, TerminationCause,
 };
@@ -71,7 +71,7 @@ impl Settings {
             |d: std::time::Duration| SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
         Self {
             finalizer: keys.cleanup_finalizer(),
-            accepted_by: crate::runner::plan::RunnerKeys::new(&keys).accepted_by,
+            accepted_by: keys.accepted_by.clone(),
             keys,
             runner_id: runner_id.into(),
             image_pull_grace: signed(m.image_pull_grace),
@@ -348,13 +348,13 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
             .or_else(|| {
                 plan.set
                     .get(&s.keys.job_start)
-                    .and_then(|v| crate::pipeline::annotations::parse_millis(v))
+                    .and_then(|v| crate::durable::annotations::parse_millis(v))
             })
             .unwrap_or(now);
         let expiry = facts.expiry.or_else(|| {
             plan.set
                 .get(&s.keys.expiry)
-                .and_then(|v| crate::pipeline::annotations::parse_millis(v))
+                .and_then(|v| crate::durable::annotations::parse_millis(v))
         });
         let mut action = Action::from_plan("start", plan);
         action.publish.insert(
@@ -522,7 +522,7 @@ fn queued_first(
         .as_ref()
         .and_then(|a| a.get(&s.accepted_by))
         .map_or(s.runner_id.as_str(), String::as_str);
-    Some(Outbound::Lifecycle(crate::runner::events::queued(
+    Some(Outbound::Lifecycle(crate::durable::queued_event(
         &facts.job_id,
         created,
         accepted_by,

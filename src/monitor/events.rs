@@ -9,6 +9,7 @@ use jiff::Timestamp;
 
 use super::observe::PendingReason;
 use super::record::Outcome;
+use crate::durable::ids;
 use crate::messages::v1::{JobEvent, JobState, RankExit, RankLog};
 use crate::pipeline::hooks::proto_timestamp;
 use crate::pipeline::names;
@@ -21,7 +22,7 @@ pub fn running(
     runner_id: &str,
 ) -> JobEvent {
     JobEvent {
-        event_id: format!("{job_id}/RUNNING"),
+        event_id: ids::transition(job_id, JobState::Running),
         job_id: job_id.to_owned(),
         state: JobState::Running as i32,
         status: "Job is now running".to_owned(),
@@ -42,7 +43,7 @@ pub fn terminal(
     runner_id: &str,
 ) -> JobEvent {
     JobEvent {
-        event_id: format!("{job_id}/{}", outcome.state.as_str()),
+        event_id: ids::transition(job_id, outcome.state.job_state()),
         job_id: job_id.to_owned(),
         state: outcome.state.job_state() as i32,
         status: outcome.status.clone(),
@@ -88,7 +89,7 @@ pub fn status(
     runner_id: &str,
 ) -> JobEvent {
     JobEvent {
-        event_id: format!("{job_id}/status/{hash}"),
+        event_id: ids::status(job_id, hash),
         job_id: job_id.to_owned(),
         state: JobState::Unspecified as i32,
         status: pending.text.clone(),

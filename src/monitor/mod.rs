@@ -47,7 +47,7 @@ pub use run::PassReport;
 
 use crate::broker::Publisher;
 use crate::cluster::HeldShards;
-use crate::config::{Config, ConfigError};
+use crate::config::Config;
 
 mod duration {
     pub use jiff::fmt::serde::unsigned_duration::friendly::compact::{optional, required};
@@ -124,8 +124,8 @@ impl Default for MonitorConfig {
 
 impl MonitorConfig {
     /// Checks what serde cannot; the error names the key.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |key: &str, reason: &str| ConfigError::Invalid {
+    pub fn validate(&self) -> Result<(), MonitorConfigError> {
+        let invalid = |key: &str, reason: &str| MonitorConfigError {
             key: format!("monitor.{key}"),
             reason: reason.to_owned(),
         };
@@ -219,6 +219,15 @@ impl Monitor {
     pub async fn run(self, shutdown: CancellationToken) {
         run::run(self, shutdown).await
     }
+}
+
+/// A `[monitor]` setting that cannot work: the key (e.g. `monitor.reconcile_interval`) and what is wrong. This
+/// section's own error, so the section does not depend on the configuration module that composes it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("configuration {key}: {reason}")]
+pub struct MonitorConfigError {
+    pub key: String,
+    pub reason: String,
 }
 
 #[cfg(test)]

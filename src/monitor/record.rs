@@ -10,8 +10,8 @@ use std::fmt;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
+use crate::durable::AnnotationKeys;
 use crate::messages::v1::JobState;
-use crate::pipeline::AnnotationKeys;
 use crate::volcano::VolcanoJob;
 
 /// The four ways a job can end. Exactly one is published per job.

@@ -31,8 +31,6 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::ConfigError;
-
 pub use health::{BrokerSlot, Readiness, ReadyFlag, RunningGuard};
 pub use kube::{ApiCall, CallRecorder, KubeCallLayer};
 pub use metrics::Metrics;
@@ -124,8 +122,8 @@ impl Default for OpsConfig {
 
 impl OpsConfig {
     /// Checks what serde cannot: the filter parses, the timeouts make sense. The error names the key.
-    pub fn check(&self) -> Result<(), ConfigError> {
-        let invalid = |key: &str, reason: String| ConfigError::Invalid {
+    pub fn check(&self) -> Result<(), OpsConfigError> {
+        let invalid = |key: &str, reason: String| OpsConfigError {
             key: format!("ops.{key}"),
             reason,
         };
@@ -148,6 +146,15 @@ impl OpsConfig {
             filter: std::env::var(telemetry::LOG_ENV).unwrap_or_else(|_| self.log_filter.clone()),
         }
     }
+}
+
+/// A `[ops]` setting that cannot work: the key (e.g. `ops.listen`) and what is wrong. This
+/// section's own error, so the section does not depend on the configuration module that composes it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("configuration {key}: {reason}")]
+pub struct OpsConfigError {
+    pub key: String,
+    pub reason: String,
 }
 
 #[cfg(test)]

@@ -9,7 +9,6 @@ use serde::Deserialize;
 use super::PipelineConfig;
 use super::names;
 use super::plugins::PluginId;
-use crate::config::ConfigError;
 use crate::volcano::PolicyAction;
 
 /// One switch per plugin. Order is fixed by the registry; only on/off is configurable.
@@ -476,8 +475,8 @@ impl ProxyConfig {
 impl PipelineConfig {
     /// Checks what serde cannot: values Kubernetes or Volcano would reject or silently change. Called
     /// once at start, so a bad configuration stops the process instead of failing every job.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let err = |key: &str, reason: String| ConfigError::Invalid {
+    pub fn validate(&self) -> Result<(), PipelineConfigError> {
+        let err = |key: &str, reason: String| PipelineConfigError {
             key: format!("pipeline.{key}"),
             reason,
         };
@@ -662,4 +661,13 @@ impl PipelineConfig {
         }
         Ok(())
     }
+}
+
+/// A `[pipeline]` setting that cannot work: the key (e.g. `pipeline.annotation_prefix`) and what is wrong. This
+/// section's own error, so the section does not depend on the configuration module that composes it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("configuration {key}: {reason}")]
+pub struct PipelineConfigError {
+    pub key: String,
+    pub reason: String,
 }

@@ -4,11 +4,11 @@
 
 use prost::Message;
 
-use super::annotations::AnnotationKeys;
 use super::names::{self, OwnerKind};
 use super::plugins::file_mount::{self, MountPlan};
 use super::{NamespaceMode, PipelineConfig, PipelineError};
 use crate::config::Config;
+use crate::durable::annotations::AnnotationKeys;
 use crate::messages::v1::{
     Application, FileValue, IngressValue, NetworkIpValue, Owner, PeerValue, Product, SubmitJob,
     parameter_value, resource_value,

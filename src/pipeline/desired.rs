@@ -251,7 +251,7 @@ impl DesiredJob {
 
     /// Records the W3C trace context of the submission on the VolcanoJob (`<prefix>traceparent`), so the
     /// monitor's events continue the trace. Not part of the submission hash.
-    pub fn set_traceparent(&mut self, keys: &super::AnnotationKeys, traceparent: &str) {
+    pub fn set_traceparent(&mut self, keys: &crate::durable::AnnotationKeys, traceparent: &str) {
         self.vcjob
             .metadata
             .annotations

@@ -9,10 +9,10 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec, Volume, VolumeMount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::annotations::format_millis;
 use super::context::Context;
 use super::desired::{Companion, DesiredJob, OwnerNamespace};
 use super::names::{self, MANAGED_BY, MANAGED_BY_LABEL, TASK_NAME, USER_CONTAINER};
+use crate::durable::annotations::format_millis;
 use crate::volcano::{JobSpec, LifecyclePolicy, Queue, TaskSpec, VolcanoJob};
 
 /// A job being rendered. Plugins change it through its public fields and helpers.

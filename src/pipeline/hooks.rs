@@ -24,10 +24,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
 
-use super::annotations::{AnnotationKeys, format_millis, parse_millis};
 use super::names::{self, USER_CONTAINER};
 use super::plugins::{PluginId, REGISTRY};
 use crate::config::Config;
+use crate::durable::annotations::{AnnotationKeys, format_millis, parse_millis};
 use crate::messages::v1::{AccountingTick, JobEvent, ProxyEvent};
 use crate::volcano::{JobPhase, VolcanoJob};
 

@@ -9,12 +9,10 @@
 //! # Layout
 //! - [`PipelineConfig`] (this file): the `[pipeline]` section, one sub-section per concern.
 //! - [`names`]: Kubernetes names (job, pods, hostnames, owner namespaces, queues).
-//! - [`annotations`]: every annotation key the pipeline and the monitor persist on a VolcanoJob.
 //! - [`desired`]: [`DesiredJob`], the objects for one job in apply order.
 //! - [`plugins`]: one file per plugin and the ordered [`plugins::REGISTRY`].
 //! - [`hooks`]: what the monitor observes ([`hooks::JobFacts`]) and the actions the hooks return.
 
-pub mod annotations;
 pub mod config;
 pub mod desired;
 pub mod hooks;
@@ -26,7 +24,8 @@ pub mod draft;
 
 use serde::Deserialize;
 
-pub use annotations::AnnotationKeys;
+use crate::durable::AnnotationKeys;
+
 pub use config::*;
 pub use context::fingerprint;
 pub use desired::{Companion, DesiredJob, DesiredObject, OwnerNamespace, owner_reference};

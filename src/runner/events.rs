@@ -6,8 +6,8 @@
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::ids;
 use crate::cluster::Tombstone;
+use crate::durable::ids;
 use crate::messages::v1::{JobEvent, JobState};
 use crate::pipeline::hooks::proto_timestamp;
 use crate::pipeline::plugins::expiry::human;
@@ -15,7 +15,7 @@ use crate::pipeline::plugins::expiry::human;
 /// Machine-readable reason codes the runner puts on its events. Orchestrators match on them.
 pub mod reasons {
     /// QUEUED: the job's objects exist and it waits for the scheduler.
-    pub const SUBMITTED: &str = "submitted";
+    pub const SUBMITTED: &str = crate::durable::SUBMITTED;
     // FAILURE of a submission that could not be decoded or did not pass validation or rendering, and the
     // status event of such a cancel or extension: the dead-letter code (`missing_field`, `invalid_field`,
     // `invalid_json`, `wrong_queue`, ...; see `crate::validate::ErrorKind::code` and
@@ -51,21 +51,8 @@ fn event(job_id: &str, event_id: String, state: JobState, at: Timestamp, runner:
     }
 }
 
-/// QUEUED: the job's objects were created at `created_at` (the VolcanoJob's creationTimestamp) by runner
-/// `accepted_by` (its `acceptedBy` annotation). The same for every delivery of the submission.
-pub fn queued(job_id: &str, created_at: Timestamp, accepted_by: &str) -> JobEvent {
-    JobEvent {
-        status: "Queued: waiting for the scheduler to place every rank".into(),
-        reason: reasons::SUBMITTED.into(),
-        ..event(
-            job_id,
-            ids::transition(job_id, JobState::Queued),
-            JobState::Queued,
-            created_at,
-            accepted_by,
-        )
-    }
-}
+/// QUEUED, as the runner and the monitor both publish it: see [`crate::durable::queued_event`].
+pub use crate::durable::queued_event as queued;
 
 /// FAILURE for a submission that never became a job: `reason` is one of [`reasons`], `status` says what
 /// is wrong in words for the user (for bad input: `<field>: <problem>`).

@@ -13,8 +13,9 @@ use kube::api::{
 use crate::cluster::labels::FIELD_MANAGER;
 use crate::cluster::{ClusterError, KubeResultExt, RetryPolicy};
 use crate::config::Config;
+use crate::durable::AnnotationKeys;
+use crate::pipeline::NamespaceMode;
 use crate::pipeline::names::{self, MANAGED_BY, MANAGED_BY_LABEL};
-use crate::pipeline::{AnnotationKeys, NamespaceMode};
 use crate::volcano::VolcanoJob;
 
 /// Lifecycle states after which a job has had its terminal event.

@@ -16,14 +16,13 @@
 //! - [`plan`]: the pipeline's desired objects as the applier's steps, with the runner's decorations
 //!   (cleanup finalizer, `acceptedBy`, trace context).
 //! - [`jobs`]: finding, patching and deleting VolcanoJobs by job id.
-//! - [`events`], [`ids`]: the events the runner publishes and their deterministic ids (pure).
+//! - [`events`]: the events the runner publishes (pure; their ids are [`crate::durable::ids`]).
 //! - [`service`]: [`service::Service`], the runner with its broker connection, shard leases and monitor:
 //!   what `volcano-runner run` runs.
 
 pub mod consume;
 pub mod events;
 pub mod handle;
-pub mod ids;
 pub mod jobs;
 pub mod plan;
 pub mod service;
@@ -39,9 +38,9 @@ use tracing::info;
 
 use crate::broker::{Broker, BrokerError, ConsumerKind};
 use crate::cluster::{Applier, GateDriver, RetryPolicy, SubmitGate, Tombstones};
-use crate::config::{Config, ConfigError};
+use crate::config::Config;
+use crate::durable::AnnotationKeys;
 use crate::messages::Format;
-use crate::pipeline::AnnotationKeys;
 
 pub use consume::Stats;
 pub use handle::{Handler, Settle};
@@ -126,8 +125,8 @@ impl Default for RunnerConfig {
 
 impl RunnerConfig {
     /// Checks what serde cannot; the error names the key.
-    pub fn check(&self) -> Result<(), ConfigError> {
-        let invalid = |key: &str, reason: &str| ConfigError::Invalid {
+    pub fn check(&self) -> Result<(), RunnerConfigError> {
+        let invalid = |key: &str, reason: &str| RunnerConfigError {
             key: format!("runner.{key}"),
             reason: reason.to_owned(),
         };
@@ -180,7 +179,7 @@ fn id_from(host: &str, suffix: u32) -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum RunnerError {
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(#[from] RunnerConfigError),
     #[error(transparent)]
     Broker(#[from] BrokerError),
 }
@@ -353,6 +352,15 @@ impl Runner {
         );
         Ok(())
     }
+}
+
+/// A `[runner]` setting that cannot work: the key (e.g. `runner.max_in_flight`) and what is wrong. This
+/// section's own error, so the section does not depend on the configuration module that composes it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("configuration {key}: {reason}")]
+pub struct RunnerConfigError {
+    pub key: String,
+    pub reason: String,
 }
 
 #[cfg(test)]

@@ -4,8 +4,9 @@
 //! Pure: the same job, runner and trace context always give the same plan.
 
 use crate::cluster::{PlanError, Role, Step};
+use crate::durable::AnnotationKeys;
+use crate::pipeline::DesiredJob;
 use crate::pipeline::desired::{ObjectRef, Role as DesiredRole};
-use crate::pipeline::{AnnotationKeys, DesiredJob};
 
 use crate::ops::trace::TraceParent;
 
@@ -27,7 +28,7 @@ impl RunnerKeys {
     pub fn new(keys: &AnnotationKeys) -> Self {
         Self {
             cleanup_finalizer: keys.cleanup_finalizer(),
-            accepted_by: format!("{}acceptedBy", keys.prefix),
+            accepted_by: keys.accepted_by.clone(),
         }
     }
 }

@@ -12,8 +12,9 @@ use kube::ResourceExt;
 use kube::api::{Api, DynamicObject};
 use volcano_runner::cluster::{Applier, RetryPolicy, Role, Step};
 use volcano_runner::config::Config;
+use volcano_runner::durable::AnnotationKeys;
 use volcano_runner::messages::v1::SubmitJob;
-use volcano_runner::pipeline::{self, AnnotationKeys, DesiredJob, desired};
+use volcano_runner::pipeline::{self, DesiredJob, desired};
 
 fn golden(relative: &str) -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))

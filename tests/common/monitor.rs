@@ -15,12 +15,12 @@ use tokio_util::sync::CancellationToken;
 use volcano_runner::broker::{Broker, EventsFollower, FollowedEvent, OutboundEvent};
 use volcano_runner::cluster::{Applier, LeaseHandle, RetryPolicy, ShardLeases};
 use volcano_runner::config::Config;
+use volcano_runner::durable::AnnotationKeys;
 use volcano_runner::messages::v1::{
     AccountingTick, ApplicationType, InvocationParameter, JobEvent, JobState, ProxyEvent,
     SubmitJob, WordInvocation, invocation_parameter,
 };
 use volcano_runner::monitor::{Clock, Monitor};
-use volcano_runner::pipeline::AnnotationKeys;
 use volcano_runner::runner::RunnerKeys;
 use volcano_runner::runner::plan::{self, Decorations};
 use volcano_runner::sim::{SimConfig, SimHandle, Simulator};

@@ -106,7 +106,7 @@ fn the_job_id_limit_is_the_same_in_schemas_and_validation() {
 /// for the n-th tick.
 #[test]
 fn example_ids_follow_the_runtime_scheme() {
-    use volcano_runner::runner::ids;
+    use volcano_runner::durable::ids;
     let mut checked = 0;
     for (path, message_type) in examples() {
         let bytes = std::fs::read(&path).unwrap();

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use harness::{Harness, figlet};
 use kube::api::{Api, Patch, PatchParams};
+use volcano_runner::durable::AnnotationKeys;
 use volcano_runner::messages::v1::JobState;
-use volcano_runner::pipeline::AnnotationKeys;
 use volcano_runner::volcano::VolcanoJob;
 
 fn keys() -> AnnotationKeys {

@@ -7,8 +7,10 @@ use harness::{Harness, examples, figlet};
 use kube::api::{Api, DynamicObject, GroupVersionKind, ListParams};
 use kube::core::ApiResource;
 use serde_json::Value;
+use volcano_runner::durable::AnnotationKeys;
+use volcano_runner::durable::annotations::parse_millis;
 use volcano_runner::messages::v1::JobState;
-use volcano_runner::pipeline::{self, AnnotationKeys, annotations::parse_millis};
+use volcano_runner::pipeline::{self};
 
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 

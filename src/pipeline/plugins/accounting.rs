@@ -73,9 +73,9 @@ pub struct Tick {
 }
 
 impl Tick {
-    /// `<jobId>/<n>`.
+    /// `<jobId>/<n>` ([`crate::durable::ids::tick`]).
     pub fn id(&self, job_id: &str) -> String {
-        format!("{job_id}/{}", self.sequence)
+        crate::durable::ids::tick(job_id, self.sequence)
     }
 
     /// Length of the interval (per replica).

@@ -13,9 +13,9 @@ use jiff::{SignedDuration, Timestamp};
 
 use super::{Plugin, PluginId};
 use crate::config::Config;
+use crate::durable::annotations::format_millis;
 use crate::messages::v1::{JobEvent, JobState};
 use crate::pipeline::PipelineError;
-use crate::pipeline::annotations::format_millis;
 use crate::pipeline::context::Context;
 use crate::pipeline::draft::Draft;
 use crate::pipeline::hooks::{

@@ -190,7 +190,7 @@ pub fn event(
         ProxyAction::Unspecified => "unspecified",
     };
     ProxyEvent {
-        event_id: format!("{}/proxy/{verb}/{generation}", facts.job_id),
+        event_id: crate::durable::ids::proxy(&facts.job_id, verb, generation),
         job_id: facts.job_id.clone(),
         action: action as i32,
         targets,

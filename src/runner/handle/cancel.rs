@@ -21,10 +21,11 @@ use crate::messages::v1::CancelJob;
 use crate::validate;
 use crate::volcano::VolcanoJob;
 
+use super::super::events;
 use super::super::jobs::{annotation, is_over};
-use super::super::{events, ids};
 use super::reject::{self, Subject};
 use super::{Handler, Message, Settle};
+use crate::durable::ids;
 
 /// Attempts at the guarded write before the message is requeued.
 const CONFLICT_ATTEMPTS: usize = 5;

@@ -20,10 +20,10 @@ use crate::pipeline::plugins::expiry::{self, ExtendError, Extension};
 use crate::validate;
 
 use super::super::events::{self, Extended, reasons};
-use super::super::ids;
 use super::super::jobs::is_over;
 use super::reject::{self, Subject};
 use super::{Handler, Message, Settle};
+use crate::durable::ids;
 
 /// Attempts at the guarded write before the message is requeued.
 const CONFLICT_ATTEMPTS: usize = 8;

@@ -23,9 +23,9 @@ use tracing::warn;
 use crate::broker::{DeadLetterReason, Delivery, Outbound, PublishError, Publisher};
 use crate::cluster::{Applier, ClusterError, RetryPolicy, SubmitGate, Tombstones};
 use crate::config::Config;
+use crate::durable::AnnotationKeys;
 use crate::messages::v1::JobEvent;
 use crate::messages::{Format, Inbound, decode_inbound};
-use crate::pipeline::AnnotationKeys;
 
 use super::jobs::JobStore;
 use super::plan::RunnerKeys;

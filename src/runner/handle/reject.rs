@@ -20,8 +20,9 @@ use crate::cluster::ClusterError;
 use crate::messages::{DecodeError, Format, Inbound, MessageType, peek_job_id};
 use crate::validate::{self, ValidationError};
 
-use super::super::{events, ids};
+use super::super::events;
 use super::{Handler, Message, Settle};
+use crate::durable::ids;
 
 /// What was wrong, in the three forms the outcome needs.
 struct Problem {

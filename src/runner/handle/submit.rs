@@ -30,11 +30,12 @@ use crate::pipeline;
 use crate::validate;
 use crate::volcano::VolcanoJob;
 
+use super::super::events;
 use super::super::jobs::{annotation, is_over};
 use super::super::plan::{self, Decorations};
-use super::super::{events, ids};
 use super::reject::{self, Subject};
 use super::{Handler, Message, Settle};
+use crate::durable::ids;
 
 /// How often a resourceVersion-guarded write is tried again after a conflict before the message is
 /// requeued.

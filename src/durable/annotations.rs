@@ -13,6 +13,7 @@
 //! | `application` | core, at create | `<name>@<version>` |
 //! | `submissionHash` | core, at create | `sha256:<hex>` of the SubmitJob's protobuf encoding (duplicate detection) |
 //! | `acceptedAt` | core, at create | when the runner rendered the job |
+//! | `acceptedBy` | runner, at create | the runner that created the job (QUEUED carries it as `runnerId`) |
 //! | `traceparent` | runner, at create | W3C trace context of the submission |
 //! | `maxTime` | Expiry, at create; extensions | the time allocation in ms; absent: never expires |
 //! | `jobStart` | start hook, once | when the job first ran |
@@ -63,6 +64,8 @@ pub struct AnnotationKeys {
     pub submission_hash: String,
     /// `<prefix>acceptedAt` (see the table above).
     pub accepted_at: String,
+    /// `<prefix>acceptedBy` (see the table above).
+    pub accepted_by: String,
     /// `<prefix>traceparent` (see the table above).
     pub traceparent: String,
     /// `<prefix>maxTime` (see the table above).
@@ -117,6 +120,7 @@ impl AnnotationKeys {
             application: k("application"),
             submission_hash: k("submissionHash"),
             accepted_at: k("acceptedAt"),
+            accepted_by: k("acceptedBy"),
             traceparent: k("traceparent"),
             max_time: k("maxTime"),
             job_start: k("jobStart"),

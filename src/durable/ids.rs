@@ -1,4 +1,5 @@
-//! Deterministic ids of the messages the runner publishes (see `phase2.md`, "Deterministic ids").
+//! Deterministic ids of every message published about a job, by the runner and by the monitor: lifecycle
+//! events, status-only events, extension answers, rejections, accounting ticks and proxy events.
 //!
 //! Delivery is at-least-once: a message handled twice (a redelivery after a crash, a second runner
 //! racing the first) publishes its events twice. Consumers drop the copies by id, so every id here is a
@@ -24,6 +25,23 @@ pub fn rejected(job_id: &str, fingerprint16: &str) -> String {
 /// `<jobId>/extend/<requestId>`: the outcome of one extension request, however often it is delivered.
 pub fn extension(job_id: &str, request_id: &str) -> String {
     format!("{job_id}/extend/{request_id}")
+}
+
+/// `<jobId>/status/<hash>`: a status-only event (why the job waits, ...); the hash chains the previous
+/// status, so the same reason after another is a new event and a repeat of the last one is not.
+pub fn status(job_id: &str, hash: &str) -> String {
+    format!("{job_id}/status/{hash}")
+}
+
+/// `<jobId>/<n>`: the n-th accounting tick (from 0), whose index is recorded in `accountedTicks`.
+pub fn tick(job_id: &str, sequence: u64) -> String {
+    format!("{job_id}/{sequence}")
+}
+
+/// `<jobId>/proxy/<verb>/<generation>`: a proxy event (`create`, `update`, `remove`); the generation (a
+/// hash of the targets) is recorded in `proxyGeneration`.
+pub fn proxy(job_id: &str, verb: &str, generation: &str) -> String {
+    format!("{job_id}/proxy/{verb}/{generation}")
 }
 
 /// The state's name in ids: `QUEUED`, `RUNNING`, `SUCCESS`, `FAILURE`, `EXPIRED`, `CANCELLED`.
