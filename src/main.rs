@@ -4,7 +4,6 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use volcano_runner::cli::{self, Cli};
-use volcano_runner::ops::telemetry;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -26,7 +25,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// Logs go to stderr, so that command output on stdout stays clean; their format, filter and the secrets
 /// kept out of them come from the configuration (see `volcano_runner::ops::telemetry`).
 fn init_logging(config: Option<&std::path::Path>) {
-    if let Err(error) = telemetry::init_from_config(config) {
+    if let Err(error) = cli::init_logging(config) {
         eprintln!("volcano-runner: logging is not set up: {error}");
     }
 }

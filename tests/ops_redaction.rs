@@ -67,10 +67,12 @@ async fn secrets_never_reach_the_logs() {
     let secrets = Secrets::new("redact");
     let user = RabbitUser::create(&vhost, &secrets.amqp_password).await;
     let url = secrets.amqp_url(&user.name, &vhost);
-    // What `volcano-runner` does at start with its configuration (ops::telemetry::init_from_config).
+    // What `volcano-runner` does at start with its configuration (cli::init_logging).
     let mut startup = Config::default();
     secrets.configure(&mut startup, &url);
-    Redactor::global().add_config(&startup);
+    for secret in startup.secrets() {
+        Redactor::global().add(secret);
+    }
 
     let small = Some(Duration::from_secs(1));
     let mut fleet =

@@ -276,7 +276,7 @@ async fn phase_on(
     let client = sim
         .client()
         .map_err(|e| BenchError::Cluster(e.to_string()))?;
-    for name in namespaces::runner_namespaces(config) {
+    for name in namespaces::runner_namespaces(&config.cluster, &config.pipeline) {
         namespaces::create_if_missing(&client, &name)
             .await
             .map_err(|e| BenchError::Cluster(format!("create namespace {name}: {e}")))?;

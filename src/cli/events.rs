@@ -48,7 +48,9 @@ pub enum Output {
 pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError> {
     let config = Config::load(config)?;
     let shutdown = CancellationToken::new();
-    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    // Ends on a signal or when this function returns (the guard cancels the token).
+    let _stop_on_return = shutdown.clone().drop_guard();
+    let signals = tokio::spawn(cancel_on_signal(shutdown.clone()));
     let broker = Broker::connect(config.broker.clone(), shutdown.clone())
         .await
         .map_err(|e| CliError::Other(format!("RabbitMQ: {e}")))?;
@@ -90,6 +92,8 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     follower.close().await;
     shutdown.cancel();
     broker.close().await;
+    shutdown.cancel();
+    let _ = signals.await;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -78,3 +78,36 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Bench(args) => bench::run(args, cli.config.as_deref()).await,
     }
 }
+
+use crate::ops::redact::Redactor;
+use crate::ops::telemetry::{self, LOG_ENV, LogSettings, TelemetryError};
+
+/// Sets up the process's logging from the configuration file (and `VOLCANO_RUNNER_*` variables): the
+/// `[ops]` log format and filter, and the configuration's secrets handed to the global [`Redactor`]. Here,
+/// where the configuration and the logging meet, so that neither depends on the other.
+///
+/// Called before a subcommand runs. A configuration that does not load gives the default settings here;
+/// the subcommand loads it again and reports the problem. A `VOLCANO_RUNNER_LOG` that is not a valid
+/// filter is reported on stderr and replaced by the configured one.
+pub fn init_logging(file: Option<&std::path::Path>) -> Result<(), TelemetryError> {
+    let ops = match crate::config::Config::load(file) {
+        Ok(config) => {
+            for secret in config.secrets() {
+                Redactor::global().add(secret);
+            }
+            config.ops
+        }
+        Err(_) => crate::ops::OpsConfig::default(),
+    };
+    let settings = ops.log_settings();
+    match telemetry::init(&settings) {
+        Err(TelemetryError::Filter { filter, reason }) => {
+            eprintln!("volcano-runner: ignoring {LOG_ENV}={filter:?}: {reason}");
+            telemetry::init(&LogSettings {
+                filter: ops.log_filter,
+                ..settings
+            })
+        }
+        other => other,
+    }
+}

@@ -7,6 +7,21 @@
 //! account, else `KUBECONFIG`), an `http(s)://` URL, or `sim`, which starts the cluster simulator inside
 //! this process (for a first run without a cluster; `--sim-listen` makes it reachable for `kubectl` and
 //! `volcano-runner admin`).
+//!
+//! # Who owns what runs, and the stop order
+//! Every long-running loop of the process has one owner and is joined before the process exits:
+//! - [`Service::run_with_ops`] owns the runner's loops: the two consume loops and their handlers, the
+//!   gate and pause followers, the tombstone sweeper, the shard leases, the monitor, the namespace retry,
+//!   and the broker connection's supervisor;
+//! - this function owns the process's own: the signal listener, the `/metrics` `/healthz` `/readyz`
+//!   endpoint, the `draining` readiness flag, the remote simulator clock follower, and the embedded
+//!   simulator.
+//!
+//! On SIGTERM or SIGINT the stop goes in this order: (1) `/readyz` says `draining`; (2) the service stops
+//! consuming, finishes the messages in hand within `runner.shutdown_grace` (returning the rest), stops the
+//! monitor and the leases (releasing them), and closes the broker connection (publisher channels first);
+//! (3) the process's followers end and are joined; (4) the endpoint stops, last, so that it answers
+//! through the whole drain; (5) the embedded simulator stops.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -56,7 +71,9 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     let shutdown = CancellationToken::new();
     // Whatever way this function returns, everything it started stops.
     let _stop_on_return = shutdown.clone().drop_guard();
-    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    // The process's own loops (see the module documentation); each ends on `shutdown`.
+    let mut loops = tokio::task::JoinSet::new();
+    loops.spawn(cancel_on_signal(shutdown.clone()));
     // Metrics, /healthz and /readyz from the start: the kubelet sees a live, not yet ready, process
     // while the broker and the cluster are being reached.
     let ops = Ops::new();
@@ -74,7 +91,7 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     draining.set(Ok(()));
     {
         let shutdown = shutdown.clone();
-        tokio::spawn(async move {
+        loops.spawn(async move {
             shutdown.cancelled().await;
             draining.set(Err(
                 "draining: finishing the messages in hand, then exiting".into(),
@@ -153,7 +170,7 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
             "The cluster is a simulator: the monitor follows its clock."
         );
         let clock = Arc::new(clock);
-        tokio::spawn(clock.clone().follow(client.clone(), shutdown.clone()));
+        loops.spawn(clock.clone().follow(client.clone(), shutdown.clone()));
         let clock: Arc<dyn Clock> = clock;
         monitor_clock = Some((clock, Duration::from_millis(200)));
     }
@@ -166,6 +183,7 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     };
     let result = service.run_with_ops(shutdown.clone(), ops).await;
     shutdown.cancel();
+    while loops.join_next().await.is_some() {}
     endpoint_stop.cancel();
     if let Ok(Err(e)) = endpoint.await {
         tracing::warn!(error = %e, "The metrics endpoint failed.");

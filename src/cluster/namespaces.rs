@@ -21,9 +21,11 @@ use super::retry::Budget;
 /// The namespaces a runner needs before its first job: its own (tombstones, leases, the pause switch)
 /// and, unless every owner gets a namespace of their own, the one every job goes to. A real cluster has
 /// them from the deployment; the simulator starts with `default` and the system ones only.
-pub fn runner_namespaces(config: &crate::config::Config) -> Vec<String> {
-    let mut names = vec![config.cluster.namespace.clone()];
-    let pipeline = &config.pipeline;
+pub fn runner_namespaces(
+    cluster: &super::ClusterConfig,
+    pipeline: &crate::pipeline::PipelineConfig,
+) -> Vec<String> {
+    let mut names = vec![cluster.namespace.clone()];
     if pipeline.namespace.mode == crate::pipeline::NamespaceMode::Single
         || !pipeline.plugins.fair_share
     {
@@ -55,12 +57,13 @@ pub async fn create_if_missing(client: &kube::Client, name: &str) -> Result<bool
 /// one when the runner may; `Err` says, for an operator, what is missing and what to do.
 pub async fn ensure_runner_namespaces(
     client: &kube::Client,
-    config: &crate::config::Config,
+    cluster: &super::ClusterConfig,
+    pipeline: &crate::pipeline::PipelineConfig,
 ) -> Result<Vec<String>, String> {
     use k8s_openapi::api::core::v1::Namespace;
     let api: Api<Namespace> = Api::all(client.clone());
     let mut created = Vec::new();
-    for name in runner_namespaces(config) {
+    for name in runner_namespaces(cluster, pipeline) {
         // Create first: with the deployed RBAC (create on namespaces) an existing namespace answers
         // AlreadyExists, and no read permission is needed.
         let forbidden = match create_if_missing(client, &name).await {

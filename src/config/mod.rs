@@ -1,7 +1,10 @@
 //! The one typed configuration of volcano-runner.
 //!
-//! Each section is owned by the module that reads it; this file composes them and loads the whole from a
-//! TOML file with `VOLCANO_RUNNER_*` environment overrides. Anything wrong (a syntax error, an unknown
+//! The library sections are owned by the modules that read them (`[broker]`, `[cluster]`, `[pipeline]`,
+//! `[sim]`, `[ops]`), each with its own error type, and none of those modules depends on this one; the
+//! sections of the parts that consume the whole configuration (`[runner]`, `[monitor]`) are defined here,
+//! in [`runner`] and [`monitor`]. This module composes them and loads the whole from a TOML file with
+//! `VOLCANO_RUNNER_*` environment overrides (tests/contract/layout.rs holds the dependency rule). Anything wrong (a syntax error, an unknown
 //! key, a value of the wrong type, a value out of range) stops the program at start with the exact key,
 //! the reason, and where the value came from.
 //!
@@ -25,6 +28,14 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub mod monitor;
+pub mod runner;
+
+pub use monitor::MonitorConfig;
+pub use runner::RunnerConfig;
+
+use crate::pipeline::{PipelineConfig, Settings};
+
 /// The prefix of every environment variable the configuration reads.
 pub const ENV_PREFIX: &str = "VOLCANO_RUNNER_";
 
@@ -41,8 +52,8 @@ pub struct Config {
     pub broker: crate::broker::BrokerConfig,
     pub cluster: crate::cluster::ClusterConfig,
     pub pipeline: crate::pipeline::PipelineConfig,
-    pub runner: crate::runner::RunnerConfig,
-    pub monitor: crate::monitor::MonitorConfig,
+    pub runner: RunnerConfig,
+    pub monitor: MonitorConfig,
     pub sim: crate::sim::SimConfig,
     pub ops: crate::ops::OpsConfig,
 }
@@ -62,18 +73,7 @@ impl Default for LimitsConfig {
     }
 }
 
-/// Where a license server lives. The argument a program receives is `address:port/license`, or
-/// `address:port` without a key.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct LicenseServer {
-    pub address: String,
-    pub port: u16,
-    /// The license key, a secret: never logged.
-    #[serde(default)]
-    pub license: Option<Secret>,
-}
-
+pub use crate::pipeline::LicenseServer;
 pub use crate::secret::Secret;
 
 /// Why the configuration could not be loaded: names the key (or file) and the reason.
@@ -91,7 +91,61 @@ pub enum ConfigError {
     Syntax { path: PathBuf, message: String },
 }
 
+/// The `[pipeline]` section, for the pipeline's hooks (which need nothing else).
+impl AsRef<PipelineConfig> for Config {
+    fn as_ref(&self) -> &PipelineConfig {
+        &self.pipeline
+    }
+}
+
+/// What rendering a job reads: `[pipeline]` and the license servers.
+impl<'a> From<&'a Config> for Settings<'a> {
+    fn from(config: &'a Config) -> Self {
+        Settings {
+            pipeline: &config.pipeline,
+            licenses: &config.licenses,
+        }
+    }
+}
+
+impl<'a> From<&'a std::sync::Arc<Config>> for Settings<'a> {
+    fn from(config: &'a std::sync::Arc<Config>) -> Self {
+        Settings::from(&**config)
+    }
+}
+
+/// What validation reads: the replica limit and the license server ids.
+impl<'a> From<&'a Config> for crate::validate::Rules<'a> {
+    fn from(config: &'a Config) -> Self {
+        crate::validate::Rules {
+            max_replicas: config.limits.max_replicas,
+            license_ids: config.licenses.keys().map(String::as_str).collect(),
+        }
+    }
+}
+
+impl<'a> From<&'a std::sync::Arc<Config>> for crate::validate::Rules<'a> {
+    fn from(config: &'a std::sync::Arc<Config>) -> Self {
+        Self::from(&**config)
+    }
+}
+
 impl Config {
+    /// Every secret this configuration holds (the broker URL's password, license keys), for the log
+    /// redactor to remove wherever they appear.
+    pub fn secrets(&self) -> Vec<&str> {
+        let mut secrets = Vec::new();
+        if let Some(password) = crate::ops::redact::url_password(self.broker.url.expose()) {
+            secrets.push(password);
+        }
+        for server in self.licenses.values() {
+            if let Some(key) = &server.license {
+                secrets.push(key.expose());
+            }
+        }
+        secrets
+    }
+
     /// Loads the configuration the way the program does: the TOML file, when one is given, then the
     /// `VOLCANO_RUNNER_*` variables of the process environment on top.
     pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {

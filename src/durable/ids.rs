@@ -44,6 +44,12 @@ pub fn proxy(job_id: &str, verb: &str, generation: &str) -> String {
     format!("{job_id}/proxy/{verb}/{generation}")
 }
 
+/// `<jobId>/warning/<expiry ms>/<minutes before>`: the warning that the job expires soon, one per
+/// threshold and expiry (an extension moves the expiry, so the warnings come again for the new one).
+pub fn expiry_warning(job_id: &str, expiry_ms: i64, minutes_before: i64) -> String {
+    format!("{job_id}/warning/{expiry_ms}/{minutes_before}")
+}
+
 /// The state's name in ids: `QUEUED`, `RUNNING`, `SUCCESS`, `FAILURE`, `EXPIRED`, `CANCELLED`.
 pub fn state_name(state: JobState) -> &'static str {
     match state {

@@ -13,8 +13,8 @@ pub use annotations::AnnotationKeys;
 
 use jiff::Timestamp;
 
+use crate::messages::proto_timestamp;
 use crate::messages::v1::{JobEvent, JobState};
-use crate::pipeline::hooks::proto_timestamp;
 
 /// The reason of QUEUED.
 pub const SUBMITTED: &str = "submitted";

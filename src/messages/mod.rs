@@ -30,3 +30,11 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(
     env!("OUT_DIR"),
     "/volcano_runner_v1_descriptor.bin"
 ));
+
+/// A protobuf timestamp (the contract's time fields) from a jiff one.
+pub fn proto_timestamp(ts: jiff::Timestamp) -> pbjson_types::Timestamp {
+    pbjson_types::Timestamp {
+        seconds: ts.as_second(),
+        nanos: ts.subsec_nanosecond(),
+    }
+}

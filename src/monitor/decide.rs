@@ -189,7 +189,7 @@ fn earliest(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
 /// The decision for a job that exists (see the module documentation for the order).
 pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, FactsError> {
     let job = obs.job;
-    let facts = JobFacts::read(job, &s.keys, &s.config)?;
+    let facts = JobFacts::read(job, &s.keys, &s.config.pipeline)?;
     let record = Record::read(job, &s.keys);
     let deleting = job.metadata.deletion_timestamp.as_ref().map(|t| t.0);
     let finalized = job
@@ -342,7 +342,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     if record.published == Published::Queued
         && (phase == JobPhase::Running || (running_phase && started.is_some()))
     {
-        let plan = hooks::on_start(&s.config, job, obs.pods, now)?;
+        let plan = hooks::on_start(&s.config.pipeline, job, obs.pods, now)?;
         let start = facts
             .start
             .or_else(|| {
@@ -388,7 +388,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         // running at (a lagging watch must never let a tick run past the real end).
         let horizon = facts.expiry.map_or(now, |e| now.min(e));
         let horizon = obs.fresh_at.map_or(horizon, |t| horizon.min(t));
-        let plan = hooks::on_monitoring(&s.config, job, obs.pods, horizon)?;
+        let plan = hooks::on_monitoring(&s.config.pipeline, job, obs.pods, horizon)?;
         let next_check = plan.next_check;
         let mut action = Action::from_plan("monitor", plan);
         action.fresh = action
@@ -442,7 +442,7 @@ pub fn decide_gone(
     s: &Settings,
     now: Timestamp,
 ) -> Result<Option<Action>, FactsError> {
-    let facts = JobFacts::read(last, &s.keys, &s.config)?;
+    let facts = JobFacts::read(last, &s.keys, &s.config.pipeline)?;
     let record = Record::read(last, &s.keys);
     if let Published::Ended(_) = record.published {
         return Ok(None);
@@ -488,7 +488,7 @@ pub fn decide_gone(
         jobs_ahead: None,
         fresh_at: None,
     };
-    let facts = JobFacts::read(&job, &s.keys, &s.config)?;
+    let facts = JobFacts::read(&job, &s.keys, &s.config.pipeline)?;
     let mut action = publish_end(&obs, s, &facts, &record, &outcome, now)?;
     action.what = "gone";
     action.set.clear();
@@ -539,8 +539,9 @@ fn publish_end(
     now: Timestamp,
 ) -> Result<Action, FactsError> {
     let ended = outcome.ended();
-    let completion = hooks::on_completion(&s.config, obs.job, obs.pods, ended, now.max(ended))?;
-    let cleanup = hooks::on_cleanup(&s.config, obs.job, ended)?;
+    let completion =
+        hooks::on_completion(&s.config.pipeline, obs.job, obs.pods, ended, now.max(ended))?;
+    let cleanup = hooks::on_cleanup(&s.config.pipeline, obs.job, ended)?;
     let expiry = facts.expiry.or_else(|| {
         let start = facts.start.or(outcome.started())?;
         start.checked_add(facts.max_time?).ok()
@@ -845,7 +846,7 @@ mod tests {
             "../../schemas/examples/submit-job.figlet.json"
         ))
         .unwrap();
-        let mut job = crate::pipeline::render(&submit, &s.config, ts(0))
+        let mut job = crate::pipeline::render(&submit, &*s.config, ts(0))
             .unwrap()
             .vcjob;
         job.metadata.creation_timestamp = Some(Time(ts(0)));

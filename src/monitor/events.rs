@@ -10,8 +10,8 @@ use jiff::Timestamp;
 use super::observe::PendingReason;
 use super::record::Outcome;
 use crate::durable::ids;
+use crate::messages::proto_timestamp;
 use crate::messages::v1::{JobEvent, JobState, RankExit, RankLog};
-use crate::pipeline::hooks::proto_timestamp;
 use crate::pipeline::names;
 
 /// `<jobId>/RUNNING`, at the real start.

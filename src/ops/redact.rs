@@ -1,6 +1,6 @@
 //! Keeping secrets out of logs.
 //!
-//! The first line of defence is the type: [`Secret`](crate::config::Secret) prints `***`. It cannot cover
+//! The first line of defence is the type: [`Secret`](crate::secret::Secret) prints `***`. It cannot cover
 //! text the process did not build itself (a library's debug output of a connection URL, an error that
 //! quotes a rendered pod argument with a license key) or prost's derived `Debug` of a `SubmitJob`, which
 //! prints the VNC password. So every log line also passes through a [`Redactor`] before it is written
@@ -9,7 +9,7 @@
 //! - **known secrets**, in every form they can take in a log line: as written, percent-decoded (URL
 //!   passwords), and escaped once or twice for `Debug` and JSON (a JSON log line of a `Debug` value
 //!   escapes twice). The configuration's secrets (the AMQP password, license keys) are known for the
-//!   life of the process ([`Redactor::add_config`]); a message's secrets (its VNC password) while the
+//!   life of the process ([`Redactor::add`] with `Config::secrets`); a message's secrets (its VNC password) while the
 //!   message is handled ([`Redactor::hold`]).
 //! - **secret-shaped text**, whatever its value: the password of any `scheme://user:password@host` URL,
 //!   and the value after a `password` or `vnc_password` / `vncPassword` key in `Debug`, JSON and
@@ -23,8 +23,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, OnceLock, RwLock};
 
 use regex::Regex;
-
-use crate::config::Config;
 
 /// What a secret is replaced with.
 pub const MASK: &str = "***";
@@ -87,18 +85,6 @@ impl Redactor {
     pub fn add(&self, secret: &str) {
         let forms = forms(secret);
         self.write().fixed.extend(forms);
-    }
-
-    /// Remembers the configuration's secrets: the AMQP URL's password and every license key.
-    pub fn add_config(&self, config: &Config) {
-        if let Some(password) = url_password(config.broker.url.expose()) {
-            self.add(password);
-        }
-        for server in config.licenses.values() {
-            if let Some(key) = &server.license {
-                self.add(key.expose());
-            }
-        }
     }
 
     /// Removes `secret` from logs until the guard is dropped: for a secret that arrives with a message
@@ -315,7 +301,7 @@ fn value_end(text: &str, start: usize, unquoted_ok: bool) -> Option<ValueSpan> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{LicenseServer, Secret};
+    use crate::config::{Config, LicenseServer, Secret};
 
     #[test]
     fn known_secrets_go_in_every_form() {
@@ -364,7 +350,9 @@ mod tests {
             },
         );
         let r = Redactor::new();
-        r.add_config(&config);
+        for secret in config.secrets() {
+            r.add(secret);
+        }
         let line = "args [\"lic.example.org:27000/LIC-KEY-0042\"] password Zq9@long Zq9%40long";
         let scrubbed = r.scrub(line);
         assert_eq!(

@@ -79,6 +79,16 @@ where
             },
         )?);
     }
+    // lapin logs every returned (unroutable) message at WARN with its whole content; the publisher
+    // reports the same failure once, naming the exchange and routing key, and retries it.
+    if !settings.filter.contains("lapin") {
+        filter = filter.add_directive("lapin::returned_messages=error".parse().map_err(
+            |e: tracing_subscriber::filter::ParseError| TelemetryError::Filter {
+                filter: settings.filter.clone(),
+                reason: e.to_string(),
+            },
+        )?);
+    }
     let writer = RedactingWriter {
         inner: writer,
         redactor,
@@ -124,33 +134,6 @@ pub fn init(settings: &LogSettings) -> Result<(), TelemetryError> {
     tracing::subscriber::set_global_default(subscriber).map_err(|_| TelemetryError::AlreadySet)?;
     // Libraries that log through the `log` crate are not routed here; the ones in this tree use tracing.
     Ok(())
-}
-
-/// Sets up the process's logging from the configuration file (and `VOLCANO_RUNNER_*` variables): the
-/// `[ops]` log format and filter, and the configuration's secrets handed to the global [`Redactor`].
-///
-/// Called before a subcommand runs. A configuration that does not load gives the default settings here;
-/// the subcommand loads it again and reports the problem. A `VOLCANO_RUNNER_LOG` that is not a valid
-/// filter is reported on stderr and replaced by the configured one.
-pub fn init_from_config(file: Option<&std::path::Path>) -> Result<(), TelemetryError> {
-    let ops = match crate::config::Config::load(file) {
-        Ok(config) => {
-            Redactor::global().add_config(&config);
-            config.ops
-        }
-        Err(_) => super::OpsConfig::default(),
-    };
-    let settings = ops.log_settings();
-    match init(&settings) {
-        Err(TelemetryError::Filter { filter, reason }) => {
-            eprintln!("volcano-runner: ignoring {LOG_ENV}={filter:?}: {reason}");
-            init(&LogSettings {
-                filter: ops.log_filter,
-                ..settings
-            })
-        }
-        other => other,
-    }
 }
 
 /// A [`MakeWriter`] whose writers hold each log line until it is complete, scrub it, then write it.
@@ -303,6 +286,22 @@ mod tests {
             assert!(!out.contains("pw0rd"), "{out}");
             assert_eq!(out.matches("***").count(), 2, "{out}");
         }
+    }
+
+    #[test]
+    fn lapin_returned_message_dumps_are_kept_out_unless_asked_for() {
+        let emit = || {
+            tracing::warn!(target: "lapin::returned_messages", "Server returned us a message BODY");
+            tracing::warn!(target: "volcano_runner::broker", "no queue receives messages");
+        };
+        let text = logged(LogFormat::Human, "info", Redactor::new(), emit);
+        assert!(!text.contains("BODY"), "{text}");
+        assert!(text.contains("no queue receives messages"), "{text}");
+        let text = logged(LogFormat::Human, "info,lapin=warn", Redactor::new(), emit);
+        assert!(
+            text.contains("BODY"),
+            "an explicit lapin directive wins: {text}"
+        );
     }
 
     #[test]

@@ -671,3 +671,14 @@ pub struct PipelineConfigError {
     pub key: String,
     pub reason: String,
 }
+/// Where a license server lives. The argument a program receives is `address:port/license`, or
+/// `address:port` without a key.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LicenseServer {
+    pub address: String,
+    pub port: u16,
+    /// The license key, a secret: never logged.
+    #[serde(default)]
+    pub license: Option<crate::secret::Secret>,
+}

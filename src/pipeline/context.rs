@@ -7,7 +7,6 @@ use prost::Message;
 use super::names::{self, OwnerKind};
 use super::plugins::file_mount::{self, MountPlan};
 use super::{NamespaceMode, PipelineConfig, PipelineError};
-use crate::config::Config;
 use crate::durable::annotations::AnnotationKeys;
 use crate::messages::v1::{
     Application, FileValue, IngressValue, NetworkIpValue, Owner, PeerValue, Product, SubmitJob,
@@ -59,8 +58,8 @@ pub struct Placement {
 pub struct Context<'a> {
     /// The submission.
     pub job: &'a SubmitJob,
-    /// The whole configuration (licenses, limits, `[pipeline]`).
-    pub config: &'a Config,
+    /// `[pipeline]` and the license servers.
+    pub settings: super::Settings<'a>,
     /// The application (required).
     pub app: &'a Application,
     /// The product (required).
@@ -96,10 +95,10 @@ impl<'a> Context<'a> {
     /// Resolves the required parts of `job`; refuses a job without them, naming the field.
     pub fn new(
         job: &'a SubmitJob,
-        config: &'a Config,
+        settings: super::Settings<'a>,
         now: jiff::Timestamp,
     ) -> Result<Self, PipelineError> {
-        let pipeline = &config.pipeline;
+        let pipeline = settings.pipeline;
         let app = job
             .application
             .as_ref()
@@ -162,7 +161,7 @@ impl<'a> Context<'a> {
         let mounts = file_mount::plan(&files, job.output_folder.as_deref(), &pipeline.storage)?;
         Ok(Self {
             job,
-            config,
+            settings,
             app,
             product,
             owner,
@@ -182,7 +181,7 @@ impl<'a> Context<'a> {
 
     /// The `[pipeline]` section.
     pub fn pipeline(&self) -> &'a PipelineConfig {
-        &self.config.pipeline
+        self.settings.pipeline
     }
 
     /// Replicas as the i32 Kubernetes fields take (checked in [`Context::new`]).

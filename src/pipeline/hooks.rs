@@ -24,9 +24,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
 
+use super::PipelineConfig;
 use super::names::{self, USER_CONTAINER};
 use super::plugins::{PluginId, REGISTRY};
-use crate::config::Config;
 use crate::durable::annotations::{AnnotationKeys, format_millis, parse_millis};
 use crate::messages::v1::{AccountingTick, JobEvent, ProxyEvent};
 use crate::volcano::{JobPhase, VolcanoJob};
@@ -192,7 +192,7 @@ impl JobFacts {
     pub fn read(
         vcjob: &VolcanoJob,
         keys: &AnnotationKeys,
-        config: &Config,
+        config: &(impl AsRef<PipelineConfig> + ?Sized),
     ) -> Result<Self, FactsError> {
         let name = vcjob.metadata.name.clone().unwrap_or_default();
         let job_id = names::job_id_from_vcjob_name(&name)
@@ -288,7 +288,7 @@ impl JobFacts {
         };
         let accounting_period = millis(&keys.accounting_period)?
             .filter(|p| p.is_positive())
-            .unwrap_or(config.pipeline.accounting.period);
+            .unwrap_or(config.as_ref().accounting.period);
 
         Ok(Self {
             job_id,
@@ -330,8 +330,8 @@ pub struct HookContext<'a> {
     pub vcjob: &'a VolcanoJob,
     /// The job's pods, as listed by `volcano.sh/job-name=j-<jobId>`.
     pub pods: &'a [Pod],
-    /// The configuration.
-    pub config: &'a Config,
+    /// The `[pipeline]` section.
+    pub pipeline: &'a PipelineConfig,
     /// The annotation keys.
     pub keys: &'a AnnotationKeys,
     /// The instant of the decision.
@@ -489,7 +489,7 @@ enum Stage {
 
 fn run(stage: Stage, cx: &HookContext<'_>, plan: &mut HookPlan) {
     for plugin in REGISTRY {
-        if !cx.config.pipeline.plugins.is_on(plugin.id()) {
+        if !cx.pipeline.plugins.is_on(plugin.id()) {
             continue;
         }
         let mut actions = HookActions::default();
@@ -512,12 +512,12 @@ fn run(stage: Stage, cx: &HookContext<'_>, plan: &mut HookPlan) {
 /// happened to look), then every plugin's start hook: the expiry, the
 /// accounting baseline, the proxy routes.
 pub fn on_start(
-    config: &Config,
+    config: &(impl AsRef<PipelineConfig> + ?Sized),
     vcjob: &VolcanoJob,
     pods: &[Pod],
     now: Timestamp,
 ) -> Result<HookPlan, FactsError> {
-    let keys = config.pipeline.keys();
+    let keys = config.as_ref().keys();
     let mut facts = JobFacts::read(vcjob, &keys, config)?;
     let mut plan = HookPlan::new(&facts);
     if facts.start.is_none() {
@@ -533,7 +533,7 @@ pub fn on_start(
         facts: &facts,
         vcjob,
         pods,
-        config,
+        pipeline: config.as_ref(),
         keys: &keys,
         now,
         ended_at: None,
@@ -545,12 +545,12 @@ pub fn on_start(
 /// Periodic check of a running job: expiry (delete now, or warn), accounting ticks, proxy targets.
 /// A job that has not started yet (no `jobStart`) gets an empty plan.
 pub fn on_monitoring(
-    config: &Config,
+    config: &(impl AsRef<PipelineConfig> + ?Sized),
     vcjob: &VolcanoJob,
     pods: &[Pod],
     now: Timestamp,
 ) -> Result<HookPlan, FactsError> {
-    let keys = config.pipeline.keys();
+    let keys = config.as_ref().keys();
     let facts = JobFacts::read(vcjob, &keys, config)?;
     let mut plan = HookPlan::new(&facts);
     if facts.start.is_none() {
@@ -560,7 +560,7 @@ pub fn on_monitoring(
         facts: &facts,
         vcjob,
         pods,
-        config,
+        pipeline: config.as_ref(),
         keys: &keys,
         now,
         ended_at: None,
@@ -573,13 +573,13 @@ pub fn on_monitoring(
 /// A job whose start was never recorded (it ran and ended between two looks) takes its start from its
 /// pods; a job that never ran is not charged.
 pub fn on_completion(
-    config: &Config,
+    config: &(impl AsRef<PipelineConfig> + ?Sized),
     vcjob: &VolcanoJob,
     pods: &[Pod],
     ended_at: Timestamp,
     now: Timestamp,
 ) -> Result<HookPlan, FactsError> {
-    let keys = config.pipeline.keys();
+    let keys = config.as_ref().keys();
     let mut facts = JobFacts::read(vcjob, &keys, config)?;
     let mut plan = HookPlan::new(&facts);
     if facts.start.is_none()
@@ -593,7 +593,7 @@ pub fn on_completion(
         facts: &facts,
         vcjob,
         pods,
-        config,
+        pipeline: config.as_ref(),
         keys: &keys,
         now,
         ended_at: Some(ended_at.min(now)),
@@ -604,18 +604,18 @@ pub fn on_completion(
 
 /// The job is gone: `vcjob` is its last known state (e.g. from the DELETED watch event).
 pub fn on_cleanup(
-    config: &Config,
+    config: &(impl AsRef<PipelineConfig> + ?Sized),
     vcjob: &VolcanoJob,
     now: Timestamp,
 ) -> Result<HookPlan, FactsError> {
-    let keys = config.pipeline.keys();
+    let keys = config.as_ref().keys();
     let facts = JobFacts::read(vcjob, &keys, config)?;
     let mut plan = HookPlan::new(&facts);
     let cx = HookContext {
         facts: &facts,
         vcjob,
         pods: &[],
-        config,
+        pipeline: config.as_ref(),
         keys: &keys,
         now,
         ended_at: None,
@@ -696,10 +696,4 @@ fn user_states(pods: &[Pod]) -> impl Iterator<Item = &k8s_openapi::api::core::v1
         .filter_map(|c| c.state.as_ref())
 }
 
-/// A protobuf timestamp from a jiff one.
-pub fn proto_timestamp(ts: Timestamp) -> pbjson_types::Timestamp {
-    pbjson_types::Timestamp {
-        seconds: ts.as_second(),
-        nanos: ts.subsec_nanosecond(),
-    }
-}
+pub use crate::messages::proto_timestamp;

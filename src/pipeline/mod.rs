@@ -33,7 +33,6 @@ pub use draft::Draft;
 pub use plugins::accounting::{Horizon, Tick, TickCursor, TickSchedule};
 pub use plugins::{Plugin, PluginId, REGISTRY};
 
-use crate::config::Config;
 use crate::messages::v1::SubmitJob;
 
 /// The `[pipeline]` section of the configuration: how jobs are rendered and which plugins run.
@@ -107,6 +106,21 @@ impl Default for PipelineConfig {
             proxy: ProxyConfig::default(),
             keys: KeyCache::default(),
         }
+    }
+}
+
+/// What rendering a job reads, and nothing more: the `[pipeline]` section and the license servers the
+/// Parameter plugin resolves ids against. (The whole configuration converts into it, so callers pass
+/// `&config`.)
+#[derive(Debug, Clone, Copy)]
+pub struct Settings<'a> {
+    pub pipeline: &'a PipelineConfig,
+    pub licenses: &'a std::collections::BTreeMap<String, LicenseServer>,
+}
+
+impl AsRef<PipelineConfig> for PipelineConfig {
+    fn as_ref(&self) -> &PipelineConfig {
+        self
     }
 }
 
@@ -199,15 +213,16 @@ impl PipelineError {
 /// `job` is assumed validated (`validate::submit`), but bad input never panics: it gives a
 /// [`PipelineError`] naming the field. `now` is only recorded (the `acceptedAt` annotation); nothing
 /// else depends on the clock, so the same input always renders the same objects.
-pub fn render(
-    job: &SubmitJob,
-    config: &Config,
+pub fn render<'a>(
+    job: &'a SubmitJob,
+    settings: impl Into<Settings<'a>>,
     now: jiff::Timestamp,
 ) -> Result<DesiredJob, PipelineError> {
-    let cx = context::Context::new(job, config, now)?;
+    let settings = settings.into();
+    let cx = context::Context::new(job, settings, now)?;
     let mut draft = draft::Draft::new(&cx);
     for plugin in REGISTRY {
-        if config.pipeline.plugins.is_on(plugin.id()) {
+        if settings.pipeline.plugins.is_on(plugin.id()) {
             plugin.build(&cx, &mut draft)?;
         }
     }

@@ -8,8 +8,8 @@ use jiff::{SignedDuration, Timestamp};
 
 use crate::cluster::Tombstone;
 use crate::durable::ids;
+use crate::messages::proto_timestamp;
 use crate::messages::v1::{JobEvent, JobState};
-use crate::pipeline::hooks::proto_timestamp;
 use crate::pipeline::plugins::expiry::human;
 
 /// Machine-readable reason codes the runner puts on its events. Orchestrators match on them.

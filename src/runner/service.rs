@@ -28,7 +28,13 @@ async fn ensure_own_namespaces(
     config: &Config,
     condition: &crate::ops::health::Condition,
 ) -> bool {
-    match crate::cluster::namespaces::ensure_runner_namespaces(client, config).await {
+    match crate::cluster::namespaces::ensure_runner_namespaces(
+        client,
+        &config.cluster,
+        &config.pipeline,
+    )
+    .await
+    {
         Ok(created) => {
             for name in created {
                 info!(namespace = %name, "Created the runner's namespace (leases, tombstones, pause switch).");

@@ -45,7 +45,6 @@ use std::fmt;
 
 use pbjson_types::{Duration, Timestamp};
 
-use crate::config::Config;
 use crate::messages::AnyMessage;
 use crate::messages::v1::{CancelJob, ExtendJob, SubmitJob};
 
@@ -165,8 +164,18 @@ impl std::error::Error for ValidationError {}
 /// assert_eq!(err.to_string(), "replicas: must be at least 1");
 /// assert_eq!((err.field(), err.reason()), ("replicas", "invalid_field"));
 /// ```
-pub fn submit(job: &SubmitJob, config: &Config) -> Result<(), ValidationError> {
-    submit::check(job, config)
+pub fn submit<'a>(job: &SubmitJob, rules: impl Into<Rules<'a>>) -> Result<(), ValidationError> {
+    submit::check(job, &rules.into())
+}
+
+/// What validation takes from the runner's configuration: the replica limit and the license server ids
+/// (`[limits]`, `[licenses]`). The whole configuration converts into it, so callers pass `&config`.
+#[derive(Debug, Clone, Default)]
+pub struct Rules<'a> {
+    /// `limits.max_replicas`.
+    pub max_replicas: u32,
+    /// The ids of `[licenses]`, in order.
+    pub license_ids: Vec<&'a str>,
 }
 
 /// Checks a cancellation: the job id must be one a job can have. An unknown job is not an error here.
@@ -186,9 +195,12 @@ pub fn extend(extend: &ExtendJob) -> Result<(), ValidationError> {
 
 /// Checks any message of the contract with the check for its type: [`submit`], [`cancel`], [`extend`],
 /// [`job_event`], [`accounting_tick`] or [`proxy_event`].
-pub fn message(message: &AnyMessage, config: &Config) -> Result<(), ValidationError> {
+pub fn message<'a>(
+    message: &AnyMessage,
+    rules: impl Into<Rules<'a>>,
+) -> Result<(), ValidationError> {
     match message {
-        AnyMessage::SubmitJob(m) => submit(m, config),
+        AnyMessage::SubmitJob(m) => submit(m, rules),
         AnyMessage::CancelJob(m) => cancel(m),
         AnyMessage::ExtendJob(m) => extend(m),
         AnyMessage::JobEvent(m) => job_event(m),

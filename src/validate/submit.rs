@@ -3,10 +3,10 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use super::Rules;
 use super::{
     ErrorKind, ValidationError, image, job_id_at, names, positive_duration, quoted, timestamp,
 };
-use crate::config::Config;
 use crate::messages::v1::{
     Application, ApplicationType, FileValue, IngressValue, InvocationParameter, LicenseServerValue,
     NetworkIpValue, Owner, ParameterDefinition, ParameterType, PeerValue, Product, Protocol,
@@ -26,7 +26,7 @@ const INGRESS_MULTI_REPLICA: &str =
 const NETWORK_IP_MULTI_REPLICA: &str =
     "UCloud/compute does not currently support IPs with multiple nodes";
 
-pub(super) fn check(job: &SubmitJob, config: &Config) -> Check {
+pub(super) fn check(job: &SubmitJob, config: &Rules<'_>) -> Check {
     job_id_at("jobId", &job.job_id)?;
     // Every string within its bound (the JSON Schema's maxLength). A message that has no JSON form (an
     // enum number or a time outside the contract) is refused below for that, naming the field.
@@ -132,8 +132,8 @@ fn job_name(name: &str) -> Check {
     Ok(())
 }
 
-fn replicas(job: &SubmitJob, config: &Config) -> Check {
-    let max = config.limits.max_replicas;
+fn replicas(job: &SubmitJob, config: &Rules<'_>) -> Check {
+    let max = config.max_replicas;
     if job.replicas == 0 {
         return Err(ValidationError::invalid("replicas", "must be at least 1"));
     }
@@ -405,7 +405,7 @@ fn declared<'a>(
 
 /// What parameter values are checked against.
 struct Values<'a> {
-    config: &'a Config,
+    config: &'a Rules<'a>,
 }
 
 impl Values<'_> {
@@ -464,13 +464,13 @@ impl Values<'_> {
     fn license(&self, field: &str, license: &LicenseServerValue) -> Check {
         let field = format!("{field}.licenseServer.id");
         non_empty(&field, &license.id)?;
-        if self.config.licenses.contains_key(&license.id) {
+        if self.config.license_ids.contains(&license.id.as_str()) {
             return Ok(());
         }
         let known: Vec<String> = self
             .config
-            .licenses
-            .keys()
+            .license_ids
+            .iter()
             .take(10)
             .map(|k| quoted(k))
             .collect();
@@ -725,6 +725,7 @@ fn number(x: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
     use crate::messages::{Format, decode, v1};
     use crate::validate::submit;
 

@@ -9,4 +9,5 @@ mod support;
 mod cli_validate;
 mod codec;
 mod config_example;
+mod layout;
 mod props;

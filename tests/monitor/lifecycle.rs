@@ -479,7 +479,7 @@ async fn extend(w: &World, ns: &str, name: &str, request: &str, minutes: i64) {
         let job = api.get(name).await.expect("the job");
         let extension = expiry::extend(
             &job,
-            &w.config,
+            &w.config.pipeline,
             request,
             jiff::SignedDuration::from_mins(minutes),
         )

@@ -224,7 +224,7 @@ impl Plugin for Accounting {
 
     fn on_start(&self, cx: &HookContext<'_>, out: &mut HookActions) -> Result<(), HookError> {
         if let Some(schedule) = schedule(cx.facts)? {
-            let settle = cx.config.pipeline.accounting.settle;
+            let settle = cx.pipeline.accounting.settle;
             let next = schedule
                 .boundary(cx.facts.accounted_ticks + 1)
                 .unwrap_or(cx.now);
@@ -236,7 +236,7 @@ impl Plugin for Accounting {
     fn on_monitoring(&self, cx: &HookContext<'_>, out: &mut HookActions) -> Result<(), HookError> {
         // Only time the cluster's view has had `settle` to prove: a job that ended just before a
         // boundary must not be charged the whole tick because its end was reported late.
-        let settle = cx.config.pipeline.accounting.settle;
+        let settle = cx.pipeline.accounting.settle;
         let proven = cx.now.checked_sub(settle).unwrap_or(cx.now);
         publish(cx, Horizon::Running(proven), out)
     }
@@ -289,7 +289,7 @@ fn publish(cx: &HookContext<'_>, horizon: Horizon, out: &mut HookActions) -> Res
     if let (Horizon::Running(_), false) = (horizon, after.finished)
         && let Some(next) = schedule.boundary(after.next + 1)
     {
-        let settle = cx.config.pipeline.accounting.settle;
+        let settle = cx.pipeline.accounting.settle;
         out.check_at(next.checked_add(settle).unwrap_or(next));
     }
     Ok(())

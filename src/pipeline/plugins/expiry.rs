@@ -12,16 +12,15 @@
 use jiff::{SignedDuration, Timestamp};
 
 use super::{Plugin, PluginId};
-use crate::config::Config;
 use crate::durable::annotations::format_millis;
 use crate::messages::v1::{JobEvent, JobState};
-use crate::pipeline::PipelineError;
 use crate::pipeline::context::Context;
 use crate::pipeline::draft::Draft;
 use crate::pipeline::hooks::{
     FactsError, HookActions, HookContext, HookError, HookPlan, JobFacts, Outbound,
     TerminationCause, proto_timestamp,
 };
+use crate::pipeline::{PipelineConfig, PipelineError};
 use crate::volcano::VolcanoJob;
 
 /// Reason code of the warning events.
@@ -62,11 +61,7 @@ impl Plugin for Expiry {
             let expiry = add(start, max_time)?;
             out.set
                 .insert(cx.keys.expiry.clone(), format_millis(expiry));
-            out.check_at(next_check(
-                expiry,
-                cx.now,
-                &cx.config.pipeline.expiry.warn_before,
-            ));
+            out.check_at(next_check(expiry, cx.now, &cx.pipeline.expiry.warn_before));
         }
         Ok(())
     }
@@ -87,7 +82,7 @@ impl Plugin for Expiry {
         match decide(
             expiry,
             cx.now,
-            &cx.config.pipeline.expiry.warn_before,
+            &cx.pipeline.expiry.warn_before,
             facts.expiry_warned.map(|w| (w.expiry, w.before)),
         ) {
             Decision::DeleteNow => out.delete = Some(TerminationCause::Expired),
@@ -179,10 +174,10 @@ pub fn warning_event(
 ) -> JobEvent {
     let crossed = expiry.checked_sub(before).unwrap_or(expiry);
     JobEvent {
-        event_id: format!(
-            "{job_id}/warning/{}/{}",
+        event_id: crate::durable::ids::expiry_warning(
+            job_id,
             expiry.as_millisecond(),
-            before.as_secs() / 60
+            before.as_secs() / 60,
         ),
         job_id: job_id.to_owned(),
         state: JobState::Unspecified as i32,
@@ -266,7 +261,7 @@ pub const MAX_ALLOCATION: SignedDuration = SignedDuration::from_secs(100 * 366 *
 /// Extends the job by `extension`, once per `request_id`, against the persisted values.
 pub fn extend(
     vcjob: &VolcanoJob,
-    config: &Config,
+    config: &(impl AsRef<PipelineConfig> + ?Sized),
     request_id: &str,
     extension: SignedDuration,
 ) -> Result<Extension, ExtendError> {
@@ -276,7 +271,7 @@ pub fn extend(
     if !extension.is_positive() {
         return Err(ExtendError::NotPositive);
     }
-    let keys = config.pipeline.keys();
+    let keys = config.as_ref().keys();
     let facts = JobFacts::read(vcjob, &keys, config)?;
     if facts.extensions.iter().any(|id| id == request_id) {
         return Ok(Extension::AlreadyApplied);
@@ -297,7 +292,7 @@ pub fn extend(
         .transpose()?;
     let mut applied = facts.extensions.clone();
     applied.push(request_id.to_owned());
-    let keep = config.pipeline.expiry.max_remembered_extensions.max(1);
+    let keep = config.as_ref().expiry.max_remembered_extensions.max(1);
     if applied.len() > keep {
         applied.drain(..applied.len() - keep);
     }

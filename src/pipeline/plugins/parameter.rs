@@ -25,11 +25,11 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::EnvVar;
 
 use super::{Plugin, PluginId};
-use crate::config::LicenseServer;
 use crate::messages::v1::{
     InvocationParameter, ParameterDefinition, ParameterType, ParameterValue, VariableInvocation,
     invocation_parameter::Kind, parameter_value::Value,
 };
+use crate::pipeline::LicenseServer;
 use crate::pipeline::PipelineError;
 use crate::pipeline::context::Context;
 use crate::pipeline::draft::Draft;
@@ -50,7 +50,7 @@ impl Plugin for Parameter {
         let values = JobArguments {
             definitions: &cx.app.parameters,
             values: &cx.job.parameters,
-            licenses: &cx.config.licenses,
+            licenses: cx.settings.licenses,
             mounts: &cx.mounts,
         };
         let mut command = Vec::new();

@@ -60,7 +60,7 @@ pub async fn handle(h: &Handler, m: &Message<'_>, extend: &ExtendJob) -> Settle 
         if is_over(&job, &h.keys) {
             return publish(h, m, &refuse(reasons::JOB_FINISHED)).await;
         }
-        let outcome = match expiry::extend(&job, &h.config, request_id, added) {
+        let outcome = match expiry::extend(&job, &h.config.pipeline, request_id, added) {
             Ok(outcome) => outcome,
             Err(ExtendError::OutOfRange) => {
                 // The request's fault, not the job's: the orchestrator gets its answer, and the message
@@ -89,7 +89,7 @@ pub async fn handle(h: &Handler, m: &Message<'_>, extend: &ExtendJob) -> Settle 
         };
         let applied = match outcome {
             Extension::NoTimeLimit => return publish(h, m, &refuse(reasons::NO_TIME_LIMIT)).await,
-            Extension::AlreadyApplied => match JobFacts::read(&job, &h.keys, &h.config) {
+            Extension::AlreadyApplied => match JobFacts::read(&job, &h.keys, &h.config.pipeline) {
                 Ok(facts) => Extended {
                     added,
                     max_time: facts.max_time.unwrap_or_default(),

@@ -92,7 +92,7 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         }
     }
 
-    let desired = match pipeline::render(job, &h.config, h.now()) {
+    let desired = match pipeline::render(job, &*h.config, h.now()) {
         Ok(desired) => desired,
         Err(e) => {
             return reject::invalid(h, m, subject, &e.field(), e.message(), e.code()).await;

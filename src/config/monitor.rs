@@ -1,0 +1,181 @@
+//! The `[monitor]` section: how often the monitor reconciles, its grace periods and timeouts, how many
+//! jobs it handles at once and how it encodes what it publishes. Defined with the configuration (the
+//! monitor consumes the whole of it), re-exported by [`crate::monitor`].
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+mod duration {
+    pub use jiff::fmt::serde::unsigned_duration::friendly::compact::{optional, required};
+}
+
+/// How outbound messages are encoded.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Encoding {
+    /// proto3 JSON: readable in the management UI and by `volcano-runner events`.
+    #[default]
+    Json,
+    /// Binary protobuf: smaller, for consumers that prefer it.
+    Protobuf,
+}
+
+/// The `[monitor]` section: how jobs are watched once they exist.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MonitorConfig {
+    /// How often the watches are checked against the API (a metadata list of every kind) and every job
+    /// is looked at. A watch can go quiet or lose a change without an error (W1); this bounds how long a
+    /// missed change goes unnoticed. Deadlines (expiry, ticks) do not wait for it: they have timers of
+    /// their own.
+    #[serde(with = "duration::required")]
+    pub reconcile_interval: Duration,
+    /// How long a job whose image cannot be pulled keeps trying before it ends as FAILURE. Registries
+    /// have short outages; a wrong image name never heals.
+    #[serde(with = "duration::required")]
+    pub image_pull_grace: Duration,
+    /// A job that waits in the queue longer than this ends as FAILURE with the pending reason (a job too
+    /// large for the cluster would otherwise wait forever, W9). Unset: no limit.
+    #[serde(with = "duration::optional")]
+    pub queue_timeout: Option<Duration>,
+    /// How long the monitor waits for the pods of a deleted job to stop before it closes the job with
+    /// the deletion as its end. Long enough for a graceful shutdown, so the log tails and the end time
+    /// are the real ones.
+    #[serde(with = "duration::required")]
+    pub cleanup_grace: Duration,
+    /// Bytes of each rank's log kept in the terminal event, so a user sees why a job failed.
+    pub log_tail_bytes: usize,
+    /// Bytes of log tails per job in all (split between ranks): the tails are persisted on the job with
+    /// its outcome, and Kubernetes limits a job's annotations to 256 KiB.
+    pub log_tail_total_bytes: usize,
+    /// Jobs handled at once (each may wait for publisher confirms and API calls).
+    pub max_concurrent: usize,
+    /// First wait before a job whose handling failed (broker or API trouble) is tried again; it doubles
+    /// on every failure up to `retry_max_delay`.
+    #[serde(with = "duration::required")]
+    pub retry_min_delay: Duration,
+    /// Longest wait between two tries of a failing job.
+    #[serde(with = "duration::required")]
+    pub retry_max_delay: Duration,
+    /// How outbound messages are encoded.
+    pub encoding: Encoding,
+}
+
+impl Default for MonitorConfig {
+    fn default() -> Self {
+        Self {
+            reconcile_interval: Duration::from_secs(60),
+            image_pull_grace: Duration::from_secs(300),
+            queue_timeout: None,
+            cleanup_grace: Duration::from_secs(60),
+            log_tail_bytes: 4096,
+            log_tail_total_bytes: 65536,
+            max_concurrent: 32,
+            retry_min_delay: Duration::from_secs(1),
+            retry_max_delay: Duration::from_secs(60),
+            encoding: Encoding::Json,
+        }
+    }
+}
+
+impl MonitorConfig {
+    /// Checks what serde cannot; the error names the key.
+    pub fn validate(&self) -> Result<(), MonitorConfigError> {
+        let invalid = |key: &str, reason: &str| MonitorConfigError {
+            key: format!("monitor.{key}"),
+            reason: reason.to_owned(),
+        };
+        if self.reconcile_interval < Duration::from_secs(1) {
+            return Err(invalid("reconcile_interval", "must be at least 1s"));
+        }
+        if self.max_concurrent == 0 {
+            return Err(invalid("max_concurrent", "must be at least 1"));
+        }
+        if self.retry_min_delay.is_zero() || self.retry_min_delay > self.retry_max_delay {
+            return Err(invalid(
+                "retry_min_delay",
+                "must be more than 0 and at most retry_max_delay",
+            ));
+        }
+        if self.queue_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(invalid(
+                "queue_timeout",
+                "0 would fail every job at once; leave it unset for no limit",
+            ));
+        }
+        if self.log_tail_total_bytes > 128 * 1024 {
+            return Err(invalid(
+                "log_tail_total_bytes",
+                "must be at most 128 KiB: the tails live in the job's annotations (256 KiB in all)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A `[monitor]` setting that cannot work: the key (e.g. `monitor.reconcile_interval`) and what is wrong. This
+/// section's own error, so the section does not depend on the configuration module that composes it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("configuration {key}: {reason}")]
+pub struct MonitorConfigError {
+    pub key: String,
+    pub reason: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Deserialize)]
+    struct File {
+        monitor: MonitorConfig,
+    }
+
+    #[test]
+    fn empty_section_gives_the_defaults_and_they_are_valid() {
+        let parsed: MonitorConfig = toml::from_str("").unwrap();
+        assert_eq!(parsed, MonitorConfig::default());
+        assert_eq!(parsed.reconcile_interval, Duration::from_secs(60));
+        parsed.validate().unwrap();
+    }
+
+    #[test]
+    fn the_documented_section_is_the_default() {
+        let text = include_str!("../../deploy/config.d/monitor.toml");
+        let file: File = toml::from_str(text).unwrap();
+        assert_eq!(file.monitor, MonitorConfig::default());
+    }
+
+    #[test]
+    fn durations_in_words_and_bad_values_name_the_key() {
+        let parsed: MonitorConfig = toml::from_str(
+            "reconcile_interval = \"30s\"\nqueue_timeout = \"2h\"\nencoding = \"protobuf\"",
+        )
+        .unwrap();
+        assert_eq!(parsed.reconcile_interval, Duration::from_secs(30));
+        assert_eq!(parsed.queue_timeout, Some(Duration::from_secs(7200)));
+        assert_eq!(parsed.encoding, Encoding::Protobuf);
+        assert!(toml::from_str::<MonitorConfig>("reconcile = \"1s\"").is_err());
+        let bad = MonitorConfig {
+            max_concurrent: 0,
+            ..MonitorConfig::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("monitor.max_concurrent")
+        );
+        let bad = MonitorConfig {
+            queue_timeout: Some(Duration::ZERO),
+            ..MonitorConfig::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("monitor.queue_timeout")
+        );
+    }
+}
