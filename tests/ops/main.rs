@@ -6,6 +6,7 @@
 #[path = "../ops_common/mod.rs"]
 mod ops_common;
 
+mod demo;
 mod deploy;
 mod metrics;
 mod rbac;
