@@ -72,7 +72,9 @@ pub struct Options {
     /// Publishing rates: `None` is unpaced (as fast as confirms allow); `Some(r)` publishes r per second.
     pub rates: Vec<Option<f64>>,
     pub max_in_flight: u32,
-    pub monitor: bool,
+    /// The kinds of phase, in order: `false` without the monitoring duty (submissions only), `true` with
+    /// it, every job running to its end. Each (rate, runners) runs once per kind, on the same workload.
+    pub monitor: Vec<bool>,
     pub format: Format,
     /// The runner program (this one).
     pub program: PathBuf,
@@ -98,7 +100,7 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
         format: format!("{:?}", options.format).to_lowercase(),
         max_in_flight: options.max_in_flight,
         submit_prefetch: prefetch,
-        monitor: options.monitor,
+        monitor: options.monitor.clone(),
     };
 
     let limits = if options.skip_limits {
@@ -116,16 +118,23 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
     let mut phases = Vec::new();
     let mut index = 0;
     for rate in &options.rates {
-        for &runners in &options.runners {
-            index += 1;
-            let prefix = format!("{run_id}p{index}");
-            info!(runners, rate = ?rate, "Starting a phase.");
-            let mut phase = run_phase(options, &prefix, runners, *rate, prefetch).await?;
-            phase.ratio_to_smaller_limit = phase
-                .sustained_jobs_per_s
-                .zip(limits.as_ref())
-                .map(|(r, l)| r / l.smaller());
-            phases.push(phase);
+        for &monitor in &options.monitor {
+            for &runners in &options.runners {
+                index += 1;
+                let prefix = format!("{run_id}p{index}");
+                info!(runners, rate = ?rate, monitor, "Starting a phase.");
+                let mut phase =
+                    run_phase(options, &prefix, runners, *rate, prefetch, monitor).await?;
+                phase.ratio_to_smaller_limit = phase
+                    .sustained_jobs_per_s
+                    .zip(limits.as_ref())
+                    .map(|(r, l)| r / l.smaller());
+                phase.ratio_to_api_limit = phase
+                    .api_requests_per_s
+                    .zip(limits.as_ref())
+                    .map(|(r, l)| r / l.sim_creates_per_s);
+                phases.push(phase);
+            }
         }
     }
     Ok(Report {
@@ -239,8 +248,14 @@ async fn run_phase(
     runners: usize,
     target_rate: Option<f64>,
     prefetch: u16,
+    monitor: bool,
 ) -> Result<Phase, BenchError> {
-    let config = phase_config(options, prefix, prefetch);
+    let mut config = phase_config(options, prefix, prefetch);
+    if monitor {
+        // Jobs run to their end, briefly: the monitor's whole work per job (RUNNING, the final tick,
+        // the terminal event, the cleanup) falls inside the phase.
+        config.sim.default_run = MONITORED_RUN;
+    }
     let sim = start_sim(&config).await?;
     let phase = match PhaseBroker::declare(&config).await {
         Ok(broker) => {
@@ -252,6 +267,7 @@ async fn run_phase(
                 prefix,
                 runners,
                 target_rate,
+                monitor,
             )
             .await;
             broker.delete().await;
@@ -263,6 +279,7 @@ async fn run_phase(
     phase
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn phase_on(
     options: &Options,
     config: &Config,
@@ -271,6 +288,7 @@ async fn phase_on(
     prefix: &str,
     runners: usize,
     target_rate: Option<f64>,
+    monitor: bool,
 ) -> Result<Phase, BenchError> {
     let workload = Workload::new(prefix, options.submissions, options.format);
     let client = sim
@@ -288,14 +306,18 @@ async fn phase_on(
         Some((sim.kube_config(), prefix.to_owned())),
     )
     .await?;
-    let (queued, created) = (observers.queued.clone(), observers.created.clone());
+    let (queued, created, ended) = (
+        observers.queued.clone(),
+        observers.created.clone(),
+        observers.ended.clone(),
+    );
 
     let spec = RunnerSpec {
         program: options.program.clone(),
         config_file: options.config_file.clone(),
         env: runner_env(config),
         cluster_url: sim.url(),
-        monitor: options.monitor,
+        monitor,
         log_dir: options.log_dir.clone(),
     };
     let cpu_before = fleet::own_cpu_seconds();
@@ -303,6 +325,8 @@ async fn phase_on(
     let mut fleet = Fleet::start(&spec, &format!("bench-{prefix}"), runners)?;
     wait_for_consumers(&connection, config, runners, &mut fleet, options).await?;
 
+    // The API requests of the phase: from when every runner consumes until the last job is done.
+    let requests_before = sim.request_counts();
     let mut published_at = HashMap::with_capacity(workload.messages.len());
     let publish_started = Instant::now();
     let published = publish(
@@ -314,7 +338,15 @@ async fn phase_on(
     )
     .await?;
     let publish_rate = rate(published, publish_started.elapsed());
-    let complete = wait_with_progress(&queued, published, options.phase_timeout).await;
+    let mut complete = wait_with_progress(&queued, published, options.phase_timeout).await;
+    if monitor && complete {
+        let left = options
+            .phase_timeout
+            .saturating_sub(publish_started.elapsed());
+        complete = wait_with_progress(&ended, published, left).await;
+    }
+    let api_elapsed = publish_started.elapsed();
+    let api_requests_by_kind = request_delta(&requests_before, &sim.request_counts());
     // Created is seen before QUEUED; give the watch a moment if it lags behind the events.
     let _ = tokio::time::timeout(Duration::from_secs(5), created.wait_for(queued.len())).await;
     let per_runner = fleet
@@ -336,10 +368,22 @@ async fn phase_on(
         }
     }
     let _ = connection.close(200, "done".into()).await;
+    let api_requests: u64 = api_requests_by_kind.values().sum();
+    let jobs = if monitor {
+        ended.len()
+    } else {
+        to_queued.len()
+    };
     Ok(Phase {
         runners,
+        monitor,
         target_rate,
         published,
+        ended: ended.len(),
+        api_requests_per_job: (jobs > 0).then(|| api_requests as f64 / jobs as f64),
+        api_requests_per_s: Some(api_requests as f64 / api_elapsed.as_secs_f64().max(1e-3)),
+        ratio_to_api_limit: None,
+        api_requests_by_kind,
         created: to_created.len(),
         queued: to_queued.len(),
         complete,
@@ -351,6 +395,21 @@ async fn phase_on(
         per_runner,
         harness_cpu_s,
     })
+}
+
+/// How long each job runs in a phase with the monitoring duty.
+const MONITORED_RUN: Duration = Duration::from_secs(2);
+
+/// What was requested between two snapshots of the simulator's counts.
+fn request_delta(
+    before: &std::collections::BTreeMap<String, u64>,
+    after: &std::collections::BTreeMap<String, u64>,
+) -> std::collections::BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(kind, n)| (kind.clone(), n - before.get(kind).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
 }
 
 /// A fresh simulator on a free port with the configuration's nodes, on real time.
@@ -635,7 +694,7 @@ mod tests {
             runners: vec![1],
             rates: vec![None],
             max_in_flight: 64,
-            monitor: true,
+            monitor: vec![false, true],
             format: Format::Json,
             program: "volcano-runner".into(),
             log_dir: "/tmp".into(),
@@ -660,5 +719,24 @@ mod tests {
         assert_eq!(loaded.broker.dead_letter_queue, a.broker.dead_letter_queue);
         assert_eq!(loaded.broker.submit_prefetch, 128);
         assert_eq!(loaded.runner.max_in_flight, 64);
+    }
+    #[test]
+    fn the_requests_of_a_phase_are_the_difference_of_two_counts() {
+        let before = std::collections::BTreeMap::from([
+            ("create jobs.batch.volcano.sh".to_owned(), 5),
+            ("watch pods".to_owned(), 2),
+        ]);
+        let after = std::collections::BTreeMap::from([
+            ("create jobs.batch.volcano.sh".to_owned(), 15),
+            ("watch pods".to_owned(), 2),
+            ("list pods".to_owned(), 3),
+        ]);
+        assert_eq!(
+            request_delta(&before, &after),
+            std::collections::BTreeMap::from([
+                ("create jobs.batch.volcano.sh".to_owned(), 10),
+                ("list pods".to_owned(), 3),
+            ])
+        );
     }
 }

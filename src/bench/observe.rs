@@ -120,13 +120,15 @@ pub async fn watch_created(
     Ok((seen, task))
 }
 
-/// Consumes `queue` (bound to the events exchange) and records each job's first QUEUED event.
+/// Consumes `queue` (bound to the events exchange) and records each job's first QUEUED event and its
+/// first terminal event (SUCCESS, FAILURE, EXPIRED, CANCELLED).
 pub async fn consume_queued(
     channel: lapin::Channel,
     queue: &str,
     stop: CancellationToken,
-) -> Result<(Seen, tokio::task::JoinHandle<()>), BenchError> {
+) -> Result<(Seen, Seen, tokio::task::JoinHandle<()>), BenchError> {
     let seen = Seen::default();
+    let ended = Seen::default();
     let mut consumer = channel
         .basic_consume(
             queue.into(),
@@ -137,6 +139,7 @@ pub async fn consume_queued(
         .await
         .map_err(|e| BenchError::Broker(format!("consume {queue}: {e}")))?;
     let record = seen.clone();
+    let record_end = ended.clone();
     let task = tokio::spawn(async move {
         loop {
             let delivery = tokio::select! {
@@ -151,21 +154,28 @@ pub async fn consume_queued(
                 .as_ref()
                 .and_then(|c| Format::from_content_type(c.as_str()).ok())
                 .unwrap_or(Format::Json);
-            if let Ok(event) = decode::<JobEvent>(format, &delivery.data)
-                && event.state() == JobState::Queued
-            {
-                record.record(&event.job_id, now);
+            if let Ok(event) = decode::<JobEvent>(format, &delivery.data) {
+                match event.state() {
+                    JobState::Queued => record.record(&event.job_id, now),
+                    JobState::Success
+                    | JobState::Failure
+                    | JobState::Expired
+                    | JobState::Cancelled => record_end.record(&event.job_id, now),
+                    _ => {}
+                }
             }
             let _ = delivery.ack(BasicAckOptions::default()).await;
         }
     });
-    Ok((seen, task))
+    Ok((seen, ended, task))
 }
 
 /// Both observers on a thread of their own, recording until dropped.
 pub struct Observers {
     pub queued: Seen,
     pub created: Seen,
+    /// Jobs whose terminal event arrived (phases whose jobs run to their end).
+    pub ended: Seen,
     stop: CancellationToken,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -183,7 +193,7 @@ impl Observers {
         let events_exchange = config.broker.events_exchange.clone();
         let queue = queue.to_owned();
         let stop = CancellationToken::new();
-        let (ready_tx, ready_rx) = oneshot::channel::<Result<(Seen, Seen), BenchError>>();
+        let (ready_tx, ready_rx) = oneshot::channel::<Result<(Seen, Seen, Seen), BenchError>>();
         let token = stop.clone();
         let thread = std::thread::Builder::new()
             .name("bench-observers".into())
@@ -211,7 +221,8 @@ impl Observers {
                             .await
                             .map_err(|e| BenchError::Broker(format!("channel: {e}")))?;
                         super::declare_observer_queue(&channel, &events_exchange, &queue).await?;
-                        let (queued, _) = consume_queued(channel, &queue, token.clone()).await?;
+                        let (queued, ended, _) =
+                            consume_queued(channel, &queue, token.clone()).await?;
                         let created = match watch {
                             Some((kube_config, prefix)) => {
                                 let client = kube::Client::try_from(kube_config).map_err(|e| {
@@ -221,11 +232,11 @@ impl Observers {
                             }
                             None => Seen::default(),
                         };
-                        Ok::<_, BenchError>((connection, queued, created))
+                        Ok::<_, BenchError>((connection, queued, created, ended))
                     };
                     match started.await {
-                        Ok((connection, queued, created)) => {
-                            let _ = ready_tx.send(Ok((queued, created)));
+                        Ok((connection, queued, created, ended)) => {
+                            let _ = ready_tx.send(Ok((queued, created, ended)));
                             token.cancelled().await;
                             let _ = connection.close(200, "done".into()).await;
                         }
@@ -236,12 +247,13 @@ impl Observers {
                 });
             })
             .map_err(|e| BenchError::Setup(format!("cannot start the observer thread: {e}")))?;
-        let (queued, created) = ready_rx
+        let (queued, created, ended) = ready_rx
             .await
             .map_err(|_| BenchError::Setup("the observer thread ended early".into()))??;
         Ok(Observers {
             queued,
             created,
+            ended,
             stop,
             thread: Some(thread),
         })

@@ -43,8 +43,9 @@ pub struct Workload {
     pub format: String,
     pub max_in_flight: u32,
     pub submit_prefetch: u16,
-    /// Whether runners carry the monitoring duty (watching their jobs and publishing lifecycle events).
-    pub monitor: bool,
+    /// The kinds of phase run: without (`false`) and with (`true`) the monitoring duty (watching their
+    /// jobs, publishing lifecycle events, every job running to its end).
+    pub monitor: Vec<bool>,
 }
 
 /// The two limits the runner sits between.
@@ -68,13 +69,28 @@ impl Limits {
 #[derive(Debug, Clone, Serialize)]
 pub struct Phase {
     pub runners: usize,
+    /// Whether the runners had the monitoring duty; if so every job ran to its end in the phase.
+    pub monitor: bool,
     /// Submissions per second the publisher aimed at; `None` for as fast as it can.
     pub target_rate: Option<f64>,
     /// Submissions published, VolcanoJobs seen created and QUEUED events received.
     pub published: usize,
     pub created: usize,
     pub queued: usize,
-    /// Whether every submission was QUEUED before the phase's time limit.
+    /// Jobs whose terminal event arrived (phases with the monitoring duty).
+    pub ended: usize,
+    /// API requests the runners made in the phase (counted by the simulator), per job QUEUED (without
+    /// the monitoring duty) or ended (with it): the cost of one job to the API server.
+    pub api_requests_per_job: Option<f64>,
+    /// The same requests by `<verb> <resource>`.
+    pub api_requests_by_kind: std::collections::BTreeMap<String, u64>,
+    /// API requests per second over the phase.
+    pub api_requests_per_s: Option<f64>,
+    /// `api_requests_per_s` over the simulator's measured request rate (the limits' creates/s): how close
+    /// the runners came to the API's ceiling.
+    pub ratio_to_api_limit: Option<f64>,
+    /// Whether every submission was QUEUED (and, with the monitoring duty, ended) before the phase's
+    /// time limit.
     pub complete: bool,
     /// The publisher's own rate (confirmed submissions per second).
     pub publish_rate: f64,
@@ -116,14 +132,18 @@ impl Report {
         let w = &self.workload;
         let _ = writeln!(
             out,
-            "workload: {} x {} ({} bytes, {}), max_in_flight {}, prefetch {}, monitor {}",
+            "workload: {} x {} ({} bytes, {}), max_in_flight {}, prefetch {}, monitor phases {}",
             w.submissions,
             w.application,
             w.message_bytes,
             w.format,
             w.max_in_flight,
             w.submit_prefetch,
-            if w.monitor { "on" } else { "off" },
+            w.monitor
+                .iter()
+                .map(|m| if *m { "on" } else { "off" })
+                .collect::<Vec<_>>()
+                .join(", "),
         );
         match &self.limits {
             Some(l) => {
@@ -137,11 +157,13 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "{:>7} | {:>9} | {:>8} | {:>6} | {:>21} | {:>21} | {:>15} | {:>13}",
+            "{:>7} | {:>7} | {:>9} | {:>8} | {:>6} | {:>8} | {:>21} | {:>21} | {:>15} | {:>13}",
             "runners",
+            "monitor",
             "rate",
             "jobs/s",
             "ratio",
+            "API/job",
             "created p50/p95/p99",
             "QUEUED p50/p95/p99",
             "CPU s/runner",
@@ -181,11 +203,14 @@ impl Report {
             };
             let _ = writeln!(
                 out,
-                "{:>7} | {:>9} | {:>8} | {:>6} | {:>21} | {:>21} | {:>15} | {:>13}{incomplete}",
+                "{:>7} | {:>7} | {:>9} | {:>8} | {:>6} | {:>8} | {:>21} | {:>21} | {:>15} | {:>13}{incomplete}",
                 p.runners,
+                if p.monitor { "on" } else { "off" },
                 rate,
                 jobs,
                 ratio,
+                p.api_requests_per_job
+                    .map_or("-".into(), |r| format!("{r:.1}")),
                 lat(&p.publish_to_created),
                 lat(&p.publish_to_queued),
                 cpu,
@@ -218,7 +243,7 @@ mod tests {
                 format: "json".into(),
                 max_in_flight: 64,
                 submit_prefetch: 128,
-                monitor: true,
+                monitor: vec![false, true],
             },
             limits: Some(Limits {
                 broker_msgs_per_s: 4000.0,
@@ -226,10 +251,19 @@ mod tests {
             }),
             phases: vec![Phase {
                 runners: 1,
+                monitor: true,
                 target_rate: None,
                 published: 1000,
                 created: 1000,
                 queued: 990,
+                ended: 900,
+                api_requests_per_job: Some(3.5),
+                api_requests_by_kind: std::collections::BTreeMap::from([(
+                    "create jobs.batch.volcano.sh".to_owned(),
+                    1000,
+                )]),
+                api_requests_per_s: Some(4375.0),
+                ratio_to_api_limit: Some(1.75),
                 complete: false,
                 publish_rate: 5000.0,
                 sustained_jobs_per_s: Some(1250.0),
@@ -269,6 +303,8 @@ mod tests {
         assert!(row.contains("3.2") || row.contains("3.3"), "{row}");
         assert!(row.contains("61"), "{row}");
         assert!(row.contains("incomplete: 990 of 1000 QUEUED"), "{row}");
+        assert!(row.contains(" on "), "the monitor column: {row}");
+        assert!(row.contains("3.5"), "API requests per job: {row}");
         assert!(table.contains("broker 4000 msgs/s"), "{table}");
         assert!(table.contains("load at start 0.50"), "{table}");
         let skipped = Report {

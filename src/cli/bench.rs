@@ -33,9 +33,13 @@ pub struct Args {
     /// `runner.max_in_flight` for every runner (the prefetch is twice this).
     #[arg(long, default_value_t = 64)]
     pub max_in_flight: u32,
-    /// Runners without the monitoring duty (only the consuming side is measured).
-    #[arg(long)]
+    /// Phases without the monitoring duty only (the consuming side alone), instead of both kinds.
+    #[arg(long, conflicts_with = "monitor_only")]
     pub no_monitor: bool,
+    /// Phases with the monitoring duty only: every job runs to its end (short runs), and the phase
+    /// waits for every terminal event.
+    #[arg(long)]
+    pub monitor_only: bool,
     /// The submissions' encoding.
     #[arg(long, value_enum, default_value_t = WireFormat::Json)]
     pub format: WireFormat,
@@ -140,7 +144,11 @@ fn options(args: &Args, config_file: Option<&Path>) -> Result<Options, CliError>
         runners: args.runners.clone(),
         rates,
         max_in_flight: args.max_in_flight,
-        monitor: !args.no_monitor,
+        monitor: match (args.no_monitor, args.monitor_only) {
+            (true, _) => vec![false],
+            (_, true) => vec![true],
+            _ => vec![false, true],
+        },
         format: match args.format {
             WireFormat::Json => Format::Json,
             WireFormat::Protobuf => Format::Protobuf,
@@ -175,7 +183,11 @@ mod tests {
         assert_eq!(o.runners, vec![1, 3]);
         assert_eq!(o.rates, vec![None]);
         assert_eq!(o.max_in_flight, 64);
-        assert!(o.monitor);
+        assert_eq!(
+            o.monitor,
+            vec![false, true],
+            "both kinds of phase, same run"
+        );
     }
 
     #[test]

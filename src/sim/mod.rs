@@ -424,6 +424,12 @@ impl SimHandle {
         self.addr
     }
 
+    /// The API requests it has served, by `<verb> <resource>` (`create jobs.batch.volcano.sh`, `watch
+    /// pods`, `patch jobs.batch.volcano.sh/status`, ...), since it started.
+    pub fn request_counts(&self) -> std::collections::BTreeMap<String, u64> {
+        self.shared.request_counts()
+    }
+
     /// `http://127.0.0.1:PORT`, for `kube::Config::new` or `kubectl --server`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)

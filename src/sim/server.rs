@@ -2,7 +2,7 @@
 //! negotiation (JSON, Table, PartialObjectMetadata, aggregated discovery), watch streams, pod logs, and
 //! fault injection in front of it all.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -49,6 +49,10 @@ pub(crate) struct Shared {
     pub wake_ticker: Notify,
     pub shutdown: CancellationToken,
     pub settings: ServerSettings,
+    /// API requests served, by `<verb> <resource>` (e.g. `create jobs.batch.volcano.sh`, `list pods`,
+    /// `patch jobs.batch.volcano.sh/status`): what a benchmark reports per job, and the measure of the
+    /// load a real API server would carry.
+    requests: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Shared {
@@ -70,7 +74,26 @@ impl Shared {
             wake_ticker: Notify::new(),
             shutdown,
             settings,
+            requests: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Counts one API request.
+    fn count_request(&self, kind: String) {
+        *self
+            .requests
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(kind)
+            .or_default() += 1;
+    }
+
+    /// API requests served so far, by `<verb> <resource>`.
+    pub fn request_counts(&self) -> BTreeMap<String, u64> {
+        self.requests
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     fn lock(&self) -> MutexGuard<'_, Cluster> {
@@ -415,6 +438,20 @@ fn parse_route(path: &str) -> Option<Route> {
     }
 }
 
+/// `<verb> <plural>[.<group>][/<subresource>]`, as the request counts name it.
+fn request_kind(verb: &str, p: &ResourcePath) -> String {
+    let mut kind = format!("{verb} {}", p.plural);
+    if !p.group.is_empty() {
+        kind.push('.');
+        kind.push_str(&p.group);
+    }
+    if let Some(sub) = &p.sub {
+        kind.push('/');
+        kind.push_str(sub);
+    }
+    kind
+}
+
 fn verb_of(method: &Method, p: &ResourcePath, params: &Params) -> &'static str {
     match (method.as_str(), p.name.is_some()) {
         ("GET", true) => "get",
@@ -516,6 +553,7 @@ pub(crate) async fn handle(
         }
         Route::Resource(p) => {
             let verb = verb_of(&method, &p, &params);
+            shared.count_request(request_kind(verb, &p));
             let decision = shared
                 .faults
                 .decide(verb, &p.plural, &p.group, p.sub.as_deref());

@@ -922,3 +922,40 @@ async fn metadata_only_requests() {
     let raw: Value = serde_json::to_value(&list.items[0]).unwrap();
     assert!(raw.get("data").is_none());
 }
+
+/// The simulator counts every API request by verb and resource (what `volcano-runner bench` reports per
+/// job): creates, gets, lists, patches of a subresource, each under its own name.
+#[tokio::test]
+async fn requests_are_counted_by_verb_and_resource() {
+    let (sim, client) = start().await;
+    namespace(&client, "counted").await;
+    let before = sim.request_counts();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "counted");
+    api.create(&PostParams::default(), &cm("a", &[]))
+        .await
+        .unwrap();
+    api.create(&PostParams::default(), &cm("b", &[]))
+        .await
+        .unwrap();
+    api.get("a").await.unwrap();
+    api.list(&ListParams::default()).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "counted");
+    pods.create(&PostParams::default(), &pod("p"))
+        .await
+        .unwrap();
+    pods.patch_status(
+        "p",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"message": "counted"}})),
+    )
+    .await
+    .unwrap();
+    let after = sim.request_counts();
+    let delta =
+        |kind: &str| after.get(kind).copied().unwrap_or(0) - before.get(kind).copied().unwrap_or(0);
+    assert_eq!(delta("create configmaps"), 2);
+    assert_eq!(delta("get configmaps"), 1);
+    assert_eq!(delta("list configmaps"), 1);
+    assert_eq!(delta("create pods"), 1);
+    assert_eq!(delta("patch pods/status"), 1);
+}
