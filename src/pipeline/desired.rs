@@ -6,7 +6,7 @@
 //! ([`DesiredJob::set_owner_uid`]) and the cluster garbage-collects them with the job (W14: nothing leaks
 //! when a job goes away).
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolumeClaim, Service};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::Serialize;
@@ -23,7 +23,7 @@ pub struct DesiredJob {
     pub namespace: Option<OwnerNamespace>,
     /// The job itself.
     pub vcjob: VolcanoJob,
-    /// Objects that live and die with the job: its NetworkPolicy, the `/etc/ucloud` ConfigMap, Services.
+    /// Objects that live and die with the job: its NetworkPolicy, Services.
     pub companions: Vec<Companion>,
 }
 
@@ -42,10 +42,8 @@ pub struct OwnerNamespace {
 /// An object that belongs to one job and is deleted with it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Companion {
-    /// The job's own policy, `policy-<jobId>`.
-    NetworkPolicy(NetworkPolicy),
-    /// The `/etc/ucloud` files, `j-<jobId>-ucloud`.
-    ConfigMap(ConfigMap),
+    /// The job's own policy, `policy-<jobId>` (boxed, like a Service: a companion moves around in plans).
+    NetworkPolicy(Box<NetworkPolicy>),
     /// Boxed: a Service is much larger than the other kinds.
     Service(Box<Service>),
 }
@@ -55,7 +53,6 @@ impl Companion {
     pub fn metadata(&self) -> &ObjectMeta {
         match self {
             Self::NetworkPolicy(o) => &o.metadata,
-            Self::ConfigMap(o) => &o.metadata,
             Self::Service(o) => &o.metadata,
         }
     }
@@ -64,7 +61,6 @@ impl Companion {
     pub fn metadata_mut(&mut self) -> &mut ObjectMeta {
         match self {
             Self::NetworkPolicy(o) => &mut o.metadata,
-            Self::ConfigMap(o) => &mut o.metadata,
             Self::Service(o) => &mut o.metadata,
         }
     }
@@ -77,7 +73,6 @@ impl Companion {
     fn object(&self) -> ObjectRef<'_> {
         match self {
             Self::NetworkPolicy(o) => ObjectRef::NetworkPolicy(o),
-            Self::ConfigMap(o) => ObjectRef::ConfigMap(o),
             Self::Service(o) => ObjectRef::Service(o),
         }
     }
@@ -107,8 +102,6 @@ pub enum ObjectRef<'a> {
     PersistentVolumeClaim(&'a PersistentVolumeClaim),
     /// The Volcano Job.
     VolcanoJob(&'a VolcanoJob),
-    /// A ConfigMap.
-    ConfigMap(&'a ConfigMap),
     /// A Service.
     Service(&'a Service),
 }
@@ -132,7 +125,6 @@ impl DesiredObject<'_> {
             ObjectRef::NetworkPolicy(_) => NetworkPolicy::API_VERSION,
             ObjectRef::PersistentVolumeClaim(_) => PersistentVolumeClaim::API_VERSION,
             ObjectRef::VolcanoJob(_) => VolcanoJob::API_VERSION,
-            ObjectRef::ConfigMap(_) => ConfigMap::API_VERSION,
             ObjectRef::Service(_) => Service::API_VERSION,
         }
     }
@@ -146,7 +138,6 @@ impl DesiredObject<'_> {
             ObjectRef::NetworkPolicy(_) => NetworkPolicy::KIND,
             ObjectRef::PersistentVolumeClaim(_) => PersistentVolumeClaim::KIND,
             ObjectRef::VolcanoJob(_) => VolcanoJob::KIND,
-            ObjectRef::ConfigMap(_) => ConfigMap::KIND,
             ObjectRef::Service(_) => Service::KIND,
         }
     }
@@ -159,7 +150,6 @@ impl DesiredObject<'_> {
             ObjectRef::NetworkPolicy(o) => &o.metadata,
             ObjectRef::PersistentVolumeClaim(o) => &o.metadata,
             ObjectRef::VolcanoJob(o) => &o.metadata,
-            ObjectRef::ConfigMap(o) => &o.metadata,
             ObjectRef::Service(o) => &o.metadata,
         }
     }
@@ -188,7 +178,6 @@ impl Serialize for DesiredObject<'_> {
             ObjectRef::NetworkPolicy(o) => o.serialize(serializer),
             ObjectRef::PersistentVolumeClaim(o) => o.serialize(serializer),
             ObjectRef::VolcanoJob(o) => o.serialize(serializer),
-            ObjectRef::ConfigMap(o) => o.serialize(serializer),
             ObjectRef::Service(o) => o.serialize(serializer),
         }
     }

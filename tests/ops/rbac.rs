@@ -126,7 +126,9 @@ async fn the_rbac_grants_exactly_what_the_runner_uses() {
     );
     fleet.submit(&peered).await;
     fleet
-        .wait_until("a rollback", |f| saw(f, "delete", "configmaps", false))
+        .wait_until("a rollback", |f| {
+            saw(f, "delete", "networkpolicies.networking.k8s.io", false)
+        })
         .await;
     fleet.sim.faults().clear();
 

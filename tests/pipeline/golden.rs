@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 use volcano_runner::messages::v1::{ProxyAction, parameter_value, resource_value};
 use volcano_runner::pipeline::hooks::{self, HookPlan, Outbound, TerminationCause};
 use volcano_runner::pipeline::plugins::expiry::{self, Extension};
+use volcano_runner::pipeline::plugins::multi_node;
 use volcano_runner::pipeline::{DesiredJob, NamespaceMode, names};
 use volcano_runner::volcano::{JobCondition, JobPhase, JobState, JobStatus, VolcanoJob};
 
@@ -288,10 +289,11 @@ fn case_06_shared_memory() {
     );
 }
 
-/// Case 7 (changed): every job gets `/etc/ucloud`. The static files come from a per-job ConfigMap
-/// (hostnames are deterministic); a pinned, POSIX-sh init container with limits copies them and writes
-/// the rank from `VC_TASK_INDEX`, once, with no loop. The script is run here with a real `sh` to check the
-/// files rank 1 of a 2-replica job sees, including `cores.txt` and `job_id.txt` (W29).
+/// Case 7 (changed): every job gets `/etc/ucloud`. Hostnames are deterministic, so a pinned, POSIX-sh init
+/// container with limits writes every file from its own environment and the rank from `VC_TASK_INDEX`,
+/// once (no ConfigMap: no API request for it). The script is run here with a real `sh` to check the files
+/// each rank of a 1-, 2- and 5-replica job sees, including `cores.txt` and `job_id.txt` (W29), against
+/// what the plugin documents ([`multi_node::static_files`]).
 #[test]
 fn case_07_multinode_scaffolding_configmap_changed() {
     let desired = render(
@@ -316,47 +318,80 @@ fn case_07_multinode_scaffolding_configmap_changed() {
                 && m["mountPath"] == "/etc/ucloud"
                 && m["readOnly"] == false)
     );
-    let config_map = objects_json(&desired)
-        .into_iter()
-        .find(|o| o["kind"] == "ConfigMap")
-        .unwrap();
-    assert_eq!(config_map["metadata"]["name"], "j-42-ucloud");
+    assert!(
+        objects_json(&desired)
+            .iter()
+            .all(|o| o["kind"] != "ConfigMap"),
+        "no ConfigMap per job"
+    );
 
-    // Run the script as the pod would, with the volumes as temporary directories.
+    // Run the script as each pod would, with the volume as a temporary directory.
+    let script = init["command"][2].as_str().unwrap().to_owned();
     let dir = std::env::temp_dir().join(format!("ucloud-multinode-{}", std::process::id()));
-    let (src, out) = (dir.join("src"), dir.join("out"));
-    std::fs::create_dir_all(&src).unwrap();
-    std::fs::create_dir_all(&out).unwrap();
-    for (file, content) in config_map["data"].as_object().unwrap() {
-        std::fs::write(src.join(file), content.as_str().unwrap()).unwrap();
+    let run = |env: &[(String, String)], rank: Option<&str>| {
+        let out = dir.join(format!("out-{}", rank.unwrap_or("none")));
+        let _ = std::fs::remove_dir_all(&out);
+        std::fs::create_dir_all(&out).unwrap();
+        let mut cmd = std::process::Command::new("sh");
+        cmd.arg("-c")
+            .arg(script.replace("/etc/ucloud", out.to_str().unwrap()))
+            .env_remove("VC_TASK_INDEX")
+            .envs(env.iter().map(|(k, v)| (k, v)));
+        if let Some(rank) = rank {
+            cmd.env("VC_TASK_INDEX", rank);
+        }
+        (cmd.output().unwrap(), out)
+    };
+    let env_of = |init: &Value| -> Vec<(String, String)> {
+        init["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["name"].as_str().unwrap().to_owned(),
+                    e["value"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let (output, out) = run(&env_of(&init), Some("1"));
+    assert!(output.status.success(), "{output:?}");
+    let read = |out: &std::path::Path, f: &str| std::fs::read_to_string(out.join(f)).unwrap();
+    assert_eq!(read(&out, "rank.txt"), "1\n");
+    assert_eq!(read(&out, "number_of_nodes.txt"), "2\n");
+    assert_eq!(
+        read(&out, "nodes.txt"),
+        "j-42-job-0.j-42\nj-42-job-1.j-42\n"
+    );
+    assert_eq!(read(&out, "node-0.txt"), "j-42-job-0.j-42\n");
+    assert_eq!(read(&out, "node-1.txt"), "j-42-job-1.j-42\n");
+    assert_eq!(read(&out, "cores.txt"), "4\n");
+    assert_eq!(read(&out, "job_id.txt"), "42\n");
+    // Other shapes: every file is exactly what the plugin documents, and nothing else is written.
+    for (job_id, replicas, cores) in [("7", 1u32, 1u32), ("a-b-c", 5, 16)] {
+        let env = multi_node::init_env(job_id, replicas, cores);
+        let env: Vec<(String, String)> = env
+            .into_iter()
+            .map(|e| (e.name, e.value.unwrap()))
+            .collect();
+        let rank = (replicas - 1).to_string();
+        let (output, out) = run(&env, Some(&rank));
+        assert!(output.status.success(), "{output:?}");
+        let mut expected = multi_node::static_files(job_id, replicas, cores);
+        expected.insert("rank.txt".to_owned(), format!("{rank}\n"));
+        let mut written = std::collections::BTreeMap::new();
+        for entry in std::fs::read_dir(&out).unwrap() {
+            let path = entry.unwrap().path();
+            written.insert(
+                path.file_name().unwrap().to_string_lossy().into_owned(),
+                std::fs::read_to_string(&path).unwrap(),
+            );
+        }
+        assert_eq!(written, expected, "{job_id} x{replicas}");
     }
-    let script = init["command"][2]
-        .as_str()
-        .unwrap()
-        .replace("/etc/ucloud-src", src.to_str().unwrap())
-        .replace("/etc/ucloud", out.to_str().unwrap());
-    let status = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(&script)
-        .env("VC_TASK_INDEX", "1")
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let read = |f: &str| std::fs::read_to_string(out.join(f)).unwrap();
-    assert_eq!(read("rank.txt"), "1\n");
-    assert_eq!(read("number_of_nodes.txt"), "2\n");
-    assert_eq!(read("nodes.txt"), "j-42-job-0.j-42\nj-42-job-1.j-42\n");
-    assert_eq!(read("node-0.txt"), "j-42-job-0.j-42\n");
-    assert_eq!(read("node-1.txt"), "j-42-job-1.j-42\n");
-    assert_eq!(read("cores.txt"), "4\n");
-    assert_eq!(read("job_id.txt"), "42\n");
     // Without the index the init container fails (the job fails) instead of spinning.
-    let missing = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(&script)
-        .env_remove("VC_TASK_INDEX")
-        .output()
-        .unwrap();
+    let (missing, _) = run(&env_of(&init), None);
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("VC_TASK_INDEX"));
     std::fs::remove_dir_all(&dir).unwrap();
@@ -370,7 +405,7 @@ fn case_07_multinode_scaffolding_configmap_changed() {
         .collect();
     check(
         "case_07_multinode_scaffolding_configmap_changed",
-        json!({"initContainer": init, "volumes": volumes, "configMap": config_map}),
+        json!({"initContainer": init, "volumes": volumes}),
     );
 }
 
@@ -1329,13 +1364,7 @@ fn whole_job_json_output_is_a_list() {
         .collect();
     assert_eq!(
         kinds,
-        [
-            "Namespace",
-            "NetworkPolicy",
-            "Job",
-            "NetworkPolicy",
-            "ConfigMap"
-        ]
+        ["Namespace", "NetworkPolicy", "Job", "NetworkPolicy"]
     );
 }
 

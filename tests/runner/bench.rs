@@ -24,7 +24,7 @@ async fn bench_measures_limits_and_two_phases_and_cleans_up() {
                     "--submissions",
                     "40",
                     "--runners",
-                    "1,2",
+                    "2",
                     "--rate",
                     "100",
                 ])
@@ -50,16 +50,44 @@ async fn bench_measures_limits_and_two_phases_and_cleans_up() {
     assert_eq!(report["workload"]["submissions"], 40);
     assert_eq!(report["workload"]["max_in_flight"], 8);
     let phases = report["phases"].as_array().unwrap();
-    // Unpaced with 1 and 2 runners, then 100/s with 1 and 2 runners.
-    let shape: Vec<(u64, Option<f64>)> = phases
+    // Unpaced without and with the monitoring duty, then 100/s without and with it; two runners each.
+    let shape: Vec<(u64, Option<f64>, bool)> = phases
         .iter()
-        .map(|p| (p["runners"].as_u64().unwrap(), p["target_rate"].as_f64()))
+        .map(|p| {
+            (
+                p["runners"].as_u64().unwrap(),
+                p["target_rate"].as_f64(),
+                p["monitor"].as_bool().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(
         shape,
-        vec![(1, None), (2, None), (1, Some(100.0)), (2, Some(100.0))]
+        vec![
+            (2, None, false),
+            (2, None, true),
+            (2, Some(100.0), false),
+            (2, Some(100.0), true)
+        ]
     );
     for p in phases {
+        // The API requests of the phase, counted by the simulator: every job's VolcanoJob create is
+        // among them, and the per-job figure is their sum over the jobs.
+        let by_kind = p["api_requests_by_kind"].as_object().unwrap();
+        assert_eq!(by_kind["create jobs.batch.volcano.sh"], 40, "{p}");
+        let total: u64 = by_kind.values().map(|v| v.as_u64().unwrap()).sum();
+        let per_job = p["api_requests_per_job"].as_f64().unwrap();
+        assert!((per_job - total as f64 / 40.0).abs() < 1e-9, "{p}");
+        assert!(p["api_requests_per_s"].as_f64().unwrap() > 0.0, "{p}");
+        assert!(p["ratio_to_api_limit"].as_f64().unwrap() > 0.0, "{p}");
+        if p["monitor"] == true {
+            // Every job ran to its end inside the phase, and the monitor's work is counted.
+            assert_eq!(p["ended"], 40, "{p}");
+            assert!(by_kind.keys().any(|k| k.starts_with("patch jobs")), "{p}");
+        } else {
+            assert_eq!(p["ended"], 0, "{p}");
+            assert!(!by_kind.keys().any(|k| k.starts_with("patch jobs")), "{p}");
+        }
         assert_eq!(p["published"], 40, "{p}");
         assert_eq!(p["created"], 40, "{p}");
         assert_eq!(p["queued"], 40, "{p}");

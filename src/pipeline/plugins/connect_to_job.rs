@@ -158,7 +158,7 @@ impl Plugin for ConnectToJob {
         // First among the companions: the sooner it exists, the shorter the window without it.
         draft.companions.insert(
             0,
-            Companion::NetworkPolicy(NetworkPolicy {
+            Companion::NetworkPolicy(Box::new(NetworkPolicy {
                 metadata: ObjectMeta {
                     name: Some(policy_name(cx.job_id)),
                     ..ObjectMeta::default()
@@ -169,7 +169,7 @@ impl Plugin for ConnectToJob {
                     ingress: Some(ingress),
                     egress: Some(egress),
                 }),
-            }),
+            })),
         );
         Ok(())
     }

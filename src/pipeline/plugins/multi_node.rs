@@ -10,25 +10,25 @@
 //! | `job_id.txt` | the job id (documented by UCloud, never written: W29) |
 //!
 //! Hostnames are deterministic (`j-<id>-job-<rank>.j-<id>`, from Volcano's `svc` plugin), so every file
-//! but `rank.txt` is known when the job is rendered and comes from a per-job ConfigMap `j-<id>-ucloud`.
-//! The rank differs per pod: a tiny init container (POSIX sh, image pinned in the configuration, with
-//! limits, non-root) copies the ConfigMap's files into the shared `emptyDir` and writes `$VC_TASK_INDEX`
-//! (set by Volcano's `env` plugin) to `rank.txt`. It runs once and exits: no loop, no waiting for Volcano's
-//! files (UCloud's script spun forever when they never matched, W29). If the index is missing it fails
-//! with a message, and the job fails instead of hanging.
+//! but `rank.txt` is known when the job is rendered. A tiny init container (POSIX sh, image pinned in the
+//! configuration, with limits, non-root) writes them all into the shared `emptyDir` from its own
+//! environment (the job id, the number of ranks, the vCPUs and the two halves of a rank's host name, set
+//! at render time) and `rank.txt` from `$VC_TASK_INDEX` (set by Volcano's `env` plugin). No object of its
+//! own: an earlier version copied the files from a per-job ConfigMap, one more API create (and delete)
+//! per job for data the pod spec can carry. It runs once and exits: no waiting for Volcano's files
+//! (UCloud's script spun forever when they never matched, W29). If the index is missing it fails with a
+//! message, and the job fails instead of hanging. [`static_files`] is what it writes, for the tests.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, EmptyDirVolumeSource,
-    ResourceRequirements, SecurityContext, Volume, VolumeMount,
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, ResourceRequirements, SecurityContext,
+    Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::{Plugin, PluginId};
 use crate::pipeline::context::Context;
-use crate::pipeline::desired::Companion;
 use crate::pipeline::draft::Draft;
 use crate::pipeline::{PipelineError, names};
 
@@ -36,21 +36,50 @@ use crate::pipeline::{PipelineError, names};
 pub const INIT_CONTAINER: &str = "ucloud-compat";
 /// The shared volume mounted at `/etc/ucloud`.
 pub const VOLUME: &str = "ucloud-multinode";
-/// The ConfigMap volume the init container copies from.
-pub const SOURCE_VOLUME: &str = "ucloud-multinode-src";
 /// Where users find the files.
 pub const MOUNT_PATH: &str = "/etc/ucloud";
-/// Where the init container sees the ConfigMap.
-pub const SOURCE_PATH: &str = "/etc/ucloud-src";
 
-/// The init container's script: POSIX sh, runs once.
-pub const INIT_SCRIPT: &str = "set -eu\n\
-cp /etc/ucloud-src/*.txt /etc/ucloud/\n\
-printf '%s\\n' \"${VC_TASK_INDEX:?is not set: the Volcano env plugin must be enabled}\" > /etc/ucloud/rank.txt\n";
+/// The init container's script: POSIX sh, runs once; its inputs are the `UCLOUD_*` variables the plugin
+/// sets on the container, and `VC_TASK_INDEX`.
+pub const INIT_SCRIPT: &str = r#"set -eu
+rank="${VC_TASK_INDEX:?is not set: the Volcano env plugin must be enabled}"
+out=/etc/ucloud
+: > "$out/nodes.txt"
+i=0
+while [ "$i" -lt "$UCLOUD_REPLICAS" ]; do
+  host="$UCLOUD_HOST_PREFIX$i$UCLOUD_HOST_SUFFIX"
+  printf '%s\n' "$host" >> "$out/nodes.txt"
+  printf '%s\n' "$host" > "$out/node-$i.txt"
+  i=$((i + 1))
+done
+printf '%s\n' "$UCLOUD_REPLICAS" > "$out/number_of_nodes.txt"
+printf '%s\n' "$UCLOUD_CORES" > "$out/cores.txt"
+printf '%s\n' "$UCLOUD_JOB_ID" > "$out/job_id.txt"
+printf '%s\n' "$rank" > "$out/rank.txt"
+"#;
 
-/// `j-<jobId>-ucloud`, the ConfigMap with the static files.
-pub fn config_map_name(job_id: &str) -> String {
-    format!("j-{job_id}-ucloud")
+/// The init container's environment: what [`INIT_SCRIPT`] writes the files from.
+pub fn init_env(job_id: &str, replicas: u32, cores: u32) -> Vec<EnvVar> {
+    // `<prefix><rank><suffix>` is the rank's host name (names::rank_hostname).
+    let probe = names::rank_hostname(job_id, 0);
+    let (prefix, suffix) = probe
+        .split_once("0.")
+        .map(|(p, s)| (p.to_owned(), format!(".{s}")))
+        .unwrap_or_default();
+    [
+        ("UCLOUD_JOB_ID", job_id.to_owned()),
+        ("UCLOUD_REPLICAS", replicas.to_string()),
+        ("UCLOUD_CORES", cores.to_string()),
+        ("UCLOUD_HOST_PREFIX", prefix),
+        ("UCLOUD_HOST_SUFFIX", suffix),
+    ]
+    .into_iter()
+    .map(|(name, value)| EnvVar {
+        name: name.to_owned(),
+        value: Some(value),
+        value_from: None,
+    })
+    .collect()
 }
 
 /// The static files of a job: everything but `rank.txt`.
@@ -80,28 +109,11 @@ impl Plugin for MultiNode {
 
     fn build(&self, cx: &Context<'_>, draft: &mut Draft) -> Result<(), PipelineError> {
         let config = &cx.pipeline().multi_node;
-        let name = config_map_name(cx.job_id);
-        draft.companions.push(Companion::ConfigMap(ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                ..ObjectMeta::default()
-            },
-            data: Some(static_files(cx.job_id, cx.replicas, cx.product.cpu)),
-            ..ConfigMap::default()
-        }));
         draft.add_volume(Volume {
             name: VOLUME.to_owned(),
             empty_dir: Some(EmptyDirVolumeSource {
                 size_limit: Some(Quantity("16Mi".to_owned())),
                 ..EmptyDirVolumeSource::default()
-            }),
-            ..Volume::default()
-        });
-        draft.add_volume(Volume {
-            name: SOURCE_VOLUME.to_owned(),
-            config_map: Some(ConfigMapVolumeSource {
-                name: name.clone(),
-                ..ConfigMapVolumeSource::default()
             }),
             ..Volume::default()
         });
@@ -118,6 +130,7 @@ impl Plugin for MultiNode {
                 "-c".to_owned(),
                 INIT_SCRIPT.to_owned(),
             ]),
+            env: Some(init_env(cx.job_id, cx.replicas, cx.product.cpu)),
             resources: Some(ResourceRequirements {
                 limits: Some(limits.clone()),
                 requests: Some(limits),
@@ -134,20 +147,12 @@ impl Plugin for MultiNode {
                 }),
                 ..SecurityContext::default()
             }),
-            volume_mounts: Some(vec![
-                VolumeMount {
-                    name: VOLUME.to_owned(),
-                    mount_path: MOUNT_PATH.to_owned(),
-                    read_only: Some(false),
-                    ..VolumeMount::default()
-                },
-                VolumeMount {
-                    name: SOURCE_VOLUME.to_owned(),
-                    mount_path: SOURCE_PATH.to_owned(),
-                    read_only: Some(true),
-                    ..VolumeMount::default()
-                },
-            ]),
+            volume_mounts: Some(vec![VolumeMount {
+                name: VOLUME.to_owned(),
+                mount_path: MOUNT_PATH.to_owned(),
+                read_only: Some(false),
+                ..VolumeMount::default()
+            }]),
             ..Container::default()
         });
         draft.mount(VolumeMount {
@@ -177,11 +182,33 @@ mod tests {
     }
 
     #[test]
-    fn script_is_posix_and_has_no_loop() {
-        for bashism in ["[[", "function ", "while", "until", "for ", "sleep", "$'"] {
+    fn script_is_posix_and_never_waits() {
+        for bashism in ["[[", "function ", "until", "for ", "sleep", "$'", "local "] {
             assert!(!INIT_SCRIPT.contains(bashism), "{bashism}");
         }
+        // One loop, over the ranks, bounded by their number: nothing waits for anything.
+        assert_eq!(INIT_SCRIPT.matches("while").count(), 1);
+        assert!(INIT_SCRIPT.contains(r#"while [ "$i" -lt "$UCLOUD_REPLICAS" ]; do"#));
         assert!(INIT_SCRIPT.contains("${VC_TASK_INDEX:?"));
-        assert!(INIT_SCRIPT.contains(SOURCE_PATH) && INIT_SCRIPT.contains(MOUNT_PATH));
+        assert!(INIT_SCRIPT.contains(MOUNT_PATH));
+    }
+
+    #[test]
+    fn the_environment_names_every_input_of_the_script() {
+        let env = init_env("42", 3, 8);
+        let value = |name: &str| {
+            env.iter()
+                .find(|e| e.name == name)
+                .and_then(|e| e.value.clone())
+                .unwrap()
+        };
+        assert_eq!(value("UCLOUD_HOST_PREFIX"), "j-42-job-");
+        assert_eq!(value("UCLOUD_HOST_SUFFIX"), ".j-42");
+        assert_eq!(value("UCLOUD_REPLICAS"), "3");
+        assert_eq!(value("UCLOUD_CORES"), "8");
+        assert_eq!(value("UCLOUD_JOB_ID"), "42");
+        for e in &env {
+            assert!(INIT_SCRIPT.contains(&format!("${}", e.name)), "{}", e.name);
+        }
     }
 }
