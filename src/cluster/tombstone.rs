@@ -19,7 +19,12 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
+
+use futures::StreamExt;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -144,6 +149,19 @@ pub struct Tombstones {
     namespace: String,
     retry: RetryPolicy,
     ttl: Duration,
+    view: Arc<RwLock<View>>,
+}
+
+/// The tombstones a watch of the runner's namespace has seen, by job id: a cache for the check before a
+/// submission creates anything. It may lag behind a cancel; that check is only there to skip needless
+/// work, and the authoritative check after the create ([`Tombstones::check`], a GET) decides.
+#[derive(Debug, Default)]
+struct View {
+    /// A listing has completed since the watch (re)started: the map can answer.
+    synced: bool,
+    live: BTreeMap<String, Tombstone>,
+    /// Being rebuilt by a relist (between `Init` and `InitDone`).
+    next: BTreeMap<String, Tombstone>,
 }
 
 impl std::fmt::Debug for Tombstones {
@@ -163,6 +181,73 @@ impl Tombstones {
             namespace: config.namespace.clone(),
             retry: RetryPolicy::from_config(config),
             ttl: config.tombstone_ttl,
+            view: Arc::default(),
+        }
+    }
+
+    /// The live tombstone of `job_id` as the watch ([`Tombstones::follow`]) has it, without a request;
+    /// before the watch has listed, [`Tombstones::check`]. A `None` here may be a tombstone recorded a
+    /// moment ago: callers that must not miss one use [`Tombstones::check`].
+    pub async fn check_cached(
+        &self,
+        job_id: &str,
+        now: Timestamp,
+    ) -> Result<Option<Tombstone>, ClusterError> {
+        {
+            let view = self.view.read().unwrap_or_else(|e| e.into_inner());
+            if view.synced {
+                return Ok(view
+                    .live
+                    .get(job_id)
+                    .filter(|t| !t.is_expired(now))
+                    .cloned());
+            }
+        }
+        self.check(job_id, now).await
+    }
+
+    /// Keeps the view of [`Tombstones::check_cached`] with a watch of the tombstones (label selected)
+    /// in the runner's namespace, until `shutdown`. A watch error makes the view unusable (every check
+    /// then reads) until the watch has listed again.
+    pub async fn follow(&self, shutdown: impl Future<Output = ()>) {
+        let selector = format!("{MANAGED_BY}={MANAGER},{COMPONENT}={COMPONENT_TOMBSTONE}");
+        let stream = watcher::watcher(
+            self.api.clone(),
+            watcher::Config::default().labels(&selector),
+        )
+        .default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let event = tokio::select! {
+                () = &mut shutdown => return,
+                event = stream.next() => event,
+            };
+            let mut view = self.view.write().unwrap_or_else(|e| e.into_inner());
+            match event {
+                None => return,
+                Some(Err(e)) => {
+                    view.synced = false;
+                    tracing::debug!(error = %e, "The tombstone watch failed; checks read until it has listed again.");
+                }
+                Some(Ok(Event::Init)) => view.next.clear(),
+                Some(Ok(Event::InitApply(cm))) => {
+                    let t = Tombstone::from_configmap(&cm, self.ttl);
+                    view.next.insert(t.job_id.clone(), t);
+                }
+                Some(Ok(Event::InitDone)) => {
+                    view.live = std::mem::take(&mut view.next);
+                    view.synced = true;
+                }
+                Some(Ok(Event::Apply(cm))) => {
+                    let t = Tombstone::from_configmap(&cm, self.ttl);
+                    view.live.insert(t.job_id.clone(), t);
+                }
+                Some(Ok(Event::Delete(cm))) => {
+                    let t = Tombstone::from_configmap(&cm, self.ttl);
+                    view.live.remove(&t.job_id);
+                }
+            }
         }
     }
 

@@ -175,6 +175,8 @@ impl Runner {
             self.ops.metrics.clone(),
             background.clone().cancelled_owned(),
         ));
+        let (tombstones, token) = (self.handler.tombstones.clone(), background.clone());
+        tasks.spawn(async move { tombstones.follow(token.cancelled()).await });
         let tombstones = self.handler.tombstones.clone();
         let (interval, token) = (config.cluster.tombstone_sweep_interval, background.clone());
         tasks.spawn(async move {

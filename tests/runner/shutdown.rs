@@ -127,8 +127,10 @@ async fn sigterm_drains_says_draining_and_logs_true_counters_without_errors() {
     // Until the process exits, /readyz answers (it does not refuse connections) and says draining.
     let mut draining_seen = false;
     while runner.try_wait().unwrap().is_none() {
+        // Before the signal is handled the condition reads `ok not draining`; afterwards it fails
+        // with `draining: finishing the messages in hand, ...`.
         if let Some((status, body)) = get(port, "/readyz")
-            && body.contains("draining")
+            && body.contains("draining: finishing")
         {
             assert_eq!(status, 503, "{body}");
             draining_seen = true;

@@ -291,3 +291,68 @@ async fn a_cluster_rejection_is_a_failure_with_the_clusters_message() {
     assert!(h.vcjobs().await.is_empty(), "nothing left behind");
     assert!(h.dead_letters().await.is_empty());
 }
+
+/// Once the runner's watches have listed, a submission reads the tombstones once, after its create
+/// (the check that decides); the check before it comes from the watch. Every other request a job costs
+/// is one of its creates or the lookup of an existing job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submission_in_steady_state_reads_the_tombstones_once() {
+    let h = Harness::new("submit-requests").await;
+    let runner = h.start("runner-a");
+    h.submit(&figlet("warm-up")).await;
+    h.wait_events("QUEUED of warm-up", |e| {
+        e.iter().any(|c| c.message_id == "warm-up/QUEUED")
+    })
+    .await;
+    // Both watches of the runner's namespace (the pause switch and the tombstones) are running: each
+    // has listed before it watches.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while h
+        .sim
+        .request_counts()
+        .get("watch configmaps")
+        .copied()
+        .unwrap_or(0)
+        < 2
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the runner's watches of configmaps: {:?}",
+            h.sim.request_counts()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+
+    const N: u64 = 20;
+    let before = h.sim.request_counts();
+    for n in 0..N {
+        h.submit(&figlet(&format!("steady-{n}"))).await;
+    }
+    h.wait_events("QUEUED of every job", |e| {
+        (0..N).all(|n| {
+            e.iter()
+                .any(|c| c.message_id == format!("steady-{n}/QUEUED"))
+        })
+    })
+    .await;
+    let after = h.sim.request_counts();
+    runner.stop().await;
+
+    let delta =
+        |kind: &str| after.get(kind).copied().unwrap_or(0) - before.get(kind).copied().unwrap_or(0);
+    assert_eq!(delta("get configmaps"), N, "{after:?}");
+    assert_eq!(delta("create jobs.batch.volcano.sh"), N, "{after:?}");
+    let per_job = [
+        "create jobs.batch.volcano.sh",
+        "create networkpolicies.networking.k8s.io",
+        "list jobs.batch.volcano.sh",
+        "get configmaps",
+    ];
+    for kind in after.keys() {
+        assert!(
+            per_job.contains(&kind.as_str()) || delta(kind) < N,
+            "{kind}: {} requests for {N} jobs",
+            delta(kind)
+        );
+    }
+}

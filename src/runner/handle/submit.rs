@@ -11,7 +11,8 @@
 //!
 //! # Cancels that overtake their submission
 //! A cancel records a tombstone first (see [`crate::cluster::tombstone`]). The submission checks for one
-//! before creating the job and again after. Who publishes CANCELLED is decided by who marks the job:
+//! before creating the job (in the watch's view, no request: a lagging view only means the work is done
+//! and undone) and again after, with a read, which decides. Who publishes CANCELLED is decided by who marks the job:
 //! - no job exists: the runner publishes CANCELLED, built from the tombstone (the cancel did so too, with
 //!   the same id and content);
 //! - the job was created before the tombstone was seen: this handler claims it by writing
@@ -55,7 +56,9 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
     }
     let job_id = job.job_id.as_str();
 
-    match h.tombstones.check(job_id, h.now()).await {
+    // From the watch: a cancel that came first spares the work. It may not be seen yet; the check
+    // after the create (a read) is the one that decides.
+    match h.tombstones.check_cached(job_id, h.now()).await {
         Err(e) => return Settle::cluster(&e),
         Ok(Some(tombstone)) => return cancelled_before_start(h, m, &tombstone).await,
         Ok(None) => {}
