@@ -795,3 +795,51 @@ fn inbound_examples_decode_from_amqp_properties() {
         }
     }
 }
+
+/// Every pattern in the schemas that describes a whole value is anchored at both ends: a JSON Schema
+/// pattern matches anywhere in the string, so `^/.*[^/].*` without its `$` would let a line break and
+/// anything after it through. The one unanchored pattern, `\S`, says "not blank" on purpose.
+#[test]
+fn schema_patterns_are_anchored_at_both_ends() {
+    fn patterns<'a>(v: &'a Value, at: String, out: &mut Vec<(String, &'a str)>) {
+        match v {
+            Value::Object(map) => {
+                for (key, value) in map {
+                    if key == "pattern"
+                        && let Some(p) = value.as_str()
+                    {
+                        out.push((at.clone(), p));
+                    } else {
+                        patterns(value, format!("{at}/{key}"), out);
+                    }
+                }
+            }
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    patterns(item, format!("{at}/{i}"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    let mut schemas = Vec::new();
+    for entry in std::fs::read_dir(root().join("schemas")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.to_string_lossy().ends_with(".schema.json") {
+            schemas.push((path.clone(), read_json(&path)));
+        }
+    }
+    for (path, schema) in &schemas {
+        patterns(schema, path.display().to_string(), &mut found);
+    }
+    assert!(
+        found.iter().any(|(at, _)| at.contains("StoragePath")),
+        "the walk reaches the StoragePath definition: {found:?}"
+    );
+    let unanchored: Vec<_> = found
+        .iter()
+        .filter(|(_, p)| *p != r"\S" && !(p.starts_with('^') && p.ends_with('$')))
+        .collect();
+    assert!(unanchored.is_empty(), "{unanchored:#?}");
+}
