@@ -39,6 +39,12 @@ pub struct MonitorConfig {
     /// large for the cluster would otherwise wait forever, W9). Unset: no limit.
     #[serde(with = "duration::optional")]
     pub queue_timeout: Option<Duration>,
+    /// How long a job waits in the queue before the monitor tells its user why (a status event with the
+    /// pending reason, and one more each time the reason changes). Most jobs start within seconds: their
+    /// passing reasons (scheduling, pulling the image) would be events nobody reads and an API write
+    /// each. 0 tells every reason at once.
+    #[serde(with = "duration::required")]
+    pub pending_status_after: Duration,
     /// How long the monitor waits for the pods of a deleted job to stop before it closes the job with
     /// the deletion as its end. Long enough for a graceful shutdown, so the log tails and the end time
     /// are the real ones.
@@ -68,6 +74,7 @@ impl Default for MonitorConfig {
             reconcile_interval: Duration::from_secs(60),
             image_pull_grace: Duration::from_secs(300),
             queue_timeout: None,
+            pending_status_after: Duration::from_secs(5),
             cleanup_grace: Duration::from_secs(60),
             log_tail_bytes: 4096,
             log_tail_total_bytes: 65536,

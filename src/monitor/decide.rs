@@ -58,6 +58,8 @@ pub struct Settings {
     pub accepted_by: String,
     pub image_pull_grace: SignedDuration,
     pub queue_timeout: Option<SignedDuration>,
+    /// `[monitor] pending_status_after`.
+    pub pending_status_after: SignedDuration,
     pub cleanup_grace: SignedDuration,
     /// How long an ended job is kept as the record of its submission (`[cluster] ended_job_retention`).
     pub retention: SignedDuration,
@@ -76,6 +78,7 @@ impl Settings {
             runner_id: runner_id.into(),
             image_pull_grace: signed(m.image_pull_grace),
             queue_timeout: m.queue_timeout.map(signed),
+            pending_status_after: signed(m.pending_status_after),
             cleanup_grace: signed(m.cleanup_grace),
             retention: signed(config.cluster.ended_job_retention),
             config,
@@ -108,6 +111,10 @@ pub enum Step {
         outcome: Outcome,
         logs: Vec<(u32, String)>,
         set: BTreeMap<String, String>,
+        /// Take it only on a view read just now. Not needed when the watch's view already holds the
+        /// whole, final end: Volcano has finished the job and every rank's program has ended in it
+        /// (an ended program does not change; a read would find the same).
+        fresh: bool,
     },
     /// Publish, then persist, then delete and unfinalize.
     Act(Action),
@@ -120,7 +127,7 @@ impl Step {
     pub fn needs_fresh_view(&self) -> bool {
         match self {
             Step::Wait { .. } => false,
-            Step::Record { .. } => true,
+            Step::Record { fresh, .. } => *fresh,
             Step::Act(action) => action.fresh,
         }
     }
@@ -272,7 +279,11 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
             Terminal::Success => "completed",
             _ => "failed",
         };
-        return Ok(record_step(s, &facts, outcome, &ranks, Some(cause)));
+        let mut step = record_step(s, &facts, outcome, &ranks, Some(cause));
+        if let Step::Record { fresh, .. } = &mut step {
+            *fresh = !(phase.is_finished() && all_ended);
+        }
+        return Ok(step);
     }
 
     let never_started = record.published == Published::Queued && started.is_none();
@@ -369,7 +380,14 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
             Published::Running.as_str().into(),
         );
         action.again = true;
-        action.fresh = true;
+        // The start is every rank's container start as the view has it: a view in which a rank has not
+        // started yet (the pods' watch behind the job's) is read afresh.
+        action.fresh = facts.start.is_none()
+            && !(0..facts.replicas).all(|r| {
+                ranks
+                    .iter()
+                    .any(|v| v.rank == r && v.started_at.is_some())
+            });
         return Ok(Step::Act(action));
     }
 
@@ -404,7 +422,20 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         return Ok(Step::Act(action));
     }
 
-    // 9. Pending: tell the user why, once per reason.
+    // 9. Pending: tell the user why, once per reason, once the job has waited `pending_status_after`
+    //    (a job that starts at once has no reason worth an event, nor a write).
+    if let Some(created) = created
+        && record.status_hash.is_none()
+    {
+        let tell_at = created
+            .checked_add(s.pending_status_after)
+            .unwrap_or(created);
+        if now < tell_at {
+            return Ok(Step::Wait {
+                next_check: earliest(Some(tell_at), earliest(pull_deadline, queue_deadline)),
+            });
+        }
+    }
     let reason = pending(obs, &facts, pull.as_ref().zip(pull_deadline));
     let plain = events::status_hash(None, reason.reason, &reason.text);
     let previous = record
@@ -794,7 +825,12 @@ fn record_step(
         .filter(|r| r.started_at.is_some() || r.terminated.is_some())
         .map(|r| (r.rank, r.pod.clone()))
         .collect();
-    Step::Record { outcome, logs, set }
+    Step::Record {
+        outcome,
+        logs,
+        set,
+        fresh: true,
+    }
 }
 
 fn pending(
@@ -1005,8 +1041,11 @@ mod tests {
         let s = settings(|_| {});
         let mut job = job(&s);
         let mut world = World::default();
-        // Pending: nothing started, QUEUED (before anything else of the job) and a status event.
+        // Pending for less than `pending_status_after`: nothing to tell yet.
         drive(&s, &mut job, &[], ts(0), &mut world);
+        assert!(world.published.is_empty(), "{:?}", world.published);
+        // Pending for 5 s: QUEUED (before anything else of the job) and a status event.
+        drive(&s, &mut job, &[], ts(5), &mut world);
         assert_eq!(lifecycle(&world).len(), 2);
         assert_eq!(lifecycle(&world)[0].event_id, "4817/QUEUED");
         assert_eq!(lifecycle(&world)[1].state, JobState::Unspecified as i32);
@@ -1319,8 +1358,8 @@ mod tests {
         let s = settings(|_| {});
         let mut job = job(&s);
         let mut world = World::default();
-        drive(&s, &mut job, &[], ts(1), &mut world);
-        drive(&s, &mut job, &[], ts(2), &mut world);
+        drive(&s, &mut job, &[], ts(5), &mut world);
+        drive(&s, &mut job, &[], ts(6), &mut world);
         assert_eq!(
             lifecycle(&world).len(),
             2,
@@ -1329,5 +1368,91 @@ mod tests {
         assert_eq!(lifecycle(&world)[0].event_id, "4817/QUEUED");
         let first = lifecycle(&world)[1].event_id.clone();
         assert!(first.starts_with("4817/status/"), "{first}");
+    }
+
+    /// The watch's view is enough (no read) when it already holds the whole fact: RUNNING once every
+    /// rank's program has started in it, the end once Volcano finished the job and every rank's program
+    /// ended in it. A view that lags behind (the job's phase ahead of its pods) is read afresh.
+    #[test]
+    fn the_watch_view_decides_when_it_holds_the_whole_fact() {
+        let s = settings(|_| {});
+        let mut job = job(&s);
+        let decide_on = |job: &VolcanoJob, pods: &[Pod], now: i64| {
+            let obs = Observed {
+                job,
+                pods,
+                podgroup: None,
+                jobs_ahead: None,
+                fresh_at: None,
+            };
+            decide(&obs, &s, ts(now)).unwrap()
+        };
+        set_phase(&mut job, JobPhase::Running, 3);
+        let step = decide_on(&job, &[], 4);
+        assert!(matches!(&step, Step::Act(a) if a.what == "start"), "{step:?}");
+        assert!(step.needs_fresh_view(), "Running, but no rank seen started");
+        let step = decide_on(&job, &[pod("4817", 0, running(2))], 4);
+        assert!(matches!(&step, Step::Act(a) if a.what == "start"), "{step:?}");
+        assert!(!step.needs_fresh_view(), "every rank seen started");
+
+        job.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(s.keys.lifecycle_state.clone(), "RUNNING".into());
+        job.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(s.keys.job_start.clone(), format_millis(ts(2)));
+        set_phase(&mut job, JobPhase::Completed, 9);
+        let step = decide_on(&job, &[pod("4817", 0, running(2))], 10);
+        assert!(matches!(step, Step::Record { .. }), "{step:?}");
+        assert!(step.needs_fresh_view(), "Completed, but the rank still runs in the view");
+        let step = decide_on(&job, &[pod("4817", 0, exited(0, 2, 8))], 10);
+        assert!(matches!(step, Step::Record { .. }), "{step:?}");
+        assert!(!step.needs_fresh_view(), "Completed and every rank ended");
+    }
+
+    /// A job that starts before `pending_status_after` has passed gets no status event (and no write for
+    /// one): QUEUED and RUNNING only. Until then the decision waits for that instant.
+    #[test]
+    fn a_job_that_starts_at_once_gets_no_pending_status() {
+        let s = settings(|_| {});
+        let mut job = job(&s);
+        let obs = Observed {
+            job: &job,
+            pods: &[],
+            podgroup: None,
+            jobs_ahead: None,
+            fresh_at: None,
+        };
+        assert_eq!(
+            decide(&obs, &s, ts(2)).unwrap(),
+            Step::Wait {
+                next_check: Some(ts(5))
+            }
+        );
+        let mut world = World::default();
+        drive(&s, &mut job, &[], ts(2), &mut world);
+        set_phase(&mut job, JobPhase::Running, 3);
+        let pods = vec![pod("4817", 0, running(3))];
+        drive(&s, &mut job, &pods, ts(4), &mut world);
+        let ids: Vec<_> = lifecycle(&world).iter().map(|e| e.event_id.clone()).collect();
+        assert_eq!(ids, ["4817/QUEUED", "4817/RUNNING"]);
+        assert!(
+            !job.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(&s.keys.status_hash)),
+            "no status recorded"
+        );
+
+        // With 0, the reason is told at once.
+        let s = settings(|c| c.monitor.pending_status_after = std::time::Duration::ZERO);
+        let mut job = self::job(&s);
+        let mut world = World::default();
+        drive(&s, &mut job, &[], ts(0), &mut world);
+        assert_eq!(lifecycle(&world).len(), 2);
     }
 }

@@ -163,6 +163,7 @@ impl Executor {
                         mut outcome,
                         logs,
                         mut set,
+                        ..
                     } => {
                         outcome.log_tails = self.tails(&snap.key.namespace, &logs).await;
                         set.insert(self.settings.keys.outcome.clone(), outcome.to_annotation());

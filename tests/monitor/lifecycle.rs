@@ -209,7 +209,7 @@ async fn an_oversized_job_gets_a_pending_reason_then_fails_at_the_queue_timeout(
         p.cpu = 64;
     }
     w.submit(&job).await;
-    w.advance(1);
+    w.advance(5);
     w.until("the unschedulable reason", |s| {
         s.of("m4")
             .lifecycle
