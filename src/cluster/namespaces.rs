@@ -8,7 +8,9 @@
 //! Namespaces and shared objects are never deleted by a rollback: other jobs may be using them by the
 //! time a rollback runs, and an empty namespace costs nothing.
 
-use dashmap::DashSet;
+use std::sync::Arc;
+
+use dashmap::{DashMap, DashSet};
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::ApiResource;
 
@@ -108,6 +110,9 @@ pub enum Ensured {
 #[derive(Debug, Default)]
 pub struct NamespaceCache {
     known: DashSet<ObjectKey>,
+    /// One create at a time per object: the first submissions of a new owner arrive together, and
+    /// without this each would send its own create (all but one answered 409).
+    creating: DashMap<ObjectKey, Arc<tokio::sync::Mutex<()>>>,
 }
 
 impl NamespaceCache {
@@ -126,6 +131,11 @@ impl NamespaceCache {
         object: &DynamicObject,
     ) -> Result<Ensured, ClusterError> {
         let key = ObjectKey::of(resource, object);
+        if self.known.contains(&key) {
+            return Ok(Ensured::Cached);
+        }
+        let lock = self.creating.entry(key.clone()).or_default().clone();
+        let _creating = lock.lock().await;
         if self.known.contains(&key) {
             return Ok(Ensured::Cached);
         }
@@ -148,7 +158,8 @@ impl NamespaceCache {
             Err(e) if e.is_already_exists() => Ensured::Existed,
             Err(e) => return Err(e),
         };
-        self.known.insert(key);
+        self.known.insert(key.clone());
+        self.creating.remove(&key);
         Ok(outcome)
     }
 

@@ -383,11 +383,8 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         // The start is every rank's container start as the view has it: a view in which a rank has not
         // started yet (the pods' watch behind the job's) is read afresh.
         action.fresh = facts.start.is_none()
-            && !(0..facts.replicas).all(|r| {
-                ranks
-                    .iter()
-                    .any(|v| v.rank == r && v.started_at.is_some())
-            });
+            && !(0..facts.replicas)
+                .all(|r| ranks.iter().any(|v| v.rank == r && v.started_at.is_some()));
         return Ok(Step::Act(action));
     }
 
@@ -1389,10 +1386,16 @@ mod tests {
         };
         set_phase(&mut job, JobPhase::Running, 3);
         let step = decide_on(&job, &[], 4);
-        assert!(matches!(&step, Step::Act(a) if a.what == "start"), "{step:?}");
+        assert!(
+            matches!(&step, Step::Act(a) if a.what == "start"),
+            "{step:?}"
+        );
         assert!(step.needs_fresh_view(), "Running, but no rank seen started");
         let step = decide_on(&job, &[pod("4817", 0, running(2))], 4);
-        assert!(matches!(&step, Step::Act(a) if a.what == "start"), "{step:?}");
+        assert!(
+            matches!(&step, Step::Act(a) if a.what == "start"),
+            "{step:?}"
+        );
         assert!(!step.needs_fresh_view(), "every rank seen started");
 
         job.metadata
@@ -1408,7 +1411,10 @@ mod tests {
         set_phase(&mut job, JobPhase::Completed, 9);
         let step = decide_on(&job, &[pod("4817", 0, running(2))], 10);
         assert!(matches!(step, Step::Record { .. }), "{step:?}");
-        assert!(step.needs_fresh_view(), "Completed, but the rank still runs in the view");
+        assert!(
+            step.needs_fresh_view(),
+            "Completed, but the rank still runs in the view"
+        );
         let step = decide_on(&job, &[pod("4817", 0, exited(0, 2, 8))], 10);
         assert!(matches!(step, Step::Record { .. }), "{step:?}");
         assert!(!step.needs_fresh_view(), "Completed and every rank ended");
@@ -1438,7 +1444,10 @@ mod tests {
         set_phase(&mut job, JobPhase::Running, 3);
         let pods = vec![pod("4817", 0, running(3))];
         drive(&s, &mut job, &pods, ts(4), &mut world);
-        let ids: Vec<_> = lifecycle(&world).iter().map(|e| e.event_id.clone()).collect();
+        let ids: Vec<_> = lifecycle(&world)
+            .iter()
+            .map(|e| e.event_id.clone())
+            .collect();
         assert_eq!(ids, ["4817/QUEUED", "4817/RUNNING"]);
         assert!(
             !job.metadata

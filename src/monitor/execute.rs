@@ -384,9 +384,75 @@ impl Executor {
         Ok(())
     }
 
-    /// A merge patch of annotations that only applies to the version the decision was made on.
-    /// `Ok(None)`: the job is gone.
+    /// Writes annotations, guarded by what the decision rests on. `Ok(None)`: the job is gone.
+    ///
+    /// The guard is a JSON patch whose `test` operations hold the job's identity and the annotations as
+    /// decided on: every durable fact of the job (what was published, the cause of a deletion, an
+    /// extension, another runner's record) is an annotation, so a change to any of them fails the patch
+    /// (422) and the decision is made again. A status update by Volcano does not: guarding with the
+    /// resourceVersion would turn each of those into a conflict, a read and a second write.
     async fn patch(
+        &self,
+        job: &VolcanoJob,
+        set: &BTreeMap<String, String>,
+        remove: &BTreeSet<String>,
+    ) -> Result<Option<Arc<VolcanoJob>>, ClusterError> {
+        match guarded_annotation_patch(job, set, remove) {
+            Some(ops) => self.write_json_patch(job, &ops).await,
+            None => self.patch_by_version(job, set, remove).await,
+        }
+    }
+
+    /// A JSON patch (see [`Executor::patch`]): a failed `test` comes back as a conflict.
+    async fn write_json_patch(
+        &self,
+        job: &VolcanoJob,
+        ops: &Value,
+    ) -> Result<Option<Arc<VolcanoJob>>, ClusterError> {
+        let (ns, name) = names(job);
+        let api = self.jobs(ns);
+        let op = format!("patch jobs.batch.volcano.sh {ns}/{name}");
+        let body = serde_json::to_vec(ops).unwrap_or_default();
+        let url = format!("{}/{name}?fieldManager={FIELD_MANAGER}", api.resource_url());
+        let result = self
+            .retry
+            .run(&op, || async {
+                let request = http::Request::patch(url.as_str())
+                    .header(http::header::ACCEPT, "application/json")
+                    .header(http::header::CONTENT_TYPE, "application/json-patch+json")
+                    .body(body.clone())
+                    .map_err(|e| ClusterError::Internal {
+                        op: op.clone(),
+                        message: e.to_string(),
+                    })?;
+                match self
+                    .client
+                    .request::<WatchedJob>(request)
+                    .await
+                    .classify(|| op.clone())
+                {
+                    Err(ClusterError::Rejected {
+                        code: 422, message, ..
+                    }) => Ok(Err(ClusterError::Conflict {
+                        op: op.clone(),
+                        message: format!("the job is not as decided on: {message}"),
+                    })),
+                    Err(e) if e.is_conflict() => Ok(Err(e)),
+                    other => other.map(Ok),
+                }
+            })
+            .await;
+        match result {
+            Ok(Ok(w)) => Ok(Some(Arc::new(w.into_job()))),
+            Ok(Err(conflict)) => Err(conflict),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A merge patch of annotations that only applies to the version the decision was made on (for a
+    /// job without annotations, which a JSON patch cannot test).
+    async fn patch_by_version(
         &self,
         job: &VolcanoJob,
         set: &BTreeMap<String, String>,
@@ -579,9 +645,107 @@ fn message_id(message: &Outbound) -> &str {
     }
 }
 
+/// The JSON patch that writes `set` and removes `remove` (only what is there: removing a missing member
+/// fails) on the job as it was seen: `test`s of its uid and of all its annotations first. `None` when the
+/// job has no uid or no annotations to test (a merge patch guarded by the resourceVersion is used then).
+pub(crate) fn guarded_annotation_patch(
+    job: &VolcanoJob,
+    set: &BTreeMap<String, String>,
+    remove: &BTreeSet<String>,
+) -> Option<Value> {
+    let uid = job.metadata.uid.as_ref()?;
+    let annotations = job.metadata.annotations.as_ref()?;
+    let pointer = |key: &str| {
+        format!(
+            "/metadata/annotations/{}",
+            key.replace('~', "~0").replace('/', "~1")
+        )
+    };
+    let mut ops = vec![
+        json!({"op": "test", "path": "/metadata/uid", "value": uid}),
+        json!({"op": "test", "path": "/metadata/annotations", "value": annotations}),
+    ];
+    for key in remove {
+        if annotations.contains_key(key) && !set.contains_key(key) {
+            ops.push(json!({"op": "remove", "path": pointer(key)}));
+        }
+    }
+    for (key, value) in set {
+        ops.push(json!({"op": "add", "path": pointer(key), "value": value}));
+    }
+    Some(Value::Array(ops))
+}
+
 fn names(job: &VolcanoJob) -> (&str, &str) {
     (
         job.metadata.namespace.as_deref().unwrap_or_default(),
         job.metadata.name.as_deref().unwrap_or_default(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(annotations: &[(&str, &str)]) -> VolcanoJob {
+        let mut job: VolcanoJob = serde_json::from_value(json!({
+            "apiVersion": "batch.volcano.sh/v1alpha1",
+            "kind": "Job",
+            "metadata": {"name": "j-1", "namespace": "ns", "uid": "u-1", "resourceVersion": "7"},
+            "spec": {}
+        }))
+        .unwrap();
+        job.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        );
+        job
+    }
+
+    fn apply(target: &VolcanoJob, ops: &Value) -> Result<Value, String> {
+        let mut doc = serde_json::to_value(target).unwrap();
+        let ops: json_patch::Patch = serde_json::from_value(ops.clone()).unwrap();
+        json_patch::patch(&mut doc, &ops).map_err(|e| e.to_string())?;
+        Ok(doc)
+    }
+
+    /// The patch writes and removes the keys on the job as seen, whatever else changed (its status, its
+    /// resourceVersion), and fails on a job whose annotations or identity are not the ones decided on.
+    #[test]
+    fn the_guard_holds_the_annotations_and_the_uid_not_the_version() {
+        let seen = job(&[("ucloud.dk/state", "QUEUED"), ("ucloud.dk/a~b", "x")]);
+        let set = BTreeMap::from([("ucloud.dk/state".to_owned(), "RUNNING".to_owned())]);
+        let remove = BTreeSet::from(["ucloud.dk/a~b".to_owned(), "ucloud.dk/absent".to_owned()]);
+        let ops = guarded_annotation_patch(&seen, &set, &remove).unwrap();
+
+        // Volcano moved the status on: the patch still applies.
+        let mut now = seen.clone();
+        now.metadata.resource_version = Some("8".into());
+        let done = apply(&now, &ops).unwrap();
+        assert_eq!(
+            done["metadata"]["annotations"],
+            json!({"ucloud.dk/state": "RUNNING"})
+        );
+
+        // Another writer recorded something (a cancel's cause): the test fails.
+        let mut changed = seen.clone();
+        changed
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert("ucloud.dk/terminationCause".into(), "cancelled".into());
+        assert!(apply(&changed, &ops).is_err());
+        // A job of the same name created again: the test fails.
+        let mut recreated = seen.clone();
+        recreated.metadata.uid = Some("u-2".into());
+        assert!(apply(&recreated, &ops).is_err());
+
+        // Nothing to test on: the resourceVersion guards instead.
+        let mut bare = seen.clone();
+        bare.metadata.annotations = None;
+        assert!(guarded_annotation_patch(&bare, &set, &remove).is_none());
+    }
 }

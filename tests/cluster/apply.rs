@@ -457,3 +457,37 @@ async fn a_deleted_namespace_is_created_again_on_the_next_attempt() {
         .await
     );
 }
+
+/// The first jobs of a new owner arrive together: one applier (shared, as a runner's handlers share it)
+/// creates the owner's namespace and baseline policy once, not once per job.
+#[tokio::test]
+async fn concurrent_first_jobs_of_an_owner_create_its_namespace_once() {
+    let env = start().await;
+    let applier = std::sync::Arc::new(applier(&env));
+    let before = env.sim.request_counts();
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..16 {
+        let applier = applier.clone();
+        tasks.spawn(async move {
+            let plan = vec![
+                namespace_step("carol"),
+                baseline_policy("carol"),
+                vcjob("carol", &format!("j-{n}"), "sha256:c"),
+            ];
+            applier.apply(&plan).await.map(|_| ())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap().unwrap();
+    }
+    let after = env.sim.request_counts();
+    let delta =
+        |kind: &str| after.get(kind).copied().unwrap_or(0) - before.get(kind).copied().unwrap_or(0);
+    assert_eq!(delta("create namespaces"), 1, "{after:?}");
+    assert_eq!(
+        delta("create networkpolicies.networking.k8s.io"),
+        1,
+        "{after:?}"
+    );
+    assert_eq!(delta("create jobs.batch.volcano.sh"), 16, "{after:?}");
+}
