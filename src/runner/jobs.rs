@@ -4,11 +4,24 @@
 //! A cancel or an extension names only the job id, and with per-owner namespaces the namespace is not
 //! known from it: the job is found by name across namespaces (a list with a field selector on
 //! `metadata.name`, narrowed by the managed-by label). With one shared namespace it is a plain GET.
+//!
+//! A submission only needs that read when a job of its id may exist: [`JobStore::follow`] keeps the names
+//! of every managed job from a metadata watch, and [`JobStore::find_if_known`] answers "none" from it
+//! without a request. A job the watch has not seen yet is still caught: in the same namespace (a
+//! redelivery, the same owner) the create answers 409 and the applier compares it; a job of another
+//! owner with the same id is a broken orchestrator, caught once the watch has it.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::{Arc, RwLock};
+
+use futures::StreamExt;
 use jiff::Timestamp;
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions, PropagationPolicy,
 };
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
 
 use crate::cluster::labels::FIELD_MANAGER;
 use crate::cluster::{ClusterError, KubeResultExt, RetryPolicy};
@@ -28,6 +41,23 @@ pub struct JobStore {
     retry: RetryPolicy,
     /// `Some(ns)` when every job lives in one namespace.
     single_namespace: Option<String>,
+    names: Arc<RwLock<Names>>,
+}
+
+/// The managed jobs' names, with the namespaces each is in, as the metadata watch has them.
+#[derive(Debug, Default)]
+struct Names {
+    /// A listing has completed since the watch (re)started: the map can answer.
+    synced: bool,
+    live: BTreeMap<String, BTreeSet<String>>,
+    /// Being rebuilt by a relist (between `Init` and `InitDone`).
+    next: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl Names {
+    fn add(map: &mut BTreeMap<String, BTreeSet<String>>, name: String, namespace: String) {
+        map.entry(name).or_default().insert(namespace);
+    }
 }
 
 impl std::fmt::Debug for JobStore {
@@ -48,6 +78,78 @@ impl JobStore {
             client,
             retry: RetryPolicy::from_config(&config.cluster),
             single_namespace: (!per_owner).then(|| pipeline.namespace.name.clone()),
+            names: Arc::default(),
+        }
+    }
+
+    /// [`JobStore::find`], unless the watch ([`JobStore::follow`]) has listed and knows no job of this
+    /// id: then `None` without a request. A job created a moment ago by another runner may be missing
+    /// from the watch; callers that go on to create the job meet it as the create's 409.
+    pub async fn find_if_known(&self, job_id: &str) -> Result<Option<VolcanoJob>, ClusterError> {
+        let name = names::vcjob_name(job_id);
+        {
+            let view = self.names.read().unwrap_or_else(|e| e.into_inner());
+            if view.synced && !view.live.contains_key(&name) {
+                return Ok(None);
+            }
+        }
+        self.find(job_id).await
+    }
+
+    /// Keeps the names of [`JobStore::find_if_known`] with a metadata watch of the managed jobs (in
+    /// every namespace), until `shutdown`. A watch error makes every lookup read until it has listed
+    /// again.
+    pub async fn follow(&self, shutdown: impl Future<Output = ()>) {
+        // Metadata only: the names are all this needs, not the jobs' specs.
+        let api: Api<kube::api::PartialObjectMeta<VolcanoJob>> = match &self.single_namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        };
+        let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+        let stream = watcher::watcher(api, config).default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let event = tokio::select! {
+                () = &mut shutdown => return,
+                event = stream.next() => event,
+            };
+            let mut view = self.names.write().unwrap_or_else(|e| e.into_inner());
+            let key = |m: &kube::api::PartialObjectMeta<VolcanoJob>| {
+                (
+                    m.metadata.name.clone().unwrap_or_default(),
+                    m.metadata.namespace.clone().unwrap_or_default(),
+                )
+            };
+            match event {
+                None => return,
+                Some(Err(e)) => {
+                    view.synced = false;
+                    tracing::debug!(error = %e, "The jobs' metadata watch failed; lookups read until it has listed again.");
+                }
+                Some(Ok(Event::Init)) => view.next.clear(),
+                Some(Ok(Event::InitApply(m))) => {
+                    let (name, ns) = key(&m);
+                    Names::add(&mut view.next, name, ns);
+                }
+                Some(Ok(Event::InitDone)) => {
+                    view.live = std::mem::take(&mut view.next);
+                    view.synced = true;
+                }
+                Some(Ok(Event::Apply(m))) => {
+                    let (name, ns) = key(&m);
+                    Names::add(&mut view.live, name, ns);
+                }
+                Some(Ok(Event::Delete(m))) => {
+                    let (name, ns) = key(&m);
+                    if let Some(set) = view.live.get_mut(&name) {
+                        set.remove(&ns);
+                        if set.is_empty() {
+                            view.live.remove(&name);
+                        }
+                    }
+                }
+            }
         }
     }
 

@@ -177,6 +177,8 @@ impl Runner {
         ));
         let (tombstones, token) = (self.handler.tombstones.clone(), background.clone());
         tasks.spawn(async move { tombstones.follow(token.cancelled()).await });
+        let (jobs, token) = (self.handler.jobs.clone(), background.clone());
+        tasks.spawn(async move { jobs.follow(token.cancelled()).await });
         let tombstones = self.handler.tombstones.clone();
         let (interval, token) = (config.cluster.tombstone_sweep_interval, background.clone());
         tasks.spawn(async move {

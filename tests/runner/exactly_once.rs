@@ -221,3 +221,108 @@ async fn queued_comes_before_any_other_event_of_the_job() {
         one_content_per_id(&mine);
     }
 }
+
+/// The lookup of an existing job comes from the jobs' watch; a watch that has not seen a job (here it
+/// loses every event, so it never does) costs no safety: a redelivery is adopted through the create's
+/// 409 (one VolcanoJob, the same QUEUED), another submission with the same id is refused as a
+/// duplicate, and a redelivery of a job that has ended only gets its QUEUED again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_the_watch_has_not_seen_is_still_found_by_the_create() {
+    let h = Harness::new("once-blind").await;
+    h.sim.faults().add_rule(FaultRule {
+        resource: "jobs.batch.volcano.sh".into(),
+        verb: "watch".into(),
+        watch_lose_events: 1.0,
+        ..FaultRule::default()
+    });
+    let runner = h.start("runner-a");
+    // The runner's jobs watch has listed (and watches, blind).
+    let deadline = tokio::time::Instant::now() + rabbit::PATIENCE;
+    while !h
+        .sim
+        .request_counts()
+        .contains_key("watch jobs.batch.volcano.sh")
+    {
+        assert!(tokio::time::Instant::now() < deadline, "the jobs watch");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first = figlet("blind-1");
+    h.submit(&first).await;
+    h.wait_events("QUEUED", |e| {
+        e.iter().any(|c| c.message_id == "blind-1/QUEUED")
+    })
+    .await;
+    // (The harness's own look at the job is a list too: before the count.)
+    let job = h.vcjob("blind-1").await.unwrap();
+    let uid = job.metadata.uid.clone().unwrap();
+    let lists = || async {
+        h.sim
+            .request_counts()
+            .get("list jobs.batch.volcano.sh")
+            .copied()
+            .unwrap_or(0)
+    };
+    let lists_before = lists().await;
+
+    // The same submission again: adopted, the same QUEUED.
+    h.submit(&first).await;
+    h.wait_events("QUEUED again", |e| {
+        e.iter()
+            .filter(|c| c.message_id == "blind-1/QUEUED")
+            .count()
+            == 2
+    })
+    .await;
+    // Other content under the same id: a duplicate.
+    let mut second = first.clone();
+    second.product.as_mut().unwrap().cpu += 1;
+    let fingerprint16 =
+        volcano_runner::pipeline::fingerprint(&second)["sha256:".len()..][..16].to_owned();
+    let rejected_id = format!("blind-1/rejected/{fingerprint16}");
+    h.submit(&second).await;
+    h.wait_events("the duplicate's FAILURE", |e| {
+        e.iter().any(|c| c.message_id == rejected_id)
+    })
+    .await;
+    // The job ends (as the monitor records it); a redelivery gets QUEUED and nothing runs again.
+    let keys = volcano_runner::durable::AnnotationKeys::new(&h.config.pipeline.annotation_prefix);
+    let api: kube::Api<volcano_runner::volcano::VolcanoJob> =
+        kube::Api::namespaced(h.client.clone(), job.metadata.namespace.as_deref().unwrap());
+    api.patch(
+        "j-blind-1",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+            keys.lifecycle_state.as_str(): "SUCCESS"
+        }}})),
+    )
+    .await
+    .unwrap();
+    h.submit(&first).await;
+    h.wait_events("QUEUED a third time", |e| {
+        e.iter()
+            .filter(|c| c.message_id == "blind-1/QUEUED")
+            .count()
+            == 3
+    })
+    .await;
+    h.wait_queues_settled().await;
+    let lists_after = lists().await;
+    runner.stop().await;
+
+    assert_eq!(
+        lists_after, lists_before,
+        "the lookups came from the watch (which knows no job of this id)"
+    );
+    let jobs = h.vcjobs().await;
+    let uids: Vec<_> = jobs.iter().filter_map(|j| j.metadata.uid.clone()).collect();
+    assert_eq!(uids, [uid], "one VolcanoJob");
+    let events = h.events().await;
+    one_content_per_id(&of_job(&events, "blind-1"));
+    let failure = events
+        .iter()
+        .find(|c| c.message_id == rejected_id)
+        .and_then(|c| c.event.clone())
+        .unwrap();
+    assert_eq!(failure.reason, "duplicate_job_id");
+    assert!(h.dead_letters().await.is_empty());
+}

@@ -64,8 +64,10 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         Ok(None) => {}
     }
     // A job of this id may exist: an earlier delivery of this submission (perhaps on a runner that died
-    // half-way: the apply below adopts it and creates what is missing), or another submission's.
-    let exists = match h.jobs.find(job_id).await {
+    // half-way: the apply below adopts it and creates what is missing), or another submission's. Read
+    // only when the jobs' watch knows one (or has not listed yet); one it has not seen yet answers the
+    // create with 409, and the applier compares it.
+    let exists = match h.jobs.find_if_known(job_id).await {
         Err(e) => return Settle::cluster(&e),
         Ok(Some(existing)) => {
             if annotation(&existing, &h.keys.submission_hash) != Some(fingerprint.as_str()) {
