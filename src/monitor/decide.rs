@@ -106,7 +106,7 @@ pub enum Step {
     /// Nothing until `next_check` (or until something about the job changes).
     Wait { next_check: Option<Timestamp> },
     /// Record the outcome: read the log tails of these `(rank, pod)`s into it, persist it with `set`
-    /// (guarded by the resourceVersion), then decide again.
+    /// (guarded by a test of the annotations decided on), then decide again.
     Record {
         outcome: Outcome,
         logs: Vec<(u32, String)>,

@@ -1,11 +1,11 @@
 //! Carries out the decisions for one job, in the kill-safe order: **publish (confirmed), then persist
-//! (guarded by the resourceVersion), then delete and remove the finalizer**, and asks [`decide`] again
+//! (guarded by a test of the uid and the annotations decided on), then delete and remove the finalizer**, and asks [`decide`] again
 //! after every write until the job is settled.
 //!
 //! - A kill before a publication leaves the annotations as they were: the same decision is made again.
 //! - A kill between a publication and its patch re-publishes the same ids with the same content
 //!   (consumers drop duplicates by id); never the other way round, which would lose the message.
-//! - A 409 Conflict means the job changed under us (another runner, an extension, Volcano): re-read and
+//! - A failed guard (422) or a 409 Conflict means the job changed under us (another runner, an extension, Volcano): re-read and
 //!   decide again, the annotations now say what was done.
 //! - Anything else (broker down, API 5xx past the retry budget) ends this try; the loop retries the job
 //!   later with backoff, and the other jobs carry on (W6, W7).
