@@ -338,12 +338,13 @@ async fn phase_on(
     )
     .await?;
     let publish_rate = rate(published, publish_started.elapsed());
-    let mut complete = wait_with_progress(&queued, published, options.phase_timeout).await;
+    let mut complete =
+        wait_with_progress("QUEUED", &queued, published, options.phase_timeout).await;
     if monitor && complete {
         let left = options
             .phase_timeout
             .saturating_sub(publish_started.elapsed());
-        complete = wait_with_progress(&ended, published, left).await;
+        complete = wait_with_progress("terminal", &ended, published, left).await;
     }
     let api_elapsed = publish_started.elapsed();
     let api_requests_by_kind = request_delta(&requests_before, &sim.request_counts());
@@ -358,7 +359,11 @@ async fn phase_on(
     let mut to_created = Vec::new();
     let mut to_queued = Vec::new();
     let mut completions = Vec::new();
+    let mut ends = Vec::new();
     for (id, at) in &published_at {
+        if let Some(e) = ended.get(id) {
+            ends.push(e.saturating_duration_since(publish_started));
+        }
         if let Some(c) = created.get(id) {
             to_created.push(c.saturating_duration_since(*at));
         }
@@ -389,6 +394,11 @@ async fn phase_on(
         complete,
         publish_rate,
         sustained_jobs_per_s: sustained_rate(&mut completions),
+        ended_jobs_per_s: if monitor {
+            sustained_rate(&mut ends)
+        } else {
+            None
+        },
         ratio_to_smaller_limit: None,
         publish_to_created: Latency::of(&mut to_created),
         publish_to_queued: Latency::of(&mut to_queued),
@@ -424,14 +434,19 @@ async fn start_sim(config: &Config) -> Result<crate::sim::SimHandle, BenchError>
         .map_err(|e| BenchError::Cluster(format!("the simulator does not start: {e}")))
 }
 
-/// Waits until `count` jobs are QUEUED or `timeout` passes (then `false`), logging progress every few
+/// Waits until `count` jobs have had the `what` event (QUEUED, terminal) or `timeout` passes (then `false`), logging progress every few
 /// seconds: a 10,000-job phase takes a while, and a stalled one should show where it stalls.
-async fn wait_with_progress(queued: &observe::Seen, count: usize, timeout: Duration) -> bool {
+async fn wait_with_progress(
+    what: &str,
+    seen: &observe::Seen,
+    count: usize,
+    timeout: Duration,
+) -> bool {
     const EVERY: Duration = Duration::from_secs(5);
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let step = EVERY.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
-        if tokio::time::timeout(step, queued.wait_for(count))
+        if tokio::time::timeout(step, seen.wait_for(count))
             .await
             .is_ok()
         {
@@ -441,9 +456,10 @@ async fn wait_with_progress(queued: &observe::Seen, count: usize, timeout: Durat
             return false;
         }
         info!(
-            queued = queued.len(),
+            events = what,
+            seen = seen.len(),
             of = count,
-            "Waiting for QUEUED events."
+            "Waiting for events."
         );
     }
 }

@@ -96,6 +96,10 @@ pub struct Phase {
     pub publish_rate: f64,
     /// Jobs per second between the first and the last tenth of the QUEUED events.
     pub sustained_jobs_per_s: Option<f64>,
+    /// With the monitoring duty: jobs per second between the first and the last tenth of the terminal
+    /// events. Bounded by the simulator's nodes and the jobs' run time as much as by the runners, so it
+    /// says how fast jobs are carried to their end here, not what the runner alone could do.
+    pub ended_jobs_per_s: Option<f64>,
     /// `sustained_jobs_per_s` over the smaller of the two limits.
     pub ratio_to_smaller_limit: Option<f64>,
     pub publish_to_created: Option<Latency>,
@@ -157,11 +161,12 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "{:>7} | {:>7} | {:>9} | {:>8} | {:>6} | {:>8} | {:>21} | {:>21} | {:>15} | {:>13}",
+            "{:>7} | {:>7} | {:>9} | {:>8} | {:>6} | {:>6} | {:>8} | {:>21} | {:>21} | {:>15} | {:>13}",
             "runners",
             "monitor",
             "rate",
             "jobs/s",
+            "ends/s",
             "ratio",
             "API/job",
             "created p50/p95/p99",
@@ -176,6 +181,7 @@ impl Report {
             let jobs = p
                 .sustained_jobs_per_s
                 .map_or("-".into(), |r| format!("{r:.0}"));
+            let ends = p.ended_jobs_per_s.map_or("-".into(), |r| format!("{r:.0}"));
             let ratio = p
                 .ratio_to_smaller_limit
                 .map_or("-".into(), |r| format!("{:.0}%", r * 100.0));
@@ -203,11 +209,12 @@ impl Report {
             };
             let _ = writeln!(
                 out,
-                "{:>7} | {:>7} | {:>9} | {:>8} | {:>6} | {:>8} | {:>21} | {:>21} | {:>15} | {:>13}{incomplete}",
+                "{:>7} | {:>7} | {:>9} | {:>8} | {:>6} | {:>6} | {:>8} | {:>21} | {:>21} | {:>15} | {:>13}{incomplete}",
                 p.runners,
                 if p.monitor { "on" } else { "off" },
                 rate,
                 jobs,
+                ends,
                 ratio,
                 p.api_requests_per_job
                     .map_or("-".into(), |r| format!("{r:.1}")),
@@ -267,6 +274,7 @@ mod tests {
                 complete: false,
                 publish_rate: 5000.0,
                 sustained_jobs_per_s: Some(1250.0),
+                ended_jobs_per_s: None,
                 ratio_to_smaller_limit: Some(0.5),
                 publish_to_created: Some(Latency {
                     count: 1000,

@@ -55,6 +55,11 @@ pub struct MonitorConfig {
     /// Bytes of log tails per job in all (split between ranks): the tails are persisted on the job with
     /// its outcome, and Kubernetes limits a job's annotations to 256 KiB.
     pub log_tail_total_bytes: usize,
+    /// Whether SUCCESS events carry log tails too. Off by default: a tail is there so a user sees why a
+    /// job failed, and each costs a log read that the API server proxies to the node's kubelet, the one
+    /// per-job read a successful job would otherwise make at its end. FAILURE, EXPIRED and CANCELLED
+    /// always carry them (with `log_tail_bytes` above 0).
+    pub log_tails_on_success: bool,
     /// Jobs handled at once (each may wait for publisher confirms and API calls).
     pub max_concurrent: usize,
     /// First wait before a job whose handling failed (broker or API trouble) is tried again; it doubles
@@ -78,6 +83,7 @@ impl Default for MonitorConfig {
             cleanup_grace: Duration::from_secs(60),
             log_tail_bytes: 4096,
             log_tail_total_bytes: 65536,
+            log_tails_on_success: false,
             max_concurrent: 32,
             retry_min_delay: Duration::from_secs(1),
             retry_max_delay: Duration::from_secs(60),

@@ -60,6 +60,8 @@ pub struct Settings {
     pub queue_timeout: Option<SignedDuration>,
     /// `[monitor] pending_status_after`.
     pub pending_status_after: SignedDuration,
+    /// `[monitor] log_tails_on_success`.
+    pub log_tails_on_success: bool,
     pub cleanup_grace: SignedDuration,
     /// How long an ended job is kept as the record of its submission (`[cluster] ended_job_retention`).
     pub retention: SignedDuration,
@@ -79,6 +81,7 @@ impl Settings {
             image_pull_grace: signed(m.image_pull_grace),
             queue_timeout: m.queue_timeout.map(signed),
             pending_status_after: signed(m.pending_status_after),
+            log_tails_on_success: m.log_tails_on_success,
             cleanup_grace: signed(m.cleanup_grace),
             retention: signed(config.cluster.ended_job_retention),
             config,
@@ -279,9 +282,19 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
             Terminal::Success => "completed",
             _ => "failed",
         };
+        let whole = phase.is_finished() && all_ended;
+        if !whole
+            && phase.is_finished()
+            && let Some(until) = lag_wait(job, now)
+        {
+            // Volcano finished the job, the pods' watch has not delivered every rank's end yet.
+            return Ok(Step::Wait {
+                next_check: Some(until),
+            });
+        }
         let mut step = record_step(s, &facts, outcome, &ranks, Some(cause));
         if let Step::Record { fresh, .. } = &mut step {
-            *fresh = !(phase.is_finished() && all_ended);
+            *fresh = !whole;
         }
         return Ok(step);
     }
@@ -380,11 +393,18 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
             Published::Running.as_str().into(),
         );
         action.again = true;
-        // The start is every rank's container start as the view has it: a view in which a rank has not
-        // started yet (the pods' watch behind the job's) is read afresh.
-        action.fresh = facts.start.is_none()
+        // The start is every rank's container start as the view has it. A view in which a rank has not
+        // started yet (the pods' watch behind the job's) waits for the watch a moment, then is read
+        // afresh.
+        let lagging = facts.start.is_none()
             && !(0..facts.replicas)
                 .all(|r| ranks.iter().any(|v| v.rank == r && v.started_at.is_some()));
+        if lagging && let Some(until) = lag_wait(job, now) {
+            return Ok(Step::Wait {
+                next_check: Some(until),
+            });
+        }
+        action.fresh = lagging;
         return Ok(Step::Act(action));
     }
 
@@ -787,6 +807,23 @@ fn exit_codes(ranks: &[RankView]) -> Vec<RankCode> {
         .collect()
 }
 
+/// How long a view in which the job's phase is ahead of its pods waits for the pods' watch before it is
+/// read afresh. The watches deliver a change within milliseconds; the wait turns the read every job's
+/// start and end would otherwise cost into a rare one (a watch that lost an event, or a lagging API).
+pub const VIEW_LAG_GRACE: SignedDuration = SignedDuration::from_secs(3);
+
+/// Until when a view whose job phase is ahead of its pods waits for the watch: `VIEW_LAG_GRACE` after
+/// Volcano entered the phase. `None` (read afresh now) once that has passed, when the phase has no time,
+/// or when its time is implausibly far ahead of the clock (skew must not stretch the wait).
+fn lag_wait(job: &VolcanoJob, now: Timestamp) -> Option<Timestamp> {
+    let since = phase_time(job)?;
+    if since > now.checked_add(VIEW_LAG_GRACE).ok()? {
+        return None;
+    }
+    let until = since.checked_add(VIEW_LAG_GRACE).ok()?;
+    (now < until).then_some(until)
+}
+
 /// When Volcano entered the current phase.
 fn phase_time(job: &VolcanoJob) -> Option<Timestamp> {
     job.status
@@ -817,11 +854,16 @@ fn record_step(
     {
         set.insert(s.keys.termination_cause.clone(), cause.to_owned());
     }
-    let logs = ranks
-        .iter()
-        .filter(|r| r.started_at.is_some() || r.terminated.is_some())
-        .map(|r| (r.rank, r.pod.clone()))
-        .collect();
+    // A successful job's tails would cost a log read each and tell no one why it failed.
+    let logs = if outcome.state == Terminal::Success && !s.log_tails_on_success {
+        Vec::new()
+    } else {
+        ranks
+            .iter()
+            .filter(|r| r.started_at.is_some() || r.terminated.is_some())
+            .map(|r| (r.rank, r.pod.clone()))
+            .collect()
+    };
     Step::Record {
         outcome,
         logs,
@@ -1369,7 +1411,8 @@ mod tests {
 
     /// The watch's view is enough (no read) when it already holds the whole fact: RUNNING once every
     /// rank's program has started in it, the end once Volcano finished the job and every rank's program
-    /// ended in it. A view that lags behind (the job's phase ahead of its pods) is read afresh.
+    /// ended in it. A view that lags behind (the job's phase ahead of its pods) waits `VIEW_LAG_GRACE`
+    /// after the phase began for the watch, and is read afresh after that.
     #[test]
     fn the_watch_view_decides_when_it_holds_the_whole_fact() {
         let s = settings(|_| {});
@@ -1385,12 +1428,22 @@ mod tests {
             decide(&obs, &s, ts(now)).unwrap()
         };
         set_phase(&mut job, JobPhase::Running, 3);
-        let step = decide_on(&job, &[], 4);
+        assert_eq!(
+            decide_on(&job, &[], 4),
+            Step::Wait {
+                next_check: Some(ts(6))
+            },
+            "Running, but no rank seen started: the watch gets a moment"
+        );
+        let step = decide_on(&job, &[], 6);
         assert!(
             matches!(&step, Step::Act(a) if a.what == "start"),
             "{step:?}"
         );
-        assert!(step.needs_fresh_view(), "Running, but no rank seen started");
+        assert!(
+            step.needs_fresh_view(),
+            "Running, no rank seen started, the moment passed"
+        );
         let step = decide_on(&job, &[pod("4817", 0, running(2))], 4);
         assert!(
             matches!(&step, Step::Act(a) if a.what == "start"),
@@ -1409,7 +1462,14 @@ mod tests {
             .unwrap()
             .insert(s.keys.job_start.clone(), format_millis(ts(2)));
         set_phase(&mut job, JobPhase::Completed, 9);
-        let step = decide_on(&job, &[pod("4817", 0, running(2))], 10);
+        assert_eq!(
+            decide_on(&job, &[pod("4817", 0, running(2))], 10),
+            Step::Wait {
+                next_check: Some(ts(12))
+            },
+            "Completed, the rank still runs in the view: the watch gets a moment"
+        );
+        let step = decide_on(&job, &[pod("4817", 0, running(2))], 12);
         assert!(matches!(step, Step::Record { .. }), "{step:?}");
         assert!(
             step.needs_fresh_view(),
@@ -1418,6 +1478,53 @@ mod tests {
         let step = decide_on(&job, &[pod("4817", 0, exited(0, 2, 8))], 10);
         assert!(matches!(step, Step::Record { .. }), "{step:?}");
         assert!(!step.needs_fresh_view(), "Completed and every rank ended");
+
+        // A phase time far ahead of the clock (skew) does not stretch the wait: read afresh at once.
+        set_phase(&mut job, JobPhase::Completed, 100);
+        let step = decide_on(&job, &[pod("4817", 0, running(2))], 10);
+        assert!(step.needs_fresh_view(), "{step:?}");
+    }
+
+    /// Log tails are read for every end but a success, and for a success too when asked to: each is a
+    /// log read the API server proxies to a kubelet.
+    #[test]
+    fn a_success_reads_log_tails_only_when_asked_to() {
+        let logs_of = |s: &Settings, code: i32| {
+            let mut job = job(s);
+            job.metadata
+                .annotations
+                .as_mut()
+                .unwrap()
+                .insert(s.keys.lifecycle_state.clone(), "RUNNING".into());
+            job.metadata
+                .annotations
+                .as_mut()
+                .unwrap()
+                .insert(s.keys.job_start.clone(), format_millis(ts(2)));
+            let phase = if code == 0 {
+                JobPhase::Completed
+            } else {
+                JobPhase::Failed
+            };
+            set_phase(&mut job, phase, 9);
+            let pods = [pod("4817", 0, exited(code, 2, 8))];
+            let obs = Observed {
+                job: &job,
+                pods: &pods,
+                podgroup: None,
+                jobs_ahead: None,
+                fresh_at: None,
+            };
+            match decide(&obs, s, ts(10)).unwrap() {
+                Step::Record { logs, outcome, .. } => (outcome.state, logs.len()),
+                other => panic!("{other:?}"),
+            }
+        };
+        let default = settings(|_| {});
+        assert_eq!(logs_of(&default, 0), (Terminal::Success, 0));
+        assert_eq!(logs_of(&default, 3), (Terminal::Failure, 1));
+        let asked = settings(|c| c.monitor.log_tails_on_success = true);
+        assert_eq!(logs_of(&asked, 0), (Terminal::Success, 1));
     }
 
     /// A job that starts before `pending_status_after` has passed gets no status event (and no write for

@@ -100,6 +100,18 @@ async fn the_rbac_grants_exactly_what_the_runner_uses() {
         .await;
     fleet.wait_state("rbac-1", JobState::Success, step).await;
 
+    // A job that fails: its terminal event carries the log tails (a successful job's does not).
+    let mut failing = serde_json::to_value(sleeping_job("rbac-8", 30, None)).unwrap();
+    failing["application"]["invocation"] = serde_json::json!([
+        {"word": {"word": "sh"}}, {"word": {"word": "-c"}},
+        {"word": {"word": "echo computing; sleep 30; exit 3"}}
+    ]);
+    fleet
+        .submit(&serde_json::from_value(failing).unwrap())
+        .await;
+    fleet.wait_state("rbac-8", JobState::Running, small).await;
+    fleet.wait_state("rbac-8", JobState::Failure, step).await;
+
     // A job that outlives its time allocation, and one cancelled while it runs.
     fleet
         .submit(&sleeping_job("rbac-2", 3600, Some(Duration::from_secs(60))))

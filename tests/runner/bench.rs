@@ -84,8 +84,10 @@ async fn bench_measures_limits_and_two_phases_and_cleans_up() {
             // Every job ran to its end inside the phase, and the monitor's work is counted.
             assert_eq!(p["ended"], 40, "{p}");
             assert!(by_kind.keys().any(|k| k.starts_with("patch jobs")), "{p}");
+            assert!(p["ended_jobs_per_s"].as_f64().unwrap() > 0.0, "{p}");
         } else {
             assert_eq!(p["ended"], 0, "{p}");
+            assert!(p["ended_jobs_per_s"].is_null(), "{p}");
             assert!(!by_kind.keys().any(|k| k.starts_with("patch jobs")), "{p}");
         }
         assert_eq!(p["published"], 40, "{p}");
