@@ -134,6 +134,13 @@ impl Step {
             Step::Act(action) => action.fresh,
         }
     }
+
+    /// Whether a fresh view of the pods alone will do: a tick needs only the pods' running state proven
+    /// at an instant. The job's own annotations need no read: the write that follows tests them, and a
+    /// stale view fails that test and is read whole then.
+    pub fn fresh_pods_suffice(&self) -> bool {
+        matches!(self, Step::Act(action) if action.what == "monitor")
+    }
 }
 
 /// Effects, executed in field order.

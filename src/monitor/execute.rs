@@ -142,6 +142,13 @@ impl Executor {
                     fresh_at,
                 };
                 let step = decide::decide(&obs, &self.settings, now)?;
+                if step.needs_fresh_view() && !fresh && step.fresh_pods_suffice() {
+                    let at = self.clock.now();
+                    pods = self.fresh_pods(&job).await?;
+                    fresh = true;
+                    fresh_at = Some(at);
+                    continue;
+                }
                 if step.needs_fresh_view() && !fresh {
                     match self.fresh_view(&job).await? {
                         Some((j, p)) => {
@@ -569,6 +576,13 @@ impl Executor {
             Err(e) if e.is_not_found() => return Ok(None),
             Err(e) => return Err(e.into()),
         };
+        let pods = self.fresh_pods(&job).await?;
+        Ok(Some((job, pods)))
+    }
+
+    /// The job's pods, listed just now.
+    async fn fresh_pods(&self, job: &VolcanoJob) -> Result<Arc<Vec<Pod>>, HandleError> {
+        let (ns, name) = names(job);
         let pods_api: Api<WatchedPod> = Api::namespaced(self.client.clone(), ns);
         let params = ListParams::default().labels(&format!("{LABEL_JOB_NAME}={name}"));
         let op = format!("list pods of {ns}/{name}");
@@ -580,7 +594,7 @@ impl Executor {
             .await?;
         let mut pods: Vec<Pod> = listed.items.into_iter().map(WatchedPod::into_pod).collect();
         pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        Ok(Some((job, Arc::new(pods))))
+        Ok(Arc::new(pods))
     }
 
     /// The end of each rank's log, bounded per rank and in all. A log that cannot be read is left out.

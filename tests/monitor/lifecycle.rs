@@ -28,6 +28,7 @@ async fn a_job_runs_and_succeeds_with_ticks_summing_to_its_run_time() {
     w.advance(2);
     w.until("RUNNING", |s| s.event("m1/RUNNING").is_some())
         .await;
+    let requests_at_start = w.sim.request_counts();
     let pod = w.pod(&ns, "j-m1-job-0").expect("the pod exists");
     let started = pod
         .pointer("/status/containerStatuses/0/state/running/startedAt")
@@ -46,13 +47,27 @@ async fn a_job_runs_and_succeeds_with_ticks_summing_to_its_run_time() {
         started.as_millisecond() + 3_600_000,
         "the figlet example has one hour"
     );
-    for _ in 0..6 {
+    for _ in 0..3 {
+        w.advance(30);
+    }
+    w.until("the first tick", |s| !s.unique_ticks().is_empty())
+        .await;
+    // While it runs the job itself is never read: a tick lists the pods (the proof that they still
+    // run) and its write tests the annotations it was decided on.
+    let requests = w.sim.request_counts();
+    let kind = "get jobs.batch.volcano.sh";
+    let reads = requests.get(kind).copied().unwrap_or(0)
+        - requests_at_start.get(kind).copied().unwrap_or(0);
+    assert_eq!(reads, 0, "{kind} while running: {requests:?}");
+    for _ in 0..3 {
         w.advance(30);
     }
     w.until("SUCCESS", |s| s.event("m1/SUCCESS").is_some())
         .await;
     w.until("the final tick", Seen::has_final_tick).await;
     w.settle(Duration::from_millis(500)).await;
+    let logs = w.sim.request_counts().get("get pods/log").copied();
+    assert_eq!(logs, None, "a success reads no log");
     let seen = w.seen.of("m1");
     let success = seen.event("m1/SUCCESS").unwrap();
     assert_eq!(success.state, JobState::Success as i32);
