@@ -185,6 +185,17 @@ pub struct PendingReason {
     pub details: PendingDetails,
     /// When this reason arose, as far as the objects tell (so the event does not depend on who looked).
     pub since: Option<Timestamp>,
+    /// Where the queue position (`; N jobs ahead in queue q`) begins in `text`, if it has one.
+    pub position_at: Option<usize>,
+}
+
+impl PendingReason {
+    /// The text without the queue position: what decides whether the user is told again. The position
+    /// changes each time a job ahead starts; telling every waiting job each time would be an event and
+    /// a write per job for every start, and says nothing new about why the job waits.
+    pub fn without_position(&self) -> &str {
+        &self.text[..self.position_at.unwrap_or(self.text.len())]
+    }
 }
 
 /// What the pending reason is built from.
@@ -208,10 +219,12 @@ pub fn pending_reason(input: PendingInput<'_>) -> PendingReason {
         .and_then(|pg| pg.spec.queue.clone())
         .unwrap_or_else(|| input.queue.to_owned());
     let ahead = |text: &mut String| {
-        if let Some(n) = input.jobs_ahead {
+        let at = text.len();
+        input.jobs_ahead.map(|n| {
             let jobs = if n == 1 { "job" } else { "jobs" };
             text.push_str(&format!("; {n} {jobs} ahead in queue {queue}"));
-        }
+            at
+        })
     };
     let mut details = PendingDetails {
         queue: queue.clone(),
@@ -232,6 +245,7 @@ pub fn pending_reason(input: PendingInput<'_>) -> PendingReason {
             ),
             details,
             since: Some(failure.since),
+            position_at: None,
         };
     }
     let unschedulable = input.podgroup.and_then(|pg| {
@@ -264,11 +278,12 @@ pub fn pending_reason(input: PendingInput<'_>) -> PendingReason {
             details.total_pods,
             needs(&message, input.product)
         );
-        ahead(&mut text);
+        let position_at = ahead(&mut text);
         return PendingReason {
             reason: "unschedulable",
             text,
             details,
+            position_at,
             since: cond.last_transition_time.as_ref().map(|t| t.0),
         };
     }
@@ -291,6 +306,7 @@ pub fn pending_reason(input: PendingInput<'_>) -> PendingReason {
                     input.replicas
                 ),
                 details,
+                position_at: None,
                 since: input
                     .podgroup
                     .and_then(|pg| pg.metadata.creation_timestamp.as_ref())
@@ -299,11 +315,12 @@ pub fn pending_reason(input: PendingInput<'_>) -> PendingReason {
         }
         _ => {
             let mut text = format!("waiting in queue {queue}");
-            ahead(&mut text);
+            let position_at = ahead(&mut text);
             PendingReason {
                 reason: "queued",
                 text,
                 details,
+                position_at,
                 since: input
                     .podgroup
                     .and_then(|pg| pg.metadata.creation_timestamp.as_ref())
@@ -563,6 +580,23 @@ mod tests {
         );
         assert_eq!(r.details.unschedulable_pods, 2);
         assert_eq!(r.since, Some(ts(500)));
+        // The position is left out of what decides whether to tell again: one job ahead starting is
+        // not news about why this one waits.
+        assert_eq!(
+            r.without_position(),
+            "waiting for resources: 2 of 2 pods need 4 GPUs each"
+        );
+        let moved = pending_reason(PendingInput {
+            queue: "default",
+            replicas: 2,
+            product: &product,
+            podgroup: Some(&pg),
+            jobs_ahead: Some(2),
+            pods: &[],
+            pull: None,
+        });
+        assert_ne!(moved.text, r.text);
+        assert_eq!(moved.without_position(), r.without_position());
         // Without a named resource, everything the product asks for.
         assert_eq!(
             needs("no nodes", &product),

@@ -71,6 +71,15 @@ impl Model {
         phase: Option<&str>,
         cond: Option<(&str, &str, &str)>,
     ) -> bool {
+        // A full pass looks at every waiting gang again: most already say what they would be told, and
+        // copying each one to find that out would make a pass cost as much as the whole store.
+        if core
+            .store
+            .get(key)
+            .is_none_or(|pg| group_status_holds(pg, phase, cond))
+        {
+            return false;
+        }
         let now = format_time(core.now);
         let transition = core.store.next_uid();
         let mut changed = false;
@@ -164,6 +173,9 @@ impl Model {
             reserved_total.add(min);
         }
         let mut blocked: BTreeSet<String> = BTreeSet::new();
+        // The nodes' idle capacity changes only when something is allocated: worked out once per change,
+        // not once per waiting gang.
+        let mut idle_nodes: Option<Resources> = None;
         for (seq, gkey, queue) in candidates {
             let Some(pg) = core.store.get(&gkey).cloned() else {
                 self.forget_group(&gkey);
@@ -218,8 +230,11 @@ impl Model {
                                         .map(|(k, _)| k.clone())
                                         .collect::<Vec<_>>()
                                 });
-                                let mut idle =
-                                    self.cluster_idle().scaled(self.config.overcommit_factor);
+                                let mut idle = idle_nodes
+                                    .get_or_insert_with(|| {
+                                        self.cluster_idle().scaled(self.config.overcommit_factor)
+                                    })
+                                    .clone();
                                 idle.sub(&reserved_total);
                                 let short = without_pods(&min).shortfall(&idle);
                                 match over_cap {
@@ -254,23 +269,26 @@ impl Model {
                         }
                     }
                 }
-                "Inqueue" | "Running" => match self.allocate(core, &gkey, &pg) {
-                    Allocation::Waiting => {}
-                    Allocation::Done => {
-                        if let Some((q, min)) = self.inqueue.remove(&gkey) {
-                            reserved_total.sub(&min);
-                            if let Some(r) = reserved.get_mut(&q) {
-                                r.sub(&min);
+                "Inqueue" | "Running" => {
+                    idle_nodes = None;
+                    match self.allocate(core, &gkey, &pg) {
+                        Allocation::Waiting => {}
+                        Allocation::Done => {
+                            if let Some((q, min)) = self.inqueue.remove(&gkey) {
+                                reserved_total.sub(&min);
+                                if let Some(r) = reserved.get_mut(&q) {
+                                    r.sub(&min);
+                                }
+                            }
+                            self.forget_group(&gkey);
+                        }
+                        Allocation::Failed => {
+                            if fifo {
+                                blocked.insert(queue);
                             }
                         }
-                        self.forget_group(&gkey);
                     }
-                    Allocation::Failed => {
-                        if fifo {
-                            blocked.insert(queue);
-                        }
-                    }
-                },
+                }
                 _ => self.forget_group(&gkey),
             }
         }
@@ -493,5 +511,40 @@ fn pod_unschedulable(p: &mut Value, message: &str, now: &str) {
             }
             None => list.push(cond),
         }
+    }
+}
+
+/// Whether a PodGroup's status already has `phase` and the condition `cond` (type, reason, message), so
+/// setting them would change nothing.
+fn group_status_holds(pg: &Value, phase: Option<&str>, cond: Option<(&str, &str, &str)>) -> bool {
+    let status = pg.get("status");
+    let phase_holds = phase
+        .is_none_or(|p| status.and_then(|s| s.get("phase")).and_then(Value::as_str) == Some(p));
+    let cond_holds = cond.is_none_or(|(ty, reason, message)| {
+        status
+            .and_then(|s| s.get("conditions"))
+            .and_then(Value::as_array)
+            .and_then(|list| list.iter().find(|c| c["type"] == ty))
+            .is_some_and(|c| {
+                c["message"].as_str().unwrap_or_default() == message && c["reason"] == reason
+            })
+    });
+    phase_holds && cond_holds
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_that_already_says_it_needs_no_write() {
+        let pg = json!({"status": {"phase": "Pending", "conditions": [
+            {"type": "Unschedulable", "reason": "NotEnoughResources", "message": "full"}]}});
+        let cond = |m| Some(("Unschedulable", "NotEnoughResources", m));
+        assert!(group_status_holds(&pg, None, cond("full")));
+        assert!(group_status_holds(&pg, Some("Pending"), cond("full")));
+        assert!(!group_status_holds(&pg, Some("Inqueue"), None));
+        assert!(!group_status_holds(&pg, None, cond("other")));
+        assert!(!group_status_holds(&json!({}), None, cond("full")));
     }
 }
