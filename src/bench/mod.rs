@@ -255,6 +255,9 @@ async fn run_phase(
         // Jobs run to their end, briefly: the monitor's whole work per job (RUNNING, the final tick,
         // the terminal event, the cleanup) falls inside the phase.
         config.sim.default_run = MONITORED_RUN;
+        // And none waits for capacity: with the default five nodes the phase would measure the queue
+        // (80 cpus, 40 figlet jobs a second at most), not the runners.
+        config.sim.nodes = monitored_nodes();
     }
     let sim = start_sim(&config).await?;
     let phase = match PhaseBroker::declare(&config).await {
@@ -409,6 +412,22 @@ async fn phase_on(
 
 /// How long each job runs in a phase with the monitoring duty.
 const MONITORED_RUN: Duration = Duration::from_secs(2);
+
+/// The cluster of a phase with the monitoring duty: 40 nodes of 64 cpus and 250 pods each, room for
+/// 2,560 one-cpu jobs at once, so jobs of 2 s can end at over 1,000 a second.
+fn monitored_nodes() -> Vec<crate::sim::NodeSpec> {
+    (1..=40)
+        .map(|i| crate::sim::NodeSpec {
+            name: format!("bench-node-{i}"),
+            cpu: "64".into(),
+            memory: "512Gi".into(),
+            gpus: 0,
+            max_pods: 250,
+            labels: Default::default(),
+            taints: Vec::new(),
+        })
+        .collect()
+}
 
 /// What was requested between two snapshots of the simulator's counts.
 fn request_delta(

@@ -192,6 +192,16 @@ impl Node {
 
     /// Whether `pod` (its spec) with `requests` fits on this node now; the reasons when it does not.
     pub fn fits(&self, pod_spec: &Value, requests: &Resources) -> Result<(), Vec<Misfit>> {
+        self.fits_with(pod_spec, requests, &Resources::default())
+    }
+
+    /// [`Node::fits`] as if `extra` were allocated on this node as well (pods placed in the same pass).
+    pub fn fits_with(
+        &self,
+        pod_spec: &Value,
+        requests: &Resources,
+        extra: &Resources,
+    ) -> Result<(), Vec<Misfit>> {
         let mut why = Vec::new();
         if self.unschedulable {
             why.push(Misfit::Unschedulable);
@@ -204,11 +214,10 @@ impl Node {
                 why.push(Misfit::Selector);
             }
         }
-        let tolerations = pod_spec
+        let tolerations: &[Value] = pod_spec
             .get("tolerations")
             .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
+            .map_or(&[], Vec::as_slice);
         for (k, v, effect) in &self.taints {
             if effect != "NoSchedule" && effect != "NoExecute" {
                 continue;
@@ -224,7 +233,8 @@ impl Node {
                 why.push(Misfit::Taint(format!("{k}: {v}")));
             }
         }
-        let free = self.free();
+        let mut free = self.free();
+        free.sub(extra);
         for r in requests.shortfall(&free) {
             if r == "pods" {
                 why.push(Misfit::TooManyPods);
@@ -249,8 +259,13 @@ impl Node {
 
     /// Fraction of cpu in use, for spreading pods over nodes.
     pub fn load(&self) -> f64 {
+        self.load_with(&Resources::default())
+    }
+
+    /// [`Node::load`] as if `extra` were allocated on this node as well.
+    pub fn load_with(&self, extra: &Resources) -> f64 {
         let cap = self.allocatable.get("cpu").max(1) as f64;
-        self.allocated.get("cpu") as f64 / cap
+        (self.allocated.get("cpu") + extra.get("cpu")) as f64 / cap
     }
 }
 

@@ -305,11 +305,9 @@ impl Model {
         let mut best: Option<(f64, usize)> = None;
         let mut misfits = Vec::new();
         for (i, node) in self.nodes.iter().enumerate() {
-            let mut n = node.clone();
-            n.allocated.add(&extra[i]);
-            match n.fits(spec, requests) {
+            match node.fits_with(spec, requests, &extra[i]) {
                 Ok(()) => {
-                    let load = n.load();
+                    let load = node.load_with(&extra[i]);
                     if best.is_none_or(|(l, _)| load < l) {
                         best = Some((load, i));
                     }
