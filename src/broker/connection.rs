@@ -347,13 +347,25 @@ fn declare_mode(config: &BrokerConfig) -> DeclareMode {
 
 type Events = std::pin::Pin<Box<dyn Stream<Item = Event> + Send>>;
 
+/// The largest AMQP frame the runner offers when the URL does not set `frame_max`. lapin keeps a send
+/// and a receive buffer of 32 frames each: at RabbitMQ's default (128 KiB) that is 8 MiB a connection
+/// for messages that are a few KiB (a longer one, such as a terminal event with log tails, simply goes
+/// in several frames). `?frame_max=` in the URL overrides it.
+pub const DEFAULT_FRAME_MAX: u32 = 32 * 1024;
+
 /// One attempt: connect and put the topology in place.
 async fn open(shared: &Shared) -> Result<(Connection, Events), BrokerError> {
     let properties = ConnectionProperties::default()
         .with_connection_name(shared.config.connection_name.as_str().into());
-    let connection = Connection::connect(shared.config.url.expose(), properties)
-        .await
-        .map_err(|e| BrokerError::connect(&e))?;
+    let connection = match shared.config.url.expose().parse::<lapin::uri::AMQPUri>() {
+        Ok(mut uri) => {
+            uri.query.frame_max = uri.query.frame_max.or(Some(DEFAULT_FRAME_MAX));
+            Connection::connect_uri(uri, properties).await
+        }
+        // The configuration check refuses such a URL; lapin names the problem if one gets here.
+        Err(_) => Connection::connect(shared.config.url.expose(), properties).await,
+    }
+    .map_err(|e| BrokerError::connect(&e))?;
     // Listen before anything else can fail, so no error event is missed.
     let events: Events = Box::pin(connection.events_listener());
     shared

@@ -77,7 +77,8 @@ pub mod headers {
 #[serde(deny_unknown_fields, default)]
 pub struct BrokerConfig {
     /// The AMQP URL, with credentials and the vhost (`%2f` is the default vhost `/`). A secret because it
-    /// carries the password; it is never logged. Query parameters such as `?heartbeat=30` are honoured.
+    /// carries the password; it is never logged. Query parameters such as `?heartbeat=30` are honoured;
+    /// without `?frame_max=` the runner offers 32 KiB frames (see `connection::DEFAULT_FRAME_MAX`).
     pub url: Secret,
     /// The name the connection carries in the management UI, so an operator can tell runners apart.
     pub connection_name: String,

@@ -243,3 +243,36 @@ async fn an_unreachable_broker_fails_the_start_after_the_startup_timeout() {
     assert!(text.contains("VOLCANO_RUNNER_BROKER__URL"), "{text}");
     assert!(!text.contains("guest:guest"), "{text}");
 }
+
+/// The runner offers 32 KiB frames unless the URL says otherwise (lapin keeps 32 frames of send and of
+/// receive buffer per connection: 8 MiB at RabbitMQ's 128 KiB default), and `?frame_max=` still rules.
+#[tokio::test]
+async fn frames_are_32_kib_unless_the_url_says_otherwise() {
+    let vhost = TestVhost::new("frame-max").await;
+    let frame_max_of = |config: BrokerConfig| {
+        let vhost = &vhost;
+        async move {
+            let broker = within(
+                "connect",
+                Broker::connect(config.clone(), CancellationToken::new()),
+            )
+            .await
+            .expect("connects");
+            let names = vhost.connections_named(&config.connection_name).await;
+            let (status, body) = rabbit::management(
+                "GET",
+                &format!("/api/connections/{}", rabbit::segment(&names[0])),
+                None,
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+            broker.close().await;
+            body["frame_max"].as_u64()
+        }
+    };
+    assert_eq!(frame_max_of(vhost.config()).await, Some(32 * 1024));
+    let mut config = vhost.config();
+    config.url = Secret::new(format!("{}?frame_max=65536", vhost.amqp_url()));
+    config.connection_name = format!("{}-url", config.connection_name);
+    assert_eq!(frame_max_of(config).await, Some(65536));
+}
