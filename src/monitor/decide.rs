@@ -461,7 +461,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         }
     }
     let reason = pending(obs, &facts, pull.as_ref().zip(pull_deadline));
-    let plain = events::status_hash(None, reason.reason, reason.without_position());
+    let plain = events::status_hash(None, reason.reason, &reason.text);
     let previous = record
         .status_hash
         .as_deref()
@@ -474,7 +474,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     if last_plain == Some(plain.as_str()) {
         return Ok(Step::Wait { next_check });
     }
-    let chained = events::status_hash(previous, reason.reason, reason.without_position());
+    let chained = events::status_hash(previous, reason.reason, &reason.text);
     let fallback = created.unwrap_or(now);
     let event = events::status(&facts.job_id, &chained, &reason, fallback, &s.runner_id);
     let mut publish: Vec<Outbound> = queued_first(job, &facts, &record, s).into_iter().collect();

@@ -185,17 +185,22 @@ pub struct PendingReason {
     pub details: PendingDetails,
     /// When this reason arose, as far as the objects tell (so the event does not depend on who looked).
     pub since: Option<Timestamp>,
-    /// Where the queue position (`; N jobs ahead in queue q`) begins in `text`, if it has one.
-    pub position_at: Option<usize>,
 }
 
-impl PendingReason {
-    /// The text without the queue position: what decides whether the user is told again. The position
-    /// changes each time a job ahead starts; telling every waiting job each time would be an event and
-    /// a write per job for every start, and says nothing new about why the job waits.
-    pub fn without_position(&self) -> &str {
-        &self.text[..self.position_at.unwrap_or(self.text.len())]
+/// The queue position as told: exact up to 10 jobs ahead, then only its order of magnitude (at least
+/// 10, 100, 1,000, ...). A status event is told again whenever what it says changes, so an exact count
+/// would mean an event and a write for every waiting job each time a job ahead starts; this way a job
+/// behind N others is told at most about 10 + log10(N) times, and the count becomes exact when its start
+/// is near. Returns the number and whether it is a lower bound.
+pub fn told_position(jobs_ahead: u32) -> (u32, bool) {
+    if jobs_ahead <= 10 {
+        return (jobs_ahead, false);
     }
+    let mut bound = 10;
+    while bound <= jobs_ahead / 10 {
+        bound *= 10;
+    }
+    (bound, true)
 }
 
 /// What the pending reason is built from.
@@ -218,17 +223,17 @@ pub fn pending_reason(input: PendingInput<'_>) -> PendingReason {
         .podgroup
         .and_then(|pg| pg.spec.queue.clone())
         .unwrap_or_else(|| input.queue.to_owned());
+    let told = input.jobs_ahead.map(told_position);
     let ahead = |text: &mut String| {
-        let at = text.len();
-        input.jobs_ahead.map(|n| {
+        if let Some((n, at_least)) = told {
             let jobs = if n == 1 { "job" } else { "jobs" };
-            text.push_str(&format!("; {n} {jobs} ahead in queue {queue}"));
-            at
-        })
+            let bound = if at_least { "at least " } else { "" };
+            text.push_str(&format!("; {bound}{n} {jobs} ahead in queue {queue}"));
+        }
     };
     let mut details = PendingDetails {
         queue: queue.clone(),
-        jobs_ahead: input.jobs_ahead,
+        jobs_ahead: told.map(|(n, _)| n),
         unschedulable_pods: 0,
         total_pods: input.replicas,
         message: String::new(),
@@ -245,7 +250,6 @@ pub fn pending_reason(input: PendingInput<'_>) -> PendingReason {
             ),
             details,
             since: Some(failure.since),
-            position_at: None,
         };
     }
     let unschedulable = input.podgroup.and_then(|pg| {
@@ -278,12 +282,11 @@ pub fn pending_reason(input: PendingInput<'_>) -> PendingReason {
             details.total_pods,
             needs(&message, input.product)
         );
-        let position_at = ahead(&mut text);
+        ahead(&mut text);
         return PendingReason {
             reason: "unschedulable",
             text,
             details,
-            position_at,
             since: cond.last_transition_time.as_ref().map(|t| t.0),
         };
     }
@@ -306,7 +309,6 @@ pub fn pending_reason(input: PendingInput<'_>) -> PendingReason {
                     input.replicas
                 ),
                 details,
-                position_at: None,
                 since: input
                     .podgroup
                     .and_then(|pg| pg.metadata.creation_timestamp.as_ref())
@@ -315,12 +317,11 @@ pub fn pending_reason(input: PendingInput<'_>) -> PendingReason {
         }
         _ => {
             let mut text = format!("waiting in queue {queue}");
-            let position_at = ahead(&mut text);
+            ahead(&mut text);
             PendingReason {
                 reason: "queued",
                 text,
                 details,
-                position_at,
                 since: input
                     .podgroup
                     .and_then(|pg| pg.metadata.creation_timestamp.as_ref())
@@ -580,28 +581,57 @@ mod tests {
         );
         assert_eq!(r.details.unschedulable_pods, 2);
         assert_eq!(r.since, Some(ts(500)));
-        // The position is left out of what decides whether to tell again: one job ahead starting is
-        // not news about why this one waits.
+        // Far back in the queue only the order of magnitude is told: a job ahead starting changes
+        // nothing the user is told (and so publishes and writes nothing).
+        let at = |jobs_ahead| {
+            pending_reason(PendingInput {
+                queue: "default",
+                replicas: 2,
+                product: &product,
+                podgroup: Some(&pg),
+                jobs_ahead: Some(jobs_ahead),
+                pods: &[],
+                pull: None,
+            })
+        };
         assert_eq!(
-            r.without_position(),
-            "waiting for resources: 2 of 2 pods need 4 GPUs each"
+            at(437).text,
+            "waiting for resources: 2 of 2 pods need 4 GPUs each; at least 100 jobs ahead in queue default"
         );
-        let moved = pending_reason(PendingInput {
-            queue: "default",
-            replicas: 2,
-            product: &product,
-            podgroup: Some(&pg),
-            jobs_ahead: Some(2),
-            pods: &[],
-            pull: None,
-        });
-        assert_ne!(moved.text, r.text);
-        assert_eq!(moved.without_position(), r.without_position());
+        assert_eq!(at(437).text, at(100).text);
+        assert_eq!(at(437).details.jobs_ahead, Some(100));
+        assert_ne!(at(99).text, at(100).text);
+        assert!(at(10).text.ends_with("; 10 jobs ahead in queue default"));
+        assert!(
+            at(11)
+                .text
+                .ends_with("; at least 10 jobs ahead in queue default")
+        );
         // Without a named resource, everything the product asks for.
         assert_eq!(
             needs("no nodes", &product),
             "16 vCPU and 64 GiB memory and 4 GPUs"
         );
+    }
+
+    #[test]
+    fn a_deep_queue_tells_a_job_its_position_a_few_times_only() {
+        assert_eq!(told_position(0), (0, false));
+        assert_eq!(told_position(10), (10, false));
+        assert_eq!(told_position(11), (10, true));
+        assert_eq!(told_position(99), (10, true));
+        assert_eq!(told_position(100), (100, true));
+        assert_eq!(told_position(12_345), (10_000, true));
+        assert_eq!(told_position(u32::MAX), (1_000_000_000, true));
+        // Draining a queue of 5,000 jobs ahead changes what is told 13 times, not 5,000.
+        let changes = (0..5_000u32)
+            .rev()
+            .map(told_position)
+            .collect::<Vec<_>>()
+            .windows(2)
+            .filter(|w| w[0] != w[1])
+            .count();
+        assert_eq!(changes, 13);
     }
 
     #[test]
