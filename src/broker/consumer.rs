@@ -283,6 +283,23 @@ impl QueueConsumer {
         }
     }
 
+    /// Carries out a pause now, for a caller that waits for something else before it asks for a delivery
+    /// (the runner's gate): a consumer established while the switch says paused (at start, or paused
+    /// meanwhile) is cancelled at the broker, so no delivery waits in a runner that will not take it.
+    pub async fn apply_pause(&mut self) {
+        if *self.paused.borrow() && self.active.is_some() {
+            info!(queue = self.label, "Consumer paused.");
+            self.cancel_active().await;
+        }
+    }
+
+    /// Completes when the switch is flipped. Cancel-safe, for a `select!` next to other waits.
+    pub async fn switch_flipped(&mut self) {
+        if self.paused.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
     /// Stops taking deliveries for good (as on shutdown): cancels the consumer at the broker and returns
     /// deliveries not handed out yet to the queue. Handed-out deliveries can still be settled.
     pub async fn stop(&mut self) {

@@ -99,7 +99,7 @@ impl Loop {
         let hard_stop = CancellationToken::new();
         let mut tasks = JoinSet::new();
         let running = self.ready.as_ref().map(crate::ops::ReadyFlag::running);
-        loop {
+        'taking: loop {
             reap(&mut tasks, label);
             let permit = tokio::select! {
                 permit = self.slots.clone().acquire_owned() => match permit {
@@ -109,13 +109,21 @@ impl Loop {
                 () = shutdown.cancelled() => break,
             };
             if let Some(gate) = self.gate.as_mut() {
-                tokio::select! {
-                    open = gate.wait_for(GateState::accepts_submissions) => {
-                        if open.is_err() {
+                loop {
+                    // A pause takes effect while the gate is waited for too: the consumer the runner
+                    // started with (or one established before the pause) is cancelled at the broker
+                    // instead of holding deliveries nobody takes.
+                    self.consumer.apply_pause().await;
+                    tokio::select! {
+                        open = gate.wait_for(GateState::accepts_submissions) => {
+                            if open.is_err() {
+                                break 'taking;
+                            }
                             break;
                         }
+                        () = self.consumer.switch_flipped() => {}
+                        () = shutdown.cancelled() => break 'taking,
                     }
-                    () = shutdown.cancelled() => break,
                 }
             }
             let delivery = tokio::select! {

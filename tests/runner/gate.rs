@@ -72,6 +72,44 @@ async fn paused_submissions_wait_while_control_messages_flow() {
 
 /// With `max_active_jobs = 3`, never more than three jobs are active; as jobs finish, the waiting
 /// submissions follow until all are done.
+/// A runner that starts while submissions are paused holds no consumer on the submit queue (it would
+/// be sent up to its prefetch of submissions and sit on them), and takes them once resumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_started_while_paused_holds_no_submit_consumer() {
+    let h = Harness::new("gate-start-paused").await;
+    let switch = PauseSwitch::new(h.client.clone(), &h.config.cluster);
+    switch
+        .pause("maintenance", "test", jiff::Timestamp::now())
+        .await
+        .unwrap();
+    let submit_queue = h.config.broker.submit_queue.clone();
+    for i in 0..3 {
+        h.submit(&figlet(&format!("sp-{i}"))).await;
+    }
+    let runner = h.start("runner-a");
+    // The control consumer is up: the runner has started and read the switch by the time it settles.
+    h.wait_consumers(&h.config.broker.control_queue, 1).await;
+    h.wait_consumers(&submit_queue, 0).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        h.consumers(&submit_queue).await,
+        0,
+        "still none while paused"
+    );
+    assert_eq!(
+        h.vhost.ready(&submit_queue).await,
+        3,
+        "all three wait, none held"
+    );
+
+    switch.resume("test", jiff::Timestamp::now()).await.unwrap();
+    h.wait_events("QUEUED for the three", |e| {
+        (0..3).all(|i| e.iter().any(|c| c.message_id == format!("sp-{i}/QUEUED")))
+    })
+    .await;
+    runner.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_active_jobs_holds_the_count_at_the_cap() {
     let h = Harness::new("gate-cap").await;
