@@ -28,6 +28,7 @@ pub mod namespaces;
 pub mod pause;
 pub mod retry;
 pub mod tombstone;
+pub mod view;
 
 use std::time::Duration;
 

@@ -19,12 +19,9 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use futures::StreamExt;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -34,6 +31,7 @@ use super::ClusterConfig;
 use super::error::{ClusterError, KubeResultExt};
 use super::labels::{COMPONENT, FIELD_MANAGER, MANAGED_BY, MANAGER};
 use super::retry::RetryPolicy;
+use super::view::WatchView;
 
 /// `app.kubernetes.io/component` of a tombstone.
 pub const COMPONENT_TOMBSTONE: &str = "tombstone";
@@ -149,19 +147,11 @@ pub struct Tombstones {
     namespace: String,
     retry: RetryPolicy,
     ttl: Duration,
-    view: Arc<RwLock<View>>,
-}
-
-/// The tombstones a watch of the runner's namespace has seen, by job id: a cache for the check before a
-/// submission creates anything. It may lag behind a cancel; that check is only there to skip needless
-/// work, and the authoritative check after the create ([`Tombstones::check`], a GET) decides.
-#[derive(Debug, Default)]
-struct View {
-    /// A listing has completed since the watch (re)started: the map can answer.
-    synced: bool,
-    live: BTreeMap<String, Tombstone>,
-    /// Being rebuilt by a relist (between `Init` and `InitDone`).
-    next: BTreeMap<String, Tombstone>,
+    /// The tombstones a watch of the runner's namespace has seen: a cache for the check before a
+    /// submission creates anything. It may lag behind a cancel; that check is only there to skip
+    /// needless work, and the authoritative check after the create ([`Tombstones::check`], a GET)
+    /// decides.
+    view: WatchView<Tombstone>,
 }
 
 impl std::fmt::Debug for Tombstones {
@@ -181,7 +171,7 @@ impl Tombstones {
             namespace: config.namespace.clone(),
             retry: RetryPolicy::from_config(config),
             ttl: config.tombstone_ttl,
-            view: Arc::default(),
+            view: WatchView::default(),
         }
     }
 
@@ -193,15 +183,14 @@ impl Tombstones {
         job_id: &str,
         now: Timestamp,
     ) -> Result<Option<Tombstone>, ClusterError> {
-        {
-            let view = self.view.read().unwrap_or_else(|e| e.into_inner());
-            if view.synced {
-                return Ok(view
-                    .live
-                    .get(job_id)
-                    .filter(|t| !t.is_expired(now))
-                    .cloned());
-            }
+        let name = name_for(job_id);
+        let cached = self.view.read(|live| {
+            live.get(&(name, self.namespace.clone()))
+                .filter(|t| !t.is_expired(now))
+                .cloned()
+        });
+        if let Some(cached) = cached {
+            return Ok(cached);
         }
         self.check(job_id, now).await
     }
@@ -211,44 +200,16 @@ impl Tombstones {
     /// then reads) until the watch has listed again.
     pub async fn follow(&self, shutdown: impl Future<Output = ()>) {
         let selector = format!("{MANAGED_BY}={MANAGER},{COMPONENT}={COMPONENT_TOMBSTONE}");
-        let stream = watcher::watcher(
-            self.api.clone(),
-            watcher::Config::default().labels(&selector),
-        )
-        .default_backoff();
-        let mut stream = std::pin::pin!(stream);
-        let mut shutdown = std::pin::pin!(shutdown);
-        loop {
-            let event = tokio::select! {
-                () = &mut shutdown => return,
-                event = stream.next() => event,
-            };
-            let mut view = self.view.write().unwrap_or_else(|e| e.into_inner());
-            match event {
-                None => return,
-                Some(Err(e)) => {
-                    view.synced = false;
-                    tracing::debug!(error = %e, "The tombstone watch failed; checks read until it has listed again.");
-                }
-                Some(Ok(Event::Init)) => view.next.clear(),
-                Some(Ok(Event::InitApply(cm))) => {
-                    let t = Tombstone::from_configmap(&cm, self.ttl);
-                    view.next.insert(t.job_id.clone(), t);
-                }
-                Some(Ok(Event::InitDone)) => {
-                    view.live = std::mem::take(&mut view.next);
-                    view.synced = true;
-                }
-                Some(Ok(Event::Apply(cm))) => {
-                    let t = Tombstone::from_configmap(&cm, self.ttl);
-                    view.live.insert(t.job_id.clone(), t);
-                }
-                Some(Ok(Event::Delete(cm))) => {
-                    let t = Tombstone::from_configmap(&cm, self.ttl);
-                    view.live.remove(&t.job_id);
-                }
-            }
-        }
+        let ttl = self.ttl;
+        self.view
+            .follow(
+                self.api.clone(),
+                watcher::Config::default().labels(&selector),
+                "tombstones",
+                |cm| Tombstone::from_configmap(cm, ttl),
+                shutdown,
+            )
+            .await;
     }
 
     /// Records a cancel of `job_id` at `now`. Idempotent: if a live tombstone exists, it is kept (the

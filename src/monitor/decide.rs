@@ -941,6 +941,13 @@ mod tests {
         job
     }
 
+    /// As the monitor leaves a job once RUNNING is published: the state and the start it persisted.
+    fn mark_running(job: &mut VolcanoJob, s: &Settings, started: i64) {
+        let annotations = job.metadata.annotations.get_or_insert_default();
+        annotations.insert(s.keys.lifecycle_state.clone(), "RUNNING".into());
+        annotations.insert(s.keys.job_start.clone(), format_millis(ts(started)));
+    }
+
     fn set_phase(job: &mut VolcanoJob, phase: JobPhase, at: i64) {
         let status = job.status.get_or_insert_with(JobStatus::default);
         status.state = VcState {
@@ -1458,16 +1465,7 @@ mod tests {
         );
         assert!(!step.needs_fresh_view(), "every rank seen started");
 
-        job.metadata
-            .annotations
-            .as_mut()
-            .unwrap()
-            .insert(s.keys.lifecycle_state.clone(), "RUNNING".into());
-        job.metadata
-            .annotations
-            .as_mut()
-            .unwrap()
-            .insert(s.keys.job_start.clone(), format_millis(ts(2)));
+        mark_running(&mut job, &s, 2);
         set_phase(&mut job, JobPhase::Completed, 9);
         assert_eq!(
             decide_on(&job, &[pod("4817", 0, running(2))], 10),
@@ -1498,16 +1496,7 @@ mod tests {
     fn a_success_reads_log_tails_only_when_asked_to() {
         let logs_of = |s: &Settings, code: i32| {
             let mut job = job(s);
-            job.metadata
-                .annotations
-                .as_mut()
-                .unwrap()
-                .insert(s.keys.lifecycle_state.clone(), "RUNNING".into());
-            job.metadata
-                .annotations
-                .as_mut()
-                .unwrap()
-                .insert(s.keys.job_start.clone(), format_millis(ts(2)));
+            mark_running(&mut job, s, 2);
             let phase = if code == 0 {
                 JobPhase::Completed
             } else {

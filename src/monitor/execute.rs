@@ -410,40 +410,63 @@ impl Executor {
         }
     }
 
-    /// A JSON patch (see [`Executor::patch`]): a failed `test` comes back as a conflict.
+    /// A JSON patch (see [`Executor::patch`]): a failed `test` comes back as a conflict. Sent as a raw
+    /// request: kube's `Patch::Json` needs its `jsonpatch` feature for one call.
     async fn write_json_patch(
         &self,
         job: &VolcanoJob,
         ops: &Value,
     ) -> Result<Option<Arc<VolcanoJob>>, ClusterError> {
         let (ns, name) = names(job);
-        let api = self.jobs(ns);
         let op = format!("patch jobs.batch.volcano.sh {ns}/{name}");
         let body = serde_json::to_vec(ops).unwrap_or_default();
-        let url = format!("{}/{name}?fieldManager={FIELD_MANAGER}", api.resource_url());
+        let url = format!(
+            "{}/{name}?fieldManager={FIELD_MANAGER}",
+            self.jobs(ns).resource_url()
+        );
+        self.send_patch(&op, || async {
+            let request = http::Request::patch(url.as_str())
+                .header(http::header::ACCEPT, "application/json")
+                .header(http::header::CONTENT_TYPE, "application/json-patch+json")
+                .body(body.clone())
+                .map_err(|e| ClusterError::Internal {
+                    op: op.clone(),
+                    message: e.to_string(),
+                })?;
+            match self
+                .client
+                .request::<WatchedJob>(request)
+                .await
+                .classify(|| op.clone())
+            {
+                Err(ClusterError::Rejected {
+                    code: 422, message, ..
+                }) => Err(ClusterError::Conflict {
+                    op: op.clone(),
+                    message: format!("the job is not as decided on: {message}"),
+                }),
+                other => other,
+            }
+        })
+        .await
+    }
+
+    /// Sends a patch with retries. A conflict is an answer, not a hiccup: the same patch would conflict
+    /// again, so it goes back to the caller (re-read, decide again) instead of being retried. `Ok(None)`:
+    /// the job is gone.
+    async fn send_patch<F, Fut>(
+        &self,
+        op: &str,
+        attempt: F,
+    ) -> Result<Option<Arc<VolcanoJob>>, ClusterError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<WatchedJob, ClusterError>>,
+    {
         let result = self
             .retry
-            .run(&op, || async {
-                let request = http::Request::patch(url.as_str())
-                    .header(http::header::ACCEPT, "application/json")
-                    .header(http::header::CONTENT_TYPE, "application/json-patch+json")
-                    .body(body.clone())
-                    .map_err(|e| ClusterError::Internal {
-                        op: op.clone(),
-                        message: e.to_string(),
-                    })?;
-                match self
-                    .client
-                    .request::<WatchedJob>(request)
-                    .await
-                    .classify(|| op.clone())
-                {
-                    Err(ClusterError::Rejected {
-                        code: 422, message, ..
-                    }) => Ok(Err(ClusterError::Conflict {
-                        op: op.clone(),
-                        message: format!("the job is not as decided on: {message}"),
-                    })),
+            .run(op, || async {
+                match attempt().await {
                     Err(e) if e.is_conflict() => Ok(Err(e)),
                     other => other.map(Ok),
                 }
@@ -507,27 +530,12 @@ impl Executor {
             ..PatchParams::default()
         };
         let op = format!("patch jobs.batch.volcano.sh {ns}/{name}");
-        // A conflict is an answer, not a hiccup: the same patch would conflict again, so it goes back to
-        // the caller (re-read, decide again) instead of being retried here.
-        let result = self
-            .retry
-            .run(&op, || async {
-                match api
-                    .patch(name, &params, &Patch::Merge(&body))
-                    .await
-                    .classify(|| op.clone())
-                {
-                    Err(e) if e.is_conflict() => Ok(Err(e)),
-                    other => other.map(Ok),
-                }
-            })
-            .await;
-        match result {
-            Ok(Ok(w)) => Ok(Some(Arc::new(w.into_job()))),
-            Ok(Err(conflict)) => Err(conflict),
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(e),
-        }
+        self.send_patch(&op, || async {
+            api.patch(name, &params, &Patch::Merge(&body))
+                .await
+                .classify(|| op.clone())
+        })
+        .await
     }
 
     /// Deletes the job (its pods and companions follow by ownerReferences: after it with `background`,

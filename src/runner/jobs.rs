@@ -11,19 +11,16 @@
 //! redelivery, the same owner) the create answers 409 and the applier compares it; a job of another
 //! owner with the same id is a broken orchestrator, caught once the watch has it.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::sync::{Arc, RwLock};
 
-use futures::StreamExt;
 use jiff::Timestamp;
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions, PropagationPolicy,
 };
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher;
 
 use crate::cluster::labels::FIELD_MANAGER;
+use crate::cluster::view::{WatchView, has_name};
 use crate::cluster::{ClusterError, KubeResultExt, RetryPolicy};
 use crate::config::Config;
 use crate::durable::AnnotationKeys;
@@ -41,23 +38,8 @@ pub struct JobStore {
     retry: RetryPolicy,
     /// `Some(ns)` when every job lives in one namespace.
     single_namespace: Option<String>,
-    names: Arc<RwLock<Names>>,
-}
-
-/// The managed jobs' names, with the namespaces each is in, as the metadata watch has them.
-#[derive(Debug, Default)]
-struct Names {
-    /// A listing has completed since the watch (re)started: the map can answer.
-    synced: bool,
-    live: BTreeMap<String, BTreeSet<String>>,
-    /// Being rebuilt by a relist (between `Init` and `InitDone`).
-    next: BTreeMap<String, BTreeSet<String>>,
-}
-
-impl Names {
-    fn add(map: &mut BTreeMap<String, BTreeSet<String>>, name: String, namespace: String) {
-        map.entry(name).or_default().insert(namespace);
-    }
+    /// The managed jobs a metadata watch has seen, names and namespaces only.
+    names: WatchView<()>,
 }
 
 impl std::fmt::Debug for JobStore {
@@ -78,7 +60,7 @@ impl JobStore {
             client,
             retry: RetryPolicy::from_config(&config.cluster),
             single_namespace: (!per_owner).then(|| pipeline.namespace.name.clone()),
-            names: Arc::default(),
+            names: WatchView::default(),
         }
     }
 
@@ -87,11 +69,8 @@ impl JobStore {
     /// from the watch; callers that go on to create the job meet it as the create's 409.
     pub async fn find_if_known(&self, job_id: &str) -> Result<Option<VolcanoJob>, ClusterError> {
         let name = names::vcjob_name(job_id);
-        {
-            let view = self.names.read().unwrap_or_else(|e| e.into_inner());
-            if view.synced && !view.live.contains_key(&name) {
-                return Ok(None);
-            }
+        if self.names.read(|live| has_name(live, &name)) == Some(false) {
+            return Ok(None);
         }
         self.find(job_id).await
     }
@@ -106,51 +85,9 @@ impl JobStore {
             None => Api::all(self.client.clone()),
         };
         let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
-        let stream = watcher::watcher(api, config).default_backoff();
-        let mut stream = std::pin::pin!(stream);
-        let mut shutdown = std::pin::pin!(shutdown);
-        loop {
-            let event = tokio::select! {
-                () = &mut shutdown => return,
-                event = stream.next() => event,
-            };
-            let mut view = self.names.write().unwrap_or_else(|e| e.into_inner());
-            let key = |m: &kube::api::PartialObjectMeta<VolcanoJob>| {
-                (
-                    m.metadata.name.clone().unwrap_or_default(),
-                    m.metadata.namespace.clone().unwrap_or_default(),
-                )
-            };
-            match event {
-                None => return,
-                Some(Err(e)) => {
-                    view.synced = false;
-                    tracing::debug!(error = %e, "The jobs' metadata watch failed; lookups read until it has listed again.");
-                }
-                Some(Ok(Event::Init)) => view.next.clear(),
-                Some(Ok(Event::InitApply(m))) => {
-                    let (name, ns) = key(&m);
-                    Names::add(&mut view.next, name, ns);
-                }
-                Some(Ok(Event::InitDone)) => {
-                    view.live = std::mem::take(&mut view.next);
-                    view.synced = true;
-                }
-                Some(Ok(Event::Apply(m))) => {
-                    let (name, ns) = key(&m);
-                    Names::add(&mut view.live, name, ns);
-                }
-                Some(Ok(Event::Delete(m))) => {
-                    let (name, ns) = key(&m);
-                    if let Some(set) = view.live.get_mut(&name) {
-                        set.remove(&ns);
-                        if set.is_empty() {
-                            view.live.remove(&name);
-                        }
-                    }
-                }
-            }
-        }
+        self.names
+            .follow(api, config, "managed jobs' metadata", |_| (), shutdown)
+            .await;
     }
 
     /// The VolcanoJob of `job_id`, wherever it lives; `None` when there is none.
