@@ -29,6 +29,7 @@ pub mod messages;
 pub mod monitor;
 pub mod ops;
 pub mod pipeline;
+pub mod quantity;
 pub mod runner;
 pub mod secret;
 pub mod sim;

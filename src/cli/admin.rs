@@ -1,4 +1,4 @@
-//! `volcano-runner admin pause [--reason R] | resume | status [-o json]`: the operator's switches and
+//! `volcano-runner admin pause [--reason R] | resume | status [-o json] | queue [--queue Q] [-o json]`: the operator's switches and
 //! gauges.
 //!
 //! - `pause` / `resume` flip the pause switch (a ConfigMap in the runner's namespace) that every runner
@@ -7,6 +7,9 @@
 //! - `status` shows the switch, the depth of the submit, control and dead-letter queues (passive declares,
 //!   exact right now), the active jobs against `cluster.max_active_jobs`, and who holds which shard lease
 //!   of the monitoring duty.
+//! - `queue` lists the jobs waiting to start with their estimated start ([`crate::monitor::forecast`]),
+//!   from one list each of nodes, pods, PodGroups and managed jobs (an operator's occasional look; the
+//!   runners themselves never list pods cluster-wide).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -24,8 +27,11 @@ use crate::broker::Broker;
 use crate::cluster::capacity::count_active;
 use crate::cluster::labels::COMPONENT;
 use crate::cluster::lease::COMPONENT_SHARD;
-use crate::cluster::{PauseState, PauseSwitch};
+use crate::cluster::{ClusterError, PauseState, PauseSwitch};
 use crate::config::Config;
+use crate::durable::AnnotationKeys;
+use crate::monitor::forecast::{ClusterView, QueueEntry, forecast};
+use crate::volcano::{PodGroup, VolcanoJob};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -50,6 +56,16 @@ pub enum AdminCommand {
     Resume,
     /// The pause switch, queue depths, active jobs and lease holders.
     Status {
+        /// `text` or `json`.
+        #[arg(short, long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+    /// Jobs waiting to start, per Volcano queue: position, ranks and what each asks for, time limit,
+    /// the estimated start and why it waits.
+    Queue {
+        /// Only this Volcano queue.
+        #[arg(long)]
+        queue: Option<String>,
         /// `text` or `json`.
         #[arg(short, long, value_enum, default_value_t = Output::Text)]
         output: Output,
@@ -93,8 +109,94 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
                 Output::Text => print!("{}", status.text()),
             }
         }
+        AdminCommand::Queue { queue, output } => {
+            let mut entries = waiting_jobs(&client, &config, now).await?;
+            entries.retain(|e| queue.as_ref().is_none_or(|q| &e.queue == q));
+            match output {
+                Output::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&entries).unwrap_or_default()
+                ),
+                Output::Text => print!("{}", queue_text(&entries)),
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Every waiting job with its estimate, from one list of each kind the estimate reads.
+async fn waiting_jobs(
+    client: &kube::Client,
+    config: &Config,
+    now: jiff::Timestamp,
+) -> Result<Vec<QueueEntry>, CliError> {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    let list = ListParams::default();
+    let managed = ListParams::default().labels(&config.cluster.managed_selector);
+    let (node_api, pod_api) = (
+        Api::<Node>::all(client.clone()),
+        Api::<Pod>::all(client.clone()),
+    );
+    let group_api = Api::<PodGroup>::all(client.clone());
+    let job_api = Api::<VolcanoJob>::all(client.clone());
+    let (nodes, pods, groups, jobs) = futures::try_join!(
+        node_api.list(&list),
+        pod_api.list(&list),
+        group_api.list(&list),
+        job_api.list(&managed),
+    )
+    .map_err(|e| cluster_error(ClusterError::from_kube("list what the estimates read", e)))?;
+    let view = ClusterView {
+        nodes: &nodes.items,
+        pods: &pods.items,
+        groups: &groups.items,
+        jobs: &jobs.items,
+    };
+    let keys = AnnotationKeys::new(&config.pipeline.annotation_prefix);
+    Ok(forecast(view, &keys, now))
+}
+
+/// The waiting jobs as a table, the scheduler's message under each job it concerns.
+fn queue_text(entries: &[QueueEntry]) -> String {
+    if entries.is_empty() {
+        return "no job is waiting to start\n".to_owned();
+    }
+    let mut out = format!(
+        "{:<12} {:>5}  {:<40} {:>5}  {:<26} {:<9} ESTIMATED START\n",
+        "QUEUE", "AHEAD", "JOB", "RANKS", "EACH RANK", "LIMIT"
+    );
+    for e in entries {
+        let job = match (&e.job, &e.job_id) {
+            (Some(job), Some(id)) => format!("{}/{job} ({id})", e.namespace),
+            (Some(job), None) => format!("{}/{job}", e.namespace),
+            _ => format!("{}/{} (PodGroup)", e.namespace, e.pod_group),
+        };
+        let r = e.per_rank;
+        let mut each = format!(
+            "{} CPU {} GiB",
+            r.cpu_milli as f64 / 1000.0,
+            r.memory_mib.div_ceil(1024)
+        );
+        if r.gpu > 0 {
+            each.push_str(&format!(" {} GPU", r.gpu));
+        }
+        let limit = e.time_allocation_s.map_or_else(
+            || "none".to_owned(),
+            |s| format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        );
+        let estimate = match &e.estimate.start_at {
+            Some(at) => format!("{at} ({})", e.estimate.basis),
+            None => format!("{}: {}", e.estimate.kind, e.estimate.basis),
+        };
+        out.push_str(&format!(
+            "{:<12} {:>5}  {:<40} {:>5}  {:<26} {:<9} {estimate}\n",
+            e.queue, e.jobs_ahead, job, e.ranks, each, limit
+        ));
+        if let Some(m) = &e.scheduler_message {
+            out.push_str(&format!("{:<20}{} scheduler: {m}\n", "", e.phase));
+        }
+    }
+    out
 }
 
 /// `user@host` of whoever runs the command, recorded on the switch.

@@ -45,6 +45,11 @@ pub struct MonitorConfig {
     /// each. 0 tells every reason at once.
     #[serde(with = "duration::required")]
     pub pending_status_after: Duration,
+    /// A waiting job is told a new start-time estimate only when it moves by more than this (or when its
+    /// pending reason changes): estimates drift by seconds as jobs end, and each event is a write and a
+    /// message the user's client must handle.
+    #[serde(with = "duration::required")]
+    pub estimate_tolerance: Duration,
     /// How long the monitor waits for the pods of a deleted job to stop before it closes the job with
     /// the deletion as its end. Long enough for a graceful shutdown, so the log tails and the end time
     /// are the real ones.
@@ -80,6 +85,7 @@ impl Default for MonitorConfig {
             image_pull_grace: Duration::from_secs(300),
             queue_timeout: None,
             pending_status_after: Duration::from_secs(5),
+            estimate_tolerance: Duration::from_secs(60),
             cleanup_grace: Duration::from_secs(60),
             log_tail_bytes: 4096,
             log_tail_total_bytes: 65536,

@@ -28,7 +28,7 @@
 //! | `terminationCause` | whoever deletes the job | `expired`, `cancelled`, ... (W11) |
 //! | `terminationReason` | whoever deletes the job | the cause in words, e.g. the cancel's reason |
 //! | `lifecycleState` | monitor | the last published lifecycle state |
-//! | `statusHash` | monitor | hash of the last status-only event (publish a pending reason once) |
+//! | `statusHash` | monitor | `<chained>/<plain>[/<estimate>]`: hashes of the last status-only event and the start estimate it told (publish a pending reason once, an estimate again only when it moved) |
 //! | `outcome` | monitor | the decided end of the job (JSON: state, reason, times, exit codes, log tails) |
 //!
 //! Every VolcanoJob the runner creates carries the finalizer [`AnnotationKeys::cleanup_finalizer`]

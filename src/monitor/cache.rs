@@ -8,14 +8,18 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
-use super::observe;
+use super::estimate::{self, Estimate, Node, Resources, Running};
+use super::{forecast, observe};
+use crate::durable::AnnotationKeys;
 use crate::volcano::{
     JobSpec, JobStatus, LABEL_JOB_NAME, LABEL_TASK_INDEX, PodGroup, TaskSpec, VolcanoJob,
 };
+use jiff::Timestamp;
 
 /// Maps hashed quickly (foldhash, with a random seed per map): the monitor looks keys up tens of
 /// thousands of times per reconciliation, and SipHash was a tenth of a pass.
@@ -179,8 +183,18 @@ impl k8s_openapi::Metadata for WatchedJob {
 pub struct WatchedPod {
     #[serde(default)]
     pub metadata: ObjectMeta,
+    /// Of the spec only the node it is bound to (what holds a node, for the start-time estimates).
+    #[serde(default)]
+    spec: Option<SlimPodSpec>,
     #[serde(default)]
     status: Option<PodStatus>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SlimPodSpec {
+    #[serde(default)]
+    node_name: Option<String>,
 }
 
 impl WatchedPod {
@@ -224,9 +238,13 @@ impl WatchedPod {
                 }
             }
         }
+        let node_name = self.spec.and_then(|s| s.node_name);
         Pod {
             metadata: self.metadata,
-            spec: None,
+            spec: node_name.map(|n| PodSpec {
+                node_name: Some(n),
+                ..PodSpec::default()
+            }),
             status: self.status,
         }
     }
@@ -255,6 +273,67 @@ impl k8s_openapi::Metadata for WatchedPod {
     }
 }
 
+/// A Node as read from the API: its name, whether it is cordoned and what it can hold (a node's status
+/// lists its images and conditions too, tens of kilobytes the monitor never reads).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct WatchedNode {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<SlimNodeSpec>,
+    #[serde(default)]
+    status: Option<SlimNodeStatus>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+struct SlimNodeSpec {
+    #[serde(default)]
+    unschedulable: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+struct SlimNodeStatus {
+    #[serde(default)]
+    allocatable: Option<std::collections::BTreeMap<String, Quantity>>,
+}
+
+impl WatchedNode {
+    /// The node as the estimates take it; `None` when it is cordoned.
+    pub fn to_node(&self) -> Option<Node> {
+        forecast::node(
+            self.metadata.name.as_deref().unwrap_or_default(),
+            self.spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false),
+            self.status.as_ref().and_then(|s| s.allocatable.as_ref()),
+        )
+    }
+}
+
+impl k8s_openapi::Resource for WatchedNode {
+    const API_VERSION: &'static str = "v1";
+    const GROUP: &'static str = "";
+    const KIND: &'static str = "Node";
+    const VERSION: &'static str = "v1";
+    const URL_PATH_SEGMENT: &'static str = "nodes";
+    type Scope = k8s_openapi::ClusterResourceScope;
+}
+
+impl k8s_openapi::ListableResource for WatchedNode {
+    const LIST_KIND: &'static str = "NodeList";
+}
+
+impl k8s_openapi::Metadata for WatchedNode {
+    type Ty = ObjectMeta;
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
 /// A pod as the cache holds it: a [`Pod`] without the spec (whose inline size alone is 1.4 KB, even
 /// empty) and without the labels map (a B-tree node of over half a kilobyte for two labels). Its job is
 /// the key it is filed under; its rank label is kept as a string. Made back into a [`Pod`] only for the
@@ -263,6 +342,8 @@ impl k8s_openapi::Metadata for WatchedPod {
 struct CachedPod {
     metadata: ObjectMeta,
     task_index: Option<String>,
+    /// The node it is bound to.
+    node: Option<String>,
     status: Option<PodStatus>,
 }
 
@@ -276,6 +357,7 @@ impl CachedPod {
         Self {
             metadata,
             task_index,
+            node: pod.spec.and_then(|s| s.node_name),
             status: pod.status,
         }
     }
@@ -317,6 +399,11 @@ pub struct Snapshot {
     pub pods: Arc<Vec<Pod>>,
     pub podgroup: Option<Arc<PodGroup>>,
     pub jobs_ahead: Option<u32>,
+    /// When it will start, while it waits (from the last [`Cache::estimate_starts`]).
+    pub estimate: Option<Arc<Estimate>>,
+    /// It waits and will have an estimate, but the estimates were last made before its PodGroup came:
+    /// its status waits for them (they come within seconds), rather than go out twice.
+    pub estimate_pending: bool,
     /// What this snapshot is, for deciding whether a job needs deciding again.
     pub fingerprint: Fingerprint,
 }
@@ -329,6 +416,8 @@ pub struct Snapshot {
 pub struct Fingerprint {
     generation: u64,
     jobs_ahead: Option<u32>,
+    /// The estimated start in seconds (`i64::MIN`: never, `i64::MIN + 1`: no bound).
+    estimate: Option<i64>,
 }
 
 /// Which kind of object an event is about.
@@ -369,6 +458,10 @@ pub struct Cache {
     /// Each job's view generation (see [`Fingerprint`]), and the last one handed out.
     generations: FastMap<JobKey, u64>,
     last_generation: u64,
+    /// The start-time estimate of each waiting PodGroup, as of the last [`Cache::estimate_starts`].
+    estimates: FastMap<GroupKey, Arc<Estimate>>,
+    /// Whether the last [`Cache::estimate_starts`] had nodes to place on (without, there are none).
+    estimating: bool,
 }
 
 /// A waiting PodGroup's place in its queue: earlier creation first, then namespace and name.
@@ -803,17 +896,26 @@ impl Cache {
     /// The job's current [`Fingerprint`], or `None` when the job is not held. No snapshot is made.
     pub fn fingerprint(&self, key: &JobKey) -> Option<Fingerprint> {
         self.jobs.get(key)?;
-        let jobs_ahead = self
-            .group_of_job
-            .get(key)
-            .and_then(|g| self.waiting.ahead_of(g));
-        Some(self.fingerprint_with(key, jobs_ahead))
+        let gkey = self.group_of_job.get(key);
+        let jobs_ahead = gkey.and_then(|g| self.waiting.ahead_of(g));
+        let estimate = gkey.and_then(|g| self.estimates.get(g));
+        Some(self.fingerprint_with(key, jobs_ahead, estimate.map(|e| &**e)))
     }
 
-    fn fingerprint_with(&self, key: &JobKey, jobs_ahead: Option<u32>) -> Fingerprint {
+    fn fingerprint_with(
+        &self,
+        key: &JobKey,
+        jobs_ahead: Option<u32>,
+        estimate: Option<&Estimate>,
+    ) -> Fingerprint {
         Fingerprint {
             generation: self.generations.get(key).copied().unwrap_or_default(),
             jobs_ahead,
+            estimate: estimate.map(|e| match e {
+                Estimate::At { start, .. } => start.as_second(),
+                Estimate::Never { .. } => i64::MIN,
+                Estimate::Unbounded { .. } => i64::MIN + 1,
+            }),
         }
     }
 
@@ -826,14 +928,120 @@ impl Cache {
             .and_then(|g| self.groups.get(g))
             .map(|e| e.value.clone());
         let jobs_ahead = gkey.as_ref().and_then(|g| self.waiting.ahead_of(g));
+        let estimate = gkey.as_ref().and_then(|g| self.estimates.get(g)).cloned();
+        let estimate_pending = self.estimating
+            && estimate.is_none()
+            && gkey
+                .as_ref()
+                .is_some_and(|g| self.waiting.filed.contains_key(g));
         Some(Snapshot {
             key: key.clone(),
             job,
             pods: self.pods(key),
             podgroup,
             jobs_ahead,
-            fingerprint: self.fingerprint_with(key, jobs_ahead),
+            fingerprint: self.fingerprint_with(key, jobs_ahead, estimate.as_deref()),
+            estimate,
+            estimate_pending,
         })
+    }
+
+    /// Estimates the start of every waiting PodGroup (any workload's: they all go ahead of someone) on
+    /// `nodes`, from what the cache holds: the pods of the jobs volcano-runner runs, bound to their nodes
+    /// and held until each job's deadline, and the waiting gangs in the scheduler's order. Pods of other
+    /// workloads are not watched, so on a cluster shared with them an estimate can be early; `admin
+    /// queue` lists every pod and counts them. The estimates stay for the snapshots until the next call.
+    /// Returns the jobs held whose estimate changed.
+    pub fn estimate_starts(
+        &mut self,
+        nodes: &[Node],
+        keys: &AnnotationKeys,
+        now: Timestamp,
+    ) -> Vec<JobKey> {
+        let before = std::mem::take(&mut self.estimates);
+        self.estimating = !nodes.is_empty();
+        if !nodes.is_empty() && !self.waiting.filed.is_empty() {
+            self.estimates = self.replay(nodes, keys, now);
+        }
+        let mut changed: Vec<JobKey> = Vec::new();
+        for (gkey, e) in &self.estimates {
+            if before.get(gkey) != Some(e) {
+                changed.extend(self.groups.get(gkey).and_then(|g| job_of_group(&g.value)));
+            }
+        }
+        for gkey in before.keys() {
+            if !self.estimates.contains_key(gkey) {
+                changed.extend(self.groups.get(gkey).and_then(|g| job_of_group(&g.value)));
+            }
+        }
+        changed.retain(|k| self.jobs.contains_key(k));
+        changed
+    }
+
+    fn replay(
+        &self,
+        nodes: &[Node],
+        keys: &AnnotationKeys,
+        now: Timestamp,
+    ) -> FastMap<GroupKey, Arc<Estimate>> {
+        let index: FastMap<&str, usize> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.as_str(), i))
+            .collect();
+        let mut running = Vec::new();
+        for (jkey, pods) in &self.pods {
+            let Some(gkey) = self.group_of_job.get(jkey) else {
+                continue;
+            };
+            let Some(group) = self.groups.get(gkey) else {
+                continue;
+            };
+            if self.waiting.filed.contains_key(gkey) {
+                continue;
+            }
+            let (_, per_rank) = forecast::gang(&group.value);
+            let ranks: Vec<(usize, Resources)> = pods
+                .iter()
+                .filter(|p| {
+                    !matches!(
+                        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                        Some("Succeeded" | "Failed")
+                    )
+                })
+                .filter_map(|p| index.get(p.node.as_deref()?).map(|i| (*i, per_rank)))
+                .collect();
+            if ranks.is_empty() {
+                continue;
+            }
+            let ends_by = self
+                .jobs
+                .get(jkey)
+                .and_then(|j| forecast::deadline(&j.value, keys, now));
+            running.push(Running { ranks, ends_by });
+        }
+        let mut order: Vec<(&WaitKey, &GroupKey)> = self
+            .waiting
+            .filed
+            .iter()
+            .map(|(g, (_, w))| (w, g))
+            .collect();
+        order.sort_unstable();
+        let pending: Vec<_> = order
+            .iter()
+            .filter_map(|(_, g)| {
+                let pg = &self.groups.get(*g)?.value;
+                let job = job_of_group(pg).and_then(|k| self.jobs.get(&k).map(|e| &*e.value));
+                Some(((*g).clone(), forecast::pending_gang(pg, job, keys)))
+            })
+            .collect();
+        let (groups, gangs): (Vec<GroupKey>, Vec<_>) = pending.into_iter().unzip();
+        let estimates = estimate::estimate(nodes, &running, &gangs, now);
+        groups
+            .into_iter()
+            .zip(estimates)
+            .map(|(g, e)| (g, Arc::new(e)))
+            .collect()
     }
 }
 

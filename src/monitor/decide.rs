@@ -32,6 +32,7 @@ use std::sync::Arc;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
 
+use super::estimate::Estimate;
 use super::events;
 use super::observe::{self, PendingInput, PullFailure, RankView};
 use super::record::{Outcome, Published, RankCode, Record, Terminal};
@@ -60,6 +61,8 @@ pub struct Settings {
     pub queue_timeout: Option<SignedDuration>,
     /// `[monitor] pending_status_after`.
     pub pending_status_after: SignedDuration,
+    /// `[monitor] estimate_tolerance`.
+    pub estimate_tolerance: SignedDuration,
     /// `[monitor] log_tails_on_success`.
     pub log_tails_on_success: bool,
     pub cleanup_grace: SignedDuration,
@@ -81,6 +84,7 @@ impl Settings {
             image_pull_grace: signed(m.image_pull_grace),
             queue_timeout: m.queue_timeout.map(signed),
             pending_status_after: signed(m.pending_status_after),
+            estimate_tolerance: signed(m.estimate_tolerance),
             log_tails_on_success: m.log_tails_on_success,
             cleanup_grace: signed(m.cleanup_grace),
             retention: signed(config.cluster.ended_job_retention),
@@ -97,6 +101,10 @@ pub struct Observed<'a> {
     pub podgroup: Option<&'a PodGroup>,
     /// PodGroups ahead of this job's in its queue.
     pub jobs_ahead: Option<u32>,
+    /// When it will start, while it waits and the monitor knows the nodes.
+    pub estimate: Option<&'a Estimate>,
+    /// Its estimate is being made: a status now would go out again with it a moment later.
+    pub estimate_pending: bool,
     /// When the job and pods were read from the API just now: an instant taken before the read, so the
     /// view proves the job's state at least until then. `None` for the watch's view, whose age is
     /// unknown.
@@ -448,8 +456,10 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
 
     // 9. Pending: tell the user why, once per reason, once the job has waited `pending_status_after`
     //    (a job that starts at once has no reason worth an event, nor a write).
+    let never = matches!(obs.estimate, Some(Estimate::Never { .. }));
     if let Some(created) = created
         && record.status_hash.is_none()
+        && !never
     {
         let tell_at = created
             .checked_add(s.pending_status_after)
@@ -460,32 +470,94 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
             });
         }
     }
-    let reason = pending(obs, &facts, pull.as_ref().zip(pull_deadline));
+    if obs.estimate_pending {
+        // Decided again as soon as the estimate is made.
+        return Ok(Step::Wait {
+            next_check: earliest(pull_deadline, queue_deadline),
+        });
+    }
+    let mut reason = pending(obs, &facts, pull.as_ref().zip(pull_deadline));
+    if let Some(Estimate::Never { why }) = obs.estimate {
+        reason
+            .text
+            .push_str(&format!("; it can never start on this cluster: {why}"));
+    }
     let plain = events::status_hash(None, reason.reason, &reason.text);
-    let previous = record
-        .status_hash
-        .as_deref()
-        .map(|v| v.split_once('/').map_or(v, |(c, _)| c));
-    let last_plain = record
-        .status_hash
-        .as_deref()
-        .and_then(|v| v.split_once('/').map(|(_, p)| p));
+    // `<chained>/<plain>[/<estimate told>]`.
+    let mut told = record.status_hash.as_deref().map(|v| v.splitn(3, '/'));
+    let previous = told.as_mut().and_then(Iterator::next);
+    let last_plain = told.as_mut().and_then(Iterator::next);
+    let last_estimate = told.as_mut().and_then(Iterator::next).unwrap_or("");
+    // An estimate not known right now (the nodes not yet seen) leaves what was told standing.
+    let estimate = obs
+        .estimate
+        .map_or_else(|| last_estimate.to_owned(), estimate_token);
     let next_check = earliest(pull_deadline, queue_deadline);
-    if last_plain == Some(plain.as_str()) {
+    if last_plain == Some(plain.as_str())
+        && !estimate_moved(last_estimate, &estimate, s.estimate_tolerance)
+    {
         return Ok(Step::Wait { next_check });
     }
-    let chained = events::status_hash(previous, reason.reason, &reason.text);
+    if let Some(e) = obs.estimate {
+        tell_estimate(&mut reason.details, e);
+    }
+    // The id is a function of what the event says, the estimate included.
+    let content = if estimate.is_empty() {
+        reason.text.clone()
+    } else {
+        format!("{}\n{estimate}", reason.text)
+    };
+    let chained = events::status_hash(previous, reason.reason, &content);
     let fallback = created.unwrap_or(now);
     let event = events::status(&facts.job_id, &chained, &reason, fallback, &s.runner_id);
     let mut publish: Vec<Outbound> = queued_first(job, &facts, &record, s).into_iter().collect();
     publish.push(Outbound::Lifecycle(event));
+    let value = if estimate.is_empty() {
+        format!("{chained}/{plain}")
+    } else {
+        format!("{chained}/{plain}/{estimate}")
+    };
     Ok(Step::Act(Action {
         what: "status",
         publish,
-        set: BTreeMap::from([(s.keys.status_hash.clone(), format!("{chained}/{plain}"))]),
+        set: BTreeMap::from([(s.keys.status_hash.clone(), value)]),
         next_check,
         ..Action::default()
     }))
+}
+
+/// An estimate as persisted with the status it was told in: `at:<epoch ms>`, `never`, `unbounded`.
+fn estimate_token(e: &Estimate) -> String {
+    match e {
+        Estimate::At { start, .. } => format!("at:{}", start.as_millisecond()),
+        Estimate::Never { .. } => "never".to_owned(),
+        Estimate::Unbounded { .. } => "unbounded".to_owned(),
+    }
+}
+
+/// Whether the estimate changed enough to tell: a start that moved by more than `tolerance`, or a
+/// different kind of answer.
+fn estimate_moved(told: &str, now: &str, tolerance: SignedDuration) -> bool {
+    let at = |t: &str| t.strip_prefix("at:").and_then(|ms| ms.parse::<i64>().ok());
+    match (at(told), at(now)) {
+        (Some(a), Some(b)) => i128::from(a.abs_diff(b)) > tolerance.as_millis(),
+        _ => told != now,
+    }
+}
+
+/// The estimate into the event's pending details.
+fn tell_estimate(details: &mut crate::messages::v1::PendingDetails, e: &Estimate) {
+    match e {
+        Estimate::At { start, basis } => {
+            details.estimated_start_at = Some(crate::pipeline::hooks::proto_timestamp(*start));
+            details.estimate_basis = basis.clone();
+        }
+        Estimate::Never { why } => {
+            details.never_fits = true;
+            details.estimate_basis = why.clone();
+        }
+        Estimate::Unbounded { why } => details.estimate_basis = why.clone(),
+    }
 }
 
 /// The job vanished (a DELETED event, or absent from a full list and from a GET) before its terminal
@@ -541,6 +613,8 @@ pub fn decide_gone(
         pods,
         podgroup: None,
         jobs_ahead: None,
+        estimate: None,
+        estimate_pending: false,
         fresh_at: None,
     };
     let facts = JobFacts::read(&job, &s.keys, &s.config.pipeline)?;
@@ -1020,12 +1094,25 @@ mod tests {
 
     /// Decides and applies until the job waits, like `Executor::handle` (log tails are not read).
     fn drive(s: &Settings, job: &mut VolcanoJob, pods: &[Pod], now: Timestamp, world: &mut World) {
+        drive_with(s, job, pods, None, now, world);
+    }
+
+    fn drive_with(
+        s: &Settings,
+        job: &mut VolcanoJob,
+        pods: &[Pod],
+        estimate: Option<&Estimate>,
+        now: Timestamp,
+        world: &mut World,
+    ) {
         for _ in 0..20 {
             let obs = Observed {
                 job,
                 pods,
                 podgroup: None,
                 jobs_ahead: None,
+                estimate,
+                estimate_pending: false,
                 fresh_at: Some(now),
             };
             match decide(&obs, s, now).unwrap() {
@@ -1423,6 +1510,77 @@ mod tests {
         assert!(first.starts_with("4817/status/"), "{first}");
     }
 
+    /// A waiting job is told its estimated start with its status, again only when the estimate moves by
+    /// more than `estimate_tolerance` (or its reason changes), and a job that can never fit says so at
+    /// once, without waiting `pending_status_after`.
+    #[test]
+    fn the_start_estimate_is_told_when_it_moves_by_more_than_the_tolerance() {
+        let s = settings(|_| {});
+        let mut job = job(&s);
+        let mut world = World::default();
+        let at = |secs: i64| Estimate::At {
+            start: ts(secs),
+            basis: format!("by {} at the latest", ts(secs)),
+        };
+        drive_with(&s, &mut job, &[], Some(&at(600)), ts(5), &mut world);
+        let told = lifecycle(&world);
+        assert_eq!(told.len(), 2, "QUEUED and the status: {told:?}");
+        let pending = told[1].pending.clone().unwrap();
+        assert_eq!(
+            pending.estimated_start_at,
+            Some(crate::pipeline::hooks::proto_timestamp(ts(600)))
+        );
+        assert!(pending.estimate_basis.starts_with("by "), "{pending:?}");
+        assert!(!pending.never_fits);
+
+        // 50 s later than told: within the minute, nothing to tell.
+        drive_with(&s, &mut job, &[], Some(&at(650)), ts(6), &mut world);
+        assert_eq!(lifecycle(&world).len(), 2);
+        // Not known for a moment (the nodes not yet listed): what was told stands.
+        drive_with(&s, &mut job, &[], None, ts(7), &mut world);
+        assert_eq!(lifecycle(&world).len(), 2);
+        // 90 s earlier than told: a new status with the new estimate, under a new id.
+        drive_with(&s, &mut job, &[], Some(&at(510)), ts(8), &mut world);
+        let told = lifecycle(&world);
+        assert_eq!(told.len(), 3);
+        assert_eq!(
+            told[2].pending.as_ref().unwrap().estimated_start_at,
+            Some(crate::pipeline::hooks::proto_timestamp(ts(510)))
+        );
+        assert_ne!(told[2].event_id, told[1].event_id);
+        // No bound any more: told, without a time.
+        let unbounded = Estimate::Unbounded {
+            why: "1 running job(s) without a time limit hold the resources it needs".into(),
+        };
+        drive_with(&s, &mut job, &[], Some(&unbounded), ts(9), &mut world);
+        let told = lifecycle(&world);
+        assert_eq!(told.len(), 4);
+        let pending = told[3].pending.clone().unwrap();
+        assert_eq!(pending.estimated_start_at, None);
+        assert!(pending.estimate_basis.contains("without a time limit"));
+
+        let mut huge = self::job(&s);
+        let mut world = World::default();
+        let never = Estimate::Never {
+            why: "no node has enough GPUs for one rank".into(),
+        };
+        drive_with(&s, &mut huge, &[], Some(&never), ts(1), &mut world);
+        let told = lifecycle(&world);
+        assert_eq!(
+            told.len(),
+            2,
+            "told at once, before pending_status_after: {told:?}"
+        );
+        assert!(told[1].pending.as_ref().unwrap().never_fits);
+        assert!(
+            told[1]
+                .status
+                .contains("it can never start on this cluster: no node has enough GPUs"),
+            "{}",
+            told[1].status
+        );
+    }
+
     /// The watch's view is enough (no read) when it already holds the whole fact: RUNNING once every
     /// rank's program has started in it, the end once Volcano finished the job and every rank's program
     /// ended in it. A view that lags behind (the job's phase ahead of its pods) waits `VIEW_LAG_GRACE`
@@ -1437,6 +1595,8 @@ mod tests {
                 pods,
                 podgroup: None,
                 jobs_ahead: None,
+                estimate: None,
+                estimate_pending: false,
                 fresh_at: None,
             };
             decide(&obs, &s, ts(now)).unwrap()
@@ -1509,6 +1669,8 @@ mod tests {
                 pods: &pods,
                 podgroup: None,
                 jobs_ahead: None,
+                estimate: None,
+                estimate_pending: false,
                 fresh_at: None,
             };
             match decide(&obs, s, ts(10)).unwrap() {
@@ -1534,6 +1696,8 @@ mod tests {
             pods: &[],
             podgroup: None,
             jobs_ahead: None,
+            estimate: None,
+            estimate_pending: false,
             fresh_at: None,
         };
         assert_eq!(

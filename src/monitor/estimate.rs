@@ -19,7 +19,8 @@
 //! The replay is a sweep over end instants: a heap of when resources come back, the free resources of
 //! every node at the sweep's instant, and for each pending job in order, release ends until its gang
 //! fits. Each end is released once, so a pass over `P` pending and `R` running jobs on `N` nodes costs
-//! `O((P + R) log (P + R))` heap operations plus a first-fit of every gang over the nodes.
+//! `O((P + R) log (P + R))` heap operations plus a placement of every rank over the nodes
+//! (least-requested first, as Volcano's `nodeorder` spreads them).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -39,6 +40,16 @@ impl Resources {
         self.cpu_milli <= free.cpu_milli
             && self.memory_mib <= free.memory_mib
             && self.gpu <= free.gpu
+    }
+
+    /// `n` of these together.
+    fn times(&self, n: u32) -> Resources {
+        let n = u64::from(n);
+        Resources {
+            cpu_milli: self.cpu_milli.saturating_mul(n),
+            memory_mib: self.memory_mib.saturating_mul(n),
+            gpu: self.gpu.saturating_mul(n),
+        }
     }
 
     fn take_from(&self, free: &mut Resources) {
@@ -148,6 +159,10 @@ pub fn estimate(
         }
     }
     let running_with_end = ends.len();
+    let mut total = free.iter().fold(Resources::default(), |mut t, f| {
+        f.give_back(&mut t);
+        t
+    });
     let mut cursor = now;
     let mut released_running = 0usize;
     let mut placed_ahead = 0usize;
@@ -163,18 +178,35 @@ pub fn estimate(
             continue;
         }
         let placement = loop {
-            if let Some(placement) = first_fit(job, &free) {
+            // The whole gang within what is free in all is necessary for a placement, and cheap to
+            // check: a gang that waits for many ends is not placed node by node after each of them.
+            if job.per_rank.times(job.replicas).fits_in(&total)
+                && let Some(placement) = place(job, &free, nodes)
+            {
                 break Some(placement);
             }
             let Some(Reverse(end)) = ends.pop() else {
                 break None;
             };
             cursor = cursor.max(end.at);
-            for (node, r) in &holdings[end.holding] {
-                r.give_back(&mut free[*node]);
-            }
-            if end.holding < running_with_end {
-                released_running += 1;
+            // Everything that comes back at that instant comes back together, as a scheduler's session
+            // would find it.
+            let mut release = |holding: usize| {
+                for (node, r) in &holdings[holding] {
+                    r.give_back(&mut free[*node]);
+                    r.give_back(&mut total);
+                }
+                if holding < running_with_end {
+                    released_running += 1;
+                }
+            };
+            release(end.holding);
+            while let Some(Reverse(next)) = ends.peek()
+                && next.at <= cursor
+            {
+                let holding = next.holding;
+                ends.pop();
+                release(holding);
             }
         };
         let Some(placement) = placement else {
@@ -189,6 +221,7 @@ pub fn estimate(
         };
         for (node, r) in &placement {
             r.take_from(&mut free[*node]);
+            r.take_from(&mut total);
         }
         let basis = basis(cursor, now, released_running, running.len(), placed_ahead);
         out.push(Estimate::At {
@@ -233,7 +266,7 @@ fn never(job: &Pending, nodes: &[Node], largest: &Resources) -> Option<String> {
         ));
     }
     let empty: Vec<Resources> = nodes.iter().map(|n| n.allocatable).collect();
-    if first_fit(job, &empty).is_none() {
+    if place(job, &empty, nodes).is_none() {
         return Some(format!(
             "the cluster cannot hold all {} ranks at once, even when empty",
             job.replicas
@@ -242,23 +275,48 @@ fn never(job: &Pending, nodes: &[Node], largest: &Resources) -> Option<String> {
     None
 }
 
-/// Places every rank of the gang on a node with room (first fit, a node taking as many ranks as fit),
-/// or `None` when the gang does not fit now.
-fn first_fit(job: &Pending, free: &[Resources]) -> Option<Vec<(usize, Resources)>> {
-    let mut left = job.replicas;
+/// Places every rank of the gang, one at a time, on the node with room whose CPU is least taken (ties:
+/// the first), as Volcano's `nodeorder` plugin (least requested) and the simulator spread ranks; `None`
+/// when the gang does not fit now. Following the scheduler's spreading matters: packing where it spreads
+/// would promise a whole free node that the real placement has split between two jobs.
+fn place(job: &Pending, free: &[Resources], nodes: &[Node]) -> Option<Vec<(usize, Resources)>> {
+    if job.replicas == 1 {
+        return Some(vec![(
+            least_taken(&job.per_rank, free, nodes)?,
+            job.per_rank,
+        )]);
+    }
+    let mut room = free.to_vec();
     let mut placement = Vec::with_capacity(job.replicas as usize);
-    for (node, f) in free.iter().enumerate() {
-        if left == 0 {
-            break;
+    for _ in 0..job.replicas {
+        let node = least_taken(&job.per_rank, &room, nodes)?;
+        job.per_rank.take_from(&mut room[node]);
+        placement.push((node, job.per_rank));
+    }
+    Some(placement)
+}
+
+/// The node where `rank` fits whose CPU is least taken (the first of equals).
+fn least_taken(rank: &Resources, free: &[Resources], nodes: &[Node]) -> Option<usize> {
+    // Taken fractions compared without division: taken_i / cap_i < taken_j / cap_j.
+    let taken = |i: usize| {
+        let cap = nodes[i].allocatable.cpu_milli.max(1);
+        (
+            u128::from(cap.saturating_sub(free[i].cpu_milli)),
+            u128::from(cap),
+        )
+    };
+    let mut best: Option<(usize, (u128, u128))> = None;
+    for (i, f) in free.iter().enumerate() {
+        if !rank.fits_in(f) {
+            continue;
         }
-        let mut room = *f;
-        while left > 0 && job.per_rank.fits_in(&room) {
-            job.per_rank.take_from(&mut room);
-            placement.push((node, job.per_rank));
-            left -= 1;
+        let (t, c) = taken(i);
+        if best.is_none_or(|(_, (bt, bc))| t * bc < bt * c) {
+            best = Some((i, (t, c)));
         }
     }
-    (left == 0).then_some(placement)
+    best.map(|(i, _)| i)
 }
 
 /// The one-line basis of an estimate.
@@ -518,7 +576,7 @@ mod tests {
                 }
             });
             while next < jobs.len() {
-                let Some(p) = first_fit(&jobs[next], &free) else {
+                let Some(p) = place(&jobs[next], &free, &cluster) else {
                     break;
                 };
                 for (n, x) in &p {

@@ -139,6 +139,8 @@ impl Executor {
                     pods: &pods,
                     podgroup: snap.podgroup.as_deref(),
                     jobs_ahead: snap.jobs_ahead,
+                    estimate: snap.estimate.as_deref(),
+                    estimate_pending: snap.estimate_pending,
                     fresh_at,
                 };
                 let step = decide::decide(&obs, &self.settings, now)?;

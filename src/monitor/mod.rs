@@ -12,6 +12,7 @@
 //! - [`events`]: the lifecycle events and their deterministic ids.
 //! - [`cache`]: the watched objects, kept small.
 //! - [`estimate`]: start-time estimates for pending jobs, by replaying the placement forward in time.
+//! - [`forecast`]: the estimate's inputs read from the listed nodes, pods, PodGroups and jobs.
 //! - [`timers`]: deadlines by job (in the clock's time) and retry backoff (in real time).
 //! - [`execute`]: carries a step out: publish (confirmed), then patch (resourceVersion), then delete.
 //! - [`verify`]: the full reconciliation's check of the watches: metadata lists against the cache.
@@ -26,6 +27,7 @@ pub mod decide;
 pub mod estimate;
 pub mod events;
 pub mod execute;
+pub mod forecast;
 pub mod listing;
 pub mod observe;
 pub mod record;

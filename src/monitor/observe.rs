@@ -237,6 +237,7 @@ pub fn pending_reason(input: PendingInput<'_>) -> PendingReason {
         unschedulable_pods: 0,
         total_pods: input.replicas,
         message: String::new(),
+        ..PendingDetails::default()
     };
     if let Some((failure, deadline)) = input.pull {
         details.message = failure.message.clone();

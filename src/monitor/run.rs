@@ -34,9 +34,11 @@ use tracing::Instrument;
 
 use super::Monitor;
 use super::cache::{
-    Cache, FastMap, FastSet, Fingerprint, JobKey, Kind, Snapshot, WatchedJob, WatchedPod,
+    Cache, FastMap, FastSet, Fingerprint, JobKey, Kind, Snapshot, WatchedJob, WatchedNode,
+    WatchedPod,
 };
 use super::decide::Settings;
+use super::estimate::Node;
 use super::execute::{Executor, Handled};
 use super::timers::{Backoff, Deadlines};
 use super::verify::{self, Listed, Suspect};
@@ -76,6 +78,8 @@ type Verifying = Pin<Box<dyn Future<Output = Result<[Listed; 3], kube::Error>> +
 enum Awaited {
     Full(Kind),
     Metadata,
+    /// The first list of nodes (the start-time estimates), awaited by the first pass only.
+    Nodes,
 }
 
 /// A pass in progress.
@@ -110,7 +114,21 @@ struct Loop {
     suspects: Vec<(Kind, Suspect)>,
     /// When the suspects are judged.
     suspects_due: Option<Instant>,
+    /// The nodes jobs can be placed on, by name, for the start-time estimates (from their own watch).
+    nodes: std::collections::BTreeMap<String, Node>,
+    /// The nodes of a full list in progress.
+    nodes_listing: Option<std::collections::BTreeMap<String, Node>>,
+    /// Something changed since the start-time estimates were made, and when they were.
+    estimates_stale: bool,
+    /// In the clock's time and in real time: due when either has moved on by [`ESTIMATE_EVERY`], so a
+    /// simulated clock that jumps finds them due, and one that stands still does not hold them back.
+    estimated_at: Option<(jiff::Timestamp, Instant)>,
 }
+
+/// How often the start-time estimates are made again while things change: often enough that a job
+/// is told its estimate with its first status event, seldom enough that a busy cluster does not replay
+/// the queue on every event.
+const ESTIMATE_EVERY: jiff::SignedDuration = jiff::SignedDuration::from_secs(2);
 
 /// Objects per page of a watch's initial list.
 const WATCH_PAGE: u32 = 100;
@@ -153,6 +171,13 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
             .default_backoff()
             .boxed()
     };
+    // The nodes, for the start-time estimates of waiting jobs: a few hundred objects that rarely change.
+    let nodes_api: Api<WatchedNode> = Api::all(m.client.clone());
+    let mut nodes: BoxStream<'_, Result<Event<WatchedNode>, watcher::Error>> =
+        watcher::watcher(nodes_api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+    let mut nodes_forbidden = false;
     let mut jobs: BoxStream<'_, Result<Event<WatchedJob>, watcher::Error>> = start_jobs();
     let mut pods: BoxStream<'_, Result<Event<WatchedPod>, watcher::Error>> = start_pods();
     let mut groups: BoxStream<'_, Result<Event<PodGroup>, watcher::Error>> = start_groups();
@@ -174,8 +199,17 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
         settled: FastMap::default(),
         suspects: Vec::new(),
         suspects_due: None,
+        nodes: Default::default(),
+        nodes_listing: None,
+        estimates_stale: true,
+        estimated_at: None,
     };
     state.begin_pass(&ALL_KINDS);
+    // The first pass also waits for the nodes, so that a waiting job's first status carries its
+    // estimate instead of a second status following with it.
+    if let Some(pass) = &mut state.pass {
+        pass.lists_pending.insert(Awaited::Nodes);
+    }
     let start_verify = || -> Verifying {
         let client = m.client.clone();
         let urls = [
@@ -269,6 +303,19 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
                 }
                 None => groups = start_groups(),
             },
+            event = nodes.next(), if !nodes_forbidden => match event {
+                Some(Ok(event)) => state.on_node(event),
+                Some(Err(e)) if forbidden(&e) => {
+                    nodes_forbidden = true;
+                    state.list_done(Awaited::Nodes);
+                    tracing::warn!(error = %e, "This runner may not list and watch nodes: waiting jobs get no start-time estimate. Grant list and watch on nodes to its ClusterRole (deploy/base/clusterrole.yaml does).");
+                }
+                Some(Err(e)) => tracing::warn!(error = %e, "The node watch failed; it restarts by itself."),
+                None => {
+                    nodes_forbidden = true;
+                    state.list_done(Awaited::Nodes);
+                }
+            },
             () = sleep(wake) => state.fire(clock.now(), Instant::now()),
             _ = resync.tick() => {
                 if state.pass.is_some() || state.suspects_due.is_some() {
@@ -341,6 +388,17 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 const ALL_KINDS: [Kind; 3] = [Kind::Jobs, Kind::Pods, Kind::Groups];
+
+/// Whether a watch failed because this runner may not list or watch that kind.
+fn forbidden(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code == 403,
+        watcher::Error::WatchError(s) => s.code == 403,
+        _ => false,
+    }
+}
 
 /// The name of a kind's watch in metrics.
 fn watch_name(kind: Kind) -> &'static str {
@@ -443,12 +501,17 @@ impl Loop {
     }
 
     fn list_done(&mut self, which: Awaited) {
-        let Some(pass) = &mut self.pass else { return };
-        if !pass.lists_pending.remove(&which) || !pass.lists_pending.is_empty() {
-            return;
+        {
+            let Some(pass) = &mut self.pass else { return };
+            if !pass.lists_pending.remove(&which) || !pass.lists_pending.is_empty() {
+                return;
+            }
         }
-        // Every list is in: look at every job of ours. One that has not changed since it was decided
-        // (and is not in hand, and not gone) keeps its decision without being queued.
+        // Every list is in: estimate when the waiting jobs start, then look at every job of ours. One
+        // that has not changed since it was decided (and is not in hand, and not gone) keeps its
+        // decision without being queued.
+        self.estimate();
+        let Some(pass) = &mut self.pass else { return };
         let shards = self.exec.shards.borrow().clone();
         let mut owned = 0;
         let mut stale: Vec<JobKey> = Vec::new();
@@ -493,7 +556,37 @@ impl Loop {
         Some(report)
     }
 
+    fn on_node(&mut self, event: Event<WatchedNode>) {
+        self.estimates_stale = true;
+        match event {
+            Event::Init => self.nodes_listing = Some(Default::default()),
+            Event::InitApply(n) => {
+                if let (Some(listing), Some(node)) = (&mut self.nodes_listing, n.to_node()) {
+                    listing.insert(node.name.clone(), node);
+                }
+            }
+            Event::InitDone => {
+                if let Some(listing) = self.nodes_listing.take() {
+                    self.nodes = listing;
+                }
+                self.list_done(Awaited::Nodes);
+            }
+            Event::Apply(n) => {
+                let name = n.metadata.name.clone().unwrap_or_default();
+                match n.to_node() {
+                    Some(node) => self.nodes.insert(name, node),
+                    None => self.nodes.remove(&name),
+                };
+            }
+            Event::Delete(n) => {
+                self.nodes
+                    .remove(n.metadata.name.as_deref().unwrap_or_default());
+            }
+        }
+    }
+
     fn on_job(&mut self, event: Event<WatchedJob>) {
+        self.estimates_stale = true;
         match event {
             Event::Apply(w) | Event::InitApply(w) => {
                 let key = self.cache.apply_job(w.into_job());
@@ -519,6 +612,7 @@ impl Loop {
     }
 
     fn on_pod(&mut self, event: Event<WatchedPod>) {
+        self.estimates_stale = true;
         match event {
             Event::Apply(w) | Event::InitApply(w) => {
                 if let Some(key) = self.cache.apply_pod(w.into_pod()) {
@@ -543,6 +637,7 @@ impl Loop {
     }
 
     fn on_group(&mut self, event: Event<PodGroup>) {
+        self.estimates_stale = true;
         match event {
             Event::Apply(pg) | Event::InitApply(pg) => {
                 if let Some(key) = self.cache.apply_group(pg)
@@ -578,7 +673,42 @@ impl Loop {
         self.enqueue(key);
     }
 
+    /// Makes the start-time estimates afresh and queues every job whose estimate changed.
+    fn estimate(&mut self) {
+        let nodes: Vec<Node> = self.nodes.values().cloned().collect();
+        let now = self.exec.clock.now();
+        let changed = self
+            .cache
+            .estimate_starts(&nodes, &self.exec.settings.keys, now);
+        self.estimates_stale = false;
+        self.estimated_at = Some((now, Instant::now()));
+        for key in changed {
+            self.enqueue(key);
+        }
+    }
+
+    /// When the estimates are due again, in the clock's time and in real time (`None`: nothing changed
+    /// since they were made).
+    fn estimate_due(&self) -> Option<(jiff::Timestamp, Instant)> {
+        if !self.estimates_stale {
+            return None;
+        }
+        Some(match self.estimated_at {
+            Some((at, real)) => (
+                at.checked_add(ESTIMATE_EVERY).unwrap_or(at),
+                real + Duration::try_from(ESTIMATE_EVERY).unwrap_or_default(),
+            ),
+            None => (jiff::Timestamp::MIN, Instant::now()),
+        })
+    }
+
     fn dispatch(&mut self, workers: &mut FuturesUnordered<Work>) {
+        if self
+            .estimate_due()
+            .is_some_and(|(at, real)| at <= self.exec.clock.now() || real <= Instant::now())
+        {
+            self.estimate();
+        }
         while workers.len() < self.max_concurrent {
             let Some(key) = self.ready.pop_front() else {
                 return;
@@ -697,10 +827,11 @@ impl Loop {
             .retries
             .next()
             .map(|at| at.saturating_duration_since(Instant::now()));
-        match (check, retry) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let estimate = self.estimate_due().map(|(at, real)| {
+            let real = real.saturating_duration_since(Instant::now());
+            clock.real_until(at).map_or(real, |d| d.min(real))
+        });
+        [check, retry, estimate].into_iter().flatten().min()
     }
 
     fn fire(&mut self, now: jiff::Timestamp, instant: Instant) {

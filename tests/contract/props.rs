@@ -406,19 +406,28 @@ fn job_event() -> impl Strategy<Value = v1::JobEvent> {
         (any::<u32>(), any::<i32>()).prop_map(|(rank, exit_code)| v1::RankExit { rank, exit_code });
     let log = (any::<u32>(), any::<String>()).prop_map(|(rank, tail)| v1::RankLog { rank, tail });
     let pending = (
-        some_text(),
-        option::of(any::<u32>()),
-        any::<u32>(),
-        any::<u32>(),
-        any::<String>(),
+        (
+            some_text(),
+            option::of(any::<u32>()),
+            any::<u32>(),
+            any::<u32>(),
+            any::<String>(),
+        ),
+        (option::of(timestamp()), any::<String>(), any::<bool>()),
     )
         .prop_map(
-            |(queue, jobs_ahead, unschedulable_pods, total_pods, message)| v1::PendingDetails {
+            |(
+                (queue, jobs_ahead, unschedulable_pods, total_pods, message),
+                (estimated_start_at, estimate_basis, never_fits),
+            )| v1::PendingDetails {
                 queue,
                 jobs_ahead,
                 unschedulable_pods,
                 total_pods,
                 message,
+                estimated_start_at,
+                estimate_basis,
+                never_fits,
             },
         );
     (

@@ -225,20 +225,15 @@ async fn an_oversized_job_gets_a_pending_reason_then_fails_at_the_queue_timeout(
     }
     w.submit(&job).await;
     w.advance(5);
+    // A watch that lags under load may first show the job without its PodGroup ("waiting in queue").
+    let told = |e: &&volcano_runner::messages::v1::JobEvent| {
+        e.reason == "unschedulable" && e.pending.as_ref().is_some_and(|p| p.never_fits)
+    };
     w.until("the unschedulable reason", |s| {
-        s.of("m4")
-            .lifecycle
-            .iter()
-            .any(|e| e.reason == "unschedulable")
+        s.of("m4").lifecycle.iter().any(|e| told(&e))
     })
     .await;
-    let pending = w
-        .seen
-        .lifecycle
-        .iter()
-        .find(|e| e.reason == "unschedulable")
-        .unwrap()
-        .clone();
+    let pending = w.seen.lifecycle.iter().find(told).unwrap().clone();
     assert!(
         pending
             .status
@@ -248,6 +243,14 @@ async fn an_oversized_job_gets_a_pending_reason_then_fails_at_the_queue_timeout(
     );
     let details = pending.pending.expect("pending details");
     assert_eq!((details.unschedulable_pods, details.total_pods), (2, 2));
+    assert!(details.never_fits, "{details:?}");
+    assert!(
+        pending
+            .status
+            .contains("it can never start on this cluster: no node has enough CPU"),
+        "{}",
+        pending.status
+    );
     let before = w.seen.of("m4").lifecycle.len();
     w.advance(300);
     w.settle(Duration::from_millis(300)).await;
@@ -598,6 +601,90 @@ async fn an_end_the_kubelet_reports_late_is_charged_to_the_real_end() {
     assert_eq!(ticks[0].duration_ms, 59_000);
     assert!(ticks[0].r#final);
     check_ticks("lag1", &ticks, start, end);
+    runner.stop().await;
+    w.close().await;
+}
+
+/// A job behind a running one is told, with its first status, when it will start: the running job's
+/// persisted expiry (its time limit from its real start). The estimate is not told again while it holds,
+/// and the job starts at or before it when the job ahead ends early.
+#[tokio::test]
+async fn a_waiting_job_is_told_when_it_will_start() {
+    let mut w = World::start(
+        "mon-estimate",
+        |_| {},
+        |s| {
+            s.nodes = vec![volcano_runner::sim::NodeSpec {
+                name: "only".into(),
+                cpu: "16".into(),
+                memory: "128Gi".into(),
+                gpus: 0,
+                max_pods: 110,
+                labels: Default::default(),
+                taints: Vec::new(),
+            }]
+        },
+    )
+    .await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let sized = |id: &str, cpu: u32, script: &str| {
+        let mut j = job(id, script);
+        j.product.as_mut().unwrap().cpu = cpu;
+        j
+    };
+    // Ends after 20 minutes of its 60.
+    w.submit(&sized("est-a", 16, "sleep 1200")).await;
+    w.advance(1);
+    w.until("RUNNING of the job ahead", |s| {
+        s.event("est-a/RUNNING").is_some()
+    })
+    .await;
+    let expiry = w.seen.event("est-a/RUNNING").unwrap().expires_at.unwrap();
+    w.submit(&sized("est-b", 8, "sleep 10")).await;
+    w.advance(5);
+    w.until("the waiting job's status", |s| {
+        s.of("est-b").lifecycle.iter().any(|e| e.pending.is_some())
+    })
+    .await;
+    let status = w
+        .seen
+        .of("est-b")
+        .lifecycle
+        .into_iter()
+        .find(|e| e.pending.is_some())
+        .unwrap();
+    let pending = status.pending.unwrap();
+    assert_eq!(
+        pending.estimated_start_at,
+        Some(expiry),
+        "the job ahead's expiry: {pending:?}"
+    );
+    assert!(
+        pending
+            .estimate_basis
+            .contains("1 of 1 running jobs end by then"),
+        "{}",
+        pending.estimate_basis
+    );
+    let told = w.seen.of("est-b").lifecycle.len();
+    w.advance(120);
+    w.settle(Duration::from_millis(500)).await;
+    assert_eq!(
+        w.seen.of("est-b").lifecycle.len(),
+        told,
+        "an estimate that holds is not told again"
+    );
+    w.advance(1100);
+    w.until("RUNNING of the waiting job", |s| {
+        s.event("est-b/RUNNING").is_some()
+    })
+    .await;
+    let started = w.seen.event("est-b/RUNNING").unwrap().started_at.unwrap();
+    assert!(
+        started.seconds <= expiry.seconds,
+        "started {started:?}, promised by {expiry:?}"
+    );
     runner.stop().await;
     w.close().await;
 }

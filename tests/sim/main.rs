@@ -7,6 +7,7 @@
 mod sim_support;
 
 mod api;
+mod estimates;
 mod faults;
 mod kubectl;
 mod volcano;

@@ -1,0 +1,534 @@
+//! From what the cluster shows to start-time estimates: the waiting PodGroups of every queue, what each
+//! of their ranks asks for and how long they may run, the nodes, and what holds each node until when.
+//! Pure: the caller lists the objects and gives `now`; [`super::estimate`] does the replay.
+//!
+//! What counts, and why:
+//! - **Nodes**: every node not cordoned (`spec.unschedulable`), with its `status.allocatable` CPU,
+//!   memory and `nvidia.com/gpu`.
+//! - **What holds a node**: every pod bound to it (`spec.nodeName`) that has not ended, whoever runs it,
+//!   grouped by Volcano job. A job volcano-runner created holds until its persisted `expiry` (or, before
+//!   its start hook wrote one, now plus its `maxTime`: it started at the latest now); any other pod holds
+//!   for as long as the replay looks, so a job waiting for it gets no bound rather than a wrong one.
+//! - **Who waits**: every PodGroup that has not started (Pending or Inqueue), in the order the scheduler
+//!   tries them: created first, then namespace and name. All queues share the nodes, so the replay goes
+//!   through every queue's waiting groups in that one order; a job's position is counted in its own queue.
+//!   A gang's ranks each ask for its `minResources` divided by `minMember`; its time allocation is the
+//!   job's `maxTime` (none for other workloads, which therefore hold the nodes they get for good).
+//! - Pods of a PodGroup still waiting (Inqueue with some ranks bound) are counted with the gang, not
+//!   twice.
+
+use std::collections::{BTreeMap, HashMap};
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use serde::Serialize;
+
+use super::cache::{JobKey, job_of_group};
+use super::estimate::{self, Estimate, Node, Pending, Resources, Running};
+use super::observe;
+use crate::durable::AnnotationKeys;
+use crate::durable::annotations::parse_millis;
+use crate::quantity::parse_milli;
+use crate::volcano::{LABEL_JOB_NAME, PodGroup, VolcanoJob};
+
+/// The GPU resource name the products ask for.
+pub const GPU: &str = "nvidia.com/gpu";
+
+/// What the cluster shows, as listed.
+#[derive(Debug, Clone, Copy)]
+pub struct ClusterView<'a> {
+    pub nodes: &'a [KubeNode],
+    /// Every pod (of any workload): what is bound to a node holds it.
+    pub pods: &'a [Pod],
+    pub groups: &'a [PodGroup],
+    /// The VolcanoJobs volcano-runner manages (their annotations carry the deadlines).
+    pub jobs: &'a [VolcanoJob],
+}
+
+/// One waiting job and when it will start.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueEntry {
+    pub queue: String,
+    /// Waiting jobs ahead of it in its queue.
+    pub jobs_ahead: u32,
+    pub namespace: String,
+    pub pod_group: String,
+    /// Its VolcanoJob, when one controls the PodGroup.
+    pub job: Option<String>,
+    /// The orchestrator's job id, for jobs volcano-runner created.
+    pub job_id: Option<String>,
+    pub ranks: u32,
+    pub per_rank: RankResources,
+    /// Its time allocation in seconds; `None`: no time limit.
+    pub time_allocation_s: Option<i64>,
+    /// `Pending` (not yet admitted to its queue) or `Inqueue` (admitted, waiting for its gang to fit).
+    pub phase: String,
+    /// The scheduler's latest word on why it waits (the PodGroup's `Unschedulable` condition).
+    pub scheduler_message: Option<String>,
+    pub estimate: EstimateView,
+}
+
+/// [`Resources`] as printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RankResources {
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+    pub gpu: u64,
+}
+
+impl From<Resources> for RankResources {
+    fn from(r: Resources) -> Self {
+        Self {
+            cpu_milli: r.cpu_milli,
+            memory_mib: r.memory_mib,
+            gpu: r.gpu,
+        }
+    }
+}
+
+/// An [`Estimate`] as printed: `kind` is `at` (with `startAt`), `never` or `unbounded`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EstimateView {
+    pub kind: &'static str,
+    /// RFC 3339; only for `at`.
+    pub start_at: Option<String>,
+    /// One line: why this time, or why none.
+    pub basis: String,
+}
+
+impl From<&Estimate> for EstimateView {
+    fn from(e: &Estimate) -> Self {
+        match e {
+            Estimate::At { start, basis } => Self {
+                kind: "at",
+                start_at: Some(start.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
+                basis: basis.clone(),
+            },
+            Estimate::Never { why } => Self {
+                kind: "never",
+                start_at: None,
+                basis: why.clone(),
+            },
+            Estimate::Unbounded { why } => Self {
+                kind: "unbounded",
+                start_at: None,
+                basis: why.clone(),
+            },
+        }
+    }
+}
+
+/// CPU in millicores, memory in MiB (rounded up), GPUs: of one quantity map.
+fn resources_of(map: &BTreeMap<String, Quantity>) -> Resources {
+    let milli = |name: &str| {
+        map.get(name)
+            .and_then(|q| parse_milli(&q.0))
+            .unwrap_or(0)
+            .max(0)
+    };
+    let mib = 1024 * 1024 * 1000;
+    Resources {
+        cpu_milli: u64::try_from(milli("cpu")).unwrap_or(u64::MAX),
+        memory_mib: u64::try_from((milli("memory") + mib - 1) / mib).unwrap_or(u64::MAX),
+        gpu: u64::try_from((milli(GPU) + 999) / 1000).unwrap_or(u64::MAX),
+    }
+}
+
+/// What a pod asks for: its containers' requests added up (limits where a request is missing), at least
+/// its largest init container, as the scheduler counts it.
+fn pod_requests(pod: &Pod) -> Resources {
+    let Some(spec) = &pod.spec else {
+        return Resources::default();
+    };
+    let of = |c: &k8s_openapi::api::core::v1::Container| {
+        let mut map = c
+            .resources
+            .as_ref()
+            .and_then(|r| r.limits.clone())
+            .unwrap_or_default();
+        if let Some(requests) = c.resources.as_ref().and_then(|r| r.requests.as_ref()) {
+            map.extend(requests.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        resources_of(&map)
+    };
+    let mut total = Resources::default();
+    for c in &spec.containers {
+        let r = of(c);
+        total.cpu_milli += r.cpu_milli;
+        total.memory_mib += r.memory_mib;
+        total.gpu += r.gpu;
+    }
+    for c in spec.init_containers.iter().flatten() {
+        let r = of(c);
+        total.cpu_milli = total.cpu_milli.max(r.cpu_milli);
+        total.memory_mib = total.memory_mib.max(r.memory_mib);
+        total.gpu = total.gpu.max(r.gpu);
+    }
+    total
+}
+
+/// Whether a pod still holds its node: bound and not ended.
+fn holds_a_node(pod: &Pod) -> Option<&str> {
+    let node = pod.spec.as_ref()?.node_name.as_deref()?;
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    (!matches!(phase, Some("Succeeded" | "Failed"))).then_some(node)
+}
+
+fn millis_annotation(job: &VolcanoJob, key: &str) -> Option<i64> {
+    job.metadata
+        .annotations
+        .as_ref()?
+        .get(key)?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The waiting jobs of every queue with their estimates, queue by queue in queue order.
+pub fn forecast(view: ClusterView<'_>, keys: &AnnotationKeys, now: Timestamp) -> Vec<QueueEntry> {
+    let nodes: Vec<Node> = view
+        .nodes
+        .iter()
+        .filter_map(|n| {
+            node(
+                n.metadata.name.as_deref().unwrap_or_default(),
+                n.spec
+                    .as_ref()
+                    .and_then(|s| s.unschedulable)
+                    .unwrap_or(false),
+                n.status.as_ref().and_then(|s| s.allocatable.as_ref()),
+            )
+        })
+        .collect();
+    let node_index: HashMap<&str, usize> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.name.as_str(), i))
+        .collect();
+    let jobs: HashMap<JobKey, &VolcanoJob> = view
+        .jobs
+        .iter()
+        .map(|j| (JobKey::of(&j.metadata), j))
+        .collect();
+
+    let mut waiting: Vec<&PodGroup> = view
+        .groups
+        .iter()
+        .filter(|pg| observe::is_waiting(pg))
+        .collect();
+    waiting.sort_by_key(|pg| {
+        (
+            pg.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            pg.metadata.namespace.clone(),
+            pg.metadata.name.clone(),
+        )
+    });
+    let waiting_jobs: std::collections::HashSet<JobKey> =
+        waiting.iter().filter_map(|pg| job_of_group(pg)).collect();
+
+    // What holds each node: pods grouped by their Volcano job (or alone), with the job's deadline.
+    let mut holders: BTreeMap<(String, String), Running> = BTreeMap::new();
+    for pod in view.pods {
+        let Some(node) = holds_a_node(pod).and_then(|n| node_index.get(n)) else {
+            continue;
+        };
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let job_name = pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_JOB_NAME))
+            .cloned();
+        let job = job_name.as_ref().map(|name| JobKey {
+            namespace: namespace.clone(),
+            name: name.clone(),
+        });
+        if job.as_ref().is_some_and(|j| waiting_jobs.contains(j)) {
+            continue;
+        }
+        let ends_by = job
+            .as_ref()
+            .and_then(|j| jobs.get(j))
+            .and_then(|j| deadline(j, keys, now));
+        let id = (
+            namespace,
+            job_name
+                .unwrap_or_else(|| format!("pod/{}", pod.metadata.name.as_deref().unwrap_or(""))),
+        );
+        holders
+            .entry(id)
+            .or_insert_with(|| Running {
+                ranks: Vec::new(),
+                ends_by,
+            })
+            .ranks
+            .push((*node, pod_requests(pod)));
+    }
+    let running: Vec<Running> = holders.into_values().collect();
+
+    let pending: Vec<Pending> = waiting
+        .iter()
+        .map(|pg| {
+            let job = job_of_group(pg).and_then(|k| jobs.get(&k).copied());
+            pending_gang(pg, job, keys)
+        })
+        .collect();
+    let estimates = estimate::estimate(&nodes, &running, &pending, now);
+
+    let mut ahead: HashMap<String, u32> = HashMap::new();
+    let mut out: Vec<QueueEntry> = waiting
+        .iter()
+        .zip(pending.iter().zip(&estimates))
+        .map(|(pg, (p, e))| {
+            let queue = observe::queue_of(pg);
+            let position = ahead.entry(queue.clone()).or_default();
+            let jobs_ahead = *position;
+            *position += 1;
+            let job = job_of_group(pg);
+            QueueEntry {
+                queue,
+                jobs_ahead,
+                namespace: pg.metadata.namespace.clone().unwrap_or_default(),
+                pod_group: pg.metadata.name.clone().unwrap_or_default(),
+                job_id: job.as_ref().and_then(|k| k.job_id()).map(str::to_owned),
+                job: job.map(|k| k.name),
+                ranks: p.replicas,
+                per_rank: p.per_rank.into(),
+                time_allocation_s: p.runs_for.map(|d| d.as_secs()),
+                phase: pg
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.phase.as_ref())
+                    .map_or_else(|| "Pending".to_owned(), |p| p.as_str().to_owned()),
+                scheduler_message: pg.status.as_ref().and_then(|s| {
+                    s.conditions
+                        .iter()
+                        .rev()
+                        .find(|c| c.type_ == "Unschedulable" && c.status == "True")
+                        .and_then(|c| c.message.clone())
+                }),
+                estimate: e.into(),
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| a.queue.cmp(&b.queue).then(a.jobs_ahead.cmp(&b.jobs_ahead)));
+    out
+}
+
+/// A node the replay may place ranks on; `None` for a cordoned node.
+pub fn node(
+    name: &str,
+    unschedulable: bool,
+    allocatable: Option<&BTreeMap<String, Quantity>>,
+) -> Option<Node> {
+    (!unschedulable).then(|| Node {
+        name: name.to_owned(),
+        allocatable: allocatable.map(resources_of).unwrap_or_default(),
+    })
+}
+
+/// What one rank of a PodGroup's gang asks for (`minResources` / `minMember`) and how many ranks.
+pub fn gang(pg: &PodGroup) -> (u32, Resources) {
+    let members = u32::try_from(pg.spec.min_member.unwrap_or(1).max(1)).unwrap_or(1);
+    let total = resources_of(&pg.spec.min_resources);
+    let n = u64::from(members);
+    (
+        members,
+        Resources {
+            cpu_milli: total.cpu_milli.div_ceil(n),
+            memory_mib: total.memory_mib.div_ceil(n),
+            gpu: total.gpu.div_ceil(n),
+        },
+    )
+}
+
+/// A waiting PodGroup as the replay takes it; `job` is its VolcanoJob when volcano-runner made it (its
+/// `maxTime` is the gang's time allocation; without one it holds what it gets for good).
+pub fn pending_gang(pg: &PodGroup, job: Option<&VolcanoJob>, keys: &AnnotationKeys) -> Pending {
+    let (replicas, per_rank) = gang(pg);
+    Pending {
+        job_id: pg.metadata.name.clone().unwrap_or_default(),
+        replicas,
+        per_rank,
+        runs_for: job
+            .and_then(|j| millis_annotation(j, &keys.max_time))
+            .map(SignedDuration::from_millis),
+    }
+}
+
+/// When a running job volcano-runner created ends at the latest: its persisted expiry, or, before the
+/// start hook wrote one, now plus its time allocation. `None`: no time limit.
+pub fn deadline(job: &VolcanoJob, keys: &AnnotationKeys, now: Timestamp) -> Option<Timestamp> {
+    let annotations = job.metadata.annotations.as_ref()?;
+    if let Some(expiry) = annotations.get(&keys.expiry).and_then(|v| parse_millis(v)) {
+        return Some(expiry);
+    }
+    let max_time = millis_annotation(job, &keys.max_time)?;
+    now.checked_add(SignedDuration::from_millis(max_time)).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn keys() -> AnnotationKeys {
+        AnnotationKeys::new("ucloud.dk/")
+    }
+
+    fn t(s: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + s).unwrap()
+    }
+
+    fn node(name: &str, cpu: &str, gpus: u32) -> KubeNode {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "status": {"allocatable": {"cpu": cpu, "memory": "64Gi", GPU: gpus.to_string()}}
+        }))
+        .unwrap()
+    }
+
+    fn job(name: &str, annotations: serde_json::Value) -> VolcanoJob {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns", "annotations": annotations},
+            "spec": {"tasks": []}
+        }))
+        .unwrap()
+    }
+
+    fn group(job: &str, created: i64, phase: &str, members: i32, cpu: &str) -> PodGroup {
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": format!("{job}-pg"), "namespace": "ns",
+                "creationTimestamp": t(created).strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+                "ownerReferences": [{"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+                                     "name": job, "uid": "u", "controller": true}]
+            },
+            "spec": {"minMember": members, "queue": "q", "minResources": {"cpu": cpu, "memory": "8Gi"}},
+            "status": {"phase": phase}
+        }))
+        .unwrap()
+    }
+
+    fn pod(job: &str, node: &str, cpu: &str, phase: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("{job}-0"), "namespace": "ns",
+                         "labels": {LABEL_JOB_NAME: job}},
+            "spec": {"nodeName": node, "containers": [{"name": "c",
+                     "resources": {"requests": {"cpu": cpu, "memory": "4Gi"}}}]},
+            "status": {"phase": phase}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_waiting_gang_starts_when_the_running_job_it_needs_reaches_its_expiry() {
+        let nodes = [node("a", "16", 0), node("b", "16", 0)];
+        let jobs = [
+            job(
+                "j-run",
+                json!({"ucloud.dk/expiry": (t(600).as_millisecond()).to_string()}),
+            ),
+            job("j-wait", json!({"ucloud.dk/maxTime": "3600000"})),
+        ];
+        let groups = [
+            group("j-run", 0, "Running", 1, "16"),
+            group("j-wait", 10, "Inqueue", 2, "32"),
+        ];
+        let pods = [
+            pod("j-run", "a", "16", "Running"),
+            // Ended: holds nothing.
+            pod("j-old", "b", "16", "Succeeded"),
+        ];
+        let view = ClusterView {
+            nodes: &nodes,
+            pods: &pods,
+            groups: &groups,
+            jobs: &jobs,
+        };
+        let out = forecast(view, &keys(), t(100));
+        assert_eq!(out.len(), 1, "only the waiting group: {out:?}");
+        let e = &out[0];
+        assert_eq!((e.job_id.as_deref(), e.ranks), (Some("wait"), 2));
+        assert_eq!(e.per_rank.cpu_milli, 16_000);
+        assert_eq!(e.per_rank.memory_mib, 4096);
+        assert_eq!(e.time_allocation_s, Some(3600));
+        assert_eq!(e.estimate.kind, "at");
+        assert_eq!(
+            e.estimate.start_at.as_deref(),
+            Some(t(600).strftime("%Y-%m-%dT%H:%M:%SZ").to_string().as_str())
+        );
+    }
+
+    #[test]
+    fn a_pod_of_another_workload_holds_its_node_without_a_bound() {
+        let nodes = [node("a", "16", 0)];
+        let groups = [group("j-wait", 10, "Pending", 1, "16")];
+        let pods = [pod("someone-else", "a", "8", "Running")];
+        let view = ClusterView {
+            nodes: &nodes,
+            pods: &pods,
+            groups: &groups,
+            jobs: &[],
+        };
+        let out = forecast(view, &keys(), t(100));
+        assert_eq!(out[0].estimate.kind, "unbounded", "{out:?}");
+    }
+
+    #[test]
+    fn positions_count_within_a_queue_and_a_job_too_big_says_never() {
+        let nodes = [node("a", "16", 0)];
+        let mut other = group("j-other", 5, "Pending", 1, "1");
+        other.spec.queue = Some("other".into());
+        let groups = [
+            group("j-1", 10, "Pending", 1, "4"),
+            other,
+            group("j-2", 20, "Pending", 1, "64"),
+        ];
+        let view = ClusterView {
+            nodes: &nodes,
+            pods: &[],
+            groups: &groups,
+            jobs: &[],
+        };
+        let out = forecast(view, &keys(), t(100));
+        let pos: Vec<(&str, u32, &str)> = out
+            .iter()
+            .map(|e| (e.pod_group.as_str(), e.jobs_ahead, e.estimate.kind))
+            .collect();
+        assert_eq!(
+            pos,
+            [
+                ("j-other-pg", 0, "at"),
+                ("j-1-pg", 0, "at"),
+                ("j-2-pg", 1, "never")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_running_job_before_its_start_hook_is_bounded_by_now_plus_its_allocation() {
+        let nodes = [node("a", "16", 0)];
+        let jobs = [job("j-run", json!({"ucloud.dk/maxTime": "60000"}))];
+        let groups = [
+            group("j-run", 0, "Running", 1, "16"),
+            group("j-wait", 10, "Pending", 1, "16"),
+        ];
+        let pods = [pod("j-run", "a", "16", "Running")];
+        let view = ClusterView {
+            nodes: &nodes,
+            pods: &pods,
+            groups: &groups,
+            jobs: &jobs,
+        };
+        let out = forecast(view, &keys(), t(100));
+        assert_eq!(
+            out[0].estimate.start_at.as_deref(),
+            Some(t(160).strftime("%Y-%m-%dT%H:%M:%SZ").to_string().as_str())
+        );
+    }
+}
