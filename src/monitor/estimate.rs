@@ -131,6 +131,7 @@ pub fn estimate(
 ) -> Vec<Estimate> {
     let mut free: Vec<Resources> = nodes.iter().map(|n| n.allocatable).collect();
     let largest = largest_node(nodes);
+    let types = node_types(nodes);
     // What each job holds (running first, then pending ones as they are placed) and when it ends.
     let mut holdings: Vec<Vec<(usize, Resources)>> =
         Vec::with_capacity(running.len() + pending.len());
@@ -169,7 +170,7 @@ pub fn estimate(
     let mut blocked: Option<String> = None;
     let mut out = Vec::with_capacity(pending.len());
     for job in pending {
-        if let Some(why) = never(job, nodes, &largest) {
+        if let Some(why) = never(job, &types, &largest) {
             out.push(Estimate::Never { why });
             continue;
         }
@@ -181,7 +182,8 @@ pub fn estimate(
             // The whole gang within what is free in all is necessary for a placement, and cheap to
             // check: a gang that waits for many ends is not placed node by node after each of them.
             if job.per_rank.times(job.replicas).fits_in(&total)
-                && let Some(placement) = place(job, &free, nodes)
+                && (job.replicas == 1 || gang_fits(job, &free))
+                && let Some(placement) = place(job, &mut free, nodes)
             {
                 break Some(placement);
             }
@@ -219,8 +221,7 @@ pub fn estimate(
             out.push(Estimate::Unbounded { why });
             continue;
         };
-        for (node, r) in &placement {
-            r.take_from(&mut free[*node]);
+        for (_, r) in &placement {
             r.take_from(&mut total);
         }
         let basis = basis(cursor, now, released_running, running.len(), placed_ahead);
@@ -253,20 +254,47 @@ fn largest_node(nodes: &[Node]) -> Resources {
     })
 }
 
-/// Why the job can never run on these nodes, even all empty.
-fn never(job: &Pending, nodes: &[Node], largest: &Resources) -> Option<String> {
+/// The distinct node sizes and how many nodes have each: a cluster has a handful of node types, so "can
+/// it ever fit" is answered per type, not per node.
+fn node_types(nodes: &[Node]) -> Vec<(Resources, u64)> {
+    let mut types: Vec<(Resources, u64)> = Vec::new();
+    for n in nodes {
+        match types.iter_mut().find(|(r, _)| *r == n.allocatable) {
+            Some((_, count)) => *count += 1,
+            None => types.push((n.allocatable, 1)),
+        }
+    }
+    types
+}
+
+/// How many ranks of this size a node with `room` holds at once (`u64::MAX` for a rank that asks for
+/// nothing).
+fn ranks_in(rank: &Resources, room: &Resources) -> u64 {
+    let per = |want: u64, have: u64| if want == 0 { u64::MAX } else { have / want };
+    per(rank.cpu_milli, room.cpu_milli)
+        .min(per(rank.memory_mib, room.memory_mib))
+        .min(per(rank.gpu, room.gpu))
+}
+
+/// Why the job can never run on these nodes, even all empty. Ranks are alike, so the gang fits an empty
+/// cluster exactly when the nodes together hold `replicas` of them, whatever the order of placement.
+fn never(job: &Pending, types: &[(Resources, u64)], largest: &Resources) -> Option<String> {
     if job.replicas == 0 {
         return None;
     }
-    if !nodes.iter().any(|n| job.per_rank.fits_in(&n.allocatable)) {
+    let holds =
+        |(room, count): &(Resources, u64)| ranks_in(&job.per_rank, room).saturating_mul(*count);
+    if !types.iter().any(|t| holds(t) > 0) {
         let what = job.per_rank.shortage(largest).unwrap_or("resources");
         return Some(format!(
             "no node has enough {what} for one rank ({} mCPU, {} MiB, {} GPUs)",
             job.per_rank.cpu_milli, job.per_rank.memory_mib, job.per_rank.gpu
         ));
     }
-    let empty: Vec<Resources> = nodes.iter().map(|n| n.allocatable).collect();
-    if place(job, &empty, nodes).is_none() {
+    let held = types
+        .iter()
+        .fold(0u64, |sum, t| sum.saturating_add(holds(t)));
+    if held < u64::from(job.replicas) {
         return Some(format!(
             "the cluster cannot hold all {} ranks at once, even when empty",
             job.replicas
@@ -275,22 +303,35 @@ fn never(job: &Pending, nodes: &[Node], largest: &Resources) -> Option<String> {
     None
 }
 
-/// Places every rank of the gang, one at a time, on the node with room whose CPU is least taken (ties:
-/// the first), as Volcano's `nodeorder` plugin (least requested) and the simulator spread ranks; `None`
-/// when the gang does not fit now. Following the scheduler's spreading matters: packing where it spreads
-/// would promise a whole free node that the real placement has split between two jobs.
-fn place(job: &Pending, free: &[Resources], nodes: &[Node]) -> Option<Vec<(usize, Resources)>> {
-    if job.replicas == 1 {
-        return Some(vec![(
-            least_taken(&job.per_rank, free, nodes)?,
-            job.per_rank,
-        )]);
+/// Whether the gang can fit now, counted without placing: every node's room for ranks of this size
+/// together. Cheaper than a placement that fails, and exact (ranks are alike).
+fn gang_fits(job: &Pending, free: &[Resources]) -> bool {
+    let want = u64::from(job.replicas);
+    let mut held = 0u64;
+    for f in free.iter().filter(|f| job.per_rank.fits_in(f)) {
+        held = held.saturating_add(ranks_in(&job.per_rank, f));
+        if held >= want {
+            return true;
+        }
     }
-    let mut room = free.to_vec();
+    false
+}
+
+/// Places every rank of the gang, one at a time, on the node with room whose CPU is least taken (ties:
+/// the first), as Volcano's `nodeorder` plugin (least requested) and the simulator spread ranks, and
+/// takes what it places from `free`; `None`, with `free` as it was, when the gang does not fit now.
+/// Following the scheduler's spreading matters: packing where it spreads would promise a whole free node
+/// that the real placement has split between two jobs.
+fn place(job: &Pending, free: &mut [Resources], nodes: &[Node]) -> Option<Vec<(usize, Resources)>> {
     let mut placement = Vec::with_capacity(job.replicas as usize);
     for _ in 0..job.replicas {
-        let node = least_taken(&job.per_rank, &room, nodes)?;
-        job.per_rank.take_from(&mut room[node]);
+        let Some(node) = least_taken(&job.per_rank, free, nodes) else {
+            for (node, r) in &placement {
+                Resources::give_back(r, &mut free[*node]);
+            }
+            return None;
+        };
+        job.per_rank.take_from(&mut free[node]);
         placement.push((node, job.per_rank));
     }
     Some(placement)
@@ -299,24 +340,18 @@ fn place(job: &Pending, free: &[Resources], nodes: &[Node]) -> Option<Vec<(usize
 /// The node where `rank` fits whose CPU is least taken (the first of equals).
 fn least_taken(rank: &Resources, free: &[Resources], nodes: &[Node]) -> Option<usize> {
     // Taken fractions compared without division: taken_i / cap_i < taken_j / cap_j.
-    let taken = |i: usize| {
-        let cap = nodes[i].allocatable.cpu_milli.max(1);
-        (
-            u128::from(cap.saturating_sub(free[i].cpu_milli)),
-            u128::from(cap),
-        )
-    };
-    let mut best: Option<(usize, (u128, u128))> = None;
+    let mut best: Option<(usize, u128, u128)> = None;
     for (i, f) in free.iter().enumerate() {
         if !rank.fits_in(f) {
             continue;
         }
-        let (t, c) = taken(i);
-        if best.is_none_or(|(_, (bt, bc))| t * bc < bt * c) {
-            best = Some((i, (t, c)));
+        let cap = nodes[i].allocatable.cpu_milli.max(1);
+        let (t, c) = (u128::from(cap.saturating_sub(f.cpu_milli)), u128::from(cap));
+        if best.is_none_or(|(_, bt, bc)| t * bc < bt * c) {
+            best = Some((i, t, c));
         }
     }
-    best.map(|(i, _)| i)
+    best.map(|(i, _, _)| i)
 }
 
 /// The one-line basis of an estimate.
@@ -576,12 +611,9 @@ mod tests {
                 }
             });
             while next < jobs.len() {
-                let Some(p) = place(&jobs[next], &free, &cluster) else {
+                let Some(p) = place(&jobs[next], &mut free, &cluster) else {
                     break;
                 };
-                for (n, x) in &p {
-                    x.take_from(&mut free[*n]);
-                }
                 assert!(
                     t(second) <= start(&estimates[next]),
                     "{} started at {second}, after its estimate {:?}",
