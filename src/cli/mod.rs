@@ -5,6 +5,7 @@ pub mod bench;
 pub mod cancel;
 pub mod events;
 pub mod extend;
+pub mod logs;
 pub mod render;
 pub mod run;
 pub mod sim;
@@ -47,6 +48,8 @@ pub enum Command {
     Extend(extend::Args),
     /// Print the events runners publish, one line each, as they happen.
     Events(events::Args),
+    /// Print the output of every rank of a job, interleaved in time order with a rank prefix.
+    Logs(logs::Args),
     /// Pause or resume submissions on every runner; show queues, active jobs and lease holders.
     Admin(admin::Args),
     /// The end-to-end load benchmark: the broker's and the simulator's limits, then N submissions through
@@ -74,6 +77,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Cancel(args) => cancel::run(args, cli.config.as_deref()).await,
         Command::Extend(args) => extend::run(args, cli.config.as_deref()).await,
         Command::Events(args) => events::run(args, cli.config.as_deref()).await,
+        Command::Logs(args) => logs::run(args, cli.config.as_deref()).await,
         Command::Admin(args) => admin::run(args, cli.config.as_deref()).await,
         Command::Bench(args) => bench::run(args, cli.config.as_deref()).await,
     }

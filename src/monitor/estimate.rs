@@ -270,7 +270,7 @@ fn node_types(nodes: &[Node]) -> Vec<(Resources, u64)> {
 /// How many ranks of this size a node with `room` holds at once (`u64::MAX` for a rank that asks for
 /// nothing).
 fn ranks_in(rank: &Resources, room: &Resources) -> u64 {
-    let per = |want: u64, have: u64| if want == 0 { u64::MAX } else { have / want };
+    let per = |want: u64, have: u64| have.checked_div(want).unwrap_or(u64::MAX);
     per(rank.cpu_milli, room.cpu_milli)
         .min(per(rank.memory_mib, room.memory_mib))
         .min(per(rank.gpu, room.gpu))

@@ -11,6 +11,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::Response;
+use jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
@@ -789,7 +790,48 @@ struct LogRequest {
     name: String,
     container: Option<String>,
     timestamps: bool,
+    /// The first instant shown, fixed when the request arrives so that a followed log only grows.
+    since: Option<Timestamp>,
     default_run: Duration,
+}
+
+/// Where a log starts: `sinceSeconds` counts back from the server's clock when the log is read (the
+/// simulated clock, which may run ahead of the caller's), `sinceTime` is an instant.
+#[derive(Clone, Copy)]
+enum Since {
+    Start,
+    SecondsAgo(i64),
+    Time(Timestamp),
+}
+
+impl Since {
+    fn parse(params: &Params) -> Result<Self, ApiError> {
+        match (params.get("sinceSeconds"), params.get("sinceTime")) {
+            (Some(_), Some(_)) => Err(ApiError::bad_request(
+                "at most one of sinceTime or sinceSeconds may be specified".to_string(),
+            )),
+            (Some(s), None) => match s.parse::<i64>() {
+                Ok(n) if n > 0 => Ok(Self::SecondsAgo(n)),
+                _ => Err(ApiError::bad_request(format!(
+                    "sinceSeconds: Invalid value: {s:?}: must be greater than 0"
+                ))),
+            },
+            (None, Some(t)) => t.parse::<Timestamp>().map(Self::Time).map_err(|_| {
+                ApiError::bad_request(format!(
+                    "sinceTime: Invalid value: {t:?}: not an RFC 3339 time"
+                ))
+            }),
+            (None, None) => Ok(Self::Start),
+        }
+    }
+
+    fn at(self, now: Timestamp) -> Option<Timestamp> {
+        match self {
+            Self::Start => None,
+            Self::SecondsAgo(n) => Some(now - SignedDuration::from_secs(n)),
+            Self::Time(t) => Some(t),
+        }
+    }
 }
 
 impl LogRequest {
@@ -802,6 +844,7 @@ impl LogRequest {
             self.default_run,
             c.core.now,
             self.timestamps,
+            self.since,
         )?;
         let container = self.container.clone().or_else(|| {
             pod.at("/spec/containers/0/name")
@@ -825,14 +868,19 @@ fn pod_log(
     ns: &str,
     params: &Params,
 ) -> Result<Response, ApiError> {
-    let req = LogRequest {
+    let since = Since::parse(params)?;
+    let mut req = LogRequest {
         namespace: ns.to_string(),
         name: p.name.clone().unwrap_or_default(),
         container: params.get("container").map(String::from),
         timestamps: params.flag("timestamps"),
+        since: None,
         default_run: shared.settings.default_run,
     };
-    let (text, done) = shared.with(|c| req.render(c))?;
+    let (text, done) = shared.with(|c| {
+        req.since = since.at(c.core.now);
+        req.render(c)
+    })?;
     let first = match params
         .get("tailLines")
         .and_then(|t| t.parse::<usize>().ok())

@@ -363,6 +363,19 @@ async fn the_readme_drive_by_hand_lines_work_as_printed() {
                     "the extension by 30 minutes is reported: {out}"
                 );
             }
+            "logs" => {
+                shell.wait_for("RUNNING of 4817", |out, _| {
+                    !event_lines(out, "4817", "RUNNING").is_empty()
+                });
+                let before = shell.stdout().len();
+                assert_eq!(shell.run(line), 0, "{line}: {}", shell.stderr());
+                let printed = shell.stdout()[before..].to_owned();
+                assert!(
+                    printed.contains("[rank 0] "),
+                    "{line} printed the job's output: {printed} {}",
+                    shell.stderr()
+                );
+            }
             "cancel" => {
                 assert_eq!(shell.run(line), 0, "{line}");
                 let out = shell.wait_for("CANCELLED of 4817", |out, _| {
@@ -404,6 +417,7 @@ async fn the_readme_drive_by_hand_lines_work_as_printed() {
             "events",
             "submit",
             "extend",
+            "logs",
             "cancel",
             "admin",
             "admin queue"

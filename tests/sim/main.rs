@@ -10,5 +10,6 @@ mod api;
 mod estimates;
 mod faults;
 mod kubectl;
+mod logs;
 mod volcano;
 mod watch;

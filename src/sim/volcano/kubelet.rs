@@ -602,6 +602,7 @@ pub fn pod_log(
     default_run: Duration,
     now: Timestamp,
     timestamps: bool,
+    since: Option<Timestamp>,
 ) -> Result<String, ApiError> {
     let pod_name = name_of(pod);
     let specs: Vec<Value> = containers(pod, "containers")
@@ -675,6 +676,9 @@ pub fn pod_log(
         let at = after(started, offset);
         if at > until {
             break;
+        }
+        if since.is_some_and(|since| at < since) {
+            continue;
         }
         if timestamps {
             out.push_str(&at.strftime("%Y-%m-%dT%H:%M:%S.%9fZ ").to_string());

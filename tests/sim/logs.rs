@@ -1,0 +1,164 @@
+//! `volcano-runner logs`: every rank's log through the API, interleaved with a rank prefix, against the
+//! simulator's kubelet (which serves pod logs with timestamps, `sinceSeconds` and `follow`).
+
+use std::process::Output;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::PostParams;
+use std::io::BufRead;
+
+use volcano_runner::sim::SimHandle;
+
+use crate::sim_support::{dynamic, eventually, gang_job, jobs, namespace, start_with};
+
+const NS: &str = "logs";
+
+fn logs(sim: &SimHandle, args: &[&str]) -> Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_volcano-runner"))
+        .args(["logs", "--cluster", &sim.url()])
+        .args(args)
+        .output()
+        .expect("logs runs")
+}
+
+fn stdout_lines(out: &Output) -> Vec<String> {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+async fn pod_phase(pods: &Api<Pod>, name: &str) -> String {
+    pods.get_opt(name)
+        .await
+        .unwrap()
+        .and_then(|p| p.status)
+        .and_then(|s| s.phase)
+        .unwrap_or_default()
+}
+
+async fn start_gang(sim: &SimHandle, client: &kube::Client, name: &str, script: &str) {
+    jobs(client, NS)
+        .create(
+            &PostParams::default(),
+            &dynamic(gang_job(name, NS, 2, "1", &["sh", "-c", script])),
+        )
+        .await
+        .unwrap();
+    sim.advance(Duration::from_secs(1));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    for rank in 0..2 {
+        let pod = format!("{name}-job-{rank}");
+        eventually(&format!("{pod} running"), || async {
+            pod_phase(&pods, &pod).await == "Running"
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ranks_of_a_job_are_read_together_in_time_order() {
+    let (sim, client) = start_with(|c| c.pod_start_delay = Duration::ZERO).await;
+    namespace(&client, NS).await;
+    start_gang(&sim, &client, "j-mpi", "echo hello; sleep 30; echo goodbye").await;
+    sim.advance(Duration::from_secs(40));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    eventually("both ranks done", || async {
+        pod_phase(&pods, "j-mpi-job-0").await == "Succeeded"
+            && pod_phase(&pods, "j-mpi-job-1").await == "Succeeded"
+    })
+    .await;
+
+    // Interleaved by time: one rank after the other would print hello, goodbye, hello, goodbye.
+    assert_eq!(
+        stdout_lines(&logs(&sim, &["mpi"])),
+        [
+            "[rank 0] hello",
+            "[rank 1] hello",
+            "[rank 0] goodbye",
+            "[rank 1] goodbye"
+        ]
+    );
+    assert_eq!(
+        stdout_lines(&logs(&sim, &["mpi", "--rank", "1"])),
+        ["[rank 1] hello", "[rank 1] goodbye"]
+    );
+    // By the cluster's clock, goodbye was written 10 s ago and hello 40 s ago.
+    assert_eq!(
+        stdout_lines(&logs(&sim, &["mpi", "--since", "20s"])),
+        ["[rank 0] goodbye", "[rank 1] goodbye"]
+    );
+    let stamped = stdout_lines(&logs(&sim, &["mpi", "--rank", "0", "--timestamps"]));
+    let hello_at: jiff::Timestamp = stamped[0]
+        .strip_prefix("[rank 0] ")
+        .and_then(|l| l.split_once(' '))
+        .map(|(t, text)| {
+            assert_eq!(text, "hello");
+            t.parse().unwrap()
+        })
+        .unwrap();
+    let goodbye_at: jiff::Timestamp = stamped[1][9..33].parse().unwrap();
+    assert_eq!((goodbye_at - hello_at).get_seconds(), 30, "{stamped:?}");
+
+    let wrong_rank = logs(&sim, &["mpi", "--rank", "2"]);
+    assert!(!wrong_rank.status.success());
+    assert!(
+        String::from_utf8_lossy(&wrong_rank.stderr).contains("--rank 2: job mpi has 2 rank(s)"),
+        "{}",
+        String::from_utf8_lossy(&wrong_rank.stderr)
+    );
+    let unknown = logs(&sim, &["nope"]);
+    assert!(!unknown.status.success());
+    assert!(
+        String::from_utf8_lossy(&unknown.stderr).contains("no job nope in the cluster"),
+        "{}",
+        String::from_utf8_lossy(&unknown.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn following_prints_lines_as_they_come_and_ends_with_the_job() {
+    let (sim, client) = start_with(|c| c.pod_start_delay = Duration::ZERO).await;
+    namespace(&client, NS).await;
+    start_gang(&sim, &client, "j-live", "echo one; sleep 30; echo two").await;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_volcano-runner"))
+        .args(["logs", "--cluster", &sim.url(), "live", "--follow"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("logs --follow starts");
+    // Its lines, read on a thread of their own; `None` when its output ends.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(30), rx.recv())
+            .await
+            .expect("a line, or the end, within 30 s")
+    };
+    let mut first = vec![next().await.unwrap(), next().await.unwrap()];
+    first.sort();
+    assert_eq!(first, ["[rank 0] one", "[rank 1] one"]);
+    // Nothing more until the programs go on: then the second lines come, and the command ends by itself.
+    sim.advance(Duration::from_secs(40));
+    let mut second = vec![next().await.unwrap(), next().await.unwrap()];
+    second.sort();
+    assert_eq!(second, ["[rank 0] two", "[rank 1] two"]);
+    assert_eq!(next().await, None, "no line twice");
+    // Its output has ended: the process has ended or is about to.
+    let status = child.wait().unwrap();
+    assert!(status.success());
+}
