@@ -128,6 +128,7 @@ fn estimates(c: &mut Criterion) {
         .collect();
     let pending: Vec<Pending> = (0..10_000u32)
         .map(|i| Pending {
+            exclusive: false,
             job_id: format!("p-{i}"),
             replicas: if i % 5 == 0 { 2 + i % 7 } else { 1 },
             per_rank: res(u64::from(1 + i % 16), u64::from(i % 23 == 0)),

@@ -10,6 +10,7 @@
 //! | `ownerUser`, `ownerProject` | core, at create | the owner, for accounting |
 //! | `productId`, `productCategory`, `productCpu`, `productMemoryGib`, `productGpu` | core, at create | the product |
 //! | `replicas` | core, at create | number of ranks |
+//! | `exclusiveNodes` | Task, at create | `true` when each rank has its node to itself; also a label on the pods, so that an estimate sees which running pods hold a whole node |
 //! | `application` | core, at create | `<name>@<version>` |
 //! | `submissionHash` | core, at create | `sha256:<hex>` of the SubmitJob's protobuf encoding (duplicate detection) |
 //! | `acceptedAt` | core, at create | when the runner rendered the job |
@@ -58,6 +59,8 @@ pub struct AnnotationKeys {
     pub product_gpu: String,
     /// `<prefix>replicas` (see the table above).
     pub replicas: String,
+    /// `<prefix>exclusiveNodes` (see the table above).
+    pub exclusive_nodes: String,
     /// `<prefix>application` (see the table above).
     pub application: String,
     /// `<prefix>submissionHash` (see the table above).
@@ -117,6 +120,7 @@ impl AnnotationKeys {
             product_memory_gib: k("productMemoryGib"),
             product_gpu: k("productGpu"),
             replicas: k("replicas"),
+            exclusive_nodes: k("exclusiveNodes"),
             application: k("application"),
             submission_hash: k("submissionHash"),
             accepted_at: k("acceptedAt"),

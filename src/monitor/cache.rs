@@ -1001,6 +1001,10 @@ impl Cache {
                 continue;
             }
             let (_, per_rank) = forecast::gang(&group.value);
+            let whole = self
+                .jobs
+                .get(jkey)
+                .is_some_and(|j| forecast::exclusive(&j.value, keys));
             let ranks: Vec<(usize, Resources)> = pods
                 .iter()
                 .filter(|p| {
@@ -1009,7 +1013,17 @@ impl Cache {
                         Some("Succeeded" | "Failed")
                     )
                 })
-                .filter_map(|p| index.get(p.node.as_deref()?).map(|i| (*i, per_rank)))
+                .filter_map(|p| {
+                    let i = *index.get(p.node.as_deref()?)?;
+                    Some((
+                        i,
+                        if whole {
+                            nodes[i].allocatable
+                        } else {
+                            per_rank
+                        },
+                    ))
+                })
                 .collect();
             if ranks.is_empty() {
                 continue;

@@ -101,6 +101,8 @@ pub struct Pending {
     pub per_rank: Resources,
     /// Its time allocation. `None`: no time limit.
     pub runs_for: Option<SignedDuration>,
+    /// Whole nodes: each rank needs a node nobody else uses and holds all of it.
+    pub exclusive: bool,
 }
 
 /// When a pending job will start.
@@ -182,7 +184,7 @@ pub fn estimate(
             // The whole gang within what is free in all is necessary for a placement, and cheap to
             // check: a gang that waits for many ends is not placed node by node after each of them.
             if job.per_rank.times(job.replicas).fits_in(&total)
-                && (job.replicas == 1 || gang_fits(job, &free))
+                && (job.replicas == 1 || gang_fits(job, &free, nodes))
                 && let Some(placement) = place(job, &mut free, nodes)
             {
                 break Some(placement);
@@ -277,13 +279,17 @@ fn ranks_in(rank: &Resources, room: &Resources) -> u64 {
 }
 
 /// Why the job can never run on these nodes, even all empty. Ranks are alike, so the gang fits an empty
-/// cluster exactly when the nodes together hold `replicas` of them, whatever the order of placement.
+/// cluster exactly when the nodes together hold `replicas` of them (one per node for whole nodes),
+/// whatever the order of placement.
 fn never(job: &Pending, types: &[(Resources, u64)], largest: &Resources) -> Option<String> {
     if job.replicas == 0 {
         return None;
     }
-    let holds =
-        |(room, count): &(Resources, u64)| ranks_in(&job.per_rank, room).saturating_mul(*count);
+    let holds = |(room, count): &(Resources, u64)| {
+        let each = ranks_in(&job.per_rank, room);
+        let each = if job.exclusive { each.min(1) } else { each };
+        each.saturating_mul(*count)
+    };
     if !types.iter().any(|t| holds(t) > 0) {
         let what = job.per_rank.shortage(largest).unwrap_or("resources");
         return Some(format!(
@@ -305,11 +311,20 @@ fn never(job: &Pending, types: &[(Resources, u64)], largest: &Resources) -> Opti
 
 /// Whether the gang can fit now, counted without placing: every node's room for ranks of this size
 /// together. Cheaper than a placement that fails, and exact (ranks are alike).
-fn gang_fits(job: &Pending, free: &[Resources]) -> bool {
+fn gang_fits(job: &Pending, free: &[Resources], nodes: &[Node]) -> bool {
     let want = u64::from(job.replicas);
     let mut held = 0u64;
-    for f in free.iter().filter(|f| job.per_rank.fits_in(f)) {
-        held = held.saturating_add(ranks_in(&job.per_rank, f));
+    for (i, f) in free
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| job.per_rank.fits_in(f))
+    {
+        let room = if job.exclusive {
+            u64::from(*f == nodes[i].allocatable)
+        } else {
+            ranks_in(&job.per_rank, f)
+        };
+        held = held.saturating_add(room);
         if held >= want {
             return true;
         }
@@ -322,17 +337,25 @@ fn gang_fits(job: &Pending, free: &[Resources]) -> bool {
 /// takes what it places from `free`; `None`, with `free` as it was, when the gang does not fit now.
 /// Following the scheduler's spreading matters: packing where it spreads would promise a whole free node
 /// that the real placement has split between two jobs.
+/// A rank of an exclusive job goes to the first untouched node it fits and holds all of it.
 fn place(job: &Pending, free: &mut [Resources], nodes: &[Node]) -> Option<Vec<(usize, Resources)>> {
     let mut placement = Vec::with_capacity(job.replicas as usize);
     for _ in 0..job.replicas {
-        let Some(node) = least_taken(&job.per_rank, free, nodes) else {
+        let found = if job.exclusive {
+            (0..free.len())
+                .find(|&i| free[i] == nodes[i].allocatable && job.per_rank.fits_in(&free[i]))
+                .map(|i| (i, nodes[i].allocatable))
+        } else {
+            least_taken(&job.per_rank, free, nodes).map(|i| (i, job.per_rank))
+        };
+        let Some((node, held)) = found else {
             for (node, r) in &placement {
                 Resources::give_back(r, &mut free[*node]);
             }
             return None;
         };
-        job.per_rank.take_from(&mut free[node]);
-        placement.push((node, job.per_rank));
+        held.take_from(&mut free[node]);
+        placement.push((node, held));
     }
     Some(placement)
 }
@@ -402,6 +425,7 @@ mod tests {
 
     fn pending(id: &str, replicas: u32, per_rank: Resources, secs: i64) -> Pending {
         Pending {
+            exclusive: false,
             job_id: id.into(),
             replicas,
             per_rank,
@@ -414,6 +438,42 @@ mod tests {
             Estimate::At { start, .. } => *start,
             other => panic!("not an estimate: {other:?}"),
         }
+    }
+
+    #[test]
+    fn an_exclusive_gang_waits_for_untouched_nodes_and_holds_them_whole() {
+        // One CPU in use on node 0 until 100 s; 31 of 32 CPUs are free, but not two whole nodes.
+        let running = [Running {
+            ranks: vec![(0, res(1, 0))],
+            ends_by: Some(t(100)),
+        }];
+        let mut whole = pending("whole", 2, res(1, 0), 50);
+        whole.exclusive = true;
+        let small = pending("small", 1, res(1, 0), 10);
+        let e = estimate(
+            &nodes(2, 16, 0),
+            &running,
+            &[whole.clone(), small.clone()],
+            t(0),
+        );
+        assert_eq!(start(&e[0]), t(100), "both nodes untouched only at 100 s");
+        assert_eq!(
+            start(&e[1]),
+            t(150),
+            "nothing joins a whole node while it runs"
+        );
+        // The same gang without the flag starts at once, and the small job beside it.
+        let mut shared = whole.clone();
+        shared.exclusive = false;
+        let e = estimate(&nodes(2, 16, 0), &running, &[shared, small], t(0));
+        assert_eq!((start(&e[0]), start(&e[1])), (t(0), t(0)));
+        // More whole nodes than the cluster has: never.
+        let mut three = whole;
+        three.replicas = 3;
+        assert!(matches!(
+            &estimate(&nodes(2, 16, 0), &[], &[three], t(0))[0],
+            Estimate::Never { why } if why.contains("all 3 ranks")
+        ));
     }
 
     #[test]

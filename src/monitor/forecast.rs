@@ -250,10 +250,13 @@ pub fn forecast(view: ClusterView<'_>, keys: &AnnotationKeys, now: Timestamp) ->
         if job.as_ref().is_some_and(|j| waiting_jobs.contains(j)) {
             continue;
         }
-        let ends_by = job
-            .as_ref()
-            .and_then(|j| jobs.get(j))
-            .and_then(|j| deadline(j, keys, now));
+        let managed = job.as_ref().and_then(|j| jobs.get(j));
+        let ends_by = managed.and_then(|j| deadline(j, keys, now));
+        let holds = if managed.is_some_and(|j| exclusive(j, keys)) {
+            nodes[*node].allocatable
+        } else {
+            pod_requests(pod)
+        };
         let id = (
             namespace,
             job_name
@@ -266,7 +269,7 @@ pub fn forecast(view: ClusterView<'_>, keys: &AnnotationKeys, now: Timestamp) ->
                 ends_by,
             })
             .ranks
-            .push((*node, pod_requests(pod)));
+            .push((*node, holds));
     }
     let running: Vec<Running> = holders.into_values().collect();
 
@@ -351,6 +354,7 @@ pub fn gang(pg: &PodGroup) -> (u32, Resources) {
 pub fn pending_gang(pg: &PodGroup, job: Option<&VolcanoJob>, keys: &AnnotationKeys) -> Pending {
     let (replicas, per_rank) = gang(pg);
     Pending {
+        exclusive: job.is_some_and(|j| exclusive(j, keys)),
         job_id: pg.metadata.name.clone().unwrap_or_default(),
         replicas,
         per_rank,
@@ -358,6 +362,15 @@ pub fn pending_gang(pg: &PodGroup, job: Option<&VolcanoJob>, keys: &AnnotationKe
             .and_then(|j| millis_annotation(j, &keys.max_time))
             .map(SignedDuration::from_millis),
     }
+}
+
+/// Whether the job asked for whole nodes (its ranks hold every node they run on).
+pub fn exclusive(job: &VolcanoJob, keys: &AnnotationKeys) -> bool {
+    job.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(&keys.exclusive_nodes))
+        .is_some_and(|v| v == "true")
 }
 
 /// When a running job volcano-runner created ends at the latest: its persisted expiry, or, before the

@@ -357,6 +357,7 @@ fn submit_job() -> impl Strategy<Value = v1::SubmitJob> {
             option::of(storage_path()),
             option::of(timestamp()),
             option::of(storage_path()),
+            any::<bool>(),
         ),
     )
         .prop_map(
@@ -367,7 +368,7 @@ fn submit_job() -> impl Strategy<Value = v1::SubmitJob> {
                 resources,
                 rest,
             )| {
-                let (output_folder, submitted_at, opened_file) = rest;
+                let (output_folder, submitted_at, opened_file, exclusive_nodes) = rest;
                 v1::SubmitJob {
                     job_id,
                     owner: Some(owner),
@@ -381,6 +382,7 @@ fn submit_job() -> impl Strategy<Value = v1::SubmitJob> {
                     output_folder,
                     submitted_at,
                     opened_file,
+                    exclusive_nodes,
                 }
             },
         )

@@ -151,6 +151,62 @@ fn case_01_names() {
     );
 }
 
+/// Case 31 (new, not in UCloud): whole nodes. Each rank alone on its node through a required pod
+/// anti-affinity on the host name against any Volcano job's pod in any namespace (its own other ranks
+/// included); the choice is recorded on the job and labelled on its pods; the product's resources stay.
+#[test]
+fn case_31_exclusive_nodes_new() {
+    let mut job = case("case_31_exclusive_nodes_new");
+    let desired = render(&job, &reference());
+    let rendered = vcjob_json(&desired);
+    let pod = &rendered["spec"]["tasks"][0]["template"];
+    let term = &pod["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        [0];
+    assert_eq!(term["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(term["namespaceSelector"], json!({}), "every namespace");
+    assert_eq!(
+        term["labelSelector"],
+        json!({"matchExpressions": [{"key": "volcano.sh/job-name", "operator": "Exists"}]})
+    );
+    assert_eq!(
+        rendered["metadata"]["annotations"]["ucloud.dk/exclusiveNodes"],
+        "true"
+    );
+    assert_eq!(
+        pod["metadata"]["labels"]["ucloud.dk/exclusiveNodes"],
+        "true"
+    );
+    assert_eq!(
+        at(
+            &rendered,
+            "/spec/tasks/0/template/spec/containers/0/resources/requests/cpu"
+        ),
+        "64000m"
+    );
+    check(
+        "case_31_exclusive_nodes_new",
+        json!({
+            "affinity": pod["spec"]["affinity"],
+            "podLabel": pod["metadata"]["labels"]["ucloud.dk/exclusiveNodes"],
+            "annotation": rendered["metadata"]["annotations"]["ucloud.dk/exclusiveNodes"],
+            "resources": at(&rendered, "/spec/tasks/0/template/spec/containers/0/resources"),
+        }),
+    );
+    // Without the flag, nothing of it.
+    job.exclusive_nodes = false;
+    let plain = vcjob_json(&render(&job, &reference()));
+    assert!(
+        plain["spec"]["tasks"][0]["template"]["spec"]
+            .get("affinity")
+            .is_none()
+    );
+    assert!(
+        plain["metadata"]["annotations"]
+            .get("ucloud.dk/exclusiveNodes")
+            .is_none()
+    );
+}
+
 /// Case 2 (changed): gang of 3, scheduler volcano, queue default; unlike UCloud, policies are set on
 /// purpose (a failed pod ends the job, an eviction restarts it) and maxRetry is explicit (Volcano turns 0
 /// into 3).

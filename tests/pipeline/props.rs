@@ -443,6 +443,8 @@ fn job_strategy() -> impl Strategy<Value = SubmitJob> {
                     output_folder: output,
                     submitted_at: None,
                     opened_file: None,
+                    // Any generated bool will do: it varies with the draw.
+                    exclusive_nodes: ingress,
                 }
             },
         )

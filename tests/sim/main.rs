@@ -8,6 +8,7 @@ mod sim_support;
 
 mod api;
 mod estimates;
+mod exclusive;
 mod faults;
 mod kubectl;
 mod logs;

@@ -8,11 +8,25 @@
 //! - Container `user-job`: the image, `IfNotPresent`, requests equal to limits: cpu in millicores,
 //!   memory in `Mi`, `nvidia.com/gpu` only when the product has GPUs (UCloud wrote `"0"`).
 //! - Tolerations from the configuration, and a node selector by product category when configured.
+//! - Whole nodes (`exclusiveNodes`): a required pod anti-affinity on `kubernetes.io/hostname` against every
+//!   pod of any Volcano job (`volcano.sh/job-name` exists), in every namespace (`namespaceSelector: {}`).
+//!   Each rank then lands on a node without another job's pod, its own gang's other ranks included, and
+//!   since the scheduler also honours the anti-affinity of pods already running, no job's pod joins it
+//!   later. Pods that are not Volcano jobs' (DaemonSets, the cluster's own) may stay: that is what the
+//!   cluster reserves. Why this and not another way, against the CRDs: Volcano's Job
+//!   (`batch.volcano.sh/v1alpha1`) has no exclusivity field, its task template is a full PodTemplateSpec,
+//!   and Volcano's `predicates` plugin runs the upstream inter-pod affinity filter; requests sized to a
+//!   node would need the node's size at render time and still let a small pod squeeze in beside a
+//!   rank that does not use all of it; a node label would need the operator to keep a pool of nodes
+//!   aside. The rank's requests stay the product's: a product the size of a node gives it the node.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
+use k8s_openapi::api::core::v1::{
+    Affinity, PodAffinityTerm, PodAntiAffinity, ResourceRequirements, Toleration,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
 use super::{Plugin, PluginId};
 use crate::messages::v1::Product;
@@ -76,6 +90,20 @@ impl Plugin for Task {
         draft.user.image = Some(cx.app.image.clone());
         draft.user.image_pull_policy = Some("IfNotPresent".to_owned());
         draft.user.resources = resources(cx.product);
+        if cx.job.exclusive_nodes {
+            draft.pod.affinity = Some(exclusive_affinity());
+            let flag = (cx.keys.exclusive_nodes.clone(), "true".to_owned());
+            draft
+                .meta
+                .annotations
+                .get_or_insert_default()
+                .insert(flag.0.clone(), flag.1.clone());
+            draft
+                .pod_meta
+                .labels
+                .get_or_insert_default()
+                .insert(flag.0, flag.1);
+        }
 
         if !scheduling.tolerations.is_empty() {
             draft.pod.tolerations = Some(
@@ -109,6 +137,33 @@ impl Plugin for Task {
         Ok(())
     }
 }
+
+/// Each rank alone on its node: no pod of any Volcano job (its own gang's other ranks included) on the
+/// same host, in any namespace. Required, so it holds at scheduling; running pods' terms keep others out.
+pub fn exclusive_affinity() -> Affinity {
+    Affinity {
+        pod_anti_affinity: Some(PodAntiAffinity {
+            required_during_scheduling_ignored_during_execution: Some(vec![PodAffinityTerm {
+                label_selector: Some(LabelSelector {
+                    match_expressions: Some(vec![LabelSelectorRequirement {
+                        key: crate::volcano::LABEL_JOB_NAME.to_owned(),
+                        operator: "Exists".to_owned(),
+                        values: None,
+                    }]),
+                    match_labels: None,
+                }),
+                namespace_selector: Some(LabelSelector::default()),
+                topology_key: HOSTNAME_LABEL.to_owned(),
+                ..PodAffinityTerm::default()
+            }]),
+            ..PodAntiAffinity::default()
+        }),
+        ..Affinity::default()
+    }
+}
+
+/// The node label every kubelet sets to the node's name.
+pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 
 /// Requests equal to limits (Guaranteed QoS): cpu `<cpu·1000>m`, memory `<GiB·1024>Mi`, GPUs only when
 /// the product has some. `None` when the product has none of the three (a BestEffort pod, as UCloud).

@@ -137,6 +137,7 @@ impl Model {
             .to_string();
         let requests = pod_requests(&pod["spec"]);
         self.nodes[node].allocated.add(&requests);
+        self.nodes[node].settle(key, super::affinity::Resident::of(pod));
         let queue = pod
             .at("/metadata/annotations/volcano.sh~1queue-name")
             .or_else(|| pod.at("/metadata/labels/volcano.sh~1queue-name"))

@@ -7,6 +7,7 @@
 //! graceful termination, TTL) in time order as the simulated clock passes them.
 
 pub mod admission;
+mod affinity;
 pub mod command;
 mod job;
 mod kubelet;
@@ -574,6 +575,7 @@ impl Model {
             rt.released = true;
             let node = &mut self.nodes[rt.node];
             node.allocated.sub(&rt.requests);
+            node.leave(key);
             if let Some(q) = &rt.queue
                 && let Some(a) = self.queue_alloc.get_mut(q)
             {

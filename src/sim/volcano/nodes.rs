@@ -1,13 +1,15 @@
 //! Simulated nodes: capacity, what is allocated on them, pod IPs, and the predicates a pod must pass
 //! (node selector, taints, unschedulable, resources), with the scheduler's reasons when it does not fit.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::sim::json::JsonPath;
 use serde_json::{Value, json};
 
+use super::affinity::Resident;
 use crate::sim::NodeSpec;
 use crate::sim::quantity::{Milli, Resources, parse_milli};
+use crate::sim::store::ObjectKey;
 
 /// One node as the scheduler and kubelet see it.
 #[derive(Debug, Clone)]
@@ -22,6 +24,10 @@ pub struct Node {
     /// Third octet of the node's pod CIDR `10.244.<n>.0/24`.
     pub subnet: u8,
     used_ips: BTreeSet<u8>,
+    /// The pods bound here, for inter-pod anti-affinity.
+    pub residents: HashMap<ObjectKey, Resident>,
+    /// How many of them carry anti-affinity terms.
+    pub guards: usize,
 }
 
 /// Why a pod does not fit on a node (the scheduler's wording).
@@ -32,6 +38,7 @@ pub enum Misfit {
     Unschedulable,
     Taint(String),
     Selector,
+    AntiAffinity,
 }
 
 impl Misfit {
@@ -43,6 +50,7 @@ impl Misfit {
             Misfit::Unschedulable => "node(s) were unschedulable".to_string(),
             Misfit::Taint(t) => format!("node(s) had untolerated taint {{{t}}}"),
             Misfit::Selector => "node(s) didn't match Pod's node affinity/selector".to_string(),
+            Misfit::AntiAffinity => "node(s) didn't match pod anti-affinity rules".to_string(),
         }
     }
 }
@@ -98,6 +106,8 @@ impl Node {
             unschedulable: false,
             subnet,
             used_ips: BTreeSet::new(),
+            residents: HashMap::new(),
+            guards: 0,
         }
     }
 
@@ -243,6 +253,30 @@ impl Node {
             }
         }
         if why.is_empty() { Ok(()) } else { Err(why) }
+    }
+
+    /// Whether `incoming` may join the pods here and `extra` (placed here in the same pass), by their
+    /// anti-affinity terms. Cheap when neither it nor anything here carries a term.
+    pub fn admits(&self, incoming: &Resident, extra: &[Resident]) -> bool {
+        if !incoming.guards() && self.guards == 0 && !extra.iter().any(Resident::guards) {
+            return true;
+        }
+        incoming.fits_beside(self.residents.values().chain(extra))
+    }
+
+    /// A pod bound here.
+    pub fn settle(&mut self, key: &ObjectKey, resident: Resident) {
+        self.guards += usize::from(resident.guards());
+        if let Some(old) = self.residents.insert(key.clone(), resident) {
+            self.guards -= usize::from(old.guards());
+        }
+    }
+
+    /// A pod that ended or went.
+    pub fn leave(&mut self, key: &ObjectKey) {
+        if let Some(old) = self.residents.remove(key) {
+            self.guards -= usize::from(old.guards());
+        }
     }
 
     /// Takes the lowest free pod IP on this node.

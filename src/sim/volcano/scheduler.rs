@@ -11,6 +11,7 @@ use crate::sim::json::JsonPath;
 use serde_json::{Value, json};
 
 use super::Model;
+use super::affinity::{self, Resident};
 use super::nodes::{Misfit, pod_requests, unavailable_message};
 use crate::sim::api::{Core, name_of};
 use crate::sim::clock::format_time;
@@ -295,17 +296,37 @@ impl Model {
         self.schedule_bare_pods(core, full);
     }
 
-    /// Picks the least loaded node that fits, trying `extra` as already allocated.
+    /// What the anti-affinity filter needs of `pod`, when anything it could say matters: the pod has a
+    /// term, or a pod bound or being placed has one.
+    fn resident(&self, pod: &Value, placing: &[Vec<Resident>]) -> Option<Resident> {
+        (affinity::has_terms(pod)
+            || self.nodes.iter().any(|n| n.guards > 0)
+            || placing.iter().flatten().any(Resident::guards))
+        .then(|| Resident::of(pod))
+    }
+
+    /// Picks the least loaded node that fits, trying `extra` as already allocated and `placing` as
+    /// already there.
     fn pick_node(
         &self,
         spec: &Value,
         requests: &Resources,
         extra: &[Resources],
+        incoming: Option<&Resident>,
+        placing: &[Vec<Resident>],
     ) -> Result<usize, Vec<Misfit>> {
         let mut best: Option<(f64, usize)> = None;
         let mut misfits = Vec::new();
         for (i, node) in self.nodes.iter().enumerate() {
-            match node.fits_with(spec, requests, &extra[i]) {
+            let fits = node
+                .fits_with(spec, requests, &extra[i])
+                .and_then(|()| match incoming {
+                    Some(r) if !node.admits(r, placing.get(i).map_or(&[], Vec::as_slice)) => {
+                        Err(vec![Misfit::AntiAffinity])
+                    }
+                    _ => Ok(()),
+                });
+            match fits {
                 Ok(()) => {
                     let load = node.load_with(&extra[i]);
                     if best.is_none_or(|(l, _)| load < l) {
@@ -365,13 +386,19 @@ impl Model {
             .and_then(Value::as_i64)
             .unwrap_or(1);
         let mut extra = vec![Resources::default(); self.nodes.len()];
+        let mut placing: Vec<Vec<Resident>> = Vec::new();
         let mut placements = Vec::new();
         let mut first_failure: Option<(String, Vec<Misfit>)> = None;
         for (key, pod) in &unbound {
             let req = pod_requests(&pod["spec"]);
-            match self.pick_node(&pod["spec"], &req, &extra) {
+            let incoming = self.resident(pod, &placing);
+            match self.pick_node(&pod["spec"], &req, &extra, incoming.as_ref(), &placing) {
                 Ok(i) => {
                     extra[i].add(&req);
+                    if let Some(r) = incoming {
+                        placing.resize_with(self.nodes.len(), Vec::new);
+                        placing[i].push(r);
+                    }
                     placements.push((key.clone(), i));
                 }
                 Err(why) => {
@@ -459,12 +486,13 @@ impl Model {
             };
             let req = pod_requests(&pod["spec"]);
             let extra = vec![Resources::default(); self.nodes.len()];
+            let incoming = self.resident(&pod, &[]);
             let scheduler = pod
                 .at("/spec/schedulerName")
                 .and_then(Value::as_str)
                 .unwrap_or("default-scheduler")
                 .to_string();
-            match self.pick_node(&pod["spec"], &req, &extra) {
+            match self.pick_node(&pod["spec"], &req, &extra, incoming.as_ref(), &[]) {
                 Ok(node) => {
                     self.bare_pending.remove(&key);
                     self.bind(core, &key, node, &scheduler);
