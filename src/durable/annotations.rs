@@ -30,6 +30,8 @@
 //! | `terminationReason` | whoever deletes the job | the cause in words, e.g. the cancel's reason |
 //! | `lifecycleState` | monitor | the last published lifecycle state |
 //! | `statusHash` | monitor | `<chained>/<plain>[/<estimate>]`: hashes of the last status-only event and the start estimate it told (publish a pending reason once, an estimate again only when it moved) |
+//! | `restarts` | monitor | Volcano's `retryCount` when the monitor last told the user of a restart (one status event per restart) |
+//! | `disruption` | monitor | the last disruption told, in words (`rank 1's node n3 was lost`), for the FAILURE when the restarts run out |
 //! | `outcome` | monitor | the decided end of the job (JSON: state, reason, times, exit codes, log tails) |
 //!
 //! Every VolcanoJob the runner creates carries the finalizer [`AnnotationKeys::cleanup_finalizer`]
@@ -101,6 +103,10 @@ pub struct AnnotationKeys {
     pub lifecycle_state: String,
     /// `<prefix>statusHash` (see the table above).
     pub status_hash: String,
+    /// `<prefix>restarts` (see the table above).
+    pub restarts: String,
+    /// `<prefix>disruption` (see the table above).
+    pub disruption: String,
     /// `<prefix>outcome` (see the table above).
     pub outcome: String,
 }
@@ -141,6 +147,8 @@ impl AnnotationKeys {
             termination_reason: k("terminationReason"),
             lifecycle_state: k("lifecycleState"),
             status_hash: k("statusHash"),
+            restarts: k("restarts"),
+            disruption: k("disruption"),
             outcome: k("outcome"),
         }
     }

@@ -33,6 +33,12 @@ pub fn status(job_id: &str, hash: &str) -> String {
     format!("{job_id}/status/{hash}")
 }
 
+/// `<jobId>/restart/<retryCount>`: the status event telling that Volcano restarted the job, numbered by
+/// Volcano's `status.retryCount`.
+pub fn restart(job_id: &str, retry_count: i32) -> String {
+    format!("{job_id}/restart/{retry_count}")
+}
+
 /// `<jobId>/<n>`: the n-th accounting tick (from 0), whose index is recorded in `accountedTicks`.
 pub fn tick(job_id: &str, sequence: u64) -> String {
     format!("{job_id}/{sequence}")

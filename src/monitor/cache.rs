@@ -14,10 +14,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
 use super::estimate::{self, Estimate, Node, Resources, Running};
+use super::observe::Disruption;
 use super::{forecast, observe};
 use crate::durable::AnnotationKeys;
 use crate::volcano::{
-    JobSpec, JobStatus, LABEL_JOB_NAME, LABEL_TASK_INDEX, PodGroup, TaskSpec, VolcanoJob,
+    JobPhase, JobSpec, JobStatus, LABEL_JOB_NAME, LABEL_TASK_INDEX, PodGroup, TaskSpec, VolcanoJob,
 };
 use jiff::Timestamp;
 
@@ -198,6 +199,42 @@ struct SlimPodSpec {
 }
 
 impl WatchedPod {
+    /// Why it is being taken away, when its status says so (read before [`WatchedPod::into_pod`] drops
+    /// the conditions; only a pod that has a `DisruptionTarget` condition is copied for it).
+    pub fn disruption(&self) -> Option<Disruption> {
+        let said = self
+            .status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .any(|c| c.type_ == "DisruptionTarget" && c.status == "True");
+        said.then(|| Disruption::of(&self.view(true))).flatten()
+    }
+
+    /// What its deletion tells without a condition: its rank and node.
+    pub fn deleted(&self) -> Disruption {
+        Disruption::deleted(&self.view(false))
+    }
+
+    fn view(&self, with_status: bool) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                labels: self.metadata.labels.clone(),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                node_name: self.spec.as_ref().and_then(|s| s.node_name.clone()),
+                ..Default::default()
+            }),
+            status: if with_status {
+                self.status.clone()
+            } else {
+                None
+            },
+        }
+    }
+
     /// The pod as the monitor keeps it: of its metadata only what identifies it and the two Volcano
     /// labels read (its job and its rank); of its status everything but conditions, which nothing reads.
     /// A runner holds one of these per rank of every job, so each byte counts ten-thousandfold.
@@ -404,6 +441,8 @@ pub struct Snapshot {
     /// It waits and will have an estimate, but the estimates were last made before its PodGroup came:
     /// its status waits for them (they come within seconds), rather than go out twice.
     pub estimate_pending: bool,
+    /// The last disruption of its ranks the watch saw, with the job's `retryCount` at the time.
+    pub disruption: Option<(i32, Disruption)>,
     /// What this snapshot is, for deciding whether a job needs deciding again.
     pub fingerprint: Fingerprint,
 }
@@ -462,6 +501,9 @@ pub struct Cache {
     estimates: FastMap<GroupKey, Arc<Estimate>>,
     /// Whether the last [`Cache::estimate_starts`] had nodes to place on (without, there are none).
     estimating: bool,
+    /// The last disruption of each job's ranks seen by the watch: the job's `retryCount` then, whether
+    /// the pod said why (a `DisruptionTarget` condition), and what it said.
+    disruptions: FastMap<JobKey, (i32, bool, Disruption)>,
 }
 
 /// A waiting PodGroup's place in its queue: earlier creation first, then namespace and name.
@@ -671,7 +713,34 @@ impl Cache {
     pub fn remove_job(&mut self, key: &JobKey) -> Option<(Arc<VolcanoJob>, Arc<Vec<Pod>>)> {
         let job = self.jobs.remove(key)?.value;
         self.generations.remove(key);
+        self.disruptions.remove(key);
         Some((job, self.pods(key)))
+    }
+
+    /// A rank's pod is being taken away (`said`: its status says why) or was deleted. Kept when its job
+    /// runs and is not being deleted (a plain deletion only while Volcano has the job `Running`: the
+    /// pods Volcano itself removes to restart or end a job are no disruption), one per restart of the
+    /// job, a said reason over a plain deletion. The job is decided again.
+    pub fn note_disruption(&mut self, key: &JobKey, d: Disruption, said: bool) {
+        let Some(job) = self.job(key) else {
+            return;
+        };
+        let phase = job.phase();
+        if job.metadata.deletion_timestamp.is_some()
+            || phase.is_ending()
+            || (!said && phase != JobPhase::Running)
+        {
+            return;
+        }
+        let generation = job.status.as_ref().map_or(0, |s| s.retry_count);
+        if let Some((g, s, _)) = self.disruptions.get(key)
+            && *g == generation
+            && (*s || !said)
+        {
+            return;
+        }
+        self.disruptions.insert(key.clone(), (generation, said, d));
+        self.touch(key);
     }
 
     /// A pod from the watch or a list. Returns its job.
@@ -943,6 +1012,7 @@ impl Cache {
             fingerprint: self.fingerprint_with(key, jobs_ahead, estimate.as_deref()),
             estimate,
             estimate_pending,
+            disruption: self.disruptions.get(key).map(|(g, _, d)| (*g, d.clone())),
         })
     }
 

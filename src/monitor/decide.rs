@@ -34,7 +34,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::estimate::Estimate;
 use super::events;
-use super::observe::{self, PendingInput, PullFailure, RankView};
+use super::observe::{self, Disruption, PendingInput, PullFailure, RankView};
 use super::record::{Outcome, Published, RankCode, Record, Terminal};
 use crate::config::Config;
 use crate::durable::AnnotationKeys;
@@ -105,6 +105,9 @@ pub struct Observed<'a> {
     pub estimate: Option<&'a Estimate>,
     /// Its estimate is being made: a status now would go out again with it a moment later.
     pub estimate_pending: bool,
+    /// The last disruption of its ranks the watch saw (a node lost, an eviction), with Volcano's
+    /// `retryCount` at the time.
+    pub disruption: Option<(i32, &'a Disruption)>,
     /// When the job and pods were read from the API just now: an instant taken before the read, so the
     /// view proves the job's state at least until then. `None` for the watch's view, whose age is
     /// unknown.
@@ -292,7 +295,14 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
             .and_then(|t| t.checked_add(s.cleanup_grace).ok())
             .is_some_and(|t| now >= t);
     if phase.is_finished() || settled {
-        let outcome = natural(job, &facts, &ranks, started, now);
+        let disrupted = obs.disruption.map(|(_, d)| d.describe()).or_else(|| {
+            job.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(&s.keys.disruption))
+                .cloned()
+        });
+        let outcome = natural(job, &facts, &ranks, started, disrupted, now);
         let cause = match outcome.state {
             Terminal::Success => "completed",
             _ => "failed",
@@ -432,6 +442,9 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
                     .and_then(|t| t.checked_add(s.cleanup_grace).ok()),
             });
         }
+        if let Some(step) = restart_step(obs, s, &facts.job_id, now) {
+            return Ok(step);
+        }
         // Never decide past the expiry, even when looking late (after a failover): the job is charged up
         // to its expiry at most, and ticks past it are never published.
         // Nor past what the view proves: ticks are charged only up to an instant the pods were seen
@@ -526,6 +539,57 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     }))
 }
 
+/// Volcano restarted the job (a rank's pod was taken away and the policy restarts the whole gang): tell
+/// the user, once per restart, why and where (`<jobId>/restart/<retryCount>`), and record it. A restart
+/// whose cause the pods' watch has not shown yet waits for it a moment (`VIEW_LAG_GRACE`), then is told
+/// without it. The ticks go on by the job's first start: the time of a restart is charged once, like
+/// any other.
+fn restart_step(obs: &Observed<'_>, s: &Settings, job_id: &str, now: Timestamp) -> Option<Step> {
+    let job = obs.job;
+    let retries = job.status.as_ref().map_or(0, |st| st.retry_count).max(0);
+    let annotations = job.metadata.annotations.as_ref();
+    let told: i32 = annotations
+        .and_then(|a| a.get(&s.keys.restarts))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if retries <= told {
+        return None;
+    }
+    let seen = obs
+        .disruption
+        .filter(|(generation, _)| *generation >= told)
+        .map(|(_, d)| d);
+    if seen.is_none()
+        && let Some(until) = lag_wait(job, now)
+    {
+        return Some(Step::Wait {
+            next_check: Some(until),
+        });
+    }
+    let why = seen.map_or_else(|| "a rank's pod was lost".to_owned(), Disruption::describe);
+    let max = job.spec.max_retry.unwrap_or(3);
+    let event = events::restart(
+        job_id,
+        retries,
+        format!(
+            "The job is restarting after {why}: every rank starts again (attempt {} of {max})",
+            retries + 1
+        ),
+        phase_time(job).unwrap_or(now),
+        &s.runner_id,
+    );
+    Some(Step::Act(Action {
+        what: "restart",
+        publish: vec![Outbound::Lifecycle(event)],
+        set: BTreeMap::from([
+            (s.keys.restarts.clone(), retries.to_string()),
+            (s.keys.disruption.clone(), why),
+        ]),
+        again: true,
+        ..Action::default()
+    }))
+}
+
 /// An estimate as persisted with the status it was told in: `at:<epoch ms>`, `never`, `unbounded`.
 fn estimate_token(e: &Estimate) -> String {
     match e {
@@ -615,6 +679,7 @@ pub fn decide_gone(
         jobs_ahead: None,
         estimate: None,
         estimate_pending: false,
+        disruption: None,
         fresh_at: None,
     };
     let facts = JobFacts::read(&job, &s.keys, &s.config.pipeline)?;
@@ -785,6 +850,7 @@ fn natural(
     facts: &JobFacts,
     ranks: &[RankView],
     started: Option<Timestamp>,
+    disrupted: Option<String>,
     now: Timestamp,
 ) -> Outcome {
     let codes = exit_codes(ranks);
@@ -836,6 +902,18 @@ fn natural(
             status.push_str(&format!("; then {}", others.join(", ")));
         }
         (Terminal::Failure, "exit_code".to_owned(), status)
+    } else if matches!(phase, JobPhase::Failed | JobPhase::Terminated)
+        && let Some(why) = disrupted
+    {
+        // A rank's pod was taken away (its node lost, an eviction) and the job could not go on.
+        let retries = job.status.as_ref().map_or(0, |s| s.retry_count);
+        let status = if retries > 0 {
+            let max = job.spec.max_retry.unwrap_or(retries);
+            format!("The job failed after {why}: all {max} of its attempts (maxRetry) are used up")
+        } else {
+            format!("The job failed after {why}{}", volcano_words())
+        };
+        (Terminal::Failure, "disrupted".to_owned(), status)
     } else if matches!(phase, JobPhase::Failed | JobPhase::Terminated) {
         (
             Terminal::Failure,
@@ -1113,6 +1191,7 @@ mod tests {
                 jobs_ahead: None,
                 estimate,
                 estimate_pending: false,
+                disruption: None,
                 fresh_at: Some(now),
             };
             match decide(&obs, s, now).unwrap() {
@@ -1597,6 +1676,7 @@ mod tests {
                 jobs_ahead: None,
                 estimate: None,
                 estimate_pending: false,
+                disruption: None,
                 fresh_at: None,
             };
             decide(&obs, &s, ts(now)).unwrap()
@@ -1671,6 +1751,7 @@ mod tests {
                 jobs_ahead: None,
                 estimate: None,
                 estimate_pending: false,
+                disruption: None,
                 fresh_at: None,
             };
             match decide(&obs, s, ts(10)).unwrap() {
@@ -1698,6 +1779,7 @@ mod tests {
             jobs_ahead: None,
             estimate: None,
             estimate_pending: false,
+            disruption: None,
             fresh_at: None,
         };
         assert_eq!(

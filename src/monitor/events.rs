@@ -101,6 +101,31 @@ pub fn status(
     }
 }
 
+/// The status event of a restart, `<jobId>/restart/<retryCount>`: Volcano's retry count numbers the
+/// restarts, so the id and the content are the same whoever publishes it; its time is when Volcano
+/// restarted the job.
+pub fn restart(
+    job_id: &str,
+    retry_count: i32,
+    text: String,
+    at: Timestamp,
+    runner_id: &str,
+) -> JobEvent {
+    JobEvent {
+        event_id: crate::durable::ids::restart(job_id, retry_count),
+        job_id: job_id.to_owned(),
+        state: JobState::Unspecified as i32,
+        status: text,
+        reason: RESTART_REASON.to_owned(),
+        timestamp: Some(proto_timestamp(at)),
+        runner_id: runner_id.to_owned(),
+        ..JobEvent::default()
+    }
+}
+
+/// The `reason` of a restart's status event.
+pub const RESTART_REASON: &str = "restarting";
+
 /// Cuts a log to its last `max` bytes, at a character boundary and, when possible, a line start.
 pub fn tail(log: &str, max: usize) -> String {
     if log.len() <= max {

@@ -141,6 +141,7 @@ impl Executor {
                     jobs_ahead: snap.jobs_ahead,
                     estimate: snap.estimate.as_deref(),
                     estimate_pending: snap.estimate_pending,
+                    disruption: snap.disruption.as_ref().map(|(g, d)| (*g, d)),
                     fresh_at,
                 };
                 let step = decide::decide(&obs, &self.settings, now)?;

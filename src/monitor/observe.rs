@@ -9,6 +9,87 @@ use crate::pipeline::hooks::ProductFacts;
 use crate::pipeline::names::{self, USER_CONTAINER};
 use crate::volcano::{LABEL_TASK_INDEX, PodGroup, PodGroupPhase};
 
+/// A rank's pod taken away by something other than its own program: its node lost, an eviction, a
+/// preemption, a deletion. Read from the pod's last state (its `DisruptionTarget` condition, which
+/// Kubernetes sets before it removes the pod) the moment the watch shows it, because the pod is gone
+/// afterwards; the monitor persists what it tells (`disruption` annotation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Disruption {
+    pub rank: Option<u32>,
+    pub node: Option<String>,
+    /// The condition's reason (`DeletionByPodGC`, `EvictionByEvictionAPI`, ...); empty for a plain
+    /// deletion.
+    pub reason: String,
+    pub message: String,
+}
+
+impl Disruption {
+    /// From a pod's labels, node and conditions; `None` without a `DisruptionTarget` condition.
+    pub fn of(pod: &Pod) -> Option<Disruption> {
+        let cond = pod
+            .status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")?;
+        Some(Disruption {
+            reason: cond.reason.clone().unwrap_or_default(),
+            message: cond.message.clone().unwrap_or_default(),
+            ..Disruption::deleted(pod)
+        })
+    }
+
+    /// A pod deleted without a word of why (`kubectl delete pod`, a drain without the eviction API).
+    pub fn deleted(pod: &Pod) -> Disruption {
+        Disruption {
+            rank: pod
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_TASK_INDEX))
+                .and_then(|r| r.parse().ok()),
+            node: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .filter(|n| !n.is_empty()),
+            reason: String::new(),
+            message: String::new(),
+        }
+    }
+
+    /// In words, naming the rank and the node: `rank 1's node n3 was lost`.
+    pub fn describe(&self) -> String {
+        let rank = self
+            .rank
+            .map_or_else(|| "a rank".to_owned(), |r| format!("rank {r}"));
+        let node = self.node.as_deref().unwrap_or("its node");
+        let said = |what: String| {
+            if self.message.is_empty() {
+                what
+            } else {
+                format!("{what} ({})", self.message)
+            }
+        };
+        match self.reason.as_str() {
+            "DeletionByPodGC" => said(format!("{rank}'s node {node} was lost")),
+            "DeletionByTaintManager" => said(format!("{rank}'s node {node} became unreachable")),
+            "EvictionByEvictionAPI" => said(format!("{rank}'s pod was evicted from node {node}")),
+            "PreemptionByScheduler" => said(format!(
+                "{rank}'s pod on node {node} was preempted by a job of higher priority"
+            )),
+            "TerminationByKubelet" => said(format!(
+                "{rank}'s pod was stopped by node {node} (out of resources or shutting down)"
+            )),
+            "" => format!("{rank}'s pod on node {node} was deleted"),
+            other => said(format!(
+                "{rank}'s pod on node {node} was disrupted: {other}"
+            )),
+        }
+    }
+}
+
 /// Waiting reasons that mean the image cannot be pulled (the kubelet keeps retrying, forever).
 const PULL_FAILURES: &[&str] = &[
     "ErrImagePull",

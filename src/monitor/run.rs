@@ -615,7 +615,11 @@ impl Loop {
         self.estimates_stale = true;
         match event {
             Event::Apply(w) | Event::InitApply(w) => {
+                let disruption = w.disruption();
                 if let Some(key) = self.cache.apply_pod(w.into_pod()) {
+                    if let Some(d) = disruption {
+                        self.cache.note_disruption(&key, d, true);
+                    }
                     self.enqueue(key);
                 }
             }
@@ -623,6 +627,10 @@ impl Loop {
                 let ns = w.metadata.namespace.clone().unwrap_or_default();
                 let name = w.metadata.name.clone().unwrap_or_default();
                 if let Some(key) = self.cache.remove_pod(&ns, &name) {
+                    match w.disruption() {
+                        Some(d) => self.cache.note_disruption(&key, d, true),
+                        None => self.cache.note_disruption(&key, w.deleted(), false),
+                    }
                     self.enqueue(key);
                 }
             }

@@ -88,13 +88,9 @@ pub fn api_resource_list(registry: &Registry, group: &str, version: &str) -> Opt
             "verbs": VERBS, "shortNames": t.short_names, "categories": t.categories,
         }));
         for sub in t.subresources() {
-            let verbs: &[&str] = if sub == "log" {
-                &["get"]
-            } else {
-                &["get", "patch", "update"]
-            };
+            let (verbs, kind) = subresource_shape(sub, &t.kind);
             resources.push(json!({"name": format!("{}/{sub}", t.plural), "singularName": "", "namespaced": t.namespaced,
-                                  "kind": if sub == "log" { "Pod".to_string() } else { t.kind.clone() }, "verbs": verbs}));
+                                  "kind": kind, "verbs": verbs}));
         }
     }
     if resources.is_empty() {
@@ -120,8 +116,9 @@ fn aggregated_group(registry: &Registry, group: &str, versions: &[String]) -> Va
                         .subresources()
                         .into_iter()
                         .map(|s| {
-                            let verbs: &[&str] = if s == "log" { &["get"] } else { &["get", "patch", "update"] };
-                            json!({"subresource": s, "responseKind": {"group": t.group, "version": t.version, "kind": if s == "log" { "Pod" } else { t.kind.as_str() }}, "verbs": verbs})
+                            let (verbs, kind) = subresource_shape(s, &t.kind);
+                            let group = if s == "eviction" { "policy" } else { t.group.as_str() };
+                            json!({"subresource": s, "responseKind": {"group": group, "version": t.version, "kind": kind}, "verbs": verbs})
                         })
                         .collect();
                     json!({
@@ -250,6 +247,15 @@ pub fn openapi_v3_group_version(registry: &Registry, group: &str, version: &str)
         "paths": paths,
         "components": {"schemas": {}}
     }))
+}
+
+/// The verbs and response kind of a subresource, as a real API server lists them.
+fn subresource_shape(sub: &str, kind: &str) -> (&'static [&'static str], String) {
+    match sub {
+        "log" => (&["get"], "Pod".to_owned()),
+        "eviction" => (&["create"], "Eviction".to_owned()),
+        _ => (&["get", "patch", "update"], kind.to_owned()),
+    }
 }
 
 #[cfg(test)]

@@ -97,6 +97,7 @@ impl ResourceType {
         }
         if self.builtin == Some(Builtin::Pod) {
             subs.push("log");
+            subs.push("eviction");
         }
         subs
     }

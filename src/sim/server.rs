@@ -668,6 +668,9 @@ fn resource(
         Some("log") if t.builtin == Some(Builtin::Pod) && method == Method::GET => {
             return pod_log(shared, p, &ns, params);
         }
+        Some("eviction") if t.builtin == Some(Builtin::Pod) && method == Method::POST => {
+            return evict(shared, id, &ns, p.name.as_deref().unwrap_or_default());
+        }
         Some(other) => return Err(ApiError::no_route(&format!("{}/{other}", t.plural))),
     };
     match (method.as_str(), &p.name) {
@@ -779,6 +782,27 @@ fn resource(
             "the server does not allow this method on the requested resource ({method})"
         ))),
     }
+}
+
+// ----- evictions -----
+
+/// `POST .../pods/{name}/eviction`, as `kubectl drain` evicts: the pod is marked `DisruptionTarget`
+/// (reason `EvictionByEvictionAPI`) and deleted gracefully. (No PodDisruptionBudgets are modelled.)
+fn evict(shared: &Arc<Shared>, id: ResId, ns: &str, name: &str) -> Result<Response, ApiError> {
+    shared.with(|c| {
+        let pod = c.core.get(id, ns, name)?;
+        let key = c.core.key_of(id, ns, name);
+        let now = super::clock::format_time(c.core.now);
+        c.core.update_internal(&key, |p| {
+            super::volcano::disruption(p, "EvictionByEvictionAPI", "Eviction API: evicting", &now);
+        });
+        c.core.delete(id, ns, name, &DeleteOptions::default())?;
+        Ok(json_response(
+            201,
+            &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                    "details": {"name": name, "kind": "pods", "uid": pod.at("/metadata/uid")}}),
+        ))
+    })
 }
 
 // ----- pod logs -----

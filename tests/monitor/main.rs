@@ -8,5 +8,6 @@ mod monitor_support;
 #[path = "../common/rabbit.rs"]
 mod rabbit;
 
+mod disruption;
 mod failover;
 mod lifecycle;

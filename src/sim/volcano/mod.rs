@@ -28,6 +28,23 @@ use super::clock::format_time;
 use super::store::{EventType, ObjectKey, Record};
 use nodes::Node;
 
+/// Marks a pod as about to go for a reason that is not its own doing (the `DisruptionTarget` condition
+/// Kubernetes sets before an eviction, a preemption or a garbage collection).
+pub fn disruption(pod: &mut Value, reason: &str, message: &str, now: &str) {
+    let cond = json!({"type": "DisruptionTarget", "status": "True", "reason": reason,
+                      "message": message, "lastTransitionTime": now});
+    if !pod["status"].is_object() {
+        pod["status"] = json!({});
+    }
+    let list = pod["status"]
+        .as_object_mut()
+        .map(|s| s.entry("conditions").or_insert_with(|| json!([])));
+    if let Some(Value::Array(list)) = list {
+        list.retain(|c| c["type"] != "DisruptionTarget");
+        list.push(cond);
+    }
+}
+
 /// The model's settings (from [`crate::sim::SimConfig`]).
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
@@ -359,12 +376,19 @@ impl Model {
                         self.epoch += 1;
                     }
                 }
-            } else if self.is(core, &r.key, core.ids.nodes)
-                && r.kind != EventType::Deleted
-                && let Some(n) = self.nodes.iter_mut().find(|n| n.name == r.key.name)
-                && n.refresh_from(&r.object)
-            {
-                self.epoch += 1;
+            } else if self.is(core, &r.key, core.ids.nodes) {
+                let Some(i) = self.nodes.iter().position(|n| n.name == r.key.name) else {
+                    continue;
+                };
+                if r.kind == EventType::Deleted {
+                    self.lose_node(core, i);
+                } else {
+                    let n = &mut self.nodes[i];
+                    let back = std::mem::take(&mut n.lost);
+                    if n.refresh_from(&r.object) || back {
+                        self.epoch += 1;
+                    }
+                }
             }
         }
     }
@@ -592,7 +616,7 @@ impl Model {
     /// Total and free capacity over schedulable nodes.
     fn cluster_idle(&self) -> super::quantity::Resources {
         let mut idle = super::quantity::Resources::default();
-        for n in self.nodes.iter().filter(|n| !n.unschedulable) {
+        for n in self.nodes.iter().filter(|n| !n.unschedulable && !n.lost) {
             idle.add(&n.free());
         }
         idle
@@ -623,6 +647,29 @@ impl Model {
 
     /// Number of nodes (for scheduler messages).
     fn node_count(&self) -> usize {
-        self.nodes.len()
+        self.nodes.iter().filter(|n| !n.lost).count()
+    }
+
+    /// A Node object was deleted: the machine is gone (or restarting, until its Node comes back). As the
+    /// pod garbage collector does for pods bound to a node that no longer exists, every pod on it is
+    /// marked `DisruptionTarget` (reason `DeletionByPodGC`) and removed at once; their jobs' controllers
+    /// see them vanish (Volcano's `PodEvicted`).
+    fn lose_node(&mut self, core: &mut Core, node: usize) {
+        self.nodes[node].lost = true;
+        self.epoch += 1;
+        let now = format_time(core.now);
+        let mut on_it: Vec<ObjectKey> = self
+            .pods
+            .iter()
+            .filter(|(_, rt)| rt.node == node)
+            .map(|(k, _)| k.clone())
+            .collect();
+        on_it.sort();
+        for key in on_it {
+            core.update_internal(&key, |p| {
+                disruption(p, "DeletionByPodGC", "PodGC: node no longer exists", &now);
+            });
+            core.delete_key(&key, None, Some(0));
+        }
     }
 }

@@ -28,6 +28,9 @@ pub struct Node {
     pub residents: HashMap<ObjectKey, Resident>,
     /// How many of them carry anti-affinity terms.
     pub guards: usize,
+    /// Its Node object was deleted (the machine is gone or restarting): nothing is placed here until
+    /// a Node of the same name is created again.
+    pub lost: bool,
 }
 
 /// Why a pod does not fit on a node (the scheduler's wording).
@@ -108,6 +111,7 @@ impl Node {
             used_ips: BTreeSet::new(),
             residents: HashMap::new(),
             guards: 0,
+            lost: false,
         }
     }
 
@@ -213,7 +217,7 @@ impl Node {
         extra: &Resources,
     ) -> Result<(), Vec<Misfit>> {
         let mut why = Vec::new();
-        if self.unschedulable {
+        if self.unschedulable || self.lost {
             why.push(Misfit::Unschedulable);
         }
         if let Some(sel) = pod_spec.get("nodeSelector").and_then(Value::as_object) {
