@@ -394,7 +394,8 @@ fn basis(
         n => format!(", after the {n} jobs ahead of it have started"),
     };
     format!(
-        "by {start} at the latest: {released} of {running} running jobs end by then at their time limits{ahead}"
+        "by {start} at the latest: {released} of {running} running jobs end by then at their time limits{ahead} \
+         (later only if a job of higher priority arrives or a node fails)"
     )
 }
 

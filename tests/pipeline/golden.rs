@@ -179,9 +179,10 @@ fn case_31_exclusive_nodes_new() {
     assert_eq!(
         at(
             &rendered,
-            "/spec/tasks/0/template/spec/containers/0/resources/requests/cpu"
+            "/spec/tasks/0/template/spec/containers/0/resources"
         ),
-        "64000m"
+        &json!({"requests": {"cpu": "64000m", "memory": "393216Mi"}}),
+        "requests as the product and no CPU or memory limit: the node's all"
     );
     check(
         "case_31_exclusive_nodes_new",

@@ -18,7 +18,9 @@
 //!   and Volcano's `predicates` plugin runs the upstream inter-pod affinity filter; requests sized to a
 //!   node would need the node's size at render time and still let a small pod squeeze in beside a
 //!   rank that does not use all of it; a node label would need the operator to keep a pool of nodes
-//!   aside. The rank's requests stay the product's: a product the size of a node gives it the node.
+//!   aside. The rank's requests stay the product's (what it is charged for and placed by); its CPU and
+//!   memory limits go, so it can use all of the node's CPU and memory; GPUs, which Kubernetes hands out
+//!   only as requested, are the product's (a product with all of a node's GPUs gives it all of them).
 
 use std::collections::BTreeMap;
 
@@ -92,6 +94,17 @@ impl Plugin for Task {
         draft.user.resources = resources(cx.product);
         if cx.job.exclusive_nodes {
             draft.pod.affinity = Some(exclusive_affinity());
+            // Alone on the node, the rank may use all of its CPU and memory: the requests (the product,
+            // what is charged and what the scheduler places by) stay, the CPU and memory limits go.
+            if let Some(resources) = draft.user.resources.as_mut()
+                && let Some(limits) = resources.limits.as_mut()
+            {
+                limits.remove("cpu");
+                limits.remove("memory");
+                if limits.is_empty() {
+                    resources.limits = None;
+                }
+            }
             let flag = (cx.keys.exclusive_nodes.clone(), "true".to_owned());
             draft
                 .meta
