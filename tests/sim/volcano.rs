@@ -899,3 +899,67 @@ async fn model_objects_pass_the_real_crd_schemas() {
         assert!(doc.pointer("/status").is_some(), "{plural} has a status");
     }
 }
+
+/// A machine lost and back: deleting its Node removes the pods bound to it at once (the pod garbage
+/// collector), Volcano restarts the gang (`PodEvicted` → `RestartJob`), which cannot fit on the nodes
+/// left, and a Node created again under that name (the restarted machine registering) takes pods again.
+#[tokio::test]
+async fn a_lost_node_takes_its_pods_with_it_and_takes_pods_again_when_it_comes_back() {
+    let (sim, client) = start().await;
+    namespace(&client, "lost").await;
+    let api = jobs(&client, "lost");
+    let mut hog = gang_job("hog", "lost", 5, "16", &["sleep", "infinity"]);
+    hog["spec"]["policies"] = json!([{"event": "PodEvicted", "action": "RestartJob"}]);
+    api.create(&PostParams::default(), &dynamic(hog))
+        .await
+        .unwrap();
+    sim.advance(secs(1));
+    assert_eq!(job_phase(&client, "lost", "hog").await, "Running");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "lost");
+    let bound_to = |node: &'static str| {
+        let pods = pods.clone();
+        async move {
+            pods.list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .map(|p| p.name_any())
+                .collect::<Vec<_>>()
+        }
+    };
+    let victim = bound_to("sim-node-2").await;
+    assert_eq!(victim.len(), 1, "one rank per node");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let saved = nodes.get("sim-node-2").await.unwrap();
+    nodes
+        .delete("sim-node-2", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(
+        pods.get_opt(&victim[0]).await.unwrap().is_none(),
+        "the pod went with its node"
+    );
+    sim.advance(secs(5));
+    let retries = api.get("hog").await.unwrap().data["status"]["retryCount"].clone();
+    assert_eq!(retries, json!(1), "Volcano restarted the job");
+    assert_eq!(job_phase(&client, "lost", "hog").await, "Pending");
+    let pg = the_podgroup(&client, "lost").await;
+    let said = serde_json::to_string(&pg.data["status"]).unwrap();
+    assert!(
+        said.contains("insufficient cpu"),
+        "the four nodes left cannot hold the gang: {said}"
+    );
+
+    // The machine is back: the gang fits again, with a rank on it.
+    let mut back = saved.clone();
+    back.metadata.resource_version = None;
+    back.metadata.uid = None;
+    back.metadata.creation_timestamp = None;
+    nodes.create(&PostParams::default(), &back).await.unwrap();
+    sim.advance(secs(5));
+    assert_eq!(job_phase(&client, "lost", "hog").await, "Running");
+    assert_eq!(bound_to("sim-node-2").await.len(), 1);
+}
