@@ -64,7 +64,12 @@ impl Disruption {
         let rank = self
             .rank
             .map_or_else(|| "a rank".to_owned(), |r| format!("rank {r}"));
-        let node = self.node.as_deref().unwrap_or("its node");
+        // ` <prefix><node>`, or nothing when the node is not known.
+        let on = |prefix: &str| {
+            self.node
+                .as_deref()
+                .map_or_else(String::new, |n| format!("{prefix}{n}"))
+        };
         let said = |what: String| {
             if self.message.is_empty() {
                 what
@@ -73,18 +78,25 @@ impl Disruption {
             }
         };
         match self.reason.as_str() {
-            "DeletionByPodGC" => said(format!("{rank}'s node {node} was lost")),
-            "DeletionByTaintManager" => said(format!("{rank}'s node {node} became unreachable")),
-            "EvictionByEvictionAPI" => said(format!("{rank}'s pod was evicted from node {node}")),
+            "DeletionByPodGC" => said(format!("{rank}'s node{} was lost", on(" "))),
+            "DeletionByTaintManager" => {
+                said(format!("{rank}'s node{} became unreachable", on(" ")))
+            }
+            "EvictionByEvictionAPI" => {
+                said(format!("{rank}'s pod was evicted{}", on(" from node ")))
+            }
             "PreemptionByScheduler" => said(format!(
-                "{rank}'s pod on node {node} was preempted by a job of higher priority"
+                "{rank}'s pod{} was preempted by a job of higher priority",
+                on(" on node ")
             )),
             "TerminationByKubelet" => said(format!(
-                "{rank}'s pod was stopped by node {node} (out of resources or shutting down)"
+                "{rank}'s pod was stopped by its node{} (out of resources or shutting down)",
+                on(" ")
             )),
-            "" => format!("{rank}'s pod on node {node} was deleted"),
+            "" => format!("{rank}'s pod{} was deleted", on(" on node ")),
             other => said(format!(
-                "{rank}'s pod on node {node} was disrupted: {other}"
+                "{rank}'s pod{} was disrupted: {other}",
+                on(" on node ")
             )),
         }
     }
@@ -742,5 +754,34 @@ mod tests {
         assert_eq!(at("b"), Some(0));
         assert_eq!(at("c"), Some(0));
         assert_eq!(at("d"), Some(1));
+    }
+
+    #[test]
+    fn a_disruption_names_the_rank_and_the_node_from_the_pods_last_state() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "j-1-job-2", "labels": {LABEL_TASK_INDEX: "2"}},
+            "spec": {"nodeName": "n7", "containers": []},
+            "status": {"conditions": [{"type": "DisruptionTarget", "status": "True",
+                "reason": "DeletionByTaintManager", "message": "Taint manager: deleting due to NoExecute taint"}]}
+        }))
+        .unwrap();
+        assert_eq!(
+            Disruption::of(&pod).unwrap().describe(),
+            "rank 2's node n7 became unreachable (Taint manager: deleting due to NoExecute taint)"
+        );
+        assert_eq!(
+            Disruption::deleted(&pod).describe(),
+            "rank 2's pod on node n7 was deleted"
+        );
+        let mut plain = pod.clone();
+        plain.status = None;
+        assert_eq!(Disruption::of(&plain), None, "no condition, no said reason");
+        let unknown = Disruption {
+            rank: None,
+            node: None,
+            reason: "Something".into(),
+            message: String::new(),
+        };
+        assert_eq!(unknown.describe(), "a rank's pod was disrupted: Something");
     }
 }
