@@ -124,15 +124,58 @@ async fn the_ranks_of_a_job_are_read_together_in_time_order() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn following_prints_lines_as_they_come_and_ends_with_the_job() {
-    let (sim, client) = start_with(|c| c.pod_start_delay = Duration::ZERO).await;
+async fn following_waits_for_the_ranks_prints_lines_as_they_come_and_ends_with_the_job() {
+    // Containers start 10 s after their pods are bound: the command begins before there is a log.
+    let (sim, client) = start_with(|c| c.pod_start_delay = Duration::from_secs(10)).await;
     namespace(&client, NS).await;
-    start_gang(&sim, &client, "j-live", "echo one; sleep 30; echo two").await;
+    jobs(&client, NS)
+        .create(
+            &PostParams::default(),
+            &dynamic(gang_job(
+                "j-live",
+                NS,
+                2,
+                "1",
+                &["sh", "-c", "echo one; sleep 30; echo two"],
+            )),
+        )
+        .await
+        .unwrap();
+    sim.advance(Duration::from_secs(1));
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_volcano-runner"))
         .args(["logs", "--cluster", &sim.url(), "live", "--follow"])
         .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("logs --follow starts");
+    // It finds no log yet and says so on stderr, once per rank, and waits; then the containers start.
+    let (err_tx, mut err_rx) = tokio::sync::mpsc::unbounded_channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if err_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut said = Vec::new();
+    while said.len() < 2 {
+        let line = tokio::time::timeout(Duration::from_secs(30), err_rx.recv())
+            .await
+            .expect("it says why it waits within 30 s")
+            .expect("a line on stderr");
+        said.push(line);
+    }
+    said.sort();
+    assert!(
+        said[0].starts_with(
+            "[rank 0] waiting: container \"user-job\" in pod \"j-live-job-0\" is waiting to start"
+        ),
+        "{said:?}"
+    );
+    assert!(said[1].starts_with("[rank 1] waiting: "), "{said:?}");
+    sim.advance(Duration::from_secs(10));
     // Its lines, read on a thread of their own; `None` when its output ends.
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let stdout = child.stdout.take().unwrap();
@@ -161,4 +204,12 @@ async fn following_prints_lines_as_they_come_and_ends_with_the_job() {
     // Its output has ended: the process has ended or is about to.
     let status = child.wait().unwrap();
     assert!(status.success());
+    let mut more = Vec::new();
+    while let Ok(line) = err_rx.try_recv() {
+        more.push(line);
+    }
+    assert!(
+        more.is_empty(),
+        "nothing more said while it waited: {more:?}"
+    );
 }
