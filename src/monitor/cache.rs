@@ -1132,6 +1132,7 @@ impl Cache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::volcano::PodGroupPhase;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
     use std::collections::BTreeMap;
 
@@ -1467,6 +1468,95 @@ mod tests {
                 .node
                 .as_deref(),
             Some("n6")
+        );
+    }
+
+    fn group(ns: &str, name: &str, owner: &str, created: i64, phase: PodGroupPhase) -> PodGroup {
+        let mut pg = PodGroup::default();
+        pg.metadata.namespace = Some(ns.into());
+        pg.metadata.name = Some(name.into());
+        pg.metadata.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                Timestamp::from_second(1_800_000_000 + created).unwrap(),
+            ));
+        pg.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "batch.volcano.sh/v1alpha1".into(),
+            kind: "Job".into(),
+            name: owner.into(),
+            ..OwnerReference::default()
+        }]);
+        pg.spec.min_member = Some(1);
+        pg.spec.min_resources = BTreeMap::from([
+            ("cpu".to_owned(), Quantity("15".into())),
+            ("memory".to_owned(), Quantity("1Gi".into())),
+        ]);
+        pg.status = Some(crate::volcano::PodGroupStatus {
+            phase: Some(phase),
+            ..Default::default()
+        });
+        pg
+    }
+
+    #[test]
+    fn the_monitors_estimates_hold_a_whole_node_ranks_node_whole() {
+        let keys = AnnotationKeys::new("ucloud.dk/");
+        let now = Timestamp::from_second(1_800_000_100).unwrap();
+        let nodes: Vec<Node> = ["n0", "n1"]
+            .iter()
+            .map(|n| Node {
+                name: (*n).into(),
+                allocatable: Resources {
+                    cpu_milli: 16_000,
+                    memory_mib: 65_536,
+                    gpu: 0,
+                },
+            })
+            .collect();
+        let estimate_of = |exclusive: bool| {
+            let mut c = Cache::new();
+            // j-a: one rank of 1 CPU on n0 until +200 s (its node whole when `exclusive`); j-b: one
+            // rank of 15 CPUs on n1 until +400 s.
+            for (name, node, cpu, ends) in [("j-a", "n0", "1", 200), ("j-b", "n1", "15", 400)] {
+                let mut j = job("ns", name, "1");
+                let mut annotations = BTreeMap::from([(
+                    keys.expiry.clone(),
+                    (1_800_000_000_000i64 + ends * 1000).to_string(),
+                )]);
+                if exclusive && name == "j-a" {
+                    annotations.insert(keys.exclusive_nodes.clone(), "true".into());
+                }
+                j.metadata.annotations = Some(annotations);
+                c.apply_job(j);
+                let mut g = group("ns", &format!("{name}-pg"), name, 0, PodGroupPhase::Running);
+                g.spec.min_resources = BTreeMap::from([("cpu".to_owned(), Quantity(cpu.into()))]);
+                c.apply_group(g);
+                let mut p = pod("ns", name, &format!("{name}-job-0"));
+                p.spec = Some(PodSpec {
+                    node_name: Some(node.into()),
+                    ..PodSpec::default()
+                });
+                c.apply_pod(p);
+            }
+            // A waiting job of 15 CPUs: room beside j-a at once, unless j-a holds n0 whole.
+            let wait = c.apply_job(job("ns", "j-wait", "1"));
+            c.apply_group(group(
+                "ns",
+                "j-wait-pg",
+                "j-wait",
+                50,
+                PodGroupPhase::Inqueue,
+            ));
+            c.estimate_starts(&nodes, &keys, now);
+            match c.snapshot(&wait).unwrap().estimate.as_deref() {
+                Some(Estimate::At { start, .. }) => *start,
+                other => panic!("an estimate: {other:?}"),
+            }
+        };
+        assert_eq!(estimate_of(false), now, "15 CPUs are free beside j-a");
+        assert_eq!(
+            estimate_of(true),
+            Timestamp::from_second(1_800_000_200).unwrap(),
+            "n0 is j-a's whole until it ends"
         );
     }
 }
