@@ -33,10 +33,15 @@ pub fn status(job_id: &str, hash: &str) -> String {
     format!("{job_id}/status/{hash}")
 }
 
-/// `<jobId>/restart/<retryCount>`: the status event telling that Volcano restarted the job, numbered by
-/// Volcano's `status.retryCount`.
-pub fn restart(job_id: &str, retry_count: i32) -> String {
-    format!("{job_id}/restart/{retry_count}")
+/// `<jobId>/restart/<retryCount>/<hash>`: the status event telling that Volcano restarted the job,
+/// numbered by Volcano's `status.retryCount`; the hash (16 hex digits of the text's SHA-256) keeps the id a
+/// function of what it says, since a runner taking over may know less of the cause than the one that
+/// published first and crashed before recording it.
+pub fn restart(job_id: &str, retry_count: i32, text: &str) -> String {
+    format!(
+        "{job_id}/restart/{retry_count}/{}",
+        body_fingerprint16(text.as_bytes())
+    )
 }
 
 /// `<jobId>/<n>`: the n-th accounting tick (from 0), whose index is recorded in `accountedTicks`.

@@ -514,12 +514,14 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     if let Some(e) = obs.estimate {
         tell_estimate(&mut reason.details, e);
     }
-    // The id is a function of what the event says, the estimate included.
-    let content = if estimate.is_empty() {
-        reason.text.clone()
-    } else {
-        format!("{}\n{estimate}", reason.text)
-    };
+    // The id is a function of everything the event says: its text and every detail (the estimate, its
+    // basis, the position), so two runners that see the job differently publish two ids, never one id
+    // with two contents.
+    let content = format!(
+        "{}\n{}",
+        reason.text,
+        hex(&prost::Message::encode_to_vec(&reason.details))
+    );
     let chained = events::status_hash(previous, reason.reason, &content);
     let fallback = created.unwrap_or(now);
     let event = events::status(&facts.job_id, &chained, &reason, fallback, &s.runner_id);
@@ -540,7 +542,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
 }
 
 /// Volcano restarted the job (a rank's pod was taken away and the policy restarts the whole gang): tell
-/// the user, once per restart, why and where (`<jobId>/restart/<retryCount>`), and record it. A restart
+/// the user, once per restart, why and where (`<jobId>/restart/<retryCount>/<hash>`), and record it. A restart
 /// whose cause the pods' watch has not shown yet waits for it a moment (`VIEW_LAG_GRACE`), then is told
 /// without it. The ticks go on by the job's first start: the time of a restart is charged once, like
 /// any other.
@@ -588,6 +590,10 @@ fn restart_step(obs: &Observed<'_>, s: &Settings, job_id: &str, now: Timestamp) 
         again: true,
         ..Action::default()
     }))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// An estimate as persisted with the status it was told in: `at:<epoch ms>`, `never`, `unbounded`.

@@ -101,9 +101,9 @@ pub fn status(
     }
 }
 
-/// The status event of a restart, `<jobId>/restart/<retryCount>`: Volcano's retry count numbers the
-/// restarts, so the id and the content are the same whoever publishes it; its time is when Volcano
-/// restarted the job.
+/// The status event of a restart, `<jobId>/restart/<retryCount>/<hash of the text>`: Volcano's retry
+/// count numbers the restarts and the text completes the id, so one id never has two contents; its time
+/// is when Volcano restarted the job.
 pub fn restart(
     job_id: &str,
     retry_count: i32,
@@ -112,7 +112,7 @@ pub fn restart(
     runner_id: &str,
 ) -> JobEvent {
     JobEvent {
-        event_id: crate::durable::ids::restart(job_id, retry_count),
+        event_id: crate::durable::ids::restart(job_id, retry_count, &text),
         job_id: job_id.to_owned(),
         state: JobState::Unspecified as i32,
         status: text,

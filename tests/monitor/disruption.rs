@@ -50,6 +50,27 @@ async fn running_on(w: &mut World, ns: &str, pod: &str) -> String {
     panic!("{pod} never ran:\n{}", w.dump().await);
 }
 
+/// The status event of the job's n-th restart: `<jobId>/restart/<n>/<hash of its text>`.
+fn restart_event(seen: &Seen, job_id: &str, n: i32) -> volcano_runner::messages::v1::JobEvent {
+    let prefix = format!("{job_id}/restart/{n}/");
+    let found: Vec<_> = seen
+        .of(job_id)
+        .lifecycle
+        .iter()
+        .filter(|e| e.event_id.starts_with(&prefix))
+        .cloned()
+        .collect();
+    assert_eq!(found.len(), 1, "one event for restart {n}: {found:?}");
+    assert_eq!(
+        found[0].event_id,
+        format!(
+            "{prefix}{}",
+            volcano_runner::durable::ids::body_fingerprint16(found[0].status.as_bytes())
+        )
+    );
+    found[0].clone()
+}
+
 fn restarts(seen: &Seen, job_id: &str) -> Vec<String> {
     seen.of(job_id)
         .lifecycle
@@ -85,10 +106,10 @@ async fn a_lost_node_restarts_the_whole_job_told_once_and_charged_once() {
         .await
         .expect("the node is deleted");
     advance_until(&mut w, "the restart's status event", 5, 24, |s| {
-        s.event("d1/restart/1").is_some()
+        !restarts(s, "d1").is_empty()
     })
     .await;
-    let told = w.seen.event("d1/restart/1").unwrap().clone();
+    let told = restart_event(&w.seen, "d1", 1);
     assert_eq!(told.state, JobState::Unspecified as i32, "a status event");
     assert_eq!(
         told.status,
@@ -166,9 +187,11 @@ async fn evictions_past_max_retry_fail_the_job_naming_the_rank_and_node() {
             .await
             .expect("the pod is evicted");
         if eviction < 3 {
-            let id = format!("d2/restart/{eviction}");
-            advance_until(&mut w, &id, 5, 24, |s| s.event(&id).is_some()).await;
-            let told = w.seen.event(&id).unwrap();
+            advance_until(&mut w, "the restart's status event", 5, 24, |s| {
+                restarts(s, "d2").len() == eviction
+            })
+            .await;
+            let told = restart_event(&w.seen, "d2", eviction as i32);
             assert_eq!(
                 told.status,
                 format!(
