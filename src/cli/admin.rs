@@ -180,6 +180,9 @@ fn queue_text(entries: &[QueueEntry]) -> String {
         if r.gpu > 0 {
             each.push_str(&format!(" {} GPU", r.gpu));
         }
+        if e.whole_nodes {
+            each.push_str(", whole node");
+        }
         let limit = e.time_allocation_s.map_or_else(
             || "none".to_owned(),
             |s| format!("{}h{:02}m", s / 3600, (s % 3600) / 60),

@@ -61,6 +61,8 @@ pub struct QueueEntry {
     pub job_id: Option<String>,
     pub ranks: u32,
     pub per_rank: RankResources,
+    /// Each rank needs a node to itself (`exclusiveNodes`).
+    pub whole_nodes: bool,
     /// Its time allocation in seconds; `None`: no time limit.
     pub time_allocation_s: Option<i64>,
     /// `Pending` (not yet admitted to its queue) or `Inqueue` (admitted, waiting for its gang to fit).
@@ -301,6 +303,7 @@ pub fn forecast(view: ClusterView<'_>, keys: &AnnotationKeys, now: Timestamp) ->
                 job: job.map(|k| k.name),
                 ranks: p.replicas,
                 per_rank: p.per_rank.into(),
+                whole_nodes: p.exclusive,
                 time_allocation_s: p.runs_for.map(|d| d.as_secs()),
                 phase: pg
                     .status

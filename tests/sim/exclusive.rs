@@ -191,6 +191,16 @@ async fn whole_node_ranks_share_their_nodes_with_no_job_and_the_estimate_knows_i
             .parse()
             .unwrap()
     };
+    let whole_nodes = |id: &str| {
+        entries
+            .iter()
+            .find(|e| e.job_id.as_deref() == Some(id))
+            .map(|e| e.whole_nodes)
+    };
+    assert_eq!(
+        (whole_nodes("big"), whole_nodes("whole2")),
+        (Some(false), Some(true))
+    );
     assert_eq!(promised("big"), at(61));
     assert_eq!(promised("whole2"), at(61));
 
