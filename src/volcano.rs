@@ -681,6 +681,16 @@ impl VolcanoJob {
             .map(|s| s.state.phase.clone())
             .unwrap_or(JobPhase::Pending)
     }
+
+    /// How many times Volcano has restarted the job (`status.retryCount`).
+    pub fn retries(&self) -> i32 {
+        self.status.as_ref().map_or(0, |s| s.retry_count).max(0)
+    }
+
+    /// The attempts it is allowed in all: `spec.maxRetry`, or Volcano's default of 3 when unset.
+    pub fn max_attempts(&self) -> i32 {
+        self.spec.max_retry.filter(|m| *m > 0).unwrap_or(3)
+    }
 }
 
 #[cfg(test)]

@@ -368,6 +368,13 @@ async fn snapshot(
             Err(why) => eprintln!("[rank {rank}] no log: {why}"),
         }
     }
+    if logs.is_empty() && !ranks.is_empty() {
+        // Nothing to show at all: say so in the exit code too, as `kubectl logs` does.
+        return Err(CliError::Other(format!(
+            "no rank of job {} has a log to show (each says why above); --follow waits for them",
+            reader.job_id
+        )));
+    }
     let mut out = std::io::stdout().lock();
     for line in interleave(logs) {
         if write_line(&mut out, &line, timestamps).is_err() {

@@ -100,6 +100,36 @@ impl std::fmt::Display for JobKey {
     }
 }
 
+/// The resource traits of a slim read type from the full type it stands for, so that its watch and lists
+/// ask the API for that kind while only the fields the monitor reads are deserialized.
+macro_rules! reads_as {
+    ($slim:ty, $full:ty) => {
+        impl k8s_openapi::Resource for $slim {
+            const API_VERSION: &'static str = <$full as k8s_openapi::Resource>::API_VERSION;
+            const GROUP: &'static str = <$full as k8s_openapi::Resource>::GROUP;
+            const KIND: &'static str = <$full as k8s_openapi::Resource>::KIND;
+            const VERSION: &'static str = <$full as k8s_openapi::Resource>::VERSION;
+            const URL_PATH_SEGMENT: &'static str =
+                <$full as k8s_openapi::Resource>::URL_PATH_SEGMENT;
+            type Scope = <$full as k8s_openapi::Resource>::Scope;
+        }
+
+        impl k8s_openapi::ListableResource for $slim {
+            const LIST_KIND: &'static str = <$full as k8s_openapi::ListableResource>::LIST_KIND;
+        }
+
+        impl k8s_openapi::Metadata for $slim {
+            type Ty = ObjectMeta;
+            fn metadata(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn metadata_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
 /// A VolcanoJob as read from the API: metadata, the few spec fields the monitor uses, and status.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct WatchedJob {
@@ -156,28 +186,7 @@ impl WatchedJob {
     }
 }
 
-impl k8s_openapi::Resource for WatchedJob {
-    const API_VERSION: &'static str = <VolcanoJob as k8s_openapi::Resource>::API_VERSION;
-    const GROUP: &'static str = <VolcanoJob as k8s_openapi::Resource>::GROUP;
-    const KIND: &'static str = <VolcanoJob as k8s_openapi::Resource>::KIND;
-    const VERSION: &'static str = <VolcanoJob as k8s_openapi::Resource>::VERSION;
-    const URL_PATH_SEGMENT: &'static str = <VolcanoJob as k8s_openapi::Resource>::URL_PATH_SEGMENT;
-    type Scope = k8s_openapi::NamespaceResourceScope;
-}
-
-impl k8s_openapi::ListableResource for WatchedJob {
-    const LIST_KIND: &'static str = "JobList";
-}
-
-impl k8s_openapi::Metadata for WatchedJob {
-    type Ty = ObjectMeta;
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+reads_as!(WatchedJob, VolcanoJob);
 
 /// A Pod as read from the API: metadata and status, no spec.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -200,39 +209,22 @@ struct SlimPodSpec {
 
 impl WatchedPod {
     /// Why it is being taken away, when its status says so (read before [`WatchedPod::into_pod`] drops
-    /// the conditions; only a pod that has a `DisruptionTarget` condition is copied for it).
+    /// the conditions).
     pub fn disruption(&self) -> Option<Disruption> {
-        let said = self
-            .status
-            .as_ref()?
-            .conditions
-            .as_ref()?
-            .iter()
-            .any(|c| c.type_ == "DisruptionTarget" && c.status == "True");
-        said.then(|| Disruption::of(&self.view(true))).flatten()
+        Disruption::said(
+            self.metadata.labels.as_ref(),
+            self.node_name(),
+            self.status.as_ref().and_then(|s| s.conditions.as_deref()),
+        )
     }
 
     /// What its deletion tells without a condition: its rank and node.
     pub fn deleted(&self) -> Disruption {
-        Disruption::deleted(&self.view(false))
+        Disruption::deleted(self.metadata.labels.as_ref(), self.node_name())
     }
 
-    fn view(&self, with_status: bool) -> Pod {
-        Pod {
-            metadata: ObjectMeta {
-                labels: self.metadata.labels.clone(),
-                ..ObjectMeta::default()
-            },
-            spec: Some(PodSpec {
-                node_name: self.spec.as_ref().and_then(|s| s.node_name.clone()),
-                ..Default::default()
-            }),
-            status: if with_status {
-                self.status.clone()
-            } else {
-                None
-            },
-        }
+    fn node_name(&self) -> Option<&str> {
+        self.spec.as_ref().and_then(|s| s.node_name.as_deref())
     }
 
     /// The pod as the monitor keeps it: of its metadata only what identifies it and the two Volcano
@@ -287,28 +279,7 @@ impl WatchedPod {
     }
 }
 
-impl k8s_openapi::Resource for WatchedPod {
-    const API_VERSION: &'static str = "v1";
-    const GROUP: &'static str = "";
-    const KIND: &'static str = "Pod";
-    const VERSION: &'static str = "v1";
-    const URL_PATH_SEGMENT: &'static str = "pods";
-    type Scope = k8s_openapi::NamespaceResourceScope;
-}
-
-impl k8s_openapi::ListableResource for WatchedPod {
-    const LIST_KIND: &'static str = "PodList";
-}
-
-impl k8s_openapi::Metadata for WatchedPod {
-    type Ty = ObjectMeta;
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+reads_as!(WatchedPod, Pod);
 
 /// A Node as read from the API: its name, whether it is cordoned and what it can hold (a node's status
 /// lists its images and conditions too, tens of kilobytes the monitor never reads).
@@ -348,28 +319,7 @@ impl WatchedNode {
     }
 }
 
-impl k8s_openapi::Resource for WatchedNode {
-    const API_VERSION: &'static str = "v1";
-    const GROUP: &'static str = "";
-    const KIND: &'static str = "Node";
-    const VERSION: &'static str = "v1";
-    const URL_PATH_SEGMENT: &'static str = "nodes";
-    type Scope = k8s_openapi::ClusterResourceScope;
-}
-
-impl k8s_openapi::ListableResource for WatchedNode {
-    const LIST_KIND: &'static str = "NodeList";
-}
-
-impl k8s_openapi::Metadata for WatchedNode {
-    type Ty = ObjectMeta;
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+reads_as!(WatchedNode, k8s_openapi::api::core::v1::Node);
 
 /// A pod as the cache holds it: a [`Pod`] without the spec (whose inline size alone is 1.4 KB, even
 /// empty) and without the labels map (a B-tree node of over half a kilobyte for two labels). Its job is
@@ -732,7 +682,7 @@ impl Cache {
         {
             return;
         }
-        let generation = job.status.as_ref().map_or(0, |s| s.retry_count);
+        let generation = job.retries();
         if let Some((g, s, _)) = self.disruptions.get(key)
             && *g == generation
             && (*s || !said)

@@ -295,14 +295,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
             .and_then(|t| t.checked_add(s.cleanup_grace).ok())
             .is_some_and(|t| now >= t);
     if phase.is_finished() || settled {
-        let disrupted = obs.disruption.map(|(_, d)| d.describe()).or_else(|| {
-            job.metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(&s.keys.disruption))
-                .cloned()
-        });
-        let outcome = natural(job, &facts, &ranks, started, disrupted, now);
+        let outcome = natural(job, &facts, &ranks, started, to_blame(obs, s), now);
         let cause = match outcome.state {
             Terminal::Success => "completed",
             _ => "failed",
@@ -520,7 +513,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     let content = format!(
         "{}\n{}",
         reason.text,
-        hex(&prost::Message::encode_to_vec(&reason.details))
+        crate::durable::ids::body_fingerprint16(&prost::Message::encode_to_vec(&reason.details))
     );
     let chained = events::status_hash(previous, reason.reason, &content);
     let fallback = created.unwrap_or(now);
@@ -548,9 +541,11 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
 /// any other.
 fn restart_step(obs: &Observed<'_>, s: &Settings, job_id: &str, now: Timestamp) -> Option<Step> {
     let job = obs.job;
-    let retries = job.status.as_ref().map_or(0, |st| st.retry_count).max(0);
-    let annotations = job.metadata.annotations.as_ref();
-    let told: i32 = annotations
+    let retries = job.retries();
+    let told: i32 = job
+        .metadata
+        .annotations
+        .as_ref()
         .and_then(|a| a.get(&s.keys.restarts))
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
@@ -569,7 +564,7 @@ fn restart_step(obs: &Observed<'_>, s: &Settings, job_id: &str, now: Timestamp) 
         });
     }
     let why = seen.map_or_else(|| "a rank's pod was lost".to_owned(), Disruption::describe);
-    let max = job.spec.max_retry.unwrap_or(3);
+    let max = job.max_attempts();
     let event = events::restart(
         job_id,
         retries,
@@ -592,8 +587,24 @@ fn restart_step(obs: &Observed<'_>, s: &Settings, job_id: &str, now: Timestamp) 
     }))
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// The disruption a job that Volcano failed or terminated ended by, in words: one in its current attempt
+/// (seen by the watch), or, once its attempts are used up, the last one seen or recorded. An older one
+/// that the job was restarted after and went on from is not blamed.
+fn to_blame(obs: &Observed<'_>, s: &Settings) -> Option<String> {
+    let job = obs.job;
+    let retries = job.retries();
+    if retries >= job.max_attempts() {
+        return obs.disruption.map(|(_, d)| d.describe()).or_else(|| {
+            job.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(&s.keys.disruption))
+                .cloned()
+        });
+    }
+    obs.disruption
+        .filter(|(generation, _)| *generation == retries)
+        .map(|(_, d)| d.describe())
 }
 
 /// An estimate as persisted with the status it was told in: `at:<epoch ms>`, `never`, `unbounded`.
@@ -912,9 +923,8 @@ fn natural(
         && let Some(why) = disrupted
     {
         // A rank's pod was taken away (its node lost, an eviction) and the job could not go on.
-        let retries = job.status.as_ref().map_or(0, |s| s.retry_count);
-        let status = if retries > 0 {
-            let max = job.spec.max_retry.unwrap_or(retries);
+        let max = job.max_attempts();
+        let status = if job.retries() >= max {
             format!("The job failed after {why}: all {max} of its attempts (maxRetry) are used up")
         } else {
             format!("The job failed after {why}{}", volcano_words())
@@ -1357,6 +1367,58 @@ mod tests {
         assert_eq!(all[0].duration_ms, 59_000);
         assert!(all[0].r#final);
         assert_eq!(all[0].interval_end.unwrap().seconds, START + 59);
+    }
+
+    #[test]
+    fn a_failure_blames_a_disruption_of_its_own_attempt_or_the_last_once_the_attempts_are_used_up()
+    {
+        let s = settings(|_| {});
+        let mut job = job(&s);
+        set_phase(&mut job, JobPhase::Failed, 50);
+        job.metadata.annotations.get_or_insert_default().insert(
+            s.keys.disruption.clone(),
+            "rank 0's node n1 was lost".into(),
+        );
+        let seen = Disruption {
+            rank: Some(0),
+            node: Some("n2".into()),
+            reason: "EvictionByEvictionAPI".into(),
+            message: String::new(),
+        };
+        let blame = |job: &VolcanoJob, disruption: Option<(i32, &Disruption)>| {
+            to_blame(
+                &Observed {
+                    job,
+                    pods: &[],
+                    podgroup: None,
+                    jobs_ahead: None,
+                    estimate: None,
+                    estimate_pending: false,
+                    disruption,
+                    fresh_at: None,
+                },
+                &s,
+            )
+        };
+        job.status.as_mut().unwrap().retry_count = 1;
+        // Restarted after n1 and went on: a later failure is not n1's doing, nor an older eviction's.
+        assert_eq!(blame(&job, None), None);
+        assert_eq!(blame(&job, Some((0, &seen))), None);
+        // A disruption in this attempt is.
+        assert_eq!(
+            blame(&job, Some((1, &seen))).as_deref(),
+            Some("rank 0's pod was evicted from node n2")
+        );
+        // Attempts used up (3 of 3): the last one seen, else the one recorded.
+        job.status.as_mut().unwrap().retry_count = 3;
+        assert_eq!(
+            blame(&job, Some((2, &seen))).as_deref(),
+            Some("rank 0's pod was evicted from node n2")
+        );
+        assert_eq!(
+            blame(&job, None).as_deref(),
+            Some("rank 0's node n1 was lost")
+        );
     }
 
     #[test]

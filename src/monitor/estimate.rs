@@ -132,8 +132,8 @@ pub fn estimate(
     now: Timestamp,
 ) -> Vec<Estimate> {
     let mut free: Vec<Resources> = nodes.iter().map(|n| n.allocatable).collect();
-    let largest = largest_node(nodes);
     let types = node_types(nodes);
+    let largest = largest_node(&types);
     // What each job holds (running first, then pending ones as they are placed) and when it ends.
     let mut holdings: Vec<Vec<(usize, Resources)>> =
         Vec::with_capacity(running.len() + pending.len());
@@ -247,13 +247,15 @@ pub fn estimate(
     out
 }
 
-/// The most a single node offers of each resource (for "can it ever fit").
-fn largest_node(nodes: &[Node]) -> Resources {
-    nodes.iter().fold(Resources::default(), |m, n| Resources {
-        cpu_milli: m.cpu_milli.max(n.allocatable.cpu_milli),
-        memory_mib: m.memory_mib.max(n.allocatable.memory_mib),
-        gpu: m.gpu.max(n.allocatable.gpu),
-    })
+/// The most a single node offers of each resource (for "can it ever fit"), from the node types.
+fn largest_node(types: &[(Resources, u64)]) -> Resources {
+    types
+        .iter()
+        .fold(Resources::default(), |m, (n, _)| Resources {
+            cpu_milli: m.cpu_milli.max(n.cpu_milli),
+            memory_mib: m.memory_mib.max(n.memory_mib),
+            gpu: m.gpu.max(n.gpu),
+        })
 }
 
 /// The distinct node sizes and how many nodes have each: a cluster has a handful of node types, so "can

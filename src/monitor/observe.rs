@@ -2,7 +2,9 @@
 //! failures, and why a job is still pending, in plain language. Pure functions of the observed objects.
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition};
 
 use crate::messages::v1::PendingDetails;
 use crate::pipeline::hooks::ProductFacts;
@@ -25,35 +27,28 @@ pub struct Disruption {
 
 impl Disruption {
     /// From a pod's labels, node and conditions; `None` without a `DisruptionTarget` condition.
-    pub fn of(pod: &Pod) -> Option<Disruption> {
-        let cond = pod
-            .status
-            .as_ref()?
-            .conditions
-            .as_ref()?
+    pub fn said(
+        labels: Option<&BTreeMap<String, String>>,
+        node: Option<&str>,
+        conditions: Option<&[PodCondition]>,
+    ) -> Option<Disruption> {
+        let cond = conditions?
             .iter()
             .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")?;
         Some(Disruption {
             reason: cond.reason.clone().unwrap_or_default(),
             message: cond.message.clone().unwrap_or_default(),
-            ..Disruption::deleted(pod)
+            ..Disruption::deleted(labels, node)
         })
     }
 
     /// A pod deleted without a word of why (`kubectl delete pod`, a drain without the eviction API).
-    pub fn deleted(pod: &Pod) -> Disruption {
+    pub fn deleted(labels: Option<&BTreeMap<String, String>>, node: Option<&str>) -> Disruption {
         Disruption {
-            rank: pod
-                .metadata
-                .labels
-                .as_ref()
+            rank: labels
                 .and_then(|l| l.get(LABEL_TASK_INDEX))
                 .and_then(|r| r.parse().ok()),
-            node: pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.clone())
-                .filter(|n| !n.is_empty()),
+            node: node.filter(|n| !n.is_empty()).map(str::to_owned),
             reason: String::new(),
             message: String::new(),
         }
@@ -765,17 +760,28 @@ mod tests {
                 "reason": "DeletionByTaintManager", "message": "Taint manager: deleting due to NoExecute taint"}]}
         }))
         .unwrap();
+        let labels = pod.metadata.labels.as_ref();
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        fn conditions(p: &Pod) -> Option<&[PodCondition]> {
+            p.status.as_ref().and_then(|s| s.conditions.as_deref())
+        }
         assert_eq!(
-            Disruption::of(&pod).unwrap().describe(),
+            Disruption::said(labels, node, conditions(&pod))
+                .unwrap()
+                .describe(),
             "rank 2's node n7 became unreachable (Taint manager: deleting due to NoExecute taint)"
         );
         assert_eq!(
-            Disruption::deleted(&pod).describe(),
+            Disruption::deleted(labels, node).describe(),
             "rank 2's pod on node n7 was deleted"
         );
         let mut plain = pod.clone();
         plain.status = None;
-        assert_eq!(Disruption::of(&plain), None, "no condition, no said reason");
+        assert_eq!(
+            Disruption::said(labels, node, conditions(&plain)),
+            None,
+            "no condition, no said reason"
+        );
         let unknown = Disruption {
             rank: None,
             node: None,

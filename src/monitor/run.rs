@@ -507,10 +507,12 @@ impl Loop {
                 return;
             }
         }
-        // Every list is in: estimate when the waiting jobs start, then look at every job of ours. One
-        // that has not changed since it was decided (and is not in hand, and not gone) keeps its
-        // decision without being queued.
-        self.estimate();
+        // Every list is in: estimate when the waiting jobs start (unless nothing changed since the last
+        // time), then look at every job of ours. One that has not changed since it was decided (and is
+        // not in hand, and not gone) keeps its decision without being queued.
+        if self.estimates_stale {
+            self.estimate();
+        }
         let Some(pass) = &mut self.pass else { return };
         let shards = self.exec.shards.borrow().clone();
         let mut owned = 0;

@@ -16,7 +16,7 @@ use kube::Api;
 use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use volcano_runner::durable::AnnotationKeys;
-use volcano_runner::monitor::forecast::{ClusterView, forecast};
+use volcano_runner::monitor::forecast::{ClusterView, QueueEntry, forecast};
 use volcano_runner::sim::NodeSpec;
 use volcano_runner::volcano::{PodGroup, VolcanoJob};
 
@@ -118,8 +118,8 @@ fn nodes() -> Vec<NodeSpec> {
     ]
 }
 
-/// What the estimate reads, listed as `admin queue` lists it.
-async fn estimates(client: &kube::Client, now: Timestamp) -> BTreeMap<String, Option<Timestamp>> {
+/// The waiting jobs with their estimates, from the lists `admin queue` makes.
+pub(crate) async fn queue_entries(client: &kube::Client, now: Timestamp) -> Vec<QueueEntry> {
     let all = ListParams::default();
     let nodes = Api::<Node>::all(client.clone()).list(&all).await.unwrap();
     let pods = Api::<Pod>::all(client.clone()).list(&all).await.unwrap();
@@ -139,6 +139,12 @@ async fn estimates(client: &kube::Client, now: Timestamp) -> BTreeMap<String, Op
         jobs: &vcjobs.items,
     };
     forecast(view, &AnnotationKeys::new("ucloud.dk/"), now)
+}
+
+/// Each waiting job's estimated start, by job (or PodGroup) name.
+async fn estimates(client: &kube::Client, now: Timestamp) -> BTreeMap<String, Option<Timestamp>> {
+    queue_entries(client, now)
+        .await
         .into_iter()
         .map(|e| {
             let at = e.estimate.start_at.as_deref().map(|s| s.parse().unwrap());

@@ -6,16 +6,15 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 use serde_json::{Value, json};
-use volcano_runner::durable::AnnotationKeys;
-use volcano_runner::monitor::forecast::{ClusterView, forecast};
 use volcano_runner::pipeline::plugins::task::exclusive_affinity;
 use volcano_runner::sim::NodeSpec;
-use volcano_runner::volcano::{PodGroup, VolcanoJob};
+use volcano_runner::volcano::PodGroup;
 
+use crate::estimates::queue_entries;
 use crate::sim_support::{dynamic, gang_job, jobs, namespace, start_with};
 
 fn node(name: &str) -> NodeSpec {
@@ -159,27 +158,7 @@ async fn whole_node_ranks_share_their_nodes_with_no_job_and_the_estimate_knows_i
     // The estimates: the whole-node ranks hold their nodes until they end by 61 s; j-small's node has
     // 14 CPUs free until 100 s. Counting only the 1 CPU each whole-node rank asks for would start j-big
     // now; j-whole2 waits for a node nobody uses.
-    let all = ListParams::default();
-    let nodes = Api::<Node>::all(client.clone()).list(&all).await.unwrap();
-    let pods = Api::<Pod>::all(client.clone()).list(&all).await.unwrap();
-    let groups = Api::<PodGroup>::all(client.clone())
-        .list(&all)
-        .await
-        .unwrap();
-    let vcjobs = Api::<VolcanoJob>::all(client.clone())
-        .list(&all)
-        .await
-        .unwrap();
-    let entries = forecast(
-        ClusterView {
-            nodes: &nodes.items,
-            pods: &pods.items,
-            groups: &groups.items,
-            jobs: &vcjobs.items,
-        },
-        &AnnotationKeys::new("ucloud.dk/"),
-        sim.now(),
-    );
+    let entries = queue_entries(&client, sim.now()).await;
     let promised = |id: &str| -> Timestamp {
         let entry = entries
             .iter()

@@ -35,6 +35,22 @@ fn stdout_lines(out: &Output) -> Vec<String> {
         .collect()
 }
 
+/// The lines of a child's output, read on a thread of their own; the channel closes when it ends.
+fn lines_of(
+    out: impl std::io::Read + Send + 'static,
+) -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
 async fn pod_phase(pods: &Api<Pod>, name: &str) -> String {
     pods.get_opt(name)
         .await
@@ -142,6 +158,16 @@ async fn following_waits_for_the_ranks_prints_lines_as_they_come_and_ends_with_t
         .await
         .unwrap();
     sim.advance(Duration::from_secs(1));
+    // Without --follow there is nothing to show yet, and the exit code says so.
+    let nothing = logs(&sim, &["live"]);
+    assert!(!nothing.status.success());
+    let said = String::from_utf8_lossy(&nothing.stderr);
+    assert!(
+        said.contains(
+            "[rank 1] no log: container \"user-job\" in pod \"j-live-job-1\" is waiting to start"
+        ) && said.contains("no rank of job live has a log to show"),
+        "{said}"
+    );
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_volcano-runner"))
         .args(["logs", "--cluster", &sim.url(), "live", "--follow"])
         .stdout(std::process::Stdio::piped())
@@ -149,16 +175,7 @@ async fn following_waits_for_the_ranks_prints_lines_as_they_come_and_ends_with_t
         .spawn()
         .expect("logs --follow starts");
     // It finds no log yet and says so on stderr, once per rank, and waits; then the containers start.
-    let (err_tx, mut err_rx) = tokio::sync::mpsc::unbounded_channel();
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if err_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let mut err_rx = lines_of(child.stderr.take().unwrap());
     let mut said = Vec::new();
     while said.len() < 2 {
         let line = tokio::time::timeout(Duration::from_secs(30), err_rx.recv())
@@ -176,17 +193,7 @@ async fn following_waits_for_the_ranks_prints_lines_as_they_come_and_ends_with_t
     );
     assert!(said[1].starts_with("[rank 1] waiting: "), "{said:?}");
     sim.advance(Duration::from_secs(10));
-    // Its lines, read on a thread of their own; `None` when its output ends.
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let mut rx = lines_of(child.stdout.take().unwrap());
     let mut next = async || {
         tokio::time::timeout(Duration::from_secs(30), rx.recv())
             .await

@@ -55,7 +55,7 @@ fn condition(ty: &str, status: &str, now: &str) -> Value {
     json!({"type": ty, "status": status, "lastProbeTime": null, "lastTransitionTime": now})
 }
 
-fn set_condition(pod: &mut Value, cond: Value) {
+pub(super) fn set_condition(pod: &mut Value, cond: Value) {
     let ty = cond["type"].clone();
     let list = pod["status"]
         .as_object_mut()

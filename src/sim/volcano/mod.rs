@@ -31,18 +31,14 @@ use nodes::Node;
 /// Marks a pod as about to go for a reason that is not its own doing (the `DisruptionTarget` condition
 /// Kubernetes sets before an eviction, a preemption or a garbage collection).
 pub fn disruption(pod: &mut Value, reason: &str, message: &str, now: &str) {
-    let cond = json!({"type": "DisruptionTarget", "status": "True", "reason": reason,
-                      "message": message, "lastTransitionTime": now});
     if !pod["status"].is_object() {
         pod["status"] = json!({});
     }
-    let list = pod["status"]
-        .as_object_mut()
-        .map(|s| s.entry("conditions").or_insert_with(|| json!([])));
-    if let Some(Value::Array(list)) = list {
-        list.retain(|c| c["type"] != "DisruptionTarget");
-        list.push(cond);
-    }
+    kubelet::set_condition(
+        pod,
+        json!({"type": "DisruptionTarget", "status": "True", "reason": reason,
+               "message": message, "lastTransitionTime": now}),
+    );
 }
 
 /// The model's settings (from [`crate::sim::SimConfig`]).
