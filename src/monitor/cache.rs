@@ -1370,55 +1370,29 @@ mod tests {
     fn a_disruption_is_kept_once_per_restart_and_volcanos_own_deletions_are_none() {
         let mut c = Cache::new();
         let key = c.apply_job(running("ns", "j-1", "1", JobPhase::Running, 0));
+        let kept = |c: &Cache| c.snapshot(&key).unwrap().disruption.unwrap();
         // A plain deletion while Running counts, until a said reason for the same restart replaces it.
         c.note_disruption(&key, lost("n1", ""), false);
-        assert_eq!(
-            c.snapshot(&key)
-                .unwrap()
-                .disruption
-                .unwrap()
-                .1
-                .node
-                .as_deref(),
-            Some("n1")
-        );
+        assert_eq!(kept(&c).1.node.as_deref(), Some("n1"));
         c.note_disruption(&key, lost("n2", "DeletionByPodGC"), true);
-        let (generation, d) = c.snapshot(&key).unwrap().disruption.unwrap();
+        let (generation, d) = kept(&c);
         assert_eq!((generation, d.reason.as_str()), (0, "DeletionByPodGC"));
         // Neither a later plain deletion nor a second said one replaces it within that restart.
         c.note_disruption(&key, lost("n3", ""), false);
         c.note_disruption(&key, lost("n4", "EvictionByEvictionAPI"), true);
-        assert_eq!(
-            c.snapshot(&key)
-                .unwrap()
-                .disruption
-                .unwrap()
-                .1
-                .node
-                .as_deref(),
-            Some("n2")
-        );
+        assert_eq!(kept(&c).1.node.as_deref(), Some("n2"));
         // Volcano restarts the job: the pods it deletes itself are no disruption.
         c.apply_job(running("ns", "j-1", "2", JobPhase::Restarting, 1));
         c.note_disruption(&key, lost("n5", ""), false);
         assert_eq!(c.snapshot(&key).unwrap().disruption.unwrap().0, 0);
         // The next said one belongs to the next restart.
         c.note_disruption(&key, lost("n6", "EvictionByEvictionAPI"), true);
-        let (generation, d) = c.snapshot(&key).unwrap().disruption.unwrap();
+        let (generation, d) = kept(&c);
         assert_eq!((generation, d.node.as_deref()), (1, Some("n6")));
         // A job on its way out takes none.
         c.apply_job(running("ns", "j-1", "3", JobPhase::Terminating, 1));
         c.note_disruption(&key, lost("n7", "DeletionByPodGC"), true);
-        assert_eq!(
-            c.snapshot(&key)
-                .unwrap()
-                .disruption
-                .unwrap()
-                .1
-                .node
-                .as_deref(),
-            Some("n6")
-        );
+        assert_eq!(kept(&c).1.node.as_deref(), Some("n6"));
     }
 
     fn group(ns: &str, name: &str, owner: &str, created: i64, phase: PodGroupPhase) -> PodGroup {
