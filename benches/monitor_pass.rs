@@ -298,8 +298,9 @@ fn main() {
     let cpu: Duration = bench.passes.iter().map(|p| p.0).sum::<Duration>() / passes;
     let wall: Duration = bench.passes.iter().map(|p| p.1).sum::<Duration>() / passes;
     eprintln!(
-        "monitor: {n} running jobs, {passes} passes: CPU {cpu:?} per pass (wall {wall:?}), peak RSS {:.1} MiB",
-        peak_rss_mib()
+        "monitor: {n} running jobs, {passes} passes: CPU {cpu:?} per pass (wall {wall:?}), peak RSS {:.1} MiB (jemalloc, {} arena(s))",
+        peak_rss_mib(),
+        volcano_runner::alloc::arenas().map_or("?".into(), |n| n.to_string()),
     );
     c.final_summary();
     bench.shutdown.cancel();

@@ -4,7 +4,10 @@
 //! - `ticks`: accounting tick computation, the common case of one due tick per pass and a day's backlog
 //!   (1,440 one-minute ticks after a monitor outage), each tick turned into its message;
 //! - `estimate`: start-time estimates for 10,000 pending jobs (single ranks and gangs of 2 to 8, CPU and
-//!   GPU products) over 1,000 full nodes with 4,000 running jobs ending over the next day.
+//!   GPU products) over 1,000 full nodes with 4,000 running jobs ending over the next day;
+//! - `listing`: reading one page of a metadata list (500 VolcanoJobs with the annotations the runner
+//!   writes, as the simulator and an API server send it) for names and versions, as every
+//!   reconciliation pass does for every watched object.
 //!
 //! Run with `cargo bench --bench pure`; render throughput has its own bench (`render`).
 
@@ -151,5 +154,35 @@ fn estimates(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, decode_validate, ticks, estimates);
+fn listing(c: &mut Criterion) {
+    use volcano_runner::monitor::listing;
+    // The metadata of a running figlet job as an API server lists it (keys in the order Go writes
+    // them: identity, then labels and annotations, then finalizers).
+    let item = |i: usize| {
+        format!(
+            r#"{{"apiVersion":"meta.k8s.io/v1","kind":"PartialObjectMetadata","metadata":{{"name":"j-b{i}","namespace":"bench","uid":"7476cf8a-4baa-4dc0-8ca8-{i:012}","resourceVersion":"{rv}","generation":1,"creationTimestamp":"2026-11-25T20:40:47Z","labels":{{"app.kubernetes.io/managed-by":"volcano-runner"}},"annotations":{{"ucloud.dk/acceptedAt":"1795334400000","ucloud.dk/accountingPeriodMs":"60000","ucloud.dk/application":"figlet@1.0.0","ucloud.dk/expiry":"1795338000000","ucloud.dk/jobStart":"1795334400000","ucloud.dk/lifecycleState":"RUNNING","ucloud.dk/maxTime":"3600000","ucloud.dk/ownerUser":"alice","ucloud.dk/productCategory":"u1-standard","ucloud.dk/productCpu":"1","ucloud.dk/productGpu":"0","ucloud.dk/productId":"u1-standard-1","ucloud.dk/productMemoryGib":"4","ucloud.dk/replicas":"1","ucloud.dk/submissionHash":"sha256:564dc0dde5a82ea40f9d134a5c93bf281efb411addef69585ef1bc4b1e39a75e","ucloud.dk/user":"alice"}},"finalizers":["ucloud.dk/cleanup"]}}}}"#,
+            rv = 1000 + i * 7
+        )
+    };
+    let items: Vec<String> = (0..500).map(item).collect();
+    let page = format!(
+        r#"{{"apiVersion":"meta.k8s.io/v1","kind":"PartialObjectMetadataList","metadata":{{"continue":"9000/bench/j-b499","resourceVersion":"9000"}},"items":[{}]}}"#,
+        items.join(",")
+    );
+    let count = || {
+        let mut n = 0usize;
+        listing::read(black_box(&page), |o| {
+            n += usize::from(o.resource_version.is_some());
+        })
+        .expect("the page reads");
+        n
+    };
+    assert_eq!(count(), 500);
+    let mut group = c.benchmark_group("listing");
+    group.throughput(Throughput::Bytes(page.len() as u64));
+    group.bench_function("page_of_500_jobs", |b| b.iter(count));
+    group.finish();
+}
+
+criterion_group!(benches, decode_validate, ticks, estimates, listing);
 criterion_main!(benches);

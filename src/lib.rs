@@ -17,8 +17,10 @@
 //! - [`ops`]: metrics, health and readiness, logs with secrets removed, W3C trace context.
 //! - [`sim`]: the cluster simulator, a Kubernetes API server with a Volcano model.
 //! - [`cli`]: the `volcano-runner` command line.
+//! - [`alloc`]: the process's allocator (jemalloc) and why.
 //! - [`bench`]: the end-to-end load benchmark behind `volcano-runner bench`.
 
+pub mod alloc;
 pub mod bench;
 pub mod broker;
 pub mod cli;

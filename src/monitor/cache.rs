@@ -378,6 +378,52 @@ pub fn is_newer(new: Option<&str>, old: Option<&str>) -> bool {
     }
 }
 
+/// A resourceVersion as the reconciliation compares it, read once. Every API server we know of writes a
+/// number (etcd's revision); the API calls it opaque, so one that is not a number is kept as unknown and
+/// never taken as proof that the cache is behind (a watch started over for it would start over forever).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Rv(Option<u64>);
+
+impl Rv {
+    pub fn parse(rv: &str) -> Self {
+        Self(rv.parse().ok())
+    }
+
+    /// Whether `self` is `other` or later, or either is unknown (as [`is_newer`]).
+    pub fn at_least(self, other: Rv) -> bool {
+        match (self.0, other.0) {
+            (Some(a), Some(b)) => a >= b,
+            _ => true,
+        }
+    }
+
+    /// Whether `self` is provably later than `other` (false when either is unknown).
+    pub fn later_than(self, other: Rv) -> bool {
+        match (self.0, other.0) {
+            (Some(a), Some(b)) => a > b,
+            _ => false,
+        }
+    }
+}
+
+impl From<Option<&str>> for Rv {
+    fn from(rv: Option<&str>) -> Self {
+        rv.map_or(Rv(None), Rv::parse)
+    }
+}
+
+/// One object's share of its kind's digest: its namespace, name and version, hashed. A kind's digest is
+/// the wrapping sum of its objects' shares, so it is the same whatever the order, and an object changes
+/// it by taking its old share out and putting its new one in.
+pub fn share(namespace: &str, name: &str, rv: Rv) -> u64 {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    let mut h = foldhash::quality::FixedState::with_seed(0x7b1d_5eed).build_hasher();
+    namespace.hash(&mut h);
+    name.hash(&mut h);
+    rv.0.hash(&mut h);
+    h.finish()
+}
+
 /// Everything a worker needs about one job.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
@@ -431,8 +477,9 @@ type GroupKey = ObjectKey;
 pub struct Cache {
     jobs: FastMap<JobKey, Entry<Arc<VolcanoJob>>>,
     pods: FastMap<JobKey, Vec<CachedPod>>,
-    /// `(namespace, pod)` → its job and the epoch it was last seen in.
-    pod_index: FastMap<ObjectKey, (JobKey, u64)>,
+    /// `(namespace, pod)` → its job, the epoch it was last seen in and its version (the reconciliation
+    /// compares every pod's version each pass: one lookup, not a search of its job's ranks).
+    pod_index: FastMap<ObjectKey, (JobKey, u64, Rv)>,
     groups: FastMap<GroupKey, Entry<Arc<PodGroup>>>,
     group_of_job: FastMap<JobKey, GroupKey>,
     /// The waiting PodGroups of each queue in queue order, kept up to date with every change, so that a
@@ -440,6 +487,9 @@ pub struct Cache {
     /// quadratic in the number of pending jobs).
     waiting: Waiting,
     epochs: [u64; 3],
+    /// Per kind, the digest of every object held (see [`share`]): when a metadata list has the same count
+    /// and digest, the reconciliation has nothing to compare object by object.
+    digests: [u64; 3],
     /// The annotation that records a job's replicas. A job that has it is kept without its tasks: in
     /// monitoring, tasks are read only for the replicas when that annotation is missing, and each task
     /// carries a whole pod template (nearly 2 KB even when empty).
@@ -503,6 +553,11 @@ impl Waiting {
         let ahead = self.by_queue.get(queue)?.range(..key).count();
         Some(u32::try_from(ahead).unwrap_or(u32::MAX))
     }
+}
+
+/// An object's version as the digests and the reconciliation compare it.
+fn rv_of(meta: &ObjectMeta) -> Rv {
+    Rv::from(meta.resource_version.as_deref())
 }
 
 fn slot(kind: Kind) -> usize {
@@ -575,6 +630,22 @@ impl Cache {
         Arc::new(pods.unwrap_or_default())
     }
 
+    /// An object of `kind` is held at `new` instead of `old` (`None`: not held).
+    fn redigest(&mut self, kind: Kind, key: &ObjectKey, old: Option<Rv>, new: Option<Rv>) {
+        let d = &mut self.digests[slot(kind)];
+        if let Some(old) = old {
+            *d = d.wrapping_sub(share(&key.namespace, &key.name, old));
+        }
+        if let Some(new) = new {
+            *d = d.wrapping_add(share(&key.namespace, &key.name, new));
+        }
+    }
+
+    /// The digest of every object of `kind` held (see [`share`]).
+    pub fn digest(&self, kind: Kind) -> u64 {
+        self.digests[slot(kind)]
+    }
+
     /// The job's view changed: it gets a generation no view has had.
     fn touch(&mut self, key: &JobKey) {
         self.last_generation += 1;
@@ -604,12 +675,19 @@ impl Cache {
             self.touch(&key);
         }
         let epoch = self.epochs[0];
-        self.jobs.insert(
+        let new = rv_of(&job.metadata);
+        let old = self.jobs.insert(
             key.clone(),
             Entry {
                 value: Arc::new(job),
                 epoch,
             },
+        );
+        self.redigest(
+            Kind::Jobs,
+            &key,
+            old.map(|e| rv_of(&e.value.metadata)),
+            Some(new),
         );
         key
     }
@@ -654,7 +732,9 @@ impl Cache {
             let Some(entry) = self.jobs.get_mut(&key) else {
                 return;
             };
+            let (old, new) = (rv_of(&entry.value.metadata), rv_of(&job.metadata));
             entry.value = Arc::new(job);
+            self.redigest(Kind::Jobs, &key, Some(old), Some(new));
             self.touch(&key);
         }
     }
@@ -662,6 +742,7 @@ impl Cache {
     /// A job was deleted: returns its last state and its pods.
     pub fn remove_job(&mut self, key: &JobKey) -> Option<(Arc<VolcanoJob>, Arc<Vec<Pod>>)> {
         let job = self.jobs.remove(key)?.value;
+        self.redigest(Kind::Jobs, key, Some(rv_of(&job.metadata)), None);
         self.generations.remove(key);
         self.disruptions.remove(key);
         Some((job, self.pods(key)))
@@ -698,13 +779,14 @@ impl Cache {
         let key = job_of_pod(&pod)?;
         let name = pod.metadata.name.clone().unwrap_or_default();
         let epoch = self.epochs[1];
-        self.pod_index.insert(
-            ObjectKey {
-                namespace: key.namespace.clone(),
-                name: name.clone(),
-            },
-            (key.clone(), epoch),
-        );
+        let version = rv_of(&pod.metadata);
+        let pkey = ObjectKey {
+            namespace: key.namespace.clone(),
+            name: name.clone(),
+        };
+        let old = self.pod_index.get(&pkey).map(|(_, _, v)| *v);
+        self.redigest(Kind::Pods, &pkey, old, Some(version));
+        self.pod_index.insert(pkey, (key.clone(), epoch, version));
         let pod = CachedPod::new(pod);
         let pods = self.pods.entry(key.clone()).or_default();
         let changed = match pods
@@ -732,10 +814,12 @@ impl Cache {
 
     /// A pod was deleted. Returns its job.
     pub fn remove_pod(&mut self, namespace: &str, name: &str) -> Option<JobKey> {
-        let (key, _) = self.pod_index.remove(&ObjectKey {
+        let pkey = ObjectKey {
             namespace: namespace.to_owned(),
             name: name.to_owned(),
-        })?;
+        };
+        let (key, _, version) = self.pod_index.remove(&pkey)?;
+        self.redigest(Kind::Pods, &pkey, Some(version), None);
         if let Some(pods) = self.pods.get_mut(&key) {
             pods.retain(|p| p.metadata.name.as_deref() != Some(name));
             if pods.is_empty() {
@@ -769,20 +853,34 @@ impl Cache {
         }
         let epoch = self.epochs[2];
         self.waiting.update(&gkey, &pg);
-        self.groups.insert(
-            gkey,
+        let new = rv_of(&pg.metadata);
+        let old = self.groups.insert(
+            gkey.clone(),
             Entry {
                 value: Arc::new(pg),
                 epoch,
             },
         );
+        self.redigest(
+            Kind::Groups,
+            &gkey,
+            old.map(|e| rv_of(&e.value.metadata)),
+            Some(new),
+        );
         job
+    }
+
+    /// Drops a PodGroup from the map (and the digest); its other records are the caller's.
+    fn forget_group(&mut self, gkey: &GroupKey) -> Option<Entry<Arc<PodGroup>>> {
+        let entry = self.groups.remove(gkey)?;
+        self.redigest(Kind::Groups, gkey, Some(rv_of(&entry.value.metadata)), None);
+        Some(entry)
     }
 
     /// A PodGroup was deleted. Returns its job.
     pub fn remove_group(&mut self, pg: &PodGroup) -> Option<JobKey> {
         let gkey = ObjectKey::of(&pg.metadata);
-        self.groups.remove(&gkey);
+        self.forget_group(&gkey);
         self.waiting.remove(&gkey);
         let job = job_of_group(pg)?;
         if self.group_of_job.get(&job) == Some(&gkey) {
@@ -817,7 +915,7 @@ impl Cache {
                 let stale: Vec<ObjectKey> = self
                     .pod_index
                     .iter()
-                    .filter(|(_, (_, e))| *e < epoch)
+                    .filter(|(_, (_, e, _))| *e < epoch)
                     .map(|(k, _)| k.clone())
                     .collect();
                 let mut affected: Vec<JobKey> = stale
@@ -837,7 +935,7 @@ impl Cache {
                     .collect();
                 let mut affected = Vec::new();
                 for g in stale {
-                    if let Some(entry) = self.groups.remove(&g) {
+                    if let Some(entry) = self.forget_group(&g) {
                         affected.extend(self.remove_group(&entry.value));
                     }
                 }
@@ -857,27 +955,19 @@ impl Cache {
     }
 
     /// The cached version of one object of `kind` (pods and PodGroups by their own namespace and name).
-    pub fn version(&self, kind: Kind, key: &JobKey) -> Option<&str> {
+    pub fn version(&self, kind: Kind, key: &JobKey) -> Option<Rv> {
         self.version_of(kind, &key.namespace, &key.name)
     }
 
     /// [`Cache::version`] by borrowed namespace and name.
-    pub fn version_of(&self, kind: Kind, namespace: &str, name: &str) -> Option<&str> {
+    pub fn version_of(&self, kind: Kind, namespace: &str, name: &str) -> Option<Rv> {
         let key: &dyn KeyParts = &(namespace, name);
         let meta = match kind {
             Kind::Jobs => &self.jobs.get(key)?.value.metadata,
-            Kind::Pods => {
-                let (job, _) = self.pod_index.get(key)?;
-                &self
-                    .pods
-                    .get(job)?
-                    .iter()
-                    .find(|p| p.metadata.name.as_deref() == Some(name))?
-                    .metadata
-            }
+            Kind::Pods => return self.pod_index.get(key).map(|(_, _, rv)| *rv),
             Kind::Groups => &self.groups.get(key)?.value.metadata,
         };
-        meta.resource_version.as_deref()
+        Some(meta.resource_version.as_deref().into())
     }
 
     /// How many objects of `kind` are held.
@@ -890,8 +980,8 @@ impl Cache {
     }
 
     /// Every object of `kind` held, with its version.
-    pub fn versions(&self, kind: Kind) -> Vec<(JobKey, String)> {
-        let rv = |m: &ObjectMeta| m.resource_version.clone().unwrap_or_default();
+    pub fn versions(&self, kind: Kind) -> Vec<(JobKey, Rv)> {
+        let rv = |m: &ObjectMeta| Rv::from(m.resource_version.as_deref());
         match kind {
             Kind::Jobs => self
                 .jobs
@@ -899,10 +989,9 @@ impl Cache {
                 .map(|(k, e)| (k.clone(), rv(&e.value.metadata)))
                 .collect(),
             Kind::Pods => self
-                .pods
-                .values()
-                .flat_map(|pods| pods.iter())
-                .map(|p| (JobKey::of(&p.metadata), rv(&p.metadata)))
+                .pod_index
+                .iter()
+                .map(|(k, (_, _, v))| (k.clone(), *v))
                 .collect(),
             Kind::Groups => self
                 .groups
@@ -1294,6 +1383,67 @@ mod tests {
             name: "j-1".into(),
         };
         assert_eq!(c.pods(&key).len(), 1);
+    }
+
+    /// The digest of what `versions` lists, computed afresh.
+    fn recomputed(c: &Cache, kind: Kind) -> u64 {
+        c.versions(kind).iter().fold(0u64, |d, (k, rv)| {
+            d.wrapping_add(share(&k.namespace, &k.name, *rv))
+        })
+    }
+
+    #[test]
+    fn each_kinds_digest_follows_every_change_and_only_its_objects() {
+        let mut c = Cache::new();
+        let check = |c: &Cache, when: &str| {
+            for kind in [Kind::Jobs, Kind::Pods, Kind::Groups] {
+                assert_eq!(c.digest(kind), recomputed(c, kind), "{kind:?} {when}");
+            }
+        };
+        let pod_at = |name: &str, rv: &str| {
+            let mut p = pod("ns", "j-1", name);
+            p.metadata.resource_version = Some(rv.into());
+            p
+        };
+        let group_at = |rv: &str| {
+            let mut g = group("ns", "j-1-pg", "j-1", 0, PodGroupPhase::Running);
+            g.metadata.resource_version = Some(rv.into());
+            g
+        };
+        c.apply_job(job("ns", "j-1", "5"));
+        c.apply_job(job("ns", "j-2", "6"));
+        c.apply_pod(pod_at("j-1-job-0", "7"));
+        c.apply_pod(pod_at("j-1-job-1", "8"));
+        c.apply_group(group_at("9"));
+        check(&c, "after the first objects");
+        let before = c.digest(Kind::Jobs);
+        c.apply_job(job("ns", "j-1", "10"));
+        assert_ne!(
+            c.digest(Kind::Jobs),
+            before,
+            "a new version changes the digest"
+        );
+        c.apply_job(job("ns", "j-1", "10"));
+        c.refresh_job(Arc::new(job("ns", "j-1", "9")));
+        c.refresh_job(Arc::new(job("ns", "j-2", "12")));
+        c.apply_pod(pod_at("j-1-job-0", "13"));
+        c.apply_group(group_at("14"));
+        check(&c, "after updates, repeats and a refused older write");
+        c.remove_pod("ns", "j-1-job-1");
+        c.remove_job(&JobKey {
+            namespace: "ns".into(),
+            name: "j-2".into(),
+        });
+        c.remove_group(&group_at("14"));
+        check(&c, "after deletions");
+        c.init_start(Kind::Pods);
+        c.init_done(Kind::Pods);
+        c.init_start(Kind::Jobs);
+        c.init_done(Kind::Jobs);
+        check(&c, "after lists that no longer had them");
+        assert_eq!(c.digest(Kind::Pods), 0);
+        assert_eq!(c.digest(Kind::Jobs), 0);
+        assert_eq!(c.digest(Kind::Groups), 0);
     }
 
     #[test]

@@ -465,6 +465,7 @@ impl Loop {
                 listed,
                 |ns, name| cache.version_of(kind, ns, name),
                 cache.count(kind),
+                cache.digest(kind),
                 || cache.versions(kind),
             );
             found.extend(suspects.into_iter().map(|s| (kind, s)));
@@ -514,11 +515,18 @@ impl Loop {
             self.estimate();
         }
         let Some(pass) = &mut self.pass else { return };
-        let shards = self.exec.shards.borrow().clone();
+        // The shards held, checked once for the whole pass (not a lock and a clock read per job).
+        let (valid, shards) = {
+            let held = self.exec.shards.borrow();
+            (held.valid_now(), held.shards())
+        };
         let mut owned = 0;
         let mut stale: Vec<JobKey> = Vec::new();
         for key in self.cache.keys() {
-            if !key.job_id().is_some_and(|id| shards.owns(id)) {
+            if !key
+                .job_id()
+                .is_some_and(|id| valid.contains(&crate::cluster::lease::shard_of(id, shards)))
+            {
                 continue;
             }
             owned += 1;

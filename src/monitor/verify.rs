@@ -10,32 +10,35 @@
 
 use kube::api::ListParams;
 
-use super::cache::{JobKey, is_newer};
+use super::cache::{JobKey, Rv, share};
 use super::listing;
 
 /// Objects per page of a metadata list.
 const PAGE: u32 = 500;
 
-/// A whole metadata list (every page): each object's namespace, name and version, packed in one
-/// buffer (three small strings per object would be tens of thousands of allocations per pass), and the
-/// version of the collection it was read at.
+/// A whole metadata list (every page): each object's namespace and name, packed in one buffer (two
+/// small strings per object would be tens of thousands of allocations per pass), its version read as a
+/// number once, and the version of the collection it was read at.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Listed {
     text: String,
     items: Vec<Packed>,
+    /// The digest of the objects listed, as the cache keeps its own (see [`share`]).
+    digest: u64,
     pub resource_version: Option<String>,
 }
 
-/// Where one object's namespace, name and version are in [`Listed::text`] (each as start and end).
+/// Where one object's namespace and name are in [`Listed::text`] (each as start and end), and its
+/// version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Packed([u32; 6]);
+struct Packed([u32; 4], Rv);
 
 /// One object of a [`Listed`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Version<'a> {
     pub namespace: &'a str,
     pub name: &'a str,
-    pub resource_version: &'a str,
+    pub resource_version: Rv,
 }
 
 impl Version<'_> {
@@ -49,13 +52,15 @@ impl Version<'_> {
 
 impl Listed {
     pub fn push(&mut self, namespace: &str, name: &str, resource_version: &str) {
-        let mut bounds = [0u32; 6];
-        for (i, part) in [namespace, name, resource_version].into_iter().enumerate() {
+        let mut bounds = [0u32; 4];
+        for (i, part) in [namespace, name].into_iter().enumerate() {
             bounds[2 * i] = offset(self.text.len());
             self.text.push_str(part);
             bounds[2 * i + 1] = offset(self.text.len());
         }
-        self.items.push(Packed(bounds));
+        let rv = Rv::parse(resource_version);
+        self.digest = self.digest.wrapping_add(share(namespace, name, rv));
+        self.items.push(Packed(bounds, rv));
     }
 
     pub fn len(&self) -> usize {
@@ -67,12 +72,12 @@ impl Listed {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = Version<'_>> {
-        self.items.iter().map(|Packed(b)| {
+        self.items.iter().map(|Packed(b, rv)| {
             let part = |i: usize| &self.text[b[2 * i] as usize..b[2 * i + 1] as usize];
             Version {
                 namespace: part(0),
                 name: part(1),
-                resource_version: part(2),
+                resource_version: *rv,
             }
         })
     }
@@ -126,9 +131,9 @@ pub async fn list_versions(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Expect {
     /// The object at this version or a later one.
-    AtLeast(String),
+    AtLeast(Rv),
     /// The object gone, or changed after the list (whose version this is) was taken.
-    GoneAsOf(Option<String>),
+    GoneAsOf(Rv),
 }
 
 /// An object whose cached version differs from the API's.
@@ -140,32 +145,30 @@ pub struct Suspect {
 
 impl Suspect {
     /// Whether the cache, holding `cached` for this object now, explains the difference.
-    pub fn resolved(&self, cached: Option<&str>) -> bool {
-        match &self.expect {
-            Expect::AtLeast(rv) => cached.is_some_and(|c| is_newer(Some(c), Some(rv))),
-            Expect::GoneAsOf(list_rv) => cached.is_none_or(|c| later(c, list_rv.as_deref())),
+    pub fn resolved(&self, cached: Option<Rv>) -> bool {
+        match self.expect {
+            Expect::AtLeast(rv) => cached.is_some_and(|c| c.at_least(rv)),
+            Expect::GoneAsOf(list_rv) => cached.is_none_or(|c| c.later_than(list_rv)),
         }
-    }
-}
-
-/// Whether version `a` is strictly later than `b` (false when either does not parse: not provable).
-fn later(a: &str, b: Option<&str>) -> bool {
-    match (a.parse::<u64>(), b.map(str::parse::<u64>)) {
-        (Ok(a), Some(Ok(b))) => a > b,
-        _ => false,
     }
 }
 
 /// The differences between a metadata list and the cache of that kind.
 ///
-/// `cached` looks one object up by namespace and name; `cached_count` is how many the cache holds and
-/// `cached_all` lists them (called only when the cache holds objects the list does not).
-pub fn differences<'c>(
+/// `cached` looks one object up by namespace and name; `cached_count` is how many the cache holds,
+/// `cached_digest` their digest, and `cached_all` lists them (called only when the cache holds objects
+/// the list does not). When the count and the digest are the list's, the cache holds exactly what was
+/// listed and nothing is looked up: the common case of a quiet cluster, and a pass's largest saving.
+pub fn differences(
     listed: &Listed,
-    cached: impl Fn(&str, &str) -> Option<&'c str>,
+    cached: impl Fn(&str, &str) -> Option<Rv>,
     cached_count: usize,
-    cached_all: impl FnOnce() -> Vec<(JobKey, String)>,
+    cached_digest: u64,
+    cached_all: impl FnOnce() -> Vec<(JobKey, Rv)>,
 ) -> Vec<Suspect> {
+    if listed.len() == cached_count && listed.digest == cached_digest {
+        return Vec::new();
+    }
     let mut suspects = Vec::new();
     let mut found = 0usize;
     for item in listed.iter() {
@@ -174,26 +177,27 @@ pub fn differences<'c>(
             found += 1;
         }
         // Equal, or the watch is already past the list: nothing to explain.
-        let fine = have.is_some_and(|c| is_newer(Some(c), Some(item.resource_version)));
+        let fine = have.is_some_and(|c| c.at_least(item.resource_version));
         if !fine {
             suspects.push(Suspect {
                 key: item.key(),
-                expect: Expect::AtLeast(item.resource_version.to_owned()),
+                expect: Expect::AtLeast(item.resource_version),
             });
         }
     }
     if found < cached_count {
         let in_list: std::collections::HashSet<(&str, &str)> =
             listed.iter().map(|i| (i.namespace, i.name)).collect();
+        let list_rv = Rv::from(listed.resource_version.as_deref());
         for (key, rv) in cached_all() {
             if in_list.contains(&(key.namespace.as_str(), key.name.as_str()))
-                || later(&rv, listed.resource_version.as_deref())
+                || rv.later_than(list_rv)
             {
                 continue;
             }
             suspects.push(Suspect {
                 key,
-                expect: Expect::GoneAsOf(listed.resource_version.clone()),
+                expect: Expect::GoneAsOf(list_rv),
             });
         }
     }
@@ -224,12 +228,20 @@ mod tests {
     }
 
     fn diff(list: &Listed, cache: &HashMap<JobKey, String>) -> Vec<Suspect> {
+        let digest = cache.iter().fold(0u64, |d, (k, v)| {
+            d.wrapping_add(share(&k.namespace, &k.name, rv(v)))
+        });
         differences(
             list,
-            |ns, name| cache.get(&key_in(ns, name)).map(String::as_str),
+            |ns, name| cache.get(&key_in(ns, name)).map(|v| rv(v)),
             cache.len(),
-            || cache.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            digest,
+            || cache.iter().map(|(k, v)| (k.clone(), rv(v))).collect(),
         )
+    }
+
+    fn rv(v: &str) -> Rv {
+        Rv::parse(v)
     }
 
     fn key_in(ns: &str, name: &str) -> JobKey {
@@ -254,6 +266,38 @@ mod tests {
     }
 
     #[test]
+    fn a_list_with_the_caches_count_and_digest_needs_no_lookup() {
+        let list = listed("100", &[("a", "10"), ("b", "20")]);
+        let c = cache(&[("b", "20"), ("a", "10")]);
+        let digest = |c: &HashMap<JobKey, String>| {
+            c.iter().fold(0u64, |d, (k, v)| {
+                d.wrapping_add(share(&k.namespace, &k.name, rv(v)))
+            })
+        };
+        let unused = |_: &str, _: &str| -> Option<Rv> { panic!("no object is looked up") };
+        assert!(differences(&list, unused, c.len(), digest(&c), Vec::new).is_empty());
+        // One version apart: the digest differs and the comparison finds the object.
+        let behind = cache(&[("a", "10"), ("b", "19")]);
+        assert_ne!(digest(&behind), digest(&c));
+        assert_eq!(diff(&list, &behind).len(), 1);
+        // The same versions under each other's names: the digest differs too (and only b is behind).
+        let swapped = cache(&[("a", "20"), ("b", "10")]);
+        assert_ne!(digest(&swapped), digest(&c));
+        assert_eq!(diff(&list, &swapped).len(), 1);
+    }
+
+    #[test]
+    fn a_version_that_is_not_a_number_is_never_proof_of_a_missed_change() {
+        let list = listed("100", &[("a", "opaque-2")]);
+        assert!(diff(&list, &cache(&[("a", "opaque-1")])).is_empty());
+        let gone = Suspect {
+            key: key("a"),
+            expect: Expect::GoneAsOf(rv("opaque")),
+        };
+        assert!(!gone.resolved(Some(rv("101"))), "not provably later");
+    }
+
+    #[test]
     fn behind_missing_and_extra_objects_are_suspects() {
         let list = listed("100", &[("a", "10"), ("b", "20"), ("new", "90")]);
         let c = cache(&[("a", "10"), ("b", "15"), ("deleted", "50")]);
@@ -264,15 +308,15 @@ mod tests {
             vec![
                 Suspect {
                     key: key("b"),
-                    expect: Expect::AtLeast("20".into())
+                    expect: Expect::AtLeast(rv("20"))
                 },
                 Suspect {
                     key: key("deleted"),
-                    expect: Expect::GoneAsOf(Some("100".into()))
+                    expect: Expect::GoneAsOf(rv("100"))
                 },
                 Suspect {
                     key: key("new"),
-                    expect: Expect::AtLeast("90".into())
+                    expect: Expect::AtLeast(rv("90"))
                 },
             ]
         );
@@ -282,20 +326,20 @@ mod tests {
     fn a_suspect_is_resolved_only_by_the_change_it_waits_for() {
         let behind = Suspect {
             key: key("b"),
-            expect: Expect::AtLeast("20".into()),
+            expect: Expect::AtLeast(rv("20")),
         };
-        assert!(!behind.resolved(Some("15")));
+        assert!(!behind.resolved(Some(rv("15"))));
         assert!(!behind.resolved(None));
-        assert!(behind.resolved(Some("20")));
-        assert!(behind.resolved(Some("25")));
+        assert!(behind.resolved(Some(rv("20"))));
+        assert!(behind.resolved(Some(rv("25"))));
         let gone = Suspect {
             key: key("d"),
-            expect: Expect::GoneAsOf(Some("100".into())),
+            expect: Expect::GoneAsOf(rv("100")),
         };
         assert!(gone.resolved(None));
-        assert!(!gone.resolved(Some("50")));
+        assert!(!gone.resolved(Some(rv("50"))));
         // Recreated (or changed) after the list: the watch is alive and ahead of it.
-        assert!(gone.resolved(Some("101")));
+        assert!(gone.resolved(Some(rv("101"))));
     }
 
     #[test]
@@ -304,13 +348,17 @@ mod tests {
         l.push("ns", "a", "5");
         l.push("", "bb", "");
         l.push("other", "c", "123");
-        let read: Vec<(&str, &str, &str)> = l
+        let read: Vec<(&str, &str, Rv)> = l
             .iter()
             .map(|v| (v.namespace, v.name, v.resource_version))
             .collect();
         assert_eq!(
             read,
-            vec![("ns", "a", "5"), ("", "bb", ""), ("other", "c", "123")]
+            vec![
+                ("ns", "a", rv("5")),
+                ("", "bb", rv("")),
+                ("other", "c", rv("123"))
+            ]
         );
         assert_eq!(l.len(), 3);
     }
