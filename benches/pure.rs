@@ -171,7 +171,7 @@ fn listing(c: &mut Criterion) {
     );
     let count = || {
         let mut n = 0usize;
-        listing::read(black_box(&page), |o| {
+        listing::read(black_box(page.as_bytes()), |o| {
             n += usize::from(o.resource_version.is_some());
         })
         .expect("the page reads");

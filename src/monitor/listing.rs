@@ -36,7 +36,10 @@ pub struct PageMeta<'a> {
 }
 
 /// Reads `text`, calling `each` for every item in order; returns the list's metadata.
-pub fn read<'a>(text: &'a str, mut each: impl FnMut(Object<'a>)) -> Result<PageMeta<'a>> {
+///
+/// `text` is the response body as it came: bytes, not a checked `str`. Only the strings kept are checked
+/// for UTF-8 (a page is hundreds of kilobytes, of which a few dozen bytes per object are kept).
+pub fn read<'a>(text: &'a [u8], mut each: impl FnMut(Object<'a>)) -> Result<PageMeta<'a>> {
     let mut s = Scanner { text, i: 0 };
     let mut meta = PageMeta::default();
     s.object(|s, key| match key {
@@ -68,20 +71,19 @@ pub fn read<'a>(text: &'a str, mut each: impl FnMut(Object<'a>)) -> Result<PageM
     Ok(meta)
 }
 
-/// The first `"` or `\\` in `bytes` from `from` on. Eight bytes at a time in a register: the strings of
+/// The first of `needles` in `bytes` from `from` on. Eight bytes at a time in a register: the strings of
 /// a metadata list are mostly shorter than a vector search's setup is worth (annotation keys and values
-/// of a few dozen bytes), and this is a fifth of a page's reading.
-fn quote_or_backslash(bytes: &[u8], from: usize) -> Option<usize> {
+/// of a few dozen bytes), and finding their ends is most of a page's reading.
+fn find_any<const N: usize>(bytes: &[u8], from: usize, needles: [u8; N]) -> Option<usize> {
     const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
     const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
-    const QUOTES: u64 = u64::from_ne_bytes([b'"'; 8]);
-    const BACKSLASHES: u64 = u64::from_ne_bytes([b'\\'; 8]);
     // Marks (high bit) the zero bytes of `v`; the lowest mark is always a true one.
     let zeros = |v: u64| v.wrapping_sub(ONES) & !v & HIGHS;
+    let spread = needles.map(|n| u64::from_ne_bytes([n; 8]));
     let mut at = from;
     while let Some(chunk) = bytes.get(at..at + 8) {
         let word = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
-        let marks = zeros(word ^ QUOTES) | zeros(word ^ BACKSLASHES);
+        let marks = spread.iter().fold(0, |m, n| m | zeros(word ^ n));
         if marks != 0 {
             return Some(at + (marks.trailing_zeros() / 8) as usize);
         }
@@ -90,12 +92,12 @@ fn quote_or_backslash(bytes: &[u8], from: usize) -> Option<usize> {
     bytes
         .get(at..)?
         .iter()
-        .position(|&b| b == b'"' || b == b'\\')
+        .position(|b| needles.contains(b))
         .map(|p| at + p)
 }
 
 struct Scanner<'a> {
-    text: &'a str,
+    text: &'a [u8],
     i: usize,
 }
 
@@ -107,7 +109,7 @@ impl<'a> Scanner<'a> {
     }
 
     fn bytes(&self) -> &'a [u8] {
-        self.text.as_bytes()
+        self.text
     }
 
     fn ws(&mut self) {
@@ -140,7 +142,7 @@ impl<'a> Scanner<'a> {
         let mut at = start;
         let mut escaped = false;
         loop {
-            match quote_or_backslash(self.bytes(), at) {
+            match find_any(self.bytes(), at, [b'"', b'\\']) {
                 None => {
                     self.i = self.text.len();
                     return Err(self.error("unterminated string"));
@@ -163,11 +165,15 @@ impl<'a> Scanner<'a> {
             return Err(self.error("expected a string"));
         }
         let (start, end, escaped) = self.raw_string()?;
-        // The quotes are ASCII, so both ends are character boundaries.
         if !escaped {
-            return Ok(Cow::Borrowed(&self.text[start..end]));
+            return std::str::from_utf8(&self.text[start..end])
+                .map(Cow::Borrowed)
+                .map_err(|e| PageError {
+                    at: start + e.valid_up_to(),
+                    what: "invalid UTF-8 in a string",
+                });
         }
-        serde_json::from_str::<String>(&self.text[start - 1..=end])
+        serde_json::from_slice::<String>(&self.text[start - 1..=end])
             .map(Cow::Owned)
             .map_err(|_| PageError {
                 at: start - 1,
@@ -292,7 +298,7 @@ mod tests {
 
     fn objects(text: &str) -> Result<(PageMeta<'_>, Vec<Object<'_>>)> {
         let mut items = Vec::new();
-        let meta = read(text, |o| items.push(o))?;
+        let meta = read(text.as_bytes(), |o| items.push(o))?;
         Ok((meta, items))
     }
 
