@@ -291,3 +291,50 @@ async fn watches_are_cut_after_n_events() {
     {}
     assert!(t.elapsed() >= Duration::from_millis(200));
 }
+
+/// The reconciliation's metadata lists (read as bytes, page by page, not through kube's text helper):
+/// every object of a list of several pages is read back with its version, and a refusal of the API comes
+/// back as kube's own error with the API's code and reason, as the monitor's restart of the watches
+/// expects.
+#[tokio::test]
+async fn the_reconciliations_metadata_lists_read_every_page_and_report_refusals() {
+    use volcano_runner::monitor::verify::list_versions;
+    let (sim, _) = start().await;
+    let client = raw_client(&sim);
+    namespace(&client, "v").await;
+    let api = Api::<ConfigMap>::namespaced(client.clone(), "v");
+    let mut created = std::collections::BTreeMap::new();
+    for i in 0..1_100 {
+        let made = api
+            .create(&PostParams::default(), &cm(&format!("cm-{i:04}")))
+            .await
+            .unwrap();
+        created.insert(
+            made.metadata.name.unwrap(),
+            made.metadata.resource_version.unwrap(),
+        );
+    }
+    let url = api.resource_url().to_owned();
+    let listed = list_versions(&client, &url, None).await.unwrap();
+    assert_eq!(listed.len(), 1_100, "three pages of up to 500");
+    let mut read = std::collections::BTreeSet::new();
+    for v in listed.iter() {
+        assert_eq!(v.namespace, "v");
+        let expected = volcano_runner::monitor::cache::Rv::parse(&created[v.name]);
+        assert_eq!(v.resource_version, expected, "{}'s version", v.name);
+        read.insert(v.name.to_owned());
+    }
+    assert_eq!(read.len(), created.len());
+
+    sim.faults().add_rule(FaultRule {
+        resource: "configmaps".into(),
+        verb: "list".into(),
+        error_403: 1.0,
+        ..Default::default()
+    });
+    let err = list_versions(&client, &url, None).await.unwrap_err();
+    assert_eq!(
+        (code(&err), status(&err).reason.as_str()),
+        (403, "Forbidden")
+    );
+}
