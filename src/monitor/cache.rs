@@ -369,13 +369,7 @@ impl CachedPod {
 /// Whether `new` is at least as recent as `old`. Resource versions are opaque, but every API server in
 /// practice uses increasing integers; when either does not parse, the newer arrival wins.
 pub fn is_newer(new: Option<&str>, old: Option<&str>) -> bool {
-    match (
-        new.and_then(|v| v.parse::<u64>().ok()),
-        old.and_then(|v| v.parse::<u64>().ok()),
-    ) {
-        (Some(n), Some(o)) => n >= o,
-        _ => true,
-    }
+    Rv::from(new).at_least(Rv::from(old))
 }
 
 /// A resourceVersion as the reconciliation compares it, read once. Every API server we know of writes a
@@ -389,7 +383,7 @@ impl Rv {
         Self(rv.parse().ok())
     }
 
-    /// Whether `self` is `other` or later, or either is unknown (as [`is_newer`]).
+    /// Whether `self` is `other` or later, or either is unknown (the newer arrival wins).
     pub fn at_least(self, other: Rv) -> bool {
         match (self.0, other.0) {
             (Some(a), Some(b)) => a >= b,
