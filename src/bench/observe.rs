@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use kube::Api;
+use kube::api::PartialObjectMeta;
 use kube::runtime::watcher;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions};
 use lapin::types::FieldTable;
@@ -69,8 +70,10 @@ impl Seen {
     }
 }
 
-/// Watches every VolcanoJob; returns once the watch is established (so nothing created after can be
-/// missed), and records until `stop`.
+/// Watches every VolcanoJob's metadata (the name is all it needs; a full watch would make the
+/// simulator send, and this process decode, every job's spec again on each of its changes, on the same
+/// cores as the runners measured); returns once the watch is established (so nothing created after can
+/// be missed), and records until `stop`.
 pub async fn watch_created(
     client: kube::Client,
     prefix: String,
@@ -78,7 +81,7 @@ pub async fn watch_created(
 ) -> Result<(Seen, tokio::task::JoinHandle<()>), BenchError> {
     let seen = Seen::default();
     let (ready_tx, ready_rx) = oneshot::channel();
-    let api: Api<VolcanoJob> = Api::all(client);
+    let api: Api<PartialObjectMeta<VolcanoJob>> = Api::all(client);
     let record = seen.clone();
     let task = tokio::spawn(async move {
         let mut ready = Some(ready_tx);

@@ -117,7 +117,8 @@ pub struct DeleteOptions {
 /// What a delete did.
 #[derive(Debug, Clone)]
 pub enum Deleted {
-    /// The object is gone (its last state).
+    /// The object is gone: its last stored state (at the resourceVersion before the removal; the
+    /// removal's own version is in its DELETED event).
     Gone(Arc<Value>),
     /// Deletion has started (finalizers, graceful termination, foreground propagation).
     Pending(Arc<Value>),
@@ -200,14 +201,19 @@ fn qualified_kind(t: &ResourceType) -> (&str, &str) {
     (&t.kind, &t.group)
 }
 
-/// Everything but metadata (and status when it is a subresource): a change here bumps `generation`.
-fn spec_part(t: &ResourceType, obj: &Value) -> Value {
-    let mut m = obj.as_object().cloned().unwrap_or_default();
-    m.remove("metadata");
-    if t.status_subresource {
-        m.remove("status");
-    }
-    Value::Object(m)
+/// Whether anything but metadata (and status when it is a subresource) differs: a change there bumps
+/// `generation`. Compared field by field in place (copying both objects to compare them cost the
+/// simulator more than the write itself).
+fn spec_changed(t: &ResourceType, new: &Value, old: &Value) -> bool {
+    let counted = |k: &str| k != "metadata" && !(t.status_subresource && k == "status");
+    let empty = Map::new();
+    let new = new.as_object().unwrap_or(&empty);
+    let old = old.as_object().unwrap_or(&empty);
+    new.keys().filter(|k| counted(k)).count() != old.keys().filter(|k| counted(k)).count()
+        || new
+            .iter()
+            .filter(|(k, _)| counted(k))
+            .any(|(k, v)| old.get(k) != Some(v))
 }
 
 impl Core {
@@ -909,7 +915,8 @@ impl Core {
     ) -> Result<Written, ApiError> {
         Self::set_type_meta(t, &mut new)?;
         // Server-owned metadata stays as it was.
-        let old_meta = meta(old).cloned().unwrap_or_default();
+        let no_meta = Map::new();
+        let old_meta = meta(old).unwrap_or(&no_meta);
         {
             let m = meta_mut(&mut new);
             for k in [
@@ -956,7 +963,7 @@ impl Core {
             Subresource::Main => {}
         }
         let (mut new, warnings) = self.prepare(t, Some(old), new, sub, opts)?;
-        if spec_part(t, &new) != spec_part(t, old) {
+        if spec_changed(t, &new, old) {
             let generation = old_meta
                 .get("generation")
                 .and_then(Value::as_i64)
@@ -994,7 +1001,8 @@ impl Core {
             && finalizers(&new).is_empty()
         {
             self.store.put(key.clone(), new);
-            let gone = self.store.remove(&key).expect("just written");
+            let last = self.store.remove(&key).expect("just written");
+            let gone = self.store.removed_at(&last);
             return Ok(Written {
                 object: self.present(t, gone),
                 created: false,
@@ -1123,9 +1131,9 @@ impl Core {
             }
             return Deleted::Pending(old);
         }
-        let mut obj = (*old).clone();
         let now = format_time(self.now);
         if is_namespace {
+            let mut obj = (*old).clone();
             meta_mut(&mut obj).insert("deletionTimestamp".into(), json!(now));
             meta_mut(&mut obj).insert("deletionGracePeriodSeconds".into(), json!(0));
             obj["status"] = json!({"phase": "Terminating"});
@@ -1143,16 +1151,27 @@ impl Core {
                 });
             }
         }
-        let mut fins = finalizers(&obj);
+        // The object is copied only when it stays (marked for deletion): one that goes at once is
+        // removed as it is.
+        let mut fins = finalizers(&old);
+        let mut add_foreground = false;
         if propagation == Propagation::Foreground {
             let has_dependents =
                 meta_str(&old, "uid").is_some_and(|u| !self.store.dependents_of(u).is_empty());
             if has_dependents && !fins.iter().any(|f| f == FOREGROUND_FINALIZER) {
                 fins.push(FOREGROUND_FINALIZER.to_string());
-                meta_mut(&mut obj).insert("finalizers".into(), json!(fins));
+                add_foreground = true;
             }
         }
+        let marked = || {
+            let mut obj = (*old).clone();
+            if add_foreground {
+                meta_mut(&mut obj).insert("finalizers".into(), json!(fins));
+            }
+            obj
+        };
         if is_pod {
+            let obj = &old;
             let bound = obj
                 .at("/spec/nodeName")
                 .and_then(Value::as_str)
@@ -1170,6 +1189,7 @@ impl Core {
                 .unwrap_or(30)
                 .max(0);
             if bound && !terminal && grace > 0 {
+                let mut obj = marked();
                 let at = self
                     .now
                     .saturating_add(SignedDuration::from_secs(grace))
@@ -1180,6 +1200,7 @@ impl Core {
             }
         }
         if !fins.is_empty() {
+            let mut obj = marked();
             meta_mut(&mut obj).insert("deletionTimestamp".into(), json!(now));
             meta_mut(&mut obj).insert("deletionGracePeriodSeconds".into(), json!(0));
             return Deleted::Pending(self.store.put(key.clone(), obj));

@@ -31,7 +31,7 @@ fn has_finalizer(obj: &Value, f: &str) -> bool {
 }
 
 impl Gc {
-    fn on_changes(&mut self, core: &mut Core, records: &[Record]) {
+    fn on_changes(&mut self, core: &mut Core, records: &[std::sync::Arc<Record>]) {
         let ns_storage = core.registry.get(core.ids.namespaces).storage;
         let crd_storage = core.registry.get(core.ids.crds).storage;
         for r in records {

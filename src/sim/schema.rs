@@ -151,22 +151,40 @@ fn type_matches(ty: &str, v: &Value) -> bool {
     }
 }
 
-fn join(path: &str, key: &str) -> String {
-    if path.is_empty() {
-        key.to_string()
-    } else {
-        format!("{path}.{key}")
+/// Where a value is in the object (`spec.tasks[0].name`), written out only for an error: the walk
+/// visits every field of every write, and building each path as a string was most of its cost.
+#[derive(Clone, Copy)]
+enum Path<'a> {
+    Root,
+    Key(&'a Path<'a>, &'a str),
+    Index(&'a Path<'a>, usize),
+}
+
+impl std::fmt::Display for Path<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Path::Root => Ok(()),
+            Path::Key(Path::Root, key) => f.write_str(key),
+            Path::Key(parent, key) => write!(f, "{parent}.{key}"),
+            Path::Index(parent, i) => write!(f, "{parent}[{i}]"),
+        }
+    }
+}
+
+impl From<&Path<'_>> for String {
+    fn from(path: &Path<'_>) -> String {
+        path.to_string()
     }
 }
 
 /// Prunes, defaults and validates `value` (the whole object) against the root schema.
 pub fn apply(schema: &Schema, value: &mut Value) -> Outcome {
     let mut out = Outcome::default();
-    walk(schema, value, "", true, &mut out);
+    walk(schema, value, &Path::Root, true, &mut out);
     out
 }
 
-fn walk(schema: &Schema, value: &mut Value, path: &str, root: bool, out: &mut Outcome) {
+fn walk(schema: &Schema, value: &mut Value, path: &Path<'_>, root: bool, out: &mut Outcome) {
     if value.is_null() {
         if !schema.nullable {
             let expected = schema.ty.as_deref().unwrap_or("object");
@@ -220,7 +238,7 @@ fn walk(schema: &Schema, value: &mut Value, path: &str, root: bool, out: &mut Ou
         Value::String(s) => check_string(schema, s, path, out),
         Value::Number(n) => {
             let as_f64 = n.as_f64().unwrap_or(0.0);
-            check_number(schema, as_f64, value.clone(), path, out)
+            check_number(schema, as_f64, value, path, out)
         }
         Value::Array(items) => {
             if let Some(min) = schema.min_items
@@ -245,7 +263,7 @@ fn walk(schema: &Schema, value: &mut Value, path: &str, root: bool, out: &mut Ou
             }
             if let Some(item_schema) = &schema.items {
                 for (i, item) in items.iter_mut().enumerate() {
-                    walk(item_schema, item, &format!("{path}[{i}]"), false, out);
+                    walk(item_schema, item, &Path::Index(path, i), false, out);
                 }
             }
             check_list_uniqueness(schema, items, path, out);
@@ -255,8 +273,8 @@ fn walk(schema: &Schema, value: &mut Value, path: &str, root: bool, out: &mut Ou
     }
 }
 
-fn check_string(schema: &Schema, s: &str, path: &str, out: &mut Outcome) {
-    let v = Value::String(s.to_string());
+fn check_string(schema: &Schema, s: &str, path: &Path<'_>, out: &mut Outcome) {
+    let v = || Value::String(s.to_string());
     if let Some(max) = schema.max_length
         && s.chars().count() > max
     {
@@ -270,7 +288,7 @@ fn check_string(schema: &Schema, s: &str, path: &str, out: &mut Outcome) {
     {
         out.errors.push(FieldError::invalid(
             path,
-            &v,
+            &v(),
             format!("{path} in body should be at least {min} chars long"),
         ));
     }
@@ -279,20 +297,20 @@ fn check_string(schema: &Schema, s: &str, path: &str, out: &mut Outcome) {
     {
         out.errors.push(FieldError::invalid(
             path,
-            &v,
+            &v(),
             format!("{path} in body should match '{src}'"),
         ));
     }
     if schema.format.as_deref() == Some("date-time") && s.parse::<jiff::Timestamp>().is_err() {
         out.errors.push(FieldError::invalid(
             path,
-            &v,
+            &v(),
             format!("{path} in body must be of type date-time: {s:?}"),
         ));
     }
 }
 
-fn check_number(schema: &Schema, n: f64, v: Value, path: &str, out: &mut Outcome) {
+fn check_number(schema: &Schema, n: f64, v: &Value, path: &Path<'_>, out: &mut Outcome) {
     if let Some(min) = schema.minimum {
         let bad = if schema.exclusive_minimum {
             n <= min
@@ -307,7 +325,7 @@ fn check_number(schema: &Schema, n: f64, v: Value, path: &str, out: &mut Outcome
             };
             out.errors.push(FieldError::invalid(
                 path,
-                &v,
+                v,
                 format!("{path} in body should be {op} {min}"),
             ));
         }
@@ -326,7 +344,7 @@ fn check_number(schema: &Schema, n: f64, v: Value, path: &str, out: &mut Outcome
             };
             out.errors.push(FieldError::invalid(
                 path,
-                &v,
+                v,
                 format!("{path} in body should be {op} {max}"),
             ));
         }
@@ -336,14 +354,14 @@ fn check_number(schema: &Schema, n: f64, v: Value, path: &str, out: &mut Outcome
         if !fits {
             out.errors.push(FieldError::invalid(
                 path,
-                &v,
+                v,
                 format!("{path} in body must be of type int32: {v}"),
             ));
         }
     }
 }
 
-fn check_list_uniqueness(schema: &Schema, items: &[Value], path: &str, out: &mut Outcome) {
+fn check_list_uniqueness(schema: &Schema, items: &[Value], path: &Path<'_>, out: &mut Outcome) {
     match schema.list_type.as_deref() {
         Some("set") => {
             let mut seen = BTreeSet::new();
@@ -389,31 +407,25 @@ fn check_list_uniqueness(schema: &Schema, items: &[Value], path: &str, out: &mut
 fn walk_object(
     schema: &Schema,
     map: &mut Map<String, Value>,
-    path: &str,
+    path: &Path<'_>,
     root: bool,
     out: &mut Outcome,
 ) {
     let keeps_meta = root || schema.embedded;
     // 1. prune unknown fields and nulls of non-nullable fields.
-    let keys: Vec<String> = map.keys().cloned().collect();
-    for key in keys {
+    map.retain(|key, value| {
         if keeps_meta && (key == "apiVersion" || key == "kind" || key == "metadata") {
-            continue;
+            return true;
         }
-        let child = schema.properties.get(&key).or(schema.additional.as_deref());
-        match child {
-            Some(child) => {
-                if map.get(&key).is_some_and(Value::is_null) && !child.nullable {
-                    map.remove(&key);
-                }
-            }
-            None if schema.preserve_unknown || schema.additional_any => {}
+        match schema.properties.get(key).or(schema.additional.as_deref()) {
+            Some(child) => !(value.is_null() && !child.nullable),
+            None if schema.preserve_unknown || schema.additional_any => true,
             None => {
-                map.remove(&key);
-                out.unknown.push(join(path, &key));
+                out.unknown.push(Path::Key(path, key).to_string());
+                false
             }
         }
-    }
+    });
     // 2. defaults.
     for (key, child) in &schema.properties {
         if !map.contains_key(key)
@@ -425,7 +437,8 @@ fn walk_object(
     // 3. required.
     for req in &schema.required {
         if !map.contains_key(req) {
-            out.errors.push(FieldError::required(join(path, req), ""));
+            out.errors
+                .push(FieldError::required(Path::Key(path, req).to_string(), ""));
         }
     }
     // 4. children.
@@ -436,7 +449,7 @@ fn walk_object(
         }
         let child = schema.properties.get(key).or(schema.additional.as_deref());
         if let Some(child) = child {
-            walk(child, child_value, &join(path, key), false, out);
+            walk(child, child_value, &Path::Key(path, key), false, out);
         }
     }
 }

@@ -980,8 +980,8 @@ impl WatchSpec {
             && self.field.matches(obj)
     }
 
-    /// The event a history record becomes for this watch, if any.
-    fn event(&self, r: &Record) -> Option<(&'static str, Arc<Value>)> {
+    /// The event type a history record becomes for this watch, if any.
+    fn event(&self, r: &Record) -> Option<&'static str> {
         if r.key.res != self.storage {
             return None;
         }
@@ -993,37 +993,44 @@ impl WatchSpec {
         let now = self.matches(&r.object);
         let before = r.prev.as_ref().is_some_and(|p| self.matches(p));
         match r.kind {
-            EventType::Added if now => Some(("ADDED", r.object.clone())),
-            EventType::Modified if now && before => Some(("MODIFIED", r.object.clone())),
-            EventType::Modified if now => Some(("ADDED", r.object.clone())),
-            EventType::Modified if before => Some(("DELETED", r.object.clone())),
-            EventType::Deleted if now || before => Some(("DELETED", r.object.clone())),
+            EventType::Added if now => Some("ADDED"),
+            EventType::Modified if now && before => Some("MODIFIED"),
+            EventType::Modified if now => Some("ADDED"),
+            EventType::Modified if before => Some("DELETED"),
+            EventType::Deleted if now || before => Some("DELETED"),
             _ => None,
         }
     }
 
+    /// A history record as an event of this watch: its encoding is shared with every other watch
+    /// that sends it in the same form.
+    fn encode_record(&self, ty: &str, r: &Record) -> Bytes {
+        match self.repr {
+            Repr::Metadata => frame(ty, r.metadata_json()),
+            _ if r.object.get("apiVersion").and_then(Value::as_str)
+                == Some(self.api_version.as_str()) =>
+            {
+                frame(ty, r.json())
+            }
+            _ => self.encode(ty, &r.sent_object()),
+        }
+    }
+
     fn encode(&self, ty: &str, obj: &Value) -> Bytes {
-        let mut out = Vec::with_capacity(1024);
-        out.extend_from_slice(b"{\"type\":\"");
-        out.extend_from_slice(ty.as_bytes());
-        out.extend_from_slice(b"\",\"object\":");
-        let shown = match self.repr {
-            Repr::Metadata => partial(obj),
+        let body = match self.repr {
+            Repr::Metadata => super::store::partial_metadata(obj, None),
+            _ if obj.get("apiVersion").and_then(Value::as_str)
+                == Some(self.api_version.as_str()) =>
+            {
+                serde_json::to_vec(obj).unwrap_or_default()
+            }
             _ => {
-                if obj.get("apiVersion").and_then(Value::as_str) == Some(self.api_version.as_str())
-                {
-                    let _ = serde_json::to_writer(&mut out, obj);
-                    out.extend_from_slice(b"}\n");
-                    return Bytes::from(out);
-                }
                 let mut o = obj.clone();
                 o["apiVersion"] = json!(self.api_version);
-                o
+                serde_json::to_vec(&o).unwrap_or_default()
             }
         };
-        let _ = serde_json::to_writer(&mut out, &shown);
-        out.extend_from_slice(b"}\n");
-        Bytes::from(out)
+        frame(ty, &body)
     }
 
     fn bookmark(&self, rv: u64, initial_end: bool) -> Bytes {
@@ -1044,6 +1051,17 @@ impl WatchSpec {
         out.extend_from_slice(b"}\n");
         Bytes::from(out)
     }
+}
+
+/// One line of a watch stream: `{"type":ty,"object":object}`.
+fn frame(ty: &str, object: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(object.len() + 32);
+    out.extend_from_slice(b"{\"type\":\"");
+    out.extend_from_slice(ty.as_bytes());
+    out.extend_from_slice(b"\",\"object\":");
+    out.extend_from_slice(object);
+    out.extend_from_slice(b"}\n");
+    Bytes::from(out)
 }
 
 fn gone_event(e: &ApiError) -> Bytes {
@@ -1099,8 +1117,8 @@ impl WatchState {
             Some(records) => {
                 let full = records.len() == WATCH_BATCH;
                 for r in &records {
-                    if let Some((ty, obj)) = spec.event(r) {
-                        self.pending.push_back((spec.encode(ty, &obj), true));
+                    if let Some(ty) = spec.event(r) {
+                        self.pending.push_back((spec.encode_record(ty, r), true));
                     }
                     self.pos = r.rv;
                 }

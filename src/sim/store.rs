@@ -5,9 +5,10 @@
 //! what to write.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::sim::json::JsonPath;
+use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::Value;
 
 use super::registry::ResId;
@@ -50,8 +51,9 @@ impl ObjectKey {
     }
 }
 
-/// One entry of the watch history.
-#[derive(Debug, Clone)]
+/// One entry of the watch history, shared (`Arc`) by the history, the controllers' queue and every
+/// watch that sends it.
+#[derive(Debug)]
 pub struct Record {
     pub rv: u64,
     pub key: ObjectKey,
@@ -60,6 +62,112 @@ pub struct Record {
     /// The object before this change (for watches with selectors: an object that stops matching is
     /// reported as DELETED, one that starts matching as ADDED).
     pub prev: Option<Arc<Value>>,
+    /// `object` is the last stored state of a removed object, whose `metadata.resourceVersion` is the
+    /// one before this removal: what is sent says `rv` instead (an object is not copied to be removed).
+    restamp: bool,
+    /// `object` as JSON and as its metadata alone, each written once by the first watch that sends
+    /// the record and copied by the others: every change goes to several watches (a runner's job
+    /// watch, its metadata watch, the benchmark's observer), and writing the same object again for
+    /// each was the simulator's largest cost under load.
+    encoded: [OnceLock<Vec<u8>>; 2],
+}
+
+impl Record {
+    /// The version the object is sent with when it differs from the one it holds.
+    fn version(&self) -> Option<String> {
+        self.restamp.then(|| self.rv.to_string())
+    }
+
+    /// The object as JSON, written once for all watches.
+    pub fn json(&self) -> &[u8] {
+        self.encoded[0].get_or_init(|| {
+            let version = self.version();
+            serde_json::to_vec(&AtVersion(&self.object, version.as_deref())).unwrap_or_default()
+        })
+    }
+
+    /// The object's metadata as a `PartialObjectMetadata` (what a metadata-only watch sends), written
+    /// once for all such watches.
+    pub fn metadata_json(&self) -> &[u8] {
+        self.encoded[1].get_or_init(|| partial_metadata(&self.object, self.version().as_deref()))
+    }
+
+    /// The object as sent: with this record's version when it was removed.
+    pub fn sent_object(&self) -> Value {
+        match self.version() {
+            Some(v) => stamped(&self.object, &v),
+            None => (*self.object).clone(),
+        }
+    }
+}
+
+/// A copy of `obj` at resourceVersion `rv`.
+pub fn stamped(obj: &Value, rv: &str) -> Value {
+    let mut copy = obj.clone();
+    if let Some(meta) = copy.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.insert("resourceVersion".into(), Value::String(rv.into()));
+    }
+    copy
+}
+
+/// An object written as JSON with `metadata.resourceVersion` replaced when a version is given, without
+/// copying it.
+pub struct AtVersion<'a>(pub &'a Value, pub Option<&'a str>);
+
+impl Serialize for AtVersion<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match (self.0, self.1) {
+            (Value::Object(top), Some(rv)) => {
+                let mut map = s.serialize_map(Some(top.len()))?;
+                for (k, v) in top {
+                    match v {
+                        Value::Object(meta) if k == "metadata" => {
+                            map.serialize_entry(k, &MetaAt(meta, rv))?
+                        }
+                        _ => map.serialize_entry(k, v)?,
+                    }
+                }
+                map.end()
+            }
+            (obj, _) => obj.serialize(s),
+        }
+    }
+}
+
+struct MetaAt<'a>(&'a serde_json::Map<String, Value>, &'a str);
+
+impl Serialize for MetaAt<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in self.0 {
+            if k == "resourceVersion" {
+                map.serialize_entry(k, self.1)?;
+            } else {
+                map.serialize_entry(k, v)?;
+            }
+        }
+        map.end()
+    }
+}
+
+/// `obj` as a `PartialObjectMetadata` in JSON, written straight from its metadata (no copy of it), at
+/// resourceVersion `rv` when given.
+pub fn partial_metadata(obj: &Value, rv: Option<&str>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(512);
+    out.extend_from_slice(
+        br#"{"apiVersion":"meta.k8s.io/v1","kind":"PartialObjectMetadata","metadata":"#,
+    );
+    match (obj.get("metadata"), rv) {
+        (Some(Value::Object(meta)), Some(rv)) => {
+            let _ = serde_json::to_writer(&mut out, &MetaAt(meta, rv));
+        }
+        (Some(meta), _) => {
+            let _ = serde_json::to_writer(&mut out, meta);
+        }
+        (None, _) => out.extend_from_slice(b"{}"),
+    }
+    out.push(b'}');
+    out
 }
 
 /// Per storage resource type: namespace → name → object.
@@ -70,13 +178,13 @@ type Objects = BTreeMap<String, BTreeMap<String, Arc<Value>>>;
 pub struct Store {
     objects: Vec<Objects>,
     rv: u64,
-    history: VecDeque<Record>,
+    history: VecDeque<Arc<Record>>,
     history_cap: usize,
     /// Watches may resume from any resourceVersion at or after this one.
     compacted: u64,
     uid_state: u64,
     /// Changes not yet seen by the controllers (drained by the model after each write).
-    changes: Vec<Record>,
+    changes: Vec<Arc<Record>>,
     uids: HashMap<String, ObjectKey>,
     /// Owner uid → objects whose ownerReferences name it.
     dependents: HashMap<String, BTreeSet<ObjectKey>>,
@@ -262,13 +370,15 @@ impl Store {
         object: Arc<Value>,
         prev: Option<Arc<Value>>,
     ) {
-        let record = Record {
+        let record = Arc::new(Record {
             rv: self.rv,
             key,
+            restamp: kind == EventType::Deleted,
             kind,
             object,
             prev,
-        };
+            encoded: Default::default(),
+        });
         self.changes.push(record.clone());
         self.history.push_back(record);
         while self.history.len() > self.history_cap {
@@ -341,7 +451,9 @@ impl Store {
         object
     }
 
-    /// Removes an object; the DELETED event carries its last state with a new resourceVersion.
+    /// Removes an object and returns its last stored state. The DELETED event carries that state with
+    /// the removal's resourceVersion (written so when sent: the object is not copied); a caller that
+    /// shows the removed object uses [`Store::removed_at`] for the same.
     pub fn remove(&mut self, key: &ObjectKey) -> Option<Arc<Value>> {
         let objects = self.objects.get_mut(key.res)?;
         let names = objects.get_mut(&key.namespace)?;
@@ -350,14 +462,19 @@ impl Store {
             objects.remove(&key.namespace);
         }
         self.rv += 1;
-        let mut last = (*old).clone();
-        if let Some(meta) = last.get_mut("metadata").and_then(Value::as_object_mut) {
-            meta.insert("resourceVersion".into(), Value::String(self.rv.to_string()));
-        }
         self.index(key, Some(&old), None);
-        let last = Arc::new(last);
-        self.record(key.clone(), EventType::Deleted, last.clone(), Some(old));
-        Some(last)
+        self.record(
+            key.clone(),
+            EventType::Deleted,
+            old.clone(),
+            Some(old.clone()),
+        );
+        Some(old)
+    }
+
+    /// The object just removed by [`Store::remove`], at the removal's resourceVersion.
+    pub fn removed_at(&self, last: &Value) -> Arc<Value> {
+        Arc::new(stamped(last, &self.rv.to_string()))
     }
 
     /// The object with this uid, if it exists.
@@ -374,12 +491,12 @@ impl Store {
     }
 
     /// Takes the changes made since the last call (for the controllers).
-    pub fn take_changes(&mut self) -> Vec<Record> {
+    pub fn take_changes(&mut self) -> Vec<Arc<Record>> {
         std::mem::take(&mut self.changes)
     }
 
     /// History records after `rv`, or `None` when some of them are no longer retained (410 Gone).
-    pub fn history_after(&self, rv: u64, max: usize) -> Option<Vec<Record>> {
+    pub fn history_after(&self, rv: u64, max: usize) -> Option<Vec<Arc<Record>>> {
         if rv < self.compacted {
             return None;
         }
@@ -503,6 +620,41 @@ mod tests {
         let changes = s.take_changes();
         assert_eq!(changes.last().unwrap().kind, EventType::Deleted);
         assert!(s.take_changes().is_empty());
+    }
+
+    #[test]
+    fn a_removal_is_sent_at_its_own_version_without_copying_the_object() {
+        let mut s = Store::new(100, 1);
+        let key = ObjectKey::new(0, "ns", "o");
+        s.put(key.clone(), obj("o", "U", &["P"]));
+        let last = s.remove(&key).unwrap();
+        assert_eq!(
+            last["metadata"]["resourceVersion"], "1",
+            "the last stored state"
+        );
+        let changes = s.take_changes();
+        let deleted = changes.last().unwrap();
+        assert_eq!((deleted.kind, deleted.rv), (EventType::Deleted, 2));
+        assert!(Arc::ptr_eq(&deleted.object, &last), "not copied");
+
+        let sent: Value = serde_json::from_slice(deleted.json()).unwrap();
+        let mut expected = (*last).clone();
+        expected["metadata"]["resourceVersion"] = json!("2");
+        assert_eq!(sent, expected, "the whole object, at the removal's version");
+        assert_eq!(deleted.sent_object(), expected);
+        assert_eq!(*s.removed_at(&last), expected);
+
+        let partial: Value = serde_json::from_slice(deleted.metadata_json()).unwrap();
+        assert_eq!(partial["kind"], "PartialObjectMetadata");
+        assert_eq!(partial["apiVersion"], "meta.k8s.io/v1");
+        assert_eq!(partial["metadata"], expected["metadata"]);
+
+        // A record that is not a removal is sent as stored.
+        let put = &s.history_after(0, 1).unwrap()[0];
+        let sent: Value = serde_json::from_slice(put.json()).unwrap();
+        assert_eq!(sent, *put.object);
+        let partial: Value = serde_json::from_slice(put.metadata_json()).unwrap();
+        assert_eq!(partial["metadata"], put.object["metadata"]);
     }
 
     #[test]

@@ -202,12 +202,13 @@ impl Model {
         // Pods and what happened to them since the last look.
         let pt = core.registry.get(core.ids.pods);
         let pod_names = self.pods_of(key);
-        let pods: Vec<Value> = pod_names
+        // Shared with the store (read only here): copying every pod on every look was most of it.
+        let pods: Vec<std::sync::Arc<Value>> = pod_names
             .iter()
             .filter_map(|n| {
                 core.store
                     .get(&ObjectKey::new(pt.storage, ns.clone(), n.clone()))
-                    .map(|p| (**p).clone())
+                    .cloned()
             })
             .filter(|p| {
                 p.at("/metadata/ownerReferences/0/uid")
@@ -365,6 +366,7 @@ impl Model {
         // The state machine.
         let active: Vec<&Value> = pods
             .iter()
+            .map(|p| &**p)
             .filter(|p| {
                 !matches!(
                     p.at("/status/phase").and_then(Value::as_str),

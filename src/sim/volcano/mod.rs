@@ -324,7 +324,7 @@ impl Model {
     }
 
     /// Takes note of what changed in the store.
-    pub fn on_changes(&mut self, core: &mut Core, records: &[Record]) {
+    pub fn on_changes(&mut self, core: &mut Core, records: &[std::sync::Arc<Record>]) {
         for r in records {
             if self.is(core, &r.key, core.ids.jobs) {
                 // A write that touched only status or annotations (the controller's own status updates,
