@@ -305,13 +305,25 @@ fn object_response(
     }
 }
 
-/// A written object, always as JSON (writes do not negotiate tables).
-fn written(code: u16, obj: &Value) -> Response {
-    respond(
-        code,
-        "application/json",
-        serde_json::to_vec(obj).unwrap_or_default(),
-    )
+/// A written object, always as JSON (writes do not negotiate tables). With the write's record the
+/// encoding is the one its watch events carry: the object is written out once, not once for the
+/// answer and once for the watches.
+fn written(code: u16, obj: &Value, record: Option<&Record>) -> Response {
+    let body = match record {
+        Some(r) => r.json().to_vec(),
+        None => serde_json::to_vec(obj).unwrap_or_default(),
+    };
+    respond(code, "application/json", body)
+}
+
+/// The history record of the write that stored `obj`, when it is the latest change (read inside the
+/// write's lock, before the controllers react).
+fn record_of(c: &Cluster, obj: &Arc<Value>) -> Option<Arc<Record>> {
+    c.core
+        .store
+        .latest()
+        .filter(|r| r.sends_as_stored() && Arc::ptr_eq(&r.object, obj))
+        .cloned()
 }
 
 fn list_response(
@@ -712,14 +724,30 @@ fn resource(
             }
             let body = parse_body(headers, &body)?;
             let opts = params.write_options();
-            let w = shared.with(|c| c.core.create(id, &ns, body, &opts))?;
-            Ok(with_warnings(written(201, &w.object), &w.warnings))
+            let (w, record) = shared.with(|c| {
+                c.core.create(id, &ns, body, &opts).map(|w| {
+                    let record = record_of(c, &w.object);
+                    (w, record)
+                })
+            })?;
+            Ok(with_warnings(
+                written(201, &w.object, record.as_deref()),
+                &w.warnings,
+            ))
         }
         ("PUT", Some(name)) => {
             let body = parse_body(headers, &body)?;
             let opts = params.write_options();
-            let w = shared.with(|c| c.core.update(id, &ns, name, body, sub, &opts))?;
-            Ok(with_warnings(written(200, &w.object), &w.warnings))
+            let (w, record) = shared.with(|c| {
+                c.core.update(id, &ns, name, body, sub, &opts).map(|w| {
+                    let record = record_of(c, &w.object);
+                    (w, record)
+                })
+            })?;
+            Ok(with_warnings(
+                written(200, &w.object, record.as_deref()),
+                &w.warnings,
+            ))
         }
         ("PATCH", Some(name)) => {
             let ct = headers
@@ -738,15 +766,25 @@ fn resource(
                 )
             })?;
             let opts = params.write_options();
-            let w = shared.with(|c| c.core.patch(id, &ns, name, kind, &body, sub, &opts))?;
+            let (w, record) = shared.with(|c| {
+                c.core
+                    .patch(id, &ns, name, kind, &body, sub, &opts)
+                    .map(|w| {
+                        let record = record_of(c, &w.object);
+                        (w, record)
+                    })
+            })?;
             let code = if w.created { 201 } else { 200 };
-            Ok(with_warnings(written(code, &w.object), &w.warnings))
+            Ok(with_warnings(
+                written(code, &w.object, record.as_deref()),
+                &w.warnings,
+            ))
         }
         ("DELETE", Some(name)) => {
             let opts = delete_options(params, &body)?;
             let d = shared.with(|c| c.core.delete(id, &ns, name, &opts))?;
             Ok(match d {
-                Deleted::Pending(o) => written(200, &o),
+                Deleted::Pending(o) => written(200, &o, None),
                 Deleted::Gone(o) => json_response(
                     200,
                     &json!({

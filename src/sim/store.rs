@@ -78,6 +78,11 @@ impl Record {
         self.restamp.then(|| self.rv.to_string())
     }
 
+    /// Whether what is sent is `object` exactly (not a removal sent at a later version).
+    pub fn sends_as_stored(&self) -> bool {
+        !self.restamp
+    }
+
     /// The object as JSON, written once for all watches.
     pub fn json(&self) -> &[u8] {
         self.encoded[0].get_or_init(|| {
@@ -488,6 +493,11 @@ impl Store {
             .get(uid)
             .map(|s| s.iter().cloned().collect())
             .unwrap_or_default()
+    }
+
+    /// The latest change.
+    pub fn latest(&self) -> Option<&Arc<Record>> {
+        self.history.back()
     }
 
     /// Takes the changes made since the last call (for the controllers).

@@ -78,6 +78,87 @@ async fn raw_watch_reports_added_modified_deleted_in_order() {
     assert!(rvs.windows(2).all(|w| w[0] < w[1]), "{rvs:?}");
 }
 
+/// The simulator writes each change out once and shares it between the write's answer and every
+/// watch: what each of them gets must still be the object as stored, and a removal must carry the
+/// removal's own version in full and in metadata-only watches.
+#[tokio::test]
+async fn a_writes_answer_and_every_watch_carry_the_same_object() {
+    let (_sim, client) = start().await;
+    namespace(&client, "shared").await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "shared");
+    let meta: Api<kube::api::PartialObjectMeta<ConfigMap>> =
+        Api::namespaced(client.clone(), "shared");
+    let mut full = api
+        .watch(&WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed();
+    let mut full2 = api
+        .watch(&WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed();
+    let mut partial = meta
+        .watch_metadata(&WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed();
+
+    let created = api
+        .create(&PostParams::default(), &cm("x", "a"))
+        .await
+        .unwrap();
+    let patched = api
+        .patch(
+            "x",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"k": "w"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.data.as_ref().unwrap()["k"], "w");
+    api.delete("x", &DeleteParams::default()).await.unwrap();
+
+    for stream in [&mut full, &mut full2] {
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            seen.push(match next(stream).await.unwrap() {
+                WatchEvent::Added(o) => ("ADDED", o),
+                WatchEvent::Modified(o) => ("MODIFIED", o),
+                WatchEvent::Deleted(o) => ("DELETED", o),
+                other => panic!("{other:?}"),
+            });
+        }
+        assert_eq!(seen[0], ("ADDED", created.clone()));
+        assert_eq!(seen[1], ("MODIFIED", patched.clone()));
+        let (kind, gone) = &seen[2];
+        assert_eq!(*kind, "DELETED");
+        let gone_rv: u64 = gone.resource_version().unwrap().parse().unwrap();
+        let patched_rv: u64 = patched.resource_version().unwrap().parse().unwrap();
+        assert!(gone_rv > patched_rv, "{gone_rv} after {patched_rv}");
+        let mut expected = patched.clone();
+        expected.metadata.resource_version = gone.metadata.resource_version.clone();
+        assert_eq!(*gone, expected, "the last state, at the removal's version");
+    }
+    let mut versions = Vec::new();
+    for want in [&created, &patched] {
+        match next(&mut partial).await.unwrap() {
+            WatchEvent::Added(o) | WatchEvent::Modified(o) => {
+                assert_eq!(o.metadata, want.metadata);
+                versions.push(o.metadata.resource_version.unwrap());
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    match next(&mut partial).await.unwrap() {
+        WatchEvent::Deleted(o) => {
+            let rv: u64 = o.metadata.resource_version.unwrap().parse().unwrap();
+            assert!(rv > versions[1].parse().unwrap());
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn watch_with_selector_sees_objects_leave_and_enter() {
     let (_sim, client) = start().await;
