@@ -418,7 +418,7 @@ fn walk_object(
             return true;
         }
         match schema.properties.get(key).or(schema.additional.as_deref()) {
-            Some(child) => !(value.is_null() && !child.nullable),
+            Some(child) => child.nullable || !value.is_null(),
             None if schema.preserve_unknown || schema.additional_any => true,
             None => {
                 out.unknown.push(Path::Key(path, key).to_string());
