@@ -17,7 +17,8 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::api::{
-    DeleteOptions, Deleted, ListOptions, ListPage, Propagation, Subresource, WriteOptions, name_of,
+    DeleteOptions, Deleted, ListOptions, ListPage, Propagation, Subresource, WriteOptions, Written,
+    name_of,
 };
 use super::clock::SimClock;
 use super::cluster::Cluster;
@@ -113,6 +114,19 @@ impl Shared {
         drop(c);
         self.notify(rv);
         r
+    }
+
+    /// A write through the API, with the history record it made (see [`record_of`]) so that its
+    /// answer is the encoding the watches send.
+    fn write(
+        &self,
+        f: impl FnOnce(&mut Cluster) -> Result<Written, ApiError>,
+    ) -> Result<(Written, Option<Arc<Record>>), ApiError> {
+        self.with(|c| {
+            let w = f(c)?;
+            let record = record_of(c, &w.object);
+            Ok((w, record))
+        })
     }
 
     /// Reads the cluster without moving time (watch streams use this).
@@ -314,6 +328,11 @@ fn written(code: u16, obj: &Value, record: Option<&Record>) -> Response {
         None => serde_json::to_vec(obj).unwrap_or_default(),
     };
     respond(code, "application/json", body)
+}
+
+/// The answer to a write: the written object, with its record's encoding when there is one.
+fn answer(code: u16, (w, record): (Written, Option<Arc<Record>>)) -> Response {
+    with_warnings(written(code, &w.object, record.as_deref()), &w.warnings)
 }
 
 /// The history record of the write that stored `obj`, when it is the latest change (read inside the
@@ -724,30 +743,14 @@ fn resource(
             }
             let body = parse_body(headers, &body)?;
             let opts = params.write_options();
-            let (w, record) = shared.with(|c| {
-                c.core.create(id, &ns, body, &opts).map(|w| {
-                    let record = record_of(c, &w.object);
-                    (w, record)
-                })
-            })?;
-            Ok(with_warnings(
-                written(201, &w.object, record.as_deref()),
-                &w.warnings,
-            ))
+            let w = shared.write(|c| c.core.create(id, &ns, body, &opts))?;
+            Ok(answer(201, w))
         }
         ("PUT", Some(name)) => {
             let body = parse_body(headers, &body)?;
             let opts = params.write_options();
-            let (w, record) = shared.with(|c| {
-                c.core.update(id, &ns, name, body, sub, &opts).map(|w| {
-                    let record = record_of(c, &w.object);
-                    (w, record)
-                })
-            })?;
-            Ok(with_warnings(
-                written(200, &w.object, record.as_deref()),
-                &w.warnings,
-            ))
+            let w = shared.write(|c| c.core.update(id, &ns, name, body, sub, &opts))?;
+            Ok(answer(200, w))
         }
         ("PATCH", Some(name)) => {
             let ct = headers
@@ -766,19 +769,9 @@ fn resource(
                 )
             })?;
             let opts = params.write_options();
-            let (w, record) = shared.with(|c| {
-                c.core
-                    .patch(id, &ns, name, kind, &body, sub, &opts)
-                    .map(|w| {
-                        let record = record_of(c, &w.object);
-                        (w, record)
-                    })
-            })?;
-            let code = if w.created { 201 } else { 200 };
-            Ok(with_warnings(
-                written(code, &w.object, record.as_deref()),
-                &w.warnings,
-            ))
+            let w = shared.write(|c| c.core.patch(id, &ns, name, kind, &body, sub, &opts))?;
+            let code = if w.0.created { 201 } else { 200 };
+            Ok(answer(code, w))
         }
         ("DELETE", Some(name)) => {
             let opts = delete_options(params, &body)?;
