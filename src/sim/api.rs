@@ -1171,19 +1171,18 @@ impl Core {
             obj
         };
         if is_pod {
-            let obj = &old;
-            let bound = obj
+            let bound = old
                 .at("/spec/nodeName")
                 .and_then(Value::as_str)
                 .is_some_and(|n| !n.is_empty());
-            let phase = obj
+            let phase = old
                 .at("/status/phase")
                 .and_then(Value::as_str)
                 .unwrap_or_default();
             let terminal = phase == "Succeeded" || phase == "Failed";
             let grace = grace
                 .or_else(|| {
-                    obj.at("/spec/terminationGracePeriodSeconds")
+                    old.at("/spec/terminationGracePeriodSeconds")
                         .and_then(Value::as_i64)
                 })
                 .unwrap_or(30)

@@ -28,7 +28,7 @@ use super::faults::Faults;
 use super::patch::PatchKind;
 use super::registry::{Builtin, ResId, ResourceType};
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{EventType, Record};
+use super::store::{EventType, Record, write_partial_metadata};
 use super::table;
 
 /// Settings the HTTP layer needs.
@@ -293,8 +293,11 @@ fn repr(headers: &HeaderMap) -> Repr {
     }
 }
 
-fn partial(obj: &Value) -> Value {
-    json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj.get("metadata").cloned().unwrap_or(json!({}))})
+/// `obj` as a `PartialObjectMetadata`, in JSON.
+fn partial(obj: &Value) -> Vec<u8> {
+    let mut out = Vec::with_capacity(512);
+    write_partial_metadata(&mut out, obj, None);
+    out
 }
 
 fn object_response(
@@ -311,7 +314,7 @@ fn object_response(
             "application/json",
             serde_json::to_vec(&**obj).unwrap_or_default(),
         ),
-        Repr::Metadata => json_response(code, &partial(obj)),
+        Repr::Metadata => respond(code, "application/json", partial(obj)),
         Repr::Table => json_response(
             code,
             &table::to_table(t, std::slice::from_ref(obj), now, rv, None, "Metadata"),
@@ -388,10 +391,12 @@ fn list_response(
         if i > 0 {
             out.push(b',');
         }
-        let _ = match r {
-            Repr::Metadata => serde_json::to_writer(&mut out, &partial(item)),
-            _ => serde_json::to_writer(&mut out, &**item),
-        };
+        match r {
+            Repr::Metadata => write_partial_metadata(&mut out, item, None),
+            _ => {
+                let _ = serde_json::to_writer(&mut out, &**item);
+            }
+        }
     }
     out.extend_from_slice(b"]}");
     respond(200, "application/json", out)
@@ -1049,7 +1054,7 @@ impl WatchSpec {
 
     fn encode(&self, ty: &str, obj: &Value) -> Bytes {
         let body = match self.repr {
-            Repr::Metadata => super::store::partial_metadata(obj, None),
+            Repr::Metadata => partial(obj),
             _ if obj.get("apiVersion").and_then(Value::as_str)
                 == Some(self.api_version.as_str()) =>
             {

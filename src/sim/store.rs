@@ -62,30 +62,30 @@ pub struct Record {
     /// The object before this change (for watches with selectors: an object that stops matching is
     /// reported as DELETED, one that starts matching as ADDED).
     pub prev: Option<Arc<Value>>,
-    /// `object` is the last stored state of a removed object, whose `metadata.resourceVersion` is the
-    /// one before this removal: what is sent says `rv` instead (an object is not copied to be removed).
-    restamp: bool,
-    /// `object` as JSON and as its metadata alone, each written once by the first watch that sends
-    /// the record and copied by the others: every change goes to several watches (a runner's job
-    /// watch, its metadata watch, the benchmark's observer), and writing the same object again for
-    /// each was the simulator's largest cost under load.
-    encoded: [OnceLock<Vec<u8>>; 2],
+    /// `object` as JSON, and its metadata alone, each written once by the first watch that sends the
+    /// record and copied by the others: every change goes to several watches (a runner's job watch,
+    /// its metadata watch, the benchmark's observer), and writing the same object again for each was
+    /// the simulator's largest cost under load.
+    json: OnceLock<Vec<u8>>,
+    metadata_json: OnceLock<Vec<u8>>,
 }
 
 impl Record {
-    /// The version the object is sent with when it differs from the one it holds.
+    /// The version the object is sent with when it differs from the one it holds: a DELETED record
+    /// holds the removed object's last stored state (not a copy), whose `metadata.resourceVersion` is
+    /// the one before the removal; what is sent says `rv` instead.
     fn version(&self) -> Option<String> {
-        self.restamp.then(|| self.rv.to_string())
+        (self.kind == EventType::Deleted).then(|| self.rv.to_string())
     }
 
     /// Whether what is sent is `object` exactly (not a removal sent at a later version).
     pub fn sends_as_stored(&self) -> bool {
-        !self.restamp
+        self.kind != EventType::Deleted
     }
 
     /// The object as JSON, written once for all watches.
     pub fn json(&self) -> &[u8] {
-        self.encoded[0].get_or_init(|| {
+        self.json.get_or_init(|| {
             let version = self.version();
             serde_json::to_vec(&AtVersion(&self.object, version.as_deref())).unwrap_or_default()
         })
@@ -94,7 +94,11 @@ impl Record {
     /// The object's metadata as a `PartialObjectMetadata` (what a metadata-only watch sends), written
     /// once for all such watches.
     pub fn metadata_json(&self) -> &[u8] {
-        self.encoded[1].get_or_init(|| partial_metadata(&self.object, self.version().as_deref()))
+        self.metadata_json.get_or_init(|| {
+            let mut out = Vec::with_capacity(512);
+            write_partial_metadata(&mut out, &self.object, self.version().as_deref());
+            out
+        })
     }
 
     /// The object as sent: with this record's version when it was removed.
@@ -155,24 +159,20 @@ impl Serialize for MetaAt<'_> {
     }
 }
 
-/// `obj` as a `PartialObjectMetadata` in JSON, written straight from its metadata (no copy of it), at
-/// resourceVersion `rv` when given.
-pub fn partial_metadata(obj: &Value, rv: Option<&str>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(512);
+/// Writes `obj` as a `PartialObjectMetadata` in JSON (what metadata-only reads and watches get)
+/// straight from its metadata, without copying it, at resourceVersion `rv` when given.
+pub fn write_partial_metadata(out: &mut Vec<u8>, obj: &Value, rv: Option<&str>) {
     out.extend_from_slice(
         br#"{"apiVersion":"meta.k8s.io/v1","kind":"PartialObjectMetadata","metadata":"#,
     );
-    match (obj.get("metadata"), rv) {
+    let _ = match (obj.get("metadata"), rv) {
         (Some(Value::Object(meta)), Some(rv)) => {
-            let _ = serde_json::to_writer(&mut out, &MetaAt(meta, rv));
+            serde_json::to_writer(&mut *out, &MetaAt(meta, rv))
         }
-        (Some(meta), _) => {
-            let _ = serde_json::to_writer(&mut out, meta);
-        }
-        (None, _) => out.extend_from_slice(b"{}"),
-    }
+        (Some(meta), _) => serde_json::to_writer(&mut *out, meta),
+        (None, _) => serde_json::to_writer(&mut *out, &serde_json::Map::new()),
+    };
     out.push(b'}');
-    out
 }
 
 /// Per storage resource type: namespace → name → object.
@@ -378,11 +378,11 @@ impl Store {
         let record = Arc::new(Record {
             rv: self.rv,
             key,
-            restamp: kind == EventType::Deleted,
             kind,
             object,
             prev,
-            encoded: Default::default(),
+            json: OnceLock::new(),
+            metadata_json: OnceLock::new(),
         });
         self.changes.push(record.clone());
         self.history.push_back(record);

@@ -26,6 +26,16 @@ fn cm(name: &str, tier: &str) -> ConfigMap {
 
 const WAIT: Duration = Duration::from_secs(10);
 
+/// A raw watch of config maps from resourceVersion "0": every object as ADDED, then every change.
+async fn raw_watch(
+    api: &Api<ConfigMap>,
+) -> futures::stream::BoxStream<'static, kube::Result<WatchEvent<ConfigMap>>> {
+    api.watch(&WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed()
+}
+
 async fn next<S: futures::Stream + Unpin>(s: &mut S) -> S::Item {
     tokio::time::timeout(WAIT, s.next())
         .await
@@ -41,11 +51,7 @@ async fn raw_watch_reports_added_modified_deleted_in_order() {
     api.create(&PostParams::default(), &cm("before", "a"))
         .await
         .unwrap();
-    let mut stream = api
-        .watch(&WatchParams::default(), "0")
-        .await
-        .unwrap()
-        .boxed();
+    let mut stream = raw_watch(&api).await;
     match next(&mut stream).await.unwrap() {
         WatchEvent::Added(o) => assert_eq!(o.name_any(), "before"),
         other => panic!("{other:?}"),
@@ -88,16 +94,8 @@ async fn a_writes_answer_and_every_watch_carry_the_same_object() {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), "shared");
     let meta: Api<kube::api::PartialObjectMeta<ConfigMap>> =
         Api::namespaced(client.clone(), "shared");
-    let mut full = api
-        .watch(&WatchParams::default(), "0")
-        .await
-        .unwrap()
-        .boxed();
-    let mut full2 = api
-        .watch(&WatchParams::default(), "0")
-        .await
-        .unwrap()
-        .boxed();
+    let mut full = raw_watch(&api).await;
+    let mut full2 = raw_watch(&api).await;
     let mut partial = meta
         .watch_metadata(&WatchParams::default(), "0")
         .await
@@ -481,11 +479,7 @@ async fn list_and_watch_ten_thousand_objects() {
         other => panic!("{other:?}"),
     }
     // A raw watch from "0" streams all of them as ADDED.
-    let raw = api
-        .watch(&WatchParams::default(), "0")
-        .await
-        .unwrap()
-        .boxed();
+    let raw = raw_watch(&api).await;
     let added = raw.take(9_999).try_collect::<Vec<_>>().await.unwrap();
     assert_eq!(added.len(), 9_999);
 }
