@@ -20,13 +20,13 @@
 
 use std::fmt;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{
     Api, DeleteParams, DynamicObject, GroupVersionKind, PostParams, Preconditions,
     PropagationPolicy,
 };
 use kube::core::{ApiResource, Resource, TypeMeta};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::error::{ClusterError, ErrorClass, KubeResultExt};
 use super::labels::FIELD_MANAGER;
@@ -77,8 +77,7 @@ impl Step {
     /// A step from JSON with `apiVersion`, `kind` and `metadata`. The plural is derived from the kind
     /// (`Job` → `jobs`, `NetworkPolicy` → `networkpolicies`).
     pub fn from_value(value: serde_json::Value, role: Role) -> Result<Self, PlanError> {
-        let object: DynamicObject = serde_json::from_value(value)
-            .map_err(|e| PlanError(format!("not a Kubernetes object: {e}")))?;
+        let object = dynamic_object(value)?;
         let types = object
             .types
             .clone()
@@ -99,8 +98,8 @@ impl Step {
         let resource = ApiResource::erase::<K>(&());
         let value = serde_json::to_value(object)
             .map_err(|e| PlanError(format!("{} does not serialise: {e}", resource.kind)))?;
-        let object: DynamicObject = serde_json::from_value(value)
-            .map_err(|e| PlanError(format!("{}: {e}", resource.kind)))?;
+        let object =
+            dynamic_object(value).map_err(|e| PlanError(format!("{}: {}", resource.kind, e.0)))?;
         Ok(Self::new(resource, object, role))
     }
 
@@ -108,6 +107,42 @@ impl Step {
     pub fn key(&self) -> ObjectKey {
         ObjectKey::of(&self.resource, &self.object)
     }
+}
+
+/// A JSON object as a [`DynamicObject`]: `apiVersion` and `kind` as its types, `metadata` decoded, every
+/// other field moved as it is. Not `serde_json::from_value`: the flattened `data` makes serde buffer the
+/// whole object (a VolcanoJob's every template) once more before building it again.
+fn dynamic_object(value: serde_json::Value) -> Result<DynamicObject, PlanError> {
+    let serde_json::Value::Object(mut fields) = value else {
+        return Err(PlanError(
+            "not a Kubernetes object: it is not a JSON object".into(),
+        ));
+    };
+    let mut text = |field: &str| match fields.remove(field) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(PlanError(format!(
+            "not a Kubernetes object: `{field}` is {other}, not a string"
+        ))),
+    };
+    let types = match (text("apiVersion")?, text("kind")?) {
+        (Some(api_version), Some(kind)) => Some(TypeMeta { api_version, kind }),
+        _ => None,
+    };
+    let metadata = match fields.remove("metadata") {
+        None => {
+            return Err(PlanError(
+                "not a Kubernetes object: it has no metadata".into(),
+            ));
+        }
+        Some(m) => serde_json::from_value(m)
+            .map_err(|e| PlanError(format!("not a Kubernetes object: metadata: {e}")))?,
+    };
+    Ok(DynamicObject {
+        types,
+        metadata,
+        data: serde_json::Value::Object(fields),
+    })
 }
 
 /// The identity of an object: what it is and where.
@@ -144,8 +179,9 @@ impl fmt::Display for ObjectKey {
 /// What a successful apply did.
 #[derive(Debug, Clone)]
 pub struct ApplyOutcome {
-    /// The primary object as the cluster has it (with its uid and resourceVersion).
-    pub primary: DynamicObject,
+    /// The primary's metadata as the cluster has it (with its uid and resourceVersion). Only the
+    /// metadata: what follows an apply reads no more, and the API's answer is not decoded further.
+    pub primary: ObjectMeta,
     /// The primary existed already with the same fingerprint: an earlier delivery applied this job.
     pub primary_existed: bool,
     /// The primary exists with the same fingerprint and is being deleted: the job has ended (or is
@@ -155,6 +191,14 @@ pub struct ApplyOutcome {
     pub created: Vec<ObjectKey>,
     /// Job objects (primary and companions) that existed already and were adopted.
     pub reused: Vec<ObjectKey>,
+}
+
+/// The part of a write's answer the applier reads: the object's metadata. Every other field of the
+/// answer is skipped by the decoder, not built.
+#[derive(Deserialize)]
+struct Answer {
+    #[serde(default)]
+    metadata: ObjectMeta,
 }
 
 /// What a rollback did after a failed step.
@@ -358,7 +402,7 @@ impl Applier {
         budget: &Budget<'_>,
         created: &mut Vec<Created>,
     ) -> Result<ApplyOutcome, StepError> {
-        let mut primary: Option<(DynamicObject, OwnerReference)> = None;
+        let mut primary: Option<(ObjectMeta, OwnerReference)> = None;
         let mut primary_existed = false;
         let mut reused = Vec::new();
         for step in plan {
@@ -373,7 +417,7 @@ impl Applier {
                 Role::Primary => {
                     let (object, existed) =
                         self.create_primary(step, &key, fingerprint, budget).await?;
-                    if existed && object.metadata.deletion_timestamp.is_some() {
+                    if existed && object.deletion_timestamp.is_some() {
                         // This submission's job, ended: nothing more to create, and its companions must
                         // not come back.
                         return Ok(ApplyOutcome {
@@ -391,7 +435,7 @@ impl Applier {
                         created.push(Created {
                             key,
                             resource: step.resource.clone(),
-                            uid: object.metadata.uid.clone(),
+                            uid: object.uid.clone(),
                         });
                     }
                     let owner = owner_reference(&step.resource, &object).ok_or_else(|| {
@@ -444,13 +488,13 @@ impl Applier {
         key: &ObjectKey,
         fingerprint: &str,
         budget: &Budget<'_>,
-    ) -> Result<(DynamicObject, bool), StepError> {
+    ) -> Result<(ObjectMeta, bool), StepError> {
         match self.create(step, key, &step.object, budget).await {
             Ok(object) => return Ok((object, false)),
             Err(e) if !e.is_already_exists() => return Err(StepError::cluster(key, e)),
             Err(_) => {}
         }
-        let existing = self.get_existing(step, key, budget, true).await?;
+        let existing = self.get_existing(step, key, budget, true).await?.metadata;
         let theirs = annotation(&existing, &self.fingerprint_annotation);
         if theirs != Some(fingerprint) {
             return Err(StepError::Conflict {
@@ -474,7 +518,7 @@ impl Applier {
         budget: &Budget<'_>,
     ) -> Result<(Option<String>, bool), StepError> {
         match self.create(step, key, object, budget).await {
-            Ok(made) => return Ok((made.metadata.uid, false)),
+            Ok(made) => return Ok((made.uid, false)),
             Err(e) if !e.is_already_exists() => return Err(StepError::cluster(key, e)),
             Err(_) => {}
         }
@@ -507,7 +551,8 @@ impl Applier {
         Err(StepError::Conflict {
             object: key.clone(),
             role: Role::Companion,
-            existing: annotation(&existing, &self.fingerprint_annotation).map(str::to_owned),
+            existing: annotation(&existing.metadata, &self.fingerprint_annotation)
+                .map(str::to_owned),
             desired: format!("owned by {} {}", owner.kind, owner.name),
         })
     }
@@ -518,16 +563,32 @@ impl Applier {
         key: &ObjectKey,
         object: &DynamicObject,
         budget: &Budget<'_>,
-    ) -> Result<DynamicObject, ClusterError> {
-        let api = self.api(step, key);
+    ) -> Result<ObjectMeta, ClusterError> {
         let params = PostParams {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PostParams::default()
         };
         let op = format!("create {key}");
+        let body = serde_json::to_vec(object).map_err(|e| ClusterError::Internal {
+            op: op.clone(),
+            message: format!("the object does not serialise: {e}"),
+        })?;
+        let url = self.api(step, key).resource_url().to_owned();
         let result = budget
             .run(&op, || async {
-                api.create(&params, object).await.classify(|| op.clone())
+                let request = kube::core::Request::new(url.as_str())
+                    .create(&params, body.clone())
+                    .map_err(|e| ClusterError::Internal {
+                        op: op.clone(),
+                        message: e.to_string(),
+                    })?;
+                // Not `Api::create`: that decodes the whole answer (a VolcanoJob's every template) into a
+                // `DynamicObject` through serde's buffering, and only the metadata is read.
+                self.client
+                    .request::<Answer>(request)
+                    .await
+                    .map(|a| a.metadata)
+                    .classify(|| op.clone())
             })
             .await;
         match result {
@@ -691,7 +752,7 @@ fn check_plan(plan: &[Step], fingerprint_annotation: &str) -> Result<String, Pla
     let Some(primary) = primary else {
         return invalid("there is no primary object".into());
     };
-    match annotation(&primary.object, fingerprint_annotation) {
+    match annotation(&primary.object.metadata, fingerprint_annotation) {
         Some(fp) if !fp.is_empty() => Ok(fp.to_owned()),
         _ => invalid(format!(
             "{} has no {fingerprint_annotation} annotation to recognise a redelivery by",
@@ -700,10 +761,8 @@ fn check_plan(plan: &[Step], fingerprint_annotation: &str) -> Result<String, Pla
     }
 }
 
-fn annotation<'a>(object: &'a DynamicObject, key: &str) -> Option<&'a str> {
-    object
-        .metadata
-        .annotations
+fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.annotations
         .as_ref()
         .and_then(|a| a.get(key))
         .map(String::as_str)
@@ -712,12 +771,12 @@ fn annotation<'a>(object: &'a DynamicObject, key: &str) -> Option<&'a str> {
 /// The ownerReference a companion gets to the primary, or `None` if the primary has no uid yet. Not a
 /// blocking reference (`blockOwnerDeletion` needs extra RBAC on the owner's finalizers, and nothing
 /// waits for companions when a job is deleted).
-pub fn owner_reference(resource: &ApiResource, primary: &DynamicObject) -> Option<OwnerReference> {
+pub fn owner_reference(resource: &ApiResource, primary: &ObjectMeta) -> Option<OwnerReference> {
     Some(OwnerReference {
         api_version: resource.api_version.clone(),
         kind: resource.kind.clone(),
-        name: primary.metadata.name.clone()?,
-        uid: primary.metadata.uid.clone()?,
+        name: primary.name.clone()?,
+        uid: primary.uid.clone()?,
         controller: Some(true),
         block_owner_deletion: None,
     })
@@ -785,6 +844,35 @@ mod tests {
         assert_eq!(svc.resource.group, "");
         assert_eq!(svc.resource.plural, "services");
         assert!(Step::from_value(json!({"metadata": {"name": "x"}}), Role::Shared).is_err());
+    }
+
+    #[test]
+    fn a_step_holds_the_object_as_serde_would_decode_it() {
+        let value = json!({
+            "apiVersion": "batch.volcano.sh/v1alpha1",
+            "kind": "Job",
+            "metadata": {"name": "j-1", "namespace": "a", "annotations": {"k": "v"}},
+            "spec": {"queue": "q", "tasks": [{"name": "t", "replicas": 2}]},
+            "status": null,
+        });
+        let step = Step::from_value(value.clone(), Role::Primary).unwrap();
+        let decoded: DynamicObject = serde_json::from_value(value.clone()).unwrap();
+        assert_eq!(step.object, decoded);
+        assert_eq!(serde_json::to_value(&step.object).unwrap(), value);
+        assert_eq!(step.resource.plural, "jobs");
+    }
+
+    #[test]
+    fn a_step_from_a_malformed_object_says_which_field_is_wrong() {
+        let err = |v: serde_json::Value| Step::from_value(v, Role::Primary).unwrap_err().0;
+        assert!(err(json!("a string")).contains("not a JSON object"));
+        let kind = err(json!({"apiVersion": "v1", "kind": 7, "metadata": {"name": "x"}}));
+        assert!(kind.contains("`kind` is 7"), "{kind}");
+        let meta = err(json!({"apiVersion": "v1", "kind": "ConfigMap"}));
+        assert!(meta.contains("no metadata"), "{meta}");
+        let labels =
+            err(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"labels": 1}}));
+        assert!(labels.contains("metadata"), "{labels}");
     }
 
     #[test]
@@ -870,11 +958,11 @@ mod tests {
         let job = vcjob("a", "j-1", Some("1"));
         let mut created = job.object.clone();
         assert!(
-            owner_reference(&job.resource, &created).is_none(),
+            owner_reference(&job.resource, &created.metadata).is_none(),
             "no uid yet"
         );
         created.metadata.uid = Some("uid-1".into());
-        let owner = owner_reference(&job.resource, &created).unwrap();
+        let owner = owner_reference(&job.resource, &created.metadata).unwrap();
         assert_eq!(owner.api_version, "batch.volcano.sh/v1alpha1");
         assert_eq!(owner.kind, "Job");
         assert_eq!(owner.name, "j-1");

@@ -69,7 +69,7 @@ async fn applies_in_order_with_owner_references() {
     let order = [
         rv(&ns.get("alice").await.unwrap().metadata),
         rv(&policies.get("baseline").await.unwrap().metadata),
-        rv(&outcome.primary.metadata),
+        rv(&outcome.primary),
         rv(&svc.metadata),
         rv(&cm.metadata),
     ];
@@ -79,7 +79,7 @@ async fn applies_in_order_with_owner_references() {
     );
 
     let uid = job.uid().unwrap();
-    assert_eq!(outcome.primary.uid().as_deref(), Some(uid.as_str()));
+    assert_eq!(outcome.primary.uid.as_deref(), Some(uid.as_str()));
     for (what, refs) in [
         ("service", svc.owner_references()),
         ("configmap", cm.owner_references()),
@@ -128,7 +128,7 @@ async fn redelivery_reuses_what_exists_and_completes_a_partial_apply() {
     assert!(again.primary_existed);
     assert!(again.created.is_empty(), "{:?}", again.created);
     assert_eq!(again.reused.len(), 3);
-    assert_eq!(again.primary.uid(), first.primary.uid());
+    assert_eq!(again.primary.uid, first.primary.uid);
 
     // A job whose earlier attempt died after the VolcanoJob was created.
     let partial = [namespace_step("bob"), vcjob("bob", "j-1", "sha256:b")];
@@ -143,7 +143,10 @@ async fn redelivery_reuses_what_exists_and_completes_a_partial_apply() {
         .get("j-1-web")
         .await
         .unwrap();
-    assert_eq!(svc.owner_references()[0].uid, made.primary.uid().unwrap());
+    assert_eq!(
+        svc.owner_references()[0].uid,
+        made.primary.uid.clone().unwrap()
+    );
 }
 
 /// The same job id with different content is a conflict (the runner's `duplicate_job_id`), and the
@@ -178,7 +181,7 @@ async fn a_different_submission_with_the_same_id_is_a_conflict() {
     assert!(rollback.deleted.is_empty() && rollback.failed.is_empty());
 
     let job = jobs(&env.client, "alice").get("j-1").await.unwrap();
-    assert_eq!(job.uid(), first.primary.uid());
+    assert_eq!(job.uid(), first.primary.uid);
     assert_eq!(job.annotations()[FINGERPRINT], "sha256:a");
     let configmaps: Api<ConfigMap> = Api::namespaced(env.client.clone(), "alice");
     assert!(exists(&configmaps, "j-1-etc").await);

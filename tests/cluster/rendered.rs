@@ -60,7 +60,7 @@ async fn a_rendered_job_applies_and_a_redelivery_is_recognised() {
     let outcome = applier.apply(&plan).await.unwrap();
     assert!(!outcome.primary_existed);
 
-    let uid = outcome.primary.uid().unwrap();
+    let uid = outcome.primary.uid.clone().unwrap();
     for step in plan.iter().filter(|s| s.role != Role::Shared) {
         let key = step.key();
         let api: Api<DynamicObject> = Api::namespaced_with(
@@ -84,5 +84,5 @@ async fn a_rendered_job_applies_and_a_redelivery_is_recognised() {
     let redelivered = applier.apply(&steps(&again)).await.unwrap();
     assert!(redelivered.primary_existed);
     assert!(redelivered.created.is_empty(), "{:?}", redelivered.created);
-    assert_eq!(redelivered.primary.uid(), Some(uid));
+    assert_eq!(redelivered.primary.uid, Some(uid));
 }

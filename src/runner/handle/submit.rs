@@ -136,7 +136,7 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
     commit(permit, &outcome);
     if outcome.primary_ended {
         // Ended between the lookup and the create: as above.
-        let meta = outcome.primary.metadata.clone();
+        let meta = outcome.primary.clone();
         return queued(h, m, job_id, &meta).await;
     }
 
@@ -158,7 +158,7 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         reused = outcome.reused.len(),
         "Accepted a job."
     );
-    queued(h, m, job_id, &outcome.primary.metadata).await
+    queued(h, m, job_id, &outcome.primary).await
 }
 
 /// Publishes the job's QUEUED and settles. Built from the job as it exists (created now or by an
@@ -261,7 +261,7 @@ fn commit(permit: Option<CapacityPermit>, outcome: &ApplyOutcome) {
     if outcome.primary_existed {
         return;
     }
-    let meta = &outcome.primary.metadata;
+    let meta = &outcome.primary;
     permit.commit(
         meta.namespace.as_deref().unwrap_or_default(),
         meta.name.as_deref().unwrap_or_default(),
