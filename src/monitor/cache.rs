@@ -31,8 +31,10 @@ pub type FastSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 /// A VolcanoJob by namespace and name (and, as [`ObjectKey`], any namespaced object).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct JobKey {
-    pub namespace: String,
-    pub name: String,
+    /// Shared, not owned: a job's key is held by several maps at once (the cache's jobs, pods, groups,
+    /// generations, the loop's queues and timers), and a clone is a count, not two allocations.
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
 }
 
 /// A pod or PodGroup by namespace and name.
@@ -82,9 +84,16 @@ impl<'a> std::borrow::Borrow<dyn KeyParts + 'a> for JobKey {
 
 impl JobKey {
     pub fn of(meta: &ObjectMeta) -> Self {
+        Self::new(
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default(),
+        )
+    }
+
+    pub fn new(namespace: &str, name: &str) -> Self {
         Self {
-            namespace: meta.namespace.clone().unwrap_or_default(),
-            name: meta.name.clone().unwrap_or_default(),
+            namespace: namespace.into(),
+            name: name.into(),
         }
     }
 
@@ -501,7 +510,7 @@ pub struct Cache {
 }
 
 /// A waiting PodGroup's place in its queue: earlier creation first, then namespace and name.
-type WaitKey = (Option<jiff::Timestamp>, String, String);
+type WaitKey = (Option<jiff::Timestamp>, Arc<str>, Arc<str>);
 
 /// The waiting PodGroups by queue, and where each one is filed.
 #[derive(Debug, Default)]
@@ -565,10 +574,10 @@ fn slot(kind: Kind) -> usize {
 /// The job a pod belongs to (Volcano's job-name label).
 pub fn job_of_pod(pod: &Pod) -> Option<JobKey> {
     let name = pod.metadata.labels.as_ref()?.get(LABEL_JOB_NAME)?;
-    Some(JobKey {
-        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
-        name: name.clone(),
-    })
+    Some(JobKey::new(
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        name,
+    ))
 }
 
 /// The job a PodGroup belongs to (its controlling Volcano Job).
@@ -579,10 +588,10 @@ pub fn job_of_group(pg: &PodGroup) -> Option<JobKey> {
         .iter()
         .flatten()
         .find(|o| o.kind == "Job" && o.api_version.starts_with("batch.volcano.sh/"))?;
-    Some(JobKey {
-        namespace: pg.metadata.namespace.clone().unwrap_or_default(),
-        name: owner.name.clone(),
-    })
+    Some(JobKey::new(
+        pg.metadata.namespace.as_deref().unwrap_or_default(),
+        &owner.name,
+    ))
 }
 
 impl Cache {
@@ -776,7 +785,7 @@ impl Cache {
         let version = rv_of(&pod.metadata);
         let pkey = ObjectKey {
             namespace: key.namespace.clone(),
-            name: name.clone(),
+            name: name.as_str().into(),
         };
         let old = self.pod_index.get(&pkey).map(|(_, _, v)| *v);
         self.redigest(Kind::Pods, &pkey, old, Some(version));
@@ -808,10 +817,7 @@ impl Cache {
 
     /// A pod was deleted. Returns its job.
     pub fn remove_pod(&mut self, namespace: &str, name: &str) -> Option<JobKey> {
-        let pkey = ObjectKey {
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-        };
+        let pkey = ObjectKey::new(namespace, name);
         let (key, _, version) = self.pod_index.remove(&pkey)?;
         self.redigest(Kind::Pods, &pkey, Some(version), None);
         if let Some(pods) = self.pods.get_mut(&key) {
@@ -1230,7 +1236,7 @@ mod tests {
         let p = w.into_pod();
         let labels = p.metadata.labels.as_ref().unwrap();
         assert_eq!(labels.len(), 2, "{labels:?}");
-        assert_eq!(job_of_pod(&p).unwrap().name, "j-1");
+        assert_eq!(&*job_of_pod(&p).unwrap().name, "j-1");
         assert_eq!(observe::rank_of("1", &p), Some(0));
         assert!(p.metadata.annotations.is_none() && p.metadata.owner_references.is_none());
         assert_eq!(p.metadata.resource_version.as_deref(), Some("9"));
@@ -1346,7 +1352,7 @@ mod tests {
                 assert_eq!(
                     c.waiting.ahead_of(key),
                     expected
-                        .get(&(key.namespace.clone(), key.name.clone()))
+                        .get(&(key.namespace.to_string(), key.name.to_string()))
                         .copied(),
                     "step {step}: {key:?}"
                 );
@@ -1366,7 +1372,7 @@ mod tests {
         c.apply_job(job("ns", "j-2", "7"));
         let gone = c.init_done(Kind::Jobs);
         assert_eq!(gone.len(), 1);
-        assert_eq!(gone[0].0.name, "j-1");
+        assert_eq!(&*gone[0].0.name, "j-1");
         assert_eq!(gone[0].2.len(), 2, "a gone job comes with its last pods");
         assert_eq!(c.len(), 1);
         c.init_start(Kind::Pods);

@@ -245,10 +245,7 @@ pub fn forecast(view: ClusterView<'_>, keys: &AnnotationKeys, now: Timestamp) ->
             .as_ref()
             .and_then(|l| l.get(LABEL_JOB_NAME))
             .cloned();
-        let job = job_name.as_ref().map(|name| JobKey {
-            namespace: namespace.clone(),
-            name: name.clone(),
-        });
+        let job = job_name.as_ref().map(|name| JobKey::new(&namespace, name));
         if job.as_ref().is_some_and(|j| waiting_jobs.contains(j)) {
             continue;
         }
@@ -300,7 +297,7 @@ pub fn forecast(view: ClusterView<'_>, keys: &AnnotationKeys, now: Timestamp) ->
                 namespace: pg.metadata.namespace.clone().unwrap_or_default(),
                 pod_group: pg.metadata.name.clone().unwrap_or_default(),
                 job_id: job.as_ref().and_then(|k| k.job_id()).map(str::to_owned),
-                job: job.map(|k| k.name),
+                job: job.map(|k| k.name.to_string()),
                 ranks: p.replicas,
                 per_rank: p.per_rank.into(),
                 whole_nodes: p.exclusive,

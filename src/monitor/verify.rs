@@ -43,10 +43,7 @@ pub struct Version<'a> {
 
 impl Version<'_> {
     pub fn key(&self) -> JobKey {
-        JobKey {
-            namespace: self.namespace.to_owned(),
-            name: self.name.to_owned(),
-        }
+        JobKey::new(self.namespace, self.name)
     }
 }
 
@@ -213,9 +210,7 @@ pub fn differences(
             listed.iter().map(|i| (i.namespace, i.name)).collect();
         let list_rv = Rv::from(listed.resource_version.as_deref());
         for (key, rv) in cached_all() {
-            if in_list.contains(&(key.namespace.as_str(), key.name.as_str()))
-                || rv.later_than(list_rv)
-            {
+            if in_list.contains(&(&*key.namespace, &*key.name)) || rv.later_than(list_rv) {
                 continue;
             }
             suspects.push(Suspect {

@@ -162,7 +162,9 @@ async fn started(client: &kube::Client) -> Vec<String> {
         .items
         .into_iter()
         .filter(|pg| !volcano_runner::monitor::observe::is_waiting(pg))
-        .filter_map(|pg| volcano_runner::monitor::cache::job_of_group(&pg).map(|k| k.name))
+        .filter_map(|pg| {
+            volcano_runner::monitor::cache::job_of_group(&pg).map(|k| k.name.to_string())
+        })
         .collect()
 }
 
