@@ -578,10 +578,8 @@ impl Applier {
             .run(&op, || async {
                 let request = kube::core::Request::new(url.as_str())
                     .create(&params, body.clone())
-                    .map_err(|e| ClusterError::Internal {
-                        op: op.clone(),
-                        message: e.to_string(),
-                    })?;
+                    .map_err(kube::Error::BuildRequest)
+                    .classify(|| op.clone())?;
                 // Not `Api::create`: that decodes the whole answer (a VolcanoJob's every template) into a
                 // `DynamicObject` through serde's buffering, and only the metadata is read.
                 self.client

@@ -780,12 +780,12 @@ impl Cache {
     /// A pod from the watch or a list. Returns its job.
     pub fn apply_pod(&mut self, pod: Pod) -> Option<JobKey> {
         let key = job_of_pod(&pod)?;
-        let name = pod.metadata.name.clone().unwrap_or_default();
+        let name: Arc<str> = pod.metadata.name.as_deref().unwrap_or_default().into();
         let epoch = self.epochs[1];
         let version = rv_of(&pod.metadata);
         let pkey = ObjectKey {
             namespace: key.namespace.clone(),
-            name: name.as_str().into(),
+            name: name.clone(),
         };
         let old = self.pod_index.get(&pkey).map(|(_, _, v)| *v);
         self.redigest(Kind::Pods, &pkey, old, Some(version));
@@ -794,7 +794,7 @@ impl Cache {
         let pods = self.pods.entry(key.clone()).or_default();
         let changed = match pods
             .iter_mut()
-            .find(|p| p.metadata.name.as_deref() == Some(&name))
+            .find(|p| p.metadata.name.as_deref() == Some(&*name))
         {
             Some(old) => {
                 let changed = old.metadata.resource_version != pod.metadata.resource_version;

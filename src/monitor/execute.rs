@@ -432,10 +432,8 @@ impl Executor {
                 .header(http::header::ACCEPT, "application/json")
                 .header(http::header::CONTENT_TYPE, "application/json-patch+json")
                 .body(body.clone())
-                .map_err(|e| ClusterError::Internal {
-                    op: op.clone(),
-                    message: e.to_string(),
-                })?;
+                .map_err(kube::Error::HttpError)
+                .classify(|| op.clone())?;
             match self
                 .client
                 .request::<WatchedJob>(request)
@@ -561,19 +559,16 @@ impl Executor {
             .run(&op, || async {
                 let request = kube::core::Request::new(url.as_str())
                     .delete(name, params)
-                    .map_err(|e| ClusterError::Internal {
-                        op: op.clone(),
-                        message: e.to_string(),
-                    })?;
+                    .map_err(kube::Error::BuildRequest)
+                    .classify(|| op.clone())?;
                 let text = self
                     .client
                     .request_text(request)
                     .await
                     .classify(|| op.clone())?;
-                deleted_job(&text).map_err(|e| ClusterError::Internal {
-                    op: op.clone(),
-                    message: format!("the API's answer is not a job or a status: {e}"),
-                })
+                deleted_job(&text)
+                    .map_err(kube::Error::SerdeError)
+                    .classify(|| op.clone())
             })
             .await;
         match result {

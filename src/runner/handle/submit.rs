@@ -136,8 +136,7 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
     commit(permit, &outcome);
     if outcome.primary_ended {
         // Ended between the lookup and the create: as above.
-        let meta = outcome.primary.clone();
-        return queued(h, m, job_id, &meta).await;
+        return queued(h, m, job_id, &outcome.primary).await;
     }
 
     // A cancel may have come in while we created the job.
