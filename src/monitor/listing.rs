@@ -5,8 +5,8 @@
 //! At 10,000 jobs a reconciliation reads about 25 MB of metadata (a job's annotations alone are over half
 //! a kilobyte), and building a serde tree of it, even one that ignores nearly every field, was the
 //! largest part of a pass. This reader walks the JSON structure, skipping every value it does not want
-//! (strings eight bytes at a time, objects and arrays by bracket depth), and borrows what it keeps from the page's
-//! text. It is not a validator: the text comes from the API server. Malformed text still gives an
+//! (strings eight bytes at a time, objects and arrays by a vector search for their brackets), and borrows
+//! what it keeps from the page's text. It is not a validator: the text comes from the API server. Malformed text still gives an
 //! error naming the byte where reading stopped, never a panic. Keys are compared as written: an API
 //! server does not escape plain ASCII letters in field names.
 
@@ -94,6 +94,53 @@ fn find_any<const N: usize>(bytes: &[u8], from: usize, needles: [u8; N]) -> Opti
         .iter()
         .position(|b| needles.contains(b))
         .map(|p| at + p)
+}
+
+/// Where the object or array opening at `start` (with `open`) ends, found without stepping through its
+/// strings, or `None` when that cannot be told this way (the caller then walks it string by string).
+///
+/// Skipped values are most of a page (annotations, labels, owner references), and their strings are
+/// short: walking them string by string cost more than the rest of the page. Here a vector search
+/// (`memchr`) finds the brackets of the value's kind, and each one counts only if the text from `start`
+/// up to it holds no backslash and an even number of quotes: then no string is open there, so the
+/// bracket is structure, not text. An escape, a bracket inside a string or no end at all gives `None`,
+/// never a wrong end. Within well-formed JSON, brackets of the other kind are balanced on their own.
+fn container_end(text: &[u8], start: usize, open: u8, close: u8) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut from = start;
+    for at in memchr::memchr2_iter(open, close, text.get(start..)?) {
+        let at = start + at;
+        let between = &text[from..at];
+        if odd_quotes(between) || memchr::memchr(b'\\', between).is_some() {
+            return None;
+        }
+        from = at + 1;
+        if text[at] == open {
+            depth += 1;
+        } else {
+            depth = depth.checked_sub(1)?;
+            if depth == 0 {
+                return Some(at + 1);
+            }
+        }
+    }
+    None
+}
+
+/// Whether `bytes` holds an odd number of quotes. Eight bytes at a time: each word's quote bytes are
+/// marked exactly (one high bit per quote, no borrow from byte to byte), and as only the parity matters,
+/// the marks of all words are folded with XOR and counted once.
+fn odd_quotes(bytes: &[u8]) -> bool {
+    const LOW7: u64 = u64::from_ne_bytes([0x7f; 8]);
+    const QUOTES: u64 = u64::from_ne_bytes([b'"'; 8]);
+    let (words, rest) = bytes.as_chunks::<8>();
+    let marks = words.iter().fold(0u64, |acc, w| {
+        // A byte of `v` is zero where the word has a quote; its high bit survives only then.
+        let v = u64::from_ne_bytes(*w) ^ QUOTES;
+        acc ^ !(((v & LOW7) + LOW7) | v | LOW7)
+    });
+    let rest = rest.iter().filter(|&&b| b == b'"').count();
+    (marks.count_ones() as usize + rest) % 2 == 1
 }
 
 struct Scanner<'a> {
@@ -211,6 +258,18 @@ impl<'a> Scanner<'a> {
                 return Ok(());
             }
         };
+        match container_end(self.text, self.i, open, close) {
+            Some(end) => {
+                self.i = end;
+                Ok(())
+            }
+            None => self.walk_container(open, close),
+        }
+    }
+
+    /// Skips the object or array opening at `self.i` string by string: the exact way, for what
+    /// [`container_end`] cannot tell.
+    fn walk_container(&mut self, open: u8, close: u8) -> Result<()> {
         // Within well-formed JSON, brackets of the other kind are balanced on their own, so counting
         // this kind (outside strings) finds the end.
         let mut depth = 0usize;
@@ -388,6 +447,8 @@ mod tests {
             "[a-z0-9.-]{0,12}",
             any::<String>(),
             Just("\"}]{[\\".to_string()),
+            // Brackets inside a string with no escape in it.
+            Just("}{][".to_string()),
         ]
     }
 
@@ -423,7 +484,51 @@ mod tests {
             })
     }
 
+    #[test]
+    fn a_bracket_inside_a_string_does_not_end_a_skipped_value() {
+        // Each of these has a bracket inside a string before its end, with and without escapes.
+        let (_, items) = objects(
+            r#"{"items":[{"metadata":{"annotations":{"a":"}"},"name":"x","resourceVersion":"1"}},
+                         {"metadata":{"labels":{"a":"{}}","b":"\\"},"name":"y"}},
+                         {"metadata":{"finalizers":["]","[["],"namespace":"z"}}]}"#,
+        )
+        .unwrap();
+        let names: Vec<_> = items.iter().map(|o| o.name.as_deref()).collect();
+        assert_eq!(names, [Some("x"), Some("y"), None]);
+        assert_eq!(items[0].resource_version.as_deref(), Some("1"));
+        assert_eq!(items[2].namespace.as_deref(), Some("z"));
+    }
+
     proptest! {
+        #[test]
+        fn quotes_are_counted_right(text in proptest::collection::vec(
+            proptest::sample::select(b"\"a".to_vec()), 0..100)) {
+            let quotes = text.iter().filter(|&&b| b == b'"').count();
+            prop_assert_eq!(odd_quotes(&text), quotes % 2 == 1);
+        }
+    }
+
+    /// Text made of the characters that matter to finding a value's end, and a few that do not.
+    fn any_soup() -> impl Strategy<Value = Vec<u8>> {
+        proptest::collection::vec(proptest::sample::select(b"{}[]\"\\a:, ".to_vec()), 0..40)
+    }
+
+    proptest! {
+        #[test]
+        fn the_quick_end_of_a_value_is_the_exact_one_or_none(
+            soup in any_soup(),
+            object in any::<bool>(),
+        ) {
+            let (open, close) = if object { (b'{', b'}') } else { (b'[', b']') };
+            let mut text = vec![open];
+            text.extend(soup);
+            if let Some(end) = container_end(&text, 0, open, close) {
+                let mut exact = Scanner { text: &text, i: 0 };
+                prop_assert_eq!(exact.walk_container(open, close), Ok(()));
+                prop_assert_eq!(exact.i, end);
+            }
+        }
+
         #[test]
         fn agrees_with_serde_on_any_list(
             items in proptest::collection::vec(any_item(), 0..8),

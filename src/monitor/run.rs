@@ -522,7 +522,7 @@ impl Loop {
         };
         let mut owned = 0;
         let mut stale: Vec<JobKey> = Vec::new();
-        for key in self.cache.keys() {
+        for (key, fingerprint) in self.cache.fingerprints() {
             if !key
                 .job_id()
                 .is_some_and(|id| valid.contains(&crate::cluster::lease::shard_of(id, shards)))
@@ -532,10 +532,7 @@ impl Loop {
             owned += 1;
             let unchanged = !self.busy.contains(key)
                 && !self.gone.contains_key(key)
-                && self
-                    .settled
-                    .get(key)
-                    .is_some_and(|f| Some(*f) == self.cache.fingerprint(key));
+                && self.settled.get(key) == Some(&fingerprint);
             if !unchanged {
                 stale.push(key.clone());
             }
