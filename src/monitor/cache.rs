@@ -1007,12 +1007,6 @@ impl Cache {
         }
     }
 
-    /// The job's current [`Fingerprint`], or `None` when the job is not held. No snapshot is made.
-    pub fn fingerprint(&self, key: &JobKey) -> Option<Fingerprint> {
-        let entry = self.jobs.get(key)?;
-        Some(self.fingerprint_of(key, entry))
-    }
-
     /// Every job held with its current [`Fingerprint`], as a reconciliation pass reads them all.
     pub fn fingerprints(&self) -> impl Iterator<Item = (&JobKey, Fingerprint)> {
         self.jobs
@@ -1275,26 +1269,26 @@ mod tests {
         let mut p = pod("ns", "j-1", "j-1-job-0");
         p.metadata.resource_version = Some("2".into());
         c.apply_pod(p.clone());
-        let first = c.fingerprint(&key).unwrap();
-        assert_eq!(c.snapshot(&key).unwrap().fingerprint, first);
+        let first = c.snapshot(&key).unwrap().fingerprint;
+        assert_eq!(c.fingerprints().next().map(|(_, f)| f), Some(first));
         // The same versions again (a fresh list, a watch event after the worker's own write).
         c.apply_job(job("ns", "j-1", "1"));
         c.apply_pod(p.clone());
         c.refresh_job(Arc::new(job("ns", "j-1", "1")));
-        assert_eq!(c.fingerprint(&key).unwrap(), first);
+        assert_eq!(c.fingerprints().next().map(|(_, f)| f), Some(first));
         // A new version of the pod, then of the job.
         p.metadata.resource_version = Some("3".into());
         c.apply_pod(p.clone());
-        let second = c.fingerprint(&key).unwrap();
+        let second = c.snapshot(&key).unwrap().fingerprint;
         assert_ne!(second, first);
         c.refresh_job(Arc::new(job("ns", "j-1", "4")));
-        let third = c.fingerprint(&key).unwrap();
+        let third = c.snapshot(&key).unwrap().fingerprint;
         assert_ne!(third, second);
         // The pod goes away.
         c.remove_pod("ns", "j-1-job-0");
-        assert_ne!(c.fingerprint(&key).unwrap(), third);
+        assert_ne!(c.snapshot(&key).unwrap().fingerprint, third);
         assert!(
-            c.fingerprint(&JobKey::of(&job("ns", "j-2", "1").metadata))
+            c.snapshot(&JobKey::of(&job("ns", "j-2", "1").metadata))
                 .is_none()
         );
     }
