@@ -5,10 +5,10 @@
 //! At 10,000 jobs a reconciliation reads about 25 MB of metadata (a job's annotations alone are over half
 //! a kilobyte), and building a serde tree of it, even one that ignores nearly every field, was the
 //! largest part of a pass. This reader walks the JSON structure, skipping every value it does not want
-//! (strings eight bytes at a time, objects and arrays by a vector search for their brackets), and borrows
-//! what it keeps from the page's text. It is not a validator: the text comes from the API server. Malformed text still gives an
-//! error naming the byte where reading stopped, never a panic. Keys are compared as written: an API
-//! server does not escape plain ASCII letters in field names.
+//! (strings eight bytes at a time, objects and arrays by a vector search for their brackets), and
+//! borrows what it keeps from the page's text. It is not a validator: the text comes from the API
+//! server. Malformed text still gives an error naming the byte where reading stopped, never a panic.
+//! Keys are compared as written: an API server does not escape plain ASCII letters in field names.
 
 use std::borrow::Cow;
 
