@@ -31,8 +31,8 @@ pub type FastSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 /// A VolcanoJob by namespace and name (and, as [`ObjectKey`], any namespaced object).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct JobKey {
-    /// Shared, not owned: a job's key is held by several maps at once (the cache's jobs, pods, groups,
-    /// generations, the loop's queues and timers), and a clone is a count, not two allocations.
+    /// Shared, not owned: a job's key is held by several maps at once (the cache's jobs, pods, groups and
+    /// disruptions, the loop's queues and timers), and a clone is a count, not two allocations.
     pub namespace: Arc<str>,
     pub name: Arc<str>,
 }
