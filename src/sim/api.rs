@@ -197,6 +197,19 @@ fn finalizers(obj: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Whether two versions of an object differ. The controllers write status and metadata, so those are
+/// compared first: a change there is found without comparing the (larger, unchanged) spec.
+fn differs(a: &Value, b: &Value) -> bool {
+    if let (Value::Object(x), Value::Object(y)) = (a, b) {
+        for field in ["status", "metadata"] {
+            if x.get(field) != y.get(field) {
+                return true;
+            }
+        }
+    }
+    a != b
+}
+
 fn qualified_kind(t: &ResourceType) -> (&str, &str) {
     (&t.kind, &t.group)
 }
@@ -1237,7 +1250,7 @@ impl Core {
         let old = self.store.get(key)?.clone();
         let mut new = (*old).clone();
         f(&mut new);
-        if new == *old {
+        if !differs(&old, &new) {
             return Some(old);
         }
         Some(self.store.put(key.clone(), new))
@@ -1351,6 +1364,68 @@ mod tests {
             .create(c.ids.configmaps, "nope", cm("y"), &WriteOptions::default())
             .unwrap_err();
         assert_eq!(err.message, "namespaces \"nope\" not found");
+    }
+
+    #[test]
+    fn an_internal_update_writes_only_what_changes_wherever_it_is() {
+        let mut c = core();
+        let w = c
+            .create(
+                c.ids.configmaps,
+                "default",
+                cm("x"),
+                &WriteOptions::default(),
+            )
+            .unwrap();
+        let key = c.key_of(c.ids.configmaps, "default", "x");
+        let rv = |v: &Value| v["metadata"]["resourceVersion"].clone();
+        let same = c
+            .update_internal(&key, |o| o["data"]["a"] = json!("1"))
+            .unwrap();
+        assert!(Arc::ptr_eq(&same, &w.object), "no change, no write");
+        // A change outside status and metadata (the fields looked at first) is still a change.
+        let data = c
+            .update_internal(&key, |o| o["data"]["a"] = json!("2"))
+            .unwrap();
+        assert_ne!(rv(&data), rv(&w.object));
+        let status = c
+            .update_internal(&key, |o| o["status"] = json!({"x": 1}))
+            .unwrap();
+        assert_ne!(rv(&status), rv(&data));
+        let meta = c
+            .update_internal(&key, |o| o["metadata"]["labels"] = json!({"l": "v"}))
+            .unwrap();
+        assert_ne!(rv(&meta), rv(&status));
+        assert_eq!(meta["data"]["a"], "2");
+        assert_eq!(meta["status"]["x"], 1);
+        let again = c
+            .update_internal(&key, |o| o["status"] = json!({"x": 1}))
+            .unwrap();
+        assert!(
+            Arc::ptr_eq(&again, &meta),
+            "the same status again is no change"
+        );
+    }
+
+    #[test]
+    fn differs_finds_a_change_in_any_part() {
+        let base = json!({"metadata": {"name": "a"}, "spec": {"x": [1, 2]}, "status": {"p": "A"}});
+        assert!(!differs(&base, &base.clone()));
+        for (path, value) in [
+            ("/metadata/name", json!("b")),
+            ("/spec/x/1", json!(3)),
+            ("/status/p", json!("B")),
+        ] {
+            let mut other = base.clone();
+            *other.pointer_mut(path).unwrap() = value;
+            assert!(differs(&base, &other), "{path}");
+            assert!(differs(&other, &base), "{path}");
+        }
+        let mut extra = base.clone();
+        extra["kind"] = json!("K");
+        assert!(differs(&base, &extra));
+        assert!(differs(&json!(1), &json!(2)));
+        assert!(!differs(&json!(null), &json!(null)));
     }
 
     #[test]

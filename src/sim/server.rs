@@ -28,7 +28,7 @@ use super::faults::Faults;
 use super::patch::PatchKind;
 use super::registry::{Builtin, ResId, ResourceType};
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{EventType, Record, write_partial_metadata};
+use super::store::{EventType, Record, watch_line, write_partial_metadata};
 use super::table;
 
 /// Settings the HTTP layer needs.
@@ -235,11 +235,11 @@ impl Params {
 
 // ----- responses -----
 
-fn respond(code: u16, content_type: &str, body: Vec<u8>) -> Response {
+fn respond(code: u16, content_type: &str, body: impl Into<Bytes>) -> Response {
     Response::builder()
         .status(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
         .header(header::CONTENT_TYPE, content_type)
-        .body(Body::from(body))
+        .body(Body::from(body.into()))
         .unwrap_or_else(|_| Response::new(Body::empty()))
 }
 
@@ -327,8 +327,8 @@ fn object_response(
 /// answer and once for the watches.
 fn written(code: u16, obj: &Value, record: Option<&Record>) -> Response {
     let body = match record {
-        Some(r) => r.json().to_vec(),
-        None => serde_json::to_vec(obj).unwrap_or_default(),
+        Some(r) => r.json(),
+        None => Bytes::from(serde_json::to_vec(obj).unwrap_or_default()),
     };
     respond(code, "application/json", body)
 }
@@ -1010,10 +1010,15 @@ struct WatchSpec {
 }
 
 impl WatchSpec {
+    /// Whether `obj` is in this watch's selection; every record of the watched type is asked, so a
+    /// watch with no label selector does not look for the labels at all.
     fn matches(&self, obj: &Value) -> bool {
-        self.label
-            .matches(obj.at("/metadata/labels").and_then(Value::as_object))
-            && self.field.matches(obj)
+        let labels = || {
+            obj.get("metadata")
+                .and_then(|m| m.get("labels"))
+                .and_then(Value::as_object)
+        };
+        (self.label.0.is_empty() || self.label.matches(labels())) && self.field.matches(obj)
     }
 
     /// The event type a history record becomes for this watch, if any.
@@ -1042,11 +1047,11 @@ impl WatchSpec {
     /// that sends it in the same form.
     fn encode_record(&self, ty: &str, r: &Record) -> Bytes {
         match self.repr {
-            Repr::Metadata => frame(ty, r.metadata_json()),
+            Repr::Metadata => r.event_line(ty, true),
             _ if r.object.get("apiVersion").and_then(Value::as_str)
                 == Some(self.api_version.as_str()) =>
             {
-                frame(ty, r.json())
+                r.event_line(ty, false)
             }
             _ => self.encode(ty, &r.sent_object()),
         }
@@ -1091,13 +1096,7 @@ impl WatchSpec {
 
 /// One line of a watch stream: `{"type":ty,"object":object}`.
 fn frame(ty: &str, object: &[u8]) -> Bytes {
-    let mut out = Vec::with_capacity(object.len() + 32);
-    out.extend_from_slice(b"{\"type\":\"");
-    out.extend_from_slice(ty.as_bytes());
-    out.extend_from_slice(b"\",\"object\":");
-    out.extend_from_slice(object);
-    out.extend_from_slice(b"}\n");
-    Bytes::from(out)
+    watch_line(ty, object.len(), |out| out.extend_from_slice(object))
 }
 
 fn gone_event(e: &ApiError) -> Bytes {

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, OnceLock};
 
 use crate::sim::json::JsonPath;
+use axum::body::Bytes;
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::Value;
 
@@ -62,12 +63,35 @@ pub struct Record {
     /// The object before this change (for watches with selectors: an object that stops matching is
     /// reported as DELETED, one that starts matching as ADDED).
     pub prev: Option<Arc<Value>>,
-    /// `object` as JSON, and its metadata alone, each written once by the first watch that sends the
-    /// record and copied by the others: every change goes to several watches (a runner's job watch,
-    /// its metadata watch, the benchmark's observer), and writing the same object again for each was
-    /// the simulator's largest cost under load.
-    json: OnceLock<Vec<u8>>,
-    metadata_json: OnceLock<Vec<u8>>,
+    /// The record's watch line (`{"type":...,"object":...}` and a newline, with the event type of
+    /// `kind`), and the same for its metadata alone, each written once by the first watch that sends
+    /// the record and shared by the others (a reference count, not a copy): every change goes to
+    /// several watches (a runner's job watch, its metadata watch, the benchmark's observer), and
+    /// writing or copying the same object again for each was the simulator's largest cost under load.
+    /// The object's JSON alone (a write's answer, an event of another type) is a slice of the line.
+    line: OnceLock<Bytes>,
+    metadata_line: OnceLock<Bytes>,
+}
+
+/// What a watch line holds before the object: `{"type":"MODIFIED","object":`.
+fn line_head(ty: &str) -> usize {
+    LINE_HEAD_START.len() + ty.len() + LINE_HEAD_END.len()
+}
+
+const LINE_HEAD_START: &[u8] = b"{\"type\":\"";
+const LINE_HEAD_END: &[u8] = b"\",\"object\":";
+const LINE_TAIL: &[u8] = b"}\n";
+
+/// One line of a watch stream, `{"type":ty,"object":...}` and a newline, with the object written by
+/// `write` in place (no copy).
+pub fn watch_line(ty: &str, capacity: usize, write: impl FnOnce(&mut Vec<u8>)) -> Bytes {
+    let mut out = Vec::with_capacity(capacity + line_head(ty) + LINE_TAIL.len());
+    out.extend_from_slice(LINE_HEAD_START);
+    out.extend_from_slice(ty.as_bytes());
+    out.extend_from_slice(LINE_HEAD_END);
+    write(&mut out);
+    out.extend_from_slice(LINE_TAIL);
+    Bytes::from(out)
 }
 
 impl Record {
@@ -83,22 +107,60 @@ impl Record {
         self.kind != EventType::Deleted
     }
 
-    /// The object as JSON, written once for all watches.
-    pub fn json(&self) -> &[u8] {
-        self.json.get_or_init(|| {
+    /// The record's own event type on a watch.
+    fn event_type(&self) -> &'static str {
+        self.kind.as_str()
+    }
+
+    /// The record as a watch line of its own event type, written once for all watches.
+    pub fn line(&self) -> &Bytes {
+        self.line.get_or_init(|| {
             let version = self.version();
-            serde_json::to_vec(&AtVersion(&self.object, version.as_deref())).unwrap_or_default()
+            watch_line(self.event_type(), 4096, |out| {
+                let _ =
+                    serde_json::to_writer(&mut *out, &AtVersion(&self.object, version.as_deref()));
+            })
         })
     }
 
-    /// The object's metadata as a `PartialObjectMetadata` (what a metadata-only watch sends), written
-    /// once for all such watches.
-    pub fn metadata_json(&self) -> &[u8] {
-        self.metadata_json.get_or_init(|| {
-            let mut out = Vec::with_capacity(512);
-            write_partial_metadata(&mut out, &self.object, self.version().as_deref());
-            out
+    /// The record's metadata as a `PartialObjectMetadata` watch line (what a metadata-only watch
+    /// sends), written once for all such watches.
+    pub fn metadata_line(&self) -> &Bytes {
+        self.metadata_line.get_or_init(|| {
+            watch_line(self.event_type(), 512, |out| {
+                write_partial_metadata(out, &self.object, self.version().as_deref())
+            })
         })
+    }
+
+    /// The object as JSON (a slice of its watch line, not a copy).
+    pub fn json(&self) -> Bytes {
+        self.object_of(self.line())
+    }
+
+    /// The object's metadata as a `PartialObjectMetadata` in JSON (a slice of its watch line).
+    pub fn metadata_json(&self) -> Bytes {
+        self.object_of(self.metadata_line())
+    }
+
+    fn object_of(&self, line: &Bytes) -> Bytes {
+        line.slice(line_head(self.event_type())..line.len() - LINE_TAIL.len())
+    }
+
+    /// The record as a watch event of type `ty`: its shared line when `ty` is its own type (nearly
+    /// always), else a new line around the same object (a watch with a selector sees an object that
+    /// starts or stops matching as ADDED or DELETED).
+    pub fn event_line(&self, ty: &str, metadata: bool) -> Bytes {
+        let own = if metadata {
+            self.metadata_line()
+        } else {
+            self.line()
+        };
+        if ty == self.event_type() {
+            return own.clone();
+        }
+        let object = self.object_of(own);
+        watch_line(ty, object.len(), |out| out.extend_from_slice(&object))
     }
 
     /// The object as sent: with this record's version when it was removed.
@@ -381,8 +443,8 @@ impl Store {
             kind,
             object,
             prev,
-            json: OnceLock::new(),
-            metadata_json: OnceLock::new(),
+            line: OnceLock::new(),
+            metadata_line: OnceLock::new(),
         });
         self.changes.push(record.clone());
         self.history.push_back(record);
@@ -647,24 +709,68 @@ mod tests {
         assert_eq!((deleted.kind, deleted.rv), (EventType::Deleted, 2));
         assert!(Arc::ptr_eq(&deleted.object, &last), "not copied");
 
-        let sent: Value = serde_json::from_slice(deleted.json()).unwrap();
+        let sent: Value = serde_json::from_slice(&deleted.json()).unwrap();
         let mut expected = (*last).clone();
         expected["metadata"]["resourceVersion"] = json!("2");
         assert_eq!(sent, expected, "the whole object, at the removal's version");
         assert_eq!(deleted.sent_object(), expected);
         assert_eq!(*s.removed_at(&last), expected);
 
-        let partial: Value = serde_json::from_slice(deleted.metadata_json()).unwrap();
+        let partial: Value = serde_json::from_slice(&deleted.metadata_json()).unwrap();
         assert_eq!(partial["kind"], "PartialObjectMetadata");
         assert_eq!(partial["apiVersion"], "meta.k8s.io/v1");
         assert_eq!(partial["metadata"], expected["metadata"]);
 
         // A record that is not a removal is sent as stored.
         let put = &s.history_after(0, 1).unwrap()[0];
-        let sent: Value = serde_json::from_slice(put.json()).unwrap();
+        let sent: Value = serde_json::from_slice(&put.json()).unwrap();
         assert_eq!(sent, *put.object);
-        let partial: Value = serde_json::from_slice(put.metadata_json()).unwrap();
+        let partial: Value = serde_json::from_slice(&put.metadata_json()).unwrap();
         assert_eq!(partial["metadata"], put.object["metadata"]);
+    }
+
+    #[test]
+    fn every_watch_shares_one_line_per_record() {
+        let mut s = Store::new(100, 1);
+        let key = ObjectKey::new(0, "ns", "o");
+        s.put(key.clone(), obj("o", "U", &[]));
+        s.put(key.clone(), obj("o", "U", &["P"]));
+        s.remove(&key);
+        let records = s.history_after(0, 10).unwrap();
+        let types: Vec<&str> = records.iter().map(|r| r.kind.as_str()).collect();
+        assert_eq!(types, ["ADDED", "MODIFIED", "DELETED"]);
+        for r in &records {
+            for metadata in [false, true] {
+                let own = r.event_line(r.kind.as_str(), metadata);
+                let again = r.event_line(r.kind.as_str(), metadata);
+                assert_eq!(own.as_ptr(), again.as_ptr(), "shared, not copied");
+                let line: Value = serde_json::from_slice(&own).unwrap();
+                assert!(own.ends_with(b"}\n"), "one line");
+                assert_eq!(line["type"], r.kind.as_str());
+                let object = if metadata {
+                    r.metadata_json()
+                } else {
+                    r.json()
+                };
+                assert_eq!(
+                    line["object"],
+                    serde_json::from_slice::<Value>(&object).unwrap()
+                );
+                let inside = own.as_ptr_range();
+                assert!(
+                    inside.contains(&object.as_ptr()),
+                    "the object is a slice of the line"
+                );
+                // Another type (an object that starts or stops matching a selector): same object.
+                let other = r.event_line("ERROR", metadata);
+                let line2: Value = serde_json::from_slice(&other).unwrap();
+                assert_eq!(line2["type"], "ERROR");
+                assert_eq!(line2["object"], line["object"]);
+            }
+            let sent: Value = serde_json::from_slice(&r.json()).unwrap();
+            assert_eq!(sent, r.sent_object());
+            assert_eq!(sent["metadata"]["resourceVersion"], r.rv.to_string());
+        }
     }
 
     #[test]

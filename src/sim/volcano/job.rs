@@ -525,26 +525,31 @@ impl Model {
             core.update_internal(key, |j| j["status"] = status.clone());
         }
 
-        // PodGroup counters, and completion.
-        core.update_internal(&pg_key, |pg| {
-            if !pg.get("status").is_some_and(Value::is_object) {
-                pg["status"] = json!({"phase": "Pending"});
-            }
+        // PodGroup counters, and completion: worked out on a copy of the group's status alone, and
+        // written only when they change (most reconciles change nothing there).
+        if let Some(current) = core.store.get(&pg_key).map(|pg| pg.get("status").cloned()) {
+            let mut pg_status = match current {
+                Some(s @ Value::Object(_)) => s,
+                _ => json!({"phase": "Pending"}),
+            };
             for (k, v) in [
                 ("running", counts.running),
                 ("succeeded", counts.succeeded),
                 ("failed", counts.failed),
             ] {
                 if v > 0 {
-                    pg["status"][k] = json!(v);
-                } else if let Some(o) = pg["status"].as_object_mut() {
+                    pg_status[k] = json!(v);
+                } else if let Some(o) = pg_status.as_object_mut() {
                     o.remove(k);
                 }
             }
             if terminal {
-                pg["status"]["phase"] = json!("Completed");
+                pg_status["phase"] = json!("Completed");
             }
-        });
+            if core.store.get(&pg_key).and_then(|pg| pg.get("status")) != Some(&pg_status) {
+                core.update_internal(&pg_key, |pg| pg["status"] = pg_status);
+            }
+        }
 
         // TTL after finishing.
         if terminal

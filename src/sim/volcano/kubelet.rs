@@ -1,6 +1,7 @@
 //! The simulated kubelet: binding, image pull (or its failure), init containers, running containers
 //! for the time their command says, exit codes, restarts, graceful termination, and the pod log.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::sim::json::JsonPath;
@@ -35,11 +36,12 @@ pub fn container_plan(c: &Value, default_run: Duration) -> ContainerPlan {
     )
 }
 
-fn containers(pod: &Value, field: &str) -> Vec<Value> {
-    pod.at(&format!("/spec/{field}"))
+/// The pod's containers of one kind (`containers` or `initContainers`), borrowed from it.
+fn containers<'a>(pod: &'a Value, field: &str) -> &'a [Value] {
+    pod.get("spec")
+        .and_then(|spec| spec.get(field))
         .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default()
+        .map_or(&[], Vec::as_slice)
 }
 
 fn container_id(uid: &str, name: &str, run: u32) -> String {
@@ -93,18 +95,19 @@ impl Model {
             set_condition(p, condition("PodScheduled", "True", &now));
             p["status"]["hostIP"] = json!(host_ip);
             p["status"]["hostIPs"] = json!([{"ip": host_ip}]);
-            let waiting = |cs: Vec<Value>, reason: &str| -> Vec<Value> {
+            let waiting = |cs: &[Value], reason: &str| -> Vec<Value> {
                 cs.iter()
                     .map(|c| json!({"name": c["name"], "image": c["image"], "imageID": "", "ready": false, "restartCount": 0,
                                     "started": false, "state": {"waiting": {"reason": reason}}}))
                     .collect()
             };
-            let init = containers(p, "initContainers");
+            let init = waiting(containers(p, "initContainers"), "PodInitializing");
             if !init.is_empty() {
-                p["status"]["initContainerStatuses"] = json!(waiting(init, "PodInitializing"));
+                p["status"]["initContainerStatuses"] = json!(init);
             }
             let reason = if p.at("/spec/initContainers").is_some() { "PodInitializing" } else { "ContainerCreating" };
-            p["status"]["containerStatuses"] = json!(waiting(containers(p, "containers"), reason));
+            let main = waiting(containers(p, "containers"), reason);
+            p["status"]["containerStatuses"] = json!(main);
         });
         let Some(pod_now) = updated else { return };
         self.adopt(core, key, &pod_now);
@@ -173,7 +176,8 @@ impl Model {
         );
     }
 
-    fn live(&self, core: &Core, key: &ObjectKey, uid: &str) -> Option<Value> {
+    /// The stored pod (shared, not copied) while it is the one with `uid` and is not being deleted.
+    fn live(&self, core: &Core, key: &ObjectKey, uid: &str) -> Option<Arc<Value>> {
         let pod = core.store.get(key)?;
         if pod.at("/metadata/uid").and_then(Value::as_str) != Some(uid) {
             return None;
@@ -181,7 +185,7 @@ impl Model {
         if pod.at("/metadata/deletionTimestamp").is_some() {
             return None;
         }
-        Some((**pod).clone())
+        Some(pod.clone())
     }
 
     /// Pulls images (or fails to), runs init containers, then starts the main containers.
@@ -191,8 +195,8 @@ impl Model {
         };
         let now = format_time(core.now);
         let marker = self.config.image_pull_failure_marker.clone();
-        let all: Vec<Value> = containers(&pod, "initContainers")
-            .into_iter()
+        let all: Vec<&Value> = containers(&pod, "initContainers")
+            .iter()
             .chain(containers(&pod, "containers"))
             .collect();
         if let Some(bad) = all.iter().find(|c| {
@@ -254,7 +258,7 @@ impl Model {
         let mut failed_init = None;
         for c in containers(&pod, "initContainers") {
             // Init containers are set-up steps: only an explicit `sleep` makes them take time.
-            let p = container_plan(&c, Duration::ZERO);
+            let p = container_plan(c, Duration::ZERO);
             let Some(d) = p.duration else {
                 failed_init = Some((c["name"].clone(), None));
                 break;
@@ -606,8 +610,8 @@ pub fn pod_log(
     since: Option<Timestamp>,
 ) -> Result<String, ApiError> {
     let pod_name = name_of(pod);
-    let specs: Vec<Value> = containers(pod, "containers")
-        .into_iter()
+    let specs: Vec<&Value> = containers(pod, "containers")
+        .iter()
         .chain(containers(pod, "initContainers"))
         .collect();
     let name = match container {
