@@ -1326,17 +1326,17 @@ mod tests {
         json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"a": "1"}})
     }
 
+    /// Creates the ConfigMap `name` in `default`, as a client would.
+    fn create_cm(c: &mut Core, name: &str) -> Written {
+        let res = c.ids.configmaps;
+        c.create(res, "default", cm(name), &WriteOptions::default())
+            .unwrap()
+    }
+
     #[test]
     fn create_assigns_metadata_and_refuses_duplicates() {
         let mut c = core();
-        let w = c
-            .create(
-                c.ids.configmaps,
-                "default",
-                cm("x"),
-                &WriteOptions::default(),
-            )
-            .unwrap();
+        let w = create_cm(&mut c, "x");
         let m = &w.object["metadata"];
         assert_eq!(m["namespace"], "default");
         assert_eq!(m["generation"], 1);
@@ -1369,14 +1369,7 @@ mod tests {
     #[test]
     fn an_internal_update_writes_only_what_changes_wherever_it_is() {
         let mut c = core();
-        let w = c
-            .create(
-                c.ids.configmaps,
-                "default",
-                cm("x"),
-                &WriteOptions::default(),
-            )
-            .unwrap();
+        let w = create_cm(&mut c, "x");
         let key = c.key_of(c.ids.configmaps, "default", "x");
         let rv = |v: &Value| v["metadata"]["resourceVersion"].clone();
         let same = c
@@ -1431,14 +1424,7 @@ mod tests {
     #[test]
     fn update_with_stale_resource_version_conflicts_and_noop_keeps_version() {
         let mut c = core();
-        let w = c
-            .create(
-                c.ids.configmaps,
-                "default",
-                cm("x"),
-                &WriteOptions::default(),
-            )
-            .unwrap();
+        let w = create_cm(&mut c, "x");
         let rv = w.object["metadata"]["resourceVersion"]
             .as_str()
             .unwrap()
