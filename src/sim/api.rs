@@ -348,11 +348,7 @@ impl Core {
             None => self.store.list(t.storage, ns, after_ref),
         };
         for obj in candidates {
-            if !opts.label.matches(
-                meta(obj)
-                    .and_then(|m| m.get("labels"))
-                    .and_then(Value::as_object),
-            ) {
+            if !opts.label.matches_object(obj) {
                 continue;
             }
             if !opts.field.matches(obj) {

@@ -150,6 +150,17 @@ impl LabelSelector {
         Ok(Self(reqs))
     }
 
+    /// Whether `obj`'s `metadata.labels` satisfy every requirement. An empty selector (most watches and
+    /// lists) matches without looking the labels up: the simulator asks this of every stored change.
+    pub fn matches_object(&self, obj: &Value) -> bool {
+        self.0.is_empty()
+            || self.matches(
+                obj.get("metadata")
+                    .and_then(|m| m.get("labels"))
+                    .and_then(Value::as_object),
+            )
+    }
+
     /// Whether an object's `metadata.labels` satisfy every requirement.
     pub fn matches(&self, labels: Option<&serde_json::Map<String, Value>>) -> bool {
         let get = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
@@ -302,6 +313,22 @@ mod tests {
 
     fn labels(v: Value) -> serde_json::Map<String, Value> {
         v.as_object().cloned().unwrap()
+    }
+
+    #[test]
+    fn an_object_is_matched_by_its_metadata_labels() {
+        let labelled = json!({"metadata": {"name": "a", "labels": {"app": "x"}}});
+        let bare = json!({"metadata": {"name": "b"}});
+        let everything = LabelSelector::parse("").unwrap();
+        assert!(everything.matches_object(&labelled));
+        assert!(everything.matches_object(&bare));
+        assert!(everything.matches_object(&json!({})), "no metadata at all");
+        let app = LabelSelector::parse("app=x").unwrap();
+        assert!(app.matches_object(&labelled));
+        assert!(!app.matches_object(&bare));
+        let not_app = LabelSelector::parse("!app").unwrap();
+        assert!(!not_app.matches_object(&labelled));
+        assert!(not_app.matches_object(&bare));
     }
 
     #[test]

@@ -327,7 +327,7 @@ fn object_response(
 /// answer and once for the watches.
 fn written(code: u16, obj: &Value, record: Option<&Record>) -> Response {
     let body = match record {
-        Some(r) => r.json(),
+        Some(r) => r.object_json(false),
         None => Bytes::from(serde_json::to_vec(obj).unwrap_or_default()),
     };
     respond(code, "application/json", body)
@@ -1010,15 +1010,8 @@ struct WatchSpec {
 }
 
 impl WatchSpec {
-    /// Whether `obj` is in this watch's selection; every record of the watched type is asked, so a
-    /// watch with no label selector does not look for the labels at all.
     fn matches(&self, obj: &Value) -> bool {
-        let labels = || {
-            obj.get("metadata")
-                .and_then(|m| m.get("labels"))
-                .and_then(Value::as_object)
-        };
-        (self.label.0.is_empty() || self.label.matches(labels())) && self.field.matches(obj)
+        self.label.matches_object(obj) && self.field.matches(obj)
     }
 
     /// The event type a history record becomes for this watch, if any.
@@ -1058,20 +1051,19 @@ impl WatchSpec {
     }
 
     fn encode(&self, ty: &str, obj: &Value) -> Bytes {
-        let body = match self.repr {
-            Repr::Metadata => partial(obj),
+        watch_line(ty, 1024, |out| match self.repr {
+            Repr::Metadata => write_partial_metadata(out, obj, None),
             _ if obj.get("apiVersion").and_then(Value::as_str)
                 == Some(self.api_version.as_str()) =>
             {
-                serde_json::to_vec(obj).unwrap_or_default()
+                let _ = serde_json::to_writer(out, obj);
             }
             _ => {
                 let mut o = obj.clone();
                 o["apiVersion"] = json!(self.api_version);
-                serde_json::to_vec(&o).unwrap_or_default()
+                let _ = serde_json::to_writer(out, &o);
             }
-        };
-        frame(ty, &body)
+        })
     }
 
     fn bookmark(&self, rv: u64, initial_end: bool) -> Bytes {
@@ -1087,23 +1079,16 @@ impl WatchSpec {
             meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
         }
         let obj = json!({"kind": kind, "apiVersion": api_version, "metadata": meta});
-        let mut out = b"{\"type\":\"BOOKMARK\",\"object\":".to_vec();
-        let _ = serde_json::to_writer(&mut out, &obj);
-        out.extend_from_slice(b"}\n");
-        Bytes::from(out)
+        watch_line("BOOKMARK", 256, |out| {
+            let _ = serde_json::to_writer(out, &obj);
+        })
     }
 }
 
-/// One line of a watch stream: `{"type":ty,"object":object}`.
-fn frame(ty: &str, object: &[u8]) -> Bytes {
-    watch_line(ty, object.len(), |out| out.extend_from_slice(object))
-}
-
 fn gone_event(e: &ApiError) -> Bytes {
-    let mut out = b"{\"type\":\"ERROR\",\"object\":".to_vec();
-    let _ = serde_json::to_writer(&mut out, &e.to_status());
-    out.extend_from_slice(b"}\n");
-    Bytes::from(out)
+    watch_line("ERROR", 256, |out| {
+        let _ = serde_json::to_writer(out, &e.to_status());
+    })
 }
 
 struct WatchState {

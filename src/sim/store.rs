@@ -107,59 +107,42 @@ impl Record {
         self.kind != EventType::Deleted
     }
 
-    /// The record's own event type on a watch.
-    fn event_type(&self) -> &'static str {
-        self.kind.as_str()
-    }
-
-    /// The record as a watch line of its own event type, written once for all watches.
-    pub fn line(&self) -> &Bytes {
-        self.line.get_or_init(|| {
-            let version = self.version();
-            watch_line(self.event_type(), 4096, |out| {
-                let _ =
-                    serde_json::to_writer(&mut *out, &AtVersion(&self.object, version.as_deref()));
+    /// The record as a watch line of its own event type, the whole object or (`metadata`) its
+    /// metadata as a `PartialObjectMetadata`, written once for all watches that send it so.
+    fn own_line(&self, metadata: bool) -> &Bytes {
+        let ty = self.kind.as_str();
+        if metadata {
+            self.metadata_line.get_or_init(|| {
+                let version = self.version();
+                watch_line(ty, 512, |out| {
+                    write_partial_metadata(out, &self.object, version.as_deref())
+                })
             })
-        })
-    }
-
-    /// The record's metadata as a `PartialObjectMetadata` watch line (what a metadata-only watch
-    /// sends), written once for all such watches.
-    pub fn metadata_line(&self) -> &Bytes {
-        self.metadata_line.get_or_init(|| {
-            watch_line(self.event_type(), 512, |out| {
-                write_partial_metadata(out, &self.object, self.version().as_deref())
+        } else {
+            self.line.get_or_init(|| {
+                let version = self.version();
+                watch_line(ty, 4096, |out| {
+                    let _ =
+                        serde_json::to_writer(out, &AtVersion(&self.object, version.as_deref()));
+                })
             })
-        })
+        }
     }
 
-    /// The object as JSON (a slice of its watch line, not a copy).
-    pub fn json(&self) -> Bytes {
-        self.object_of(self.line())
-    }
-
-    /// The object's metadata as a `PartialObjectMetadata` in JSON (a slice of its watch line).
-    pub fn metadata_json(&self) -> Bytes {
-        self.object_of(self.metadata_line())
-    }
-
-    fn object_of(&self, line: &Bytes) -> Bytes {
-        line.slice(line_head(self.event_type())..line.len() - LINE_TAIL.len())
+    /// The object (or its `PartialObjectMetadata`) as JSON: a slice of its watch line, not a copy.
+    pub fn object_json(&self, metadata: bool) -> Bytes {
+        let line = self.own_line(metadata);
+        line.slice(line_head(self.kind.as_str())..line.len() - LINE_TAIL.len())
     }
 
     /// The record as a watch event of type `ty`: its shared line when `ty` is its own type (nearly
     /// always), else a new line around the same object (a watch with a selector sees an object that
     /// starts or stops matching as ADDED or DELETED).
     pub fn event_line(&self, ty: &str, metadata: bool) -> Bytes {
-        let own = if metadata {
-            self.metadata_line()
-        } else {
-            self.line()
-        };
-        if ty == self.event_type() {
-            return own.clone();
+        if ty == self.kind.as_str() {
+            return self.own_line(metadata).clone();
         }
-        let object = self.object_of(own);
+        let object = self.object_json(metadata);
         watch_line(ty, object.len(), |out| out.extend_from_slice(&object))
     }
 
@@ -709,23 +692,23 @@ mod tests {
         assert_eq!((deleted.kind, deleted.rv), (EventType::Deleted, 2));
         assert!(Arc::ptr_eq(&deleted.object, &last), "not copied");
 
-        let sent: Value = serde_json::from_slice(&deleted.json()).unwrap();
+        let sent: Value = serde_json::from_slice(&deleted.object_json(false)).unwrap();
         let mut expected = (*last).clone();
         expected["metadata"]["resourceVersion"] = json!("2");
         assert_eq!(sent, expected, "the whole object, at the removal's version");
         assert_eq!(deleted.sent_object(), expected);
         assert_eq!(*s.removed_at(&last), expected);
 
-        let partial: Value = serde_json::from_slice(&deleted.metadata_json()).unwrap();
+        let partial: Value = serde_json::from_slice(&deleted.object_json(true)).unwrap();
         assert_eq!(partial["kind"], "PartialObjectMetadata");
         assert_eq!(partial["apiVersion"], "meta.k8s.io/v1");
         assert_eq!(partial["metadata"], expected["metadata"]);
 
         // A record that is not a removal is sent as stored.
         let put = &s.history_after(0, 1).unwrap()[0];
-        let sent: Value = serde_json::from_slice(&put.json()).unwrap();
+        let sent: Value = serde_json::from_slice(&put.object_json(false)).unwrap();
         assert_eq!(sent, *put.object);
-        let partial: Value = serde_json::from_slice(&put.metadata_json()).unwrap();
+        let partial: Value = serde_json::from_slice(&put.object_json(true)).unwrap();
         assert_eq!(partial["metadata"], put.object["metadata"]);
     }
 
@@ -747,11 +730,7 @@ mod tests {
                 let line: Value = serde_json::from_slice(&own).unwrap();
                 assert!(own.ends_with(b"}\n"), "one line");
                 assert_eq!(line["type"], r.kind.as_str());
-                let object = if metadata {
-                    r.metadata_json()
-                } else {
-                    r.json()
-                };
+                let object = r.object_json(metadata);
                 assert_eq!(
                     line["object"],
                     serde_json::from_slice::<Value>(&object).unwrap()
@@ -767,7 +746,7 @@ mod tests {
                 assert_eq!(line2["type"], "ERROR");
                 assert_eq!(line2["object"], line["object"]);
             }
-            let sent: Value = serde_json::from_slice(&r.json()).unwrap();
+            let sent: Value = serde_json::from_slice(&r.object_json(false)).unwrap();
             assert_eq!(sent, r.sent_object());
             assert_eq!(sent["metadata"]["resourceVersion"], r.rv.to_string());
         }

@@ -527,11 +527,12 @@ impl Model {
 
         // PodGroup counters, and completion: worked out on a copy of the group's status alone, and
         // written only when they change (most reconciles change nothing there).
-        if let Some(current) = core.store.get(&pg_key).map(|pg| pg.get("status").cloned()) {
-            let mut pg_status = match current {
-                Some(s @ Value::Object(_)) => s,
-                _ => json!({"phase": "Pending"}),
-            };
+        if let Some(pg) = core.store.get(&pg_key).cloned() {
+            let current = pg.get("status");
+            let mut pg_status = current
+                .filter(|s| s.is_object())
+                .cloned()
+                .unwrap_or_else(|| json!({"phase": "Pending"}));
             for (k, v) in [
                 ("running", counts.running),
                 ("succeeded", counts.succeeded),
@@ -546,7 +547,7 @@ impl Model {
             if terminal {
                 pg_status["phase"] = json!("Completed");
             }
-            if core.store.get(&pg_key).and_then(|pg| pg.get("status")) != Some(&pg_status) {
+            if current != Some(&pg_status) {
                 core.update_internal(&pg_key, |pg| pg["status"] = pg_status);
             }
         }

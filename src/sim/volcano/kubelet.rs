@@ -195,13 +195,13 @@ impl Model {
         };
         let now = format_time(core.now);
         let marker = self.config.image_pull_failure_marker.clone();
-        let all: Vec<&Value> = containers(&pod, "initContainers")
+        if let Some(bad) = containers(&pod, "initContainers")
             .iter()
             .chain(containers(&pod, "containers"))
-            .collect();
-        if let Some(bad) = all.iter().find(|c| {
-            !marker.is_empty() && c["image"].as_str().is_some_and(|i| i.contains(&marker))
-        }) {
+            .find(|c| {
+                !marker.is_empty() && c["image"].as_str().is_some_and(|i| i.contains(&marker))
+            })
+        {
             let image = bad["image"].as_str().unwrap_or_default().to_string();
             let message = format!(
                 "rpc error: code = NotFound desc = failed to pull and unpack image \"{image}\": failed to resolve reference \"{image}\": {image}: not found"
@@ -610,10 +610,6 @@ pub fn pod_log(
     since: Option<Timestamp>,
 ) -> Result<String, ApiError> {
     let pod_name = name_of(pod);
-    let specs: Vec<&Value> = containers(pod, "containers")
-        .iter()
-        .chain(containers(pod, "initContainers"))
-        .collect();
     let name = match container {
         Some(c) => c.to_string(),
         None => {
@@ -631,8 +627,9 @@ pub fn pod_log(
             main[0]["name"].as_str().unwrap_or_default().to_string()
         }
     };
-    let Some(spec) = specs
+    let Some(spec) = containers(pod, "containers")
         .iter()
+        .chain(containers(pod, "initContainers"))
         .find(|c| c["name"].as_str() == Some(name.as_str()))
     else {
         return Err(ApiError::bad_request(format!(
