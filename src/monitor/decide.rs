@@ -112,6 +112,9 @@ pub struct Observed<'a> {
     /// view proves the job's state at least until then. `None` for the watch's view, whose age is
     /// unknown.
     pub fresh_at: Option<Timestamp>,
+    /// This process published the job's QUEUED and the broker confirmed it (see
+    /// [`crate::monitor::queued`]): the monitor's first event of the job needs no copy of it before.
+    pub queued_confirmed: bool,
 }
 
 /// What to do next for a job.
@@ -405,7 +408,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         );
         action
             .publish
-            .splice(0..0, queued_first(job, &facts, &record, s));
+            .splice(0..0, queued_first(obs, &facts, &record, s));
         action.set.insert(
             s.keys.lifecycle_state.clone(),
             Published::Running.as_str().into(),
@@ -518,7 +521,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     let chained = events::status_hash(previous, reason.reason, &content);
     let fallback = created.unwrap_or(now);
     let event = events::status(&facts.job_id, &chained, &reason, fallback, &s.runner_id);
-    let mut publish: Vec<Outbound> = queued_first(job, &facts, &record, s).into_iter().collect();
+    let mut publish: Vec<Outbound> = queued_first(obs, &facts, &record, s).into_iter().collect();
     publish.push(Outbound::Lifecycle(event));
     let value = if estimate.is_empty() {
         format!("{chained}/{plain}")
@@ -698,6 +701,8 @@ pub fn decide_gone(
         estimate_pending: false,
         disruption: None,
         fresh_at: None,
+        // A job that vanished gets the copy of its QUEUED in any case: it is rare, and spares a lookup.
+        queued_confirmed: false,
     };
     let facts = JobFacts::read(&job, &s.keys, &s.config.pipeline)?;
     let mut action = publish_end(&obs, s, &facts, &record, &outcome, now)?;
@@ -712,16 +717,19 @@ pub fn decide_gone(
 /// The job's QUEUED, when nothing the monitor publishes about the job can have gone out before: no
 /// status event (its hash is persisted) and no later state. A consumer sees QUEUED before any other
 /// event of the job, whoever publishes first: the submitting runner publishes the very same message
-/// (same id, same content: from the job's creation time and `acceptedBy`), possibly later.
+/// (same id, same content: from the job's creation time and `acceptedBy`), possibly later. None either
+/// when this process's submit path already had it confirmed ([`Observed::queued_confirmed`]).
 fn queued_first(
-    job: &VolcanoJob,
+    obs: &Observed<'_>,
     facts: &JobFacts,
     record: &Record,
     s: &Settings,
 ) -> Option<Outbound> {
-    if record.published != Published::Queued || record.status_hash.is_some() {
+    if record.published != Published::Queued || record.status_hash.is_some() || obs.queued_confirmed
+    {
         return None;
     }
+    let job = obs.job;
     let created = job
         .metadata
         .creation_timestamp
@@ -765,9 +773,7 @@ fn publish_end(
         release: true,
         ..Action::default()
     };
-    action
-        .publish
-        .extend(queued_first(obs.job, facts, record, s));
+    action.publish.extend(queued_first(obs, facts, record, s));
     if record.published == Published::Queued
         && let Some(start) = outcome.started().or(facts.start)
     {
@@ -1184,6 +1190,8 @@ mod tests {
         deleted: bool,
         gone: bool,
         next_check: Option<Timestamp>,
+        /// What `Observed::queued_confirmed` says for every decision.
+        queued_confirmed: bool,
     }
 
     /// Decides and applies until the job waits, like `Executor::handle` (log tails are not read).
@@ -1209,6 +1217,7 @@ mod tests {
                 estimate_pending: false,
                 disruption: None,
                 fresh_at: Some(now),
+                queued_confirmed: world.queued_confirmed,
             };
             match decide(&obs, s, now).unwrap() {
                 Step::Wait { next_check } => {
@@ -1396,6 +1405,7 @@ mod tests {
                     estimate_pending: false,
                     disruption,
                     fresh_at: None,
+                    queued_confirmed: false,
                 },
                 &s,
             )
@@ -1466,6 +1476,70 @@ mod tests {
         assert_eq!(ids, ["4817/QUEUED", "4817/RUNNING", "4817/SUCCESS"]);
         let total: i64 = ticks(&world).iter().map(|t| t.duration_ms).sum();
         assert_eq!(total, 79_000);
+    }
+
+    /// Every first event of a job (a pending status, RUNNING, an end that came before either) is
+    /// preceded by the job's QUEUED, unless this process had that QUEUED confirmed already.
+    #[test]
+    fn no_copy_of_queued_once_this_process_had_it_confirmed() {
+        let s = settings(|_| {});
+        for confirmed in [false, true] {
+            let ids = |world: &World| -> Vec<String> {
+                lifecycle(world).into_iter().map(|e| e.event_id).collect()
+            };
+            let queued = |then: &[&str]| -> Vec<String> {
+                let copy = (!confirmed).then_some("4817/QUEUED");
+                copy.into_iter()
+                    .chain(then.iter().copied())
+                    .map(String::from)
+                    .collect()
+            };
+            let fresh = || World {
+                queued_confirmed: confirmed,
+                ..World::default()
+            };
+
+            // Pending past `pending_status_after`: the status event.
+            let mut job = job(&s);
+            let mut world = fresh();
+            drive(&s, &mut job, &[], ts(5), &mut world);
+            let status = lifecycle(&world).last().unwrap().event_id.clone();
+            assert!(status.starts_with("4817/status/"), "{status}");
+            assert_eq!(
+                ids(&world),
+                queued(&[status.as_str()]),
+                "confirmed: {confirmed}"
+            );
+
+            // Started at once: RUNNING.
+            let mut job = self::job(&s);
+            let mut world = fresh();
+            set_phase(&mut job, JobPhase::Running, 3);
+            drive(
+                &s,
+                &mut job,
+                &[pod("4817", 0, running(3))],
+                ts(4),
+                &mut world,
+            );
+            assert_eq!(
+                ids(&world),
+                queued(&["4817/RUNNING"]),
+                "confirmed: {confirmed}"
+            );
+
+            // Ended between two looks: RUNNING and the end.
+            let mut job = self::job(&s);
+            let mut world = fresh();
+            set_phase(&mut job, JobPhase::Completed, 90);
+            let pods = [pod("4817", 0, exited(0, 10, 89))];
+            drive(&s, &mut job, &pods, ts(100), &mut world);
+            assert_eq!(
+                ids(&world),
+                queued(&["4817/RUNNING", "4817/SUCCESS"]),
+                "confirmed: {confirmed}"
+            );
+        }
     }
 
     #[test]
@@ -1746,6 +1820,7 @@ mod tests {
                 estimate_pending: false,
                 disruption: None,
                 fresh_at: None,
+                queued_confirmed: false,
             };
             decide(&obs, &s, ts(now)).unwrap()
         };
@@ -1821,6 +1896,7 @@ mod tests {
                 estimate_pending: false,
                 disruption: None,
                 fresh_at: None,
+                queued_confirmed: false,
             };
             match decide(&obs, s, ts(10)).unwrap() {
                 Step::Record { logs, outcome, .. } => (outcome.state, logs.len()),
@@ -1849,6 +1925,7 @@ mod tests {
             estimate_pending: false,
             disruption: None,
             fresh_at: None,
+            queued_confirmed: false,
         };
         assert_eq!(
             decide(&obs, &s, ts(2)).unwrap(),

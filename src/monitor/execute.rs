@@ -24,6 +24,7 @@ use super::cache::{Snapshot, WatchedJob, WatchedPod};
 use super::clock::Clock;
 use super::decide::{self, Action, Observed, Settings, Step};
 use super::events;
+use super::queued::ConfirmedQueued;
 use super::record::RankTail;
 use crate::broker::{self, BrokerConfig, PublishError, Publisher};
 use crate::cluster::labels::FIELD_MANAGER;
@@ -78,6 +79,9 @@ pub struct Executor {
     pub(crate) shards: watch::Receiver<HeldShards>,
     pub(crate) tail_bytes: usize,
     pub(crate) tail_total: usize,
+    /// Jobs whose QUEUED this process's submit path had confirmed: no copy of it before their first
+    /// event.
+    pub(crate) confirmed_queued: ConfirmedQueued,
 }
 
 impl Executor {
@@ -88,6 +92,7 @@ impl Executor {
         settings: Settings,
         clock: Arc<dyn Clock>,
         shards: watch::Receiver<HeldShards>,
+        confirmed_queued: ConfirmedQueued,
     ) -> Self {
         let config = settings.config.clone();
         Self {
@@ -104,6 +109,7 @@ impl Executor {
             settings,
             clock,
             shards,
+            confirmed_queued,
         }
     }
 
@@ -128,6 +134,7 @@ impl Executor {
         let mut done = Vec::new();
         let mut settled = false;
         let job_id = snap.key.job_id().unwrap_or_default().to_owned();
+        let queued_confirmed = self.confirmed_queued.contains(&job_id);
         let result = async {
             for _ in 0..MAX_ROUNDS {
                 if !self.owns(&job_id) {
@@ -143,6 +150,7 @@ impl Executor {
                     estimate_pending: snap.estimate_pending,
                     disruption: snap.disruption.as_ref().map(|(g, d)| (*g, d)),
                     fresh_at,
+                    queued_confirmed,
                 };
                 let step = decide::decide(&obs, &self.settings, now)?;
                 if step.needs_fresh_view() && !fresh && step.fresh_pods_suffice() {

@@ -17,6 +17,7 @@
 //! - [`execute`]: carries a step out: publish (confirmed), then patch (resourceVersion), then delete.
 //! - [`verify`]: the full reconciliation's check of the watches: metadata lists against the cache.
 //! - [`listing`]: reads a page of a metadata list for names and versions only, without a serde tree.
+//! - [`queued`]: the jobs whose QUEUED this process had confirmed (the monitor sends no copy of it).
 //! - [`run`]: the loop: watches, full reconciliation, timers, shards, bounded concurrency.
 //!
 //! See `docs/monitor.md` for the duty and failover design and the order of effects.
@@ -30,6 +31,7 @@ pub mod execute;
 pub mod forecast;
 pub mod listing;
 pub mod observe;
+pub mod queued;
 pub mod record;
 pub mod run;
 pub mod timers;
@@ -43,6 +45,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use clock::{Clock, SystemClock};
 pub use decide::{Observed, Settings, Step};
+pub use queued::ConfirmedQueued;
 pub use record::{Outcome, Published, Terminal};
 pub use run::PassReport;
 
@@ -65,6 +68,8 @@ pub struct Monitor {
     pub(crate) reports: watch::Sender<PassReport>,
     /// Where watch restarts, held shards and monitored jobs are reported (see [`Monitor::with_metrics`]).
     pub(crate) metrics: Option<crate::ops::Metrics>,
+    /// See [`Monitor::with_confirmed_queued`].
+    pub(crate) confirmed_queued: ConfirmedQueued,
 }
 
 impl Monitor {
@@ -87,7 +92,16 @@ impl Monitor {
             poll: Duration::from_millis(100),
             reports: watch::Sender::new(PassReport::default()),
             metrics: None,
+            confirmed_queued: ConfirmedQueued::default(),
         }
+    }
+
+    /// Sends no copy of a job's QUEUED before its first event when `confirmed` says that this process
+    /// (the runner's submit path, [`crate::runner::Runner::confirmed_queued`]) already had it confirmed.
+    /// Without it the monitor sends the copy for every job, which is always safe.
+    pub fn with_confirmed_queued(mut self, confirmed: ConfirmedQueued) -> Self {
+        self.confirmed_queued = confirmed;
+        self
     }
 
     /// Reports into `metrics`: watch restarts, the shards held, the jobs monitored.

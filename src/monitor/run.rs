@@ -143,6 +143,7 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
         settings,
         m.clock.clone(),
         m.shards.clone(),
+        m.confirmed_queued.clone(),
     ));
     let selector = m.config.cluster.managed_selector.clone();
     let jobs_api: Api<WatchedJob> = Api::all(m.client.clone());

@@ -117,6 +117,7 @@ impl Runner {
             gate,
             publisher: broker.publisher().with_metrics(ops.metrics.clone()),
             format: config.runner.output_format.into(),
+            confirmed_queued: crate::monitor::ConfirmedQueued::default(),
             retry,
             client,
             runner_id,
@@ -138,6 +139,12 @@ impl Runner {
     /// The submission gate (pause switch and capacity), as this runner sees it.
     pub fn gate(&self) -> SubmitGate {
         self.handler.gate.clone()
+    }
+
+    /// The jobs whose QUEUED this runner had confirmed by the broker, for a monitor in the same process
+    /// ([`crate::monitor::Monitor::with_confirmed_queued`]): it then publishes no copy of their QUEUED.
+    pub fn confirmed_queued(&self) -> crate::monitor::ConfirmedQueued {
+        self.handler.confirmed_queued.clone()
     }
 
     /// What the runner did so far.

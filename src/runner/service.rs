@@ -144,7 +144,8 @@ impl Service {
                 self.runner_id.clone(),
                 handle.subscribe(),
             )
-            .with_metrics(ops.metrics.clone());
+            .with_metrics(ops.metrics.clone())
+            .with_confirmed_queued(runner.confirmed_queued());
             if let Some((clock, poll)) = self.monitor_clock {
                 monitor = monitor.with_clock(clock, poll);
             }

@@ -122,7 +122,9 @@ async fn the_metrics_count_a_scripted_run() {
     };
     let job_events = count("volcano_runner.v1.JobEvent");
     let ticks = count("volcano_runner.v1.AccountingTick");
-    assert!(job_events >= 8.0 && ticks >= 1.0, "{job_events} {ticks}");
+    // At least m-1's QUEUED, RUNNING and SUCCESS, m-2's QUEUED, extension and CANCELLED, and m-3's
+    // FAILURE (the monitor sends no copy of a QUEUED its own process had confirmed).
+    assert!(job_events >= 7.0 && ticks >= 1.0, "{job_events} {ticks}");
     assert_eq!(
         s.value(
             "volcano_runner_events_published_total",

@@ -222,6 +222,47 @@ async fn queued_comes_before_any_other_event_of_the_job() {
     }
 }
 
+/// The runner that accepted a job also monitors it (one shard): the consumer gets the job's QUEUED once,
+/// the submit path's, before every other event. The monitor sends its copy of QUEUED only when it cannot
+/// know that one was confirmed (another runner's job, a restart: the two tests above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runner_that_accepted_a_job_sends_its_queued_once() {
+    let h = Harness::new("once-queued").await;
+    let runner = h.start_with("runner-q", monitoring(&h), true);
+    h.submit(&figlet("q1")).await;
+    h.wait_events("QUEUED", |e| e.iter().any(|c| c.message_id == "q1/QUEUED"))
+        .await;
+    // The broker may deliver a persistent message before it confirms it to the publisher; the runner
+    // counts on the confirm. Nothing moves in the cluster meanwhile (its clock is stopped).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let deadline = tokio::time::Instant::now() + rabbit::PATIENCE;
+    loop {
+        h.sim.advance(Duration::from_secs(10));
+        let events = h.events().await;
+        if events.iter().any(|c| c.message_id == "q1/SUCCESS") {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "SUCCESS");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    h.wait_queues_settled().await;
+    runner.stop().await;
+    let events = h.events().await;
+    let mine = of_job(&events, "q1");
+    one_content_per_id(&mine);
+    let ids: Vec<&str> = mine.iter().map(|c| c.message_id.as_str()).collect();
+    assert_eq!(ids.first(), Some(&"q1/QUEUED"), "QUEUED first: {ids:?}");
+    assert_eq!(
+        ids.iter().filter(|id| **id == "q1/QUEUED").count(),
+        1,
+        "one QUEUED: {ids:?}"
+    );
+    assert!(
+        ids.contains(&"q1/RUNNING") && ids.contains(&"q1/SUCCESS"),
+        "{ids:?}"
+    );
+}
+
 /// The lookup of an existing job comes from the jobs' watch; a watch that has not seen a job (here it
 /// loses every event, so it never does) costs no safety: a redelivery is adopted through the create's
 /// 409 (one VolcanoJob, the same QUEUED), another submission with the same id is refused as a

@@ -125,6 +125,8 @@ pub struct Handler {
     pub publisher: Publisher,
     /// The encoding of every event the runner publishes.
     pub format: Format,
+    /// Jobs whose QUEUED the broker confirmed here, for this runner's monitor (it then sends no copy).
+    pub confirmed_queued: crate::monitor::ConfirmedQueued,
 }
 
 impl std::fmt::Debug for Handler {

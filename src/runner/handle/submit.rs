@@ -174,7 +174,11 @@ async fn queued(h: &Handler, m: &Message<'_>, job_id: &str, meta: &ObjectMeta) -
         .map_or(h.runner_id.as_str(), String::as_str);
     let event = events::queued(job_id, created_at, accepted_by);
     match h.publish(&event, m.traceparent.as_ref()).await {
-        Ok(()) => Settle::Ack,
+        Ok(()) => {
+            // Confirmed: in the events queues ahead of anything the monitor publishes from now on.
+            h.confirmed_queued.record(job_id);
+            Settle::Ack
+        }
         Err(e) => Settle::publish(&e),
     }
 }
