@@ -198,9 +198,72 @@ pub fn own_cpu_seconds() -> f64 {
     cpu_seconds(&usage)
 }
 
+/// CPU seconds (user + system) that the RabbitMQ node on this machine has used so far: every process
+/// named `beam.smp` (Erlang's VM, RabbitMQ's process). `None` when none runs here (a remote broker) or
+/// none can be read. The broker shares the machine's cores with the simulator and the runners, so its
+/// share is part of what a phase costs.
+pub fn broker_cpu_seconds() -> Option<f64> {
+    let mut total: Option<f64> = None;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let is_pid = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        if !is_pid {
+            continue;
+        }
+        let path = entry.path();
+        let is_beam =
+            std::fs::read_to_string(path.join("comm")).is_ok_and(|c| c.trim() == "beam.smp");
+        if !is_beam {
+            continue;
+        }
+        let Some(ticks) = std::fs::read_to_string(path.join("stat"))
+            .ok()
+            .and_then(|stat| stat_cpu_ticks(&stat))
+        else {
+            continue;
+        };
+        *total.get_or_insert(0.0) += ticks as f64 / clock_ticks_per_second();
+    }
+    total
+}
+
+/// `utime + stime` (in clock ticks) from a `/proc/<pid>/stat` line. The command name (second field) is
+/// in parentheses and may itself hold spaces and parentheses: fields are counted after the last `)`.
+fn stat_cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = stat.get(stat.rfind(')')? + 1..)?;
+    // After the name: state (field 3), ..., utime (field 14), stime (field 15).
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+fn clock_ticks_per_second() -> f64 {
+    // SAFETY: sysconf(3) with a valid name has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz > 0 { hz as f64 } else { 100.0 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_ticks_are_read_after_the_command_name() {
+        let stat =
+            "4242 (beam (x) y) S 1 4242 4242 0 -1 4194560 1000 0 0 0 1234 56 0 0 20 0 30 0 100";
+        assert_eq!(stat_cpu_ticks(stat), Some(1234 + 56));
+        assert_eq!(stat_cpu_ticks("4242 (beam.smp) S 1 2"), None, "too short");
+        assert_eq!(stat_cpu_ticks("no parenthesis"), None);
+        // This very process's line parses, and its CPU so far is what getrusage says, to a tick or so.
+        let own = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let ticks = stat_cpu_ticks(&own).expect("our own stat line parses");
+        let from_stat = ticks as f64 / clock_ticks_per_second();
+        let from_rusage = own_cpu_seconds();
+        assert!(from_stat <= from_rusage + 0.05, "{from_stat} {from_rusage}");
+    }
 
     #[test]
     fn peak_rss_comes_from_vm_hwm() {

@@ -324,6 +324,7 @@ async fn phase_on(
         log_dir: options.log_dir.clone(),
     };
     let cpu_before = fleet::own_cpu_seconds();
+    let broker_cpu_before = fleet::broker_cpu_seconds();
     // Dropping the fleet on an error below kills the runners.
     let mut fleet = Fleet::start(&spec, &format!("bench-{prefix}"), runners)?;
     wait_for_consumers(&connection, config, runners, &mut fleet, options).await?;
@@ -357,6 +358,9 @@ async fn phase_on(
         .stop(config.runner.shutdown_grace + Duration::from_secs(10))
         .await;
     let harness_cpu_s = fleet::own_cpu_seconds() - cpu_before;
+    let broker_cpu_s = broker_cpu_before
+        .zip(fleet::broker_cpu_seconds())
+        .map(|(before, after)| (after - before).max(0.0));
     drop(observers);
 
     let mut to_created = Vec::new();
@@ -407,6 +411,7 @@ async fn phase_on(
         publish_to_queued: Latency::of(&mut to_queued),
         per_runner,
         harness_cpu_s,
+        broker_cpu_s,
     })
 }
 

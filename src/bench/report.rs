@@ -107,6 +107,9 @@ pub struct Phase {
     pub per_runner: Vec<RunnerUsage>,
     /// CPU of the benchmark process in the phase: the simulator, the publisher and the observers.
     pub harness_cpu_s: f64,
+    /// CPU of the RabbitMQ node on this machine in the phase (see [`super::fleet::broker_cpu_seconds`]);
+    /// `None` when the broker does not run here.
+    pub broker_cpu_s: Option<f64>,
 }
 
 /// What one runner process used, from the kernel's accounting when it exited.
@@ -291,6 +294,7 @@ mod tests {
                     exit_ok: true,
                 }],
                 harness_cpu_s: 4.0,
+                broker_cpu_s: Some(1.5),
             }],
         }
     }
@@ -335,5 +339,7 @@ mod tests {
         assert!(phase["publish_to_queued"].is_null());
         assert_eq!(json["limits"]["sim_creates_per_s"], 2500.0);
         assert_eq!(phase["per_runner"][0]["peak_rss_mib"], 61.2);
+        assert_eq!(phase["harness_cpu_s"], 4.0);
+        assert_eq!(phase["broker_cpu_s"], 1.5);
     }
 }

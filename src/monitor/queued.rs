@@ -128,4 +128,20 @@ mod tests {
         assert_eq!(confirmed.lock().order.len(), 3);
         assert_eq!(confirmed.lock().ids.len(), 3);
     }
+
+    #[test]
+    fn the_operators_documentation_states_the_capacity() {
+        let docs = include_str!("../../docs/monitor.md");
+        // In the documentation's style: thousands separated by commas.
+        let digits = CAPACITY.to_string();
+        let mut grouped = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i).is_multiple_of(3) {
+                grouped.push(',');
+            }
+            grouped.push(c);
+        }
+        let said = format!("the newest {grouped} such jobs");
+        assert!(docs.contains(&said), "docs/monitor.md should say {said:?}");
+    }
 }

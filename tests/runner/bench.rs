@@ -105,6 +105,10 @@ async fn bench_measures_limits_and_two_phases_and_cleans_up() {
         assert!(queued["p50_ms"].as_f64().unwrap() > 0.0, "{queued}");
         assert!(p["sustained_jobs_per_s"].as_f64().unwrap() > 0.0, "{p}");
         assert!(p["ratio_to_smaller_limit"].as_f64().unwrap() > 0.0, "{p}");
+        // RabbitMQ runs on this machine (scripts/test makes sure of it): its CPU in the phase is read.
+        let broker_cpu = p["broker_cpu_s"].as_f64();
+        assert!(broker_cpu.is_some_and(|s| s >= 0.0), "{p}");
+        assert!(p["harness_cpu_s"].as_f64().unwrap() > 0.0, "{p}");
         let runners = p["per_runner"].as_array().unwrap();
         assert_eq!(runners.len() as u64, p["runners"].as_u64().unwrap());
         for r in runners {
