@@ -358,9 +358,10 @@ async fn phase_on(
         .stop(config.runner.shutdown_grace + Duration::from_secs(10))
         .await;
     let harness_cpu_s = fleet::own_cpu_seconds() - cpu_before;
+    // A broker that restarted during the phase counts from zero again: no figure rather than a wrong one.
     let broker_cpu_s = broker_cpu_before
         .zip(fleet::broker_cpu_seconds())
-        .map(|(before, after)| (after - before).max(0.0));
+        .and_then(|(before, after)| (after >= before).then_some(after - before));
     drop(observers);
 
     let mut to_created = Vec::new();

@@ -108,7 +108,7 @@ pub struct Phase {
     /// CPU of the benchmark process in the phase: the simulator, the publisher and the observers.
     pub harness_cpu_s: f64,
     /// CPU of the RabbitMQ node on this machine in the phase (see [`super::fleet::broker_cpu_seconds`]);
-    /// `None` when the broker does not run here.
+    /// `None` when the broker does not run here (or restarted during the phase).
     pub broker_cpu_s: Option<f64>,
 }
 

@@ -647,11 +647,13 @@ fn tell_estimate(details: &mut crate::messages::v1::PendingDetails, e: &Estimate
 /// The job vanished (a DELETED event, or absent from a full list and from a GET) before its terminal
 /// state was published: publish the end from what was last seen. Nothing can be persisted any more.
 /// `None` when there is nothing to say (the end was published, or the job is not one of ours).
+/// `queued_confirmed` as in [`Observed::queued_confirmed`].
 pub fn decide_gone(
     last: &VolcanoJob,
     pods: &[Pod],
     s: &Settings,
     now: Timestamp,
+    queued_confirmed: bool,
 ) -> Result<Option<Action>, FactsError> {
     let facts = JobFacts::read(last, &s.keys, &s.config.pipeline)?;
     let record = Record::read(last, &s.keys);
@@ -701,8 +703,7 @@ pub fn decide_gone(
         estimate_pending: false,
         disruption: None,
         fresh_at: None,
-        // A job that vanished gets the copy of its QUEUED in any case: it is rare, and spares a lookup.
-        queued_confirmed: false,
+        queued_confirmed,
     };
     let facts = JobFacts::read(&job, &s.keys, &s.config.pipeline)?;
     let mut action = publish_end(&obs, s, &facts, &record, &outcome, now)?;
@@ -1478,8 +1479,9 @@ mod tests {
         assert_eq!(total, 79_000);
     }
 
-    /// Every first event of a job (a pending status, RUNNING, an end that came before either) is
-    /// preceded by the job's QUEUED, unless this process had that QUEUED confirmed already.
+    /// Every first event of a job (a pending status, RUNNING, an end that came before either, the end
+    /// of a job that vanished) is preceded by the job's QUEUED, unless this process had that QUEUED
+    /// confirmed already.
     #[test]
     fn no_copy_of_queued_once_this_process_had_it_confirmed() {
         let s = settings(|_| {});
@@ -1537,6 +1539,21 @@ mod tests {
             assert_eq!(
                 ids(&world),
                 queued(&["4817/RUNNING", "4817/SUCCESS"]),
+                "confirmed: {confirmed}"
+            );
+
+            // Vanished before anything was published: its lost-track end.
+            let job = self::job(&s);
+            let gone = decide_gone(&job, &[], &s, ts(100), confirmed)
+                .unwrap()
+                .unwrap();
+            let world = World {
+                published: gone.publish,
+                ..fresh()
+            };
+            assert_eq!(
+                ids(&world),
+                queued(&["4817/FAILURE"]),
                 "confirmed: {confirmed}"
             );
         }
@@ -1688,7 +1705,9 @@ mod tests {
         let pods = vec![pod("4817", 0, running(0))];
         let mut world = World::default();
         drive(&s, &mut job, &pods, ts(70), &mut world);
-        let action = decide_gone(&job, &pods, &s, ts(100)).unwrap().unwrap();
+        let action = decide_gone(&job, &pods, &s, ts(100), false)
+            .unwrap()
+            .unwrap();
         let end = action
             .publish
             .iter()
@@ -1711,7 +1730,7 @@ mod tests {
             .as_mut()
             .unwrap()
             .insert(s.keys.lifecycle_state.clone(), "SUCCESS".into());
-        assert_eq!(decide_gone(&job, &pods, &s, ts(100)).unwrap(), None);
+        assert_eq!(decide_gone(&job, &pods, &s, ts(100), false).unwrap(), None);
     }
 
     #[test]

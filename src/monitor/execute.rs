@@ -271,7 +271,10 @@ impl Executor {
             if !self.owns(&job_id) {
                 return Ok(());
             }
-            if let Some(action) = decide::decide_gone(&job, &pods, &self.settings, now)? {
+            let queued_confirmed = self.confirmed_queued.contains(&job_id);
+            if let Some(action) =
+                decide::decide_gone(&job, &pods, &self.settings, now, queued_confirmed)?
+            {
                 done.push(action.what);
                 let traceparent = self.traceparent(&job);
                 self.publish(&action.publish, traceparent.as_deref())
