@@ -28,7 +28,8 @@ pub struct Args {
     /// Replaces the default nodes; repeat for several: `NAME:CPU:MEMORY[:GPUS]`, e.g. `big:64:256Gi:8`.
     #[arg(long = "node", value_name = "NAME:CPU:MEMORY[:GPUS]")]
     pub nodes: Vec<String>,
-    /// Changes kept for watches (older resourceVersions get 410 Gone).
+    /// Changes kept for watches, all kinds together (a watch that missed a change of its kind that is
+    /// no longer kept gets 410 Gone).
     #[arg(long)]
     pub watch_history: Option<usize>,
     /// Do not record Kubernetes Events.

@@ -174,8 +174,10 @@ pub struct SimConfig {
     /// Volcano's enqueue over-commit factor: a gang is enqueued when its minimum resources fit into
     /// this many times the idle capacity.
     pub overcommit_factor: f64,
-    /// Changes kept for watches. A watch resuming from an older resourceVersion gets 410 Gone, as after
-    /// an etcd compaction; a small value lets tests provoke it.
+    /// Changes kept for watches, of all kinds together. A watch resuming from a resourceVersion after
+    /// which a change of its own kind is no longer kept gets 410 Gone (a real API server keeps a watch
+    /// cache per resource, so a burst of pods does not expire a watch of nodes); a small value lets
+    /// tests provoke it.
     pub watch_history: usize,
     /// How long a watch without `timeoutSeconds` stays open (a real API server ends watches after
     /// 30 to 60 minutes).
@@ -459,12 +461,14 @@ impl SimHandle {
     pub fn advance(&self, by: Duration) {
         self.shared.clock.advance(by);
         self.shared.with(|_| ());
+        self.shared.clock_changed();
     }
 
     /// Changes the clock speed (0 stops it).
     pub fn set_clock_speed(&self, speed: f64) {
         self.shared.clock.set_speed(speed);
         self.shared.with(|_| ());
+        self.shared.clock_changed();
     }
 
     /// The live fault plan: `set`, `add_rule`, `unavailable_for`, `clear`.

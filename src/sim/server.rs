@@ -3,6 +3,7 @@
 //! fault injection in front of it all.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -46,9 +47,15 @@ pub(crate) struct Shared {
     pub clock: Arc<SimClock>,
     pub faults: Arc<Faults>,
     changed: watch::Sender<u64>,
+    /// Per resource storage: bumped when a write changed that kind, so a watch wakes for its own kind
+    /// only (a pod's status change does not wake every watch of nodes, configmaps and jobs).
+    changed_by_res: Mutex<Vec<watch::Sender<u64>>>,
+    /// The simulated instant (ns) of the timer the ticker sleeps towards (`i64::MAX`: none). Written
+    /// and read under the cluster's lock: a write wakes the ticker only when it made an earlier timer.
+    ticker_due: AtomicI64,
     /// Bumped to cut every open watch (a test hook for dropped connections).
     cuts: watch::Sender<u64>,
-    pub wake_ticker: Notify,
+    wake_ticker: Notify,
     pub shutdown: CancellationToken,
     pub settings: ServerSettings,
     /// API requests served, by `<verb> <resource>` (e.g. `create jobs.batch.volcano.sh`, `list pods`,
@@ -72,6 +79,8 @@ impl Shared {
             clock,
             faults,
             changed: watch::channel(rv).0,
+            changed_by_res: Mutex::new(Vec::new()),
+            ticker_due: AtomicI64::new(i64::MAX),
             cuts: watch::channel(0).0,
             wake_ticker: Notify::new(),
             shutdown,
@@ -111,8 +120,15 @@ impl Shared {
         let r = f(&mut c);
         c.settle();
         let rv = c.core.store.resource_version();
+        let touched = c.core.store.take_touched();
+        let earlier_timer = c
+            .next_timer()
+            .is_some_and(|t| nanos(t) < self.ticker_due.load(Ordering::Relaxed));
         drop(c);
-        self.notify(rv);
+        self.notify(rv, &touched);
+        if earlier_timer {
+            self.wake_ticker.notify_one();
+        }
         r
     }
 
@@ -134,21 +150,42 @@ impl Shared {
         f(&self.lock())
     }
 
-    fn notify(&self, rv: u64) {
-        self.changed.send_if_modified(|v| {
-            if *v != rv {
-                *v = rv;
-                true
-            } else {
-                false
+    fn notify(&self, rv: u64, touched: &[ResId]) {
+        bump(&self.changed, rv);
+        if touched.is_empty() {
+            return;
+        }
+        let by_res = self
+            .changed_by_res
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for &res in touched {
+            if let Some(tx) = by_res.get(res) {
+                bump(tx, rv);
             }
-        });
-        self.wake_ticker.notify_one();
+        }
     }
 
     /// Wakes on every change (its value is the latest resourceVersion).
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.changed.subscribe()
+    }
+
+    /// Wakes on every change of the kind stored in `res`.
+    fn subscribe_res(&self, res: ResId) -> watch::Receiver<u64> {
+        let mut by_res = self
+            .changed_by_res
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if by_res.len() <= res {
+            by_res.resize_with(res + 1, || watch::channel(0).0);
+        }
+        by_res[res].subscribe()
+    }
+
+    /// The clock's speed or instant changed: the ticker works out its sleep again, whatever its timer.
+    pub fn clock_changed(&self) {
+        self.wake_ticker.notify_one();
     }
 
     /// Drops every open watch connection, as a network failure or an API server restart does.
@@ -160,7 +197,13 @@ impl Shared {
 /// Fires the model's timers as a running clock passes them. Ends on shutdown.
 pub(crate) async fn ticker(shared: Arc<Shared>) {
     loop {
-        let next = shared.read(|c| c.next_timer());
+        let next = shared.read(|c| {
+            let next = c.next_timer();
+            shared
+                .ticker_due
+                .store(next.map_or(i64::MAX, nanos), Ordering::Relaxed);
+            next
+        });
         let wait = next
             .and_then(|t| shared.clock.real_until(t))
             .unwrap_or(Duration::from_secs(3600));
@@ -174,6 +217,23 @@ pub(crate) async fn ticker(shared: Arc<Shared>) {
             _ = shared.wake_ticker.notified() => {}
         }
     }
+}
+
+/// Sets a change channel to `rv`, waking its receivers when that is news.
+fn bump(tx: &watch::Sender<u64>, rv: u64) {
+    tx.send_if_modified(|v| {
+        if *v != rv {
+            *v = rv;
+            true
+        } else {
+            false
+        }
+    });
+}
+
+/// A simulated instant in nanoseconds, saturated to `i64` (the ticker's due time).
+fn nanos(t: Timestamp) -> i64 {
+    i64::try_from(t.as_nanosecond()).unwrap_or(i64::MAX)
 }
 
 // ----- parameters -----
@@ -1121,7 +1181,9 @@ impl WatchState {
         let spec = &self.spec;
         let (batch, current) = self.shared.read(|c| {
             (
-                c.core.store.history_after(self.pos, WATCH_BATCH),
+                c.core
+                    .store
+                    .history_after(spec.storage, self.pos, WATCH_BATCH),
                 c.core.store.resource_version(),
             )
         });
@@ -1207,19 +1269,16 @@ fn start_watch(
         let rv: u64 = rv_param.parse().map_err(|_| {
             ApiError::bad_request(format!("invalid resource version: {rv_param:?}"))
         })?;
-        let compacted = shared.read(|c| c.core.store.compacted());
-        if rv < compacted {
-            let e = ApiError::expired(format!(
-                "too old resource version: {rv} ({})",
-                compacted + 1
-            ));
+        let oldest = shared.read(|c| c.core.store.watchable_from(t.storage));
+        if rv < oldest {
+            let e = ApiError::expired(format!("too old resource version: {rv} ({})", oldest + 1));
             pending.push_back((gone_event(&e), false));
             done = true;
         }
         rv
     };
     let now = tokio::time::Instant::now();
-    let mut rx = shared.subscribe();
+    let mut rx = shared.subscribe_res(t.storage);
     rx.mark_unchanged();
     let mut cuts = shared.cuts.subscribe();
     cuts.mark_unchanged();
@@ -1286,8 +1345,13 @@ fn start_watch(
                     return Some((Err(std::io::Error::other("watch cut")), st));
                 }
                 _ = tokio::time::sleep(st.bookmark_every), if bookmark => {
-                    let rv = st.pos;
-                    st.pending.push_back((st.spec.bookmark(rv, false), false));
+                    // Caught up first (a quiet kind's watch is not woken by other kinds' changes), so
+                    // the bookmark names the current version, after any event of its own kind.
+                    st.pull();
+                    if !st.done {
+                        let rv = st.pos;
+                        st.pending.push_back((st.spec.bookmark(rv, false), false));
+                    }
                 }
             }
         }

@@ -230,8 +230,21 @@ pub struct Store {
     rv: u64,
     history: VecDeque<Arc<Record>>,
     history_cap: usize,
-    /// Watches may resume from any resourceVersion at or after this one.
+    /// The newest resourceVersion that left the history (by the cap or a compaction): a list's
+    /// continue token from before it is too old.
     compacted: u64,
+    /// The resourceVersion of the last `compact` (an etcd compaction): every watch from before it is
+    /// gone, whatever its kind.
+    compacted_all: u64,
+    /// Per resource: the newest resourceVersion of its records that left the history. A watch of one
+    /// kind expires only when its own changes are gone, as a real API server's watch cache is kept per
+    /// resource: a busy kind does not push a quiet kind's watches into 410 Gone and a relist.
+    dropped: Vec<u64>,
+    /// Per resource: the resourceVersion of its latest change (so a watch of a quiet kind skips the
+    /// history of the busy ones).
+    last_change: Vec<u64>,
+    /// Resources changed since [`Store::take_touched`]: the server wakes only their watches.
+    touched: Vec<ResId>,
     uid_state: u64,
     /// Changes not yet seen by the controllers (drained by the model after each write).
     changes: Vec<Arc<Record>>,
@@ -257,6 +270,18 @@ pub fn owner_uids(obj: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// A per-resource figure (0 for a resource that never had one).
+fn at(per_res: &[u64], res: ResId) -> u64 {
+    per_res.get(res).copied().unwrap_or(0)
+}
+
+fn set(per_res: &mut Vec<u64>, res: ResId, value: u64) {
+    if per_res.len() <= res {
+        per_res.resize(res + 1, 0);
+    }
+    per_res[res] = value;
+}
+
 impl Store {
     /// An empty store; `seed` makes generated uids differ between simulators and repeat between runs.
     pub fn new(history_cap: usize, seed: u64) -> Self {
@@ -266,6 +291,10 @@ impl Store {
             history: VecDeque::new(),
             history_cap: history_cap.max(1),
             compacted: 0,
+            compacted_all: 0,
+            dropped: Vec::new(),
+            last_change: Vec::new(),
+            touched: Vec::new(),
             uid_state: seed,
             changes: Vec::new(),
             uids: HashMap::new(),
@@ -285,9 +314,21 @@ impl Store {
         self.rv
     }
 
-    /// The oldest resourceVersion a watch may resume from.
+    /// The newest resourceVersion no longer in the history (list continue tokens from before it are
+    /// too old).
     pub fn compacted(&self) -> u64 {
         self.compacted
+    }
+
+    /// The oldest resourceVersion a watch of `res` may resume from: none of the kind's changes after
+    /// it has left the history, and no compaction came after it.
+    pub fn watchable_from(&self, res: ResId) -> u64 {
+        self.compacted_all.max(at(&self.dropped, res))
+    }
+
+    /// The resources changed since the last call (the server wakes their watches).
+    pub fn take_touched(&mut self) -> Vec<ResId> {
+        std::mem::take(&mut self.touched)
     }
 
     /// A fresh uid in the usual 8-4-4-4-12 shape, deterministic for a given seed.
@@ -429,11 +470,17 @@ impl Store {
             line: OnceLock::new(),
             metadata_line: OnceLock::new(),
         });
+        let res = record.key.res;
+        set(&mut self.last_change, res, record.rv);
+        if !self.touched.contains(&res) {
+            self.touched.push(res);
+        }
         self.changes.push(record.clone());
         self.history.push_back(record);
         while self.history.len() > self.history_cap {
             if let Some(old) = self.history.pop_front() {
                 self.compacted = old.rv;
+                set(&mut self.dropped, old.key.res, old.rv);
             }
         }
     }
@@ -550,10 +597,14 @@ impl Store {
         std::mem::take(&mut self.changes)
     }
 
-    /// History records after `rv`, or `None` when some of them are no longer retained (410 Gone).
-    pub fn history_after(&self, rv: u64, max: usize) -> Option<Vec<Arc<Record>>> {
-        if rv < self.compacted {
+    /// History records after `rv` (at most `max`, of any kind: the caller filters), or `None` when some
+    /// of `res`'s are no longer retained (410 Gone); none when `res` has not changed since `rv`.
+    pub fn history_after(&self, res: ResId, rv: u64, max: usize) -> Option<Vec<Arc<Record>>> {
+        if rv < self.watchable_from(res) {
             return None;
+        }
+        if at(&self.last_change, res) <= rv {
+            return Some(Vec::new());
         }
         let start = self.history.partition_point(|r| r.rv <= rv);
         Some(self.history.iter().skip(start).take(max).cloned().collect())
@@ -563,6 +614,7 @@ impl Store {
     pub fn compact(&mut self) {
         self.history.clear();
         self.compacted = self.rv;
+        self.compacted_all = self.rv;
     }
 }
 
@@ -591,17 +643,52 @@ mod tests {
             "5"
         );
         assert!(
-            s.history_after(1, 10).is_none(),
+            s.history_after(0, 1, 10).is_none(),
             "rv 1 fell out of a history of 3"
         );
-        let after = s.history_after(2, 10).unwrap();
+        let after = s.history_after(0, 2, 10).unwrap();
         assert_eq!(
             after.iter().map(|r| r.rv).collect::<Vec<_>>(),
             vec![3, 4, 5]
         );
         s.compact();
-        assert!(s.history_after(4, 10).is_none());
-        assert!(s.history_after(5, 10).unwrap().is_empty());
+        assert!(s.history_after(0, 4, 10).is_none());
+        assert!(s.history_after(0, 5, 10).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_quiet_kind_stays_watchable_while_a_busy_one_rolls_the_history() {
+        let (busy, quiet) = (0, 1);
+        let mut s = Store::new(3, 1);
+        s.put(ObjectKey::new(quiet, "ns", "q"), obj("q", "Q", &[]));
+        for i in 0..5 {
+            s.put(
+                ObjectKey::new(busy, "ns", format!("b{i}")),
+                obj("b", "B", &[]),
+            );
+        }
+        assert_eq!(s.take_touched(), vec![quiet, busy]);
+        assert!(s.take_touched().is_empty(), "taken once");
+        // The quiet kind's one change (rv 1) left the history: a watch from before it is gone, one from
+        // after it has lost nothing, though the busy kind's history has moved on since.
+        assert!(s.history_after(quiet, 0, 10).is_none());
+        assert!(s.history_after(quiet, 1, 10).unwrap().is_empty());
+        assert_eq!(s.watchable_from(quiet), 1);
+        assert!(
+            s.history_after(busy, 1, 10).is_none(),
+            "rv 2 of the busy kind is gone"
+        );
+        assert_eq!(s.watchable_from(busy), 3);
+        // A change of the quiet kind is found after the busy kind's records before it.
+        s.put(ObjectKey::new(quiet, "ns", "q"), obj("q", "Q", &["P"]));
+        assert_eq!(s.take_touched(), vec![quiet]);
+        let after = s.history_after(quiet, 1, 10).unwrap();
+        assert_eq!(after.last().map(|r| (r.key.res, r.rv)), Some((quiet, 7)));
+        // A compaction expires every watch from before it, whatever its kind.
+        s.compact();
+        assert!(s.history_after(quiet, 6, 10).is_none());
+        assert!(s.history_after(busy, 6, 10).is_none());
+        assert!(s.history_after(quiet, 7, 10).unwrap().is_empty());
     }
 
     #[test]
@@ -705,7 +792,7 @@ mod tests {
         assert_eq!(partial["metadata"], expected["metadata"]);
 
         // A record that is not a removal is sent as stored.
-        let put = &s.history_after(0, 1).unwrap()[0];
+        let put = &s.history_after(0, 0, 1).unwrap()[0];
         let sent: Value = serde_json::from_slice(&put.object_json(false)).unwrap();
         assert_eq!(sent, *put.object);
         let partial: Value = serde_json::from_slice(&put.object_json(true)).unwrap();
@@ -719,7 +806,7 @@ mod tests {
         s.put(key.clone(), obj("o", "U", &[]));
         s.put(key.clone(), obj("o", "U", &["P"]));
         s.remove(&key);
-        let records = s.history_after(0, 10).unwrap();
+        let records = s.history_after(0, 0, 10).unwrap();
         let types: Vec<&str> = records.iter().map(|r| r.kind.as_str()).collect();
         assert_eq!(types, ["ADDED", "MODIFIED", "DELETED"]);
         for r in &records {

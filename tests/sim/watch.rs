@@ -254,6 +254,97 @@ async fn too_old_resource_version_is_410_gone() {
     assert_eq!(code(&err), 410);
 }
 
+/// The watch history is shared by every kind, but a watch of one kind expires only when its own
+/// changes leave it (a real API server keeps a watch cache per resource): a burst of other objects does
+/// not push a quiet kind's watches into 410 Gone and a relist. Its bookmarks still name the current
+/// version, though the burst never woke it.
+#[tokio::test]
+async fn a_quiet_kind_stays_watchable_while_a_busy_kind_rolls_the_history() {
+    let (_sim, client) = start_with(|c| {
+        c.watch_history = 20;
+        c.bookmark_interval = Duration::from_millis(200);
+    })
+    .await;
+    namespace(&client, "quiet").await;
+    let quiet: Api<ConfigMap> = Api::namespaced(client.clone(), "quiet");
+    let busy: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), "quiet");
+    let rv = quiet
+        .create(&PostParams::default(), &cm("q", "x"))
+        .await
+        .unwrap()
+        .resource_version()
+        .unwrap();
+    let mut live = quiet
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    let mut first_busy = None;
+    for i in 0..60 {
+        let s: k8s_openapi::api::core::v1::Secret =
+            serde_json::from_value(json!({"metadata": {"name": format!("s{i}")}})).unwrap();
+        let made = busy.create(&PostParams::default(), &s).await.unwrap();
+        first_busy.get_or_insert(made.resource_version().unwrap());
+    }
+    let last_busy: u64 = busy
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap()
+        .parse()
+        .unwrap();
+    // The open watch's bookmarks come to name a version at or after the burst.
+    loop {
+        match next(&mut live).await.unwrap() {
+            WatchEvent::Bookmark(b)
+                if b.metadata.resource_version.parse::<u64>().unwrap() >= last_busy =>
+            {
+                break;
+            }
+            WatchEvent::Bookmark(_) => continue,
+            other => panic!("{other:?}"),
+        }
+    }
+    // A watch resumed from before the burst has lost nothing of its kind.
+    let mut resumed = quiet
+        .watch(&WatchParams::default().disable_bookmarks(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    quiet
+        .patch(
+            "q",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"k": "w"}})),
+        )
+        .await
+        .unwrap();
+    for stream in [&mut resumed, &mut live] {
+        loop {
+            match next(stream).await.unwrap() {
+                WatchEvent::Bookmark(_) => continue,
+                WatchEvent::Modified(o) => {
+                    assert_eq!(o.data.unwrap()["k"], "w");
+                    break;
+                }
+                other => panic!("expected the change, got {other:?}"),
+            }
+        }
+    }
+    // The busy kind's own history did roll: a watch of it from its first object is gone.
+    let mut old = busy
+        .watch(&WatchParams::default(), &first_busy.unwrap())
+        .await
+        .unwrap()
+        .boxed();
+    match next(&mut old).await.unwrap() {
+        WatchEvent::Error(e) => assert_eq!(e.code, 410),
+        other => panic!("expected 410, got {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn bookmarks_and_initial_events_end() {
     let (_sim, client) = start_with(|c| c.bookmark_interval = Duration::from_millis(100)).await;
