@@ -17,6 +17,8 @@ pub struct RunnerSpec {
     pub config_file: Option<PathBuf>,
     /// `VOLCANO_RUNNER_*` overrides: the phase's exchanges and queues, the in-flight limit, quiet logs.
     pub env: Vec<(String, String)>,
+    /// Worker threads of each runner's runtime, as `TOKIO_WORKER_THREADS` (whatever this process has).
+    pub worker_threads: usize,
     /// The simulator's URL.
     pub cluster_url: String,
     pub monitor: bool,
@@ -28,6 +30,22 @@ pub struct RunnerSpec {
 #[derive(Debug)]
 pub struct Fleet {
     runners: Vec<(String, Child)>,
+}
+
+/// The command line and environment of runner `id`.
+fn runner_command(spec: &RunnerSpec, id: &str) -> Command {
+    let mut command = Command::new(&spec.program);
+    if let Some(file) = &spec.config_file {
+        command.arg("--config").arg(file);
+    }
+    command
+        .args(["run", "--cluster", &spec.cluster_url, "--id", id])
+        .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .env("TOKIO_WORKER_THREADS", spec.worker_threads.to_string());
+    if !spec.monitor {
+        command.arg("--no-monitor");
+    }
+    command
 }
 
 impl Fleet {
@@ -54,19 +72,8 @@ impl Fleet {
                 id: id.clone(),
                 reason: e.to_string(),
             })?;
-            let mut command = Command::new(&spec.program);
-            if let Some(file) = &spec.config_file {
-                command.arg("--config").arg(file);
-            }
-            command
-                .args(["run", "--cluster", &spec.cluster_url, "--id", &id])
-                .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-                .stdin(Stdio::null())
-                .stdout(log)
-                .stderr(err_log);
-            if !spec.monitor {
-                command.arg("--no-monitor");
-            }
+            let mut command = runner_command(spec, &id);
+            command.stdin(Stdio::null()).stdout(log).stderr(err_log);
             let child = command.spawn().map_err(|e| BenchError::Runner {
                 id: id.clone(),
                 reason: format!("cannot start {}: {e}", spec.program.display()),
@@ -249,6 +256,49 @@ fn clock_ticks_per_second() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_runner_runs_with_the_benchmarks_thread_count_whatever_this_process_has() {
+        let spec = RunnerSpec {
+            program: PathBuf::from("/bin/volcano-runner"),
+            config_file: None,
+            env: vec![("VOLCANO_RUNNER_OPS__LOG_FILTER".into(), "warn".into())],
+            worker_threads: 3,
+            cluster_url: "http://127.0.0.1:1".into(),
+            monitor: false,
+            log_dir: PathBuf::from("/tmp"),
+        };
+        let command = runner_command(&spec, "r-1");
+        let envs: Vec<(String, Option<String>)> = command
+            .get_envs()
+            .map(|(k, v)| {
+                (
+                    k.to_string_lossy().into_owned(),
+                    v.map(|v| v.to_string_lossy().into_owned()),
+                )
+            })
+            .collect();
+        assert!(
+            envs.contains(&("TOKIO_WORKER_THREADS".into(), Some("3".into()))),
+            "{envs:?}"
+        );
+        assert!(envs.contains(&("VOLCANO_RUNNER_OPS__LOG_FILTER".into(), Some("warn".into()))));
+        let args: Vec<String> = command
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            args,
+            [
+                "run",
+                "--cluster",
+                "http://127.0.0.1:1",
+                "--id",
+                "r-1",
+                "--no-monitor"
+            ]
+        );
+    }
 
     #[test]
     fn cpu_ticks_are_read_after_the_command_name() {

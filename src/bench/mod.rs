@@ -72,6 +72,8 @@ pub struct Options {
     /// Publishing rates: `None` is unpaced (as fast as confirms allow); `Some(r)` publishes r per second.
     pub rates: Vec<Option<f64>>,
     pub max_in_flight: u32,
+    /// Worker threads of each runner's runtime (`TOKIO_WORKER_THREADS`).
+    pub runner_threads: usize,
     /// The kinds of phase, in order: `false` without the monitoring duty (submissions only), `true` with
     /// it, every job running to its end. Each (rate, runners) runs once per kind, on the same workload.
     pub monitor: Vec<bool>,
@@ -99,6 +101,7 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
         message_bytes: sample.message_bytes(),
         format: format!("{:?}", options.format).to_lowercase(),
         max_in_flight: options.max_in_flight,
+        runner_threads: options.runner_threads,
         submit_prefetch: prefetch,
         monitor: options.monitor.clone(),
     };
@@ -319,6 +322,7 @@ async fn phase_on(
         program: options.program.clone(),
         config_file: options.config_file.clone(),
         env: runner_env(config),
+        worker_threads: options.runner_threads,
         cluster_url: sim.url(),
         monitor,
         log_dir: options.log_dir.clone(),
@@ -735,6 +739,7 @@ mod tests {
             runners: vec![1],
             rates: vec![None],
             max_in_flight: 64,
+            runner_threads: 1,
             monitor: vec![false, true],
             format: Format::Json,
             program: "volcano-runner".into(),

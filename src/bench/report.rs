@@ -42,6 +42,8 @@ pub struct Workload {
     pub message_bytes: usize,
     pub format: String,
     pub max_in_flight: u32,
+    /// Worker threads of each runner's async runtime.
+    pub runner_threads: usize,
     pub submit_prefetch: u16,
     /// The kinds of phase run: without (`false`) and with (`true`) the monitoring duty (watching their
     /// jobs, publishing lifecycle events, every job running to its end).
@@ -139,12 +141,13 @@ impl Report {
         let w = &self.workload;
         let _ = writeln!(
             out,
-            "workload: {} x {} ({} bytes, {}), max_in_flight {}, prefetch {}, monitor phases {}",
+            "workload: {} x {} ({} bytes, {}), max_in_flight {}, runner threads {}, prefetch {}, monitor phases {}",
             w.submissions,
             w.application,
             w.message_bytes,
             w.format,
             w.max_in_flight,
+            w.runner_threads,
             w.submit_prefetch,
             w.monitor
                 .iter()
@@ -252,6 +255,7 @@ mod tests {
                 message_bytes: 1234,
                 format: "json".into(),
                 max_in_flight: 64,
+                runner_threads: 1,
                 submit_prefetch: 128,
                 monitor: vec![false, true],
             },

@@ -33,6 +33,12 @@ pub struct Args {
     /// `runner.max_in_flight` for every runner (the prefetch is twice this).
     #[arg(long, default_value_t = 64)]
     pub max_in_flight: u32,
+    /// Worker threads of each runner's async runtime (passed as `TOKIO_WORKER_THREADS`). One, as a
+    /// runner pod with a one-CPU limit gets: on a small machine the runners share the cores with the
+    /// simulator and RabbitMQ, and a runner that gets less than a core spends more on moving work between
+    /// two threads than it gains.
+    #[arg(long, default_value_t = 1)]
+    pub runner_threads: usize,
     /// Phases without the monitoring duty only (the consuming side alone), instead of both kinds.
     #[arg(long, conflicts_with = "monitor_only")]
     pub no_monitor: bool,
@@ -122,6 +128,11 @@ fn options(args: &Args, config_file: Option<&Path>) -> Result<Options, CliError>
     if args.max_in_flight == 0 {
         return Err(CliError::Other("--max-in-flight must be at least 1".into()));
     }
+    if args.runner_threads == 0 {
+        return Err(CliError::Other(
+            "--runner-threads must be at least 1".into(),
+        ));
+    }
     let submissions = if args.quick { 1_000 } else { args.submissions };
     if submissions == 0 {
         return Err(CliError::Other("--submissions must be at least 1".into()));
@@ -144,6 +155,7 @@ fn options(args: &Args, config_file: Option<&Path>) -> Result<Options, CliError>
         runners: args.runners.clone(),
         rates,
         max_in_flight: args.max_in_flight,
+        runner_threads: args.runner_threads,
         monitor: match (args.no_monitor, args.monitor_only) {
             (true, _) => vec![false],
             (_, true) => vec![true],

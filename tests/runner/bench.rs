@@ -28,7 +28,8 @@ async fn bench_measures_limits_and_two_phases_and_cleans_up() {
                     "--rate",
                     "100",
                 ])
-                .args(["--max-in-flight", "8", "--phase-timeout", "60", "--out"])
+                .args(["--max-in-flight", "8", "--runner-threads", "2"])
+                .args(["--phase-timeout", "60", "--out"])
                 .arg(&out)
                 .arg("--log-dir")
                 .arg(dir.join("logs"))
@@ -49,6 +50,7 @@ async fn bench_measures_limits_and_two_phases_and_cleans_up() {
     assert!(report["limits"]["sim_creates_per_s"].as_f64().unwrap() > 0.0);
     assert_eq!(report["workload"]["submissions"], 40);
     assert_eq!(report["workload"]["max_in_flight"], 8);
+    assert_eq!(report["workload"]["runner_threads"], 2);
     let phases = report["phases"].as_array().unwrap();
     // Unpaced without and with the monitoring duty, then 100/s without and with it; two runners each.
     let shape: Vec<(u64, Option<f64>, bool)> = phases
