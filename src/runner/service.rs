@@ -152,7 +152,9 @@ impl Service {
             duties.spawn(monitor.run(shutdown.clone()));
         }
         ops.readiness.seal();
-        info!(runner = %self.runner_id, monitor = self.monitor, "volcano-runner started.");
+        // The worker threads follow the CPU limit, or TOKIO_WORKER_THREADS (see docs/ops.md).
+        let workers = tokio::runtime::Handle::current().metrics().num_workers();
+        info!(runner = %self.runner_id, monitor = self.monitor, workers, "volcano-runner started.");
         let result = runner.run(shutdown.clone()).await;
         // The runner returns on shutdown (or failed to start): stop the duties too.
         shutdown.cancel();

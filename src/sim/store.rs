@@ -230,9 +230,6 @@ pub struct Store {
     rv: u64,
     history: VecDeque<Arc<Record>>,
     history_cap: usize,
-    /// The newest resourceVersion that left the history (by the cap or a compaction): a list's
-    /// continue token from before it is too old.
-    compacted: u64,
     /// The resourceVersion of the last `compact` (an etcd compaction): every watch from before it is
     /// gone, whatever its kind.
     compacted_all: u64,
@@ -290,7 +287,6 @@ impl Store {
             rv: 0,
             history: VecDeque::new(),
             history_cap: history_cap.max(1),
-            compacted: 0,
             compacted_all: 0,
             dropped: Vec::new(),
             last_change: Vec::new(),
@@ -317,7 +313,8 @@ impl Store {
     /// The newest resourceVersion no longer in the history (list continue tokens from before it are
     /// too old).
     pub fn compacted(&self) -> u64 {
-        self.compacted
+        let dropped = self.dropped.iter().copied().max().unwrap_or(0);
+        self.compacted_all.max(dropped)
     }
 
     /// The oldest resourceVersion a watch of `res` may resume from: none of the kind's changes after
@@ -479,7 +476,6 @@ impl Store {
         self.history.push_back(record);
         while self.history.len() > self.history_cap {
             if let Some(old) = self.history.pop_front() {
-                self.compacted = old.rv;
                 set(&mut self.dropped, old.key.res, old.rv);
             }
         }
@@ -613,7 +609,6 @@ impl Store {
     /// Drops the whole history, as an etcd compaction does: watches from older versions get 410 Gone.
     pub fn compact(&mut self) {
         self.history.clear();
-        self.compacted = self.rv;
         self.compacted_all = self.rv;
     }
 }
@@ -679,13 +674,16 @@ mod tests {
             "rv 2 of the busy kind is gone"
         );
         assert_eq!(s.watchable_from(busy), 3);
+        assert_eq!(s.compacted(), 3, "the newest version gone, of any kind");
         // A change of the quiet kind is found after the busy kind's records before it.
         s.put(ObjectKey::new(quiet, "ns", "q"), obj("q", "Q", &["P"]));
         assert_eq!(s.take_touched(), vec![quiet]);
         let after = s.history_after(quiet, 1, 10).unwrap();
         assert_eq!(after.last().map(|r| (r.key.res, r.rv)), Some((quiet, 7)));
         // A compaction expires every watch from before it, whatever its kind.
+        assert_eq!(s.compacted(), 4);
         s.compact();
+        assert_eq!(s.compacted(), 7);
         assert!(s.history_after(quiet, 6, 10).is_none());
         assert!(s.history_after(busy, 6, 10).is_none());
         assert!(s.history_after(quiet, 7, 10).unwrap().is_empty());
