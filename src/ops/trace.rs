@@ -97,7 +97,9 @@ impl TraceContext {
     pub fn parse(header: &str) -> Result<Self, TraceParentError> {
         let value = header.trim_matches([' ', '\t']);
         let bytes = value.as_bytes();
-        if bytes.len() < 55 {
+        // Every valid value is ASCII. Checked first, so the fixed offsets below slice at character
+        // boundaries whatever the sender put in: a multi-byte character there is a bad header, never a panic.
+        if bytes.len() < 55 || !value.is_ascii() {
             return Err(TraceParentError::Shape);
         }
         let version = hex_field(&value[0..2], "version")?;
@@ -339,6 +341,11 @@ mod tests {
                 TraceParentError::Zero { field: "parent-id" },
             ),
             (&VALID.replace('-', "_"), TraceParentError::Shape),
+            // A multi-byte character across a field's fixed offsets (55 bytes, as a hostile sender made
+            // it): a bad header, not a slice through a character.
+            (&format!("0é{}", "x".repeat(52)), TraceParentError::Shape),
+            (&format!("00-{}é{}", "a".repeat(31), &VALID[35..]), TraceParentError::Shape),
+            (&format!("{}é", &VALID[..53]), TraceParentError::Shape),
         ];
         for (value, expected) in cases {
             assert_eq!(TraceContext::parse(value), Err(expected), "{value:?}");
