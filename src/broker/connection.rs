@@ -33,8 +33,9 @@ pub enum BrokerError {
     /// The `[broker]` configuration is invalid.
     #[error(transparent)]
     Config(#[from] super::BrokerConfigError),
-    /// Connecting failed. `retryable` is false for refused credentials or a missing vhost.
-    #[error("cannot connect to RabbitMQ: {message}")]
+    /// Connecting failed. `retryable` is false for refused credentials or a missing vhost. The message names
+    /// where (host, port, vhost, user; never the password) and what to fix.
+    #[error("{message}")]
     Connect { message: String, retryable: bool },
     /// The topology is missing, different, or may not be declared.
     #[error(transparent)]
@@ -44,9 +45,9 @@ pub enum BrokerError {
     Channel(#[source] lapin::Error),
     /// The first connection did not succeed within `broker.startup_timeout`.
     #[error(
-        "no connection to RabbitMQ at {endpoint} within {waited:?} (broker.startup_timeout); last \
+        "no connection to RabbitMQ at {endpoint} within {} s (broker.startup_timeout); last \
          error: {last}. Check that RabbitMQ runs there and that [broker] url \
-         (VOLCANO_RUNNER_BROKER__URL) points at it"
+         (VOLCANO_RUNNER_BROKER__URL) points at it", waited.as_secs_f32().round()
     )]
     StartupTimeout {
         waited: Duration,
@@ -70,21 +71,74 @@ impl BrokerError {
         }
     }
 
-    fn connect(e: &lapin::Error) -> Self {
-        let retryable = match e.kind() {
-            lapin::ErrorKind::ProtocolError(amqp) => !matches!(
-                amqp.kind(),
-                AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED)
-                    | AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED)
+    /// What a failed connection attempt means, in words that name the place and the fix. Refused
+    /// credentials and a vhost that does not exist (or may not be used) will not change by trying again.
+    fn connect(e: &lapin::Error, config: &BrokerConfig) -> Self {
+        let at = config.endpoint();
+        let user = config.user();
+        let key = "[broker] url (VOLCANO_RUNNER_BROKER__URL)";
+        let (retryable, message) = match e.kind() {
+            lapin::ErrorKind::ProtocolError(amqp)
+                if matches!(
+                    amqp.kind(),
+                    AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED)
+                ) =>
+            {
+                (
+                    false,
+                    format!(
+                        "RabbitMQ at {at} refused the login of user {user:?}: check the user name and \
+                         password in {key}"
+                    ),
+                )
+            }
+            lapin::ErrorKind::ProtocolError(amqp)
+                if matches!(amqp.kind(), AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED)) =>
+            {
+                (
+                    false,
+                    format!(
+                        "RabbitMQ at {at} has no vhost {:?} that user {user:?} may use: create it and \
+                         grant the user permissions (rabbitmqctl add_vhost, set_permissions), or fix the \
+                         vhost in {key}",
+                        config.vhost()
+                    ),
+                )
+            }
+            lapin::ErrorKind::InvalidProtocolVersion(_) => (
+                false,
+                format!(
+                    "{at} does not speak AMQP 0.9.1: is {key} the AMQP port (5672, or 5671 for TLS)?"
+                ),
             ),
-            lapin::ErrorKind::InvalidProtocolVersion(_) => false,
-            _ => true,
+            lapin::ErrorKind::IOError(io) => (
+                true,
+                match io.kind() {
+                    std::io::ErrorKind::ConnectionRefused => {
+                        format!(
+                            "nothing accepts connections at {} (connection refused)",
+                            config.address()
+                        )
+                    }
+                    _ if is_lookup_failure(io) => {
+                        format!("the host name {:?} does not resolve ({io})", config.host())
+                    }
+                    _ => format!("cannot reach {}: {io}", config.address()),
+                },
+            ),
+            _ => (true, format!("cannot connect to RabbitMQ at {at}: {e}")),
         };
-        Self::Connect {
-            message: e.to_string(),
-            retryable,
-        }
+        Self::Connect { message, retryable }
     }
+}
+
+/// Whether an I/O error is a failed name lookup (the resolver's words; std has no kind for it).
+fn is_lookup_failure(io: &std::io::Error) -> bool {
+    let text = io.to_string();
+    text.contains("failed to lookup address")
+        || text.contains("Name or service not known")
+        || text.contains("Temporary failure in name resolution")
+        || text.contains("No address associated")
 }
 
 /// The connection as consumers and publishers see it.
@@ -372,7 +426,7 @@ async fn open(shared: &Shared) -> Result<(Connection, Events), BrokerError> {
         // The configuration check refuses such a URL; lapin names the problem if one gets here.
         Err(_) => Connection::connect(shared.config.url.expose(), properties).await,
     }
-    .map_err(|e| BrokerError::connect(&e))?;
+    .map_err(|e| BrokerError::connect(&e, &shared.config))?;
     // Listen before anything else can fail, so no error event is missed.
     let events: Events = Box::pin(connection.events_listener());
     shared
@@ -619,7 +673,8 @@ mod tests {
             "{waited:?}"
         );
         assert!(
-            err.to_string().contains(&format!("within {waited:?}")),
+            err.to_string()
+                .contains(&format!("within {} s", waited.as_secs_f32().round())),
             "{err}"
         );
         // Delays of at least 1, 2, 4, 4, ... seconds (plus jitter) fit 5 to 10 times into 30 s.

@@ -193,15 +193,51 @@ impl Default for BrokerConfig {
 const MAX_NAME_BYTES: usize = 255;
 
 impl BrokerConfig {
-    /// Where the broker is, for messages: `host:port/vhost`, never the credentials.
+    /// Where the broker is, for messages: `host:port (vhost "v")`, never the credentials.
     pub fn endpoint(&self) -> String {
         match self.url.expose().parse::<lapin::uri::AMQPUri>() {
             Ok(uri) => format!(
-                "{}:{}/{}",
+                "{}:{} (vhost {:?})",
                 uri.authority.host, uri.authority.port, uri.vhost
             ),
             Err(_) => "(an unreadable [broker] url)".to_owned(),
         }
+    }
+
+    /// `host:port` of the URL, for messages.
+    pub fn address(&self) -> String {
+        self.url
+            .expose()
+            .parse::<lapin::uri::AMQPUri>()
+            .map(|uri| format!("{}:{}", uri.authority.host, uri.authority.port))
+            .unwrap_or_default()
+    }
+
+    /// The host of the URL, for messages.
+    pub fn host(&self) -> String {
+        self.url
+            .expose()
+            .parse::<lapin::uri::AMQPUri>()
+            .map(|uri| uri.authority.host)
+            .unwrap_or_default()
+    }
+
+    /// The user name of the URL (never the password), for messages.
+    pub fn user(&self) -> String {
+        self.url
+            .expose()
+            .parse::<lapin::uri::AMQPUri>()
+            .map(|uri| uri.authority.userinfo.username)
+            .unwrap_or_default()
+    }
+
+    /// The vhost of the URL, for messages.
+    pub fn vhost(&self) -> String {
+        self.url
+            .expose()
+            .parse::<lapin::uri::AMQPUri>()
+            .map(|uri| uri.vhost)
+            .unwrap_or_default()
     }
 
     /// Checks what serde cannot: names fit AMQP, bounds are ordered, the URL parses. A bad value fails the

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::CliError;
 use super::run::{cluster_error, load_config, operator_client};
-use crate::broker::Broker;
+
 use crate::cluster::capacity::count_active;
 use crate::cluster::labels::COMPONENT;
 use crate::cluster::lease::COMPONENT_SHARD;
@@ -343,9 +343,8 @@ async fn problems(client: &kube::Client, config: &Config) -> Result<Vec<String>,
 /// Passive declares of the runner's queues: exact counts now (the management API lags by seconds).
 async fn queue_depths(config: &Config) -> Result<Vec<QueueDepth>, CliError> {
     let shutdown = CancellationToken::new();
-    let broker = Broker::connect(config.broker.clone(), shutdown)
-        .await
-        .map_err(|e| CliError::Other(format!("RabbitMQ: {e}")))?;
+    // Passive: looking at a broker never creates anything on it.
+    let broker = super::client_broker(config, true, shutdown).await?;
     let (_, channel) = broker
         .channel()
         .await

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::CliError;
 use super::run::cancel_on_signal;
-use crate::broker::{Broker, FollowedEvent, OutboundEvent};
+use crate::broker::{FollowedEvent, OutboundEvent};
 use crate::config::Config;
 use crate::messages::v1::{JobState, ProxyAction};
 use crate::messages::{Format, encode};
@@ -51,9 +51,7 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     // Ends on a signal or when this function returns (the guard cancels the token).
     let _stop_on_return = shutdown.clone().drop_guard();
     let signals = tokio::spawn(cancel_on_signal(shutdown.clone()));
-    let broker = Broker::connect(config.broker.clone(), shutdown.clone())
-        .await
-        .map_err(|e| CliError::Other(format!("RabbitMQ: {e}")))?;
+    let broker = super::client_broker(&config, false, shutdown.clone()).await?;
     let mut follower = broker
         .follow_events()
         .await

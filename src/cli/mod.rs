@@ -24,6 +24,11 @@ pub struct Cli {
     /// The configuration file (TOML). Every key can also be set as `VOLCANO_RUNNER_<SECTION>__<KEY>`.
     #[arg(long, global = true, env = "VOLCANO_RUNNER_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Log what a client command does on stderr (`[ops] log_filter`, INFO by default). Without it, client
+    /// commands (`submit`, `cancel`, `extend`, `events`, `logs`, `admin`, `validate`, `render`) print only
+    /// their output and their errors; `VOLCANO_RUNNER_LOG` asks for logs too.
+    #[arg(long, short, global = true)]
+    pub verbose: bool,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -55,6 +60,39 @@ pub enum Command {
     /// The end-to-end load benchmark: the broker's and the simulator's limits, then N submissions through
     /// 1 and 3 runner processes (use the release build).
     Bench(bench::Args),
+}
+
+impl Command {
+    /// Whether this is a client command, run by a person or a script against a broker or a cluster that
+    /// runners serve: its output is its answer, and log lines would only be noise around it.
+    pub fn is_client(&self) -> bool {
+        !matches!(self, Self::Run(_) | Self::Sim(_) | Self::Bench(_))
+    }
+}
+
+/// The log filter of a client command that was not asked for logs: its own errors only, and nothing of the
+/// AMQP client's internals (a refused login is explained once, by the command, not as protocol frames).
+pub const CLIENT_LOG_FILTER: &str = "error,lapin=off";
+
+/// How long a client command waits for RabbitMQ at most (less when `[broker] startup_timeout` is shorter):
+/// a person at a terminal wants to hear within seconds that the broker is not there, not after the minute
+/// a runner keeps trying for.
+pub const CLIENT_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The connection of a client command: it gives up after [`CLIENT_CONNECT_TIMEOUT`], and with `passive`
+/// it declares nothing (it only checks that the topology exists), for a command that inspects a broker.
+/// The error names the host, the vhost and the setting to fix.
+pub async fn client_broker(
+    config: &crate::config::Config,
+    passive: bool,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> Result<crate::broker::Broker, CliError> {
+    let mut broker = config.broker.clone();
+    broker.startup_timeout = broker.startup_timeout.min(CLIENT_CONNECT_TIMEOUT);
+    broker.passive |= passive;
+    crate::broker::Broker::connect(broker, shutdown)
+        .await
+        .map_err(|e| CliError::Other(format!("RabbitMQ: {e}")))
 }
 
 /// Why a command could not do its job. Each message says what to fix.
@@ -93,7 +131,10 @@ use crate::ops::telemetry::{self, LOG_ENV, LogSettings, TelemetryError};
 /// Called before a subcommand runs. A configuration that does not load gives the default settings here;
 /// the subcommand loads it again and reports the problem. A `VOLCANO_RUNNER_LOG` that is not a valid
 /// filter is reported on stderr and replaced by the configured one.
-pub fn init_logging(file: Option<&std::path::Path>) -> Result<(), TelemetryError> {
+///
+/// A client command (`quiet`) logs only with `--verbose` or `VOLCANO_RUNNER_LOG`; otherwise its filter is
+/// [`CLIENT_LOG_FILTER`].
+pub fn init_logging(file: Option<&std::path::Path>, quiet: bool) -> Result<(), TelemetryError> {
     let ops = match crate::config::Config::load(file) {
         Ok(config) => {
             for secret in config.secrets() {
@@ -103,7 +144,10 @@ pub fn init_logging(file: Option<&std::path::Path>) -> Result<(), TelemetryError
         }
         Err(_) => crate::ops::OpsConfig::default(),
     };
-    let settings = ops.log_settings();
+    let mut settings = ops.log_settings();
+    if quiet && std::env::var_os(LOG_ENV).is_none() {
+        settings.filter = CLIENT_LOG_FILTER.to_owned();
+    }
     match telemetry::init(&settings) {
         Err(TelemetryError::Filter { filter, reason }) => {
             eprintln!("volcano-runner: ignoring {LOG_ENV}={filter:?}: {reason}");

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
 
 use super::CliError;
-use crate::broker::{Broker, Outbound};
+use crate::broker::Outbound;
 use crate::config::Config;
 use crate::messages::v1::SubmitJob;
 use crate::messages::{Format, decode};
@@ -85,9 +85,7 @@ pub async fn publish(config: &Config, messages: Vec<(String, Outbound)>) -> Resu
     if messages.is_empty() {
         return Ok(true);
     }
-    let broker = Broker::connect(config.broker.clone(), CancellationToken::new())
-        .await
-        .map_err(|e| CliError::Other(format!("RabbitMQ: {e}")))?;
+    let broker = super::client_broker(config, false, CancellationToken::new()).await?;
     let publisher = broker.publisher();
     let mut all = true;
     for (what, message) in &messages {

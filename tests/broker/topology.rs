@@ -239,7 +239,7 @@ async fn an_unreachable_broker_fails_the_start_after_the_startup_timeout() {
         "{text}"
     );
     // Where, and what to do; never the password.
-    assert!(text.contains("at 127.0.0.1:1/"), "{text}");
+    assert!(text.contains("at 127.0.0.1:1 (vhost \"/\")"), "{text}");
     assert!(text.contains("VOLCANO_RUNNER_BROKER__URL"), "{text}");
     assert!(!text.contains("guest:guest"), "{text}");
 }

@@ -6,6 +6,7 @@
 #[path = "../ops_common/mod.rs"]
 mod ops_common;
 
+mod cli_client;
 mod demo;
 mod deploy;
 mod metrics;
