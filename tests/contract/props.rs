@@ -488,7 +488,13 @@ fn accounting_tick() -> impl Strategy<Value = v1::AccountingTick> {
             option::of(some_text()),
             some_text(),
         ),
-        (1u32.., any::<u32>(), any::<u32>(), any::<u32>()),
+        (
+            1u32..,
+            any::<u32>(),
+            any::<u32>(),
+            any::<u32>(),
+            any::<bool>(),
+        ),
         (
             timestamp(),
             timestamp(),
@@ -500,7 +506,7 @@ fn accounting_tick() -> impl Strategy<Value = v1::AccountingTick> {
         .prop_map(
             |(
                 (tick_id, job_id, user, project, product_id),
-                (replicas, cpu, memory_gib, gpu),
+                (replicas, cpu, memory_gib, gpu, exclusive_nodes),
                 rest,
             )| {
                 let (start, end, duration_ms, r#final, sequence) = rest;
@@ -519,6 +525,7 @@ fn accounting_tick() -> impl Strategy<Value = v1::AccountingTick> {
                     duration_ms,
                     r#final,
                     sequence,
+                    exclusive_nodes,
                 }
             },
         )
