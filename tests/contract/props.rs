@@ -369,6 +369,8 @@ fn submit_job() -> impl Strategy<Value = v1::SubmitJob> {
                 rest,
             )| {
                 let (output_folder, submitted_at, opened_file, exclusive_nodes) = rest;
+                // A whole-node job needs a time limit (schema and validation).
+                let exclusive_nodes = exclusive_nodes && time.is_some();
                 v1::SubmitJob {
                     job_id,
                     owner: Some(owner),
