@@ -8,6 +8,7 @@ use crate::harness;
 use harness::{Captured, Harness, figlet};
 use volcano_runner::config::Config;
 use volcano_runner::messages::v1::{JobState, Owner, SubmitJob};
+use volcano_runner::sim::FaultRule;
 
 /// One rank of the figlet example on a whole node, owned by `user`.
 fn whole(job_id: &str, user: &str) -> SubmitJob {
@@ -57,7 +58,8 @@ async fn queued(h: &Harness, job_id: &str) {
 }
 
 /// The second whole node of one owner beyond `max_per_owner = 1` is refused with `whole_node_limit`,
-/// naming the owner, the product and the limit; another owner's is accepted; a whole-node job without a
+/// naming the owner, the product and the limit, also when both arrive at once; another owner's is
+/// accepted; a whole-node job without a
 /// time limit, or of a product without a whole-node charge, is refused naming the field. A new runner
 /// counts the jobs its predecessor created; once the owner's job is cancelled, the owner may have
 /// another.
@@ -98,6 +100,31 @@ async fn whole_nodes_beyond_the_owners_limit_are_refused() {
     queued(&h, "wn-b1").await;
     h.submit(&figlet("shared-a")).await;
     queued(&h, "shared-a").await;
+
+    // Two of one owner at the same moment, handled concurrently by one runner: exactly one is taken,
+    // even while the first one's create is slow (its job is in no watch while the second is checked).
+    h.sim.faults().add_rule(FaultRule {
+        resource: "jobs.batch.volcano.sh".into(),
+        verb: "create".into(),
+        latency_ms: 500,
+        ..FaultRule::default()
+    });
+    let (d1, d2) = (whole("wn-d1", "dave"), whole("wn-d2", "dave"));
+    tokio::join!(h.submit(&d1), h.submit(&d2));
+    let events = h
+        .wait_events("both of dave's answers", |e| {
+            ["wn-d1", "wn-d2"].iter().all(|id| {
+                rejection(e, id).is_some()
+                    || e.iter().any(|c| c.message_id == format!("{id}/QUEUED"))
+            })
+        })
+        .await;
+    let taken: Vec<&str> = ["wn-d1", "wn-d2"]
+        .into_iter()
+        .filter(|id| rejection(&events, id).is_none())
+        .collect();
+    assert_eq!(taken.len(), 1, "exactly one of dave's two: {taken:?}");
+    h.sim.faults().clear();
 
     // No time limit: refused by validation, naming the field.
     let mut forever = whole("wn-c1", "carol");
