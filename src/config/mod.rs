@@ -522,6 +522,39 @@ mod tests {
         assert_eq!(key, "licenses.x.address");
     }
 
+    /// Whole-node charges and limits that cannot work are refused at load, naming the key.
+    #[test]
+    fn whole_node_settings_out_of_range() {
+        let entry = |extra: &str| {
+            format!(
+                "[pipeline.whole_nodes.products.u1-gpu]\nproduct = \"u1-gpu-node\"\ncpu = 64\nmemory_gib = 512\n{extra}"
+            )
+        };
+        let ok = Config::from_sources(file(&entry("max_per_owner = 2\n")), env(&[])).unwrap();
+        assert_eq!(
+            ok.pipeline.whole_nodes.products["u1-gpu"].max_per_owner,
+            Some(2)
+        );
+        let (key, _) = invalid(Config::from_sources(
+            file(&entry("max_per_owner = 0\n")),
+            env(&[]),
+        ));
+        assert_eq!(key, "pipeline.whole_nodes.products.u1-gpu.max_per_owner");
+        let zero_cpu = entry("").replace("cpu = 64", "cpu = 0");
+        let (key, _) = invalid(Config::from_sources(file(&zero_cpu), env(&[])));
+        assert_eq!(key, "pipeline.whole_nodes.products.u1-gpu.cpu");
+        let no_id = entry("").replace("\"u1-gpu-node\"", "\" \"");
+        let (key, _) = invalid(Config::from_sources(file(&no_id), env(&[])));
+        assert_eq!(key, "pipeline.whole_nodes.products.u1-gpu.product");
+        let (key, _) = invalid(Config::from_sources(
+            file("[pipeline.whole_nodes]\nmax_per_owner = 0\n"),
+            env(&[]),
+        ));
+        assert_eq!(key, "pipeline.whole_nodes.max_per_owner");
+        let (key, _) = invalid(Config::from_sources(file(&entry("nodes = 3\n")), env(&[])));
+        assert_eq!(key, "pipeline.whole_nodes.products.u1-gpu.nodes");
+    }
+
     /// A TOML syntax error says which file and where.
     #[test]
     fn syntax_error() {

@@ -11,6 +11,7 @@
 //! | `productId`, `productCategory`, `productCpu`, `productMemoryGib`, `productGpu` | core, at create | the product |
 //! | `replicas` | core, at create | number of ranks |
 //! | `exclusiveNodes` | Task, at create | `true` when each rank has its node to itself; also a label on the pods, so that an estimate sees which running pods hold a whole node |
+//! | `wholeNodeCharge` | Task, at create | for a whole-node job, what one node is charged (JSON `{"product", "cpu", "memoryGib", "gpu"}`, from `[pipeline.whole_nodes]`); its ticks carry it instead of the product |
 //! | `application` | core, at create | `<name>@<version>` |
 //! | `submissionHash` | core, at create | `sha256:<hex>` of the SubmitJob's protobuf encoding (duplicate detection) |
 //! | `acceptedAt` | core, at create | when the runner rendered the job |
@@ -63,6 +64,8 @@ pub struct AnnotationKeys {
     pub replicas: String,
     /// `<prefix>exclusiveNodes` (see the table above).
     pub exclusive_nodes: String,
+    /// `<prefix>wholeNodeCharge` (see the table above).
+    pub whole_node_charge: String,
     /// `<prefix>application` (see the table above).
     pub application: String,
     /// `<prefix>submissionHash` (see the table above).
@@ -127,6 +130,7 @@ impl AnnotationKeys {
             product_gpu: k("productGpu"),
             replicas: k("replicas"),
             exclusive_nodes: k("exclusiveNodes"),
+            whole_node_charge: k("wholeNodeCharge"),
             application: k("application"),
             submission_hash: k("submissionHash"),
             accepted_at: k("acceptedAt"),

@@ -446,6 +446,78 @@ impl Default for AccountingConfig {
     }
 }
 
+/// `[pipeline.whole_nodes]`: what a rank that holds a whole node (`exclusiveNodes`) is charged, and how
+/// many whole nodes one owner may hold at once.
+///
+/// A whole-node rank keeps every other job's pod off its node while it runs, so it must be charged for
+/// the node, not for the product it is placed by. The charge is the operator's: the pipeline is pure and
+/// does not see the nodes, and a charge fixed at create (persisted on the job) makes every tick of the
+/// job, published by whichever runner, the same message. A product with no entry is refused whole nodes.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct WholeNodesConfig {
+    /// Whole nodes one owner (the project, else the user) may hold at once, every product together: the
+    /// ranks of its whole-node jobs that have not ended, waiting ones included. `None`: no such limit.
+    pub max_per_owner: Option<u32>,
+    /// By the id or the category of the product a submission asks for (an id entry wins): what one whole
+    /// node is charged, and the limit per owner for it.
+    pub products: BTreeMap<String, WholeNodeProduct>,
+}
+
+/// One entry of `[pipeline.whole_nodes.products]`.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct WholeNodeProduct {
+    /// The product id the ticks carry for one whole node (a product the orchestrator prices).
+    pub product: String,
+    /// vCPUs charged per whole node (per rank).
+    pub cpu: u32,
+    /// Memory charged per whole node, GiB.
+    pub memory_gib: u32,
+    /// GPUs charged per whole node.
+    #[serde(default)]
+    pub gpu: u32,
+    /// Whole nodes charged as `product` one owner may hold at once. `None`: only `max_per_owner`.
+    #[serde(default)]
+    pub max_per_owner: Option<u32>,
+}
+
+/// What one whole node is charged, as persisted on a whole-node job (annotation `wholeNodeCharge`, JSON)
+/// and carried by its ticks.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WholeNodeCharge {
+    /// The product id charged.
+    pub product: String,
+    /// vCPUs per rank.
+    pub cpu: u32,
+    /// GiB of memory per rank.
+    pub memory_gib: u32,
+    /// GPUs per rank.
+    pub gpu: u32,
+}
+
+impl WholeNodeProduct {
+    /// The charge of one whole node of this entry.
+    pub fn charge(&self) -> WholeNodeCharge {
+        WholeNodeCharge {
+            product: self.product.clone(),
+            cpu: self.cpu,
+            memory_gib: self.memory_gib,
+            gpu: self.gpu,
+        }
+    }
+}
+
+impl WholeNodesConfig {
+    /// The entry for a product: by its id, else by its category; `None`: no whole nodes for it.
+    pub fn entry(&self, product_id: &str, category: &str) -> Option<&WholeNodeProduct> {
+        self.products
+            .get(product_id)
+            .or_else(|| self.products.get(category))
+    }
+}
+
 /// `[pipeline.proxy]`.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
@@ -647,6 +719,34 @@ impl PipelineConfig {
                 "accounting.period",
                 "must be at least one second".into(),
             ));
+        }
+        let w = &self.whole_nodes;
+        if w.max_per_owner == Some(0) {
+            return Err(err(
+                "whole_nodes.max_per_owner",
+                "must be at least 1 (to offer no whole nodes, list no products)".into(),
+            ));
+        }
+        for (key, entry) in &w.products {
+            let at = |field: &str| format!("whole_nodes.products.{key}.{field}");
+            if entry.product.trim().is_empty() || entry.product.len() > 255 {
+                return Err(err(
+                    &at("product"),
+                    "must be a product id of 1 to 255 characters".into(),
+                ));
+            }
+            if entry.cpu == 0 {
+                return Err(err(
+                    &at("cpu"),
+                    "must be at least 1: a whole node has CPUs".into(),
+                ));
+            }
+            if entry.max_per_owner == Some(0) {
+                return Err(err(
+                    &at("max_per_owner"),
+                    "must be at least 1 (to offer no whole nodes of it, remove the entry)".into(),
+                ));
+            }
         }
         if let Some(bad) = self
             .expiry

@@ -164,6 +164,11 @@ pub struct JobFacts {
     pub product: ProductFacts,
     /// Number of ranks.
     pub replicas: u32,
+    /// Each rank holds a whole node (`exclusiveNodes`).
+    pub exclusive_nodes: bool,
+    /// What one whole node is charged, for a whole-node job created with a `[pipeline.whole_nodes]`
+    /// charge; its ticks carry this instead of the product.
+    pub whole_node: Option<crate::pipeline::WholeNodeCharge>,
     /// The time allocation; `None`: the job never expires.
     pub max_time: Option<SignedDuration>,
     /// When the job first ran, once known.
@@ -286,6 +291,16 @@ impl JobFacts {
                 .map(|t| t.replicas.max(1) as u32)
                 .unwrap_or(1),
         };
+        let whole_node = get(&keys.whole_node_charge)
+            .map(|v| {
+                serde_json::from_str(v).map_err(|_| {
+                    err(
+                        &keys.whole_node_charge,
+                        "is not a JSON {product, cpu, memoryGib, gpu}",
+                    )
+                })
+            })
+            .transpose()?;
         let accounting_period = millis(&keys.accounting_period)?
             .filter(|p| p.is_positive())
             .unwrap_or(config.as_ref().accounting.period);
@@ -306,6 +321,8 @@ impl JobFacts {
                 gpu: small(&keys.product_gpu)?,
             },
             replicas,
+            exclusive_nodes: get(&keys.exclusive_nodes) == Some("true"),
+            whole_node,
             max_time: millis(&keys.max_time)?,
             start: time(&keys.job_start)?,
             expiry: time(&keys.expiry)?,

@@ -67,6 +67,9 @@ pub struct PipelineConfig {
     pub accounting: AccountingConfig,
     /// Where interactive jobs are published (Proxy plugin).
     pub proxy: ProxyConfig,
+    /// What a whole node (`exclusiveNodes`) is charged and how many one owner may hold (Task plugin,
+    /// runner).
+    pub whole_nodes: WholeNodesConfig,
     /// The annotation keys for `annotation_prefix`, built once (every render and hook needs them).
     #[serde(skip)]
     keys: KeyCache,
@@ -104,6 +107,7 @@ impl Default for PipelineConfig {
             expiry: ExpiryConfig::default(),
             accounting: AccountingConfig::default(),
             proxy: ProxyConfig::default(),
+            whole_nodes: WholeNodesConfig::default(),
             keys: KeyCache::default(),
         }
     }

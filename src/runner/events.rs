@@ -24,6 +24,8 @@ pub mod reasons {
     pub const DUPLICATE_JOB_ID: &str = "duplicate_job_id";
     /// FAILURE: the cluster refused the job (invalid object, admission webhook, closed queue).
     pub const CLUSTER_REJECTED: &str = "cluster_rejected";
+    /// FAILURE: the owner holds as many whole nodes as `[pipeline.whole_nodes]` allows.
+    pub const WHOLE_NODE_LIMIT: &str = "whole_node_limit";
     /// FAILURE: a companion's name is taken by an object that is not this job's.
     pub const NAME_CONFLICT: &str = "name_conflict";
     /// CANCELLED: the orchestrator cancelled the job.

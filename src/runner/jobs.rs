@@ -9,9 +9,11 @@
 //! of every managed job from a metadata watch, and [`JobStore::find_if_known`] answers "none" from it
 //! without a request. A job the watch has not seen yet is still caught: in the same namespace (a
 //! redelivery, the same owner) the create answers 409 and the applier compares it; a job of another
-//! owner with the same id is a broken orchestrator, caught once the watch has it.
+//! owner with the same id is a broken orchestrator, caught once the watch has it. The same watch keeps
+//! the whole nodes each job holds, for the per-owner limits ([`super::whole_nodes`]).
 
 use std::future::Future;
+use std::sync::Arc;
 
 use jiff::Timestamp;
 use kube::api::{
@@ -28,6 +30,8 @@ use crate::pipeline::NamespaceMode;
 use crate::pipeline::names::{self, MANAGED_BY, MANAGED_BY_LABEL};
 use crate::volcano::VolcanoJob;
 
+use super::whole_nodes::{Hold, Ledger};
+
 /// Lifecycle states after which a job has had its terminal event.
 const TERMINAL_STATES: [&str; 4] = ["SUCCESS", "FAILURE", "EXPIRED", "CANCELLED"];
 
@@ -38,8 +42,13 @@ pub struct JobStore {
     retry: RetryPolicy,
     /// `Some(ns)` when every job lives in one namespace.
     single_namespace: Option<String>,
-    /// The managed jobs a metadata watch has seen, names and namespaces only.
-    names: WatchView<()>,
+    /// The managed jobs a metadata watch has seen: names, namespaces and the whole nodes each holds.
+    names: WatchView<Option<Hold>>,
+    /// The annotation keys, to read what a job holds.
+    keys: AnnotationKeys,
+    /// Whole-node jobs this runner created that the watch may not show yet; whole-node submissions
+    /// hold it from their check to their create ([`super::whole_nodes`]).
+    whole_nodes: Arc<tokio::sync::Mutex<Ledger>>,
 }
 
 impl std::fmt::Debug for JobStore {
@@ -61,7 +70,48 @@ impl JobStore {
             retry: RetryPolicy::from_config(&config.cluster),
             single_namespace: (!per_owner).then(|| pipeline.namespace.name.clone()),
             names: WatchView::default(),
+            keys: pipeline.keys().into_owned(),
+            whole_nodes: Arc::default(),
         }
+    }
+
+    /// The whole-node ledger, locked: a whole-node submission holds it from its limit check until its
+    /// job exists (and is recorded in it), so the submissions of one runner are counted one at a time.
+    pub async fn lock_whole_nodes(&self) -> tokio::sync::OwnedMutexGuard<Ledger> {
+        self.whole_nodes.clone().lock_owned().await
+    }
+
+    /// Every whole node held, by every managed job: from the watch when it has listed, else from a list
+    /// of the jobs' metadata; plus what `ledger` holds of this runner's creates the watch does not show.
+    pub async fn whole_node_holds(&self, ledger: &mut Ledger) -> Result<Vec<Hold>, ClusterError> {
+        let now = tokio::time::Instant::now();
+        if let Some(holds) = self.names.read(|live| ledger.holds(live, now)) {
+            return Ok(holds);
+        }
+        let api: Api<VolcanoJob> = match &self.single_namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        };
+        let params = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+        let op = "list the managed VolcanoJobs' metadata to count whole nodes".to_owned();
+        let list = self
+            .retry
+            .run(&op, || async {
+                api.list_metadata(&params).await.classify(|| op.clone())
+            })
+            .await?;
+        let view: Vec<((String, String), Option<Hold>)> = list
+            .items
+            .iter()
+            .map(|j| {
+                let key = (
+                    j.metadata.name.clone().unwrap_or_default(),
+                    j.metadata.namespace.clone().unwrap_or_default(),
+                );
+                (key, Hold::of(&j.metadata, &self.keys))
+            })
+            .collect();
+        Ok(ledger.holds(view.iter().map(|(k, h)| (k, h)), now))
     }
 
     /// [`JobStore::find`], unless the watch ([`JobStore::follow`]) has listed and knows no job of this
@@ -85,8 +135,15 @@ impl JobStore {
             None => Api::all(self.client.clone()),
         };
         let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+        let keys = &self.keys;
         self.names
-            .follow(api, config, "managed jobs' metadata", |_| (), shutdown)
+            .follow(
+                api,
+                config,
+                "managed jobs' metadata",
+                |job| Hold::of(&job.metadata, keys),
+                shutdown,
+            )
             .await;
     }
 

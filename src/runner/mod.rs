@@ -16,6 +16,7 @@
 //! - [`plan`]: the pipeline's desired objects as the applier's steps, with the runner's decorations
 //!   (cleanup finalizer, `acceptedBy`, trace context).
 //! - [`jobs`]: finding, patching and deleting VolcanoJobs by job id.
+//! - [`whole_nodes`]: the whole nodes each owner holds, against `[pipeline.whole_nodes]` limits.
 //! - [`events`]: the events the runner publishes (pure; their ids are [`crate::durable::ids`]).
 //! - [`service`]: [`service::Service`], the runner with its broker connection, shard leases and monitor:
 //!   what `volcano-runner run` runs.
@@ -26,6 +27,7 @@ pub mod handle;
 pub mod jobs;
 pub mod plan;
 pub mod service;
+pub mod whole_nodes;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

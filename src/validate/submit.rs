@@ -38,6 +38,7 @@ pub(super) fn check(job: &SubmitJob, config: &Rules<'_>) -> Check {
         job_name(name)?;
     }
     replicas(job, config)?;
+    whole_nodes_need_a_time_limit(job)?;
     product(job.product.as_ref())?;
     let app = job
         .application
@@ -159,6 +160,19 @@ fn replicas(job: &SubmitJob, config: &Rules<'_>) -> Check {
                 last_host.len(),
                 names::DNS_LABEL_MAX
             ),
+        ));
+    }
+    Ok(())
+}
+
+/// A whole-node job keeps every other job off its nodes while it runs: without a time limit it would hold
+/// them forever.
+fn whole_nodes_need_a_time_limit(job: &SubmitJob) -> Check {
+    if job.exclusive_nodes && job.time_allocation.is_none() {
+        return Err(ValidationError::new(
+            ErrorKind::Missing,
+            "timeAllocation",
+            "a whole-node job (exclusiveNodes) needs a time limit: without one it would hold its nodes forever",
         ));
     }
     Ok(())
@@ -883,6 +897,25 @@ mod tests {
             })
         });
         assert_eq!(e.field(), "timeAllocation");
+    }
+
+    /// A whole-node job without a time limit would hold its nodes forever: refused, naming the field;
+    /// with one it passes.
+    #[test]
+    fn whole_nodes_need_a_time_limit() {
+        let e = rejected("submit-job.figlet.json", |j| {
+            j.exclusive_nodes = true;
+            j.time_allocation = None;
+        });
+        assert_eq!((e.field(), e.reason()), ("timeAllocation", "missing_field"));
+        assert!(e.message().contains("exclusiveNodes"), "{e}");
+        let mut job = example("submit-job.figlet.json");
+        job.exclusive_nodes = true;
+        assert!(job.time_allocation.is_some());
+        assert_eq!(submit(&job, &config()), Ok(()));
+        job.exclusive_nodes = false;
+        job.time_allocation = None;
+        assert_eq!(submit(&job, &config()), Ok(()));
     }
 
     /// The application's own rules: ports, option names, flags, unknown numbers.

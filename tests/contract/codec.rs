@@ -195,6 +195,49 @@ fn every_string_of_a_submission_is_bounded_in_schema_and_validation() {
     assert!(checked > 20, "only {checked} strings checked");
 }
 
+/// A whole-node job needs a time limit, in the schema as in validation: every example submission with
+/// `exclusiveNodes` and without `timeAllocation` is refused by both, naming `timeAllocation`; with its
+/// time limit, or without whole nodes, both accept it.
+#[test]
+fn whole_nodes_need_a_time_limit_in_schema_and_validation() {
+    let config = test_config();
+    let schema = validator(MessageType::SubmitJob);
+    let mut checked = 0;
+    for (path, message_type) in examples() {
+        if message_type != MessageType::SubmitJob {
+            continue;
+        }
+        let mut example = read_json(&path);
+        example["exclusiveNodes"] = Value::Bool(true);
+        example["timeAllocation"] = Value::String("3600s".into());
+        let timed: v1::SubmitJob = serde_json::from_value(example.clone()).unwrap();
+        assert!(schema.is_valid(&example), "{}", path.display());
+        assert_eq!(
+            validate::submit(&timed, &config),
+            Ok(()),
+            "{}",
+            path.display()
+        );
+        example.as_object_mut().unwrap().remove("timeAllocation");
+        let errors: Vec<String> = schema
+            .iter_errors(&example)
+            .map(|e| e.to_string())
+            .collect();
+        assert!(
+            errors.iter().any(|e| e.contains("timeAllocation")),
+            "{}: the schema accepts a whole-node job without a time limit: {errors:?}",
+            path.display()
+        );
+        let forever: v1::SubmitJob = serde_json::from_value(example.clone()).unwrap();
+        let e = validate::submit(&forever, &config).unwrap_err();
+        assert_eq!(e.field(), "timeAllocation", "{}: {e}", path.display());
+        example["exclusiveNodes"] = Value::Bool(false);
+        assert!(schema.is_valid(&example), "{}", path.display());
+        checked += 1;
+    }
+    assert!(checked >= 3, "only {checked} examples");
+}
+
 /// `(field path as validation names it, JSON pointer)` of every string in `value`.
 fn string_leaves(value: &Value, field: String, pointer: String, out: &mut Vec<(String, String)>) {
     match value {

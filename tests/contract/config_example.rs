@@ -81,3 +81,41 @@ fn license_example_works_when_uncommented() {
     assert_eq!(server.port, 27000);
     assert!(server.license.is_some());
 }
+
+/// The commented whole-node example in deploy/config.d/pipeline.toml is a working configuration: a
+/// whole-node charge by category and the two limits.
+#[test]
+fn whole_node_example_works_when_uncommented() {
+    let text = std::fs::read_to_string(root().join("deploy/config.d/pipeline.toml")).unwrap();
+    let start = text.find("[pipeline.whole_nodes]").expect("the section");
+    // The commented keys and tables, without the prose and without the empty default map they replace.
+    let uncommented: String = text[start..]
+        .lines()
+        .map(|l| l.trim_start_matches('#').trim_start())
+        .filter(|l| {
+            l.starts_with('[')
+                || l.split_once(" = ")
+                    .is_some_and(|(k, _)| k.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        })
+        .filter(|l| !l.starts_with("products = "))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let config = Config::from_toml(std::path::Path::new("pipeline.toml"), &uncommented)
+        .unwrap_or_else(|e| panic!("{e}\n{uncommented}"));
+    let whole = &config.pipeline.whole_nodes;
+    assert_eq!(whole.max_per_owner, Some(8), "{uncommented}");
+    let entry = whole
+        .entry("u1-gpu-4", "u1-gpu")
+        .expect("an entry by category");
+    assert_eq!(
+        (
+            entry.product.as_str(),
+            entry.cpu,
+            entry.memory_gib,
+            entry.gpu
+        ),
+        ("u1-gpu-node", 64, 512, 4)
+    );
+    assert_eq!(entry.max_per_owner, Some(2));
+    assert!(whole.entry("u1-standard-1", "u1-standard").is_none());
+}

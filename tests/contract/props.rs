@@ -369,6 +369,8 @@ fn submit_job() -> impl Strategy<Value = v1::SubmitJob> {
                 rest,
             )| {
                 let (output_folder, submitted_at, opened_file, exclusive_nodes) = rest;
+                // A whole-node job needs a time limit (schema and validation).
+                let exclusive_nodes = exclusive_nodes && time.is_some();
                 v1::SubmitJob {
                     job_id,
                     owner: Some(owner),
@@ -488,7 +490,13 @@ fn accounting_tick() -> impl Strategy<Value = v1::AccountingTick> {
             option::of(some_text()),
             some_text(),
         ),
-        (1u32.., any::<u32>(), any::<u32>(), any::<u32>()),
+        (
+            1u32..,
+            any::<u32>(),
+            any::<u32>(),
+            any::<u32>(),
+            any::<bool>(),
+        ),
         (
             timestamp(),
             timestamp(),
@@ -500,7 +508,7 @@ fn accounting_tick() -> impl Strategy<Value = v1::AccountingTick> {
         .prop_map(
             |(
                 (tick_id, job_id, user, project, product_id),
-                (replicas, cpu, memory_gib, gpu),
+                (replicas, cpu, memory_gib, gpu, exclusive_nodes),
                 rest,
             )| {
                 let (start, end, duration_ms, r#final, sequence) = rest;
@@ -519,6 +527,7 @@ fn accounting_tick() -> impl Strategy<Value = v1::AccountingTick> {
                     duration_ms,
                     r#final,
                     sequence,
+                    exclusive_nodes,
                 }
             },
         )

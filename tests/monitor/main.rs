@@ -11,3 +11,4 @@ mod rabbit;
 mod disruption;
 mod failover;
 mod lifecycle;
+mod whole_nodes;

@@ -154,6 +154,8 @@ fn case_01_names() {
 /// Case 31 (new, not in UCloud): whole nodes. Each rank alone on its node through a required pod
 /// anti-affinity on the host name against any Volcano job's pod in any namespace (its own other ranks
 /// included); the choice is recorded on the job and labelled on its pods; the product's resources stay.
+/// The job records what one whole node is charged (`[pipeline.whole_nodes]` by category), and a product
+/// the operator has not priced whole nodes for is refused, naming the field.
 #[test]
 fn case_31_exclusive_nodes_new() {
     let mut job = case("case_31_exclusive_nodes_new");
@@ -184,18 +186,72 @@ fn case_31_exclusive_nodes_new() {
         &json!({"requests": {"cpu": "64000m", "memory": "393216Mi"}}),
         "requests as the product and no CPU or memory limit: the node's all"
     );
+    let charge = &rendered["metadata"]["annotations"]["ucloud.dk/wholeNodeCharge"];
+    assert_eq!(
+        serde_json::from_str::<Value>(charge.as_str().expect("a charge")).unwrap(),
+        json!({"product": "u1-fat-node", "cpu": 128, "memoryGib": 1024, "gpu": 0}),
+        "the reference configuration's charge for category u1-fat"
+    );
+    let mut unpriced = job.clone();
+    unpriced.product.as_mut().unwrap().category = "u1-thin".into();
+    let refused = volcano_runner::pipeline::render(&unpriced, &reference(), now())
+        .expect_err("no whole-node charge for u1-thin");
+    assert_eq!(refused.field(), "exclusiveNodes");
+    assert!(
+        refused
+            .message()
+            .contains("whole nodes are not offered for product u1-fat-64"),
+        "{refused}"
+    );
+    // Its ticks charge the whole node (not the product's 64 vCPU and 384 GiB) and say so.
+    let tick_of = |desired: &DesiredJob| {
+        let start = ts("2024-05-01T12:01:00Z");
+        let running = observed(desired, JobPhase::Running, start);
+        let on_start = hooks::on_start(&reference(), &running, &[], start).unwrap();
+        let started = patched(&running, &on_start);
+        let plan =
+            hooks::on_monitoring(&reference(), &started, &[], ts("2024-05-01T12:02:30Z")).unwrap();
+        let ticks: Vec<_> = plan
+            .publish
+            .into_iter()
+            .filter_map(|o| match o {
+                Outbound::Accounting(t) => Some(t),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(ticks.len(), 1, "{ticks:?}");
+        let t = &ticks[0];
+        (
+            t.product_id.clone(),
+            t.cpu,
+            t.memory_gib,
+            t.gpu,
+            t.replicas,
+            t.exclusive_nodes,
+        )
+    };
+    assert_eq!(
+        tick_of(&desired),
+        ("u1-fat-node".to_owned(), 128, 1024, 0, 3, true)
+    );
     check(
         "case_31_exclusive_nodes_new",
         json!({
+            "charge": charge,
             "affinity": pod["spec"]["affinity"],
             "podLabel": pod["metadata"]["labels"]["ucloud.dk/exclusiveNodes"],
             "annotation": rendered["metadata"]["annotations"]["ucloud.dk/exclusiveNodes"],
             "resources": at(&rendered, "/spec/tasks/0/template/spec/containers/0/resources"),
         }),
     );
-    // Without the flag, nothing of it.
+    // Without the flag, nothing of it: the product is charged.
     job.exclusive_nodes = false;
-    let plain = vcjob_json(&render(&job, &reference()));
+    let plain_desired = render(&job, &reference());
+    assert_eq!(
+        tick_of(&plain_desired),
+        ("u1-fat-64".to_owned(), 64, 384, 0, 3, false)
+    );
+    let plain = vcjob_json(&plain_desired);
     assert!(
         plain["spec"]["tasks"][0]["template"]["spec"]
             .get("affinity")
@@ -204,6 +260,11 @@ fn case_31_exclusive_nodes_new() {
     assert!(
         plain["metadata"]["annotations"]
             .get("ucloud.dk/exclusiveNodes")
+            .is_none()
+    );
+    assert!(
+        plain["metadata"]["annotations"]
+            .get("ucloud.dk/wholeNodeCharge")
             .is_none()
     );
 }
@@ -1459,10 +1520,18 @@ fn every_example_and_golden_input_is_accepted() {
         let text = std::fs::read_to_string(path).unwrap();
         let job: volcano_runner::messages::v1::SubmitJob = serde_json::from_str(&text).unwrap();
         for config in [&reference, &defaults] {
-            // Some golden inputs are deliberately refused (case 29); the rest must be accepted.
-            if let Ok(desired) = volcano_runner::pipeline::render(&job, config, now()) {
-                assert_cluster_accepts(&desired);
-                rendered += 1;
+            // Some golden inputs are deliberately refused (case 29); the rest must be accepted. The
+            // shipped defaults price no whole nodes, so a whole-node job is refused under them, for that.
+            match volcano_runner::pipeline::render(&job, config, now()) {
+                Ok(desired) => {
+                    assert_cluster_accepts(&desired);
+                    rendered += 1;
+                }
+                Err(e) if job.exclusive_nodes && std::ptr::eq(config, &defaults) => {
+                    assert_eq!(e.field(), "exclusiveNodes", "{}: {e}", path.display());
+                    rendered += 1;
+                }
+                Err(_) => {}
             }
         }
     }

@@ -457,7 +457,15 @@ proptest! {
     /// admission accept, whose mount points are unique and whose argv contains every mount point used.
     #[test]
     fn any_valid_job_renders(job in job_strategy()) {
-        for config in [pipeline_support::defaults(), pipeline_support::reference()] {
+        for mut config in [pipeline_support::defaults(), pipeline_support::reference()] {
+            // Whole nodes are offered only for a product the operator has priced them for.
+            if job.exclusive_nodes {
+                let category = job.product.clone().unwrap_or_default().category;
+                config.pipeline.whole_nodes.products.insert(
+                    category,
+                    toml::from_str("product = \"node\"\ncpu = 64\nmemory_gib = 256").unwrap(),
+                );
+            }
             let desired = render(&job, &config, pipeline_support::now());
             prop_assert!(desired.is_ok(), "{:?}", desired.err());
             let desired = desired.unwrap();

@@ -21,3 +21,4 @@ mod scale;
 mod shutdown;
 mod sim_clock;
 mod submit;
+mod whole_nodes;

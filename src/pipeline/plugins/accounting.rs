@@ -83,18 +83,25 @@ impl Tick {
         self.end.duration_since(self.start)
     }
 
-    /// The message to publish, with the owner and product from the job's facts.
+    /// The message to publish, with the owner and product from the job's facts: for a whole-node job
+    /// with a persisted whole-node charge, that charge (each rank holds a node, whatever it asked for).
     pub fn to_message(&self, facts: &JobFacts) -> AccountingTick {
+        let p = &facts.product;
+        let (product_id, cpu, memory_gib, gpu) = match &facts.whole_node {
+            Some(w) => (w.product.clone(), w.cpu, w.memory_gib, w.gpu),
+            None => (p.id.clone(), p.cpu, p.memory_gib, p.gpu),
+        };
         AccountingTick {
             tick_id: self.id(&facts.job_id),
             job_id: facts.job_id.clone(),
             user: facts.owner.user.clone(),
             project: facts.owner.project.clone(),
-            product_id: facts.product.id.clone(),
+            product_id,
             replicas: facts.replicas,
-            cpu: facts.product.cpu,
-            memory_gib: facts.product.memory_gib,
-            gpu: facts.product.gpu,
+            cpu,
+            memory_gib,
+            gpu,
+            exclusive_nodes: facts.exclusive_nodes,
             interval_start: Some(proto_timestamp(self.start)),
             interval_end: Some(proto_timestamp(self.end)),
             duration_ms: i64::try_from(self.duration().as_millis()).unwrap_or(i64::MAX),

@@ -21,6 +21,8 @@
 //!   aside. The rank's requests stay the product's (what it is charged for and placed by); its CPU and
 //!   memory limits go, so it can use all of the node's CPU and memory; GPUs, which Kubernetes hands out
 //!   only as requested, are the product's (a product with all of a node's GPUs gives it all of them).
+//!   What one whole node is charged comes from `[pipeline.whole_nodes.products]` (by product id, else
+//!   category) and is persisted as `wholeNodeCharge`; a product without an entry is refused whole nodes.
 
 use std::collections::BTreeMap;
 
@@ -93,6 +95,34 @@ impl Plugin for Task {
         draft.user.image_pull_policy = Some("IfNotPresent".to_owned());
         draft.user.resources = resources(cx.product);
         if cx.job.exclusive_nodes {
+            // A whole node is charged as a whole node: a product the operator has not priced for that
+            // is refused, so nobody holds a node for the price of a slice of it.
+            let product = cx.product;
+            let entry = cx
+                .pipeline()
+                .whole_nodes
+                .entry(&product.id, &product.category)
+                .ok_or_else(|| {
+                    PipelineError::invalid(
+                        "exclusiveNodes",
+                        format!(
+                            "whole nodes are not offered for product {} (category {}): the operator \
+                             has set no whole-node charge for it in [pipeline.whole_nodes.products]",
+                            product.id, product.category
+                        ),
+                    )
+                })?;
+            let charge = serde_json::to_string(&entry.charge()).map_err(|e| {
+                PipelineError::config(
+                    "whole_nodes.products",
+                    format!("the charge cannot be written: {e}"),
+                )
+            })?;
+            draft
+                .meta
+                .annotations
+                .get_or_insert_default()
+                .insert(cx.keys.whole_node_charge.clone(), charge);
             draft.pod.affinity = Some(exclusive_affinity());
             // Alone on the node, the rank may use all of its CPU and memory: the requests (the product,
             // what is charged and what the scheduler places by) stay, the CPU and memory limits go.

@@ -1,5 +1,5 @@
-//! SubmitJob: validate → tombstone check → existing job? → render → apply (with rollback) → tombstone
-//! check again → publish QUEUED → ack.
+//! SubmitJob: validate → tombstone check → existing job? → render → whole-node limits → apply (with
+//! rollback) → tombstone check again → publish QUEUED → ack.
 //!
 //! Redelivery is the normal case, not an error: a job that exists with the same fingerprint is this
 //! submission, applied by an earlier delivery (perhaps on another runner that died before its ack, or in
@@ -34,6 +34,7 @@ use crate::volcano::VolcanoJob;
 use super::super::events;
 use super::super::jobs::{annotation, is_over};
 use super::super::plan::{self, Decorations};
+use super::super::whole_nodes::{self, Hold, Ledger, Owner};
 use super::reject::{self, Subject};
 use super::{Handler, Message, Settle};
 use crate::durable::ids;
@@ -116,6 +117,19 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         }
     };
 
+    // Whole nodes within the operator's limits, counted from the cluster. A job that exists already
+    // holds its nodes. The ledger stays locked until the job exists, so this runner's whole-node
+    // submissions are counted one at a time.
+    let mut whole_nodes = None;
+    if job.exclusive_nodes && !exists {
+        let mut ledger = h.jobs.lock_whole_nodes().await;
+        match whole_node_limit(h, job, &mut ledger).await {
+            Err(e) => return Settle::cluster(&e),
+            Ok(Some(why)) => return whole_node_refusal(h, m, job_id, &fingerprint16, why).await,
+            Ok(None) => whole_nodes = Some(ledger),
+        }
+    }
+
     // A job that exists already holds its capacity.
     let permit = if exists {
         None
@@ -134,6 +148,16 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         Err(e) => return apply_failed(h, m, subject, &e).await,
     };
     commit(permit, &outcome);
+    if let Some(mut ledger) = whole_nodes
+        && !outcome.primary_existed
+        && let Some(hold) = Hold::of(&outcome.primary, &h.keys)
+    {
+        let key = (
+            outcome.primary.name.clone().unwrap_or_default(),
+            outcome.primary.namespace.clone().unwrap_or_default(),
+        );
+        ledger.record(key, hold, tokio::time::Instant::now());
+    }
     if outcome.primary_ended {
         // Ended between the lookup and the create: as above.
         return queued(h, m, job_id, &outcome.primary).await;
@@ -236,6 +260,56 @@ async fn foreign_peer(
         }
     }
     Ok(None)
+}
+
+/// Why one more whole-node job of this owner would pass `[pipeline.whole_nodes]` limits; `None` when it
+/// fits (or no limit applies).
+async fn whole_node_limit(
+    h: &Handler,
+    job: &SubmitJob,
+    ledger: &mut Ledger,
+) -> Result<Option<String>, crate::cluster::ClusterError> {
+    let config = &h.config.pipeline.whole_nodes;
+    let product = job.product.clone().unwrap_or_default();
+    // Rendering refused a product without an entry already.
+    let Some(entry) = config.entry(&product.id, &product.category) else {
+        return Ok(None);
+    };
+    if config.max_per_owner.is_none() && entry.max_per_owner.is_none() {
+        return Ok(None);
+    }
+    let holds = h.jobs.whole_node_holds(ledger).await?;
+    let owner = job.owner.clone().unwrap_or_default();
+    let owner = Owner::of(&owner.user, owner.project.as_deref());
+    Ok(whole_nodes::check(config, entry, &owner, job.replicas.max(1), &holds).err())
+}
+
+/// FAILURE `whole_node_limit`: the owner holds as many whole nodes as the operator allows. The message is
+/// valid, so it is acknowledged, not dead-lettered; the orchestrator may submit again later.
+async fn whole_node_refusal(
+    h: &Handler,
+    m: &Message<'_>,
+    job_id: &str,
+    fingerprint16: &str,
+    why: String,
+) -> Settle {
+    info!(
+        job_id,
+        why, "Refused a whole-node job: its owner is at the limit."
+    );
+    let at = m.sent_at.unwrap_or_else(|| h.now());
+    let event = events::submission_rejected(
+        job_id,
+        fingerprint16,
+        events::reasons::WHOLE_NODE_LIMIT,
+        format!("exclusiveNodes: {why}"),
+        at,
+        &h.runner_id,
+    );
+    match h.publish(&event, m.traceparent.as_ref()).await {
+        Ok(()) => Settle::Ack,
+        Err(e) => Settle::publish(&e),
+    }
 }
 
 /// A capacity slot, waiting up to `runner.capacity_wait` for one. Without `max_active_jobs` this never
