@@ -356,3 +356,79 @@ fn an_unreachable_cluster_is_named_at_once() {
         "no retry budget spent: {stderr}"
     );
 }
+
+/// What a runner refuses, `validate` refuses, and `render` (the runner's pipeline) refuses it naming the
+/// same field by its JSON path: peer host names that are no Service name (dots, `j-`, a leading digit),
+/// an opened file outside every mounted folder, a time allocation over 100 years. (The schema's verdict
+/// on each is held in tests/fixtures/invalid/index.toml.)
+#[test]
+fn validate_and_render_refuse_what_the_runner_refuses_naming_the_same_field() {
+    let cases = [
+        (
+            "submit-job.peer-hostname-with-dots.json",
+            "parameters.database.peer.hostname",
+        ),
+        (
+            "submit-job.peer-hostname-j-prefix.json",
+            "parameters.database.peer.hostname",
+        ),
+        (
+            "submit-job.peer-hostname-leading-digit.json",
+            "parameters.database.peer.hostname",
+        ),
+        ("submit-job.opened-file-not-mounted.json", "openedFile"),
+        ("submit-job.time-allocation-over-100-years.json", "timeAllocation"),
+        ("submit-job.time-allocation-10000-years.json", "timeAllocation"),
+    ];
+    for (name, field) in cases {
+        let file = format!("tests/fixtures/invalid/{name}");
+        let config = ["--config", "tests/fixtures/config.toml"];
+        let checked = volcano_runner(&[&["validate"][..], &config, &[&file]].concat(), &[]);
+        assert_eq!(checked.status.code(), Some(1), "{file}: {}", stdout(&checked));
+        assert!(
+            stdout(&checked).starts_with(&format!("{file}: {field}: ")),
+            "{}",
+            stdout(&checked)
+        );
+        let rendered = volcano_runner(&[&["render"][..], &config, &[&file]].concat(), &[]);
+        let stderr = String::from_utf8_lossy(&rendered.stderr);
+        assert_eq!(rendered.status.code(), Some(1), "{file}: {stderr}");
+        assert!(stderr.starts_with(&format!("{file}: {field}: ")), "{stderr}");
+    }
+}
+
+/// `logs` takes a job id by the runner's rule, so it cannot add terms to the field selector it looks the
+/// job up with, and a namespace that is a namespace name, so the URL path cannot be bent; both are
+/// refused before any cluster is contacted, naming the argument.
+#[test]
+fn logs_refuses_a_job_id_or_namespace_that_is_not_a_name() {
+    for (args, argument, words) in [
+        (
+            vec!["4817,metadata.namespace=kube-system"],
+            "<JOB_ID>",
+            "lower-case letters, digits and '-'",
+        ),
+        (vec!["Job 1"], "<JOB_ID>", "lower-case letters"),
+        (
+            vec!["4817", "--namespace", "../../apis/x"],
+            "--namespace",
+            "not a namespace name",
+        ),
+        (
+            vec!["4817", "--namespace", "apps%2Fx"],
+            "--namespace",
+            "not a namespace name",
+        ),
+    ] {
+        let mut all = vec!["logs", "--cluster", "http://127.0.0.1:9"];
+        all.extend(args.iter().copied());
+        let out = volcano_runner(&all, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(argument) && stderr.contains(words),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("cannot reach"), "{args:?}: {stderr}");
+    }
+}
