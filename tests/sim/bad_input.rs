@@ -117,7 +117,10 @@ async fn watch_timeouts_beyond_any_clock_open_and_malformed_ones_are_400s() {
         let request = http::Request::get(format!("{watch}&timeoutSeconds={timeout}"))
             .body(Vec::new())
             .unwrap();
-        let response = client.send(request).await.expect("the watch opens");
+        let response = client
+            .send(request.map(Into::into))
+            .await
+            .expect("the watch opens");
         // 18446744073709551615000 does not fit an i64: a 400, like any non-integer.
         let expected = if timeout.len() > 19 { 400 } else { 200 };
         assert_eq!(response.status().as_u16(), expected, "{timeout}");
