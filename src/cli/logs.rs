@@ -531,10 +531,7 @@ mod tests {
                 .unwrap_err()
                 .contains("lower-case letters, digits and '-'")
         );
-        assert_eq!(
-            parse_namespace("ucloud-apps").as_deref(),
-            Ok("ucloud-apps")
-        );
+        assert_eq!(parse_namespace("ucloud-apps").as_deref(), Ok("ucloud-apps"));
         for bad in ["..", "a/b", "apps%2fx", "Apps", "", "a?b=c"] {
             let e = parse_namespace(bad).unwrap_err();
             assert!(e.contains("not a namespace name"), "{bad:?}: {e}");

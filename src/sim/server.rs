@@ -1075,7 +1075,15 @@ fn pod_log(
     }
     let mut rx = shared.subscribe();
     rx.mark_unchanged();
-    let state = (shared.clone(), req, rx, Some(first), text.len(), false, left);
+    let state = (
+        shared.clone(),
+        req,
+        rx,
+        Some(first),
+        text.len(),
+        false,
+        left,
+    );
     let stream = futures::stream::unfold(
         state,
         |(shared, req, mut rx, pending, mut sent, finished, left)| async move {

@@ -527,14 +527,21 @@ fn peer(field: &str, p: &PeerValue) -> Check {
 
 /// Every peer of a job: not the job itself, and each host name naming one peer job.
 fn distinct_peers(job: &SubmitJob) -> Check {
-    let from_resources = job.resources.iter().enumerate().filter_map(|(i, r)| match &r.value {
-        Some(resource_value::Value::Peer(p)) => Some((format!("resources[{i}].peer"), p)),
-        _ => None,
-    });
-    let from_parameters = job.parameters.iter().filter_map(|(name, v)| match &v.value {
-        Some(parameter_value::Value::Peer(p)) => Some((format!("parameters.{name}.peer"), p)),
-        _ => None,
-    });
+    let from_resources = job
+        .resources
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| match &r.value {
+            Some(resource_value::Value::Peer(p)) => Some((format!("resources[{i}].peer"), p)),
+            _ => None,
+        });
+    let from_parameters = job
+        .parameters
+        .iter()
+        .filter_map(|(name, v)| match &v.value {
+            Some(parameter_value::Value::Peer(p)) => Some((format!("parameters.{name}.peer"), p)),
+            _ => None,
+        });
     let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
     for (field, p) in from_resources.chain(from_parameters) {
         if p.job_id == job.job_id {

@@ -377,14 +377,25 @@ fn validate_and_render_refuse_what_the_runner_refuses_naming_the_same_field() {
             "parameters.database.peer.hostname",
         ),
         ("submit-job.opened-file-not-mounted.json", "openedFile"),
-        ("submit-job.time-allocation-over-100-years.json", "timeAllocation"),
-        ("submit-job.time-allocation-10000-years.json", "timeAllocation"),
+        (
+            "submit-job.time-allocation-over-100-years.json",
+            "timeAllocation",
+        ),
+        (
+            "submit-job.time-allocation-10000-years.json",
+            "timeAllocation",
+        ),
     ];
     for (name, field) in cases {
         let file = format!("tests/fixtures/invalid/{name}");
         let config = ["--config", "tests/fixtures/config.toml"];
         let checked = volcano_runner(&[&["validate"][..], &config, &[&file]].concat(), &[]);
-        assert_eq!(checked.status.code(), Some(1), "{file}: {}", stdout(&checked));
+        assert_eq!(
+            checked.status.code(),
+            Some(1),
+            "{file}: {}",
+            stdout(&checked)
+        );
         assert!(
             stdout(&checked).starts_with(&format!("{file}: {field}: ")),
             "{}",
@@ -393,7 +404,10 @@ fn validate_and_render_refuse_what_the_runner_refuses_naming_the_same_field() {
         let rendered = volcano_runner(&[&["render"][..], &config, &[&file]].concat(), &[]);
         let stderr = String::from_utf8_lossy(&rendered.stderr);
         assert_eq!(rendered.status.code(), Some(1), "{file}: {stderr}");
-        assert!(stderr.starts_with(&format!("{file}: {field}: ")), "{stderr}");
+        assert!(
+            stderr.starts_with(&format!("{file}: {field}: ")),
+            "{stderr}"
+        );
     }
 }
 

@@ -379,9 +379,12 @@ fn null_for_a_field_is_its_default() {
             };
             let key = key.replace("~1", "/").replace("~0", "~");
             parent_value.as_object_mut().unwrap().remove(&key);
-            let expected =
-                messages::decode_any(message_type, Format::Json, &serde_json::to_vec(&without).unwrap())
-                    .unwrap_or_else(|e| panic!("{}: without {pointer}: {e}", path.display()));
+            let expected = messages::decode_any(
+                message_type,
+                Format::Json,
+                &serde_json::to_vec(&without).unwrap(),
+            )
+            .unwrap_or_else(|e| panic!("{}: without {pointer}: {e}", path.display()));
             let got = messages::decode_any(
                 message_type,
                 Format::Json,

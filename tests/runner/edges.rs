@@ -504,11 +504,14 @@ async fn allocations_and_extensions_share_the_100_year_bound() {
     h.submit(&over).await;
     h.submit(&near).await;
     let events = h
-        .wait_events("QUEUED for the job near the bound, FAILURE for the one over it", |e| {
-            e.iter().any(|c| c.message_id == "alloc-near/QUEUED")
-                && e.iter()
-                    .any(|c| c.message_id.starts_with("alloc-over/rejected/"))
-        })
+        .wait_events(
+            "QUEUED for the job near the bound, FAILURE for the one over it",
+            |e| {
+                e.iter().any(|c| c.message_id == "alloc-near/QUEUED")
+                    && e.iter()
+                        .any(|c| c.message_id.starts_with("alloc-over/rejected/"))
+            },
+        )
         .await;
     let failure = events
         .iter()
@@ -527,7 +530,8 @@ async fn allocations_and_extensions_share_the_100_year_bound() {
     h.extend("alloc-near", "two-hours", 7200).await;
     let events = h
         .wait_events("the extension's answer", |e| {
-            e.iter().any(|c| c.message_id == "alloc-near/extend/two-hours")
+            e.iter()
+                .any(|c| c.message_id == "alloc-near/extend/two-hours")
         })
         .await;
     let answer = events
@@ -540,7 +544,10 @@ async fn allocations_and_extensions_share_the_100_year_bound() {
     let fields: Vec<Option<&str>> = dead.values().map(|d| d.field.as_deref()).collect();
     assert!(fields.contains(&Some("timeAllocation")), "{dead:?}");
     assert!(fields.contains(&Some("extension")), "{dead:?}");
-    assert!(dead.values().all(|d| d.reason == "limit_exceeded"), "{dead:?}");
+    assert!(
+        dead.values().all(|d| d.reason == "limit_exceeded"),
+        "{dead:?}"
+    );
     let job = h.vcjob("alloc-near").await.unwrap();
     let max_time = job
         .metadata

@@ -108,8 +108,9 @@ pub fn plan(
 
     let mut mounts: Vec<PlannedMount> = Vec::with_capacity(files.len());
     for file in files {
-        let path = normalise(&file.value.path)
-            .map_err(|m| PipelineError::invalid(format!("{}.path", file.origin.field("file")), m))?;
+        let path = normalise(&file.value.path).map_err(|m| {
+            PipelineError::invalid(format!("{}.path", file.origin.field("file")), m)
+        })?;
         if let Some(existing) = mounts.iter_mut().find(|m| m.path == path) {
             existing.read_only |= file.value.read_only;
             continue;

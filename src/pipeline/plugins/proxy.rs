@@ -35,9 +35,7 @@ impl Plugin for Proxy {
         let app = cx.app;
         let (port, field) = match ApplicationType::try_from(app.application_type) {
             Ok(ApplicationType::Web) => (Some(app.web_port.unwrap_or(80)), "application.webPort"),
-            Ok(ApplicationType::Vnc) => {
-                (Some(app.vnc_port.unwrap_or(5900)), "application.vncPort")
-            }
+            Ok(ApplicationType::Vnc) => (Some(app.vnc_port.unwrap_or(5900)), "application.vncPort"),
             _ => (app.web_port, "application.webPort"),
         };
         let Some(port) = port else { return Ok(()) };
