@@ -357,10 +357,12 @@ fn an_unreachable_cluster_is_named_at_once() {
     );
 }
 
-/// What a runner refuses, `validate` refuses, and `render` (the runner's pipeline) refuses it naming the
-/// same field by its JSON path: peer host names that are no Service name (dots, `j-`, a leading digit),
-/// an opened file outside every mounted folder, a time allocation over 100 years. (The schema's verdict
-/// on each is held in tests/fixtures/invalid/index.toml.)
+/// What a runner refuses, `validate` refuses, and so does `render` (the runner's validation and
+/// pipeline), naming the same field by its JSON path: peer host names that are no Service name (dots,
+/// `j-`, a leading digit), an opened file outside every mounted folder, a time allocation over 100
+/// years, an image reference over 512 characters, an environment variable name over 256. (The schema's
+/// verdict on each is held in tests/fixtures/invalid/index.toml.) The pipeline on its own, unvalidated,
+/// refuses the peer host names, the opened file and the time allocations under the same names.
 #[test]
 fn validate_and_render_refuse_what_the_runner_refuses_naming_the_same_field() {
     let cases = [
@@ -385,9 +387,25 @@ fn validate_and_render_refuse_what_the_runner_refuses_naming_the_same_field() {
             "submit-job.time-allocation-10000-years.json",
             "timeAllocation",
         ),
+        ("submit-job.image-too-long.json", "application.image"),
     ];
+    let long_env = format!("application.environment.{}", "L".repeat(257));
+    let cases = cases.into_iter().chain([(
+        "submit-job.environment-name-too-long.json",
+        long_env.as_str(),
+    )]);
+    let test_config = crate::support::test_config();
     for (name, field) in cases {
         let file = format!("tests/fixtures/invalid/{name}");
+        if !name.contains("too-long") {
+            let job: messages::v1::SubmitJob =
+                messages::decode(Format::Json, &std::fs::read(root().join(&file)).unwrap())
+                    .unwrap();
+            let e =
+                volcano_runner::pipeline::render(&job, &test_config, jiff::Timestamp::UNIX_EPOCH)
+                    .unwrap_err();
+            assert_eq!(e.field(), field, "{file}: the pipeline says {e}");
+        }
         let config = ["--config", "tests/fixtures/config.toml"];
         let checked = volcano_runner(&[&["validate"][..], &config, &[&file]].concat(), &[]);
         assert_eq!(
