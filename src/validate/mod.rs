@@ -508,6 +508,64 @@ mod tests {
         );
     }
 
+    /// What the runner's pipeline refuses about peers and the opened file, validation refuses too, under
+    /// the field the pipeline names: a job as its own peer, one host name for two peer jobs, an opened
+    /// file outside every mounted folder (a folder whose name merely starts the same is not its parent).
+    #[test]
+    fn peers_and_the_opened_file_as_the_pipeline_sees_them() {
+        use crate::messages::v1::{PeerValue, ResourceValue, resource_value};
+        let example = include_bytes!("../../schemas/examples/submit-job.matlab-web.json");
+        let job: SubmitJob =
+            crate::messages::decode(crate::messages::Format::Json, example).unwrap();
+        let rules = Rules {
+            max_replicas: 4,
+            license_ids: vec!["matlab-campus"],
+        };
+        assert_eq!(submit(&job, rules.clone()), Ok(()));
+        let peer = |hostname: &str, job_id: &str| ResourceValue {
+            value: Some(resource_value::Value::Peer(PeerValue {
+                hostname: hostname.into(),
+                job_id: job_id.into(),
+            })),
+        };
+        let refused = |edit: &dyn Fn(&mut SubmitJob)| {
+            let mut j = job.clone();
+            edit(&mut j);
+            submit(&j, rules.clone())
+        };
+        let e = refused(&|j| j.resources.push(peer("self", "4819"))).unwrap_err();
+        assert_eq!(e.field(), "resources[1].peer.jobId", "{e}");
+        // The parameter's peer `postgres` is job 4790; the same name for 4791 is one name too many.
+        let e = refused(&|j| j.resources.push(peer("postgres", "4791"))).unwrap_err();
+        assert_eq!(e.field(), "parameters.database.peer.hostname", "{e}");
+        assert!(e.message().contains("already names peer job"), "{e}");
+        assert_eq!(
+            refused(&|j| j.resources.push(peer("postgres", "4790"))),
+            Ok(())
+        );
+
+        let workspace = "/projects/neuro-imaging/Members' Files/carol/fmri-study";
+        for ok in [
+            format!("{workspace}/analysis.m"),
+            format!("/{workspace}//sub/x.m"),
+            workspace.to_owned(),
+            "/projects/neuro-imaging/Members' Files/carol/Jobs/MATLAB (web)/4819/out.m".to_owned(),
+        ] {
+            assert_eq!(
+                refused(&|j| j.opened_file = Some(ok.clone())),
+                Ok(()),
+                "{ok}"
+            );
+        }
+        for bad in [
+            format!("{workspace}-old/analysis.m"),
+            "/projects/neuro-imaging/Members' Files/carol/notes.m".to_owned(),
+        ] {
+            let e = refused(&|j| j.opened_file = Some(bad.clone())).unwrap_err();
+            assert_eq!(e.field(), "openedFile", "{bad}: {e}");
+        }
+    }
+
     /// Long user strings are cut in messages, so an error never carries a megabyte of input.
     #[test]
     fn quoting() {
