@@ -26,11 +26,14 @@ use tokio_util::sync::CancellationToken;
 use super::CliError;
 use super::run::{cancel_on_signal, load_config, operator_client};
 use crate::pipeline::names::{USER_CONTAINER, pod_name, vcjob_name};
+use crate::validate::{self, names};
 use crate::volcano::VolcanoJob;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The job's id, as in its SubmitJob.
+    /// The job's id, as in its SubmitJob (checked with the runner's rule for job ids, so it can only
+    /// name a job: it goes into a field selector).
+    #[arg(value_parser = parse_job_id)]
     pub job_id: String,
     /// Only this rank (0 is the first node of a multi-node job).
     #[arg(long)]
@@ -44,13 +47,34 @@ pub struct Args {
     /// Show each line's time, as the kubelet recorded it, after the rank.
     #[arg(long)]
     pub timestamps: bool,
-    /// The job's namespace, when the same job id exists under two owners.
-    #[arg(short, long)]
+    /// The job's namespace, when the same job id exists under two owners (a DNS-1123 label, as every
+    /// namespace name is; it goes into the URL path).
+    #[arg(short, long, value_parser = parse_namespace)]
     pub namespace: Option<String>,
     /// The cluster: `auto` (in-cluster, else KUBECONFIG), an http(s):// URL, or `sim` (the simulator of
     /// the runner started on this machine). Default: `[cluster] target`.
     #[arg(long)]
     pub cluster: Option<String>,
+}
+
+/// A job id by the rule the runner applies to every message ([`validate::job_id`]): anything else, such
+/// as `4817,metadata.namespace=x`, would add terms to the field selector the job is looked up with.
+fn parse_job_id(s: &str) -> Result<String, String> {
+    validate::job_id(s)
+        .map(|()| s.to_owned())
+        .map_err(|e| e.message().to_owned())
+}
+
+/// A namespace name: a DNS-1123 label, so it needs no escaping in the URL path it goes into.
+fn parse_namespace(s: &str) -> Result<String, String> {
+    if names::is_dns_label(s) {
+        return Ok(s.to_owned());
+    }
+    Err(format!(
+        "{s:?} is not a namespace name: lower-case letters, digits and '-', starting and ending with a \
+         letter or digit, at most {} characters",
+        names::DNS_LABEL_MAX
+    ))
 }
 
 fn parse_since(s: &str) -> Result<SignedDuration, String> {
@@ -487,6 +511,31 @@ mod tests {
         r.restart();
         assert!(!r.admit(&Line::parse(0, &raw(3, "e"))));
         assert!(!r.admit(&Line::parse(0, &raw(1, "a"))));
+    }
+
+    /// Job ids and namespaces are names, never selector terms or path segments.
+    #[test]
+    fn job_ids_and_namespaces_are_checked() {
+        assert_eq!(parse_job_id("4817").as_deref(), Ok("4817"));
+        for bad in [
+            "4817,metadata.namespace=kube-system",
+            "4817 ",
+            "a/b",
+            "",
+            "X",
+        ] {
+            assert!(parse_job_id(bad).is_err(), "{bad:?}");
+        }
+        assert!(
+            parse_job_id("4817,metadata.namespace=x")
+                .unwrap_err()
+                .contains("lower-case letters, digits and '-'")
+        );
+        assert_eq!(parse_namespace("ucloud-apps").as_deref(), Ok("ucloud-apps"));
+        for bad in ["..", "a/b", "apps%2fx", "Apps", "", "a?b=c"] {
+            let e = parse_namespace(bad).unwrap_err();
+            assert!(e.contains("not a namespace name"), "{bad:?}: {e}");
+        }
     }
 
     #[test]

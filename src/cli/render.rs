@@ -1,16 +1,19 @@
 //! `volcano-runner render FILE [--config C] [-o yaml|json] [--now T]`: the dry run operators diff.
 //!
-//! Reads a SubmitJob (JSON, proto3 JSON mapping), renders it with the configuration and prints every
-//! object in apply order: YAML documents separated by `---`, or one JSON `List`. Either output can be fed
-//! to `kubectl apply --dry-run=server -f -`.
+//! Reads a SubmitJob (JSON, proto3 JSON mapping), decodes and validates it as a runner does, renders it
+//! with the configuration and prints every object in apply order: YAML documents separated by `---`, or
+//! one JSON `List`. Either output can be fed to `kubectl apply --dry-run=server -f -`. A job a runner
+//! would refuse (it does not decode, it breaks a rule of [`crate::validate`], or the pipeline cannot
+//! build it) is refused the same way, naming the field.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use super::CliError;
 use crate::config::Config;
-use crate::messages::v1::SubmitJob;
+use crate::messages::{self, v1::SubmitJob};
 use crate::pipeline::{self, DesiredJob};
+use crate::validate;
 
 #[derive(Debug, clap::Args)]
 /// Arguments of `render`.
@@ -37,10 +40,14 @@ pub enum Format {
 /// Renders the file and prints the objects; a job the pipeline refuses prints why and exits 1.
 pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError> {
     let config = load_config(config)?;
-    let text = std::fs::read_to_string(&args.file)
+    let bytes = std::fs::read(&args.file)
         .map_err(|e| CliError::Other(format!("{}: {e}", args.file.display())))?;
-    let job: SubmitJob = serde_json::from_str(&text)
+    let job: SubmitJob = messages::decode(messages::Format::Json, &bytes)
         .map_err(|e| CliError::Other(format!("{}: not a SubmitJob: {e}", args.file.display())))?;
+    if let Err(e) = validate::submit(&job, &config) {
+        eprintln!("{}: {e}", args.file.display());
+        return Ok(ExitCode::FAILURE);
+    }
     let now = args.now.unwrap_or_else(jiff::Timestamp::now);
     match pipeline::render(&job, &config, now) {
         Ok(desired) => {

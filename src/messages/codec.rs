@@ -231,6 +231,8 @@ pub enum DecodeError {
     NotInbound(MessageType),
     /// The JSON is malformed or does not fit the message. `field` is the path of the offending value
     /// (`application.parameters[0].type`), `None` when the document itself is broken.
+    /// `line` and `column` are 0 when the position is unknown (an error found after fields holding
+    /// `null` were taken out).
     Json {
         field: Option<String>,
         message: String,
@@ -334,6 +336,12 @@ impl fmt::Display for DecodeError {
             DecodeError::Json {
                 field: Some(field),
                 message,
+                line: 0,
+                ..
+            } => write!(f, "{field}: {message}"),
+            DecodeError::Json {
+                field: Some(field),
+                message,
                 line,
                 column,
             } => write!(f, "{field}: {message} (line {line}, column {column})"),
@@ -362,7 +370,7 @@ pub struct EncodeError {
 /// Decodes one message of a known type.
 pub fn decode<M: Contract>(format: Format, bytes: &[u8]) -> Result<M, DecodeError> {
     match format {
-        Format::Json => decode_json(bytes),
+        Format::Json => decode_json::<M>(bytes),
         Format::Protobuf => M::decode(bytes).map_err(|e| DecodeError::Protobuf {
             message: e
                 .to_string()
@@ -372,7 +380,69 @@ pub fn decode<M: Contract>(format: Format, bytes: &[u8]) -> Result<M, DecodeErro
     }
 }
 
-fn decode_json<M: DeserializeOwned>(bytes: &[u8]) -> Result<M, DecodeError> {
+/// Decodes a JSON document; a document the decoder refuses only for a field that holds `null` is decoded
+/// again with those fields at their defaults, as the proto3 JSON mapping says (see [`super::nulls`]).
+fn decode_json<M: Contract>(bytes: &[u8]) -> Result<M, DecodeError> {
+    let error = match decode_json_as_is::<M>(bytes) {
+        Ok(message) => return Ok(message),
+        Err(error) => error,
+    };
+    let Ok(mut document) = serde_json::from_slice::<serde_json::Value>(bytes) else {
+        return Err(error);
+    };
+    let full_name = format!(".{}", M::TYPE.amqp_type());
+    if !super::nulls::strip(&mut document, &full_name) {
+        return Err(error);
+    }
+    let stripped = serde_json::to_vec(&document).unwrap_or_default();
+    let mut deserializer = serde_json::Deserializer::from_slice(&stripped);
+    match serde_path_to_error::deserialize::<_, M>(&mut deserializer) {
+        Ok(message) => Ok(message),
+        // The first error was about a null that is now gone: the next problem is the one to report. Its
+        // position is in the document without the nulls, so none is given.
+        Err(e) if error_at_null(&error, bytes) => {
+            let mut next = DecodeError::from_json(Some(e.path()), e.inner(), &stripped);
+            if let DecodeError::Json { line, column, .. } = &mut next {
+                (*line, *column) = (0, 0);
+            }
+            Err(next)
+        }
+        Err(_) => Err(error),
+    }
+}
+
+/// Whether a decode error is about a value that is `null` in the document.
+fn error_at_null(error: &DecodeError, document: &[u8]) -> bool {
+    let Some(field) = error.field() else {
+        return false;
+    };
+    let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(document) else {
+        return false;
+    };
+    // The field path as serde_path_to_error writes it: `a.b[2].c`.
+    for part in field.split('.') {
+        let (key, indices) = match part.find('[') {
+            Some(i) => (&part[..i], &part[i..]),
+            None => (part, ""),
+        };
+        value = match value.as_object_mut().and_then(|o| o.remove(key)) {
+            Some(v) => v,
+            None => return false,
+        };
+        for index in indices.split(['[', ']']).filter(|s| !s.is_empty()) {
+            let Some(i) = index.parse::<usize>().ok() else {
+                return false;
+            };
+            value = match value.as_array_mut() {
+                Some(items) if i < items.len() => items.swap_remove(i),
+                _ => return false,
+            };
+        }
+    }
+    value.is_null()
+}
+
+fn decode_json_as_is<M: DeserializeOwned>(bytes: &[u8]) -> Result<M, DecodeError> {
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
     let message: M = serde_path_to_error::deserialize(&mut deserializer)
         .map_err(|e| DecodeError::from_json(Some(e.path()), e.inner(), bytes))?;

@@ -11,6 +11,7 @@
 //! - [`peek_job_id`]: the job id of a message that could not be decoded, so a FAILURE event can name it.
 
 mod codec;
+mod nulls;
 
 pub use codec::{
     AnyMessage, Contract, DecodeError, EncodeError, Format, Inbound, MessageType, decode,

@@ -23,11 +23,12 @@ pub enum Origin<'a> {
 }
 
 impl Origin<'_> {
-    /// The field path, e.g. `resources[2].peer` or `parameters.db`.
+    /// The JSON path of the value of `kind` (`peer`, `file`, `ingress`, `networkIp`), as validation
+    /// names it: `resources[2].peer` or `parameters.db.peer`.
     pub fn field(&self, kind: &str) -> String {
         match self {
             Self::Resource(i) => format!("resources[{i}].{kind}"),
-            Self::Parameter(name) => format!("parameters.{name}"),
+            Self::Parameter(name) => format!("parameters.{name}.{kind}"),
         }
     }
 }
@@ -195,14 +196,14 @@ impl<'a> Context<'a> {
 fn check_job_id(job_id: &str, replicas: u32) -> Result<(), PipelineError> {
     if !names::is_dns1123_label(job_id) {
         return Err(PipelineError::invalid(
-            "job_id",
+            "jobId",
             "must be lowercase letters, digits and '-', starting and ending with a letter or digit",
         ));
     }
     let longest = names::pod_name(job_id, replicas - 1);
     if longest.len() > 63 {
         return Err(PipelineError::invalid(
-            "job_id",
+            "jobId",
             format!("is too long: pod name `{longest}` would exceed 63 characters"),
         ));
     }

@@ -945,12 +945,79 @@ impl Since {
         }
     }
 
-    fn at(self, now: Timestamp) -> Option<Timestamp> {
+    /// The first instant shown when the log is read at `now`; a `sinceSeconds` that reaches back past
+    /// the earliest instant there is (year -9999) is a 400, never an overflow.
+    fn at(self, now: Timestamp) -> Result<Option<Timestamp>, ApiError> {
         match self {
-            Self::Start => None,
-            Self::SecondsAgo(n) => Some(now - SignedDuration::from_secs(n)),
-            Self::Time(t) => Some(t),
+            Self::Start => Ok(None),
+            Self::SecondsAgo(n) => now
+                .checked_sub(SignedDuration::from_secs(n))
+                .map(Some)
+                .map_err(|_| {
+                    ApiError::bad_request(format!(
+                        "sinceSeconds: Invalid value: {n}: reaches back before the earliest time there is"
+                    ))
+                }),
+            Self::Time(t) => Ok(Some(t)),
         }
+    }
+}
+
+/// `tailLines` and `limitBytes` of a log request, checked as the API server checks them: integers,
+/// `tailLines` at least 0, `limitBytes` at least 1.
+#[derive(Clone, Copy, Default)]
+struct LogLimits {
+    /// Only the last this many lines.
+    tail_lines: Option<usize>,
+    /// At most this many bytes in all (a followed log ends there).
+    limit_bytes: Option<usize>,
+}
+
+impl LogLimits {
+    fn parse(params: &Params) -> Result<Self, ApiError> {
+        let number = |key: &str, min: i64, what: &str| -> Result<Option<usize>, ApiError> {
+            let Some(raw) = params.get(key) else {
+                return Ok(None);
+            };
+            match raw.parse::<i64>() {
+                // Beyond the address space is as good as no limit.
+                Ok(n) if n >= min => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+                Ok(n) => Err(ApiError::bad_request(format!(
+                    "{key}: Invalid value: {n}: must be {what}"
+                ))),
+                Err(_) => Err(ApiError::bad_request(format!(
+                    "{key}: Invalid value: {raw:?}: not an integer"
+                ))),
+            }
+        };
+        Ok(Self {
+            tail_lines: number("tailLines", 0, "greater than or equal to 0")?,
+            limit_bytes: number("limitBytes", 1, "greater than 0")?,
+        })
+    }
+
+    /// The last `tail_lines` lines of `text`.
+    fn tail(&self, text: &str) -> String {
+        match self.tail_lines {
+            Some(n) => {
+                let lines: Vec<&str> = text.lines().collect();
+                let skip = lines.len().saturating_sub(n);
+                lines[skip..].iter().map(|l| format!("{l}\n")).collect()
+            }
+            None => text.to_owned(),
+        }
+    }
+}
+
+/// `chunk` cut to what is left of the byte limit (`None`: no limit), and the limit left after it.
+fn within_limit(mut chunk: Vec<u8>, left: Option<usize>) -> (Vec<u8>, Option<usize>) {
+    match left {
+        Some(left) => {
+            chunk.truncate(left);
+            let sent = chunk.len();
+            (chunk, Some(left - sent))
+        }
+        None => (chunk, None),
     }
 }
 
@@ -989,6 +1056,7 @@ fn pod_log(
     params: &Params,
 ) -> Result<Response, ApiError> {
     let since = Since::parse(params)?;
+    let limits = LogLimits::parse(params)?;
     let mut req = LogRequest {
         namespace: ns.to_string(),
         name: p.name.clone().unwrap_or_default(),
@@ -998,39 +1066,34 @@ fn pod_log(
         default_run: shared.settings.default_run,
     };
     let (text, done) = shared.with(|c| {
-        req.since = since.at(c.core.now);
+        req.since = since.at(c.core.now)?;
         req.render(c)
     })?;
-    let first = match params
-        .get("tailLines")
-        .and_then(|t| t.parse::<usize>().ok())
-    {
-        Some(n) => {
-            let lines: Vec<&str> = text.lines().collect();
-            let skip = lines.len().saturating_sub(n);
-            lines[skip..]
-                .iter()
-                .map(|l| format!("{l}\n"))
-                .collect::<String>()
-        }
-        None => text.clone(),
-    };
-    if !params.flag("follow") || done {
-        return Ok(respond(200, "text/plain", first.into_bytes()));
+    let (first, left) = within_limit(limits.tail(&text).into_bytes(), limits.limit_bytes);
+    if !params.flag("follow") || done || left == Some(0) {
+        return Ok(respond(200, "text/plain", first));
     }
     let mut rx = shared.subscribe();
     rx.mark_unchanged();
-    let state = (shared.clone(), req, rx, Some(first), text.len(), false);
+    let state = (
+        shared.clone(),
+        req,
+        rx,
+        Some(first),
+        text.len(),
+        false,
+        left,
+    );
     let stream = futures::stream::unfold(
         state,
-        |(shared, req, mut rx, pending, mut sent, finished)| async move {
+        |(shared, req, mut rx, pending, mut sent, finished, left)| async move {
             if let Some(p) = pending {
                 return Some((
                     Ok::<Bytes, std::io::Error>(Bytes::from(p)),
-                    (shared, req, rx, None, sent, finished),
+                    (shared, req, rx, None, sent, finished, left),
                 ));
             }
-            if finished {
+            if finished || left == Some(0) {
                 return None;
             }
             loop {
@@ -1042,9 +1105,13 @@ fn pod_log(
                     return None;
                 };
                 if text.len() > sent || done {
-                    let chunk = text.get(sent..).unwrap_or_default().to_string();
+                    let chunk = text.get(sent..).unwrap_or_default().as_bytes().to_vec();
+                    let (chunk, left) = within_limit(chunk, left);
                     sent = text.len();
-                    return Some((Ok(Bytes::from(chunk)), (shared, req, rx, None, sent, done)));
+                    return Some((
+                        Ok(Bytes::from(chunk)),
+                        (shared, req, rx, None, sent, done, left),
+                    ));
                 }
             }
         },
@@ -1057,6 +1124,12 @@ fn pod_log(
 }
 
 // ----- watch -----
+
+/// An instant no watch lives to see: about 30 years from `now`.
+fn far_future(now: tokio::time::Instant) -> tokio::time::Instant {
+    now.checked_add(Duration::from_secs(30 * 365 * 86_400))
+        .unwrap_or(now)
+}
 
 struct WatchSpec {
     storage: ResId,
@@ -1225,11 +1298,19 @@ fn start_watch(
     let bookmarks = params.flag("allowWatchBookmarks");
     let send_initial = params.flag("sendInitialEvents");
     let rv_param = params.get("resourceVersion").unwrap_or_default();
-    let timeout = params
-        .get("timeoutSeconds")
-        .and_then(|s| s.parse::<u64>().ok())
-        .map(Duration::from_secs)
-        .unwrap_or(shared.settings.watch_timeout);
+    // As the API server: an integer, 0 or less for the server's own timeout.
+    let timeout = match params.get("timeoutSeconds") {
+        None => shared.settings.watch_timeout,
+        Some(raw) => match raw.parse::<i64>() {
+            Ok(n) if n > 0 => Duration::from_secs(n.unsigned_abs()),
+            Ok(_) => shared.settings.watch_timeout,
+            Err(_) => {
+                return Err(ApiError::bad_request(format!(
+                    "timeoutSeconds: Invalid value: {raw:?}: not an integer"
+                )));
+            }
+        },
+    };
     let spec = WatchSpec {
         storage: t.storage,
         kind: t.kind.clone(),
@@ -1289,9 +1370,12 @@ fn start_watch(
         pending,
         rx,
         cuts,
-        deadline: now + timeout,
+        // A timeout past what a clock can hold (`timeoutSeconds` near 2^63) is no timeout.
+        deadline: now.checked_add(timeout).unwrap_or_else(|| far_future(now)),
         cut_after_events: decision.cut_after_events,
-        cut_at: decision.cut_after.map(|d| now + d),
+        cut_at: decision
+            .cut_after
+            .map(|d| now.checked_add(d).unwrap_or_else(|| far_future(now))),
         lose: decision.lose_events,
         lost: 0.0,
         sent: 0,

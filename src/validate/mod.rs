@@ -26,14 +26,20 @@
 //!   IP → `networkIp`); numbers lie within the declared min/max; every non-optional parameter has a value.
 //! - Storage paths (file values, `outputFolder`, `openedFile`) are absolute, name something below the
 //!   root, and have no `.` or `..` component.
-//! - Peers: host names are DNS-1123 subdomains and job ids valid job ids. License servers: the id is
+//! - `openedFile` lies inside a folder the job mounts: an input file or folder, or the output folder.
+//! - Peers: host names are peer host names ([`names::is_peer_hostname`]: the name of a Service in the
+//!   job's namespace, so a DNS-1035 label, and not `j-...`, which Volcano's own names use) and job ids
+//!   valid job ids. License servers: the id is
 //!   in `licenses`. Ingresses: the domain is a DNS-1123 subdomain. Network IPs: a valid IP address and
 //!   port ranges within 1..=65535 with a protocol. Ingresses and network IPs need `replicas` = 1.
-//! - `timeAllocation`, when given, is positive; timestamps and durations are within the proto3 ranges.
+//! - `timeAllocation`, when given, is positive and at most [`TIME_ALLOCATION_MAX_SECONDS`] (100 years);
+//!   timestamps are within the proto3 range.
 //!
 //! # Rules for `CancelJob` and `ExtendJob`
 //! A valid job id; for an extension, a `requestId` of 1 to 128 letters, digits, `.`, `_`, `:` or `-`
-//! (it is stored on the VolcanoJob to apply each request once) and a positive `extension`.
+//! (it is stored on the VolcanoJob to apply each request once) and a positive `extension` of at most
+//! [`TIME_ALLOCATION_MAX_SECONDS`] (the runner also refuses an extension that would take the job's
+//! allocation past it, which only the job's current allocation can tell).
 
 pub mod image;
 pub mod names;
@@ -183,13 +189,15 @@ pub fn cancel(cancel: &CancelJob) -> Result<(), ValidationError> {
     job_id(&cancel.job_id)
 }
 
-/// Checks an extension: job id, request id, and a positive extension.
+/// Checks an extension: job id, request id, and a positive extension of at most
+/// [`TIME_ALLOCATION_MAX_SECONDS`]. An extension over the bound is [`ErrorKind::LimitExceeded`], as is one
+/// that would take a job's allocation past it (which the runner finds when it applies it).
 pub fn extend(extend: &ExtendJob) -> Result<(), ValidationError> {
     job_id(&extend.job_id)?;
     request_id("requestId", &extend.request_id)?;
     match &extend.extension {
         None => Err(ValidationError::missing("extension")),
-        Some(d) => positive_duration("extension", d),
+        Some(d) => time_allocation("extension", d),
     }
 }
 
@@ -276,6 +284,14 @@ fn request_id(field: &str, id: &str) -> Result<(), ValidationError> {
     Ok(())
 }
 
+/// The longest time allocation, in seconds: 100 calendar years, counted generously as 36,600 days. One
+/// bound for a submission's `timeAllocation`, for one extension, and for the allocation a job reaches
+/// after its extensions (the runner refuses an extension past it). Far above any real job's, it keeps
+/// the job's expiry (its start plus its allocation) an instant that can be computed and written: a
+/// 10,000-year allocation, which the proto3 range allows, left a job that never expired. The schemas'
+/// `TimeAllocation` pattern states the same bound.
+pub const TIME_ALLOCATION_MAX_SECONDS: i64 = 36_600 * 24 * 3600;
+
 /// The range of `google.protobuf.Timestamp`: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999999Z.
 const TIMESTAMP_SECONDS: std::ops::RangeInclusive<i64> = -62_135_596_800..=253_402_300_799;
 /// The range of `google.protobuf.Duration`: about ±10 000 years.
@@ -294,7 +310,7 @@ pub(crate) fn timestamp(field: &str, t: &Timestamp) -> Result<(), ValidationErro
     Ok(())
 }
 
-pub(crate) fn positive_duration(field: &str, d: &Duration) -> Result<(), ValidationError> {
+fn positive_duration(field: &str, d: &Duration) -> Result<(), ValidationError> {
     let in_range = d.seconds.unsigned_abs() <= DURATION_SECONDS_MAX.unsigned_abs()
         && d.nanos.unsigned_abs() < 1_000_000_000;
     let same_sign = d.seconds == 0 || d.nanos == 0 || (d.seconds < 0) == (d.nanos < 0);
@@ -311,6 +327,23 @@ pub(crate) fn positive_duration(field: &str, d: &Duration) -> Result<(), Validat
         return Err(ValidationError::invalid(
             field,
             format!("must be positive, got {}", duration_text(d)),
+        ));
+    }
+    Ok(())
+}
+
+/// A time allocation or extension: positive, and at most [`TIME_ALLOCATION_MAX_SECONDS`].
+pub(crate) fn time_allocation(field: &str, d: &Duration) -> Result<(), ValidationError> {
+    positive_duration(field, d)?;
+    let max = TIME_ALLOCATION_MAX_SECONDS;
+    if d.seconds > max || (d.seconds == max && d.nanos > 0) {
+        return Err(ValidationError::new(
+            ErrorKind::LimitExceeded,
+            field,
+            format!(
+                "{} is longer than the longest time allocation, 100 years ({max}s, 36600 days)",
+                duration_text(d)
+            ),
         ));
     }
     Ok(())
@@ -417,6 +450,120 @@ mod tests {
         assert_eq!(e.field(), "requestId");
         let e = with(|e| e.job_id = "X".into());
         assert_eq!(e.field(), "jobId");
+    }
+
+    /// One bound for a submission's allocation and an extension: 100 years (36,600 days) fits, a
+    /// nanosecond more does not, and the 10,000 years the proto3 range allows are refused naming the
+    /// field (a job with them ran without an expiry and never expired).
+    #[test]
+    fn time_allocations_and_extensions_share_the_100_year_bound() {
+        let d = |seconds, nanos| Duration { seconds, nanos };
+        let max = TIME_ALLOCATION_MAX_SECONDS;
+        assert_eq!(max, 100 * 366 * 86_400);
+        let example = include_bytes!("../../schemas/examples/submit-job.figlet.json");
+        let mut job: SubmitJob =
+            crate::messages::decode(crate::messages::Format::Json, example).unwrap();
+        let rules = Rules {
+            max_replicas: 4,
+            license_ids: Vec::new(),
+        };
+        let mut ext = ExtendJob {
+            job_id: "4817".into(),
+            request_id: "ext-1".into(),
+            extension: None,
+        };
+        for ok in [d(max, 0), d(max - 1, 999_999_999), d(1, 0)] {
+            job.time_allocation = Some(ok);
+            assert_eq!(submit(&job, rules.clone()), Ok(()), "{ok:?}");
+            ext.extension = Some(ok);
+            assert_eq!(extend(&ext), Ok(()), "{ok:?}");
+        }
+        let ten_thousand_years = d(DURATION_SECONDS_MAX, 0);
+        for over in [d(max, 1), d(max + 1, 0), ten_thousand_years] {
+            job.time_allocation = Some(over);
+            let e = submit(&job, rules.clone()).unwrap_err();
+            assert_eq!(
+                (e.field(), e.kind()),
+                ("timeAllocation", ErrorKind::LimitExceeded),
+                "{e}"
+            );
+            assert!(e.message().contains("100 years"), "{e}");
+            ext.extension = Some(over);
+            let e = extend(&ext).unwrap_err();
+            assert_eq!(
+                (e.field(), e.reason()),
+                ("extension", "limit_exceeded"),
+                "{e}"
+            );
+        }
+        let e = extend(&ExtendJob {
+            extension: Some(d(max + 1, 0)),
+            ..ext
+        })
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "extension: 3162240001s is longer than the longest time allocation, 100 years \
+             (3162240000s, 36600 days)"
+        );
+    }
+
+    /// What the runner's pipeline refuses about peers and the opened file, validation refuses too, under
+    /// the field the pipeline names: a job as its own peer, one host name for two peer jobs, an opened
+    /// file outside every mounted folder (a folder whose name merely starts the same is not its parent).
+    #[test]
+    fn peers_and_the_opened_file_as_the_pipeline_sees_them() {
+        use crate::messages::v1::{PeerValue, ResourceValue, resource_value};
+        let example = include_bytes!("../../schemas/examples/submit-job.matlab-web.json");
+        let job: SubmitJob =
+            crate::messages::decode(crate::messages::Format::Json, example).unwrap();
+        let rules = Rules {
+            max_replicas: 4,
+            license_ids: vec!["matlab-campus"],
+        };
+        assert_eq!(submit(&job, rules.clone()), Ok(()));
+        let peer = |hostname: &str, job_id: &str| ResourceValue {
+            value: Some(resource_value::Value::Peer(PeerValue {
+                hostname: hostname.into(),
+                job_id: job_id.into(),
+            })),
+        };
+        let refused = |edit: &dyn Fn(&mut SubmitJob)| {
+            let mut j = job.clone();
+            edit(&mut j);
+            submit(&j, rules.clone())
+        };
+        let e = refused(&|j| j.resources.push(peer("self", "4819"))).unwrap_err();
+        assert_eq!(e.field(), "resources[1].peer.jobId", "{e}");
+        // The parameter's peer `postgres` is job 4790; the same name for 4791 is one name too many.
+        let e = refused(&|j| j.resources.push(peer("postgres", "4791"))).unwrap_err();
+        assert_eq!(e.field(), "parameters.database.peer.hostname", "{e}");
+        assert!(e.message().contains("already names peer job"), "{e}");
+        assert_eq!(
+            refused(&|j| j.resources.push(peer("postgres", "4790"))),
+            Ok(())
+        );
+
+        let workspace = "/projects/neuro-imaging/Members' Files/carol/fmri-study";
+        for ok in [
+            format!("{workspace}/analysis.m"),
+            format!("/{workspace}//sub/x.m"),
+            workspace.to_owned(),
+            "/projects/neuro-imaging/Members' Files/carol/Jobs/MATLAB (web)/4819/out.m".to_owned(),
+        ] {
+            assert_eq!(
+                refused(&|j| j.opened_file = Some(ok.clone())),
+                Ok(()),
+                "{ok}"
+            );
+        }
+        for bad in [
+            format!("{workspace}-old/analysis.m"),
+            "/projects/neuro-imaging/Members' Files/carol/notes.m".to_owned(),
+        ] {
+            let e = refused(&|j| j.opened_file = Some(bad.clone())).unwrap_err();
+            assert_eq!(e.field(), "openedFile", "{bad}: {e}");
+        }
     }
 
     /// Long user strings are cut in messages, so an error never carries a megabyte of input.

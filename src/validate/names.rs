@@ -23,6 +23,15 @@ pub fn is_dns_subdomain(s: &str) -> bool {
     s.len() <= DNS_SUBDOMAIN_MAX && s.split('.').all(is_dns_label)
 }
 
+/// A peer's host name, the one rule for validation and the runner: the runner makes it the name of a
+/// Service in the job's namespace, so it is a DNS-1035 label (lower-case letters, digits and `-`, at most
+/// 63, starting with a letter and ending with a letter or digit: no dots, no leading digit), and it does
+/// not start with `j-`, the prefix of the job's own names (`j-<jobId>`, `j-<jobId>-job-<rank>`), which a
+/// peer's name would shadow.
+pub fn is_peer_hostname(s: &str) -> bool {
+    is_dns_label(s) && s.as_bytes()[0].is_ascii_lowercase() && !s.starts_with("j-")
+}
+
 /// An environment variable name as the Kubernetes API has long validated it: letters, digits, `_`, `-`
 /// and `.`, not starting with a digit. (Recent API servers accept more; this rule works on every one.)
 pub fn is_env_var_name(s: &str) -> bool {
@@ -59,6 +68,27 @@ mod tests {
         assert_eq!(long.len(), 255);
         for bad in ["", "a..b", ".a", "a.", "Postgres", "my db", &long] {
             assert!(!is_dns_subdomain(bad), "{bad}");
+        }
+    }
+
+    /// Peer host names: Service names (no dots, no leading digit), never `j-...`.
+    #[test]
+    fn peer_hostnames() {
+        for ok in ["postgres", "db-1", "j", "jupyter-j-2", &"p".repeat(63)] {
+            assert!(is_peer_hostname(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "db.internal",
+            "j-4817",
+            "j-",
+            "1db",
+            "-db",
+            "db-",
+            "Db",
+            &"p".repeat(64),
+        ] {
+            assert!(!is_peer_hostname(bad), "{bad}");
         }
     }
 

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use super::Rules;
 use super::{
-    ErrorKind, ValidationError, image, job_id_at, names, positive_duration, quoted, timestamp,
+    ErrorKind, ValidationError, image, job_id_at, names, quoted, time_allocation, timestamp,
 };
 use crate::messages::v1::{
     Application, ApplicationType, FileValue, IngressValue, InvocationParameter, LicenseServerValue,
@@ -46,7 +46,7 @@ pub(super) fn check(job: &SubmitJob, config: &Rules<'_>) -> Check {
         .ok_or_else(|| ValidationError::missing("application"))?;
     let definitions = application(app)?;
     if let Some(d) = &job.time_allocation {
-        positive_duration("timeAllocation", d)?;
+        time_allocation("timeAllocation", d)?;
     }
     if let Some(t) = &job.submitted_at {
         timestamp("submittedAt", t)?;
@@ -107,7 +107,9 @@ pub(super) fn check(job: &SubmitJob, config: &Rules<'_>) -> Check {
     }
     if let Some(path) = &job.opened_file {
         storage_path("openedFile", path)?;
+        opened_file_is_mounted(job, path)?;
     }
+    distinct_peers(job)?;
     single_replica_resources(job)
 }
 
@@ -523,16 +525,92 @@ fn file(field: &str, f: &FileValue) -> Check {
 fn peer(field: &str, p: &PeerValue) -> Check {
     let host_field = format!("{field}.peer.hostname");
     non_empty(&host_field, &p.hostname)?;
-    if !names::is_dns_subdomain(&p.hostname) {
+    if !names::is_peer_hostname(&p.hostname) {
         return Err(ValidationError::invalid(
             host_field,
             format!(
-                "host name {} must be a DNS-1123 subdomain: lower-case letters, digits, '-' and '.'",
-                quoted(&p.hostname)
+                "host name {} must be lower-case letters, digits and '-', at most {} characters, \
+                 start with a letter and not with `j-`: it names a Service in the job's namespace",
+                quoted(&p.hostname),
+                names::DNS_LABEL_MAX
             ),
         ));
     }
     job_id_at(&format!("{field}.peer.jobId"), &p.job_id)
+}
+
+/// Every peer of a job: not the job itself, and each host name naming one peer job.
+fn distinct_peers(job: &SubmitJob) -> Check {
+    let from_resources = job
+        .resources
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| match &r.value {
+            Some(resource_value::Value::Peer(p)) => Some((format!("resources[{i}].peer"), p)),
+            _ => None,
+        });
+    let from_parameters = job
+        .parameters
+        .iter()
+        .filter_map(|(name, v)| match &v.value {
+            Some(parameter_value::Value::Peer(p)) => Some((format!("parameters.{name}.peer"), p)),
+            _ => None,
+        });
+    let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
+    for (field, p) in from_resources.chain(from_parameters) {
+        if p.job_id == job.job_id {
+            return Err(ValidationError::invalid(
+                format!("{field}.jobId"),
+                "a job cannot be its own peer",
+            ));
+        }
+        match seen.insert(&p.hostname, &p.job_id) {
+            Some(other) if other != p.job_id => {
+                return Err(ValidationError::invalid(
+                    format!("{field}.hostname"),
+                    format!(
+                        "host name {} already names peer job {}",
+                        quoted(&p.hostname),
+                        quoted(other)
+                    ),
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The file an interactive application opens must be one the job can see: inside (or equal to) an input
+/// file or folder, or inside the output folder, as the runner's mounts translate it.
+fn opened_file_is_mounted(job: &SubmitJob, path: &str) -> Check {
+    fn components(p: &str) -> Vec<&str> {
+        p.split('/').filter(|c| !c.is_empty()).collect()
+    }
+    let opened = components(path);
+    let files = job
+        .resources
+        .iter()
+        .filter_map(|r| match &r.value {
+            Some(resource_value::Value::File(f)) => Some(f.path.as_str()),
+            _ => None,
+        })
+        .chain(job.parameters.values().filter_map(|v| match &v.value {
+            Some(parameter_value::Value::File(f)) => Some(f.path.as_str()),
+            _ => None,
+        }));
+    let mut mounted = files.chain(job.output_folder.as_deref());
+    if mounted.any(|folder| opened.starts_with(&components(folder))) {
+        return Ok(());
+    }
+    Err(ValidationError::invalid(
+        "openedFile",
+        format!(
+            "{} is not inside any folder the job mounts (its input files and folders and its output \
+             folder)",
+            quoted(path)
+        ),
+    ))
 }
 
 fn ingress(field: &str, i: &IngressValue) -> Check {

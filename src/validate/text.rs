@@ -14,6 +14,8 @@ use super::ValidationError;
 pub const NAME_MAX: usize = 256;
 /// Anything else: descriptions, prefixes and suffixes, flags, enumeration values, addresses.
 pub const TEXT_MAX: usize = 4096;
+/// A container image reference (`application.image`), as the schema's `ImageReference` bounds it.
+pub const IMAGE_MAX: usize = 512;
 /// Text and textarea parameter values, and the words of an invocation (a word may be a whole script).
 pub const LONG_TEXT_MAX: usize = 65_536;
 /// What is kept of a cancel's reason (on the job, in the tombstone and in CANCELLED). A longer reason is
@@ -30,6 +32,9 @@ pub fn submit_limit(path: &str) -> usize {
     }
     if generic.starts_with("application.invocation[].") && last == "word" {
         return LONG_TEXT_MAX;
+    }
+    if generic == "application.image" {
+        return IMAGE_MAX;
     }
     match last {
         "user" | "project" | "name" | "version" | "title" | "id" | "category" | "variableName"
@@ -147,6 +152,7 @@ mod tests {
         );
         assert_eq!(submit_limit("application.parameters[2].title"), NAME_MAX);
         assert_eq!(submit_limit("owner.user"), NAME_MAX);
+        assert_eq!(submit_limit("application.image"), IMAGE_MAX);
         assert_eq!(
             submit_limit("application.parameters[2].description"),
             TEXT_MAX

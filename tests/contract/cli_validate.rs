@@ -356,3 +356,111 @@ fn an_unreachable_cluster_is_named_at_once() {
         "no retry budget spent: {stderr}"
     );
 }
+
+/// What a runner refuses, `validate` refuses, and so does `render` (the runner's validation and
+/// pipeline), naming the same field by its JSON path: peer host names that are no Service name (dots,
+/// `j-`, a leading digit), an opened file outside every mounted folder, a time allocation over 100
+/// years, an image reference over 512 characters, an environment variable name over 256. (The schema's
+/// verdict on each is held in tests/fixtures/invalid/index.toml.) The pipeline on its own, unvalidated,
+/// refuses the peer host names, the opened file and the time allocations under the same names.
+#[test]
+fn validate_and_render_refuse_what_the_runner_refuses_naming_the_same_field() {
+    let cases = [
+        (
+            "submit-job.peer-hostname-with-dots.json",
+            "parameters.database.peer.hostname",
+        ),
+        (
+            "submit-job.peer-hostname-j-prefix.json",
+            "parameters.database.peer.hostname",
+        ),
+        (
+            "submit-job.peer-hostname-leading-digit.json",
+            "parameters.database.peer.hostname",
+        ),
+        ("submit-job.opened-file-not-mounted.json", "openedFile"),
+        (
+            "submit-job.time-allocation-over-100-years.json",
+            "timeAllocation",
+        ),
+        (
+            "submit-job.time-allocation-10000-years.json",
+            "timeAllocation",
+        ),
+        ("submit-job.image-too-long.json", "application.image"),
+    ];
+    let long_env = format!("application.environment.{}", "L".repeat(257));
+    let cases = cases.into_iter().chain([(
+        "submit-job.environment-name-too-long.json",
+        long_env.as_str(),
+    )]);
+    let test_config = crate::support::test_config();
+    for (name, field) in cases {
+        let file = format!("tests/fixtures/invalid/{name}");
+        if !name.contains("too-long") {
+            let job: messages::v1::SubmitJob =
+                messages::decode(Format::Json, &std::fs::read(root().join(&file)).unwrap())
+                    .unwrap();
+            let e =
+                volcano_runner::pipeline::render(&job, &test_config, jiff::Timestamp::UNIX_EPOCH)
+                    .unwrap_err();
+            assert_eq!(e.field(), field, "{file}: the pipeline says {e}");
+        }
+        let config = ["--config", "tests/fixtures/config.toml"];
+        let checked = volcano_runner(&[&["validate"][..], &config, &[&file]].concat(), &[]);
+        assert_eq!(
+            checked.status.code(),
+            Some(1),
+            "{file}: {}",
+            stdout(&checked)
+        );
+        assert!(
+            stdout(&checked).starts_with(&format!("{file}: {field}: ")),
+            "{}",
+            stdout(&checked)
+        );
+        let rendered = volcano_runner(&[&["render"][..], &config, &[&file]].concat(), &[]);
+        let stderr = String::from_utf8_lossy(&rendered.stderr);
+        assert_eq!(rendered.status.code(), Some(1), "{file}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!("{file}: {field}: ")),
+            "{stderr}"
+        );
+    }
+}
+
+/// `logs` takes a job id by the runner's rule, so it cannot add terms to the field selector it looks the
+/// job up with, and a namespace that is a namespace name, so the URL path cannot be bent; both are
+/// refused before any cluster is contacted, naming the argument.
+#[test]
+fn logs_refuses_a_job_id_or_namespace_that_is_not_a_name() {
+    for (args, argument, words) in [
+        (
+            vec!["4817,metadata.namespace=kube-system"],
+            "<JOB_ID>",
+            "lower-case letters, digits and '-'",
+        ),
+        (vec!["Job 1"], "<JOB_ID>", "lower-case letters"),
+        (
+            vec!["4817", "--namespace", "../../apis/x"],
+            "--namespace",
+            "not a namespace name",
+        ),
+        (
+            vec!["4817", "--namespace", "apps%2Fx"],
+            "--namespace",
+            "not a namespace name",
+        ),
+    ] {
+        let mut all = vec!["logs", "--cluster", "http://127.0.0.1:9"];
+        all.extend(args.iter().copied());
+        let out = volcano_runner(&all, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(argument) && stderr.contains(words),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("cannot reach"), "{args:?}: {stderr}");
+    }
+}

@@ -262,6 +262,215 @@ fn string_leaves(value: &Value, field: String, pointer: String, out: &mut Vec<(S
     }
 }
 
+/// One bound on time allocations, in the schemas and in validation: for a submission's `timeAllocation`
+/// and an extension, every duration around each digit boundary of the pattern and around 100 years
+/// (36,600 days) is accepted by the schema exactly when validation accepts it, in canonical form and
+/// with leading zeros or trailing zero decimals.
+#[test]
+fn the_time_allocation_bound_is_the_same_in_schemas_and_validation() {
+    let config = test_config();
+    let max = validate::TIME_ALLOCATION_MAX_SECONDS;
+    let mut seconds: Vec<i64> = vec![0, 1, max - 1, max, max + 1, 315_576_000_000];
+    for digits in 1..=11 {
+        let p = 10i64.pow(digits);
+        seconds.extend([p - 1, p, p + 1]);
+    }
+    // Each prefix of 3162240000 with the next digit one higher: the branches of the pattern.
+    let text = max.to_string();
+    for i in 1..text.len() {
+        let mut higher: Vec<u8> = text.as_bytes().to_vec();
+        if higher[i] < b'9' {
+            higher[i] += 1;
+            seconds.push(String::from_utf8(higher).unwrap().parse().unwrap());
+        }
+        let mut lower: Vec<u8> = text.as_bytes().to_vec();
+        if lower[i] > b'0' {
+            lower[i] -= 1;
+            seconds.push(String::from_utf8(lower).unwrap().parse().unwrap());
+        }
+    }
+    let submit_schema = validator(MessageType::SubmitJob);
+    let extend_schema = validator(MessageType::ExtendJob);
+    let figlet = read_json(&root().join("schemas/examples/submit-job.figlet.json"));
+    let extend = read_json(&root().join("schemas/examples/extend-job.json"));
+    let mut checked = 0;
+    for s in seconds {
+        for nanos in [0, 1, 500_000_000, 999_999_999] {
+            let duration = pbjson_types::Duration { seconds: s, nanos };
+            let canonical = serde_json::to_value(duration).unwrap();
+            let canonical = canonical.as_str().unwrap().to_owned();
+            let mut forms = vec![canonical.clone(), format!("00{canonical}")];
+            if nanos == 0 {
+                forms.push(format!("{s}.000s"));
+            }
+            for form in forms {
+                let mut job = figlet.clone();
+                job["timeAllocation"] = Value::String(form.clone());
+                let decoded: v1::SubmitJob = serde_json::from_value(job.clone()).unwrap();
+                let verdict = validate::submit(&decoded, &config);
+                assert_eq!(
+                    submit_schema.is_valid(&job),
+                    verdict.is_ok(),
+                    "timeAllocation {form}: validation says {verdict:?}"
+                );
+                if let Err(e) = verdict {
+                    assert_eq!(e.field(), "timeAllocation", "{form}: {e}");
+                }
+                let mut ext = extend.clone();
+                ext["extension"] = Value::String(form.clone());
+                let decoded: v1::ExtendJob = serde_json::from_value(ext.clone()).unwrap();
+                let verdict = validate::extend(&decoded);
+                assert_eq!(
+                    extend_schema.is_valid(&ext),
+                    verdict.is_ok(),
+                    "extension {form}: validation says {verdict:?}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 300, "only {checked} durations");
+}
+
+/// Map keys (parameter names, environment variable names) have validation's bound in the schema too:
+/// 256 characters pass both, 257 are refused by both, naming the key.
+#[test]
+fn map_keys_are_bounded_in_schema_and_validation() {
+    let config = test_config();
+    let schema = validator(MessageType::SubmitJob);
+    let example = read_json(&root().join("schemas/examples/submit-job.matlab-web.json"));
+    let max = validate::text::NAME_MAX;
+    for n in [max, max + 1] {
+        let name = "L".repeat(n);
+        // An environment variable under a long name.
+        let mut job = example.clone();
+        let env = job["application"]["environment"].as_object_mut().unwrap();
+        let template = env.remove("MLM_LICENSE_FILE").unwrap();
+        env.insert(name.clone(), template);
+        let decoded: v1::SubmitJob = serde_json::from_value(job.clone()).unwrap();
+        let verdict = validate::submit(&decoded, &config);
+        assert_eq!(schema.is_valid(&job), n == max, "environment {n}");
+        assert_eq!(verdict.is_ok(), n == max, "environment {n}: {verdict:?}");
+        if let Err(e) = verdict {
+            assert_eq!(e.field(), format!("application.environment.{name}"));
+        }
+        // A parameter value under a long name (refused for its length before it is looked up).
+        let mut job = example.clone();
+        let values = job["parameters"].as_object_mut().unwrap();
+        let value = values.remove("workspace").unwrap();
+        values.insert(name.clone(), value);
+        let decoded: v1::SubmitJob = serde_json::from_value(job.clone()).unwrap();
+        let e = validate::submit(&decoded, &config).unwrap_err();
+        assert_eq!(
+            schema.is_valid(&job),
+            n == max,
+            "parameter name of {n} characters"
+        );
+        if n > max {
+            assert_eq!(e.field(), format!("parameters.{name}"));
+            assert!(e.message().contains("at most 256"), "{e}");
+        } else {
+            assert_eq!(e.reason(), "unknown_parameter", "{e}");
+        }
+    }
+}
+
+/// `null` for a field is the field's default, as the proto3 JSON mapping says (and the README): in every
+/// inbound example, each member of each message object set to `null` decodes to the message without
+/// that member, whatever the field's type (scalar, enum, message, list, map, oneof member). A `null` for
+/// an unknown field, in a list, or as a map value is still refused.
+#[test]
+fn null_for_a_field_is_its_default() {
+    fn members(v: &Value, at: String, maps: &[&str], out: &mut Vec<String>) {
+        match v {
+            Value::Object(map) => {
+                for (key, item) in map {
+                    let pointer = format!("{at}/{}", key.replace('~', "~0").replace('/', "~1"));
+                    if !maps.contains(&at.as_str()) {
+                        out.push(pointer.clone());
+                    }
+                    members(item, pointer, maps, out);
+                }
+            }
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    members(item, format!("{at}/{i}"), maps, out);
+                }
+            }
+            _ => {}
+        }
+    }
+    // The members of these objects are map entries, not fields.
+    let maps = ["/parameters", "/application/environment"];
+    let mut checked = 0;
+    for (path, message_type) in examples() {
+        if !message_type.is_inbound() {
+            continue;
+        }
+        let example = read_json(&path);
+        let mut pointers = Vec::new();
+        members(&example, String::new(), &maps, &mut pointers);
+        for pointer in pointers {
+            let (parent, key) = pointer.rsplit_once('/').unwrap();
+            let mut with_null = example.clone();
+            *with_null.pointer_mut(&pointer).unwrap() = Value::Null;
+            let mut without = example.clone();
+            let parent_value = if parent.is_empty() {
+                &mut without
+            } else {
+                without.pointer_mut(parent).unwrap()
+            };
+            let key = key.replace("~1", "/").replace("~0", "~");
+            parent_value.as_object_mut().unwrap().remove(&key);
+            let expected = messages::decode_any(
+                message_type,
+                Format::Json,
+                &serde_json::to_vec(&without).unwrap(),
+            )
+            .unwrap_or_else(|e| panic!("{}: without {pointer}: {e}", path.display()));
+            let got = messages::decode_any(
+                message_type,
+                Format::Json,
+                &serde_json::to_vec(&with_null).unwrap(),
+            )
+            .unwrap_or_else(|e| panic!("{}: {pointer} = null: {e}", path.display()));
+            assert_eq!(got, expected, "{}: {pointer} = null", path.display());
+            checked += 1;
+        }
+    }
+    assert!(checked > 60, "only {checked} fields set to null");
+
+    let refused = |doc: Value| {
+        messages::decode_any(
+            MessageType::SubmitJob,
+            Format::Json,
+            &serde_json::to_vec(&doc).unwrap(),
+        )
+        .unwrap_err()
+    };
+    let figlet = read_json(&root().join("schemas/examples/submit-job.figlet.json"));
+    let mut unknown = figlet.clone();
+    unknown["replica"] = Value::Null;
+    let e = refused(unknown);
+    assert!(e.to_string().contains("unknown field `replica`"), "{e}");
+    let mut in_list = figlet.clone();
+    in_list["application"]["invocation"]
+        .as_array_mut()
+        .unwrap()
+        .push(Value::Null);
+    assert_eq!(refused(in_list).reason(), "invalid_json");
+    let mut map_value = figlet.clone();
+    map_value["parameters"]["text"] = Value::Null;
+    let e = refused(map_value);
+    assert_eq!(e.field(), Some("parameters.text"), "{e}");
+    // Another problem behind a null is the one reported, with its field.
+    let mut both = figlet;
+    both["exclusiveNodes"] = Value::Null;
+    both["replicas"] = Value::String("two".into());
+    let e = refused(both);
+    assert_eq!(e.field(), Some("replicas"), "{e}");
+}
+
 /// Each message has a schema file and at least one example, and no schema file is a stray.
 #[test]
 fn every_message_has_a_schema_and_an_example() {

@@ -78,9 +78,20 @@ fn timestamp() -> impl Strategy<Value = Timestamp> {
         .prop_map(|(seconds, nanos)| Timestamp { seconds, nanos })
 }
 
-fn positive_duration() -> impl Strategy<Value = Duration> {
-    (0i64..=315_576_000_000, 0i32..1_000_000_000)
-        .prop_map(|(seconds, nanos)| Duration { seconds, nanos })
+/// A time allocation or extension: positive, at most 100 years (36,600 days).
+fn time_allocation() -> impl Strategy<Value = Duration> {
+    let max = validate::TIME_ALLOCATION_MAX_SECONDS;
+    (0i64..=max, 0i32..1_000_000_000)
+        .prop_map(move |(seconds, nanos)| Duration {
+            seconds,
+            nanos: if seconds == max { 0 } else { nanos },
+        })
+        .prop_filter("positive", |d| d.seconds > 0 || d.nanos > 0)
+}
+
+/// A peer's host name: a Service name, not `j-...`.
+fn peer_hostname() -> impl Strategy<Value = String> {
+    "[a-z]([a-z0-9-]{0,10}[a-z0-9])?".prop_filter("not j-", |h| !h.starts_with("j-"))
 }
 
 fn port() -> impl Strategy<Value = u32> {
@@ -143,7 +154,7 @@ fn file_value() -> impl Strategy<Value = v1::FileValue> {
 }
 
 fn peer_value() -> impl Strategy<Value = v1::PeerValue> {
-    (dns_subdomain(), job_id()).prop_map(|(hostname, job_id)| v1::PeerValue { hostname, job_id })
+    (peer_hostname(), job_id()).prop_map(|(hostname, job_id)| v1::PeerValue { hostname, job_id })
 }
 
 fn ingress_value() -> impl Strategy<Value = v1::IngressValue> {
@@ -350,7 +361,7 @@ fn submit_job() -> impl Strategy<Value = v1::SubmitJob> {
             product,
             1u32..,
         ),
-        option::of(positive_duration()),
+        option::of(time_allocation()),
         btree_map(".{0,8}", parameter_value(), 0..4),
         vec(resource_value(), 0..3),
         (
@@ -396,7 +407,7 @@ fn cancel_job() -> impl Strategy<Value = v1::CancelJob> {
 }
 
 fn extend_job() -> impl Strategy<Value = v1::ExtendJob> {
-    (job_id(), "[A-Za-z0-9._:-]{1,32}", positive_duration()).prop_map(|(job_id, request_id, d)| {
+    (job_id(), "[A-Za-z0-9._:-]{1,32}", time_allocation()).prop_map(|(job_id, request_id, d)| {
         v1::ExtendJob {
             job_id,
             request_id,

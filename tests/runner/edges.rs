@@ -481,3 +481,80 @@ async fn a_peer_must_be_a_job_of_the_same_owner() {
     }
     runner.stop().await;
 }
+
+/// One bound of 100 years (36,600 days) for time allocations: a submission over it is refused with a
+/// FAILURE naming `timeAllocation` (a 10,000-year job once ran without an expiry and never expired), and
+/// an extension that would take a job near the bound past it gets its refusal (`limit_exceeded`) while
+/// the job keeps its allocation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocations_and_extensions_share_the_100_year_bound() {
+    let h = Harness::new("edge-allocation").await;
+    let runner = h.start("runner-a");
+    let max = volcano_runner::validate::TIME_ALLOCATION_MAX_SECONDS;
+    let mut over = figlet("alloc-over");
+    over.time_allocation = Some(pbjson_types::Duration {
+        seconds: 315_576_000_000,
+        nanos: 0,
+    });
+    let mut near = figlet("alloc-near");
+    near.time_allocation = Some(pbjson_types::Duration {
+        seconds: max - 3600,
+        nanos: 0,
+    });
+    h.submit(&over).await;
+    h.submit(&near).await;
+    let events = h
+        .wait_events(
+            "QUEUED for the job near the bound, FAILURE for the one over it",
+            |e| {
+                e.iter().any(|c| c.message_id == "alloc-near/QUEUED")
+                    && e.iter()
+                        .any(|c| c.message_id.starts_with("alloc-over/rejected/"))
+            },
+        )
+        .await;
+    let failure = events
+        .iter()
+        .filter_map(|c| c.event.as_ref())
+        .find(|e| e.job_id == "alloc-over")
+        .unwrap();
+    assert_eq!(failure.reason, "limit_exceeded", "{}", failure.status);
+    assert!(
+        failure.status.starts_with("timeAllocation: ") && failure.status.contains("100 years"),
+        "{}",
+        failure.status
+    );
+    assert!(h.vcjob("alloc-over").await.is_none());
+
+    // Two hours more would pass the bound by an hour.
+    h.extend("alloc-near", "two-hours", 7200).await;
+    let events = h
+        .wait_events("the extension's answer", |e| {
+            e.iter()
+                .any(|c| c.message_id == "alloc-near/extend/two-hours")
+        })
+        .await;
+    let answer = events
+        .iter()
+        .find(|c| c.message_id == "alloc-near/extend/two-hours")
+        .and_then(|c| c.event.clone())
+        .unwrap();
+    assert_eq!(answer.reason, "limit_exceeded", "{}", answer.status);
+    let dead = dead_letters(&h, 2).await;
+    let fields: Vec<Option<&str>> = dead.values().map(|d| d.field.as_deref()).collect();
+    assert!(fields.contains(&Some("timeAllocation")), "{dead:?}");
+    assert!(fields.contains(&Some("extension")), "{dead:?}");
+    assert!(
+        dead.values().all(|d| d.reason == "limit_exceeded"),
+        "{dead:?}"
+    );
+    let job = h.vcjob("alloc-near").await.unwrap();
+    let max_time = job
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("ucloud.dk/maxTime"))
+        .cloned();
+    assert_eq!(max_time, Some(((max - 3600) * 1000).to_string()));
+    runner.stop().await;
+}

@@ -7,6 +7,7 @@
 mod sim_support;
 
 mod api;
+mod bad_input;
 mod estimates;
 mod exclusive;
 mod faults;

@@ -84,17 +84,17 @@ impl Plugin for ConnectToJob {
             let label = cx.keys.peer_label(peer_id);
             if !names::is_dns1123_label(peer_id) || !names::is_qualified_name(&label) {
                 return Err(PipelineError::invalid(
-                    format!("{field}.job_id"),
+                    format!("{field}.jobId"),
                     "is not a job id",
                 ));
             }
             if peer_id == cx.job_id {
                 return Err(PipelineError::invalid(
-                    format!("{field}.job_id"),
+                    format!("{field}.jobId"),
                     "a job cannot be its own peer",
                 ));
             }
-            if !names::is_dns1035_label(hostname) || hostname.starts_with("j-") {
+            if !crate::validate::names::is_peer_hostname(hostname) {
                 return Err(PipelineError::invalid(
                     format!("{field}.hostname"),
                     "must be lowercase letters, digits and '-', start with a letter, and not start with `j-`",

@@ -38,14 +38,15 @@ impl Plugin for Expiry {
         let Some(allocation) = &cx.job.time_allocation else {
             return Ok(());
         };
-        let millis = i64::try_from(
-            i128::from(allocation.seconds) * 1000 + i128::from(allocation.nanos) / 1_000_000,
-        )
-        .map_err(|_| PipelineError::invalid("time_allocation", "is too long"))?;
+        let millis =
+            i128::from(allocation.seconds) * 1000 + i128::from(allocation.nanos) / 1_000_000;
         if millis <= 0 || allocation.nanos < 0 {
+            return Err(PipelineError::invalid("timeAllocation", "must be positive"));
+        }
+        if millis > MAX_ALLOCATION.as_millis() {
             return Err(PipelineError::invalid(
-                "time_allocation",
-                "must be positive",
+                "timeAllocation",
+                "is longer than the longest time allocation, 100 years (36600 days)",
             ));
         }
         draft.annotate(&cx.keys.max_time, millis.to_string());
@@ -243,20 +244,23 @@ pub enum ExtendError {
     #[error("{0}")]
     Facts(#[from] FactsError),
     /// Without a request id an extension could not be applied only once.
-    #[error("request_id: must not be empty")]
+    #[error("requestId: must not be empty")]
     NoRequestId,
     /// Extensions only add time.
     #[error("extension: must be positive")]
     NotPositive,
     /// The sum does not fit, or is past [`MAX_ALLOCATION`].
-    #[error("extension: the new time allocation would be more than 100 years")]
+    #[error("extension: the new time allocation would be more than 100 years (36600 days)")]
     OutOfRange,
 }
 
-/// The longest time allocation an extension may lead to. A technical bound, far above any real job's, so
-/// that the start plus the allocation is always a representable instant: an absurd extension is refused
-/// instead of leaving the job with an expiry nobody can compute.
-pub const MAX_ALLOCATION: SignedDuration = SignedDuration::from_secs(100 * 366 * 24 * 3600);
+/// The longest time allocation, of a submission and after any extensions: 100 years, the bound
+/// validation holds submissions and extensions to ([`crate::validate::TIME_ALLOCATION_MAX_SECONDS`]).
+/// A technical bound, far above any real job's, so that the start plus the allocation is always a
+/// representable instant: an absurd allocation is refused instead of leaving the job with an expiry
+/// nobody can compute (and so none at all).
+pub const MAX_ALLOCATION: SignedDuration =
+    SignedDuration::from_secs(crate::validate::TIME_ALLOCATION_MAX_SECONDS);
 
 /// Extends the job by `extension`, once per `request_id`, against the persisted values.
 pub fn extend(

@@ -95,7 +95,7 @@ pub fn plan(
     };
     let output = match output_folder {
         Some(folder) => {
-            let path = normalise(folder).map_err(|m| PipelineError::invalid("output_folder", m))?;
+            let path = normalise(folder).map_err(|m| PipelineError::invalid("outputFolder", m))?;
             Some(PlannedMount {
                 sub_path: sub_path(&path),
                 path,
@@ -108,8 +108,9 @@ pub fn plan(
 
     let mut mounts: Vec<PlannedMount> = Vec::with_capacity(files.len());
     for file in files {
-        let path = normalise(&file.value.path)
-            .map_err(|m| PipelineError::invalid(file.origin.field("file"), m))?;
+        let path = normalise(&file.value.path).map_err(|m| {
+            PipelineError::invalid(format!("{}.path", file.origin.field("file")), m)
+        })?;
         if let Some(existing) = mounts.iter_mut().find(|m| m.path == path) {
             existing.read_only |= file.value.read_only;
             continue;
@@ -286,7 +287,7 @@ mod tests {
     fn escaping_paths_are_refused() {
         let values = [fv("/home/../etc", true)];
         let err = plan(&files(&values), None, &StorageConfig::default()).unwrap_err();
-        assert_eq!(err.field(), "resources[0].file");
+        assert_eq!(err.field(), "resources[0].file.path");
         assert!(plan(&files(&[fv("/", true)]), None, &StorageConfig::default()).is_err());
         assert!(plan(&[], Some("a/../../b"), &StorageConfig::default()).is_err());
     }

@@ -29,13 +29,15 @@ impl Plugin for Minikube {
     }
 
     fn build(&self, cx: &Context<'_>, draft: &mut Draft) -> Result<(), PipelineError> {
-        let target = cx.app.web_port.or(cx.app.vnc_port).unwrap_or(80);
+        let (target, field) = match (cx.app.web_port, cx.app.vnc_port) {
+            (Some(p), _) => (p, "application.webPort"),
+            (None, Some(p)) => (p, "application.vncPort"),
+            (None, None) => (80, "application.webPort"),
+        };
         let target = i32::try_from(target)
             .ok()
             .filter(|p| (1..=65535).contains(p))
-            .ok_or_else(|| {
-                PipelineError::invalid("application.web_port", "must be a port number")
-            })?;
+            .ok_or_else(|| PipelineError::invalid(field, "must be a port number"))?;
         draft.companions.push(Companion::Service(Box::new(Service {
             metadata: ObjectMeta {
                 name: Some(service_name(cx.job_id)),

@@ -22,7 +22,7 @@ impl Plugin for NetworkIp {
     fn build(&self, cx: &Context<'_>, _draft: &mut Draft) -> Result<(), PipelineError> {
         match cx.network_ips.first() {
             Some(first) if cx.replicas > 1 => Err(PipelineError::invalid(
-                first.origin.field("network_ip"),
+                first.origin.field("networkIp"),
                 MULTIPLE_REPLICAS,
             )),
             _ => Ok(()),

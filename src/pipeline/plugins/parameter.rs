@@ -80,7 +80,7 @@ impl Plugin for Parameter {
         }
         if let Some(file) = cx.job.opened_file.as_deref() {
             let path = cx.mounts.translate(file).ok_or_else(|| {
-                PipelineError::invalid("opened_file", "is not inside any folder the job mounts")
+                PipelineError::invalid("openedFile", "is not inside any folder the job mounts")
             })?;
             env.retain(|e| e.name != OPEN_WITH_FILE_ENV);
             env.push(EnvVar {

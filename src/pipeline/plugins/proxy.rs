@@ -34,11 +34,9 @@ impl Plugin for Proxy {
     fn build(&self, cx: &Context<'_>, draft: &mut Draft) -> Result<(), PipelineError> {
         let app = cx.app;
         let (port, field) = match ApplicationType::try_from(app.application_type) {
-            Ok(ApplicationType::Web) => (Some(app.web_port.unwrap_or(80)), "application.web_port"),
-            Ok(ApplicationType::Vnc) => {
-                (Some(app.vnc_port.unwrap_or(5900)), "application.vnc_port")
-            }
-            _ => (app.web_port, "application.web_port"),
+            Ok(ApplicationType::Web) => (Some(app.web_port.unwrap_or(80)), "application.webPort"),
+            Ok(ApplicationType::Vnc) => (Some(app.vnc_port.unwrap_or(5900)), "application.vncPort"),
+            _ => (app.web_port, "application.webPort"),
         };
         let Some(port) = port else { return Ok(()) };
         if !(1..=65535).contains(&port) {

@@ -8,7 +8,9 @@
 //! publishes the event again, with the values now persisted.
 //!
 //! An unknown job, a job that has ended, and a job without a time limit get an event with a reason
-//! (`unknown_job`, `job_finished`, `no_time_limit`) and no change.
+//! (`unknown_job`, `job_finished`, `no_time_limit`) and no change. An extension longer than 100 years
+//! (36,600 days), or one that would take the job's allocation past that, gets one with `limit_exceeded`
+//! and is dead-lettered with that reason.
 
 use jiff::SignedDuration;
 use tracing::info;
@@ -17,7 +19,7 @@ use crate::broker::DeadLetterReason;
 use crate::messages::v1::ExtendJob;
 use crate::pipeline::hooks::JobFacts;
 use crate::pipeline::plugins::expiry::{self, ExtendError, Extension};
-use crate::validate;
+use crate::validate::{self, ErrorKind};
 
 use super::super::events::{self, Extended, reasons};
 use super::super::jobs::is_over;
@@ -36,19 +38,24 @@ pub async fn handle(h: &Handler, m: &Message<'_>, extend: &ExtendJob) -> Settle 
         is_submission: false,
         fingerprint16: &fingerprint16,
     };
-    if let Err(e) = validate::extend(extend) {
-        return reject::invalid_by(h, m, subject, &e).await;
-    }
-    let Some(added) = extend.extension.as_ref().and_then(to_signed) else {
-        let what = "must be a duration of at most 10000 years";
-        return reject::invalid(h, m, subject, "extension", what, "invalid_field").await;
-    };
     let (job_id, request_id) = (extend.job_id.as_str(), extend.request_id.as_str());
     // The answer's time is the request's (its AMQP timestamp) when it has one, so every delivery of the
     // request publishes the same answer under its id.
     let at = m.sent_at.unwrap_or_else(|| h.now());
     let refuse = |reason: &'static str| {
         events::extension_refused(job_id, request_id, reason, at, &h.runner_id)
+    };
+    if let Err(e) = validate::extend(extend) {
+        if e.kind() == ErrorKind::LimitExceeded {
+            // Longer than any allocation may be: refused like an extension that would take the job's
+            // allocation past the bound, with the answer the orchestrator waits for.
+            return limit_exceeded(h, m, &refuse(reasons::LIMIT_EXCEEDED), e.to_string()).await;
+        }
+        return reject::invalid_by(h, m, subject, &e).await;
+    }
+    let Some(added) = extend.extension.as_ref().and_then(to_signed) else {
+        let what = "must be a duration of at most 10000 years";
+        return reject::invalid(h, m, subject, "extension", what, "invalid_field").await;
     };
 
     for _ in 0..CONFLICT_ATTEMPTS {
@@ -63,20 +70,11 @@ pub async fn handle(h: &Handler, m: &Message<'_>, extend: &ExtendJob) -> Settle 
         let outcome = match expiry::extend(&job, &h.config.pipeline, request_id, added) {
             Ok(outcome) => outcome,
             Err(ExtendError::OutOfRange) => {
-                // The request's fault, not the job's: the orchestrator gets its answer, and the message
-                // goes to the dead-letter queue like any invalid one.
-                let event = refuse(reasons::LIMIT_EXCEEDED);
-                if let Err(e) = h.publish(&event, m.traceparent.as_ref()).await {
-                    return Settle::publish(&e);
-                }
-                let reason = DeadLetterReason::new(
-                    reasons::LIMIT_EXCEEDED,
-                    format!(
-                        "extension: job {job_id}'s time allocation would be more than 100 years"
-                    ),
-                )
-                .with_field("extension");
-                return Settle::DeadLetter(reason);
+                let text = format!(
+                    "extension: job {job_id}'s time allocation would be more than 100 years \
+                     (36600 days)"
+                );
+                return limit_exceeded(h, m, &refuse(reasons::LIMIT_EXCEEDED), text).await;
             }
             Err(e) => {
                 // The job's own annotations are unreadable: nothing this message can fix.
@@ -131,6 +129,22 @@ pub async fn handle(h: &Handler, m: &Message<'_>, extend: &ExtendJob) -> Settle 
     Settle::Requeue {
         why: format!("the VolcanoJob of {job_id} kept changing while it was being extended"),
     }
+}
+
+/// An extension past the longest time allocation is the request's fault, not the job's: the orchestrator
+/// gets its answer (`event`, reason `limit_exceeded`), and the message goes to the dead-letter queue like
+/// any invalid one, with `text` and the field `extension`.
+async fn limit_exceeded(
+    h: &Handler,
+    m: &Message<'_>,
+    event: &crate::messages::v1::JobEvent,
+    text: String,
+) -> Settle {
+    if let Err(e) = h.publish(event, m.traceparent.as_ref()).await {
+        return Settle::publish(&e);
+    }
+    let reason = DeadLetterReason::new(reasons::LIMIT_EXCEEDED, text).with_field("extension");
+    Settle::DeadLetter(reason)
 }
 
 async fn publish(h: &Handler, m: &Message<'_>, event: &crate::messages::v1::JobEvent) -> Settle {

@@ -108,7 +108,8 @@ fn sleep_duration(arg: &str) -> Option<Option<Duration>> {
     if !secs.is_finite() || secs < 0.0 {
         return None;
     }
-    Some(Some(Duration::from_secs_f64(secs * mult)))
+    // Longer than a Duration holds (`sleep 1e300`): as good as forever, never a panic.
+    Some(Duration::try_from_secs_f64(secs * mult).ok())
 }
 
 fn basename(s: &str) -> &str {
@@ -166,7 +167,7 @@ pub fn plan(
             "sleep" => {
                 saw_sleep = true;
                 match w.get(1).and_then(|a| sleep_duration(a)) {
-                    Some(Some(d)) => elapsed += d,
+                    Some(Some(d)) => elapsed = elapsed.saturating_add(d),
                     Some(None) => {
                         forever = true;
                         break 'statements;
@@ -216,7 +217,7 @@ pub fn plan(
     let duration = if forever {
         None
     } else if !saw_sleep && saw_unknown && exit_code == 0 {
-        Some(elapsed + default_run)
+        Some(elapsed.saturating_add(default_run))
     } else {
         Some(elapsed)
     };
@@ -255,6 +256,21 @@ mod tests {
         );
         let p = plan(&sv(&["sleep"]), &sv(&["infinity"]), "img", DEFAULT);
         assert_eq!(p.duration, None);
+    }
+
+    /// Sleeps longer than a Duration holds, alone or added up, are as good as forever: never a panic
+    /// of the simulator that runs the pod.
+    #[test]
+    fn huge_sleeps_do_not_overflow() {
+        let p = plan(&sv(&["sleep", "1e300"]), &[], "img", DEFAULT);
+        assert_eq!(p.duration, None);
+        let p = plan(
+            &sv(&["sh", "-c", "sleep 1e19; sleep 1e19; echo late"]),
+            &[],
+            "img",
+            DEFAULT,
+        );
+        assert_eq!(p.duration, Some(Duration::MAX));
     }
 
     #[test]
