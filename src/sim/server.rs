@@ -691,18 +691,29 @@ fn resolve(shared: &Shared, p: &ResourcePath) -> Result<(ResId, Arc<ResourceType
     })
 }
 
+/// A create's or update's body, as its `Content-Type` says: JSON (also when none is given, as the API server
+/// assumes) or YAML. Anything else, protobuf included (`application/vnd.kubernetes.protobuf`, which a real
+/// API server speaks for built-in kinds and the simulator does not), is a 415 naming the type it got,
+/// rather than a JSON decode error about bytes that were never JSON.
 fn parse_body(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/json");
-    if ct.contains("yaml") {
-        serde_yaml_ng::from_slice(body)
-            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
-    } else {
-        serde_json::from_slice(body).map_err(|e| {
+    let media = ct.split(';').next().unwrap_or_default().trim();
+    match media.to_ascii_lowercase().as_str() {
+        "" | "application/json" | "*/*" => serde_json::from_slice(body).map_err(|e| {
             ApiError::bad_request(format!("error decoding the request body as JSON: {e}"))
-        })
+        }),
+        "application/yaml"
+        | "application/x-yaml"
+        | "text/yaml"
+        | "application/apply-patch+yaml" => serde_yaml_ng::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}"))),
+        _ => Err(ApiError::unsupported_media_type(
+            ct,
+            &["application/json", "application/yaml"],
+        )),
     }
 }
 

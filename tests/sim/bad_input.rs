@@ -135,3 +135,49 @@ async fn watch_timeouts_beyond_any_clock_open_and_malformed_ones_are_400s() {
         status(&err).message
     );
 }
+
+/// A create whose body is protobuf (what a real API server accepts for built-in kinds, and kubectl can be
+/// told to send) gets a 415 naming the content type, not a JSON decode error; JSON with a charset and YAML
+/// still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_in_a_format_the_simulator_does_not_speak_is_a_415_naming_it() {
+    let (_sim, client) = start().await;
+    namespace(&client, NS).await;
+    let path = format!("/api/v1/namespaces/{NS}/configmaps");
+    let post = |content_type: &str, body: Vec<u8>| {
+        http::Request::post(path.as_str())
+            .header(http::header::CONTENT_TYPE, content_type)
+            .body(body)
+            .unwrap()
+    };
+    let protobuf = client
+        .request_text(post(
+            "application/vnd.kubernetes.protobuf",
+            b"k8s\x00\x0a\x0f\x0a\x02v1\x12\x09ConfigMap".to_vec(),
+        ))
+        .await
+        .expect_err("protobuf is refused");
+    let kube::Error::Api(status) = protobuf else {
+        panic!("{protobuf:?}");
+    };
+    assert_eq!(status.code, 415, "{status:?}");
+    assert_eq!(status.reason, "UnsupportedMediaType");
+    assert!(
+        status
+            .message
+            .contains("application/vnd.kubernetes.protobuf"),
+        "{}",
+        status.message
+    );
+
+    let json = br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"as-json"}}"#.to_vec();
+    client
+        .request_text(post("application/json; charset=utf-8", json))
+        .await
+        .expect("JSON with a charset is JSON");
+    let yaml = b"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: as-yaml\n".to_vec();
+    client
+        .request_text(post("application/yaml", yaml))
+        .await
+        .expect("YAML is accepted");
+}
