@@ -208,28 +208,33 @@ pub fn load_config(path: Option<&Path>, cluster: Option<&str>) -> Result<Config,
     Ok(config)
 }
 
-/// Where `run --cluster sim` writes its embedded simulator's URL, so that the operator commands with
+/// Where `run --cluster sim` leaves its embedded simulator's URL, so that the operator commands with
 /// `[cluster] target = "sim"` (the default) reach the simulator of the runner started on this machine:
-/// `volcano-runner-embedded-sim.url` in the temporary directory (`TMPDIR`).
-pub fn embedded_sim_address_file() -> PathBuf {
-    std::env::temp_dir().join("volcano-runner-embedded-sim.url")
+/// `volcano-runner-embedded-sim/` in the temporary directory (`TMPDIR`), one file per runner process,
+/// `<pid>.url`, so that two runners on one machine never overwrite each other's.
+pub fn embedded_sim_directory() -> PathBuf {
+    std::env::temp_dir().join("volcano-runner-embedded-sim")
 }
 
-/// The embedded simulator's URL, written to [`embedded_sim_address_file`] while the runner runs and
-/// removed when it stops (a runner killed with SIGKILL leaves it; the next one overwrites it).
+/// The embedded simulator's URL, written to `<pid>.url` in [`embedded_sim_directory`] while the runner
+/// runs and removed when it stops. A runner killed with SIGKILL leaves its file; readers skip (and remove)
+/// files whose process is gone.
 struct EmbeddedSimAddress {
     path: PathBuf,
-    url: String,
 }
 
 impl EmbeddedSimAddress {
     fn publish(url: &str) -> Option<Self> {
-        let path = embedded_sim_address_file();
-        match std::fs::write(&path, format!("{url}\n")) {
-            Ok(()) => Some(Self {
-                path,
-                url: url.to_owned(),
-            }),
+        let dir = embedded_sim_directory();
+        let path = dir.join(format!("{}.url", std::process::id()));
+        let written = std::fs::create_dir_all(&dir).and_then(|()| {
+            // Written whole, then renamed into place: a reader never sees half an address.
+            let partial = dir.join(format!(".{}.url.partial", std::process::id()));
+            std::fs::write(&partial, format!("{url}\n"))?;
+            std::fs::rename(&partial, &path)
+        });
+        match written {
+            Ok(()) => Some(Self { path }),
             Err(e) => {
                 tracing::warn!(
                     path = %path.display(),
@@ -245,9 +250,86 @@ impl EmbeddedSimAddress {
 
 impl Drop for EmbeddedSimAddress {
     fn drop(&mut self) {
-        // Only our own address: another runner may have started since and written its own.
-        if std::fs::read_to_string(&self.path).is_ok_and(|text| text.trim() == self.url) {
-            let _ = std::fs::remove_file(&self.path);
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// One runner with an embedded simulator on this machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct EmbeddedSim {
+    pid: u32,
+    url: String,
+}
+
+/// The embedded simulators of the runners alive on this machine, by process id; files of processes that
+/// are gone are removed on the way.
+fn embedded_sims(dir: &Path) -> Vec<EmbeddedSim> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut sims = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Some(pid) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".url"))
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !process_alive(pid) {
+            let _ = std::fs::remove_file(&path);
+            continue;
+        }
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            sims.push(EmbeddedSim {
+                pid,
+                url: text.trim().to_owned(),
+            });
+        }
+    }
+    sims.sort_by_key(|s| s.pid);
+    sims
+}
+
+/// Whether a process with this id exists (signal 0 checks without sending anything).
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill with signal 0 sends nothing; it only reports whether the process exists.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Which embedded simulator the operator commands reach: the only one alive, or an error that lists them
+/// all (or says there is none) and how to choose.
+fn choose_embedded_sim(dir: &Path, sims: &[EmbeddedSim]) -> Result<http::Uri, CliError> {
+    match sims {
+        [] => Err(CliError::Other(format!(
+            "[cluster] target is \"sim\", but no runner with an embedded simulator is running on this \
+             machine (none left its address in {}). Start one with `volcano-runner run --cluster sim`, \
+             or point --cluster at a cluster (auto, or an http(s):// URL).",
+            dir.display()
+        ))),
+        [one] => one.url.parse().map_err(|e| {
+            CliError::Other(format!(
+                "{}: not a URL ({e}); remove it and restart `volcano-runner run --cluster sim`",
+                dir.join(format!("{}.url", one.pid)).display()
+            ))
+        }),
+        several => {
+            let list: Vec<String> = several
+                .iter()
+                .map(|s| format!("--cluster {} (the runner of process {})", s.url, s.pid))
+                .collect();
+            Err(CliError::Other(format!(
+                "[cluster] target is \"sim\", but {} runners with an embedded simulator run on this \
+                 machine; say which: {}",
+                several.len(),
+                list.join(", ")
+            )))
         }
     }
 }
@@ -255,21 +337,8 @@ impl Drop for EmbeddedSimAddress {
 /// The URL of the embedded simulator a runner on this machine serves (`run --cluster sim`), for the
 /// operator commands when the target is `sim`.
 fn embedded_sim_url() -> Result<http::Uri, CliError> {
-    let path = embedded_sim_address_file();
-    let text = std::fs::read_to_string(&path).map_err(|_| {
-        CliError::Other(format!(
-            "[cluster] target is \"sim\", but no runner with an embedded simulator is running on this \
-             machine ({} does not exist). Start one with `volcano-runner run --cluster sim`, or point \
-             --cluster at a cluster (auto, or an http(s):// URL).",
-            path.display()
-        ))
-    })?;
-    text.trim().parse().map_err(|e| {
-        CliError::Other(format!(
-            "{}: not a URL ({e}); remove it and restart `volcano-runner run --cluster sim`",
-            path.display()
-        ))
-    })
+    let dir = embedded_sim_directory();
+    choose_embedded_sim(&dir, &embedded_sims(&dir))
 }
 
 /// A client for `--cluster` (or `[cluster] target`) for the operator commands. With `sim`, the
@@ -446,5 +515,83 @@ impl Clock for SimClock {
         }
         let left = at.duration_since(self.handle.now()).as_secs_f64().max(0.0);
         Some(Duration::from_secs_f64(left / self.speed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("vr-embedded-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn each_runner_has_its_address_and_the_dead_ones_are_skipped() {
+        let dir = scratch("alive");
+        let me = std::process::id();
+        std::fs::write(dir.join(format!("{me}.url")), "http://127.0.0.1:7001\n").unwrap();
+        // A pid no process has (beyond the kernel's pid_max): a runner killed with SIGKILL.
+        let dead = dir.join("4194305.url");
+        std::fs::write(&dead, "http://127.0.0.1:7002\n").unwrap();
+        std::fs::write(dir.join("notes.txt"), "not an address").unwrap();
+        let sims = embedded_sims(&dir);
+        assert_eq!(
+            sims,
+            [EmbeddedSim {
+                pid: me,
+                url: "http://127.0.0.1:7001".into()
+            }]
+        );
+        assert!(!dead.exists(), "a dead runner's file is removed");
+        assert_eq!(
+            choose_embedded_sim(&dir, &sims).unwrap().to_string(),
+            "http://127.0.0.1:7001/"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn several_runners_are_listed_and_none_is_explained() {
+        let dir = scratch("several");
+        let sims = [
+            EmbeddedSim {
+                pid: 10,
+                url: "http://127.0.0.1:7001".into(),
+            },
+            EmbeddedSim {
+                pid: 11,
+                url: "http://127.0.0.1:7002".into(),
+            },
+        ];
+        let err = choose_embedded_sim(&dir, &sims).unwrap_err().to_string();
+        assert!(err.contains("2 runners"), "{err}");
+        assert!(
+            err.contains("--cluster http://127.0.0.1:7001 (the runner of process 10)"),
+            "{err}"
+        );
+        assert!(err.contains("--cluster http://127.0.0.1:7002"), "{err}");
+        let none = choose_embedded_sim(&dir, &[]).unwrap_err().to_string();
+        assert!(none.contains("run --cluster sim"), "{none}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_runner_publishes_its_own_address_and_removes_it_when_it_stops() {
+        let address = EmbeddedSimAddress::publish("http://127.0.0.1:7003").expect("written");
+        let path = address.path.clone();
+        assert_eq!(
+            path,
+            embedded_sim_directory().join(format!("{}.url", std::process::id()))
+        );
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "http://127.0.0.1:7003\n"
+        );
+        drop(address);
+        assert!(!path.exists());
     }
 }
