@@ -399,7 +399,14 @@ fn deserialize(
             Err(error) => error,
         };
         let key = error.path().to_string();
-        let reason = error.inner().message().trim_end().to_owned();
+        let mut reason = error.inner().message().trim_end().to_owned();
+        let given = lookup(&table, &key).map(|v| match v {
+            toml::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        });
+        if let Some(hint) = hint(&reason, given.as_deref()) {
+            reason = format!("{reason}; {hint}");
+        }
         let source = overrides.iter().enumerate().rev().find(|(_, o)| {
             key == o.key.join(".") || key.starts_with(&format!("{}.", o.key.join(".")))
         });
@@ -423,9 +430,96 @@ fn deserialize(
     }
 }
 
+/// The value at a dotted key path in the merged table, when there is one there.
+fn lookup<'a>(table: &'a toml::Table, key: &str) -> Option<&'a toml::Value> {
+    let mut parts = key.split('.');
+    let mut value = table.get(parts.next()?)?;
+    for part in parts {
+        value = value.as_table()?.get(part)?;
+    }
+    Some(value)
+}
+
+/// What to write instead, when the deserializer's complaint says enough to tell: the nearest known key for
+/// a misspelt one, a unit for a duration written as a bare number.
+fn hint(reason: &str, given: Option<&str>) -> Option<String> {
+    if let Some(rest) = reason.strip_prefix("unknown field `") {
+        let (unknown, expected) = rest.split_once('`')?;
+        let candidates: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+        let (best, distance) = candidates
+            .iter()
+            .map(|c| (*c, edit_distance(unknown, c)))
+            .min_by_key(|(_, d)| *d)?;
+        let close_enough = distance <= (unknown.chars().count() / 3).max(2);
+        return close_enough.then(|| format!("did you mean `{best}`?"));
+    }
+    let number = given?.trim();
+    let bare_number = !number.is_empty() && number.chars().all(|c| c.is_ascii_digit());
+    (reason.contains("duration") && bare_number).then(|| {
+        format!("a duration needs a unit: write \"{number}s\" (or \"{number}ms\", \"{number}m\")")
+    })
+}
+
+/// Levenshtein distance: single-character insertions, deletions and substitutions.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut current = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let substitute = previous[j] + usize::from(ca != *cb);
+            current[j + 1] = substitute.min(previous[j + 1] + 1).min(current[j] + 1);
+        }
+        previous = current;
+    }
+    previous[b.len()]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_misspelt_key_and_a_duration_without_unit_get_the_fix() {
+        let misspelt = Config::from_sources(file("[runner]\nshutdwn_grace = \"25s\"\n"), env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            misspelt.contains("did you mean `shutdown_grace`?"),
+            "{misspelt}"
+        );
+        assert!(misspelt.contains("(in runner.toml)"), "{misspelt}");
+
+        let bare = Config::from_sources(file("[runner]\nshutdown_grace = 25\n"), env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(bare.contains("write \"25s\""), "{bare}");
+
+        let from_env = Config::from_sources(
+            None,
+            env(&[("VOLCANO_RUNNER_RUNNER__SHUTDOWN_GRACE", "25")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(from_env.contains("write \"25s\""), "{from_env}");
+        assert!(
+            from_env.contains("set by VOLCANO_RUNNER_RUNNER__SHUTDOWN_GRACE"),
+            "{from_env}"
+        );
+
+        // Nothing near: no guess.
+        let far = Config::from_sources(file("[runner]\ncolour = \"blue\"\n"), env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(!far.contains("did you mean"), "{far}");
+    }
+
+    #[test]
+    fn edit_distances() {
+        assert_eq!(edit_distance("shutdwn_grace", "shutdown_grace"), 1);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs
