@@ -70,18 +70,34 @@ pub enum ClusterError {
     Config(String),
 }
 
+/// `e`'s message followed by those of its sources, each once (a source whose words its parent already
+/// quotes is left out).
+pub fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let words = cause.to_string();
+        if !words.is_empty() && !text.contains(&words) {
+            text.push_str(": ");
+            text.push_str(&words);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 impl ClusterError {
     /// Classifies a kube client error. `op` says what was being done.
     pub fn from_kube(op: impl Into<String>, err: kube::Error) -> Self {
         let op = op.into();
         match err {
             kube::Error::Api(status) => Self::from_status(op, &status),
-            kube::Error::HyperError(e) => Self::unavailable(op, e),
-            kube::Error::Service(e) => Self::unavailable(op, e),
-            kube::Error::ReadEvents(e) => Self::unavailable(op, e),
+            kube::Error::HyperError(e) => Self::unavailable(op, &e),
+            kube::Error::Service(e) => Self::unavailable(op, &*e),
+            kube::Error::ReadEvents(e) => Self::unavailable(op, &e),
             // Tokens are refreshed from files and exec plugins that can fail for a moment; a broken setup
             // is caught at start by the version probe, not by failing jobs.
-            kube::Error::Auth(e) => Self::unavailable(op, e),
+            kube::Error::Auth(e) => Self::unavailable(op, &e),
             kube::Error::SerdeError(e) => Self::Internal {
                 op,
                 message: format!("response not understood: {e}"),
@@ -144,10 +160,12 @@ impl ClusterError {
         }
     }
 
-    fn unavailable(op: String, e: impl std::fmt::Display) -> Self {
+    /// The error and its causes: an HTTP client's `client error (Connect)` says nothing until its cause
+    /// (`dns error: failed to lookup address information`, `Connection refused`) is added.
+    fn unavailable(op: String, e: &(dyn std::error::Error + 'static)) -> Self {
         Self::Unavailable {
             op,
-            message: e.to_string(),
+            message: with_causes(e),
             retry_after: None,
         }
     }

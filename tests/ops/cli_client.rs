@@ -168,3 +168,26 @@ async fn admin_status_creates_nothing_on_the_broker_it_looks_at() {
     assert_no_noise(&stderr);
     assert_eq!(declared(&vhost).await, Vec::<String>::new());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_whose_name_does_not_resolve_is_named() {
+    let (out, took) = client(
+        "amqp://guest:guest@127.0.0.1:5672/%2f",
+        &[
+            "admin",
+            "--cluster",
+            "http://no-such-host.invalid:6443",
+            "status",
+        ],
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(took < Duration::from_secs(60), "gave up after {took:?}");
+    assert!(stderr.contains("no-such-host.invalid"), "{stderr}");
+    // The cause, not only the HTTP client's `client error (Connect)`.
+    assert!(
+        stderr.contains("dns error") || stderr.contains("lookup"),
+        "{stderr}"
+    );
+    assert_no_noise(&stderr);
+}
