@@ -6,6 +6,7 @@
 use crate::ops_common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -751,4 +752,93 @@ async fn the_simulator_apply_catches_unknown_fields() {
             "a misspelt field in a {kind} was accepted"
         );
     }
+}
+
+/// The test files that manifests, docs and scripts point readers to exist (a moved test must not leave its
+/// manifest comment pointing at nothing).
+#[test]
+fn every_test_file_a_manifest_or_doc_names_exists() {
+    let pattern = regex::Regex::new(r"tests/[A-Za-z0-9_/.-]+\.rs").unwrap();
+    let mut missing = Vec::new();
+    let mut stack: Vec<PathBuf> = ["deploy", "docs", "scripts", "README.md"]
+        .iter()
+        .map(|p| root().join(p))
+        .collect();
+    while let Some(path) = stack.pop() {
+        if path.is_dir() {
+            for entry in std::fs::read_dir(&path).unwrap().flatten() {
+                stack.push(entry.path());
+            }
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        for found in pattern.find_iter(&text) {
+            if !root().join(found.as_str()).exists() {
+                missing.push(format!(
+                    "{}: {}",
+                    path.strip_prefix(root()).unwrap().display(),
+                    found.as_str()
+                ));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "named but missing: {missing:#?}");
+}
+
+/// docs/ops.md's table of what the runner may do is the deployed Role and ClusterRole, verb for verb.
+#[test]
+fn the_permissions_table_in_the_docs_is_the_deployed_rbac() {
+    let objects = render("base");
+    let mut deployed: BTreeSet<(String, String, String)> = BTreeSet::new();
+    for (kind, scope) in [("Role", "own namespace"), ("ClusterRole", "cluster")] {
+        for role in all(&objects, kind) {
+            for rule in role["rules"].as_array().into_iter().flatten() {
+                for resource in rule["resources"].as_array().into_iter().flatten() {
+                    for verb in rule["verbs"].as_array().into_iter().flatten() {
+                        deployed.insert((
+                            scope.to_owned(),
+                            resource.as_str().unwrap().to_owned(),
+                            verb.as_str().unwrap().to_owned(),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    let ops = std::fs::read_to_string(root().join("docs/ops.md")).unwrap();
+    let table = ops
+        .split("### What the runner is allowed to do")
+        .nth(1)
+        .expect("the section");
+    let mut documented = BTreeSet::new();
+    for line in table
+        .lines()
+        .skip_while(|l| !l.starts_with("| where"))
+        .skip(2)
+    {
+        if !line.starts_with('|') {
+            break;
+        }
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let (scope, resources, verbs) = (cells[1], cells[2], cells[3]);
+        for resource in resources.split(',') {
+            // `jobs.batch.volcano.sh` names its group; the rules name the resource alone.
+            let resource = resource.trim().split('.').next().unwrap();
+            for verb in verbs.split(',') {
+                documented.insert((
+                    scope.to_owned(),
+                    resource.to_owned(),
+                    verb.trim().to_owned(),
+                ));
+            }
+        }
+    }
+    let only_deployed: Vec<_> = deployed.difference(&documented).collect();
+    let only_documented: Vec<_> = documented.difference(&deployed).collect();
+    assert!(
+        only_deployed.is_empty() && only_documented.is_empty(),
+        "granted but not in docs/ops.md: {only_deployed:?}\nin docs/ops.md but not granted: {only_documented:?}"
+    );
 }
