@@ -28,6 +28,10 @@
 //! | `watch_restarts_total` | counter | `watch` | Kubernetes watches that had to start over |
 //! | `ready` | gauge | `check` | the last outcome of each readiness check |
 //! | `build_info` | info | `version` | the running version |
+//!
+//! Beside them, unprefixed, the standard process metrics ([`super::process`]): `process_cpu_seconds_total`,
+//! `process_resident_memory_bytes`, `process_virtual_memory_bytes`, `process_open_fds`, `process_max_fds`,
+//! `process_start_time_seconds`.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -108,6 +112,8 @@ type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 struct Inner {
     registry: Registry,
+    /// The standard process metrics, without the prefix.
+    process: Registry,
     messages: Family<MessageLabels, Counter>,
     handling: HistogramFamily<TypeLabel>,
     in_flight: Gauge,
@@ -281,9 +287,13 @@ impl Metrics {
         );
         let broker = Arc::new(BrokerSource::default());
         registry.register_collector(Box::new(broker.clone()));
+        // The standard process metrics keep their standard, unprefixed names.
+        let mut process = Registry::default();
+        process.register_collector(Box::new(super::process::ProcessCollector));
         Self {
             inner: Arc::new(Inner {
                 registry,
+                process,
                 messages,
                 handling,
                 in_flight,
@@ -311,7 +321,10 @@ impl Metrics {
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.inner.registry);
+        use prometheus_client::encoding::text::{encode_eof, encode_registry};
+        let _ = encode_registry(&mut out, &self.inner.registry);
+        let _ = encode_registry(&mut out, &self.inner.process);
+        let _ = encode_eof(&mut out);
         out
     }
 

@@ -20,6 +20,7 @@
 pub mod health;
 pub mod kube;
 pub mod metrics;
+pub mod process;
 pub mod rbac;
 pub mod redact;
 pub mod server;

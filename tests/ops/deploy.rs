@@ -22,7 +22,13 @@ use volcano_runner::volcano::Queue;
 use ops_common::*;
 
 /// The directories under deploy/ that Kustomize renders.
-const DIRS: [&str; 4] = ["base", "scheduling", "overlays/dev", "overlays/prod"];
+const DIRS: [&str; 5] = [
+    "base",
+    "scheduling",
+    "monitoring",
+    "overlays/dev",
+    "overlays/prod",
+];
 
 /// The renderings with a runner Deployment in them.
 const RUNNER_DIRS: [&str; 3] = ["base", "overlays/dev", "overlays/prod"];
@@ -67,7 +73,8 @@ fn check_type(object: &Value) -> Result<(), String> {
             strict::<ClusterRoleBinding>(object).map(drop)
         }
         ("scheduling.volcano.sh/v1beta1", "Queue") => strict::<Queue>(object).map(drop),
-        ("keda.sh/v1alpha1", "ScaledObject" | "TriggerAuthentication") => {
+        ("keda.sh/v1alpha1", "ScaledObject" | "TriggerAuthentication")
+        | ("monitoring.coreos.com/v1", "ServiceMonitor" | "PrometheusRule") => {
             match object["spec"].is_object() {
                 true => Ok(()),
                 false => Err("no spec".into()),

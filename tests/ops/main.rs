@@ -10,6 +10,7 @@ mod cli_client;
 mod demo;
 mod deploy;
 mod metrics;
+mod monitoring;
 mod rbac;
 mod readiness;
 mod readme;
