@@ -24,6 +24,7 @@ use volcano_runner::messages::v1::{
     JobState as EventState, ProxyAction, parameter_value, resource_value,
 };
 use volcano_runner::monitor::{Settings, decide};
+use volcano_runner::pipeline::config::BandwidthCaps;
 use volcano_runner::pipeline::hooks::{self, HookPlan, Outbound, TerminationCause};
 use volcano_runner::pipeline::plugins::expiry::{self, Extension};
 use volcano_runner::pipeline::plugins::multi_node;
@@ -1470,6 +1471,73 @@ fn case_30_minikube_service() {
     (app.vnc_port, app.application_type) = (None, 1);
     assert_eq!(service(&job)["spec"]["ports"][0]["targetPort"], 80);
     check("case_30_minikube_service", web);
+}
+
+/// No bandwidth cap unless configured (issue 30; UCloud never capped either, W31): without a cap the
+/// pods carry no bandwidth annotation; a global cap applies to every product without an entry; an entry
+/// by category, or by id (which wins), replaces it, and an empty entry exempts the product.
+#[test]
+fn network_limit_caps_only_where_configured() {
+    const IN: &str = "kubernetes.io/ingress-bandwidth";
+    const OUT: &str = "kubernetes.io/egress-bandwidth";
+    let caps = |job: &volcano_runner::messages::v1::SubmitJob,
+                config: &volcano_runner::config::Config| {
+        let annotations = at(
+            &vcjob_json(&render(job, config)),
+            "/spec/tasks/0/template/metadata/annotations",
+        )
+        .clone();
+        (
+            annotations
+                .get(IN)
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            annotations
+                .get(OUT)
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+        )
+    };
+    let some = |s: &str| Some(s.to_owned());
+    let mut job = job("jobs/figlet");
+    for config in [defaults(), reference()] {
+        assert_eq!(caps(&job, &config), (None, None));
+    }
+
+    let mut config = defaults();
+    let limits = &mut config.pipeline.network_limit;
+    limits.ingress_bandwidth = some("1G");
+    limits.egress_bandwidth = some("500M");
+    assert_eq!(caps(&job, &config), (some("1G"), some("500M")));
+
+    let product = job.product.as_mut().unwrap();
+    (product.id, product.category) = ("u1-standard-8".into(), "u1-standard".into());
+    let limits = &mut config.pipeline.network_limit;
+    limits.products.insert(
+        "u1-standard".into(),
+        BandwidthCaps {
+            ingress_bandwidth: some("10G"),
+            egress_bandwidth: None,
+        },
+    );
+    assert_eq!(caps(&job, &config), (some("10G"), None));
+    let products = &mut config.pipeline.network_limit.products;
+    products.insert("u1-standard-8".into(), BandwidthCaps::default());
+    assert_eq!(caps(&job, &config), (None, None));
+    job.product.as_mut().unwrap().id = "u1-standard-4".into();
+    assert_eq!(caps(&job, &config), (some("10G"), None));
+    job.product.as_mut().unwrap().category = "u1-gpu".into();
+    assert_eq!(caps(&job, &config), (some("1G"), some("500M")));
+
+    // A bad value in an entry is refused at start, naming the entry.
+    let refused: volcano_runner::config::Config =
+        toml::from_str("[pipeline.network_limit.products.u1-gpu]\negress_bandwidth = \"fast\"")
+            .unwrap();
+    let error = refused.pipeline.validate().unwrap_err().to_string();
+    assert!(
+        error.contains("pipeline.network_limit.products.u1-gpu.egress_bandwidth"),
+        "{error}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------------
