@@ -533,8 +533,9 @@ fn case_07_multinode_scaffolding_configmap_changed() {
 }
 
 /// Case 8 (changed: hardened): restartPolicy Never, no service account token, workingDir `/work` unless
-/// turned off, non-root unless runAsRoot; additionally no service links, seccomp RuntimeDefault and all
-/// capabilities dropped.
+/// turned off, non-root unless runAsRoot; additionally no service links, seccomp RuntimeDefault for
+/// every pod, and all capabilities dropped for non-root applications. A runAsRoot application keeps the
+/// runtime's default capabilities (no `capabilities` key), so `apt-get`, `chown` and `su` work.
 #[test]
 fn case_08_pod_hygiene_hardened_changed() {
     let mut job = case("case_08_pod_hygiene_hardened_changed");
@@ -559,10 +560,17 @@ fn case_08_pod_hygiene_hardened_changed() {
             run_as_root: Some(true),
             run_as_real_user: None,
         });
-    let root = pod_spec(&render(&job, &reference()))["containers"][0].clone();
+    let root_spec = pod_spec(&render(&job, &reference()));
+    let root = root_spec["containers"][0].clone();
     assert!(root.get("workingDir").is_none());
-    assert_eq!(root["securityContext"]["runAsNonRoot"], false);
-    assert_eq!(root["securityContext"]["allowPrivilegeEscalation"], true);
+    assert_eq!(
+        root["securityContext"],
+        json!({"runAsNonRoot": false, "allowPrivilegeEscalation": true})
+    );
+    assert_eq!(
+        root_spec["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
     check(
         "case_08_pod_hygiene_hardened_changed",
         json!({
