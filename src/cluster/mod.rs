@@ -26,6 +26,7 @@ pub mod labels;
 pub mod lease;
 pub mod namespaces;
 pub mod pause;
+pub mod pending_extension;
 pub mod retry;
 pub mod tombstone;
 pub mod view;
@@ -41,6 +42,7 @@ pub use gate::{CapacityPermit, GateDriver, GateState, SubmitGate};
 pub use lease::{HeldShards, LeaseHandle, ShardLeases, shard_of};
 pub use namespaces::NamespaceCache;
 pub use pause::{PauseState, PauseSwitch};
+pub use pending_extension::{PendingExtension, PendingExtensions};
 pub use retry::RetryPolicy;
 pub use tombstone::{Tombstone, Tombstones};
 
@@ -78,6 +80,11 @@ pub struct ClusterConfig {
     /// this only bounds how many stale ConfigMaps accumulate.
     #[serde(with = "duration::required")]
     pub tombstone_sweep_interval: Duration,
+    /// How often each runner looks at the extensions that arrived before their job (a submission held
+    /// by a pause or a backlog) and applies those whose job now exists. They are kept as long as
+    /// tombstones (`tombstone_ttl`), then answered `unknown_job`.
+    #[serde(with = "duration::required")]
+    pub pending_extension_interval: Duration,
     /// How long an ended job's VolcanoJob is kept, without its pods and companions, as the durable record
     /// that its submission was carried out. A redelivery of the submission finds it (the create answers
     /// AlreadyExists) and is only acknowledged, so a job never runs twice; a deleted object and one never
@@ -114,6 +121,7 @@ impl Default for ClusterConfig {
             retry: RetryConfig::default(),
             tombstone_ttl: Duration::from_secs(24 * 3600),
             tombstone_sweep_interval: Duration::from_secs(600),
+            pending_extension_interval: Duration::from_secs(10),
             ended_job_retention: Duration::from_secs(24 * 3600),
             pause_configmap: "volcano-runner-pause".to_owned(),
             max_active_jobs: None,

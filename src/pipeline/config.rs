@@ -315,22 +315,70 @@ impl Default for MultiNodeConfig {
 }
 
 /// `[pipeline.network_limit]`. Values are Kubernetes quantities in bits per second; they need a CNI with
-/// the bandwidth plugin.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+/// the bandwidth plugin. No cap unless configured: a default cap throttles the traffic between the ranks
+/// of an MPI job, which is what a multi-node job is for (UCloud never capped either).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct NetworkLimitConfig {
-    /// `kubernetes.io/ingress-bandwidth` of every job pod; none means unlimited.
+    /// `kubernetes.io/ingress-bandwidth` of every job pod whose product has no entry in `products`;
+    /// none means unlimited.
     pub ingress_bandwidth: Option<String>,
-    /// `kubernetes.io/egress-bandwidth` of every job pod; none means unlimited.
+    /// `kubernetes.io/egress-bandwidth` of every job pod whose product has no entry in `products`;
+    /// none means unlimited.
+    pub egress_bandwidth: Option<String>,
+    /// Caps by product id or category (an id's entry wins over its category's). An entry replaces the
+    /// global caps for that product: a direction it leaves out is unlimited, so an empty entry exempts
+    /// the product from a global cap.
+    pub products: BTreeMap<String, BandwidthCaps>,
+}
+
+/// One entry of `[pipeline.network_limit.products]`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BandwidthCaps {
+    /// `kubernetes.io/ingress-bandwidth`; none means unlimited.
+    pub ingress_bandwidth: Option<String>,
+    /// `kubernetes.io/egress-bandwidth`; none means unlimited.
     pub egress_bandwidth: Option<String>,
 }
 
-impl Default for NetworkLimitConfig {
-    fn default() -> Self {
-        Self {
-            ingress_bandwidth: Some("1G".into()),
-            egress_bandwidth: Some("1G".into()),
+impl NetworkLimitConfig {
+    /// The caps of a job of product `id` in `category`: the id's entry, else the category's, else the
+    /// global caps.
+    pub fn caps_for(&self, id: &str, category: &str) -> BandwidthCaps {
+        self.products
+            .get(id)
+            .or_else(|| self.products.get(category))
+            .cloned()
+            .unwrap_or_else(|| BandwidthCaps {
+                ingress_bandwidth: self.ingress_bandwidth.clone(),
+                egress_bandwidth: self.egress_bandwidth.clone(),
+            })
+    }
+
+    /// Every configured value with its key, for validation.
+    fn values(&self) -> Vec<(String, &String)> {
+        let global = std::iter::once((
+            String::new(),
+            self.ingress_bandwidth.as_ref(),
+            self.egress_bandwidth.as_ref(),
+        ));
+        let products = self.products.iter().map(|(product, caps)| {
+            (
+                format!("products.{product}."),
+                caps.ingress_bandwidth.as_ref(),
+                caps.egress_bandwidth.as_ref(),
+            )
+        });
+        let mut out = Vec::new();
+        for (prefix, ingress, egress) in global.chain(products) {
+            for (name, value) in [("ingress_bandwidth", ingress), ("egress_bandwidth", egress)] {
+                if let Some(value) = value {
+                    out.push((format!("network_limit.{prefix}{name}"), value));
+                }
+            }
         }
+        out
     }
 }
 
@@ -676,20 +724,9 @@ impl PipelineConfig {
                 return Err(err(key, format!("`{value}` is not a Kubernetes quantity")));
             }
         }
-        for (key, value) in [
-            (
-                "network_limit.ingress_bandwidth",
-                &self.network_limit.ingress_bandwidth,
-            ),
-            (
-                "network_limit.egress_bandwidth",
-                &self.network_limit.egress_bandwidth,
-            ),
-        ] {
-            if let Some(value) = value
-                && !names::is_quantity(value)
-            {
-                return Err(err(key, format!("`{value}` is not a Kubernetes quantity")));
+        for (key, value) in self.network_limit.values() {
+            if !names::is_quantity(value) {
+                return Err(err(&key, format!("`{value}` is not a Kubernetes quantity")));
             }
         }
         let n = &self.network_policy;

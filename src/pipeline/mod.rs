@@ -55,7 +55,7 @@ pub struct PipelineConfig {
     pub scheduling: SchedulingConfig,
     /// The `/etc/ucloud` scaffolding (MultiNode plugin).
     pub multi_node: MultiNodeConfig,
-    /// Pod bandwidth limits (NetworkLimit plugin).
+    /// Pod bandwidth caps, only where configured (NetworkLimit plugin).
     pub network_limit: NetworkLimitConfig,
     /// The network policies every job gets (FairShare and ConnectToJob plugins).
     pub network_policy: NetworkPolicyConfig,

@@ -115,6 +115,10 @@ impl Runner {
             keys,
             jobs: jobs::JobStore::new(client.clone(), &config),
             tombstones: Tombstones::new(client.clone(), &config.cluster),
+            pending_extensions: crate::cluster::PendingExtensions::new(
+                client.clone(),
+                &config.cluster,
+            ),
             applier,
             gate,
             publisher: broker.publisher().with_metrics(ops.metrics.clone()),
@@ -194,6 +198,12 @@ impl Runner {
             tombstones
                 .run_sweeper(interval, jiff::Timestamp::now, token.cancelled())
                 .await;
+        });
+
+        let (handler, token) = (self.handler.clone(), background.clone());
+        let interval = config.cluster.pending_extension_interval;
+        tasks.spawn(async move {
+            handle::extend::run_pending(handler, interval, token.cancelled()).await;
         });
 
         let progress = [consume::Progress::default(), consume::Progress::default()];

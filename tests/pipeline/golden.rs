@@ -7,7 +7,8 @@
 //! Volcano's admission rules (`pipeline_support::assert_cluster_accepts`).
 //!
 //! Cases 20–24 are mostly the runner's and the monitor's (lifecycle texts, cancel, reconciliation, the
-//! pause switch); their tests here cover the pipeline's share of them.
+//! pause switch); their tests here cover the pipeline's share of them (case 23 the monitor's decision
+//! for a job that vanished, which is pure), and each name says what its test asserts.
 
 use crate::pipeline_support;
 
@@ -19,7 +20,11 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use pipeline_support::*;
 use serde_json::{Value, json};
-use volcano_runner::messages::v1::{ProxyAction, parameter_value, resource_value};
+use volcano_runner::messages::v1::{
+    JobState as EventState, ProxyAction, parameter_value, resource_value,
+};
+use volcano_runner::monitor::{Settings, decide};
+use volcano_runner::pipeline::config::BandwidthCaps;
 use volcano_runner::pipeline::hooks::{self, HookPlan, Outbound, TerminationCause};
 use volcano_runner::pipeline::plugins::expiry::{self, Extension};
 use volcano_runner::pipeline::plugins::multi_node;
@@ -528,8 +533,9 @@ fn case_07_multinode_scaffolding_configmap_changed() {
 }
 
 /// Case 8 (changed: hardened): restartPolicy Never, no service account token, workingDir `/work` unless
-/// turned off, non-root unless runAsRoot; additionally no service links, seccomp RuntimeDefault and all
-/// capabilities dropped.
+/// turned off, non-root unless runAsRoot; additionally no service links, seccomp RuntimeDefault for
+/// every pod, and all capabilities dropped for non-root applications. A runAsRoot application keeps the
+/// runtime's default capabilities (no `capabilities` key), so `apt-get`, `chown` and `su` work.
 #[test]
 fn case_08_pod_hygiene_hardened_changed() {
     let mut job = case("case_08_pod_hygiene_hardened_changed");
@@ -554,10 +560,17 @@ fn case_08_pod_hygiene_hardened_changed() {
             run_as_root: Some(true),
             run_as_real_user: None,
         });
-    let root = pod_spec(&render(&job, &reference()))["containers"][0].clone();
+    let root_spec = pod_spec(&render(&job, &reference()));
+    let root = root_spec["containers"][0].clone();
     assert!(root.get("workingDir").is_none());
-    assert_eq!(root["securityContext"]["runAsNonRoot"], false);
-    assert_eq!(root["securityContext"]["allowPrivilegeEscalation"], true);
+    assert_eq!(
+        root["securityContext"],
+        json!({"runAsNonRoot": false, "allowPrivilegeEscalation": true})
+    );
+    assert_eq!(
+        root_spec["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
     check(
         "case_08_pod_hygiene_hardened_changed",
         json!({
@@ -1006,28 +1019,63 @@ fn case_22_cancel_cleanup_removes_routes_and_owned_companions() {
     );
 }
 
-/// Case 23 (pipeline share): reconciliation maps VolcanoJob names back to job ids; only `j-<id>` names
-/// count, so `j-7` present and `8` missing is detectable.
+/// Case 23 (changed): a lost job is reported by its id. UCloud's `verify` reported FAILURE "lost track"
+/// for an id the orchestrator listed and the cluster did not have; here the monitor notices the
+/// VolcanoJob `j-<id>` vanish before the job's end was recorded, and publishes FAILURE with the reason
+/// `lost_track` for the id the name maps back to (only `j-<id>` names are jobs).
 #[test]
-fn case_23_lost_job_names_map_back_to_ids() {
+fn case_23_lost_job_ends_in_failure_for_its_id_changed() {
     let listed = ["j-7", "something-else", "j-"];
     let known: Vec<&str> = listed
         .iter()
         .filter_map(|n| names::job_id_from_vcjob_name(n))
         .collect();
     assert_eq!(known, ["7"]);
-    let lost: Vec<&str> = ["7", "8"]
-        .into_iter()
-        .filter(|id| !known.contains(id))
+
+    let config = reference();
+    let desired = render(&job("jobs/figlet"), &config);
+    assert_eq!(
+        names::job_id_from_vcjob_name(desired.vcjob.metadata.name.as_deref().unwrap()),
+        Some("42")
+    );
+    let start = ts("2024-05-01T12:01:00Z");
+    let running = observed(&desired, JobPhase::Running, start);
+    let started = patched(
+        &running,
+        &hooks::on_start(&config, &running, &[], start).unwrap(),
+    );
+    let settings = Settings::new(std::sync::Arc::new(config), "runner-1");
+    let gone = decide::decide_gone(&started, &[], &settings, ts("2024-05-01T12:03:00Z"), false)
+        .unwrap()
+        .expect("a vanished job whose end was never recorded is reported");
+    let ends: Vec<_> = gone
+        .publish
+        .iter()
+        .filter_map(|o| match o {
+            Outbound::Lifecycle(e) if e.state != EventState::Unspecified as i32 => Some(e),
+            _ => None,
+        })
         .collect();
-    assert_eq!(lost, ["8"]);
-    assert_eq!(names::vcjob_name("8"), "j-8");
+    let last = ends.last().expect("a terminal event");
+    assert_eq!(
+        (
+            last.job_id.as_str(),
+            EventState::try_from(last.state).unwrap(),
+            last.reason.as_str()
+        ),
+        ("42", EventState::Failure, "lost_track")
+    );
+    assert!(last.status.contains("lost track"), "{}", last.status);
+    // Nothing is left to write: the job is gone.
+    assert!(gone.set.is_empty() && !gone.delete && !gone.again);
 }
 
-/// Case 24 (pipeline share): rendering creates nothing and is deterministic, so a paused runner can
-/// decide before anything exists; the same submission always gives the same objects and fingerprint.
+/// Case 24 (changed): UCloud refused a submission while paused; here a paused runner leaves it in
+/// the queue (tests/runner/gate.rs), so no refusal is rendered. The pipeline's share is that rendering
+/// is deterministic: the same submission always gives the same objects and fingerprint, so one taken
+/// after the pause is the one that waited.
 #[test]
-fn case_24_paused_cluster_render_creates_nothing() {
+fn case_24_render_is_deterministic_changed() {
     let config = reference();
     let job = job("jobs/figlet");
     let (a, b) = (render(&job, &config), render(&job, &config));
@@ -1232,14 +1280,20 @@ fn case_28_proxy_event_targets_per_rank() {
     let desired = render(&job, &config);
     let start = ts("2024-05-01T12:01:00Z");
     let running = observed(&desired, JobPhase::Running, start);
-    // One pod without an IP yet: nothing to publish.
-    let partial = [pod("42", 0, "10.1.0.4", start, None)];
-    let none = hooks::on_start(&config, &running, &partial, start).unwrap();
-    assert!(
-        none.publish
+    // Until every rank has a running pod with an IP there is nothing to publish: rank 1's pod missing,
+    // then present without an IP.
+    let no_proxy = |pods: &[Pod]| {
+        hooks::on_start(&config, &running, pods, start)
+            .unwrap()
+            .publish
             .iter()
             .all(|o| !matches!(o, Outbound::Proxy(_)))
-    );
+    };
+    assert!(no_proxy(&[pod("42", 0, "10.1.0.4", start, None)]));
+    assert!(no_proxy(&[
+        pod("42", 0, "10.1.0.4", start, None),
+        pod("42", 1, "", start, None)
+    ]));
     let pods = [
         pod("42", 0, "10.1.0.4", start, None),
         pod("42", 1, "10.1.0.5", start, None),
@@ -1253,6 +1307,7 @@ fn case_28_proxy_event_targets_per_rank() {
         panic!()
     };
     assert_eq!(event.action, ProxyAction::Create as i32);
+    assert_eq!(event.job_id, "42");
     assert!(event.domains.is_empty());
     let targets: Vec<(u32, &str, u32, &str)> = event
         .targets
@@ -1284,12 +1339,20 @@ fn case_28_proxy_event_targets_per_rank() {
         pod("42", 1, "10.1.0.5", start, None),
     ];
     let update = hooks::on_monitoring(&config, &published, &moved, start).unwrap();
-    assert!(
-        update
-            .publish
-            .iter()
-            .any(|o| matches!(o, Outbound::Proxy(e) if e.action == ProxyAction::Update as i32))
-    );
+    let Some(Outbound::Proxy(updated)) = update
+        .publish
+        .iter()
+        .find(|o| matches!(o, Outbound::Proxy(_)))
+    else {
+        panic!("{:?}", update.publish)
+    };
+    assert_eq!(updated.action, ProxyAction::Update as i32);
+    let moved_targets: Vec<(u32, &str)> = updated
+        .targets
+        .iter()
+        .map(|t| (t.rank, t.pod_ip.as_str()))
+        .collect();
+    assert_eq!(moved_targets, [(0, "10.1.0.9"), (1, "10.1.0.5")]);
 
     job.replicas = 1;
     job.resources
@@ -1416,6 +1479,73 @@ fn case_30_minikube_service() {
     (app.vnc_port, app.application_type) = (None, 1);
     assert_eq!(service(&job)["spec"]["ports"][0]["targetPort"], 80);
     check("case_30_minikube_service", web);
+}
+
+/// No bandwidth cap unless configured (issue 30; UCloud never capped either, W31): without a cap the
+/// pods carry no bandwidth annotation; a global cap applies to every product without an entry; an entry
+/// by category, or by id (which wins), replaces it, and an empty entry exempts the product.
+#[test]
+fn network_limit_caps_only_where_configured() {
+    const IN: &str = "kubernetes.io/ingress-bandwidth";
+    const OUT: &str = "kubernetes.io/egress-bandwidth";
+    let caps = |job: &volcano_runner::messages::v1::SubmitJob,
+                config: &volcano_runner::config::Config| {
+        let annotations = at(
+            &vcjob_json(&render(job, config)),
+            "/spec/tasks/0/template/metadata/annotations",
+        )
+        .clone();
+        (
+            annotations
+                .get(IN)
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            annotations
+                .get(OUT)
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+        )
+    };
+    let some = |s: &str| Some(s.to_owned());
+    let mut job = job("jobs/figlet");
+    for config in [defaults(), reference()] {
+        assert_eq!(caps(&job, &config), (None, None));
+    }
+
+    let mut config = defaults();
+    let limits = &mut config.pipeline.network_limit;
+    limits.ingress_bandwidth = some("1G");
+    limits.egress_bandwidth = some("500M");
+    assert_eq!(caps(&job, &config), (some("1G"), some("500M")));
+
+    let product = job.product.as_mut().unwrap();
+    (product.id, product.category) = ("u1-standard-8".into(), "u1-standard".into());
+    let limits = &mut config.pipeline.network_limit;
+    limits.products.insert(
+        "u1-standard".into(),
+        BandwidthCaps {
+            ingress_bandwidth: some("10G"),
+            egress_bandwidth: None,
+        },
+    );
+    assert_eq!(caps(&job, &config), (some("10G"), None));
+    let products = &mut config.pipeline.network_limit.products;
+    products.insert("u1-standard-8".into(), BandwidthCaps::default());
+    assert_eq!(caps(&job, &config), (None, None));
+    job.product.as_mut().unwrap().id = "u1-standard-4".into();
+    assert_eq!(caps(&job, &config), (some("10G"), None));
+    job.product.as_mut().unwrap().category = "u1-gpu".into();
+    assert_eq!(caps(&job, &config), (some("1G"), some("500M")));
+
+    // A bad value in an entry is refused at start, naming the entry.
+    let refused: volcano_runner::config::Config =
+        toml::from_str("[pipeline.network_limit.products.u1-gpu]\negress_bandwidth = \"fast\"")
+            .unwrap();
+    let error = refused.pipeline.validate().unwrap_err().to_string();
+    assert!(
+        error.contains("pipeline.network_limit.products.u1-gpu.egress_bandwidth"),
+        "{error}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -323,11 +323,15 @@ async fn an_extension_applies_once_per_request_id() {
 }
 
 /// Extending a job that does not exist, or that has finished, publishes an event with the reason and
-/// changes nothing.
+/// changes nothing. A job that does not exist may still be waiting in its queue, so its extension waits
+/// for it, as long as a tombstone would (`tombstone_ttl`, 1 s here), before the answer `unknown_job`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extensions_of_unknown_or_finished_jobs_change_nothing() {
     let h = Harness::new("extend-unknown").await;
-    let runner = h.start("runner-a");
+    let mut config = h.config.clone();
+    config.cluster.tombstone_ttl = Duration::from_secs(1);
+    config.cluster.pending_extension_interval = Duration::from_millis(200);
+    let runner = h.start_with("runner-a", config, false);
     h.extend("ghost-1", "r1", 600).await;
     let events = h
         .wait_events("the unknown_job event", |e| {

@@ -7,6 +7,8 @@ use crate::rabbit;
 use std::time::Duration;
 
 use harness::{Harness, figlet};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ListParams};
 use volcano_runner::cluster::PauseSwitch;
 
 /// Paused: submissions wait in the queue (none is taken, none rejected) while a cancel and an extension
@@ -29,14 +31,13 @@ async fn paused_submissions_wait_while_control_messages_flow() {
     }
     h.cancel("p-2", Some("not needed")).await;
     h.extend("p-3", "r1", 600).await;
-    h.wait_events("the control messages' events", |e| {
+    h.wait_events("the cancel's event", |e| {
         e.iter().any(|c| c.message_id == "p-2/CANCELLED")
-            && e.iter().any(|c| c.message_id == "p-3/extend/r1")
     })
     .await;
-    // The extension came before its job: unknown, and nothing changes.
-    let ext = h.events_with_id("p-3/extend/r1").await;
-    assert_eq!(ext[0].event.as_ref().unwrap().reason, "unknown_job");
+    // The extension came before its job: it waits for it (tests/runner/gate.rs
+    // an_extension_of_a_held_submission_applies_once_the_job_exists).
+    wait_pending_extensions(&h, 1).await;
     rabbit::within(
         "5 submissions waiting",
         h.vhost.wait_ready(&submit_queue, 5),
@@ -67,6 +68,86 @@ async fn paused_submissions_wait_while_control_messages_flow() {
         cancelled.len(),
         2,
         "from the cancel, and again from the late submission"
+    );
+}
+
+/// The pending extensions recorded in the runner's namespace, once there are `n`.
+async fn wait_pending_extensions(h: &Harness, n: usize) -> Vec<ConfigMap> {
+    let api: Api<ConfigMap> = Api::namespaced(h.client.clone(), &h.config.cluster.namespace);
+    let params = ListParams::default().labels("app.kubernetes.io/component=pending-extension");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let items = api.list(&params).await.unwrap().items;
+        if items.len() == n {
+            return items;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} pending extensions, not {n}",
+            items.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// An extension of a submission held by the pause is not lost (issue 30): it is recorded in the cluster
+/// and, once the pause is lifted and the job exists, applied once (the request delivered twice extends
+/// once) and answered `extended` under the request's id; its record is then gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_of_a_held_submission_applies_once_the_job_exists() {
+    let h = Harness::new("gate-extend-held").await;
+    let mut config = h.config.clone();
+    config.cluster.pending_extension_interval = Duration::from_millis(200);
+    let runner = h.start_with("runner-a", config, false);
+    let submit_queue = h.config.broker.submit_queue.clone();
+    h.wait_consumers(&submit_queue, 1).await;
+    let switch = PauseSwitch::new(h.client.clone(), &h.config.cluster);
+    switch
+        .pause("maintenance", "test", jiff::Timestamp::now())
+        .await
+        .unwrap();
+    h.wait_consumers(&submit_queue, 0).await;
+
+    let job = figlet("held-1");
+    let allocation_ms = job.time_allocation.as_ref().unwrap().seconds * 1000;
+    h.submit(&job).await;
+    h.extend("held-1", "r1", 600).await;
+    h.extend("held-1", "r1", 600).await;
+    wait_pending_extensions(&h, 1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        h.events_with_id("held-1/extend/r1").await.is_empty(),
+        "no answer while the job does not exist"
+    );
+    assert!(h.vcjobs().await.is_empty(), "nothing started while paused");
+
+    switch.resume("test", jiff::Timestamp::now()).await.unwrap();
+    let events = h
+        .wait_events("QUEUED and the extension's answer", |e| {
+            e.iter().any(|c| c.message_id == "held-1/QUEUED")
+                && e.iter().any(|c| c.message_id == "held-1/extend/r1")
+        })
+        .await;
+    wait_pending_extensions(&h, 0).await;
+    h.wait_queues_settled().await;
+    runner.stop().await;
+    let answer = events
+        .iter()
+        .find(|c| c.message_id == "held-1/extend/r1")
+        .and_then(|c| c.event.clone())
+        .unwrap();
+    assert_eq!(answer.reason, "extended");
+    let keys = volcano_runner::durable::AnnotationKeys::new(&h.config.pipeline.annotation_prefix);
+    let vc = h.vcjob("held-1").await.unwrap();
+    let annotations = vc.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        annotations.get(&keys.max_time),
+        Some(&(allocation_ms + 600_000).to_string()),
+        "extended once"
+    );
+    assert_eq!(
+        annotations.get(&keys.extensions).map(String::as_str),
+        Some("[\"r1\"]")
     );
 }
 

@@ -1,8 +1,11 @@
 //! Miscellaneous: pod hygiene. `restartPolicy: Never` (Volcano's policies decide what happens to a failed
 //! pod), no service account token and no service links (a job has no business with the Kubernetes API
 //! or other services' environment variables), seccomp `RuntimeDefault`, and for the user's container:
-//! `workingDir: /work` unless the application turns it off, `runAsNonRoot` and no privilege escalation
-//! unless the application must run as root, all capabilities dropped.
+//! `workingDir: /work` unless the application turns it off, `runAsNonRoot`, no privilege escalation and
+//! all capabilities dropped unless the application must run as root. A root application gets the
+//! container runtime's default capabilities (what `apt-get`, `chown`, `su` and `sudo` need) and keeps
+//! seccomp `RuntimeDefault`; isolating it further is the operator's choice of runtime, Kata by product
+//! (`[pipeline.kata] products`, the KataContainer plugin).
 
 use k8s_openapi::api::core::v1::{
     Capabilities, PodSecurityContext, SeccompProfile, SecurityContext,
@@ -47,7 +50,10 @@ impl Plugin for Miscellaneous {
         draft.user.security_context = Some(SecurityContext {
             run_as_non_root: Some(!root),
             allow_privilege_escalation: Some(root),
-            capabilities: Some(Capabilities {
+            // Root keeps the runtime's default set: without CHOWN, DAC_OVERRIDE, FOWNER, SETUID,
+            // SETGID and the rest, `apt-get`, `chown`, `su` and `sudo` fail, and they are what a root
+            // application exists for.
+            capabilities: (!root).then(|| Capabilities {
                 drop: Some(vec!["ALL".to_owned()]),
                 add: None,
             }),

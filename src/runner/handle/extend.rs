@@ -7,16 +7,22 @@
 //! The event `<jobId>/extend/<requestId>` follows the write; a redelivery finds the request id applied and
 //! publishes the event again, with the values now persisted.
 //!
-//! An unknown job, a job that has ended, and a job without a time limit get an event with a reason
-//! (`unknown_job`, `job_finished`, `no_time_limit`) and no change. An extension longer than 100 years
+//! A job that does not exist may be a submission still waiting in its queue (held by the pause, or
+//! behind a backlog): the extension is recorded in the cluster ([`crate::cluster::pending_extension`])
+//! and applied, with its answer, once the job exists ([`apply_recorded`], from the runner's periodic
+//! pass); a job that never comes within `[cluster] tombstone_ttl` gets `unknown_job` then. A job that
+//! has ended and a job without a time limit get an event with a reason (`job_finished`,
+//! `no_time_limit`) and no change. An extension longer than 100 years
 //! (36,600 days), or one that would take the job's allocation past that, gets one with `limit_exceeded`
 //! and is dead-lettered with that reason.
 
 use jiff::SignedDuration;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::broker::DeadLetterReason;
+use crate::cluster::ClusterError;
 use crate::messages::v1::ExtendJob;
+use crate::ops::trace::TraceParent;
 use crate::pipeline::hooks::JobFacts;
 use crate::pipeline::plugins::expiry::{self, ExtendError, Extension};
 use crate::validate::{self, ErrorKind};
@@ -58,14 +64,69 @@ pub async fn handle(h: &Handler, m: &Message<'_>, extend: &ExtendJob) -> Settle 
         return reject::invalid(h, m, subject, "extension", what, "invalid_field").await;
     };
 
+    let mut recorded = false;
+    loop {
+        if let Some(settle) = apply(h, m, job_id, request_id, added).await {
+            return settle;
+        }
+        if recorded {
+            info!(
+                job_id,
+                request_id,
+                "An extension arrived before its job; it is applied once the job exists."
+            );
+            return Settle::Ack;
+        }
+        // No such job (yet): its submission may still wait in its queue. Record the extension first,
+        // then look again, so the job's creation cannot slip in between unseen (see
+        // [`crate::cluster::pending_extension`]).
+        let seconds = extend
+            .extension
+            .as_ref()
+            .map_or((0, 0), |d| (d.seconds, d.nanos));
+        let record = h.pending_extensions.draft(
+            job_id,
+            request_id,
+            seconds,
+            Some(at),
+            m.traceparent.as_ref().map(|t| t.as_str().to_owned()),
+            h.now(),
+        );
+        if let Err(e) = h.pending_extensions.record(&record).await {
+            return Settle::cluster(&e);
+        }
+        recorded = true;
+    }
+}
+
+/// Applies an extension that was recorded before its job existed (`m` carries the request's time and
+/// trace context): `None` while the job still does not exist.
+pub async fn apply_recorded(h: &Handler, m: &Message<'_>, extend: &ExtendJob) -> Option<Settle> {
+    // Validated when it was recorded; a record that does not convert has nothing to apply.
+    let added = extend.extension.as_ref().and_then(to_signed)?;
+    apply(h, m, &extend.job_id, &extend.request_id, added).await
+}
+
+/// The guarded write of one extension and its answer; `None` when the job does not exist.
+async fn apply(
+    h: &Handler,
+    m: &Message<'_>,
+    job_id: &str,
+    request_id: &str,
+    added: SignedDuration,
+) -> Option<Settle> {
+    let at = m.sent_at.unwrap_or_else(|| h.now());
+    let refuse = |reason: &'static str| {
+        events::extension_refused(job_id, request_id, reason, at, &h.runner_id)
+    };
     for _ in 0..CONFLICT_ATTEMPTS {
         let job = match h.jobs.find(job_id).await {
             Ok(Some(job)) => job,
-            Ok(None) => return publish(h, m, &refuse(reasons::UNKNOWN_JOB)).await,
-            Err(e) => return Settle::cluster(&e),
+            Ok(None) => return None,
+            Err(e) => return Some(Settle::cluster(&e)),
         };
         if is_over(&job, &h.keys) {
-            return publish(h, m, &refuse(reasons::JOB_FINISHED)).await;
+            return Some(publish(h, m, &refuse(reasons::JOB_FINISHED)).await);
         }
         let outcome = match expiry::extend(&job, &h.config.pipeline, request_id, added) {
             Ok(outcome) => outcome,
@@ -74,7 +135,7 @@ pub async fn handle(h: &Handler, m: &Message<'_>, extend: &ExtendJob) -> Settle 
                     "extension: job {job_id}'s time allocation would be more than 100 years \
                      (36600 days)"
                 );
-                return limit_exceeded(h, m, &refuse(reasons::LIMIT_EXCEEDED), text).await;
+                return Some(limit_exceeded(h, m, &refuse(reasons::LIMIT_EXCEEDED), text).await);
             }
             Err(e) => {
                 // The job's own annotations are unreadable: nothing this message can fix.
@@ -82,11 +143,13 @@ pub async fn handle(h: &Handler, m: &Message<'_>, extend: &ExtendJob) -> Settle 
                     "job_state_unreadable",
                     format!("cannot extend job {job_id}: {e}"),
                 );
-                return Settle::DeadLetter(reason);
+                return Some(Settle::DeadLetter(reason));
             }
         };
         let applied = match outcome {
-            Extension::NoTimeLimit => return publish(h, m, &refuse(reasons::NO_TIME_LIMIT)).await,
+            Extension::NoTimeLimit => {
+                return Some(publish(h, m, &refuse(reasons::NO_TIME_LIMIT)).await);
+            }
             Extension::AlreadyApplied => match JobFacts::read(&job, &h.keys, &h.config.pipeline) {
                 Ok(facts) => Extended {
                     added,
@@ -98,7 +161,7 @@ pub async fn handle(h: &Handler, m: &Message<'_>, extend: &ExtendJob) -> Settle 
                         "job_state_unreadable",
                         format!("cannot extend job {job_id}: {e}"),
                     );
-                    return Settle::DeadLetter(reason);
+                    return Some(Settle::DeadLetter(reason));
                 }
             },
             Extension::Apply {
@@ -107,7 +170,7 @@ pub async fn handle(h: &Handler, m: &Message<'_>, extend: &ExtendJob) -> Settle 
                 expiry,
             } => {
                 let Some(patch) = plan.merge_patch() else {
-                    return Settle::Ack;
+                    return Some(Settle::Ack);
                 };
                 match h.jobs.patch(&job, &patch).await {
                     Ok(_) => {
@@ -119,15 +182,130 @@ pub async fn handle(h: &Handler, m: &Message<'_>, extend: &ExtendJob) -> Settle 
                         }
                     }
                     Err(e) if e.is_conflict() => continue,
-                    Err(e) => return Settle::cluster(&e),
+                    Err(e) => return Some(Settle::cluster(&e)),
                 }
             }
         };
         let event = events::extended(job_id, request_id, applied, at, &h.runner_id);
-        return publish(h, m, &event).await;
+        return Some(publish(h, m, &event).await);
     }
-    Settle::Requeue {
+    Some(Settle::Requeue {
         why: format!("the VolcanoJob of {job_id} kept changing while it was being extended"),
+    })
+}
+
+/// What one pass over the pending extensions did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PendingReport {
+    /// Answered (applied, or refused now that the job exists) and deleted.
+    pub answered: usize,
+    /// Their job never came: answered `unknown_job` and deleted.
+    pub expired: usize,
+    /// Still waiting for their job.
+    pub waiting: usize,
+}
+
+/// One pass over the extensions that arrived before their job: each whose job now exists is applied
+/// (once per request id, whoever else applies it too) and its record deleted; one that expired is
+/// answered `unknown_job` and deleted. A record whose answer was not confirmed stays for the next pass.
+pub async fn pending_pass(h: &Handler) -> Result<PendingReport, ClusterError> {
+    let mut report = PendingReport::default();
+    for record in h.pending_extensions.list().await? {
+        let request = ExtendJob {
+            job_id: record.job_id.clone(),
+            request_id: record.request_id.clone(),
+            extension: Some(pbjson_types::Duration {
+                seconds: record.seconds,
+                nanos: record.nanos,
+            }),
+        };
+        let m = Message {
+            body: &[],
+            type_name: None,
+            content_type: None,
+            from_submit_queue: false,
+            traceparent: record.traceparent.as_deref().and_then(TraceParent::parse),
+            sent_at: record.sent_at,
+        };
+        let settled = match apply_recorded(h, &m, &request).await {
+            Some(settle) => settle,
+            None if record.is_expired(h.now()) => {
+                let at = record.sent_at.unwrap_or(record.recorded_at);
+                let event = events::extension_refused(
+                    &record.job_id,
+                    &record.request_id,
+                    reasons::UNKNOWN_JOB,
+                    at,
+                    &h.runner_id,
+                );
+                match publish(h, &m, &event).await {
+                    Settle::Ack => {
+                        report.expired += 1;
+                        h.pending_extensions.delete(&record).await?;
+                        continue;
+                    }
+                    other => other,
+                }
+            }
+            None => {
+                report.waiting += 1;
+                continue;
+            }
+        };
+        match settled {
+            Settle::Requeue { why } => {
+                report.waiting += 1;
+                warn!(
+                    job_id = %record.job_id,
+                    request_id = %record.request_id,
+                    why,
+                    "A pending extension could not be applied yet; trying again at the next pass."
+                );
+            }
+            Settle::Ack | Settle::DeadLetter(_) => {
+                if let Settle::DeadLetter(reason) = &settled {
+                    warn!(
+                        job_id = %record.job_id,
+                        request_id = %record.request_id,
+                        reason = ?reason,
+                        "A pending extension was refused."
+                    );
+                }
+                report.answered += 1;
+                h.pending_extensions.delete(&record).await?;
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// Runs [`pending_pass`] every `interval` until `shutdown` completes. A failed pass is logged and tried
+/// again at the next interval.
+pub async fn run_pending(
+    h: std::sync::Arc<Handler>,
+    interval: std::time::Duration,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut ticks = tokio::time::interval(interval.max(std::time::Duration::from_millis(100)));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => return,
+            _ = ticks.tick() => {}
+        }
+        match pending_pass(&h).await {
+            Ok(report) if report.answered + report.expired > 0 => info!(
+                answered = report.answered,
+                expired = report.expired,
+                waiting = report.waiting,
+                "Applied extensions that arrived before their jobs."
+            ),
+            Ok(_) => {}
+            Err(e) => {
+                warn!(error = %e, "The pass over pending extensions failed; trying again later.")
+            }
+        }
     }
 }
 

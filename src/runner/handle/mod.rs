@@ -21,7 +21,9 @@ use jiff::Timestamp;
 use tracing::warn;
 
 use crate::broker::{DeadLetterReason, Delivery, Outbound, PublishError, Publisher};
-use crate::cluster::{Applier, ClusterError, RetryPolicy, SubmitGate, Tombstones};
+use crate::cluster::{
+    Applier, ClusterError, PendingExtensions, RetryPolicy, SubmitGate, Tombstones,
+};
 use crate::config::Config;
 use crate::durable::AnnotationKeys;
 use crate::messages::v1::JobEvent;
@@ -121,6 +123,8 @@ pub struct Handler {
     pub applier: Applier,
     pub jobs: JobStore,
     pub tombstones: Tombstones,
+    /// Extensions that arrived before their job.
+    pub pending_extensions: PendingExtensions,
     pub gate: SubmitGate,
     pub publisher: Publisher,
     /// The encoding of every event the runner publishes.
