@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use volcano_runner::broker::Broker;
+use volcano_runner::broker::{Broker, BrokerConfig};
 use volcano_runner::ops::health::Condition;
 use volcano_runner::ops::{Metrics, Readiness};
 use volcano_runner::proxy::{ProxySync, ProxySyncConfig, ProxySyncError, RouteTable, Routes};
@@ -26,7 +26,11 @@ pub struct Instance {
 /// Starts an instance named `name` against the world's cluster and vhost, writing Envoy files to a
 /// directory of its own.
 pub async fn start(w: &World, name: &str) -> Instance {
-    let mut broker_config = w.config.broker.clone();
+    start_with(w, name, w.config.broker.clone()).await
+}
+
+/// Like [`start`], with a broker configuration of the test's (another user, say).
+pub async fn start_with(w: &World, name: &str, mut broker_config: BrokerConfig) -> Instance {
     broker_config.connection_name = format!("proxy-sync-{name}");
     let broker = Broker::connect(broker_config.clone(), CancellationToken::new())
         .await

@@ -8,11 +8,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use tokio_util::sync::CancellationToken;
-use volcano_runner::broker::{Broker, Outbound};
+use volcano_runner::broker::{Broker, BrokerConfig, Outbound};
 use volcano_runner::messages::Format;
 use volcano_runner::messages::v1::{ProxyAction, ProxyEvent, ProxyTarget};
 
 use crate::monitor_support::{Seen, World, web_job};
+use crate::rabbit::{AMQP_ADDR, management, segment};
 use crate::support::{self, cancel, pod_ips, routed};
 
 /// Job `i` of a test: every fifth has two ranks.
@@ -271,5 +272,126 @@ async fn both_encodings_apply_and_bad_events_are_dead_lettered_with_the_reason()
     );
     sync.stop().await;
     publisher.close().await;
+    w.close().await;
+}
+
+/// A RabbitMQ user of its own for one instance, whose access a test can take away and give back.
+struct User {
+    name: String,
+    vhost: String,
+}
+
+impl User {
+    async fn new(w: &World, label: &str) -> Self {
+        let name = format!("{}-{label}", w.vhost.name);
+        let (status, body) = management(
+            "PUT",
+            &format!("/api/users/{}", segment(&name)),
+            Some(&serde_json::json!({"password": "secret", "tags": ""})),
+        )
+        .await;
+        assert!(matches!(status, 201 | 204), "user {name}: {status} {body}");
+        let user = Self {
+            name,
+            vhost: w.vhost.name.clone(),
+        };
+        user.allow(true).await;
+        user
+    }
+
+    fn permissions(&self) -> String {
+        format!(
+            "/api/permissions/{}/{}",
+            segment(&self.vhost),
+            segment(&self.name)
+        )
+    }
+
+    async fn allow(&self, allowed: bool) {
+        let (status, body) = if allowed {
+            let all = serde_json::json!({"configure": ".*", "write": ".*", "read": ".*"});
+            management("PUT", &self.permissions(), Some(&all)).await
+        } else {
+            management("DELETE", &self.permissions(), None).await
+        };
+        assert!(
+            matches!(status, 201 | 204),
+            "permissions of {}: {status} {body}",
+            self.name
+        );
+    }
+
+    fn broker_config(&self, w: &World) -> BrokerConfig {
+        let mut c = w.config.broker.clone();
+        c.url = volcano_runner::config::Secret::new(format!(
+            "amqp://{}:secret@{AMQP_ADDR}/{}",
+            segment(&self.name),
+            segment(&self.vhost)
+        ));
+        c
+    }
+
+    async fn delete(self) {
+        management(
+            "DELETE",
+            &format!("/api/users/{}", segment(&self.name)),
+            None,
+        )
+        .await;
+    }
+}
+
+/// The instance's connection is lost, and it cannot come back while a job ends and another starts: the
+/// events of both were published while it had no queue. Once it is back (a new queue), it rebuilds from
+/// the cluster: the ended job's route is gone and the new job's is there, though it never got either
+/// event.
+#[tokio::test]
+async fn after_a_lost_connection_it_rebuilds_from_the_cluster() {
+    let mut w = World::start("proxy-reconnect", |_| {}, |_| {}).await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let first: Vec<(String, u32)> = (0..4).map(|i| (format!("c{i}"), 1)).collect();
+    run_jobs(&mut w, &first).await;
+    let ns = w.namespace_of(&web_job("c0", 1, ""));
+    let user = User::new(&w, "sync").await;
+    let sync = support::start_with(&w, "a", user.broker_config(&w)).await;
+    assert_eq!(routed(&sync.until_ready().await), expected(&w, &ns, &first));
+
+    user.allow(false).await;
+    let connections = w.vhost.connections_named("proxy-sync-a").await;
+    assert_eq!(connections.len(), 1, "{connections:?}");
+    w.vhost.force_close(&connections[0]).await;
+    cancel(&w, &ns, "c1").await;
+    for _ in 0..4 {
+        w.advance(5);
+    }
+    w.until("REMOVE c1", |s| published(s).1.contains("c1"))
+        .await;
+    run_jobs(&mut w, &[("c9".into(), 1)]).await;
+    assert!(
+        sync.routes
+            .read(|t| t.job("c1").is_some() && t.job("c9").is_none()),
+        "no event reached the instance while it was away"
+    );
+
+    user.allow(true).await;
+    sync.until("c1 gone and c9 routed", |t| {
+        t.job("c1").is_none() && t.job("c9").is_some()
+    })
+    .await;
+    let running: Vec<(String, u32)> = first
+        .iter()
+        .filter(|(id, _)| id != "c1")
+        .cloned()
+        .chain([("c9".to_owned(), 1)])
+        .collect();
+    sync.until_ready().await;
+    assert_eq!(
+        routed(&sync.routes.read(Clone::clone)),
+        expected(&w, &ns, &running)
+    );
+    sync.stop().await;
+    user.delete().await;
+    runner.stop().await;
     w.close().await;
 }
