@@ -10,6 +10,7 @@ mod monitor_support;
 #[path = "../common/rabbit.rs"]
 mod rabbit;
 
+mod cli;
 mod envoy;
 mod measure;
 mod support;
