@@ -158,9 +158,14 @@ impl ProxySync {
             "proxy",
         )
         .await?;
-        let writer = Arc::new(Writer::new(&self));
+        let writer = Arc::new(Writer::new(
+            &self.config,
+            self.naming(),
+            self.node_id.clone(),
+        ));
         let write_loop = tokio::spawn(writer.clone().run(
             self.routes.clone(),
+            self.routes.subscribe(),
             self.config.coalesce,
             shutdown.clone(),
         ));
@@ -317,11 +322,12 @@ struct Writer {
     lock: tokio::sync::Mutex<()>,
     /// The table version last written.
     written: Mutex<Option<u64>>,
+    /// How many times the files were written.
+    passes: std::sync::atomic::AtomicU64,
 }
 
 impl Writer {
-    fn new(sync: &ProxySync) -> Self {
-        let c = &sync.config;
+    fn new(c: &ProxySyncConfig, naming: HostNaming, node_id: String) -> Self {
         Self {
             settings: (!c.envoy_dir.as_os_str().is_empty()).then(|| EnvoySettings {
                 dir: c.envoy_dir.clone(),
@@ -329,10 +335,11 @@ impl Writer {
                 connect_timeout_ms: u64::try_from(c.connect_timeout.as_millis())
                     .unwrap_or(u64::MAX),
             }),
-            naming: sync.naming(),
-            node_id: sync.node_id.clone(),
+            naming,
+            node_id,
             lock: tokio::sync::Mutex::new(()),
             written: Mutex::new(None),
+            passes: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -365,18 +372,21 @@ impl Writer {
         .await
         .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?;
         *self.written.lock().unwrap_or_else(|e| e.into_inner()) = Some(version);
+        self.passes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         debug!(files = written, version, took = ?began.elapsed(), "Envoy configuration written.");
         Ok(())
     }
 
-    /// Writes after each change, at most once per `coalesce`.
+    /// Writes after each change `changes` sees (subscribed by the caller, so no change made after the
+    /// call is missed), at most once per `coalesce`.
     async fn run(
         self: Arc<Self>,
         routes: Routes,
+        mut changes: watch::Receiver<u64>,
         coalesce: Duration,
         shutdown: CancellationToken,
     ) -> Result<(), WriteError> {
-        let mut changes = routes.subscribe();
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
@@ -392,5 +402,73 @@ impl Writer {
                 warn!(error = %e, "The Envoy configuration could not be written.");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::messages::v1::{ProxyAction, ProxyEvent, ProxyTarget};
+    use std::sync::atomic::Ordering;
+
+    fn update(job: &str) -> JobUpdate {
+        JobUpdate::from_event(&ProxyEvent {
+            event_id: format!("{job}/proxy/create/x"),
+            job_id: job.into(),
+            action: ProxyAction::Create as i32,
+            targets: vec![ProxyTarget {
+                rank: 0,
+                pod_ip: "10.0.0.1".into(),
+                port: 8888,
+                hostname: format!("j-{job}-job-0.j-{job}"),
+            }],
+            domains: vec![],
+            timestamp: Some(pbjson_types::Timestamp {
+                seconds: 1,
+                nanos: 0,
+            }),
+            sequence: 1,
+        })
+        .unwrap()
+    }
+
+    /// A burst of changes is one write, with all of them; a later change is the next write.
+    #[tokio::test]
+    async fn changes_within_the_interval_are_written_together() {
+        let dir = std::env::temp_dir().join(format!("vr-envoy-coalesce-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let config = ProxySyncConfig {
+            envoy_dir: dir.clone(),
+            ..ProxySyncConfig::default()
+        };
+        let naming = HostNaming {
+            prefix: "app-".into(),
+            domain: "cloud.sdu.dk".into(),
+        };
+        let writer = Arc::new(Writer::new(&config, naming, "n".into()));
+        let routes = Routes::default();
+        let shutdown = CancellationToken::new();
+        let interval = Duration::from_millis(600);
+        let task = tokio::spawn(writer.clone().run(
+            routes.clone(),
+            routes.subscribe(),
+            interval,
+            shutdown.clone(),
+        ));
+        for i in 0..100 {
+            assert_eq!(routes.apply(update(&format!("j{i}"))), Applied::Changed);
+        }
+        tokio::time::sleep(interval * 3).await;
+        assert_eq!(writer.passes.load(Ordering::Relaxed), 1);
+        let rds = std::fs::read_to_string(dir.join(envoy::RDS_FILE)).unwrap();
+        assert_eq!(rds.matches("\"domains\"").count(), 100);
+        routes.apply(update("late"));
+        tokio::time::sleep(interval * 3).await;
+        assert_eq!(writer.passes.load(Ordering::Relaxed), 2);
+        let rds = std::fs::read_to_string(dir.join(envoy::RDS_FILE)).unwrap();
+        assert!(rds.contains("app-late-0.cloud.sdu.dk"));
+        shutdown.cancel();
+        task.await.unwrap().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
