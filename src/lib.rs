@@ -15,6 +15,8 @@
 //! - [`runner`]: consumes submissions, cancels and extensions and applies them.
 //! - [`monitor`]: watches jobs: lifecycle events, expiry, accounting ticks, proxy events.
 //! - [`ops`]: metrics, health and readiness, logs with secrets removed, W3C trace context.
+//! - [`proxy`]: the proxy-sync role: the route table of the interactive jobs, kept from the proxy events
+//!   and the cluster, written as Envoy's dynamic configuration.
 //! - [`sim`]: the cluster simulator, a Kubernetes API server with a Volcano model.
 //! - [`cli`]: the `volcano-runner` command line.
 //! - [`alloc`]: the process's allocator (jemalloc) and why.
@@ -31,6 +33,7 @@ pub mod messages;
 pub mod monitor;
 pub mod ops;
 pub mod pipeline;
+pub mod proxy;
 pub mod quantity;
 pub mod runner;
 pub mod secret;

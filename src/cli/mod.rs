@@ -6,6 +6,7 @@ pub mod cancel;
 pub mod events;
 pub mod extend;
 pub mod logs;
+pub mod proxy_sync;
 pub mod render;
 pub mod run;
 pub mod sim;
@@ -57,6 +58,9 @@ pub enum Command {
     Logs(logs::Args),
     /// Pause or resume submissions on every runner; show queues, active jobs and lease holders.
     Admin(admin::Args),
+    /// Keep the routes of every running interactive job (from the proxy events and the cluster) and
+    /// write them as Envoy's dynamic configuration: the process beside Envoy in each proxy pod.
+    ProxySync(proxy_sync::Args),
     /// The end-to-end load benchmark: the broker's and the simulator's limits, then N submissions through
     /// 1 and 3 runner processes (use the release build).
     Bench(bench::Args),
@@ -117,6 +121,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Events(args) => events::run(args, cli.config.as_deref()).await,
         Command::Logs(args) => logs::run(args, cli.config.as_deref()).await,
         Command::Admin(args) => admin::run(args, cli.config.as_deref()).await,
+        Command::ProxySync(args) => proxy_sync::run(args, cli.config.as_deref()).await,
         Command::Bench(args) => bench::run(args, cli.config.as_deref()).await,
     }
 }

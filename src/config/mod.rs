@@ -2,9 +2,9 @@
 //!
 //! The library sections are owned by the modules that read them (`[broker]`, `[cluster]`, `[pipeline]`,
 //! `[sim]`, `[ops]`), each with its own error type, and none of those modules depends on this one; the
-//! sections of the parts that consume the whole configuration (`[runner]`, `[monitor]`) are defined here,
-//! in [`runner`] and [`monitor`]. This module composes them and loads the whole from a TOML file with
-//! `VOLCANO_RUNNER_*` environment overrides (tests/contract/layout.rs holds the dependency rule). Anything wrong (a syntax error, an unknown
+//! sections of the parts that consume the whole configuration (`[runner]`, `[monitor]`, `[proxy_sync]`)
+//! are defined here, in [`runner`], [`monitor`] and [`proxy_sync`]. This module composes them and loads
+//! the whole from a TOML file with `VOLCANO_RUNNER_*` environment overrides (tests/contract/layout.rs holds the dependency rule). Anything wrong (a syntax error, an unknown
 //! key, a value of the wrong type, a value out of range) stops the program at start with the exact key,
 //! the reason, and where the value came from.
 //!
@@ -29,9 +29,11 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 pub mod monitor;
+pub mod proxy_sync;
 pub mod runner;
 
 pub use monitor::MonitorConfig;
+pub use proxy_sync::ProxySyncConfig;
 pub use runner::RunnerConfig;
 
 use crate::pipeline::{PipelineConfig, Settings};
@@ -56,6 +58,7 @@ pub struct Config {
     pub monitor: MonitorConfig,
     pub sim: crate::sim::SimConfig,
     pub ops: crate::ops::OpsConfig,
+    pub proxy_sync: ProxySyncConfig,
 }
 
 /// Bounds on submissions, checked by validation before anything reaches the cluster.
@@ -250,6 +253,9 @@ impl Config {
             .validate()
             .map_err(|e| invalid(e.key, e.reason))?;
         self.ops.check().map_err(|e| invalid(e.key, e.reason))?;
+        self.proxy_sync
+            .check()
+            .map_err(|e| invalid(e.key, e.reason))?;
         self.sim.validate().map_err(|e| match e {
             crate::sim::SimError::Config { key, reason } => ConfigError::Invalid { key, reason },
             other => ConfigError::Invalid {

@@ -27,6 +27,7 @@
 //! | `accountingFinal` | Accounting completion | `true` once the final tick is published |
 //! | `proxyPort`, `proxyDomains` | Proxy, at create | target port, public links (comma-separated) |
 //! | `proxyGeneration` | Proxy hooks | generation of the last published targets |
+//! | `proxySequence` | Proxy hooks | the `sequence` of the last published CREATE or UPDATE (events of a job are ordered by it) |
 //! | `terminationCause` | whoever deletes the job | `expired`, `cancelled`, ... (W11) |
 //! | `terminationReason` | whoever deletes the job | the cause in words, e.g. the cancel's reason |
 //! | `lifecycleState` | monitor | the last published lifecycle state |
@@ -98,6 +99,8 @@ pub struct AnnotationKeys {
     pub proxy_domains: String,
     /// `<prefix>proxyGeneration` (see the table above).
     pub proxy_generation: String,
+    /// `<prefix>proxySequence` (see the table above).
+    pub proxy_sequence: String,
     /// `<prefix>terminationCause` (see the table above).
     pub termination_cause: String,
     /// `<prefix>terminationReason` (see the table above).
@@ -147,6 +150,7 @@ impl AnnotationKeys {
             proxy_port: k("proxyPort"),
             proxy_domains: k("proxyDomains"),
             proxy_generation: k("proxyGeneration"),
+            proxy_sequence: k("proxySequence"),
             termination_cause: k("terminationCause"),
             termination_reason: k("terminationReason"),
             lifecycle_state: k("lifecycleState"),

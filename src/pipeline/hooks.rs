@@ -145,6 +145,9 @@ pub struct ProxyFacts {
     pub domains: Vec<String>,
     /// Generation of the last published targets, if any were published.
     pub generation: Option<String>,
+    /// The `sequence` of the last published CREATE or UPDATE; 0 before the first. A job whose targets
+    /// were published by a runner that predates the sequence (a generation, no sequence) counts as 1.
+    pub sequence: u64,
 }
 
 /// Everything durable about a job, read from its VolcanoJob's annotations.
@@ -279,6 +282,10 @@ impl JobFacts {
                     })
                     .unwrap_or_default(),
                 generation: get(&keys.proxy_generation).map(str::to_owned),
+                sequence: match number(&keys.proxy_sequence)? {
+                    Some(n) => n,
+                    None => u64::from(get(&keys.proxy_generation).is_some()),
+                },
             }),
             None => None,
         };

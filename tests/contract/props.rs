@@ -560,15 +560,17 @@ fn proxy_event() -> impl Strategy<Value = v1::ProxyEvent> {
         vec(target, 1..3),
         vec(dns_subdomain(), 0..3),
         timestamp(),
+        any::<u64>(),
     )
         .prop_map(
-            |(event_id, job_id, action, targets, domains, ts)| v1::ProxyEvent {
+            |(event_id, job_id, action, targets, domains, ts, sequence)| v1::ProxyEvent {
                 event_id,
                 job_id,
                 action,
                 targets,
                 domains,
                 timestamp: Some(ts),
+                sequence,
             },
         )
 }

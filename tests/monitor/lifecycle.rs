@@ -4,6 +4,7 @@
 
 use crate::monitor_support;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use monitor_support::*;
@@ -484,6 +485,22 @@ async fn proxy_create_update_and_remove_for_a_two_replica_web_job() {
         .unwrap();
     let end = order.iter().position(|id| id == "m6/CANCELLED").unwrap();
     assert!(remove < end, "{order:?}");
+    // Each event is numbered after the last, so a proxy can tell a late one from a newer one.
+    let sequences: BTreeSet<(i32, u64)> = w
+        .seen
+        .of("m6")
+        .proxy
+        .iter()
+        .map(|p| (p.action, p.sequence))
+        .collect();
+    assert_eq!(
+        sequences,
+        BTreeSet::from([
+            (ProxyAction::Create as i32, 1),
+            (ProxyAction::Update as i32, 2),
+            (ProxyAction::Remove as i32, 3),
+        ])
+    );
     runner.stop().await;
     w.close().await;
 }

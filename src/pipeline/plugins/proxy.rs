@@ -7,8 +7,12 @@
 //!   per rank (IP, port, hostname); when the IPs change (a restarted job), an `UPDATE` (UCloud kept stale
 //!   IPs, W26). The generation is a hash of the targets, persisted as `proxyGeneration`, so an event is
 //!   published once per set of targets and a re-publication carries the same id.
-//! - Cleanup hook: a `REMOVE` event. The monitor runs it after every job end (W13: UCloud only did on
-//!   cancel).
+//! - Every event carries a `sequence`: one more than the last published (`proxySequence`, persisted with
+//!   the generation), so a proxy can tell a newer event from an older one that arrives late. The hooks
+//!   are re-run against the annotations until their patch lands, so a re-publication carries the same
+//!   number.
+//! - Cleanup hook: a `REMOVE` event, with the sequence after the last published one. The monitor runs it
+//!   after every job end (W13: UCloud only did on cancel).
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
@@ -71,6 +75,7 @@ impl Plugin for Proxy {
                 cx.facts,
                 ProxyAction::Remove,
                 generation,
+                proxy.sequence + 1,
                 Vec::new(),
                 cx.now,
             )));
@@ -98,19 +103,23 @@ fn publish_targets(cx: &HookContext<'_>, out: &mut HookActions) {
     let since = targets_since(cx.facts, cx.pods)
         .unwrap_or(cx.now)
         .min(cx.now);
+    let sequence = proxy.sequence + 1;
     out.publish.push(Outbound::Proxy(event(
         cx.facts,
         action,
         &generation,
+        sequence,
         targets,
         since,
     )));
     out.set.insert(cx.keys.proxy_generation.clone(), generation);
+    out.set
+        .insert(cx.keys.proxy_sequence.clone(), sequence.to_string());
 }
 
 /// When the current set of targets came to be: the latest start of a running rank (its user
 /// container's start, else the pod's).
-fn targets_since(facts: &JobFacts, pods: &[Pod]) -> Option<Timestamp> {
+pub fn targets_since(facts: &JobFacts, pods: &[Pod]) -> Option<Timestamp> {
     pods.iter()
         .filter(|pod| {
             pod.metadata.deletion_timestamp.is_none()
@@ -178,6 +187,7 @@ pub fn event(
     facts: &JobFacts,
     action: ProxyAction,
     generation: &str,
+    sequence: u64,
     targets: Vec<ProxyTarget>,
     now: Timestamp,
 ) -> ProxyEvent {
@@ -198,5 +208,6 @@ pub fn event(
             .map(|p| p.domains.clone())
             .unwrap_or_default(),
         timestamp: Some(proto_timestamp(now)),
+        sequence,
     }
 }

@@ -1,0 +1,101 @@
+//! `volcano-runner proxy-sync [--cluster sim|auto|URL] [--envoy-dir DIR]`: the proxy-sync role, run
+//! beside Envoy in each proxy pod. Keeps the routes of every running interactive job (from the proxy
+//! events and the cluster) and writes them as Envoy's dynamic configuration; docs/proxy.md says how.
+//! `/readyz` is ready once the table has been built from the cluster and written, so a new instance
+//! takes traffic only when it routes every running job. Runs until SIGTERM or SIGINT.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use super::CliError;
+use super::run::{cancel_on_signal, cluster_error, load_config, operator_client};
+use crate::broker::Broker;
+use crate::cluster::{ClusterTarget, client};
+use crate::ops::Ops;
+use crate::proxy::ProxySync;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The cluster: `sim` (the simulator of a runner started with `run --cluster sim` on this machine),
+    /// `auto` (in-cluster, else KUBECONFIG) or an http(s):// URL. Default: `[cluster] target`.
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Where to write the Envoy files (default: `[proxy_sync] envoy_dir`; empty: none).
+    #[arg(long)]
+    pub envoy_dir: Option<PathBuf>,
+    /// The Envoy node id (default: `[runner] id`, else the host name plus a random suffix).
+    #[arg(long)]
+    pub id: Option<String>,
+}
+
+pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError> {
+    let mut config = load_config(config, args.cluster.as_deref())?;
+    if let Some(dir) = args.envoy_dir {
+        config.proxy_sync.envoy_dir = dir;
+    }
+    if let Some(id) = &args.id {
+        config.runner.id = Some(id.clone());
+    }
+    config.check()?;
+    let node_id = config.runner.runner_id();
+    let shutdown = CancellationToken::new();
+    let _stop_on_return = shutdown.clone().drop_guard();
+    let signals = tokio::spawn(cancel_on_signal(shutdown.clone()));
+
+    let ops = Ops::new();
+    let endpoint = ops
+        .bind(&config.ops)
+        .await
+        .map_err(|e| CliError::Other(e.to_string()))?;
+    info!(listen = %endpoint.local_addr().map_err(|e| CliError::Other(e.to_string()))?, "Serving /metrics, /healthz and /readyz.");
+    let endpoint_stop = CancellationToken::new();
+    let _stop_endpoint_on_return = endpoint_stop.clone().drop_guard();
+    let endpoint = tokio::spawn(endpoint.run(endpoint_stop.clone().cancelled_owned()));
+    let broker_ready = ops.readiness.expect_broker();
+    let table_ready = ops
+        .readiness
+        .condition("route table", "not built from the cluster yet");
+
+    let client = match config.cluster.target {
+        ClusterTarget::Sim => operator_client(&config).await?,
+        _ => client::connect_with(&config.cluster, &ops.kube_layer())
+            .await
+            .map_err(cluster_error)?,
+    };
+    ops.readiness.add_cluster(
+        client.clone(),
+        config.ops.cluster_check_timeout,
+        config.ops.cluster_check_ttl,
+    );
+    let broker = Broker::connect(config.broker.clone(), shutdown.clone())
+        .await
+        .map_err(|e| CliError::Other(format!("RabbitMQ: {e}")))?;
+    broker_ready.fill(broker.clone());
+    ops.readiness.seal();
+    info!(
+        envoy_dir = %config.proxy_sync.envoy_dir.display(),
+        prefix = %config.pipeline.proxy.prefix,
+        domain = %config.pipeline.proxy.domain,
+        "Proxy sync starting."
+    );
+    let sync = ProxySync::new(
+        broker.clone(),
+        client,
+        config.pipeline.clone(),
+        config.cluster.managed_selector.clone(),
+        config.proxy_sync.clone(),
+        node_id,
+        Some(table_ready),
+    );
+    let result = sync.run(shutdown.clone()).await;
+    shutdown.cancel();
+    broker.close().await;
+    let _ = signals.await;
+    endpoint_stop.cancel();
+    let _ = endpoint.await;
+    result.map_err(|e| CliError::Other(e.to_string()))?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,349 @@
+//! Envoy's configuration from the route table, through Envoy's file-based dynamic configuration: Envoy
+//! watches the files its bootstrap names and applies each new version without a restart or a dropped
+//! connection.
+//!
+//! Four files in one directory, each a `DiscoveryResponse` in JSON (Envoy reads `.json` as JSON):
+//! - `bootstrap.json`: what Envoy is started with (`envoy -c <dir>/bootstrap.json`): the node, and LDS
+//!   and CDS from the two files below. Written once at start.
+//! - `lds.json`: one HTTP listener whose connection manager takes its routes from `rds.json` (RDS from a
+//!   file), upgrades WebSockets, and ignores the port in the Host header. It does not change with the
+//!   routes, so a route change never drains a listener.
+//! - `rds.json`: the `RouteConfiguration`: one virtual host per host name of the table
+//!   (`<prefix><jobId>-<rank>.<domain>` and each public domain), each to its rank's cluster.
+//! - `cds.json`: one STATIC cluster per routed rank, `job-<jobId>-<rank>`, with the pod's IP and port.
+//!
+//! Every file is written to a temporary file in the same directory and renamed over the old one, which
+//! is atomic (Envoy never reads half a file) and is what Envoy's file watch reacts to. A file whose
+//! content is unchanged is not rewritten. Clusters are written before routes, so a new route never
+//! points at a cluster Envoy does not have yet.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use super::table::{HostNaming, Route, RouteTable};
+
+/// The name of the listener, the route configuration and the HTTP connection manager's stats.
+pub const ROUTE_CONFIG: &str = "volcano-runner-routes";
+const LISTENER: &str = "volcano-runner-http";
+const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+const ROUTES_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+const HCM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+const ROUTER_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router";
+
+/// The file names, in the directory.
+pub const BOOTSTRAP_FILE: &str = "bootstrap.json";
+pub const LDS_FILE: &str = "lds.json";
+pub const RDS_FILE: &str = "rds.json";
+pub const CDS_FILE: &str = "cds.json";
+
+/// What the files say besides the routes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvoySettings {
+    /// Where the files go; Envoy must see the same paths.
+    pub dir: PathBuf,
+    /// The port of the HTTP listener.
+    pub listen_port: u16,
+    /// How long Envoy waits for a pod to accept a connection.
+    pub connect_timeout_ms: u64,
+}
+
+/// One cluster's name: `job-<jobId>-<rank>`.
+pub fn cluster_name(job_id: &str, rank: u32) -> String {
+    format!("job-{job_id}-{rank}")
+}
+
+fn path_source(path: &Path) -> Value {
+    json!({
+        "path_config_source": {"path": path.to_string_lossy()},
+        "resource_api_version": "V3",
+    })
+}
+
+/// `bootstrap.json`: the node and where LDS and CDS come from.
+pub fn bootstrap(settings: &EnvoySettings, node_id: &str) -> Value {
+    json!({
+        "node": {"id": node_id, "cluster": "volcano-runner-proxy"},
+        "dynamic_resources": {
+            "lds_config": path_source(&settings.dir.join(LDS_FILE)),
+            "cds_config": path_source(&settings.dir.join(CDS_FILE)),
+        },
+    })
+}
+
+/// A discovery response carrying `resources`, versioned by their content.
+fn response(resources: Vec<Value>) -> Value {
+    let text = serde_json::to_string(&resources).unwrap_or_default();
+    let version = crate::pipeline::names::short_hash(text.as_bytes(), 16);
+    json!({"version_info": version, "resources": resources})
+}
+
+/// `lds.json`: the HTTP listener, routes from `rds.json`.
+pub fn listeners(settings: &EnvoySettings) -> Value {
+    let manager = json!({
+        "@type": HCM_TYPE,
+        "stat_prefix": "volcano_runner",
+        "codec_type": "AUTO",
+        // Users reach `host:port` as well as `host`; the virtual hosts name only the host.
+        "strip_any_host_port": true,
+        // Jupyter's kernels, noVNC and terminals speak WebSocket.
+        "upgrade_configs": [{"upgrade_type": "websocket"}],
+        "rds": {
+            "route_config_name": ROUTE_CONFIG,
+            "config_source": path_source(&settings.dir.join(RDS_FILE)),
+        },
+        "http_filters": [{
+            "name": "envoy.filters.http.router",
+            "typed_config": {"@type": ROUTER_TYPE},
+        }],
+    });
+    response(vec![json!({
+        "@type": LISTENER_TYPE,
+        "name": LISTENER,
+        "address": {"socket_address": {"address": "0.0.0.0", "port_value": settings.listen_port}},
+        "filter_chains": [{
+            "filters": [{
+                "name": "envoy.filters.network.http_connection_manager",
+                "typed_config": manager,
+            }],
+        }],
+    })])
+}
+
+/// `rds.json`: a virtual host per host name.
+pub fn route_configuration(routes: &[Route]) -> Value {
+    let virtual_hosts: Vec<Value> = routes
+        .iter()
+        .map(|r| {
+            json!({
+                "name": r.host,
+                "domains": [r.host],
+                "routes": [{
+                    "match": {"prefix": "/"},
+                    // No timeout: notebooks long-poll, and WebSockets stay open for the session.
+                    "route": {"cluster": cluster_name(&r.job_id, r.rank), "timeout": "0s"},
+                }],
+            })
+        })
+        .collect();
+    response(vec![json!({
+        "@type": ROUTES_TYPE,
+        "name": ROUTE_CONFIG,
+        "virtual_hosts": virtual_hosts,
+    })])
+}
+
+/// `cds.json`: a cluster per routed rank.
+pub fn clusters(table: &RouteTable, settings: &EnvoySettings) -> Value {
+    let mut out = Vec::new();
+    for (job_id, routes) in table.live() {
+        for (&rank, backend) in &routes.ranks {
+            let name = cluster_name(job_id, rank);
+            out.push(json!({
+                "@type": CLUSTER_TYPE,
+                "name": name,
+                "type": "STATIC",
+                "connect_timeout": format!("{}s", settings.connect_timeout_ms as f64 / 1000.0),
+                "load_assignment": {
+                    "cluster_name": name,
+                    "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {
+                        "address": backend.ip.to_string(),
+                        "port_value": backend.port,
+                    }}}}]}],
+                },
+            }));
+        }
+    }
+    response(out)
+}
+
+/// The three dynamic files for `table`, in the order they are to be written (clusters first).
+pub fn render(
+    table: &RouteTable,
+    naming: &HostNaming,
+    settings: &EnvoySettings,
+) -> Vec<(&'static str, Value)> {
+    vec![
+        (CDS_FILE, clusters(table, settings)),
+        (RDS_FILE, route_configuration(&table.routes(naming))),
+        (LDS_FILE, listeners(settings)),
+    ]
+}
+
+/// Why the files could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("writing the Envoy configuration {}: {source}", path.display())]
+pub struct WriteError {
+    pub path: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// Writes `value` to `dir/name` atomically (a temporary file in `dir`, then a rename), unless the file
+/// already holds exactly that. Returns whether it wrote.
+pub fn write_atomically(dir: &Path, name: &str, value: &Value) -> Result<bool, WriteError> {
+    let path = dir.join(name);
+    let err = |source| WriteError {
+        path: path.clone(),
+        source,
+    };
+    let mut text = serde_json::to_vec_pretty(value).map_err(|e| err(e.into()))?;
+    text.push(b'\n');
+    if std::fs::read(&path).is_ok_and(|old| old == text) {
+        return Ok(false);
+    }
+    std::fs::create_dir_all(dir).map_err(err)?;
+    // A dot name: Envoy watches only the names it was given, and a crash leaves no file it would read.
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, &text).map_err(err)?;
+    std::fs::rename(&tmp, &path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        err(e)
+    })?;
+    Ok(true)
+}
+
+/// Writes every file for `table` (the bootstrap too, so the directory is complete from the first write).
+/// Returns how many files changed.
+pub fn write_all(
+    table: &RouteTable,
+    naming: &HostNaming,
+    settings: &EnvoySettings,
+    node_id: &str,
+) -> Result<usize, WriteError> {
+    let mut written = 0;
+    for (name, value) in render(table, naming, settings) {
+        written += usize::from(write_atomically(&settings.dir, name, &value)?);
+    }
+    written += usize::from(write_atomically(
+        &settings.dir,
+        BOOTSTRAP_FILE,
+        &bootstrap(settings, node_id),
+    )?);
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::messages::v1::{ProxyAction, ProxyEvent, ProxyTarget};
+    use crate::proxy::table::JobUpdate;
+
+    fn settings(dir: &Path) -> EnvoySettings {
+        EnvoySettings {
+            dir: dir.to_owned(),
+            listen_port: 8080,
+            connect_timeout_ms: 2500,
+        }
+    }
+
+    fn table() -> RouteTable {
+        let mut t = RouteTable::new();
+        let e = ProxyEvent {
+            event_id: "42/proxy/create/x".into(),
+            job_id: "42".into(),
+            action: ProxyAction::Create as i32,
+            targets: vec![
+                ProxyTarget {
+                    rank: 0,
+                    pod_ip: "10.0.0.1".into(),
+                    port: 8888,
+                    hostname: "j-42-job-0.j-42".into(),
+                },
+                ProxyTarget {
+                    rank: 1,
+                    pod_ip: "fd00::2".into(),
+                    port: 8888,
+                    hostname: "j-42-job-1.j-42".into(),
+                },
+            ],
+            domains: vec!["mylink.example.org".into()],
+            timestamp: Some(pbjson_types::Timestamp {
+                seconds: 1_800_000_000,
+                nanos: 0,
+            }),
+            sequence: 1,
+        };
+        t.apply(JobUpdate::from_event(&e).unwrap());
+        t
+    }
+
+    fn naming() -> HostNaming {
+        HostNaming {
+            prefix: "app-".into(),
+            domain: "cloud.sdu.dk".into(),
+        }
+    }
+
+    #[test]
+    fn routes_and_clusters_follow_the_table() {
+        let s = settings(Path::new("/run/envoy"));
+        let t = table();
+        let rds = route_configuration(&t.routes(&naming()));
+        let hosts: Vec<(&str, &str)> = rds["resources"][0]["virtual_hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| {
+                (
+                    v["domains"][0].as_str().unwrap(),
+                    v["routes"][0]["route"]["cluster"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            hosts,
+            [
+                ("app-42-0.cloud.sdu.dk", "job-42-0"),
+                ("app-42-1.cloud.sdu.dk", "job-42-1"),
+                ("mylink.example.org", "job-42-0"),
+            ]
+        );
+        let cds = clusters(&t, &s);
+        let c = &cds["resources"][1];
+        assert_eq!(c["name"], "job-42-1");
+        assert_eq!(
+            c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"],
+            json!({"address": "fd00::2", "port_value": 8888})
+        );
+        assert_eq!(c["connect_timeout"], "2.5s");
+        let lds = listeners(&s);
+        let hcm = &lds["resources"][0]["filter_chains"][0]["filters"][0]["typed_config"];
+        assert_eq!(
+            hcm["upgrade_configs"],
+            json!([{"upgrade_type": "websocket"}])
+        );
+        assert_eq!(
+            hcm["rds"]["config_source"]["path_config_source"]["path"],
+            "/run/envoy/rds.json"
+        );
+        // The version follows the content.
+        assert_ne!(
+            rds["version_info"],
+            route_configuration(&RouteTable::new().routes(&naming()))["version_info"]
+        );
+    }
+
+    #[test]
+    fn files_are_replaced_whole_and_only_when_they_change() {
+        let dir = std::env::temp_dir().join(format!("vr-envoy-unit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let s = settings(&dir);
+        assert_eq!(write_all(&table(), &naming(), &s, "n").unwrap(), 4);
+        assert_eq!(write_all(&table(), &naming(), &s, "n").unwrap(), 0);
+        assert_eq!(
+            write_all(&RouteTable::new(), &naming(), &s, "n").unwrap(),
+            2
+        );
+        let names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 4, "no temporary file is left: {names:?}");
+        let cds: Value =
+            serde_json::from_slice(&std::fs::read(dir.join(CDS_FILE)).unwrap()).unwrap();
+        assert_eq!(cds["resources"], json!([]));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

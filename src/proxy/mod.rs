@@ -1,0 +1,20 @@
+//! The proxy-sync role (`volcano-runner proxy-sync`): every instance keeps the routes of every running
+//! interactive job, from the `ProxyEvent`s on the proxy fanout exchange and from the cluster, and writes
+//! them as Envoy's dynamic configuration. docs/proxy.md describes the role for operators.
+//!
+//! # Layout
+//! - [`table`]: [`RouteTable`], the routes by job, and the rule that orders updates (pure).
+//! - [`snapshot`]: the routes of the running interactive jobs, read from the cluster.
+//! - [`envoy`]: the Envoy files (listener, routes, clusters, bootstrap), written atomically.
+//! - [`sync`]: [`ProxySync`], the loop: bind first, then build from the cluster, then apply events.
+//!
+//! Its configuration section is `[proxy_sync]` ([`crate::config::ProxySyncConfig`]).
+
+pub mod envoy;
+pub mod snapshot;
+pub mod sync;
+pub mod table;
+
+pub use crate::config::ProxySyncConfig;
+pub use sync::{ProxySync, ProxySyncError, Routes};
+pub use table::{Applied, Backend, HostNaming, JobRoutes, JobUpdate, Route, RouteTable, Stamp};

@@ -1,0 +1,154 @@
+//! What proxy-sync writes for Envoy is loaded with Envoy's own API definitions: the `xds-protos` Python
+//! package parses every file strictly (unknown fields fail) into Listener, RouteConfiguration, Cluster
+//! and Bootstrap messages (tests/proxy/check_envoy.py), and what it finds is what the table says.
+//!
+//! scripts/test installs xds-protos; when it is missing this test installs it with pip, and only if pip
+//! cannot reach the package index does it skip, saying so.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{Value, json};
+use volcano_runner::messages::v1::{ProxyAction, ProxyEvent, ProxyTarget};
+use volcano_runner::proxy::envoy::{self, EnvoySettings};
+use volcano_runner::proxy::{HostNaming, JobUpdate, RouteTable};
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/proxy/check_envoy.py")
+}
+
+/// Runs the checker on `dir`: `Ok(found)` or `Err(message)`; `None` when xds-protos cannot be had.
+fn check(dir: &Path) -> Option<Result<Value, String>> {
+    let run = || {
+        Command::new("python3")
+            .arg(script())
+            .arg(dir)
+            .output()
+            .expect("python3 runs (scripts/test needs it)")
+    };
+    let mut out = run();
+    if out.status.code() == Some(3) {
+        let pip = Command::new("python3")
+            .args(["-m", "pip", "install", "--quiet", "xds-protos"])
+            .output()
+            .expect("python3 -m pip runs");
+        if !pip.status.success() {
+            eprintln!(
+                "SKIPPED: xds-protos is not installed and pip could not install it (no network?): {}",
+                String::from_utf8_lossy(&pip.stderr)
+            );
+            return None;
+        }
+        out = run();
+    }
+    Some(if out.status.success() {
+        Ok(serde_json::from_slice(&out.stdout).expect("the checker prints JSON"))
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    })
+}
+
+fn event(job: &str, ips: &[&str], domains: &[&str]) -> ProxyEvent {
+    ProxyEvent {
+        event_id: format!("{job}/proxy/create/x"),
+        job_id: job.into(),
+        action: ProxyAction::Create as i32,
+        targets: ips
+            .iter()
+            .enumerate()
+            .map(|(rank, ip)| ProxyTarget {
+                rank: rank as u32,
+                pod_ip: (*ip).into(),
+                port: 8888,
+                hostname: format!("j-{job}-job-{rank}.j-{job}"),
+            })
+            .collect(),
+        domains: domains.iter().map(|d| (*d).to_owned()).collect(),
+        timestamp: Some(pbjson_types::Timestamp {
+            seconds: 1_800_000_000,
+            nanos: 0,
+        }),
+        sequence: 1,
+    }
+}
+
+fn temp_dir(label: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("vr-envoy-{label}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn envoy_loads_the_listener_routes_and_clusters_as_written() {
+    let dir = temp_dir("ok");
+    let mut table = RouteTable::new();
+    for e in [
+        event("42", &["10.0.0.1", "10.0.0.2"], &["mylink.example.org"]),
+        event("43", &["fd00::7"], &[]),
+    ] {
+        table.apply(JobUpdate::from_event(&e).unwrap());
+    }
+    let naming = HostNaming {
+        prefix: "app-".into(),
+        domain: "cloud.sdu.dk".into(),
+    };
+    let settings = EnvoySettings {
+        dir: dir.clone(),
+        listen_port: 8443,
+        connect_timeout_ms: 5000,
+    };
+    envoy::write_all(&table, &naming, &settings, "proxy-0").unwrap();
+    let Some(found) = check(&dir) else { return };
+    let found = found.unwrap_or_else(|e| panic!("Envoy's API definitions refuse the files: {e}"));
+    let path = |f: &str| dir.join(f).to_string_lossy().into_owned();
+    assert_eq!(
+        found,
+        json!({
+            "bootstrap_lds": path("lds.json"),
+            "bootstrap_cds": path("cds.json"),
+            "listener_port": 8443,
+            "upgrades": ["websocket"],
+            "rds_path": path("rds.json"),
+            "rds_name": envoy::ROUTE_CONFIG,
+            "route_config_name": envoy::ROUTE_CONFIG,
+            "hosts": {
+                "app-42-0.cloud.sdu.dk": "job-42-0",
+                "app-42-1.cloud.sdu.dk": "job-42-1",
+                "mylink.example.org": "job-42-0",
+                "app-43-0.cloud.sdu.dk": "job-43-0",
+            },
+            "clusters": {
+                "job-42-0": ["10.0.0.1:8888"],
+                "job-42-1": ["10.0.0.2:8888"],
+                "job-43-0": ["fd00::7:8888"],
+            },
+        })
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The checker is strict: a field Envoy does not know fails it, so the test above can fail.
+#[test]
+fn a_field_envoy_does_not_know_is_refused() {
+    let dir = temp_dir("bad");
+    let settings = EnvoySettings {
+        dir: dir.clone(),
+        listen_port: 8080,
+        connect_timeout_ms: 5000,
+    };
+    let naming = HostNaming {
+        prefix: "app-".into(),
+        domain: "cloud.sdu.dk".into(),
+    };
+    let mut table = RouteTable::new();
+    table.apply(JobUpdate::from_event(&event("7", &["10.0.0.1"], &[])).unwrap());
+    envoy::write_all(&table, &naming, &settings, "proxy-0").unwrap();
+    let mut cds: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("cds.json")).unwrap()).unwrap();
+    cds["resources"][0]["connect_timeout_seconds"] = json!(5);
+    std::fs::write(dir.join("cds.json"), cds.to_string()).unwrap();
+    let Some(found) = check(&dir) else { return };
+    let err = found.expect_err("an unknown field must fail");
+    assert!(err.contains("connect_timeout_seconds"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,17 @@
+//! The proxy-sync role: the route table built from the cluster and kept from the proxy events (real
+//! RabbitMQ, the simulator, the runner's monitor publishing), and the Envoy files it writes, loaded with
+//! Envoy's own API definitions.
+//!
+//! One test binary per area: each binary links the whole dependency tree, so fewer binaries
+//! keep the build quick to link and small on disk.
+
+#[path = "../common/monitor.rs"]
+mod monitor_support;
+#[path = "../common/rabbit.rs"]
+mod rabbit;
+
+mod cli;
+mod envoy;
+mod measure;
+mod support;
+mod sync;
