@@ -7,6 +7,8 @@
 //! - `status` shows the switch, the depth of the submit, control and dead-letter queues (passive declares,
 //!   exact right now), the active jobs against `cluster.max_active_jobs`, and who holds which shard lease
 //!   of the monitoring duty.
+//! - `dead-letters list|show|requeue|drop` reads and settles the dead-letter queue over AMQP alone
+//!   ([`super::dead_letters`]); it needs no cluster.
 //! - `queue` lists the jobs waiting to start with their estimated start ([`crate::monitor::forecast`]),
 //!   from one list each of nodes, pods, PodGroups and managed jobs (an operator's occasional look; the
 //!   runners themselves never list pods cluster-wide).
@@ -60,6 +62,10 @@ pub enum AdminCommand {
         #[arg(short, long, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
+    /// The dead-letter queue: list and show dead letters with their reasons, requeue them to where they
+    /// came from (same message id), or drop them; by message id, `--reason` or `--all`.
+    #[command(subcommand, name = "dead-letters")]
+    DeadLetters(super::dead_letters::DeadLettersCommand),
     /// Jobs waiting to start, per Volcano queue: position, ranks and what each asks for, time limit,
     /// the estimated start and why it waits.
     Queue {
@@ -81,10 +87,17 @@ pub enum Output {
 
 pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError> {
     let config = load_config(config, args.cluster.as_deref())?;
+    let command = match args.command {
+        // The broker alone: no cluster is needed to read dead letters.
+        AdminCommand::DeadLetters(command) => {
+            return super::dead_letters::run(command, &config).await;
+        }
+        other => other,
+    };
     let client = operator_client(&config).await?;
     let switch = PauseSwitch::new(client.clone(), &config.cluster);
     let now = jiff::Timestamp::now();
-    match args.command {
+    match command {
         AdminCommand::Pause { reason } => {
             let state = switch
                 .pause(&reason, &operator(), now)
@@ -119,6 +132,10 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
                 ),
                 Output::Text => print!("{}", queue_text(&entries)),
             }
+        }
+        // Taken before the cluster client above; here only for completeness.
+        AdminCommand::DeadLetters(command) => {
+            return super::dead_letters::run(command, &config).await;
         }
     }
     Ok(ExitCode::SUCCESS)

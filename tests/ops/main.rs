@@ -7,6 +7,7 @@
 mod ops_common;
 
 mod cli_client;
+mod dead_letters;
 mod demo;
 mod deploy;
 mod metrics;
