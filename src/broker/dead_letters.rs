@@ -443,12 +443,13 @@ impl Scan {
         Ok(())
     }
 
-    /// Returns every message not acked to the queue, in order, and closes the channel.
+    /// Returns every message not acked to the queue, in order, waits (a few seconds at most) until the
+    /// broker shows them ready again, and closes the channel.
     async fn finish(self) {
         // `multiple` from the highest tag held: every held tag below it comes back too (the acked ones
         // are no longer outstanding), and naming a held tag keeps the broker from refusing it.
         if let Some(&tag) = self.held.last() {
-            let _ = self
+            let returned = self
                 .channel
                 .basic_nack(
                     tag,
@@ -458,12 +459,43 @@ impl Scan {
                     },
                 )
                 .await;
+            if returned.is_ok() {
+                self.until_ready(self.held.len()).await;
+            }
         }
         // Closing returns whatever is still held (the broker requeues a closed channel's unacked
         // messages), so nothing is lost even if the nack did not go out.
         let _ = self.channel.close(200, "dead letters read".into()).await;
     }
+
+    /// A quorum queue applies a return through its log, after the nack was sent: the next command (a
+    /// `list` right after a `requeue`) would not see those messages yet and stop short. Wait until at
+    /// least `returned` are ready, for [`RETURN_WAIT`] at most.
+    async fn until_ready(&self, returned: usize) {
+        let deadline = tokio::time::Instant::now() + RETURN_WAIT;
+        while tokio::time::Instant::now() < deadline {
+            let declared = self
+                .channel
+                .queue_declare(
+                    self.queue.as_str().into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..QueueDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await;
+            match declared {
+                Ok(q) if q.message_count() as usize >= returned => return,
+                Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+                Err(_) => return,
+            }
+        }
+    }
 }
+
+/// How long a command waits for the messages it returned to be ready again before it ends.
+const RETURN_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The latest entry of an `x-death` header (RabbitMQ puts the most recent first).
 fn latest_death(value: &AMQPValue) -> Option<Death> {

@@ -15,3 +15,4 @@ mod rbac;
 mod readiness;
 mod readme;
 mod redaction_cli;
+mod status;
