@@ -29,7 +29,8 @@ use super::run::{cluster_error, load_config, operator_client};
 
 use crate::cluster::capacity::count_active;
 use crate::cluster::labels::COMPONENT;
-use crate::cluster::lease::COMPONENT_SHARD;
+use crate::cluster::labels::RUNNER_PROBLEM;
+use crate::cluster::lease::{COMPONENT_MEMBER, COMPONENT_SHARD};
 use crate::cluster::{ClusterError, PauseState, PauseSwitch};
 use crate::config::Config;
 use crate::durable::AnnotationKeys;
@@ -350,6 +351,7 @@ async fn status(
     if !unheld.is_empty() {
         problems.push(unheld_problem(&unheld, config.cluster.lease.shards));
     }
+    problems.extend(runner_problems(client, config).await?);
     let mut never_start = Vec::new();
     match waiting_jobs(client, config, jiff::Timestamp::now()).await {
         Ok(entries) => {
@@ -374,6 +376,43 @@ async fn status(
         never_start,
         problems,
     })
+}
+
+/// What live runners say keeps them from their work, on their member leases (e.g. `no queue receives
+/// compute.events`), one line per problem with the runners that have it.
+async fn runner_problems(client: &kube::Client, config: &Config) -> Result<Vec<String>, CliError> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), &config.cluster.namespace);
+    let params = ListParams::default().labels(&format!("{COMPONENT}={COMPONENT_MEMBER}"));
+    let leases = api
+        .list(&params)
+        .await
+        .map_err(|e| CliError::Other(format!("listing member leases: {e}")))?;
+    let now = jiff::Timestamp::now();
+    let mut by_problem: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for lease in leases.items {
+        let spec = lease.spec.clone().unwrap_or_default();
+        let live = spec.renew_time.is_some_and(|r| {
+            let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
+            r.0.checked_add(jiff::SignedDuration::from_secs(duration))
+                .is_ok_and(|until| until > now)
+        });
+        let problem = lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(RUNNER_PROBLEM));
+        if let (true, Some(problem)) = (live, problem) {
+            let runner = spec
+                .holder_identity
+                .or(lease.metadata.name)
+                .unwrap_or_default();
+            by_problem.entry(problem.clone()).or_default().push(runner);
+        }
+    }
+    Ok(by_problem
+        .into_iter()
+        .map(|(problem, runners)| format!("runner {}: {problem}", runners.join(", ")))
+        .collect())
 }
 
 /// Dead letters wait for a person: say how many and how to look.

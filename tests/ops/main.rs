@@ -16,3 +16,4 @@ mod readiness;
 mod readme;
 mod redaction_cli;
 mod status;
+mod unroutable;
