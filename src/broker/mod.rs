@@ -127,8 +127,9 @@ pub struct BrokerConfig {
     pub accounting_routing_key: String,
     /// The fanout exchange `ProxyEvent` messages are published to, so every proxy instance gets each one.
     pub proxy_exchange: String,
-    /// Publish events as mandatory, so that an event no queue receives is an error (and the work that
-    /// produced it is retried) instead of being lost silently. Switch off only where nobody listens yet.
+    /// Publish events as mandatory, so that an event no queue receives is an error instead of being lost
+    /// silently (the runner then keeps the message that caused it in hand and publishes the event again
+    /// until a queue is bound). Switch off only where nobody listens yet.
     pub events_mandatory: bool,
 
     /// How many unacknowledged submissions the broker hands one runner at a time. Together with the
