@@ -15,11 +15,14 @@
 //!   that settles one message (ack, requeue, dead-letter with a reason).
 //! - [`publisher`]: [`Publisher`], confirmed persistent publishing, retried across reconnects.
 //! - [`outbound`]: [`Outbound`], a message ready to publish, with constructors for every message type.
+//! - [`dead_letters`]: [`DeadLetterQueue`], the dead letters read, requeued or dropped over AMQP alone,
+//!   for `volcano-runner admin dead-letters`.
 //! - [`follow`]: [`EventsFollower`], a temporary queue on the events and proxy exchanges for
 //!   `volcano-runner events`.
 
 pub mod connection;
 pub mod consumer;
+pub mod dead_letters;
 pub mod follow;
 pub mod outbound;
 pub mod publisher;
@@ -36,6 +39,7 @@ pub use consumer::{
     AckError, ConsumerKind, ConsumerSwitch, DeadLetterError, DeadLetterReason, Delivery,
     QueueConsumer,
 };
+pub use dead_letters::{DeadLetter, DeadLetterQueue, DeadLetterQueueError};
 pub use follow::{EventsFollower, FollowedEvent, OutboundEvent};
 pub use outbound::{Outbound, OutboundError};
 pub use publisher::{PublishError, Publisher};
@@ -123,8 +127,9 @@ pub struct BrokerConfig {
     pub accounting_routing_key: String,
     /// The fanout exchange `ProxyEvent` messages are published to, so every proxy instance gets each one.
     pub proxy_exchange: String,
-    /// Publish events as mandatory, so that an event no queue receives is an error (and the work that
-    /// produced it is retried) instead of being lost silently. Switch off only where nobody listens yet.
+    /// Publish events as mandatory, so that an event no queue receives is an error instead of being lost
+    /// silently (the runner then keeps the message that caused it in hand and publishes the event again
+    /// until a queue is bound). Switch off only where nobody listens yet.
     pub events_mandatory: bool,
 
     /// How many unacknowledged submissions the broker hands one runner at a time. Together with the

@@ -173,6 +173,16 @@ impl Publisher {
             .map(drop)
     }
 
+    /// The `[broker]` configuration of its connection.
+    pub fn config(&self) -> &super::BrokerConfig {
+        self.inner.broker.config()
+    }
+
+    /// The process's shutdown signal (see [`Broker::connect`]), for callers that wait between publishes.
+    pub fn shutdown_token(&self) -> &tokio_util::sync::CancellationToken {
+        self.inner.broker.shutdown_token()
+    }
+
     pub(crate) fn dead_letter_exchange(&self) -> &str {
         &self.inner.broker.config().dead_letter_exchange
     }

@@ -5,8 +5,11 @@
 //!   watches: while paused, submissions wait in their queue (nothing is rejected) and cancels and
 //!   extensions still flow. Runners resume on their own when the switch flips back.
 //! - `status` shows the switch, the depth of the submit, control and dead-letter queues (passive declares,
-//!   exact right now), the active jobs against `cluster.max_active_jobs`, and who holds which shard lease
-//!   of the monitoring duty.
+//!   exact right now), the active jobs against `cluster.max_active_jobs`, who holds which shard lease
+//!   of the monitoring duty, and `PROBLEM:` lines: the runner namespace missing, dead letters waiting,
+//!   shards without a live holder, admitted jobs that can never start.
+//! - `dead-letters list|show|requeue|drop` reads and settles the dead-letter queue over AMQP alone
+//!   ([`super::dead_letters`]); it needs no cluster.
 //! - `queue` lists the jobs waiting to start with their estimated start ([`crate::monitor::forecast`]),
 //!   from one list each of nodes, pods, PodGroups and managed jobs (an operator's occasional look; the
 //!   runners themselves never list pods cluster-wide).
@@ -26,7 +29,8 @@ use super::run::{cluster_error, load_config, operator_client};
 
 use crate::cluster::capacity::count_active;
 use crate::cluster::labels::COMPONENT;
-use crate::cluster::lease::COMPONENT_SHARD;
+use crate::cluster::labels::RUNNER_PROBLEM;
+use crate::cluster::lease::{COMPONENT_MEMBER, COMPONENT_SHARD};
 use crate::cluster::{ClusterError, PauseState, PauseSwitch};
 use crate::config::Config;
 use crate::durable::AnnotationKeys;
@@ -60,6 +64,10 @@ pub enum AdminCommand {
         #[arg(short, long, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
+    /// The dead-letter queue: list and show dead letters with their reasons, requeue them to where they
+    /// came from (same message id), or drop them; by message id, `--reason` or `--all`.
+    #[command(subcommand, name = "dead-letters")]
+    DeadLetters(super::dead_letters::DeadLettersCommand),
     /// Jobs waiting to start, per Volcano queue: position, ranks and what each asks for, time limit,
     /// the estimated start and why it waits.
     Queue {
@@ -81,10 +89,17 @@ pub enum Output {
 
 pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError> {
     let config = load_config(config, args.cluster.as_deref())?;
+    let command = match args.command {
+        // The broker alone: no cluster is needed to read dead letters.
+        AdminCommand::DeadLetters(command) => {
+            return super::dead_letters::run(command, &config).await;
+        }
+        other => other,
+    };
     let client = operator_client(&config).await?;
     let switch = PauseSwitch::new(client.clone(), &config.cluster);
     let now = jiff::Timestamp::now();
-    match args.command {
+    match command {
         AdminCommand::Pause { reason } => {
             let state = switch
                 .pause(&reason, &operator(), now)
@@ -119,6 +134,10 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
                 ),
                 Output::Text => print!("{}", queue_text(&entries)),
             }
+        }
+        // Taken before the cluster client above; here only for completeness.
+        AdminCommand::DeadLetters(command) => {
+            return super::dead_letters::run(command, &config).await;
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -237,6 +256,12 @@ pub struct Status {
     pub active_jobs: usize,
     pub max_active_jobs: Option<u32>,
     pub shards: Vec<ShardHolder>,
+    /// The shard leases (of `[cluster.lease] shards`) that no live runner holds: lapsed, free or missing.
+    /// The jobs in them are not monitored.
+    pub unheld_shards: Vec<String>,
+    /// Managed jobs waiting to start that can never start on this cluster (their estimate says `never`),
+    /// as `namespace/name`.
+    pub never_start: Vec<String>,
     /// What keeps the runners from doing their work, in words for an operator (empty when nothing).
     pub problems: Vec<String>,
 }
@@ -285,6 +310,13 @@ impl Status {
             let state = if s.live { "live" } else { "lapsed" };
             out.push_str(&format!("  {:<32} {holder} ({state})\n", s.lease));
         }
+        for missing in self
+            .unheld_shards
+            .iter()
+            .filter(|u| !self.shards.iter().any(|s| &s.lease == *u))
+        {
+            out.push_str(&format!("  {missing:<32} (no lease)\n"));
+        }
         for problem in &self.problems {
             out.push_str(&format!("PROBLEM: {problem}\n"));
         }
@@ -303,7 +335,36 @@ async fn status(
         .map_err(cluster_error)?;
     let queues = queue_depths(config).await?;
     let shards = shard_holders(client, config).await?;
-    let problems = problems(client, config).await?;
+    let mut problems = problems(client, config).await?;
+    if let Some(dead) = queues
+        .iter()
+        .find(|q| q.name == config.broker.dead_letter_queue)
+        .filter(|q| q.ready > 0)
+    {
+        problems.push(dead_letter_problem(&dead.name, dead.ready));
+    }
+    let unheld = unheld_shards(
+        &shards,
+        &config.cluster.lease.name_prefix,
+        config.cluster.lease.shards,
+    );
+    if !unheld.is_empty() {
+        problems.push(unheld_problem(&unheld, config.cluster.lease.shards));
+    }
+    problems.extend(runner_problems(client, config).await?);
+    let mut never_start = Vec::new();
+    match waiting_jobs(client, config, jiff::Timestamp::now()).await {
+        Ok(entries) => {
+            for e in entries.iter().filter(|e| e.estimate.kind == "never") {
+                let Some(job) = &e.job else { continue };
+                never_start.push(format!("{}/{job}", e.namespace));
+                problems.push(never_start_problem(e, job));
+            }
+        }
+        Err(e) => problems.push(format!(
+            "could not look for jobs that can never start (the lists `admin queue` reads): {e}"
+        )),
+    }
     Ok(Status {
         paused: pause.paused,
         pause: describe_pause(&pause),
@@ -311,8 +372,91 @@ async fn status(
         active_jobs,
         max_active_jobs: config.cluster.max_active_jobs,
         shards,
+        unheld_shards: unheld,
+        never_start,
         problems,
     })
+}
+
+/// What live runners say keeps them from their work, on their member leases (e.g. `no queue receives
+/// compute.events`), one line per problem with the runners that have it.
+async fn runner_problems(client: &kube::Client, config: &Config) -> Result<Vec<String>, CliError> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), &config.cluster.namespace);
+    let params = ListParams::default().labels(&format!("{COMPONENT}={COMPONENT_MEMBER}"));
+    let leases = api
+        .list(&params)
+        .await
+        .map_err(|e| CliError::Other(format!("listing member leases: {e}")))?;
+    let now = jiff::Timestamp::now();
+    let mut by_problem: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for lease in leases.items {
+        let spec = lease.spec.clone().unwrap_or_default();
+        let live = spec.renew_time.is_some_and(|r| {
+            let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
+            r.0.checked_add(jiff::SignedDuration::from_secs(duration))
+                .is_ok_and(|until| until > now)
+        });
+        let problem = lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(RUNNER_PROBLEM));
+        if let (true, Some(problem)) = (live, problem) {
+            let runner = spec
+                .holder_identity
+                .or(lease.metadata.name)
+                .unwrap_or_default();
+            by_problem.entry(problem.clone()).or_default().push(runner);
+        }
+    }
+    Ok(by_problem
+        .into_iter()
+        .map(|(problem, runners)| format!("runner {}: {problem}", runners.join(", ")))
+        .collect())
+}
+
+/// Dead letters wait for a person: say how many and how to look.
+fn dead_letter_problem(queue: &str, ready: u32) -> String {
+    format!(
+        "{ready} message{} in the dead-letter queue {queue}: submissions, cancels or extensions that \
+         were rejected or failed too often; nobody was told about those a runner could not read. Look \
+         with `volcano-runner admin dead-letters list`, then requeue or drop them",
+        if ready == 1 { "" } else { "s" }
+    )
+}
+
+/// The shard leases of `0..shards` that no live runner holds: a lease that lapsed, was released, or
+/// was never written. Leases beyond `shards` (left by an earlier configuration) are not counted.
+fn unheld_shards(holders: &[ShardHolder], prefix: &str, shards: u32) -> Vec<String> {
+    (0..shards.max(1))
+        .map(|shard| format!("{prefix}-shard-{shard}"))
+        .filter(|name| !holders.iter().any(|h| &h.lease == name && h.live))
+        .collect()
+}
+
+fn unheld_problem(unheld: &[String], shards: u32) -> String {
+    format!(
+        "{} of {} shards of the monitoring duty have no live holder ({}): the jobs in them are not \
+         monitored (no RUNNING, ticks, expiry or end) until a runner with the monitoring duty takes them, \
+         within one lease duration of its start. Is one running, and can it reach the cluster? Its \
+         /readyz says why not",
+        unheld.len(),
+        shards.max(1),
+        unheld.join(", ")
+    )
+}
+
+fn never_start_problem(entry: &QueueEntry, job: &str) -> String {
+    let id = entry
+        .job_id
+        .as_ref()
+        .map(|id| format!(" (job {id})"))
+        .unwrap_or_default();
+    format!(
+        "{}/{job}{id} was admitted but can never start on this cluster: {}. It waits in queue {} until \
+         it is cancelled, its queue timeout ends it, or a node that can hold it joins",
+        entry.namespace, entry.estimate.basis, entry.queue
+    )
 }
 
 /// What the cluster shows is keeping runners from their work: the runner's own namespace missing (no
@@ -442,6 +586,34 @@ mod tests {
         );
         assert!(line.contains("ops@host"), "{line}");
         assert_eq!(describe_pause(&PauseState::default()), "submissions flow");
+    }
+
+    fn holder(lease: &str, live: bool) -> ShardHolder {
+        ShardHolder {
+            lease: lease.into(),
+            holder: live.then(|| "runner-a".to_owned()),
+            live,
+            renewed: None,
+        }
+    }
+
+    #[test]
+    fn shards_without_a_live_holder_are_lapsed_free_or_missing() {
+        let holders = [
+            holder("vr-shard-0", true),
+            holder("vr-shard-1", false),
+            // Left by a configuration with more shards: not one of ours now.
+            holder("vr-shard-7", false),
+        ];
+        assert_eq!(
+            unheld_shards(&holders, "vr", 3),
+            ["vr-shard-1", "vr-shard-2"]
+        );
+        assert!(unheld_shards(&holders[..1], "vr", 1).is_empty());
+        // No lease at all: every shard is unheld.
+        assert_eq!(unheld_shards(&[], "vr", 2), ["vr-shard-0", "vr-shard-1"]);
+        let problem = unheld_problem(&unheld_shards(&[], "vr", 2), 2);
+        assert!(problem.starts_with("2 of 2 shards"), "{problem}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod bench;
 pub mod cancel;
+pub mod dead_letters;
 pub mod events;
 pub mod extend;
 pub mod logs;

@@ -12,6 +12,9 @@ pub const MANAGER: &str = "volcano-runner";
 pub const COMPONENT: &str = "app.kubernetes.io/component";
 /// Label grouping the leases of one runner deployment (the lease name prefix).
 pub const LEASE_GROUP: &str = "volcano-runner/lease-group";
+/// Annotation on a runner's member lease: what keeps the runner from its work, in words for an operator
+/// (absent when nothing), for `admin status` to show. Today: `no queue receives compute.events`.
+pub const RUNNER_PROBLEM: &str = "volcano-runner/problem";
 
 /// The field manager name used for every write, so `kubectl get -o yaml --show-managed-fields` shows who
 /// wrote what.

@@ -24,6 +24,7 @@
 //! | `events_published_total` | counter | `type` | outbound messages the broker confirmed |
 //! | `event_publish_failures_total` | counter | `type`, `reason` | publishes that failed after their retries |
 //! | `event_confirm_seconds` | histogram | `type` | from publish to the broker's confirm |
+//! | `events_waiting_for_route` | gauge | | events no queue receives, published again until one does (their messages stay in hand) |
 //! | `broker_connected` / `broker_reconnects_total` | gauge / counter | | the AMQP connection, read at scrape time |
 //! | `watch_restarts_total` | counter | `watch` | Kubernetes watches that had to start over |
 //! | `ready` | gauge | `check` | the last outcome of each readiness check |
@@ -130,6 +131,7 @@ struct Inner {
     published: Family<TypeLabel, Counter>,
     publish_failures: Family<FailureLabels, Counter>,
     confirm: HistogramFamily<TypeLabel>,
+    waiting_for_route: Gauge,
     watch_restarts: Family<WatchLabel, Counter>,
     ready: Family<CheckLabel, Gauge>,
     broker: Arc<BrokerSource>,
@@ -248,6 +250,13 @@ impl Metrics {
         );
         let shards = Gauge::default();
         registry.register("lease_shards", "Monitoring shards in all", shards.clone());
+        let waiting_for_route = Gauge::default();
+        registry.register(
+            "events_waiting_for_route",
+            "Events that no queue receives (nothing bound to the events exchange for them), published again \
+             until one does; the messages that caused them stay in hand",
+            waiting_for_route.clone(),
+        );
         let published = Family::<TypeLabel, Counter>::default();
         registry.register(
             "events_published",
@@ -310,6 +319,7 @@ impl Metrics {
                 published,
                 publish_failures,
                 confirm,
+                waiting_for_route,
                 watch_restarts,
                 ready,
                 broker,
@@ -449,6 +459,11 @@ impl Metrics {
             .confirm
             .get_or_create(&labels)
             .observe(confirm.as_secs_f64());
+    }
+
+    /// One more (`1`) or one fewer (`-1`) event waits for a queue that receives it.
+    pub fn waiting_for_route(&self, delta: i64) {
+        self.inner.waiting_for_route.inc_by(delta);
     }
 
     /// An outbound message could not be published (`reason`: a fixed word such as `timeout`, `unroutable`).

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use health::{BrokerSlot, Readiness, ReadyFlag, RunningGuard};
+pub use health::{BrokerSlot, Condition, Readiness, ReadyFlag, RunningGuard};
 pub use kube::{ApiCall, CallRecorder, KubeCallLayer};
 pub use metrics::Metrics;
 pub use redact::Redactor;

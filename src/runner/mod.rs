@@ -103,6 +103,12 @@ impl Runner {
         let applier = Applier::new(client.clone(), retry.clone(), keys.submission_hash.clone());
         let (gate, gate_driver) = SubmitGate::new(client.clone(), &config.cluster);
         let submit_ready = ops.readiness.consumer_flag("submit consumer");
+        let control_ready = ops.readiness.consumer_flag("control consumer");
+        let events_route = handle::route::EventsRoute::new(
+            ops.readiness
+                .condition("events routing", "no event published yet"),
+            ops.metrics.clone(),
+        );
         let gate_state = gate.subscribe();
         submit_ready.explain_with(move || {
             gate_state
@@ -124,6 +130,7 @@ impl Runner {
             publisher: broker.publisher().with_metrics(ops.metrics.clone()),
             format: config.runner.output_format.into(),
             confirmed_queued: crate::monitor::ConfirmedQueued::default(),
+            events_route,
             retry,
             client,
             runner_id,
@@ -134,10 +141,7 @@ impl Runner {
             broker,
             gate_driver,
             stats: Arc::new(Stats::default()),
-            ready: [
-                submit_ready,
-                ops.readiness.consumer_flag("control consumer"),
-            ],
+            ready: [submit_ready, control_ready],
             ops,
         })
     }
@@ -151,6 +155,11 @@ impl Runner {
     /// ([`crate::monitor::Monitor::with_confirmed_queued`]): it then publishes no copy of their QUEUED.
     pub fn confirmed_queued(&self) -> crate::monitor::ConfirmedQueued {
         self.handler.confirmed_queued.clone()
+    }
+
+    /// Whether its events reach a queue, for what the runner says about itself on its member lease.
+    pub fn events_route(&self) -> handle::route::EventsRoute {
+        self.handler.events_route.clone()
     }
 
     /// What the runner did so far.

@@ -135,6 +135,9 @@ impl Service {
         }
         if self.monitor {
             let (leases, handle) = ShardLeases::new(self.client.clone(), &config.cluster);
+            // What keeps this runner from its work goes on its member lease, for `admin status`.
+            let route = runner.events_route();
+            let leases = leases.with_note(move || route.problem());
             let token = shutdown.clone();
             duties.spawn(async move { leases.run(token.cancelled_owned()).await });
             let mut monitor = Monitor::new(

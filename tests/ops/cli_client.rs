@@ -16,7 +16,7 @@ fn root() -> &'static std::path::Path {
 }
 
 /// Runs `volcano-runner` with `args`, the broker URL `url`, and no inherited log filter.
-fn client(url: &str, args: &[&str]) -> (Output, Duration) {
+pub(crate) fn client(url: &str, args: &[&str]) -> (Output, Duration) {
     let started = Instant::now();
     let output = Command::new(env!("CARGO_BIN_EXE_volcano-runner"))
         .args(args)
@@ -29,12 +29,12 @@ fn client(url: &str, args: &[&str]) -> (Output, Duration) {
     (output, started.elapsed())
 }
 
-fn text(bytes: &[u8]) -> String {
+pub(crate) fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
 /// What no client command prints, whatever happens.
-fn assert_no_noise(stderr: &str) {
+pub(crate) fn assert_no_noise(stderr: &str) {
     for noise in [
         " INFO ",
         " WARN ",

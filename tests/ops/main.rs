@@ -7,6 +7,7 @@
 mod ops_common;
 
 mod cli_client;
+mod dead_letters;
 mod demo;
 mod deploy;
 mod metrics;
@@ -15,3 +16,5 @@ mod rbac;
 mod readiness;
 mod readme;
 mod redaction_cli;
+mod status;
+mod unroutable;

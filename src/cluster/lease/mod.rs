@@ -44,7 +44,9 @@ use plan::{Decision, Holder, Observations, decide};
 
 use super::ClusterConfig;
 use super::error::{ClusterError, KubeResultExt};
-use super::labels::{self, COMPONENT, FIELD_MANAGER, LEASE_GROUP, MANAGED_BY, MANAGER};
+use super::labels::{
+    self, COMPONENT, FIELD_MANAGER, LEASE_GROUP, MANAGED_BY, MANAGER, RUNNER_PROBLEM,
+};
 
 /// `app.kubernetes.io/component` of a shard lease.
 pub const COMPONENT_SHARD: &str = "shard-lease";
@@ -190,7 +192,12 @@ pub struct ShardLeases {
     releasing: BTreeSet<u32>,
     tx: watch::Sender<HeldShards>,
     deadlines: Arc<Mutex<BTreeMap<u32, Instant>>>,
+    /// What this runner says about itself on its member lease ([`RUNNER_PROBLEM`]).
+    note: Option<Note>,
 }
+
+/// Says what keeps the runner from its work, or `None`.
+type Note = Box<dyn Fn() -> Option<String> + Send + Sync>;
 
 impl ShardLeases {
     /// The leases of this runner in `config.namespace`, and the handle the monitor reads.
@@ -220,8 +227,19 @@ impl ShardLeases {
             releasing: BTreeSet::new(),
             tx,
             deadlines,
+            note: None,
         };
         (leases, LeaseHandle { rx, identity })
+    }
+
+    /// From now on every renewal of this runner's member lease writes what `problem` says (in
+    /// [`RUNNER_PROBLEM`], removed when `None`), so that `admin status` can show it.
+    pub fn with_note(
+        mut self,
+        problem: impl Fn() -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.note = Some(Box::new(problem));
+        self
     }
 
     /// Takes part in the leases until `shutdown` completes, then gives every shard back and removes this
@@ -419,7 +437,16 @@ impl ShardLeases {
     async fn renew_membership(&self, lease: Option<&Lease>) {
         let name = self.settings.member_name(&self.settings.identity);
         let result = match lease {
-            Some(lease) => self.write_holder(lease, Some(false)).await,
+            Some(lease) => {
+                let mut lease = lease.clone();
+                let problem = self.note.as_ref().and_then(|note| note());
+                let annotations = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
+                match problem {
+                    Some(problem) => annotations.insert(RUNNER_PROBLEM.to_owned(), problem),
+                    None => annotations.remove(RUNNER_PROBLEM),
+                };
+                self.write_holder(&lease, Some(false)).await
+            }
             None => self.create_lease(&name, COMPONENT_MEMBER).await,
         };
         if let Err(e) = result {

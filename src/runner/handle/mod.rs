@@ -13,6 +13,7 @@
 pub mod cancel;
 pub mod extend;
 pub mod reject;
+pub mod route;
 pub mod submit;
 
 use std::sync::Arc;
@@ -131,6 +132,8 @@ pub struct Handler {
     pub format: Format,
     /// Jobs whose QUEUED the broker confirmed here, for this runner's monitor (it then sends no copy).
     pub confirmed_queued: crate::monitor::ConfirmedQueued,
+    /// Waits, instead of failing the message, while no queue receives the events.
+    pub events_route: route::EventsRoute,
 }
 
 impl std::fmt::Debug for Handler {
@@ -166,7 +169,9 @@ impl Handler {
         }
     }
 
-    /// Publishes one event with confirms, carrying the message's trace context.
+    /// Publishes one event with confirms, carrying the message's trace context. While no queue receives
+    /// it, it is published again until one does ([`route::EventsRoute`]): the message being handled is
+    /// not at fault and stays in hand, its delivery limit untouched.
     pub async fn publish(
         &self,
         event: &JobEvent,
@@ -176,9 +181,12 @@ impl Handler {
         if let Some(tp) = traceparent {
             outbound = outbound.with_traceparent(tp.as_str());
         }
-        self.publisher.publish(&outbound).await.inspect_err(|e| {
-            warn!(event_id = %event.event_id, error = %e, "An event was not confirmed.");
-        })
+        self.events_route
+            .publish(&self.publisher, &outbound)
+            .await
+            .inspect_err(|e| {
+                warn!(event_id = %event.event_id, error = %e, "An event was not confirmed.");
+            })
     }
 
     /// The current time (the wall clock; the simulator's clock only drives the cluster model).
