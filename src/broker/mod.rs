@@ -15,6 +15,8 @@
 //!   that settles one message (ack, requeue, dead-letter with a reason).
 //! - [`publisher`]: [`Publisher`], confirmed persistent publishing, retried across reconnects.
 //! - [`outbound`]: [`Outbound`], a message ready to publish, with constructors for every message type.
+//! - [`properties`]: reading an inbound message's properties and headers (delivery count, trace context),
+//!   pure functions of what lapin parsed.
 //! - [`follow`]: [`EventsFollower`], a temporary queue on the events and proxy exchanges for
 //!   `volcano-runner events`.
 
@@ -22,6 +24,7 @@ pub mod connection;
 pub mod consumer;
 pub mod follow;
 pub mod outbound;
+pub mod properties;
 pub mod publisher;
 pub mod topology;
 

@@ -344,7 +344,10 @@ mod tests {
             // A multi-byte character across a field's fixed offsets (55 bytes, as a hostile sender made
             // it): a bad header, not a slice through a character.
             (&format!("0é{}", "x".repeat(52)), TraceParentError::Shape),
-            (&format!("00-{}é{}", "a".repeat(31), &VALID[35..]), TraceParentError::Shape),
+            (
+                &format!("00-{}é{}", "a".repeat(31), &VALID[35..]),
+                TraceParentError::Shape,
+            ),
             (&format!("{}é", &VALID[..53]), TraceParentError::Shape),
         ];
         for (value, expected) in cases {

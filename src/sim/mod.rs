@@ -357,41 +357,8 @@ impl Simulator {
             addr: config.listen.clone(),
             source,
         })?;
-        let start = if config.start_time.is_empty() {
-            jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
-                .unwrap_or_else(|_| jiff::Timestamp::now())
-        } else {
-            config.start_time.parse().map_err(|e| SimError::Config {
-                key: "sim.start_time".into(),
-                reason: format!("{e}"),
-            })?
-        };
-        let clock = Arc::new(clock::SimClock::new(start, config.clock_speed));
-        let faults = Arc::new(Faults::new(config.faults.clone()));
-        let mut cluster = cluster::Cluster::new(
-            config.watch_history,
-            config.seed,
-            start,
-            config.model_config(),
-        );
-        cluster.core.volcano_admission = config.volcano_admission;
-        let shutdown = CancellationToken::new();
-        let settings = server::ServerSettings {
-            watch_timeout: config.watch_timeout,
-            bookmark_interval: config.bookmark_interval,
-            default_run: config.default_run,
-            address: addr.to_string(),
-        };
-        let shared = Arc::new(server::Shared::new(
-            cluster,
-            clock,
-            faults,
-            shutdown.clone(),
-            settings,
-        ));
-        let app = axum::Router::new()
-            .fallback(server::handle)
-            .with_state(shared.clone());
+        let (shared, shutdown) = assemble(&config, addr.to_string())?;
+        let app = router(shared.clone());
         let token = shutdown.clone();
         let server = tokio::spawn(async move {
             let served = axum::serve(listener, app)
@@ -410,6 +377,62 @@ impl Simulator {
             shutdown,
         })
     }
+
+    /// The API server's request handling, in-process: no listener and no ticker (the simulated clock moves
+    /// only as requests move it). For driving the handlers without sockets, as the fuzzer does with arbitrary
+    /// requests (`fuzz/fuzz_targets/sim_request.rs`); a test talks to [`Simulator::start`] over HTTP.
+    pub fn in_process(config: &SimConfig) -> Result<axum::Router, SimError> {
+        config.validate()?;
+        let (shared, _shutdown) = assemble(config, "in-process".to_owned())?;
+        Ok(router(shared))
+    }
+}
+
+/// The simulator's state from its configuration; `address` is the one it reports for itself.
+fn assemble(
+    config: &SimConfig,
+    address: String,
+) -> Result<(Arc<server::Shared>, CancellationToken), SimError> {
+    let start = if config.start_time.is_empty() {
+        jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
+            .unwrap_or_else(|_| jiff::Timestamp::now())
+    } else {
+        config.start_time.parse().map_err(|e| SimError::Config {
+            key: "sim.start_time".into(),
+            reason: format!("{e}"),
+        })?
+    };
+    let clock = Arc::new(clock::SimClock::new(start, config.clock_speed));
+    let faults = Arc::new(Faults::new(config.faults.clone()));
+    let mut cluster = cluster::Cluster::new(
+        config.watch_history,
+        config.seed,
+        start,
+        config.model_config(),
+    );
+    cluster.core.volcano_admission = config.volcano_admission;
+    let shutdown = CancellationToken::new();
+    let settings = server::ServerSettings {
+        watch_timeout: config.watch_timeout,
+        bookmark_interval: config.bookmark_interval,
+        default_run: config.default_run,
+        address,
+    };
+    let shared = Arc::new(server::Shared::new(
+        cluster,
+        clock,
+        faults,
+        shutdown.clone(),
+        settings,
+    ));
+    Ok((shared, shutdown))
+}
+
+/// Every request goes to the one handler, which routes by path.
+fn router(shared: Arc<server::Shared>) -> axum::Router {
+    axum::Router::new()
+        .fallback(server::handle)
+        .with_state(shared)
 }
 
 /// A running simulator: its address, a client, the clock, the fault plan, and shutdown.
