@@ -1,0 +1,2 @@
+
+4818Cancelled by bob
