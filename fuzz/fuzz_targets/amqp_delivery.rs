@@ -8,4 +8,4 @@
 #[path = "../harness.rs"]
 mod harness;
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| harness::amqp_delivery(data));
+libfuzzer_sys::fuzz_target!(init: harness::init("amqp_delivery"), |data: &[u8]| harness::amqp_delivery(data));

@@ -8,4 +8,4 @@
 #[path = "../harness.rs"]
 mod harness;
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| harness::config_toml(data));
+libfuzzer_sys::fuzz_target!(init: harness::init("config_toml"), |data: &[u8]| harness::config_toml(data));

@@ -8,4 +8,4 @@
 #[path = "../harness.rs"]
 mod harness;
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| harness::control_message(data));
+libfuzzer_sys::fuzz_target!(init: harness::init("control_message"), |data: &[u8]| harness::control_message(data));

@@ -8,4 +8,4 @@
 #[path = "../harness.rs"]
 mod harness;
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| harness::sim_selector(data));
+libfuzzer_sys::fuzz_target!(init: harness::init("sim_selector"), |data: &[u8]| harness::sim_selector(data));

@@ -8,4 +8,4 @@
 #[path = "../harness.rs"]
 mod harness;
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| harness::submit_job(data));
+libfuzzer_sys::fuzz_target!(init: harness::init("submit_job"), |data: &[u8]| harness::submit_job(data));

@@ -8,4 +8,4 @@
 #[path = "../harness.rs"]
 mod harness;
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| harness::traceparent(data));
+libfuzzer_sys::fuzz_target!(init: harness::init("traceparent"), |data: &[u8]| harness::traceparent(data));

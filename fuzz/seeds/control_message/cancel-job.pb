@@ -1,2 +1,0 @@
-
-4818Cancelled by bob
