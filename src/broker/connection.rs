@@ -347,11 +347,18 @@ fn declare_mode(config: &BrokerConfig) -> DeclareMode {
 
 type Events = std::pin::Pin<Box<dyn Stream<Item = Event> + Send>>;
 
-/// The largest AMQP frame the runner offers when the URL does not set `frame_max`. lapin keeps a send
-/// and a receive buffer of 32 frames each: at RabbitMQ's default (128 KiB) that is 8 MiB a connection
-/// for messages that are a few KiB (a longer one, such as a terminal event with log tails, simply goes
-/// in several frames). `?frame_max=` in the URL overrides it.
-pub const DEFAULT_FRAME_MAX: u32 = 32 * 1024;
+/// The largest AMQP frame the runner offers when the URL does not set `frame_max`; the connection uses
+/// the smaller of this and the server's `frame_max` (RabbitMQ's default is 128 KiB).
+///
+/// A message's properties and headers travel in one frame, which is never split: a runner that offers
+/// less than the server accepts from publishers cannot read a message with large headers, and lapin then
+/// drops the whole connection on every delivery of it, taking every unsettled message of every channel
+/// with it (they come back redelivered, and count towards their delivery limit). Offering what the server
+/// allows means the runner reads every message the broker took from anyone; it costs lapin's buffers of 32
+/// frames each way (8 MiB a connection at RabbitMQ's default). 1 MiB bounds those buffers on a server
+/// configured with larger or unlimited frames. `?frame_max=` in the URL overrides it: set no less than the
+/// server's value, or messages with large headers stop the runner's connection again.
+pub const DEFAULT_FRAME_MAX: u32 = 1024 * 1024;
 
 /// One attempt: connect and put the topology in place.
 async fn open(shared: &Shared) -> Result<(Connection, Events), BrokerError> {

@@ -729,9 +729,17 @@ impl Delivery {
         settle(self.inner.acker.ack(BasicAckOptions::default()).await).map_err(DeadLetterError::Ack)
     }
 
-    /// The original headers plus the reason, the origin and the delivery count.
+    /// The original headers (within [`DEAD_LETTER_HEADERS_MAX`]) plus the reason, the origin and the delivery
+    /// count.
     fn dead_letter_headers(&self, reason: &DeadLetterReason, now: jiff::Timestamp) -> FieldTable {
-        let mut table = self.inner.properties.headers().clone().unwrap_or_default();
+        let (mut table, dropped) =
+            within_budget(self.inner.properties.headers().clone().unwrap_or_default());
+        if !dropped.is_empty() {
+            table.insert(
+                ShortString::from(headers::DROPPED_HEADERS),
+                AMQPValue::LongString(dropped.as_str().into()),
+            );
+        }
         let mut text = |key: &str, value: &str| {
             table.insert(ShortString::from(key), AMQPValue::LongString(value.into()));
         };
@@ -770,6 +778,80 @@ impl Drop for Delivery {
     }
 }
 
+/// The most of a message's own headers (encoded) that its dead-letter copy carries. The copy's properties
+/// travel in one frame, with the reason headers added: a copy of a message whose headers nearly fill a
+/// frame would be refused by the broker, which closes the connection for it, and the message would never
+/// leave its queue. Real headers (`traceparent`, `x-death`, a publisher's own) are far smaller; the largest
+/// are left out first and named in [`headers::DROPPED_HEADERS`].
+pub const DEAD_LETTER_HEADERS_MAX: usize = 16 * 1024;
+
+/// `table` without its largest headers until the rest encode to at most [`DEAD_LETTER_HEADERS_MAX`] bytes,
+/// and what was left out (`name (N bytes)`, largest first; empty when nothing was).
+pub fn within_budget(table: FieldTable) -> (FieldTable, String) {
+    let mut sizes: Vec<(usize, String)> = table
+        .inner()
+        .iter()
+        .map(|(name, value)| {
+            (
+                1 + name.as_str().len() + encoded_len(value),
+                name.to_string(),
+            )
+        })
+        .collect();
+    let mut total: usize = sizes.iter().map(|(size, _)| size).sum();
+    if total <= DEAD_LETTER_HEADERS_MAX {
+        return (table, String::new());
+    }
+    sizes.sort_by(|a, b| b.cmp(a));
+    let mut kept = table.inner().clone();
+    let mut dropped = Vec::new();
+    for (size, name) in sizes {
+        if total <= DEAD_LETTER_HEADERS_MAX {
+            break;
+        }
+        kept.remove(name.as_str());
+        total -= size;
+        let shown: String = name.chars().take(64).collect();
+        dropped.push(format!("{shown} ({size} bytes)"));
+    }
+    let mut text = String::new();
+    for (i, d) in dropped.iter().enumerate() {
+        if i == 20 {
+            text.push_str(&format!(", and {} more", dropped.len() - 20));
+            break;
+        }
+        if i > 0 {
+            text.push_str(", ");
+        }
+        text.push_str(d);
+    }
+    (FieldTable::from(kept), text)
+}
+
+/// The bytes `value` takes in an AMQP field table (its type tag included), as RabbitMQ's encoding counts
+/// them; nested tables and arrays are counted whole.
+pub fn encoded_len(value: &AMQPValue) -> usize {
+    1 + match value {
+        AMQPValue::Boolean(_) | AMQPValue::ShortShortInt(_) | AMQPValue::ShortShortUInt(_) => 1,
+        AMQPValue::ShortInt(_) | AMQPValue::ShortUInt(_) => 2,
+        AMQPValue::LongInt(_) | AMQPValue::LongUInt(_) | AMQPValue::Float(_) => 4,
+        AMQPValue::LongLongInt(_) | AMQPValue::Double(_) | AMQPValue::Timestamp(_) => 8,
+        AMQPValue::DecimalValue(_) => 5,
+        AMQPValue::ShortString(s) => 1 + s.as_str().len(),
+        AMQPValue::LongString(s) => 4 + s.as_bytes().len(),
+        AMQPValue::ByteArray(b) => 4 + b.as_slice().len(),
+        AMQPValue::FieldArray(a) => 4 + a.as_slice().iter().map(encoded_len).sum::<usize>(),
+        AMQPValue::FieldTable(t) => {
+            4 + t
+                .inner()
+                .iter()
+                .map(|(k, v)| 1 + k.as_str().len() + encoded_len(v))
+                .sum::<usize>()
+        }
+        AMQPValue::Void => 0,
+    }
+}
+
 fn settle(result: Result<bool, lapin::Error>) -> Result<(), AckError> {
     match result {
         Ok(true) => Ok(()),
@@ -785,6 +867,45 @@ fn settle(result: Result<bool, lapin::Error>) -> Result<(), AckError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dead_letter_copy_leaves_out_the_largest_headers_beyond_its_budget() {
+        let mut table = FieldTable::default();
+        table.insert("traceparent".into(), AMQPValue::LongString("00-ab".into()));
+        table.insert(
+            "huge".into(),
+            AMQPValue::LongString("x".repeat(40_000).into()),
+        );
+        table.insert(
+            "large".into(),
+            AMQPValue::LongString("y".repeat(10_000).into()),
+        );
+        let (kept, dropped) = within_budget(table.clone());
+        // Dropping the largest alone brings the rest within the budget: the others stay.
+        assert!(kept.inner().get("huge").is_none());
+        assert!(kept.inner().contains_key("large"));
+        assert!(kept.inner().contains_key("traceparent"));
+        assert_eq!(dropped, "huge (40010 bytes)");
+
+        // Small headers are copied as they are.
+        let mut small = FieldTable::default();
+        small.insert("traceparent".into(), AMQPValue::LongString("00-ab".into()));
+        let (kept, dropped) = within_budget(small.clone());
+        assert_eq!(kept, small);
+        assert!(dropped.is_empty());
+
+        // A nested table counts whole.
+        let mut nested = FieldTable::default();
+        nested.insert(
+            "inner".into(),
+            AMQPValue::LongString("z".repeat(20_000).into()),
+        );
+        let mut outer = FieldTable::default();
+        outer.insert("x-death".into(), AMQPValue::FieldTable(nested));
+        let (kept, dropped) = within_budget(outer);
+        assert!(kept.inner().is_empty());
+        assert!(dropped.starts_with("x-death ("), "{dropped}");
+    }
 
     #[test]
     fn a_closed_channel_is_reported_as_redelivery_to_come() {

@@ -68,6 +68,9 @@ pub mod headers {
     pub const DELIVERY_COUNT: &str = "x-volcano-runner-delivery-count";
     /// When the runner dead-lettered the message, RFC 3339.
     pub const DEAD_LETTERED_AT: &str = "x-volcano-runner-dead-lettered-at";
+    /// The message's own headers that the copy leaves out because together they were too large to copy
+    /// (see `consumer::DEAD_LETTER_HEADERS_MAX`): `name (N bytes)`, comma-separated, largest first.
+    pub const DROPPED_HEADERS: &str = "x-volcano-runner-dropped-headers";
     /// W3C trace context, read from inbound messages and carried onto outbound ones.
     pub const TRACEPARENT: &str = "traceparent";
     /// Set by quorum queues on redeliveries: how often the message was delivered before.
@@ -81,7 +84,8 @@ pub mod headers {
 pub struct BrokerConfig {
     /// The AMQP URL, with credentials and the vhost (`%2f` is the default vhost `/`). A secret because it
     /// carries the password; it is never logged. Query parameters such as `?heartbeat=30` are honoured;
-    /// without `?frame_max=` the runner offers 32 KiB frames (see `connection::DEFAULT_FRAME_MAX`).
+    /// without `?frame_max=` the runner takes the server's frame size, at most 1 MiB, so it can read every
+    /// message the broker accepted (see `connection::DEFAULT_FRAME_MAX`).
     pub url: Secret,
     /// The name the connection carries in the management UI, so an operator can tell runners apart.
     pub connection_name: String,

@@ -57,6 +57,12 @@ pub struct RunnerConfig {
     /// slot before it goes back to the queue. Well below the broker's 30-minute acknowledgement timeout.
     #[serde(with = "duration::required")]
     pub capacity_wait: Duration,
+    /// How long one message may be in hand before the runner counts as stalled: `/readyz` then fails
+    /// (`stalled: ...`), so a runner whose handlers hang is taken out of service instead of holding its
+    /// share of the queue while it looks healthy. Longer than `capacity_wait`, which a submission may
+    /// spend waiting for a slot, and than the cluster retries of one message.
+    #[serde(with = "duration::required")]
+    pub stall_after: Duration,
     /// The encoding of every event the runner publishes: `json` or `protobuf`.
     pub output_format: OutputFormat,
     /// Put the `<prefix>cleanup` finalizer on every VolcanoJob, so a job cannot vanish before the monitor
@@ -78,6 +84,7 @@ impl Default for RunnerConfig {
             shutdown_grace: Duration::from_secs(25),
             requeue_delay: Duration::from_secs(1),
             capacity_wait: Duration::from_secs(300),
+            stall_after: Duration::from_secs(600),
             output_format: OutputFormat::Json,
             cleanup_finalizer: true,
             announce_cancel_without_job: true,
@@ -102,6 +109,15 @@ impl RunnerConfig {
         }
         if self.capacity_wait.is_zero() {
             return Err(invalid("capacity_wait", "must be longer than zero"));
+        }
+        if self.stall_after <= self.capacity_wait {
+            return Err(invalid(
+                "stall_after",
+                &format!(
+                    "must be longer than runner.capacity_wait ({} s), which a submission may spend waiting for a slot",
+                    self.capacity_wait.as_secs()
+                ),
+            ));
         }
         Ok(())
     }

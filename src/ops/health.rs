@@ -31,6 +31,9 @@ pub struct ReadyFlag {
     /// Why the loop takes no work right now (e.g. `paused: maintenance`), asked at every probe and
     /// shown after `ok`, so that `/readyz` never says a consumer consumes when it does not.
     note: Arc<Mutex<Option<NoteFn>>>,
+    /// Why the loop, although running, does no work (e.g. its handlers hang); asked at every probe, and the
+    /// check fails with it.
+    failing: Arc<Mutex<Option<NoteFn>>>,
     /// A consumer: it takes nothing while the broker connection is down, whatever its loop does.
     needs_broker: bool,
 }
@@ -59,6 +62,20 @@ impl ReadyFlag {
     /// taken out of a rollout for it.
     pub fn explain_with(&self, why_idle: impl Fn() -> Option<String> + Send + Sync + 'static) {
         *self.note.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(why_idle));
+    }
+
+    /// From now on `/readyz` asks `why_failing` whether the loop, although it runs, makes no progress; the
+    /// check fails with its answer (a runner whose handlers hang must not look ready).
+    pub fn fail_when(&self, why_failing: impl Fn() -> Option<String> + Send + Sync + 'static) {
+        *self.failing.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(why_failing));
+    }
+
+    fn failing(&self) -> Option<String> {
+        self.failing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(|why| why())
     }
 
     fn note(&self) -> Option<String> {
@@ -202,7 +219,7 @@ impl Check {
             Check::Flag(flag) if flag.needs_broker && !broker_up => {
                 Err("not consuming: the broker connection is down".into())
             }
-            Check::Flag(_) => Ok(()),
+            Check::Flag(flag) => flag.failing().map_or(Ok(()), Err),
         }
     }
 
@@ -321,6 +338,7 @@ impl Readiness {
             name: name.into(),
             up: Arc::new(AtomicBool::new(false)),
             note: Arc::new(Mutex::new(None)),
+            failing: Arc::new(Mutex::new(None)),
             needs_broker,
         };
         self.push(Check::Flag(flag.clone()));
@@ -409,6 +427,34 @@ mod tests {
             s.get("volcano_runner_ready", &[("check", "control consumer")]),
             Some(0.0)
         );
+    }
+
+    #[tokio::test]
+    async fn a_running_loop_that_makes_no_progress_is_not_ready() {
+        let readiness = Readiness::new(Metrics::new());
+        let flag = readiness.consumer_flag("submit consumer");
+        readiness.seal();
+        let stuck = Arc::new(AtomicBool::new(false));
+        flag.fail_when({
+            let stuck = stuck.clone();
+            move || {
+                stuck
+                    .load(Ordering::SeqCst)
+                    .then(|| "stalled: a message has been in hand for 700 s".to_owned())
+            }
+        });
+        let _running = flag.running();
+        // No broker registered: the consumer's broker condition is read as up.
+        assert!(readiness.evaluate().await.is_ready());
+        stuck.store(true, Ordering::SeqCst);
+        let report = readiness.evaluate().await;
+        assert!(!report.is_ready());
+        assert_eq!(
+            report.text(),
+            "failed submit consumer: stalled: a message has been in hand for 700 s\n"
+        );
+        stuck.store(false, Ordering::SeqCst);
+        assert!(readiness.evaluate().await.is_ready());
     }
 
     #[tokio::test]

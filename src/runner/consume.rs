@@ -7,6 +7,16 @@
 //! cluster is at `max_active_jobs`, it takes nothing (a pause also cancels the consumer, so the messages
 //! wait in the queue, visible to operators). Control messages never look at the gate.
 //!
+//! # A handler that fails
+//! A panic anywhere in handling a delivery (a bug, or input nobody foresaw) never leaves the delivery
+//! unsettled: an unsettled delivery keeps its prefetch slot until the channel closes, and a few such
+//! messages would stop every submission while the process looks healthy. The panic is caught, the message
+//! goes to the dead-letter queue with the reason `internal_error` (what panicked, in its words), and the
+//! outcome `internal_error` is counted in `volcano_runner_messages_handled_total`. A handler that hangs
+//! instead is seen by readiness: a loop whose oldest message has been in hand for longer than
+//! `runner.stall_after` reports `stalled` on `/readyz`, so the runner is taken out of service rather
+//! than holding its share of the queue while it says it is fine.
+//!
 //! # Shutdown
 //! When `shutdown` fires, each loop stops taking deliveries (the consumer is cancelled at the broker and
 //! what it buffered goes back to the queue), then waits for its handlers until the grace deadline. Handlers
@@ -14,17 +24,21 @@
 //! (`nack` with requeue); whatever they created is adopted by the next delivery (fingerprint,
 //! ownerReferences). Then the consumer's channel is closed.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use futures::FutureExt;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
-use crate::broker::{ConsumerKind, ConsumerSwitch, Delivery, QueueConsumer};
+use crate::broker::{ConsumerKind, ConsumerSwitch, DeadLetterReason, Delivery, QueueConsumer};
 use crate::cluster::{GateState, SubmitGate};
 
 use super::handle::{Handler, Message, Settle};
@@ -46,6 +60,8 @@ pub struct Stats {
     pub settle_failed: AtomicU64,
     /// Handlers stopped at the grace deadline (their messages were returned).
     pub stopped: AtomicU64,
+    /// Handlers that panicked (their messages were dead-lettered as `internal_error`).
+    pub panicked: AtomicU64,
 }
 
 impl Stats {
@@ -87,6 +103,103 @@ pub struct Loop {
     pub metrics: crate::ops::Metrics,
     /// Up while the loop takes deliveries (readiness).
     pub ready: Option<crate::ops::ReadyFlag>,
+    /// The messages in hand and since when; readiness fails once the oldest is older than `stall_after`.
+    pub progress: Progress,
+}
+
+/// The reason code of a message whose handler panicked.
+pub const INTERNAL_ERROR: &str = "internal_error";
+
+/// The messages a loop has in hand and since when, so readiness can tell a loop that works from one whose
+/// handlers hang. Cheap to clone; clones share the record.
+#[derive(Debug, Clone, Default)]
+pub struct Progress {
+    in_hand: Arc<Mutex<InHand>>,
+}
+
+#[derive(Debug, Default)]
+struct InHand {
+    next: u64,
+    /// Start of each message in hand, by a counter that grows with time: the first entry is the oldest.
+    started: BTreeMap<u64, Instant>,
+}
+
+impl Progress {
+    /// Records a message taken in hand until the guard is dropped (settled, stopped or unwound alike).
+    pub fn begin(&self) -> InHandGuard {
+        let mut in_hand = self.in_hand.lock().unwrap_or_else(|e| e.into_inner());
+        let id = in_hand.next;
+        in_hand.next += 1;
+        in_hand.started.insert(id, Instant::now());
+        InHandGuard {
+            progress: self.clone(),
+            id,
+        }
+    }
+
+    /// How many messages are in hand.
+    pub fn in_hand(&self) -> usize {
+        self.in_hand
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .started
+            .len()
+    }
+
+    /// How long the oldest message in hand has been there; `None` when there is none.
+    pub fn oldest(&self) -> Option<Duration> {
+        let in_hand = self.in_hand.lock().unwrap_or_else(|e| e.into_inner());
+        in_hand.started.values().next().map(|t| t.elapsed())
+    }
+
+    /// Why the loop counts as stalled: its oldest message has been in hand for longer than `limit`.
+    pub fn stalled(&self, limit: Duration) -> Option<String> {
+        let oldest = self.oldest()?;
+        (oldest > limit).then(|| {
+            format!(
+                "stalled: a message has been in hand for {} s, longer than runner.stall_after ({} s), with {} in hand",
+                oldest.as_secs(),
+                limit.as_secs(),
+                self.in_hand()
+            )
+        })
+    }
+}
+
+/// Keeps one message on the [`Progress`] record while it lives.
+#[derive(Debug)]
+pub struct InHandGuard {
+    progress: Progress,
+    id: u64,
+}
+
+impl Drop for InHandGuard {
+    fn drop(&mut self) {
+        self.progress
+            .in_hand
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .started
+            .remove(&self.id);
+    }
+}
+
+/// How a panic in a handler settles its delivery: the dead-letter queue, with what panicked in the reason.
+pub fn panicked(payload: &(dyn std::any::Any + Send)) -> Settle {
+    let what = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned());
+    // A panic's message can quote the input; the reason header stays short.
+    let what: String = what.chars().take(300).collect();
+    Settle::DeadLetter(DeadLetterReason::new(
+        INTERNAL_ERROR,
+        format!(
+            "the runner failed while handling this message ({}); it was set aside so that it cannot stop the runner. Please report it together with this message",
+            what
+        ),
+    ))
 }
 
 impl Loop {
@@ -133,11 +246,12 @@ impl Loop {
                 },
                 () = shutdown.cancelled() => break,
             };
+            let in_hand = self.progress.begin();
             tasks.spawn(settle_one(
                 delivery,
                 self.kind == ConsumerKind::Submit,
                 self.handler.clone(),
-                permit,
+                (permit, in_hand),
                 hard_stop.clone(),
                 self.stats.clone(),
                 self.requeue_delay,
@@ -193,8 +307,9 @@ fn log_join(result: Result<(), tokio::task::JoinError>, label: &str) {
     if let Err(e) = result
         && e.is_panic()
     {
-        // The delivery was dropped unsettled and returns to the queue with its channel.
-        warn!(queue = label, error = %e, "A message handler panicked.");
+        // Handling panics are caught and their messages dead-lettered (`settle_traced`); this is a panic in
+        // settling itself. The delivery was dropped unsettled and returns to the queue with its channel.
+        error!(queue = label, error = %e, "Settling a message panicked.");
     }
 }
 
@@ -205,23 +320,31 @@ async fn settle_one(
     delivery: Delivery,
     from_submit_queue: bool,
     handler: Arc<Handler>,
-    permit: OwnedSemaphorePermit,
+    permit: (OwnedSemaphorePermit, InHandGuard),
     hard_stop: CancellationToken,
     stats: Arc<Stats>,
     requeue_delay: Duration,
     metrics: crate::ops::Metrics,
 ) {
     use tracing::Instrument;
-    let message_type = delivery
-        .type_name()
-        .and_then(MessageType::from_amqp_type)
-        .map_or("unknown", MessageType::name);
-    let trace = TraceContext::continue_from(delivery.traceparent().as_deref());
-    let job_id = delivery
-        .content_type()
-        .and_then(|c| Format::from_content_type(c).ok())
-        .and_then(|f| peek_job_id(f, delivery.body()))
-        .unwrap_or_default();
+    // What the span names, read from the delivery's properties and body. Whatever a sender put there, a
+    // panic reading it must not leave the delivery unsettled: the message is then handled with a new trace
+    // and no job id in its span (and, if the handler panics on the same input, dead-lettered).
+    let read = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        let message_type = delivery
+            .type_name()
+            .and_then(MessageType::from_amqp_type)
+            .map_or("unknown", MessageType::name);
+        let trace = TraceContext::continue_from(delivery.traceparent().as_deref());
+        let job_id = delivery
+            .content_type()
+            .and_then(|c| Format::from_content_type(c).ok())
+            .and_then(|f| peek_job_id(f, delivery.body()))
+            .unwrap_or_default();
+        (message_type, trace, job_id)
+    }));
+    let (message_type, trace, job_id) =
+        read.unwrap_or_else(|_| ("unknown", TraceContext::new_root(), String::new()));
     let span = message_span(message_type, &job_id, &trace);
     let measured = Measured {
         metrics,
@@ -254,7 +377,7 @@ async fn settle_traced(
     delivery: Delivery,
     from_submit_queue: bool,
     handler: Arc<Handler>,
-    permit: OwnedSemaphorePermit,
+    permit: (OwnedSemaphorePermit, InHandGuard),
     hard_stop: CancellationToken,
     stats: Arc<Stats>,
     requeue_delay: Duration,
@@ -264,11 +387,19 @@ async fn settle_traced(
     let metrics = &measured.metrics;
     let _in_flight = metrics.in_flight();
     let started = Instant::now();
+    let mut panic_caught = false;
     let settle = {
-        let mut message = Message::of(&delivery, from_submit_queue);
-        message.traceparent = measured.traceparent.clone();
+        let handled = AssertUnwindSafe(async {
+            let mut message = Message::of(&delivery, from_submit_queue);
+            message.traceparent = measured.traceparent.clone();
+            handler.handle(&message).await
+        })
+        .catch_unwind();
         tokio::select! {
-            settle = handler.handle(&message) => Some(settle),
+            handled = handled => Some(handled.unwrap_or_else(|payload| {
+                panic_caught = true;
+                panicked(&*payload)
+            })),
             () = hard_stop.cancelled() => None,
         }
     };
@@ -280,7 +411,15 @@ async fn settle_traced(
         metrics.message_handled(measured.message_type, "stopped", started.elapsed());
         return;
     };
-    let outcome = settle.label();
+    let outcome = if panic_caught {
+        stats.panicked.fetch_add(1, Ordering::Relaxed);
+        if let Settle::DeadLetter(reason) = &settle {
+            error!(%message_id, reason = %reason.message, "A message handler panicked; the message goes to the dead-letter queue.");
+        }
+        INTERNAL_ERROR
+    } else {
+        settle.label()
+    };
     stats.count(&settle);
     let result = match settle {
         Settle::Ack => delivery.ack().await.map_err(|e| e.to_string()),
@@ -328,5 +467,66 @@ pub async fn follow_pause(gate: SubmitGate, switch: ConsumerSwitch, shutdown: Ca
             changed = rx.changed() => if changed.is_err() { return },
             () = shutdown.cancelled() => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panicking_handler_settles_as_a_dead_letter_naming_the_panic() {
+        let caught = AssertUnwindSafe(async {
+            let index: usize = "3".parse().unwrap();
+            let bytes = "0é".as_bytes();
+            // Slicing through a character, as the traceparent parser once did.
+            std::str::from_utf8(&bytes[..index - 1]).unwrap().len()
+        })
+        .catch_unwind()
+        .await;
+        let payload = caught.expect_err("the future panics");
+        let Settle::DeadLetter(reason) = panicked(&*payload) else {
+            panic!("a panic must dead-letter its message");
+        };
+        assert_eq!(reason.code, INTERNAL_ERROR);
+        assert!(reason.message.contains("Utf8Error"), "{}", reason.message);
+        assert!(reason.field.is_none());
+
+        let formatted = AssertUnwindSafe(async { panic!("{}", "y".repeat(5_000)) })
+            .catch_unwind()
+            .await
+            .expect_err("panics");
+        let Settle::DeadLetter(reason) = panicked(&*formatted) else {
+            panic!("dead letter");
+        };
+        assert!(reason.message.len() < 600, "the reason stays short");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn progress_reports_a_stall_only_while_a_message_is_held_too_long() {
+        let progress = Progress::default();
+        let limit = Duration::from_secs(600);
+        assert_eq!(progress.stalled(limit), None);
+        let first = progress.begin();
+        tokio::time::advance(Duration::from_secs(400)).await;
+        let second = progress.begin();
+        assert_eq!(progress.in_hand(), 2);
+        assert_eq!(progress.stalled(limit), None);
+        tokio::time::advance(Duration::from_secs(201)).await;
+        let why = progress
+            .stalled(limit)
+            .expect("the first is older than the limit");
+        assert!(
+            why.starts_with("stalled: a message has been in hand for 601 s"),
+            "{why}"
+        );
+        assert!(why.ends_with("with 2 in hand"), "{why}");
+        // The oldest settles: the next one is 201 s old, within the limit.
+        drop(first);
+        assert_eq!(progress.stalled(limit), None);
+        assert_eq!(progress.oldest(), Some(Duration::from_secs(201)));
+        drop(second);
+        assert_eq!(progress.in_hand(), 0);
+        assert_eq!(progress.oldest(), None);
     }
 }

@@ -194,6 +194,11 @@ impl Runner {
                 .await;
         });
 
+        let progress = [consume::Progress::default(), consume::Progress::default()];
+        for (flag, progress) in self.ready.iter().zip(&progress) {
+            let (progress, limit) = (progress.clone(), config.runner.stall_after);
+            flag.fail_when(move || progress.stalled(limit));
+        }
         let submit_loop = consume::Loop {
             kind: ConsumerKind::Submit,
             consumer: submit,
@@ -205,6 +210,7 @@ impl Runner {
             grace: config.runner.shutdown_grace,
             metrics: self.ops.metrics.clone(),
             ready: Some(self.ready[0].clone()),
+            progress: progress[0].clone(),
         };
         let control_loop = consume::Loop {
             kind: ConsumerKind::Control,
@@ -217,6 +223,7 @@ impl Runner {
             grace: config.runner.shutdown_grace,
             metrics: self.ops.metrics.clone(),
             ready: Some(self.ready[1].clone()),
+            progress: progress[1].clone(),
         };
         tokio::join!(
             submit_loop.run(shutdown.clone()),

@@ -16,6 +16,7 @@ mod edges;
 mod exactly_once;
 mod faults;
 mod gate;
+mod hostile;
 mod scale;
 mod shutdown;
 mod sim_clock;
