@@ -16,9 +16,10 @@ use axum::body::Body;
 use futures::FutureExt;
 use http::{Method, Request};
 use http_body_util::BodyExt;
+use lapin::types::FieldTable;
 use serde_json::Value;
 use tower::ServiceExt;
-use volcano_runner::broker::properties;
+use volcano_runner::broker::{consumer, properties};
 use volcano_runner::config::Config;
 use volcano_runner::durable::ids;
 use volcano_runner::messages::{self, AnyMessage, Format, Inbound, MessageType, v1::SubmitJob};
@@ -415,13 +416,28 @@ pub fn control_message(data: &[u8]) {
 
 /// A delivery as it comes off the wire: the content header's property list (flags, then content type,
 /// headers table, delivery mode, ..., timestamp, type, ...; the AMQP encoding lapin parses), followed by
-/// the body. Then what the runner reads from it: the delivery count, the trace context, and the body
-/// decoded by the `type` and `content_type` properties, then validated.
+/// the body. Then what the runner reads from it: the delivery count, the headers a dead-letter copy keeps,
+/// the trace context, and the body decoded by the `type` and `content_type` properties, then validated.
 pub fn amqp_delivery(data: &[u8]) {
     let Ok((body, props)) = lapin::protocol::basic::parse_properties(data) else {
         return;
     };
     let _ = properties::delivery_count(&props);
+    // What a dead-letter copy keeps of the headers: within its budget, and all of them when they fit.
+    let table = props.headers().clone().unwrap_or_default();
+    let size = |t: &FieldTable| -> usize {
+        t.inner()
+            .iter()
+            .map(|(name, value)| 1 + name.as_str().len() + consumer::encoded_len(value))
+            .sum()
+    };
+    let before = size(&table);
+    let (kept, dropped) = consumer::within_budget(table);
+    assert!(size(&kept) <= consumer::DEAD_LETTER_HEADERS_MAX);
+    assert_eq!(
+        dropped.is_empty(),
+        before <= consumer::DEAD_LETTER_HEADERS_MAX
+    );
     let traceparent = properties::traceparent(&props);
     if let Some(tp) = traceparent.as_deref().and_then(TraceParent::parse) {
         TraceContext::parse(tp.as_str()).expect("what is passed on parses");

@@ -52,10 +52,11 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         Text(String),
     }
     match Raw::deserialize(d)? {
-        Raw::Secs(s) if s.is_finite() && s >= 0.0 => Ok(Duration::from_secs_f64(s)),
-        Raw::Secs(s) => Err(serde::de::Error::custom(format!(
-            "a duration must be a non-negative number of seconds, not {s}"
-        ))),
+        Raw::Secs(s) => seconds(s).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "a duration must be a non-negative number of seconds that a duration can hold, not {s}"
+            ))
+        }),
         Raw::Text(t) => parse_duration(&t).map_err(serde::de::Error::custom),
     }
 }
@@ -66,13 +67,22 @@ pub fn parse_duration(t: &str) -> Result<Duration, String> {
         && secs.is_finite()
         && secs >= 0.0
     {
-        return Ok(Duration::from_secs_f64(secs));
+        return seconds(secs).ok_or_else(|| format!("{t:?} is too long for a duration"));
     }
     let d: jiff::SignedDuration = t
         .trim()
         .parse()
         .map_err(|e| format!("{t:?} is not a duration (such as \"90s\" or \"1m 30s\"): {e}"))?;
     Duration::try_from(d).map_err(|_| format!("{t:?}: a duration must not be negative"))
+}
+
+/// A number of seconds as a duration; `None` when it is negative, not a number, or too long to hold
+/// (`Duration::from_secs_f64` would panic on `1e20`).
+fn seconds(secs: f64) -> Option<Duration> {
+    if secs < 0.0 {
+        return None;
+    }
+    Duration::try_from_secs_f64(secs).ok()
 }
 
 /// A taint on a simulated node.
@@ -568,6 +578,25 @@ impl Drop for SimHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_duration_too_long_to_hold_is_an_error_not_a_panic() {
+        // Found by the fuzzer (config_toml): `default_run = 1e30` panicked in Duration::from_secs_f64.
+        for text in [
+            "default_run = 1e30",
+            "default_run = \"1e30\"",
+            "default_run = 1.8446744073709552e19",
+        ] {
+            let err = toml::from_str::<SimConfig>(text).unwrap_err().to_string();
+            assert!(err.contains("duration"), "{text}: {err}");
+        }
+        assert!(parse_duration("1e30").unwrap_err().contains("too long"));
+        assert_eq!(
+            parse_duration("1e9"),
+            Ok(Duration::from_secs(1_000_000_000))
+        );
+        assert!(parse_duration("-1").is_err());
+    }
 
     #[test]
     fn config_parses_durations_and_nodes() {
