@@ -108,7 +108,8 @@ fn sleep_duration(arg: &str) -> Option<Option<Duration>> {
     if !secs.is_finite() || secs < 0.0 {
         return None;
     }
-    Some(Some(Duration::from_secs_f64(secs * mult)))
+    // Longer than a duration can hold (`sleep 1e300`): as good as forever, never a panic.
+    Some(Duration::try_from_secs_f64(secs * mult).ok())
 }
 
 fn basename(s: &str) -> &str {
@@ -230,6 +231,13 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sleep_too_long_for_a_duration_is_forever() {
+        assert_eq!(sleep_duration("1e300"), Some(None));
+        assert_eq!(sleep_duration("1e17d"), Some(None));
+        assert_eq!(sleep_duration("90m"), Some(Some(Duration::from_secs(5400))));
+    }
 
     fn sv(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
