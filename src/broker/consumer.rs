@@ -26,7 +26,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::outbound::short;
-use super::{Broker, BrokerError, PublishError, Publisher, headers};
+use super::{Broker, BrokerError, PublishError, Publisher, headers, properties};
 use crate::messages::{Contract, DecodeError, Format};
 
 /// Which of the runner's two queues to consume.
@@ -641,26 +641,22 @@ impl Delivery {
     /// How often a quorum queue delivered the message before (`x-delivery-count`); absent on the first
     /// delivery and on classic queues.
     pub fn delivery_count(&self) -> Option<u64> {
-        self.header(headers::DELIVERY_COUNT_QUORUM).and_then(as_u64)
+        properties::delivery_count(&self.inner.properties)
     }
 
     /// The W3C trace context of the message, when it has one.
     pub fn traceparent(&self) -> Option<String> {
-        self.header_str(headers::TRACEPARENT)
+        properties::traceparent(&self.inner.properties)
     }
 
     /// A header as text, when it is a string.
     pub fn header_str(&self, name: &str) -> Option<String> {
-        match self.header(name)? {
-            AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-            AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
-            _ => None,
-        }
+        properties::header_str(&self.inner.properties, name)
     }
 
     /// A header as it arrived.
     pub fn header(&self, name: &str) -> Option<&AMQPValue> {
-        self.inner.properties.headers().as_ref()?.inner().get(name)
+        properties::header(&self.inner.properties, name)
     }
 
     /// The body decoded as `M` by the `content_type` property (JSON when absent). An error here means the
@@ -791,7 +787,7 @@ pub const DEAD_LETTER_HEADERS_MAX: usize = 16 * 1024;
 
 /// `table` without its largest headers until the rest encode to at most [`DEAD_LETTER_HEADERS_MAX`] bytes,
 /// and what was left out (`name (N bytes)`, largest first; empty when nothing was).
-fn within_budget(table: FieldTable) -> (FieldTable, String) {
+pub fn within_budget(table: FieldTable) -> (FieldTable, String) {
     let mut sizes: Vec<(usize, String)> = table
         .inner()
         .iter()
@@ -834,7 +830,7 @@ fn within_budget(table: FieldTable) -> (FieldTable, String) {
 
 /// The bytes `value` takes in an AMQP field table (its type tag included), as RabbitMQ's encoding counts
 /// them; nested tables and arrays are counted whole.
-fn encoded_len(value: &AMQPValue) -> usize {
+pub fn encoded_len(value: &AMQPValue) -> usize {
     1 + match value {
         AMQPValue::Boolean(_) | AMQPValue::ShortShortInt(_) | AMQPValue::ShortShortUInt(_) => 1,
         AMQPValue::ShortInt(_) | AMQPValue::ShortUInt(_) => 2,
@@ -868,31 +864,9 @@ fn settle(result: Result<bool, lapin::Error>) -> Result<(), AckError> {
     }
 }
 
-fn as_u64(value: &AMQPValue) -> Option<u64> {
-    match *value {
-        AMQPValue::ShortShortInt(v) => u64::try_from(v).ok(),
-        AMQPValue::ShortShortUInt(v) => Some(u64::from(v)),
-        AMQPValue::ShortInt(v) => u64::try_from(v).ok(),
-        AMQPValue::ShortUInt(v) => Some(u64::from(v)),
-        AMQPValue::LongInt(v) => u64::try_from(v).ok(),
-        AMQPValue::LongUInt(v) => Some(u64::from(v)),
-        AMQPValue::LongLongInt(v) => u64::try_from(v).ok(),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn delivery_counts_read_from_any_integer_type() {
-        assert_eq!(as_u64(&AMQPValue::LongLongInt(3)), Some(3));
-        assert_eq!(as_u64(&AMQPValue::LongInt(2)), Some(2));
-        assert_eq!(as_u64(&AMQPValue::ShortShortUInt(1)), Some(1));
-        assert_eq!(as_u64(&AMQPValue::LongLongInt(-1)), None);
-        assert_eq!(as_u64(&AMQPValue::LongString("3".into())), None);
-    }
 
     #[test]
     fn a_dead_letter_copy_leaves_out_the_largest_headers_beyond_its_budget() {

@@ -17,6 +17,8 @@
 //! - [`outbound`]: [`Outbound`], a message ready to publish, with constructors for every message type.
 //! - [`dead_letters`]: [`DeadLetterQueue`], the dead letters read, requeued or dropped over AMQP alone,
 //!   for `volcano-runner admin dead-letters`.
+//! - [`properties`]: reading an inbound message's properties and headers (delivery count, trace context),
+//!   pure functions of what lapin parsed.
 //! - [`follow`]: [`EventsFollower`], a temporary queue on the events and proxy exchanges for
 //!   `volcano-runner events`.
 
@@ -25,6 +27,7 @@ pub mod consumer;
 pub mod dead_letters;
 pub mod follow;
 pub mod outbound;
+pub mod properties;
 pub mod publisher;
 pub mod topology;
 

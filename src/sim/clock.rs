@@ -99,7 +99,8 @@ impl SimClock {
         if sim.is_negative() {
             return Some(Duration::ZERO);
         }
-        Some(Duration::from_secs_f64(sim.as_secs_f64() / s.speed))
+        // A crawling clock (speed 1e-300) puts the instant beyond any duration: as good as never.
+        Some(Duration::try_from_secs_f64(sim.as_secs_f64() / s.speed).unwrap_or(Duration::MAX))
     }
 }
 
@@ -163,6 +164,14 @@ pub fn human_duration(d: SignedDuration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_crawling_clock_is_never_due_rather_than_a_panic() {
+        let start = Timestamp::from_second(1_767_225_600).unwrap();
+        let clock = SimClock::new(start, 1e-300);
+        let at = start + SignedDuration::from_hours(1);
+        assert_eq!(clock.real_until(at), Some(Duration::MAX));
+    }
 
     #[test]
     fn stopped_clock_moves_only_when_advanced() {

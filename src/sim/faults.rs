@@ -104,11 +104,24 @@ pub struct Faults {
     state: Mutex<State>,
 }
 
+/// The unavailability window from `start`. One that begins too late for an instant to hold never begins;
+/// one too long to hold lasts a century (no panic for `1e30` seconds from a configuration file).
 fn window(plan: &FaultPlan, start: Instant) -> Option<(Instant, Instant)> {
     let from = plan.unavailable_from_secs?;
     let len = plan.unavailable_secs?;
-    let a = start + Duration::from_secs_f64(from.max(0.0));
-    Some((a, a + Duration::from_secs_f64(len.max(0.0))))
+    let a = start.checked_add(seconds(from))?;
+    let end = a
+        .checked_add(seconds(len))
+        .or_else(|| a.checked_add(CENTURY))?;
+    Some((a, end))
+}
+
+/// A hundred years: "forever" for a fault window.
+const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// Seconds from the plan as a duration: negative or NaN is zero, too long to hold is the longest one.
+fn seconds(secs: f64) -> Duration {
+    Duration::try_from_secs_f64(secs.max(0.0)).unwrap_or(Duration::MAX)
 }
 
 impl Faults {
@@ -220,7 +233,7 @@ impl Faults {
             }
             d.lose_events = (d.lose_events + r.watch_lose_events.max(0.0)).min(1.0);
             if let Some(secs) = r.watch_cut_after_secs {
-                let c = Duration::from_secs_f64(secs.max(0.0));
+                let c = seconds(secs);
                 d.cut_after = Some(d.cut_after.map_or(c, |m| m.min(c)));
             }
         }
@@ -255,6 +268,34 @@ impl Faults {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seconds_too_long_to_hold_never_panic() {
+        let plan = |from: f64, len: f64| FaultPlan {
+            unavailable_from_secs: Some(from),
+            unavailable_secs: Some(len),
+            ..Default::default()
+        };
+        let now = Instant::now();
+        assert_eq!(window(&plan(1e30, 1.0), now), None);
+        let (a, end) = window(&plan(0.0, 1e30), now).expect("a window from now");
+        assert_eq!((a, end), (now, now + CENTURY));
+        assert_eq!(
+            window(&plan(f64::NAN, 1e300), now),
+            Some((now, now + CENTURY))
+        );
+        let f = Faults::new(FaultPlan {
+            rules: vec![FaultRule {
+                watch_cut_after_secs: Some(1e30),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        assert_eq!(
+            f.decide("watch", "pods", "", None).cut_after,
+            Some(Duration::MAX)
+        );
+    }
 
     #[test]
     fn rules_match_by_resource_and_verb() {

@@ -52,10 +52,11 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         Text(String),
     }
     match Raw::deserialize(d)? {
-        Raw::Secs(s) if s.is_finite() && s >= 0.0 => Ok(Duration::from_secs_f64(s)),
-        Raw::Secs(s) => Err(serde::de::Error::custom(format!(
-            "a duration must be a non-negative number of seconds, not {s}"
-        ))),
+        Raw::Secs(s) => seconds(s).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "a duration must be a non-negative number of seconds that a duration can hold, not {s}"
+            ))
+        }),
         Raw::Text(t) => parse_duration(&t).map_err(serde::de::Error::custom),
     }
 }
@@ -66,13 +67,22 @@ pub fn parse_duration(t: &str) -> Result<Duration, String> {
         && secs.is_finite()
         && secs >= 0.0
     {
-        return Ok(Duration::from_secs_f64(secs));
+        return seconds(secs).ok_or_else(|| format!("{t:?} is too long for a duration"));
     }
     let d: jiff::SignedDuration = t
         .trim()
         .parse()
         .map_err(|e| format!("{t:?} is not a duration (such as \"90s\" or \"1m 30s\"): {e}"))?;
     Duration::try_from(d).map_err(|_| format!("{t:?}: a duration must not be negative"))
+}
+
+/// A number of seconds as a duration; `None` when it is negative, not a number, or too long to hold
+/// (`Duration::from_secs_f64` would panic on `1e20`).
+fn seconds(secs: f64) -> Option<Duration> {
+    if secs < 0.0 {
+        return None;
+    }
+    Duration::try_from_secs_f64(secs).ok()
 }
 
 /// A taint on a simulated node.
@@ -357,41 +367,8 @@ impl Simulator {
             addr: config.listen.clone(),
             source,
         })?;
-        let start = if config.start_time.is_empty() {
-            jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
-                .unwrap_or_else(|_| jiff::Timestamp::now())
-        } else {
-            config.start_time.parse().map_err(|e| SimError::Config {
-                key: "sim.start_time".into(),
-                reason: format!("{e}"),
-            })?
-        };
-        let clock = Arc::new(clock::SimClock::new(start, config.clock_speed));
-        let faults = Arc::new(Faults::new(config.faults.clone()));
-        let mut cluster = cluster::Cluster::new(
-            config.watch_history,
-            config.seed,
-            start,
-            config.model_config(),
-        );
-        cluster.core.volcano_admission = config.volcano_admission;
-        let shutdown = CancellationToken::new();
-        let settings = server::ServerSettings {
-            watch_timeout: config.watch_timeout,
-            bookmark_interval: config.bookmark_interval,
-            default_run: config.default_run,
-            address: addr.to_string(),
-        };
-        let shared = Arc::new(server::Shared::new(
-            cluster,
-            clock,
-            faults,
-            shutdown.clone(),
-            settings,
-        ));
-        let app = axum::Router::new()
-            .fallback(server::handle)
-            .with_state(shared.clone());
+        let (shared, shutdown) = assemble(&config, addr.to_string())?;
+        let app = router(shared.clone());
         let token = shutdown.clone();
         let server = tokio::spawn(async move {
             let served = axum::serve(listener, app)
@@ -410,6 +387,62 @@ impl Simulator {
             shutdown,
         })
     }
+
+    /// The API server's request handling, in-process: no listener and no ticker (the simulated clock moves
+    /// only as requests move it). For driving the handlers without sockets, as the fuzzer does with arbitrary
+    /// requests (`fuzz/fuzz_targets/sim_request.rs`); a test talks to [`Simulator::start`] over HTTP.
+    pub fn in_process(config: &SimConfig) -> Result<axum::Router, SimError> {
+        config.validate()?;
+        let (shared, _shutdown) = assemble(config, "in-process".to_owned())?;
+        Ok(router(shared))
+    }
+}
+
+/// The simulator's state from its configuration; `address` is the one it reports for itself.
+fn assemble(
+    config: &SimConfig,
+    address: String,
+) -> Result<(Arc<server::Shared>, CancellationToken), SimError> {
+    let start = if config.start_time.is_empty() {
+        jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
+            .unwrap_or_else(|_| jiff::Timestamp::now())
+    } else {
+        config.start_time.parse().map_err(|e| SimError::Config {
+            key: "sim.start_time".into(),
+            reason: format!("{e}"),
+        })?
+    };
+    let clock = Arc::new(clock::SimClock::new(start, config.clock_speed));
+    let faults = Arc::new(Faults::new(config.faults.clone()));
+    let mut cluster = cluster::Cluster::new(
+        config.watch_history,
+        config.seed,
+        start,
+        config.model_config(),
+    );
+    cluster.core.volcano_admission = config.volcano_admission;
+    let shutdown = CancellationToken::new();
+    let settings = server::ServerSettings {
+        watch_timeout: config.watch_timeout,
+        bookmark_interval: config.bookmark_interval,
+        default_run: config.default_run,
+        address,
+    };
+    let shared = Arc::new(server::Shared::new(
+        cluster,
+        clock,
+        faults,
+        shutdown.clone(),
+        settings,
+    ));
+    Ok((shared, shutdown))
+}
+
+/// Every request goes to the one handler, which routes by path.
+fn router(shared: Arc<server::Shared>) -> axum::Router {
+    axum::Router::new()
+        .fallback(server::handle)
+        .with_state(shared)
 }
 
 /// A running simulator: its address, a client, the clock, the fault plan, and shutdown.
@@ -545,6 +578,25 @@ impl Drop for SimHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_duration_too_long_to_hold_is_an_error_not_a_panic() {
+        // Found by the fuzzer (config_toml): `default_run = 1e30` panicked in Duration::from_secs_f64.
+        for text in [
+            "default_run = 1e30",
+            "default_run = \"1e30\"",
+            "default_run = 1.8446744073709552e19",
+        ] {
+            let err = toml::from_str::<SimConfig>(text).unwrap_err().to_string();
+            assert!(err.contains("duration"), "{text}: {err}");
+        }
+        assert!(parse_duration("1e30").unwrap_err().contains("too long"));
+        assert_eq!(
+            parse_duration("1e9"),
+            Ok(Duration::from_secs(1_000_000_000))
+        );
+        assert!(parse_duration("-1").is_err());
+    }
 
     #[test]
     fn config_parses_durations_and_nodes() {

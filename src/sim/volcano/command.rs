@@ -232,6 +232,13 @@ pub fn plan(
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_sleep_too_long_for_a_duration_is_forever() {
+        assert_eq!(sleep_duration("1e300"), Some(None));
+        assert_eq!(sleep_duration("1e17d"), Some(None));
+        assert_eq!(sleep_duration("90m"), Some(Some(Duration::from_secs(5400))));
+    }
+
     fn sv(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
     }
