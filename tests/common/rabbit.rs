@@ -33,8 +33,18 @@ pub const PATIENCE: Duration = Duration::from_secs(30);
 
 /// Calls the management API; the body is JSON (or empty).
 pub async fn management(method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+    management_text(
+        method,
+        path,
+        body.map(|b| b.to_string()).unwrap_or_default(),
+    )
+    .await
+}
+
+/// Calls the management API with a JSON body given as text (for a document too deep to build as a
+/// `Value` on a test thread's stack).
+pub async fn management_text(method: &str, path: &str, payload: String) -> (u16, Value) {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let payload = body.map(|b| b.to_string()).unwrap_or_default();
     let request = hyper::Request::builder()
         .method(method)
         .uri(format!("{MANAGEMENT}{path}"))

@@ -12,6 +12,7 @@ mod demo;
 mod deploy;
 mod metrics;
 mod monitoring;
+mod nested_headers;
 mod rbac;
 mod readiness;
 mod readme;
