@@ -22,6 +22,7 @@ use lapin::{
 };
 use serde::Serialize;
 
+use super::properties::{as_text, as_u64};
 use super::{Broker, BrokerError, PublishError, headers};
 
 /// The `x-death` reason RabbitMQ gives a message that hit its queue's delivery limit.
@@ -519,28 +520,6 @@ fn latest_death(value: &AMQPValue) -> Option<Death> {
         count: field("count").and_then(as_u64).unwrap_or(0),
         time: field("time").map(value_text),
     })
-}
-
-fn as_text(value: &AMQPValue) -> Option<String> {
-    match value {
-        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
-        _ => None,
-    }
-}
-
-fn as_u64(value: &AMQPValue) -> Option<u64> {
-    match *value {
-        AMQPValue::ShortShortInt(v) => u64::try_from(v).ok(),
-        AMQPValue::ShortShortUInt(v) => Some(u64::from(v)),
-        AMQPValue::ShortInt(v) => u64::try_from(v).ok(),
-        AMQPValue::ShortUInt(v) => Some(u64::from(v)),
-        AMQPValue::LongInt(v) => u64::try_from(v).ok(),
-        AMQPValue::LongUInt(v) => Some(u64::from(v)),
-        AMQPValue::LongLongInt(v) => u64::try_from(v).ok(),
-        AMQPValue::Timestamp(v) => Some(v),
-        _ => None,
-    }
 }
 
 /// A header value as text for a person: strings as they are, numbers, AMQP timestamps as RFC 3339,

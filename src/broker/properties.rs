@@ -15,7 +15,12 @@ pub fn header<'a>(properties: &'a BasicProperties, name: &str) -> Option<&'a AMQ
 
 /// A header as text, when it is a string (long strings need not be UTF-8: invalid sequences become U+FFFD).
 pub fn header_str(properties: &BasicProperties, name: &str) -> Option<String> {
-    match header(properties, name)? {
+    as_text(header(properties, name)?)
+}
+
+/// A value as text, when it is a string (long strings need not be UTF-8: invalid sequences become U+FFFD).
+pub fn as_text(value: &AMQPValue) -> Option<String> {
+    match value {
         AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
         AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
         _ => None,
