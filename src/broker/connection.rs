@@ -75,7 +75,8 @@ impl BrokerError {
     /// credentials and a vhost that does not exist (or may not be used) will not change by trying again.
     fn connect(e: &lapin::Error, config: &BrokerConfig) -> Self {
         let at = config.endpoint();
-        let user = config.user();
+        let place = config.place().unwrap_or_default();
+        let (user, address) = (&place.user, format!("{}:{}", place.host, place.port));
         let key = "[broker] url (VOLCANO_RUNNER_BROKER__URL)";
         let (retryable, message) = match e.kind() {
             lapin::ErrorKind::ProtocolError(amqp)
@@ -101,7 +102,7 @@ impl BrokerError {
                         "RabbitMQ at {at} has no vhost {:?} that user {user:?} may use: create it and \
                          grant the user permissions (rabbitmqctl add_vhost, set_permissions), or fix the \
                          vhost in {key}",
-                        config.vhost()
+                        place.vhost
                     ),
                 )
             }
@@ -115,15 +116,12 @@ impl BrokerError {
                 true,
                 match io.kind() {
                     std::io::ErrorKind::ConnectionRefused => {
-                        format!(
-                            "nothing accepts connections at {} (connection refused)",
-                            config.address()
-                        )
+                        format!("nothing accepts connections at {address} (connection refused)")
                     }
                     _ if is_lookup_failure(io) => {
-                        format!("the host name {:?} does not resolve ({io})", config.host())
+                        format!("the host name {:?} does not resolve ({io})", place.host)
                     }
-                    _ => format!("cannot reach {}: {io}", config.address()),
+                    _ => format!("cannot reach {address}: {io}"),
                 },
             ),
             _ => (true, format!("cannot connect to RabbitMQ at {at}: {e}")),

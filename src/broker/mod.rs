@@ -200,52 +200,34 @@ impl Default for BrokerConfig {
 /// AMQP short strings (names, routing keys) are at most 255 bytes.
 const MAX_NAME_BYTES: usize = 255;
 
+/// Where a [`BrokerConfig`] points, without its password: what messages about the broker name.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Place {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub vhost: String,
+}
+
 impl BrokerConfig {
     /// Where the broker is, for messages: `host:port (vhost "v")`, never the credentials.
     pub fn endpoint(&self) -> String {
-        match self.url.expose().parse::<lapin::uri::AMQPUri>() {
-            Ok(uri) => format!(
-                "{}:{} (vhost {:?})",
-                uri.authority.host, uri.authority.port, uri.vhost
-            ),
-            Err(_) => "(an unreadable [broker] url)".to_owned(),
+        match self.place() {
+            Some(p) => format!("{}:{} (vhost {:?})", p.host, p.port, p.vhost),
+            None => "(an unreadable [broker] url)".to_owned(),
         }
     }
 
-    /// `host:port` of the URL, for messages.
-    pub fn address(&self) -> String {
-        self.url
-            .expose()
-            .parse::<lapin::uri::AMQPUri>()
-            .map(|uri| format!("{}:{}", uri.authority.host, uri.authority.port))
-            .unwrap_or_default()
-    }
-
-    /// The host of the URL, for messages.
-    pub fn host(&self) -> String {
-        self.url
-            .expose()
-            .parse::<lapin::uri::AMQPUri>()
-            .map(|uri| uri.authority.host)
-            .unwrap_or_default()
-    }
-
-    /// The user name of the URL (never the password), for messages.
-    pub fn user(&self) -> String {
-        self.url
-            .expose()
-            .parse::<lapin::uri::AMQPUri>()
-            .map(|uri| uri.authority.userinfo.username)
-            .unwrap_or_default()
-    }
-
-    /// The vhost of the URL, for messages.
-    pub fn vhost(&self) -> String {
-        self.url
-            .expose()
-            .parse::<lapin::uri::AMQPUri>()
-            .map(|uri| uri.vhost)
-            .unwrap_or_default()
+    /// Host, port, user and vhost of the URL (never the password), for messages; `None` when it does
+    /// not parse (the configuration check refuses such a URL).
+    pub fn place(&self) -> Option<Place> {
+        let uri = self.url.expose().parse::<lapin::uri::AMQPUri>().ok()?;
+        Some(Place {
+            host: uri.authority.host,
+            port: uri.authority.port,
+            user: uri.authority.userinfo.username,
+            vhost: uri.vhost,
+        })
     }
 
     /// Checks what serde cannot: names fit AMQP, bounds are ordered, the URL parses. A bad value fails the
