@@ -37,8 +37,12 @@ pub async fn start_with(w: &World, name: &str, mut broker_config: BrokerConfig) 
         .expect("RabbitMQ is reachable");
     let readiness = Readiness::new(Metrics::new());
     let ready = readiness.condition("route table", "not built from the cluster yet");
+    // One directory per instance: tests run in parallel in one process, and each removes its directory
+    // when it starts and ends (a shared name let one test delete another's files mid-run).
+    static INSTANCES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = INSTANCES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let envoy_dir =
-        std::env::temp_dir().join(format!("vr-proxy-sync-{name}-{}", std::process::id()));
+        std::env::temp_dir().join(format!("vr-proxy-sync-{name}-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&envoy_dir);
     let config = ProxySyncConfig {
         envoy_dir: envoy_dir.clone(),
