@@ -34,8 +34,21 @@ pub struct Args {
     #[arg(long, requires = "jobs")]
     pub until_done: bool,
     /// Without `--follow`: stop after this many seconds without a message.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = idle_seconds)]
     pub idle: f64,
+}
+
+/// `--idle`: a finite number of seconds from 0 to a day (a longer wait is `--follow`).
+fn idle_seconds(text: &str) -> Result<f64, String> {
+    let secs: f64 = text
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number of seconds"))?;
+    if !secs.is_finite() || !(0.0..=86_400.0).contains(&secs) {
+        return Err(format!(
+            "`{text}` must be between 0 and 86400 seconds (use --follow to wait longer)"
+        ));
+    }
+    Ok(secs)
 }
 
 /// How messages are printed.
@@ -62,6 +75,8 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     );
     let filter: BTreeSet<String> = args.jobs.iter().cloned().collect();
     let mut pending = filter.clone();
+    // NaN, negative and absurdly large values are caught by clap (`idle_seconds`); the floor keeps a
+    // zero from ending the command before the broker could deliver anything.
     let idle = Duration::from_secs_f64(args.idle.max(0.1));
     loop {
         let next = if args.follow {
@@ -210,6 +225,16 @@ mod tests {
             routing_key: "job.lifecycle".into(),
             message_id: Some(event.event_id.clone()),
             event: Ok(OutboundEvent::Job(event)),
+        }
+    }
+
+    #[test]
+    fn idle_takes_finite_seconds_up_to_a_day() {
+        assert_eq!(idle_seconds("2.5"), Ok(2.5));
+        assert_eq!(idle_seconds("0"), Ok(0.0));
+        for bad in ["1e30", "-1", "NaN", "inf", "soon"] {
+            let err = idle_seconds(bad).unwrap_err();
+            assert!(err.contains(bad), "{bad}: {err}");
         }
     }
 

@@ -474,7 +474,9 @@ impl Clock for RemoteSimClock {
     fn now(&self) -> jiff::Timestamp {
         let (at, read, speed) = *self.reading.lock().unwrap_or_else(|e| e.into_inner());
         let passed = read.elapsed().as_secs_f64() * speed;
-        at.checked_add(jiff::SignedDuration::from_secs_f64(passed))
+        jiff::SignedDuration::try_from_secs_f64(passed)
+            .ok()
+            .and_then(|passed| at.checked_add(passed).ok())
             .unwrap_or(at)
     }
 
@@ -484,7 +486,8 @@ impl Clock for RemoteSimClock {
             return None;
         }
         let left = at.duration_since(self.now()).as_secs_f64().max(0.0);
-        Some(Duration::from_secs_f64(left / speed))
+        // A tiny speed makes the quotient overflow a Duration: that is "never" in practice.
+        Some(Duration::try_from_secs_f64(left / speed).unwrap_or(Duration::MAX))
     }
 }
 
@@ -514,7 +517,7 @@ impl Clock for SimClock {
             return None;
         }
         let left = at.duration_since(self.handle.now()).as_secs_f64().max(0.0);
-        Some(Duration::from_secs_f64(left / self.speed))
+        Some(Duration::try_from_secs_f64(left / self.speed).unwrap_or(Duration::MAX))
     }
 }
 
