@@ -10,12 +10,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use volcano_runner::durable::AnnotationKeys;
+use volcano_runner::monitor::estimate::worth_telling;
 use volcano_runner::monitor::forecast::{ClusterView, QueueEntry, forecast};
 use volcano_runner::sim::NodeSpec;
 use volcano_runner::volcano::{PodGroup, VolcanoJob};
@@ -180,6 +181,12 @@ struct Outcome {
     /// Estimates made while jobs waited (every 10 s), and those a later start broke, with by how much.
     checked: usize,
     late: Vec<(String, i64)>,
+    /// Estimate events each waiting job would get from the monitor's rule (`worth_telling`, with the
+    /// default `estimate_tolerance` of a minute), counting the first.
+    tells: Vec<i64>,
+    /// Estimates that rule tells, and those a later start broke.
+    told: usize,
+    told_late: usize,
 }
 
 async fn run(seed: u64) -> Outcome {
@@ -229,6 +236,10 @@ async fn run(seed: u64) -> Outcome {
         .map(|s| (s.name.as_str(), s.limit_s))
         .collect();
     let mut start_of: BTreeMap<String, Timestamp> = BTreeMap::new();
+    // What the monitor would have told each job last, how often, and every estimate it told.
+    let mut last_told: BTreeMap<String, Timestamp> = promised.iter().cloned().collect();
+    let mut tells: BTreeMap<String, i64> = last_told.keys().map(|n| (n.clone(), 1)).collect();
+    let mut told = promised.clone();
     for second in 0..20_000 {
         let now = sim.now();
         for name in started(&client).await {
@@ -254,7 +265,16 @@ async fn run(seed: u64) -> Outcome {
         // Estimates are made afresh every 10 s.
         if second % 10 == 0 && second > 0 {
             for (name, at) in estimates(&client, now).await {
-                promised.extend(at.map(|at| (name, at)));
+                let Some(at) = at else { continue };
+                let tell = last_told.get(&name).is_none_or(|before| {
+                    worth_telling(*before, at, now, SignedDuration::from_secs(60))
+                });
+                if tell {
+                    last_told.insert(name.clone(), at);
+                    *tells.entry(name.clone()).or_default() += 1;
+                    told.push((name.clone(), at));
+                }
+                promised.push((name, at));
             }
         }
         sim.advance(Duration::from_secs(1));
@@ -262,6 +282,12 @@ async fn run(seed: u64) -> Outcome {
     assert_eq!(start_of.len(), workload.len(), "every job started");
     let mut outcome = Outcome {
         checked: promised.len(),
+        told: told.len(),
+        told_late: told
+            .iter()
+            .filter(|(name, at)| start_of[name] > *at)
+            .count(),
+        tells: tells.into_values().collect(),
         ..Outcome::default()
     };
     for (name, at) in promised {
@@ -289,10 +315,14 @@ async fn jobs_start_at_or_before_their_estimates_however_early_the_jobs_ahead_en
     let mut errors = Vec::new();
     let mut checked = 0;
     let mut late = Vec::new();
+    let (mut tells, mut told, mut told_late) = (Vec::new(), 0, 0);
     for seed in 0..SEEDS {
         let o = run(seed).await;
         errors.extend(o.first_errors);
         checked += o.checked;
+        tells.extend(o.tells);
+        told += o.told;
+        told_late += o.told_late;
         late.extend(
             o.late
                 .into_iter()
@@ -314,6 +344,18 @@ async fn jobs_start_at_or_before_their_estimates_however_early_the_jobs_ahead_en
         errors[errors.len() - 1],
         late.len(),
         lateness,
+    );
+    tells.sort_unstable();
+    println!(
+        "estimate events per waiting job (the monitor's rule, estimates made every 10 s): median {}, p90 {}, max {}; \
+         {told} estimates told, {told_late} broken",
+        percentile(&tells, 0.5),
+        percentile(&tells, 0.9),
+        tells[tells.len() - 1],
+    );
+    assert!(
+        tells[tells.len() - 1] <= 10 && percentile(&tells, 0.5) < 4,
+        "each waiting job is told a handful of times at most (at most 10, median under 4): {tells:?}"
     );
     assert_eq!(
         on_time,
