@@ -21,7 +21,7 @@ use volcano_runner::pipeline::plugins::task::exclusive_affinity;
 use volcano_runner::sim::NodeSpec;
 use volcano_runner::volcano::PodGroup;
 
-use crate::estimates::queue_entries;
+use crate::estimates::{percentile, queue_entries, random};
 use crate::sim_support::{jobs, namespace, queue, start_with};
 
 const NS: &str = "busy";
@@ -65,15 +65,7 @@ fn nodes() -> Vec<NodeSpec> {
 
 /// 93 jobs in three waves (at 0, 10 and 20 minutes), from a recipe varied by `seed`.
 fn workload(seed: u64) -> Vec<Spec> {
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    let mut next = move |n: u64| {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (state >> 33) % n
-    };
+    let mut next = random(seed);
     let mut out: Vec<Spec> = (0..90)
         .map(|i| {
             // (ranks, cpu, memory GiB, gpus, whole nodes)
@@ -168,13 +160,6 @@ fn vcjob(s: &Spec, sla: Option<&str>) -> DynamicObject {
         }
     }))
     .expect("a job object")
-}
-
-fn percentile(sorted: &[i64], p: f64) -> i64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
 /// What one run showed.

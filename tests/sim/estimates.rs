@@ -26,6 +26,19 @@ use crate::sim_support::{jobs, namespace, queue, start_with};
 const NS: &str = "estimates";
 const QUEUE: &str = "science";
 
+/// A small deterministic generator for the workloads: `next(n)` is in `0..n`.
+pub(crate) fn random(seed: u64) -> impl FnMut(u64) -> u64 {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    move |n: u64| {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) % n
+    }
+}
+
 /// One job of the workload.
 #[derive(Debug, Clone)]
 struct Spec {
@@ -41,15 +54,7 @@ struct Spec {
 /// a quarter or a half of it; single ranks of 4 CPUs, gangs of two 8-CPU and of three 4-CPU ranks, and
 /// GPU jobs, in an order and with time limits (1 to 10 minutes) the seed shuffles.
 fn workload(seed: u64) -> Vec<Spec> {
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    let mut next = move |n: u64| {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (state >> 33) % n
-    };
+    let mut next = random(seed);
     (0..40)
         .map(|i| {
             let (ranks, cpu, gpu) = match next(5) {
@@ -169,7 +174,10 @@ async fn started(client: &kube::Client) -> Vec<String> {
         .collect()
 }
 
-fn percentile(sorted: &[i64], p: f64) -> i64 {
+pub(crate) fn percentile(sorted: &[i64], p: f64) -> i64 {
+    if sorted.is_empty() {
+        return 0;
+    }
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
