@@ -45,9 +45,11 @@ pub struct MonitorConfig {
     /// each. 0 tells every reason at once.
     #[serde(with = "duration::required")]
     pub pending_status_after: Duration,
-    /// A waiting job is told a new start-time estimate only when it moves by more than this (or when its
-    /// pending reason changes): estimates drift by seconds as jobs end, and each event is a write and a
-    /// message the user's client must handle.
+    /// A waiting job is told a new start-time estimate only when it moves later, or earlier by more
+    /// than a tolerance that grows with the distance to the start (a minute for ten minutes away, an
+    /// hour for a day away) and is never less than this (or when its pending reason changes): estimates
+    /// drift by seconds as jobs end, and each event is a write and a message the user's client must
+    /// handle.
     #[serde(with = "duration::required")]
     pub estimate_tolerance: Duration,
     /// How long the monitor waits for the pods of a deleted job to stop before it closes the job with

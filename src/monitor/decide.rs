@@ -503,7 +503,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         .map_or_else(|| last_estimate.to_owned(), estimate_token);
     let next_check = earliest(pull_deadline, queue_deadline);
     if last_plain == Some(plain.as_str())
-        && !estimate_moved(last_estimate, &estimate, s.estimate_tolerance)
+        && !estimate_moved(last_estimate, &estimate, now, s.estimate_tolerance)
     {
         return Ok(Step::Wait { next_check });
     }
@@ -619,13 +619,18 @@ fn estimate_token(e: &Estimate) -> String {
     }
 }
 
-/// Whether the estimate changed enough to tell: a start that moved by more than `tolerance`, or a
+/// Whether the estimate changed enough to tell ([`crate::monitor::estimate::worth_telling`]: later,
+/// or earlier by more than a tolerance that grows with the distance, at least `tolerance`), or is a
 /// different kind of answer.
-fn estimate_moved(told: &str, now: &str, tolerance: SignedDuration) -> bool {
-    let at = |t: &str| t.strip_prefix("at:").and_then(|ms| ms.parse::<i64>().ok());
-    match (at(told), at(now)) {
-        (Some(a), Some(b)) => i128::from(a.abs_diff(b)) > tolerance.as_millis(),
-        _ => told != now,
+fn estimate_moved(told: &str, fresh: &str, now: Timestamp, tolerance: SignedDuration) -> bool {
+    let at = |t: &str| {
+        t.strip_prefix("at:")
+            .and_then(|ms| ms.parse::<i64>().ok())
+            .and_then(|ms| Timestamp::from_millisecond(ms).ok())
+    };
+    match (at(told), at(fresh)) {
+        (Some(a), Some(b)) => crate::monitor::estimate::worth_telling(a, b, now, tolerance),
+        _ => told != fresh,
     }
 }
 
@@ -1750,9 +1755,9 @@ mod tests {
         assert!(first.starts_with("4817/status/"), "{first}");
     }
 
-    /// A waiting job is told its estimated start with its status, again only when the estimate moves by
-    /// more than `estimate_tolerance` (or its reason changes), and a job that can never fit says so at
-    /// once, without waiting `pending_status_after`.
+    /// A waiting job is told its estimated start with its status, again only when the estimate moves
+    /// later or earlier by more than the tolerance (at least `estimate_tolerance`; or its reason
+    /// changes), and a job that can never fit says so at once, without waiting `pending_status_after`.
     #[test]
     fn the_start_estimate_is_told_when_it_moves_by_more_than_the_tolerance() {
         let s = settings(|_| {});
@@ -1773,8 +1778,11 @@ mod tests {
         assert!(pending.estimate_basis.starts_with("by "), "{pending:?}");
         assert!(!pending.never_fits);
 
-        // 50 s later than told: within the minute, nothing to tell.
-        drive_with(&s, &mut job, &[], Some(&at(650)), ts(6), &mut world);
+        // 5 s later than told: noise of the replay, nothing to tell.
+        drive_with(&s, &mut job, &[], Some(&at(605)), ts(6), &mut world);
+        assert_eq!(lifecycle(&world).len(), 2);
+        // 50 s earlier, ten minutes away: within the minute, nothing to tell.
+        drive_with(&s, &mut job, &[], Some(&at(550)), ts(6), &mut world);
         assert_eq!(lifecycle(&world).len(), 2);
         // Not known for a moment (the nodes not yet listed): what was told stands.
         drive_with(&s, &mut job, &[], None, ts(7), &mut world);

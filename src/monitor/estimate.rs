@@ -247,6 +247,38 @@ pub fn estimate(
     out
 }
 
+/// How much later than what it was told a job's start must move before it is told again: less is noise
+/// of the replay (a job ahead that fits now is placed at the instant of each replay), more is news.
+pub const LATER_SLACK: SignedDuration = SignedDuration::from_secs(10);
+
+/// How much earlier than what it was told a start `distance` away must move before the job is told
+/// again: a minute for a start ten minutes away, an hour for one a day away, growing as a power of the
+/// distance between them (`60 s × (distance / 600 s)^0.824`), and never less than `floor`
+/// (`[monitor] estimate_tolerance`). A person does not plan around a start a day away to the minute.
+pub fn telling_tolerance(distance: SignedDuration, floor: SignedDuration) -> SignedDuration {
+    // ln(3600 / 60) / ln(86400 / 600): the exponent that joins the two points.
+    const EXPONENT: f64 = 0.824;
+    let secs = distance.as_secs_f64().max(0.0);
+    let grown = 60.0 * (secs / 600.0).powf(EXPONENT);
+    let grown = SignedDuration::try_from_secs_f64(grown.min(1e9)).unwrap_or(SignedDuration::ZERO);
+    grown.max(floor)
+}
+
+/// Whether a job told it starts at `told` should hear the fresh estimate `fresh`, at `now`: when the
+/// start moved later (by more than [`LATER_SLACK`]: the promise no longer holds, and the person must
+/// know), or earlier by more than [`telling_tolerance`] of the distance to the fresh start.
+pub fn worth_telling(
+    told: Timestamp,
+    fresh: Timestamp,
+    now: Timestamp,
+    floor: SignedDuration,
+) -> bool {
+    if fresh > told {
+        return fresh.duration_since(told) > LATER_SLACK;
+    }
+    told.duration_since(fresh) > telling_tolerance(fresh.duration_since(now), floor)
+}
+
 /// The most a single node offers of each resource (for "can it ever fit"), from the node types.
 fn largest_node(types: &[(Resources, u64)]) -> Resources {
     types
@@ -477,6 +509,30 @@ mod tests {
             &estimate(&nodes(2, 16, 0), &[], &[three], t(0))[0],
             Estimate::Never { why } if why.contains("all 3 ranks")
         ));
+    }
+
+    #[test]
+    fn a_start_that_moves_earlier_is_told_only_past_a_tolerance_growing_with_its_distance() {
+        let minute = SignedDuration::from_secs(60);
+        let tol = |secs: i64| telling_tolerance(SignedDuration::from_secs(secs), minute).as_secs();
+        assert_eq!(tol(60), 60, "never under the floor");
+        assert_eq!(tol(600), 60, "a minute for ten minutes away");
+        assert!(
+            (3500..=3700).contains(&tol(86_400)),
+            "an hour for a day: {}",
+            tol(86_400)
+        );
+        assert!(tol(3600) > 60 && tol(3600) < 3600 / 4, "{}", tol(3600));
+        // Ten minutes away: two minutes earlier is news, thirty seconds is not.
+        assert!(worth_telling(t(720), t(600), t(0), minute));
+        assert!(!worth_telling(t(630), t(600), t(0), minute));
+        // A day away: half an hour earlier is not news, two hours are.
+        assert!(!worth_telling(t(86_400 + 1800), t(86_400), t(0), minute));
+        assert!(worth_telling(t(86_400 + 7200), t(86_400), t(0), minute));
+        // Later is told past a few seconds, however far away.
+        assert!(worth_telling(t(86_400), t(86_400 + 11), t(0), minute));
+        assert!(!worth_telling(t(600), t(605), t(0), minute));
+        assert!(!worth_telling(t(600), t(600), t(0), minute));
     }
 
     #[test]

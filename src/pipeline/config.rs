@@ -261,6 +261,11 @@ pub struct SchedulingConfig {
     pub on_pod_evicted: PolicyChoice,
     /// Optional PriorityClass of every job.
     pub priority_class_name: Option<String>,
+    /// Written on every job as Volcano's `sla-waiting-time` annotation: once a job has waited this long,
+    /// the scheduler's `sla` plugin (which must be enabled) enqueues it, tries it before the others and
+    /// keeps the resources it could place its ranks on, so later jobs stop passing it
+    /// (docs/estimates.md). Unset: not written.
+    pub sla_waiting_time: Option<SignedDuration>,
     /// Tolerations every job pod gets (UCloud: `sducloud=apps:NoSchedule`).
     pub tolerations: Vec<TolerationConfig>,
     /// Node label that selects nodes by product category (UCloud: `ucloud.dk/machine`); none means no
@@ -281,6 +286,7 @@ impl Default for SchedulingConfig {
             on_pod_failed: PolicyChoice::TerminateJob,
             on_pod_evicted: PolicyChoice::RestartJob,
             priority_class_name: None,
+            sla_waiting_time: None,
             tolerations: Vec::new(),
             node_selector_label: None,
             node_selector_by_category: BTreeMap::new(),
@@ -673,6 +679,13 @@ impl PipelineConfig {
                     "{} is not allowed: Volcano turns 0 into 3; use 1 for a single attempt",
                     s.max_retry
                 ),
+            ));
+        }
+        if s.sla_waiting_time.is_some_and(|d| d.is_negative()) {
+            return Err(err(
+                "scheduling.sla_waiting_time",
+                "must not be negative: it is how long a job waits before Volcano reserves for it"
+                    .into(),
             ));
         }
         if s.scheduler_name.is_empty() || s.scheduler_name.len() > 63 {

@@ -1951,3 +1951,28 @@ fn render_command_prints_the_objects_and_refuses_bad_jobs() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `[pipeline.scheduling] sla_waiting_time` is written as Volcano's `sla-waiting-time` job annotation, a
+/// Go duration; unset, nothing is written; a negative one is refused with its key.
+#[test]
+fn sla_waiting_time_is_written_as_volcanos_job_annotation() {
+    let job = case("case_01_names");
+    let mut config = defaults();
+    let without = vcjob_json(&render(&job, &config));
+    assert!(
+        without["metadata"]["annotations"]
+            .get("sla-waiting-time")
+            .is_none(),
+        "{without:#}"
+    );
+    config.pipeline.scheduling.sla_waiting_time = Some(jiff::SignedDuration::from_mins(90));
+    let with = vcjob_json(&render(&job, &config));
+    assert_eq!(with["metadata"]["annotations"]["sla-waiting-time"], "5400s");
+    let config: volcano_runner::config::Config =
+        toml::from_str("[pipeline.scheduling]\nsla_waiting_time = \"-1m\"").unwrap();
+    let refused = config.pipeline.validate().unwrap_err().to_string();
+    assert!(
+        refused.contains("pipeline.scheduling.sla_waiting_time"),
+        "{refused}"
+    );
+}

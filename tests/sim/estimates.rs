@@ -10,12 +10,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use volcano_runner::durable::AnnotationKeys;
+use volcano_runner::monitor::estimate::worth_telling;
 use volcano_runner::monitor::forecast::{ClusterView, QueueEntry, forecast};
 use volcano_runner::sim::NodeSpec;
 use volcano_runner::volcano::{PodGroup, VolcanoJob};
@@ -24,6 +25,19 @@ use crate::sim_support::{jobs, namespace, queue, start_with};
 
 const NS: &str = "estimates";
 const QUEUE: &str = "science";
+
+/// A small deterministic generator for the workloads: `next(n)` is in `0..n`.
+pub(crate) fn random(seed: u64) -> impl FnMut(u64) -> u64 {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    move |n: u64| {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) % n
+    }
+}
 
 /// One job of the workload.
 #[derive(Debug, Clone)]
@@ -40,15 +54,7 @@ struct Spec {
 /// a quarter or a half of it; single ranks of 4 CPUs, gangs of two 8-CPU and of three 4-CPU ranks, and
 /// GPU jobs, in an order and with time limits (1 to 10 minutes) the seed shuffles.
 fn workload(seed: u64) -> Vec<Spec> {
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    let mut next = move |n: u64| {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (state >> 33) % n
-    };
+    let mut next = random(seed);
     (0..40)
         .map(|i| {
             let (ranks, cpu, gpu) = match next(5) {
@@ -168,7 +174,10 @@ async fn started(client: &kube::Client) -> Vec<String> {
         .collect()
 }
 
-fn percentile(sorted: &[i64], p: f64) -> i64 {
+pub(crate) fn percentile(sorted: &[i64], p: f64) -> i64 {
+    if sorted.is_empty() {
+        return 0;
+    }
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
@@ -180,6 +189,12 @@ struct Outcome {
     /// Estimates made while jobs waited (every 10 s), and those a later start broke, with by how much.
     checked: usize,
     late: Vec<(String, i64)>,
+    /// Estimate events each waiting job would get from the monitor's rule (`worth_telling`, with the
+    /// default `estimate_tolerance` of a minute), counting the first.
+    tells: Vec<i64>,
+    /// Estimates that rule tells, and those a later start broke.
+    told: usize,
+    told_late: usize,
 }
 
 async fn run(seed: u64) -> Outcome {
@@ -229,6 +244,10 @@ async fn run(seed: u64) -> Outcome {
         .map(|s| (s.name.as_str(), s.limit_s))
         .collect();
     let mut start_of: BTreeMap<String, Timestamp> = BTreeMap::new();
+    // What the monitor would have told each job last, how often, and every estimate it told.
+    let mut last_told: BTreeMap<String, Timestamp> = promised.iter().cloned().collect();
+    let mut tells: BTreeMap<String, i64> = last_told.keys().map(|n| (n.clone(), 1)).collect();
+    let mut told = promised.clone();
     for second in 0..20_000 {
         let now = sim.now();
         for name in started(&client).await {
@@ -254,7 +273,16 @@ async fn run(seed: u64) -> Outcome {
         // Estimates are made afresh every 10 s.
         if second % 10 == 0 && second > 0 {
             for (name, at) in estimates(&client, now).await {
-                promised.extend(at.map(|at| (name, at)));
+                let Some(at) = at else { continue };
+                let tell = last_told.get(&name).is_none_or(|before| {
+                    worth_telling(*before, at, now, SignedDuration::from_secs(60))
+                });
+                if tell {
+                    last_told.insert(name.clone(), at);
+                    *tells.entry(name.clone()).or_default() += 1;
+                    told.push((name.clone(), at));
+                }
+                promised.push((name, at));
             }
         }
         sim.advance(Duration::from_secs(1));
@@ -262,6 +290,12 @@ async fn run(seed: u64) -> Outcome {
     assert_eq!(start_of.len(), workload.len(), "every job started");
     let mut outcome = Outcome {
         checked: promised.len(),
+        told: told.len(),
+        told_late: told
+            .iter()
+            .filter(|(name, at)| start_of[name] > *at)
+            .count(),
+        tells: tells.into_values().collect(),
         ..Outcome::default()
     };
     for (name, at) in promised {
@@ -289,10 +323,14 @@ async fn jobs_start_at_or_before_their_estimates_however_early_the_jobs_ahead_en
     let mut errors = Vec::new();
     let mut checked = 0;
     let mut late = Vec::new();
+    let (mut tells, mut told, mut told_late) = (Vec::new(), 0, 0);
     for seed in 0..SEEDS {
         let o = run(seed).await;
         errors.extend(o.first_errors);
         checked += o.checked;
+        tells.extend(o.tells);
+        told += o.told;
+        told_late += o.told_late;
         late.extend(
             o.late
                 .into_iter()
@@ -314,6 +352,18 @@ async fn jobs_start_at_or_before_their_estimates_however_early_the_jobs_ahead_en
         errors[errors.len() - 1],
         late.len(),
         lateness,
+    );
+    tells.sort_unstable();
+    println!(
+        "estimate events per waiting job (the monitor's rule, estimates made every 10 s): median {}, p90 {}, max {}; \
+         {told} estimates told, {told_late} broken",
+        percentile(&tells, 0.5),
+        percentile(&tells, 0.9),
+        tells[tells.len() - 1],
+    );
+    assert!(
+        tells[tells.len() - 1] <= 10 && percentile(&tells, 0.5) < 4,
+        "each waiting job is told a handful of times at most (at most 10, median under 4): {tells:?}"
     );
     assert_eq!(
         on_time,

@@ -8,10 +8,12 @@ mod sim_support;
 
 mod api;
 mod bad_input;
+mod busy;
 mod estimates;
 mod exclusive;
 mod faults;
 mod kubectl;
 mod logs;
+mod sla;
 mod volcano;
 mod watch;

@@ -8,6 +8,8 @@
 //! - Container `user-job`: the image, `IfNotPresent`, requests equal to limits: cpu in millicores,
 //!   memory in `Mi`, `nvidia.com/gpu` only when the product has GPUs (UCloud wrote `"0"`).
 //! - Tolerations from the configuration, and a node selector by product category when configured.
+//! - `sla-waiting-time` on the job when `[pipeline.scheduling] sla_waiting_time` is set (Volcano's `sla`
+//!   plugin reserves for a job that has waited that long: docs/estimates.md).
 //! - Whole nodes (`exclusiveNodes`): a required pod anti-affinity on `kubernetes.io/hostname` against every
 //!   pod of any Volcano job (`volcano.sh/job-name` exists), in every namespace (`namespaceSelector: {}`).
 //!   Each rank then lands on a node without another job's pod, its own gang's other ranks included, and
@@ -64,6 +66,13 @@ impl Plugin for Task {
         spec.queue = Some(cx.placement.queue.clone());
         spec.max_retry = Some(scheduling.max_retry);
         spec.priority_class_name = scheduling.priority_class_name.clone();
+        if let Some(wait) = scheduling.sla_waiting_time {
+            // A Go duration, as the `sla` plugin parses it.
+            draft.meta.annotations.get_or_insert_default().insert(
+                SLA_WAITING_TIME.to_owned(),
+                format!("{}s", wait.as_secs().max(0)),
+            );
+        }
         spec.policies = [
             (PolicyEvent::PodFailed, scheduling.on_pod_failed),
             (PolicyEvent::PodEvicted, scheduling.on_pod_evicted),
@@ -204,6 +213,10 @@ pub fn exclusive_affinity() -> Affinity {
         ..Affinity::default()
     }
 }
+
+/// The job annotation Volcano's `sla` scheduler plugin reads: how long the job may wait before the
+/// scheduler reserves for it.
+pub const SLA_WAITING_TIME: &str = "sla-waiting-time";
 
 /// The node label every kubelet sets to the node's name.
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";

@@ -13,6 +13,7 @@ mod job;
 mod kubelet;
 pub mod nodes;
 mod scheduler;
+pub mod sla;
 
 pub use kubelet::pod_log as kubelet_log;
 
@@ -163,6 +164,8 @@ pub struct Model {
     /// Queues whose status needs a refresh.
     queues_dirty: BTreeSet<String>,
     queue_signatures: HashMap<String, String>,
+    /// Jobs with an `sla-waiting-time` ([`sla`]): the waiting time and the job's PodGroup name.
+    sla_jobs: HashMap<ObjectKey, (jiff::SignedDuration, String)>,
 }
 
 /// The queue-status counter a PodGroup phase falls under.
@@ -243,6 +246,7 @@ impl Model {
             bare_fresh: BTreeSet::new(),
             queues_dirty: BTreeSet::new(),
             queue_signatures: HashMap::new(),
+            sla_jobs: HashMap::new(),
         }
     }
 
@@ -344,6 +348,8 @@ impl Model {
                 if r.kind == EventType::Deleted {
                     self.jobs.remove(&r.key);
                 }
+                let job = (r.kind != EventType::Deleted).then_some(&r.object);
+                self.note_sla(&r.key, job.map(|j| &**j));
             } else if self.is(core, &r.key, core.ids.pods) {
                 self.on_pod_change(core, r);
             } else if self.is(core, &r.key, core.ids.podgroups) {

@@ -3,7 +3,9 @@
 //! its pods, allocated all-or-nothing: the pods are bound only when at least `minMember` of them fit on
 //! nodes. Otherwise the PodGroup carries an `Unschedulable` condition with Volcano's message and waits.
 //! PodGroups are tried in arrival order; a queue with `dequeueStrategy: fifo` lets nothing overtake a
-//! waiting gang. A gang that failed is tried again only when capacity, nodes or queues change.
+//! waiting gang. A gang that failed is tried again only when capacity, nodes or queues change. A gang
+//! whose job's `sla-waiting-time` has run out is enqueued at once, tried first and keeps what it could
+//! place ([`super::sla`]).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -144,10 +146,13 @@ impl Model {
     /// One scheduling pass: every waiting gang when capacity, nodes or queues changed since the last
     /// full pass, otherwise only the gangs that changed. Then the bare pods the same way.
     pub(super) fn schedule(&mut self, core: &mut Core) {
+        // The sla plugin: while a gang past its waiting time waits, every session tries it first and
+        // keeps what it locked, so every pass is a full one.
+        let overdue = self.overdue_groups(core);
         let epoch = self.epoch;
-        let full = self.scanned_epoch != epoch;
+        let full = self.scanned_epoch != epoch || !overdue.is_empty();
         self.scanned_epoch = epoch;
-        let candidates: Vec<(u64, ObjectKey, String)> = if full {
+        let mut candidates: Vec<(u64, ObjectKey, String)> = if full {
             self.pending_groups
                 .iter()
                 .map(|(s, (k, q))| (*s, k.clone(), q.clone()))
@@ -163,6 +168,16 @@ impl Model {
                 .collect()
         };
         self.fresh_groups.clear();
+        if !overdue.is_empty() {
+            candidates.sort_by_key(|(seq, _, _)| {
+                (overdue.get(seq).map_or((1, None), |d| (0, Some(*d))), *seq)
+            });
+        }
+        // What gangs past their waiting time hold in this pass without being bound (sla: pipelined).
+        let mut held = Held {
+            extra: vec![Resources::default(); self.nodes.len()],
+            placing: Vec::new(),
+        };
         if candidates.is_empty() && self.bare_fresh.is_empty() && !full {
             return;
         }
@@ -243,10 +258,13 @@ impl Model {
                                         "queue resource quota insufficient: {}",
                                         over.join(", ")
                                     )),
-                                    _ if !short.is_empty() => Some(format!(
-                                        "resource in cluster is overused: insufficient {}",
-                                        short.join(", ")
-                                    )),
+                                    // The sla plugin lets a gang past its waiting time in at once.
+                                    _ if !short.is_empty() && !overdue.contains_key(&seq) => {
+                                        Some(format!(
+                                            "resource in cluster is overused: insufficient {}",
+                                            short.join(", ")
+                                        ))
+                                    }
                                     _ => None,
                                 }
                             }
@@ -272,7 +290,7 @@ impl Model {
                 }
                 "Inqueue" | "Running" => {
                     idle_nodes = None;
-                    match self.allocate(core, &gkey, &pg) {
+                    match self.allocate(core, &gkey, &pg, &mut held, overdue.contains_key(&seq)) {
                         Allocation::Waiting => {}
                         Allocation::Done => {
                             if let Some((q, min)) = self.inqueue.remove(&gkey) {
@@ -339,7 +357,16 @@ impl Model {
         best.map(|(_, i)| i).ok_or(misfits)
     }
 
-    fn allocate(&mut self, core: &mut Core, gkey: &ObjectKey, pg: &Value) -> Allocation {
+    /// Places the gang's unbound pods, beside what `held` already holds in this pass; a `pipelined` gang
+    /// (sla: past its waiting time) that does not fit whole leaves what it placed in `held`.
+    fn allocate(
+        &mut self,
+        core: &mut Core,
+        gkey: &ObjectKey,
+        pg: &Value,
+        held: &mut Held,
+        pipelined: bool,
+    ) -> Allocation {
         let Some(job_name) = super::owner_job(pg) else {
             return Allocation::Done;
         };
@@ -385,8 +412,8 @@ impl Model {
             .at("/spec/minMember")
             .and_then(Value::as_i64)
             .unwrap_or(1);
-        let mut extra = vec![Resources::default(); self.nodes.len()];
-        let mut placing: Vec<Vec<Resident>> = Vec::new();
+        let mut extra = held.extra.clone();
+        let mut placing: Vec<Vec<Resident>> = held.placing.clone();
         let mut placements = Vec::new();
         let mut first_failure: Option<(String, Vec<Misfit>)> = None;
         for (key, pod) in &unbound {
@@ -469,6 +496,10 @@ impl Model {
             core.update_internal(key, |p| pod_unschedulable(p, &message, &now));
         }
         self.unschedulable(core, gkey, pg, &message);
+        if pipelined {
+            held.extra = extra;
+            held.placing = placing;
+        }
         Allocation::Failed
     }
 
@@ -506,6 +537,13 @@ impl Model {
             }
         }
     }
+}
+
+/// Resources locked in a pass for gangs that are not bound yet, node by node, and the pods placed there
+/// (for anti-affinity).
+struct Held {
+    extra: Vec<Resources>,
+    placing: Vec<Vec<Resident>>,
 }
 
 enum Allocation {

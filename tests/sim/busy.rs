@@ -1,0 +1,392 @@
+//! Start-time estimates on a busy cluster, the workload of issue 32: six nodes of different shapes (GPUs
+//! and a high-memory node among them), three Volcano queues that let later jobs start first
+//! (`dequeueStrategy: traverse`, as the per-project queues are), jobs arriving in waves while others
+//! wait: small CPU jobs, high-memory jobs, GPU jobs, gangs, whole-node gangs, one job without a time
+//! limit and two that can never fit. The clock runs second by second (simulated time); every waiting job
+//! is estimated every 10 s, and what the monitor's rule would tell it (`worth_telling`) is counted.
+//!
+//! Run twice: as the jobs come without a waiting time, and with Volcano's `sla-waiting-time` on every
+//! job (the `sla` plugin then reserves for a job that has waited that long). The figures are printed
+//! (docs/estimates.md quotes them).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+use kube::Api;
+use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use volcano_runner::monitor::estimate::worth_telling;
+use volcano_runner::pipeline::plugins::task::exclusive_affinity;
+use volcano_runner::sim::NodeSpec;
+use volcano_runner::volcano::PodGroup;
+
+use crate::estimates::{percentile, queue_entries, random};
+use crate::sim_support::{jobs, namespace, queue, start_with};
+
+const NS: &str = "busy";
+const QUEUES: [&str; 3] = ["proj-a", "proj-b", "proj-c"];
+
+#[derive(Debug, Clone)]
+struct Spec {
+    name: String,
+    queue: &'static str,
+    ranks: u32,
+    cpu: u32,
+    memory_gib: u32,
+    gpu: u32,
+    whole_nodes: bool,
+    /// `None`: no time limit.
+    limit_s: Option<i64>,
+    runs_s: i64,
+    /// Seconds after the start of the run.
+    arrives_s: i64,
+}
+
+fn nodes() -> Vec<NodeSpec> {
+    let node = |name: &str, cpu: u32, memory: &str, gpus: u32| NodeSpec {
+        name: name.into(),
+        cpu: cpu.to_string(),
+        memory: memory.into(),
+        gpus,
+        max_pods: 110,
+        labels: Default::default(),
+        taints: Vec::new(),
+    };
+    vec![
+        node("cpu-1", 16, "64Gi", 0),
+        node("cpu-2", 16, "64Gi", 0),
+        node("cpu-3", 32, "128Gi", 0),
+        node("mem-1", 16, "512Gi", 0),
+        node("gpu-1", 16, "64Gi", 2),
+        node("gpu-2", 32, "128Gi", 4),
+    ]
+}
+
+/// 93 jobs in three waves (at 0, 10 and 20 minutes), from a recipe varied by `seed`.
+fn workload(seed: u64) -> Vec<Spec> {
+    let mut next = random(seed);
+    let mut out: Vec<Spec> = (0..90)
+        .map(|i| {
+            // (ranks, cpu, memory GiB, gpus, whole nodes)
+            let (ranks, cpu, memory_gib, gpu, whole_nodes) = match next(10) {
+                0..=3 => (1, 2, 4, 0, false),
+                4 => (1, 4, 200, 0, false),
+                5 | 6 => (1, 4, 16, 1, false),
+                7 | 8 => (3, 4, 8, 0, false),
+                _ => (2, 8, 16, 0, true),
+            };
+            let limit_s = 60 * (2 + next(9) as i64);
+            let runs_s = match next(3) {
+                0 => limit_s,
+                1 => limit_s / 4,
+                _ => limit_s / 2,
+            };
+            Spec {
+                name: format!("j-busy{i:03}"),
+                queue: QUEUES[next(3) as usize],
+                ranks,
+                cpu,
+                memory_gib,
+                gpu,
+                whole_nodes,
+                limit_s: Some(limit_s),
+                runs_s,
+                arrives_s: 600 * (i as i64 / 30),
+            }
+        })
+        .collect();
+    // One without a time limit (it ends after 15 minutes), and two that can never fit.
+    out[40].limit_s = None;
+    out[40].runs_s = 900;
+    let never = |name: &str, cpu: u32, gpu: u32| Spec {
+        name: name.into(),
+        queue: QUEUES[0],
+        ranks: 1,
+        cpu,
+        memory_gib: 8,
+        gpu,
+        whole_nodes: false,
+        limit_s: Some(600),
+        runs_s: 60,
+        arrives_s: 600,
+    };
+    out.push(never("j-busy-wide", 64, 0));
+    out.push(never("j-busy-gpus", 4, 8));
+    out.push(Spec {
+        name: "j-busy-last".into(),
+        arrives_s: 1200,
+        ..out[0].clone()
+    });
+    out
+}
+
+fn vcjob(s: &Spec, sla: Option<&str>) -> DynamicObject {
+    let mut resources = json!({"cpu": s.cpu.to_string(), "memory": format!("{}Gi", s.memory_gib)});
+    if s.gpu > 0 {
+        resources["nvidia.com/gpu"] = json!(s.gpu.to_string());
+    }
+    let mut annotations = serde_json::Map::new();
+    if let Some(limit) = s.limit_s {
+        annotations.insert(
+            "ucloud.dk/maxTime".into(),
+            json!((limit * 1000).to_string()),
+        );
+    }
+    if let Some(wait) = sla {
+        annotations.insert("sla-waiting-time".into(), json!(wait));
+    }
+    let mut template = json!({"spec": {
+        "restartPolicy": "Never",
+        "containers": [{"name": "user-job", "image": "busybox:1.36",
+            "command": ["sh", "-c", format!("sleep {}", s.runs_s)],
+            "resources": {"requests": resources, "limits": resources}}]
+    }});
+    if s.whole_nodes {
+        annotations.insert("ucloud.dk/exclusiveNodes".into(), json!("true"));
+        template["metadata"] = json!({"labels": {"ucloud.dk/exclusiveNodes": "true"}});
+        template["spec"]["affinity"] = serde_json::to_value(exclusive_affinity()).unwrap();
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+        "metadata": {
+            "name": s.name, "namespace": NS,
+            "labels": {"app.kubernetes.io/managed-by": "volcano-runner"},
+            "annotations": annotations
+        },
+        "spec": {
+            "schedulerName": "volcano", "minAvailable": s.ranks, "queue": s.queue,
+            "tasks": [{"name": "job", "replicas": s.ranks, "template": template}]
+        }
+    }))
+    .expect("a job object")
+}
+
+/// What one run showed.
+#[derive(Debug, Default)]
+struct Outcome {
+    /// Jobs that waited and were given a bound, and those that started after their first one.
+    first: usize,
+    first_broken: Vec<(String, i64)>,
+    /// First bound minus actual start (s), of those that held.
+    early: Vec<i64>,
+    /// Bounds told by the monitor's rule, and those broken.
+    told: usize,
+    told_broken: usize,
+    /// Estimate events per waiting job (the first included).
+    tells: Vec<i64>,
+    never_told_at_once: usize,
+    started: usize,
+    fitting: usize,
+}
+
+async fn run(seed: u64, sla: Option<&str>) -> Outcome {
+    let (sim, client) = start_with(|c| {
+        c.nodes = nodes();
+        c.pod_start_delay = Duration::ZERO;
+        c.events = false;
+    })
+    .await;
+    namespace(&client, NS).await;
+    for q in QUEUES {
+        Api::<DynamicObject>::all_with(client.clone(), &queue())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+                    "metadata": {"name": q}, "spec": {"weight": 1}
+                }))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    let workload = workload(seed);
+    let api = jobs(&client, NS);
+    let by_name: BTreeMap<&str, &Spec> = workload.iter().map(|s| (s.name.as_str(), s)).collect();
+    let mut start_of: BTreeMap<String, i64> = BTreeMap::new();
+    // Per job: its first bound, what it was last told, every bound told, and how many events.
+    let mut first: BTreeMap<String, i64> = BTreeMap::new();
+    let mut last_told: BTreeMap<String, i64> = BTreeMap::new();
+    let mut told: Vec<(String, i64)> = Vec::new();
+    let mut tells: BTreeMap<String, i64> = BTreeMap::new();
+    let mut never: BTreeMap<String, bool> = BTreeMap::new();
+    let t0 = sim.now();
+    let fitting = workload.len() - 2;
+    for second in 0..6 * 3600i64 {
+        let now = sim.now();
+        for s in workload.iter().filter(|s| s.arrives_s == second) {
+            api.create(&PostParams::default(), &vcjob(s, sla))
+                .await
+                .unwrap();
+        }
+        for pg in Api::<PodGroup>::namespaced(client.clone(), NS)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|pg| !volcano_runner::monitor::observe::is_waiting(pg))
+        {
+            let Some(job) = volcano_runner::monitor::cache::job_of_group(pg) else {
+                continue;
+            };
+            let name = job.name.to_string();
+            if start_of.contains_key(&name) {
+                continue;
+            }
+            // As the runner's start hook does: the deadline is persisted at the start.
+            if let Some(limit) = by_name[name.as_str()].limit_s {
+                let expiry = now.as_millisecond() + limit * 1000;
+                api.patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"annotations": {
+                        "ucloud.dk/expiry": expiry.to_string()}}})),
+                )
+                .await
+                .unwrap();
+            }
+            start_of.insert(name, second);
+        }
+        if start_of.len() == fitting {
+            break;
+        }
+        if second % 10 == 0 {
+            for e in queue_entries(&client, now).await {
+                let name = e.job.clone().unwrap_or(e.pod_group.clone());
+                if e.estimate.kind == "never" {
+                    never.entry(name).or_insert(
+                        second
+                            == by_name
+                                .get(e.job.as_deref().unwrap_or(""))
+                                .map_or(-1, |s| s.arrives_s),
+                    );
+                    continue;
+                }
+                let Some(at) = e.estimate.start_at.as_deref() else {
+                    continue;
+                };
+                let at: Timestamp = at.parse().unwrap();
+                let at_s = at.as_second() - t0.as_second();
+                first.entry(name.clone()).or_insert(at_s);
+                let tell = last_told.get(&name).is_none_or(|before| {
+                    worth_telling(
+                        t0 + SignedDuration::from_secs(*before),
+                        at,
+                        now,
+                        SignedDuration::from_secs(60),
+                    )
+                });
+                if tell {
+                    last_told.insert(name.clone(), at_s);
+                    *tells.entry(name.clone()).or_default() += 1;
+                    told.push((name, at_s));
+                }
+            }
+        }
+        sim.advance(Duration::from_secs(1));
+    }
+    let mut o = Outcome {
+        first: first.len(),
+        told: told.len(),
+        started: start_of.len(),
+        fitting,
+        never_told_at_once: never.values().filter(|at_once| **at_once).count(),
+        ..Outcome::default()
+    };
+    for (name, at) in &first {
+        let Some(start) = start_of.get(name) else {
+            continue;
+        };
+        if start > at {
+            let s = by_name[name.as_str()];
+            o.first_broken.push((
+                format!(
+                    "{name} ({}×{} CPU {} GPU{}, queue {})",
+                    s.ranks,
+                    s.cpu,
+                    s.gpu,
+                    if s.whole_nodes { ", whole nodes" } else { "" },
+                    s.queue
+                ),
+                start - at,
+            ));
+        } else {
+            o.early.push(at - start);
+        }
+    }
+    o.told_broken = told
+        .iter()
+        .filter(|(name, at)| start_of.get(name).is_some_and(|s| s > at))
+        .count();
+    o.tells = tells.into_values().collect();
+    o
+}
+
+/// Runs the workload of seed 0 as the jobs come, and with `sla-waiting-time: 1m` on every job, and
+/// prints the figures of both. Every job that fits starts and the never-fitting ones are told at once in
+/// both; with the waiting time, each waiting job hears at most 10 estimates (median under 4), and fewer
+/// of the bounds told break than without it (Volcano's `sla` reservation keeps later jobs from taking
+/// what a job that has waited needs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_busy_cluster_every_job_starts_and_with_sla_each_waiting_job_is_told_a_handful_of_times()
+ {
+    let mut failures = Vec::new();
+    let mut broken_share = Vec::new();
+    for sla in [None, Some("1m")] {
+        let mut o = run(0, sla).await;
+        o.early.sort_unstable();
+        o.tells.sort_unstable();
+        let mut broken: Vec<i64> = o.first_broken.iter().map(|(_, s)| *s).collect();
+        broken.sort_unstable();
+        let label = sla.unwrap_or("none");
+        println!(
+            "busy cluster, sla-waiting-time {label}: {} of {} jobs that fit started; {} first bounds, {} broken (late by {:?} s); \
+             first bound minus start of those that held: median {} s, p90 {} s; {} bounds told, {} broken ({:.1}%); \
+             estimate events per waiting job: median {}, p90 {}, max {}; never-fitting told at once: {}",
+            o.started,
+            o.fitting,
+            o.first,
+            broken.len(),
+            broken,
+            percentile(&o.early, 0.5),
+            percentile(&o.early, 0.9),
+            o.told,
+            o.told_broken,
+            100.0 * o.told_broken as f64 / o.told.max(1) as f64,
+            percentile(&o.tells, 0.5),
+            percentile(&o.tells, 0.9),
+            o.tells.last().copied().unwrap_or(0),
+            o.never_told_at_once,
+        );
+        println!("  first bounds broken: {:?}", o.first_broken);
+        broken_share.push(o.told_broken as f64 / o.told.max(1) as f64);
+        if o.started != o.fitting {
+            failures.push(format!(
+                "sla {label}: {} of {} jobs that fit started",
+                o.started, o.fitting
+            ));
+        }
+        if o.never_told_at_once != 2 {
+            failures.push(format!(
+                "sla {label}: {} never-fitting jobs told at once, not 2",
+                o.never_told_at_once
+            ));
+        }
+        if sla.is_some()
+            && !(o.tells.last().is_some_and(|m| *m <= 10) && percentile(&o.tells, 0.5) < 4)
+        {
+            failures.push(format!(
+                "sla {label}: each waiting job is told a handful of times at most (at most 10, median under 4): {:?}",
+                o.tells
+            ));
+        }
+    }
+    if broken_share[1] >= broken_share[0] {
+        failures.push(format!(
+            "with sla-waiting-time fewer bounds told break: {broken_share:?}"
+        ));
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
