@@ -796,6 +796,9 @@ impl PipelineConfig {
                 format!("{bad} is not a positive duration"),
             ));
         }
+        if let Err((key, reason)) = self.public_ip.validate() {
+            return Err(err(key, reason.into()));
+        }
         Ok(())
     }
 }
