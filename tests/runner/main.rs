@@ -17,6 +17,7 @@ mod exactly_once;
 mod faults;
 mod gate;
 mod hostile;
+mod peers;
 mod public_ip;
 mod scale;
 mod shutdown;
