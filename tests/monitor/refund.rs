@@ -22,6 +22,19 @@ fn refunds(seen: &Seen, job_id: &str) -> Vec<JobEvent> {
         .collect()
 }
 
+/// Advances the clock a second at a time until the job's RUNNING is published.
+async fn until_running(w: &mut World, job_id: &str) {
+    let id = format!("{job_id}/RUNNING");
+    for _ in 0..30 {
+        if w.seen.event(&id).is_some() {
+            break;
+        }
+        w.advance(1);
+        w.settle(Duration::from_millis(50)).await;
+    }
+    w.until("RUNNING", |s| s.event(&id).is_some()).await;
+}
+
 /// The time of Volcano's `n`-th `Restarting` phase change, from the job's phase history.
 fn restarted_at(w: &World, ns: &str, job_id: &str, n: usize) -> i64 {
     let job = w.vcjob(ns, job_id).expect("the job exists");
@@ -52,15 +65,7 @@ async fn a_lost_attempt_is_refundable_once_across_a_crash() {
     submitted.replicas = 2;
     let ns = w.namespace_of(&submitted);
     w.submit(&submitted).await;
-    for _ in 0..30 {
-        if w.seen.event("r1/RUNNING").is_some() {
-            break;
-        }
-        w.advance(1);
-        w.settle(Duration::from_millis(50)).await;
-    }
-    w.until("RUNNING", |s| s.event("r1/RUNNING").is_some())
-        .await;
+    until_running(&mut w, "r1").await;
     let first_start = ms(&w.seen.event("r1/RUNNING").unwrap().started_at);
     w.advance(95);
     w.until("tick 0", |s| !s.of("r1").unique_ticks().is_empty())
@@ -160,15 +165,7 @@ async fn refunds_can_be_switched_off() {
     let submitted = job("r2", "sleep 100");
     let ns = w.namespace_of(&submitted);
     w.submit(&submitted).await;
-    for _ in 0..30 {
-        if w.seen.event("r2/RUNNING").is_some() {
-            break;
-        }
-        w.advance(1);
-        w.settle(Duration::from_millis(50)).await;
-    }
-    w.until("RUNNING", |s| s.event("r2/RUNNING").is_some())
-        .await;
+    until_running(&mut w, "r2").await;
     w.advance(30);
     let pod = w.pod(&ns, "j-r2-job-0").expect("rank 0 runs");
     let lost = pod["spec"]["nodeName"].as_str().unwrap().to_owned();
