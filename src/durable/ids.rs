@@ -44,6 +44,13 @@ pub fn restart(job_id: &str, retry_count: i32, text: &str) -> String {
     )
 }
 
+/// `<jobId>/refund/<attempt>`: the refundable run time of the job's `attempt`-th attempt (from 1), which a
+/// restart of Volcano's (`status.retryCount` = `attempt`) lost. A function of the job and the attempt only,
+/// so every runner that reports it, before or after a crash, reports it under the same id.
+pub fn refund(job_id: &str, attempt: i32) -> String {
+    format!("{job_id}/refund/{attempt}")
+}
+
 /// `<jobId>/<n>`: the n-th accounting tick (from 0), whose index is recorded in `accountedTicks`.
 pub fn tick(job_id: &str, sequence: u64) -> String {
     format!("{job_id}/{sequence}")

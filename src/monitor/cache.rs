@@ -703,8 +703,9 @@ impl Cache {
     }
 
     /// Drops from a job what the monitor never reads: labels, managed fields, Volcano's per-task counts,
-    /// controlled resources and conditions, and (when the replicas are annotated) the tasks, each of which
-    /// carries a whole pod template.
+    /// controlled resources and conditions other than its restarts (the refund of a lost attempt is
+    /// measured by them; a job that never restarted keeps none), and (when the replicas are annotated)
+    /// the tasks, each of which carries a whole pod template.
     fn slim_job(&self, job: &mut VolcanoJob) {
         job.metadata.labels = None;
         job.metadata.managed_fields = None;
@@ -718,7 +719,9 @@ impl Cache {
             job.spec.tasks = Vec::new();
         }
         if let Some(status) = &mut job.status {
-            status.conditions = Vec::new();
+            status
+                .conditions
+                .retain(|c| c.status == crate::volcano::JobPhase::Restarting);
             status.task_status_count.clear();
             status.controlled_resources.clear();
         }

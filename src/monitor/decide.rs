@@ -578,9 +578,17 @@ fn restart_step(obs: &Observed<'_>, s: &Settings, job_id: &str, now: Timestamp) 
         phase_time(job).unwrap_or(now),
         &s.runner_id,
     );
+    let mut publish = vec![Outbound::Lifecycle(event)];
+    if s.config.pipeline.accounting.refund_lost_attempts {
+        publish.extend(refunds(job, &s.keys, told, retries).into_iter().map(
+            |(attempt, from, to)| {
+                Outbound::Lifecycle(events::refund(job_id, attempt, from, to, &s.runner_id))
+            },
+        ));
+    }
     Some(Step::Act(Action {
         what: "restart",
-        publish: vec![Outbound::Lifecycle(event)],
+        publish,
         set: BTreeMap::from([
             (s.keys.restarts.clone(), retries.to_string()),
             (s.keys.disruption.clone(), why),
@@ -588,6 +596,55 @@ fn restart_step(obs: &Observed<'_>, s: &Settings, job_id: &str, now: Timestamp) 
         again: true,
         ..Action::default()
     }))
+}
+
+/// The attempts `told + 1 ..= retries` that restarts ended, each with the span it was charged for: from its
+/// start (the job's first start, `jobStart`, for the first; the previous restart for the others) to its
+/// restart, the `attempt`-th `Restarting` entry of Volcano's phase history. Both are recorded (the
+/// annotation, the job's status), so the spans are the same for every runner that computes them, and the
+/// spans of consecutive attempts meet without overlap. An attempt whose restart the history does not hold
+/// (a controller that keeps no history) is left out rather than guessed; an empty span is left out.
+fn refunds(
+    job: &VolcanoJob,
+    keys: &AnnotationKeys,
+    told: i32,
+    retries: i32,
+) -> Vec<(i32, Timestamp, Timestamp)> {
+    let Some(start) = job
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(&keys.job_start))
+        .and_then(|v| crate::durable::annotations::parse_millis(v))
+    else {
+        return Vec::new();
+    };
+    let restarts: Vec<Timestamp> = job
+        .status
+        .as_ref()
+        .map(|s| {
+            s.conditions
+                .iter()
+                .filter(|c| c.status == JobPhase::Restarting)
+                .filter_map(|c| c.last_transition_time.as_ref().map(|t| t.0))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    for attempt in (told + 1).max(1)..=retries {
+        let index = usize::try_from(attempt - 1).unwrap_or(usize::MAX);
+        let Some(&to) = restarts.get(index) else {
+            continue;
+        };
+        let from = index
+            .checked_sub(1)
+            .and_then(|i| restarts.get(i))
+            .map_or(start, |&previous| previous.max(start));
+        if to > from {
+            out.push((attempt, from, to));
+        }
+    }
+    out
 }
 
 /// The disruption a job that Volcano failed or terminated ended by, in words: one in its current attempt

@@ -1,5 +1,6 @@
 //! The lifecycle events the monitor publishes, with their deterministic ids (see `phase2.md`):
-//! `<jobId>/RUNNING`, `<jobId>/<SUCCESS|FAILURE|EXPIRED|CANCELLED>`, `<jobId>/status/<hash16>`.
+//! `<jobId>/RUNNING`, `<jobId>/<SUCCESS|FAILURE|EXPIRED|CANCELLED>`, `<jobId>/status/<hash16>`,
+//! `<jobId>/restart/<retryCount>/<hash>`, `<jobId>/refund/<attempt>`.
 //!
 //! Every field is a pure function of persisted facts or of the objects as observed: the timestamp of a
 //! transition is the transition's real time, never the moment a runner published it. Only `runner_id`
@@ -70,6 +71,7 @@ pub fn terminal(
         started_at: outcome.started().map(proto_timestamp),
         ended_at: Some(proto_timestamp(outcome.ended())),
         pending: None,
+        refundable_ms: 0,
     }
 }
 
@@ -125,6 +127,40 @@ pub fn restart(
 
 /// The `reason` of a restart's status event.
 pub const RESTART_REASON: &str = "restarting";
+
+/// The `reason` of a refund event.
+pub const REFUND_REASON: &str = "refundable";
+
+/// `<jobId>/refund/<attempt>`: the run time of `attempt`, charged from `from` to `to` (its restart), is
+/// refundable. Every field is a function of the job's recorded start and Volcano's phase history, so a
+/// runner that reports it again after a crash sends the same message.
+pub fn refund(
+    job_id: &str,
+    attempt: i32,
+    from: Timestamp,
+    to: Timestamp,
+    runner_id: &str,
+) -> JobEvent {
+    let lost = to.duration_since(from);
+    let at = |t: Timestamp| t.strftime("%Y-%m-%d %H:%M:%S UTC").to_string();
+    JobEvent {
+        event_id: crate::durable::ids::refund(job_id, attempt),
+        job_id: job_id.to_owned(),
+        state: JobState::Unspecified as i32,
+        status: format!(
+            "Attempt {attempt} of the job was lost to the provider (a rank's node was lost or its pod \
+             evicted) and the job restarted: its run time, {} per rank from {} to {}, is refundable",
+            crate::pipeline::plugins::expiry::human(lost),
+            at(from),
+            at(to)
+        ),
+        reason: REFUND_REASON.to_owned(),
+        timestamp: Some(proto_timestamp(to)),
+        runner_id: runner_id.to_owned(),
+        refundable_ms: lost.as_millis() as i64,
+        ..JobEvent::default()
+    }
+}
 
 /// Cuts a log to its last `max` bytes, at a character boundary and, when possible, a line start.
 pub fn tail(log: &str, max: usize) -> String {

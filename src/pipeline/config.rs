@@ -489,6 +489,10 @@ pub struct AccountingConfig {
     /// charging at the boundary itself would charge past the real end. After this delay the cluster's
     /// view has passed the boundary, and the tick is decided from the containers' real start and end.
     pub settle: SignedDuration,
+    /// Report the run time of an attempt that a lost node or an eviction ended (Volcano restarted the
+    /// job) as refundable: a refund event `<jobId>/refund/<attempt>` with `refundableMs`. The ticks
+    /// charge that time like any other; the orchestrator decides whether to give it back.
+    pub refund_lost_attempts: bool,
 }
 
 impl Default for AccountingConfig {
@@ -496,6 +500,7 @@ impl Default for AccountingConfig {
         Self {
             period: SignedDuration::from_secs(60),
             settle: SignedDuration::from_secs(10),
+            refund_lost_attempts: true,
         }
     }
 }
@@ -808,6 +813,9 @@ impl PipelineConfig {
                 "expiry.warn_before",
                 format!("{bad} is not a positive duration"),
             ));
+        }
+        if let Err((key, reason)) = self.public_ip.validate() {
+            return Err(err(key, reason.into()));
         }
         Ok(())
     }

@@ -67,6 +67,8 @@ pub struct PipelineConfig {
     pub accounting: AccountingConfig,
     /// Where interactive jobs are published (Proxy plugin).
     pub proxy: ProxyConfig,
+    /// How public IPs reach a job's pod, or that they are refused (NetworkIp plugin).
+    pub public_ip: plugins::network_ip::PublicIpConfig,
     /// What a whole node (`exclusiveNodes`) is charged and how many one owner may hold (Task plugin,
     /// runner).
     pub whole_nodes: WholeNodesConfig,
@@ -107,6 +109,7 @@ impl Default for PipelineConfig {
             expiry: ExpiryConfig::default(),
             accounting: AccountingConfig::default(),
             proxy: ProxyConfig::default(),
+            public_ip: Default::default(),
             whole_nodes: WholeNodesConfig::default(),
             keys: KeyCache::default(),
         }
@@ -157,6 +160,15 @@ pub enum PipelineError {
         /// What is wrong, for the user.
         message: String,
     },
+    /// The submission is well-formed but asks for something this cluster's operator does not offer
+    /// (a public IP where no way to attach one is configured); `field` as for `Invalid`.
+    #[error("{field}: {message}")]
+    NotOffered {
+        /// A path into the SubmitJob.
+        field: String,
+        /// What is not offered and what the user can do, for the user.
+        message: String,
+    },
     /// The configuration cannot produce a valid object; `key` is a path below `[pipeline]`.
     #[error("configuration pipeline.{key}: {message}")]
     Config {
@@ -175,6 +187,13 @@ impl PipelineError {
         }
     }
 
+    pub(crate) fn not_offered(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::NotOffered {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
     pub(crate) fn config(key: impl Into<String>, message: impl Into<String>) -> Self {
         Self::Config {
             key: key.into(),
@@ -185,7 +204,7 @@ impl PipelineError {
     /// The SubmitJob field (or `pipeline.<key>` for configuration errors) the error is about.
     pub fn field(&self) -> String {
         match self {
-            Self::Invalid { field, .. } => field.clone(),
+            Self::Invalid { field, .. } | Self::NotOffered { field, .. } => field.clone(),
             Self::Config { key, .. } => format!("pipeline.{key}"),
         }
     }
@@ -193,15 +212,19 @@ impl PipelineError {
     /// What is wrong, without the field.
     pub fn message(&self) -> &str {
         match self {
-            Self::Invalid { message, .. } | Self::Config { message, .. } => message,
+            Self::Invalid { message, .. }
+            | Self::NotOffered { message, .. }
+            | Self::Config { message, .. } => message,
         }
     }
 
     /// The short code the rejection carries (dead-letter header, FAILURE `reason`): `invalid_field` for the
-    /// submission's fault, `runner_configuration` when the runner's own settings cannot build the object.
+    /// submission's fault, `not_offered` for something the operator does not offer (a public IP without a
+    /// configured way to attach it), `runner_configuration` when the runner's own settings cannot build the object.
     pub fn code(&self) -> &'static str {
         match self {
             Self::Invalid { .. } => "invalid_field",
+            Self::NotOffered { .. } => "not_offered",
             Self::Config { .. } => "runner_configuration",
         }
     }
@@ -229,6 +252,14 @@ pub fn render<'a>(
         if settings.pipeline.plugins.is_on(plugin.id()) {
             plugin.build(&cx, &mut draft)?;
         }
+    }
+    // A public IP is attached or refused, never dropped: with the NetworkIp plugin off nothing attaches it.
+    if let Some(first) = cx.network_ips.first()
+        && !settings.pipeline.plugins.is_on(PluginId::NetworkIp)
+    {
+        return Err(plugins::network_ip::not_offered(
+            &first.origin.field("networkIp"),
+        ));
     }
     Ok(draft.finish(&cx))
 }

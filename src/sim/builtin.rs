@@ -78,6 +78,32 @@ fn is_empty(v: &Value) -> bool {
     }
 }
 
+/// The load balancer's answer to a new Service, modelling MetalLB: a `LoadBalancer` Service that asks for
+/// addresses (the `metallb.universe.tf/loadBalancerIPs` annotation, comma-separated, or the deprecated
+/// `spec.loadBalancerIP`) gets them in `status.loadBalancer.ingress`; any other stays without one (pending).
+fn load_balancer_status(obj: &Value) -> Value {
+    if obj.at("/spec/type").and_then(Value::as_str) != Some("LoadBalancer") {
+        return json!({});
+    }
+    let asked = obj
+        .at("/metadata/annotations")
+        .and_then(|a| a.get("metallb.universe.tf/loadBalancerIPs"))
+        .and_then(Value::as_str)
+        .or_else(|| obj.at("/spec/loadBalancerIP").and_then(Value::as_str))
+        .unwrap_or_default();
+    let ingress: Vec<Value> = asked
+        .split(',')
+        .map(str::trim)
+        .filter(|a| a.parse::<std::net::IpAddr>().is_ok())
+        .map(|ip| json!({"ip": ip, "ipMode": "VIP"}))
+        .collect();
+    if ingress.is_empty() {
+        json!({})
+    } else {
+        json!({"ingress": ingress})
+    }
+}
+
 /// Defaults the API server fills in on create.
 pub fn default_on_create(
     kind: Builtin,
@@ -136,7 +162,7 @@ pub fn default_on_create(
                     }
                 }
             }
-            obj["status"] = json!({"loadBalancer": {}});
+            obj["status"] = json!({"loadBalancer": load_balancer_status(obj)});
         }
         Builtin::CustomResourceDefinition => {
             obj["status"] = json!({

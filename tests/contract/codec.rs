@@ -102,7 +102,7 @@ fn the_job_id_limit_is_the_same_in_schemas_and_validation() {
 }
 
 /// The examples' message ids are the ones the runner makes: `<jobId>/<STATE>` for a transition,
-/// `<jobId>/status/<16 hex>` for a pending status, `<jobId>/proxy/<action>/<generation>`, `<jobId>/<n>`
+/// `<jobId>/status/<16 hex>` for a pending status, `<jobId>/refund/<attempt>` for a refund, `<jobId>/proxy/<action>/<generation>`, `<jobId>/<n>`
 /// for the n-th tick.
 #[test]
 fn example_ids_follow_the_runtime_scheme() {
@@ -114,7 +114,14 @@ fn example_ids_follow_the_runtime_scheme() {
         match messages::decode_any(message_type, Format::Json, &bytes).unwrap() {
             AnyMessage::JobEvent(e) => {
                 let state = v1::JobState::try_from(e.state).unwrap();
-                if state == v1::JobState::Unspecified {
+                if state == v1::JobState::Unspecified && e.refundable_ms > 0 {
+                    let attempt = e
+                        .event_id
+                        .strip_prefix(&format!("{}/refund/", e.job_id))
+                        .and_then(|a| a.parse::<i32>().ok())
+                        .unwrap_or_else(|| panic!("{name}: {}", e.event_id));
+                    assert_eq!(e.event_id, ids::refund(&e.job_id, attempt), "{name}");
+                } else if state == v1::JobState::Unspecified {
                     let hash = e
                         .event_id
                         .strip_prefix(&format!("{}/status/", e.job_id))

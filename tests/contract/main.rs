@@ -11,3 +11,4 @@ mod codec;
 mod config_example;
 mod layout;
 mod props;
+mod refund;

@@ -464,6 +464,7 @@ fn job_event() -> impl Strategy<Value = v1::JobEvent> {
             vec(log, 0..3),
             option::of(timestamp()),
             option::of(timestamp()),
+            0i64..=i64::MAX,
         ),
     )
         .prop_map(
@@ -472,7 +473,7 @@ fn job_event() -> impl Strategy<Value = v1::JobEvent> {
                 (exit_codes, pending, expires_at, ts),
                 rest,
             )| {
-                let (runner_id, log_tails, started_at, ended_at) = rest;
+                let (runner_id, log_tails, started_at, ended_at, refundable_ms) = rest;
                 v1::JobEvent {
                     event_id,
                     job_id,
@@ -487,6 +488,7 @@ fn job_event() -> impl Strategy<Value = v1::JobEvent> {
                     log_tails,
                     started_at,
                     ended_at,
+                    refundable_ms,
                 }
             },
         )

@@ -11,4 +11,5 @@ mod rabbit;
 mod disruption;
 mod failover;
 mod lifecycle;
+mod refund;
 mod whole_nodes;

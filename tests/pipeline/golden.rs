@@ -1407,7 +1407,22 @@ fn case_29_single_replica_only_resources() {
         "UCloud/compute does not currently support IPs with multiple nodes"
     );
     job.replicas = 1;
-    render(&job, &config);
+    // One replica: refused where no way to attach the address is configured, attached where one is.
+    let refused = render_err(&job, &config);
+    assert_eq!(refused.code(), "not_offered", "{refused}");
+    assert_eq!(refused.field(), "resources[0].networkIp");
+    let mut attaching = config.clone();
+    attaching.pipeline.public_ip.attach =
+        volcano_runner::pipeline::plugins::network_ip::PublicIpAttach::LoadBalancer;
+    let Some(resource_value::Value::NetworkIp(value)) = &mut job.resources[0].value else {
+        unreachable!()
+    };
+    value.open_ports = vec![volcano_runner::messages::v1::PortRange {
+        start: 443,
+        end: 443,
+        protocol: volcano_runner::messages::v1::Protocol::Tcp as i32,
+    }];
+    render(&job, &attaching);
     check(
         "case_29_single_replica_only_resources",
         json!({"ingress": ingress.to_string(), "networkIp": ip.to_string()}),

@@ -8,3 +8,4 @@ mod pipeline_support;
 
 mod golden;
 mod props;
+mod public_ip;

@@ -17,6 +17,8 @@ mod exactly_once;
 mod faults;
 mod gate;
 mod hostile;
+mod peers;
+mod public_ip;
 mod scale;
 mod shutdown;
 mod sim_clock;

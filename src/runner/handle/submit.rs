@@ -86,12 +86,11 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
     };
 
     // A peer must be the same owner's job: its pods are let into this job's network and this job's into
-    // its (see the ConnectToJob plugin).
+    // its (see the ConnectToJob plugin). And it must not have ended: peers run together.
     if !exists {
         match foreign_peer(h, job).await {
             Err(e) => return Settle::cluster(&e),
-            Ok(Some((field, what))) => {
-                let code = "invalid_field";
+            Ok(Some((field, what, code))) => {
                 return reject::invalid(h, m, subject, &field, &what, code).await;
             }
             Ok(None) => {}
@@ -207,13 +206,16 @@ async fn queued(h: &Handler, m: &Message<'_>, job_id: &str, meta: &ObjectMeta) -
     }
 }
 
-/// The first peer that is not this owner's job: `(field, what is wrong)`. A peer belongs to the same
-/// owner when it has the same project (a project's job) or, for a personal job, the same user and no
-/// project; names are compared exactly (`Alice` is not `alice`).
+/// The reason of a submission refused because a peer of it has ended.
+pub const PEER_ENDED: &str = "peer_ended";
+
+/// The first peer that is not this owner's job, or has ended: `(field, what is wrong, reason)`. A peer
+/// belongs to the same owner when it has the same project (a project's job) or, for a personal job, the
+/// same user and no project; names are compared exactly (`Alice` is not `alice`).
 async fn foreign_peer(
     h: &Handler,
     job: &SubmitJob,
-) -> Result<Option<(String, String)>, crate::cluster::ClusterError> {
+) -> Result<Option<(String, String, &'static str)>, crate::cluster::ClusterError> {
     use crate::messages::v1::{parameter_value, resource_value};
     let mut peers: Vec<(String, &str)> = Vec::new();
     for (i, r) in job.resources.iter().enumerate() {
@@ -242,6 +244,7 @@ async fn foreign_peer(
             return Ok(Some((
                 field,
                 format!("job {peer_id} does not exist (a peer must be running)"),
+                "invalid_field",
             )));
         };
         let theirs_user = annotation(&peer, &h.keys.owner_user);
@@ -256,6 +259,18 @@ async fn foreign_peer(
                 format!(
                     "job {peer_id} belongs to another owner; a peer must be a job of the same user or project"
                 ),
+                "invalid_field",
+            )));
+        }
+        // Peers run together: a job whose peer has ended would start without it.
+        if is_over(&peer, &h.keys) {
+            return Ok(Some((
+                field,
+                format!(
+                    "job {peer_id} has ended; a job runs only while its peer runs: submit it again with \
+                     a peer that is waiting or running"
+                ),
+                PEER_ENDED,
             )));
         }
     }
