@@ -1,4 +1,4 @@
-//! `volcano-runner admin pause [--reason R] | resume | status [-o json] | queue [--queue Q] [-o json]`: the operator's switches and
+//! `volcano-runner admin pause [--reason R] [--wait [--timeout D]] | resume | status [-o json] | queue [--queue Q] [-o json]`: the operator's switches and
 //! gauges.
 //!
 //! - `pause` / `resume` flip the pause switch (a ConfigMap in the runner's namespace) that every runner
@@ -55,6 +55,13 @@ pub enum AdminCommand {
         /// Why, for whoever looks at `admin status`.
         #[arg(long, default_value = "")]
         reason: String,
+        /// Return only once every runner has stopped taking submissions (no consumer left on the
+        /// submit queue), printing progress; exit code 2 after `--timeout`.
+        #[arg(long)]
+        wait: bool,
+        /// How long `--wait` waits (`30s`, `5m`).
+        #[arg(long, value_parser = parse_timeout, default_value = "2m", requires = "wait")]
+        timeout: std::time::Duration,
     },
     /// Let submissions flow again.
     Resume,
@@ -100,12 +107,19 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     let switch = PauseSwitch::new(client.clone(), &config.cluster);
     let now = jiff::Timestamp::now();
     match command {
-        AdminCommand::Pause { reason } => {
+        AdminCommand::Pause {
+            reason,
+            wait,
+            timeout,
+        } => {
             let state = switch
                 .pause(&reason, &operator(), now)
                 .await
                 .map_err(cluster_error)?;
             println!("{}", describe_pause(&state));
+            if wait {
+                super::pause_wait::wait(&config, &client, timeout).await?;
+            }
         }
         AdminCommand::Resume => {
             let state = switch
@@ -219,6 +233,15 @@ fn queue_text(entries: &[QueueEntry]) -> String {
         }
     }
     out
+}
+
+/// A positive duration for `--timeout`, in the configuration's notation (`30s`, `5m`).
+fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
+    s.parse::<jiff::SignedDuration>()
+        .ok()
+        .filter(|d| d.is_positive())
+        .and_then(|d| std::time::Duration::try_from(d).ok())
+        .ok_or_else(|| format!("{s:?} is not a positive duration such as `30s` or `5m`"))
 }
 
 /// `user@host` of whoever runs the command, recorded on the switch.

@@ -137,7 +137,8 @@ pub struct JobView {
     /// The runner that accepted it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accepted_by: Option<String>,
-    /// Every transition recorded, oldest first.
+    /// Every transition recorded, in the order of the job's life (accepted, waiting, started, restarts,
+    /// end). Container times have whole seconds, so a start may read a few ms before its acceptance.
     pub history: Vec<HistoryEntry>,
     /// The status events told while the job waited: queue position and estimated start.
     pub waiting: Vec<Waiting>,
@@ -286,12 +287,8 @@ pub fn view(job: &VolcanoJob, keys: &AnnotationKeys) -> Option<JobView> {
 
     let record = Record::read(job, keys);
     let state = State::of(record.outcome.as_ref(), record.published);
-    let accepted_at = time(&keys.accepted_at).or_else(|| {
-        job.metadata
-            .creation_timestamp
-            .as_ref()
-            .map(|t| t.0)
-    });
+    let accepted_at =
+        time(&keys.accepted_at).or_else(|| job.metadata.creation_timestamp.as_ref().map(|t| t.0));
     let accepted_by = text(&keys.accepted_by);
     let started_at = time(&keys.job_start);
     let waiting: Vec<Waiting> = history::read::<StatusEntry>(get(&keys.status_log))
@@ -378,8 +375,6 @@ pub fn view(job: &VolcanoJob, keys: &AnnotationKeys) -> Option<JobView> {
             text: format!("{} ({})", o.status, o.reason),
         });
     }
-    // Stable: entries of one instant keep the order of a job's life.
-    history.sort_by_key(|h| h.at);
 
     let extensions = get(&keys.extensions)
         .and_then(|v| serde_json::from_str::<Vec<String>>(v).ok())
@@ -488,7 +483,10 @@ impl JobView {
     pub fn text(&self) -> String {
         let mut out = String::new();
         let mut line = |k: &str, v: String| out.push_str(&format!("{k:<14}{v}\n"));
-        line("Job:", format!("{} ({}/{})", self.job_id, self.namespace, self.name));
+        line(
+            "Job:",
+            format!("{} ({}/{})", self.job_id, self.namespace, self.name),
+        );
         let mut state = self.state.as_str().to_owned();
         if self.outcome.is_some() && !self.end_published {
             state.push_str(" (decided; its end is being published)");
@@ -545,7 +543,11 @@ impl JobView {
                 "phase {}, {} restart{} of {} attempts{}",
                 self.volcano.phase,
                 self.volcano.retry_count,
-                if self.volcano.retry_count == 1 { "" } else { "s" },
+                if self.volcano.retry_count == 1 {
+                    ""
+                } else {
+                    "s"
+                },
                 self.volcano.max_attempts,
                 self.volcano
                     .released_at
@@ -554,7 +556,10 @@ impl JobView {
             ),
         );
         if let Some(o) = &self.outcome {
-            line("Outcome:", format!("{} ({}): {}", o.state, o.reason, o.status));
+            line(
+                "Outcome:",
+                format!("{} ({}): {}", o.state, o.reason, o.status),
+            );
             if let Some(at) = o.started_at {
                 line("Ran:", format!("{at} to {}", o.ended_at));
             } else {
@@ -701,7 +706,11 @@ fn table(views: &[JobView]) -> String {
             v.job_id,
             v.namespace,
             v.state.as_str(),
-            v.owner.project.as_ref().or(v.owner.user.as_ref()).map_or("-", |s| s),
+            v.owner
+                .project
+                .as_ref()
+                .or(v.owner.user.as_ref())
+                .map_or("-", |s| s),
             v.product.id.as_deref().unwrap_or("-"),
             v.ranks,
             span(v.accounting.charged_ms),
@@ -789,14 +798,20 @@ mod tests {
         assert!(v.end_published);
         assert_eq!(v.accounting.charged_ms, 130_500);
         assert_eq!(
-            v.history.iter().map(|h| h.state.as_str()).collect::<Vec<_>>(),
+            v.history
+                .iter()
+                .map(|h| h.state.as_str())
+                .collect::<Vec<_>>(),
             ["QUEUED", "WAITING", "RUNNING", "RESTARTING", "FAILURE"]
         );
         let text = v.text();
         assert!(text.contains("rank 1: 3"), "{text}");
         assert!(text.contains("2 ahead in default"), "{text}");
         assert!(text.contains("by runner runner-a"), "{text}");
-        assert!(text.contains("3 ticks (1m00s each, the last ending at the real end) = 2m10s"), "{text}");
+        assert!(
+            text.contains("3 ticks (1m00s each, the last ending at the real end) = 2m10s"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -38,8 +38,8 @@ use super::observe::{self, Disruption, PendingInput, PullFailure, RankView};
 use super::record::{Outcome, Published, RankCode, Record, Terminal};
 use crate::config::Config;
 use crate::durable::AnnotationKeys;
-use crate::durable::history;
 use crate::durable::annotations::format_millis;
+use crate::durable::history;
 use crate::pipeline::hooks::{
     self, FactsError, HookPlan, JobFacts, Outbound, PluginFailure, TerminationCause,
 };

@@ -33,7 +33,9 @@ pub fn overdue(
         .get(&keys.accounted_ticks)
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0);
-    let mut due = start.checked_add(period.checked_mul(i32::try_from(ticks + 1).ok()?)?).ok()?;
+    let mut due = start
+        .checked_add(period.checked_mul(i32::try_from(ticks + 1).ok()?)?)
+        .ok()?;
     // An ended job's last tick ends at its end (decided and recorded before it is published).
     if let Some(outcome) = a.get(&keys.outcome)
         && let Ok(outcome) = serde_json::from_str::<super::record::Outcome>(outcome)
