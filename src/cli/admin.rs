@@ -19,8 +19,6 @@ use std::process::ExitCode;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams};
-use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -413,12 +411,8 @@ async fn runner_problems(client: &kube::Client, config: &Config) -> Result<Vec<S
     let now = jiff::Timestamp::now();
     let mut by_problem: std::collections::BTreeMap<String, Vec<String>> = Default::default();
     for lease in leases.items {
+        let live = super::pause_wait::live(&lease, now);
         let spec = lease.spec.clone().unwrap_or_default();
-        let live = spec.renew_time.is_some_and(|r| {
-            let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
-            r.0.checked_add(jiff::SignedDuration::from_secs(duration))
-                .is_ok_and(|until| until > now)
-        });
         let problem = lease
             .metadata
             .annotations
@@ -519,21 +513,11 @@ async fn queue_depths(config: &Config) -> Result<Vec<QueueDepth>, CliError> {
     let c = &config.broker;
     let mut depths = Vec::new();
     for name in [&c.submit_queue, &c.control_queue, &c.dead_letter_queue] {
-        let queue = channel
-            .queue_declare(
-                name.as_str().into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|e| CliError::Other(format!("queue {name}: {e}")))?;
+        let (ready, consumers) = super::pause_wait::depth(&channel, name).await?;
         depths.push(QueueDepth {
             name: name.clone(),
-            ready: queue.message_count(),
-            consumers: queue.consumer_count(),
+            ready,
+            consumers,
         });
     }
     let _ = channel.close(200, "status read".into()).await;

@@ -22,7 +22,6 @@ use crate::durable::annotations::parse_millis;
 use crate::durable::history::{self, RestartEntry, StatusEntry};
 use crate::monitor::record::{Outcome, Published, RankCode, Record};
 use crate::pipeline::names::{job_id_from_vcjob_name, vcjob_name};
-use crate::validate::{self, names};
 use crate::volcano::VolcanoJob;
 
 /// How the answer is printed.
@@ -35,10 +34,10 @@ pub enum Output {
 #[derive(Debug, clap::Args)]
 pub struct JobArgs {
     /// The job's id, as in its SubmitJob.
-    #[arg(value_parser = parse_job_id)]
+    #[arg(value_parser = super::logs::parse_job_id)]
     pub job_id: String,
     /// The job's namespace, when the same job id exists under two owners.
-    #[arg(short, long, value_parser = parse_namespace)]
+    #[arg(short, long, value_parser = super::logs::parse_namespace)]
     pub namespace: Option<String>,
     /// `text` or `json`.
     #[arg(short, long, value_enum, default_value_t = Output::Text)]
@@ -252,24 +251,6 @@ pub struct VolcanoView {
     /// Set once the job was released after its end (its pods are gone; the VolcanoJob is the record).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub released_at: Option<Timestamp>,
-}
-
-/// A job id by the runner's rule: it goes into a field selector.
-fn parse_job_id(s: &str) -> Result<String, String> {
-    validate::job_id(s)
-        .map(|()| s.to_owned())
-        .map_err(|e| e.message().to_owned())
-}
-
-fn parse_namespace(s: &str) -> Result<String, String> {
-    if names::is_dns_label(s) {
-        return Ok(s.to_owned());
-    }
-    Err(format!(
-        "{s:?} is not a namespace name: lower-case letters, digits and '-', starting and ending with a \
-         letter or digit, at most {} characters",
-        names::DNS_LABEL_MAX
-    ))
 }
 
 /// Reads one job's record into a [`JobView`]. `None` when the object is not a runner's job.

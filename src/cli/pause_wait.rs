@@ -23,8 +23,8 @@ use crate::config::Config;
 /// How often the consumer count is read.
 const POLL: Duration = Duration::from_millis(500);
 
-/// The submit queue's ready messages and consumers, right now.
-async fn submit_queue(channel: &lapin::Channel, queue: &str) -> Result<(u32, u32), CliError> {
+/// A queue's ready messages and consumers, right now (a passive declare: exact, creates nothing).
+pub(super) async fn depth(channel: &lapin::Channel, queue: &str) -> Result<(u32, u32), CliError> {
     let q = channel
         .queue_declare(
             queue.into(),
@@ -35,7 +35,7 @@ async fn submit_queue(channel: &lapin::Channel, queue: &str) -> Result<(u32, u32
             FieldTable::default(),
         )
         .await
-        .map_err(|e| CliError::Other(format!("RabbitMQ: reading queue {queue}: {e}")))?;
+        .map_err(|e| CliError::Other(format!("queue {queue}: {e}")))?;
     Ok((q.message_count(), q.consumer_count()))
 }
 
@@ -45,20 +45,19 @@ async fn live_runners(client: &kube::Client, config: &Config) -> Option<usize> {
     let params = ListParams::default().labels(&format!("{COMPONENT}={COMPONENT_MEMBER}"));
     let leases = api.list(&params).await.ok()?;
     let now = jiff::Timestamp::now();
-    Some(
-        leases
-            .items
-            .iter()
-            .filter(|l| {
-                let spec = l.spec.clone().unwrap_or_default();
-                spec.renew_time.is_some_and(|r| {
-                    let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
-                    r.0.checked_add(jiff::SignedDuration::from_secs(duration))
-                        .is_ok_and(|until| until > now)
-                })
-            })
-            .count(),
-    )
+    Some(leases.items.iter().filter(|l| live(l, now)).count())
+}
+
+/// Whether a lease was renewed within its duration at `now`.
+pub(super) fn live(lease: &Lease, now: jiff::Timestamp) -> bool {
+    let Some(spec) = &lease.spec else {
+        return false;
+    };
+    spec.renew_time.as_ref().is_some_and(|r| {
+        let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
+        r.0.checked_add(jiff::SignedDuration::from_secs(duration))
+            .is_ok_and(|until| until > now)
+    })
 }
 
 /// One progress line.
@@ -90,7 +89,7 @@ pub async fn wait(
     let started = Instant::now();
     let mut last: Option<(u32, Option<usize>)> = None;
     let result = loop {
-        let (ready, consumers) = match submit_queue(&channel, queue).await {
+        let (ready, consumers) = match depth(&channel, queue).await {
             Ok(read) => read,
             Err(e) => break Err(e),
         };
