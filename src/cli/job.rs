@@ -72,14 +72,19 @@ pub enum State {
     /// Accepted, not started yet.
     #[value(alias = "queued")]
     Queued,
+    /// Started (and not ended).
     #[value(alias = "running")]
     Running,
+    /// Ended: every rank exited 0.
     #[value(alias = "success")]
     Success,
+    /// Ended otherwise: a rank's exit code, a disruption, an image that cannot be pulled, ...
     #[value(alias = "failure")]
     Failure,
+    /// Its time allocation ran out.
     #[value(alias = "expired")]
     Expired,
+    /// Cancelled by its owner.
     #[value(alias = "cancelled")]
     Cancelled,
 }
@@ -678,12 +683,12 @@ fn table(views: &[JobView]) -> String {
         return "no job matches\n".to_owned();
     }
     let mut out = format!(
-        "{:<24} {:<20} {:<9} {:<20} {:<16} {:>5} {:>8} {:<20}\n",
+        "{:<24} {:<26} {:<9} {:<20} {:<16} {:>5} {:>8} {:<20}\n",
         "JOB", "NAMESPACE", "STATE", "OWNER", "PRODUCT", "RANKS", "CHARGED", "ACCEPTED"
     );
     for v in views {
         out.push_str(&format!(
-            "{:<24} {:<20} {:<9} {:<20} {:<16} {:>5} {:>8} {:<20}\n",
+            "{:<24} {:<26} {:<9} {:<20} {:<16} {:>5} {:>8} {:<20}\n",
             v.job_id,
             v.namespace,
             v.state.as_str(),

@@ -29,7 +29,7 @@ pub struct Cli {
     #[arg(long, global = true, env = "VOLCANO_RUNNER_CONFIG")]
     pub config: Option<PathBuf>,
     /// Log what a client command does on stderr (`[ops] log_filter`, INFO by default). Without it, client
-    /// commands (`submit`, `cancel`, `extend`, `events`, `logs`, `admin`, `validate`, `render`) print only
+    /// commands (`submit`, `cancel`, `extend`, `events`, `job`, `jobs`, `logs`, `admin`, `validate`, `render`) print only
     /// their output and their errors; `VOLCANO_RUNNER_LOG` asks for logs too.
     #[arg(long, short, global = true)]
     pub verbose: bool,
