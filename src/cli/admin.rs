@@ -1,4 +1,4 @@
-//! `volcano-runner admin pause [--reason R] | resume | status [-o json] | queue [--queue Q] [-o json]`: the operator's switches and
+//! `volcano-runner admin pause [--reason R] [--wait [--timeout D]] | resume | status [-o json] | queue [--queue Q] [-o json]`: the operator's switches and
 //! gauges.
 //!
 //! - `pause` / `resume` flip the pause switch (a ConfigMap in the runner's namespace) that every runner
@@ -19,8 +19,6 @@ use std::process::ExitCode;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams};
-use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -55,6 +53,13 @@ pub enum AdminCommand {
         /// Why, for whoever looks at `admin status`.
         #[arg(long, default_value = "")]
         reason: String,
+        /// Return only once every runner has stopped taking submissions (no consumer left on the
+        /// submit queue), printing progress; exit code 2 after `--timeout`.
+        #[arg(long)]
+        wait: bool,
+        /// How long `--wait` waits (`30s`, `5m`).
+        #[arg(long, value_parser = parse_timeout, default_value = "2m", requires = "wait")]
+        timeout: std::time::Duration,
     },
     /// Let submissions flow again.
     Resume,
@@ -100,12 +105,19 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     let switch = PauseSwitch::new(client.clone(), &config.cluster);
     let now = jiff::Timestamp::now();
     match command {
-        AdminCommand::Pause { reason } => {
+        AdminCommand::Pause {
+            reason,
+            wait,
+            timeout,
+        } => {
             let state = switch
                 .pause(&reason, &operator(), now)
                 .await
                 .map_err(cluster_error)?;
             println!("{}", describe_pause(&state));
+            if wait {
+                super::pause_wait::wait(&config, &client, timeout).await?;
+            }
         }
         AdminCommand::Resume => {
             let state = switch
@@ -219,6 +231,15 @@ fn queue_text(entries: &[QueueEntry]) -> String {
         }
     }
     out
+}
+
+/// A positive duration for `--timeout`, in the configuration's notation (`30s`, `5m`).
+fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
+    s.parse::<jiff::SignedDuration>()
+        .ok()
+        .filter(|d| d.is_positive())
+        .and_then(|d| std::time::Duration::try_from(d).ok())
+        .ok_or_else(|| format!("{s:?} is not a positive duration such as `30s` or `5m`"))
 }
 
 /// `user@host` of whoever runs the command, recorded on the switch.
@@ -390,12 +411,8 @@ async fn runner_problems(client: &kube::Client, config: &Config) -> Result<Vec<S
     let now = jiff::Timestamp::now();
     let mut by_problem: std::collections::BTreeMap<String, Vec<String>> = Default::default();
     for lease in leases.items {
+        let live = super::pause_wait::live(&lease, now);
         let spec = lease.spec.clone().unwrap_or_default();
-        let live = spec.renew_time.is_some_and(|r| {
-            let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
-            r.0.checked_add(jiff::SignedDuration::from_secs(duration))
-                .is_ok_and(|until| until > now)
-        });
         let problem = lease
             .metadata
             .annotations
@@ -496,21 +513,11 @@ async fn queue_depths(config: &Config) -> Result<Vec<QueueDepth>, CliError> {
     let c = &config.broker;
     let mut depths = Vec::new();
     for name in [&c.submit_queue, &c.control_queue, &c.dead_letter_queue] {
-        let queue = channel
-            .queue_declare(
-                name.as_str().into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|e| CliError::Other(format!("queue {name}: {e}")))?;
+        let (ready, consumers) = super::pause_wait::depth(&channel, name).await?;
         depths.push(QueueDepth {
             name: name.clone(),
-            ready: queue.message_count(),
-            consumers: queue.consumer_count(),
+            ready,
+            consumers,
         });
     }
     let _ = channel.close(200, "status read".into()).await;

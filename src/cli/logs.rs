@@ -59,14 +59,14 @@ pub struct Args {
 
 /// A job id by the rule the runner applies to every message ([`validate::job_id`]): anything else, such
 /// as `4817,metadata.namespace=x`, would add terms to the field selector the job is looked up with.
-fn parse_job_id(s: &str) -> Result<String, String> {
+pub(super) fn parse_job_id(s: &str) -> Result<String, String> {
     validate::job_id(s)
         .map(|()| s.to_owned())
         .map_err(|e| e.message().to_owned())
 }
 
 /// A namespace name: a DNS-1123 label, so it needs no escaping in the URL path it goes into.
-fn parse_namespace(s: &str) -> Result<String, String> {
+pub(super) fn parse_namespace(s: &str) -> Result<String, String> {
     if names::is_dns_label(s) {
         return Ok(s.to_owned());
     }

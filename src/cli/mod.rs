@@ -6,7 +6,9 @@ pub mod cancel;
 pub mod dead_letters;
 pub mod events;
 pub mod extend;
+pub mod job;
 pub mod logs;
+pub mod pause_wait;
 pub mod proxy_sync;
 pub mod render;
 pub mod run;
@@ -27,7 +29,7 @@ pub struct Cli {
     #[arg(long, global = true, env = "VOLCANO_RUNNER_CONFIG")]
     pub config: Option<PathBuf>,
     /// Log what a client command does on stderr (`[ops] log_filter`, INFO by default). Without it, client
-    /// commands (`submit`, `cancel`, `extend`, `events`, `logs`, `admin`, `validate`, `render`) print only
+    /// commands (`submit`, `cancel`, `extend`, `events`, `job`, `jobs`, `logs`, `admin`, `validate`, `render`) print only
     /// their output and their errors; `VOLCANO_RUNNER_LOG` asks for logs too.
     #[arg(long, short, global = true)]
     pub verbose: bool,
@@ -55,6 +57,11 @@ pub enum Command {
     Extend(extend::Args),
     /// Print the events runners publish, one line each, as they happen.
     Events(events::Args),
+    /// Everything recorded about one job: owner, product, its history with times, waiting, restarts,
+    /// extensions, ticks charged, outcome and exit codes, the runner that accepted it.
+    Job(job::JobArgs),
+    /// List the jobs in the cluster with their state, owner and charge (one list call).
+    Jobs(job::JobsArgs),
     /// Print the output of every rank of a job, interleaved in time order with a rank prefix.
     Logs(logs::Args),
     /// Pause or resume submissions on every runner; show queues, active jobs and lease holders.
@@ -120,6 +127,8 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Cancel(args) => cancel::run(args, cli.config.as_deref()).await,
         Command::Extend(args) => extend::run(args, cli.config.as_deref()).await,
         Command::Events(args) => events::run(args, cli.config.as_deref()).await,
+        Command::Job(args) => job::run_job(args, cli.config.as_deref()).await,
+        Command::Jobs(args) => job::run_jobs(args, cli.config.as_deref()).await,
         Command::Logs(args) => logs::run(args, cli.config.as_deref()).await,
         Command::Admin(args) => admin::run(args, cli.config.as_deref()).await,
         Command::ProxySync(args) => proxy_sync::run(args, cli.config.as_deref()).await,

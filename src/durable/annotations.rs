@@ -35,6 +35,9 @@
 //! | `restarts` | monitor | Volcano's `retryCount` when the monitor last told the user of a restart (one status event per restart) |
 //! | `disruption` | monitor | the last disruption told, in words (`rank 1's node n3 was lost`), for the FAILURE when the restarts run out |
 //! | `outcome` | monitor | the decided end of the job (JSON: state, reason, times, exit codes, log tails) |
+//! | `accountedUntil` | Accounting hooks, with `accountedTicks` | end of the last tick published (epoch ms): the ticks charged add up to `accountedUntil - jobStart` |
+//! | `statusLog` | monitor, with `statusHash` | the status events told while the job waited (JSON array of `{at, reason, text, queue, jobsAhead, estimatedStartAt, estimateBasis}`, at most [`super::history::STATUS_LOG_MAX`]) |
+//! | `restartLog` | monitor, with `restarts` | the restarts told (JSON array of `{attempt, at, cause}`) |
 //!
 //! Every VolcanoJob the runner creates carries the finalizer [`AnnotationKeys::cleanup_finalizer`]
 //! (`<prefix>cleanup`): the job cannot vanish before the monitor has run its cleanup (final tick, proxy
@@ -115,6 +118,12 @@ pub struct AnnotationKeys {
     pub disruption: String,
     /// `<prefix>outcome` (see the table above).
     pub outcome: String,
+    /// `<prefix>accountedUntil` (see the table above).
+    pub accounted_until: String,
+    /// `<prefix>statusLog` (see the table above).
+    pub status_log: String,
+    /// `<prefix>restartLog` (see the table above).
+    pub restart_log: String,
 }
 
 impl AnnotationKeys {
@@ -158,6 +167,9 @@ impl AnnotationKeys {
             restarts: k("restarts"),
             disruption: k("disruption"),
             outcome: k("outcome"),
+            accounted_until: k("accountedUntil"),
+            status_log: k("statusLog"),
+            restart_log: k("restartLog"),
         }
     }
 

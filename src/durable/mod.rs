@@ -7,6 +7,7 @@
 //! the pipeline's hooks and the monitor read and extend it.
 
 pub mod annotations;
+pub mod history;
 pub mod ids;
 
 pub use annotations::AnnotationKeys;

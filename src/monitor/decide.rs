@@ -39,6 +39,7 @@ use super::record::{Outcome, Published, RankCode, Record, Terminal};
 use crate::config::Config;
 use crate::durable::AnnotationKeys;
 use crate::durable::annotations::format_millis;
+use crate::durable::history;
 use crate::pipeline::hooks::{
     self, FactsError, HookPlan, JobFacts, Outbound, PluginFailure, TerminationCause,
 };
@@ -528,10 +529,29 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     } else {
         format!("{chained}/{plain}/{estimate}")
     };
+    let log = history::append_status(
+        annotation(obs.job, &s.keys.status_log),
+        history::StatusEntry {
+            at: now.as_millisecond(),
+            reason: reason.reason.to_owned(),
+            text: reason.text.clone(),
+            queue: reason.details.queue.clone(),
+            jobs_ahead: reason.details.jobs_ahead,
+            estimated_start_at: reason
+                .details
+                .estimated_start_at
+                .as_ref()
+                .map(|t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000),
+            estimate_basis: reason.details.estimate_basis.clone(),
+        },
+    );
     Ok(Step::Act(Action {
         what: "status",
         publish,
-        set: BTreeMap::from([(s.keys.status_hash.clone(), value)]),
+        set: BTreeMap::from([
+            (s.keys.status_hash.clone(), value),
+            (s.keys.status_log.clone(), log),
+        ]),
         next_check,
         ..Action::default()
     }))
@@ -568,6 +588,7 @@ fn restart_step(obs: &Observed<'_>, s: &Settings, job_id: &str, now: Timestamp) 
     }
     let why = seen.map_or_else(|| "a rank's pod was lost".to_owned(), Disruption::describe);
     let max = job.max_attempts();
+    let at = phase_time(job).unwrap_or(now);
     let event = events::restart(
         job_id,
         retries,
@@ -575,7 +596,7 @@ fn restart_step(obs: &Observed<'_>, s: &Settings, job_id: &str, now: Timestamp) 
             "The job is restarting after {why}: every rank starts again (attempt {} of {max})",
             retries + 1
         ),
-        phase_time(job).unwrap_or(now),
+        at,
         &s.runner_id,
     );
     let mut publish = vec![Outbound::Lifecycle(event)];
@@ -586,12 +607,21 @@ fn restart_step(obs: &Observed<'_>, s: &Settings, job_id: &str, now: Timestamp) 
             },
         ));
     }
+    let log = history::append_restart(
+        annotation(job, &s.keys.restart_log),
+        history::RestartEntry {
+            attempt: retries + 1,
+            at: at.as_millisecond(),
+            cause: why.clone(),
+        },
+    );
     Some(Step::Act(Action {
         what: "restart",
         publish,
         set: BTreeMap::from([
             (s.keys.restarts.clone(), retries.to_string()),
             (s.keys.disruption.clone(), why),
+            (s.keys.restart_log.clone(), log),
         ]),
         again: true,
         ..Action::default()
@@ -665,6 +695,15 @@ fn to_blame(obs: &Observed<'_>, s: &Settings) -> Option<String> {
     obs.disruption
         .filter(|(generation, _)| *generation == retries)
         .map(|(_, d)| d.describe())
+}
+
+/// An annotation's value, for the logs kept for people ([`history`]).
+fn annotation<'a>(job: &'a VolcanoJob, key: &str) -> Option<&'a str> {
+    job.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
 }
 
 /// An estimate as persisted with the status it was told in: `at:<epoch ms>`, `never`, `unbounded`.

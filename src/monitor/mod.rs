@@ -29,6 +29,7 @@ pub mod estimate;
 pub mod events;
 pub mod execute;
 pub mod forecast;
+pub mod lag;
 pub mod listing;
 pub mod observe;
 pub mod queued;

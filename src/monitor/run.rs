@@ -64,6 +64,8 @@ pub struct PassReport {
     pub gone: usize,
     /// From the start of the lists to the last job of the pass handled.
     pub took: Duration,
+    /// How far behind the ticks of those jobs are ([`super::lag::overdue`]: the longest).
+    pub accounting_lag: Duration,
 }
 
 /// A job handled: its key, what came of it, and the fingerprint of the snapshot it was decided on.
@@ -90,6 +92,7 @@ struct Pass {
     owned: usize,
     decided: usize,
     gone: usize,
+    accounting_lag: jiff::SignedDuration,
 }
 
 /// The loop's state, apart from the streams.
@@ -273,6 +276,7 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
         if let Some(report) = state.finish_pass() {
             if let Some(metrics) = &metrics {
                 metrics.set_monitored_jobs(report.owned);
+                metrics.set_accounting_lag(report.accounting_lag);
             }
             m.reports.send_replace(report);
         }
@@ -426,6 +430,7 @@ impl Pass {
             owned: 0,
             decided: 0,
             gone: 0,
+            accounting_lag: jiff::SignedDuration::ZERO,
         }
     }
 }
@@ -522,6 +527,9 @@ impl Loop {
             (held.valid_now(), held.shards())
         };
         let mut owned = 0;
+        let mut lag = jiff::SignedDuration::ZERO;
+        let (keys, now) = (&self.exec.settings.keys, self.exec.clock.now());
+        let accounting = &self.exec.settings.config.pipeline.accounting;
         let mut stale: Vec<JobKey> = Vec::new();
         for (key, fingerprint) in self.cache.fingerprints() {
             if !key
@@ -531,6 +539,11 @@ impl Loop {
                 continue;
             }
             owned += 1;
+            if let Some(overdue) = self.cache.job(key).and_then(|job| {
+                super::lag::overdue(job, keys, accounting.period, accounting.settle, now)
+            }) {
+                lag = lag.max(overdue);
+            }
             let unchanged = !self.busy.contains(key)
                 && !self.gone.contains_key(key)
                 && self.settled.get(key) == Some(&fingerprint);
@@ -539,6 +552,7 @@ impl Loop {
             }
         }
         pass.owned = owned;
+        pass.accounting_lag = lag;
         pass.outstanding = stale.iter().cloned().collect();
         for key in stale {
             self.enqueue(key);
@@ -559,6 +573,7 @@ impl Loop {
             decided: pass.decided,
             gone: pass.gone,
             took: pass.started.elapsed(),
+            accounting_lag: pass.accounting_lag.unsigned_abs(),
         };
         tracing::debug!(?report, "Reconciliation pass done.");
         Some(report)

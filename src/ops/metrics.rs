@@ -20,6 +20,7 @@
 //! | `submission_gate_open` | gauge | | 1 while this runner takes submissions (not paused, below the cap) |
 //! | `active_jobs` / `active_jobs_limit` | gauge | | the capacity view and its cap (absent: no cap) |
 //! | `monitored_jobs` | gauge | | jobs whose monitoring duty this runner holds |
+//! | `accounting_lag_seconds` | gauge | | how far behind the ticks are: over the running jobs this runner monitors, the longest time a tick has been due (its end plus `[pipeline.accounting] settle`) without being published; 0 when every tick is on time (at the last full pass) |
 //! | `lease_shards_held` / `lease_shards` | gauge | | shard leases held by this runner, and in all |
 //! | `events_published_total` | counter | `type` | outbound messages the broker confirmed |
 //! | `event_publish_failures_total` | counter | `type`, `reason` | publishes that failed after their retries |
@@ -126,6 +127,7 @@ struct Inner {
     active_jobs: Family<NoLabels, Gauge>,
     active_jobs_limit: Family<NoLabels, Gauge>,
     monitored: Gauge,
+    accounting_lag: Gauge<f64, std::sync::atomic::AtomicU64>,
     shards_held: Gauge,
     shards: Gauge,
     published: Family<TypeLabel, Counter>,
@@ -242,6 +244,14 @@ impl Metrics {
             "Jobs whose monitoring duty this runner holds (at the last full reconciliation pass)",
             monitored.clone(),
         );
+        let accounting_lag = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register_with_unit(
+            "accounting_lag",
+            "The longest time a running job's tick has been due (its end plus the settle delay) without \
+             being published, over the jobs this runner monitors (at the last full pass; 0: on time)",
+            Unit::Seconds,
+            accounting_lag.clone(),
+        );
         let shards_held = Gauge::default();
         registry.register(
             "lease_shards_held",
@@ -314,6 +324,7 @@ impl Metrics {
                 active_jobs,
                 active_jobs_limit,
                 monitored,
+                accounting_lag,
                 shards_held,
                 shards,
                 published,
@@ -432,6 +443,11 @@ impl Metrics {
             }
             None => self.inner.active_jobs_limit.clear(),
         }
+    }
+
+    /// How far behind this runner's ticks are (see the module's table), at the last full pass.
+    pub fn set_accounting_lag(&self, lag: Duration) {
+        self.inner.accounting_lag.set(lag.as_secs_f64());
     }
 
     /// How many jobs this runner monitors (the jobs of the shards it holds, at the last full pass).
@@ -720,6 +736,7 @@ mod tests {
         m.set_capacity(Some(5), Some(10));
         m.set_lease_shards(3, 8);
         m.set_monitored_jobs(4);
+        m.set_accounting_lag(Duration::from_millis(90_500));
         m.watch_restarted("jobs");
         let text = m.encode();
         assert!(text.ends_with("# EOF\n"), "{text}");
@@ -782,6 +799,10 @@ mod tests {
         assert_eq!(s.get("volcano_runner_active_jobs_limit", &[]), Some(10.0));
         assert_eq!(s.get("volcano_runner_lease_shards_held", &[]), Some(3.0));
         assert_eq!(s.get("volcano_runner_monitored_jobs", &[]), Some(4.0));
+        assert_eq!(
+            s.get("volcano_runner_accounting_lag_seconds", &[]),
+            Some(90.5)
+        );
         assert_eq!(
             s.get(
                 "volcano_runner_build_info",

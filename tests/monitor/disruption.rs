@@ -162,6 +162,26 @@ async fn a_lost_node_restarts_the_whole_job_told_once_and_charged_once() {
         charged > 200_000,
         "the second run's 200 s and the time before it: {charged} ms"
     );
+    // The record tells it too (`volcano-runner job d1`): the restart with its cause, and the ticks'
+    // sum.
+    let vcjob = Api::<volcano_runner::volcano::VolcanoJob>::namespaced(w.client.clone(), &ns)
+        .get("j-d1")
+        .await
+        .expect("the ended job is kept as its record");
+    let view = volcano_runner::cli::job::view(&vcjob, &w.keys).expect("a runner's job");
+    assert_eq!(view.restarts.len(), 1, "{view:?}");
+    assert_eq!(view.restarts[0].attempt, 2);
+    assert!(
+        view.restarts[0]
+            .cause
+            .contains(&format!("rank 1's node {lost} was lost")),
+        "{view:?}"
+    );
+    assert_eq!(view.accounting.charged_ms, u64::try_from(charged).unwrap());
+    assert!(
+        view.history.iter().any(|h| h.state == "RESTARTING"),
+        "{view:?}"
+    );
     runner.stop().await;
     w.close().await;
 }

@@ -10,6 +10,7 @@ mod cli_client;
 mod dead_letters;
 mod demo;
 mod deploy;
+mod job_cmd;
 mod metrics;
 mod monitoring;
 mod nested_headers;

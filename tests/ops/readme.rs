@@ -376,6 +376,26 @@ async fn the_readme_drive_by_hand_lines_work_as_printed() {
                     shell.stderr()
                 );
             }
+            "job" => {
+                let before = shell.stdout().len();
+                assert_eq!(shell.run(line), 0, "{line}: {}", shell.stderr());
+                let printed = shell.stdout()[before..].to_owned();
+                assert!(
+                    printed.starts_with("Job:          4817 (")
+                        && printed.contains("Owner:        alice")
+                        && printed.contains("History:"),
+                    "{line} printed the job's record: {printed}"
+                );
+            }
+            "jobs" => {
+                let before = shell.stdout().len();
+                assert_eq!(shell.run(line), 0, "{line}: {}", shell.stderr());
+                let printed = shell.stdout()[before..].to_owned();
+                assert!(
+                    printed.lines().any(|l| l.starts_with("4817 ")),
+                    "{line} listed the job: {printed}"
+                );
+            }
             "cancel" => {
                 assert_eq!(shell.run(line), 0, "{line}");
                 let out = shell.wait_for("CANCELLED of 4817", |out, _| {
@@ -418,6 +438,8 @@ async fn the_readme_drive_by_hand_lines_work_as_printed() {
             "submit",
             "extend",
             "logs",
+            "job",
+            "jobs",
             "cancel",
             "admin",
             "admin queue"

@@ -280,7 +280,9 @@ fn publish(cx: &HookContext<'_>, horizon: Horizon, out: &mut HookActions) -> Res
         finished: facts.accounting_final,
     };
     let mut due = schedule.due(cursor, horizon);
+    let mut until = None;
     for tick in due.by_ref() {
+        until = Some(tick.end);
         out.publish
             .push(Outbound::Accounting(tick.to_message(facts)));
     }
@@ -288,6 +290,13 @@ fn publish(cx: &HookContext<'_>, horizon: Horizon, out: &mut HookActions) -> Res
     if after != cursor {
         out.set
             .insert(cx.keys.accounted_ticks.clone(), after.next.to_string());
+        // For people (`volcano-runner job`): what the ticks charged add up to, exactly.
+        if let Some(until) = until {
+            out.set.insert(
+                cx.keys.accounted_until.clone(),
+                until.as_millisecond().to_string(),
+            );
+        }
         if after.finished {
             out.set
                 .insert(cx.keys.accounting_final.clone(), "true".into());
