@@ -96,6 +96,8 @@ fn envoy_loads_the_listener_routes_and_clusters_as_written() {
         dir: dir.clone(),
         listen_port: 8443,
         connect_timeout_ms: 5000,
+        authz: None,
+        bridge: None,
     };
     envoy::write_all(&table, &naming, &settings, "proxy-0").unwrap();
     let Some(found) = check(&dir) else { return };
@@ -135,6 +137,8 @@ fn a_field_envoy_does_not_know_is_refused() {
         dir: dir.clone(),
         listen_port: 8080,
         connect_timeout_ms: 5000,
+        authz: None,
+        bridge: None,
     };
     let naming = HostNaming {
         prefix: "app-".into(),

@@ -173,6 +173,8 @@ async fn rebuild_from_ten_thousand_running_jobs() {
         dir: dir.clone(),
         listen_port: 8080,
         connect_timeout_ms: 5000,
+        authz: None,
+        bridge: None,
     };
     let naming = HostNaming {
         prefix: pipeline.proxy.prefix.clone(),
