@@ -187,10 +187,20 @@ mod tests {
     #[test]
     fn upstreams_are_taken_apart() {
         let u = Upstream::parse("http://127.0.0.1:9901/authz").unwrap();
-        assert_eq!((u.host.as_str(), u.port, u.path.as_str()), ("127.0.0.1", 9901, "/authz"));
+        assert_eq!(
+            (u.host.as_str(), u.port, u.path.as_str()),
+            ("127.0.0.1", 9901, "/authz")
+        );
         assert_eq!(u.authority(), "127.0.0.1:9901");
         let u = Upstream::parse("http://[::1]:2019").unwrap();
-        assert_eq!((u.authority().as_str(), u.path.as_str()), ("[::1]:2019", "/"));
-        assert!(Upstream::parse("https://x:1").unwrap_err().contains("http://"));
+        assert_eq!(
+            (u.authority().as_str(), u.path.as_str()),
+            ("[::1]:2019", "/")
+        );
+        assert!(
+            Upstream::parse("https://x:1")
+                .unwrap_err()
+                .contains("http://")
+        );
     }
 }

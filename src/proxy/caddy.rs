@@ -63,7 +63,12 @@ fn reverse_proxy(dial: &str) -> Value {
 
 /// Caddy's `forward_auth`, as its Caddyfile directive expands it, to `authz`.
 fn forward_auth(authz: &Upstream) -> Value {
-    let copy = |name: &str| (name.to_owned(), json!([format!("{{http.reverse_proxy.header.{name}}}")]));
+    let copy = |name: &str| {
+        (
+            name.to_owned(),
+            json!([format!("{{http.reverse_proxy.header.{name}}}")]),
+        )
+    };
     let copied: serde_json::Map<String, Value> =
         [copy("X-Volcano-Runner-Job"), copy("X-Volcano-Runner-Rank")]
             .into_iter()
@@ -349,17 +354,28 @@ mod tests {
         assert_eq!(
             live_hosts(&c).into_iter().collect::<Vec<_>>(),
             [
-                ("app-42-0.cloud.sdu.dk".to_owned(), "10.0.0.1:8888".to_owned()),
-                ("app-42-1.cloud.sdu.dk".to_owned(), "[fd00::2]:8888".to_owned()),
+                (
+                    "app-42-0.cloud.sdu.dk".to_owned(),
+                    "10.0.0.1:8888".to_owned()
+                ),
+                (
+                    "app-42-1.cloud.sdu.dk".to_owned(),
+                    "[fd00::2]:8888".to_owned()
+                ),
             ]
         );
-        let steps = server["routes"][0]["handle"][0]["routes"].as_array().unwrap();
+        let steps = server["routes"][0]["handle"][0]["routes"]
+            .as_array()
+            .unwrap();
         assert_eq!(steps.len(), 3);
         let auth = &steps[0]["handle"][0];
         assert_eq!(auth["upstreams"][0]["dial"], "127.0.0.1:9901");
         assert_eq!(auth["rewrite"], json!({"method": "GET", "uri": "/authz"}));
         assert_eq!(steps[1]["match"][0]["path"], json!(["/.volcano-runner/*"]));
-        assert_eq!(steps[1]["handle"][0]["upstreams"][0]["dial"], "127.0.0.1:9902");
+        assert_eq!(
+            steps[1]["handle"][0]["upstreams"][0]["dial"],
+            "127.0.0.1:9902"
+        );
         // Without authz and bridge: straight to the pod.
         let (plain, plain_id) = config(&routes(), &settings(false, false));
         let steps = plain["apps"]["http"]["servers"][SERVER]["routes"][0]["handle"][0]["routes"]

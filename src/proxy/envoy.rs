@@ -39,7 +39,8 @@ const ROUTES_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfig
 const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 const HCM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const ROUTER_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router";
-const EXT_AUTHZ_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz";
+const EXT_AUTHZ_TYPE: &str =
+    "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz";
 /// The cluster of the session check (`authz_url`).
 pub const AUTHZ_CLUSTER: &str = "volcano-runner-authz";
 /// The cluster of the bridges (`bridge_url`).
@@ -253,7 +254,10 @@ pub fn render(
 ) -> Vec<(&'static str, Value)> {
     vec![
         (CDS_FILE, clusters(table, settings)),
-        (RDS_FILE, route_configuration(&table.routes(naming), settings)),
+        (
+            RDS_FILE,
+            route_configuration(&table.routes(naming), settings),
+        ),
         (LDS_FILE, listeners(settings)),
     ]
 }
@@ -423,7 +427,8 @@ mod tests {
         };
         let t = table();
         let lds = listeners(&s);
-        let filters = &lds["resources"][0]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"];
+        let filters =
+            &lds["resources"][0]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"];
         assert_eq!(filters[0]["name"], "envoy.filters.http.ext_authz");
         assert_eq!(filters[1]["name"], "envoy.filters.http.router");
         let http = &filters[0]["typed_config"]["http_service"];

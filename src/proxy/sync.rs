@@ -346,7 +346,11 @@ struct Writer {
 impl Writer {
     fn new(c: &ProxySyncConfig, naming: HostNaming, node_id: String) -> Self {
         // The URLs were checked with the configuration ([`ProxySyncConfig::check`]).
-        let upstream = |url: &str| (!url.is_empty()).then(|| Upstream::parse(url).ok()).flatten();
+        let upstream = |url: &str| {
+            (!url.is_empty())
+                .then(|| Upstream::parse(url).ok())
+                .flatten()
+        };
         let caddy = upstream(&c.caddy_admin).map(|admin| {
             (
                 CaddyAdmin::new(admin.clone()),
@@ -420,7 +424,11 @@ impl Writer {
         };
         let _one_at_a_time = self.lock.lock().await;
         let version = *routes.version.borrow();
-        let pushed = self.caddy_pushed.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let pushed = self
+            .caddy_pushed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         if !force && pushed.as_ref().is_some_and(|(v, _)| *v == version) {
             return Ok(());
         }
@@ -438,7 +446,11 @@ impl Writer {
         let Some((admin, _)) = &self.caddy else {
             return Ok(());
         };
-        let pushed = self.caddy_pushed.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let pushed = self
+            .caddy_pushed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         match pushed {
             Some((_, marker)) if !admin.runs(&marker).await? => {
                 warn!(%marker, "Caddy no longer runs the configuration it was given (restarted?); pushing it again.");
@@ -459,7 +471,8 @@ impl Writer {
         caddy_check: Duration,
         shutdown: CancellationToken,
     ) -> Result<(), WriteError> {
-        let mut check = tokio::time::interval_at(tokio::time::Instant::now() + caddy_check, caddy_check);
+        let mut check =
+            tokio::time::interval_at(tokio::time::Instant::now() + caddy_check, caddy_check);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
