@@ -13,6 +13,7 @@ mod deploy;
 mod metrics;
 mod monitoring;
 mod nested_headers;
+mod proxy_deploy;
 mod rbac;
 mod readiness;
 mod readme;
