@@ -79,33 +79,7 @@ fn the_proxy_may_do_only_what_proxy_sync_does() {
 /// docs/cluster.md's table of the proxy's permissions is the deployed RBAC, verb for verb.
 #[test]
 fn the_proxy_permissions_table_in_the_docs_is_the_deployed_rbac() {
-    let docs = std::fs::read_to_string(root().join("docs/cluster.md")).unwrap();
-    let table = docs
-        .split("### The proxy pods' permissions")
-        .nth(1)
-        .expect("the section");
-    let mut documented = Grants::new();
-    for line in table
-        .lines()
-        .skip_while(|l| !l.starts_with("| where"))
-        .skip(2)
-    {
-        if !line.starts_with('|') {
-            break;
-        }
-        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-        for resource in cells[2].split(',') {
-            let resource = resource.trim().trim_matches('`');
-            let resource = resource.split('.').next().unwrap();
-            for verb in cells[3].split(',') {
-                documented.insert((
-                    cells[1].to_owned(),
-                    resource.to_owned(),
-                    verb.trim().to_owned(),
-                ));
-            }
-        }
-    }
+    let documented = permission_table("docs/cluster.md", "### The proxy pods' permissions");
     assert_eq!(documented, deployed(&render("proxy")));
 }
 

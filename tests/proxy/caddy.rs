@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use volcano_runner::broker::{Broker, Outbound};
 use volcano_runner::messages::Format;
 use volcano_runner::messages::v1::{ProxyAction, ProxyEvent, ProxyTarget};
+use volcano_runner::proxy::ProxySyncConfig;
 
 use crate::live::{Browser, COOKIE, Caddy, Role, Server, free_port, get, websocket_echo};
 use crate::monitor_support::{World, web_job};
@@ -58,6 +59,20 @@ fn event(job: &str, addrs: &[std::net::SocketAddr], remove: bool) -> ProxyEvent 
     }
 }
 
+/// An instance (in the test process) pushing to `caddy`, its `[proxy_sync]` changed by `configure`.
+async fn behind(
+    w: &World,
+    caddy: &Caddy,
+    configure: impl FnOnce(&mut ProxySyncConfig),
+) -> support::Instance {
+    support::start_configured(w, "a", w.config.broker.clone(), |c| {
+        c.caddy_admin = caddy.admin_url.clone();
+        c.listen_port = caddy.http_port;
+        configure(c);
+    })
+    .await
+}
+
 async fn publish(w: &World, e: &ProxyEvent) {
     let broker = Broker::connect(w.config.broker.clone(), CancellationToken::new())
         .await
@@ -79,28 +94,12 @@ async fn caddy_checks_every_request_routes_each_rank_and_bridge_and_passes_webso
     let w = World::start("caddy-e2e", |_| {}, |_| {}).await;
     let caddy = Caddy::start().await;
     let pods = [
-        Server::start(
-            "127.0.1.1",
-            Role::Pod {
-                job: "e1".into(),
-                rank: 0,
-            },
-        )
-        .await,
-        Server::start(
-            "127.0.1.2",
-            Role::Pod {
-                job: "e1".into(),
-                rank: 1,
-            },
-        )
-        .await,
+        Server::pod("127.0.1.1", "e1", 0).await,
+        Server::pod("127.0.1.2", "e1", 1).await,
     ];
     let authz = Server::start("127.0.0.1", Role::Authz).await;
     let bridge = Server::start("127.0.0.1", Role::Bridge).await;
-    let sync = support::start_configured(&w, "a", w.config.broker.clone(), |c| {
-        c.caddy_admin = caddy.admin_url.clone();
-        c.listen_port = caddy.http_port;
+    let sync = behind(&w, &caddy, |c| {
         c.authz_url = format!("http://{}/authz", authz.addr);
         c.bridge_url = format!("http://{}", bridge.addr);
     })
@@ -219,17 +218,8 @@ async fn caddy_checks_every_request_routes_each_rank_and_bridge_and_passes_webso
 async fn a_restarted_caddy_or_one_whose_config_was_replaced_gets_every_route_again() {
     let w = World::start("caddy-restart", |_| {}, |_| {}).await;
     let mut caddy = Caddy::start().await;
-    let pod = Server::start(
-        "127.0.1.3",
-        Role::Pod {
-            job: "r1".into(),
-            rank: 0,
-        },
-    )
-    .await;
-    let sync = support::start_configured(&w, "a", w.config.broker.clone(), |c| {
-        c.caddy_admin = caddy.admin_url.clone();
-        c.listen_port = caddy.http_port;
+    let pod = Server::pod("127.0.1.3", "r1", 0).await;
+    let sync = behind(&w, &caddy, |c| {
         c.caddy_check = Duration::from_millis(100);
     })
     .await;
@@ -278,11 +268,7 @@ async fn started_while_200_jobs_run_every_route_is_in_caddy_before_ready() {
     run_jobs(&mut w, &ids).await;
     let ns = w.namespace_of(&web_job("c0", 1, ""));
     let caddy = Caddy::start().await;
-    let sync = support::start_configured(&w, "a", w.config.broker.clone(), |c| {
-        c.caddy_admin = caddy.admin_url.clone();
-        c.listen_port = caddy.http_port;
-    })
-    .await;
+    let sync = behind(&w, &caddy, |_| {}).await;
     sync.until_ready().await;
     let live = caddy.hosts().await;
     let mut want = BTreeMap::new();
@@ -408,28 +394,10 @@ async fn chromium_sees_rank_0_then_rank_1_through_caddy_and_nothing_after_the_jo
     let w = World::start("caddy-browser", |_| {}, |_| {}).await;
     let caddy = Caddy::start().await;
     let pods = [
-        Server::start(
-            "127.0.1.4",
-            Role::Pod {
-                job: "b1".into(),
-                rank: 0,
-            },
-        )
-        .await,
-        Server::start(
-            "127.0.1.5",
-            Role::Pod {
-                job: "b1".into(),
-                rank: 1,
-            },
-        )
-        .await,
+        Server::pod("127.0.1.4", "b1", 0).await,
+        Server::pod("127.0.1.5", "b1", 1).await,
     ];
-    let sync = support::start_configured(&w, "a", w.config.broker.clone(), |c| {
-        c.caddy_admin = caddy.admin_url.clone();
-        c.listen_port = caddy.http_port;
-    })
-    .await;
+    let sync = behind(&w, &caddy, |_| {}).await;
     sync.until_ready().await;
     let addrs = [pods[0].addr, pods[1].addr];
     publish(&w, &event("b1", &addrs, false)).await;

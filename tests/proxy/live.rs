@@ -31,6 +31,19 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// An empty directory of its own under the temporary directory.
+fn fresh_dir(label: &str) -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "vr-{label}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 fn which(program: &str) -> PathBuf {
     let found = std::env::var_os("PATH")
         .into_iter()
@@ -57,14 +70,7 @@ impl Caddy {
     pub async fn start() -> Self {
         let admin_port = free_port();
         let http_port = free_port();
-        static N: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "vr-caddy-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = fresh_dir("caddy");
         let mut caddy = Self {
             admin_url: format!("http://127.0.0.1:{admin_port}"),
             admin: CaddyAdmin::new(
@@ -212,6 +218,18 @@ impl Drop for Server {
 }
 
 impl Server {
+    /// A pod of job `job`: rank `rank` on `ip`.
+    pub async fn pod(ip: &str, job: &str, rank: u32) -> Self {
+        Self::start(
+            ip,
+            Role::Pod {
+                job: job.into(),
+                rank,
+            },
+        )
+        .await
+    }
+
     /// Serves `role` on `ip` (any of 127.0.0.0/8), on a free port.
     pub async fn start(ip: &str, role: Role) -> Self {
         let listener = TcpListener::bind((ip, 0))
@@ -479,14 +497,7 @@ impl Browser {
     /// Opens `url` in a fresh profile (no cookie but what the answers set) and returns what Chromium
     /// saw.
     pub async fn open(&self, url: &str) -> Page {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "vr-chromium-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = fresh_dir("chromium");
         let netlog = dir.join("netlog.json");
         let mut command = Command::new(which("chromium"));
         command
