@@ -28,6 +28,19 @@ pub struct ProxySyncConfig {
     /// its routes back.
     #[serde(with = "duration::required")]
     pub removed_retention: Duration,
+    /// Caddy's admin API (`http://127.0.0.1:2019`): the routes are pushed to the Caddy behind it as
+    /// well ([`crate::proxy::caddy`]); empty: no Caddy.
+    pub caddy_admin: String,
+    /// How often Caddy's live configuration is checked for being the one pushed (a restarted Caddy, or
+    /// one whose configuration was replaced, gets the whole configuration again).
+    #[serde(with = "duration::required")]
+    pub caddy_check: Duration,
+    /// The session check every request goes through first (`http://127.0.0.1:9901/authz`: Envoy's
+    /// ext_authz, Caddy's forward_auth); empty: requests are not checked.
+    pub authz_url: String,
+    /// Where paths under `/.volcano-runner/` go (the VNC, terminal and logs bridges,
+    /// `http://127.0.0.1:9902`); empty: they go to the pod like any path.
+    pub bridge_url: String,
 }
 
 mod duration {
@@ -43,6 +56,10 @@ impl Default for ProxySyncConfig {
             coalesce: Duration::from_millis(100),
             prefetch: 256,
             removed_retention: Duration::from_secs(3600),
+            caddy_admin: String::new(),
+            caddy_check: Duration::from_secs(2),
+            authz_url: String::new(),
+            bridge_url: String::new(),
         }
     }
 }
@@ -80,7 +97,67 @@ impl ProxySyncConfig {
                 "must be longer than zero, or a late CREATE could bring a removed job back",
             ));
         }
+        if self.caddy_check.is_zero() {
+            return Err(invalid("caddy_check", "must be longer than zero"));
+        }
+        for (key, url) in [
+            ("caddy_admin", &self.caddy_admin),
+            ("authz_url", &self.authz_url),
+            ("bridge_url", &self.bridge_url),
+        ] {
+            if !url.is_empty() {
+                Upstream::parse(url).map_err(|reason| invalid(key, &reason))?;
+            }
+        }
         Ok(())
+    }
+}
+
+/// An HTTP address of `[proxy_sync]` (`caddy_admin`, `authz_url`, `bridge_url`), taken apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    /// The host: an IP address or a name.
+    pub host: String,
+    pub port: u16,
+    /// The path, `/` when none was given.
+    pub path: String,
+}
+
+impl Upstream {
+    /// Parses `http://host:port/path` (the port defaults to 80); the reason when it is not one.
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let uri: http::Uri = url
+            .parse()
+            .map_err(|e| format!("{url:?} is not a URL ({e}); write http://host:port/path"))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(format!(
+                "{url:?} must start with http:// (the proxy talks plain HTTP to its own sidecars)"
+            ));
+        }
+        let host = uri
+            .host()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| format!("{url:?} has no host"))?
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        if uri.query().is_some() {
+            return Err(format!("{url:?} must not have a query"));
+        }
+        Ok(Self {
+            host,
+            port: uri.port_u16().unwrap_or(80),
+            path: uri.path().to_owned(),
+        })
+    }
+
+    /// `host:port`, with brackets around an IPv6 address (a dial address).
+    pub fn authority(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
     }
 }
 
@@ -100,5 +177,30 @@ mod tests {
         let e = toml::from_str::<ProxySyncConfig>("colaesce = \"250ms\"").unwrap_err();
         assert!(e.to_string().contains("colaesce"), "{e}");
         ProxySyncConfig::default().check().unwrap();
+        let c = ProxySyncConfig {
+            authz_url: "127.0.0.1:9901/authz".into(),
+            ..ProxySyncConfig::default()
+        };
+        assert_eq!(c.check().unwrap_err().key, "proxy_sync.authz_url");
+    }
+
+    #[test]
+    fn upstreams_are_taken_apart() {
+        let u = Upstream::parse("http://127.0.0.1:9901/authz").unwrap();
+        assert_eq!(
+            (u.host.as_str(), u.port, u.path.as_str()),
+            ("127.0.0.1", 9901, "/authz")
+        );
+        assert_eq!(u.authority(), "127.0.0.1:9901");
+        let u = Upstream::parse("http://[::1]:2019").unwrap();
+        assert_eq!(
+            (u.authority().as_str(), u.path.as_str()),
+            ("[::1]:2019", "/")
+        );
+        assert!(
+            Upstream::parse("https://x:1")
+                .unwrap_err()
+                .contains("http://")
+        );
     }
 }

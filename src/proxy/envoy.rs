@@ -10,7 +10,14 @@
 //!   routes, so a route change never drains a listener.
 //! - `rds.json`: the `RouteConfiguration`: one virtual host per host name of the table
 //!   (`<prefix><jobId>-<rank>.<domain>` and each public domain), each to its rank's cluster.
-//! - `cds.json`: one STATIC cluster per routed rank, `job-<jobId>-<rank>`, with the pod's IP and port.
+//! - `cds.json`: one STATIC cluster per routed rank, `job-<jobId>-<rank>`, with the pod's IP and port;
+//!   and [`AUTHZ_CLUSTER`] and [`BRIDGE_CLUSTER`] when `authz_url` and `bridge_url` are set.
+//!
+//! With `authz_url`, every request is first checked by Envoy's `ext_authz` filter (an HTTP service: the
+//! check is a request to `authz_url`'s path followed by the original path, with the original Host and
+//! the Cookie; a 200 lets it on with the answer's `x-volcano-runner-*` headers, anything else, the
+//! session's 302 included, goes to the client as it is). With `bridge_url`, paths under
+//! `/.volcano-runner/` go to the bridges, after the check like everything else.
 //!
 //! Every file is written to a temporary file in the same directory and renamed over the old one, which
 //! is atomic (Envoy never reads half a file) and is what Envoy's file watch reacts to. A file whose
@@ -22,6 +29,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use super::table::{HostNaming, Route, RouteTable};
+use crate::config::proxy_sync::Upstream;
 
 /// The name of the listener, the route configuration and the HTTP connection manager's stats.
 pub const ROUTE_CONFIG: &str = "volcano-runner-routes";
@@ -31,6 +39,14 @@ const ROUTES_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfig
 const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 const HCM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const ROUTER_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router";
+const EXT_AUTHZ_TYPE: &str =
+    "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz";
+/// The cluster of the session check (`authz_url`).
+pub const AUTHZ_CLUSTER: &str = "volcano-runner-authz";
+/// The cluster of the bridges (`bridge_url`).
+pub const BRIDGE_CLUSTER: &str = "volcano-runner-bridge";
+/// The path prefix that goes to the bridges.
+pub const BRIDGE_PREFIX: &str = "/.volcano-runner/";
 
 /// The file names, in the directory.
 pub const BOOTSTRAP_FILE: &str = "bootstrap.json";
@@ -47,6 +63,10 @@ pub struct EnvoySettings {
     pub listen_port: u16,
     /// How long Envoy waits for a pod to accept a connection.
     pub connect_timeout_ms: u64,
+    /// The session check every request goes through (`authz_url`), if any.
+    pub authz: Option<Upstream>,
+    /// Where `/.volcano-runner/` paths go (`bridge_url`), if any.
+    pub bridge: Option<Upstream>,
 }
 
 /// One cluster's name: `job-<jobId>-<rank>`.
@@ -93,10 +113,7 @@ pub fn listeners(settings: &EnvoySettings) -> Value {
             "route_config_name": ROUTE_CONFIG,
             "config_source": path_source(&settings.dir.join(RDS_FILE)),
         },
-        "http_filters": [{
-            "name": "envoy.filters.http.router",
-            "typed_config": {"@type": ROUTER_TYPE},
-        }],
+        "http_filters": http_filters(settings),
     });
     response(vec![json!({
         "@type": LISTENER_TYPE,
@@ -111,19 +128,62 @@ pub fn listeners(settings: &EnvoySettings) -> Value {
     })])
 }
 
+/// The HTTP filters: the session check when `authz_url` is set, then the router.
+fn http_filters(settings: &EnvoySettings) -> Vec<Value> {
+    let mut filters = Vec::new();
+    if let Some(authz) = &settings.authz {
+        filters.push(json!({
+            "name": "envoy.filters.http.ext_authz",
+            "typed_config": {
+                "@type": EXT_AUTHZ_TYPE,
+                "transport_api_version": "V3",
+                "http_service": {
+                    "server_uri": {
+                        "uri": format!("http://{}{}", authz.authority(), authz.path),
+                        "cluster": AUTHZ_CLUSTER,
+                        "timeout": "1s",
+                    },
+                    // The check's path is this followed by the original path and query.
+                    "path_prefix": authz.path.trim_end_matches('/'),
+                    "authorization_response": {
+                        "allowed_upstream_headers": {"patterns": [{"prefix": "x-volcano-runner-"}]},
+                    },
+                },
+                // Host, method and path always go to the check; the session is in the cookie.
+                "allowed_headers": {"patterns": [{"exact": "cookie"}]},
+                // A check that cannot be made refuses the request.
+                "failure_mode_allow": false,
+            },
+        }));
+    }
+    filters.push(json!({
+        "name": "envoy.filters.http.router",
+        "typed_config": {"@type": ROUTER_TYPE},
+    }));
+    filters
+}
+
 /// `rds.json`: a virtual host per host name.
-pub fn route_configuration(routes: &[Route]) -> Value {
+pub fn route_configuration(routes: &[Route], settings: &EnvoySettings) -> Value {
     let virtual_hosts: Vec<Value> = routes
         .iter()
         .map(|r| {
+            let mut to = Vec::new();
+            if settings.bridge.is_some() {
+                to.push(json!({
+                    "match": {"prefix": BRIDGE_PREFIX},
+                    "route": {"cluster": BRIDGE_CLUSTER, "timeout": "0s"},
+                }));
+            }
+            to.push(json!({
+                "match": {"prefix": "/"},
+                // No timeout: notebooks long-poll, and WebSockets stay open for the session.
+                "route": {"cluster": cluster_name(&r.job_id, r.rank), "timeout": "0s"},
+            }));
             json!({
                 "name": r.host,
                 "domains": [r.host],
-                "routes": [{
-                    "match": {"prefix": "/"},
-                    // No timeout: notebooks long-poll, and WebSockets stay open for the session.
-                    "route": {"cluster": cluster_name(&r.job_id, r.rank), "timeout": "0s"},
-                }],
+                "routes": to,
             })
         })
         .collect();
@@ -134,9 +194,37 @@ pub fn route_configuration(routes: &[Route]) -> Value {
     })])
 }
 
-/// `cds.json`: a cluster per routed rank.
+/// A cluster of one endpoint: STATIC for an IP address, LOGICAL_DNS for a name.
+fn sidecar_cluster(name: &str, to: &Upstream, settings: &EnvoySettings) -> Value {
+    let kind = if to.host.parse::<std::net::IpAddr>().is_ok() {
+        "STATIC"
+    } else {
+        "LOGICAL_DNS"
+    };
+    json!({
+        "@type": CLUSTER_TYPE,
+        "name": name,
+        "type": kind,
+        "connect_timeout": format!("{}s", settings.connect_timeout_ms as f64 / 1000.0),
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {
+                "address": to.host,
+                "port_value": to.port,
+            }}}}]}],
+        },
+    })
+}
+
+/// `cds.json`: a cluster per routed rank, and the check's and the bridges'.
 pub fn clusters(table: &RouteTable, settings: &EnvoySettings) -> Value {
     let mut out = Vec::new();
+    if let Some(authz) = &settings.authz {
+        out.push(sidecar_cluster(AUTHZ_CLUSTER, authz, settings));
+    }
+    if let Some(bridge) = &settings.bridge {
+        out.push(sidecar_cluster(BRIDGE_CLUSTER, bridge, settings));
+    }
     for (job_id, routes) in table.live() {
         for (&rank, backend) in &routes.ranks {
             let name = cluster_name(job_id, rank);
@@ -166,7 +254,10 @@ pub fn render(
 ) -> Vec<(&'static str, Value)> {
     vec![
         (CDS_FILE, clusters(table, settings)),
-        (RDS_FILE, route_configuration(&table.routes(naming))),
+        (
+            RDS_FILE,
+            route_configuration(&table.routes(naming), settings),
+        ),
         (LDS_FILE, listeners(settings)),
     ]
 }
@@ -235,6 +326,8 @@ mod tests {
             dir: dir.to_owned(),
             listen_port: 8080,
             connect_timeout_ms: 2500,
+            authz: None,
+            bridge: None,
         }
     }
 
@@ -280,7 +373,7 @@ mod tests {
     fn routes_and_clusters_follow_the_table() {
         let s = settings(Path::new("/run/envoy"));
         let t = table();
-        let rds = route_configuration(&t.routes(&naming()));
+        let rds = route_configuration(&t.routes(&naming()), &s);
         let hosts: Vec<(&str, &str)> = rds["resources"][0]["virtual_hosts"]
             .as_array()
             .unwrap()
@@ -321,8 +414,37 @@ mod tests {
         // The version follows the content.
         assert_ne!(
             rds["version_info"],
-            route_configuration(&RouteTable::new().routes(&naming()))["version_info"]
+            route_configuration(&RouteTable::new().routes(&naming()), &s)["version_info"]
         );
+    }
+
+    #[test]
+    fn with_authz_and_bridge_every_request_is_checked_and_bridge_paths_go_to_the_bridge() {
+        let s = EnvoySettings {
+            authz: Some(Upstream::parse("http://127.0.0.1:9901/authz").unwrap()),
+            bridge: Some(Upstream::parse("http://localhost:9902").unwrap()),
+            ..settings(Path::new("/run/envoy"))
+        };
+        let t = table();
+        let lds = listeners(&s);
+        let filters =
+            &lds["resources"][0]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"];
+        assert_eq!(filters[0]["name"], "envoy.filters.http.ext_authz");
+        assert_eq!(filters[1]["name"], "envoy.filters.http.router");
+        let http = &filters[0]["typed_config"]["http_service"];
+        assert_eq!(http["server_uri"]["cluster"], AUTHZ_CLUSTER);
+        assert_eq!(http["path_prefix"], "/authz");
+        let rds = route_configuration(&t.routes(&naming()), &s);
+        let first = &rds["resources"][0]["virtual_hosts"][0]["routes"];
+        assert_eq!(first[0]["match"]["prefix"], BRIDGE_PREFIX);
+        assert_eq!(first[0]["route"]["cluster"], BRIDGE_CLUSTER);
+        assert_eq!(first[1]["route"]["cluster"], "job-42-0");
+        let cds = clusters(&t, &s);
+        assert_eq!(cds["resources"][0]["name"], AUTHZ_CLUSTER);
+        assert_eq!(cds["resources"][0]["type"], "STATIC");
+        assert_eq!(cds["resources"][1]["name"], BRIDGE_CLUSTER);
+        assert_eq!(cds["resources"][1]["type"], "LOGICAL_DNS");
+        assert_eq!(cds["resources"].as_array().unwrap().len(), 4);
     }
 
     #[test]

@@ -1,15 +1,17 @@
 //! The proxy-sync role (`volcano-runner proxy-sync`): every instance keeps the routes of every running
 //! interactive job, from the `ProxyEvent`s on the proxy fanout exchange and from the cluster, and writes
-//! them as Envoy's dynamic configuration. docs/proxy.md describes the role for operators.
+//! them as Envoy's dynamic configuration and, when configured, to Caddy through its admin API. docs/proxy.md describes the role for operators.
 //!
 //! # Layout
 //! - [`table`]: [`RouteTable`], the routes by job, and the rule that orders updates (pure).
 //! - [`snapshot`]: the routes of the running interactive jobs, read from the cluster.
 //! - [`envoy`]: the Envoy files (listener, routes, clusters, bootstrap), written atomically.
+//! - [`caddy`]: Caddy's configuration, pushed through its admin API.
 //! - [`sync`]: [`ProxySync`], the loop: bind first, then build from the cluster, then apply events.
 //!
 //! Its configuration section is `[proxy_sync]` ([`crate::config::ProxySyncConfig`]).
 
+pub mod caddy;
 pub mod envoy;
 pub mod snapshot;
 pub mod sync;

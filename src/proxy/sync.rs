@@ -22,6 +22,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::caddy::{self, CaddyAdmin, CaddyError, CaddySettings};
 use super::envoy::{self, EnvoySettings, WriteError};
 use super::snapshot;
 use super::table::{Applied, HostNaming, JobUpdate, RouteTable};
@@ -31,6 +32,7 @@ use crate::broker::{
 };
 use crate::cluster::ClusterError;
 use crate::config::ProxySyncConfig;
+use crate::config::proxy_sync::Upstream;
 use crate::durable::AnnotationKeys;
 use crate::ops::health::Condition;
 use crate::pipeline::PipelineConfig;
@@ -167,6 +169,7 @@ impl ProxySync {
             self.routes.clone(),
             self.routes.subscribe(),
             self.config.coalesce,
+            self.config.caddy_check,
             shutdown.clone(),
         ));
         let result = self.consume(&mut consumer, &writer, &shutdown).await;
@@ -257,6 +260,16 @@ impl ProxySync {
             ((), changed)
         });
         writer.write(&self.routes).await?;
+        // Caddy too has every route before ready; a Caddy not up yet (a sidecar starting) is waited for.
+        let mut delays = self.broker.config().reconnect_backoff();
+        while let Err(e) = writer.push_caddy(&self.routes, false).await {
+            let delay = delays.next().unwrap_or(Duration::from_secs(1));
+            warn!(error = %e, ?delay, "The routes could not be pushed to Caddy; retrying.");
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(false),
+                () = tokio::time::sleep(delay) => {}
+            }
+        }
         info!(jobs, %queue, took = ?began.elapsed(), "Route table built from the cluster.");
         self.set_ready(Ok(()));
         Ok(true)
@@ -313,10 +326,14 @@ impl ProxySync {
     }
 }
 
-/// Writes the Envoy files, one write at a time: changes coalesced by [`Writer::run`], or at once by
-/// [`Writer::write`] (after a rebuild, before ready).
+/// Writes the Envoy files and pushes Caddy's configuration, one write at a time: changes coalesced by
+/// [`Writer::run`], or at once by [`Writer::write`] and [`Writer::push_caddy`] (after a rebuild, before
+/// ready).
 struct Writer {
     settings: Option<EnvoySettings>,
+    caddy: Option<(CaddyAdmin, CaddySettings)>,
+    /// The table version and the marker last pushed to Caddy.
+    caddy_pushed: Mutex<Option<(u64, String)>>,
     naming: HostNaming,
     node_id: String,
     lock: tokio::sync::Mutex<()>,
@@ -328,12 +345,33 @@ struct Writer {
 
 impl Writer {
     fn new(c: &ProxySyncConfig, naming: HostNaming, node_id: String) -> Self {
+        // The URLs were checked with the configuration ([`ProxySyncConfig::check`]).
+        let upstream = |url: &str| {
+            (!url.is_empty())
+                .then(|| Upstream::parse(url).ok())
+                .flatten()
+        };
+        let caddy = upstream(&c.caddy_admin).map(|admin| {
+            (
+                CaddyAdmin::new(admin.clone()),
+                CaddySettings {
+                    admin,
+                    listen_port: c.listen_port,
+                    authz: upstream(&c.authz_url),
+                    bridge: upstream(&c.bridge_url),
+                },
+            )
+        });
         Self {
+            caddy,
+            caddy_pushed: Mutex::new(None),
             settings: (!c.envoy_dir.as_os_str().is_empty()).then(|| EnvoySettings {
                 dir: c.envoy_dir.clone(),
                 listen_port: c.listen_port,
                 connect_timeout_ms: u64::try_from(c.connect_timeout.as_millis())
                     .unwrap_or(u64::MAX),
+                authz: upstream(&c.authz_url),
+                bridge: upstream(&c.bridge_url),
             }),
             naming,
             node_id,
@@ -378,19 +416,74 @@ impl Writer {
         Ok(())
     }
 
+    /// Pushes the table as it is now to Caddy, unless that version is what Caddy got last (`force`:
+    /// whatever Caddy got).
+    async fn push_caddy(&self, routes: &Routes, force: bool) -> Result<(), CaddyError> {
+        let Some((admin, settings)) = &self.caddy else {
+            return Ok(());
+        };
+        let _one_at_a_time = self.lock.lock().await;
+        let version = *routes.version.borrow();
+        let pushed = self
+            .caddy_pushed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if !force && pushed.as_ref().is_some_and(|(v, _)| *v == version) {
+            return Ok(());
+        }
+        let (config, marker) = routes.read(|t| caddy::config(&t.routes(&self.naming), settings));
+        let began = std::time::Instant::now();
+        admin.load(&config).await?;
+        debug!(version, %marker, took = ?began.elapsed(), "Caddy configuration pushed.");
+        *self.caddy_pushed.lock().unwrap_or_else(|e| e.into_inner()) = Some((version, marker));
+        Ok(())
+    }
+
+    /// Pushes the whole configuration again when Caddy no longer runs what it was given (restarted, or
+    /// its configuration replaced), or was never given the current version.
+    async fn check_caddy(&self, routes: &Routes) -> Result<(), CaddyError> {
+        let Some((admin, _)) = &self.caddy else {
+            return Ok(());
+        };
+        let pushed = self
+            .caddy_pushed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        match pushed {
+            Some((_, marker)) if !admin.runs(&marker).await? => {
+                warn!(%marker, "Caddy no longer runs the configuration it was given (restarted?); pushing it again.");
+                self.push_caddy(routes, true).await
+            }
+            _ => self.push_caddy(routes, false).await,
+        }
+    }
+
     /// Writes after each change `changes` sees (subscribed by the caller, so no change made after the
-    /// call is missed), at most once per `coalesce`.
+    /// call is missed), at most once per `coalesce`; and every `caddy_check` checks that Caddy still
+    /// runs what it was given.
     async fn run(
         self: Arc<Self>,
         routes: Routes,
         mut changes: watch::Receiver<u64>,
         coalesce: Duration,
+        caddy_check: Duration,
         shutdown: CancellationToken,
     ) -> Result<(), WriteError> {
+        let mut check =
+            tokio::time::interval_at(tokio::time::Instant::now() + caddy_check, caddy_check);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
                 changed = changes.changed() => if changed.is_err() { return Ok(()) },
+                _ = check.tick(), if self.caddy.is_some() => {
+                    if let Err(e) = self.check_caddy(&routes).await {
+                        warn!(error = %e, "Caddy's configuration could not be checked or pushed; trying again.");
+                    }
+                    continue;
+                }
             }
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
@@ -400,6 +493,10 @@ impl Writer {
             if let Err(e) = self.write(&routes).await {
                 // Envoy keeps serving the last files; the next change tries again.
                 warn!(error = %e, "The Envoy configuration could not be written.");
+            }
+            if let Err(e) = self.push_caddy(&routes, false).await {
+                // Caddy keeps serving what it has; the next check pushes again.
+                warn!(error = %e, "The routes could not be pushed to Caddy.");
             }
         }
     }
@@ -453,6 +550,7 @@ mod tests {
             routes.clone(),
             routes.subscribe(),
             interval,
+            Duration::from_secs(3600),
             shutdown.clone(),
         ));
         for i in 0..100 {

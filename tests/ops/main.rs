@@ -14,6 +14,7 @@ mod job_cmd;
 mod metrics;
 mod monitoring;
 mod nested_headers;
+mod proxy_deploy;
 mod rbac;
 mod readiness;
 mod readme;

@@ -278,3 +278,41 @@ pub async fn serve(
     tokio::spawn(server.run(stop.clone().cancelled_owned()));
     (addr, stop)
 }
+
+/// The permissions table under `heading` in the markdown file `doc` (columns: where, resources, verbs,
+/// ...): every (where, resource, verb), with a resource's group (`jobs.batch.volcano.sh`) dropped as the
+/// RBAC rules drop it.
+pub fn permission_table(
+    doc: &str,
+    heading: &str,
+) -> std::collections::BTreeSet<(String, String, String)> {
+    let text = std::fs::read_to_string(root().join(doc)).unwrap();
+    let table = text
+        .split(heading)
+        .nth(1)
+        .unwrap_or_else(|| panic!("{doc} has the section {heading:?}"));
+    let mut documented = std::collections::BTreeSet::new();
+    for line in table
+        .lines()
+        .skip_while(|l| !l.starts_with("| where"))
+        .skip(2)
+    {
+        if !line.starts_with('|') {
+            break;
+        }
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let (scope, resources, verbs) = (cells[1], cells[2], cells[3]);
+        for resource in resources.split(',') {
+            let resource = resource.trim().trim_matches('`');
+            let resource = resource.split('.').next().unwrap();
+            for verb in verbs.split(',') {
+                documented.insert((
+                    scope.to_owned(),
+                    resource.to_owned(),
+                    verb.trim().to_owned(),
+                ));
+            }
+        }
+    }
+    documented
+}

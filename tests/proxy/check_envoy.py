@@ -20,6 +20,7 @@ try:
     from envoy.config.cluster.v3 import cluster_pb2
     from envoy.config.listener.v3 import listener_pb2
     from envoy.config.route.v3 import route_pb2
+    from envoy.extensions.filters.http.ext_authz.v3 import ext_authz_pb2
     from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401 (registers the type)
     from envoy.extensions.filters.network.http_connection_manager.v3 import (
         http_connection_manager_pb2 as hcm_pb2,
@@ -67,11 +68,35 @@ def main(directory):
     found["upgrades"] = [u.upgrade_type for u in hcm.upgrade_configs]
     found["rds_path"] = hcm.rds.config_source.path_config_source.path
     found["rds_name"] = hcm.rds.route_config_name
+    found["filters"] = [f.name for f in hcm.http_filters]
+    for f in hcm.http_filters:
+        if f.name == "envoy.filters.http.ext_authz":
+            authz = ext_authz_pb2.ExtAuthz()
+            if not f.typed_config.Unpack(authz):
+                raise ValueError("the ext_authz filter's typed_config is not an ExtAuthz")
+            http = authz.http_service
+            found["authz"] = {
+                "uri": http.server_uri.uri,
+                "cluster": http.server_uri.cluster,
+                "path_prefix": http.path_prefix,
+                "headers": [p.exact for p in authz.allowed_headers.patterns],
+                "upstream_headers": [p.prefix for p in http.authorization_response.allowed_upstream_headers.patterns],
+                "failure_mode_allow": authz.failure_mode_allow,
+            }
     (routes,) = messages["rds.json"]
     found["route_config_name"] = routes.name
+    # Where each host's other paths go (its last route, the catch-all "/").
     found["hosts"] = {
-        vh.domains[0]: vh.routes[0].route.cluster for vh in routes.virtual_hosts
+        vh.domains[0]: vh.routes[-1].route.cluster for vh in routes.virtual_hosts
     }
+    bridged = {
+        vh.domains[0]: r.route.cluster
+        for vh in routes.virtual_hosts
+        for r in vh.routes
+        if r.match.prefix == "/.volcano-runner/"
+    }
+    if bridged:
+        found["bridge_routes"] = bridged
     found["clusters"] = {
         c.name: [
             f"{e.endpoint.address.socket_address.address}:{e.endpoint.address.socket_address.port_value}"

@@ -96,6 +96,8 @@ fn envoy_loads_the_listener_routes_and_clusters_as_written() {
         dir: dir.clone(),
         listen_port: 8443,
         connect_timeout_ms: 5000,
+        authz: None,
+        bridge: None,
     };
     envoy::write_all(&table, &naming, &settings, "proxy-0").unwrap();
     let Some(found) = check(&dir) else { return };
@@ -111,6 +113,7 @@ fn envoy_loads_the_listener_routes_and_clusters_as_written() {
             "rds_path": path("rds.json"),
             "rds_name": envoy::ROUTE_CONFIG,
             "route_config_name": envoy::ROUTE_CONFIG,
+            "filters": ["envoy.filters.http.router"],
             "hosts": {
                 "app-42-0.cloud.sdu.dk": "job-42-0",
                 "app-42-1.cloud.sdu.dk": "job-42-1",
@@ -135,6 +138,8 @@ fn a_field_envoy_does_not_know_is_refused() {
         dir: dir.clone(),
         listen_port: 8080,
         connect_timeout_ms: 5000,
+        authz: None,
+        bridge: None,
     };
     let naming = HostNaming {
         prefix: "app-".into(),
@@ -150,5 +155,67 @@ fn a_field_envoy_does_not_know_is_refused() {
     let Some(found) = check(&dir) else { return };
     let err = found.expect_err("an unknown field must fail");
     assert!(err.contains("connect_timeout_seconds"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// With `authz_url` and `bridge_url`: the ext_authz filter (an HTTP service at the authz URL, passing
+/// the cookie, refusing when the check cannot be made) comes before the router, every host sends
+/// `/.volcano-runner/` to the bridge cluster, and both clusters are there; Envoy's definitions load it.
+#[test]
+fn envoy_loads_the_session_check_and_the_bridge_routes() {
+    let dir = temp_dir("authz");
+    let mut table = RouteTable::new();
+    table.apply(JobUpdate::from_event(&event("42", &["10.0.0.1", "10.0.0.2"], &[])).unwrap());
+    let naming = HostNaming {
+        prefix: "app-".into(),
+        domain: "cloud.sdu.dk".into(),
+    };
+    let upstream =
+        |url: &str| Some(volcano_runner::config::proxy_sync::Upstream::parse(url).unwrap());
+    let settings = EnvoySettings {
+        dir: dir.clone(),
+        listen_port: 8080,
+        connect_timeout_ms: 5000,
+        authz: upstream("http://127.0.0.1:9901/authz"),
+        bridge: upstream("http://127.0.0.1:9902"),
+    };
+    envoy::write_all(&table, &naming, &settings, "proxy-0").unwrap();
+    let Some(found) = check(&dir) else { return };
+    let found = found.unwrap_or_else(|e| panic!("Envoy's API definitions refuse the files: {e}"));
+    assert_eq!(
+        found["filters"],
+        json!(["envoy.filters.http.ext_authz", "envoy.filters.http.router"])
+    );
+    assert_eq!(
+        found["authz"],
+        json!({
+            "uri": "http://127.0.0.1:9901/authz",
+            "cluster": envoy::AUTHZ_CLUSTER,
+            "path_prefix": "/authz",
+            "headers": ["cookie"],
+            "upstream_headers": ["x-volcano-runner-"],
+            "failure_mode_allow": false,
+        })
+    );
+    assert_eq!(
+        found["bridge_routes"],
+        json!({
+            "app-42-0.cloud.sdu.dk": envoy::BRIDGE_CLUSTER,
+            "app-42-1.cloud.sdu.dk": envoy::BRIDGE_CLUSTER,
+        })
+    );
+    assert_eq!(
+        found["hosts"],
+        json!({"app-42-0.cloud.sdu.dk": "job-42-0", "app-42-1.cloud.sdu.dk": "job-42-1"})
+    );
+    assert_eq!(
+        found["clusters"],
+        json!({
+            envoy::AUTHZ_CLUSTER: ["127.0.0.1:9901"],
+            envoy::BRIDGE_CLUSTER: ["127.0.0.1:9902"],
+            "job-42-0": ["10.0.0.1:8888"],
+            "job-42-1": ["10.0.0.2:8888"],
+        })
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -10,8 +10,10 @@ mod monitor_support;
 #[path = "../common/rabbit.rs"]
 mod rabbit;
 
+mod caddy;
 mod cli;
 mod envoy;
+mod live;
 mod measure;
 mod support;
 mod sync;

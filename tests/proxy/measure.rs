@@ -6,6 +6,8 @@
 //!   an instance's table, and the same for `REMOVE`, over 1,000 jobs, one at a time.
 //! - Rebuild: an instance's table built from a simulator with 10,000 running interactive jobs (the list
 //!   of jobs and pods, the table, and the Envoy files).
+//! - Caddy: the whole configuration for 10,000 jobs pushed to a running Caddy (`POST /load`), and a
+//!   route from `CREATE` published to being in Caddy's live configuration.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -173,6 +175,8 @@ async fn rebuild_from_ten_thousand_running_jobs() {
         dir: dir.clone(),
         listen_port: 8080,
         connect_timeout_ms: 5000,
+        authz: None,
+        bridge: None,
     };
     let naming = HostNaming {
         prefix: pipeline.proxy.prefix.clone(),
@@ -195,4 +199,133 @@ async fn rebuild_from_ten_thousand_running_jobs() {
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Caddy: how long a `POST /load` of the whole configuration takes for 10,000 routed jobs (every change
+/// is one), and from a `CREATE` published to the route in Caddy's live configuration.
+#[tokio::test]
+#[ignore = "a measurement: run with --release -- --ignored --nocapture"]
+async fn caddy_load_and_route_latency() {
+    use volcano_runner::config::proxy_sync::Upstream;
+    use volcano_runner::proxy::JobUpdate;
+    use volcano_runner::proxy::caddy::{self, CaddySettings};
+
+    let live = crate::live::Caddy::start().await;
+    let settings = CaddySettings {
+        admin: Upstream::parse(&live.admin_url).unwrap(),
+        listen_port: live.http_port,
+        authz: Some(Upstream::parse("http://127.0.0.1:9901/authz").unwrap()),
+        bridge: Some(Upstream::parse("http://127.0.0.1:9902").unwrap()),
+    };
+    let naming = HostNaming {
+        prefix: "app-".into(),
+        domain: "cloud.sdu.dk".into(),
+    };
+    let mut table = RouteTable::new();
+    for i in 0..10_000u32 {
+        let e = ProxyEvent {
+            event_id: format!("m{i}/proxy/create/1"),
+            job_id: format!("m{i}"),
+            action: ProxyAction::Create as i32,
+            targets: vec![ProxyTarget {
+                rank: 0,
+                pod_ip: format!("10.{}.{}.{}", i / 65536, (i / 256) % 256, i % 256),
+                port: 8888,
+                hostname: format!("j-m{i}-job-0.j-m{i}"),
+            }],
+            domains: vec![],
+            timestamp: Some(pbjson_types::Timestamp {
+                seconds: 1_800_000_000,
+                nanos: 0,
+            }),
+            sequence: 1,
+        };
+        table.apply(JobUpdate::from_event(&e).unwrap());
+    }
+    let mut loads = Vec::new();
+    for round in 0..5 {
+        let t0 = Instant::now();
+        let (config, _) = caddy::config(&table.routes(&naming), &settings);
+        let rendered = t0.elapsed();
+        let bytes = serde_json::to_vec(&config).unwrap().len();
+        let t1 = Instant::now();
+        live.admin.load(&config).await.expect("caddy loads it");
+        loads.push(t1.elapsed());
+        println!(
+            "round {round}: 10,000 routes rendered in {rendered:?} ({bytes} bytes), loaded in {:?}",
+            t1.elapsed()
+        );
+        // The next round differs by one job, as a change does.
+        table.apply(
+            JobUpdate::from_event(&ProxyEvent {
+                event_id: format!("x{round}"),
+                job_id: format!("x{round}"),
+                action: ProxyAction::Create as i32,
+                targets: vec![ProxyTarget {
+                    rank: 0,
+                    pod_ip: "10.200.0.1".into(),
+                    port: 8888,
+                    hostname: "h".into(),
+                }],
+                domains: vec![],
+                timestamp: Some(pbjson_types::Timestamp {
+                    seconds: 1_800_000_000,
+                    nanos: 0,
+                }),
+                sequence: 1,
+            })
+            .unwrap(),
+        );
+    }
+    report("POST /load of 10,000 routes", loads);
+
+    // From CREATE published to the route live in Caddy, 100 jobs one after another, a small table.
+    let w = World::start("caddy-latency", |_| {}, |_| {}).await;
+    let sync = support::start_configured(&w, "m", w.config.broker.clone(), |c| {
+        c.caddy_admin = live.admin_url.clone();
+        c.listen_port = live.http_port;
+        c.coalesce = Duration::from_millis(20);
+    })
+    .await;
+    sync.until_ready().await;
+    let publisher = Broker::connect(w.config.broker.clone(), CancellationToken::new())
+        .await
+        .unwrap();
+    let mut samples = Vec::new();
+    for i in 0..100 {
+        let job = format!("l{i}");
+        let e = ProxyEvent {
+            event_id: format!("{job}/proxy/create/1"),
+            job_id: job.clone(),
+            action: ProxyAction::Create as i32,
+            targets: vec![ProxyTarget {
+                rank: 0,
+                pod_ip: "10.1.0.1".into(),
+                port: 8888,
+                hostname: format!("j-{job}-job-0.j-{job}"),
+            }],
+            domains: vec![],
+            timestamp: Some(pbjson_types::Timestamp {
+                seconds: 1_800_000_000,
+                nanos: 0,
+            }),
+            sequence: 1,
+        };
+        let t0 = Instant::now();
+        publisher
+            .publisher()
+            .publish(&Outbound::proxy(&e, Format::Json, &w.config.broker))
+            .await
+            .unwrap();
+        let host = format!("app-{job}-0.cloud.sdu.dk");
+        live.until("the route", |h| h.contains_key(&host)).await;
+        samples.push(t0.elapsed());
+    }
+    report(
+        "CREATE published to the route in Caddy (coalesce 20ms)",
+        samples,
+    );
+    publisher.close().await;
+    sync.stop().await;
+    w.close().await;
 }

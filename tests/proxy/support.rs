@@ -30,7 +30,17 @@ pub async fn start(w: &World, name: &str) -> Instance {
 }
 
 /// Like [`start`], with a broker configuration of the test's (another user, say).
-pub async fn start_with(w: &World, name: &str, mut broker_config: BrokerConfig) -> Instance {
+pub async fn start_with(w: &World, name: &str, broker_config: BrokerConfig) -> Instance {
+    start_configured(w, name, broker_config, |_| {}).await
+}
+
+/// Like [`start_with`], with `[proxy_sync]` changed by `configure` (Caddy's admin API, say).
+pub async fn start_configured(
+    w: &World,
+    name: &str,
+    mut broker_config: BrokerConfig,
+    configure: impl FnOnce(&mut ProxySyncConfig),
+) -> Instance {
     broker_config.connection_name = format!("proxy-sync-{name}");
     let broker = Broker::connect(broker_config.clone(), CancellationToken::new())
         .await
@@ -44,11 +54,12 @@ pub async fn start_with(w: &World, name: &str, mut broker_config: BrokerConfig) 
     let envoy_dir =
         std::env::temp_dir().join(format!("vr-proxy-sync-{name}-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&envoy_dir);
-    let config = ProxySyncConfig {
+    let mut config = ProxySyncConfig {
         envoy_dir: envoy_dir.clone(),
         coalesce: Duration::from_millis(20),
         ..ProxySyncConfig::default()
     };
+    configure(&mut config);
     let sync = ProxySync::new(
         broker.clone(),
         w.client.clone(),

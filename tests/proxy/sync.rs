@@ -17,12 +17,12 @@ use crate::rabbit::{AMQP_ADDR, management, segment};
 use crate::support::{self, cancel, pod_ips, routed};
 
 /// Job `i` of a test: every fifth has two ranks.
-fn replicas(i: usize) -> u32 {
+pub(crate) fn replicas(i: usize) -> u32 {
     if i.is_multiple_of(5) { 2 } else { 1 }
 }
 
 /// Job ids with a published CREATE, and with a published REMOVE.
-fn published(seen: &Seen) -> (BTreeSet<String>, BTreeSet<String>) {
+pub(crate) fn published(seen: &Seen) -> (BTreeSet<String>, BTreeSet<String>) {
     let of = |action: ProxyAction| {
         seen.proxy
             .iter()
@@ -34,7 +34,7 @@ fn published(seen: &Seen) -> (BTreeSet<String>, BTreeSet<String>) {
 }
 
 /// Submits jobs `ids` and waits until the monitor published a CREATE for each.
-async fn run_jobs(w: &mut World, ids: &[(String, u32)]) {
+pub(crate) async fn run_jobs(w: &mut World, ids: &[(String, u32)]) {
     for (id, replicas) in ids {
         w.submit(&web_job(id, *replicas, "sleep 100000")).await;
     }
@@ -49,7 +49,11 @@ async fn run_jobs(w: &mut World, ids: &[(String, u32)]) {
 }
 
 /// What the cluster runs: each job's ranks' IPs.
-fn expected(w: &World, ns: &str, ids: &[(String, u32)]) -> BTreeMap<String, Vec<String>> {
+pub(crate) fn expected(
+    w: &World,
+    ns: &str,
+    ids: &[(String, u32)],
+) -> BTreeMap<String, Vec<String>> {
     ids.iter()
         .map(|(id, r)| (id.clone(), pod_ips(w, ns, id, *r)))
         .collect()
