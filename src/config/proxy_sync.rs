@@ -28,6 +28,9 @@ pub struct ProxySyncConfig {
     /// its routes back.
     #[serde(with = "duration::required")]
     pub removed_retention: Duration,
+    /// Where the session bridges (VNC, terminal, logs: docs/proxy.md) listen, `host:port`; the proxy
+    /// sends `/.volcano-runner/` paths there after the session check. Empty: no bridges.
+    pub bridge_listen: String,
 }
 
 mod duration {
@@ -43,6 +46,7 @@ impl Default for ProxySyncConfig {
             coalesce: Duration::from_millis(100),
             prefetch: 256,
             removed_retention: Duration::from_secs(3600),
+            bridge_listen: "127.0.0.1:8082".to_owned(),
         }
     }
 }
@@ -80,6 +84,14 @@ impl ProxySyncConfig {
                 "must be longer than zero, or a late CREATE could bring a removed job back",
             ));
         }
+        if !self.bridge_listen.is_empty()
+            && self.bridge_listen.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err(invalid(
+                "bridge_listen",
+                "must be an IP address and port such as 127.0.0.1:8082 (or empty: no bridges)",
+            ));
+        }
         Ok(())
     }
 }
@@ -100,5 +112,10 @@ mod tests {
         let e = toml::from_str::<ProxySyncConfig>("colaesce = \"250ms\"").unwrap_err();
         assert!(e.to_string().contains("colaesce"), "{e}");
         ProxySyncConfig::default().check().unwrap();
+        let c = ProxySyncConfig {
+            bridge_listen: "localhost".into(),
+            ..ProxySyncConfig::default()
+        };
+        assert_eq!(c.check().unwrap_err().key, "proxy_sync.bridge_listen");
     }
 }

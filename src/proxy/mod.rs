@@ -7,9 +7,11 @@
 //! - [`snapshot`]: the routes of the running interactive jobs, read from the cluster.
 //! - [`envoy`]: the Envoy files (listener, routes, clusters, bootstrap), written atomically.
 //! - [`sync`]: [`ProxySync`], the loop: bind first, then build from the cluster, then apply events.
+//! - [`bridge`]: the session bridges (VNC, terminal, logs) on `[proxy_sync] bridge_listen`.
 //!
 //! Its configuration section is `[proxy_sync]` ([`crate::config::ProxySyncConfig`]).
 
+pub mod bridge;
 pub mod envoy;
 pub mod snapshot;
 pub mod sync;

@@ -15,7 +15,7 @@
 //!   after every job end (W13: UCloud only did on cancel).
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerPort, Pod};
 
 use super::{Plugin, PluginId};
 use crate::messages::v1::{ApplicationType, ProxyAction, ProxyEvent, ProxyTarget};
@@ -47,6 +47,22 @@ impl Plugin for Proxy {
             return Err(PipelineError::invalid(field, "must be a port number"));
         }
         draft.annotate(&cx.keys.proxy_port, port.to_string());
+        // Declared on the container too, named by what it serves (`vnc` for a VNC application, `web`
+        // otherwise): informational for Kubernetes, read by the simulator to serve the application.
+        let name = match ApplicationType::try_from(app.application_type) {
+            Ok(ApplicationType::Vnc) => "vnc",
+            _ => "web",
+        };
+        draft
+            .user
+            .ports
+            .get_or_insert_with(Vec::new)
+            .push(ContainerPort {
+                name: Some(name.to_owned()),
+                container_port: port as i32,
+                protocol: Some("TCP".to_owned()),
+                ..ContainerPort::default()
+            });
         let domains: Vec<&str> = cx
             .ingresses
             .iter()

@@ -163,6 +163,8 @@ pub struct Model {
     /// Queues whose status needs a refresh.
     queues_dirty: BTreeSet<String>,
     queue_signatures: HashMap<String, String>,
+    /// What running pods serve on loopback, their scratch directories and exec sessions.
+    pub interactive: crate::sim::interactive::Interactive,
 }
 
 /// The queue-status counter a PodGroup phase falls under.
@@ -243,6 +245,7 @@ impl Model {
             bare_fresh: BTreeSet::new(),
             queues_dirty: BTreeSet::new(),
             queue_signatures: HashMap::new(),
+            interactive: Default::default(),
         }
     }
 
@@ -604,6 +607,7 @@ impl Model {
             }
             self.epoch += 1;
         }
+        self.interactive.stop(key);
         if removed && let Some(octet) = rt.ip.take() {
             self.nodes[rt.node].release_ip(octet);
         }
