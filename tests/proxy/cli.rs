@@ -53,6 +53,10 @@ async fn the_subcommand_is_ready_once_the_routes_are_written_and_stops_on_sigter
         .arg(&dir)
         .env("VOLCANO_RUNNER_BROKER__URL", w.vhost.amqp_url())
         .env("VOLCANO_RUNNER_OPS__LISTEN", &listen)
+        .env(
+            "VOLCANO_RUNNER_PROXY_SYNC__BRIDGE_LISTEN",
+            format!("127.0.0.1:{}", free_port()),
+        )
         .env("VOLCANO_RUNNER_PIPELINE__PROXY__DOMAIN", "apps.example.org")
         .env_remove("VOLCANO_RUNNER_CONFIG")
         .stdout(Stdio::null())

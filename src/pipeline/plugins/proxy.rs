@@ -2,7 +2,8 @@
 //!
 //! - At create: the target port (`proxyPort`: the web port for WEB apps, default 80; the VNC port for VNC
 //!   apps, default 5900; the web port for others that declare one) and the public links
-//!   (`proxyDomains`). Batch jobs without a web port get nothing and are never routed (W26).
+//!   (`proxyDomains`). Batch jobs without a web port get nothing and are never routed (W26). The port is
+//!   also declared on the user's container, named `vnc` for a VNC application and `web` otherwise.
 //! - Start and monitoring hooks: once every rank has a pod IP, a `CREATE` [`ProxyEvent`] with one target
 //!   per rank (IP, port, hostname); when the IPs change (a restarted job), an `UPDATE` (UCloud kept stale
 //!   IPs, W26). The generation is a hash of the targets, persisted as `proxyGeneration`, so an event is
