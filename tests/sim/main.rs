@@ -11,6 +11,7 @@ mod bad_input;
 mod estimates;
 mod exclusive;
 mod faults;
+mod interactive;
 mod kubectl;
 mod logs;
 mod volcano;
