@@ -294,39 +294,71 @@ async fn vnc(
             return why;
         }
     };
-    let (mut from_vnc, mut to_vnc) = tcp.into_split();
-    let mut buf = vec![0u8; 64 * 1024];
-    let outcome = loop {
-        tokio::select! {
-            reason = &mut ended => {
-                let reason = reason.unwrap_or_else(|_| "the bridge stopped".to_owned());
-                close(&mut socket, CloseCode::Normal, &reason).await;
-                return reason;
-            }
-            n = from_vnc.read(&mut buf) => match n {
-                Ok(0) | Err(_) => {
-                    close(&mut socket, CloseCode::Normal, "the VNC server closed the connection").await;
-                    break "the VNC server closed the connection".to_owned();
-                }
-                Ok(n) => if socket.send(Message::binary(buf[..n].to_vec())).await.is_err() {
-                    break "the client went".to_owned();
-                },
-            },
-            msg = socket.next() => match msg {
-                Some(Ok(Message::Binary(data))) => if to_vnc.write_all(&data).await.is_err() {
-                    close(&mut socket, CloseCode::Normal, "the VNC server closed the connection").await;
-                    break "the VNC server closed the connection".to_owned();
-                },
-                Some(Ok(Message::Text(text))) => if to_vnc.write_all(text.as_bytes()).await.is_err() {
-                    break "the VNC server closed the connection".to_owned();
-                },
-                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break "the client went".to_owned(),
-                Some(Ok(_)) => {}
-            },
-        }
-    };
+    let (from_vnc, to_vnc) = tcp.into_split();
+    let outcome = pump(
+        &mut socket,
+        from_vnc,
+        to_vnc,
+        &mut ended,
+        "the VNC server closed the connection",
+        Duration::ZERO,
+    )
+    .await;
     ended.abort();
     outcome
+}
+
+/// Carries bytes between the socket and the other end (`from`, `to`) until one side goes or `ended`
+/// says the job did, closing the socket with the reason. When `from` ends, the job's end is waited for
+/// up to `grace`, so that a peer that ended with its pod is reported as the job's end; otherwise the
+/// reason is `peer_closed`. Every frame from the client, binary or text, is sent on as its bytes.
+async fn pump<R, W>(
+    socket: &mut ServerSocket,
+    mut from: R,
+    mut to: W,
+    ended: &mut tokio::task::JoinHandle<String>,
+    peer_closed: &str,
+    grace: Duration,
+) -> String
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        tokio::select! {
+            reason = &mut *ended => {
+                let reason = reason.unwrap_or_else(|_| "the bridge stopped".to_owned());
+                close(socket, CloseCode::Normal, &reason).await;
+                return reason;
+            }
+            n = from.read(&mut buf) => match n {
+                Ok(0) | Err(_) => {
+                    let reason = tokio::select! {
+                        reason = &mut *ended => reason.unwrap_or_else(|_| "the bridge stopped".to_owned()),
+                        () = tokio::time::sleep(grace) => peer_closed.to_owned(),
+                    };
+                    close(socket, CloseCode::Normal, &reason).await;
+                    return reason;
+                }
+                Ok(n) => if socket.send(Message::binary(buf[..n].to_vec())).await.is_err() {
+                    return "the client went".to_owned();
+                },
+            },
+            msg = socket.next() => {
+                let bytes = match msg {
+                    Some(Ok(Message::Binary(data))) => data.to_vec(),
+                    Some(Ok(Message::Text(text))) => text.as_bytes().to_vec(),
+                    Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return "the client went".to_owned(),
+                    Some(Ok(_)) => continue,
+                };
+                if to.write_all(&bytes).await.is_err() {
+                    close(socket, CloseCode::Normal, peer_closed).await;
+                    return peer_closed.to_owned();
+                }
+            }
+        }
+    }
 }
 
 /// The pod behind a backend: the one running pod with that IP.
@@ -369,47 +401,21 @@ async fn terminal(
             return why;
         }
     };
-    let (Some(mut stdin), Some(mut stdout)) = (process.stdin(), process.stdout()) else {
+    let (Some(stdin), Some(stdout)) = (process.stdin(), process.stdout()) else {
         ended.abort();
         return "the exec session has no stdin or stdout".to_owned();
     };
-    let mut buf = vec![0u8; 16 * 1024];
-    let outcome = loop {
-        tokio::select! {
-            reason = &mut ended => {
-                let reason = reason.unwrap_or_else(|_| "the bridge stopped".to_owned());
-                close(&mut socket, CloseCode::Normal, &reason).await;
-                process.abort();
-                return reason;
-            }
-            n = stdout.read(&mut buf) => match n {
-                Ok(0) | Err(_) => {
-                    // A shell ends with its pod when the job ends; the REMOVE follows closely, and
-                    // then the reason says so.
-                    let reason = tokio::select! {
-                        reason = &mut ended => reason.unwrap_or_else(|_| "the bridge stopped".to_owned()),
-                        () = tokio::time::sleep(SHELL_EXIT_GRACE) => "the shell exited".to_owned(),
-                    };
-                    close(&mut socket, CloseCode::Normal, &reason).await;
-                    process.abort();
-                    return reason;
-                }
-                Ok(n) => if socket.send(Message::binary(buf[..n].to_vec())).await.is_err() {
-                    break "the client went".to_owned();
-                },
-            },
-            msg = socket.next() => match msg {
-                Some(Ok(Message::Binary(data))) => if stdin.write_all(&data).await.is_err() {
-                    break "the shell's input closed".to_owned();
-                },
-                Some(Ok(Message::Text(text))) => if stdin.write_all(text.as_bytes()).await.is_err() {
-                    break "the shell's input closed".to_owned();
-                },
-                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break "the client went".to_owned(),
-                Some(Ok(_)) => {}
-            },
-        }
-    };
+    // A shell ends with its pod when the job ends; the REMOVE follows closely, and then the reason
+    // says so.
+    let outcome = pump(
+        &mut socket,
+        stdout,
+        stdin,
+        &mut ended,
+        "the shell exited",
+        SHELL_EXIT_GRACE,
+    )
+    .await;
     process.abort();
     ended.abort();
     outcome

@@ -16,7 +16,7 @@ use volcano_runner::messages::v1::{ApplicationType, SubmitJob};
 use volcano_runner::proxy::HostNaming;
 use volcano_runner::proxy::bridge::{BridgeContext, Bridges};
 
-use crate::monitor_support::{PATIENCE, World, web_job};
+use crate::monitor_support::{PATIENCE, TestRunner, World, web_job};
 use crate::support::{self, Instance, cancel};
 
 type Socket =
@@ -41,6 +41,40 @@ async fn run_routed(w: &World, sync: &Instance, job: &SubmitJob) {
     }
     let id = job.job_id.clone();
     sync.until("the job routed", |t| t.job(&id).is_some()).await;
+}
+
+/// A world with a runner (publishing the proxy events), a proxy-sync instance ready, and its bridges.
+struct Stage {
+    w: World,
+    runner: TestRunner,
+    sync: Instance,
+    addr: SocketAddr,
+    stop: CancellationToken,
+}
+
+impl Stage {
+    async fn start(label: &str) -> Self {
+        let w = World::start(&format!("interactive-{label}"), |_| {}, |_| {}).await;
+        let runner = w.runner("runner-a").await;
+        runner.holds(4).await;
+        let sync = support::start(&w, label).await;
+        sync.until_ready().await;
+        let (addr, stop) = bridges(&w, &sync).await;
+        Self {
+            w,
+            runner,
+            sync,
+            addr,
+            stop,
+        }
+    }
+
+    async fn finish(self) {
+        self.stop.cancel();
+        self.sync.stop().await;
+        self.runner.stop().await;
+        self.w.close().await;
+    }
 }
 
 /// The session bridges of an instance, on a free loopback port.
@@ -182,15 +216,11 @@ async fn a_web_pod_serves_its_page_on_its_loopback_ip_while_running_and_not_afte
 /// completes (version, security type None, ServerInit), and the desktop name names the job and rank.
 #[tokio::test]
 async fn a_vnc_session_through_the_bridge_completes_the_rfb_handshake() {
-    let w = World::start("interactive-vnc", |_| {}, |_| {}).await;
-    let runner = w.runner("runner-a").await;
-    runner.holds(4).await;
-    let sync = support::start(&w, "vnc").await;
-    sync.until_ready().await;
-    let (addr, stop) = bridges(&w, &sync).await;
-    run_routed(&w, &sync, &vnc_job("desk", 2, "sleep 100000")).await;
+    let stage = Stage::start("vnc").await;
+    let (w, sync, addr) = (&stage.w, &stage.sync, stage.addr);
+    run_routed(w, sync, &vnc_job("desk", 2, "sleep 100000")).await;
 
-    let mut socket = open(addr, &w, "desk", 1, "/.volcano-runner/vnc").await;
+    let mut socket = open(addr, w, "desk", 1, "/.volcano-runner/vnc").await;
     let mut buf = Vec::new();
     assert_eq!(
         read_bytes(&mut socket, &mut buf, 12).await,
@@ -235,10 +265,7 @@ async fn a_vnc_session_through_the_bridge_completes_the_rfb_handshake() {
         .await
         .expect_err("refused");
     assert!(e.to_string().contains("404"), "{e}");
-    stop.cancel();
-    sync.stop().await;
-    runner.stop().await;
-    w.close().await;
+    stage.finish().await;
 }
 
 /// A terminal through the bridge runs a command in the rank's container (exec through kube-rs into the
@@ -246,17 +273,13 @@ async fn a_vnc_session_through_the_bridge_completes_the_rfb_handshake() {
 /// is closed with a reason saying so.
 #[tokio::test]
 async fn a_terminal_session_runs_a_command_and_is_closed_when_the_job_ends() {
-    let w = World::start("interactive-term", |_| {}, |_| {}).await;
-    let runner = w.runner("runner-a").await;
-    runner.holds(4).await;
-    let sync = support::start(&w, "term").await;
-    sync.until_ready().await;
-    let (addr, stop) = bridges(&w, &sync).await;
+    let stage = Stage::start("term").await;
+    let (w, sync, addr) = (&stage.w, &stage.sync, stage.addr);
     let job = web_job("shell", 1, "sleep 100000");
     let ns = w.namespace_of(&job);
-    run_routed(&w, &sync, &job).await;
+    run_routed(w, sync, &job).await;
 
-    let mut socket = open(addr, &w, "shell", 0, "/.volcano-runner/terminal").await;
+    let mut socket = open(addr, w, "shell", 0, "/.volcano-runner/terminal").await;
     socket
         .send(Message::binary(
             b"echo \"answer-$((6 * 7)) in $HOSTNAME\"\n".to_vec(),
@@ -276,7 +299,7 @@ async fn a_terminal_session_runs_a_command_and_is_closed_when_the_job_ends() {
         }
     }
 
-    cancel(&w, &ns, "shell").await;
+    cancel(w, &ns, "shell").await;
     for _ in 0..4 {
         w.advance(5);
     }
@@ -289,30 +312,23 @@ async fn a_terminal_session_runs_a_command_and_is_closed_when_the_job_ends() {
     };
     assert_eq!(close.code, CloseCode::Normal);
     assert_eq!(close.reason.as_str(), "job shell ended");
-    stop.cancel();
-    sync.stop().await;
-    runner.stop().await;
-    w.close().await;
+    stage.finish().await;
 }
 
 /// The logs bridge of a 2-rank job: both ranks' lines, live as simulated time passes, in time order
 /// (by time, then rank), each with its rank; the socket is closed when the job's programs have ended.
 #[tokio::test]
 async fn the_logs_bridge_streams_both_ranks_lines_in_time_order_and_ends_with_the_job() {
-    let w = World::start("interactive-logs", |_| {}, |_| {}).await;
-    let runner = w.runner("runner-a").await;
-    runner.holds(4).await;
-    let sync = support::start(&w, "logs").await;
-    sync.until_ready().await;
-    let (addr, stop) = bridges(&w, &sync).await;
+    let stage = Stage::start("logs").await;
+    let (w, sync, addr) = (&stage.w, &stage.sync, stage.addr);
     let job = web_job(
         "chatty",
         2,
         "echo first; sleep 20; echo second; sleep 20; echo third; sleep 20",
     );
-    run_routed(&w, &sync, &job).await;
+    run_routed(w, sync, &job).await;
 
-    let mut socket = open(addr, &w, "chatty", 1, "/.volcano-runner/logs").await;
+    let mut socket = open(addr, w, "chatty", 1, "/.volcano-runner/logs").await;
     let mut lines: Vec<serde_json::Value> = Vec::new();
     let mut advanced = 0;
     let close = loop {
@@ -369,8 +385,5 @@ async fn the_logs_bridge_streams_both_ranks_lines_in_time_order_and_ends_with_th
     let mut sorted = keys.clone();
     sorted.sort();
     assert_eq!(keys, sorted, "in time order, then by rank: {seen:?}");
-    stop.cancel();
-    sync.stop().await;
-    runner.stop().await;
-    w.close().await;
+    stage.finish().await;
 }

@@ -77,7 +77,10 @@ async fn exec_runs_the_command_with_the_containers_environment_and_reports_its_e
     let mut lines = out.lines();
     assert_eq!(lines.next(), Some("hello from the pod"));
     let dir = lines.next().expect("the working directory");
-    assert!(dir.contains("volcano-runner-sim-"), "the pod's scratch directory: {dir}");
+    assert!(
+        dir.contains("volcano-runner-sim-"),
+        "the pod's scratch directory: {dir}"
+    );
     assert_eq!(err, "oops\n");
     assert_eq!(status.reason.as_deref(), Some("NonZeroExitCode"));
     let causes = status.details.and_then(|d| d.causes).unwrap_or_default();
@@ -90,7 +93,10 @@ async fn exec_runs_the_command_with_the_containers_environment_and_reports_its_e
         .exec(
             "shell-job-0",
             ["sh", "-c", "read line; echo \"got $line\""],
-            &AttachParams::default().stdin(true).stdout(true).stderr(false),
+            &AttachParams::default()
+                .stdin(true)
+                .stdout(true)
+                .stderr(false),
         )
         .await
         .unwrap();
@@ -112,7 +118,8 @@ async fn exec_runs_the_command_with_the_containers_environment_and_reports_its_e
         panic!("no exec into a completed pod");
     };
     assert!(
-        e.to_string().contains("cannot exec into a container in a completed pod"),
+        e.to_string()
+            .contains("cannot exec into a container in a completed pod"),
         "{e}"
     );
     assert!(!std::path::Path::new(dir).exists(), "{dir} is removed");
