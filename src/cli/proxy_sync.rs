@@ -110,7 +110,8 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
         .await
         .map_err(|e| CliError::Other(e.to_string()))?;
         info!(listen = %bridges.local_addr().map_err(|e| CliError::Other(e.to_string()))?, "Serving the session bridges (VNC, terminal, logs).");
-        Some(tokio::spawn(bridges.run(shutdown.clone())))
+        let serving = tokio::spawn(bridges.run(shutdown.clone()));
+        Some(serving)
     };
     let result = sync.run(shutdown.clone()).await;
     shutdown.cancel();

@@ -106,14 +106,17 @@ impl Bridges {
         self.listener.local_addr()
     }
 
-    /// Serves until `shutdown`; open bridges are closed then too.
+    /// Serves until `shutdown`; open bridges are closed then too (each with its reason), and waited
+    /// for.
     pub async fn run(self, shutdown: CancellationToken) {
         let context = self.context.clone();
         let stop = shutdown.clone();
+        let sessions = Sessions::default();
+        let owner = sessions.clone();
         let app = axum::Router::new()
             .fallback(move |request: Request| {
-                let (context, stop) = (context.clone(), stop.clone());
-                async move { route(context, stop, request).await }
+                let (context, stop, sessions) = (context.clone(), stop.clone(), owner.clone());
+                async move { route(context, stop, sessions, request).await }
             })
             .with_state(());
         if let Err(e) = axum::serve(self.listener, app)
@@ -122,6 +125,37 @@ impl Bridges {
         {
             warn!(error = %e, "the session bridges stopped serving");
         }
+        let mut open = std::mem::take(&mut *sessions.lock());
+        let drained = tokio::time::timeout(SHUTDOWN_DRAIN, async {
+            while open.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            warn!(
+                left = open.len(),
+                "session bridges still open at shutdown are cut"
+            );
+        }
+    }
+}
+
+/// How long shutdown waits for the open bridges to send their close frames.
+const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
+
+/// The open bridges: each runs in this set, which [`Bridges::run`] owns and drains at shutdown.
+#[derive(Clone, Default)]
+struct Sessions(Arc<std::sync::Mutex<tokio::task::JoinSet<()>>>);
+
+impl Sessions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, tokio::task::JoinSet<()>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `session` in the set, after letting go of the sessions that have ended.
+    fn spawn(&self, session: impl std::future::Future<Output = ()> + Send + 'static) {
+        let mut set = self.lock();
+        while set.try_join_next().is_some() {}
+        set.spawn(session);
     }
 }
 
@@ -157,6 +191,7 @@ fn resolve(routes: &Routes, naming: &HostNaming, host: &str) -> Option<(String, 
 async fn route(
     context: Arc<BridgeContext>,
     stop: CancellationToken,
+    sessions: Sessions,
     mut request: Request,
 ) -> Response {
     let path = request.uri().path().to_owned();
@@ -192,7 +227,7 @@ async fn route(
     };
     let response = accepted.response();
     info!(job_id = %job_id, rank, bridge = kind.name(), "Session bridge opened.");
-    tokio::spawn(async move {
+    sessions.spawn(async move {
         let Some(socket) = accepted.socket().await else {
             return;
         };
@@ -233,7 +268,7 @@ fn job_ended(
     backend: Backend,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<String> {
-    tokio::spawn(async move {
+    let watcher = tokio::spawn(async move {
         let mut changes = routes.subscribe();
         loop {
             let now = routes.read(|t| t.job(&job_id).and_then(|j| j.ranks.get(&rank).copied()));
@@ -251,7 +286,8 @@ fn job_ended(
                 },
             }
         }
-    })
+    });
+    watcher
 }
 
 fn close_frame(code: CloseCode, reason: &str) -> Message {
