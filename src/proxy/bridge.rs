@@ -231,7 +231,7 @@ async fn route(
         let Some(socket) = accepted.socket().await else {
             return;
         };
-        let ended = job_ended(context.routes.clone(), job_id.clone(), rank, backend, stop);
+        let ended = tokio::spawn(job_ended(context.routes.clone(), job_id.clone(), rank, backend, stop));
         let outcome = match kind {
             Kind::Vnc => vnc(socket, backend, context.connect_timeout, ended).await,
             Kind::Terminal => terminal(socket, &context.client, backend, ended).await,
@@ -261,33 +261,30 @@ impl Kind {
 
 /// Resolves when the job's rank is no longer routed to `backend` (its job ended, or the rank moved), or
 /// at shutdown, with the close reason to send.
-fn job_ended(
+async fn job_ended(
     routes: Routes,
     job_id: String,
     rank: u32,
     backend: Backend,
     stop: CancellationToken,
-) -> tokio::task::JoinHandle<String> {
-    let watcher = tokio::spawn(async move {
-        let mut changes = routes.subscribe();
-        loop {
-            let now = routes.read(|t| t.job(&job_id).and_then(|j| j.ranks.get(&rank).copied()));
-            match now {
-                None => return format!("job {job_id} ended"),
-                Some(b) if b != backend => {
-                    return format!("job {job_id} rank {rank} moved to another pod");
-                }
-                Some(_) => {}
+) -> String {
+    let mut changes = routes.subscribe();
+    loop {
+        let now = routes.read(|t| t.job(&job_id).and_then(|j| j.ranks.get(&rank).copied()));
+        match now {
+            None => return format!("job {job_id} ended"),
+            Some(b) if b != backend => {
+                return format!("job {job_id} rank {rank} moved to another pod");
             }
-            tokio::select! {
-                () = stop.cancelled() => return "the proxy instance is shutting down".to_owned(),
-                changed = changes.changed() => if changed.is_err() {
-                    return "the proxy instance is shutting down".to_owned();
-                },
-            }
+            Some(_) => {}
         }
-    });
-    watcher
+        tokio::select! {
+            () = stop.cancelled() => return "the proxy instance is shutting down".to_owned(),
+            changed = changes.changed() => if changed.is_err() {
+                return "the proxy instance is shutting down".to_owned();
+            },
+        }
+    }
 }
 
 fn close_frame(code: CloseCode, reason: &str) -> Message {
