@@ -21,6 +21,7 @@
 //! - [`cli`]: the `volcano-runner` command line.
 //! - [`alloc`]: the process's allocator (jemalloc) and why.
 //! - [`bench`]: the end-to-end load benchmark behind `volcano-runner bench`.
+//! - [`ws`]: the server side of a WebSocket handshake (the simulator's exec, the session bridges).
 
 pub mod alloc;
 pub mod bench;
@@ -40,3 +41,4 @@ pub mod secret;
 pub mod sim;
 pub mod validate;
 pub mod volcano;
+pub mod ws;

@@ -252,12 +252,7 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
         Some(r) => vec![r],
         None => (0..count).collect(),
     };
-    let reader = RankReader {
-        pods: Api::namespaced(client.clone(), &namespace),
-        jobs: Api::namespaced(client.clone(), &namespace),
-        job_id: args.job_id.clone(),
-        since: args.since,
-    };
+    let reader = RankReader::new(client, &namespace, &args.job_id, args.since);
     if args.follow {
         follow(&reader, &ranks, args.timestamps).await
     } else {
@@ -265,9 +260,10 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     }
 }
 
-/// Reads one rank's log.
+/// Reads one rank's log. The engine of `volcano-runner logs`, also behind the logs bridge of
+/// proxy-sync ([`crate::proxy::bridge`]).
 #[derive(Clone)]
-struct RankReader {
+pub struct RankReader {
     pods: Api<Pod>,
     jobs: Api<VolcanoJob>,
     job_id: String,
@@ -275,6 +271,21 @@ struct RankReader {
 }
 
 impl RankReader {
+    /// A reader of job `job_id`'s ranks in `namespace`, from `since` ago (`None`: the whole log).
+    pub fn new(
+        client: kube::Client,
+        namespace: &str,
+        job_id: &str,
+        since: Option<SignedDuration>,
+    ) -> Self {
+        Self {
+            pods: Api::namespaced(client.clone(), namespace),
+            jobs: Api::namespaced(client, namespace),
+            job_id: job_id.to_owned(),
+            since,
+        }
+    }
+
     fn params(&self, follow: bool, resume: &Resume) -> LogParams {
         let (since_seconds, since_time) = match resume.since() {
             Some(t) => (None, Some(t)),
@@ -302,7 +313,7 @@ impl RankReader {
     }
 
     /// Sends the rank's lines as they come until its program has ended (or `stop`).
-    async fn follow(&self, rank: u32, out: mpsc::Sender<Line>, stop: CancellationToken) {
+    pub async fn follow(&self, rank: u32, out: mpsc::Sender<Line>, stop: CancellationToken) {
         let pod = pod_name(&self.job_id, rank);
         let mut resume = Resume::default();
         let mut told_waiting = false;

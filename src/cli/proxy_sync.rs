@@ -2,7 +2,8 @@
 //! beside Envoy in each proxy pod. Keeps the routes of every running interactive job (from the proxy
 //! events and the cluster) and writes them as Envoy's dynamic configuration; docs/proxy.md says how.
 //! `/readyz` is ready once the table has been built from the cluster and written, so a new instance
-//! takes traffic only when it routes every running job. Runs until SIGTERM or SIGINT.
+//! takes traffic only when it routes every running job. The session bridges (VNC, terminal, logs) are
+//! served on `[proxy_sync] bridge_listen`. Runs until SIGTERM or SIGINT.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -15,7 +16,8 @@ use super::run::{cancel_on_signal, cluster_error, load_config, operator_client};
 use crate::broker::Broker;
 use crate::cluster::{ClusterTarget, client};
 use crate::ops::Ops;
-use crate::proxy::ProxySync;
+use crate::proxy::bridge::{BridgeContext, Bridges};
+use crate::proxy::{HostNaming, ProxySync};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -90,8 +92,32 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
         node_id,
         Some(table_ready),
     );
+    let bridges = if config.proxy_sync.bridge_listen.is_empty() {
+        None
+    } else {
+        let bridges = Bridges::bind(
+            &config.proxy_sync.bridge_listen,
+            BridgeContext {
+                routes: sync.routes(),
+                naming: HostNaming {
+                    prefix: config.pipeline.proxy.prefix.clone(),
+                    domain: config.pipeline.proxy.domain.clone(),
+                },
+                client: sync.client.clone(),
+                connect_timeout: config.proxy_sync.connect_timeout,
+            },
+        )
+        .await
+        .map_err(|e| CliError::Other(e.to_string()))?;
+        info!(listen = %bridges.local_addr().map_err(|e| CliError::Other(e.to_string()))?, "Serving the session bridges (VNC, terminal, logs).");
+        let serving = tokio::spawn(bridges.run(shutdown.clone()));
+        Some(serving)
+    };
     let result = sync.run(shutdown.clone()).await;
     shutdown.cancel();
+    if let Some(bridges) = bridges {
+        let _ = bridges.await;
+    }
     broker.close().await;
     let _ = signals.await;
     endpoint_stop.cancel();

@@ -41,6 +41,9 @@ pub struct ProxySyncConfig {
     /// Where paths under `/.volcano-runner/` go (the VNC, terminal and logs bridges,
     /// `http://127.0.0.1:9902`); empty: they go to the pod like any path.
     pub bridge_url: String,
+    /// Where the session bridges (VNC, terminal, logs: docs/proxy.md) listen, `host:port`; the proxy
+    /// sends `/.volcano-runner/` paths there after the session check. Empty: no bridges.
+    pub bridge_listen: String,
 }
 
 mod duration {
@@ -60,6 +63,7 @@ impl Default for ProxySyncConfig {
             caddy_check: Duration::from_secs(2),
             authz_url: String::new(),
             bridge_url: String::new(),
+            bridge_listen: "127.0.0.1:8082".to_owned(),
         }
     }
 }
@@ -108,6 +112,14 @@ impl ProxySyncConfig {
             if !url.is_empty() {
                 Upstream::parse(url).map_err(|reason| invalid(key, &reason))?;
             }
+        }
+        if !self.bridge_listen.is_empty()
+            && self.bridge_listen.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err(invalid(
+                "bridge_listen",
+                "must be an IP address and port such as 127.0.0.1:8082 (or empty: no bridges)",
+            ));
         }
         Ok(())
     }
@@ -202,5 +214,14 @@ mod tests {
                 .unwrap_err()
                 .contains("http://")
         );
+    }
+
+    #[test]
+    fn a_bridge_address_must_be_an_ip_and_port() {
+        let c = ProxySyncConfig {
+            bridge_listen: "localhost".into(),
+            ..ProxySyncConfig::default()
+        };
+        assert_eq!(c.check().unwrap_err().key, "proxy_sync.bridge_listen");
     }
 }

@@ -8,10 +8,12 @@
 //! - [`envoy`]: the Envoy files (listener, routes, clusters, bootstrap), written atomically.
 //! - [`caddy`]: Caddy's configuration, pushed through its admin API.
 //! - [`sync`]: [`ProxySync`], the loop: bind first, then build from the cluster, then apply events.
+//! - [`bridge`]: the session bridges (VNC, terminal, logs) on `[proxy_sync] bridge_listen`.
 //!
 //! Its configuration section is `[proxy_sync]` ([`crate::config::ProxySyncConfig`]).
 
 pub mod caddy;
+pub mod bridge;
 pub mod envoy;
 pub mod snapshot;
 pub mod sync;

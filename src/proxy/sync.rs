@@ -73,7 +73,7 @@ impl Routes {
         result
     }
 
-    fn apply(&self, update: JobUpdate) -> Applied {
+    pub(crate) fn apply(&self, update: JobUpdate) -> Applied {
         self.change(|t| {
             let applied = t.apply(update);
             (applied, applied == Applied::Changed)

@@ -17,7 +17,9 @@ pub mod clock;
 pub mod cluster;
 pub mod discovery;
 pub mod error;
+pub mod exec;
 pub mod faults;
+pub mod interactive;
 pub mod json;
 pub mod names;
 pub mod patch;
@@ -422,6 +424,10 @@ fn assemble(
     );
     cluster.core.volcano_admission = config.volcano_admission;
     let shutdown = CancellationToken::new();
+    cluster
+        .model
+        .interactive
+        .set_shutdown(shutdown.child_token());
     let settings = server::ServerSettings {
         watch_timeout: config.watch_timeout,
         bookmark_interval: config.bookmark_interval,
@@ -441,6 +447,10 @@ fn assemble(
 /// Every request goes to the one handler, which routes by path.
 fn router(shared: Arc<server::Shared>) -> axum::Router {
     axum::Router::new()
+        .route(
+            "/api/v1/namespaces/{ns}/pods/{name}/exec",
+            axum::routing::any(exec::handle),
+        )
         .fallback(server::handle)
         .with_state(shared)
 }

@@ -311,7 +311,7 @@ fn json_response(code: u16, v: &Value) -> Response {
     )
 }
 
-fn error_response(e: &ApiError) -> Response {
+pub(crate) fn error_response(e: &ApiError) -> Response {
     let mut r = json_response(e.code, &e.to_status());
     if let Some(s) = e.retry_after
         && let Ok(v) = HeaderValue::from_str(&s.to_string())

@@ -47,12 +47,14 @@ async fn the_subcommand_is_ready_once_the_routes_are_written_and_stops_on_sigter
     let dir = std::env::temp_dir().join(format!("vr-proxy-cli-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let listen = format!("127.0.0.1:{}", free_port());
+    let bridge = format!("127.0.0.1:{}", free_port());
     let mut child = Command::new(env!("CARGO_BIN_EXE_volcano-runner"))
         .args(["proxy-sync", "--cluster", &w.sim.url(), "--id", "proxy-0"])
         .arg("--envoy-dir")
         .arg(&dir)
         .env("VOLCANO_RUNNER_BROKER__URL", w.vhost.amqp_url())
         .env("VOLCANO_RUNNER_OPS__LISTEN", &listen)
+        .env("VOLCANO_RUNNER_PROXY_SYNC__BRIDGE_LISTEN", &bridge)
         .env("VOLCANO_RUNNER_PIPELINE__PROXY__DOMAIN", "apps.example.org")
         .env_remove("VOLCANO_RUNNER_CONFIG")
         .stdout(Stdio::null())
@@ -85,6 +87,12 @@ async fn the_subcommand_is_ready_once_the_routes_are_written_and_stops_on_sigter
     }
     let bootstrap = std::fs::read_to_string(dir.join("bootstrap.json")).unwrap();
     assert!(bootstrap.contains("\"proxy-0\""), "{bootstrap}");
+    // The session bridges are served too: a host no job is routed at gets no bridge.
+    let (code, body) = get(&bridge, "/.volcano-runner/terminal")
+        .await
+        .expect("the bridges answer");
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("no running interactive job"), "{body}");
 
     let pid = child.id().to_string();
     let killed = Command::new("kill")

@@ -1,6 +1,7 @@
 //! The proxy-sync role: the route table built from the cluster and kept from the proxy events (real
 //! RabbitMQ, the simulator, the runner's monitor publishing), and the Envoy files it writes, loaded with
-//! Envoy's own API definitions.
+//! Envoy's own API definitions; and interactive jobs below the proxy: the simulator's interactive pods
+//! and the session bridges (VNC, terminal, logs).
 //!
 //! One test binary per area: each binary links the whole dependency tree, so fewer binaries
 //! keep the build quick to link and small on disk.
@@ -14,6 +15,7 @@ mod caddy;
 mod cli;
 mod envoy;
 mod live;
+mod interactive;
 mod measure;
 mod support;
 mod sync;

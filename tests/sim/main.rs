@@ -12,6 +12,7 @@ mod busy;
 mod estimates;
 mod exclusive;
 mod faults;
+mod interactive;
 mod kubectl;
 mod logs;
 mod sla;

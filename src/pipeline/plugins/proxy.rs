@@ -2,7 +2,8 @@
 //!
 //! - At create: the target port (`proxyPort`: the web port for WEB apps, default 80; the VNC port for VNC
 //!   apps, default 5900; the web port for others that declare one) and the public links
-//!   (`proxyDomains`). Batch jobs without a web port get nothing and are never routed (W26).
+//!   (`proxyDomains`). Batch jobs without a web port get nothing and are never routed (W26). The port is
+//!   also declared on the user's container, named `vnc` for a VNC application and `web` otherwise.
 //! - Start and monitoring hooks: once every rank has a pod IP, a `CREATE` [`ProxyEvent`] with one target
 //!   per rank (IP, port, hostname); when the IPs change (a restarted job), an `UPDATE` (UCloud kept stale
 //!   IPs, W26). The generation is a hash of the targets, persisted as `proxyGeneration`, so an event is
@@ -15,7 +16,7 @@
 //!   after every job end (W13: UCloud only did on cancel).
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerPort, Pod};
 
 use super::{Plugin, PluginId};
 use crate::messages::v1::{ApplicationType, ProxyAction, ProxyEvent, ProxyTarget};
@@ -47,6 +48,22 @@ impl Plugin for Proxy {
             return Err(PipelineError::invalid(field, "must be a port number"));
         }
         draft.annotate(&cx.keys.proxy_port, port.to_string());
+        // Declared on the container too, named by what it serves (`vnc` for a VNC application, `web`
+        // otherwise): informational for Kubernetes, read by the simulator to serve the application.
+        let name = match ApplicationType::try_from(app.application_type) {
+            Ok(ApplicationType::Vnc) => "vnc",
+            _ => "web",
+        };
+        draft
+            .user
+            .ports
+            .get_or_insert_with(Vec::new)
+            .push(ContainerPort {
+                name: Some(name.to_owned()),
+                container_port: port as i32,
+                protocol: Some("TCP".to_owned()),
+                ..ContainerPort::default()
+            });
         let domains: Vec<&str> = cx
             .ingresses
             .iter()

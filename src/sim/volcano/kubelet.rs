@@ -321,9 +321,10 @@ impl Model {
         let Some(rt) = self.pods.get(key).cloned() else {
             return;
         };
-        let ip = match rt.ip {
-            Some(o) => Some(format!("10.244.{}.{o}", self.nodes[rt.node].subnet)),
-            None => self.nodes[rt.node].take_ip().map(|(o, ip)| {
+        let ip = match (self.interactive.start(key, &pod), rt.ip) {
+            (Some(loopback), _) => Some(loopback.to_string()),
+            (None, Some(o)) => Some(format!("10.244.{}.{o}", self.nodes[rt.node].subnet)),
+            (None, None) => self.nodes[rt.node].take_ip().map(|(o, ip)| {
                 if let Some(r) = self.pods.get_mut(key) {
                     r.ip = Some(o);
                 }

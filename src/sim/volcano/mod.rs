@@ -166,6 +166,8 @@ pub struct Model {
     queue_signatures: HashMap<String, String>,
     /// Jobs with an `sla-waiting-time` ([`sla`]): the waiting time and the job's PodGroup name.
     sla_jobs: HashMap<ObjectKey, (jiff::SignedDuration, String)>,
+    /// What running pods serve on loopback, their scratch directories and exec sessions.
+    pub interactive: crate::sim::interactive::Interactive,
 }
 
 /// The queue-status counter a PodGroup phase falls under.
@@ -247,6 +249,7 @@ impl Model {
             queues_dirty: BTreeSet::new(),
             queue_signatures: HashMap::new(),
             sla_jobs: HashMap::new(),
+            interactive: Default::default(),
         }
     }
 
@@ -610,6 +613,7 @@ impl Model {
             }
             self.epoch += 1;
         }
+        self.interactive.stop(key);
         if removed && let Some(octet) = rt.ip.take() {
             self.nodes[rt.node].release_ip(octet);
         }
