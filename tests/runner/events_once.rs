@@ -37,10 +37,11 @@ async fn advance_until(h: &Harness, jobs: &[String], state: &str) {
     let deadline = tokio::time::Instant::now() + rabbit::PATIENCE;
     loop {
         let events = h.events().await;
-        if jobs
-            .iter()
-            .all(|j| events.iter().any(|c| c.message_id == format!("{j}/{state}")))
-        {
+        if jobs.iter().all(|j| {
+            events
+                .iter()
+                .any(|c| c.message_id == format!("{j}/{state}"))
+        }) {
             return;
         }
         assert!(

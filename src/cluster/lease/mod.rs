@@ -40,7 +40,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 pub use plan::shard_of;
-use plan::{Decision, Holder, Observations, decide};
+use plan::{Decision, Holder, Observations, decide_with};
 
 use super::ClusterConfig;
 use super::error::{ClusterError, KubeResultExt};
@@ -331,11 +331,19 @@ impl ShardLeases {
                 self.mine.remove(&(shard as u32));
             }
         }
+        // A live runner that holds no shard (a newcomer) takes what the others hand over.
+        let holding: BTreeSet<&str> = (0..self.settings.shards)
+            .zip(&holders)
+            .filter(|(_, h)| matches!(h, Holder::Me | Holder::Other { expired: false }))
+            .filter_map(|(shard, _)| by_name.get(self.settings.shard_name(shard).as_str()))
+            .filter_map(|lease| holder(lease))
+            .collect();
+        let idle_member = live > holding.len();
         let Decision {
             renew,
             acquire,
             release,
-        } = decide(&self.settings.identity, &holders, live);
+        } = decide_with(&self.settings.identity, &holders, live, idle_member);
         for shard in release {
             self.mine.remove(&shard);
             self.releasing.insert(shard);
