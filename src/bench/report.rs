@@ -333,7 +333,10 @@ mod tests {
         assert!(row.contains("incomplete: 990 of 1000 QUEUED"), "{row}");
         assert!(row.contains(" on "), "the monitor column: {row}");
         assert!(row.contains("3.5"), "API requests per job: {row}");
-        assert!(row.contains("| 7.0 |"), "duplicates per 1,000 jobs: {row}");
+        assert!(
+            row.contains("|    7.0 |"),
+            "duplicates per 1,000 jobs: {row}"
+        );
         assert!(table.contains("broker 4000 msgs/s"), "{table}");
         assert!(table.contains("load at start 0.50"), "{table}");
         let skipped = Report {
