@@ -366,6 +366,9 @@ async fn phase_on(
     let broker_cpu_s = broker_cpu_before
         .zip(fleet::broker_cpu_seconds())
         .and_then(|(before, after)| (after >= before).then_some(after - before));
+    // Late duplicates (a republication) would arrive within moments of the last end.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (events_delivered, duplicate_deliveries) = observers.deliveries.counts();
     drop(observers);
 
     let mut to_created = Vec::new();
@@ -397,6 +400,10 @@ async fn phase_on(
         target_rate,
         published,
         ended: ended.len(),
+        events_delivered,
+        duplicate_deliveries,
+        duplicates_per_1000_jobs: (published > 0)
+            .then(|| duplicate_deliveries as f64 * 1000.0 / published as f64),
         api_requests_per_job: (jobs > 0).then(|| api_requests as f64 / jobs as f64),
         api_requests_per_s: Some(api_requests as f64 / api_elapsed.as_secs_f64().max(1e-3)),
         ratio_to_api_limit: None,

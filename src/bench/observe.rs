@@ -70,6 +70,29 @@ impl Seen {
     }
 }
 
+/// Every delivery of the events queue by message id: how many arrived, and how many repeated an id
+/// already delivered (a duplicate: the same event published again).
+#[derive(Debug, Default, Clone)]
+pub struct Deliveries {
+    inner: Arc<Mutex<(std::collections::HashSet<String>, usize, usize)>>,
+}
+
+impl Deliveries {
+    fn record(&self, message_id: &str) {
+        let mut inner = self.inner.lock().expect("not poisoned");
+        inner.1 += 1;
+        if !inner.0.insert(message_id.to_owned()) {
+            inner.2 += 1;
+        }
+    }
+
+    /// `(delivered, duplicates)`.
+    pub fn counts(&self) -> (usize, usize) {
+        let inner = self.inner.lock().expect("not poisoned");
+        (inner.1, inner.2)
+    }
+}
+
 /// Watches every VolcanoJob's metadata (the name is all it needs; a full watch would make the
 /// simulator send, and this process decode, every job's spec again on each of its changes, on the same
 /// cores as the runners measured); returns once the watch is established (so nothing created after can
@@ -129,6 +152,7 @@ pub async fn consume_queued(
     channel: lapin::Channel,
     queue: &str,
     stop: CancellationToken,
+    deliveries: Deliveries,
 ) -> Result<(Seen, Seen, tokio::task::JoinHandle<()>), BenchError> {
     let seen = Seen::default();
     let ended = Seen::default();
@@ -151,6 +175,9 @@ pub async fn consume_queued(
             };
             let now = Instant::now();
             let Some(Ok(delivery)) = delivery else { return };
+            if let Some(id) = delivery.properties.message_id() {
+                deliveries.record(id.as_str());
+            }
             let format = delivery
                 .properties
                 .content_type()
@@ -179,6 +206,8 @@ pub struct Observers {
     pub created: Seen,
     /// Jobs whose terminal event arrived (phases whose jobs run to their end).
     pub ended: Seen,
+    /// Every event delivered, and the duplicates among them.
+    pub deliveries: Deliveries,
     stop: CancellationToken,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -196,6 +225,8 @@ impl Observers {
         let events_exchange = config.broker.events_exchange.clone();
         let queue = queue.to_owned();
         let stop = CancellationToken::new();
+        let deliveries = Deliveries::default();
+        let counted = deliveries.clone();
         let (ready_tx, ready_rx) = oneshot::channel::<Result<(Seen, Seen, Seen), BenchError>>();
         let token = stop.clone();
         let thread = std::thread::Builder::new()
@@ -225,7 +256,7 @@ impl Observers {
                             .map_err(|e| BenchError::Broker(format!("channel: {e}")))?;
                         super::declare_observer_queue(&channel, &events_exchange, &queue).await?;
                         let (queued, ended, _) =
-                            consume_queued(channel, &queue, token.clone()).await?;
+                            consume_queued(channel, &queue, token.clone(), counted).await?;
                         let created = match watch {
                             Some((kube_config, prefix)) => {
                                 let client = kube::Client::try_from(kube_config).map_err(|e| {
@@ -257,6 +288,7 @@ impl Observers {
             queued,
             created,
             ended,
+            deliveries,
             stop,
             thread: Some(thread),
         })

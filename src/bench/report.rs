@@ -81,6 +81,12 @@ pub struct Phase {
     pub queued: usize,
     /// Jobs whose terminal event arrived (phases with the monitoring duty).
     pub ended: usize,
+    /// Job events delivered to the observer (QUEUED, the monitor's events with the monitoring duty).
+    pub events_delivered: usize,
+    /// Deliveries of an event id already delivered: events published more than once.
+    pub duplicate_deliveries: usize,
+    /// `duplicate_deliveries` per 1,000 submissions published (0 without faults).
+    pub duplicates_per_1000_jobs: Option<f64>,
     /// API requests the runners made in the phase (counted by the simulator), per job QUEUED (without
     /// the monitoring duty) or ended (with it): the cost of one job to the API server.
     pub api_requests_per_job: Option<f64>,
@@ -167,7 +173,7 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "{:>7} | {:>7} | {:>9} | {:>8} | {:>6} | {:>6} | {:>8} | {:>21} | {:>21} | {:>15} | {:>13}",
+            "{:>7} | {:>7} | {:>9} | {:>8} | {:>6} | {:>6} | {:>8} | {:>6} | {:>21} | {:>21} | {:>15} | {:>13}",
             "runners",
             "monitor",
             "rate",
@@ -175,6 +181,7 @@ impl Report {
             "ends/s",
             "ratio",
             "API/job",
+            "dup/1k",
             "created p50/p95/p99",
             "QUEUED p50/p95/p99",
             "CPU s/runner",
@@ -215,7 +222,7 @@ impl Report {
             };
             let _ = writeln!(
                 out,
-                "{:>7} | {:>7} | {:>9} | {:>8} | {:>6} | {:>6} | {:>8} | {:>21} | {:>21} | {:>15} | {:>13}{incomplete}",
+                "{:>7} | {:>7} | {:>9} | {:>8} | {:>6} | {:>6} | {:>8} | {:>6} | {:>21} | {:>21} | {:>15} | {:>13}{incomplete}",
                 p.runners,
                 if p.monitor { "on" } else { "off" },
                 rate,
@@ -223,6 +230,8 @@ impl Report {
                 ends,
                 ratio,
                 p.api_requests_per_job
+                    .map_or("-".into(), |r| format!("{r:.1}")),
+                p.duplicates_per_1000_jobs
                     .map_or("-".into(), |r| format!("{r:.1}")),
                 lat(&p.publish_to_created),
                 lat(&p.publish_to_queued),
@@ -271,6 +280,9 @@ mod tests {
                 created: 1000,
                 queued: 990,
                 ended: 900,
+                events_delivered: 4000,
+                duplicate_deliveries: 7,
+                duplicates_per_1000_jobs: Some(7.0),
                 api_requests_per_job: Some(3.5),
                 api_requests_by_kind: std::collections::BTreeMap::from([(
                     "create jobs.batch.volcano.sh".to_owned(),
@@ -321,6 +333,10 @@ mod tests {
         assert!(row.contains("incomplete: 990 of 1000 QUEUED"), "{row}");
         assert!(row.contains(" on "), "the monitor column: {row}");
         assert!(row.contains("3.5"), "API requests per job: {row}");
+        assert!(
+            row.contains("|    7.0 |"),
+            "duplicates per 1,000 jobs: {row}"
+        );
         assert!(table.contains("broker 4000 msgs/s"), "{table}");
         assert!(table.contains("load at start 0.50"), "{table}");
         let skipped = Report {
@@ -343,6 +359,7 @@ mod tests {
         assert!(phase["publish_to_queued"].is_null());
         assert_eq!(json["limits"]["sim_creates_per_s"], 2500.0);
         assert_eq!(phase["per_runner"][0]["peak_rss_mib"], 61.2);
+        assert_eq!(phase["duplicates_per_1000_jobs"], 7.0);
         assert_eq!(phase["harness_cpu_s"], 4.0);
         assert_eq!(phase["broker_cpu_s"], 1.5);
     }

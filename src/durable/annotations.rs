@@ -16,6 +16,7 @@
 //! | `submissionHash` | core, at create | `sha256:<hex>` of the SubmitJob's protobuf encoding (duplicate detection) |
 //! | `acceptedAt` | core, at create | when the runner rendered the job |
 //! | `acceptedBy` | runner, at create | the runner that created the job (QUEUED carries it as `runnerId`) |
+//! | `queuedConfirmed` | runner, once QUEUED is confirmed | `true`: the broker confirmed the job's QUEUED (the monitor sends no copy of it) |
 //! | `traceparent` | runner, at create | W3C trace context of the submission |
 //! | `maxTime` | Expiry, at create; extensions | the time allocation in ms; absent: never expires |
 //! | `jobStart` | start hook, once | when the job first ran |

@@ -676,6 +676,23 @@ impl Cache {
     /// A job from the watch or a list. Returns its key.
     pub fn apply_job(&mut self, mut job: VolcanoJob) -> JobKey {
         let key = JobKey::of(&job.metadata);
+        let epoch = self.epochs[0];
+        // A watch event older than what a worker wrote (an update the watch delivers after the answer
+        // to our own patch) does not replace it: the job would be decided again on annotations that no
+        // longer hold, and what was just published and recorded (the end, its final tick) would go out
+        // a second time before the guarded write found out.
+        if let Some(entry) = self.jobs.get_mut(&key)
+            && entry.value.metadata.resource_version != job.metadata.resource_version
+            && entry.value.metadata.uid == job.metadata.uid
+            && let (Some(cached), Some(arrived)) = (
+                Rv::from(entry.value.metadata.resource_version.as_deref()).0,
+                Rv::from(job.metadata.resource_version.as_deref()).0,
+            )
+            && cached > arrived
+        {
+            entry.epoch = epoch;
+            return key;
+        }
         self.slim_job(&mut job);
         let generation = match self.jobs.get(&key) {
             Some(e) if e.value.metadata.resource_version == job.metadata.resource_version => {
@@ -683,7 +700,6 @@ impl Cache {
             }
             _ => self.next_generation(),
         };
-        let epoch = self.epochs[0];
         let new = rv_of(&job.metadata);
         let old = self.jobs.insert(
             key.clone(),
@@ -1263,6 +1279,46 @@ mod tests {
         let status = p.status.as_ref().unwrap();
         assert!(status.conditions.is_none());
         assert!(observe::user_container(&p).is_some());
+    }
+
+    /// The watch may deliver an update made before our own write after the answer to that write: the
+    /// job as written stays (deciding on the older one published a SUCCESS and its final tick twice).
+    #[test]
+    fn a_late_watch_event_does_not_undo_a_workers_write() {
+        let mut c = Cache::new();
+        let key = c.apply_job(job("ns", "j-1", "5"));
+        let mut written = job("ns", "j-1", "8");
+        written
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert("lifecycleState".into(), "SUCCESS".into());
+        c.refresh_job(Arc::new(written));
+        c.apply_job(job("ns", "j-1", "7"));
+        let kept = c.snapshot(&key).unwrap().job;
+        assert_eq!(kept.metadata.resource_version.as_deref(), Some("8"));
+        assert!(kept.metadata.annotations.is_some(), "the written job stays");
+        // A later version replaces it, as does one whose version is not a number.
+        c.apply_job(job("ns", "j-1", "9"));
+        assert_eq!(
+            c.snapshot(&key)
+                .unwrap()
+                .job
+                .metadata
+                .resource_version
+                .as_deref(),
+            Some("9")
+        );
+        c.apply_job(job("ns", "j-1", "x"));
+        assert_eq!(
+            c.snapshot(&key)
+                .unwrap()
+                .job
+                .metadata
+                .resource_version
+                .as_deref(),
+            Some("x")
+        );
     }
 
     #[test]

@@ -58,6 +58,8 @@ pub struct Settings {
     pub runner_id: String,
     /// `<prefix>acceptedBy`: the runner that created the job, which its QUEUED names.
     pub accepted_by: String,
+    /// `<prefix>queuedConfirmed`: the submit path had the job's QUEUED confirmed.
+    pub queued_confirmed: String,
     pub image_pull_grace: SignedDuration,
     pub queue_timeout: Option<SignedDuration>,
     /// `[monitor] pending_status_after`.
@@ -80,6 +82,7 @@ impl Settings {
         Self {
             finalizer: keys.cleanup_finalizer(),
             accepted_by: keys.accepted_by.clone(),
+            queued_confirmed: super::queued::annotation_key(&keys.prefix),
             keys,
             runner_id: runner_id.into(),
             image_pull_grace: signed(m.image_pull_grace),
@@ -265,6 +268,11 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     }
     // 2. The end is decided: publish it.
     if let Some(outcome) = &record.outcome {
+        if let Some(until) = awaiting_queued(obs, &record, s, now) {
+            return Ok(Step::Wait {
+                next_check: Some(until),
+            });
+        }
         return Ok(Step::Act(publish_end(
             obs, s, &facts, &record, outcome, now,
         )?));
@@ -388,6 +396,11 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     if record.published == Published::Queued
         && (phase == JobPhase::Running || (running_phase && started.is_some()))
     {
+        if let Some(until) = awaiting_queued(obs, &record, s, now) {
+            return Ok(Step::Wait {
+                next_check: Some(until),
+            });
+        }
         let plan = hooks::on_start(&s.config.pipeline, job, obs.pods, now)?;
         let start = facts
             .start
@@ -508,20 +521,35 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     {
         return Ok(Step::Wait { next_check });
     }
+    if let Some(until) = awaiting_queued(obs, &record, s, now) {
+        return Ok(Step::Wait {
+            next_check: earliest(Some(until), next_check),
+        });
+    }
     if let Some(e) = obs.estimate {
         tell_estimate(&mut reason.details, e);
     }
-    // The id is a function of everything the event says: its text and every detail (the estimate, its
-    // basis, the position), so two runners that see the job differently publish two ids, never one id
-    // with two contents.
+    // The time of the change told. A job's first status tells a reason that holds since the objects
+    // say (an unschedulable condition's transition, the PodGroup's creation: it has waited since). A
+    // later one tells a change since the last status (a queue position, an estimate, a rank that
+    // started, another reason), which the monitor decides on as soon as it sees it: it carries the
+    // time it was seen, never the job's creation.
+    let at = if record.status_hash.is_some() {
+        now
+    } else {
+        reason.since.or(created).unwrap_or(now)
+    };
+    // The id is a function of everything the event says: its text, every detail (the estimate, its
+    // basis, the position) and its time, so two runners that see the job differently (or at different
+    // times) publish two ids, never one id with two contents.
     let content = format!(
-        "{}\n{}",
+        "{}\n{}\n{}",
         reason.text,
-        crate::durable::ids::body_fingerprint16(&prost::Message::encode_to_vec(&reason.details))
+        crate::durable::ids::body_fingerprint16(&prost::Message::encode_to_vec(&reason.details)),
+        at.as_millisecond()
     );
     let chained = events::status_hash(previous, reason.reason, &content);
-    let fallback = created.unwrap_or(now);
-    let event = events::status(&facts.job_id, &chained, &reason, fallback, &s.runner_id);
+    let event = events::status(&facts.job_id, &chained, &reason, at, &s.runner_id);
     let mut publish: Vec<Outbound> = queued_first(obs, &facts, &record, s).into_iter().collect();
     publish.push(Outbound::Lifecycle(event));
     let value = if estimate.is_empty() {
@@ -589,6 +617,21 @@ fn restart_step(obs: &Observed<'_>, s: &Settings, job_id: &str, now: Timestamp) 
     let why = seen.map_or_else(|| "a rank's pod was lost".to_owned(), Disruption::describe);
     let max = job.max_attempts();
     let at = phase_time(job).unwrap_or(now);
+    if retries >= max {
+        // Its attempts are used up: Volcano fails the job rather than starting it again, and the
+        // FAILURE (reason `disrupted`) tells this disruption. No restart to tell (never `attempt 4 of
+        // 3`); the disruption is recorded for that FAILURE, which a runner that takes over (without the
+        // watch's memory of the pod) must tell all the same.
+        return Some(Step::Act(Action {
+            what: "restart",
+            set: BTreeMap::from([
+                (s.keys.restarts.clone(), retries.to_string()),
+                (s.keys.disruption.clone(), why),
+            ]),
+            again: true,
+            ..Action::default()
+        }));
+    }
     let event = events::restart(
         job_id,
         retries,
@@ -816,6 +859,40 @@ pub fn decide_gone(
     Ok(Some(action))
 }
 
+/// Until when the monitor holds back its first event of the job: while its QUEUED may still be on its
+/// way from the submit path, which records `<prefix>queuedConfirmed` on the job once the broker confirmed
+/// it (see [`crate::monitor::queued`]), at most [`super::queued::GRACE`] after the job's creation.
+/// `None`: go ahead (with a copy of QUEUED first when [`queued_first`] says so).
+fn awaiting_queued(
+    obs: &Observed<'_>,
+    record: &Record,
+    s: &Settings,
+    now: Timestamp,
+) -> Option<Timestamp> {
+    if !needs_queued(obs, record, s) {
+        return None;
+    }
+    let created = obs.job.metadata.creation_timestamp.as_ref()?.0;
+    let grace = SignedDuration::try_from(super::queued::GRACE).unwrap_or(SignedDuration::ZERO);
+    let until = created.checked_add(grace).unwrap_or(created);
+    (now < until).then_some(until)
+}
+
+/// Whether the monitor's first event of the job must be preceded by QUEUED, as far as anyone knows: no
+/// status event and no later state is persisted, this process did not have it confirmed, and the job
+/// does not say that its submit path did.
+fn needs_queued(obs: &Observed<'_>, record: &Record, s: &Settings) -> bool {
+    record.published == Published::Queued
+        && record.status_hash.is_none()
+        && !obs.queued_confirmed
+        && !obs
+            .job
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(&s.queued_confirmed))
+}
+
 /// The job's QUEUED, when nothing the monitor publishes about the job can have gone out before: no
 /// status event (its hash is persisted) and no later state. A consumer sees QUEUED before any other
 /// event of the job, whoever publishes first: the submitting runner publishes the very same message
@@ -827,8 +904,7 @@ fn queued_first(
     record: &Record,
     s: &Settings,
 ) -> Option<Outbound> {
-    if record.published != Published::Queued || record.status_hash.is_some() || obs.queued_confirmed
-    {
+    if !needs_queued(obs, record, s) {
         return None;
     }
     let job = obs.job;
@@ -1217,6 +1293,14 @@ mod tests {
         job
     }
 
+    /// As the submit path leaves a job once the broker confirmed its QUEUED: `queuedConfirmed`.
+    fn queued_recorded(job: &mut VolcanoJob, s: &Settings) {
+        job.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(s.queued_confirmed.clone(), "true".into());
+    }
+
     /// As the monitor leaves a job once RUNNING is published: the state and the start it persisted.
     fn mark_running(job: &mut VolcanoJob, s: &Settings, started: i64) {
         let annotations = job.metadata.annotations.get_or_insert_default();
@@ -1390,11 +1474,17 @@ mod tests {
         // Pending for less than `pending_status_after`: nothing to tell yet.
         drive(&s, &mut job, &[], ts(0), &mut world);
         assert!(world.published.is_empty(), "{:?}", world.published);
-        // Pending for 5 s: QUEUED (before anything else of the job) and a status event.
+        // Pending for 5 s, but nothing says QUEUED went out yet: the submit path's record of it is
+        // awaited, until 10 s after the creation at most.
         drive(&s, &mut job, &[], ts(5), &mut world);
-        assert_eq!(lifecycle(&world).len(), 2);
-        assert_eq!(lifecycle(&world)[0].event_id, "4817/QUEUED");
-        assert_eq!(lifecycle(&world)[1].state, JobState::Unspecified as i32);
+        assert!(world.published.is_empty(), "{:?}", world.published);
+        assert_eq!(world.next_check, Some(ts(10)));
+        // The submit path recorded it: the status event alone, at the time the job began to wait.
+        queued_recorded(&mut job, &s);
+        drive(&s, &mut job, &[], ts(6), &mut world);
+        assert_eq!(lifecycle(&world).len(), 1);
+        assert_eq!(lifecycle(&world)[0].state, JobState::Unspecified as i32);
+        assert_eq!(lifecycle(&world)[0].timestamp.unwrap().seconds, START);
         // Running from t=5 (the container's start, not the time we look).
         set_phase(&mut job, JobPhase::Running, 6);
         let pods = vec![pod("4817", 0, running(5))];
@@ -1478,6 +1568,64 @@ mod tests {
         assert_eq!(all[0].duration_ms, 59_000);
         assert!(all[0].r#final);
         assert_eq!(all[0].interval_end.unwrap().seconds, START + 59);
+    }
+
+    /// A restart is told with its attempt among `maxRetry`; a disruption after which no attempt is left
+    /// is no restart (Volcano fails the job: never `attempt 4 of 3`), but it is recorded, so that the
+    /// FAILURE names it even when told by a runner that did not see the pod go.
+    #[test]
+    fn a_restart_is_told_within_its_attempts_and_the_last_disruption_is_recorded() {
+        let s = settings(|_| {});
+        let mut job = job(&s);
+        queued_recorded(&mut job, &s);
+        mark_running(&mut job, &s, 3);
+        set_phase(&mut job, JobPhase::Running, 3);
+        let pods = [pod("4817", 0, running(3))];
+        let lost = |node: &str| Disruption {
+            rank: Some(0),
+            node: Some(node.into()),
+            reason: "DeletionByPodGC".into(),
+            message: "node no longer exists".into(),
+        };
+        let decide_on = |job: &VolcanoJob, d: &Disruption, now: i64| {
+            let obs = Observed {
+                job,
+                pods: &pods,
+                podgroup: None,
+                jobs_ahead: None,
+                estimate: None,
+                estimate_pending: false,
+                disruption: Some((job.retries(), d)),
+                fresh_at: Some(ts(now)),
+                queued_confirmed: false,
+            };
+            decide(&obs, &s, ts(now)).unwrap()
+        };
+        job.status.as_mut().unwrap().retry_count = 2;
+        let Step::Act(told) = decide_on(&job, &lost("n2"), 20) else {
+            panic!("a restart to tell");
+        };
+        let Some(Outbound::Lifecycle(event)) = told.publish.first() else {
+            panic!("{told:?}");
+        };
+        assert!(
+            event.status.contains("rank 0's node n2") && event.status.ends_with("(attempt 3 of 3)"),
+            "{}",
+            event.status
+        );
+        job.metadata
+            .annotations
+            .get_or_insert_default()
+            .extend(told.set.clone());
+
+        job.status.as_mut().unwrap().retry_count = 3;
+        let Step::Act(last) = decide_on(&job, &lost("n3"), 40) else {
+            panic!("the disruption to record");
+        };
+        assert!(last.publish.is_empty(), "no restart event: {last:?}");
+        let d = &last.set[&s.keys.disruption];
+        assert!(d.contains("rank 0's node n3"), "{d}");
+        assert_eq!(last.set[&s.keys.restarts], "3");
     }
 
     #[test]
@@ -1582,16 +1730,19 @@ mod tests {
 
     /// Every first event of a job (a pending status, RUNNING, an end that came before either, the end
     /// of a job that vanished) is preceded by the job's QUEUED, unless this process had that QUEUED
-    /// confirmed already.
+    /// confirmed already or the job says that its submit path had (`queuedConfirmed`). Without either,
+    /// the first event waits for that record until 10 s after the creation, then goes with a copy.
     #[test]
-    fn no_copy_of_queued_once_this_process_had_it_confirmed() {
+    fn no_copy_of_queued_once_this_process_or_the_job_says_it_was_confirmed() {
         let s = settings(|_| {});
-        for confirmed in [false, true] {
+        // (confirmed in this process, recorded on the job)
+        for (confirmed, recorded) in [(false, false), (true, false), (false, true)] {
+            let copied = !confirmed && !recorded;
             let ids = |world: &World| -> Vec<String> {
                 lifecycle(world).into_iter().map(|e| e.event_id).collect()
             };
             let queued = |then: &[&str]| -> Vec<String> {
-                let copy = (!confirmed).then_some("4817/QUEUED");
+                let copy = copied.then_some("4817/QUEUED");
                 copy.into_iter()
                     .chain(then.iter().copied())
                     .map(String::from)
@@ -1601,62 +1752,63 @@ mod tests {
                 queued_confirmed: confirmed,
                 ..World::default()
             };
+            let job = || {
+                let mut job = self::job(&s);
+                if recorded {
+                    queued_recorded(&mut job, &s);
+                }
+                job
+            };
+            let case = format!("confirmed: {confirmed}, recorded: {recorded}");
 
-            // Pending past `pending_status_after`: the status event.
-            let mut job = job(&s);
+            // Pending past `pending_status_after`: the status event; without a record, only once the
+            // record's grace has passed.
+            let mut job1 = job();
             let mut world = fresh();
-            drive(&s, &mut job, &[], ts(5), &mut world);
+            drive(&s, &mut job1, &[], ts(5), &mut world);
+            if copied {
+                assert!(world.published.is_empty(), "{case}");
+                assert_eq!(world.next_check, Some(ts(10)), "{case}");
+                drive(&s, &mut job1, &[], ts(10), &mut world);
+            }
             let status = lifecycle(&world).last().unwrap().event_id.clone();
             assert!(status.starts_with("4817/status/"), "{status}");
-            assert_eq!(
-                ids(&world),
-                queued(&[status.as_str()]),
-                "confirmed: {confirmed}"
-            );
+            assert_eq!(ids(&world), queued(&[status.as_str()]), "{case}");
 
             // Started at once: RUNNING.
-            let mut job = self::job(&s);
+            let mut job2 = job();
             let mut world = fresh();
-            set_phase(&mut job, JobPhase::Running, 3);
-            drive(
-                &s,
-                &mut job,
-                &[pod("4817", 0, running(3))],
-                ts(4),
-                &mut world,
-            );
-            assert_eq!(
-                ids(&world),
-                queued(&["4817/RUNNING"]),
-                "confirmed: {confirmed}"
-            );
+            set_phase(&mut job2, JobPhase::Running, 3);
+            let pods = [pod("4817", 0, running(3))];
+            drive(&s, &mut job2, &pods, ts(4), &mut world);
+            if copied {
+                assert!(world.published.is_empty(), "{case}");
+                drive(&s, &mut job2, &pods, ts(10), &mut world);
+            }
+            assert_eq!(ids(&world), queued(&["4817/RUNNING"]), "{case}");
 
             // Ended between two looks: RUNNING and the end.
-            let mut job = self::job(&s);
+            let mut job3 = job();
             let mut world = fresh();
-            set_phase(&mut job, JobPhase::Completed, 90);
+            set_phase(&mut job3, JobPhase::Completed, 90);
             let pods = [pod("4817", 0, exited(0, 10, 89))];
-            drive(&s, &mut job, &pods, ts(100), &mut world);
+            drive(&s, &mut job3, &pods, ts(100), &mut world);
             assert_eq!(
                 ids(&world),
                 queued(&["4817/RUNNING", "4817/SUCCESS"]),
-                "confirmed: {confirmed}"
+                "{case}"
             );
 
-            // Vanished before anything was published: its lost-track end.
-            let job = self::job(&s);
-            let gone = decide_gone(&job, &[], &s, ts(100), confirmed)
+            // Vanished before anything was published: its lost-track end (nothing left to wait for).
+            let job4 = job();
+            let gone = decide_gone(&job4, &[], &s, ts(4), confirmed)
                 .unwrap()
                 .unwrap();
             let world = World {
                 published: gone.publish,
                 ..fresh()
             };
-            assert_eq!(
-                ids(&world),
-                queued(&["4817/FAILURE"]),
-                "confirmed: {confirmed}"
-            );
+            assert_eq!(ids(&world), queued(&["4817/FAILURE"]), "{case}");
         }
     }
 
@@ -1839,8 +1991,8 @@ mod tests {
         let s = settings(|_| {});
         let mut job = job(&s);
         let mut world = World::default();
-        drive(&s, &mut job, &[], ts(5), &mut world);
-        drive(&s, &mut job, &[], ts(6), &mut world);
+        drive(&s, &mut job, &[], ts(10), &mut world);
+        drive(&s, &mut job, &[], ts(11), &mut world);
         assert_eq!(
             lifecycle(&world).len(),
             2,
@@ -1858,6 +2010,7 @@ mod tests {
     fn the_start_estimate_is_told_when_it_moves_by_more_than_the_tolerance() {
         let s = settings(|_| {});
         let mut job = job(&s);
+        queued_recorded(&mut job, &s);
         let mut world = World::default();
         let at = |secs: i64| Estimate::At {
             start: ts(secs),
@@ -1865,8 +2018,8 @@ mod tests {
         };
         drive_with(&s, &mut job, &[], Some(&at(600)), ts(5), &mut world);
         let told = lifecycle(&world);
-        assert_eq!(told.len(), 2, "QUEUED and the status: {told:?}");
-        let pending = told[1].pending.clone().unwrap();
+        assert_eq!(told.len(), 1, "the status: {told:?}");
+        let pending = told[0].pending.clone().unwrap();
         assert_eq!(
             pending.estimated_start_at,
             Some(crate::pipeline::hooks::proto_timestamp(ts(600)))
@@ -1876,34 +2029,37 @@ mod tests {
 
         // 5 s later than told: noise of the replay, nothing to tell.
         drive_with(&s, &mut job, &[], Some(&at(605)), ts(6), &mut world);
-        assert_eq!(lifecycle(&world).len(), 2);
+        assert_eq!(lifecycle(&world).len(), 1);
         // 50 s earlier, ten minutes away: within the minute, nothing to tell.
         drive_with(&s, &mut job, &[], Some(&at(550)), ts(6), &mut world);
-        assert_eq!(lifecycle(&world).len(), 2);
+        assert_eq!(lifecycle(&world).len(), 1);
         // Not known for a moment (the nodes not yet listed): what was told stands.
         drive_with(&s, &mut job, &[], None, ts(7), &mut world);
-        assert_eq!(lifecycle(&world).len(), 2);
+        assert_eq!(lifecycle(&world).len(), 1);
         // 90 s earlier than told: a new status with the new estimate, under a new id.
         drive_with(&s, &mut job, &[], Some(&at(510)), ts(8), &mut world);
         let told = lifecycle(&world);
-        assert_eq!(told.len(), 3);
+        assert_eq!(told.len(), 2);
         assert_eq!(
-            told[2].pending.as_ref().unwrap().estimated_start_at,
+            told[1].pending.as_ref().unwrap().estimated_start_at,
             Some(crate::pipeline::hooks::proto_timestamp(ts(510)))
         );
-        assert_ne!(told[2].event_id, told[1].event_id);
+        assert_ne!(told[1].event_id, told[0].event_id);
+        // A change told after the first status carries the time it was seen, not the creation's.
+        assert_eq!(told[1].timestamp.unwrap().seconds, START + 8);
         // No bound any more: told, without a time.
         let unbounded = Estimate::Unbounded {
             why: "1 running job(s) without a time limit hold the resources it needs".into(),
         };
         drive_with(&s, &mut job, &[], Some(&unbounded), ts(9), &mut world);
         let told = lifecycle(&world);
-        assert_eq!(told.len(), 4);
-        let pending = told[3].pending.clone().unwrap();
+        assert_eq!(told.len(), 3);
+        let pending = told[2].pending.clone().unwrap();
         assert_eq!(pending.estimated_start_at, None);
         assert!(pending.estimate_basis.contains("without a time limit"));
 
         let mut huge = self::job(&s);
+        queued_recorded(&mut huge, &s);
         let mut world = World::default();
         let never = Estimate::Never {
             why: "no node has enough GPUs for one rank".into(),
@@ -1912,16 +2068,16 @@ mod tests {
         let told = lifecycle(&world);
         assert_eq!(
             told.len(),
-            2,
+            1,
             "told at once, before pending_status_after: {told:?}"
         );
-        assert!(told[1].pending.as_ref().unwrap().never_fits);
+        assert!(told[0].pending.as_ref().unwrap().never_fits);
         assert!(
-            told[1]
+            told[0]
                 .status
                 .contains("it can never start on this cluster: no node has enough GPUs"),
             "{}",
-            told[1].status
+            told[0].status
         );
     }
 
@@ -1933,6 +2089,7 @@ mod tests {
     fn the_watch_view_decides_when_it_holds_the_whole_fact() {
         let s = settings(|_| {});
         let mut job = job(&s);
+        queued_recorded(&mut job, &s);
         let decide_on = |job: &VolcanoJob, pods: &[Pod], now: i64| {
             let obs = Observed {
                 job,
@@ -2039,6 +2196,7 @@ mod tests {
     fn a_job_that_starts_at_once_gets_no_pending_status() {
         let s = settings(|_| {});
         let mut job = job(&s);
+        queued_recorded(&mut job, &s);
         let obs = Observed {
             job: &job,
             pods: &[],
@@ -2065,7 +2223,11 @@ mod tests {
             .iter()
             .map(|e| e.event_id.clone())
             .collect();
-        assert_eq!(ids, ["4817/QUEUED", "4817/RUNNING"]);
+        assert_eq!(
+            ids,
+            ["4817/RUNNING"],
+            "QUEUED went out from the submit path"
+        );
         assert!(
             !job.metadata
                 .annotations
@@ -2077,8 +2239,9 @@ mod tests {
         // With 0, the reason is told at once.
         let s = settings(|c| c.monitor.pending_status_after = std::time::Duration::ZERO);
         let mut job = self::job(&s);
+        queued_recorded(&mut job, &s);
         let mut world = World::default();
         drive(&s, &mut job, &[], ts(0), &mut world);
-        assert_eq!(lifecycle(&world).len(), 2);
+        assert_eq!(lifecycle(&world).len(), 1);
     }
 }

@@ -82,12 +82,12 @@ pub fn status_hash(previous: Option<&str>, reason: &str, text: &str) -> String {
     names::short_hash(input.as_bytes(), 16)
 }
 
-/// `<jobId>/status/<hash>`: why the job still waits.
+/// `<jobId>/status/<hash>`: why the job still waits, at `at`, the time of the change it tells.
 pub fn status(
     job_id: &str,
     hash: &str,
     pending: &PendingReason,
-    fallback_time: Timestamp,
+    at: Timestamp,
     runner_id: &str,
 ) -> JobEvent {
     JobEvent {
@@ -97,7 +97,7 @@ pub fn status(
         status: pending.text.clone(),
         reason: pending.reason.to_owned(),
         pending: Some(pending.details.clone()),
-        timestamp: Some(proto_timestamp(pending.since.unwrap_or(fallback_time))),
+        timestamp: Some(proto_timestamp(at)),
         runner_id: runner_id.to_owned(),
         ..JobEvent::default()
     }

@@ -398,9 +398,25 @@ pub fn pending_reason(input: PendingInput<'_>) -> PendingReason {
                     input.replicas
                 ),
                 details,
+                // Starting since its gang was scheduled (the condition's transition), not since the
+                // job was created.
                 since: input
                     .podgroup
-                    .and_then(|pg| pg.metadata.creation_timestamp.as_ref())
+                    .and_then(|pg| {
+                        pg.status
+                            .as_ref()?
+                            .conditions
+                            .iter()
+                            .rev()
+                            .find(|c| c.type_ == "Scheduled" && c.status == "True")?
+                            .last_transition_time
+                            .as_ref()
+                    })
+                    .or_else(|| {
+                        input
+                            .podgroup
+                            .and_then(|pg| pg.metadata.creation_timestamp.as_ref())
+                    })
                     .map(|t| t.0),
             }
         }

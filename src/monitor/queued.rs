@@ -15,11 +15,34 @@
 //! This is memory only, and only ever spares a copy: a runner that restarts, a runner that monitors a
 //! job another one submitted, or a job evicted from here sends the copy, as every runner did before.
 //! Never the other way round: a job is recorded only once its QUEUED is confirmed.
+//!
+//! What lasts is on the job: after the confirm, the submit path writes the annotation
+//! `<prefix>queuedConfirmed` ([`ANNOTATION`]) on the VolcanoJob, one merge patch per job. Any runner that
+//! monitors the job (another one, or this one after a restart) then knows that QUEUED is in the queues
+//! and sends no copy. Until it is there, the monitor holds back its first event of the job, at most
+//! [`GRACE`] after the job's creation: the submit path normally writes it milliseconds after the create,
+//! so the monitor's first event waits for the watch to deliver it, and a copy goes out only when the
+//! submitting runner died between its create and its write (its redelivered submission then also
+//! publishes QUEUED once more: at-least-once under faults, once without them).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use super::cache::FastSet;
+
+/// The annotation (after the prefix) the submit path writes once its QUEUED is confirmed.
+pub const ANNOTATION: &str = "queuedConfirmed";
+
+/// The full key of [`ANNOTATION`] under `prefix` (e.g. `ucloud.dk/queuedConfirmed`).
+pub fn annotation_key(prefix: &str) -> String {
+    format!("{prefix}{ANNOTATION}")
+}
+
+/// How long after a job's creation the monitor waits for [`ANNOTATION`] before its first event of the
+/// job, then sends its own copy of QUEUED. The submit path writes it right after the create returns
+/// and the broker confirms; a runner killed in between is the only usual reason to run out of it.
+pub const GRACE: Duration = Duration::from_secs(10);
 
 /// How many jobs are remembered: the newest ones. A job is looked up from its creation until the
 /// monitor's first event of it (its start, or a pending status after `pending_status_after`), seconds to

@@ -209,6 +209,34 @@ impl JobStore {
             .await?
     }
 
+    /// Sets one annotation on the job described by `meta` with a merge patch, in one attempt (no
+    /// retries: for a write whose absence is safe). A job that is gone is fine.
+    pub async fn annotate_once(
+        &self,
+        meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+        key: &str,
+        value: &str,
+    ) -> Result<(), ClusterError> {
+        let ns = meta.namespace.as_deref().unwrap_or_default();
+        let name = meta.name.as_deref().unwrap_or_default();
+        let api: Api<VolcanoJob> = Api::namespaced(self.client.clone(), ns);
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        let patch = serde_json::json!({"metadata": {"annotations": {key: value}}});
+        let op = format!("annotate VolcanoJob {ns}/{name}");
+        match api
+            .patch(name, &params, &Patch::Merge(&patch))
+            .await
+            .classify(|| op.clone())
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Deletes the job (the exact object read: uid precondition). Gone already is fine. With the cleanup
     /// finalizer the object stays, marked for deletion, until the monitor has cleaned up.
     pub async fn delete(&self, job: &VolcanoJob) -> Result<(), ClusterError> {

@@ -21,6 +21,9 @@ pub struct RunnerKeys {
     /// Annotation `<prefix>acceptedBy`: the runner that created the job. The QUEUED event carries it, so
     /// every runner that publishes QUEUED for this job publishes the same message.
     pub accepted_by: String,
+    /// Annotation `<prefix>queuedConfirmed` ([`crate::monitor::queued::ANNOTATION`]): written once the
+    /// broker confirmed the job's QUEUED, so that whoever monitors the job sends no copy of it.
+    pub queued_confirmed: String,
 }
 
 impl RunnerKeys {
@@ -29,6 +32,7 @@ impl RunnerKeys {
         Self {
             cleanup_finalizer: keys.cleanup_finalizer(),
             accepted_by: keys.accepted_by.clone(),
+            queued_confirmed: crate::monitor::queued::annotation_key(&keys.prefix),
         }
     }
 }

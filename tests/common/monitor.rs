@@ -358,7 +358,38 @@ impl World {
             RetryPolicy::from_config(&self.config.cluster),
             self.keys.submission_hash.clone(),
         );
-        applier.apply(&steps).await.expect("the job is created");
+        let outcome = applier.apply(&steps).await.expect("the job is created");
+        // As the submit path goes on: QUEUED, confirmed, then the record of it on the job (the monitor
+        // sends no copy of a QUEUED recorded as confirmed).
+        let meta = outcome.primary;
+        let created = meta
+            .creation_timestamp
+            .as_ref()
+            .map_or(jiff::Timestamp::UNIX_EPOCH, |t| t.0);
+        let queued = volcano_runner::durable::queued_event(&job.job_id, created, "test-runner");
+        self.follower_broker
+            .publisher()
+            .publish(&volcano_runner::broker::Outbound::job_event(
+                &queued,
+                volcano_runner::messages::Format::Json,
+                &self.config.broker,
+            ))
+            .await
+            .expect("QUEUED is confirmed");
+        let key = volcano_runner::monitor::queued::annotation_key(&self.keys.prefix);
+        let api: kube::Api<volcano_runner::volcano::VolcanoJob> = kube::Api::namespaced(
+            self.client.clone(),
+            meta.namespace.as_deref().unwrap_or_default(),
+        );
+        api.patch(
+            meta.name.as_deref().unwrap_or_default(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                serde_json::json!({"metadata": {"annotations": {key: "true"}}}),
+            ),
+        )
+        .await
+        .expect("the record of QUEUED is written");
     }
 
     /// The namespace the pipeline puts `job`'s objects in.

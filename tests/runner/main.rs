@@ -13,6 +13,7 @@ mod bench;
 mod chaos;
 mod control;
 mod edges;
+mod events_once;
 mod exactly_once;
 mod faults;
 mod gate;

@@ -40,7 +40,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 pub use plan::shard_of;
-use plan::{Decision, Holder, Observations, decide};
+use plan::{Decision, Holder, Observations, decide_with};
 
 use super::ClusterConfig;
 use super::error::{ClusterError, KubeResultExt};
@@ -186,6 +186,10 @@ pub struct ShardLeases {
     api: Api<Lease>,
     settings: Settings,
     observations: Observations,
+    /// When another runner's shard lapses by our observation, if it is not renewed before: a round runs
+    /// then rather than at the next tick, so a dead holder's shard is taken within the lease duration
+    /// plus the one renewal interval it takes to see its last renewal.
+    next_lapse: Option<Instant>,
     /// Shards held, with the deadline of each.
     mine: BTreeMap<u32, Instant>,
     /// Shards given up last round, to release this round.
@@ -223,6 +227,7 @@ impl ShardLeases {
             api: Api::namespaced(client, &config.namespace),
             settings,
             observations: Observations::default(),
+            next_lapse: None,
             mine: BTreeMap::new(),
             releasing: BTreeSet::new(),
             tx,
@@ -260,6 +265,14 @@ impl ShardLeases {
                     }
                 }
                 () = sleep_until_opt(next_expiry) => {}
+                () = sleep_until_opt(self.next_lapse) => {
+                    self.next_lapse = None;
+                    let round = self.round();
+                    tokio::select! {
+                        () = &mut shutdown => break,
+                        () = round => {}
+                    }
+                }
             }
             self.drop_expired(Instant::now());
             self.publish();
@@ -331,11 +344,31 @@ impl ShardLeases {
                 self.mine.remove(&(shard as u32));
             }
         }
+        self.next_lapse = (0..self.settings.shards)
+            .zip(&holders)
+            .filter(|(_, h)| **h == Holder::Other { expired: false })
+            .filter_map(|(shard, _)| {
+                let name = self.settings.shard_name(shard);
+                let lease = by_name.get(name.as_str())?;
+                holder(lease)?;
+                let unchanged = self.observations.unchanged_for(&name, now);
+                let left = self.lease_duration_of(lease).checked_sub(unchanged)?;
+                Some(now + left)
+            })
+            .min();
+        // A live runner that holds no shard (a newcomer) takes what the others hand over.
+        let holding: BTreeSet<&str> = (0..self.settings.shards)
+            .zip(&holders)
+            .filter(|(_, h)| matches!(h, Holder::Me | Holder::Other { expired: false }))
+            .filter_map(|(shard, _)| by_name.get(self.settings.shard_name(shard).as_str()))
+            .filter_map(|lease| holder(lease))
+            .collect();
+        let idle_member = live > holding.len();
         let Decision {
             renew,
             acquire,
             release,
-        } = decide(&self.settings.identity, &holders, live);
+        } = decide_with(&self.settings.identity, &holders, live, idle_member);
         for shard in release {
             self.mine.remove(&shard);
             self.releasing.insert(shard);

@@ -59,8 +59,28 @@ pub struct Decision {
 }
 
 /// Decides one round for runner `me`, given who holds each shard (indexed by shard) and how many
-/// runners are alive (this one included).
+/// runners are alive (this one included), as [`decide_with`] when a live runner holds nothing.
+#[cfg(test)]
 pub fn decide(me: &str, holders: &[Holder], live_members: usize) -> Decision {
+    decide_with(me, holders, live_members, true)
+}
+
+/// Decides one round for runner `me`. `idle_member`: some live runner holds no shard (a newcomer).
+///
+/// A shard whose holder stopped renewing is taken at once, beyond the fair share if need be: a dead
+/// holder's jobs wait for nothing but the lease to lapse, whatever the churn. The fair share counts
+/// the runners alive, and a runner killed and started again under a new name is counted twice until
+/// the dead one's member lease lapses: bounding a takeover by the share would leave the shard without
+/// a holder for that long (10 to 75 s were measured with a runner killed every 2 s). Shards beyond the
+/// share are handed over only while a live runner holds none, which takes them: handing them over
+/// when every runner has its share already would leave them free, or send them from one runner to the
+/// next. Free shards are taken within the share.
+pub fn decide_with(
+    me: &str,
+    holders: &[Holder],
+    live_members: usize,
+    idle_member: bool,
+) -> Decision {
     let target = fair_share(holders.len(), live_members);
     let by_preference = |mut shards: Vec<u32>| {
         shards.sort_by_key(|s| std::cmp::Reverse(preference(me, *s)));
@@ -75,16 +95,16 @@ pub fn decide(me: &str, holders: &[Holder], live_members: usize) -> Decision {
             .collect()
     };
     let mut renew = by_preference(indices(|h| *h == Holder::Me));
-    let release = if renew.len() > target {
+    let release = if renew.len() > target && idle_member {
         renew.split_off(target)
     } else {
         Vec::new()
     };
-    let wanted = target.saturating_sub(renew.len());
-    let mut acquire = by_preference(indices(|h| {
-        matches!(h, Holder::Free | Holder::Other { expired: true })
-    }));
-    acquire.truncate(wanted);
+    let mut acquire = by_preference(indices(|h| *h == Holder::Other { expired: true }));
+    let wanted = target.saturating_sub(renew.len() + acquire.len());
+    let mut free = by_preference(indices(|h| *h == Holder::Free));
+    free.truncate(wanted);
+    acquire.extend(free);
     renew.sort_unstable();
     Decision {
         renew,
@@ -208,6 +228,37 @@ mod tests {
         let mut acquired = d.acquire.clone();
         acquired.sort_unstable();
         assert_eq!(acquired, vec![1, 2], "shard 0 is held by a live runner");
+    }
+
+    /// A runner killed and started again under a new name is counted as alive twice for a while,
+    /// which shrinks every runner's share: a shard whose holder died is taken all the same, at once.
+    #[test]
+    fn an_abandoned_shard_is_taken_beyond_the_fair_share() {
+        let holders = [
+            Holder::Me,
+            Holder::Other { expired: true },
+            Holder::Other { expired: false },
+            Holder::Other { expired: false },
+        ];
+        // Three runners alive and a dead one still counted: a share of 1, held already.
+        let d = decide_with("a", &holders, 4, false);
+        assert_eq!(d.renew, vec![0]);
+        assert_eq!(d.acquire, vec![1], "the dead holder's shard");
+        assert!(d.release.is_empty());
+        // Over the share afterwards, it is kept while no live runner is idle (a hand-over would leave
+        // the shard free), and handed over once one is.
+        let holders = [
+            Holder::Me,
+            Holder::Me,
+            Holder::Other { expired: false },
+            Holder::Other { expired: false },
+        ];
+        let d = decide_with("a", &holders, 4, false);
+        assert_eq!(d.renew, vec![0, 1]);
+        assert!(d.release.is_empty() && d.acquire.is_empty());
+        let d = decide_with("a", &holders, 4, true);
+        assert_eq!(d.renew.len(), 1);
+        assert_eq!(d.release.len(), 1);
     }
 
     #[test]

@@ -200,6 +200,7 @@ async fn queued(h: &Handler, m: &Message<'_>, job_id: &str, meta: &ObjectMeta) -
         Ok(()) => {
             // Confirmed: in the events queues ahead of anything the monitor publishes from now on.
             h.confirmed_queued.record(job_id);
+            record_queued_confirmed(h, job_id, meta).await;
             Settle::Ack
         }
         Err(e) => Settle::publish(&e),
@@ -208,6 +209,23 @@ async fn queued(h: &Handler, m: &Message<'_>, job_id: &str, meta: &ObjectMeta) -
 
 /// The reason of a submission refused because a peer of it has ended.
 pub const PEER_ENDED: &str = "peer_ended";
+
+/// Writes `<prefix>queuedConfirmed` on the job (once: not when it is there already), so that whichever
+/// runner monitors it knows that its QUEUED is in the queues and sends no copy (see
+/// [`crate::monitor::queued`]). One attempt: without it the monitor sends a copy, which is always safe.
+async fn record_queued_confirmed(h: &Handler, job_id: &str, meta: &ObjectMeta) {
+    let key = &h.runner_keys.queued_confirmed;
+    if meta
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(key))
+    {
+        return;
+    }
+    if let Err(e) = h.jobs.annotate_once(meta, key, "true").await {
+        tracing::warn!(job_id, error = %e, "Could not record on the job that its QUEUED was confirmed; its monitor will send a copy of QUEUED.");
+    }
+}
 
 /// The first peer that is not this owner's job, or has ended: `(field, what is wrong, reason)`. A peer
 /// belongs to the same owner when it has the same project (a project's job) or, for a personal job, the
