@@ -70,6 +70,7 @@ pub fn terminal(
         started_at: outcome.started().map(proto_timestamp),
         ended_at: Some(proto_timestamp(outcome.ended())),
         pending: None,
+        output: None,
     }
 }
 

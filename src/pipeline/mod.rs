@@ -70,6 +70,8 @@ pub struct PipelineConfig {
     /// What a whole node (`exclusiveNodes`) is charged and how many one owner may hold (Task plugin,
     /// runner).
     pub whole_nodes: WholeNodesConfig,
+    /// Every rank's output kept in the job's output folder (FileMount plugin).
+    pub output: plugins::output_files::OutputConfig,
     /// The annotation keys for `annotation_prefix`, built once (every render and hook needs them).
     #[serde(skip)]
     keys: KeyCache,
@@ -108,6 +110,7 @@ impl Default for PipelineConfig {
             accounting: AccountingConfig::default(),
             proxy: ProxyConfig::default(),
             whole_nodes: WholeNodesConfig::default(),
+            output: plugins::output_files::OutputConfig::default(),
             keys: KeyCache::default(),
         }
     }
