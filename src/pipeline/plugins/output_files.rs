@@ -10,7 +10,9 @@
 //! - The wrapper starts the application with its stdout and stderr into a FIFO, copies that stream both to
 //!   the container's own log (so `kubectl logs`, `volcano-runner logs` and the event tails still see
 //!   everything) and to the file, keeping the first `max_bytes` bytes and appending a marker line when it
-//!   cut ([`CUT_MARKER`]).
+//!   cut ([`CUT_MARKER`]). The copy is unbuffered (busybox `tee` and `dd`, each read written at once), so
+//!   the file holds what the application wrote even when the container is killed (SIGKILL after the grace
+//!   period); the marker is written at the moment of the cut.
 //! - It forwards SIGTERM, SIGINT and SIGHUP to the application, waits for it, waits for the copy to drain,
 //!   and exits with the application's exit code (128 + the signal's number when a signal ended it, as the
 //!   container runtime reports it). A failure stays a failure; a SIGTERM reaches the application.
@@ -88,16 +90,21 @@ shift 3
 r=${VC_TASK_INDEX:-0}
 if [ "$r" = 0 ]; then f=$dir/stdout.txt; else f=$dir/stdout-$r.txt; fi
 h=${b%/*}
-p=$h/out-$$ q=$h/file-$$ c=$h/count-$$ n=$h/bytes-$$
-if ! "$b" mkfifo "$p" "$q" "$c" 2>/dev/null || ! : 2>/dev/null >"$f"; then
+p=$h/out-$$ q=$h/file-$$
+if ! "$b" mkfifo "$p" "$q" 2>/dev/null || ! (: >"$f") 2>/dev/null; then
   echo "volcano-runner: the output cannot be kept in $f; the application runs without a copy" >&2
+  "$b" rm -f "$p" "$q"
   exec "$@"
 fi
-{ "$b" head -c "$max"; "$b" cat >/dev/null; } <"$q" >"$f" &
+{
+  "$b" dd bs=65536 count="$max" iflag=count_bytes 2>/dev/null
+  if [ "$("$b" dd bs=1 count=1 2>/dev/null | "$b" wc -c)" -gt 0 ]; then
+    printf '\n[volcano-runner: output cut here: only the first %s bytes of this rank'"'"'s output are kept]\n' "$max"
+    "$b" cat >/dev/null
+  fi
+} <"$q" >"$f" &
 w=$!
-"$b" wc -c <"$c" >"$n" &
-k=$!
-"$b" tee "$q" "$c" <"$p" &
+"$b" tee "$q" <"$p" &
 t=$!
 exec 4<&0
 "$@" <&4 4<&- >"$p" 2>&1 &
@@ -112,12 +119,8 @@ while kill -0 "$a" 2>/dev/null; do
   wait "$a"
   code=$?
 done
-wait "$t" "$w" "$k"
-total=$("$b" cat "$n" 2>/dev/null)
-if [ "${total:-0}" -gt "$max" ]; then
-  printf '\n[volcano-runner: output cut here: only the first %s bytes of this rank'"'"'s output are kept]\n' "$max" >>"$f"
-fi
-"$b" rm -f "$p" "$q" "$c" "$n"
+wait "$t" "$w"
+"$b" rm -f "$p" "$q"
 exit "$code"
 "#;
 
@@ -351,8 +354,141 @@ mod tests {
         for bashism in ["[[", "function ", "$'", "local ", "pipefail", "<(", "&>"] {
             assert!(!WRAPPER.contains(bashism), "{bashism}");
         }
-        for tool in ["mkfifo", "head", "cat", "wc", "tee", "rm"] {
+        for tool in ["mkfifo", "dd", "cat", "wc", "tee", "rm"] {
             assert!(WRAPPER.contains(&format!("\"$b\" {tool}")), "{tool}");
+        }
+    }
+
+    /// The wrapper run for real by busybox, as in the pod (`/usr/bin/busybox` from busybox-static).
+    mod wrapper {
+        use super::*;
+        use std::path::PathBuf;
+        use std::process::{Command, Output, Stdio};
+        use std::sync::atomic::{AtomicU32, Ordering};
+        use std::time::{Duration, Instant};
+
+        const BUSYBOX: &str = "/usr/bin/busybox";
+
+        fn scratch() -> PathBuf {
+            static N: AtomicU32 = AtomicU32::new(0);
+            let dir = std::env::temp_dir().join(format!(
+                "vr-output-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::SeqCst)
+            ));
+            std::fs::create_dir_all(dir.join("helper")).unwrap();
+            std::fs::create_dir_all(dir.join("work")).unwrap();
+            // The real thing: Debian's statically linked busybox (scripts/test installs busybox-static).
+            std::os::unix::fs::symlink(BUSYBOX, dir.join("helper/busybox"))
+                .expect("busybox-static is installed (scripts/test installs it)");
+            dir
+        }
+
+        fn wrapped(dir: &std::path::Path, max: u64, rank: u32, argv: &[&str]) -> Command {
+            let mut cmd = Command::new(dir.join("helper/busybox"));
+            cmd.arg("sh")
+                .arg("-c")
+                .arg(WRAPPER)
+                .arg(WRAPPER_NAME)
+                .arg(dir.join("helper/busybox"))
+                .arg(dir.join("work"))
+                .arg(max.to_string())
+                .args(argv)
+                .env("VC_TASK_INDEX", rank.to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            cmd
+        }
+
+        fn run(dir: &std::path::Path, max: u64, rank: u32, script: &str) -> Output {
+            wrapped(dir, max, rank, &["/bin/sh", "-c", script])
+                .output()
+                .unwrap()
+        }
+
+        fn file(dir: &std::path::Path, rank: u32) -> String {
+            std::fs::read_to_string(dir.join("work").join(file_name(rank))).unwrap()
+        }
+
+        #[test]
+        fn a_failure_stays_a_failure_and_its_output_is_in_the_file_and_the_log() {
+            let dir = scratch();
+            let out = run(&dir, 1000, 0, "echo one; echo two >&2; exit 3");
+            assert_eq!(out.status.code(), Some(3));
+            assert_eq!(file(&dir, 0), "one\ntwo\n");
+            assert_eq!(String::from_utf8_lossy(&out.stdout), "one\ntwo\n");
+            // Nothing of the wrapper is left behind but the file.
+            let left: Vec<_> = std::fs::read_dir(dir.join("helper")).unwrap().collect();
+            assert_eq!(left.len(), 1);
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+
+        #[test]
+        fn other_ranks_write_their_own_file_and_success_is_zero() {
+            let dir = scratch();
+            let out = run(&dir, 1000, 2, "echo rank two");
+            assert_eq!(out.status.code(), Some(0));
+            assert_eq!(file(&dir, 2), "rank two\n");
+            assert!(!dir.join("work/stdout.txt").exists());
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+
+        #[test]
+        fn output_past_the_bound_is_cut_with_the_marker_and_still_logged_whole() {
+            let dir = scratch();
+            let out = run(&dir, 10, 0, "echo 0123456789abcdef; echo more");
+            assert_eq!(out.status.code(), Some(0));
+            let whole = "0123456789abcdef\nmore\n";
+            assert_eq!(file(&dir, 0).as_bytes(), kept(whole.as_bytes(), 10));
+            assert_eq!(String::from_utf8_lossy(&out.stdout), whole);
+            // Exactly at the bound: no marker.
+            let out = run(&dir, 5, 0, "printf abcde");
+            assert_eq!(out.status.code(), Some(0));
+            assert_eq!(file(&dir, 0), "abcde");
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+
+        #[test]
+        fn a_signal_that_kills_the_application_is_its_exit_code() {
+            let dir = scratch();
+            let out = run(&dir, 1000, 0, "echo before; kill -9 $$");
+            assert_eq!(out.status.code(), Some(137));
+            assert_eq!(file(&dir, 0), "before\n");
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+
+        #[test]
+        fn sigterm_reaches_the_application_and_its_last_words_are_kept() {
+            let dir = scratch();
+            let script = "trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.05; done";
+            let child = wrapped(&dir, 1000, 0, &["/bin/sh", "-c", script])
+                .spawn()
+                .unwrap();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while std::fs::read_to_string(dir.join("work/stdout.txt"))
+                .map_or(true, |s| !s.contains("ready"))
+            {
+                assert!(Instant::now() < deadline, "the application never started");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let pid = child.id().to_string();
+            assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+            let out = child.wait_with_output().unwrap();
+            assert_eq!(out.status.code(), Some(7));
+            assert_eq!(file(&dir, 0), "ready\ngot-term\n");
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+
+        #[test]
+        fn an_output_folder_that_cannot_be_written_runs_the_application_unwrapped() {
+            let dir = scratch();
+            std::fs::remove_dir_all(dir.join("work")).unwrap();
+            let out = run(&dir, 1000, 0, "echo hi; exit 4");
+            assert_eq!(out.status.code(), Some(4));
+            assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
+            assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be kept"));
+            std::fs::remove_dir_all(dir).unwrap();
         }
     }
 }
