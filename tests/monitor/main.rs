@@ -11,4 +11,5 @@ mod rabbit;
 mod disruption;
 mod failover;
 mod lifecycle;
+mod output_files;
 mod whole_nodes;

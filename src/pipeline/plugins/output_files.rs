@@ -461,7 +461,8 @@ mod tests {
         #[test]
         fn sigterm_reaches_the_application_and_its_last_words_are_kept() {
             let dir = scratch();
-            let script = "trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.05; done";
+            let script =
+                "trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.05; done";
             let child = wrapped(&dir, 1000, 0, &["/bin/sh", "-c", script])
                 .spawn()
                 .unwrap();
@@ -473,7 +474,13 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(20));
             }
             let pid = child.id().to_string();
-            assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+            assert!(
+                Command::new("kill")
+                    .args(["-TERM", &pid])
+                    .status()
+                    .unwrap()
+                    .success()
+            );
             let out = child.wait_with_output().unwrap();
             assert_eq!(out.status.code(), Some(7));
             assert_eq!(file(&dir, 0), "ready\ngot-term\n");
