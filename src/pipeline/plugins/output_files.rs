@@ -84,13 +84,14 @@ pub const CUT_MARKER: &str =
     "[volcano-runner: output cut here: only the first {max} bytes of this rank's output are kept]";
 
 /// The wrapper, POSIX sh run by busybox. `$1` busybox (its folder holds the FIFOs), `$2` the folder,
-/// `$3` the bound, the rest the application's argv. Every tool is busybox's (`"$b" tee`), so the image needs none of them.
+/// `$3` the bound, the rest the application's argv. It holds neither `$(` nor `$$`: Kubernetes expands
+/// `$(VAR)` in a container's command and turns `$$` into `$`, so the script reaches the shell as written. Every tool is busybox's (`"$b" tee`), so the image needs none of them.
 pub const WRAPPER: &str = r#"b=$1 dir=$2 max=$3
 shift 3
 r=${VC_TASK_INDEX:-0}
 if [ "$r" = 0 ]; then f=$dir/stdout.txt; else f=$dir/stdout-$r.txt; fi
 h=${b%/*}
-p=$h/out-$$ q=$h/file-$$
+p=$h/out q=$h/file
 if ! "$b" mkfifo "$p" "$q" 2>/dev/null || ! (: >"$f") 2>/dev/null; then
   echo "volcano-runner: the output cannot be kept in $f; the application runs without a copy" >&2
   "$b" rm -f "$p" "$q"
@@ -98,7 +99,7 @@ if ! "$b" mkfifo "$p" "$q" 2>/dev/null || ! (: >"$f") 2>/dev/null; then
 fi
 {
   "$b" dd bs=65536 count="$max" iflag=count_bytes 2>/dev/null
-  if [ "$("$b" dd bs=1 count=1 2>/dev/null | "$b" wc -c)" -gt 0 ]; then
+  if [ "`"$b" dd bs=1 count=1 2>/dev/null | "$b" wc -c`" -gt 0 ]; then
     printf '\n[volcano-runner: output cut here: only the first %s bytes of this rank'"'"'s output are kept]\n' "$max"
     "$b" cat >/dev/null
   fi
@@ -353,6 +354,10 @@ mod tests {
     fn the_wrapper_is_posix_and_uses_only_busybox_tools() {
         for bashism in ["[[", "function ", "$'", "local ", "pipefail", "<(", "&>"] {
             assert!(!WRAPPER.contains(bashism), "{bashism}");
+        }
+        // What Kubernetes would rewrite in a command.
+        for expanded in ["$(", "$$"] {
+            assert!(!WRAPPER.contains(expanded), "{expanded}");
         }
         for tool in ["mkfifo", "dd", "cat", "wc", "tee", "rm"] {
             assert!(WRAPPER.contains(&format!("\"$b\" {tool}")), "{tool}");
