@@ -464,6 +464,7 @@ fn job_event() -> impl Strategy<Value = v1::JobEvent> {
             vec(log, 0..3),
             option::of(timestamp()),
             option::of(timestamp()),
+            option::of(kept_output()),
         ),
     )
         .prop_map(
@@ -472,7 +473,7 @@ fn job_event() -> impl Strategy<Value = v1::JobEvent> {
                 (exit_codes, pending, expires_at, ts),
                 rest,
             )| {
-                let (runner_id, log_tails, started_at, ended_at) = rest;
+                let (runner_id, log_tails, started_at, ended_at, output) = rest;
                 v1::JobEvent {
                     event_id,
                     job_id,
@@ -487,9 +488,21 @@ fn job_event() -> impl Strategy<Value = v1::JobEvent> {
                     log_tails,
                     started_at,
                     ended_at,
+                    output,
                 }
             },
         )
+}
+
+/// Where a job's output was kept (JobEvent field 14).
+fn kept_output() -> impl Strategy<Value = v1::KeptOutput> {
+    (some_text(), vec(some_text(), 1..3), any::<u64>()).prop_map(|(folder, files, max_bytes)| {
+        v1::KeptOutput {
+            folder,
+            files,
+            max_bytes,
+        }
+    })
 }
 
 fn accounting_tick() -> impl Strategy<Value = v1::AccountingTick> {
