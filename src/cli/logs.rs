@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use super::CliError;
 use super::run::{cancel_on_signal, load_config, operator_client};
 use crate::pipeline::names::{USER_CONTAINER, pod_name, vcjob_name};
+use crate::pipeline::plugins::output_files;
 use crate::validate::{self, names};
 use crate::volcano::VolcanoJob;
 
@@ -192,12 +193,47 @@ impl Resume {
     }
 }
 
-/// The job's namespace and number of ranks.
+/// Whether no more output can come from the job: Volcano finished it, it is being deleted (a cancel, an
+/// expiry; the ended job is kept, being deleted, as the record of its submission), or the monitor
+/// recorded its end.
+pub fn has_ended(job: &VolcanoJob, lifecycle_key: &str) -> bool {
+    job.metadata.deletion_timestamp.is_some()
+        || job
+            .status
+            .as_ref()
+            .is_some_and(|s| s.state.phase.is_finished())
+        || job
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(lifecycle_key))
+            .is_some_and(|s| ["SUCCESS", "FAILURE", "EXPIRED", "CANCELLED"].contains(&s.as_str()))
+}
+
+/// What `logs` says about an ended job's output files, when the job kept them.
+pub fn kept_note(job_id: &str, job: &VolcanoJob, prefix: &str, ranks: u32) -> Option<String> {
+    let kept = output_files::location(job.metadata.annotations.as_ref(), prefix, ranks)?;
+    let limit = if kept.max_bytes > 0 {
+        format!(
+            " (the first {} bytes of each rank's output)",
+            kept.max_bytes
+        )
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "job {job_id} has ended; every rank's output was kept in its output folder {}{limit}: {}",
+        kept.folder,
+        kept.files.join(", ")
+    ))
+}
+
+/// The job's namespace and number of ranks, and the job as read.
 async fn find_job(
     client: &kube::Client,
     job_id: &str,
     namespace: Option<&str>,
-) -> Result<(String, u32), CliError> {
+) -> Result<(String, u32, VolcanoJob), CliError> {
     let name = vcjob_name(job_id);
     let api: Api<VolcanoJob> = match namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
@@ -225,7 +261,7 @@ async fn find_job(
                 .iter()
                 .map(|t| t.replicas.max(0) as u32)
                 .sum::<u32>();
-            Ok((ns, ranks))
+            Ok((ns, ranks, job))
         }
         _ => Err(CliError::Other(format!(
             "job id {job_id} exists in namespaces {}: say which with --namespace",
@@ -241,7 +277,7 @@ async fn find_job(
 pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError> {
     let config = load_config(config, args.cluster.as_deref())?;
     let client = operator_client(&config).await?;
-    let (namespace, count) = find_job(&client, &args.job_id, args.namespace.as_deref()).await?;
+    let (namespace, count, _) = find_job(&client, &args.job_id, args.namespace.as_deref()).await?;
     let ranks: Vec<u32> = match args.rank {
         Some(r) if r >= count => {
             return Err(CliError::Other(format!(
@@ -257,12 +293,39 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
         jobs: Api::namespaced(client.clone(), &namespace),
         job_id: args.job_id.clone(),
         since: args.since,
+        lifecycle_key: config.pipeline.keys().lifecycle_state.clone(),
     };
-    if args.follow {
-        follow(&reader, &ranks, args.timestamps).await
+    let code = if args.follow {
+        follow(&reader, &ranks, args.timestamps).await?
     } else {
-        snapshot(&reader, &ranks, args.timestamps).await
+        let shown = snapshot(&reader, &ranks, args.timestamps).await;
+        // Nothing to show, but an ended job that kept its output: where it is, is the answer.
+        match (
+            shown,
+            reader
+                .ended_note(&config.pipeline.annotation_prefix, count)
+                .await,
+        ) {
+            (Ok(code), note) => {
+                if let Some(note) = note {
+                    eprintln!("{note}");
+                }
+                return Ok(code);
+            }
+            (Err(_), Some(note)) => {
+                eprintln!("{note}");
+                return Ok(ExitCode::SUCCESS);
+            }
+            (Err(e), None) => return Err(e),
+        }
+    };
+    if let Some(note) = reader
+        .ended_note(&config.pipeline.annotation_prefix, count)
+        .await
+    {
+        eprintln!("{note}");
     }
+    Ok(code)
 }
 
 /// Reads one rank's log.
@@ -272,9 +335,20 @@ struct RankReader {
     jobs: Api<VolcanoJob>,
     job_id: String,
     since: Option<SignedDuration>,
+    /// `<prefix>lifecycleState`: the end the monitor recorded.
+    lifecycle_key: String,
 }
 
 impl RankReader {
+    /// Where the output was kept, when the job has ended and kept it (read now).
+    async fn ended_note(&self, prefix: &str, ranks: u32) -> Option<String> {
+        let job = self.jobs.get_opt(&vcjob_name(&self.job_id)).await.ok()??;
+        if !has_ended(&job, &self.lifecycle_key) {
+            return None;
+        }
+        kept_note(&self.job_id, &job, prefix, ranks)
+    }
+
     fn params(&self, follow: bool, resume: &Resume) -> LogParams {
         let (since_seconds, since_time) = match resume.since() {
             Some(t) => (None, Some(t)),
@@ -356,7 +430,7 @@ impl RankReader {
                 .is_some_and(|phase| phase == "Succeeded" || phase == "Failed")),
             Ok(None) => match self.jobs.get_opt(&vcjob_name(&self.job_id)).await {
                 Ok(None) => Ok(true),
-                Ok(Some(job)) => Ok(job.status.is_some_and(|s| s.state.phase.is_finished())),
+                Ok(Some(job)) => Ok(has_ended(&job, &self.lifecycle_key)),
                 Err(e) => Err(format!("cannot read job {}: {e}", self.job_id)),
             },
             Err(e) => Err(format!("cannot read pod {pod}: {e}")),
