@@ -11,6 +11,10 @@
 //! The job is found by its VolcanoJob name (`j-<jobId>`) in any namespace (one list with a field
 //! selector); its rank count comes from the job's task, so ranks are read by their pod names without
 //! listing pods. Only the program's container (`user-job`) is read, never the runner's init containers.
+//!
+//! An ended job's output files (`[pipeline.output]`) are named on stderr. Exit codes: 0 when lines were
+//! printed, or when none could be but the ended job kept its output; 1 when no rank has a log and nothing
+//! was kept; 2 on an error (unknown job, `--rank` out of range, the cluster unreachable, a wrong argument).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -298,26 +302,27 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     let code = if args.follow {
         follow(&reader, &ranks, args.timestamps).await?
     } else {
-        let shown = snapshot(&reader, &ranks, args.timestamps).await;
-        // Nothing to show, but an ended job that kept its output: where it is, is the answer.
-        match (
-            shown,
-            reader
-                .ended_note(&config.pipeline.annotation_prefix, count)
-                .await,
-        ) {
-            (Ok(code), note) => {
-                if let Some(note) = note {
-                    eprintln!("{note}");
-                }
-                return Ok(code);
-            }
-            (Err(_), Some(note)) => {
+        let printed = snapshot(&reader, &ranks, args.timestamps).await;
+        let note = reader
+            .ended_note(&config.pipeline.annotation_prefix, count)
+            .await;
+        return Ok(match (printed, note) {
+            (_, Some(note)) => {
+                // An ended job that kept its output: where it is, is the answer (even with no log left).
                 eprintln!("{note}");
-                return Ok(ExitCode::SUCCESS);
+                ExitCode::SUCCESS
             }
-            (Err(e), None) => return Err(e),
-        }
+            (true, None) => ExitCode::SUCCESS,
+            (false, None) => {
+                // Nothing to show at all: say so in the exit code too (1), as `kubectl logs` does.
+                eprintln!(
+                    "volcano-runner: no rank of job {} has a log to show (each says why above); \
+                     --follow waits for them",
+                    args.job_id
+                );
+                ExitCode::FAILURE
+            }
+        });
     };
     if let Some(note) = reader
         .ended_note(&config.pipeline.annotation_prefix, count)
@@ -449,12 +454,8 @@ fn why_no_log(pod: &str, e: &kube::Error) -> String {
     }
 }
 
-/// Prints what the ranks have written so far, interleaved.
-async fn snapshot(
-    reader: &RankReader,
-    ranks: &[u32],
-    timestamps: bool,
-) -> Result<ExitCode, CliError> {
+/// Prints what the ranks have written so far, interleaved; false when no rank had a log to show.
+async fn snapshot(reader: &RankReader, ranks: &[u32], timestamps: bool) -> bool {
     let reads = ranks.iter().map(|rank| {
         let reader = reader.clone();
         async move { (*rank, reader.read(*rank).await) }
@@ -467,11 +468,7 @@ async fn snapshot(
         }
     }
     if logs.is_empty() && !ranks.is_empty() {
-        // Nothing to show at all: say so in the exit code too, as `kubectl logs` does.
-        return Err(CliError::Other(format!(
-            "no rank of job {} has a log to show (each says why above); --follow waits for them",
-            reader.job_id
-        )));
+        return false;
     }
     let mut out = std::io::stdout().lock();
     for line in interleave(logs) {
@@ -479,7 +476,7 @@ async fn snapshot(
             break;
         }
     }
-    Ok(ExitCode::SUCCESS)
+    true
 }
 
 /// Prints every rank's lines as they arrive until all have ended or Ctrl-C.

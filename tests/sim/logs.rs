@@ -124,14 +124,14 @@ async fn the_ranks_of_a_job_are_read_together_in_time_order() {
     assert_eq!((goodbye_at - hello_at).get_seconds(), 30, "{stamped:?}");
 
     let wrong_rank = logs(&sim, &["mpi", "--rank", "2"]);
-    assert!(!wrong_rank.status.success());
+    assert_eq!(wrong_rank.status.code(), Some(2), "an error: exit 2");
     assert!(
         String::from_utf8_lossy(&wrong_rank.stderr).contains("--rank 2: job mpi has 2 rank(s)"),
         "{}",
         String::from_utf8_lossy(&wrong_rank.stderr)
     );
     let unknown = logs(&sim, &["nope"]);
-    assert!(!unknown.status.success());
+    assert_eq!(unknown.status.code(), Some(2), "an error: exit 2");
     assert!(
         String::from_utf8_lossy(&unknown.stderr).contains("no job nope in the cluster"),
         "{}",
@@ -160,7 +160,7 @@ async fn following_waits_for_the_ranks_prints_lines_as_they_come_and_ends_with_t
     sim.advance(Duration::from_secs(1));
     // Without --follow there is nothing to show yet, and the exit code says so.
     let nothing = logs(&sim, &["live"]);
-    assert!(!nothing.status.success());
+    assert_eq!(nothing.status.code(), Some(1), "nothing to show: exit 1");
     let said = String::from_utf8_lossy(&nothing.stderr);
     assert!(
         said.contains(
@@ -282,10 +282,8 @@ async fn an_ended_jobs_logs_say_where_its_output_was_kept_and_follow_ends() {
                 /home/alice/Jobs/kept/stdout.txt, /home/alice/Jobs/kept/stdout-1.txt";
     let ended = logs(&sim, &["kept"]);
     let said = String::from_utf8_lossy(&ended.stderr);
-    assert!(
-        ended.status.success(),
-        "exit 0: the answer is where: {said}"
-    );
+    assert_eq!(ended.status.code(), Some(0), "the answer is where: {said}");
+    assert!(!said.contains("no rank of job kept has a log"), "{said}");
     assert!(said.contains(note), "{said}");
     // --follow ends by itself (the job has ended), exit 0, saying the same.
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_volcano-runner"))
