@@ -794,7 +794,8 @@ fn publish_end(
         obs.job.metadata.annotations.as_ref(),
         &s.keys.prefix,
         facts.replicas,
-    );
+    )
+    .map(Box::new);
     action.publish.push(Outbound::Lifecycle(terminal));
     action.set = completion.set.clone();
     action.remove = completion.remove.clone();

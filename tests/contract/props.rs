@@ -488,7 +488,7 @@ fn job_event() -> impl Strategy<Value = v1::JobEvent> {
                     log_tails,
                     started_at,
                     ended_at,
-                    output,
+                    output: output.map(Box::new),
                 }
             },
         )

@@ -449,7 +449,7 @@ impl Model {
         if let Some(storage) = &self.config.storage_dir
             && let Some(pod) = core.store.get(key)
         {
-            super::storage::keep_output(storage, &pod, self.config.default_run, core.now);
+            super::storage::keep_output(storage, pod, self.config.default_run, core.now);
         }
         if restarts {
             let count = core
