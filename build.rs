@@ -21,6 +21,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .compile_well_known_types()
         // Ordered maps: rendered objects and JSON output must not depend on hash order.
         .btree_map(["."])
+        // Boxed: present on terminal events only, and inline it would make every JobEvent (and the
+        // enums that carry one) larger for all the others.
+        .boxed(".volcano_runner.v1.JobEvent.output")
         .extern_path(".google.protobuf", "::pbjson_types")
         .compile_protos(&protos, &["proto/"])?;
 

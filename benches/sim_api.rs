@@ -137,6 +137,7 @@ fn bench(c: &mut Criterion) {
                     status_report_delay: cfg.status_report_delay,
                     overcommit_factor: cfg.overcommit_factor,
                     events: true,
+                    storage_dir: None,
                 };
                 let mut cluster = Cluster::new(
                     cfg.watch_history,

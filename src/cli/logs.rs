@@ -11,6 +11,10 @@
 //! The job is found by its VolcanoJob name (`j-<jobId>`) in any namespace (one list with a field
 //! selector); its rank count comes from the job's task, so ranks are read by their pod names without
 //! listing pods. Only the program's container (`user-job`) is read, never the runner's init containers.
+//!
+//! An ended job's output files (`[pipeline.output]`) are named on stderr. Exit codes: 0 when lines were
+//! printed, or when none could be but the ended job kept its output; 1 when no rank has a log and nothing
+//! was kept; 2 on an error (unknown job, `--rank` out of range, the cluster unreachable, a wrong argument).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -26,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use super::CliError;
 use super::run::{cancel_on_signal, load_config, operator_client};
 use crate::pipeline::names::{USER_CONTAINER, pod_name, vcjob_name};
+use crate::pipeline::plugins::output_files;
 use crate::validate::{self, names};
 use crate::volcano::VolcanoJob;
 
@@ -192,12 +197,47 @@ impl Resume {
     }
 }
 
-/// The job's namespace and number of ranks.
+/// Whether no more output can come from the job: Volcano finished it, it is being deleted (a cancel, an
+/// expiry; the ended job is kept, being deleted, as the record of its submission), or the monitor
+/// recorded its end.
+pub fn has_ended(job: &VolcanoJob, lifecycle_key: &str) -> bool {
+    job.metadata.deletion_timestamp.is_some()
+        || job
+            .status
+            .as_ref()
+            .is_some_and(|s| s.state.phase.is_finished())
+        || job
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(lifecycle_key))
+            .is_some_and(|s| ["SUCCESS", "FAILURE", "EXPIRED", "CANCELLED"].contains(&s.as_str()))
+}
+
+/// What `logs` says about an ended job's output files, when the job kept them.
+pub fn kept_note(job_id: &str, job: &VolcanoJob, prefix: &str, ranks: u32) -> Option<String> {
+    let kept = output_files::location(job.metadata.annotations.as_ref(), prefix, ranks)?;
+    let limit = if kept.max_bytes > 0 {
+        format!(
+            " (the first {} bytes of each rank's output)",
+            kept.max_bytes
+        )
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "job {job_id} has ended; every rank's output was kept in its output folder {}{limit}: {}",
+        kept.folder,
+        kept.files.join(", ")
+    ))
+}
+
+/// The job's namespace and number of ranks, and the job as read.
 async fn find_job(
     client: &kube::Client,
     job_id: &str,
     namespace: Option<&str>,
-) -> Result<(String, u32), CliError> {
+) -> Result<(String, u32, VolcanoJob), CliError> {
     let name = vcjob_name(job_id);
     let api: Api<VolcanoJob> = match namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
@@ -225,7 +265,7 @@ async fn find_job(
                 .iter()
                 .map(|t| t.replicas.max(0) as u32)
                 .sum::<u32>();
-            Ok((ns, ranks))
+            Ok((ns, ranks, job))
         }
         _ => Err(CliError::Other(format!(
             "job id {job_id} exists in namespaces {}: say which with --namespace",
@@ -241,7 +281,7 @@ async fn find_job(
 pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError> {
     let config = load_config(config, args.cluster.as_deref())?;
     let client = operator_client(&config).await?;
-    let (namespace, count) = find_job(&client, &args.job_id, args.namespace.as_deref()).await?;
+    let (namespace, count, _) = find_job(&client, &args.job_id, args.namespace.as_deref()).await?;
     let ranks: Vec<u32> = match args.rank {
         Some(r) if r >= count => {
             return Err(CliError::Other(format!(
@@ -252,12 +292,40 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
         Some(r) => vec![r],
         None => (0..count).collect(),
     };
-    let reader = RankReader::new(client, &namespace, &args.job_id, args.since);
-    if args.follow {
-        follow(&reader, &ranks, args.timestamps).await
+    let reader = RankReader::new(client, &namespace, &args.job_id, args.since)
+        .with_lifecycle_key(config.pipeline.keys().lifecycle_state.clone());
+    let code = if args.follow {
+        follow(&reader, &ranks, args.timestamps).await?
     } else {
-        snapshot(&reader, &ranks, args.timestamps).await
+        let printed = snapshot(&reader, &ranks, args.timestamps).await;
+        let note = reader
+            .ended_note(&config.pipeline.annotation_prefix, count)
+            .await;
+        return Ok(match (printed, note) {
+            (_, Some(note)) => {
+                // An ended job that kept its output: where it is, is the answer (even with no log left).
+                eprintln!("{note}");
+                ExitCode::SUCCESS
+            }
+            (true, None) => ExitCode::SUCCESS,
+            (false, None) => {
+                // Nothing to show at all: say so in the exit code too (1), as `kubectl logs` does.
+                eprintln!(
+                    "volcano-runner: no rank of job {} has a log to show (each says why above); \
+                     --follow waits for them",
+                    args.job_id
+                );
+                ExitCode::FAILURE
+            }
+        });
+    };
+    if let Some(note) = reader
+        .ended_note(&config.pipeline.annotation_prefix, count)
+        .await
+    {
+        eprintln!("{note}");
     }
+    Ok(code)
 }
 
 /// Reads one rank's log. The engine of `volcano-runner logs`, also behind the logs bridge of
@@ -268,10 +336,14 @@ pub struct RankReader {
     jobs: Api<VolcanoJob>,
     job_id: String,
     since: Option<SignedDuration>,
+    /// `<prefix>lifecycleState`: the end the monitor recorded.
+    lifecycle_key: String,
 }
 
 impl RankReader {
-    /// A reader of job `job_id`'s ranks in `namespace`, from `since` ago (`None`: the whole log).
+    /// A reader of job `job_id`'s ranks in `namespace`, from `since` ago (`None`: the whole log). It
+    /// tells an ended job by the default `<prefix>lifecycleState` key; [`RankReader::with_lifecycle_key`]
+    /// for another prefix.
     pub fn new(
         client: kube::Client,
         namespace: &str,
@@ -283,7 +355,26 @@ impl RankReader {
             jobs: Api::namespaced(client, namespace),
             job_id: job_id.to_owned(),
             since,
+            lifecycle_key: crate::pipeline::PipelineConfig::default()
+                .keys()
+                .lifecycle_state
+                .clone(),
         }
+    }
+
+    /// The key of the end the monitor records (`<prefix>lifecycleState` with the configured prefix).
+    pub fn with_lifecycle_key(mut self, key: String) -> Self {
+        self.lifecycle_key = key;
+        self
+    }
+
+    /// Where the output was kept, when the job has ended and kept it (read now).
+    async fn ended_note(&self, prefix: &str, ranks: u32) -> Option<String> {
+        let job = self.jobs.get_opt(&vcjob_name(&self.job_id)).await.ok()??;
+        if !has_ended(&job, &self.lifecycle_key) {
+            return None;
+        }
+        kept_note(&self.job_id, &job, prefix, ranks)
     }
 
     fn params(&self, follow: bool, resume: &Resume) -> LogParams {
@@ -367,7 +458,7 @@ impl RankReader {
                 .is_some_and(|phase| phase == "Succeeded" || phase == "Failed")),
             Ok(None) => match self.jobs.get_opt(&vcjob_name(&self.job_id)).await {
                 Ok(None) => Ok(true),
-                Ok(Some(job)) => Ok(job.status.is_some_and(|s| s.state.phase.is_finished())),
+                Ok(Some(job)) => Ok(has_ended(&job, &self.lifecycle_key)),
                 Err(e) => Err(format!("cannot read job {}: {e}", self.job_id)),
             },
             Err(e) => Err(format!("cannot read pod {pod}: {e}")),
@@ -386,12 +477,8 @@ fn why_no_log(pod: &str, e: &kube::Error) -> String {
     }
 }
 
-/// Prints what the ranks have written so far, interleaved.
-async fn snapshot(
-    reader: &RankReader,
-    ranks: &[u32],
-    timestamps: bool,
-) -> Result<ExitCode, CliError> {
+/// Prints what the ranks have written so far, interleaved; false when no rank had a log to show.
+async fn snapshot(reader: &RankReader, ranks: &[u32], timestamps: bool) -> bool {
     let reads = ranks.iter().map(|rank| {
         let reader = reader.clone();
         async move { (*rank, reader.read(*rank).await) }
@@ -404,11 +491,7 @@ async fn snapshot(
         }
     }
     if logs.is_empty() && !ranks.is_empty() {
-        // Nothing to show at all: say so in the exit code too, as `kubectl logs` does.
-        return Err(CliError::Other(format!(
-            "no rank of job {} has a log to show (each says why above); --follow waits for them",
-            reader.job_id
-        )));
+        return false;
     }
     let mut out = std::io::stdout().lock();
     for line in interleave(logs) {
@@ -416,7 +499,7 @@ async fn snapshot(
             break;
         }
     }
-    Ok(ExitCode::SUCCESS)
+    true
 }
 
 /// Prints every rank's lines as they arrive until all have ended or Ctrl-C.

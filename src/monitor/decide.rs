@@ -966,12 +966,14 @@ fn publish_end(
     action.failures.extend(cleanup.failures.iter().cloned());
     action.publish.extend(completion.publish.iter().cloned());
     action.publish.extend(cleanup.publish.iter().cloned());
-    action.publish.push(Outbound::Lifecycle(events::terminal(
-        &facts.job_id,
-        outcome,
-        expiry,
-        &s.runner_id,
-    )));
+    let mut terminal = events::terminal(&facts.job_id, outcome, expiry, &s.runner_id);
+    terminal.output = crate::pipeline::plugins::output_files::location(
+        obs.job.metadata.annotations.as_ref(),
+        &s.keys.prefix,
+        facts.replicas,
+    )
+    .map(Box::new);
+    action.publish.push(Outbound::Lifecycle(terminal));
     action.set = completion.set.clone();
     action.remove = completion.remove.clone();
     action.set.insert(

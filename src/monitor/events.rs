@@ -72,6 +72,7 @@ pub fn terminal(
         ended_at: Some(proto_timestamp(outcome.ended())),
         pending: None,
         refundable_ms: 0,
+        output: None,
     }
 }
 

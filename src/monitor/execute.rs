@@ -23,6 +23,7 @@ use super::Encoding;
 use super::cache::{Snapshot, WatchedJob, WatchedPod};
 use super::clock::Clock;
 use super::decide::{self, Action, Observed, Settings, Step};
+use super::end_tails;
 use super::events;
 use super::queued::ConfirmedQueued;
 use super::record::RankTail;
@@ -183,10 +184,18 @@ impl Executor {
                         mut set,
                         ..
                     } => {
-                        outcome.log_tails = self.tails(&snap.key.namespace, &logs).await;
+                        // A deleted job's pods may be gone: the tails read before the deletion fill in.
+                        let prefix = &self.settings.keys.prefix;
+                        let kept = end_tails::decode(job.metadata.annotations.as_ref(), prefix);
+                        let mut remove = BTreeSet::new();
+                        if !kept.is_empty() {
+                            remove.insert(end_tails::key(prefix));
+                        }
+                        outcome.log_tails =
+                            end_tails::merge(self.tails(&snap.key.namespace, &logs).await, kept);
                         set.insert(self.settings.keys.outcome.clone(), outcome.to_annotation());
                         done.push("record");
-                        match self.patch(&job, &set, &BTreeSet::new()).await {
+                        match self.patch(&job, &set, &remove).await {
                             Ok(Some(new)) => job = new,
                             Ok(None) => return Ok(None),
                             Err(e) if e.is_conflict() => {
@@ -205,7 +214,11 @@ impl Executor {
                             Err(e) => return Err(e.into()),
                         }
                     }
-                    Step::Act(action) => {
+                    Step::Act(mut action) => {
+                        if action.delete && !action.release {
+                            self.keep_end_tails(&snap.key.namespace, &job, &pods, &mut action)
+                                .await;
+                        }
                         for failure in &action.failures {
                             tracing::warn!(job = %job_id, plugin = %failure.plugin, error = %failure.error, "A hook failed; the other plugins' actions stand.");
                         }
@@ -627,6 +640,48 @@ impl Executor {
         let mut pods: Vec<Pod> = listed.items.into_iter().map(WatchedPod::into_pod).collect();
         pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         Ok(Arc::new(pods))
+    }
+
+    /// Before the monitor deletes a running job (its expiry): the tails of its logs go on the job with
+    /// the patch that comes before the delete, so they outlive the pods (see [`end_tails`]).
+    async fn keep_end_tails(
+        &self,
+        namespace: &str,
+        job: &VolcanoJob,
+        pods: &[Pod],
+        action: &mut Action,
+    ) {
+        let prefix = &self.settings.keys.prefix;
+        let has = job
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(&end_tails::key(prefix)));
+        if has {
+            return;
+        }
+        let budget = end_tails::Budget {
+            per_rank: self.tail_bytes,
+            total: self.tail_total,
+        };
+        let Some(job_id) = job
+            .metadata
+            .name
+            .as_deref()
+            .and_then(crate::pipeline::names::job_id_from_vcjob_name)
+        else {
+            return;
+        };
+        let ranks: Vec<(u32, String)> = super::observe::ranks(job_id, pods)
+            .into_iter()
+            .filter(|r| r.started_at.is_some() || r.terminated.is_some())
+            .map(|r| (r.rank, r.pod))
+            .collect();
+        let snapshot =
+            end_tails::snapshot_of(&self.client, namespace, &ranks, prefix, budget).await;
+        if let Some((key, value)) = snapshot {
+            action.set.insert(key, value);
+        }
     }
 
     /// The end of each rank's log, bounded per rank and in all. A log that cannot be read is left out.

@@ -25,6 +25,7 @@
 pub mod cache;
 pub mod clock;
 pub mod decide;
+pub mod end_tails;
 pub mod estimate;
 pub mod events;
 pub mod execute;

@@ -72,6 +72,8 @@ pub struct PipelineConfig {
     /// What a whole node (`exclusiveNodes`) is charged and how many one owner may hold (Task plugin,
     /// runner).
     pub whole_nodes: WholeNodesConfig,
+    /// Every rank's output kept in the job's output folder (FileMount plugin).
+    pub output: plugins::output_files::OutputConfig,
     /// The annotation keys for `annotation_prefix`, built once (every render and hook needs them).
     #[serde(skip)]
     keys: KeyCache,
@@ -111,6 +113,7 @@ impl Default for PipelineConfig {
             proxy: ProxyConfig::default(),
             public_ip: Default::default(),
             whole_nodes: WholeNodesConfig::default(),
+            output: plugins::output_files::OutputConfig::default(),
             keys: KeyCache::default(),
         }
     }

@@ -206,6 +206,10 @@ pub struct SimConfig {
     pub seed: u64,
     /// Faults from the start (tests usually set them at run time through the handle).
     pub faults: FaultPlan,
+    /// A directory that stands for the storage behind the jobs' PersistentVolumeClaims: claim `C` is
+    /// `<storage_dir>/C/`. When set, the simulator writes what a job's output wrapper writes (every
+    /// rank's `stdout.txt` / `stdout-<rank>.txt` in its output folder), so tests can read the files.
+    pub storage_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for SimConfig {
@@ -228,6 +232,7 @@ impl Default for SimConfig {
             volcano_admission: true,
             seed: 1,
             faults: FaultPlan::default(),
+            storage_dir: None,
         }
     }
 }
@@ -333,6 +338,7 @@ impl SimConfig {
             status_report_delay: self.status_report_delay,
             overcommit_factor: self.overcommit_factor,
             events: self.events,
+            storage_dir: self.storage_dir.clone(),
         }
     }
 }

@@ -465,6 +465,7 @@ fn job_event() -> impl Strategy<Value = v1::JobEvent> {
             option::of(timestamp()),
             option::of(timestamp()),
             0i64..=i64::MAX,
+            option::of(kept_output()),
         ),
     )
         .prop_map(
@@ -473,7 +474,7 @@ fn job_event() -> impl Strategy<Value = v1::JobEvent> {
                 (exit_codes, pending, expires_at, ts),
                 rest,
             )| {
-                let (runner_id, log_tails, started_at, ended_at, refundable_ms) = rest;
+                let (runner_id, log_tails, started_at, ended_at, refundable_ms, output) = rest;
                 v1::JobEvent {
                     event_id,
                     job_id,
@@ -489,9 +490,21 @@ fn job_event() -> impl Strategy<Value = v1::JobEvent> {
                     started_at,
                     ended_at,
                     refundable_ms,
+                    output: output.map(Box::new),
                 }
             },
         )
+}
+
+/// Where a job's output was kept (JobEvent field 14).
+fn kept_output() -> impl Strategy<Value = v1::KeptOutput> {
+    (some_text(), vec(some_text(), 1..3), any::<u64>()).prop_map(|(folder, files, max_bytes)| {
+        v1::KeptOutput {
+            folder,
+            files,
+            max_bytes,
+        }
+    })
 }
 
 fn accounting_tick() -> impl Strategy<Value = v1::AccountingTick> {

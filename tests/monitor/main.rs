@@ -12,4 +12,5 @@ mod disruption;
 mod failover;
 mod lifecycle;
 mod refund;
+mod output_files;
 mod whole_nodes;

@@ -124,14 +124,14 @@ async fn the_ranks_of_a_job_are_read_together_in_time_order() {
     assert_eq!((goodbye_at - hello_at).get_seconds(), 30, "{stamped:?}");
 
     let wrong_rank = logs(&sim, &["mpi", "--rank", "2"]);
-    assert!(!wrong_rank.status.success());
+    assert_eq!(wrong_rank.status.code(), Some(2), "an error: exit 2");
     assert!(
         String::from_utf8_lossy(&wrong_rank.stderr).contains("--rank 2: job mpi has 2 rank(s)"),
         "{}",
         String::from_utf8_lossy(&wrong_rank.stderr)
     );
     let unknown = logs(&sim, &["nope"]);
-    assert!(!unknown.status.success());
+    assert_eq!(unknown.status.code(), Some(2), "an error: exit 2");
     assert!(
         String::from_utf8_lossy(&unknown.stderr).contains("no job nope in the cluster"),
         "{}",
@@ -160,7 +160,7 @@ async fn following_waits_for_the_ranks_prints_lines_as_they_come_and_ends_with_t
     sim.advance(Duration::from_secs(1));
     // Without --follow there is nothing to show yet, and the exit code says so.
     let nothing = logs(&sim, &["live"]);
-    assert!(!nothing.status.success());
+    assert_eq!(nothing.status.code(), Some(1), "nothing to show: exit 1");
     let said = String::from_utf8_lossy(&nothing.stderr);
     assert!(
         said.contains(
@@ -219,4 +219,92 @@ async fn following_waits_for_the_ranks_prints_lines_as_they_come_and_ends_with_t
         more.is_empty(),
         "nothing more said while it waited: {more:?}"
     );
+}
+
+/// An ended job (being deleted, kept by a finalizer as the record of its submission, its pods gone):
+/// `logs` says where every rank's output was kept and exits 0, and `--follow` ends by itself saying the
+/// same; while the job runs nothing is said about files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_jobs_logs_say_where_its_output_was_kept_and_follow_ends() {
+    let (sim, client) = start_with(|c| c.pod_start_delay = Duration::ZERO).await;
+    namespace(&client, NS).await;
+    let mut job = gang_job(
+        "j-kept",
+        NS,
+        2,
+        "1",
+        &["sh", "-c", "echo one; sleep infinity"],
+    );
+    job["metadata"]["annotations"] = serde_json::json!({
+        "ucloud.dk/outputFolder": "/home/alice/Jobs/kept",
+        "ucloud.dk/outputMaxBytes": "1000",
+    });
+    job["metadata"]["finalizers"] = serde_json::json!(["ucloud.dk/cleanup"]);
+    jobs(&client, NS)
+        .create(&PostParams::default(), &dynamic(job))
+        .await
+        .unwrap();
+    sim.advance(Duration::from_secs(1));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    for rank in 0..2 {
+        let pod = format!("j-kept-job-{rank}");
+        eventually(&format!("{pod} running"), || async {
+            pod_phase(&pods, &pod).await == "Running"
+        })
+        .await;
+    }
+    sim.advance(Duration::from_secs(1));
+    let running = logs(&sim, &["kept"]);
+    assert_eq!(stdout_lines(&running), ["[rank 0] one", "[rank 1] one"]);
+    assert!(
+        !String::from_utf8_lossy(&running.stderr).contains("has ended"),
+        "{}",
+        String::from_utf8_lossy(&running.stderr)
+    );
+    // Ended: deleted (the finalizer keeps the record), its pods gone.
+    jobs(&client, NS)
+        .delete("j-kept", &Default::default())
+        .await
+        .unwrap();
+    for rank in 0..2 {
+        let _ = pods
+            .delete(&format!("j-kept-job-{rank}"), &Default::default())
+            .await;
+    }
+    sim.advance(Duration::from_secs(40));
+    eventually("the pods gone", || async {
+        pods.get_opt("j-kept-job-0").await.unwrap().is_none()
+            && pods.get_opt("j-kept-job-1").await.unwrap().is_none()
+    })
+    .await;
+    let note = "job kept has ended; every rank's output was kept in its output folder \
+                /home/alice/Jobs/kept (the first 1000 bytes of each rank's output): \
+                /home/alice/Jobs/kept/stdout.txt, /home/alice/Jobs/kept/stdout-1.txt";
+    let ended = logs(&sim, &["kept"]);
+    let said = String::from_utf8_lossy(&ended.stderr);
+    assert_eq!(ended.status.code(), Some(0), "the answer is where: {said}");
+    assert!(!said.contains("no rank of job kept has a log"), "{said}");
+    assert!(said.contains(note), "{said}");
+    // --follow ends by itself (the job has ended), exit 0, saying the same.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_volcano-runner"))
+        .args(["logs", "--cluster", &sim.url(), "kept", "--follow"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("logs --follow starts");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("logs --follow of an ended job did not end within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let out = child.wait_with_output().unwrap();
+    assert!(status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains(note), "{said}");
 }

@@ -9,6 +9,7 @@
 //!   programs that look at it still work), and so on. The argument a program receives is always its
 //!   mount point: the Parameter plugin asks the same [`MountPlan`].
 //! - Paths with `..` are refused (they would escape the storage subfolder).
+//! - With an output folder, every rank's output is also kept there ([`super::output_files`]).
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaimVolumeSource, Volume, VolumeMount};
 
@@ -199,7 +200,7 @@ impl Plugin for FileMount {
             }),
             ..Volume::default()
         });
-        Ok(())
+        super::output_files::build(cx, draft)
     }
 }
 

@@ -17,6 +17,7 @@ pub mod miscellaneous;
 pub mod multi_node;
 pub mod network_ip;
 pub mod network_limit;
+pub mod output_files;
 pub mod parameter;
 pub mod proxy;
 pub mod shared_memory;

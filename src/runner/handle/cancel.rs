@@ -7,7 +7,8 @@
 //!   `runner.announce_cancel_without_job` is off), and the late submission publishes the same event;
 //! - **a running or pending job**: `terminationCause` and `terminationReason` are written (guarded by the
 //!   resourceVersion) *before* the delete (W11), so the monitor, which holds the cleanup finalizer, reports
-//!   CANCELLED with the reason when it cleans up; the runner publishes nothing for it;
+//!   CANCELLED with the reason when it cleans up; the runner publishes nothing for it. The tails of the
+//!   ranks' logs go with them ([`crate::monitor::end_tails`]): the pods, and their logs, go with the delete;
 //! - **a job that already ended, or is already being deleted for another cause**: nothing changes; its end
 //!   is reported by the monitor as it is.
 //!
@@ -75,13 +76,21 @@ pub async fn handle(h: &Handler, m: &Message<'_>, cancel: &CancelJob) -> Settle 
             }
             Decision::Mark => {}
         }
+        let mut annotations = serde_json::json!({
+            h.keys.termination_cause.as_str(): "cancelled",
+            h.keys.termination_reason.as_str(): tombstone.reason,
+        });
+        // The logs' tails, read before the pods go (W15), for the CANCELLED event.
+        let budget = crate::monitor::end_tails::Budget::of(&h.config);
+        if let Some((key, tails)) =
+            crate::monitor::end_tails::snapshot(&h.client, &job, &h.keys.prefix, budget).await
+        {
+            annotations[key] = serde_json::Value::String(tails);
+        }
         let patch = serde_json::json!({
             "metadata": {
                 "resourceVersion": job.metadata.resource_version,
-                "annotations": {
-                    h.keys.termination_cause.as_str(): "cancelled",
-                    h.keys.termination_reason.as_str(): tombstone.reason,
-                }
+                "annotations": annotations,
             }
         });
         match h.jobs.patch(&job, &patch).await {

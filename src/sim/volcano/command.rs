@@ -124,6 +124,10 @@ pub fn plan(
     default_run: Duration,
 ) -> ContainerPlan {
     let argv: Vec<String> = command.iter().chain(args).cloned().collect();
+    // The output wrapper (pipeline::plugins::output_files) runs the application's argv.
+    if let Some(wrapped) = crate::pipeline::plugins::output_files::unwrap(&argv) {
+        return plan(wrapped.argv, &[], image, default_run);
+    }
     let script_statements: Vec<Vec<String>> = match argv.first() {
         None => Vec::new(),
         Some(first) if SHELLS.contains(&basename(first)) => {

@@ -446,6 +446,12 @@ impl Model {
                 pod["status"]["phase"] = json!(if all_ok { "Succeeded" } else { "Failed" });
             }
         });
+        // The container stopped: its output wrapper's file is what it wrote.
+        if let Some(storage) = &self.config.storage_dir
+            && let Some(pod) = core.store.get(key)
+        {
+            super::storage::keep_output(storage, pod, self.config.default_run, core.now);
+        }
         if restarts {
             let count = core
                 .store

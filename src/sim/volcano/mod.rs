@@ -14,6 +14,7 @@ mod kubelet;
 pub mod nodes;
 mod scheduler;
 pub mod sla;
+pub mod storage;
 
 pub use kubelet::pod_log as kubelet_log;
 
@@ -60,6 +61,8 @@ pub struct ModelConfig {
     pub overcommit_factor: f64,
     /// Whether to record Kubernetes Events.
     pub events: bool,
+    /// The directory that stands for the claims' storage; `None`: no files are written.
+    pub storage_dir: Option<std::path::PathBuf>,
 }
 
 /// Something the model does at a simulated instant.
@@ -406,6 +409,10 @@ impl Model {
             .map(|j| core.key_of(core.ids.jobs, &r.key.namespace, j));
         match r.kind {
             EventType::Deleted => {
+                // The pod stops now (a cancel, an expiry, a node lost): its wrapper's file is final.
+                if let Some(storage) = &self.config.storage_dir {
+                    storage::keep_output(storage, pod, self.config.default_run, core.now);
+                }
                 self.release(core, &r.key, true);
                 self.pods.remove(&r.key);
                 self.bare_pending.remove(&r.key);

@@ -1,0 +1,506 @@
+//! Output files: every rank's output is kept in the job's output folder, `stdout.txt` for rank 0 and
+//! `stdout-<rank>.txt` for the others (UCloud's names), written by the job itself as it runs.
+//!
+//! Called by FileMount when the job has an output folder and `[pipeline.output] enabled` (the default).
+//!
+//! - An init container (`[pipeline.output] helper_image`, a statically linked busybox at `/bin/busybox`)
+//!   copies busybox into an `emptyDir` mounted at [`HELPER_DIR`]; the user's container then runs
+//!   `<HELPER_DIR>/busybox sh -c <WRAPPER> volcano-runner-output <busybox> /work <max_bytes> <argv...>`.
+//!   Nothing of the image is used, so images without bash, without `sh` and without coreutils work.
+//! - The wrapper starts the application with its stdout and stderr into a FIFO, copies that stream both to
+//!   the container's own log (so `kubectl logs`, `volcano-runner logs` and the event tails still see
+//!   everything) and to the file, keeping the first `max_bytes` bytes and appending a marker line when it
+//!   cut ([`CUT_MARKER`]). The copy is unbuffered (busybox `tee` and `dd`, each read written at once), so
+//!   the file holds what the application wrote even when the container is killed (SIGKILL after the grace
+//!   period); the marker is written at the moment of the cut.
+//! - It forwards SIGTERM, SIGINT and SIGHUP to the application, waits for it, waits for the copy to drain,
+//!   and exits with the application's exit code (128 + the signal's number when a signal ended it, as the
+//!   container runtime reports it). A failure stays a failure; a SIGTERM reaches the application.
+//! - If the FIFO or the file cannot be created (a read-only output folder), the application runs as if
+//!   unwrapped, with a line on stderr saying why.
+//! - Each attempt of a restarted job (node loss, eviction) starts the files anew.
+//!
+//! Why the job writes the files and not the monitor after the end (UCloud's way, W15): the monitor reads
+//! logs through the API, which has nothing once the pods are gone, so an expiry, a cancel or a runner
+//! killed at that moment lost the output. Written as the job runs, the files are complete whatever
+//! happens to the runners. docs/pipeline.md says more.
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EmptyDirVolumeSource, ResourceRequirements, SecurityContext, Volume,
+    VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+use crate::messages::v1::KeptOutput;
+use crate::pipeline::PipelineError;
+use crate::pipeline::context::Context;
+use crate::pipeline::draft::Draft;
+use crate::pipeline::plugins::file_mount::WORK;
+
+/// `[pipeline.output]`: the output files.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutputConfig {
+    /// Keep every rank's output in the job's output folder. Off: the output lives only in the pods'
+    /// logs, and goes with them.
+    pub enabled: bool,
+    /// The first this many bytes of each rank's output are kept; a marker line says where it was cut.
+    pub max_bytes: u64,
+    /// The image the init container copies busybox from: a statically linked busybox at
+    /// `/bin/busybox`, pinned by tag or digest.
+    pub helper_image: String,
+    /// The uid the init container runs as (non-root).
+    pub helper_run_as_user: i64,
+}
+
+impl Default for OutputConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_bytes: 64 * 1024 * 1024,
+            helper_image: "docker.io/library/busybox:1.36.1".into(),
+            helper_run_as_user: 65534,
+        }
+    }
+}
+
+/// The init container that copies busybox.
+pub const INIT_CONTAINER: &str = "volcano-runner-output";
+/// The `emptyDir` that holds busybox and the FIFOs.
+pub const VOLUME: &str = "volcano-runner-output";
+/// Where the user's container sees that volume.
+pub const HELPER_DIR: &str = "/.volcano-runner";
+/// `$0` of the wrapper: how the simulator (and a reader of the pod spec) recognises it.
+pub const WRAPPER_NAME: &str = "volcano-runner-output";
+/// The annotation (under the prefix) with the storage path of the output folder.
+pub const FOLDER_ANNOTATION: &str = "outputFolder";
+/// The annotation (under the prefix) with the bound, in bytes.
+pub const MAX_BYTES_ANNOTATION: &str = "outputMaxBytes";
+
+/// The marker line appended to a file that was cut; `{max}` is the bound in bytes.
+pub const CUT_MARKER: &str =
+    "[volcano-runner: output cut here: only the first {max} bytes of this rank's output are kept]";
+
+/// The wrapper, POSIX sh run by busybox. `$1` busybox (its folder holds the FIFOs), `$2` the folder,
+/// `$3` the bound, the rest the application's argv. It holds neither `$(` nor `$$`: Kubernetes expands
+/// `$(VAR)` in a container's command and turns `$$` into `$`, so the script reaches the shell as written. Every tool is busybox's (`"$b" tee`), so the image needs none of them.
+pub const WRAPPER: &str = r#"b=$1 dir=$2 max=$3
+shift 3
+r=${VC_TASK_INDEX:-0}
+if [ "$r" = 0 ]; then f=$dir/stdout.txt; else f=$dir/stdout-$r.txt; fi
+h=${b%/*}
+p=$h/out q=$h/file
+if ! "$b" mkfifo "$p" "$q" 2>/dev/null || ! (: >"$f") 2>/dev/null; then
+  echo "volcano-runner: the output cannot be kept in $f; the application runs without a copy" >&2
+  "$b" rm -f "$p" "$q"
+  exec "$@"
+fi
+{
+  "$b" dd bs=65536 count="$max" iflag=count_bytes 2>/dev/null
+  if [ "`"$b" dd bs=1 count=1 2>/dev/null | "$b" wc -c`" -gt 0 ]; then
+    printf '\n[volcano-runner: output cut here: only the first %s bytes of this rank'"'"'s output are kept]\n' "$max"
+    "$b" cat >/dev/null
+  fi
+} <"$q" >"$f" &
+w=$!
+"$b" tee "$q" <"$p" &
+t=$!
+exec 4<&0
+"$@" <&4 4<&- >"$p" 2>&1 &
+a=$!
+exec 4<&-
+trap 'kill -TERM "$a" 2>/dev/null' TERM
+trap 'kill -INT "$a" 2>/dev/null' INT
+trap 'kill -HUP "$a" 2>/dev/null' HUP
+wait "$a"
+code=$?
+while kill -0 "$a" 2>/dev/null; do
+  wait "$a"
+  code=$?
+done
+wait "$t" "$w"
+"$b" rm -f "$p" "$q"
+exit "$code"
+"#;
+
+/// The marker for a bound.
+pub fn cut_marker(max: u64) -> String {
+    CUT_MARKER.replace("{max}", &max.to_string())
+}
+
+/// A rank's file name: `stdout.txt` for rank 0, `stdout-<rank>.txt` for the others.
+pub fn file_name(rank: u32) -> String {
+    if rank == 0 {
+        "stdout.txt".to_owned()
+    } else {
+        format!("stdout-{rank}.txt")
+    }
+}
+
+/// Wraps the user's command so its output is also kept in the output folder. Nothing when the job has
+/// no output folder, no command, or the feature is off.
+pub fn build(cx: &Context<'_>, draft: &mut Draft) -> Result<(), PipelineError> {
+    let config = &cx.pipeline().output;
+    let Some(output) = cx.mounts.output.as_ref() else {
+        return Ok(());
+    };
+    if !config.enabled {
+        return Ok(());
+    }
+    if config.max_bytes == 0 {
+        return Err(PipelineError::config(
+            "output.max_bytes",
+            "must be at least 1; switch the output files off with `enabled = false`",
+        ));
+    }
+    if config.helper_image.trim().is_empty() {
+        return Err(PipelineError::config(
+            "output.helper_image",
+            "must name an image with a statically linked busybox at /bin/busybox",
+        ));
+    }
+    let Some(argv) = draft.user.command.take().filter(|c| !c.is_empty()) else {
+        return Ok(());
+    };
+    let busybox = format!("{HELPER_DIR}/busybox");
+    let mut command = vec![
+        busybox.clone(),
+        "sh".to_owned(),
+        "-c".to_owned(),
+        WRAPPER.to_owned(),
+        WRAPPER_NAME.to_owned(),
+        busybox,
+        WORK.to_owned(),
+        config.max_bytes.to_string(),
+    ];
+    // Kubernetes expands `$(VAR)` in the command; the wrapper's own arguments hold none, and the
+    // application's argv keeps exactly the escaping the Parameter plugin gave it.
+    command.extend(argv);
+    draft.user.command = Some(command);
+
+    draft.add_volume(Volume {
+        name: VOLUME.to_owned(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity("16Mi".to_owned())),
+            ..EmptyDirVolumeSource::default()
+        }),
+        ..Volume::default()
+    });
+    let limits = BTreeMap::from([
+        ("cpu".to_owned(), Quantity("50m".to_owned())),
+        ("memory".to_owned(), Quantity("16Mi".to_owned())),
+    ]);
+    draft.init.push(Container {
+        name: INIT_CONTAINER.to_owned(),
+        image: Some(config.helper_image.clone()),
+        image_pull_policy: Some("IfNotPresent".to_owned()),
+        command: Some(vec![
+            "/bin/busybox".to_owned(),
+            "cp".to_owned(),
+            "/bin/busybox".to_owned(),
+            format!("{HELPER_DIR}/busybox"),
+        ]),
+        resources: Some(ResourceRequirements {
+            limits: Some(limits.clone()),
+            requests: Some(limits),
+            claims: None,
+        }),
+        security_context: Some(SecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(config.helper_run_as_user),
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_owned()]),
+                add: None,
+            }),
+            ..SecurityContext::default()
+        }),
+        volume_mounts: Some(vec![VolumeMount {
+            name: VOLUME.to_owned(),
+            mount_path: HELPER_DIR.to_owned(),
+            read_only: Some(false),
+            ..VolumeMount::default()
+        }]),
+        ..Container::default()
+    });
+    draft.mount(VolumeMount {
+        name: VOLUME.to_owned(),
+        mount_path: HELPER_DIR.to_owned(),
+        read_only: Some(false),
+        ..VolumeMount::default()
+    });
+    let annotations = draft.meta.annotations.get_or_insert_default();
+    annotations.insert(
+        format!("{}{FOLDER_ANNOTATION}", cx.keys.prefix),
+        output.path.clone(),
+    );
+    annotations.insert(
+        format!("{}{MAX_BYTES_ANNOTATION}", cx.keys.prefix),
+        config.max_bytes.to_string(),
+    );
+    Ok(())
+}
+
+/// A wrapped command, taken apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wrapped<'a> {
+    /// Where the container sees the output folder (`/work`).
+    pub folder: &'a str,
+    /// The bound in bytes.
+    pub max_bytes: u64,
+    /// The application's argv.
+    pub argv: &'a [String],
+}
+
+/// The parts of a command [`build`] wrapped; `None` for any other command.
+pub fn unwrap(command: &[String]) -> Option<Wrapped<'_>> {
+    match command {
+        [_, sh, c, script, name, _, folder, max, argv @ ..]
+            if sh == "sh" && c == "-c" && script == WRAPPER && name == WRAPPER_NAME =>
+        {
+            Some(Wrapped {
+                folder,
+                max_bytes: max.parse().ok()?,
+                argv,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// What a rank's file holds for a whole output `log`: its first `max` bytes, and the marker line when
+/// that cut it. The wrapper's behaviour, for the simulator and the tests.
+pub fn kept(log: &[u8], max: u64) -> Vec<u8> {
+    let max_len = usize::try_from(max).unwrap_or(usize::MAX);
+    if log.len() <= max_len {
+        return log.to_vec();
+    }
+    let mut out = log[..max_len].to_vec();
+    out.extend_from_slice(format!("\n{}\n", cut_marker(max)).as_bytes());
+    out
+}
+
+/// Where a job's output was kept, from its annotations: the folder and every rank's file, as storage
+/// paths. `None` when the job keeps no output files.
+pub fn location(
+    annotations: Option<&BTreeMap<String, String>>,
+    prefix: &str,
+    replicas: u32,
+) -> Option<KeptOutput> {
+    let annotations = annotations?;
+    let folder = annotations.get(&format!("{prefix}{FOLDER_ANNOTATION}"))?;
+    let max_bytes = annotations
+        .get(&format!("{prefix}{MAX_BYTES_ANNOTATION}"))
+        .and_then(|m| m.parse().ok())
+        .unwrap_or_default();
+    let base = folder.trim_end_matches('/');
+    Some(KeptOutput {
+        folder: folder.clone(),
+        files: (0..replicas.max(1))
+            .map(|rank| format!("{base}/{}", file_name(rank)))
+            .collect(),
+        max_bytes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_names_are_uclouds() {
+        assert_eq!(file_name(0), "stdout.txt");
+        assert_eq!(file_name(3), "stdout-3.txt");
+    }
+
+    #[test]
+    fn a_wrapped_command_comes_apart_again() {
+        let command: Vec<String> = [
+            "/.volcano-runner/busybox",
+            "sh",
+            "-c",
+            WRAPPER,
+            WRAPPER_NAME,
+            "/.volcano-runner/busybox",
+            "/work",
+            "100",
+            "python",
+            "run.py",
+        ]
+        .map(String::from)
+        .to_vec();
+        let w = unwrap(&command).unwrap();
+        assert_eq!(w.folder, "/work");
+        assert_eq!(w.max_bytes, 100);
+        assert_eq!(w.argv, ["python".to_owned(), "run.py".to_owned()]);
+        assert!(unwrap(&command[..3]).is_none());
+        let mut other = command.clone();
+        other[3] = "echo hi".into();
+        assert!(unwrap(&other).is_none());
+    }
+
+    #[test]
+    fn the_bound_keeps_the_start_and_says_where_it_cut() {
+        assert_eq!(kept(b"abc", 3), b"abc");
+        let cut = String::from_utf8(kept(b"abcdef", 3)).unwrap();
+        assert_eq!(cut, format!("abc\n{}\n", cut_marker(3)));
+        assert!(WRAPPER.contains(&cut_marker(3).replace("3", "%s").replace('\'', r#"'"'"'"#)));
+    }
+
+    #[test]
+    fn the_wrapper_is_posix_and_uses_only_busybox_tools() {
+        for bashism in ["[[", "function ", "$'", "local ", "pipefail", "<(", "&>"] {
+            assert!(!WRAPPER.contains(bashism), "{bashism}");
+        }
+        // What Kubernetes would rewrite in a command.
+        for expanded in ["$(", "$$"] {
+            assert!(!WRAPPER.contains(expanded), "{expanded}");
+        }
+        for tool in ["mkfifo", "dd", "cat", "wc", "tee", "rm"] {
+            assert!(WRAPPER.contains(&format!("\"$b\" {tool}")), "{tool}");
+        }
+    }
+
+    /// The wrapper run for real by busybox, as in the pod (`/usr/bin/busybox` from busybox-static).
+    mod wrapper {
+        use super::*;
+        use std::path::PathBuf;
+        use std::process::{Command, Output, Stdio};
+        use std::sync::atomic::{AtomicU32, Ordering};
+        use std::time::{Duration, Instant};
+
+        const BUSYBOX: &str = "/usr/bin/busybox";
+
+        fn scratch() -> PathBuf {
+            static N: AtomicU32 = AtomicU32::new(0);
+            let dir = std::env::temp_dir().join(format!(
+                "vr-output-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::SeqCst)
+            ));
+            std::fs::create_dir_all(dir.join("helper")).unwrap();
+            std::fs::create_dir_all(dir.join("work")).unwrap();
+            // The real thing: Debian's statically linked busybox (scripts/test installs busybox-static).
+            std::os::unix::fs::symlink(BUSYBOX, dir.join("helper/busybox"))
+                .expect("busybox-static is installed (scripts/test installs it)");
+            dir
+        }
+
+        fn wrapped(dir: &std::path::Path, max: u64, rank: u32, argv: &[&str]) -> Command {
+            let mut cmd = Command::new(dir.join("helper/busybox"));
+            cmd.arg("sh")
+                .arg("-c")
+                .arg(WRAPPER)
+                .arg(WRAPPER_NAME)
+                .arg(dir.join("helper/busybox"))
+                .arg(dir.join("work"))
+                .arg(max.to_string())
+                .args(argv)
+                .env("VC_TASK_INDEX", rank.to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            cmd
+        }
+
+        fn run(dir: &std::path::Path, max: u64, rank: u32, script: &str) -> Output {
+            wrapped(dir, max, rank, &["/bin/sh", "-c", script])
+                .output()
+                .unwrap()
+        }
+
+        fn file(dir: &std::path::Path, rank: u32) -> String {
+            std::fs::read_to_string(dir.join("work").join(file_name(rank))).unwrap()
+        }
+
+        #[test]
+        fn a_failure_stays_a_failure_and_its_output_is_in_the_file_and_the_log() {
+            let dir = scratch();
+            let out = run(&dir, 1000, 0, "echo one; echo two >&2; exit 3");
+            assert_eq!(out.status.code(), Some(3));
+            assert_eq!(file(&dir, 0), "one\ntwo\n");
+            assert_eq!(String::from_utf8_lossy(&out.stdout), "one\ntwo\n");
+            // Nothing of the wrapper is left behind but the file.
+            let left: Vec<_> = std::fs::read_dir(dir.join("helper")).unwrap().collect();
+            assert_eq!(left.len(), 1);
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+
+        #[test]
+        fn other_ranks_write_their_own_file_and_success_is_zero() {
+            let dir = scratch();
+            let out = run(&dir, 1000, 2, "echo rank two");
+            assert_eq!(out.status.code(), Some(0));
+            assert_eq!(file(&dir, 2), "rank two\n");
+            assert!(!dir.join("work/stdout.txt").exists());
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+
+        #[test]
+        fn output_past_the_bound_is_cut_with_the_marker_and_still_logged_whole() {
+            let dir = scratch();
+            let out = run(&dir, 10, 0, "echo 0123456789abcdef; echo more");
+            assert_eq!(out.status.code(), Some(0));
+            let whole = "0123456789abcdef\nmore\n";
+            assert_eq!(file(&dir, 0).as_bytes(), kept(whole.as_bytes(), 10));
+            assert_eq!(String::from_utf8_lossy(&out.stdout), whole);
+            // Exactly at the bound: no marker.
+            let out = run(&dir, 5, 0, "printf abcde");
+            assert_eq!(out.status.code(), Some(0));
+            assert_eq!(file(&dir, 0), "abcde");
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+
+        #[test]
+        fn a_signal_that_kills_the_application_is_its_exit_code() {
+            let dir = scratch();
+            let out = run(&dir, 1000, 0, "echo before; kill -9 $$");
+            assert_eq!(out.status.code(), Some(137));
+            assert_eq!(file(&dir, 0), "before\n");
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+
+        #[test]
+        fn sigterm_reaches_the_application_and_its_last_words_are_kept() {
+            let dir = scratch();
+            let script =
+                "trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.05; done";
+            let child = wrapped(&dir, 1000, 0, &["/bin/sh", "-c", script])
+                .spawn()
+                .unwrap();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while std::fs::read_to_string(dir.join("work/stdout.txt"))
+                .map_or(true, |s| !s.contains("ready"))
+            {
+                assert!(Instant::now() < deadline, "the application never started");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let pid = child.id().to_string();
+            assert!(
+                Command::new("kill")
+                    .args(["-TERM", &pid])
+                    .status()
+                    .unwrap()
+                    .success()
+            );
+            let out = child.wait_with_output().unwrap();
+            assert_eq!(out.status.code(), Some(7));
+            assert_eq!(file(&dir, 0), "ready\ngot-term\n");
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+
+        #[test]
+        fn an_output_folder_that_cannot_be_written_runs_the_application_unwrapped() {
+            let dir = scratch();
+            std::fs::remove_dir_all(dir.join("work")).unwrap();
+            let out = run(&dir, 1000, 0, "echo hi; exit 4");
+            assert_eq!(out.status.code(), Some(4));
+            assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
+            assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be kept"));
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+    }
+}
