@@ -177,6 +177,16 @@ pub enum CaddyError {
     },
 }
 
+/// The task driving one admin-API connection, owned by the call that opened it: aborted when the call
+/// returns, whichever way.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// A client of Caddy's admin API.
 #[derive(Debug, Clone)]
 pub struct CaddyAdmin {
@@ -211,7 +221,8 @@ impl CaddyAdmin {
                 hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
                     .await
                     .map_err(http)?;
-            tokio::spawn(connection);
+            // The connection is driven beside the exchange and ends with it (an early error too).
+            let _connection = AbortOnDrop(tokio::spawn(connection));
             let mut request = Request::builder()
                 .method(method)
                 .uri(path)
