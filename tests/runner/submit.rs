@@ -292,11 +292,12 @@ async fn a_cluster_rejection_is_a_failure_with_the_clusters_message() {
     assert!(h.dead_letters().await.is_empty());
 }
 
-/// Once the runner's watches have listed, a submission costs its creates and one read: the tombstone
-/// check after the create (the one that decides). The check before it and the lookup of an existing job
-/// come from the watches.
+/// Once the runner's watches have listed, a submission costs its creates, one read (the tombstone check
+/// after the create, the one that decides) and one write: the record that its QUEUED was confirmed
+/// (`queuedConfirmed`, so that its monitor sends no copy). The check before the create and the lookup of
+/// an existing job come from the watches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_submission_in_steady_state_costs_its_creates_and_one_read() {
+async fn a_submission_in_steady_state_costs_its_creates_one_read_and_one_patch() {
     let h = Harness::new("submit-requests").await;
     let runner = h.start("runner-a");
     h.submit(&figlet("warm-up")).await;
@@ -342,10 +343,12 @@ async fn a_submission_in_steady_state_costs_its_creates_and_one_read() {
         |kind: &str| after.get(kind).copied().unwrap_or(0) - before.get(kind).copied().unwrap_or(0);
     assert_eq!(delta("get configmaps"), N, "{after:?}");
     assert_eq!(delta("create jobs.batch.volcano.sh"), N, "{after:?}");
+    assert_eq!(delta("patch jobs.batch.volcano.sh"), N, "{after:?}");
     let per_job = [
         "create jobs.batch.volcano.sh",
         "create networkpolicies.networking.k8s.io",
         "get configmaps",
+        "patch jobs.batch.volcano.sh",
     ];
     for kind in after.keys() {
         assert!(
