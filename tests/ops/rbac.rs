@@ -123,6 +123,10 @@ async fn the_rbac_grants_exactly_what_the_runner_uses() {
     fleet.cancel("rbac-3").await;
     fleet.wait_state("rbac-3", JobState::Cancelled, step).await;
 
+    // The peer of the next jobs: running, as a peer must be (one that has ended is refused).
+    fleet.submit(&sleeping_job("rbac-peer", 3600, None)).await;
+    fleet.wait_state("rbac-peer", JobState::Running, small).await;
+
     // A job whose last companion (the Service for its peer) cannot be created: the applier rolls back
     // what it created. (What happens to the job after that is the runner tests' business.)
     fleet.sim.faults().add_rule(FaultRule {
@@ -133,7 +137,7 @@ async fn the_rbac_grants_exactly_what_the_runner_uses() {
     });
     let mut peered = sleeping_job("rbac-5", 3600, None);
     peered.resources.push(
-        serde_json::from_value(serde_json::json!({"peer": {"hostname": "db", "jobId": "rbac-1"}}))
+        serde_json::from_value(serde_json::json!({"peer": {"hostname": "db", "jobId": "rbac-peer"}}))
             .unwrap(),
     );
     fleet.submit(&peered).await;
@@ -148,7 +152,7 @@ async fn the_rbac_grants_exactly_what_the_runner_uses() {
     // again and reads each companion that answers AlreadyExists.
     let mut peered = sleeping_job("rbac-7", 3600, None);
     peered.resources.push(
-        serde_json::from_value(serde_json::json!({"peer": {"hostname": "db", "jobId": "rbac-1"}}))
+        serde_json::from_value(serde_json::json!({"peer": {"hostname": "db", "jobId": "rbac-peer"}}))
             .unwrap(),
     );
     fleet.submit(&peered).await;
