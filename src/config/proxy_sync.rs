@@ -28,6 +28,11 @@ pub struct ProxySyncConfig {
     /// its routes back.
     #[serde(with = "duration::required")]
     pub removed_retention: Duration,
+    /// Where the session check (`/authz`, for the proxy's forward_auth / ext_authz) listens; empty: not
+    /// served.
+    pub authz_listen: String,
+    /// The largest request head the session check reads (at least 8 KiB); a larger one is answered 431.
+    pub authz_max_header_bytes: usize,
 }
 
 mod duration {
@@ -43,6 +48,8 @@ impl Default for ProxySyncConfig {
             coalesce: Duration::from_millis(100),
             prefetch: 256,
             removed_retention: Duration::from_secs(3600),
+            authz_listen: String::new(),
+            authz_max_header_bytes: 16 * 1024,
         }
     }
 }
@@ -79,6 +86,17 @@ impl ProxySyncConfig {
                 "removed_retention",
                 "must be longer than zero, or a late CREATE could bring a removed job back",
             ));
+        }
+        if !self.authz_listen.is_empty()
+            && self.authz_listen.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err(invalid(
+                "authz_listen",
+                "must be an address and port such as 127.0.0.1:9190, or empty",
+            ));
+        }
+        if !(8192..=1024 * 1024).contains(&self.authz_max_header_bytes) {
+            return Err(invalid("authz_max_header_bytes", "must be 8192 to 1048576"));
         }
         Ok(())
     }

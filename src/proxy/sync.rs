@@ -58,6 +58,11 @@ impl Routes {
         f(&self.table.read().unwrap_or_else(|e| e.into_inner()))
     }
 
+    /// The table's version: one more with every change.
+    pub fn version(&self) -> u64 {
+        *self.version.borrow()
+    }
+
     /// A receiver that changes whenever the table does.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.version.subscribe()

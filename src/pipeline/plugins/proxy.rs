@@ -47,6 +47,12 @@ impl Plugin for Proxy {
             return Err(PipelineError::invalid(field, "must be a port number"));
         }
         draft.annotate(&cx.keys.proxy_port, port.to_string());
+        // What an OpenSession may ask for (crate::sessions): the interface, and a terminal.
+        let kinds = match ApplicationType::try_from(app.application_type) {
+            Ok(ApplicationType::Vnc) => "vnc,terminal",
+            _ => "web,terminal",
+        };
+        draft.annotate(&cx.keys.session_kinds, kinds.to_owned());
         let domains: Vec<&str> = cx
             .ingresses
             .iter()
