@@ -18,14 +18,17 @@ pub fn open_session(m: &OpenSession) -> Result<(), ValidationError> {
     Ok(())
 }
 
-/// A reply: the job id and kind of its request, and either a session with a URL and an expiry, or a
+/// A reply: either a session with the job id and kind of its request, a URL and an expiry, or a
 /// refusal with a reason.
+///
+/// The refusal of a request that did not decode may have no job id and no kind (nothing readable to
+/// echo); an id it has is a valid one.
 pub fn session_reply(m: &SessionReply) -> Result<(), ValidationError> {
-    job_id(&m.job_id)?;
-    kind("kind", m.kind)?;
     match &m.result {
         None => Err(ValidationError::missing("opened")),
         Some(Outcome::Opened(o)) => {
+            job_id(&m.job_id)?;
+            kind("kind", m.kind)?;
             if o.url.is_empty() {
                 return Err(ValidationError::missing("opened.url"));
             }
@@ -41,6 +44,12 @@ pub fn session_reply(m: &SessionReply) -> Result<(), ValidationError> {
             }
         }
         Some(Outcome::Refused(r)) => {
+            if !m.job_id.is_empty() {
+                job_id(&m.job_id)?;
+            }
+            if m.kind != 0 {
+                kind("kind", m.kind)?;
+            }
             if r.reason.is_empty() {
                 return Err(ValidationError::missing("refused.reason"));
             }
