@@ -13,5 +13,6 @@ mod rabbit;
 mod cli;
 mod envoy;
 mod measure;
+mod sessions;
 mod support;
 mod sync;
