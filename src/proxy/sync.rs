@@ -53,6 +53,14 @@ impl Default for Routes {
 }
 
 impl Routes {
+    /// Routes holding `table`, for a check or a benchmark without a running instance.
+    pub fn from_table(table: RouteTable) -> Self {
+        Self {
+            table: Arc::new(RwLock::new(table)),
+            version: Arc::new(watch::channel(0).0),
+        }
+    }
+
     /// Reads the table.
     pub fn read<R>(&self, f: impl FnOnce(&RouteTable) -> R) -> R {
         f(&self.table.read().unwrap_or_else(|e| e.into_inner()))

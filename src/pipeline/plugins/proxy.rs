@@ -1,8 +1,9 @@
 //! Proxy: interactive jobs (a web or VNC interface) are published to every proxy instance.
 //!
 //! - At create: the target port (`proxyPort`: the web port for WEB apps, default 80; the VNC port for VNC
-//!   apps, default 5900; the web port for others that declare one) and the public links
-//!   (`proxyDomains`). Batch jobs without a web port get nothing and are never routed (W26).
+//!   apps, default 5900; the web port for others that declare one), the public links
+//!   (`proxyDomains`), and the session kinds an `OpenSession` may ask for (`sessionKinds`: `vnc,terminal`
+//!   for VNC apps, `web,terminal` for the others; [`crate::sessions`]). Batch jobs without a web port get nothing and are never routed (W26).
 //! - Start and monitoring hooks: once every rank has a pod IP, a `CREATE` [`ProxyEvent`] with one target
 //!   per rank (IP, port, hostname); when the IPs change (a restarted job), an `UPDATE` (UCloud kept stale
 //!   IPs, W26). The generation is a hash of the targets, persisted as `proxyGeneration`, so an event is
