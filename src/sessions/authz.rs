@@ -68,6 +68,9 @@ impl Wants {
     }
 }
 
+/// Routed hosts: the job and rank each leads to.
+type HostIndex = Arc<HashMap<String, (String, u32)>>;
+
 /// The answer to one check.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
@@ -88,7 +91,8 @@ pub struct Authz {
     namespace: String,
     routes: Routes,
     naming: HostNaming,
-    hosts: RwLock<(Option<u64>, Arc<HashMap<String, (String, u32)>>)>,
+    /// The host index and the route table version it was built from.
+    hosts: RwLock<(Option<u64>, HostIndex)>,
     clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
 }
 
