@@ -511,6 +511,7 @@ mod tests {
             jobs_exchange: "a".into(),
             submit_queue: "b".into(),
             control_queue: "c".into(),
+            session_queue: "s".into(),
             dead_letter_exchange: "d".into(),
             dead_letter_queue: "e".into(),
             events_exchange: "f".into(),
