@@ -7,6 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
         "proto/volcano_runner/v1/jobs.proto",
         "proto/volcano_runner/v1/events.proto",
+        "proto/volcano_runner/v1/sessions.proto",
     ];
     for p in &protos {
         println!("cargo:rerun-if-changed={p}");

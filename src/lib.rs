@@ -17,6 +17,8 @@
 //! - [`ops`]: metrics, health and readiness, logs with secrets removed, W3C trace context.
 //! - [`proxy`]: the proxy-sync role: the route table of the interactive jobs, kept from the proxy events
 //!   and the cluster, written as Envoy's dynamic configuration.
+//! - [`sessions`]: interactive sessions: ids opened by the runners on request, checked by proxy-sync on
+//!   every request through the proxy.
 //! - [`sim`]: the cluster simulator, a Kubernetes API server with a Volcano model.
 //! - [`cli`]: the `volcano-runner` command line.
 //! - [`alloc`]: the process's allocator (jemalloc) and why.
@@ -38,6 +40,7 @@ pub mod proxy;
 pub mod quantity;
 pub mod runner;
 pub mod secret;
+pub mod sessions;
 pub mod sim;
 pub mod validate;
 pub mod volcano;

@@ -163,6 +163,7 @@ fn phase_config(options: &Options, prefix: &str, prefetch: u16) -> Config {
     b.jobs_exchange = name("jobs");
     b.submit_queue = name("submit");
     b.control_queue = name("control");
+    b.session_queue = name("sessions");
     b.dead_letter_exchange = name("dlx");
     b.dead_letter_queue = name("dead");
     b.events_exchange = name("events");
@@ -181,6 +182,7 @@ fn runner_env(config: &Config) -> Vec<(String, String)> {
         ("BROKER__JOBS_EXCHANGE", b.jobs_exchange.clone()),
         ("BROKER__SUBMIT_QUEUE", b.submit_queue.clone()),
         ("BROKER__CONTROL_QUEUE", b.control_queue.clone()),
+        ("BROKER__SESSION_QUEUE", b.session_queue.clone()),
         (
             "BROKER__DEAD_LETTER_EXCHANGE",
             b.dead_letter_exchange.clone(),
@@ -536,7 +538,12 @@ impl PhaseBroker {
             && let Ok(channel) = connection.create_channel().await
         {
             let b = &self.broker;
-            for queue in [&b.submit_queue, &b.control_queue, &b.dead_letter_queue] {
+            for queue in [
+                &b.submit_queue,
+                &b.control_queue,
+                &b.session_queue,
+                &b.dead_letter_queue,
+            ] {
                 let _ = channel
                     .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
                     .await;

@@ -590,6 +590,24 @@ impl Delivery {
         &self.inner.data
     }
 
+    /// The AMQP `reply_to` property: where a request's answer goes (a queue, or direct reply-to).
+    pub fn reply_to(&self) -> Option<&str> {
+        self.inner
+            .properties
+            .reply_to()
+            .as_ref()
+            .map(|s| s.as_str())
+    }
+
+    /// The AMQP `correlation_id` property, which a request's answer carries back.
+    pub fn correlation_id(&self) -> Option<&str> {
+        self.inner
+            .properties
+            .correlation_id()
+            .as_ref()
+            .map(|s| s.as_str())
+    }
+
     /// The queue it came from.
     pub fn queue(&self) -> &str {
         &self.queue

@@ -112,6 +112,11 @@ pub struct BrokerConfig {
     /// The quorum queue of cancels and extensions. Separate from submissions so that a control message never
     /// waits behind a backlog of submissions, also while submissions are paused.
     pub control_queue: String,
+    /// Routing key of `OpenSession` requests on the jobs exchange.
+    pub session_routing_key: String,
+    /// The quorum queue of `OpenSession` requests (answered on their `reply_to`). Separate, so a session
+    /// is never kept waiting behind submissions.
+    pub session_queue: String,
     /// The exchange (fanout) that receives what the queues dead-letter, and what the runner rejects with a
     /// reason.
     pub dead_letter_exchange: String,
@@ -177,6 +182,8 @@ impl Default for BrokerConfig {
             extend_routing_key: "extend".into(),
             submit_queue: "compute.jobs.submit".into(),
             control_queue: "compute.jobs.control".into(),
+            session_routing_key: "session".into(),
+            session_queue: "compute.jobs.sessions".into(),
             dead_letter_exchange: "compute.jobs.dlx".into(),
             dead_letter_queue: "compute.jobs.dead".into(),
             delivery_limit: 20,
@@ -254,6 +261,8 @@ impl BrokerConfig {
             ("extend_routing_key", &self.extend_routing_key),
             ("submit_queue", &self.submit_queue),
             ("control_queue", &self.control_queue),
+            ("session_routing_key", &self.session_routing_key),
+            ("session_queue", &self.session_queue),
             ("dead_letter_exchange", &self.dead_letter_exchange),
             ("dead_letter_queue", &self.dead_letter_queue),
             ("events_exchange", &self.events_exchange),
@@ -281,6 +290,25 @@ impl BrokerConfig {
             return Err(invalid(
                 "control_queue",
                 "must differ from submit_queue, or a cancel waits behind submissions".into(),
+            ));
+        }
+        if self.session_queue == self.submit_queue || self.session_queue == self.control_queue {
+            return Err(invalid(
+                "session_queue",
+                "must differ from submit_queue and control_queue: session requests have a consumer of their own".into(),
+            ));
+        }
+        if [
+            &self.submit_routing_key,
+            &self.cancel_routing_key,
+            &self.extend_routing_key,
+        ]
+        .contains(&&self.session_routing_key)
+        {
+            return Err(invalid(
+                "session_routing_key",
+                "must differ from submit_routing_key, cancel_routing_key and extend_routing_key"
+                    .into(),
             ));
         }
         if self.cancel_routing_key == self.submit_routing_key

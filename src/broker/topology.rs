@@ -204,6 +204,7 @@ impl Topology {
             queues: vec![
                 work_queue(&c.submit_queue),
                 work_queue(&c.control_queue),
+                work_queue(&c.session_queue),
                 QueueSpec {
                     name: c.dead_letter_queue.clone(),
                     arguments: vec![("x-queue-type", ArgValue::Text("quorum".into()))],
@@ -213,6 +214,7 @@ impl Topology {
                 binding(&c.jobs_exchange, &c.submit_queue, &c.submit_routing_key),
                 binding(&c.jobs_exchange, &c.control_queue, &c.cancel_routing_key),
                 binding(&c.jobs_exchange, &c.control_queue, &c.extend_routing_key),
+                binding(&c.jobs_exchange, &c.session_queue, &c.session_routing_key),
                 // Fanout: the key is ignored; dead-lettered messages keep their original routing key.
                 binding(&c.dead_letter_exchange, &c.dead_letter_queue, ""),
             ],
@@ -509,6 +511,7 @@ mod tests {
             jobs_exchange: "a".into(),
             submit_queue: "b".into(),
             control_queue: "c".into(),
+            session_queue: "s".into(),
             dead_letter_exchange: "d".into(),
             dead_letter_queue: "e".into(),
             events_exchange: "f".into(),

@@ -18,6 +18,7 @@ use crate::cluster::{ClusterTarget, client};
 use crate::ops::Ops;
 use crate::proxy::bridge::{BridgeContext, Bridges};
 use crate::proxy::{HostNaming, ProxySync};
+use crate::sessions::check::{CheckSettings, SessionCheck};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -60,6 +61,10 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     let table_ready = ops
         .readiness
         .condition("route table", "not built from the cluster yet");
+    let sessions_ready = (!config.proxy_sync.authz_listen.is_empty()).then(|| {
+        ops.readiness
+            .condition("sessions", "the session records are not listed yet")
+    });
 
     let client = match config.cluster.target {
         ClusterTarget::Sim => operator_client(&config).await?,
@@ -83,6 +88,7 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
         domain = %config.pipeline.proxy.domain,
         "Proxy sync starting."
     );
+    let check_client = client.clone();
     let sync = ProxySync::new(
         broker.clone(),
         client,
@@ -113,10 +119,41 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
         let serving = tokio::spawn(bridges.run(shutdown.clone()));
         Some(serving)
     };
+    let check = match sessions_ready {
+        Some(ready) => Some(
+            SessionCheck::start(
+                check_client,
+                sync.routes(),
+                CheckSettings {
+                    namespace: config.cluster.namespace.clone(),
+                    naming: HostNaming {
+                        prefix: config.pipeline.proxy.prefix.clone(),
+                        domain: config.pipeline.proxy.domain.clone(),
+                    },
+                    secure: config.sessions.scheme == "https",
+                    clock: std::sync::Arc::new(jiff::Timestamp::now),
+                },
+                &config.proxy_sync,
+                Some(ready),
+                shutdown.clone(),
+            )
+            .await
+            .map_err(|e| {
+                CliError::Other(format!(
+                    "[proxy_sync] authz_listen {}: {e}",
+                    config.proxy_sync.authz_listen
+                ))
+            })?,
+        ),
+        None => None,
+    };
     let result = sync.run(shutdown.clone()).await;
     shutdown.cancel();
     if let Some(bridges) = bridges {
         let _ = bridges.await;
+    }
+    if let Some(check) = check {
+        check.join().await;
     }
     broker.close().await;
     let _ = signals.await;

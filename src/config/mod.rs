@@ -31,10 +31,12 @@ use serde::Deserialize;
 pub mod monitor;
 pub mod proxy_sync;
 pub mod runner;
+pub mod sessions;
 
 pub use monitor::MonitorConfig;
 pub use proxy_sync::ProxySyncConfig;
 pub use runner::RunnerConfig;
+pub use sessions::SessionsConfig;
 
 use crate::pipeline::{PipelineConfig, Settings};
 
@@ -59,6 +61,8 @@ pub struct Config {
     pub sim: crate::sim::SimConfig,
     pub ops: crate::ops::OpsConfig,
     pub proxy_sync: ProxySyncConfig,
+    /// `[sessions]`: interactive sessions (their lifetime, URLs and sweep).
+    pub sessions: SessionsConfig,
 }
 
 /// Bounds on submissions, checked by validation before anything reaches the cluster.
@@ -254,6 +258,9 @@ impl Config {
             .map_err(|e| invalid(e.key, e.reason))?;
         self.ops.check().map_err(|e| invalid(e.key, e.reason))?;
         self.proxy_sync
+            .check()
+            .map_err(|e| invalid(e.key, e.reason))?;
+        self.sessions
             .check()
             .map_err(|e| invalid(e.key, e.reason))?;
         self.sim.validate().map_err(|e| match e {

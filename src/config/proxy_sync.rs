@@ -44,6 +44,11 @@ pub struct ProxySyncConfig {
     /// Where the session bridges (VNC, terminal, logs: docs/proxy.md) listen, `host:port`; the proxy
     /// sends `/.volcano-runner/` paths there after the session check. Empty: no bridges.
     pub bridge_listen: String,
+    /// Where the session check (`/authz`, for the proxy's forward_auth / ext_authz) listens; empty: not
+    /// served.
+    pub authz_listen: String,
+    /// The largest request head the session check reads (at least 8 KiB); a larger one is answered 431.
+    pub authz_max_header_bytes: usize,
 }
 
 mod duration {
@@ -64,6 +69,8 @@ impl Default for ProxySyncConfig {
             authz_url: String::new(),
             bridge_url: String::new(),
             bridge_listen: "127.0.0.1:8082".to_owned(),
+            authz_listen: String::new(),
+            authz_max_header_bytes: 16 * 1024,
         }
     }
 }
@@ -120,6 +127,17 @@ impl ProxySyncConfig {
                 "bridge_listen",
                 "must be an IP address and port such as 127.0.0.1:8082 (or empty: no bridges)",
             ));
+        }
+        if !self.authz_listen.is_empty()
+            && self.authz_listen.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err(invalid(
+                "authz_listen",
+                "must be an address and port such as 127.0.0.1:9190, or empty",
+            ));
+        }
+        if !(8192..=1024 * 1024).contains(&self.authz_max_header_bytes) {
+            return Err(invalid("authz_max_header_bytes", "must be 8192 to 1048576"));
         }
         Ok(())
     }

@@ -29,6 +29,7 @@
 //! | `proxyPort`, `proxyDomains` | Proxy, at create | target port, public links (comma-separated) |
 //! | `proxyGeneration` | Proxy hooks | generation of the last published targets |
 //! | `proxySequence` | Proxy hooks | the `sequence` of the last published CREATE or UPDATE (events of a job are ordered by it) |
+//! | `sessionKinds` | Proxy, at create | the session kinds the application offers, comma-separated: `web,terminal` or `vnc,terminal` |
 //! | `terminationCause` | whoever deletes the job | `expired`, `cancelled`, ... (W11) |
 //! | `terminationReason` | whoever deletes the job | the cause in words, e.g. the cancel's reason |
 //! | `lifecycleState` | monitor | the last published lifecycle state |
@@ -105,6 +106,8 @@ pub struct AnnotationKeys {
     pub proxy_generation: String,
     /// `<prefix>proxySequence` (see the table above).
     pub proxy_sequence: String,
+    /// `sessionKinds`
+    pub session_kinds: String,
     /// `<prefix>terminationCause` (see the table above).
     pub termination_cause: String,
     /// `<prefix>terminationReason` (see the table above).
@@ -161,6 +164,7 @@ impl AnnotationKeys {
             proxy_domains: k("proxyDomains"),
             proxy_generation: k("proxyGeneration"),
             proxy_sequence: k("proxySequence"),
+            session_kinds: k("sessionKinds"),
             termination_cause: k("terminationCause"),
             termination_reason: k("terminationReason"),
             lifecycle_state: k("lifecycleState"),

@@ -89,17 +89,21 @@ pub enum MessageType {
     JobEvent,
     AccountingTick,
     ProxyEvent,
+    OpenSession,
+    SessionReply,
 }
 
 impl MessageType {
-    /// Every message, inbound first.
-    pub const ALL: [MessageType; 6] = [
+    /// Every message, inbound first, then outbound, then the session request and its reply.
+    pub const ALL: [MessageType; 8] = [
         MessageType::SubmitJob,
         MessageType::CancelJob,
         MessageType::ExtendJob,
         MessageType::JobEvent,
         MessageType::AccountingTick,
         MessageType::ProxyEvent,
+        MessageType::OpenSession,
+        MessageType::SessionReply,
     ];
 
     /// The protobuf message name, e.g. `SubmitJob`.
@@ -111,6 +115,8 @@ impl MessageType {
             MessageType::JobEvent => "JobEvent",
             MessageType::AccountingTick => "AccountingTick",
             MessageType::ProxyEvent => "ProxyEvent",
+            MessageType::OpenSession => "OpenSession",
+            MessageType::SessionReply => "SessionReply",
         }
     }
 
@@ -123,6 +129,8 @@ impl MessageType {
             MessageType::JobEvent => "volcano_runner.v1.JobEvent",
             MessageType::AccountingTick => "volcano_runner.v1.AccountingTick",
             MessageType::ProxyEvent => "volcano_runner.v1.ProxyEvent",
+            MessageType::OpenSession => "volcano_runner.v1.OpenSession",
+            MessageType::SessionReply => "volcano_runner.v1.SessionReply",
         }
     }
 
@@ -143,6 +151,8 @@ impl MessageType {
             MessageType::JobEvent => "job-event",
             MessageType::AccountingTick => "accounting-tick",
             MessageType::ProxyEvent => "proxy-event",
+            MessageType::OpenSession => "open-session",
+            MessageType::SessionReply => "session-reply",
         }
     }
 
@@ -156,7 +166,9 @@ impl MessageType {
         })
     }
 
-    /// Whether runners consume this message (as opposed to publishing it).
+    /// Whether runners consume this message from the jobs queues (as opposed to publishing it).
+    /// `OpenSession` is consumed too, from a queue of its own ([`crate::sessions`]), and answered with a
+    /// `SessionReply`.
     pub fn is_inbound(self) -> bool {
         matches!(
             self,
@@ -213,6 +225,12 @@ impl Contract for v1::AccountingTick {
 }
 impl Contract for v1::ProxyEvent {
     const TYPE: MessageType = MessageType::ProxyEvent;
+}
+impl Contract for v1::OpenSession {
+    const TYPE: MessageType = MessageType::OpenSession;
+}
+impl Contract for v1::SessionReply {
+    const TYPE: MessageType = MessageType::SessionReply;
 }
 
 /// Why bytes are not a message. Every variant is permanent: redelivering the same bytes cannot help,
@@ -569,6 +587,8 @@ pub enum AnyMessage {
     JobEvent(v1::JobEvent),
     AccountingTick(v1::AccountingTick),
     ProxyEvent(v1::ProxyEvent),
+    OpenSession(v1::OpenSession),
+    SessionReply(v1::SessionReply),
 }
 
 impl AnyMessage {
@@ -581,6 +601,8 @@ impl AnyMessage {
             AnyMessage::JobEvent(_) => MessageType::JobEvent,
             AnyMessage::AccountingTick(_) => MessageType::AccountingTick,
             AnyMessage::ProxyEvent(_) => MessageType::ProxyEvent,
+            AnyMessage::OpenSession(_) => MessageType::OpenSession,
+            AnyMessage::SessionReply(_) => MessageType::SessionReply,
         }
     }
 
@@ -593,6 +615,8 @@ impl AnyMessage {
             AnyMessage::JobEvent(m) => encode(format, m),
             AnyMessage::AccountingTick(m) => encode(format, m),
             AnyMessage::ProxyEvent(m) => encode(format, m),
+            AnyMessage::OpenSession(m) => encode(format, m),
+            AnyMessage::SessionReply(m) => encode(format, m),
         }
     }
 }
@@ -610,6 +634,8 @@ pub fn decode_any(
         MessageType::JobEvent => AnyMessage::JobEvent(decode(format, bytes)?),
         MessageType::AccountingTick => AnyMessage::AccountingTick(decode(format, bytes)?),
         MessageType::ProxyEvent => AnyMessage::ProxyEvent(decode(format, bytes)?),
+        MessageType::OpenSession => AnyMessage::OpenSession(decode(format, bytes)?),
+        MessageType::SessionReply => AnyMessage::SessionReply(decode(format, bytes)?),
     })
 }
 

@@ -55,9 +55,22 @@ impl Default for Routes {
 }
 
 impl Routes {
+    /// Routes holding `table`, for a check or a benchmark without a running instance.
+    pub fn from_table(table: RouteTable) -> Self {
+        Self {
+            table: Arc::new(RwLock::new(table)),
+            version: Arc::new(watch::channel(0).0),
+        }
+    }
+
     /// Reads the table.
     pub fn read<R>(&self, f: impl FnOnce(&RouteTable) -> R) -> R {
         f(&self.table.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The table's version: one more with every change.
+    pub fn version(&self) -> u64 {
+        *self.version.borrow()
     }
 
     /// A receiver that changes whenever the table does.

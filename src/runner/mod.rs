@@ -209,6 +209,20 @@ impl Runner {
                 .await;
         });
 
+        // Session requests: a consumer of their own, so a session never waits behind submissions.
+        let issuer = crate::sessions::issuer::Issuer::new(
+            self.broker.clone(),
+            self.handler.client.clone(),
+            config.clone(),
+            Arc::new(jiff::Timestamp::now),
+        );
+        let token = background.clone();
+        tasks.spawn(async move {
+            if let Err(e) = issuer.run(token).await {
+                tracing::error!(error = %e, "Session requests cannot be consumed; no session is opened by this runner.");
+            }
+        });
+
         let (handler, token) = (self.handler.clone(), background.clone());
         let interval = config.cluster.pending_extension_interval;
         tasks.spawn(async move {

@@ -44,6 +44,7 @@
 pub mod image;
 pub mod names;
 mod outbound;
+mod sessions;
 mod submit;
 pub mod text;
 
@@ -55,6 +56,7 @@ use crate::messages::AnyMessage;
 use crate::messages::v1::{CancelJob, ExtendJob, SubmitJob};
 
 pub use outbound::{accounting_tick, job_event, proxy_event};
+pub use sessions::{open_session, session_reply};
 
 /// Why a message was rejected: the field path, what is wrong, and a machine-readable kind.
 ///
@@ -214,6 +216,8 @@ pub fn message<'a>(
         AnyMessage::JobEvent(m) => job_event(m),
         AnyMessage::AccountingTick(m) => accounting_tick(m),
         AnyMessage::ProxyEvent(m) => proxy_event(m),
+        AnyMessage::OpenSession(m) => open_session(m),
+        AnyMessage::SessionReply(m) => session_reply(m),
     }
 }
 

@@ -152,6 +152,7 @@ async fn passive_mode_fails_clearly_when_the_topology_is_missing() {
             "compute.proxy",
             "compute.jobs.submit",
             "compute.jobs.control",
+            "compute.jobs.sessions",
             "compute.jobs.dead"
         ]
     );

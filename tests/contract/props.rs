@@ -590,6 +590,45 @@ fn proxy_event() -> impl Strategy<Value = v1::ProxyEvent> {
         )
 }
 
+fn open_session() -> impl Strategy<Value = v1::OpenSession> {
+    (
+        job_id(),
+        any::<u32>(),
+        1i32..=3,
+        option::of(time_allocation()),
+    )
+        .prop_map(|(job_id, rank, kind, lifetime)| v1::OpenSession {
+            job_id,
+            rank,
+            kind,
+            lifetime,
+        })
+}
+
+fn session_reply() -> impl Strategy<Value = v1::SessionReply> {
+    use v1::session_reply::Result as Outcome;
+    let opened = ("[a-z0-9]{1,8}", timestamp()).prop_map(|(host, t)| {
+        Outcome::Opened(v1::OpenedSession {
+            url: format!("https://{host}.example.org/.volcano-runner/session?token=x"),
+            expires_at: Some(t),
+        })
+    });
+    let refused = ("[a-z_]{1,16}", some_text())
+        .prop_map(|(reason, message)| Outcome::Refused(v1::SessionRefusal { reason, message }));
+    (
+        job_id(),
+        any::<u32>(),
+        1i32..=3,
+        prop_oneof![opened, refused],
+    )
+        .prop_map(|(job_id, rank, kind, result)| v1::SessionReply {
+            job_id,
+            rank,
+            kind,
+            result: Some(result),
+        })
+}
+
 fn any_message() -> impl Strategy<Value = AnyMessage> {
     prop_oneof![
         submit_job().prop_map(AnyMessage::SubmitJob),
@@ -598,6 +637,8 @@ fn any_message() -> impl Strategy<Value = AnyMessage> {
         job_event().prop_map(AnyMessage::JobEvent),
         accounting_tick().prop_map(AnyMessage::AccountingTick),
         proxy_event().prop_map(AnyMessage::ProxyEvent),
+        open_session().prop_map(AnyMessage::OpenSession),
+        session_reply().prop_map(AnyMessage::SessionReply),
     ]
 }
 
@@ -1026,6 +1067,17 @@ fn protobuf_extremes() -> impl Strategy<Value = AnyMessage> {
                         x.timestamp = t1;
                         if let Some(t) = x.targets.first_mut() {
                             t.port = port;
+                        }
+                    }
+                    AnyMessage::OpenSession(x) => {
+                        x.kind = e1;
+                        x.rank = n;
+                        x.lifetime = ext;
+                    }
+                    AnyMessage::SessionReply(x) => {
+                        x.kind = e1;
+                        if let Some(v1::session_reply::Result::Opened(o)) = &mut x.result {
+                            o.expires_at = t1;
                         }
                     }
                 }

@@ -38,16 +38,19 @@ fn deployed(objects: &[Value]) -> Grants {
     g
 }
 
-/// Exactly what proxy-sync needs: list the jobs and pods it builds the table from, exec for the terminal
-/// bridge, read the session records in its own namespace; nothing that writes but the exec.
+/// Exactly what proxy-sync needs: list the jobs and pods it builds the table from (and get them: the
+/// bridges find a rank's pod and tell an ended job), the logs for the logs bridge, exec for the terminal
+/// bridge, list and watch the session records in its own namespace; nothing that writes but the exec.
 #[test]
 fn the_proxy_may_do_only_what_proxy_sync_does() {
     let objects = render("proxy");
     let want: Grants = [
+        ("cluster", "jobs", "get"),
         ("cluster", "jobs", "list"),
+        ("cluster", "pods", "get"),
         ("cluster", "pods", "list"),
+        ("cluster", "pods/log", "get"),
         ("cluster", "pods/exec", "create"),
-        ("own namespace", "configmaps", "get"),
         ("own namespace", "configmaps", "list"),
         ("own namespace", "configmaps", "watch"),
     ]

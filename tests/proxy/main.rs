@@ -17,5 +17,6 @@ mod envoy;
 mod live;
 mod interactive;
 mod measure;
+mod sessions;
 mod support;
 mod sync;

@@ -1,9 +1,11 @@
 //! Proxy: interactive jobs (a web or VNC interface) are published to every proxy instance.
 //!
 //! - At create: the target port (`proxyPort`: the web port for WEB apps, default 80; the VNC port for VNC
-//!   apps, default 5900; the web port for others that declare one) and the public links
-//!   (`proxyDomains`). Batch jobs without a web port get nothing and are never routed (W26). The port is
-//!   also declared on the user's container, named `vnc` for a VNC application and `web` otherwise.
+//!   apps, default 5900; the web port for others that declare one), the public links
+//!   (`proxyDomains`), and the session kinds an `OpenSession` may ask for (`sessionKinds`: `vnc,terminal`
+//!   for VNC apps, `web,terminal` for the others; [`crate::sessions`]). Batch jobs without a web port get
+//!   nothing and are never routed (W26). The port is also declared on the user's container, named `vnc`
+//!   for a VNC application and `web` otherwise.
 //! - Start and monitoring hooks: once every rank has a pod IP, a `CREATE` [`ProxyEvent`] with one target
 //!   per rank (IP, port, hostname); when the IPs change (a restarted job), an `UPDATE` (UCloud kept stale
 //!   IPs, W26). The generation is a hash of the targets, persisted as `proxyGeneration`, so an event is
@@ -64,6 +66,12 @@ impl Plugin for Proxy {
                 protocol: Some("TCP".to_owned()),
                 ..ContainerPort::default()
             });
+        // What an OpenSession may ask for (crate::sessions): the interface, and a terminal.
+        let kinds = match ApplicationType::try_from(app.application_type) {
+            Ok(ApplicationType::Vnc) => "vnc,terminal",
+            _ => "web,terminal",
+        };
+        draft.annotate(&cx.keys.session_kinds, kinds.to_owned());
         let domains: Vec<&str> = cx
             .ingresses
             .iter()
