@@ -12,8 +12,8 @@
 //!
 //! Its configuration section is `[proxy_sync]` ([`crate::config::ProxySyncConfig`]).
 
-pub mod caddy;
 pub mod bridge;
+pub mod caddy;
 pub mod envoy;
 pub mod snapshot;
 pub mod sync;

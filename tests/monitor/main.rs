@@ -11,6 +11,6 @@ mod rabbit;
 mod disruption;
 mod failover;
 mod lifecycle;
-mod refund;
 mod output_files;
+mod refund;
 mod whole_nodes;

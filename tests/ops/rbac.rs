@@ -125,7 +125,9 @@ async fn the_rbac_grants_exactly_what_the_runner_uses() {
 
     // The peer of the next jobs: running, as a peer must be (one that has ended is refused).
     fleet.submit(&sleeping_job("rbac-peer", 3600, None)).await;
-    fleet.wait_state("rbac-peer", JobState::Running, small).await;
+    fleet
+        .wait_state("rbac-peer", JobState::Running, small)
+        .await;
 
     // A job whose last companion (the Service for its peer) cannot be created: the applier rolls back
     // what it created. (What happens to the job after that is the runner tests' business.)
@@ -137,8 +139,10 @@ async fn the_rbac_grants_exactly_what_the_runner_uses() {
     });
     let mut peered = sleeping_job("rbac-5", 3600, None);
     peered.resources.push(
-        serde_json::from_value(serde_json::json!({"peer": {"hostname": "db", "jobId": "rbac-peer"}}))
-            .unwrap(),
+        serde_json::from_value(
+            serde_json::json!({"peer": {"hostname": "db", "jobId": "rbac-peer"}}),
+        )
+        .unwrap(),
     );
     fleet.submit(&peered).await;
     fleet
@@ -152,8 +156,10 @@ async fn the_rbac_grants_exactly_what_the_runner_uses() {
     // again and reads each companion that answers AlreadyExists.
     let mut peered = sleeping_job("rbac-7", 3600, None);
     peered.resources.push(
-        serde_json::from_value(serde_json::json!({"peer": {"hostname": "db", "jobId": "rbac-peer"}}))
-            .unwrap(),
+        serde_json::from_value(
+            serde_json::json!({"peer": {"hostname": "db", "jobId": "rbac-peer"}}),
+        )
+        .unwrap(),
     );
     fleet.submit(&peered).await;
     fleet.wait_state("rbac-7", JobState::Queued, None).await;

@@ -260,7 +260,13 @@ fn token_of(reply: &SessionReply, host: &str) -> String {
     let Some(Outcome::Opened(opened)) = &reply.result else {
         panic!("no session: {reply:?}");
     };
-    let prefix = format!("https://{host}/.volcano-runner/session?token=");
+    // `https` unless the test configured plain http ([sessions] scheme).
+    let scheme = if opened.url.starts_with("http://") {
+        "http"
+    } else {
+        "https"
+    };
+    let prefix = format!("{scheme}://{host}/.volcano-runner/session?token=");
     let id = opened
         .url
         .strip_prefix(&prefix)
@@ -766,4 +772,150 @@ async fn hostile_input_is_bounded_and_no_session_id_reaches_the_logs() {
         !logs.contains(&id[..16]),
         "part of the session id is in the logs"
     );
+}
+
+/// What the issue asks of a real browser: headless Chromium opens a 2-rank web job's session URLs
+/// (answered by the runner over RabbitMQ) through a running Caddy, whose every request is checked by
+/// proxy-sync's `/authz`, and sees the page the simulator serves for rank 0, then rank 1; without the
+/// cookie, with a forged session and with job B's session it is refused and never sees the page; after
+/// the job ends its host is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chromium_opens_each_rank_through_caddy_with_its_session_and_nothing_without_one() {
+    use crate::live::{Browser, Caddy, free_port};
+    // Plain http in the test (Chromium keeps no `Secure` cookie from http), like a dev installation.
+    let w = World::start(
+        "sessions-browser",
+        |c| c.sessions.scheme = "http".into(),
+        |_| {},
+    )
+    .await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let mut w = w;
+    running(&mut w, &[("ba", 2), ("bb", 1)]).await;
+    let issuer = issuer(&w).await;
+    let caddy = Caddy::start().await;
+    let authz_port = free_port();
+    let instance = support::start_configured(&w, "browser", w.config.broker.clone(), |c| {
+        c.caddy_admin = caddy.admin_url.clone();
+        c.listen_port = caddy.http_port;
+        c.authz_url = format!("http://127.0.0.1:{authz_port}/authz");
+    })
+    .await;
+    instance.until_ready().await;
+    let shutdown = CancellationToken::new();
+    let check = SessionCheck::start(
+        w.client.clone(),
+        instance.routes.clone(),
+        CheckSettings {
+            namespace: w.config.cluster.namespace.clone(),
+            naming: HostNaming {
+                prefix: w.config.pipeline.proxy.prefix.clone(),
+                domain: w.config.pipeline.proxy.domain.clone(),
+            },
+            secure: false,
+            clock: sim_clock(&w),
+        },
+        &ProxySyncConfig {
+            authz_listen: format!("127.0.0.1:{authz_port}"),
+            ..ProxySyncConfig::default()
+        },
+        None,
+        shutdown.clone(),
+    )
+    .await
+    .expect("the check binds");
+    let host = |job: &str, rank: u32| {
+        format!(
+            "{}{job}-{rank}.{}",
+            w.config.pipeline.proxy.prefix, w.config.pipeline.proxy.domain
+        )
+    };
+    caddy
+        .until("every rank in Caddy", |h| {
+            h.contains_key(&host("ba", 1)) && h.contains_key(&host("bb", 0))
+        })
+        .await;
+    let browser = Browser {
+        domain: w.config.pipeline.proxy.domain.clone(),
+        proxy_port: caddy.http_port,
+    };
+    let mut orchestrator = requester(&w).await;
+    let session_path = |id: &str| format!("/.volcano-runner/session?token={id}");
+
+    for rank in 0..2 {
+        let reply = orchestrator
+            .open(&w, "ba", rank, SessionKind::Web, None)
+            .await;
+        let Some(Outcome::Opened(opened)) = &reply.result else {
+            panic!("refused: {reply:?}")
+        };
+        // The URL the orchestrator hands the user names the rank's host and the session.
+        assert!(
+            opened
+                .url
+                .starts_with(&format!("http://{}/", host("ba", rank))),
+            "{}",
+            opened.url
+        );
+        let id = token_of(&reply, &host("ba", rank));
+        until_known(&check, &host("ba", rank), &id).await;
+        let page = browser
+            .open(&browser.url(&host("ba", rank), &session_path(&id)))
+            .await;
+        assert_eq!(page.statuses, [302, 200], "rank {rank}: {page:?}");
+        assert!(
+            page.dom.contains("ba") && page.dom.contains(&format!("rank {rank}")),
+            "rank {rank}'s page: {page:?}"
+        );
+    }
+
+    // No cookie: 401, and the page is never shown.
+    let page = browser.open(&browser.url(&host("ba", 0), "/")).await;
+    assert_eq!(page.statuses, [401], "{page:?}");
+    assert!(!page.dom.contains("rank 0"), "{page:?}");
+    // A forged session: 403.
+    let forged = token::generate().unwrap();
+    let page = browser
+        .open(&browser.url(&host("ba", 0), &session_path(&forged)))
+        .await;
+    assert_eq!(page.statuses, [403], "{page:?}");
+    assert!(!page.dom.contains("rank 0"), "{page:?}");
+    // Job B's session on job A's host: 403; on its own host it opens job B.
+    let reply = orchestrator.open(&w, "bb", 0, SessionKind::Web, None).await;
+    let b = token_of(&reply, &host("bb", 0));
+    until_known(&check, &host("bb", 0), &b).await;
+    let page = browser
+        .open(&browser.url(&host("ba", 0), &session_path(&b)))
+        .await;
+    assert_eq!(page.statuses, [403], "{page:?}");
+    assert!(!page.dom.contains("rank 0"), "{page:?}");
+    let page = browser
+        .open(&browser.url(&host("bb", 0), &session_path(&b)))
+        .await;
+    assert_eq!(page.statuses, [302, 200], "{page:?}");
+    assert!(page.dom.contains("bb"), "{page:?}");
+
+    // Job A ends: its hosts are gone from Caddy, and a browser gets nothing of it.
+    let ns = w.namespace_of(&web_job("ba", 2, ""));
+    support::cancel(&w, &ns, "ba").await;
+    for _ in 0..4 {
+        w.advance(5);
+    }
+    caddy
+        .until("ba gone", |h| {
+            !h.contains_key(&host("ba", 0)) && !h.contains_key(&host("ba", 1))
+        })
+        .await;
+    let page = browser.open(&browser.url(&host("ba", 0), "/")).await;
+    assert_eq!(page.statuses, [404], "{page:?}");
+    assert!(!page.dom.contains("rank 0"), "{page:?}");
+
+    orchestrator.close().await;
+    shutdown.cancel();
+    check.join().await;
+    instance.stop().await;
+    issuer.kill().await;
+    runner.stop().await;
+    w.close().await;
 }
