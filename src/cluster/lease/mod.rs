@@ -356,19 +356,26 @@ impl ShardLeases {
                 Some(now + left)
             })
             .min();
-        // A live runner that holds no shard (a newcomer) takes what the others hand over.
-        let holding: BTreeSet<&str> = (0..self.settings.shards)
+        // A live runner short of its share (a newcomer holding none, or one that got fewer than the
+        // floor of the share, say because a shard it asked for was taken first) takes what the others
+        // hand over.
+        let mut holding: BTreeMap<&str, usize> = BTreeMap::new();
+        for lease in (0..self.settings.shards)
             .zip(&holders)
             .filter(|(_, h)| matches!(h, Holder::Me | Holder::Other { expired: false }))
             .filter_map(|(shard, _)| by_name.get(self.settings.shard_name(shard).as_str()))
-            .filter_map(|lease| holder(lease))
-            .collect();
-        let idle_member = live > holding.len();
+        {
+            if let Some(name) = holder(lease) {
+                *holding.entry(name).or_default() += 1;
+            }
+        }
+        let floor = self.settings.shards as usize / live.max(1);
+        let short_member = live > holding.len() || holding.values().any(|held| *held < floor);
         let Decision {
             renew,
             acquire,
             release,
-        } = decide_with(&self.settings.identity, &holders, live, idle_member);
+        } = decide_with(&self.settings.identity, &holders, live, short_member);
         for shard in release {
             self.mine.remove(&shard);
             self.releasing.insert(shard);

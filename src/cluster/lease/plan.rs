@@ -59,27 +59,29 @@ pub struct Decision {
 }
 
 /// Decides one round for runner `me`, given who holds each shard (indexed by shard) and how many
-/// runners are alive (this one included), as [`decide_with`] when a live runner holds nothing.
+/// runners are alive (this one included), as [`decide_with`] when a live runner is short of its share.
 #[cfg(test)]
 pub fn decide(me: &str, holders: &[Holder], live_members: usize) -> Decision {
     decide_with(me, holders, live_members, true)
 }
 
-/// Decides one round for runner `me`. `idle_member`: some live runner holds no shard (a newcomer).
+/// Decides one round for runner `me`. `short_member`: some live runner holds no shard (a newcomer) or
+/// fewer than the floor of the fair share.
 ///
 /// A shard whose holder stopped renewing is taken at once, beyond the fair share if need be: a dead
 /// holder's jobs wait for nothing but the lease to lapse, whatever the churn. The fair share counts
 /// the runners alive, and a runner killed and started again under a new name is counted twice until
 /// the dead one's member lease lapses: bounding a takeover by the share would leave the shard without
 /// a holder for that long (10 to 75 s were measured with a runner killed every 2 s). Shards beyond the
-/// share are handed over only while a live runner holds none, which takes them: handing them over
-/// when every runner has its share already would leave them free, or send them from one runner to the
-/// next. Free shards are taken within the share.
+/// share are handed over only while a live runner is short (holds none, or fewer than the floor of the
+/// share), which takes them: handing them over when every runner has its share already would leave them
+/// free, or send them from one runner to the next; keeping them while one is short would leave it short
+/// for good (4 shards held 3 and 1 by two runners). Free shards are taken within the share.
 pub fn decide_with(
     me: &str,
     holders: &[Holder],
     live_members: usize,
-    idle_member: bool,
+    short_member: bool,
 ) -> Decision {
     let target = fair_share(holders.len(), live_members);
     let by_preference = |mut shards: Vec<u32>| {
@@ -95,7 +97,7 @@ pub fn decide_with(
             .collect()
     };
     let mut renew = by_preference(indices(|h| *h == Holder::Me));
-    let release = if renew.len() > target && idle_member {
+    let release = if renew.len() > target && short_member {
         renew.split_off(target)
     } else {
         Vec::new()
