@@ -147,6 +147,8 @@ struct Requester {
     connection: lapin::Connection,
     channel: lapin::Channel,
     replies: lapin::Consumer,
+    /// The correlation ids answered so far.
+    answered: std::collections::BTreeSet<String>,
 }
 
 async fn requester(w: &World) -> Requester {
@@ -167,6 +169,7 @@ async fn requester(w: &World) -> Requester {
         connection,
         channel,
         replies,
+        answered: Default::default(),
     }
 }
 
@@ -202,6 +205,11 @@ impl Requester {
         } else {
             Duration::from_secs(1)
         };
+        self.receive(wait).await
+    }
+
+    /// The next reply within `wait`, with its correlation id.
+    async fn receive(&mut self, wait: Duration) -> Option<(SessionReply, Option<String>)> {
         let delivery = tokio::time::timeout(wait, self.replies.next())
             .await
             .ok()??
@@ -238,11 +246,22 @@ impl Requester {
         };
         let body = messages::encode(Format::Json, &request).unwrap();
         let correlation = format!("{job_id}/{rank}/{}", kind as i32);
-        let (reply, got) = self
+        let (mut reply, mut got) = self
             .send(w, &body, &correlation, true)
             .await
             .expect("a reply");
-        assert_eq!(got.as_deref(), Some(correlation.as_str()));
+        // Replies are at least once: a request whose issuer died before its ack is answered again by
+        // the next issuer. As RabbitMQ's request/reply convention says, a reply to an earlier request
+        // (a correlation id already answered) is dropped.
+        while got.as_deref() != Some(correlation.as_str()) {
+            let earlier = got.clone().unwrap_or_default();
+            assert!(
+                self.answered.contains(&earlier),
+                "a reply to a request never made: {earlier:?}"
+            );
+            (reply, got) = self.receive(PATIENCE).await.expect("a reply");
+        }
+        self.answered.insert(correlation.clone());
         assert_eq!(
             (reply.job_id.as_str(), reply.rank, reply.kind),
             (job_id, rank, kind as i32)
