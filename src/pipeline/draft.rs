@@ -6,7 +6,11 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec, Volume, VolumeMount};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, PodSpec, PodTemplateSpec,
+    ResourceRequirements, SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::context::Context;
@@ -124,6 +128,57 @@ impl Draft {
         self.pod.volumes.get_or_insert_with(Vec::new).push(volume);
     }
 
+    /// Adds a helper init container that prepares a small scratch volume (an emptyDir of 16 MiB) the
+    /// user's container then mounts at the same path: MultiNode's host file, the output wrapper's busybox.
+    /// Locked down like every container the runner adds: non-root, no privilege escalation, read-only root
+    /// file system, no capabilities, bounded CPU and memory.
+    pub fn add_helper(&mut self, helper: Helper) {
+        self.add_volume(Volume {
+            name: helper.volume.to_owned(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                size_limit: Some(Quantity("16Mi".to_owned())),
+                ..EmptyDirVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+        let limits = BTreeMap::from([
+            ("cpu".to_owned(), Quantity(helper.cpu)),
+            ("memory".to_owned(), Quantity(helper.memory)),
+        ]);
+        let mount = VolumeMount {
+            name: helper.volume.to_owned(),
+            mount_path: helper.mount_path.to_owned(),
+            read_only: Some(false),
+            ..VolumeMount::default()
+        };
+        self.init.push(Container {
+            name: helper.name.to_owned(),
+            image: Some(helper.image),
+            image_pull_policy: Some("IfNotPresent".to_owned()),
+            command: Some(helper.command),
+            env: helper.env,
+            resources: Some(ResourceRequirements {
+                limits: Some(limits.clone()),
+                requests: Some(limits),
+                claims: None,
+            }),
+            security_context: Some(SecurityContext {
+                run_as_non_root: Some(true),
+                run_as_user: Some(helper.run_as_user),
+                allow_privilege_escalation: Some(false),
+                read_only_root_filesystem: Some(true),
+                capabilities: Some(Capabilities {
+                    drop: Some(vec!["ALL".to_owned()]),
+                    add: None,
+                }),
+                ..SecurityContext::default()
+            }),
+            volume_mounts: Some(vec![mount.clone()]),
+            ..Container::default()
+        });
+        self.mount(mount);
+    }
+
     /// Appends a mount to the user's container.
     pub fn mount(&mut self, mount: VolumeMount) {
         self.user
@@ -186,4 +241,18 @@ pub(crate) fn job_selector(cx: &Context<'_>) -> BTreeMap<String, String> {
         crate::volcano::LABEL_JOB_NAME.to_owned(),
         names::vcjob_name(cx.job_id),
     )])
+}
+
+/// A helper init container for [`Draft::add_helper`].
+pub struct Helper {
+    pub name: &'static str,
+    pub image: String,
+    pub command: Vec<String>,
+    pub env: Option<Vec<EnvVar>>,
+    pub cpu: String,
+    pub memory: String,
+    pub run_as_user: i64,
+    /// The scratch volume's name, and where both containers mount it.
+    pub volume: &'static str,
+    pub mount_path: &'static str,
 }

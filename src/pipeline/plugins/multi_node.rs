@@ -21,15 +21,11 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EmptyDirVolumeSource, EnvVar, ResourceRequirements, SecurityContext,
-    Volume, VolumeMount,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::api::core::v1::EnvVar;
 
 use super::{Plugin, PluginId};
 use crate::pipeline::context::Context;
-use crate::pipeline::draft::Draft;
+use crate::pipeline::draft::{Draft, Helper};
 use crate::pipeline::{PipelineError, names};
 
 /// The init container's name (UCloud's).
@@ -109,57 +105,20 @@ impl Plugin for MultiNode {
 
     fn build(&self, cx: &Context<'_>, draft: &mut Draft) -> Result<(), PipelineError> {
         let config = &cx.pipeline().multi_node;
-        draft.add_volume(Volume {
-            name: VOLUME.to_owned(),
-            empty_dir: Some(EmptyDirVolumeSource {
-                size_limit: Some(Quantity("16Mi".to_owned())),
-                ..EmptyDirVolumeSource::default()
-            }),
-            ..Volume::default()
-        });
-        let limits = BTreeMap::from([
-            ("cpu".to_owned(), Quantity(config.init_cpu.clone())),
-            ("memory".to_owned(), Quantity(config.init_memory.clone())),
-        ]);
-        draft.init.push(Container {
-            name: INIT_CONTAINER.to_owned(),
-            image: Some(config.init_image.clone()),
-            image_pull_policy: Some("IfNotPresent".to_owned()),
-            command: Some(vec![
+        draft.add_helper(Helper {
+            name: INIT_CONTAINER,
+            image: config.init_image.clone(),
+            command: vec![
                 "/bin/sh".to_owned(),
                 "-c".to_owned(),
                 INIT_SCRIPT.to_owned(),
-            ]),
+            ],
             env: Some(init_env(cx.job_id, cx.replicas, cx.product.cpu)),
-            resources: Some(ResourceRequirements {
-                limits: Some(limits.clone()),
-                requests: Some(limits),
-                claims: None,
-            }),
-            security_context: Some(SecurityContext {
-                run_as_non_root: Some(true),
-                run_as_user: Some(config.init_run_as_user),
-                allow_privilege_escalation: Some(false),
-                read_only_root_filesystem: Some(true),
-                capabilities: Some(Capabilities {
-                    drop: Some(vec!["ALL".to_owned()]),
-                    add: None,
-                }),
-                ..SecurityContext::default()
-            }),
-            volume_mounts: Some(vec![VolumeMount {
-                name: VOLUME.to_owned(),
-                mount_path: MOUNT_PATH.to_owned(),
-                read_only: Some(false),
-                ..VolumeMount::default()
-            }]),
-            ..Container::default()
-        });
-        draft.mount(VolumeMount {
-            name: VOLUME.to_owned(),
-            mount_path: MOUNT_PATH.to_owned(),
-            read_only: Some(false),
-            ..VolumeMount::default()
+            cpu: config.init_cpu.clone(),
+            memory: config.init_memory.clone(),
+            run_as_user: config.init_run_as_user,
+            volume: VOLUME,
+            mount_path: MOUNT_PATH,
         });
         Ok(())
     }

@@ -25,18 +25,13 @@
 //! killed at that moment lost the output. Written as the job runs, the files are complete whatever
 //! happens to the runners. docs/pipeline.md says more.
 
-use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EmptyDirVolumeSource, ResourceRequirements, SecurityContext, Volume,
-    VolumeMount,
-};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
 use crate::messages::v1::KeptOutput;
 use crate::pipeline::PipelineError;
 use crate::pipeline::context::Context;
-use crate::pipeline::draft::Draft;
+use crate::pipeline::draft::{Draft, Helper};
 use crate::pipeline::plugins::file_mount::WORK;
 
 /// `[pipeline.output]`: the output files.
@@ -180,57 +175,21 @@ pub fn build(cx: &Context<'_>, draft: &mut Draft) -> Result<(), PipelineError> {
     command.extend(argv);
     draft.user.command = Some(command);
 
-    draft.add_volume(Volume {
-        name: VOLUME.to_owned(),
-        empty_dir: Some(EmptyDirVolumeSource {
-            size_limit: Some(Quantity("16Mi".to_owned())),
-            ..EmptyDirVolumeSource::default()
-        }),
-        ..Volume::default()
-    });
-    let limits = BTreeMap::from([
-        ("cpu".to_owned(), Quantity("50m".to_owned())),
-        ("memory".to_owned(), Quantity("16Mi".to_owned())),
-    ]);
-    draft.init.push(Container {
-        name: INIT_CONTAINER.to_owned(),
-        image: Some(config.helper_image.clone()),
-        image_pull_policy: Some("IfNotPresent".to_owned()),
-        command: Some(vec![
+    draft.add_helper(Helper {
+        name: INIT_CONTAINER,
+        image: config.helper_image.clone(),
+        command: vec![
             "/bin/busybox".to_owned(),
             "cp".to_owned(),
             "/bin/busybox".to_owned(),
             format!("{HELPER_DIR}/busybox"),
-        ]),
-        resources: Some(ResourceRequirements {
-            limits: Some(limits.clone()),
-            requests: Some(limits),
-            claims: None,
-        }),
-        security_context: Some(SecurityContext {
-            run_as_non_root: Some(true),
-            run_as_user: Some(config.helper_run_as_user),
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".to_owned()]),
-                add: None,
-            }),
-            ..SecurityContext::default()
-        }),
-        volume_mounts: Some(vec![VolumeMount {
-            name: VOLUME.to_owned(),
-            mount_path: HELPER_DIR.to_owned(),
-            read_only: Some(false),
-            ..VolumeMount::default()
-        }]),
-        ..Container::default()
-    });
-    draft.mount(VolumeMount {
-        name: VOLUME.to_owned(),
-        mount_path: HELPER_DIR.to_owned(),
-        read_only: Some(false),
-        ..VolumeMount::default()
+        ],
+        env: None,
+        cpu: "50m".to_owned(),
+        memory: "16Mi".to_owned(),
+        run_as_user: config.helper_run_as_user,
+        volume: VOLUME,
+        mount_path: HELPER_DIR,
     });
     let annotations = draft.meta.annotations.get_or_insert_default();
     annotations.insert(
