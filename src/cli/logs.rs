@@ -292,8 +292,13 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
         Some(r) => vec![r],
         None => (0..count).collect(),
     };
-    let reader = RankReader::new(client, &namespace, &args.job_id, args.since)
-        .with_lifecycle_key(config.pipeline.keys().lifecycle_state.clone());
+    let reader = RankReader::new(
+        client,
+        &namespace,
+        &args.job_id,
+        args.since,
+        config.pipeline.keys().lifecycle_state.clone(),
+    );
     let code = if args.follow {
         follow(&reader, &ranks, args.timestamps).await?
     } else {
@@ -341,31 +346,22 @@ pub struct RankReader {
 }
 
 impl RankReader {
-    /// A reader of job `job_id`'s ranks in `namespace`, from `since` ago (`None`: the whole log). It
-    /// tells an ended job by the default `<prefix>lifecycleState` key; [`RankReader::with_lifecycle_key`]
-    /// for another prefix.
+    /// A reader of job `job_id`'s ranks in `namespace`, from `since` ago (`None`: the whole log);
+    /// `lifecycle_key` is `<prefix>lifecycleState` under the configured prefix (the end the monitor records).
     pub fn new(
         client: kube::Client,
         namespace: &str,
         job_id: &str,
         since: Option<SignedDuration>,
+        lifecycle_key: String,
     ) -> Self {
         Self {
             pods: Api::namespaced(client.clone(), namespace),
             jobs: Api::namespaced(client, namespace),
             job_id: job_id.to_owned(),
             since,
-            lifecycle_key: crate::pipeline::PipelineConfig::default()
-                .keys()
-                .lifecycle_state
-                .clone(),
+            lifecycle_key,
         }
-    }
-
-    /// The key of the end the monitor records (`<prefix>lifecycleState` with the configured prefix).
-    pub fn with_lifecycle_key(mut self, key: String) -> Self {
-        self.lifecycle_key = key;
-        self
     }
 
     /// Where the output was kept, when the job has ended and kept it (read now).

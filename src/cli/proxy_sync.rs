@@ -111,6 +111,7 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
                 },
                 client: sync.client.clone(),
                 connect_timeout: config.proxy_sync.connect_timeout,
+                lifecycle_key: config.pipeline.keys().lifecycle_state.clone(),
             },
         )
         .await

@@ -78,6 +78,9 @@ pub struct BridgeContext {
     pub client: kube::Client,
     /// How long a VNC server may take to accept.
     pub connect_timeout: Duration,
+    /// `<prefix>lifecycleState` under the configured prefix: the logs bridge ends when the monitor has
+    /// recorded the job's end.
+    pub lifecycle_key: String,
 }
 
 /// The bridges' listener; [`Bridges::run`] serves until shutdown.
@@ -481,7 +484,13 @@ async fn logs(
             return why;
         }
     };
-    let reader = RankReader::new(context.client.clone(), &namespace, job_id, None);
+    let reader = RankReader::new(
+        context.client.clone(),
+        &namespace,
+        job_id,
+        None,
+        context.lifecycle_key.clone(),
+    );
     let stop = CancellationToken::new();
     let _stop_followers = stop.clone().drop_guard();
     let (tx, mut rx) = mpsc::channel::<Line>(1024);

@@ -89,6 +89,7 @@ async fn bridges(w: &World, sync: &Instance) -> (SocketAddr, CancellationToken) 
             },
             client: w.client.clone(),
             connect_timeout: Duration::from_secs(5),
+            lifecycle_key: w.keys.lifecycle_state.clone(),
         },
     )
     .await
