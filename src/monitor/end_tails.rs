@@ -52,27 +52,47 @@ pub async fn read(
     ranks: &[(u32, String)],
     budget: Budget,
 ) -> Vec<RankTail> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    read_with(ranks, budget, |pod, params| {
+        let api = api.clone();
+        async move { api.logs(&pod, &params).await }
+    })
+    .await
+}
+
+/// The end of each `(rank, pod)`'s log, `fetch`ed (with retries or without, as the caller needs) with
+/// one set of log parameters, cut to the budget: `per_rank` bytes each and `total` for the whole job. A
+/// log that cannot be read is left out (and logged).
+pub async fn read_with<F, Fut, E>(
+    ranks: &[(u32, String)],
+    budget: Budget,
+    fetch: F,
+) -> Vec<RankTail>
+where
+    F: Fn(String, LogParams) -> Fut,
+    Fut: std::future::Future<Output = Result<String, E>>,
+    E: std::fmt::Display,
+{
     if ranks.is_empty() || budget.per_rank == 0 {
         return Vec::new();
     }
     let per_rank = budget.per_rank.min(budget.total / ranks.len()).max(1);
-    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let params = LogParams {
         container: Some(USER_CONTAINER.to_owned()),
+        // Lines are short in practice; the byte cut below is what bounds the size.
         tail_lines: Some(i64::try_from(per_rank / 16 + 16).unwrap_or(i64::MAX)),
         ..LogParams::default()
     };
     let reads = ranks.iter().map(|(rank, pod)| {
-        let api = api.clone();
-        let params = params.clone();
+        let read = fetch(pod.clone(), params.clone());
         async move {
-            match api.logs(pod, &params).await {
+            match read.await {
                 Ok(log) => Some(RankTail {
                     rank: *rank,
                     tail: events::tail(&log, per_rank),
                 }),
                 Err(e) => {
-                    tracing::info!(pod = %pod, error = %e, "No log tail for this rank before the deletion.");
+                    tracing::info!(pod = %pod, error = %e, "No log tail for this rank.");
                     None
                 }
             }

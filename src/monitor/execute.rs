@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
@@ -24,7 +24,6 @@ use super::cache::{Snapshot, WatchedJob, WatchedPod};
 use super::clock::Clock;
 use super::decide::{self, Action, Observed, Settings, Step};
 use super::end_tails;
-use super::events;
 use super::queued::ConfirmedQueued;
 use super::record::RankTail;
 use crate::broker::{self, BrokerConfig, PublishError, Publisher};
@@ -32,7 +31,6 @@ use crate::cluster::labels::FIELD_MANAGER;
 use crate::cluster::{ClusterError, HeldShards, KubeResultExt, RetryPolicy};
 use crate::messages::Format;
 use crate::pipeline::hooks::{FactsError, Outbound};
-use crate::pipeline::names::USER_CONTAINER;
 use crate::volcano::{LABEL_JOB_NAME, VolcanoJob};
 
 /// Decisions and writes for one job in one go, before the job is handed back to the loop.
@@ -684,47 +682,26 @@ impl Executor {
         }
     }
 
-    /// The end of each rank's log, bounded per rank and in all. A log that cannot be read is left out.
+    /// The end of each rank's log, bounded per rank and in all, each read with retries. A log that
+    /// cannot be read is left out.
     async fn tails(&self, namespace: &str, ranks: &[(u32, String)]) -> Vec<RankTail> {
-        if ranks.is_empty() || self.tail_bytes == 0 {
-            return Vec::new();
-        }
-        let per_rank = self.tail_bytes.min(self.tail_total / ranks.len()).max(1);
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        let params = LogParams {
-            container: Some(USER_CONTAINER.to_owned()),
-            // Lines are short in practice; the byte cut below is what bounds the size.
-            tail_lines: Some(i64::try_from(per_rank / 16 + 16).unwrap_or(i64::MAX)),
-            ..LogParams::default()
+        let budget = end_tails::Budget {
+            per_rank: self.tail_bytes,
+            total: self.tail_total,
         };
-        let reads = ranks.iter().map(|(rank, pod)| {
+        end_tails::read_with(ranks, budget, |pod, params| {
             let api = api.clone();
-            let params = params.clone();
             async move {
                 let op = format!("read the log of pod {namespace}/{pod}");
-                let log = self
-                    .retry
+                self.retry
                     .run(&op, || async {
-                        api.logs(pod, &params).await.classify(|| op.clone())
+                        api.logs(&pod, &params).await.classify(|| op.clone())
                     })
-                    .await;
-                match log {
-                    Ok(log) => Some(RankTail {
-                        rank: *rank,
-                        tail: events::tail(&log, per_rank),
-                    }),
-                    Err(e) => {
-                        tracing::info!(pod = %pod, error = %e, "No log tail for this rank.");
-                        None
-                    }
-                }
+                    .await
             }
-        });
-        futures::future::join_all(reads)
-            .await
-            .into_iter()
-            .flatten()
-            .collect()
+        })
+        .await
     }
 }
 
