@@ -40,6 +40,12 @@ pub fn job_event(event: &JobEvent) -> Check {
     }
     required_timestamp("timestamp", event.timestamp.as_ref())?;
     non_empty("runnerId", &event.runner_id)?;
+    if event.refundable_ms < 0 {
+        return Err(ValidationError::invalid(
+            "refundableMs",
+            format!("must not be negative, got {}", event.refundable_ms),
+        ));
+    }
     for (field, t) in [
         ("expiresAt", &event.expires_at),
         ("startedAt", &event.started_at),

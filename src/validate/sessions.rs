@@ -32,10 +32,15 @@ pub fn session_reply(m: &SessionReply) -> Result<(), ValidationError> {
             if o.url.is_empty() {
                 return Err(ValidationError::missing("opened.url"));
             }
-            if !o.url.starts_with("https://") && !o.url.starts_with("http://") {
+            // As the schema's pattern `^https?://[^\s]+$`: a scheme, then something, and no whitespace.
+            let rest = o
+                .url
+                .strip_prefix("https://")
+                .or_else(|| o.url.strip_prefix("http://"));
+            if !rest.is_some_and(|r| !r.is_empty() && !r.chars().any(char::is_whitespace)) {
                 return Err(ValidationError::invalid(
                     "opened.url",
-                    "must be an http:// or https:// URL",
+                    "must be an http:// or https:// URL without whitespace",
                 ));
             }
             match &o.expires_at {
