@@ -35,6 +35,7 @@ pub struct WellKnown {
     pub jobs: ResId,
     pub podgroups: ResId,
     pub queues: ResId,
+    pub commands: ResId,
 }
 
 /// Which part of an object a write addresses.
@@ -248,6 +249,7 @@ impl Core {
             jobs: id("batch.volcano.sh", "v1alpha1", "jobs"),
             podgroups: id("scheduling.volcano.sh", "v1beta1", "podgroups"),
             queues: id("scheduling.volcano.sh", "v1beta1", "queues"),
+            commands: id("bus.volcano.sh", "v1alpha1", "commands"),
         };
         let mut core = Core {
             registry,

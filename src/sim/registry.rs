@@ -113,7 +113,7 @@ pub enum CrdError {
 }
 
 /// The Volcano CRDs, embedded so that the binary needs no files at run time.
-pub const VOLCANO_CRDS: [(&str, &str); 3] = [
+pub const VOLCANO_CRDS: [(&str, &str); 4] = [
     (
         "batch.volcano.sh_jobs.yaml",
         include_str!("../../crds/batch.volcano.sh_jobs.yaml"),
@@ -125,6 +125,10 @@ pub const VOLCANO_CRDS: [(&str, &str); 3] = [
     (
         "scheduling.volcano.sh_queues.yaml",
         include_str!("../../crds/scheduling.volcano.sh_queues.yaml"),
+    ),
+    (
+        "bus.volcano.sh_commands.yaml",
+        include_str!("../../crds/bus.volcano.sh_commands.yaml"),
     ),
 ];
 

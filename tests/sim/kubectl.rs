@@ -277,3 +277,66 @@ fn kubectl_sees_a_job_complete_on_a_fast_clock() {
         "{events}"
     );
 }
+
+/// A job ended by Volcano's TerminateJob command (as `vcctl` would issue it) is listed by
+/// `kubectl get vcjob` as `Terminated`, not as a deletion in progress, with its pods gone and the
+/// Command taken.
+#[test]
+fn kubectl_sees_a_terminated_job_as_terminated() {
+    require_kubectl();
+    let sim = start_sim(&["--clock-speed", "20"]);
+    let long = JOB_YAML.replace("sleep 30", "sleep infinity");
+    let (ok, _, err) = sim.kubectl(&["apply", "-f", "-"], Some(&long));
+    assert!(ok, "{err}");
+    let field = |path: &str| {
+        sim.ok(&[
+            "get",
+            "vcjob",
+            "j-42",
+            "-n",
+            "app-kubernetes",
+            "-o",
+            &format!("jsonpath={path}"),
+        ])
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while field("{.status.state.phase}") != "Running" {
+        assert!(Instant::now() < deadline, "never Running");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let uid = field("{.metadata.uid}");
+    let command = format!(
+        "apiVersion: bus.volcano.sh/v1alpha1\nkind: Command\nmetadata:\n  name: j-42-terminate\n  \
+         namespace: app-kubernetes\naction: TerminateJob\ntarget:\n  apiVersion: \
+         batch.volcano.sh/v1alpha1\n  kind: Job\n  name: j-42\n  uid: {uid}\n"
+    );
+    let (ok, out, err) = sim.kubectl(&["create", "-f", "-"], Some(&command));
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("command.bus.volcano.sh/j-42-terminate created"),
+        "{out}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let jobs = sim.ok(&["get", "vcjob", "-A"]);
+        let row = jobs
+            .lines()
+            .find(|l| l.contains("j-42"))
+            .expect("j-42 listed");
+        if row.contains("Terminated") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still {row}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(field("{.metadata.deletionTimestamp}"), "");
+    assert!(
+        !sim.ok(&["get", "pods", "-n", "app-kubernetes"])
+            .contains("j-42-job-0"),
+        "the pod is gone"
+    );
+    assert!(
+        !sim.ok(&["get", "commands", "-A"])
+            .contains("j-42-terminate")
+    );
+}

@@ -9,6 +9,7 @@ mod sim_support;
 mod api;
 mod bad_input;
 mod busy;
+mod commands;
 mod estimates;
 mod exclusive;
 mod faults;

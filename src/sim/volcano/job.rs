@@ -16,6 +16,12 @@ use crate::sim::store::ObjectKey;
 
 const ACTIVE_PHASES: &[&str] = &["Pending", "Running"];
 
+/// The phases after which Volcano's garbage collector counts `ttlSecondsAfterFinished`: not `Aborted`,
+/// which a `ResumeJob` command can take back.
+pub(super) fn ttl_applies(phase: &str) -> bool {
+    matches!(phase, "Completed" | "Failed" | "Terminated")
+}
+
 /// `%s-%s-%d`: the pod name Volcano gives task `task`'s replica `index`.
 pub fn pod_name(job: &str, task: &str, index: i64) -> String {
     format!("{job}-{task}-{index}")
@@ -155,6 +161,7 @@ impl Model {
     pub(super) fn reconcile_job(&mut self, core: &mut Core, key: &ObjectKey) {
         let Some(job) = core.store.get(key).cloned() else {
             self.jobs.remove(key);
+            self.commands.remove(key);
             return;
         };
         let uid = job
@@ -318,14 +325,52 @@ impl Model {
             }
         }
 
+        // A Command's action, one per look (the next one is looked at in the next pass), before the
+        // policies: as in Volcano, the request that carries an action executes it whatever the event.
+        let command = self.commands.get_mut(key).and_then(|q| q.pop_front());
+        match self.commands.get(key) {
+            Some(q) if q.is_empty() => {
+                self.commands.remove(key);
+            }
+            Some(_) => {
+                self.dirty_jobs.insert(key.clone());
+            }
+            None => {}
+        }
+        let command = command.filter(|_| !deleting);
+
         // Policy actions.
         let mut retry = int(status.get("retryCount"));
         let mut version = int(status.get("version"));
         let mut new_phase = phase.clone();
         let mut reason = String::new();
-        if let Some((a, task, pod)) =
-            action.filter(|_| ACTIVE_PHASES.contains(&phase.as_str()) && !deleting)
+        let by_command = command
+            .as_deref()
+            .filter(|a| {
+                ACTIVE_PHASES.contains(&phase.as_str())
+                    && matches!(
+                        *a,
+                        "AbortJob" | "TerminateJob" | "CompleteJob" | "RestartJob"
+                    )
+            })
+            .map(|a| (a.to_string(), String::new(), String::new(), "command"));
+        let chosen = by_command.or_else(|| {
+            action
+                .filter(|_| ACTIVE_PHASES.contains(&phase.as_str()) && !deleting)
+                .map(|(a, task, pod)| (a, task, pod, "policy"))
+        });
+        if command.as_deref() == Some("ResumeJob")
+            && matches!(phase.as_str(), "Aborting" | "Aborted")
         {
+            // An aborted job starts again as after a restart (its attempts count it).
+            new_phase = "Restarting".into();
+            reason = "ResumeJob by command".into();
+            retry += 1;
+            for p in &pods {
+                self.kill(core, &mut mem, &ns, name_of(p));
+            }
+        }
+        if let Some((a, task, pod, source)) = chosen {
             self.event(
                 core,
                 &job,
@@ -334,7 +379,7 @@ impl Model {
                 &format!("Start to execute action {a} "),
                 "vc-controller-manager",
             );
-            reason = format!("{a} by policy");
+            reason = format!("{a} by {source}");
             match a.as_str() {
                 "AbortJob" => new_phase = "Aborting".into(),
                 "TerminateJob" => new_phase = "Terminating".into(),
@@ -553,7 +598,7 @@ impl Model {
         }
 
         // TTL after finishing.
-        if terminal
+        if ttl_applies(&new_phase)
             && !mem.ttl_set
             && let Some(ttl) = job
                 .at("/spec/ttlSecondsAfterFinished")

@@ -169,6 +169,10 @@ pub struct Model {
     queue_signatures: HashMap<String, String>,
     /// Jobs with an `sla-waiting-time` ([`sla`]): the waiting time and the job's PodGroup name.
     sla_jobs: HashMap<ObjectKey, (jiff::SignedDuration, String)>,
+    /// `bus.volcano.sh` Commands created since the last pass: the controller takes them in the next.
+    new_commands: BTreeSet<ObjectKey>,
+    /// Actions Commands issued against a job (by the job's key), in order, not executed yet.
+    commands: HashMap<ObjectKey, std::collections::VecDeque<String>>,
     /// What running pods serve on loopback, their scratch directories and exec sessions.
     pub interactive: crate::sim::interactive::Interactive,
 }
@@ -252,6 +256,8 @@ impl Model {
             queues_dirty: BTreeSet::new(),
             queue_signatures: HashMap::new(),
             sla_jobs: HashMap::new(),
+            new_commands: BTreeSet::new(),
+            commands: HashMap::new(),
             interactive: Default::default(),
         }
     }
@@ -316,13 +322,18 @@ impl Model {
             Timer::ImagePullBackOff { key, uid } => self.image_pull_backoff(core, &key, &uid),
             Timer::PodGone { key, uid } => self.pod_gone(core, &key, &uid),
             Timer::JobTtl { key, uid } => {
-                if core.store.get(&key).and_then(|j| {
-                    j.at("/metadata/uid")
-                        .and_then(Value::as_str)
-                        .map(String::from)
-                }) == Some(uid)
-                {
-                    core.delete_key(&key, Some(super::api::Propagation::Background), None);
+                // Volcano's garbage collector looks again before it deletes (the job may have been
+                // deleted, or replaced by a newer one of the same name), then deletes in the
+                // foreground with the uid as precondition.
+                let due = core.store.get(&key).is_some_and(|j| {
+                    j.at("/metadata/uid").and_then(Value::as_str) == Some(uid.as_str())
+                        && j.at("/metadata/deletionTimestamp").is_none()
+                        && j.at("/status/state/phase")
+                            .and_then(Value::as_str)
+                            .is_some_and(job::ttl_applies)
+                });
+                if due {
+                    core.delete_key(&key, Some(super::api::Propagation::Foreground), None);
                 }
             }
         }
@@ -356,6 +367,10 @@ impl Model {
                 }
                 let job = (r.kind != EventType::Deleted).then_some(&r.object);
                 self.note_sla(&r.key, job.map(|j| &**j));
+            } else if self.is(core, &r.key, core.ids.commands) {
+                if r.kind == EventType::Added {
+                    self.new_commands.insert(r.key.clone());
+                }
             } else if self.is(core, &r.key, core.ids.pods) {
                 self.on_pod_change(core, r);
             } else if self.is(core, &r.key, core.ids.podgroups) {
@@ -552,6 +567,7 @@ impl Model {
 
     /// Reconciles dirty jobs, schedules, and updates queue status.
     pub fn run(&mut self, core: &mut Core) {
+        self.take_commands(core);
         let dirty = std::mem::take(&mut self.dirty_jobs);
         for key in dirty {
             self.reconcile_job(core, &key);
@@ -560,6 +576,53 @@ impl Model {
         let queues = std::mem::take(&mut self.queues_dirty);
         if !queues.is_empty() {
             self.sync_queues(core, queues);
+        }
+    }
+
+    /// The job controller's command handler. A Command aimed at a Job is deleted before its action is
+    /// queued for the job, as Volcano does ("clean it up to make sure executed not more than once"): a
+    /// Command never runs twice. The job is found by name,
+    /// not uid, as in Volcano; a Command aimed at anything else is left alone.
+    fn take_commands(&mut self, core: &mut Core) {
+        for key in std::mem::take(&mut self.new_commands) {
+            let Some(cmd) = core.store.get(&key).cloned() else {
+                continue;
+            };
+            let target = |field: &str| cmd.at(&format!("/target/{field}")).and_then(Value::as_str);
+            if target("kind") != Some("Job")
+                || target("apiVersion") != Some("batch.volcano.sh/v1alpha1")
+            {
+                continue;
+            }
+            let Some(job_name) = target("name").map(String::from) else {
+                continue;
+            };
+            let action = cmd
+                .get("action")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            core.delete_key(&key, None, None);
+            let job_key = core.key_of(core.ids.jobs, &key.namespace, &job_name);
+            let Some(job) = core.store.get(&job_key).cloned() else {
+                continue;
+            };
+            self.event(
+                core,
+                &job,
+                "Normal",
+                "CommandIssued",
+                &format!(
+                    "Start to execute command {action}, and clean it up to make sure executed not \
+                     more than once."
+                ),
+                "vc-controller-manager",
+            );
+            self.commands
+                .entry(job_key.clone())
+                .or_default()
+                .push_back(action);
+            self.dirty_jobs.insert(job_key);
         }
     }
 
