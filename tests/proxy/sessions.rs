@@ -121,6 +121,7 @@ async fn proxy(w: &World, name: &str) -> (Instance, SessionCheck, CancellationTo
             },
             secure: true,
             clock: sim_clock(w),
+            metrics: None,
         },
         &ProxySyncConfig {
             authz_listen: "127.0.0.1:0".into(),
@@ -834,6 +835,7 @@ async fn chromium_opens_each_rank_through_caddy_with_its_session_and_nothing_wit
             },
             secure: false,
             clock: sim_clock(&w),
+            metrics: None,
         },
         &ProxySyncConfig {
             authz_listen: format!("127.0.0.1:{authz_port}"),
@@ -961,6 +963,7 @@ async fn a_terminal_application_gets_a_shell_through_caddy_behind_its_session_an
     let (mut w, runner) = world("sessions-terminal").await;
     let caddy = Caddy::start().await;
     let (authz_port, bridge_port) = (free_port(), free_port());
+    let metrics = Metrics::new();
     let instance = support::start_configured(&w, "terminal", w.config.broker.clone(), |c| {
         c.caddy_admin = caddy.admin_url.clone();
         c.listen_port = caddy.http_port;
@@ -983,6 +986,7 @@ async fn a_terminal_application_gets_a_shell_through_caddy_behind_its_session_an
             naming: naming.clone(),
             secure: false,
             clock: sim_clock(&w),
+            metrics: Some(metrics.clone()),
         },
         &ProxySyncConfig {
             authz_listen: format!("127.0.0.1:{authz_port}"),
@@ -1063,6 +1067,19 @@ async fn a_terminal_application_gets_a_shell_through_caddy_behind_its_session_an
     assert_eq!(web.status, 403, "{web:?}");
     let web = get(port, &host, "/index.html", &[]).await;
     assert_eq!(web.status, 401, "{web:?}");
+
+    // Every answer of the check is counted, by decision and reason (`/metrics` of proxy-sync).
+    let exposition = metrics.encode();
+    for sample in [
+        r#"volcano_runner_authz_checks_total{decision="allowed",reason="session_url"} "#,
+        r#"volcano_runner_authz_checks_total{decision="denied",reason="other_rank_or_kind"} "#,
+        r#"volcano_runner_authz_checks_total{decision="denied",reason="no_session"} "#,
+    ] {
+        assert!(
+            exposition.lines().any(|l| l.starts_with(sample)),
+            "no {sample}in {exposition}"
+        );
+    }
 
     // The shell, over a WebSocket through Caddy.
     let open_terminal = || {
