@@ -140,6 +140,7 @@ async fn run() {
             },
             secure: true,
             clock: Arc::new(jiff::Timestamp::now),
+            metrics: None,
         },
         &ProxySyncConfig {
             authz_listen: "127.0.0.1:0".into(),

@@ -133,6 +133,7 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
                     },
                     secure: config.sessions.scheme == "https",
                     clock: std::sync::Arc::new(jiff::Timestamp::now),
+                    metrics: Some(ops.metrics.clone()),
                 },
                 &config.proxy_sync,
                 Some(ready),

@@ -26,10 +26,10 @@
 //! | `accountingPeriodMs` | Accounting, at create | tick length for this job |
 //! | `accountedTicks` | Accounting hooks | number of ticks published (the next tick's index) |
 //! | `accountingFinal` | Accounting completion | `true` once the final tick is published |
-//! | `proxyPort`, `proxyDomains` | Proxy, at create | target port, public links (comma-separated) |
+//! | `proxyPort`, `proxyDomains` | Proxy, at create | target port (0: the terminal and logs bridges only), public links (comma-separated) |
 //! | `proxyGeneration` | Proxy hooks | generation of the last published targets |
 //! | `proxySequence` | Proxy hooks | the `sequence` of the last published CREATE or UPDATE (events of a job are ordered by it) |
-//! | `sessionKinds` | Proxy, at create | the session kinds the application offers, comma-separated: `web,terminal` or `vnc,terminal` |
+//! | `sessionKinds` | Proxy, at create | the session kinds the application offers, comma-separated: `web,terminal`, `vnc,terminal`, or `terminal` (a terminal-only job) |
 //! | `terminationCause` | whoever deletes the job | `expired`, `cancelled`, ... (W11) |
 //! | `terminationReason` | whoever deletes the job | the cause in words, e.g. the cancel's reason |
 //! | `lifecycleState` | monitor | the last published lifecycle state |

@@ -28,6 +28,7 @@
 //! | `events_waiting_for_route` | gauge | | events no queue receives, published again until one does (their messages stay in hand) |
 //! | `broker_connected` / `broker_reconnects_total` | gauge / counter | | the AMQP connection, read at scrape time |
 //! | `watch_restarts_total` | counter | `watch` | Kubernetes watches that had to start over |
+//! | `authz_checks_total` | counter | `decision`, `reason` | proxy-sync's session checks, by answer: `allowed` (`session`, `session_url`) or `denied` (`no_session` and the check's reasons) |
 //! | `ready` | gauge | `check` | the last outcome of each readiness check |
 //! | `build_info` | info | `version` | the running version |
 //!
@@ -103,6 +104,12 @@ struct WatchLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AuthzLabels {
+    decision: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CheckLabel {
     check: String,
 }
@@ -135,6 +142,7 @@ struct Inner {
     confirm: HistogramFamily<TypeLabel>,
     waiting_for_route: Gauge,
     watch_restarts: Family<WatchLabel, Counter>,
+    authz_checks: Family<AuthzLabels, Counter>,
     ready: Family<CheckLabel, Gauge>,
     broker: Arc<BrokerSource>,
 }
@@ -293,6 +301,12 @@ impl Metrics {
             "Kubernetes watches that had to start over (an error, 410 Gone, a dropped stream)",
             watch_restarts.clone(),
         );
+        let authz_checks = Family::<AuthzLabels, Counter>::default();
+        registry.register(
+            "authz_checks",
+            "Session checks answered by proxy-sync's /authz, by decision and reason",
+            authz_checks.clone(),
+        );
         let ready = Family::<CheckLabel, Gauge>::default();
         registry.register(
             "ready",
@@ -332,6 +346,7 @@ impl Metrics {
                 confirm,
                 waiting_for_route,
                 watch_restarts,
+                authz_checks,
                 ready,
                 broker,
             }),
@@ -507,6 +522,15 @@ impl Metrics {
             None => self.event_published(message_type, elapsed),
             Some(e) => self.event_publish_failed(message_type, publish_failure(e)),
         }
+    }
+
+    /// proxy-sync's `/authz` answered a check: `allowed` or `denied`, and why (fixed words, never an id;
+    /// [`crate::sessions::authz::Decision::labels`]).
+    pub fn authz_checked(&self, decision: &'static str, reason: &'static str) {
+        self.inner
+            .authz_checks
+            .get_or_create(&AuthzLabels { decision, reason })
+            .inc();
     }
 
     /// A Kubernetes watch (`jobs`, `pods`, `pause`, `capacity`, ...) had to start over.

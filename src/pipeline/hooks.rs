@@ -139,7 +139,7 @@ pub struct ExpiryWarned {
 /// What the proxy needs to know about an interactive job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyFacts {
-    /// The port of the web or VNC server in every rank.
+    /// The port of the web or VNC server in every rank; 0 for a terminal-only job (bridges only).
     pub port: u32,
     /// Public links bound to the job.
     pub domains: Vec<String>,

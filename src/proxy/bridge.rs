@@ -11,7 +11,8 @@
 //!
 //! The job and rank come from the `Host` header through the route table (a rank host
 //! `<prefix><jobId>-<rank>.<domain>`, or a public domain of the job: rank 0). A host that is not routed
-//! gets 404 and nothing is opened. Every bridge is closed (code 1000, reason `job <id> ended`) when the
+//! gets 404 and nothing is opened. A terminal-only job's ranks (port 0) have the terminal and the logs,
+//! and no VNC server. Every bridge is closed (code 1000, reason `job <id> ended`) when the
 //! job's routes go (its `REMOVE`) or its rank moves to another pod. The bridges trust the session check
 //! the proxy made: they listen where only the proxy reaches them (loopback in the pod, NetworkPolicy).
 
@@ -314,6 +315,13 @@ async fn vnc(
     timeout: Duration,
     mut ended: tokio::task::JoinHandle<String>,
 ) -> String {
+    if backend.bridges_only() {
+        // A terminal-only job: its sessions never grant VNC, but the bridge does not rely on that.
+        let why = "this job has no VNC server: it offers a terminal only";
+        close(&mut socket, CloseCode::Error, why).await;
+        ended.abort();
+        return why.to_owned();
+    }
     let addr = SocketAddr::new(backend.ip, backend.port);
     let tcp = match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await {
         Ok(Ok(s)) => s,

@@ -12,6 +12,8 @@
 //!    session's 302) goes to the client as it is;
 //! 2. paths under `/.volcano-runner/` to `bridge_url` when it is set;
 //! 3. everything else to the rank's pod IP and port. WebSocket upgrades pass through `reverse_proxy`.
+//!    A bridges-only rank (a terminal-only job, port 0) has no pod port: everything else is answered
+//!    404 by Caddy itself, so no path of its hosts but the bridges' reaches anything.
 //!
 //! The server carries an `@id` made from the content ([`marker`]): `GET /id/<marker>` answers only while
 //! Caddy runs exactly what was pushed, so a Caddy that was restarted (it starts empty: the pushed
@@ -32,6 +34,10 @@ use crate::config::proxy_sync::Upstream;
 pub const SERVER: &str = "volcano-runner";
 /// The path prefix that goes to the bridges.
 pub const BRIDGE_PREFIX: &str = "/.volcano-runner/";
+/// What [`live_hosts`] says of a host whose other paths are answered 404 by Caddy (a bridges-only rank).
+pub const NO_POD: &str = "404 (bridges only)";
+/// The answer to a path of a bridges-only host that is not a bridge's.
+const NO_INTERFACE: &str = "This job has no web interface: only its terminal and its logs are served here, under /.volcano-runner/.\n";
 /// How long one admin API call may take (a `/load` of 10,000 routes included).
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -105,12 +111,15 @@ fn route(r: &Route, s: &CaddySettings) -> Value {
             "terminal": true,
         }));
     }
-    let pod = if r.backend.ip.is_ipv6() {
-        format!("[{}]:{}", r.backend.ip, r.backend.port)
+    if r.backend.bridges_only() {
+        steps.push(json!({"handle": [{
+            "handler": "static_response",
+            "status_code": 404,
+            "body": NO_INTERFACE,
+        }]}));
     } else {
-        format!("{}:{}", r.backend.ip, r.backend.port)
-    };
-    steps.push(json!({"handle": [reverse_proxy(&pod)]}));
+        steps.push(json!({"handle": [reverse_proxy(&r.backend.to_string())]}));
+    }
     json!({
         "match": [{"host": [r.host]}],
         "handle": [{"handler": "subroute", "routes": steps}],
@@ -297,7 +306,7 @@ impl CaddyAdmin {
 }
 
 /// The host names Caddy's live configuration routes, each with where its other paths go (the last
-/// `reverse_proxy` of its route): what tests and operators compare with the table.
+/// `reverse_proxy` of its route, or [`NO_POD`]): what tests and operators compare with the table.
 pub fn live_hosts(config: &Value) -> std::collections::BTreeMap<String, String> {
     let routes = config
         .pointer(&format!("/apps/http/servers/{SERVER}/routes"))
@@ -307,9 +316,11 @@ pub fn live_hosts(config: &Value) -> std::collections::BTreeMap<String, String> 
         .iter()
         .filter_map(|r| {
             let host = r.pointer("/match/0/host/0")?.as_str()?.to_owned();
-            let steps = r.pointer("/handle/0/routes")?.as_array()?;
-            let dial = steps
-                .last()?
+            let last = r.pointer("/handle/0/routes")?.as_array()?.last()?;
+            if last.pointer("/handle/0/handler")?.as_str()? == "static_response" {
+                return Some((host, NO_POD.to_owned()));
+            }
+            let dial = last
                 .pointer("/handle/0/upstreams/0/dial")?
                 .as_str()?
                 .to_owned();
@@ -395,5 +406,28 @@ mod tests {
         assert_eq!(steps.len(), 1);
         assert_ne!(id, plain_id, "the marker follows the content");
         assert_eq!(config(&routes(), &settings(false, false)).1, plain_id);
+    }
+
+    #[test]
+    fn a_bridges_only_host_is_checked_then_bridged_and_answers_404_otherwise() {
+        let mut routes = routes();
+        routes[1].backend.port = 0;
+        let (c, _) = config(&routes, &settings(true, true));
+        assert_eq!(
+            live_hosts(&c)
+                .get("app-42-1.cloud.sdu.dk")
+                .map(String::as_str),
+            Some(NO_POD)
+        );
+        let steps = c["apps"]["http"]["servers"][SERVER]["routes"][1]["handle"][0]["routes"]
+            .as_array()
+            .unwrap();
+        assert_eq!(steps.len(), 3);
+        assert_eq!(steps[0]["handle"][0]["rewrite"]["uri"], "/authz");
+        assert_eq!(steps[1]["match"][0]["path"], json!(["/.volcano-runner/*"]));
+        assert_eq!(steps[2]["handle"][0]["handler"], "static_response");
+        assert_eq!(steps[2]["handle"][0]["status_code"], 404);
+        let text = c.to_string();
+        assert!(!text.contains("fd00::2"), "the pod is nowhere: {text}");
     }
 }

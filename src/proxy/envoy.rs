@@ -9,9 +9,12 @@
 //!   file), upgrades WebSockets, and ignores the port in the Host header. It does not change with the
 //!   routes, so a route change never drains a listener.
 //! - `rds.json`: the `RouteConfiguration`: one virtual host per host name of the table
-//!   (`<prefix><jobId>-<rank>.<domain>` and each public domain), each to its rank's cluster.
-//! - `cds.json`: one STATIC cluster per routed rank, `job-<jobId>-<rank>`, with the pod's IP and port;
-//!   and [`AUTHZ_CLUSTER`] and [`BRIDGE_CLUSTER`] when `authz_url` and `bridge_url` are set.
+//!   (`<prefix><jobId>-<rank>.<domain>` and each public domain), each to its rank's cluster; a
+//!   bridges-only rank's (a terminal-only job, port 0) answers 404 itself (`direct_response`) for every
+//!   path but the bridges', so nothing of it reaches the pod.
+//! - `cds.json`: one STATIC cluster per routed rank, `job-<jobId>-<rank>`, with the pod's IP and port
+//!   (none for a bridges-only rank); and [`AUTHZ_CLUSTER`] and [`BRIDGE_CLUSTER`] when `authz_url` and
+//!   `bridge_url` are set.
 //!
 //! With `authz_url`, every request is first checked by Envoy's `ext_authz` filter (an HTTP service: the
 //! check is a request to `authz_url`'s path followed by the original path, with the original Host and
@@ -47,6 +50,9 @@ pub const AUTHZ_CLUSTER: &str = "volcano-runner-authz";
 pub const BRIDGE_CLUSTER: &str = "volcano-runner-bridge";
 /// The path prefix that goes to the bridges.
 pub const BRIDGE_PREFIX: &str = "/.volcano-runner/";
+
+/// The answer to a path of a bridges-only host that is not a bridge's.
+const NO_INTERFACE: &str = "This job has no web interface: only its terminal and its logs are served here, under /.volcano-runner/.\n";
 
 /// The file names, in the directory.
 pub const BOOTSTRAP_FILE: &str = "bootstrap.json";
@@ -175,11 +181,18 @@ pub fn route_configuration(routes: &[Route], settings: &EnvoySettings) -> Value 
                     "route": {"cluster": BRIDGE_CLUSTER, "timeout": "0s"},
                 }));
             }
-            to.push(json!({
-                "match": {"prefix": "/"},
-                // No timeout: notebooks long-poll, and WebSockets stay open for the session.
-                "route": {"cluster": cluster_name(&r.job_id, r.rank), "timeout": "0s"},
-            }));
+            if r.backend.bridges_only() {
+                to.push(json!({
+                    "match": {"prefix": "/"},
+                    "direct_response": {"status": 404, "body": {"inline_string": NO_INTERFACE}},
+                }));
+            } else {
+                to.push(json!({
+                    "match": {"prefix": "/"},
+                    // No timeout: notebooks long-poll, and WebSockets stay open for the session.
+                    "route": {"cluster": cluster_name(&r.job_id, r.rank), "timeout": "0s"},
+                }));
+            }
             json!({
                 "name": r.host,
                 "domains": [r.host],
@@ -226,7 +239,7 @@ pub fn clusters(table: &RouteTable, settings: &EnvoySettings) -> Value {
         out.push(sidecar_cluster(BRIDGE_CLUSTER, bridge, settings));
     }
     for (job_id, routes) in table.live() {
-        for (&rank, backend) in &routes.ranks {
+        for (&rank, backend) in routes.ranks.iter().filter(|(_, b)| !b.bridges_only()) {
             let name = cluster_name(job_id, rank);
             out.push(json!({
                 "@type": CLUSTER_TYPE,
@@ -445,6 +458,61 @@ mod tests {
         assert_eq!(cds["resources"][1]["name"], BRIDGE_CLUSTER);
         assert_eq!(cds["resources"][1]["type"], "LOGICAL_DNS");
         assert_eq!(cds["resources"].as_array().unwrap().len(), 4);
+    }
+
+    #[test]
+    fn a_bridges_only_rank_has_no_cluster_and_answers_404_but_for_the_bridges() {
+        let s = EnvoySettings {
+            authz: Some(Upstream::parse("http://127.0.0.1:9901/authz").unwrap()),
+            bridge: Some(Upstream::parse("http://127.0.0.1:9902").unwrap()),
+            ..settings(Path::new("/run/envoy"))
+        };
+        let mut t = table();
+        t.apply(
+            JobUpdate::from_event(&ProxyEvent {
+                event_id: "43/proxy/create/x".into(),
+                job_id: "43".into(),
+                action: ProxyAction::Create as i32,
+                targets: vec![ProxyTarget {
+                    rank: 0,
+                    pod_ip: "10.0.0.3".into(),
+                    port: 0,
+                    hostname: "j-43-job-0.j-43".into(),
+                }],
+                domains: vec![],
+                timestamp: Some(pbjson_types::Timestamp {
+                    seconds: 1_800_000_000,
+                    nanos: 0,
+                }),
+                sequence: 1,
+            })
+            .unwrap(),
+        );
+        let rds = route_configuration(&t.routes(&naming()), &s);
+        let host = rds["resources"][0]["virtual_hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "app-43-0.cloud.sdu.dk")
+            .expect("the terminal job's host");
+        let routes = host["routes"].as_array().unwrap();
+        assert_eq!(routes.len(), 2);
+        assert_eq!(routes[0]["match"]["prefix"], BRIDGE_PREFIX);
+        assert_eq!(routes[0]["route"]["cluster"], BRIDGE_CLUSTER);
+        assert_eq!(routes[1]["match"]["prefix"], "/");
+        assert_eq!(routes[1]["direct_response"]["status"], 404);
+        assert!(routes[1].get("route").is_none(), "{host}");
+        let cds = clusters(&t, &s);
+        let names: Vec<&str> = cds["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [AUTHZ_CLUSTER, BRIDGE_CLUSTER, "job-42-0", "job-42-1"]
+        );
     }
 
     #[test]

@@ -229,6 +229,12 @@ mod tests {
             ),
             // Batch: no proxy port.
             vcjob("batch", "Running", &[]),
+            // A terminal-only job: routed to the bridges only, with its pods' IPs.
+            vcjob(
+                "term",
+                "Running",
+                &[("proxyPort", "0"), ("proxySequence", "1")],
+            ),
             // Only rank 0 has a pod yet.
             vcjob("half", "Running", &[("proxyPort", "8080")]),
             // Ending: its REMOVE may have gone out before this instance bound its queue.
@@ -239,14 +245,20 @@ mod tests {
             pod("web", 1, "10.0.0.2", 130),
             pod("batch", 0, "10.0.0.3", 100),
             pod("batch", 1, "10.0.0.4", 100),
+            pod("term", 0, "10.0.0.8", 100),
+            pod("term", 1, "10.0.0.9", 100),
             pod("half", 0, "10.0.0.5", 100),
             pod("ending", 0, "10.0.0.6", 100),
             pod("ending", 1, "10.0.0.7", 100),
         ];
         let (updates, skipped) = updates(&jobs, &pods, &keys(), &PipelineConfig::default());
         assert!(skipped.is_empty(), "{skipped:?}");
-        assert_eq!(updates.len(), 1, "{updates:?}");
-        let u = &updates[0];
+        assert_eq!(updates.len(), 2, "{updates:?}");
+        let term = updates.iter().find(|u| u.job_id == "term").unwrap();
+        let ranks = &term.routes.as_ref().unwrap().ranks;
+        assert!(ranks.values().all(Backend::bridges_only), "{ranks:?}");
+        assert_eq!(ranks[&1].ip.to_string(), "10.0.0.9");
+        let u = updates.iter().find(|u| u.job_id == "web").unwrap();
         assert_eq!(u.job_id, "web");
         assert_eq!(
             u.stamp,

@@ -27,7 +27,17 @@ use crate::validate::{self, ValidationError};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Backend {
     pub ip: IpAddr,
+    /// 0: bridges only (see [`Backend::bridges_only`]).
     pub port: u16,
+}
+
+impl Backend {
+    /// The rank offers no web or VNC interface (a terminal-only job, port 0): the proxy sends its hosts'
+    /// `/.volcano-runner/` paths to the bridges and answers every other path 404, so nothing reaches the
+    /// pod. The IP is still what the terminal bridge finds the pod by.
+    pub fn bridges_only(&self) -> bool {
+        self.port == 0
+    }
 }
 
 impl std::fmt::Display for Backend {
@@ -92,7 +102,7 @@ impl JobUpdate {
                         ValidationError::new(
                             validate::ErrorKind::Invalid,
                             field("port"),
-                            "is outside 1..=65535",
+                            "is outside 0..=65535",
                         )
                     })?;
                     if ranks.insert(t.rank, Backend { ip, port }).is_some() {

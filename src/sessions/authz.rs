@@ -80,8 +80,24 @@ pub enum Decision {
     SetCookie { id: String, location: &'static str },
     /// 401: no session cookie.
     NoSession,
-    /// 403, with the reason for the metrics and the debug log (never with the id).
+    /// 403, with the reason for the metrics and the debug log (never with the id): a fixed word,
+    /// `sessions_not_listed`, `no_route`, `no_token`, `invalid_session_url`, `unknown_or_expired`,
+    /// `other_job` or `other_rank_or_kind`.
     Deny(&'static str),
+}
+
+impl Decision {
+    /// The labels the decision is counted under (`authz_checks_total`): `allowed` with `session` or
+    /// `session_url`, or `denied` with `no_session` or the reason of [`Decision::Deny`]. Fixed words,
+    /// so the number of series stays small whatever the traffic.
+    pub fn labels(&self) -> (&'static str, &'static str) {
+        match self {
+            Decision::Allow { .. } => ("allowed", "session"),
+            Decision::SetCookie { .. } => ("allowed", "session_url"),
+            Decision::NoSession => ("denied", "no_session"),
+            Decision::Deny(reason) => ("denied", reason),
+        }
+    }
 }
 
 /// The state the check reads: every session, the routes, and an index of hosts built from the routes
@@ -168,22 +184,22 @@ impl Authz {
         let host = normalize_host(host);
         let wants = Wants::of(path);
         if !self.synced() {
-            return Decision::Deny("sessions not listed yet");
+            return Decision::Deny("sessions_not_listed");
         }
         let Some((job_id, rank)) = self.route(&host) else {
-            return Decision::Deny("no route for this host");
+            return Decision::Deny("no_route");
         };
         let now = (self.clock)();
         if wants == Wants::Session {
             let Some(id) = query_param(path, "token") else {
-                return Decision::Deny("no token in the session URL");
+                return Decision::Deny("no_token");
             };
             return match self.session(id, now) {
                 Some(r) if r.job_id == job_id && r.rank == rank => Decision::SetCookie {
                     id: id.to_owned(),
                     location: r.kind.landing_path(),
                 },
-                _ => Decision::Deny("invalid session URL"),
+                _ => Decision::Deny("invalid_session_url"),
             };
         }
         let ids: Vec<&str> = cookies
@@ -194,13 +210,13 @@ impl Authz {
         if ids.is_empty() {
             return Decision::NoSession;
         }
-        let mut reason = "unknown or expired session";
+        let mut reason = "unknown_or_expired";
         for id in ids {
             let Some(r) = self.session(id, now) else {
                 continue;
             };
             if r.job_id != job_id {
-                reason = "a session of another job";
+                reason = "other_job";
                 continue;
             }
             let fits = match wants {
@@ -211,7 +227,7 @@ impl Authz {
             if fits {
                 return Decision::Allow { job_id, rank };
             }
-            reason = "a session of another rank or kind";
+            reason = "other_rank_or_kind";
         }
         Decision::Deny(reason)
     }

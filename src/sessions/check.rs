@@ -17,6 +17,7 @@ use super::authz::{Authz, Sessions};
 use super::record::{SessionRecord, selector};
 use super::server::AuthzServer;
 use crate::config::ProxySyncConfig;
+use crate::ops::Metrics;
 use crate::ops::health::Condition;
 use crate::proxy::{HostNaming, Routes};
 
@@ -37,6 +38,8 @@ pub struct CheckSettings {
     /// `[sessions] scheme` is `https`: cookies are `Secure`.
     pub secure: bool,
     pub clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
+    /// Where every answer is counted (`authz_checks_total`); `None`: not counted.
+    pub metrics: Option<Metrics>,
 }
 
 impl SessionCheck {
@@ -64,7 +67,8 @@ impl SessionCheck {
             settings.secure,
             config.authz_max_header_bytes,
         )
-        .await?;
+        .await?
+        .counting(settings.metrics);
         let addr = server.local_addr()?;
         info!(listen = %addr, namespace = %settings.namespace, "Serving the session check (/authz).");
         let token = shutdown.clone();

@@ -5,7 +5,7 @@
 //!
 //! The decision reads the job's durable state (its VolcanoJob and annotations), never a cache: a job
 //! that is unknown, has ended (a terminal state, Volcano finished it, or it is being deleted), is not
-//! interactive (the Proxy plugin gave it no `proxyPort`), has no such rank, or does not offer the kind
+//! interactive (the Proxy plugin gave it no `proxyPort`: a batch job), has no such rank, or does not offer the kind
 //! (`sessionKinds`), is refused with that reason. Otherwise a new id is made, its record stored
 //! ([`super::record`]), and the URL and expiry sent. The session expires after the requested lifetime
 //! (at most `[sessions] max_lifetime`), and never after the job's own expiry.
@@ -86,7 +86,9 @@ pub fn decide(
     if annotation(job, &keys.proxy_port).is_none() {
         return Err(Refusal::new(
             "not_interactive",
-            format!("job {id} is not interactive: its application has no web or VNC interface"),
+            format!(
+                "job {id} is not interactive: its application has no web or VNC interface and is not a terminal"
+            ),
         ));
     }
     let replicas: u32 = annotation(job, &keys.replicas)

@@ -25,6 +25,7 @@ use tracing::{debug, warn};
 
 use super::COOKIE;
 use super::authz::{Authz, Decision};
+use crate::ops::Metrics;
 
 /// The path prefix of checks.
 pub const AUTHZ_PREFIX: &str = "/authz";
@@ -42,6 +43,8 @@ pub struct AuthzServer {
     authz: Arc<Authz>,
     secure: bool,
     max_header_bytes: usize,
+    /// Where each answer is counted (`authz_checks_total`), if anywhere.
+    metrics: Option<Metrics>,
 }
 
 impl AuthzServer {
@@ -58,7 +61,14 @@ impl AuthzServer {
             authz,
             secure,
             max_header_bytes: max_header_bytes.max(8192),
+            metrics: None,
         })
+    }
+
+    /// Counts every answer in `metrics` (`authz_checks_total`, by decision and reason).
+    pub fn counting(mut self, metrics: Option<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Where it listens.
@@ -85,7 +95,7 @@ impl AuthzServer {
                 }
             };
             let _ = stream.set_nodelay(true);
-            let (authz, secure) = (self.authz.clone(), self.secure);
+            let (authz, secure, metrics) = (self.authz.clone(), self.secure, self.metrics.clone());
             let mut builder = http1::Builder::new();
             builder
                 .max_buf_size(self.max_header_bytes)
@@ -93,7 +103,8 @@ impl AuthzServer {
                 .header_read_timeout(HEADER_READ_TIMEOUT);
             connections.spawn(async move {
                 let service = service_fn(move |req: Request<Incoming>| {
-                    let response = answer(&authz, secure, req.uri(), req.headers());
+                    let response =
+                        answer(&authz, secure, metrics.as_ref(), req.uri(), req.headers());
                     async move { Ok::<_, Infallible>(response) }
                 });
                 if let Err(e) = builder
@@ -116,6 +127,7 @@ fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 fn answer(
     authz: &Authz,
     secure: bool,
+    metrics: Option<&Metrics>,
     uri: &http::Uri,
     headers: &HeaderMap,
 ) -> Response<Full<Bytes>> {
@@ -145,7 +157,12 @@ fn answer(
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok());
-    match authz.check(host, &original_path, cookies) {
+    let decision = authz.check(host, &original_path, cookies);
+    if let Some(metrics) = metrics {
+        let (decision, reason) = decision.labels();
+        metrics.authz_checked(decision, reason);
+    }
+    match decision {
         Decision::Allow { job_id, rank } => {
             let mut r = status(StatusCode::OK);
             if let Ok(v) = HeaderValue::from_str(&job_id) {

@@ -114,7 +114,8 @@ pub fn accounting_tick(tick: &AccountingTick) -> Check {
     Ok(())
 }
 
-/// A proxy event: a known action, and for create and update one reachable target per rank.
+/// A proxy event: a known action, and for create and update one reachable target per rank (port 0:
+/// bridges only).
 pub fn proxy_event(event: &ProxyEvent) -> Check {
     non_empty("eventId", &event.event_id)?;
     job_id_at("jobId", &event.job_id)?;
@@ -140,10 +141,11 @@ pub fn proxy_event(event: &ProxyEvent) -> Check {
                 format!("{} is not an IP address", quoted(&target.pod_ip)),
             ));
         }
-        if !(1..=65535).contains(&target.port) {
+        // 0: bridges only (a terminal-only job; the proto's ProxyTarget.port).
+        if target.port > 65535 {
             return Err(ValidationError::invalid(
                 format!("{field}.port"),
-                format!("port {} is outside 1..=65535", target.port),
+                format!("port {} is outside 0..=65535", target.port),
             ));
         }
         if !names::is_dns_subdomain(&target.hostname) {

@@ -1381,6 +1381,59 @@ fn case_28_proxy_event_targets_per_rank() {
     );
 }
 
+/// Beside case 28 (changed: the original gave no shell through the proxy): a TERMINAL application
+/// without a web port is routed to the bridges only. It records port 0 and the `terminal` session kind,
+/// declares no port on its container, and its CREATE carries port 0 in every target with the pods' IPs
+/// (what the terminal bridge finds the pod by). A batch job is not routed at all (W26).
+#[test]
+fn case_28_terminal_application_is_routed_to_the_bridges_only_changed() {
+    let config = reference();
+    let mut job = case("case_28_proxy_event_targets_per_rank");
+    let app = job.application.as_mut().unwrap();
+    app.application_type = volcano_runner::messages::v1::ApplicationType::Terminal as i32;
+    app.web_port = None;
+    let desired = render(&job, &config);
+    let rendered = vcjob_json(&desired);
+    let annotations = &rendered["metadata"]["annotations"];
+    assert_eq!(annotations["ucloud.dk/proxyPort"], "0");
+    assert_eq!(annotations["ucloud.dk/sessionKinds"], "terminal");
+    assert_eq!(user_container(&desired)["ports"], Value::Null);
+    let start = ts("2024-05-01T12:01:00Z");
+    let running = observed(&desired, JobPhase::Running, start);
+    let pods = [
+        pod("42", 0, "10.1.0.4", start, None),
+        pod("42", 1, "10.1.0.5", start, None),
+    ];
+    let plan = hooks::on_start(&config, &running, &pods, start).unwrap();
+    let Some(Outbound::Proxy(event)) = plan
+        .publish
+        .iter()
+        .find(|o| matches!(o, Outbound::Proxy(_)))
+    else {
+        panic!("{:?}", plan.publish)
+    };
+    assert_eq!(event.action, ProxyAction::Create as i32);
+    let targets: Vec<(u32, &str, u32)> = event
+        .targets
+        .iter()
+        .map(|t| (t.rank, t.pod_ip.as_str(), t.port))
+        .collect();
+    assert_eq!(targets, [(0, "10.1.0.4", 0), (1, "10.1.0.5", 0)]);
+    volcano_runner::validate::proxy_event(event).expect("a valid event");
+
+    let app = job.application.as_mut().unwrap();
+    app.application_type = volcano_runner::messages::v1::ApplicationType::Batch as i32;
+    let batch = vcjob_json(&render(&job, &config));
+    assert_eq!(
+        batch["metadata"]["annotations"]["ucloud.dk/proxyPort"],
+        Value::Null
+    );
+    assert_eq!(
+        batch["metadata"]["annotations"]["ucloud.dk/sessionKinds"],
+        Value::Null
+    );
+}
+
 /// Case 29: public links and public IPs only with one replica, with UCloud's messages.
 #[test]
 fn case_29_single_replica_only_resources() {

@@ -85,10 +85,14 @@ def main(directory):
             }
     (routes,) = messages["rds.json"]
     found["route_config_name"] = routes.name
-    # Where each host's other paths go (its last route, the catch-all "/").
-    found["hosts"] = {
-        vh.domains[0]: vh.routes[-1].route.cluster for vh in routes.virtual_hosts
-    }
+    # Where each host's other paths go (its last route, the catch-all "/"): a cluster, or the status
+    # Envoy answers itself with (a bridges-only host).
+    def catch_all(route):
+        if route.HasField("direct_response"):
+            return f"direct_response {route.direct_response.status}"
+        return route.route.cluster
+
+    found["hosts"] = {vh.domains[0]: catch_all(vh.routes[-1]) for vh in routes.virtual_hosts}
     bridged = {
         vh.domains[0]: r.route.cluster
         for vh in routes.virtual_hosts

@@ -160,12 +160,17 @@ fn a_field_envoy_does_not_know_is_refused() {
 
 /// With `authz_url` and `bridge_url`: the ext_authz filter (an HTTP service at the authz URL, passing
 /// the cookie, refusing when the check cannot be made) comes before the router, every host sends
-/// `/.volcano-runner/` to the bridge cluster, and both clusters are there; Envoy's definitions load it.
+/// `/.volcano-runner/` to the bridge cluster, and both clusters are there; a terminal-only job (port 0)
+/// has the bridge route, a 404 of Envoy's own for everything else and no cluster; Envoy's definitions
+/// load it.
 #[test]
 fn envoy_loads_the_session_check_and_the_bridge_routes() {
     let dir = temp_dir("authz");
     let mut table = RouteTable::new();
     table.apply(JobUpdate::from_event(&event("42", &["10.0.0.1", "10.0.0.2"], &[])).unwrap());
+    let mut terminal = event("43", &["10.0.0.3"], &[]);
+    terminal.targets[0].port = 0;
+    table.apply(JobUpdate::from_event(&terminal).unwrap());
     let naming = HostNaming {
         prefix: "app-".into(),
         domain: "cloud.sdu.dk".into(),
@@ -202,11 +207,16 @@ fn envoy_loads_the_session_check_and_the_bridge_routes() {
         json!({
             "app-42-0.cloud.sdu.dk": envoy::BRIDGE_CLUSTER,
             "app-42-1.cloud.sdu.dk": envoy::BRIDGE_CLUSTER,
+            "app-43-0.cloud.sdu.dk": envoy::BRIDGE_CLUSTER,
         })
     );
     assert_eq!(
         found["hosts"],
-        json!({"app-42-0.cloud.sdu.dk": "job-42-0", "app-42-1.cloud.sdu.dk": "job-42-1"})
+        json!({
+            "app-42-0.cloud.sdu.dk": "job-42-0",
+            "app-42-1.cloud.sdu.dk": "job-42-1",
+            "app-43-0.cloud.sdu.dk": "direct_response 404",
+        })
     );
     assert_eq!(
         found["clusters"],

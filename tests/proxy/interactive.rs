@@ -33,6 +33,16 @@ fn vnc_job(job_id: &str, replicas: u32, script: &str) -> SubmitJob {
     job
 }
 
+/// A TERMINAL application with `replicas` ranks and no web port: routed to the bridges only.
+pub(crate) fn terminal_job(job_id: &str, replicas: u32, script: &str) -> SubmitJob {
+    let mut job = web_job(job_id, replicas, script);
+    if let Some(app) = job.application.as_mut() {
+        app.application_type = ApplicationType::Terminal as i32;
+        app.web_port = None;
+    }
+    job
+}
+
 /// Submits `job` and waits until `sync` routes it.
 async fn run_routed(w: &World, sync: &Instance, job: &SubmitJob) {
     w.submit(job).await;
@@ -313,6 +323,68 @@ async fn a_terminal_session_runs_a_command_and_is_closed_when_the_job_ends() {
     };
     assert_eq!(close.code, CloseCode::Normal);
     assert_eq!(close.reason.as_str(), "job shell ended");
+    stage.finish().await;
+}
+
+/// A TERMINAL application without a web port is routed to the bridges only (port 0 in the route its
+/// event made, its pods' own IPs kept for the exec): its terminal runs a command, there is no VNC server
+/// to bridge to, and the terminal is closed when the job is cancelled, with the reason.
+#[tokio::test]
+async fn a_terminal_only_job_gets_a_shell_and_no_vnc_and_the_shell_closes_when_cancelled() {
+    let stage = Stage::start("term-only").await;
+    let (w, sync, addr) = (&stage.w, &stage.sync, stage.addr);
+    let job = terminal_job("tonly", 2, "sleep 100000");
+    let ns = w.namespace_of(&job);
+    run_routed(w, sync, &job).await;
+    let ips = support::pod_ips(w, &ns, "tonly", 2);
+    let routed = sync.routes.read(|t| t.job("tonly").cloned()).unwrap();
+    for (rank, b) in &routed.ranks {
+        assert!(b.bridges_only(), "{b}");
+        assert_eq!(b.ip.to_string(), ips[*rank as usize]);
+    }
+
+    let mut socket = open(addr, w, "tonly", 1, "/.volcano-runner/terminal").await;
+    socket
+        .send(Message::binary(
+            b"echo \"hello-$((40 + 2)) in $HOSTNAME\"\n".to_vec(),
+        ))
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    while !String::from_utf8_lossy(&out).contains("hello-42 in j-tonly-job-1") {
+        match next(&mut socket).await {
+            Some(Message::Binary(b)) => out.extend_from_slice(&b),
+            Some(Message::Close(c)) => panic!(
+                "closed early: {c:?}; output {:?}",
+                String::from_utf8_lossy(&out)
+            ),
+            Some(_) => {}
+            None => panic!("ended early: output {:?}", String::from_utf8_lossy(&out)),
+        }
+    }
+
+    let mut vnc = open(addr, w, "tonly", 0, "/.volcano-runner/vnc").await;
+    match next(&mut vnc).await {
+        Some(Message::Close(Some(c))) => {
+            assert_eq!(c.code, CloseCode::Error);
+            assert!(c.reason.contains("no VNC server"), "{c:?}");
+        }
+        other => panic!("a VNC bridge to a terminal-only job: {other:?}"),
+    }
+
+    cancel(w, &ns, "tonly").await;
+    for _ in 0..4 {
+        w.advance(5);
+    }
+    let close = loop {
+        match next(&mut socket).await {
+            Some(Message::Close(c)) => break c.expect("a close frame with a reason"),
+            Some(_) => {}
+            None => panic!("the socket ended without a close frame"),
+        }
+    };
+    assert_eq!(close.code, CloseCode::Normal);
+    assert_eq!(close.reason.as_str(), "job tonly ended");
     stage.finish().await;
 }
 

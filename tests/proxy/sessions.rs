@@ -121,6 +121,7 @@ async fn proxy(w: &World, name: &str) -> (Instance, SessionCheck, CancellationTo
             },
             secure: true,
             clock: sim_clock(w),
+            metrics: None,
         },
         &ProxySyncConfig {
             authz_listen: "127.0.0.1:0".into(),
@@ -834,6 +835,7 @@ async fn chromium_opens_each_rank_through_caddy_with_its_session_and_nothing_wit
             },
             secure: false,
             clock: sim_clock(&w),
+            metrics: None,
         },
         &ProxySyncConfig {
             authz_listen: format!("127.0.0.1:{authz_port}"),
@@ -933,6 +935,229 @@ async fn chromium_opens_each_rank_through_caddy_with_its_session_and_nothing_wit
     orchestrator.close().await;
     shutdown.cancel();
     check.join().await;
+    instance.stop().await;
+    issuer.kill().await;
+    runner.stop().await;
+    w.close().await;
+}
+
+/// The last gap of the issue, as a user meets it: a TERMINAL application without a web port. The
+/// orchestrator's `OpenSession` for its terminal is answered with a URL (for its web interface or a
+/// desktop: `kind_not_offered`); through a running Caddy, whose every request proxy-sync's `/authz`
+/// checks and whose `/.volcano-runner/` paths go to proxy-sync's bridges, the URL sets the cookie and
+/// with it a WebSocket terminal runs a command in the rank's container and reads its output. The host
+/// leads nowhere else: Caddy's route for it has no pod, and `/` is refused. The terminal is closed when
+/// the job is cancelled, and cannot be opened again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminal_application_gets_a_shell_through_caddy_behind_its_session_and_nothing_else() {
+    use futures::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+    use volcano_runner::proxy::bridge::{BridgeContext, Bridges};
+    use volcano_runner::proxy::caddy::NO_POD;
+
+    use crate::interactive::terminal_job;
+    use crate::live::{COOKIE, Caddy, free_port, get};
+
+    let (mut w, runner) = world("sessions-terminal").await;
+    let caddy = Caddy::start().await;
+    let (authz_port, bridge_port) = (free_port(), free_port());
+    let metrics = Metrics::new();
+    let instance = support::start_configured(&w, "terminal", w.config.broker.clone(), |c| {
+        c.caddy_admin = caddy.admin_url.clone();
+        c.listen_port = caddy.http_port;
+        c.authz_url = format!("http://127.0.0.1:{authz_port}/authz");
+        c.bridge_url = format!("http://127.0.0.1:{bridge_port}");
+    })
+    .await;
+    instance.until_ready().await;
+    // The check and the bridges, as `volcano-runner proxy-sync` serves them beside its table.
+    let shutdown = CancellationToken::new();
+    let naming = HostNaming {
+        prefix: w.config.pipeline.proxy.prefix.clone(),
+        domain: w.config.pipeline.proxy.domain.clone(),
+    };
+    let check = SessionCheck::start(
+        w.client.clone(),
+        instance.routes.clone(),
+        CheckSettings {
+            namespace: w.config.cluster.namespace.clone(),
+            naming: naming.clone(),
+            secure: false,
+            clock: sim_clock(&w),
+            metrics: Some(metrics.clone()),
+        },
+        &ProxySyncConfig {
+            authz_listen: format!("127.0.0.1:{authz_port}"),
+            ..ProxySyncConfig::default()
+        },
+        None,
+        shutdown.clone(),
+    )
+    .await
+    .expect("the check binds");
+    let bridges = Bridges::bind(
+        &format!("127.0.0.1:{bridge_port}"),
+        BridgeContext {
+            routes: instance.routes.clone(),
+            naming: naming.clone(),
+            client: w.client.clone(),
+            connect_timeout: Duration::from_secs(5),
+            lifecycle_key: w.keys.lifecycle_state.clone(),
+        },
+    )
+    .await
+    .expect("the bridges bind");
+    let bridges = tokio::spawn(bridges.run(shutdown.clone()));
+
+    let job = terminal_job("shell1", 1, "sleep 100000");
+    let ns = w.namespace_of(&job);
+    w.submit(&job).await;
+    for _ in 0..4 {
+        w.advance(2);
+    }
+    w.until("the terminal job's CREATE", |s| {
+        s.proxy.iter().any(|p| p.job_id == "shell1")
+    })
+    .await;
+    let host = naming.rank_host("shell1", 0);
+    caddy
+        .until(
+            "the terminal job's host in Caddy, with no pod behind it",
+            |h| h.get(&host).map(String::as_str) == Some(NO_POD),
+        )
+        .await;
+
+    let issuer = issuer(&w).await;
+    let mut orchestrator = requester(&w).await;
+    for kind in [SessionKind::Web, SessionKind::Vnc] {
+        let reply = orchestrator.open(&w, "shell1", 0, kind, None).await;
+        assert_eq!(refusal(&reply), "kind_not_offered", "{kind:?}");
+    }
+    let reply = orchestrator
+        .open(&w, "shell1", 0, SessionKind::Terminal, None)
+        .await;
+    let id = token_of(&reply, &host);
+    until_known(&check, &host, &id).await;
+
+    // The session URL, through Caddy: to the terminal, with the cookie.
+    let port = caddy.http_port;
+    let session = get(
+        port,
+        &host,
+        &format!("/.volcano-runner/session?token={id}"),
+        &[],
+    )
+    .await;
+    assert_eq!(session.status, 302, "{session:?}");
+    assert_eq!(
+        session.header("location"),
+        Some("/.volcano-runner/terminal")
+    );
+    let cookie = session
+        .header("set-cookie")
+        .and_then(|c| c.split(';').next())
+        .expect("the session cookie")
+        .to_owned();
+    assert_eq!(cookie, format!("{COOKIE}={id}"));
+
+    // Nothing but the bridges: `/` is refused with the terminal's session and without one.
+    let web = get(port, &host, "/", &[("Cookie", &cookie)]).await;
+    assert_eq!(web.status, 403, "{web:?}");
+    let web = get(port, &host, "/index.html", &[]).await;
+    assert_eq!(web.status, 401, "{web:?}");
+
+    // Every answer of the check is counted, by decision and reason (`/metrics` of proxy-sync).
+    let exposition = metrics.encode();
+    for sample in [
+        r#"volcano_runner_authz_checks_total{decision="allowed",reason="session_url"} "#,
+        r#"volcano_runner_authz_checks_total{decision="denied",reason="other_rank_or_kind"} "#,
+        r#"volcano_runner_authz_checks_total{decision="denied",reason="no_session"} "#,
+    ] {
+        assert!(
+            exposition.lines().any(|l| l.starts_with(sample)),
+            "no {sample}in {exposition}"
+        );
+    }
+
+    // The shell, over a WebSocket through Caddy.
+    let open_terminal = || {
+        let mut request = format!("ws://127.0.0.1:{port}/.volcano-runner/terminal")
+            .into_client_request()
+            .unwrap();
+        let headers = request.headers_mut();
+        headers.insert(http::header::HOST, host.parse().unwrap());
+        headers.insert(http::header::COOKIE, cookie.parse().unwrap());
+        tokio_tungstenite::connect_async(request)
+    };
+    let (mut socket, answer) = tokio::time::timeout(PATIENCE, open_terminal())
+        .await
+        .expect("Caddy answers")
+        .expect("the terminal opens through Caddy");
+    assert_eq!(answer.status(), 101);
+    socket
+        .send(Message::binary(b"echo \"hello-$HOSTNAME\"\n".to_vec()))
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    while !String::from_utf8_lossy(&out).contains("hello-j-shell1-job-0") {
+        let msg = tokio::time::timeout(PATIENCE, socket.next())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "no output within patience: {:?}",
+                    String::from_utf8_lossy(&out)
+                )
+            });
+        match msg {
+            Some(Ok(Message::Binary(b))) => out.extend_from_slice(&b),
+            Some(Ok(Message::Close(c))) => panic!(
+                "closed early: {c:?}; output {:?}",
+                String::from_utf8_lossy(&out)
+            ),
+            Some(Ok(_)) => {}
+            other => panic!(
+                "ended early: {other:?}; output {:?}",
+                String::from_utf8_lossy(&out)
+            ),
+        }
+    }
+
+    // The job is cancelled: the terminal is closed, by the bridge (the job ended) or by Caddy, which
+    // closes upgraded connections when its configuration changes (2.6, docs/proxy.md), whichever
+    // reaches the client first; and it cannot be opened again.
+    support::cancel(&w, &ns, "shell1").await;
+    for _ in 0..4 {
+        w.advance(5);
+    }
+    let close = loop {
+        let msg = tokio::time::timeout(PATIENCE, socket.next())
+            .await
+            .expect("the terminal is closed within patience");
+        match msg {
+            Some(Ok(Message::Close(c))) => break c.expect("a close frame with a reason"),
+            Some(Ok(_)) => {}
+            other => panic!("the terminal ended without a close frame: {other:?}"),
+        }
+    };
+    assert!(
+        (close.code == CloseCode::Normal && close.reason.as_str() == "job shell1 ended")
+            || close.code == CloseCode::Away,
+        "{close:?}"
+    );
+    caddy
+        .until("the terminal job's host gone", |h| !h.contains_key(&host))
+        .await;
+    let again = open_terminal()
+        .await
+        .expect_err("no terminal of an ended job");
+    assert!(again.to_string().contains("404"), "{again}");
+
+    orchestrator.close().await;
+    shutdown.cancel();
+    check.join().await;
+    let _ = bridges.await;
     instance.stop().await;
     issuer.kill().await;
     runner.stop().await;

@@ -130,7 +130,8 @@ impl Instance {
             .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
     }
 
-    /// The Envoy route configuration as written: host → cluster.
+    /// The Envoy route configuration as written: host → where its other paths go (the catch-all route,
+    /// the last): a cluster, or `direct_response <status>` for a bridges-only host.
     pub fn written_hosts(&self) -> std::collections::BTreeMap<String, String> {
         let text = std::fs::read(self.envoy_dir.join("rds.json")).expect("rds.json is written");
         let rds: serde_json::Value = serde_json::from_slice(&text).unwrap();
@@ -139,13 +140,12 @@ impl Instance {
             .unwrap()
             .iter()
             .map(|v| {
-                (
-                    v["domains"][0].as_str().unwrap().to_owned(),
-                    v["routes"][0]["route"]["cluster"]
-                        .as_str()
-                        .unwrap()
-                        .to_owned(),
-                )
+                let last = v["routes"].as_array().unwrap().last().unwrap();
+                let to = match last["route"]["cluster"].as_str() {
+                    Some(cluster) => cluster.to_owned(),
+                    None => format!("direct_response {}", last["direct_response"]["status"]),
+                };
+                (v["domains"][0].as_str().unwrap().to_owned(), to)
             })
             .collect()
     }

@@ -1,11 +1,16 @@
-//! Proxy: interactive jobs (a web or VNC interface) are published to every proxy instance.
+//! Proxy: interactive jobs (a web or VNC interface, or a terminal) are published to every proxy instance.
 //!
 //! - At create: the target port (`proxyPort`: the web port for WEB apps, default 80; the VNC port for VNC
 //!   apps, default 5900; the web port for others that declare one), the public links
 //!   (`proxyDomains`), and the session kinds an `OpenSession` may ask for (`sessionKinds`: `vnc,terminal`
-//!   for VNC apps, `web,terminal` for the others; [`crate::sessions`]). Batch jobs without a web port get
-//!   nothing and are never routed (W26). The port is also declared on the user's container, named `vnc`
-//!   for a VNC application and `web` otherwise.
+//!   for VNC apps, `web,terminal` for the others; [`crate::sessions`]). The port is also declared on the
+//!   user's container, named `vnc` for a VNC application and `web` otherwise.
+//! - A TERMINAL application without a web port is routed too, so that its user gets the shell the
+//!   application exists for: `proxyPort` 0, "bridges only" (the proto's `ProxyTarget.port`), and
+//!   `sessionKinds` `terminal`. Its hosts lead to the terminal and logs bridges under `/.volcano-runner/`
+//!   and nowhere else; no port is declared. Batch jobs without a web port get nothing and are never routed:
+//!   the original routed them to port 80 where nothing listens (W26), and a route per batch job would make
+//!   every proxy carry every job of the cluster (docs/proxy.md says so).
 //! - Start and monitoring hooks: once every rank has a pod IP, a `CREATE` [`ProxyEvent`] with one target
 //!   per rank (IP, port, hostname); when the IPs change (a restarted job), an `UPDATE` (UCloud kept stale
 //!   IPs, W26). The generation is a hash of the targets, persisted as `proxyGeneration`, so an event is
@@ -45,6 +50,15 @@ impl Plugin for Proxy {
             Ok(ApplicationType::Vnc) => (Some(app.vnc_port.unwrap_or(5900)), "application.vncPort"),
             _ => (app.web_port, "application.webPort"),
         };
+        let terminal_only = ApplicationType::try_from(app.application_type)
+            == Ok(ApplicationType::Terminal)
+            && port.is_none();
+        if terminal_only {
+            draft.annotate(&cx.keys.proxy_port, BRIDGES_ONLY.to_string());
+            draft.annotate(&cx.keys.session_kinds, "terminal".to_owned());
+            annotate_domains(cx, draft);
+            return Ok(());
+        }
         let Some(port) = port else { return Ok(()) };
         if !(1..=65535).contains(&port) {
             return Err(PipelineError::invalid(field, "must be a port number"));
@@ -72,14 +86,7 @@ impl Plugin for Proxy {
             _ => "web,terminal",
         };
         draft.annotate(&cx.keys.session_kinds, kinds.to_owned());
-        let domains: Vec<&str> = cx
-            .ingresses
-            .iter()
-            .map(|i| i.value.domain.as_str())
-            .collect();
-        if !domains.is_empty() {
-            draft.annotate(&cx.keys.proxy_domains, domains.join(","));
-        }
+        annotate_domains(cx, draft);
         Ok(())
     }
 
@@ -106,6 +113,21 @@ impl Plugin for Proxy {
             )));
         }
         Ok(())
+    }
+}
+
+/// The target port of a job routed to the bridges only (a terminal without a web interface).
+pub const BRIDGES_ONLY: u32 = 0;
+
+/// The job's public links, which lead to rank 0 like its own host.
+fn annotate_domains(cx: &Context<'_>, draft: &mut Draft) {
+    let domains: Vec<&str> = cx
+        .ingresses
+        .iter()
+        .map(|i| i.value.domain.as_str())
+        .collect();
+    if !domains.is_empty() {
+        draft.annotate(&cx.keys.proxy_domains, domains.join(","));
     }
 }
 
