@@ -119,10 +119,10 @@ pub fn warned_token(window: &Window) -> String {
 fn warning(job_id: &str, window: &Window, warn_at: Timestamp) -> JobEvent {
     let at = window.created_at.map_or(warn_at, |c| c.max(warn_at));
     JobEvent {
-        event_id: format!(
-            "{job_id}/maintenance/{}/{}/warning",
-            window.id,
-            window.start.as_millisecond()
+        event_id: crate::durable::ids::maintenance_warning(
+            job_id,
+            &window.id,
+            window.start.as_millisecond(),
         ),
         job_id: job_id.to_owned(),
         state: JobState::Unspecified as i32,
