@@ -8,6 +8,9 @@
 //!   exact right now), the active jobs against `cluster.max_active_jobs`, who holds which shard lease
 //!   of the monitoring duty, and `PROBLEM:` lines: the runner namespace missing, dead letters waiting,
 //!   shards without a live holder, admitted jobs that can never start.
+//! - `maintenance schedule|list|cancel` stores maintenance windows (a ConfigMap each in the runner's
+//!   namespace, [`crate::cluster::maintenance`]) that every runner's monitor follows: a running job a
+//!   window cuts is warned ahead and ended at its start (see docs/ops.md).
 //! - `dead-letters list|show|requeue|drop` reads and settles the dead-letter queue over AMQP alone
 //!   ([`super::dead_letters`]); it needs no cluster.
 //! - `queue` lists the jobs waiting to start with their estimated start ([`crate::monitor::forecast`]),
