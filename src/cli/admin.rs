@@ -8,6 +8,9 @@
 //!   exact right now), the active jobs against `cluster.max_active_jobs`, who holds which shard lease
 //!   of the monitoring duty, and `PROBLEM:` lines: the runner namespace missing, dead letters waiting,
 //!   shards without a live holder, admitted jobs that can never start.
+//! - `maintenance schedule|list|cancel` stores maintenance windows (a ConfigMap each in the runner's
+//!   namespace, [`crate::cluster::maintenance`]) that every runner's monitor follows: a running job a
+//!   window cuts is warned ahead and ended at its start (see docs/ops.md).
 //! - `dead-letters list|show|requeue|drop` reads and settles the dead-letter queue over AMQP alone
 //!   ([`super::dead_letters`]); it needs no cluster.
 //! - `queue` lists the jobs waiting to start with their estimated start ([`crate::monitor::forecast`]),
@@ -29,7 +32,7 @@ use crate::cluster::capacity::count_active;
 use crate::cluster::labels::COMPONENT;
 use crate::cluster::labels::RUNNER_PROBLEM;
 use crate::cluster::lease::{COMPONENT_MEMBER, COMPONENT_SHARD};
-use crate::cluster::{ClusterError, PauseState, PauseSwitch};
+use crate::cluster::{ClusterError, MaintenanceWindows, PauseState, PauseSwitch};
 use crate::config::Config;
 use crate::durable::AnnotationKeys;
 use crate::monitor::forecast::{ClusterView, QueueEntry, forecast};
@@ -73,6 +76,11 @@ pub enum AdminCommand {
     /// came from (same message id), or drop them; by message id, `--reason` or `--all`.
     #[command(subcommand, name = "dead-letters")]
     DeadLetters(super::dead_letters::DeadLettersCommand),
+    /// Maintenance windows: schedule, list, cancel. Every runner follows them: a running job a window
+    /// cuts is warned (`[monitor] maintenance_warn_before`) and ended at its start (FAILURE, reason
+    /// `maintenance`), charged up to the start.
+    #[command(subcommand)]
+    Maintenance(MaintenanceCommand),
     /// Jobs waiting to start, per Volcano queue: position, ranks and what each asks for, time limit,
     /// the estimated start and why it waits.
     Queue {
@@ -83,6 +91,150 @@ pub enum AdminCommand {
         #[arg(short, long, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum MaintenanceCommand {
+    /// Schedule a window; prints its id.
+    Schedule {
+        /// RFC 3339 (`2026-12-01T06:00:00Z`), `now`, or relative (`+2h`, `+1h30m`).
+        #[arg(long)]
+        start: String,
+        /// As `--start`, relative to now.
+        #[arg(long)]
+        end: String,
+        /// Only these nodes (`n1,n2`); without it, every node.
+        #[arg(long, value_delimiter = ',')]
+        nodes: Vec<String>,
+        /// Why, shown to the users whose jobs it ends and in `admin status`.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Every window, with its id.
+    List {
+        /// `text` or `json`.
+        #[arg(short, long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+    /// Remove a window (by the id `schedule` and `list` print).
+    Cancel { id: String },
+}
+
+/// One window as `list`, `status` and `-o json` show it.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WindowView {
+    pub id: String,
+    pub start: String,
+    pub end: String,
+    /// Empty: every node.
+    pub nodes: Vec<String>,
+    pub reason: Option<String>,
+    pub created_by: Option<String>,
+    /// `scheduled`, `in progress` or `over`.
+    pub state: &'static str,
+}
+
+impl WindowView {
+    fn of(w: &crate::cluster::Window, now: jiff::Timestamp) -> Self {
+        Self {
+            id: w.id.clone(),
+            start: w.start.to_string(),
+            end: w.end.to_string(),
+            nodes: w.nodes.iter().cloned().collect(),
+            reason: w.reason.clone(),
+            created_by: w.created_by.clone(),
+            state: if now >= w.end {
+                "over"
+            } else if now >= w.start {
+                "in progress"
+            } else {
+                "scheduled"
+            },
+        }
+    }
+
+    fn line(&self) -> String {
+        let nodes = if self.nodes.is_empty() {
+            "every node".to_owned()
+        } else {
+            self.nodes.join(",")
+        };
+        let mut text = format!(
+            "{}  {} .. {}  {nodes}  ({})",
+            self.id, self.start, self.end, self.state
+        );
+        if let Some(r) = &self.reason {
+            text.push_str(&format!(": {r}"));
+        }
+        text
+    }
+}
+
+async fn maintenance(
+    command: MaintenanceCommand,
+    windows: &MaintenanceWindows,
+    now: jiff::Timestamp,
+) -> Result<(), CliError> {
+    use crate::cluster::maintenance::{Window, parse_time};
+    match command {
+        MaintenanceCommand::Schedule {
+            start,
+            end,
+            nodes,
+            reason,
+        } => {
+            let invalid =
+                |e: crate::cluster::maintenance::WindowError| CliError::Other(e.to_string());
+            let start = parse_time("--start", &start, now).map_err(invalid)?;
+            let end = parse_time("--end", &end, now).map_err(invalid)?;
+            let nodes = nodes
+                .into_iter()
+                .map(|n| n.trim().to_owned())
+                .filter(|n| !n.is_empty())
+                .collect();
+            let window =
+                Window::new(start, end, nodes, Some(reason), &operator(), now).map_err(invalid)?;
+            let created = windows.schedule(&window).await.map_err(cluster_error)?;
+            let line = WindowView::of(&window, now).line();
+            if created {
+                println!("scheduled {line}");
+            } else {
+                println!("already scheduled: {line}");
+            }
+        }
+        MaintenanceCommand::List { output } => {
+            let (list, broken) = windows.list().await.map_err(cluster_error)?;
+            let views: Vec<WindowView> = list.iter().map(|w| WindowView::of(w, now)).collect();
+            match output {
+                Output::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&views).unwrap_or_default()
+                ),
+                Output::Text => {
+                    if views.is_empty() {
+                        println!("no maintenance window");
+                    }
+                    for v in &views {
+                        println!("{}", v.line());
+                    }
+                }
+            }
+            for name in broken {
+                eprintln!(
+                    "ConfigMap {name} is labelled as a maintenance window but cannot be read as one; runners ignore it"
+                );
+            }
+        }
+        MaintenanceCommand::Cancel { id } => {
+            if windows.cancel(&id).await.map_err(cluster_error)? {
+                println!("cancelled maintenance window {id}");
+            } else {
+                return Err(CliError::Other(format!("no maintenance window {id}")));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// How `status` is printed.
@@ -135,6 +287,10 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
                 ),
                 Output::Text => print!("{}", status.text()),
             }
+        }
+        AdminCommand::Maintenance(command) => {
+            let windows = MaintenanceWindows::new(client.clone(), &config.cluster);
+            maintenance(command, &windows, now).await?;
         }
         AdminCommand::Queue { queue, output } => {
             let mut entries = waiting_jobs(&client, &config, now).await?;
@@ -283,6 +439,8 @@ pub struct Status {
     /// Managed jobs waiting to start that can never start on this cluster (their estimate says `never`),
     /// as `namespace/name`.
     pub never_start: Vec<String>,
+    /// The maintenance windows not over yet, earliest first.
+    pub maintenance: Vec<WindowView>,
     /// What keeps the runners from doing their work, in words for an operator (empty when nothing).
     pub problems: Vec<String>,
 }
@@ -338,6 +496,14 @@ impl Status {
         {
             out.push_str(&format!("  {missing:<32} (no lease)\n"));
         }
+        if self.maintenance.is_empty() {
+            out.push_str("maintenance:   none scheduled\n");
+        } else {
+            out.push_str("maintenance:\n");
+            for w in &self.maintenance {
+                out.push_str(&format!("  {}\n", w.line()));
+            }
+        }
         for problem in &self.problems {
             out.push_str(&format!("PROBLEM: {problem}\n"));
         }
@@ -357,6 +523,21 @@ async fn status(
     let queues = queue_depths(config).await?;
     let shards = shard_holders(client, config).await?;
     let mut problems = problems(client, config).await?;
+    let now = jiff::Timestamp::now();
+    let maintenance = match MaintenanceWindows::new(client.clone(), &config.cluster)
+        .list()
+        .await
+    {
+        Ok((windows, _)) => windows
+            .iter()
+            .filter(|w| w.end > now)
+            .map(|w| WindowView::of(w, now))
+            .collect(),
+        Err(e) => {
+            problems.push(format!("could not list the maintenance windows: {e}"));
+            Vec::new()
+        }
+    };
     if let Some(dead) = queues
         .iter()
         .find(|q| q.name == config.broker.dead_letter_queue)
@@ -395,6 +576,7 @@ async fn status(
         shards,
         unheld_shards: unheld,
         never_start,
+        maintenance,
         problems,
     })
 }

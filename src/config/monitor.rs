@@ -78,6 +78,11 @@ pub struct MonitorConfig {
     pub retry_max_delay: Duration,
     /// How outbound messages are encoded.
     pub encoding: Encoding,
+    /// A running job that a maintenance window will cut (`volcano-runner admin maintenance`) is told
+    /// this long before the window's start, so its user can save their work or extend nothing in vain;
+    /// 0: no warning, only the end at the window's start.
+    #[serde(with = "duration::required")]
+    pub maintenance_warn_before: Duration,
 }
 
 impl Default for MonitorConfig {
@@ -96,6 +101,7 @@ impl Default for MonitorConfig {
             retry_min_delay: Duration::from_secs(1),
             retry_max_delay: Duration::from_secs(60),
             encoding: Encoding::Json,
+            maintenance_warn_before: Duration::from_secs(3600),
         }
     }
 }

@@ -68,6 +68,12 @@ pub fn expiry_warning(job_id: &str, expiry_ms: i64, minutes_before: i64) -> Stri
     format!("{job_id}/warning/{expiry_ms}/{minutes_before}")
 }
 
+/// `<jobId>/maintenance/<window id>/<start ms>/warning`: the warning that a maintenance window will
+/// end the job, once per window and start (a window scheduled again at another start warns again).
+pub fn maintenance_warning(job_id: &str, window_id: &str, start_ms: i64) -> String {
+    format!("{job_id}/maintenance/{window_id}/{start_ms}/warning")
+}
+
 /// The state's name in ids: `QUEUED`, `RUNNING`, `SUCCESS`, `FAILURE`, `EXPIRED`, `CANCELLED`.
 pub fn state_name(state: JobState) -> &'static str {
     match state {

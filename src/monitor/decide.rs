@@ -36,6 +36,7 @@ use super::estimate::Estimate;
 use super::events;
 use super::observe::{self, Disruption, PendingInput, PullFailure, RankView};
 use super::record::{Outcome, Published, RankCode, Record, Terminal};
+use crate::cluster::Window;
 use crate::config::Config;
 use crate::durable::AnnotationKeys;
 use crate::durable::annotations::format_millis;
@@ -71,11 +72,17 @@ pub struct Settings {
     pub cleanup_grace: SignedDuration,
     /// How long an ended job is kept as the record of its submission (`[cluster] ended_job_retention`).
     pub retention: SignedDuration,
+    /// `[monitor] maintenance_warn_before`.
+    pub maintenance_warn_before: SignedDuration,
+    /// `<prefix>maintenanceCut` and `<prefix>maintenanceWarned` (see [`super::maintenance`]).
+    pub maintenance_cut: String,
+    pub maintenance_warned: String,
 }
 
 impl Settings {
     pub fn new(config: Arc<Config>, runner_id: impl Into<String>) -> Self {
         let keys = AnnotationKeys::new(&config.pipeline.annotation_prefix);
+        let keys_prefix = keys.prefix.clone();
         let m = &config.monitor;
         let signed =
             |d: std::time::Duration| SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
@@ -92,6 +99,9 @@ impl Settings {
             log_tails_on_success: m.log_tails_on_success,
             cleanup_grace: signed(m.cleanup_grace),
             retention: signed(config.cluster.ended_job_retention),
+            maintenance_warn_before: signed(m.maintenance_warn_before),
+            maintenance_cut: super::maintenance::cut_key(&keys_prefix),
+            maintenance_warned: super::maintenance::warned_key(&keys_prefix),
             config,
         }
     }
@@ -119,6 +129,8 @@ pub struct Observed<'a> {
     /// This process published the job's QUEUED and the broker confirmed it (see
     /// [`crate::monitor::queued`]): the monitor's first event of the job needs no copy of it before.
     pub queued_confirmed: bool,
+    /// The maintenance windows as this runner's watch has them (empty until first listed).
+    pub maintenance: &'a [Window],
 }
 
 /// What to do next for a job.
@@ -295,7 +307,9 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
                     next_check: Some(grace_end),
                 });
             }
-            let outcome = by_cause(&facts, &record, &ranks, started, deleted_at);
+            let cut = annotation(job, &s.maintenance_cut)
+                .and_then(crate::durable::annotations::parse_millis);
+            let outcome = by_cause(&facts, &record, &ranks, started, deleted_at, cut);
             return Ok(record_step(s, &facts, outcome, &ranks, None));
         }
     }
@@ -455,6 +469,36 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         if let Some(step) = restart_step(obs, s, &facts.job_id, now) {
             return Ok(step);
         }
+        // A maintenance window: ended at its start (decided once, durable), warned ahead of it.
+        let mut maintenance_warning = None;
+        let mut maintenance_check = None;
+        if let Some(step) = maintenance_end(obs, s, &facts, started, now) {
+            return Ok(step);
+        }
+        if let Some(window) =
+            super::maintenance::cutting(obs.maintenance, obs.pods, facts.expiry, now)
+        {
+            match super::maintenance::decide(
+                &facts.job_id,
+                window,
+                started,
+                annotation(job, &s.maintenance_warned),
+                s.maintenance_warn_before,
+                now,
+            ) {
+                super::maintenance::Decision::End { .. } => {
+                    unreachable!("maintenance_end decides an end")
+                }
+                super::maintenance::Decision::Warn { window, mut event } => {
+                    event.runner_id = s.runner_id.clone();
+                    maintenance_warning = Some((*event, super::maintenance::warned_token(window)));
+                    maintenance_check = Some(window.start);
+                }
+                super::maintenance::Decision::Wait { next_check } => {
+                    maintenance_check = Some(next_check);
+                }
+            }
+        }
         // Never decide past the expiry, even when looking late (after a failover): the job is charged up
         // to its expiry at most, and ticks past it are never published.
         // Nor past what the view proves: ticks are charged only up to an instant the pods were seen
@@ -462,8 +506,13 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         let horizon = facts.expiry.map_or(now, |e| now.min(e));
         let horizon = obs.fresh_at.map_or(horizon, |t| horizon.min(t));
         let plan = hooks::on_monitoring(&s.config.pipeline, job, obs.pods, horizon)?;
-        let next_check = plan.next_check;
+        let next_check = earliest(plan.next_check, maintenance_check);
         let mut action = Action::from_plan("monitor", plan);
+        action.next_check = next_check;
+        if let Some((event, token)) = maintenance_warning {
+            action.publish.push(Outbound::Lifecycle(event));
+            action.set.insert(s.maintenance_warned.clone(), token);
+        }
         action.fresh = action
             .publish
             .iter()
@@ -581,6 +630,50 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
             (s.keys.status_log.clone(), log),
         ]),
         next_check,
+        ..Action::default()
+    }))
+}
+
+/// The end of a running job for a maintenance window: once the window has begun, or once it was
+/// decided (recorded on the job, the delete not yet done: a runner killed in between), record the cause
+/// and the instant charged up to, and delete, as at the expiry.
+fn maintenance_end(
+    obs: &Observed<'_>,
+    s: &Settings,
+    facts: &JobFacts,
+    started: Option<Timestamp>,
+    now: Timestamp,
+) -> Option<Step> {
+    let recorded = matches!(&facts.termination_cause, Some(TerminationCause::Other(c)) if c == super::maintenance::CAUSE)
+        && annotation(obs.job, &s.maintenance_cut).is_some();
+    let mut set = BTreeMap::new();
+    if !recorded {
+        let window = super::maintenance::cutting(obs.maintenance, obs.pods, facts.expiry, now)?;
+        let super::maintenance::Decision::End { window, at } = super::maintenance::decide(
+            &facts.job_id,
+            window,
+            started,
+            None,
+            s.maintenance_warn_before,
+            now,
+        ) else {
+            return None;
+        };
+        set.insert(
+            s.keys.termination_cause.clone(),
+            super::maintenance::CAUSE.to_owned(),
+        );
+        set.insert(
+            s.keys.termination_reason.clone(),
+            super::maintenance::end_status(window),
+        );
+        set.insert(s.maintenance_cut.clone(), format_millis(at));
+    }
+    Some(Step::Act(Action {
+        what: "maintenance",
+        set,
+        delete: true,
+        again: true,
         ..Action::default()
     }))
 }
@@ -817,7 +910,9 @@ pub fn decide_gone(
                 .or_else(|| observe::last_finish(&ranks))
                 .unwrap_or(now)
                 .min(now);
-            let mut outcome = by_cause(&facts, &record, &ranks, started, end);
+            let cut = annotation(last, &s.maintenance_cut)
+                .and_then(crate::durable::annotations::parse_millis);
+            let mut outcome = by_cause(&facts, &record, &ranks, started, end, cut);
             if facts.termination_cause.is_none() {
                 outcome.reason = "lost_track".into();
                 outcome.status =
@@ -848,6 +943,7 @@ pub fn decide_gone(
         disruption: None,
         fresh_at: None,
         queued_confirmed,
+        maintenance: &[],
     };
     let facts = JobFacts::read(&job, &s.keys, &s.config.pipeline)?;
     let mut action = publish_end(&obs, s, &facts, &record, &outcome, now)?;
@@ -990,6 +1086,7 @@ fn by_cause(
     ranks: &[RankView],
     started: Option<Timestamp>,
     deleted_at: Timestamp,
+    maintenance_cut: Option<Timestamp>,
 ) -> Outcome {
     // The programs' real end once they have all stopped; while one still runs (the grace is over), the
     // deletion, which is when the job was asked to stop.
@@ -1022,11 +1119,19 @@ fn by_cause(
                 None => "Job was cancelled".to_owned(),
             },
         ),
-        Some(TerminationCause::Other(cause)) => (
-            Terminal::Failure,
-            cause.clone(),
-            words.unwrap_or_else(|| format!("Job was stopped ({cause})")),
-        ),
+        Some(TerminationCause::Other(cause)) => {
+            if cause == super::maintenance::CAUSE
+                && let Some(cut) = maintenance_cut
+            {
+                // Charged up to the window's start, however late the pods stopped.
+                end = end.min(cut);
+            }
+            (
+                Terminal::Failure,
+                cause.clone(),
+                words.unwrap_or_else(|| format!("Job was stopped ({cause})")),
+            )
+        }
         None => (
             Terminal::Failure,
             "deleted".to_owned(),
@@ -1406,6 +1511,7 @@ mod tests {
                 disruption: None,
                 fresh_at: Some(now),
                 queued_confirmed: world.queued_confirmed,
+                maintenance: &[],
             };
             match decide(&obs, s, now).unwrap() {
                 Step::Wait { next_check } => {
@@ -1600,6 +1706,7 @@ mod tests {
                 disruption: Some((job.retries(), d)),
                 fresh_at: Some(ts(now)),
                 queued_confirmed: false,
+                maintenance: &[],
             };
             decide(&obs, &s, ts(now)).unwrap()
         };
@@ -1658,6 +1765,7 @@ mod tests {
                     disruption,
                     fresh_at: None,
                     queued_confirmed: false,
+                    maintenance: &[],
                 },
                 &s,
             )
@@ -2103,6 +2211,7 @@ mod tests {
                 disruption: None,
                 fresh_at: None,
                 queued_confirmed: false,
+                maintenance: &[],
             };
             decide(&obs, &s, ts(now)).unwrap()
         };
@@ -2179,6 +2288,7 @@ mod tests {
                 disruption: None,
                 fresh_at: None,
                 queued_confirmed: false,
+                maintenance: &[],
             };
             match decide(&obs, s, ts(10)).unwrap() {
                 Step::Record { logs, outcome, .. } => (outcome.state, logs.len()),
@@ -2209,6 +2319,7 @@ mod tests {
             disruption: None,
             fresh_at: None,
             queued_confirmed: false,
+            maintenance: &[],
         };
         assert_eq!(
             decide(&obs, &s, ts(2)).unwrap(),

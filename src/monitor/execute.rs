@@ -81,6 +81,8 @@ pub struct Executor {
     /// Jobs whose QUEUED this process's submit path had confirmed: no copy of it before their first
     /// event.
     pub(crate) confirmed_queued: ConfirmedQueued,
+    /// The maintenance windows, from the monitor's watch of them (`None` until first listed).
+    pub(crate) maintenance: watch::Receiver<Option<crate::cluster::Windows>>,
 }
 
 impl Executor {
@@ -92,6 +94,7 @@ impl Executor {
         clock: Arc<dyn Clock>,
         shards: watch::Receiver<HeldShards>,
         confirmed_queued: ConfirmedQueued,
+        maintenance: watch::Receiver<Option<crate::cluster::Windows>>,
     ) -> Self {
         let config = settings.config.clone();
         Self {
@@ -109,6 +112,7 @@ impl Executor {
             clock,
             shards,
             confirmed_queued,
+            maintenance,
         }
     }
 
@@ -134,6 +138,7 @@ impl Executor {
         let mut settled = false;
         let job_id = snap.key.job_id().unwrap_or_default().to_owned();
         let queued_confirmed = self.confirmed_queued.contains(&job_id);
+        let windows = self.maintenance.borrow().clone().unwrap_or_default();
         let result = async {
             for _ in 0..MAX_ROUNDS {
                 if !self.owns(&job_id) {
@@ -150,6 +155,7 @@ impl Executor {
                     disruption: snap.disruption.as_ref().map(|(g, d)| (*g, d)),
                     fresh_at,
                     queued_confirmed,
+                    maintenance: windows.as_slice(),
                 };
                 let step = decide::decide(&obs, &self.settings, now)?;
                 if step.needs_fresh_view() && !fresh && step.fresh_pods_suffice() {

@@ -32,6 +32,7 @@ pub mod execute;
 pub mod forecast;
 pub mod lag;
 pub mod listing;
+pub mod maintenance;
 pub mod observe;
 pub mod queued;
 pub mod record;

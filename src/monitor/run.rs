@@ -140,6 +140,18 @@ const WATCH_PAGE: u32 = 100;
 pub async fn run(m: Monitor, shutdown: CancellationToken) {
     let settings = Settings::new(m.config.clone(), m.runner_id.clone());
     let mc = m.config.monitor.clone();
+    // The maintenance windows, followed by one watch of their ConfigMaps; every decision reads them
+    // from here.
+    let (windows_tx, mut windows) = tokio::sync::watch::channel(None);
+    // Polled by the loop below, not spawned: it stops with the monitor, however the monitor stops.
+    let follow_windows = crate::cluster::maintenance::follow(
+        m.client.clone(),
+        m.config.cluster.namespace.clone(),
+        m.config.cluster.relist_interval,
+        windows_tx,
+    );
+    let mut follow_windows = std::pin::pin!(follow_windows);
+    let mut windows_open = true;
     let exec = Arc::new(Executor::new(
         m.client.clone(),
         m.publisher.clone(),
@@ -147,6 +159,7 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
         m.clock.clone(),
         m.shards.clone(),
         m.confirmed_queued.clone(),
+        windows.clone(),
     ));
     let selector = m.config.cluster.managed_selector.clone();
     let jobs_api: Api<WatchedJob> = Api::all(m.client.clone());
@@ -346,6 +359,20 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
                 if !missed.is_empty() {
                     missed.iter().for_each(|kind| restarted(*kind));
                     start_over!(&missed);
+                }
+            }
+            () = &mut follow_windows => {}
+            changed = windows.changed(), if windows_open => {
+                if changed.is_err() {
+                    windows_open = false;
+                } else {
+                    windows.borrow_and_update();
+                    // A window scheduled or cancelled changes what every running job is due.
+                    state.settled.clear();
+                    let keys: Vec<JobKey> = state.cache.fingerprints().map(|(k, _)| k.clone()).collect();
+                    for key in keys {
+                        state.enqueue(key);
+                    }
                 }
             }
             changed = shards.changed() => {

@@ -11,6 +11,7 @@ mod rabbit;
 mod disruption;
 mod failover;
 mod lifecycle;
+mod maintenance;
 mod output_files;
 mod refund;
 mod whole_nodes;

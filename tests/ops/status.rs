@@ -133,3 +133,93 @@ async fn status_flags_dead_letters_unheld_shards_and_jobs_that_can_never_start()
         serde_json::json!([format!("{prefix}-shard-0"), format!("{prefix}-shard-1")])
     );
 }
+
+/// `admin` with `args` against the fleet's simulator: (success, stdout, stderr).
+fn admin(fleet: &Fleet, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_volcano-runner"))
+        .args(["admin", "--cluster", &fleet.sim.url()])
+        .args(args)
+        .current_dir(ops_common::root())
+        .env("VOLCANO_RUNNER_BROKER__URL", fleet.vhost.amqp_url())
+        .env(
+            "VOLCANO_RUNNER_CLUSTER__NAMESPACE",
+            &fleet.config.cluster.namespace,
+        )
+        .env_remove("VOLCANO_RUNNER_LOG")
+        .env_remove("VOLCANO_RUNNER_CONFIG")
+        .output()
+        .expect("admin runs");
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
+}
+
+/// `admin maintenance schedule|list|cancel` store a window in the cluster and remove it; `admin status`
+/// shows it (text and JSON) while it is scheduled, and not once it is cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_maintenance_schedules_lists_and_cancels_and_status_shows_it() {
+    let fleet = Fleet::start("status-maintenance", Ops::new(), |_| {}).await;
+    let (before, json) = status(&fleet);
+    assert!(before.contains("maintenance:   none scheduled"), "{before}");
+    assert_eq!(json["maintenance"], serde_json::json!([]));
+
+    let (ok, out, err) = admin(
+        &fleet,
+        &[
+            "maintenance",
+            "schedule",
+            "--start",
+            "+2h",
+            "--end",
+            "+3h",
+            "--nodes",
+            "n1,n2",
+            "--reason",
+            "kernel update",
+        ],
+    );
+    assert!(ok, "{err}");
+    let id = out
+        .strip_prefix("scheduled ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("the id is printed: {out}"))
+        .to_owned();
+    let (ok, listed, err) = admin(&fleet, &["maintenance", "list", "-o", "json"]);
+    assert!(ok, "{err}");
+    let listed: Value = serde_json::from_str(&listed).expect("list -o json");
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed:#}");
+    assert_eq!(listed[0]["id"], id.as_str());
+    assert_eq!(listed[0]["nodes"], serde_json::json!(["n1", "n2"]));
+    assert_eq!(listed[0]["reason"], "kernel update");
+    assert_eq!(listed[0]["state"], "scheduled");
+
+    let (text, json) = status(&fleet);
+    let line = text
+        .lines()
+        .find(|l| l.contains(&id))
+        .unwrap_or_else(|| panic!("status shows the window:\n{text}"));
+    assert!(
+        line.contains("n1,n2") && line.contains("(scheduled): kernel update"),
+        "{text}"
+    );
+    assert_eq!(json["maintenance"][0]["id"], id.as_str(), "{json:#}");
+
+    // A window that ends before it starts is refused, naming why; nothing is stored.
+    let (ok, _, err) = admin(
+        &fleet,
+        &["maintenance", "schedule", "--start", "+2h", "--end", "+1h"],
+    );
+    assert!(!ok && err.contains("ends"), "{err}");
+
+    let (ok, out, err) = admin(&fleet, &["maintenance", "cancel", &id]);
+    assert!(
+        ok && out.contains(&format!("cancelled maintenance window {id}")),
+        "{err}"
+    );
+    let (ok, _, err) = admin(&fleet, &["maintenance", "cancel", &id]);
+    assert!(
+        !ok && err.contains(&format!("no maintenance window {id}")),
+        "{err}"
+    );
+    let (after, json) = status(&fleet);
+    assert!(after.contains("maintenance:   none scheduled"), "{after}");
+    assert_eq!(json["maintenance"], serde_json::json!([]));
+}

@@ -1,0 +1,495 @@
+//! Maintenance windows: one ConfigMap per window in the runner's namespace, so every runner follows them
+//! through one watch (no API read per decision) and an operator sees them with `kubectl get cm -l
+//! app.kubernetes.io/component=maintenance-window` as well as with `volcano-runner admin status`.
+//!
+//! A window (`volcano-runner-maintenance-<id>`) holds `start` and `end` (RFC 3339), `nodes` (comma
+//! separated; empty means every node), `reason`, `createdAt` and `createdBy`. Scheduling creates it,
+//! cancelling deletes it: nothing is read-modify-written, and two admins scheduling the same window get
+//! the same id (it is a function of the window), so the second finds the first's.
+//!
+//! What the monitor does with the windows is in [`crate::monitor::maintenance`] and docs/ops.md.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+
+use super::ClusterConfig;
+use super::error::{ClusterError, KubeResultExt};
+use super::labels::{COMPONENT, FIELD_MANAGER, MANAGED_BY, MANAGER};
+use super::retry::RetryPolicy;
+
+/// `app.kubernetes.io/component` of a maintenance window's ConfigMap.
+pub const COMPONENT_MAINTENANCE: &str = "maintenance-window";
+/// Name of a window's ConfigMap: this, then `-<id>`.
+pub const NAME_PREFIX: &str = "volcano-runner-maintenance";
+/// Label carrying the window's id, so `cancel` needs no name arithmetic from an operator.
+pub const LABEL_ID: &str = "volcano-runner/maintenance-window";
+
+const KEY_START: &str = "start";
+const KEY_END: &str = "end";
+const KEY_NODES: &str = "nodes";
+const KEY_REASON: &str = "reason";
+const KEY_CREATED_AT: &str = "createdAt";
+const KEY_CREATED_BY: &str = "createdBy";
+
+/// One maintenance window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Window {
+    pub id: String,
+    pub start: Timestamp,
+    pub end: Timestamp,
+    /// The nodes it takes away; empty: every node.
+    pub nodes: BTreeSet<String>,
+    pub reason: Option<String>,
+    pub created_at: Option<Timestamp>,
+    pub created_by: Option<String>,
+}
+
+/// What is wrong with a window an operator asked for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WindowError {
+    #[error(
+        "{what}: {text:?} is neither an RFC 3339 time (2026-12-01T06:00:00Z) nor `now` or `+<duration>` (+2h, +30m)"
+    )]
+    BadTime { what: &'static str, text: String },
+    #[error("the window ends ({end}) before it starts ({start})")]
+    EndsBeforeStart { start: Timestamp, end: Timestamp },
+    #[error("the window has already ended ({end})")]
+    InThePast { end: Timestamp },
+    #[error("node name {0:?} is empty or not a Kubernetes name")]
+    BadNode(String),
+}
+
+impl WindowError {
+    /// None of these heal by trying again: the operator must ask differently.
+    pub fn is_retryable(&self) -> bool {
+        false
+    }
+}
+
+/// Reads `--start` / `--end`: RFC 3339, `now`, or `+<duration>` from `now` (`+2h`, `+1h30m`, `+90s`).
+pub fn parse_time(
+    what: &'static str,
+    text: &str,
+    now: Timestamp,
+) -> Result<Timestamp, WindowError> {
+    let bad = || WindowError::BadTime {
+        what,
+        text: text.to_owned(),
+    };
+    let t = text.trim();
+    if t.eq_ignore_ascii_case("now") {
+        return Ok(now);
+    }
+    if let Some(rel) = t.strip_prefix('+') {
+        let d: SignedDuration = rel.parse().map_err(|_| bad())?;
+        if d.is_negative() {
+            return Err(bad());
+        }
+        return now.checked_add(d).map_err(|_| bad());
+    }
+    t.parse::<Timestamp>().map_err(|_| bad())
+}
+
+impl Window {
+    /// A window as an operator asks for it. Its id is a function of its start, end and nodes, so the
+    /// same request twice is the same window. A start in the past is moved to `now`: what ran before
+    /// was not in maintenance, and nothing is charged or ended retroactively.
+    pub fn new(
+        start: Timestamp,
+        end: Timestamp,
+        nodes: BTreeSet<String>,
+        reason: Option<String>,
+        by: &str,
+        now: Timestamp,
+    ) -> Result<Self, WindowError> {
+        if end <= start {
+            return Err(WindowError::EndsBeforeStart { start, end });
+        }
+        if end <= now {
+            return Err(WindowError::InThePast { end });
+        }
+        for n in &nodes {
+            let name_like = n.len() <= 253
+                && n.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.'
+                });
+            if n.is_empty() || !name_like {
+                return Err(WindowError::BadNode(n.clone()));
+            }
+        }
+        let start = start.max(now);
+        let mut hash = Sha256::new();
+        hash.update(start.as_millisecond().to_be_bytes());
+        hash.update(end.as_millisecond().to_be_bytes());
+        for n in &nodes {
+            hash.update(n.as_bytes());
+            hash.update([0]);
+        }
+        let digest = hash.finalize();
+        let id = format!(
+            "{}-{}",
+            start.strftime("%Y%m%d%H%M"),
+            digest[..3]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        );
+        Ok(Self {
+            id,
+            start,
+            end,
+            nodes,
+            reason: reason.filter(|r| !r.trim().is_empty()),
+            created_at: Some(now),
+            created_by: Some(by.to_owned()),
+        })
+    }
+
+    /// Whether it takes every node away (nothing can run during it).
+    pub fn all_nodes(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Whether it takes `node` away.
+    pub fn covers(&self, node: &str) -> bool {
+        self.all_nodes() || self.nodes.contains(node)
+    }
+
+    /// Whether `[from, until)` overlaps it.
+    pub fn overlaps(&self, from: Timestamp, until: Timestamp) -> bool {
+        from < self.end && until > self.start
+    }
+
+    /// `from S to E on n1, n2: reason`, for events, logs and `admin status`.
+    pub fn describe(&self) -> String {
+        let mut text = format!("{} from {} to {}", self.id, self.start, self.end);
+        if !self.all_nodes() {
+            let nodes: Vec<&str> = self.nodes.iter().map(String::as_str).collect();
+            text.push_str(&format!(" on {}", nodes.join(", ")));
+        } else {
+            text.push_str(" on every node");
+        }
+        if let Some(r) = &self.reason {
+            text.push_str(&format!(": {r}"));
+        }
+        text
+    }
+
+    /// Reads a window from its ConfigMap; `None` when it is not one (no id, unreadable times). A window
+    /// an operator broke by hand is left out rather than guessed at, and `admin maintenance list` says
+    /// so.
+    pub fn from_configmap(cm: &ConfigMap) -> Option<Self> {
+        let id = cm.metadata.labels.as_ref()?.get(LABEL_ID)?.clone();
+        let data = cm.data.as_ref()?;
+        let text = |k: &str| {
+            data.get(k)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        let start: Timestamp = text(KEY_START)?.parse().ok()?;
+        let end: Timestamp = text(KEY_END)?.parse().ok()?;
+        let nodes = text(KEY_NODES)
+            .map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|n| !n.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        Some(Self {
+            id,
+            start,
+            end,
+            nodes,
+            reason: text(KEY_REASON),
+            created_at: text(KEY_CREATED_AT).and_then(|v| v.parse().ok()),
+            created_by: text(KEY_CREATED_BY),
+        })
+    }
+
+    /// The ConfigMap's name.
+    pub fn configmap_name(&self) -> String {
+        format!("{NAME_PREFIX}-{}", self.id)
+    }
+
+    fn to_configmap(&self, namespace: &str) -> ConfigMap {
+        let mut data = BTreeMap::from([
+            (KEY_START.to_owned(), self.start.to_string()),
+            (KEY_END.to_owned(), self.end.to_string()),
+            (
+                KEY_NODES.to_owned(),
+                self.nodes.iter().cloned().collect::<Vec<_>>().join(","),
+            ),
+            (
+                KEY_REASON.to_owned(),
+                self.reason.clone().unwrap_or_default(),
+            ),
+        ]);
+        if let Some(at) = self.created_at {
+            data.insert(KEY_CREATED_AT.to_owned(), at.to_string());
+        }
+        if let Some(by) = &self.created_by {
+            data.insert(KEY_CREATED_BY.to_owned(), by.clone());
+        }
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(self.configmap_name()),
+                namespace: Some(namespace.to_owned()),
+                labels: Some(BTreeMap::from([
+                    (MANAGED_BY.to_owned(), MANAGER.to_owned()),
+                    (COMPONENT.to_owned(), COMPONENT_MAINTENANCE.to_owned()),
+                    (LABEL_ID.to_owned(), self.id.clone()),
+                ])),
+                ..ObjectMeta::default()
+            },
+            data: Some(data),
+            ..ConfigMap::default()
+        }
+    }
+}
+
+/// The label selector of every window.
+pub fn selector() -> String {
+    format!("{COMPONENT}={COMPONENT_MAINTENANCE}")
+}
+
+/// Schedules, lists and cancels windows (the operator's side, `volcano-runner admin maintenance`).
+#[derive(Clone)]
+pub struct MaintenanceWindows {
+    api: Api<ConfigMap>,
+    namespace: String,
+    retry: RetryPolicy,
+}
+
+impl std::fmt::Debug for MaintenanceWindows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MaintenanceWindows")
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MaintenanceWindows {
+    pub fn new(client: kube::Client, config: &ClusterConfig) -> Self {
+        Self {
+            api: Api::namespaced(client, &config.namespace),
+            namespace: config.namespace.clone(),
+            retry: RetryPolicy::from_config(config),
+        }
+    }
+
+    /// Stores the window; the same window scheduled twice is stored once (`false`: it was there).
+    pub async fn schedule(&self, window: &Window) -> Result<bool, ClusterError> {
+        let cm = window.to_configmap(&self.namespace);
+        let op = format!(
+            "create ConfigMap {}/{}",
+            self.namespace,
+            window.configmap_name()
+        );
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PostParams::default()
+        };
+        let created = self
+            .retry
+            .run(&op, || async {
+                self.api.create(&params, &cm).await.classify(|| op.clone())
+            })
+            .await;
+        match created {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_already_exists() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every window, earliest start first, with the names of ConfigMaps that carry the label but could
+    /// not be read as a window.
+    pub async fn list(&self) -> Result<(Vec<Window>, Vec<String>), ClusterError> {
+        let op = format!("list maintenance windows in {}", self.namespace);
+        let params = ListParams::default().labels(&selector());
+        let list = self
+            .retry
+            .run(&op, || async {
+                self.api.list(&params).await.classify(|| op.clone())
+            })
+            .await?;
+        let mut windows = Vec::new();
+        let mut broken = Vec::new();
+        for cm in &list.items {
+            match Window::from_configmap(cm) {
+                Some(w) => windows.push(w),
+                None => broken.push(cm.metadata.name.clone().unwrap_or_default()),
+            }
+        }
+        windows.sort_by(|a, b| (a.start, &a.id).cmp(&(b.start, &b.id)));
+        Ok((windows, broken))
+    }
+
+    /// Deletes the window `id`; `false` when there was none.
+    pub async fn cancel(&self, id: &str) -> Result<bool, ClusterError> {
+        let name = format!("{NAME_PREFIX}-{id}");
+        let op = format!("delete ConfigMap {}/{name}", self.namespace);
+        let deleted = self
+            .retry
+            .run(&op, || async {
+                self.api
+                    .delete(&name, &DeleteParams::default())
+                    .await
+                    .classify(|| op.clone())
+            })
+            .await;
+        match deleted {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The windows as a runner knows them, from its watch: earliest start first. Cheap to clone.
+pub type Windows = Arc<Vec<Window>>;
+
+/// Follows the windows of `namespace` with a watch and publishes every change on `tx` (the monitor and
+/// the submit path read the receiver; nothing is read from the API per decision). Runs until dropped;
+/// the watch starts over with a fresh list every `relist`, so a watch that went quiet is caught.
+pub async fn follow(
+    client: kube::Client,
+    namespace: String,
+    relist: Duration,
+    tx: watch::Sender<Option<Windows>>,
+) {
+    let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
+    let config = watcher::Config::default().labels(&selector());
+    loop {
+        let mut known: BTreeMap<String, Window> = BTreeMap::new();
+        let mut listing: Option<BTreeMap<String, Window>> = None;
+        let stream = watcher::watcher(api.clone(), config.clone()).default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        let deadline = tokio::time::sleep(relist);
+        let mut deadline = std::pin::pin!(deadline);
+        let publish = |known: &BTreeMap<String, Window>| {
+            let mut windows: Vec<Window> = known.values().cloned().collect();
+            windows.sort_by(|a, b| (a.start, &a.id).cmp(&(b.start, &b.id)));
+            tx.send_if_modified(|current| {
+                let changed = current.as_deref() != Some(&windows);
+                if changed {
+                    *current = Some(Arc::new(windows));
+                }
+                changed
+            });
+        };
+        loop {
+            tokio::select! {
+                () = &mut deadline => break,
+                next = stream.next() => match next {
+                    Some(Ok(event)) => match event {
+                        Event::Init => listing = Some(BTreeMap::new()),
+                        Event::InitApply(cm) => {
+                            if let (Some(l), Some(w)) = (listing.as_mut(), Window::from_configmap(&cm)) {
+                                l.insert(cm.metadata.name.clone().unwrap_or_default(), w);
+                            }
+                        }
+                        Event::InitDone => {
+                            known = listing.take().unwrap_or_default();
+                            publish(&known);
+                        }
+                        Event::Apply(cm) => {
+                            let name = cm.metadata.name.clone().unwrap_or_default();
+                            match Window::from_configmap(&cm) {
+                                Some(w) => known.insert(name, w),
+                                None => known.remove(&name),
+                            };
+                            publish(&known);
+                        }
+                        Event::Delete(cm) => {
+                            known.remove(&cm.metadata.name.clone().unwrap_or_default());
+                            publish(&known);
+                        }
+                    },
+                    Some(Err(e)) => tracing::warn!(error = %e, "The maintenance windows' watch failed; retrying."),
+                    None => break,
+                },
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn times_are_absolute_or_relative_to_now() {
+        let now = ts("2026-12-01T06:00:00Z");
+        assert_eq!(parse_time("--start", "now", now).unwrap(), now);
+        assert_eq!(
+            parse_time("--start", "+2h", now).unwrap(),
+            ts("2026-12-01T08:00:00Z")
+        );
+        assert_eq!(
+            parse_time("--end", "+1h30m", now).unwrap(),
+            ts("2026-12-01T07:30:00Z")
+        );
+        assert_eq!(
+            parse_time("--end", "2026-12-02T00:00:00Z", now).unwrap(),
+            ts("2026-12-02T00:00:00Z")
+        );
+        assert!(parse_time("--end", "tomorrow", now).is_err());
+        assert!(parse_time("--end", "+-1h", now).is_err());
+    }
+
+    #[test]
+    fn a_window_round_trips_and_its_id_is_a_function_of_it() {
+        let now = ts("2026-12-01T06:00:00Z");
+        let nodes: BTreeSet<String> = ["n2".to_owned(), "n1".to_owned()].into();
+        let w = Window::new(
+            ts("2026-12-01T08:00:00Z"),
+            ts("2026-12-01T10:00:00Z"),
+            nodes.clone(),
+            Some("kernel update".into()),
+            "alice@host",
+            now,
+        )
+        .unwrap();
+        let again = Window::new(w.start, w.end, nodes, None, "bob@host", now).unwrap();
+        assert_eq!(w.id, again.id);
+        assert!(w.id.starts_with("202612010800-"), "{}", w.id);
+        let back = Window::from_configmap(&w.to_configmap("ns")).unwrap();
+        assert_eq!(back, w);
+        assert!(back.covers("n1") && !back.covers("n3"));
+    }
+
+    #[test]
+    fn windows_that_cannot_be_are_refused() {
+        let now = ts("2026-12-01T06:00:00Z");
+        let w = |s: &str, e: &str| {
+            Window::new(ts(s), ts(e), BTreeSet::new(), None, "a", now).map(|w| w.start)
+        };
+        assert!(matches!(
+            w("2026-12-01T08:00:00Z", "2026-12-01T07:00:00Z"),
+            Err(WindowError::EndsBeforeStart { .. })
+        ));
+        assert!(matches!(
+            w("2026-12-01T04:00:00Z", "2026-12-01T05:00:00Z"),
+            Err(WindowError::InThePast { .. })
+        ));
+        // Begun already: it starts now, nothing is ended or charged retroactively.
+        assert_eq!(w("2026-12-01T05:00:00Z", "2026-12-01T07:00:00Z"), Ok(now));
+    }
+}

@@ -1,0 +1,235 @@
+//! What a maintenance window ([`crate::cluster::maintenance`]) means for a running job: a warning
+//! `[monitor] maintenance_warn_before` ahead of the window's start, then the end at the start, with its
+//! own reason (`maintenance`) and charged up to the start only.
+//!
+//! A job is cut by a window that is not over, that covers one of the nodes its ranks run on (or every
+//! node), and that starts before the job would expire anyway. The end is decided like the expiry's:
+//! from the clock against a deadline, and once decided it is durable on the job (`maintenanceCut`, the
+//! instant charged up to, written with `terminationCause=maintenance` before the delete), so a runner
+//! killed at the window's start leaves the next one the same end and the same final tick, even if the
+//! window has been cancelled meanwhile.
+
+use std::collections::BTreeSet;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::cluster::Window;
+use crate::messages::proto_timestamp;
+use crate::messages::v1::{JobEvent, JobState};
+
+/// The reason of the end (FAILURE) and of the warning's status event's family.
+pub const REASON: &str = "maintenance";
+/// The reason of the warning before the end.
+pub const WARNING_REASON: &str = "maintenance_warning";
+/// The `terminationCause` the monitor records before it deletes a job for a window.
+pub const CAUSE: &str = "maintenance";
+
+/// `<prefix>maintenanceCut`: the instant (ms) the job was ended at for a window; the final tick ends
+/// there.
+pub fn cut_key(prefix: &str) -> String {
+    format!("{prefix}maintenanceCut")
+}
+
+/// `<prefix>maintenanceWarned`: `<window id>/<start ms>` of the last window warned about.
+pub fn warned_key(prefix: &str) -> String {
+    format!("{prefix}maintenanceWarned")
+}
+
+/// The nodes the job's ranks are bound to.
+fn nodes_of(pods: &[Pod]) -> BTreeSet<&str> {
+    pods.iter()
+        .filter_map(|p| p.spec.as_ref()?.node_name.as_deref())
+        .collect()
+}
+
+/// The window that will cut a job running on `pods`: the earliest one not over at `now` that covers a
+/// node of the job and starts before its `expiry`.
+pub fn cutting<'a>(
+    windows: &'a [Window],
+    pods: &[Pod],
+    expiry: Option<Timestamp>,
+    now: Timestamp,
+) -> Option<&'a Window> {
+    let nodes = nodes_of(pods);
+    windows
+        .iter()
+        .filter(|w| w.end > now)
+        .filter(|w| expiry.is_none_or(|e| w.start < e))
+        .filter(|w| w.all_nodes() || nodes.iter().any(|n| w.covers(n)))
+        .min_by_key(|w| (w.start, w.id.clone()))
+}
+
+/// What the monitor does about the window that cuts a running job.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision<'a> {
+    /// The window has begun: end the job, charged up to `at`.
+    End { window: &'a Window, at: Timestamp },
+    /// Tell the user (once per window and start) and look again at the window's start.
+    Warn {
+        window: &'a Window,
+        event: Box<JobEvent>,
+    },
+    /// Nothing to say yet: look again at `next_check`.
+    Wait { next_check: Timestamp },
+}
+
+/// The decision for a running job that `window` will cut, given what was warned already.
+pub fn decide<'a>(
+    job_id: &str,
+    window: &'a Window,
+    started: Option<Timestamp>,
+    warned: Option<&str>,
+    warn_before: SignedDuration,
+    now: Timestamp,
+) -> Decision<'a> {
+    if now >= window.start {
+        // Never before the job's start: a job that started on a window's node after its start (the
+        // window was scheduled later) is charged nothing it did not run.
+        let at = started.map_or(window.start, |s| s.max(window.start));
+        return Decision::End { window, at };
+    }
+    let warn_at = window
+        .start
+        .checked_sub(warn_before)
+        .unwrap_or(window.start);
+    let token = warned_token(window);
+    if warn_before.is_positive() && now >= warn_at && warned != Some(token.as_str()) {
+        return Decision::Warn {
+            window,
+            event: Box::new(warning(job_id, window, warn_at)),
+        };
+    }
+    let next_check = if warn_before.is_positive() && now < warn_at {
+        warn_at
+    } else {
+        window.start
+    };
+    Decision::Wait { next_check }
+}
+
+/// What `maintenanceWarned` says once the warning for `window` is out.
+pub fn warned_token(window: &Window) -> String {
+    format!("{}/{}", window.id, window.start.as_millisecond())
+}
+
+/// The warning, `<jobId>/maintenance/<window id>/<start ms>/warning`. Its time is when its threshold
+/// was crossed, or when the window was scheduled if that was later: both read from the window, so every
+/// runner publishes the same message.
+fn warning(job_id: &str, window: &Window, warn_at: Timestamp) -> JobEvent {
+    let at = window.created_at.map_or(warn_at, |c| c.max(warn_at));
+    JobEvent {
+        event_id: crate::durable::ids::maintenance_warning(
+            job_id,
+            &window.id,
+            window.start.as_millisecond(),
+        ),
+        job_id: job_id.to_owned(),
+        state: JobState::Unspecified as i32,
+        status: format!(
+            "The job will be stopped at {} for the maintenance window {}; it is charged up to then",
+            window.start,
+            window.describe()
+        ),
+        reason: WARNING_REASON.to_owned(),
+        timestamp: Some(proto_timestamp(at)),
+        ..JobEvent::default()
+    }
+}
+
+/// The terminal status of a job ended for `window`.
+pub fn end_status(window: &Window) -> String {
+    format!(
+        "The job was stopped at the start of the maintenance window {}",
+        window.describe()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PodSpec;
+
+    fn ts(s: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + s).unwrap()
+    }
+
+    fn window(id: &str, start: i64, end: i64, nodes: &[&str]) -> Window {
+        Window {
+            id: id.into(),
+            start: ts(start),
+            end: ts(end),
+            nodes: nodes.iter().map(|n| (*n).to_owned()).collect(),
+            reason: None,
+            created_at: Some(ts(0)),
+            created_by: None,
+        }
+    }
+
+    fn on(node: &str) -> Pod {
+        Pod {
+            spec: Some(PodSpec {
+                node_name: Some(node.into()),
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    #[test]
+    fn only_windows_over_the_jobs_nodes_and_before_its_expiry_cut_it() {
+        let windows = [
+            window("other-node", 100, 200, &["n2"]),
+            window("after-expiry", 5000, 6000, &[]),
+            window("over", 10, 20, &[]),
+            window("mine", 300, 400, &["n1"]),
+            window("all", 500, 600, &[]),
+        ];
+        let pods = [on("n1")];
+        let w = cutting(&windows, &pods, Some(ts(4000)), ts(50)).unwrap();
+        assert_eq!(w.id, "mine");
+        let w = cutting(&windows, &[on("n3")], Some(ts(4000)), ts(50)).unwrap();
+        assert_eq!(w.id, "all");
+        assert!(cutting(&windows, &[on("n3")], Some(ts(450)), ts(50)).is_none());
+    }
+
+    #[test]
+    fn warn_once_ahead_then_end_at_the_start() {
+        let w = window("w", 7200, 9000, &[]);
+        let lead = SignedDuration::from_hours(1);
+        assert_eq!(
+            decide("7", &w, Some(ts(0)), None, lead, ts(100)),
+            Decision::Wait {
+                next_check: ts(3600)
+            }
+        );
+        let Decision::Warn { event, .. } = decide("7", &w, Some(ts(0)), None, lead, ts(3700))
+        else {
+            panic!("a warning is due");
+        };
+        assert_eq!(event.reason, WARNING_REASON);
+        assert_eq!(event.timestamp.unwrap().seconds, ts(3600).as_second());
+        let token = warned_token(&w);
+        assert_eq!(
+            decide("7", &w, Some(ts(0)), Some(&token), lead, ts(3700)),
+            Decision::Wait {
+                next_check: ts(7200)
+            }
+        );
+        assert_eq!(
+            decide("7", &w, Some(ts(0)), Some(&token), lead, ts(7260)),
+            Decision::End {
+                window: &w,
+                at: ts(7200)
+            }
+        );
+        // Started after the window's start (on a node the window was put on later): charged nothing.
+        assert_eq!(
+            decide("7", &w, Some(ts(7230)), None, lead, ts(7260)),
+            Decision::End {
+                window: &w,
+                at: ts(7230)
+            }
+        );
+    }
+}
