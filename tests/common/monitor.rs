@@ -157,8 +157,15 @@ impl Seen {
         ticks
     }
 
+    /// The final tick and every tick before it have arrived. Ticks of one catch-up may be confirmed
+    /// together and reach the consumer in another order, so the final one alone does not say the rest
+    /// are in (a test that checked only it read a gap under load).
     pub fn has_final_tick(&self) -> bool {
-        self.ticks.iter().any(|t| t.r#final)
+        let Some(last) = self.ticks.iter().find(|t| t.r#final) else {
+            return false;
+        };
+        let seen: std::collections::BTreeSet<u64> = self.ticks.iter().map(|t| t.sequence).collect();
+        (0..=last.sequence).all(|n| seen.contains(&n))
     }
 }
 
