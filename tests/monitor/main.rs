@@ -12,5 +12,6 @@ mod disruption;
 mod failover;
 mod lifecycle;
 mod output_files;
+mod peers;
 mod refund;
 mod whole_nodes;
