@@ -1868,7 +1868,6 @@ mod tests {
             };
             let fresh = || World {
                 queued_confirmed: confirmed,
-                peers: &[],
                 ..World::default()
             };
             let job = || {
