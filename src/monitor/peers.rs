@@ -45,6 +45,10 @@ pub struct PeerView {
 pub enum PeerState {
     /// Not running yet (queued, starting, or restarting).
     Waiting,
+    /// No such job: not created yet (a peer that does not exist yet is accepted where it can only be
+    /// the owner's: [`crate::runner`]'s submit check), or gone long after its end (an ended job is kept
+    /// as its record for `[cluster] ended_job_retention`, and its end was told from that record).
+    Missing,
     /// Running; its rank 0's address once the pod has one.
     Running { address: Option<String> },
     /// Being deleted or finished, its end not recorded yet (its monitor records it within moments): not
@@ -75,16 +79,13 @@ pub struct PeerSeen {
     pub rank0_address: Option<String>,
 }
 
-/// Where each peer is. A peer has ended when its end is recorded (decided or published) or when it is
-/// gone; it is ending while it is being deleted (a cancel, an expiry) or Volcano has finished it.
+/// Where each peer is. A peer has ended when its end is recorded (decided or published); it is ending
+/// while it is being deleted (a cancel, an expiry) or Volcano has finished it.
 pub fn view(seen: &[PeerSeen], keys: &AnnotationKeys) -> Vec<PeerView> {
     seen.iter()
         .map(|p| {
             let state = match &p.job {
-                None => PeerState::Ended {
-                    how: "no longer exists".into(),
-                    at: None,
-                },
+                None => PeerState::Missing,
                 Some(job) => state_of(job, p.rank0_address.as_deref(), keys),
             };
             PeerView {
@@ -139,9 +140,11 @@ pub fn gated_pods<'a>(pods: &'a [Pod], gate: &str) -> Vec<&'a Pod> {
         .collect()
 }
 
-/// The first peer that is not running, for the waiting status.
+/// The first peer that is not running yet, for the waiting status.
 pub fn waiting_for(peers: &[PeerView]) -> Option<&PeerView> {
-    peers.iter().find(|p| p.state == PeerState::Waiting)
+    peers
+        .iter()
+        .find(|p| matches!(p.state, PeerState::Waiting | PeerState::Missing))
 }
 
 /// The peers that have ended, with how and when.
