@@ -636,7 +636,13 @@ fn peer_step(
             exit_codes: Vec::new(),
             log_tails: Vec::new(),
         };
-        return Some(record_step(s, facts, outcome, &[], Some(peers::ENDED_REASON)));
+        return Some(record_step(
+            s,
+            facts,
+            outcome,
+            &[],
+            Some(peers::ENDED_REASON),
+        ));
     }
     let recorded = peers::parse_addresses(annotation(obs.job, &s.keys.peer_addresses));
     let gated = peers::gated_pods(obs.pods, &s.keys.peers_gate());
@@ -690,9 +696,7 @@ fn peer_step(
         told.push(peer.job_id.clone());
     }
     if !action.publish.is_empty() {
-        action
-            .set
-            .insert(s.keys.peer_ended.clone(), told.join(","));
+        action.set.insert(s.keys.peer_ended.clone(), told.join(","));
     }
     (!action.is_empty()).then_some(Step::Act(action))
 }

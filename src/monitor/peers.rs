@@ -243,18 +243,27 @@ mod tests {
         let running = |a: &str| PeerState::Running {
             address: Some(a.into()),
         };
-        let both = [peer("db", "1", running("10.0.0.1")), peer("q", "2", running("10.0.0.2"))];
+        let both = [
+            peer("db", "1", running("10.0.0.1")),
+            peer("q", "2", running("10.0.0.2")),
+        ];
         let all = all_addresses(&both).unwrap();
         assert_eq!(format_addresses(&all), "db=10.0.0.1,q=10.0.0.2");
         assert_eq!(parse_addresses(Some("db=10.0.0.1,q=10.0.0.2")), all);
-        let one_waits = [peer("db", "1", running("10.0.0.1")), peer("q", "2", PeerState::Waiting)];
+        let one_waits = [
+            peer("db", "1", running("10.0.0.1")),
+            peer("q", "2", PeerState::Waiting),
+        ];
         assert_eq!(all_addresses(&one_waits), None);
         assert_eq!(waiting_for(&one_waits).unwrap().named(), "job 2 (q)");
         let no_ip = [peer("db", "1", PeerState::Running { address: None })];
         assert_eq!(all_addresses(&no_ip), None);
         // A restarting peer keeps its last address until it has a new one.
         let recorded = parse_addresses(Some("db=10.0.0.1,q=10.0.0.2"));
-        let restarting = [peer("db", "1", running("10.0.0.9")), peer("q", "2", PeerState::Waiting)];
+        let restarting = [
+            peer("db", "1", running("10.0.0.9")),
+            peer("q", "2", PeerState::Waiting),
+        ];
         assert_eq!(
             format_addresses(&current_addresses(&restarting, &recorded)),
             "db=10.0.0.9,q=10.0.0.2"

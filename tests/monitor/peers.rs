@@ -16,7 +16,9 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use monitor_support::*;
-use volcano_runner::messages::v1::{JobEvent, Owner, PeerValue, ResourceValue, SubmitJob, resource_value};
+use volcano_runner::messages::v1::{
+    JobEvent, Owner, PeerValue, ResourceValue, SubmitJob, resource_value,
+};
 use volcano_runner::pipeline::NamespaceMode;
 
 fn owned(mut job: SubmitJob, user: &str) -> SubmitJob {
@@ -103,11 +105,7 @@ async fn resolve(client: &kube::Client, pod: &Pod, name: &str) -> Option<Vec<Str
             .items
         {
             for e in slice.endpoints {
-                let ready = e
-                    .conditions
-                    .as_ref()
-                    .and_then(|c| c.ready)
-                    .unwrap_or(true);
+                let ready = e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
                 if ready && (hostname.is_none() || e.hostname.as_deref() == hostname) {
                     addresses.extend(e.addresses);
                 }
@@ -388,7 +386,9 @@ async fn a_running_job_is_told_once_that_its_peer_ended() {
         event.status
     );
     assert!(
-        event.status.ends_with("; the job runs on, but `db` no longer answers"),
+        event
+            .status
+            .ends_with("; the job runs on, but `db` no longer answers"),
         "{}",
         event.status
     );

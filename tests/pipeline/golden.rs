@@ -1205,7 +1205,10 @@ fn case_26_peers_label_rules_and_dns_names_changed() {
         spec["dnsConfig"]["searches"],
         json!(["j-50-peers.app-kubernetes.svc.cluster.local"])
     );
-    assert_eq!(spec["schedulingGates"], json!([{"name": "ucloud.dk/peers"}]));
+    assert_eq!(
+        spec["schedulingGates"],
+        json!([{"name": "ucloud.dk/peers"}])
+    );
     let annotations = at(&vcjob_json(&desired), "/metadata/annotations").clone();
     assert_eq!(annotations["ucloud.dk/peers"], "db=42");
 

@@ -61,7 +61,10 @@ pub fn peers_service_name(job_id: &str) -> String {
 
 /// The DNS domain the pods of a job with peers search, under which each peer hostname resolves.
 pub fn peers_domain(job_id: &str, namespace: &str, cluster_domain: &str) -> String {
-    format!("{}.{namespace}.svc.{cluster_domain}", peers_service_name(job_id))
+    format!(
+        "{}.{namespace}.svc.{cluster_domain}",
+        peers_service_name(job_id)
+    )
 }
 
 /// The peers listed in a job's `<prefix>peers` annotation: `(hostname, peer job id)` by hostname.
@@ -171,13 +174,10 @@ impl Plugin for ConnectToJob {
                 .get_or_insert_default()
                 .searches
                 .get_or_insert_default()
-                .push(format!(
-                    "{}",
-                    peers_domain(
-                        cx.job_id,
-                        &cx.placement.namespace,
-                        &cx.pipeline().cluster_domain
-                    )
+                .push(peers_domain(
+                    cx.job_id,
+                    &cx.placement.namespace,
+                    &cx.pipeline().cluster_domain,
                 ));
             draft.companions.push(Companion::Service(Box::new(Service {
                 metadata: ObjectMeta {

@@ -412,7 +412,9 @@ impl Model {
                 core.update_internal(key, |p| pod_gated(p, &now));
             }
             if active_bound + (unbound.len() as i64)
-                < pg.at("/spec/minMember").and_then(Value::as_i64).unwrap_or(1)
+                < pg.at("/spec/minMember")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(1)
             {
                 return Allocation::Waiting;
             }
