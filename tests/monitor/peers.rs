@@ -416,3 +416,71 @@ async fn a_running_job_is_told_once_that_its_peer_ended() {
     b.stop().await;
     w.close().await;
 }
+
+/// The peer is cancelled while it still waits: the job naming it, gated and waiting for it, would wait
+/// for good, so it ends: `FAILURE`, reason `peer_ended`, naming the peer and how it ended. On main the job
+/// ran without its peer.
+#[tokio::test]
+async fn a_job_whose_peer_ends_before_it_starts_fails() {
+    let mut w = World::start("mon-peers-never", |_| {}, |_| {}).await;
+    let a = w.runner("runner-a").await;
+    a.holds(4).await;
+    let nodes = volcano_runner::sim::default_nodes();
+    let mut blocker = job("nb-blocker", "sleep 3600");
+    blocker.replicas = u32::try_from(nodes.len()).unwrap();
+    blocker.product.as_mut().unwrap().cpu = 15;
+    let mut peer = job("nb-db", "sleep 3600");
+    peer.product.as_mut().unwrap().cpu = 16;
+    let ns = w.namespace_of(&peer);
+    w.submit(&blocker).await;
+    until_running(&mut w, &["nb-blocker"]).await;
+    w.submit(&peer).await;
+    w.submit(&with_peer(job("nb-app", "sleep 3600"), "db", "nb-db"))
+        .await;
+    for _ in 0..10 {
+        w.advance(1);
+        w.settle(Duration::from_millis(80)).await;
+    }
+    w.until("the waiting status", |s| {
+        s.of("nb-app")
+            .lifecycle
+            .iter()
+            .any(|e| e.reason == "waiting_for_peer")
+    })
+    .await;
+
+    let api: Api<volcano_runner::volcano::VolcanoJob> = Api::namespaced(w.client.clone(), &ns);
+    api.patch(
+        "j-nb-db",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!(
+            {"metadata": {"annotations": {"ucloud.dk/terminationCause": "cancelled"}}}
+        )),
+    )
+    .await
+    .expect("the cause is recorded");
+    api.delete("j-nb-db", &DeleteParams::default())
+        .await
+        .expect("the peer is deleted");
+    for _ in 0..60 {
+        if w.seen.event("nb-app/FAILURE").is_some() {
+            break;
+        }
+        w.advance(1);
+        w.settle(Duration::from_millis(100)).await;
+    }
+    w.until("the job's FAILURE", |s| s.event("nb-app/FAILURE").is_some())
+        .await;
+    let failure = w.seen.event("nb-app/FAILURE").unwrap();
+    assert_eq!(failure.reason, "peer_ended");
+    assert!(
+        failure
+            .status
+            .starts_with("The job did not start: its peer job nb-db (db) ended: CANCELLED ("),
+        "{}",
+        failure.status
+    );
+    assert!(w.seen.event("nb-app/RUNNING").is_none());
+    a.stop().await;
+    w.close().await;
+}
