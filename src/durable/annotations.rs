@@ -40,6 +40,9 @@
 //! | `accountedUntil` | Accounting hooks, with `accountedTicks` | end of the last tick published (epoch ms): the ticks charged add up to `accountedUntil - jobStart` |
 //! | `statusLog` | monitor, with `statusHash` | the status events told while the job waited (JSON array of `{at, reason, text, queue, jobsAhead, estimatedStartAt, estimateBasis}`, at most [`super::history::STATUS_LOG_MAX`]) |
 //! | `restartLog` | monitor, with `restarts` | the restarts told (JSON array of `{attempt, at, cause}`) |
+//! | `peers` | ConnectToJob, at create | the job's peers, `<hostname>=<peerJobId>` comma-separated, sorted by hostname |
+//! | `peerAddresses` | monitor | the peer addresses last written into the job's peer EndpointSlice, `<hostname>=<ip>` comma-separated |
+//! | `peerEnded` | monitor | the peers whose end the running job was told of, job ids comma-separated |
 //!
 //! Every VolcanoJob the runner creates carries the finalizer [`AnnotationKeys::cleanup_finalizer`]
 //! (`<prefix>cleanup`): the job cannot vanish before the monitor has run its cleanup (final tick, proxy
@@ -128,6 +131,12 @@ pub struct AnnotationKeys {
     pub status_log: String,
     /// `<prefix>restartLog` (see the table above).
     pub restart_log: String,
+    /// `<prefix>peers` (see the table above).
+    pub peers: String,
+    /// `<prefix>peerAddresses` (see the table above).
+    pub peer_addresses: String,
+    /// `<prefix>peerEnded` (see the table above).
+    pub peer_ended: String,
 }
 
 impl AnnotationKeys {
@@ -175,6 +184,9 @@ impl AnnotationKeys {
             accounted_until: k("accountedUntil"),
             status_log: k("statusLog"),
             restart_log: k("restartLog"),
+            peers: k("peers"),
+            peer_addresses: k("peerAddresses"),
+            peer_ended: k("peerEnded"),
         }
     }
 
@@ -189,6 +201,12 @@ impl AnnotationKeys {
     /// policy, and the permission goes away with the pods (W27).
     pub fn peer_label(&self, peer_job_id: &str) -> String {
         format!("{}peer-{peer_job_id}", self.prefix)
+    }
+
+    /// The scheduling gate on the pods of a job with peers, `<prefix>peers`: they are not scheduled
+    /// until the monitor has seen every peer run and removed it (peers run together).
+    pub fn peers_gate(&self) -> String {
+        format!("{}peers", self.prefix)
     }
 }
 

@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{Pod, PodSchedulingGate, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
@@ -214,6 +214,9 @@ pub struct WatchedPod {
 struct SlimPodSpec {
     #[serde(default)]
     node_name: Option<String>,
+    /// Read for the peers' gate (see [`super::peers`]); absent on nearly every pod.
+    #[serde(default)]
+    scheduling_gates: Option<Vec<PodSchedulingGate>>,
 }
 
 impl WatchedPod {
@@ -276,11 +279,15 @@ impl WatchedPod {
                 }
             }
         }
-        let node_name = self.spec.and_then(|s| s.node_name);
+        let (node_name, gates) = self
+            .spec
+            .map(|s| (s.node_name, s.scheduling_gates.filter(|g| !g.is_empty())))
+            .unwrap_or_default();
         Pod {
             metadata: self.metadata,
-            spec: node_name.map(|n| PodSpec {
-                node_name: Some(n),
+            spec: (node_name.is_some() || gates.is_some()).then(|| PodSpec {
+                node_name,
+                scheduling_gates: gates,
                 ..PodSpec::default()
             }),
             status: self.status,
@@ -340,6 +347,8 @@ struct CachedPod {
     task_index: Option<String>,
     /// The node it is bound to.
     node: Option<String>,
+    /// Its scheduling gates, while it has any.
+    gates: Option<Vec<PodSchedulingGate>>,
     status: Option<PodStatus>,
 }
 
@@ -353,7 +362,8 @@ impl CachedPod {
         Self {
             metadata,
             task_index,
-            node: pod.spec.and_then(|s| s.node_name),
+            node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            gates: pod.spec.and_then(|s| s.scheduling_gates),
             status: pod.status,
         }
     }
@@ -369,7 +379,10 @@ impl CachedPod {
         metadata.labels = Some(labels);
         Pod {
             metadata,
-            spec: None,
+            spec: self.gates.as_ref().map(|g| PodSpec {
+                scheduling_gates: Some(g.clone()),
+                ..PodSpec::default()
+            }),
             status: self.status.clone(),
         }
     }
@@ -444,6 +457,8 @@ pub struct Snapshot {
     pub disruption: Option<(i32, Disruption)>,
     /// What this snapshot is, for deciding whether a job needs deciding again.
     pub fingerprint: Fingerprint,
+    /// Its peers as the watches show them (none for a job without).
+    pub peers: Arc<Vec<super::peers::PeerSeen>>,
 }
 
 /// What a decision about a job was made on: the cache's generation of the job's view (a fresh one
@@ -516,6 +531,11 @@ pub struct Cache {
     /// The last disruption of each job's ranks seen by the watch: the job's `retryCount` then, whether
     /// the pod said why (a `DisruptionTarget` condition), and what it said.
     disruptions: FastMap<JobKey, (i32, bool, Disruption)>,
+    /// The annotation that lists a job's peers (see [`Cache::with_peers_key`]).
+    peers_key: Option<String>,
+    /// By peer: the jobs that name it as their peer. A change of the peer or of its pods is a change of
+    /// theirs (they are decided again, see [`Cache::touch_dependents`]).
+    dependents: FastMap<JobKey, FastSet<JobKey>>,
 }
 
 /// A waiting PodGroup's place in its queue: earlier creation first, then namespace and name.
@@ -616,6 +636,80 @@ impl Cache {
         }
     }
 
+    /// Also indexes jobs by the peers their `peers_key` annotation names, for [`Snapshot::peers`].
+    pub fn with_peers_key(mut self, peers_key: impl Into<String>) -> Self {
+        self.peers_key = Some(peers_key.into());
+        self
+    }
+
+    /// The peers a job's annotation names, `(hostname, job id)`.
+    fn peers_named<'j>(&self, job: &'j VolcanoJob) -> Vec<(&'j str, &'j str)> {
+        self.peers_key
+            .as_ref()
+            .and_then(|k| job.metadata.annotations.as_ref()?.get(k))
+            .map(|v| crate::pipeline::plugins::connect_to_job::parse_peers(v))
+            .unwrap_or_default()
+    }
+
+    fn index_peers(&mut self, key: &JobKey, job: &VolcanoJob, add: bool) {
+        let peers: Vec<JobKey> = self
+            .peers_named(job)
+            .into_iter()
+            .map(|(_, id)| JobKey::new(&key.namespace, &crate::pipeline::names::vcjob_name(id)))
+            .collect();
+        for peer in peers {
+            if add {
+                self.dependents.entry(peer).or_default().insert(key.clone());
+            } else if let Some(set) = self.dependents.get_mut(&peer) {
+                set.remove(key);
+                if set.is_empty() {
+                    self.dependents.remove(&peer);
+                }
+            }
+        }
+    }
+
+    /// The job `key` (or one of its pods) changed or went: the jobs that have it as their peer are
+    /// decided again. Returns them.
+    pub fn touch_dependents(&mut self, key: &JobKey) -> Vec<JobKey> {
+        let Some(set) = self.dependents.get(key) else {
+            return Vec::new();
+        };
+        let dependents: Vec<JobKey> = set.iter().cloned().collect();
+        for d in &dependents {
+            self.touch(d);
+        }
+        dependents
+    }
+
+    /// What the watches show of each peer a job names.
+    fn peers_seen(&self, key: &JobKey, job: &VolcanoJob) -> Vec<super::peers::PeerSeen> {
+        self.peers_named(job)
+            .into_iter()
+            .map(|(hostname, id)| {
+                let pkey = JobKey::new(&key.namespace, &crate::pipeline::names::vcjob_name(id));
+                let rank0 = crate::pipeline::names::pod_name(id, 0);
+                let rank0_address = self
+                    .pods
+                    .get(&pkey)
+                    .and_then(|pods| {
+                        pods.iter()
+                            .find(|p| p.metadata.name.as_deref() == Some(rank0.as_str()))
+                    })
+                    .and_then(|p| p.status.as_ref())
+                    .filter(|st| st.phase.as_deref() == Some("Running"))
+                    .and_then(|st| st.pod_ip.clone())
+                    .filter(|ip| !ip.is_empty());
+                super::peers::PeerSeen {
+                    hostname: hostname.to_owned(),
+                    job_id: id.to_owned(),
+                    job: self.jobs.get(&pkey).map(|e| e.value.clone()),
+                    rank0_address,
+                }
+            })
+            .collect()
+    }
+
     /// Number of jobs held.
     pub fn len(&self) -> usize {
         self.jobs.len()
@@ -694,6 +788,12 @@ impl Cache {
             return key;
         }
         self.slim_job(&mut job);
+        if self.peers_key.is_some() {
+            if let Some(old) = self.jobs.get(&key).map(|e| e.value.clone()) {
+                self.index_peers(&key, &old, false);
+            }
+            self.index_peers(&key, &job, true);
+        }
         let generation = match self.jobs.get(&key) {
             Some(e) if e.value.metadata.resource_version == job.metadata.resource_version => {
                 e.generation
@@ -771,6 +871,7 @@ impl Cache {
     /// A job was deleted: returns its last state and its pods.
     pub fn remove_job(&mut self, key: &JobKey) -> Option<(Arc<VolcanoJob>, Arc<Vec<Pod>>)> {
         let job = self.jobs.remove(key)?.value;
+        self.index_peers(key, &job, false);
         self.redigest(Kind::Jobs, key, Some(rv_of(&job.metadata)), None);
         self.disruptions.remove(key);
         Some((job, self.pods(key)))
@@ -1088,6 +1189,7 @@ impl Cache {
             estimate,
             estimate_pending,
             disruption: self.disruptions.get(key).map(|(g, _, d)| (*g, d.clone())),
+            peers: Arc::new(self.peers_seen(key, &entry.value)),
         })
     }
 

@@ -35,6 +35,7 @@ use k8s_openapi::api::core::v1::Pod;
 use super::estimate::Estimate;
 use super::events;
 use super::observe::{self, Disruption, PendingInput, PullFailure, RankView};
+use super::peers::{self, PeerSeen, PeerView};
 use super::record::{Outcome, Published, RankCode, Record, Terminal};
 use crate::cluster::Window;
 use crate::config::Config;
@@ -131,6 +132,8 @@ pub struct Observed<'a> {
     pub queued_confirmed: bool,
     /// The maintenance windows as this runner's watch has them (empty until first listed).
     pub maintenance: &'a [Window],
+    /// Its peers as the watches show them (see [`super::peers`]); empty for a job without.
+    pub peers: &'a [PeerSeen],
 }
 
 /// What to do next for a job.
@@ -196,6 +199,10 @@ pub struct Action {
     pub failures: Vec<PluginFailure>,
     /// Take it only on a view read just now (see [`Step::needs_fresh_view`]).
     pub fresh: bool,
+    /// Write the job's peer EndpointSlice with these addresses by hostname (first of all).
+    pub peer_endpoints: Option<BTreeMap<String, String>>,
+    /// Then remove the peers' scheduling gate from these pods.
+    pub ungate: Vec<String>,
 }
 
 impl Action {
@@ -212,12 +219,16 @@ impl Action {
             next_check: plan.next_check,
             failures: plan.failures,
             fresh: false,
+            peer_endpoints: None,
+            ungate: Vec::new(),
         }
     }
 
     /// Whether there is anything to execute.
     pub fn is_empty(&self) -> bool {
         self.publish.is_empty()
+            && self.peer_endpoints.is_none()
+            && self.ungate.is_empty()
             && self.set.is_empty()
             && self.remove.is_empty()
             && !self.delete
@@ -355,6 +366,14 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         (Some(t), Some(c), true) => Some(c.checked_add(t).unwrap_or(c)),
         _ => None,
     };
+
+    // 4b. Peers run together.
+    let peers = peers::view(obs.peers, &s.keys);
+    if !peers.is_empty()
+        && let Some(step) = peer_step(obs, s, &facts, &record, &peers, never_started, now)
+    {
+        return Ok(step);
+    }
 
     // 5. The image cannot be pulled.
     if let (Some(failure), Some(deadline)) = (&pull, pull_deadline)
@@ -549,6 +568,12 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         });
     }
     let mut reason = pending(obs, &facts, pull.as_ref().zip(pull_deadline));
+    if let Some(peer) = peers::waiting_for(&peers) {
+        // Its pods are gated until the peer runs: that is why it waits, whatever else holds.
+        reason.reason = peers::WAITING_REASON;
+        reason.text = format!("The job waits for its peer {} to start", peer.named());
+        reason.since = None;
+    }
     if let Some(Estimate::Never { why }) = obs.estimate {
         reason
             .text
@@ -676,6 +701,97 @@ fn maintenance_end(
         again: true,
         ..Action::default()
     }))
+}
+
+/// What the job's peers call for (see [`super::peers`]), if anything: the end of a job whose peer ended
+/// before it started, its pods let go once every peer runs (after their addresses are written), the
+/// addresses kept right while it runs, and a peer's end told once.
+fn peer_step(
+    obs: &Observed<'_>,
+    s: &Settings,
+    facts: &JobFacts,
+    record: &Record,
+    peers: &[PeerView],
+    never_started: bool,
+    now: Timestamp,
+) -> Option<Step> {
+    let ended = peers::ended(peers);
+    if never_started && let Some((peer, how, _)) = ended.first() {
+        let outcome = Outcome {
+            state: Terminal::Failure,
+            reason: peers::ENDED_REASON.into(),
+            status: format!(
+                "The job did not start: its peer {} {how}, and a job runs only while its peer runs",
+                peer.named()
+            ),
+            started_at: None,
+            ended_at: now.as_millisecond(),
+            exit_codes: Vec::new(),
+            log_tails: Vec::new(),
+        };
+        return Some(record_step(
+            s,
+            facts,
+            outcome,
+            &[],
+            Some(peers::ENDED_REASON),
+        ));
+    }
+    let recorded = peers::parse_addresses(annotation(obs.job, &s.keys.peer_addresses));
+    let gated = peers::gated_pods(obs.pods, &s.keys.peers_gate());
+    if !gated.is_empty()
+        && let Some(addresses) = peers::all_addresses(peers)
+    {
+        // Every peer runs: their names first, then the pods may be scheduled. Not decided again at
+        // once: the pods' watch shows them without the gate.
+        return Some(Step::Act(Action {
+            what: "ungate",
+            set: BTreeMap::from([(
+                s.keys.peer_addresses.clone(),
+                peers::format_addresses(&addresses),
+            )]),
+            peer_endpoints: Some(addresses),
+            ungate: gated
+                .iter()
+                .filter_map(|p| p.metadata.name.clone())
+                .collect(),
+            ..Action::default()
+        }));
+    }
+    if record.published != Published::Running {
+        return None;
+    }
+    let mut action = Action {
+        what: "peers",
+        again: true,
+        ..Action::default()
+    };
+    let current = peers::current_addresses(peers, &recorded);
+    if current != recorded && !current.is_empty() {
+        action.set.insert(
+            s.keys.peer_addresses.clone(),
+            peers::format_addresses(&current),
+        );
+        action.peer_endpoints = Some(current);
+    }
+    let mut told = peers::parse_told(annotation(obs.job, &s.keys.peer_ended));
+    for (peer, how, at) in ended {
+        if told.contains(&peer.job_id) {
+            continue;
+        }
+        action.publish.push(Outbound::Lifecycle(events::peer_ended(
+            &facts.job_id,
+            peer,
+            how,
+            at.unwrap_or(now),
+            &s.runner_id,
+        )));
+        told.push(peer.job_id.clone());
+    }
+    if !action.publish.is_empty() {
+        action.set.insert(s.keys.peer_ended.clone(), told.join(","));
+    }
+    (!action.is_empty()).then_some(Step::Act(action))
 }
 
 /// Volcano restarted the job (a rank's pod was taken away and the policy restarts the whole gang): tell
@@ -944,6 +1060,7 @@ pub fn decide_gone(
         fresh_at: None,
         queued_confirmed,
         maintenance: &[],
+        peers: &[],
     };
     let facts = JobFacts::read(&job, &s.keys, &s.config.pipeline)?;
     let mut action = publish_end(&obs, s, &facts, &record, &outcome, now)?;
@@ -1512,6 +1629,7 @@ mod tests {
                 fresh_at: Some(now),
                 queued_confirmed: world.queued_confirmed,
                 maintenance: &[],
+                peers: &[],
             };
             match decide(&obs, s, now).unwrap() {
                 Step::Wait { next_check } => {
@@ -1707,6 +1825,7 @@ mod tests {
                 fresh_at: Some(ts(now)),
                 queued_confirmed: false,
                 maintenance: &[],
+                peers: &[],
             };
             decide(&obs, &s, ts(now)).unwrap()
         };
@@ -1766,6 +1885,7 @@ mod tests {
                     fresh_at: None,
                     queued_confirmed: false,
                     maintenance: &[],
+                    peers: &[],
                 },
                 &s,
             )
@@ -2212,6 +2332,7 @@ mod tests {
                 fresh_at: None,
                 queued_confirmed: false,
                 maintenance: &[],
+                peers: &[],
             };
             decide(&obs, &s, ts(now)).unwrap()
         };
@@ -2289,6 +2410,7 @@ mod tests {
                 fresh_at: None,
                 queued_confirmed: false,
                 maintenance: &[],
+                peers: &[],
             };
             match decide(&obs, s, ts(10)).unwrap() {
                 Step::Record { logs, outcome, .. } => (outcome.state, logs.len()),
@@ -2320,6 +2442,7 @@ mod tests {
             fresh_at: None,
             queued_confirmed: false,
             maintenance: &[],
+            peers: &[],
         };
         assert_eq!(
             decide(&obs, &s, ts(2)).unwrap(),

@@ -129,6 +129,32 @@ pub fn restart(
 /// The `reason` of a restart's status event.
 pub const RESTART_REASON: &str = "restarting";
 
+/// A running job's peer has ended: told once per job and peer (`<jobId>/peer-ended/<peerJobId>`). Its
+/// content is a function of the peer's recorded end, so a runner repeating it after a crash repeats it
+/// exactly.
+pub fn peer_ended(
+    job_id: &str,
+    peer: &super::peers::PeerView,
+    how: &str,
+    at: Timestamp,
+    runner_id: &str,
+) -> JobEvent {
+    JobEvent {
+        event_id: super::peers::ended_event_id(job_id, &peer.job_id),
+        job_id: job_id.to_owned(),
+        state: JobState::Unspecified as i32,
+        status: format!(
+            "Its peer {} {how}; the job runs on, but `{}` no longer answers",
+            peer.named(),
+            peer.hostname
+        ),
+        reason: super::peers::ENDED_REASON.to_owned(),
+        timestamp: Some(proto_timestamp(at)),
+        runner_id: runner_id.to_owned(),
+        ..JobEvent::default()
+    }
+}
+
 /// The `reason` of a refund event.
 pub const REFUND_REASON: &str = "refundable";
 

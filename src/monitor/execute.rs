@@ -156,6 +156,7 @@ impl Executor {
                     fresh_at,
                     queued_confirmed,
                     maintenance: windows.as_slice(),
+                    peers: &snap.peers,
                 };
                 let step = decide::decide(&obs, &self.settings, now)?;
                 if step.needs_fresh_view() && !fresh && step.fresh_pods_suffice() {
@@ -316,6 +317,13 @@ impl Executor {
         confirmed: &mut HashSet<String>,
     ) -> Result<Acted, HandleError> {
         let mut current = None;
+        // A job's peers: their names first, then its pods may be scheduled (see `super::peers`).
+        if let Some(addresses) = &action.peer_endpoints {
+            self.write_peer_endpoints(job, addresses).await?;
+        }
+        for pod in &action.ungate {
+            self.ungate(job, pod).await?;
+        }
         let publish: Vec<Outbound> = action
             .publish
             .iter()
@@ -359,6 +367,102 @@ impl Executor {
             }
         }
         Ok(Acted::Settled(current))
+    }
+
+    /// Writes the EndpointSlice of the job's peers Service: one endpoint per peer, named by its hostname
+    /// (which cluster DNS answers under the Service's name), at the peer's rank 0 address. Created the
+    /// first time (with the first addresses' family, which a slice cannot change; owned by the job, so
+    /// it goes with it), replaced by a merge patch after that; whichever of the two is tried first, the
+    /// other follows when the slice is (not) there.
+    async fn write_peer_endpoints(
+        &self,
+        job: &VolcanoJob,
+        addresses: &BTreeMap<String, String>,
+    ) -> Result<(), ClusterError> {
+        use k8s_openapi::api::discovery::v1::EndpointSlice;
+        let (ns, name) = names(job);
+        let Some(job_id) = crate::pipeline::names::job_id_from_vcjob_name(name) else {
+            return Ok(());
+        };
+        let service = crate::pipeline::plugins::connect_to_job::peers_service_name(job_id);
+        let body = peer_endpoint_slice(job, &service, addresses);
+        let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), ns);
+        let written_before = job
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(&self.settings.keys.peer_addresses));
+        let create = || async {
+            let slice = &body;
+            let op = format!("create endpointslices.discovery.k8s.io {ns}/{service}");
+            self.retry
+                .run(&op, || async {
+                    api.create(&kube::api::PostParams::default(), slice)
+                        .await
+                        .map(|_| ())
+                        .classify(|| op.clone())
+                })
+                .await
+        };
+        let patch = || async {
+            let op = format!("patch endpointslices.discovery.k8s.io {ns}/{service}");
+            let endpoints = json!({"endpoints": body.endpoints});
+            self.retry
+                .run(&op, || async {
+                    api.patch(&service, &PatchParams::default(), &Patch::Merge(&endpoints))
+                        .await
+                        .map(|_| ())
+                        .classify(|| op.clone())
+                })
+                .await
+        };
+        if written_before {
+            match patch().await {
+                Err(e) if e.is_not_found() => create().await,
+                other => other,
+            }
+        } else {
+            match create().await {
+                Err(e) if e.is_already_exists() => patch().await,
+                other => other,
+            }
+        }
+    }
+
+    /// Removes the peers' scheduling gate from a pod (keeping any other gate). A pod that is gone or no
+    /// longer gated needs nothing.
+    async fn ungate(&self, job: &VolcanoJob, pod: &str) -> Result<(), ClusterError> {
+        let (ns, _) = names(job);
+        let gate = self.settings.keys.peers_gate();
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let op = format!("ungate pods {ns}/{pod}");
+        let result = self
+            .retry
+            .run(&op, || async {
+                let current = api.get(pod).await.classify(|| op.clone())?;
+                let gates = current
+                    .spec
+                    .and_then(|s| s.scheduling_gates)
+                    .unwrap_or_default();
+                if !gates.iter().any(|g| g.name == gate) {
+                    return Ok(());
+                }
+                let rest: Vec<_> = gates.into_iter().filter(|g| g.name != gate).collect();
+                // Guarded by the version read: another writer's gates are never dropped.
+                let body = json!({
+                    "metadata": {"resourceVersion": current.metadata.resource_version},
+                    "spec": {"schedulingGates": rest},
+                });
+                api.patch(pod, &PatchParams::default(), &Patch::Merge(&body))
+                    .await
+                    .map(|_| ())
+                    .classify(|| op.clone())
+            })
+            .await;
+        match result {
+            Err(e) if e.is_not_found() => Ok(()),
+            other => other,
+        }
     }
 
     /// The submission's trace context from the job's annotation, when it is well-formed.
@@ -780,6 +884,56 @@ fn deleted_job(text: &str) -> Result<Option<WatchedJob>, serde_json::Error> {
         return Ok(None);
     }
     serde_json::from_str(text).map(Some)
+}
+
+/// The EndpointSlice of a job's peers Service `service` (see [`Executor::write_peer_endpoints`]). One
+/// address family per slice, as Kubernetes requires: the first address's; a peer of the other family
+/// (a dual-stack cluster whose pods' first addresses differ) is left out rather than written wrongly.
+fn peer_endpoint_slice(
+    job: &VolcanoJob,
+    service: &str,
+    addresses: &BTreeMap<String, String>,
+) -> k8s_openapi::api::discovery::v1::EndpointSlice {
+    use crate::pipeline::names::{MANAGED_BY, MANAGED_BY_LABEL};
+    use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointSlice};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    let v6 = |a: &str| a.contains(':');
+    let family_v6 = addresses.values().next().is_some_and(|a| v6(a));
+    let endpoints = addresses
+        .iter()
+        .filter(|(_, a)| v6(a) == family_v6)
+        .map(|(hostname, address)| Endpoint {
+            addresses: vec![address.clone()],
+            hostname: Some(hostname.clone()),
+            conditions: Some(EndpointConditions {
+                ready: Some(true),
+                ..EndpointConditions::default()
+            }),
+            ..Endpoint::default()
+        })
+        .collect();
+    let labels = BTreeMap::from([
+        ("kubernetes.io/service-name".to_owned(), service.to_owned()),
+        (
+            "endpointslice.kubernetes.io/managed-by".to_owned(),
+            MANAGED_BY.to_owned(),
+        ),
+        (MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned()),
+    ]);
+    EndpointSlice {
+        metadata: ObjectMeta {
+            name: Some(service.to_owned()),
+            labels: Some(labels),
+            owner_references: Some(vec![crate::pipeline::desired::owner_reference(
+                job.metadata.name.as_deref().unwrap_or_default(),
+                job.metadata.uid.as_deref().unwrap_or_default(),
+            )]),
+            ..ObjectMeta::default()
+        },
+        address_type: if family_v6 { "IPv6" } else { "IPv4" }.to_owned(),
+        endpoints,
+        ports: None,
+    }
 }
 
 #[cfg(test)]

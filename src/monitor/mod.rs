@@ -11,6 +11,7 @@
 //! - [`decide`]: the pure decision per job: observed objects + now → [`decide::Step`].
 //! - [`events`]: the lifecycle events and their deterministic ids.
 //! - [`cache`]: the watched objects, kept small.
+//! - [`peers`]: peers run together: the gate, their addresses, their ends.
 //! - [`estimate`]: start-time estimates for pending jobs, by replaying the placement forward in time.
 //! - [`forecast`]: the estimate's inputs read from the listed nodes, pods, PodGroups and jobs.
 //! - [`timers`]: deadlines by job (in the clock's time) and retry backoff (in real time).
@@ -34,6 +35,7 @@ pub mod lag;
 pub mod listing;
 pub mod maintenance;
 pub mod observe;
+pub mod peers;
 pub mod queued;
 pub mod record;
 pub mod run;

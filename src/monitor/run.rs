@@ -201,7 +201,8 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
 
     let mut state = Loop {
         exec: exec.clone(),
-        cache: Cache::with_replicas_key(exec.settings.keys.replicas.clone()),
+        cache: Cache::with_replicas_key(exec.settings.keys.replicas.clone())
+            .with_peers_key(exec.settings.keys.peers.clone()),
         ready: VecDeque::new(),
         queued: FastSet::default(),
         busy: FastSet::default(),
@@ -640,12 +641,14 @@ impl Loop {
         match event {
             Event::Apply(w) | Event::InitApply(w) => {
                 let key = self.cache.apply_job(w.into_job());
+                self.peer_changed(&key);
                 self.enqueue(key);
             }
             Event::Delete(w) => {
                 let key = JobKey::of(&w.metadata);
                 let pods = self.cache.pods(&key);
                 self.cache.remove_job(&key);
+                self.peer_changed(&key);
                 self.vanished(key, Arc::new(w.into_job()), pods);
             }
             Event::Init => self.cache.init_start(Kind::Jobs),
@@ -654,6 +657,7 @@ impl Loop {
                     if let Some(pass) = &mut self.pass {
                         pass.gone += 1;
                     }
+                    self.peer_changed(&key);
                     self.vanished(key, job, pods);
                 }
                 self.list_done(Awaited::Full(Kind::Jobs));
@@ -670,6 +674,7 @@ impl Loop {
                     if let Some(d) = disruption {
                         self.cache.note_disruption(&key, d, true);
                     }
+                    self.peer_changed(&key);
                     self.enqueue(key);
                 }
             }
@@ -681,6 +686,7 @@ impl Loop {
                         Some(d) => self.cache.note_disruption(&key, d, true),
                         None => self.cache.note_disruption(&key, w.deleted(), false),
                     }
+                    self.peer_changed(&key);
                     self.enqueue(key);
                 }
             }
@@ -718,6 +724,14 @@ impl Loop {
                 }
                 self.list_done(Awaited::Full(Kind::Groups));
             }
+        }
+    }
+
+    /// The job `key` or one of its pods changed or went: the jobs that have it as their peer are decided
+    /// again (their decisions read it, see [`super::peers`]).
+    fn peer_changed(&mut self, key: &JobKey) {
+        for dependent in self.cache.touch_dependents(key) {
+            self.enqueue(dependent);
         }
     }
 

@@ -38,6 +38,7 @@ pub fn decode(kind: Builtin, v: Value) -> Result<Value, String> {
         Builtin::ClusterRoleBinding => roundtrip::<api::rbac::v1::ClusterRoleBinding>(v),
         Builtin::Deployment => roundtrip::<api::apps::v1::Deployment>(v),
         Builtin::PodDisruptionBudget => roundtrip::<api::policy::v1::PodDisruptionBudget>(v),
+        Builtin::EndpointSlice => roundtrip::<api::discovery::v1::EndpointSlice>(v),
     }
 }
 
@@ -269,6 +270,54 @@ pub fn validate(kind: Builtin, old: Option<&Value>, obj: &Value) -> Vec<FieldErr
                 }
             }
         }
+        Builtin::EndpointSlice => {
+            let ty = obj.get("addressType").and_then(Value::as_str);
+            match ty {
+                Some("IPv4" | "IPv6" | "FQDN") => {}
+                Some(t) => errs.push(FieldError::invalid(
+                    "addressType",
+                    &json!(t),
+                    "supported values: \"FQDN\", \"IPv4\", \"IPv6\"",
+                )),
+                None => errs.push(FieldError::required("addressType", "")),
+            }
+            if let Some(old) = old
+                && old.get("addressType") != obj.get("addressType")
+            {
+                errs.push(FieldError::invalid(
+                    "addressType",
+                    obj.get("addressType").unwrap_or(&Value::Null),
+                    "field is immutable",
+                ));
+            }
+            for (i, e) in obj
+                .get("endpoints")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                let n = e
+                    .get("addresses")
+                    .and_then(Value::as_array)
+                    .map_or(0, Vec::len);
+                if !(1..=100).contains(&n) {
+                    errs.push(FieldError::required(
+                        format!("endpoints[{i}].addresses"),
+                        "must contain at least 1 address",
+                    ));
+                }
+                if let Some(h) = e.get("hostname").and_then(Value::as_str) {
+                    for m in super::names::dns1123_label(h) {
+                        errs.push(FieldError::invalid(
+                            format!("endpoints[{i}].hostname"),
+                            &json!(h),
+                            m,
+                        ));
+                    }
+                }
+            }
+        }
         Builtin::Lease
         | Builtin::ServiceAccount
         | Builtin::Role
@@ -387,9 +436,24 @@ fn check_pod_update(old: &Value, obj: &Value, errs: &mut Vec<FieldError>) {
                 m.remove("tolerations");
                 // The scheduler binds pods: nodeName may be set once.
                 m.remove("nodeName");
+                // Scheduling gates may be removed (checked below), never added.
+                m.remove("schedulingGates");
             }
             s
         };
+        let gates = |pod: &Value| -> Vec<Value> {
+            pod.at("/spec/schedulingGates")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default()
+        };
+        let (old_gates, new_gates) = (gates(old), gates(obj));
+        if new_gates.iter().any(|g| !old_gates.contains(g)) {
+            errs.push(FieldError::forbidden(
+                "spec.schedulingGates",
+                "only deletion is allowed, but found new scheduling gate",
+            ));
+        }
         let old_spec = strip(&old["spec"]);
         let new_spec = strip(&obj["spec"]);
         if old_spec != new_spec {

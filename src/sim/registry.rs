@@ -36,6 +36,8 @@ pub enum Builtin {
     ClusterRoleBinding,
     Deployment,
     PodDisruptionBudget,
+    /// `discovery.k8s.io/v1` EndpointSlice: the runner writes the endpoints of a job's peers Service.
+    EndpointSlice,
 }
 
 /// One column of a CRD's `additionalPrinterColumns`.
@@ -414,6 +416,19 @@ const BUILTINS: &[BuiltinDef] = &[
         status: true,
         rule: NameRule::Subdomain,
         builtin: Builtin::PodDisruptionBudget,
+        fields: &[],
+        categories: &[],
+    },
+    BuiltinDef {
+        group: "discovery.k8s.io",
+        plural: "endpointslices",
+        singular: "endpointslice",
+        kind: "EndpointSlice",
+        namespaced: true,
+        short: &[],
+        status: false,
+        rule: NameRule::Subdomain,
+        builtin: Builtin::EndpointSlice,
         fields: &[],
         categories: &[],
     },

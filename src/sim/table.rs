@@ -452,7 +452,8 @@ fn columns_and_cells(t: &ResourceType, obj: &Value, now: Timestamp) -> (Vec<Valu
             | Builtin::ClusterRole
             | Builtin::ClusterRoleBinding
             | Builtin::Deployment
-            | Builtin::PodDisruptionBudget,
+            | Builtin::PodDisruptionBudget
+            | Builtin::EndpointSlice,
         ) => (
             vec![
                 col("Name", "string", 0, "Name"),

@@ -27,8 +27,8 @@
 //! - Storage paths (file values, `outputFolder`, `openedFile`) are absolute, name something below the
 //!   root, and have no `.` or `..` component.
 //! - `openedFile` lies inside a folder the job mounts: an input file or folder, or the output folder.
-//! - Peers: host names are peer host names ([`names::is_peer_hostname`]: the name of a Service in the
-//!   job's namespace, so a DNS-1035 label, and not `j-...`, which Volcano's own names use) and job ids
+//! - Peers: host names are peer host names ([`names::is_peer_hostname`]: a name the job's pods resolve
+//!   by search domain, so a DNS-1035 label, and not `j-...`, which Volcano's own names use) and job ids
 //!   valid job ids. License servers: the id is
 //!   in `licenses`. Ingresses: the domain is a DNS-1123 subdomain. Network IPs: a valid IP address and
 //!   port ranges within 1..=65535 with a protocol. Ingresses and network IPs need `replicas` = 1.

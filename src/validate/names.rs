@@ -23,11 +23,12 @@ pub fn is_dns_subdomain(s: &str) -> bool {
     s.len() <= DNS_SUBDOMAIN_MAX && s.split('.').all(is_dns_label)
 }
 
-/// A peer's host name, the one rule for validation and the runner: the runner makes it the name of a
-/// Service in the job's namespace, so it is a DNS-1035 label (lower-case letters, digits and `-`, at most
-/// 63, starting with a letter and ending with a letter or digit: no dots, no leading digit), and it does
-/// not start with `j-`, the prefix of the job's own names (`j-<jobId>`, `j-<jobId>-job-<rank>`), which a
-/// peer's name would shadow.
+/// A peer's host name, the one rule for validation and the runner: the runner makes it the hostname of an
+/// endpoint of the job's peers Service, which its pods find by a bare name searched under that Service's
+/// domain, so it is a DNS-1035 label (lower-case letters, digits and `-`, at most 63, starting with a
+/// letter and ending with a letter or digit: no dots, since an endpoint's hostname is one label),
+/// and it does not start with `j-`, the prefix of the job's own names (`j-<jobId>`, `j-<jobId>-job-<rank>`),
+/// which the namespace's search domain would answer first.
 pub fn is_peer_hostname(s: &str) -> bool {
     is_dns_label(s) && s.as_bytes()[0].is_ascii_lowercase() && !s.starts_with("j-")
 }

@@ -13,5 +13,6 @@ mod failover;
 mod lifecycle;
 mod maintenance;
 mod output_files;
+mod peers;
 mod refund;
 mod whole_nodes;

@@ -169,6 +169,31 @@ async fn the_rbac_grants_exactly_what_the_runner_uses() {
             f.count("rbac-7/QUEUED") >= 2
         })
         .await;
+    // Its peer runs: the monitor writes the peer's address (creates the EndpointSlice), reads each pod and
+    // removes its gate; the job runs.
+    fleet.wait_state("rbac-7", JobState::Running, small).await;
+    // The peer restarts on another address (its pod evicted): the job's peer endpoint is rewritten.
+    let peer_namespace = distinct(&fleet.recorder.calls())
+        .into_iter()
+        .find(|c| c.verb == "create" && c.resource == "endpointslices")
+        .and_then(|c| c.namespace)
+        .expect("the peers' EndpointSlice was created");
+    kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(fleet.admin.clone(), &peer_namespace)
+        .evict("j-rbac-peer-job-0", &kube::api::EvictParams::default())
+        .await
+        .expect("the peer's pod is evicted");
+    for _ in 0..100 {
+        if saw(&fleet, "patch", "endpointslices.discovery.k8s.io", false) {
+            break;
+        }
+        fleet.sim.advance(Duration::from_secs(1));
+        fleet.collect(Duration::from_millis(100)).await;
+    }
+    fleet
+        .wait_until("the peer's endpoint rewritten", |f| {
+            saw(f, "patch", "endpointslices.discovery.k8s.io", false)
+        })
+        .await;
 
     // A submission whose VolcanoJob name is taken by an object the runner did not make (no managed-by
     // label, so the runner's lookup misses it): the create answers AlreadyExists and the runner reads

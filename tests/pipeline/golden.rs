@@ -1149,7 +1149,11 @@ fn case_25_accounting_ticks_fixed_period_changed() {
 
 /// Case 26 (changed): peers without host aliases or patches of the peer's policy (W27). The job's pods
 /// carry `ucloud.dk/peer-42`, which job 42's own policy admits; the job's policy admits job 42's pods and
-/// its own (W28); the hostname `db` is an ExternalName Service that follows rank 0 of job 42.
+/// its own (W28). The hostname `db` is nothing of the namespace's (two jobs may both call their peer
+/// `db`): the job has a headless Service of its own without a selector, `j-50-peers`, whose EndpointSlice
+/// the monitor fills with `db` at job 42's rank 0 address, and its pods search `j-50-peers.<ns>.svc.<domain>`,
+/// so `db` resolves there; the pods are gated (`ucloud.dk/peers`) until the peer runs, and the peers are
+/// listed for the monitor (`ucloud.dk/peers: db=42`).
 #[test]
 fn case_26_peers_label_rules_and_dns_names_changed() {
     let desired = render(
@@ -1189,16 +1193,24 @@ fn case_26_peers_label_rules_and_dns_names_changed() {
             .all(|peer| peer.get("namespaceSelector").is_none()),
         "{from:?}"
     );
-    let service = objects
-        .iter()
-        .find(|o| o["kind"] == "Service")
-        .unwrap()
-        .clone();
-    assert_eq!(service["metadata"]["name"], "db");
+    let services: Vec<&serde_json::Value> =
+        objects.iter().filter(|o| o["kind"] == "Service").collect();
+    assert_eq!(services.len(), 1, "one Service, not one per hostname");
+    let service = services[0].clone();
+    assert_eq!(service["metadata"]["name"], "j-50-peers");
+    assert_eq!(service["spec"]["clusterIP"], "None");
+    assert!(service["spec"].get("selector").is_none());
+    assert!(service["spec"].get("externalName").is_none());
     assert_eq!(
-        service["spec"]["externalName"],
-        "j-42-job-0.j-42.app-kubernetes.svc.cluster.local"
+        spec["dnsConfig"]["searches"],
+        json!(["j-50-peers.app-kubernetes.svc.cluster.local"])
     );
+    assert_eq!(
+        spec["schedulingGates"],
+        json!([{"name": "ucloud.dk/peers"}])
+    );
+    let annotations = at(&vcjob_json(&desired), "/metadata/annotations").clone();
+    assert_eq!(annotations["ucloud.dk/peers"], "db=42");
 
     // A job without peers still admits its own pods and any job that names it.
     let alone = render(&job("jobs/figlet"), &reference());
@@ -1215,7 +1227,9 @@ fn case_26_peers_label_rules_and_dns_names_changed() {
     );
     check(
         "case_26_peers_label_rules_and_dns_names_changed",
-        json!({"podLabels": labels, "policy": policy, "service": service}),
+        json!({"podLabels": labels, "policy": policy, "service": service,
+            "dnsConfig": spec["dnsConfig"], "schedulingGates": spec["schedulingGates"],
+            "peers": annotations["ucloud.dk/peers"]}),
     );
 }
 

@@ -12,17 +12,26 @@
 //!   the namespace is the owner's, so a peer can only be the same owner's job; in single-namespace mode
 //!   the runner refuses a submission whose peer belongs to another owner (the rule: a peer must belong to
 //!   the same user, or to the same project for a project's job, compared exactly).
-//! - Peer hostnames stay right when a peer restarts (W27: UCloud pinned rank 0's IP in `hostAliases` at
-//!   creation): each peer hostname is an `ExternalName` Service in the job's namespace pointing at the
-//!   peer's rank 0 DNS name `j-P-job-0.j-P.<namespace>.svc.<cluster domain>`, which follows the pod. The
-//!   peer is assumed to run in the same namespace (true in single mode, and for peers of the same owner in
-//!   per-owner mode, as UCloud only offers jobs of the same workspace as peers).
+//! - **Peers by name, without collisions.** A peer's hostname is what the user's program types (`db`),
+//!   and two jobs may both call their peer `db`, in one namespace. So nothing in the namespace is named
+//!   after it: the job gets one headless Service of its own without a selector, `j-<jobId>-peers`, whose
+//!   EndpointSlice the monitor fills with one endpoint per peer, `hostname: <peer hostname>` and the
+//!   peer's rank 0 address. Cluster DNS answers `<hostname>.j-<jobId>-peers.<namespace>.svc.<domain>` for
+//!   it, and the job's pods (and only they) search that domain (`dnsConfig.searches`), so a bare `db`
+//!   resolves to this job's peer. UCloud made each hostname a name of the namespace (W27 pinned rank 0's
+//!   IP in `hostAliases`); an earlier version made it an `ExternalName` Service `<hostname>`, which a
+//!   second job with the same hostname could not create.
+//! - **Peers run together.** The pods carry the scheduling gate `<prefix>peers`: they are not
+//!   scheduled until the monitor has seen every peer run, written their addresses and removed the gate
+//!   (docs/monitor.md). The peers are listed in the job's `<prefix>peers` annotation
+//!   (`<hostname>=<peerJobId>,...`) for the monitor, which also keeps the addresses right when a peer
+//!   restarts on another address, and tells the job when a peer ends.
 //! - In single-namespace mode the policy also carries the baseline rules (proxy ingress, DNS and internet
 //!   egress), so it is complete on its own; in per-owner mode the namespace's baseline policy has them.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Service, ServiceSpec};
+use k8s_openapi::api::core::v1::{PodSchedulingGate, Service, ServiceSpec};
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
     NetworkPolicySpec,
@@ -42,6 +51,29 @@ use crate::volcano::LABEL_JOB_NAME;
 /// `policy-<jobId>`, UCloud's name.
 pub fn policy_name(job_id: &str) -> String {
     format!("policy-{job_id}")
+}
+
+/// `j-<jobId>-peers`: the job's headless Service whose endpoints are its peers by hostname. At most 63
+/// characters for the longest job id (55).
+pub fn peers_service_name(job_id: &str) -> String {
+    format!("j-{job_id}-peers")
+}
+
+/// The DNS domain the pods of a job with peers search, under which each peer hostname resolves.
+pub fn peers_domain(job_id: &str, namespace: &str, cluster_domain: &str) -> String {
+    format!(
+        "{}.{namespace}.svc.{cluster_domain}",
+        peers_service_name(job_id)
+    )
+}
+
+/// The peers listed in a job's `<prefix>peers` annotation: `(hostname, peer job id)` by hostname.
+pub fn parse_peers(value: &str) -> Vec<(&str, &str)> {
+    value
+        .split(',')
+        .filter_map(|entry| entry.split_once('='))
+        .filter(|(hostname, id)| !hostname.is_empty() && !id.is_empty())
+        .collect()
 }
 
 /// The ConnectToJob plugin; the module documentation says what it builds and why.
@@ -118,24 +150,48 @@ impl Plugin for ConnectToJob {
                 )]))),
                 ..NetworkPolicyPeer::default()
             });
-            let target = format!(
-                "{}.{}.svc.{}",
-                names::rank_hostname(peer_id, 0),
-                cx.placement.namespace,
-                cx.pipeline().cluster_domain
+        }
+        if !hostnames.is_empty() {
+            let service = peers_service_name(cx.job_id);
+            draft.annotate(
+                &cx.keys.peers,
+                hostnames
+                    .iter()
+                    .map(|(hostname, id)| format!("{hostname}={id}"))
+                    .collect::<Vec<_>>()
+                    .join(","),
             );
+            draft
+                .pod
+                .scheduling_gates
+                .get_or_insert_default()
+                .push(PodSchedulingGate {
+                    name: cx.keys.peers_gate(),
+                });
+            draft
+                .pod
+                .dns_config
+                .get_or_insert_default()
+                .searches
+                .get_or_insert_default()
+                .push(peers_domain(
+                    cx.job_id,
+                    &cx.placement.namespace,
+                    &cx.pipeline().cluster_domain,
+                ));
             draft.companions.push(Companion::Service(Box::new(Service {
                 metadata: ObjectMeta {
-                    name: Some(hostname.to_owned()),
+                    name: Some(service),
                     labels: Some(BTreeMap::from([(
-                        format!("{}peer-job", cx.keys.prefix),
-                        peer_id.to_owned(),
+                        format!("{}peers-of", cx.keys.prefix),
+                        cx.job_id.to_owned(),
                     )])),
                     ..ObjectMeta::default()
                 },
+                // Headless and without a selector: its endpoints are the peers, written by the monitor,
+                // and DNS answers each by its hostname. No ports: a peer is reached on any.
                 spec: Some(ServiceSpec {
-                    type_: Some("ExternalName".to_owned()),
-                    external_name: Some(target),
+                    cluster_ip: Some("None".to_owned()),
                     ..ServiceSpec::default()
                 }),
                 status: None,

@@ -373,6 +373,7 @@ impl Model {
         let jkey = core.key_of(core.ids.jobs, &gkey.namespace, &job_name);
         let pt = core.registry.get(core.ids.pods);
         let mut unbound = Vec::new();
+        let mut gated = Vec::new();
         let mut active_bound = 0i64;
         let mut total = 0usize;
         for name in self.pods_of(&jkey) {
@@ -396,8 +397,26 @@ impl Model {
                 if phase != "Failed" {
                     active_bound += 1;
                 }
+            } else if is_gated(pod) {
+                gated.push(key);
             } else {
                 unbound.push((key, (**pod).clone()));
+            }
+        }
+        if !gated.is_empty() {
+            // Pod scheduling readiness (Volcano since v1.11, volcano-sh/volcano#3658): a gated pod is not
+            // allocated, and a gang that needs it waits whole until its gates are removed, without
+            // counting as a scheduling failure. Kubernetes tells it by the pod's condition.
+            let now = format_time(core.now);
+            for key in &gated {
+                core.update_internal(key, |p| pod_gated(p, &now));
+            }
+            if active_bound + (unbound.len() as i64)
+                < pg.at("/spec/minMember")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(1)
+            {
+                return Allocation::Waiting;
             }
         }
         if unbound.is_empty() {
@@ -553,6 +572,38 @@ enum Allocation {
     Done,
     /// The gang (or some of its pods) could not be placed.
     Failed,
+}
+
+/// Whether a pod still has scheduling gates (`spec.schedulingGates` not empty).
+pub(crate) fn is_gated(pod: &Value) -> bool {
+    pod.at("/spec/schedulingGates")
+        .and_then(Value::as_array)
+        .is_some_and(|g| !g.is_empty())
+}
+
+/// The condition Kubernetes puts on a pod that waits for its scheduling gates to be removed.
+fn pod_gated(p: &mut Value, now: &str) {
+    if !p.get("status").is_some_and(Value::is_object) {
+        p["status"] = json!({"phase": "Pending"});
+    }
+    let cond = json!({"type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
+                      "message": "Scheduling is blocked due to non-empty scheduling gates",
+                      "lastProbeTime": null, "lastTransitionTime": now});
+    let list = p["status"]
+        .as_object_mut()
+        .expect("status object")
+        .entry("conditions")
+        .or_insert_with(|| json!([]));
+    if let Value::Array(list) = list {
+        match list.iter_mut().find(|c| c["type"] == "PodScheduled") {
+            Some(c) => {
+                if c["reason"] != "SchedulingGated" {
+                    *c = cond;
+                }
+            }
+            None => list.push(cond),
+        }
+    }
 }
 
 fn pod_unschedulable(p: &mut Value, message: &str, now: &str) {
