@@ -148,6 +148,11 @@ impl Executor {
                     return Ok(None);
                 }
                 let now = self.clock.now();
+                if job.retries() > snap.job.retries() {
+                    // Volcano restarted the job since the snapshot was taken: what the watch saw take
+                    // its pod away is in the cache, not in the snapshot. Decide it again from there.
+                    return Ok(Some(now));
+                }
                 let obs = Observed {
                     job: &job,
                     pods: &pods,

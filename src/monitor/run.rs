@@ -654,9 +654,10 @@ impl Loop {
         match event {
             Event::Apply(w) | Event::InitApply(w) => {
                 let disruption = w.disruption();
+                let attempt = w.attempt();
                 if let Some(key) = self.cache.apply_pod(w.into_pod()) {
                     if let Some(d) = disruption {
-                        self.cache.note_disruption(&key, d, true);
+                        self.cache.note_disruption(&key, d, true, attempt);
                     }
                     self.enqueue(key);
                 }
@@ -665,9 +666,12 @@ impl Loop {
                 let ns = w.metadata.namespace.clone().unwrap_or_default();
                 let name = w.metadata.name.clone().unwrap_or_default();
                 if let Some(key) = self.cache.remove_pod(&ns, &name) {
+                    let attempt = w.attempt();
                     match w.disruption() {
-                        Some(d) => self.cache.note_disruption(&key, d, true),
-                        None => self.cache.note_disruption(&key, w.deleted(), false),
+                        Some(d) => self.cache.note_disruption(&key, d, true, attempt),
+                        None => self
+                            .cache
+                            .note_disruption(&key, w.deleted(), false, attempt),
                     }
                     self.enqueue(key);
                 }

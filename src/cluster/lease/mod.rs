@@ -30,7 +30,8 @@
 //!
 //! **Takeover time.** With the defaults (duration 10 s, renew every 2 s) a dead runner's shards are
 //! taken within about 14 s: up to 2 s until the others see its last renewal, 10 s of silence, and up to
-//! 2 s until the next round. A runner that shuts down cleanly releases its shards at once.
+//! 2 s until the next round. A runner that shuts down cleanly releases its shards as soon as its work
+//! on them has ended.
 
 mod plan;
 
