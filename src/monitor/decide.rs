@@ -612,10 +612,10 @@ fn restart_step(obs: &Observed<'_>, s: &Settings, job_id: &str, now: Timestamp) 
     let max = job.max_attempts();
     let Some(why) = recorded_disruption(job, s, retries) else {
         // A disruption of an attempt since the last restart told (attempts count from 0: after `told`
-        // restarts the job runs its attempt `told`).
+        // restarts the job runs its attempt `told`), and not of one after this restart.
         let seen = obs
             .disruption
-            .filter(|(attempt, _)| *attempt >= told)
+            .filter(|(attempt, _)| (told..retries).contains(attempt))
             .map(|(_, d)| d);
         if seen.is_none()
             && let Some(until) = lag_wait(job, now)
@@ -1624,7 +1624,8 @@ mod tests {
                 jobs_ahead: None,
                 estimate: None,
                 estimate_pending: false,
-                disruption: Some((job.retries(), d)),
+                // The attempt the restart ended.
+                disruption: Some((job.retries() - 1, d)),
                 fresh_at: Some(ts(now)),
                 queued_confirmed: false,
             };
