@@ -37,6 +37,9 @@ pub const LABEL_TASK_SPEC: &str = "volcano.sh/task-spec";
 pub const LABEL_TASK_INDEX: &str = "volcano.sh/task-index";
 /// Annotation with the queue a PodGroup belongs to.
 pub const LABEL_QUEUE_NAME: &str = "volcano.sh/queue-name";
+/// Annotation Volcano puts on every pod with the job's `status.version` it was created for: the
+/// attempt the pod runs in, counted from 0 (one more after each restart of the job).
+pub const ANNOTATION_JOB_VERSION: &str = "volcano.sh/job-version";
 
 /// Declares a string enum that keeps unknown values, with serde as a plain string.
 macro_rules! string_enum {

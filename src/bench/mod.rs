@@ -371,6 +371,10 @@ async fn phase_on(
     // Late duplicates (a republication) would arrive within moments of the last end.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (events_delivered, duplicate_deliveries) = observers.deliveries.counts();
+    if duplicate_deliveries > 0 {
+        let by_kind = observers.deliveries.duplicates_by_kind();
+        tracing::info!(?by_kind, "Events delivered more than once, by kind.");
+    }
     drop(observers);
 
     let mut to_created = Vec::new();

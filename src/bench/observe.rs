@@ -74,22 +74,58 @@ impl Seen {
 /// already delivered (a duplicate: the same event published again).
 #[derive(Debug, Default, Clone)]
 pub struct Deliveries {
-    inner: Arc<Mutex<(std::collections::HashSet<String>, usize, usize)>>,
+    inner: Arc<Mutex<DeliveryCounts>>,
+}
+
+#[derive(Debug, Default)]
+struct DeliveryCounts {
+    seen: std::collections::HashSet<String>,
+    delivered: usize,
+    duplicates: usize,
+    /// The duplicates by kind of event ([`kind_of`]), to tell where they come from.
+    by_kind: std::collections::BTreeMap<&'static str, usize>,
 }
 
 impl Deliveries {
     fn record(&self, message_id: &str) {
         let mut inner = self.inner.lock().expect("not poisoned");
-        inner.1 += 1;
-        if !inner.0.insert(message_id.to_owned()) {
-            inner.2 += 1;
+        inner.delivered += 1;
+        if !inner.seen.insert(message_id.to_owned()) {
+            inner.duplicates += 1;
+            *inner.by_kind.entry(kind_of(message_id)).or_default() += 1;
         }
     }
 
     /// `(delivered, duplicates)`.
     pub fn counts(&self) -> (usize, usize) {
         let inner = self.inner.lock().expect("not poisoned");
-        (inner.1, inner.2)
+        (inner.delivered, inner.duplicates)
+    }
+
+    /// The duplicates by kind of event (`QUEUED`, `RUNNING`, `tick`, `restart`, ...).
+    pub fn duplicates_by_kind(&self) -> std::collections::BTreeMap<&'static str, usize> {
+        self.inner.lock().expect("not poisoned").by_kind.clone()
+    }
+}
+
+/// The kind of an event by its id (`<jobId>/RUNNING`, `<jobId>/<n>` for a tick, `<jobId>/status/...`).
+fn kind_of(message_id: &str) -> &'static str {
+    let mut parts = message_id.split('/');
+    let _job = parts.next();
+    match parts.next().unwrap_or_default() {
+        "QUEUED" => "QUEUED",
+        "RUNNING" => "RUNNING",
+        "SUCCESS" => "SUCCESS",
+        "FAILURE" => "FAILURE",
+        "EXPIRED" => "EXPIRED",
+        "CANCELLED" => "CANCELLED",
+        "status" => "status",
+        "restart" => "restart",
+        "refund" => "refund",
+        "warning" => "warning",
+        "proxy" => "proxy",
+        n if n.parse::<u64>().is_ok() => "tick",
+        _ => "other",
     }
 }
 

@@ -36,6 +36,7 @@
 //! | `statusHash` | monitor | `<chained>/<plain>[/<estimate>]`: hashes of the last status-only event and the start estimate it told (publish a pending reason once, an estimate again only when it moved) |
 //! | `restarts` | monitor | Volcano's `retryCount` when the monitor last told the user of a restart (one status event per restart) |
 //! | `disruption` | monitor | the last disruption told, in words (`rank 1's node n3 was lost`), for the FAILURE when the restarts run out |
+//! | `disruptionRetry` | monitor, with `disruption` | Volcano's `retryCount` that the recorded `disruption` caused: recorded before its restart event (or the FAILURE) is told, so that whichever runner tells it tells the same |
 //! | `outcome` | monitor | the decided end of the job (JSON: state, reason, times, exit codes, log tails) |
 //! | `accountedUntil` | Accounting hooks, with `accountedTicks` | end of the last tick published (epoch ms): the ticks charged add up to `accountedUntil - jobStart` |
 //! | `statusLog` | monitor, with `statusHash` | the status events told while the job waited (JSON array of `{at, reason, text, queue, jobsAhead, estimatedStartAt, estimateBasis}`, at most [`super::history::STATUS_LOG_MAX`]) |
@@ -123,6 +124,8 @@ pub struct AnnotationKeys {
     pub restarts: String,
     /// `<prefix>disruption` (see the table above).
     pub disruption: String,
+    /// `<prefix>disruptionRetry` (see the table above).
+    pub disruption_retry: String,
     /// `<prefix>outcome` (see the table above).
     pub outcome: String,
     /// `<prefix>accountedUntil` (see the table above).
@@ -180,6 +183,7 @@ impl AnnotationKeys {
             status_hash: k("statusHash"),
             restarts: k("restarts"),
             disruption: k("disruption"),
+            disruption_retry: k("disruptionRetry"),
             outcome: k("outcome"),
             accounted_until: k("accountedUntil"),
             status_log: k("statusLog"),

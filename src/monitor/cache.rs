@@ -230,6 +230,16 @@ impl WatchedPod {
         )
     }
 
+    /// The attempt of its job it runs in (Volcano's `volcano.sh/job-version`, from 0), when it says.
+    pub fn attempt(&self) -> Option<i32> {
+        self.metadata
+            .annotations
+            .as_ref()?
+            .get(crate::volcano::ANNOTATION_JOB_VERSION)?
+            .parse()
+            .ok()
+    }
+
     /// What its deletion tells without a condition: its rank and node.
     pub fn deleted(&self) -> Disruption {
         Disruption::deleted(self.metadata.labels.as_ref(), self.node_name())
@@ -453,7 +463,8 @@ pub struct Snapshot {
     /// It waits and will have an estimate, but the estimates were last made before its PodGroup came:
     /// its status waits for them (they come within seconds), rather than go out twice.
     pub estimate_pending: bool,
-    /// The last disruption of its ranks the watch saw, with the job's `retryCount` at the time.
+    /// The last disruption of its ranks the watch saw, with the attempt it ended (from 0; see
+    /// [`Cache::note_disruption`]).
     pub disruption: Option<(i32, Disruption)>,
     /// What this snapshot is, for deciding whether a job needs deciding again.
     pub fingerprint: Fingerprint,
@@ -528,8 +539,8 @@ pub struct Cache {
     estimates: FastMap<GroupKey, Arc<Estimate>>,
     /// Whether the last [`Cache::estimate_starts`] had nodes to place on (without, there are none).
     estimating: bool,
-    /// The last disruption of each job's ranks seen by the watch: the job's `retryCount` then, whether
-    /// the pod said why (a `DisruptionTarget` condition), and what it said.
+    /// The last disruption of each job's ranks seen by the watch: the attempt it ended, whether the pod
+    /// said why (a `DisruptionTarget` condition), and what it said.
     disruptions: FastMap<JobKey, (i32, bool, Disruption)>,
     /// The annotation that lists a job's peers (see [`Cache::with_peers_key`]).
     peers_key: Option<String>,
@@ -881,7 +892,19 @@ impl Cache {
     /// runs and is not being deleted (a plain deletion only while Volcano has the job `Running`: the
     /// pods Volcano itself removes to restart or end a job are no disruption), one per restart of the
     /// job, a said reason over a plain deletion. The job is decided again.
-    pub fn note_disruption(&mut self, key: &JobKey, d: Disruption, said: bool) {
+    ///
+    /// `attempt`: the attempt the pod ran in, from the pod itself (Volcano's job version on it). The
+    /// job's `retryCount` as the watch has it is only a guess (used when the pod does not say): the job's
+    /// watch may bring Volcano's restart before the pods' watch brings the pod that caused it, and the
+    /// disruption was then taken for the next attempt's, and the next attempt's own one dropped as a
+    /// second one of the same restart: the next restart named the node lost the time before.
+    pub fn note_disruption(
+        &mut self,
+        key: &JobKey,
+        d: Disruption,
+        said: bool,
+        attempt: Option<i32>,
+    ) {
         let Some(job) = self.job(key) else {
             return;
         };
@@ -892,7 +915,7 @@ impl Cache {
         {
             return;
         }
-        let generation = job.retries();
+        let generation = attempt.unwrap_or_else(|| job.retries());
         if let Some((g, s, _)) = self.disruptions.get(key)
             && *g == generation
             && (*s || !said)
@@ -1714,26 +1737,26 @@ mod tests {
         let key = c.apply_job(running("ns", "j-1", "1", JobPhase::Running, 0));
         let kept = |c: &Cache| c.snapshot(&key).unwrap().disruption.unwrap();
         // A plain deletion while Running counts, until a said reason for the same restart replaces it.
-        c.note_disruption(&key, lost("n1", ""), false);
+        c.note_disruption(&key, lost("n1", ""), false, None);
         assert_eq!(kept(&c).1.node.as_deref(), Some("n1"));
-        c.note_disruption(&key, lost("n2", "DeletionByPodGC"), true);
+        c.note_disruption(&key, lost("n2", "DeletionByPodGC"), true, None);
         let (generation, d) = kept(&c);
         assert_eq!((generation, d.reason.as_str()), (0, "DeletionByPodGC"));
         // Neither a later plain deletion nor a second said one replaces it within that restart.
-        c.note_disruption(&key, lost("n3", ""), false);
-        c.note_disruption(&key, lost("n4", "EvictionByEvictionAPI"), true);
+        c.note_disruption(&key, lost("n3", ""), false, None);
+        c.note_disruption(&key, lost("n4", "EvictionByEvictionAPI"), true, None);
         assert_eq!(kept(&c).1.node.as_deref(), Some("n2"));
         // Volcano restarts the job: the pods it deletes itself are no disruption.
         c.apply_job(running("ns", "j-1", "2", JobPhase::Restarting, 1));
-        c.note_disruption(&key, lost("n5", ""), false);
+        c.note_disruption(&key, lost("n5", ""), false, None);
         assert_eq!(c.snapshot(&key).unwrap().disruption.unwrap().0, 0);
         // The next said one belongs to the next restart.
-        c.note_disruption(&key, lost("n6", "EvictionByEvictionAPI"), true);
+        c.note_disruption(&key, lost("n6", "EvictionByEvictionAPI"), true, None);
         let (generation, d) = kept(&c);
         assert_eq!((generation, d.node.as_deref()), (1, Some("n6")));
         // A job on its way out takes none.
         c.apply_job(running("ns", "j-1", "3", JobPhase::Terminating, 1));
-        c.note_disruption(&key, lost("n7", "DeletionByPodGC"), true);
+        c.note_disruption(&key, lost("n7", "DeletionByPodGC"), true, None);
         assert_eq!(kept(&c).1.node.as_deref(), Some("n6"));
     }
 

@@ -799,6 +799,12 @@ fn peer_step(
 /// whose cause the pods' watch has not shown yet waits for it a moment (`VIEW_LAG_GRACE`), then is told
 /// without it. The ticks go on by the job's first start: the time of a restart is charged once, like
 /// any other.
+///
+/// The cause is recorded on the job (`disruption`, `disruptionRetry`) before the restart is told: what
+/// was lost is known only to the runners whose watch saw the pod go, and a runner that takes the job
+/// over after its holder died between telling and recording (one started since, say) would tell the same
+/// restart again in other words, under another id, naming no rank or the one lost the time before. It
+/// costs one write per restart (a node lost, a pod evicted), none per tick or transition.
 fn restart_step(obs: &Observed<'_>, s: &Settings, job_id: &str, now: Timestamp) -> Option<Step> {
     let job = obs.job;
     let retries = job.retries();
@@ -812,35 +818,49 @@ fn restart_step(obs: &Observed<'_>, s: &Settings, job_id: &str, now: Timestamp) 
     if retries <= told {
         return None;
     }
-    let seen = obs
-        .disruption
-        .filter(|(generation, _)| *generation >= told)
-        .map(|(_, d)| d);
-    if seen.is_none()
-        && let Some(until) = lag_wait(job, now)
-    {
-        return Some(Step::Wait {
-            next_check: Some(until),
-        });
-    }
-    let why = seen.map_or_else(|| "a rank's pod was lost".to_owned(), Disruption::describe);
     let max = job.max_attempts();
-    let at = phase_time(job).unwrap_or(now);
-    if retries >= max {
-        // Its attempts are used up: Volcano fails the job rather than starting it again, and the
-        // FAILURE (reason `disrupted`) tells this disruption. No restart to tell (never `attempt 4 of
-        // 3`); the disruption is recorded for that FAILURE, which a runner that takes over (without the
-        // watch's memory of the pod) must tell all the same.
+    let Some(why) = recorded_disruption(job, s, retries) else {
+        // A disruption of an attempt since the last restart told (attempts count from 0: after `told`
+        // restarts the job runs its attempt `told`), and not of one after this restart.
+        let seen = obs
+            .disruption
+            .filter(|(attempt, _)| (told..retries).contains(attempt))
+            .map(|(_, d)| d);
+        if seen.is_none()
+            && let Some(until) = lag_wait(job, now)
+        {
+            return Some(Step::Wait {
+                next_check: Some(until),
+            });
+        }
+        let why = seen.map_or_else(|| "a rank's pod was lost".to_owned(), Disruption::describe);
+        let mut set = BTreeMap::from([
+            (s.keys.disruption.clone(), why),
+            (s.keys.disruption_retry.clone(), retries.to_string()),
+        ]);
+        if retries >= max {
+            // Its attempts are used up: Volcano fails the job rather than starting it again, and the
+            // FAILURE (reason `disrupted`) tells this disruption. No restart to tell (never `attempt 4
+            // of 3`); the disruption is recorded for that FAILURE, which a runner that takes over
+            // (without the watch's memory of the pod) must tell all the same.
+            set.insert(s.keys.restarts.clone(), retries.to_string());
+        }
         return Some(Step::Act(Action {
             what: "restart",
-            set: BTreeMap::from([
-                (s.keys.restarts.clone(), retries.to_string()),
-                (s.keys.disruption.clone(), why),
-            ]),
+            set,
+            again: true,
+            ..Action::default()
+        }));
+    };
+    if retries >= max {
+        return Some(Step::Act(Action {
+            what: "restart",
+            set: BTreeMap::from([(s.keys.restarts.clone(), retries.to_string())]),
             again: true,
             ..Action::default()
         }));
     }
+    let at = phase_time(job).unwrap_or(now);
     let event = events::restart(
         job_id,
         retries,
@@ -872,12 +892,20 @@ fn restart_step(obs: &Observed<'_>, s: &Settings, job_id: &str, now: Timestamp) 
         publish,
         set: BTreeMap::from([
             (s.keys.restarts.clone(), retries.to_string()),
-            (s.keys.disruption.clone(), why),
             (s.keys.restart_log.clone(), log),
         ]),
         again: true,
         ..Action::default()
     }))
+}
+
+/// The disruption recorded on the job as the cause of its `retries`-th restart, in words.
+fn recorded_disruption(job: &VolcanoJob, s: &Settings, retries: i32) -> Option<String> {
+    let annotations = job.metadata.annotations.as_ref()?;
+    let recorded_for: i32 = annotations.get(&s.keys.disruption_retry)?.parse().ok()?;
+    (recorded_for == retries)
+        .then(|| annotations.get(&s.keys.disruption).cloned())
+        .flatten()
 }
 
 /// The attempts `told + 1 ..= retries` that restarts ended, each with the span it was charged for: from its
@@ -930,22 +958,21 @@ fn refunds(
 }
 
 /// The disruption a job that Volcano failed or terminated ended by, in words: one in its current attempt
-/// (seen by the watch), or, once its attempts are used up, the last one seen or recorded. An older one
-/// that the job was restarted after and went on from is not blamed.
+/// (seen by the watch), or, once its attempts are used up, the one recorded as the cause of the last
+/// restart Volcano did not make, else the one the watch saw end the last attempt. An older one that the
+/// job was restarted after and went on from is not blamed (nor recorded for an earlier restart).
 fn to_blame(obs: &Observed<'_>, s: &Settings) -> Option<String> {
     let job = obs.job;
     let retries = job.retries();
     if retries >= job.max_attempts() {
-        return obs.disruption.map(|(_, d)| d.describe()).or_else(|| {
-            job.metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(&s.keys.disruption))
-                .cloned()
+        return recorded_disruption(job, s, retries).or_else(|| {
+            obs.disruption
+                .filter(|(attempt, _)| *attempt >= retries - 1)
+                .map(|(_, d)| d.describe())
         });
     }
     obs.disruption
-        .filter(|(generation, _)| *generation == retries)
+        .filter(|(attempt, _)| *attempt == retries)
         .map(|(_, d)| d.describe())
 }
 
@@ -1821,7 +1848,8 @@ mod tests {
                 jobs_ahead: None,
                 estimate: None,
                 estimate_pending: false,
-                disruption: Some((job.retries(), d)),
+                // The attempt the restart ended.
+                disruption: Some((job.retries() - 1, d)),
                 fresh_at: Some(ts(now)),
                 queued_confirmed: false,
                 maintenance: &[],
@@ -1830,7 +1858,21 @@ mod tests {
             decide(&obs, &s, ts(now)).unwrap()
         };
         job.status.as_mut().unwrap().retry_count = 2;
-        let Step::Act(told) = decide_on(&job, &lost("n2"), 20) else {
+        // The cause is recorded first, then told from the record.
+        let Step::Act(recorded) = decide_on(&job, &lost("n2"), 20) else {
+            panic!("the cause to record");
+        };
+        assert!(
+            recorded.publish.is_empty(),
+            "recorded before told: {recorded:?}"
+        );
+        assert_eq!(recorded.set[&s.keys.disruption_retry], "2");
+        job.metadata
+            .annotations
+            .get_or_insert_default()
+            .extend(recorded.set.clone());
+        // Whoever tells it (a runner whose watch saw another pod go, or none) tells what was recorded.
+        let Step::Act(told) = decide_on(&job, &lost("elsewhere"), 21) else {
             panic!("a restart to tell");
         };
         let Some(Outbound::Lifecycle(event)) = told.publish.first() else {
@@ -1854,6 +1896,7 @@ mod tests {
         let d = &last.set[&s.keys.disruption];
         assert!(d.contains("rank 0's node n3"), "{d}");
         assert_eq!(last.set[&s.keys.restarts], "3");
+        assert_eq!(last.set[&s.keys.disruption_retry], "3");
     }
 
     #[test]
@@ -1899,15 +1942,27 @@ mod tests {
             blame(&job, Some((1, &seen))).as_deref(),
             Some("rank 0's pod was evicted from node n2")
         );
-        // Attempts used up (3 of 3): the last one seen, else the one recorded.
+        // Attempts used up (3 of 3): the one recorded for the last restart, else the last one seen; never
+        // one recorded for an earlier restart, nor one that ended an earlier attempt.
         job.status.as_mut().unwrap().retry_count = 3;
         assert_eq!(
             blame(&job, Some((2, &seen))).as_deref(),
             Some("rank 0's pod was evicted from node n2")
         );
+        assert_eq!(blame(&job, Some((1, &seen))), None);
+        job.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(s.keys.disruption_retry.clone(), "2".into());
+        assert_eq!(blame(&job, None), None, "recorded for the second restart");
+        job.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(s.keys.disruption_retry.clone(), "3".into());
         assert_eq!(
-            blame(&job, None).as_deref(),
-            Some("rank 0's node n1 was lost")
+            blame(&job, Some((2, &seen))).as_deref(),
+            Some("rank 0's node n1 was lost"),
+            "the record over what this runner saw"
         );
     }
 

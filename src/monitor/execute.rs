@@ -28,6 +28,7 @@ use super::queued::ConfirmedQueued;
 use super::record::RankTail;
 use crate::broker::{self, BrokerConfig, PublishError, Publisher};
 use crate::cluster::labels::FIELD_MANAGER;
+use crate::cluster::lease::Duty;
 use crate::cluster::{ClusterError, HeldShards, KubeResultExt, RetryPolicy};
 use crate::messages::Format;
 use crate::pipeline::hooks::{FactsError, Outbound};
@@ -120,6 +121,10 @@ impl Executor {
         self.shards.borrow().owns(job_id)
     }
 
+    fn begin_duty(&self, job_id: &str) -> Duty {
+        self.shards.borrow().begin_duty(job_id)
+    }
+
     fn jobs(&self, namespace: &str) -> Api<WatchedJob> {
         Api::namespaced(self.client.clone(), namespace)
     }
@@ -139,12 +144,20 @@ impl Executor {
         let job_id = snap.key.job_id().unwrap_or_default().to_owned();
         let queued_confirmed = self.confirmed_queued.contains(&job_id);
         let windows = self.maintenance.borrow().clone().unwrap_or_default();
+        // Begun before the first look at the shard, and held until the last write: a shard handed to
+        // another runner is released only once this has ended, so the new holder reads what was written.
+        let _duty = self.begin_duty(&job_id);
         let result = async {
             for _ in 0..MAX_ROUNDS {
                 if !self.owns(&job_id) {
                     return Ok(None);
                 }
                 let now = self.clock.now();
+                if job.retries() > snap.job.retries() {
+                    // Volcano restarted the job since the snapshot was taken: what the watch saw take
+                    // its pod away is in the cache, not in the snapshot. Decide it again from there.
+                    return Ok(Some(now));
+                }
                 let obs = Observed {
                     job: &job,
                     pods: &pods,
@@ -285,6 +298,7 @@ impl Executor {
         .unwrap_or_default()
         .to_owned();
         let mut done = Vec::new();
+        let _duty = self.begin_duty(&job_id);
         let result = async {
             if !self.owns(&job_id) {
                 return Ok(());

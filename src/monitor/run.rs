@@ -126,6 +126,12 @@ struct Loop {
     /// In the clock's time and in real time: due when either has moved on by [`ESTIMATE_EVERY`], so a
     /// simulated clock that jumps finds them due, and one that stands still does not hold them back.
     estimated_at: Option<(jiff::Timestamp, Instant)>,
+    /// Shards just gained, whose jobs wait for the full lists the gain started: the cache may not have
+    /// the last writes of the runner that handed them over yet (its watch events were cut off), and a
+    /// decision on it would publish a transition that runner had published and recorded.
+    listing_shards: std::collections::BTreeSet<u32>,
+    /// Jobs of those shards that came up meanwhile, queued again once the lists are in.
+    held_back: FastSet<JobKey>,
 }
 
 /// How often the start-time estimates are made again while things change: often enough that a job
@@ -221,6 +227,8 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
         nodes_listing: None,
         estimates_stale: true,
         estimated_at: None,
+        listing_shards: Default::default(),
+        held_back: FastSet::default(),
     };
     state.begin_pass(&ALL_KINDS);
     // The first pass also waits for the nodes, so that a waiting job's first status carries its
@@ -382,6 +390,8 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
                     break;
                 }
                 let now_held = shards.borrow_and_update().held().clone();
+                state.listing_shards.extend(now_held.difference(&held));
+                state.listing_shards.retain(|s| now_held.contains(s));
                 let gained = now_held.difference(&held).count() > 0;
                 held = now_held;
                 report_shards(&held);
@@ -542,7 +552,12 @@ impl Loop {
                 return;
             }
         }
-        // Every list is in: estimate when the waiting jobs start (unless nothing changed since the last
+        // Every list is in: the jobs of shards just gained may be decided now.
+        self.listing_shards.clear();
+        for key in std::mem::take(&mut self.held_back) {
+            self.enqueue(key);
+        }
+        // Estimate when the waiting jobs start (unless nothing changed since the last
         // time), then look at every job of ours. One that has not changed since it was decided (and is
         // not in hand, and not gone) keeps its decision without being queued.
         if self.estimates_stale {
@@ -670,9 +685,10 @@ impl Loop {
         match event {
             Event::Apply(w) | Event::InitApply(w) => {
                 let disruption = w.disruption();
+                let attempt = w.attempt();
                 if let Some(key) = self.cache.apply_pod(w.into_pod()) {
                     if let Some(d) = disruption {
-                        self.cache.note_disruption(&key, d, true);
+                        self.cache.note_disruption(&key, d, true, attempt);
                     }
                     self.peer_changed(&key);
                     self.enqueue(key);
@@ -682,9 +698,12 @@ impl Loop {
                 let ns = w.metadata.namespace.clone().unwrap_or_default();
                 let name = w.metadata.name.clone().unwrap_or_default();
                 if let Some(key) = self.cache.remove_pod(&ns, &name) {
+                    let attempt = w.attempt();
                     match w.disruption() {
-                        Some(d) => self.cache.note_disruption(&key, d, true),
-                        None => self.cache.note_disruption(&key, w.deleted(), false),
+                        Some(d) => self.cache.note_disruption(&key, d, true, attempt),
+                        None => self
+                            .cache
+                            .note_disruption(&key, w.deleted(), false, attempt),
                     }
                     self.peer_changed(&key);
                     self.enqueue(key);
@@ -790,9 +809,20 @@ impl Loop {
                 self.dirty.insert(key);
                 continue;
             }
-            let owned = key
-                .job_id()
-                .is_some_and(|id| self.exec.shards.borrow().owns(id));
+            let shard = key.job_id().map(|id| {
+                let held = self.exec.shards.borrow();
+                (
+                    crate::cluster::lease::shard_of(id, held.shards()),
+                    held.owns(id),
+                )
+            });
+            if let Some((shard, true)) = shard
+                && self.listing_shards.contains(&shard)
+            {
+                self.held_back.insert(key);
+                continue;
+            }
+            let owned = shard.is_some_and(|(_, owns)| owns);
             if !owned {
                 // Not ours now; whoever holds the shard looks after it. Keep nothing for it.
                 self.settled.remove(&key);

@@ -5,6 +5,7 @@
 
 use crate::monitor_support;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -242,5 +243,141 @@ async fn evictions_past_max_retry_fail_the_job_naming_the_rank_and_node() {
         restarts(&w.seen, "d2")
     );
     runner.stop().await;
+    w.close().await;
+}
+
+/// Told right under kills (issue 31): a two-rank job loses the node of one of its ranks in each of three
+/// rounds, and the runner holding its shard is killed right after it told the restart (before it could
+/// record that it had: every write to the job takes 6 s); a runner started after the kill, whose watch
+/// never saw the pod go, takes the shard over. Every restart is told under one id only, naming the node
+/// lost and a rank that was on it, with the right attempt; the third loss uses the attempts up, and the
+/// FAILURE names it.
+#[tokio::test]
+async fn restarts_and_the_failure_are_told_right_through_kills_of_the_holder() {
+    let mut w = World::start("mon-nodelost-kills", |_| {}, |_| {}).await;
+    let mut holder = w.runner("runner-0").await;
+    holder.holds(4).await;
+    let mut submitted = job("k1", "sleep 5000");
+    submitted.replicas = 2;
+    let ns = w.namespace_of(&submitted);
+    w.submit(&submitted).await;
+    advance_until(&mut w, "RUNNING", 1, 30, |s| {
+        s.event("k1/RUNNING").is_some()
+    })
+    .await;
+    w.sim.faults().add_rule(volcano_runner::sim::FaultRule {
+        resource: "jobs.batch.volcano.sh".into(),
+        verb: "patch".into(),
+        latency_ms: 6000,
+        ..volcano_runner::sim::FaultRule::default()
+    });
+    let restarts_key = w.keys.restarts.clone();
+    let mut lost_in_round = Vec::new();
+    for round in 1..=3usize {
+        let mut on = BTreeMap::new();
+        for rank in 0..2u32 {
+            on.insert(
+                rank,
+                running_on(&mut w, &ns, &format!("j-k1-job-{rank}")).await,
+            );
+        }
+        let lost = on[&((round % 2) as u32)].clone();
+        let ranks: Vec<u32> = on
+            .iter()
+            .filter(|(_, node)| **node == lost)
+            .map(|(rank, _)| *rank)
+            .collect();
+        lost_in_round.push((lost.clone(), ranks));
+        Api::<Node>::all(w.client.clone())
+            .delete(&lost, &DeleteParams::default())
+            .await
+            .expect("the node is deleted");
+        if round < 3 {
+            let prefix = format!("k1/restart/{round}/");
+            advance_until(&mut w, "the restart's status event", 1, 120, |s| {
+                restarts(s, "k1").iter().any(|t| t.starts_with(&prefix))
+            })
+            .await;
+        } else {
+            // No restart is left to tell: the holder records the disruption for the FAILURE.
+            for _ in 0..240 {
+                let recorded = w
+                    .vcjob(&ns, "k1")
+                    .and_then(|j| {
+                        j.pointer(&format!(
+                            "/metadata/annotations/{}",
+                            restarts_key.replace('/', "~1")
+                        ))
+                        .and_then(|v| v.as_str())
+                        .map(str::to_owned)
+                    })
+                    .is_some_and(|v| v == "3");
+                if recorded {
+                    break;
+                }
+                w.advance(1);
+                w.settle(Duration::from_millis(100)).await;
+            }
+        }
+        holder.kill().await;
+        holder = w.runner(&format!("runner-{round}")).await;
+        holder.holds(4).await;
+    }
+    advance_until(&mut w, "FAILURE", 2, 120, |s| {
+        s.event("k1/FAILURE").is_some()
+    })
+    .await;
+    w.settle(Duration::from_millis(500)).await;
+
+    let told = restarts(&w.seen, "k1");
+    for (n, (lost, ranks)) in lost_in_round.iter().take(2).enumerate() {
+        let n = n + 1;
+        let prefix = format!("k1/restart/{n}/");
+        let events: Vec<_> = w
+            .seen
+            .of("k1")
+            .lifecycle
+            .iter()
+            .filter(|e| e.event_id.starts_with(&prefix))
+            .cloned()
+            .collect();
+        let ids: BTreeSet<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
+        assert_eq!(ids.len(), 1, "restart {n} told once, in one way: {told:#?}");
+        let rank = events[0]
+            .status
+            .strip_prefix("The job is restarting after rank ")
+            .and_then(|rest| rest.split('\'').next())
+            .and_then(|r| r.parse::<u32>().ok());
+        assert!(
+            rank.is_some_and(|r| ranks.contains(&r)),
+            "restart {n} names a rank that was on {lost} ({ranks:?}): {told:#?}"
+        );
+        assert_eq!(
+            events[0].status,
+            format!(
+                "The job is restarting after rank {}'s node {lost} was lost (PodGC: node no longer \
+                 exists): every rank starts again (attempt {} of 3)",
+                rank.unwrap(),
+                n + 1
+            )
+        );
+    }
+    assert!(
+        told.iter().all(|t| !t.starts_with("k1/restart/3/")),
+        "no attempt 4 of 3: {told:#?}"
+    );
+    let (lost, ranks) = &lost_in_round[2];
+    let failure = w.seen.event("k1/FAILURE").unwrap().clone();
+    assert_eq!(failure.reason, "disrupted");
+    assert!(
+        ranks.iter().any(|rank| failure.status
+            == format!(
+                "The job failed after rank {rank}'s node {lost} was lost (PodGC: node no longer \
+                 exists): all 3 of its attempts (maxRetry) are used up"
+            )),
+        "the FAILURE names {lost} and a rank on it ({ranks:?}): {}",
+        failure.status
+    );
+    holder.stop().await;
     w.close().await;
 }

@@ -71,11 +71,12 @@ async fn a_lost_attempt_is_refundable_once_across_a_crash() {
     w.until("tick 0", |s| !s.of("r1").unique_ticks().is_empty())
         .await;
 
-    // The holder will publish the restart and the refund but cannot record them.
+    // Every write to the job takes 20 s: the holder records the restart's cause, publishes the restart
+    // and the refund, and is killed before it has recorded that it told them.
     w.sim.faults().add_rule(FaultRule {
         resource: "jobs".into(),
         verb: "patch".into(),
-        error_503: 1.0,
+        latency_ms: 20_000,
         ..FaultRule::default()
     });
     let pod = w.pod(&ns, "j-r1-job-1").expect("rank 1 runs");

@@ -34,7 +34,7 @@ const RUNNERS: usize = 3;
 const MIN_KILLS: usize = 10;
 
 /// A job that runs `seconds` (the simulator reads the container's command).
-fn sleeper(job_id: &str, seconds: u64) -> volcano_runner::messages::v1::SubmitJob {
+pub(crate) fn sleeper(job_id: &str, seconds: u64) -> volcano_runner::messages::v1::SubmitJob {
     let mut job = harness::figlet(job_id);
     let word = |w: &str| InvocationParameter {
         kind: Some(invocation_parameter::Kind::Word(WordInvocation {

@@ -97,3 +97,101 @@ async fn every_event_goes_out_once_across_runners_and_a_handover() {
         assert_eq!(first, Some(format!("{job}/QUEUED")), "QUEUED first");
     }
 }
+
+/// A runner configuration with the monitoring duty on eight shards; leases long enough that no shard
+/// lapses on a loaded machine, so that every shard that moves is handed over by a live runner.
+fn sharded(h: &Harness) -> Config {
+    let mut config = h.config.clone();
+    config.cluster.lease.shards = 8;
+    config.cluster.lease.duration = Duration::from_secs(10);
+    config.cluster.lease.renew_interval = Duration::from_secs(1);
+    config.cluster.lease.safety_margin = Duration::from_secs(2);
+    config
+}
+
+/// Shards handed over between live runners while their jobs start, tick and end: runners join (the
+/// others hand them their share) and leave gracefully (as on a SIGTERM: their shards go to the others),
+/// with every write to a VolcanoJob slowed to 1.5 s, so that a runner always has records of
+/// transitions in flight when it hands a shard over. No runner dies, so every id is delivered once:
+/// a shard's lease is released only once the old holder's records have landed, and the new holder
+/// decides from them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_handed_over_between_live_runners_send_nothing_twice() {
+    const JOBS: usize = 24;
+    let h = Harness::new("once-handover").await;
+    let a = h.start_with("runner-a", sharded(&h), true);
+    let jobs: Vec<String> = (0..JOBS).map(|i| format!("h-{i}")).collect();
+    for job in &jobs {
+        h.submit(&crate::chaos::sleeper(job, 150)).await;
+    }
+    h.wait_events("QUEUED of every job", |e| {
+        jobs.iter()
+            .all(|j| e.iter().any(|c| c.message_id == format!("{j}/QUEUED")))
+    })
+    .await;
+    // Every job records that its QUEUED was confirmed before the clock moves: a monitor holds its first
+    // event back for that record only so long (by the simulated clock), and the record is not what
+    // this test is about.
+    let recorded = format!("{}queuedConfirmed", h.config.pipeline.annotation_prefix);
+    rabbit::within("every job records its confirmed QUEUED", async {
+        loop {
+            let vcjobs = h.vcjobs().await;
+            let done = vcjobs.iter().filter(|j| {
+                j.metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(&recorded))
+            });
+            if done.count() == JOBS {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    h.sim.faults().add_rule(volcano_runner::sim::FaultRule {
+        resource: "jobs.batch.volcano.sh".into(),
+        verb: "patch".into(),
+        latency_ms: 1500,
+        ..volcano_runner::sim::FaultRule::default()
+    });
+
+    // The jobs start, tick every simulated minute and end after 150 s, while runners come and go.
+    let mut runners = vec![a];
+    for step in 0..60 {
+        match step {
+            3 => runners.push(h.start_with("runner-b", sharded(&h), true)),
+            10 => runners.push(h.start_with("runner-c", sharded(&h), true)),
+            20 => runners.remove(1).stop().await,
+            28 => runners.push(h.start_with("runner-d", sharded(&h), true)),
+            38 => runners.remove(0).stop().await,
+            _ => {}
+        }
+        h.sim.advance(Duration::from_secs(5));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    advance_until(&h, &jobs, "SUCCESS").await;
+    h.wait_queues_settled().await;
+    // A late copy would have time to arrive.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for runner in runners {
+        runner.stop().await;
+    }
+
+    let events = h.events().await;
+    let twice = delivered_twice(&events);
+    assert!(
+        twice.is_empty(),
+        "delivered more than once ({} of {} deliveries): {twice:?}",
+        twice.values().map(|n| n - 1).sum::<usize>(),
+        events.len()
+    );
+    for job in &jobs {
+        assert!(
+            events
+                .iter()
+                .any(|c| c.message_id == format!("{job}/RUNNING")),
+            "{job} ran"
+        );
+    }
+}
