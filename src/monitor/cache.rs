@@ -1191,7 +1191,9 @@ impl Cache {
             .filter_map(|(_, g)| {
                 let pg = &self.groups.get(*g)?.value;
                 let job = job_of_group(pg).and_then(|k| self.jobs.get(&k).map(|e| &*e.value));
-                Some(((*g).clone(), forecast::pending_gang(pg, job, keys)))
+                // The monitor does not watch Queues: every queue is taken as Volcano's default
+                // (`traverse`), which lets later jobs start in gaps.
+                Some(((*g).clone(), forecast::pending_gang(pg, job, keys, false)))
             })
             .collect();
         let (groups, gangs): (Vec<GroupKey>, Vec<_>) = pending.into_iter().unzip();
