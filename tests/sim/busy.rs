@@ -262,57 +262,6 @@ async fn run(seed: u64, sla: Option<&str>) -> Outcome {
         if second % 10 == 0 {
             for e in queue_entries(&client, now).await {
                 let name = e.job.clone().unwrap_or(e.pod_group.clone());
-                if std::env::var("BUSY_DEBUG").is_ok_and(|v| v == name) {
-                    println!("DEBUG {second}: {e:?}");
-                    let pods = Api::<k8s_openapi::api::core::v1::Pod>::all(client.clone())
-                        .list(&ListParams::default())
-                        .await
-                        .unwrap();
-                    let mut used = 0i64;
-                    for p in &pods.items {
-                        let bound = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
-                        let ended = matches!(
-                            p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                            Some("Succeeded" | "Failed")
-                        );
-                        if bound && !ended {
-                            let c = p.spec.as_ref().unwrap().containers[0]
-                                .resources
-                                .as_ref()
-                                .unwrap()
-                                .requests
-                                .as_ref()
-                                .unwrap()["cpu"]
-                                .0
-                                .clone();
-                            used += c.parse::<i64>().unwrap();
-                            println!(
-                                "  pod {} {:?} cpu {c}",
-                                p.metadata.name.as_deref().unwrap(),
-                                p.status.as_ref().and_then(|s| s.phase.clone())
-                            );
-                        }
-                    }
-                    let groups = Api::<PodGroup>::namespaced(client.clone(), NS)
-                        .list(&ListParams::default())
-                        .await
-                        .unwrap();
-                    for g in &groups.items {
-                        let ph = g
-                            .status
-                            .as_ref()
-                            .and_then(|s| s.phase.as_ref())
-                            .map(|p| p.as_str().to_owned());
-                        if ph.as_deref() == Some("Inqueue") {
-                            println!(
-                                "  inqueue {} {:?}",
-                                g.metadata.name.as_deref().unwrap(),
-                                g.spec.min_resources.get("cpu")
-                            );
-                        }
-                    }
-                    println!("  used cpu {used} of 128");
-                }
                 if e.estimate.kind == "never" {
                     never.entry(name).or_insert(
                         second
@@ -411,25 +360,29 @@ async fn run(seed: u64, sla: Option<&str>) -> Outcome {
     o
 }
 
-/// Runs the workload of seed 0 as the jobs come, and with `sla-waiting-time: 1m` on every job, and
-/// prints the figures of both. Every job that fits starts and the never-fitting ones are told at once in
-/// both; with the waiting time, each waiting job hears at most 10 estimates (median under 4), and fewer
-/// of the bounds told break than without it (Volcano's `sla` reservation keeps later jobs from taking
-/// what a job that has waited needs).
+/// Runs the workload as the jobs come, and with `sla-waiting-time: 1m` on every job, and prints the
+/// figures of both. In both, every job that fits starts and the never-fitting ones are told at once; with
+/// the waiting time each waiting job hears at most 10 estimates (median under 4). Without the waiting time the scheduler
+/// reserves for nobody, so no estimate is told as a bound (each is an expectation, and how many held is
+/// printed); with it, every job but the whole-node gangs is told a bound, and no first bound and under 1%
+/// of the bounds told break.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_busy_cluster_every_job_starts_and_with_sla_each_waiting_job_is_told_a_handful_of_times()
  {
     let mut failures = Vec::new();
-    let mut broken_share = Vec::new();
+    let seed = std::env::var("BUSY_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     for sla in [None, Some("1m")] {
-        let mut o = run(0, sla).await;
+        let mut o = run(seed, sla).await;
         o.early.sort_unstable();
         o.tells.sort_unstable();
         let mut broken: Vec<i64> = o.first_broken.iter().map(|(_, s)| *s).collect();
         broken.sort_unstable();
         let label = sla.unwrap_or("none");
         println!(
-            "busy cluster, sla-waiting-time {label}: {} of {} jobs that fit started; {} first bounds, {} broken (late by {:?} s); \
+            "busy cluster (seed {seed}), sla-waiting-time {label}: {} of {} jobs that fit started; {} first bounds, {} broken (late by {:?} s); \
              first bound minus start of those that held: median {} s, p90 {} s; {} bounds told, {} broken ({:.1}%); \
              estimate events per waiting job: median {}, p90 {}, max {}; never-fitting told at once: {}",
             o.started,
@@ -454,7 +407,6 @@ async fn on_a_busy_cluster_every_job_starts_and_with_sla_each_waiting_job_is_tol
         for (why, _) in &o.first_broken {
             println!("  first bound broken: {why}");
         }
-        broken_share.push(o.told_broken as f64 / o.told.max(1) as f64);
         if o.started != o.fitting {
             failures.push(format!(
                 "sla {label}: {} of {} jobs that fit started",
@@ -475,11 +427,22 @@ async fn on_a_busy_cluster_every_job_starts_and_with_sla_each_waiting_job_is_tol
                 o.tells
             ));
         }
-    }
-    if broken_share[1] >= broken_share[0] {
-        failures.push(format!(
-            "with sla-waiting-time fewer bounds told break: {broken_share:?}"
-        ));
+        match sla {
+            None if o.first + o.told > 0 => failures.push(format!(
+                "sla {label}: without a reservation no estimate is a bound, yet {} were told as one",
+                o.told
+            )),
+            Some(_) if o.first == 0 || !o.first_broken.is_empty() || o.told_broken * 100 >= o.told => {
+                failures.push(format!(
+                    "sla {label}: no first bound and under 1% of the bounds told break: {} of {} first, {} of {} told",
+                    o.first_broken.len(),
+                    o.first,
+                    o.told_broken,
+                    o.told
+                ))
+            }
+            _ => {}
+        }
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
