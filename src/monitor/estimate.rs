@@ -8,19 +8,24 @@
 //! - the pending jobs of a Volcano queue in the queue's order, each with its ranks' resources and its time
 //!   allocation.
 //!
-//! Jobs are placed in queue order under Volcano's gang rule (every rank at once, each rank on one node),
-//! each at the earliest instant it fits, never before the job ahead of it, and each holds its resources
-//! for its whole time allocation. Since running jobs end at their deadline at the latest and pending ones
-//! run for their allocation at most, every resource is free no later than the replay says: the estimate
-//! is an upper bound while the queue ahead does not grow. It is not one when a job of higher priority
-//! arrives (it goes ahead), when a node fails, or when a job behind is placed first in a gap (Volcano
-//! backfills without reservations); [`Estimate::At`] says which of these can apply.
+//! The replay runs the scheduler's sessions at every instant resources come back or a waiting time
+//! runs out, as Volcano's `enqueue` and `allocate` actions do: gangs past their `sla-waiting-time`
+//! first, then in order; a Pending gang is admitted only within the over-commit room; an admitted gang
+//! starts when all of its ranks fit at once (Volcano's gang rule), each rank on the least-requested
+//! node; one that does not fit lets the gangs behind it try (backfill; in a `fifo` queue nothing of its
+//! queue), and one past its waiting time keeps what it could place for the rest of the session (the
+//! `sla` plugin). Each started gang holds its resources for its whole time allocation.
 //!
-//! The replay is a sweep over end instants: a heap of when resources come back, the free resources of
-//! every node at the sweep's instant, and for each pending job in order, release ends until its gang
-//! fits. Each end is released once, so a pass over `P` pending and `R` running jobs on `N` nodes costs
-//! `O((P + R) log (P + R))` heap operations plus a placement of every rank over the nodes
-//! (least-requested first, as Volcano's `nodeorder` spreads them).
+//! Since running jobs end at their deadline at the latest and pending ones run for their allocation at
+//! most, that is the schedule if every job runs to its limit. When jobs end early, the scheduler can
+//! start a job behind in a gap the replay did not foresee, and it then holds its resources past the
+//! instant the replay freed them: only a job the scheduler reserves for ([`Pending::bound`]) gets a
+//! bound; the others get an expectation ([`Estimate::At`]`::bound`).
+//!
+//! Cost: a session tries every gang still waiting (cheap checks first: the roomiest node, the total
+//! free, a gang size that already failed in the session), so a replay costs about
+//! `O(instants × waiting)` plus a placement of every rank over the nodes: a few ms for a thousand
+//! waiting jobs on a hundred nodes, seconds for ten thousand on a thousand.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -122,10 +127,10 @@ impl Pending {
         self.per_rank.times(self.replicas)
     }
 
-    /// Whether the scheduler keeps the replay's order for it, so that its estimate is an upper bound: in a
-    /// `fifo` queue nothing of its own queue passes it, and past its `sla-waiting-time` nothing placed
-    /// after it takes what it can use. A whole-node gang is the exception: what it waits for are
-    /// untouched nodes, and no Volcano mechanism keeps small jobs off a node that is about to empty.
+    /// Whether the scheduler keeps the replay's order for it, so that its estimate is an upper bound:
+    /// past its `sla-waiting-time` nothing placed after it takes what it can use (a `fifo` queue is not
+    /// enough: the other queues still pass it). A whole-node gang is the exception: what it waits for
+    /// are untouched nodes, and no Volcano mechanism keeps small jobs off a node that is about to empty.
     pub fn bound(&self) -> bool {
         self.reserved_from.is_some() && !self.exclusive
     }
@@ -207,6 +212,7 @@ pub fn estimate(
     // Gangs that never fit still take part in admission: once admitted (past their waiting time, at the
     // latest), what they ask for counts against every later gang's admission for as long as they wait.
     let mut unfit: Vec<usize> = Vec::new();
+    // (Kept in the order for as long as they wait: admitted, one also blocks a `fifo` queue.)
     for (i, job) in pending.iter().enumerate() {
         match never(job, &types, &largest) {
             Some(why) => {
@@ -220,6 +226,13 @@ pub fn estimate(
     let mut released_running = 0usize;
     let mut started = 0usize;
     let mut order: Vec<(u8, Timestamp, usize)> = Vec::with_capacity(waiting.len());
+    let mut rebuild = true;
+    let mut failed: std::collections::HashSet<(u64, u64, u64, u32, bool)> =
+        std::collections::HashSet::new();
+    // Every instant a waiting time runs out, in order, and the next one to come.
+    let mut reserves: Vec<Timestamp> = pending.iter().filter_map(|p| p.reserved_from).collect();
+    reserves.sort_unstable();
+    let mut next_reserve = 0usize;
     let mut locked: Vec<(usize, Resources)> = Vec::new();
     let mut blocked: Vec<&str> = Vec::new();
     // Admitted gangs (Volcano's `enqueue` action) and what they ask for together.
@@ -236,19 +249,23 @@ pub fn estimate(
         // that fits whole starts; one that does not lets the gangs behind it try (backfill), unless its
         // queue is `fifo`; one past its waiting time keeps the ranks it could place for the rest of the
         // session (the `sla` plugin's pipelining).
-        order.clear();
-        unfit.retain(|&i| !inqueue[i]);
-        order.extend(
-            waiting
-                .iter()
-                .chain(&unfit)
-                .map(|&i| match pending[i].reserved_from {
-                    Some(at) if at <= cursor => (0, at, i),
-                    _ => (1, Timestamp::MAX, i),
-                }),
-        );
-        order.sort_unstable();
+        if rebuild {
+            // The order changes only when a waiting time runs out: sorted again then, not every session.
+            order.clear();
+            order.extend(
+                waiting
+                    .iter()
+                    .chain(&unfit)
+                    .map(|&i| match pending[i].reserved_from {
+                        Some(at) if at <= cursor => (0, at, i),
+                        _ => (1, Timestamp::MAX, i),
+                    }),
+            );
+            order.sort_unstable();
+            rebuild = false;
+        }
         blocked.clear();
+        failed.clear();
         let mut roomiest = roomiest(&free);
         let mut placed_now = false;
         let mut locked_total = Resources::default();
@@ -279,14 +296,27 @@ pub fn estimate(
                 }
                 continue;
             }
+            // What is free only shrinks within a session: a gang of a size that did not fit fails again,
+            // and counting its room over every node again is what would make a session cost O(nodes)
+            // per waiting gang.
+            let shape = (
+                job.per_rank.cpu_milli,
+                job.per_rank.memory_mib,
+                job.per_rank.gpu,
+                job.replicas,
+                job.exclusive,
+            );
             let placement = if job.per_rank.fits_in(&roomiest)
                 && job.per_rank.times(job.replicas).fits_in(&total)
-                && (job.replicas == 1 || gang_fits(job, &free, nodes))
+                && (job.replicas == 1 || (!failed.contains(&shape) && gang_fits(job, &free, nodes)))
             {
                 place(job, &mut free, nodes)
             } else {
                 None
             };
+            if placement.is_none() && job.replicas > 1 {
+                failed.insert(shape);
+            }
             let Some(placement) = placement else {
                 if overdue == 0 {
                     for (node, held) in place_some(job, &mut free, nodes) {
@@ -334,27 +364,26 @@ pub fn estimate(
         }
         if placed_now {
             waiting.retain(|&i| out[i].is_none());
+            order.retain(|&(_, _, i)| !matches!(out[i], Some(Estimate::At { .. })));
         }
         if waiting.is_empty() {
             break;
         }
         // The next session that can differ: when resources come back, or when a waiting gang's waiting
         // time runs out (it goes first and keeps what it can place).
-        let next_reserve = waiting
-            .iter()
-            .chain(&unfit)
-            .filter(|&&i| !inqueue[i])
-            .filter_map(|&i| pending[i].reserved_from)
-            .filter(|at| *at > cursor)
-            .min();
+        while reserves.get(next_reserve).is_some_and(|at| *at <= cursor) {
+            next_reserve += 1;
+        }
+        let next_reserve_at = reserves.get(next_reserve).copied();
         let next_end = ends.peek().map(|Reverse(e)| e.at);
-        let next = match (next_end, next_reserve) {
+        let next = match (next_end, next_reserve_at) {
             (Some(a), Some(b)) => a.min(b),
             (Some(a), None) => a,
             (None, Some(b)) => b,
             (None, None) => break,
         };
         cursor = cursor.max(next);
+        rebuild = next_reserve_at.is_some_and(|at| at <= cursor);
         // Everything that comes back at that instant comes back together, as a session finds it.
         while let Some(Reverse(end)) = ends.peek()
             && end.at <= cursor
