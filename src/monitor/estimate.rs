@@ -262,7 +262,6 @@ pub fn estimate(
                     }),
             );
             order.sort_unstable();
-            rebuild = false;
         }
         blocked.clear();
         failed.clear();
