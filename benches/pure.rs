@@ -136,6 +136,10 @@ fn estimates(c: &mut Criterion) {
             replicas: if i % 5 == 0 { 2 + i % 7 } else { 1 },
             per_rank: res(u64::from(1 + i % 16), u64::from(i % 23 == 0)),
             runs_for: Some(SignedDuration::from_secs(600 + i64::from(i % 48) * 300)),
+            queue: format!("q-{}", i % 3),
+            fifo: false,
+            reserved_from: None,
+            inqueue: true,
         })
         .collect();
     let mut group = c.benchmark_group("estimate");

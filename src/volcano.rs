@@ -647,6 +647,10 @@ pub struct QueueSpec {
     /// Queue priority.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<i32>,
+    /// `fifo`: no later job of the queue starts while an earlier one waits; `traverse` (the default):
+    /// a later one that fits starts first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dequeue_strategy: Option<String>,
 }
 
 /// `status` of a Queue.

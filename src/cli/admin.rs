@@ -36,7 +36,7 @@ use crate::cluster::{ClusterError, MaintenanceWindows, PauseState, PauseSwitch};
 use crate::config::Config;
 use crate::durable::AnnotationKeys;
 use crate::monitor::forecast::{ClusterView, QueueEntry, forecast};
-use crate::volcano::{PodGroup, VolcanoJob};
+use crate::volcano::{PodGroup, Queue, VolcanoJob};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -326,11 +326,13 @@ async fn waiting_jobs(
     );
     let group_api = Api::<PodGroup>::all(client.clone());
     let job_api = Api::<VolcanoJob>::all(client.clone());
-    let (nodes, pods, groups, jobs) = futures::try_join!(
+    let queue_api = Api::<Queue>::all(client.clone());
+    let (nodes, pods, groups, jobs, queues) = futures::try_join!(
         node_api.list(&list),
         pod_api.list(&list),
         group_api.list(&list),
         job_api.list(&managed),
+        queue_api.list(&list),
     )
     .map_err(|e| cluster_error(ClusterError::from_kube("list what the estimates read", e)))?;
     let view = ClusterView {
@@ -338,6 +340,7 @@ async fn waiting_jobs(
         pods: &pods.items,
         groups: &groups.items,
         jobs: &jobs.items,
+        queues: &queues.items,
     };
     let keys = AnnotationKeys::new(&config.pipeline.annotation_prefix);
     Ok(forecast(view, &keys, now))

@@ -539,6 +539,12 @@ pub struct Cache {
     estimates: FastMap<GroupKey, Arc<Estimate>>,
     /// Whether the last [`Cache::estimate_starts`] had nodes to place on (without, there are none).
     estimating: bool,
+    /// The first expectation (an estimate the scheduler does not reserve for) made for each waiting
+    /// PodGroup, and of those made for PodGroups that have started since: how many started by then,
+    /// and how many there were. The record is told with every expectation, so that a person can judge one.
+    expected: FastMap<GroupKey, Timestamp>,
+    expectations_held: u64,
+    expectations_kept: u64,
     /// The last disruption of each job's ranks seen by the watch: the attempt it ended, whether the pod
     /// said why (a `DisruptionTarget` condition), and what it said.
     disruptions: FastMap<JobKey, (i32, bool, Disruption)>,
@@ -1230,8 +1236,33 @@ impl Cache {
     ) -> Vec<JobKey> {
         let before = std::mem::take(&mut self.estimates);
         self.estimating = !nodes.is_empty();
+        // Expectations of PodGroups that have started since: held when they started by then (seen now,
+        // at most one estimate interval after the start).
+        let expected = std::mem::take(&mut self.expected);
+        for (gkey, at) in expected {
+            if self.waiting.filed.contains_key(&gkey) {
+                self.expected.insert(gkey, at);
+            } else if self
+                .groups
+                .get(&gkey)
+                .is_some_and(|g| !observe::is_waiting(&g.value))
+            {
+                self.expectations_kept += 1;
+                self.expectations_held += u64::from(now <= at);
+            }
+        }
         if !nodes.is_empty() && !self.waiting.filed.is_empty() {
             self.estimates = self.replay(nodes, keys, now);
+        }
+        for (gkey, e) in &self.estimates {
+            if let Estimate::At {
+                start,
+                bound: false,
+                ..
+            } = **e
+            {
+                self.expected.entry(gkey.clone()).or_insert(start);
+            }
         }
         let mut changed: Vec<JobKey> = Vec::new();
         for (gkey, e) in &self.estimates {
@@ -1316,11 +1347,28 @@ impl Cache {
             .filter_map(|(_, g)| {
                 let pg = &self.groups.get(*g)?.value;
                 let job = job_of_group(pg).and_then(|k| self.jobs.get(&k).map(|e| &*e.value));
-                Some(((*g).clone(), forecast::pending_gang(pg, job, keys)))
+                // The monitor does not watch Queues: every queue is taken as Volcano's default
+                // (`traverse`), which lets later jobs start in gaps.
+                Some(((*g).clone(), forecast::pending_gang(pg, job, keys, false)))
             })
             .collect();
         let (groups, gangs): (Vec<GroupKey>, Vec<_>) = pending.into_iter().unzip();
-        let estimates = estimate::estimate(nodes, &running, &gangs, now);
+        let mut estimates = estimate::estimate(nodes, &running, &gangs, now);
+        if self.expectations_kept > 0 {
+            for e in &mut estimates {
+                if let Estimate::At {
+                    basis,
+                    bound: false,
+                    ..
+                } = e
+                {
+                    basis.push_str(&format!(
+                        "; of such expectations made since this runner started, {} of {} held",
+                        self.expectations_held, self.expectations_kept
+                    ));
+                }
+            }
+        }
         groups
             .into_iter()
             .zip(estimates)
@@ -1846,6 +1894,80 @@ mod tests {
             estimate_of(true),
             Timestamp::from_second(1_800_000_200).unwrap(),
             "n0 is j-a's whole until it ends"
+        );
+    }
+
+    /// An expectation (no reservation: no `sla-waiting-time`) is told with how many of the expectations
+    /// made before, for jobs that have started since, held; a bound is not.
+    #[test]
+    fn expectations_carry_the_record_of_those_before_them() {
+        let keys = AnnotationKeys::new("ucloud.dk/");
+        let at = |s: i64| Timestamp::from_second(1_800_000_000 + s).unwrap();
+        let nodes = [Node {
+            name: "n0".into(),
+            allocatable: Resources {
+                cpu_milli: 16_000,
+                memory_mib: 65_536,
+                gpu: 0,
+            },
+        }];
+        let mut c = Cache::new();
+        // j-run holds the node until +100 s; j-a waits for it, then j-b.
+        let mut run = job("ns", "j-run", "1");
+        run.metadata.annotations = Some(BTreeMap::from([(
+            keys.expiry.clone(),
+            at(100).as_millisecond().to_string(),
+        )]));
+        c.apply_job(run);
+        let mut g = group("ns", "j-run-pg", "j-run", 0, PodGroupPhase::Running);
+        g.spec.min_resources = BTreeMap::from([("cpu".to_owned(), Quantity("16".into()))]);
+        c.apply_group(g);
+        let mut p = pod("ns", "j-run", "j-run-job-0");
+        p.spec = Some(PodSpec {
+            node_name: Some("n0".into()),
+            ..PodSpec::default()
+        });
+        c.apply_pod(p);
+        let waiting = |c: &mut Cache, name: &str, created: i64, phase| {
+            let mut j = job("ns", name, "1");
+            j.metadata.annotations = Some(BTreeMap::from([(
+                keys.max_time.clone(),
+                "60000".to_owned(),
+            )]));
+            c.apply_job(j);
+            let mut g = group("ns", &format!("{name}-pg"), name, created, phase);
+            g.spec.min_resources = BTreeMap::from([("cpu".to_owned(), Quantity("16".into()))]);
+            c.apply_group(g);
+        };
+        waiting(&mut c, "j-a", 10, PodGroupPhase::Inqueue);
+        c.estimate_starts(&nodes, &keys, at(20));
+        let basis = |c: &Cache, name: &str| match c
+            .snapshot(&JobKey::new("ns", name))
+            .unwrap()
+            .estimate
+            .as_deref()
+        {
+            Some(Estimate::At {
+                basis,
+                bound: false,
+                ..
+            }) => basis.clone(),
+            other => panic!("an expectation: {other:?}"),
+        };
+        assert!(
+            basis(&c, "j-a").starts_with("expected by "),
+            "{}",
+            basis(&c, "j-a")
+        );
+        assert!(!basis(&c, "j-a").contains("held"), "no record yet");
+        // j-a starts (later than expected, at +150 s), j-b waits: its expectation carries 0 of 1.
+        waiting(&mut c, "j-a", 10, PodGroupPhase::Running);
+        waiting(&mut c, "j-b", 140, PodGroupPhase::Inqueue);
+        c.estimate_starts(&nodes, &keys, at(150));
+        assert!(
+            basis(&c, "j-b").ends_with("0 of 1 held"),
+            "{}",
+            basis(&c, "j-b")
         );
     }
 }

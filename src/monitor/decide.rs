@@ -1012,7 +1012,7 @@ fn estimate_moved(told: &str, fresh: &str, now: Timestamp, tolerance: SignedDura
 /// The estimate into the event's pending details.
 fn tell_estimate(details: &mut crate::messages::v1::PendingDetails, e: &Estimate) {
     match e {
-        Estimate::At { start, basis } => {
+        Estimate::At { start, basis, .. } => {
             details.estimated_start_at = Some(crate::pipeline::hooks::proto_timestamp(*start));
             details.estimate_basis = basis.clone();
         }
@@ -2300,6 +2300,7 @@ mod tests {
         let at = |secs: i64| Estimate::At {
             start: ts(secs),
             basis: format!("by {} at the latest", ts(secs)),
+            bound: true,
         };
         drive_with(&s, &mut job, &[], Some(&at(600)), ts(5), &mut world);
         let told = lifecycle(&world);

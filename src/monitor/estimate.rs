@@ -8,19 +8,24 @@
 //! - the pending jobs of a Volcano queue in the queue's order, each with its ranks' resources and its time
 //!   allocation.
 //!
-//! Jobs are placed in queue order under Volcano's gang rule (every rank at once, each rank on one node),
-//! each at the earliest instant it fits, never before the job ahead of it, and each holds its resources
-//! for its whole time allocation. Since running jobs end at their deadline at the latest and pending ones
-//! run for their allocation at most, every resource is free no later than the replay says: the estimate
-//! is an upper bound while the queue ahead does not grow. It is not one when a job of higher priority
-//! arrives (it goes ahead), when a node fails, or when a job behind is placed first in a gap (Volcano
-//! backfills without reservations); [`Estimate::At`] says which of these can apply.
+//! The replay runs the scheduler's sessions at every instant resources come back or a waiting time
+//! runs out, as Volcano's `enqueue` and `allocate` actions do: gangs past their `sla-waiting-time`
+//! first, then in order; a Pending gang is admitted only within the over-commit room; an admitted gang
+//! starts when all of its ranks fit at once (Volcano's gang rule), each rank on the least-requested
+//! node; one that does not fit lets the gangs behind it try (backfill; in a `fifo` queue nothing of its
+//! queue), and one past its waiting time keeps what it could place for the rest of the session (the
+//! `sla` plugin). Each started gang holds its resources for its whole time allocation.
 //!
-//! The replay is a sweep over end instants: a heap of when resources come back, the free resources of
-//! every node at the sweep's instant, and for each pending job in order, release ends until its gang
-//! fits. Each end is released once, so a pass over `P` pending and `R` running jobs on `N` nodes costs
-//! `O((P + R) log (P + R))` heap operations plus a placement of every rank over the nodes
-//! (least-requested first, as Volcano's `nodeorder` spreads them).
+//! Since running jobs end at their deadline at the latest and pending ones run for their allocation at
+//! most, that is the schedule if every job runs to its limit. When jobs end early, the scheduler can
+//! start a job behind in a gap the replay did not foresee, and it then holds its resources past the
+//! instant the replay freed them: only a job the scheduler reserves for ([`Pending::bound`]) gets a
+//! bound; the others get an expectation ([`Estimate::At`]`::bound`).
+//!
+//! Cost: a session tries every gang still waiting (cheap checks first: the roomiest node, the total
+//! free, a gang size that already failed in the session), so a replay costs about
+//! `O(instants × waiting)` plus a placement of every rank over the nodes: a few ms for a thousand
+//! waiting jobs on a hundred nodes, seconds for ten thousand on a thousand.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -103,13 +108,47 @@ pub struct Pending {
     pub runs_for: Option<SignedDuration>,
     /// Whole nodes: each rank needs a node nobody else uses and holds all of it.
     pub exclusive: bool,
+    /// Its Volcano queue.
+    pub queue: String,
+    /// Its queue lets no later job of the queue start while it waits (`dequeueStrategy: fifo`); in a
+    /// `traverse` queue (Volcano's default) a later job that fits in a gap starts first.
+    pub fifo: bool,
+    /// When the scheduler starts reserving for it: its PodGroup's creation plus its job's
+    /// `sla-waiting-time` (Volcano's `sla` plugin). `None`: never.
+    pub reserved_from: Option<Timestamp>,
+    /// Its PodGroup is `Inqueue`: admitted, its `minResources` already counted against what later
+    /// gangs may be admitted.
+    pub inqueue: bool,
+}
+
+impl Pending {
+    /// What the whole gang asks for (its PodGroup's `minResources`).
+    fn minimum(&self) -> Resources {
+        self.per_rank.times(self.replicas)
+    }
+
+    /// Whether the scheduler keeps the replay's order for it, so that its estimate is an upper bound:
+    /// past its `sla-waiting-time` nothing placed after it takes what it can use (a `fifo` queue is not
+    /// enough: the other queues still pass it). A whole-node gang is the exception: what it waits for
+    /// are untouched nodes, and no Volcano mechanism keeps small jobs off a node that is about to empty.
+    pub fn bound(&self) -> bool {
+        self.reserved_from.is_some() && !self.exclusive
+    }
 }
 
 /// When a pending job will start.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Estimate {
     /// At this instant at the latest, while the queue ahead does not grow. `basis` says why in one line.
-    At { start: Timestamp, basis: String },
+    ///
+    /// `bound`: the scheduler keeps the order the replay assumes for this job (it reserves for it, see
+    /// [`Pending::bound`]), so it is an upper bound; otherwise it is what the replay expects, and jobs
+    /// behind it that start in gaps first can make it later.
+    At {
+        start: Timestamp,
+        basis: String,
+        bound: bool,
+    },
     /// It can never run here: a rank, or the whole gang, is larger than the cluster even when empty.
     Never { why: String },
     /// No bound: a job it waits for (running or ahead) has no time limit.
@@ -124,7 +163,8 @@ struct End {
     holding: usize,
 }
 
-/// Estimates a start for every job of `pending` (one queue, in its order). See the module documentation.
+/// Estimates a start for every job of `pending` (every queue's waiting gangs, in the order the scheduler
+/// lists them: created first). See the module documentation.
 pub fn estimate(
     nodes: &[Node],
     running: &[Running],
@@ -166,85 +206,231 @@ pub fn estimate(
         f.give_back(&mut t);
         t
     });
-    let mut cursor = now;
-    let mut released_running = 0usize;
-    let mut placed_ahead = 0usize;
-    let mut blocked: Option<String> = None;
-    let mut out = Vec::with_capacity(pending.len());
-    for job in pending {
-        if let Some(why) = never(job, &types, &largest) {
-            out.push(Estimate::Never { why });
-            continue;
-        }
-        if let Some(why) = &blocked {
-            out.push(Estimate::Unbounded { why: why.clone() });
-            continue;
-        }
-        let placement = loop {
-            // The whole gang within what is free in all is necessary for a placement, and cheap to
-            // check: a gang that waits for many ends is not placed node by node after each of them.
-            if job.per_rank.times(job.replicas).fits_in(&total)
-                && (job.replicas == 1 || gang_fits(job, &free, nodes))
-                && let Some(placement) = place(job, &mut free, nodes)
-            {
-                break Some(placement);
+    let mut out: Vec<Option<Estimate>> = vec![None; pending.len()];
+    // The gangs still waiting in the replay, in the scheduler's list order.
+    let mut waiting: Vec<usize> = Vec::with_capacity(pending.len());
+    // Gangs that never fit still take part in admission: once admitted (past their waiting time, at the
+    // latest), what they ask for counts against every later gang's admission for as long as they wait.
+    let mut unfit: Vec<usize> = Vec::new();
+    // (Kept in the order for as long as they wait: admitted, one also blocks a `fifo` queue.)
+    for (i, job) in pending.iter().enumerate() {
+        match never(job, &types, &largest) {
+            Some(why) => {
+                out[i] = Some(Estimate::Never { why });
+                unfit.push(i);
             }
-            let Some(Reverse(end)) = ends.pop() else {
-                break None;
-            };
-            cursor = cursor.max(end.at);
-            // Everything that comes back at that instant comes back together, as a scheduler's session
-            // would find it.
-            let mut release = |holding: usize| {
-                for (node, r) in &holdings[holding] {
-                    r.give_back(&mut free[*node]);
-                    r.give_back(&mut total);
-                }
-                if holding < running_with_end {
-                    released_running += 1;
-                }
-            };
-            release(end.holding);
-            while let Some(Reverse(next)) = ends.peek()
-                && next.at <= cursor
-            {
-                let holding = next.holding;
-                ends.pop();
-                release(holding);
-            }
-        };
-        let Some(placement) = placement else {
-            // Nothing more comes back, yet it does not fit: something holds resources forever.
-            let why = format!(
-                "{} running job(s) without a time limit hold the resources it needs",
-                forever.max(1)
-            );
-            blocked = Some(why.clone());
-            out.push(Estimate::Unbounded { why });
-            continue;
-        };
-        for (_, r) in &placement {
-            r.take_from(&mut total);
-        }
-        let basis = basis(cursor, now, released_running, running.len(), placed_ahead);
-        out.push(Estimate::At {
-            start: cursor,
-            basis,
-        });
-        placed_ahead += 1;
-        match job.runs_for {
-            Some(d) => {
-                let holding = holdings.len();
-                holdings.push(placement);
-                ends.push(Reverse(End {
-                    at: cursor.checked_add(d).unwrap_or(Timestamp::MAX),
-                    holding,
-                }));
-            }
-            None => forever += 1,
+            None => waiting.push(i),
         }
     }
-    out
+    let mut cursor = now;
+    let mut released_running = 0usize;
+    let mut started = 0usize;
+    let mut order: Vec<(u8, Timestamp, usize)> = Vec::with_capacity(waiting.len());
+    let mut rebuild = true;
+    let mut failed: std::collections::HashSet<(u64, u64, u64, u32, bool)> =
+        std::collections::HashSet::new();
+    // Every instant a waiting time runs out, in order, and the next one to come.
+    let mut reserves: Vec<Timestamp> = pending.iter().filter_map(|p| p.reserved_from).collect();
+    reserves.sort_unstable();
+    let mut next_reserve = 0usize;
+    let mut locked: Vec<(usize, Resources)> = Vec::new();
+    let mut blocked: Vec<&str> = Vec::new();
+    // Admitted gangs (Volcano's `enqueue` action) and what they ask for together.
+    let mut inqueue: Vec<bool> = pending.iter().map(|p| p.inqueue).collect();
+    let mut admitted = Resources::default();
+    for (i, job) in pending.iter().enumerate() {
+        if inqueue[i] {
+            job.minimum().give_back(&mut admitted);
+        }
+    }
+    loop {
+        // One scheduling session at `cursor`, as the scheduler's `allocate` action runs it: gangs past
+        // their waiting time first (the earlier deadline first), then the others in list order; each gang
+        // that fits whole starts; one that does not lets the gangs behind it try (backfill), unless its
+        // queue is `fifo`; one past its waiting time keeps the ranks it could place for the rest of the
+        // session (the `sla` plugin's pipelining).
+        if rebuild {
+            // The order changes only when a waiting time runs out: sorted again then, not every session.
+            order.clear();
+            order.extend(
+                waiting
+                    .iter()
+                    .chain(&unfit)
+                    .map(|&i| match pending[i].reserved_from {
+                        Some(at) if at <= cursor => (0, at, i),
+                        _ => (1, Timestamp::MAX, i),
+                    }),
+            );
+            order.sort_unstable();
+        }
+        blocked.clear();
+        failed.clear();
+        let mut roomiest = roomiest(&free);
+        let mut placed_now = false;
+        let mut locked_total = Resources::default();
+        for &(overdue, _, i) in &order {
+            let job = &pending[i];
+            if job.fifo && blocked.contains(&job.queue.as_str()) {
+                continue;
+            }
+            // Admission: what it asks for must fit in the idle resources times the over-commit factor,
+            // less what the admitted gangs that wait ask for; one past its waiting time is admitted
+            // whatever that says (the `sla` plugin).
+            if !inqueue[i] {
+                let mut idle = total;
+                locked_total.give_back(&mut idle);
+                if overdue == 0 || admissible(&job.minimum(), &idle, &admitted) {
+                    inqueue[i] = true;
+                    job.minimum().give_back(&mut admitted);
+                } else {
+                    if job.fifo {
+                        blocked.push(&job.queue);
+                    }
+                    continue;
+                }
+            }
+            if matches!(out[i], Some(Estimate::Never { .. })) {
+                if job.fifo {
+                    blocked.push(&job.queue);
+                }
+                continue;
+            }
+            // What is free only shrinks within a session: a gang of a size that did not fit fails again,
+            // and counting its room over every node again is what would make a session cost O(nodes)
+            // per waiting gang.
+            let shape = (
+                job.per_rank.cpu_milli,
+                job.per_rank.memory_mib,
+                job.per_rank.gpu,
+                job.replicas,
+                job.exclusive,
+            );
+            let placement = if job.per_rank.fits_in(&roomiest)
+                && job.per_rank.times(job.replicas).fits_in(&total)
+                && (job.replicas == 1 || (!failed.contains(&shape) && gang_fits(job, &free, nodes)))
+            {
+                place(job, &mut free, nodes)
+            } else {
+                None
+            };
+            if placement.is_none() && job.replicas > 1 {
+                failed.insert(shape);
+            }
+            let Some(placement) = placement else {
+                if overdue == 0 {
+                    for (node, held) in place_some(job, &mut free, nodes) {
+                        held.take_from(&mut total);
+                        held.give_back(&mut locked_total);
+                        locked.push((node, held));
+                    }
+                    roomiest = self::roomiest(&free);
+                }
+                if job.fifo {
+                    blocked.push(&job.queue);
+                }
+                continue;
+            };
+            placed_now = true;
+            for (_, r) in &placement {
+                r.take_from(&mut total);
+            }
+            let minimum = job.minimum();
+            admitted.cpu_milli = admitted.cpu_milli.saturating_sub(minimum.cpu_milli);
+            admitted.memory_mib = admitted.memory_mib.saturating_sub(minimum.memory_mib);
+            admitted.gpu = admitted.gpu.saturating_sub(minimum.gpu);
+            let bound = job.bound();
+            out[i] = Some(Estimate::At {
+                start: cursor,
+                basis: basis(cursor, now, released_running, running.len(), started, bound),
+                bound,
+            });
+            started += 1;
+            match job.runs_for {
+                Some(d) => {
+                    let holding = holdings.len();
+                    holdings.push(placement);
+                    ends.push(Reverse(End {
+                        at: cursor.checked_add(d).unwrap_or(Timestamp::MAX),
+                        holding,
+                    }));
+                }
+                None => forever += 1,
+            }
+        }
+        for (node, held) in locked.drain(..) {
+            held.give_back(&mut free[node]);
+            held.give_back(&mut total);
+        }
+        if placed_now {
+            waiting.retain(|&i| out[i].is_none());
+            order.retain(|&(_, _, i)| !matches!(out[i], Some(Estimate::At { .. })));
+        }
+        if waiting.is_empty() {
+            break;
+        }
+        // The next session that can differ: when resources come back, or when a waiting gang's waiting
+        // time runs out (it goes first and keeps what it can place).
+        while reserves.get(next_reserve).is_some_and(|at| *at <= cursor) {
+            next_reserve += 1;
+        }
+        let next_reserve_at = reserves.get(next_reserve).copied();
+        let next_end = ends.peek().map(|Reverse(e)| e.at);
+        let next = match (next_end, next_reserve_at) {
+            (Some(a), Some(b)) => a.min(b),
+            (Some(a), None) => a,
+            (None, Some(b)) => b,
+            (None, None) => break,
+        };
+        cursor = cursor.max(next);
+        rebuild = next_reserve_at.is_some_and(|at| at <= cursor);
+        // Everything that comes back at that instant comes back together, as a session finds it.
+        while let Some(Reverse(end)) = ends.peek()
+            && end.at <= cursor
+        {
+            let holding = end.holding;
+            ends.pop();
+            for (node, r) in &holdings[holding] {
+                r.give_back(&mut free[*node]);
+                r.give_back(&mut total);
+            }
+            if holding < running_with_end {
+                released_running += 1;
+            }
+        }
+    }
+    // What is still waiting when nothing more comes back waits for something without a time limit.
+    let why = format!(
+        "{} running job(s) without a time limit hold the resources it needs",
+        forever.max(1)
+    );
+    out.into_iter()
+        .map(|e| e.unwrap_or_else(|| Estimate::Unbounded { why: why.clone() }))
+        .collect()
+}
+
+/// Volcano's default over-commit factor for admission (the `overcommit` plugin's
+/// `overcommit-factor`, 1.2), as a fraction.
+const OVERCOMMIT: (u64, u64) = (6, 5);
+
+/// Whether a gang asking for `minimum` is admitted while `idle` is free and the admitted gangs that
+/// wait ask for `admitted`: `minimum <= idle × factor - admitted` for every resource it asks for.
+fn admissible(minimum: &Resources, idle: &Resources, admitted: &Resources) -> bool {
+    let room = |idle: u64, admitted: u64| {
+        (idle.saturating_mul(OVERCOMMIT.0) / OVERCOMMIT.1).saturating_sub(admitted)
+    };
+    (minimum.cpu_milli == 0 || minimum.cpu_milli <= room(idle.cpu_milli, admitted.cpu_milli))
+        && (minimum.memory_mib == 0
+            || minimum.memory_mib <= room(idle.memory_mib, admitted.memory_mib))
+        && (minimum.gpu == 0 || minimum.gpu <= room(idle.gpu, admitted.gpu))
+}
+
+/// The most any one node has free of each resource: a rank that does not fit in it fits nowhere.
+fn roomiest(free: &[Resources]) -> Resources {
+    free.iter().fold(Resources::default(), |m, f| Resources {
+        cpu_milli: m.cpu_milli.max(f.cpu_milli),
+        memory_mib: m.memory_mib.max(f.memory_mib),
+        gpu: m.gpu.max(f.gpu),
+    })
 }
 
 /// How much later than what it was told a job's start must move before it is told again: less is noise
@@ -394,6 +580,27 @@ fn place(job: &Pending, free: &mut [Resources], nodes: &[Node]) -> Option<Vec<(u
     Some(placement)
 }
 
+/// Places what ranks of the gang fit now, as [`place`] would, and takes them from `free`: what a gang
+/// past its `sla-waiting-time` keeps for the rest of a session although it cannot start.
+fn place_some(job: &Pending, free: &mut [Resources], nodes: &[Node]) -> Vec<(usize, Resources)> {
+    let mut placement = Vec::new();
+    for _ in 0..job.replicas {
+        let found = if job.exclusive {
+            (0..free.len())
+                .find(|&i| free[i] == nodes[i].allocatable && job.per_rank.fits_in(&free[i]))
+                .map(|i| (i, nodes[i].allocatable))
+        } else {
+            least_taken(&job.per_rank, free, nodes).map(|i| (i, job.per_rank))
+        };
+        let Some((node, held)) = found else {
+            break;
+        };
+        held.take_from(&mut free[node]);
+        placement.push((node, held));
+    }
+    placement
+}
+
 /// The node where `rank` fits whose CPU is least taken (the first of equals).
 fn least_taken(rank: &Resources, free: &[Resources], nodes: &[Node]) -> Option<usize> {
     // Taken fractions compared without division: taken_i / cap_i < taken_j / cap_j.
@@ -418,19 +625,28 @@ fn basis(
     released: usize,
     running: usize,
     ahead: usize,
+    bound: bool,
 ) -> String {
     if start <= now {
         return "its resources are free now".to_owned();
     }
     let ahead = match ahead {
         0 => String::new(),
-        1 => ", after the 1 job ahead of it has started".to_owned(),
-        n => format!(", after the {n} jobs ahead of it have started"),
+        1 => ", after 1 other waiting job has started".to_owned(),
+        n => format!(", after {n} other waiting jobs have started"),
     };
-    format!(
-        "by {start} at the latest: {released} of {running} running jobs end by then at their time limits{ahead} \
-         (later only if a job of higher priority arrives or a node fails)"
-    )
+    if bound {
+        format!(
+            "by {start} at the latest: {released} of {running} running jobs end by then at their time limits{ahead} \
+             (later only if a job of higher priority arrives or a node fails)"
+        )
+    } else {
+        format!(
+            "expected by {start}, not promised: {released} of {running} running jobs end by then at their time \
+             limits{ahead}, but the scheduler does not reserve for it, and a job that starts in a gap first \
+             can delay it"
+        )
+    }
 }
 
 #[cfg(test)]
@@ -465,6 +681,10 @@ mod tests {
             replicas,
             per_rank,
             runs_for: Some(SignedDuration::from_secs(secs)),
+            queue: "q".into(),
+            fifo: false,
+            reserved_from: None,
+            inqueue: true,
         }
     }
 
@@ -482,9 +702,12 @@ mod tests {
             ranks: vec![(0, res(1, 0))],
             ends_by: Some(t(100)),
         }];
+        // A fifo queue: the small job does not start in the gap beside the running one.
         let mut whole = pending("whole", 2, res(1, 0), 50);
         whole.exclusive = true;
-        let small = pending("small", 1, res(1, 0), 10);
+        whole.fifo = true;
+        let mut small = pending("small", 1, res(1, 0), 10);
+        small.fifo = true;
         let e = estimate(
             &nodes(2, 16, 0),
             &running,
@@ -574,19 +797,29 @@ mod tests {
             unreachable!()
         };
         assert!(basis.contains("2 of 2 running jobs"), "{basis}");
-        assert!(basis.contains("1 job ahead"), "{basis}");
+        assert!(basis.contains("after 1 other waiting job"), "{basis}");
     }
 
     #[test]
-    fn queue_order_is_kept_a_small_job_behind_a_blocked_gang_is_not_placed_first() {
+    fn a_fifo_queue_keeps_its_order_a_traverse_queue_lets_a_small_job_start_in_the_gap() {
         let running = vec![Running {
             ranks: vec![(0, res(8, 0))],
             ends_by: Some(t(300)),
         }];
-        let jobs = [
+        let mut jobs = [
             pending("big", 1, res(16, 0), 60),
-            pending("small", 1, res(4, 0), 60),
+            pending("small", 1, res(4, 0), 400),
         ];
+        let e = estimate(&nodes(1, 16, 0), &running, &jobs, t(0));
+        assert_eq!(start(&e[1]), t(0), "the small job fits in the gap now");
+        assert_eq!(
+            start(&e[0]),
+            t(400),
+            "and the big one waits for it as well as for the running job"
+        );
+        for j in &mut jobs {
+            j.fifo = true;
+        }
         let e = estimate(&nodes(1, 16, 0), &running, &jobs, t(0));
         assert_eq!(start(&e[0]), t(300));
         assert_eq!(
@@ -594,6 +827,41 @@ mod tests {
             t(360),
             "after the job ahead, which takes the whole node"
         );
+    }
+
+    #[test]
+    fn a_gang_past_its_sla_waiting_time_keeps_what_it_can_place_and_is_not_passed() {
+        // Two 16-CPU nodes: node 0 busy until 100 s. A two-node gang waits; a small long job behind it.
+        let running = vec![Running {
+            ranks: vec![(0, res(16, 0))],
+            ends_by: Some(t(100)),
+        }];
+        let mut gang = pending("gang", 2, res(16, 0), 60);
+        let small = pending("small", 1, res(4, 0), 500);
+        let e = estimate(
+            &nodes(2, 16, 0),
+            &running,
+            &[gang.clone(), small.clone()],
+            t(0),
+        );
+        assert_eq!(
+            (start(&e[0]), start(&e[1])),
+            (t(500), t(0)),
+            "without a waiting time the small job takes the idle node first"
+        );
+        // Past its waiting time the gang keeps the idle node: the small job waits for the gang.
+        gang.reserved_from = Some(t(-1));
+        let e = estimate(
+            &nodes(2, 16, 0),
+            &running,
+            &[gang.clone(), small.clone()],
+            t(0),
+        );
+        assert_eq!((start(&e[0]), start(&e[1])), (t(100), t(160)));
+        // Reserving from 30 s on: the small job arrived first and is not moved.
+        gang.reserved_from = Some(t(30));
+        let e = estimate(&nodes(2, 16, 0), &running, &[gang, small], t(0));
+        assert_eq!((start(&e[0]), start(&e[1])), (t(500), t(0)));
     }
 
     #[test]
@@ -694,9 +962,11 @@ mod tests {
                 ends_by: Some(t(70)),
             },
         ];
+        // A fifo queue: the simulation below keeps the order.
         let jobs: Vec<Pending> = (0..12)
-            .map(|i| {
-                pending(
+            .map(|i| Pending {
+                fifo: true,
+                ..pending(
                     &format!("j{i}"),
                     1 + (i % 3),
                     res(2 + u64::from(i % 4), 0),

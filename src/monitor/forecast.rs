@@ -30,7 +30,7 @@ use super::observe;
 use crate::durable::AnnotationKeys;
 use crate::durable::annotations::parse_millis;
 use crate::quantity::parse_milli;
-use crate::volcano::{LABEL_JOB_NAME, PodGroup, VolcanoJob};
+use crate::volcano::{LABEL_JOB_NAME, PodGroup, Queue, VolcanoJob};
 
 /// The GPU resource name the products ask for.
 pub const GPU: &str = "nvidia.com/gpu";
@@ -44,6 +44,8 @@ pub struct ClusterView<'a> {
     pub groups: &'a [PodGroup],
     /// The VolcanoJobs volcano-runner manages (their annotations carry the deadlines).
     pub jobs: &'a [VolcanoJob],
+    /// The Volcano queues: whether each lets later jobs start first.
+    pub queues: &'a [Queue],
 }
 
 /// One waiting job and when it will start.
@@ -98,6 +100,9 @@ pub struct EstimateView {
     pub kind: &'static str,
     /// RFC 3339; only for `at`.
     pub start_at: Option<String>,
+    /// Only for `at`: `true` when the scheduler reserves for the job, so that `startAt` is a bound
+    /// (it starts by then at the latest); `false` when it is what the replay expects.
+    pub bound: bool,
     /// One line: why this time, or why none.
     pub basis: String,
 }
@@ -105,19 +110,26 @@ pub struct EstimateView {
 impl From<&Estimate> for EstimateView {
     fn from(e: &Estimate) -> Self {
         match e {
-            Estimate::At { start, basis } => Self {
+            Estimate::At {
+                start,
+                basis,
+                bound,
+            } => Self {
                 kind: "at",
                 start_at: Some(start.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
+                bound: *bound,
                 basis: basis.clone(),
             },
             Estimate::Never { why } => Self {
                 kind: "never",
                 start_at: None,
+                bound: false,
                 basis: why.clone(),
             },
             Estimate::Unbounded { why } => Self {
                 kind: "unbounded",
                 start_at: None,
+                bound: false,
                 basis: why.clone(),
             },
         }
@@ -272,11 +284,18 @@ pub fn forecast(view: ClusterView<'_>, keys: &AnnotationKeys, now: Timestamp) ->
     }
     let running: Vec<Running> = holders.into_values().collect();
 
+    let fifo: std::collections::HashSet<&str> = view
+        .queues
+        .iter()
+        .filter(|q| q.spec.dequeue_strategy.as_deref() == Some("fifo"))
+        .filter_map(|q| q.metadata.name.as_deref())
+        .collect();
     let pending: Vec<Pending> = waiting
         .iter()
         .map(|pg| {
             let job = job_of_group(pg).and_then(|k| jobs.get(&k).copied());
-            pending_gang(pg, job, keys)
+            let in_fifo = fifo.contains(observe::queue_of(pg).as_str());
+            pending_gang(pg, job, keys, in_fifo)
         })
         .collect();
     let estimates = estimate::estimate(&nodes, &running, &pending, now);
@@ -350,10 +369,24 @@ pub fn gang(pg: &PodGroup) -> (u32, Resources) {
 }
 
 /// A waiting PodGroup as the replay takes it; `job` is its VolcanoJob when volcano-runner made it (its
-/// `maxTime` is the gang's time allocation; without one it holds what it gets for good).
-pub fn pending_gang(pg: &PodGroup, job: Option<&VolcanoJob>, keys: &AnnotationKeys) -> Pending {
+/// `maxTime` is the gang's time allocation; without one it holds what it gets for good); `fifo`: its
+/// queue's `dequeueStrategy` is `fifo`.
+pub fn pending_gang(
+    pg: &PodGroup,
+    job: Option<&VolcanoJob>,
+    keys: &AnnotationKeys,
+    fifo: bool,
+) -> Pending {
     let (replicas, per_rank) = gang(pg);
     Pending {
+        queue: observe::queue_of(pg),
+        fifo,
+        reserved_from: reserved_from(pg, job),
+        inqueue: pg
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_ref())
+            .is_some_and(|p| p.as_str() == "Inqueue"),
         exclusive: job.is_some_and(|j| exclusive(j, keys)),
         job_id: pg.metadata.name.clone().unwrap_or_default(),
         replicas,
@@ -362,6 +395,25 @@ pub fn pending_gang(pg: &PodGroup, job: Option<&VolcanoJob>, keys: &AnnotationKe
             .and_then(|j| millis_annotation(j, &keys.max_time))
             .map(SignedDuration::from_millis),
     }
+}
+
+/// The annotation Volcano's `sla` plugin reads (on the PodGroup, where the job controller copies the
+/// job's annotations).
+const SLA_WAITING_TIME: &str = "sla-waiting-time";
+
+/// When Volcano's `sla` plugin starts reserving for a waiting gang: its PodGroup's creation plus its
+/// `sla-waiting-time` (read on the PodGroup, else on its job, whose annotations the job controller
+/// copies there). `None` without a valid one: the plugin ignores a waiting time it cannot parse.
+pub fn reserved_from(pg: &PodGroup, job: Option<&VolcanoJob>) -> Option<Timestamp> {
+    let text = pg
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SLA_WAITING_TIME))
+        .or_else(|| job?.metadata.annotations.as_ref()?.get(SLA_WAITING_TIME))?;
+    let wait: SignedDuration = text.trim().parse().ok()?;
+    let created = pg.metadata.creation_timestamp.as_ref()?.0;
+    created.checked_add(wait).ok()
 }
 
 /// Whether the job asked for whole nodes (its ranks hold every node they run on).
@@ -462,6 +514,7 @@ mod tests {
             pods: &pods,
             groups: &groups,
             jobs: &jobs,
+            queues: &[],
         };
         let out = forecast(view, &keys(), t(100));
         assert_eq!(out.len(), 1, "only the waiting group: {out:?}");
@@ -487,6 +540,7 @@ mod tests {
             pods: &pods,
             groups: &groups,
             jobs: &[],
+            queues: &[],
         };
         let out = forecast(view, &keys(), t(100));
         assert_eq!(out[0].estimate.kind, "unbounded", "{out:?}");
@@ -507,6 +561,7 @@ mod tests {
             pods: &[],
             groups: &groups,
             jobs: &[],
+            queues: &[],
         };
         let out = forecast(view, &keys(), t(100));
         let pos: Vec<(&str, u32, &str)> = out
@@ -537,6 +592,7 @@ mod tests {
             pods: &pods,
             groups: &groups,
             jobs: &jobs,
+            queues: &[],
         };
         let out = forecast(view, &keys(), t(100));
         assert_eq!(

@@ -19,7 +19,7 @@ use volcano_runner::durable::AnnotationKeys;
 use volcano_runner::monitor::estimate::worth_telling;
 use volcano_runner::monitor::forecast::{ClusterView, QueueEntry, forecast};
 use volcano_runner::sim::NodeSpec;
-use volcano_runner::volcano::{PodGroup, VolcanoJob};
+use volcano_runner::volcano::{PodGroup, Queue, VolcanoJob};
 
 use crate::sim_support::{jobs, namespace, queue, start_with};
 
@@ -138,11 +138,13 @@ pub(crate) async fn queue_entries(client: &kube::Client, now: Timestamp) -> Vec<
         .list(&managed)
         .await
         .unwrap();
+    let queues = Api::<Queue>::all(client.clone()).list(&all).await.unwrap();
     let view = ClusterView {
         nodes: &nodes.items,
         pods: &pods.items,
         groups: &groups.items,
         jobs: &vcjobs.items,
+        queues: &queues.items,
     };
     forecast(view, &AnnotationKeys::new("ucloud.dk/"), now)
 }

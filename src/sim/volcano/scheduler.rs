@@ -2,7 +2,8 @@
 //! times the over-commit factor, within its queue's capability), then, once the job controller has made
 //! its pods, allocated all-or-nothing: the pods are bound only when at least `minMember` of them fit on
 //! nodes. Otherwise the PodGroup carries an `Unschedulable` condition with Volcano's message and waits.
-//! PodGroups are tried in arrival order; a queue with `dequeueStrategy: fifo` lets nothing overtake a
+//! PodGroups are tried in Volcano's job order (created first; in the same second, by namespace and
+//! name); a queue with `dequeueStrategy: fifo` lets nothing overtake a
 //! waiting gang. A gang that failed is tried again only when capacity, nodes or queues change. A gang
 //! whose job's `sla-waiting-time` has run out is enqueued at once, tried first and keeps what it could
 //! place ([`super::sla`]).
@@ -168,11 +169,25 @@ impl Model {
                 .collect()
         };
         self.fresh_groups.clear();
-        if !overdue.is_empty() {
-            candidates.sort_by_key(|(seq, _, _)| {
-                (overdue.get(seq).map_or((1, None), |d| (0, Some(*d))), *seq)
-            });
-        }
+        // Volcano's job order: past the sla waiting time first (the earlier deadline first), then by
+        // creation, and among gangs created in the same second by their id (the PodGroup's namespace and
+        // name), not by when the scheduler first saw them: the API server keeps creation times to the
+        // second, and the scheduler's cache has no other order.
+        let created = |key: &ObjectKey| {
+            core.store
+                .get(key)
+                .and_then(|pg| pg.at("/metadata/creationTimestamp").and_then(Value::as_str))
+                .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                .map_or(i64::MAX, |t| t.as_second())
+        };
+        candidates.sort_by_cached_key(|(seq, key, _)| {
+            (
+                overdue.get(seq).map_or((1, None), |d| (0, Some(*d))),
+                created(key),
+                key.namespace.clone(),
+                key.name.clone(),
+            )
+        });
         // What gangs past their waiting time hold in this pass without being bound (sla: pipelined).
         let mut held = Held {
             extra: vec![Resources::default(); self.nodes.len()],
