@@ -22,10 +22,17 @@
 //! instant the replay freed them: only a job the scheduler reserves for ([`Pending::bound`]) gets a
 //! bound; the others get an expectation ([`Estimate::At`]`::bound`).
 //!
-//! Cost: a session tries every gang still waiting (cheap checks first: the roomiest node, the total
-//! free, a gang size that already failed in the session), so a replay costs about
-//! `O(instants × waiting)` plus a placement of every rank over the nodes: a few ms for a thousand
-//! waiting jobs on a hundred nodes, seconds for ten thousand on a thousand.
+//! Cost: a session tries the gangs still waiting (cheap checks first: the roomiest node, the total
+//! free, a gang size that already failed in the session) until [`BACKFILL_DEPTH`] of them in a row
+//! could not start; past that it only admits (Volcano's `enqueue`, whose effect on later sessions must
+//! stay exact) and stops once every gang is admitted. So a replay costs about
+//! `O(instants × BACKFILL_DEPTH)` plus a placement of every rank over the nodes, where trying every
+//! gang in every session took over a minute for ten thousand waiting jobs on a thousand nodes (debug
+//! build). What the limit gives up: a gang further back than that behind gangs that cannot start is
+//! not foreseen to start in a gap of that session; it starts later in the replay than the scheduler
+//! may start it, so its estimate errs late (a bound stays a bound); and the gap it would take is left
+//! to the gangs ahead, which only matters for expectations: a bound's gang, past its waiting time,
+//! keeps what it can place before any gang behind it is tried.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -155,6 +162,11 @@ pub enum Estimate {
     Unbounded { why: String },
 }
 
+/// How many gangs in a row that cannot start a session tries before it stops looking for gaps (see
+/// the module documentation, "Cost"). Far more than a queue a person reads: the busy workload's
+/// sessions never reach it.
+pub const BACKFILL_DEPTH: usize = 256;
+
 /// An instant when resources come back: `(when, what)`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct End {
@@ -222,6 +234,10 @@ pub fn estimate(
             None => waiting.push(i),
         }
     }
+    // Gangs still waiting in the replay, and entries of `order` that started since it was last cut
+    // down: cut when they are half of it, not after every session (that cost O(waiting) per session).
+    let mut left = waiting.len();
+    let mut stale = 0usize;
     let mut cursor = now;
     let mut released_running = 0usize;
     let mut started = 0usize;
@@ -243,6 +259,8 @@ pub fn estimate(
             job.minimum().give_back(&mut admitted);
         }
     }
+    // Gangs not admitted yet: while there are some, a session past its depth still admits.
+    let mut to_admit = inqueue.iter().filter(|admitted| !**admitted).count();
     loop {
         // One scheduling session at `cursor`, as the scheduler's `allocate` action runs it: gangs past
         // their waiting time first (the earlier deadline first), then the others in list order; each gang
@@ -252,6 +270,8 @@ pub fn estimate(
         if rebuild {
             // The order changes only when a waiting time runs out: sorted again then, not every session.
             order.clear();
+            waiting.retain(|&i| out[i].is_none());
+            stale = 0;
             order.extend(
                 waiting
                     .iter()
@@ -268,8 +288,20 @@ pub fn estimate(
         let mut roomiest = roomiest(&free);
         let mut placed_now = false;
         let mut locked_total = Resources::default();
+        // Gangs in a row (not past their waiting time) that could not start in this session.
+        let mut misses = 0usize;
         for &(overdue, _, i) in &order {
             let job = &pending[i];
+            if matches!(out[i], Some(Estimate::At { .. })) {
+                continue;
+            }
+            let deep = overdue != 0 && misses >= BACKFILL_DEPTH;
+            if deep && (to_admit == 0 || inqueue[i]) {
+                if to_admit == 0 {
+                    break;
+                }
+                continue;
+            }
             if job.fifo && blocked.contains(&job.queue.as_str()) {
                 continue;
             }
@@ -281,6 +313,7 @@ pub fn estimate(
                 locked_total.give_back(&mut idle);
                 if overdue == 0 || admissible(&job.minimum(), &idle, &admitted) {
                     inqueue[i] = true;
+                    to_admit -= 1;
                     job.minimum().give_back(&mut admitted);
                 } else {
                     if job.fifo {
@@ -288,6 +321,9 @@ pub fn estimate(
                     }
                     continue;
                 }
+            }
+            if deep {
+                continue;
             }
             if matches!(out[i], Some(Estimate::Never { .. })) {
                 if job.fifo {
@@ -317,6 +353,9 @@ pub fn estimate(
                 failed.insert(shape);
             }
             let Some(placement) = placement else {
+                if overdue != 0 {
+                    misses += 1;
+                }
                 if overdue == 0 {
                     for (node, held) in place_some(job, &mut free, nodes) {
                         held.take_from(&mut total);
@@ -331,6 +370,9 @@ pub fn estimate(
                 continue;
             };
             placed_now = true;
+            misses = 0;
+            left -= 1;
+            stale += 1;
             for (_, r) in &placement {
                 r.take_from(&mut total);
             }
@@ -361,11 +403,11 @@ pub fn estimate(
             held.give_back(&mut free[node]);
             held.give_back(&mut total);
         }
-        if placed_now {
-            waiting.retain(|&i| out[i].is_none());
+        if placed_now && stale * 2 > order.len() {
             order.retain(|&(_, _, i)| !matches!(out[i], Some(Estimate::At { .. })));
+            stale = 0;
         }
-        if waiting.is_empty() {
+        if left == 0 {
             break;
         }
         // The next session that can differ: when resources come back, or when a waiting gang's waiting
@@ -693,6 +735,34 @@ mod tests {
             Estimate::At { start, .. } => *start,
             other => panic!("not an estimate: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_session_stops_looking_for_gaps_past_its_depth() {
+        // One node with 4 CPUs free; ahead, more gangs than the depth that need 8 CPUs each (they
+        // start one after another, each when the one before ends), then a 1-CPU job that would fit now.
+        let mut jobs: Vec<Pending> = (0..BACKFILL_DEPTH + 1)
+            .map(|k| pending(&format!("big-{k}"), 1, res(8, 0), 10))
+            .collect();
+        let running = [Running {
+            ranks: vec![(0, res(12, 0))],
+            ends_by: Some(t(100)),
+        }];
+        jobs.push(pending("small", 1, res(1, 0), 10));
+        let e = estimate(&nodes(1, 16, 0), &running, &jobs, t(0));
+        assert_ne!(
+            start(&e[BACKFILL_DEPTH + 1]),
+            t(0),
+            "past the depth, the gap is not foreseen"
+        );
+        // Within the depth it is.
+        let near: Vec<Pending> = jobs[BACKFILL_DEPTH - 2..].to_vec();
+        let e = estimate(&nodes(1, 16, 0), &running, &near, t(0));
+        assert_eq!(
+            start(e.last().unwrap()),
+            t(0),
+            "a gap near the front is foreseen"
+        );
     }
 
     #[test]
