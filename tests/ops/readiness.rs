@@ -83,7 +83,19 @@ async fn readiness_follows_the_broker_and_the_cluster() {
     let vhost = segment(&fleet.vhost.name);
     let (status, body) = management("DELETE", &format!("/api/vhosts/{vhost}"), None).await;
     assert!(matches!(status, 204 | 200), "{status} {body}");
-    let body = readyz_becomes(addr, 503, "the broker to be missed").await;
+    // The broker's line and the consumers' lines are each updated by their own task, milliseconds
+    // apart: wait for all three to say so (readiness itself is 503 from the first).
+    let body = readyz_when(
+        addr,
+        503,
+        "the broker and its consumers to be missed",
+        |b| {
+            b.contains("failed broker:")
+                && b.contains("failed submit consumer:")
+                && b.contains("failed control consumer:")
+        },
+    )
+    .await;
     assert!(
         body.contains("failed broker: not connected to RabbitMQ"),
         "{body}"
