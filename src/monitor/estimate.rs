@@ -603,13 +603,7 @@ fn gang_fits(job: &Pending, free: &[Resources], nodes: &[Node]) -> bool {
 fn place(job: &Pending, free: &mut [Resources], nodes: &[Node]) -> Option<Vec<(usize, Resources)>> {
     let mut placement = Vec::with_capacity(job.replicas as usize);
     for _ in 0..job.replicas {
-        let found = if job.exclusive {
-            (0..free.len())
-                .find(|&i| free[i] == nodes[i].allocatable && job.per_rank.fits_in(&free[i]))
-                .map(|i| (i, nodes[i].allocatable))
-        } else {
-            least_taken(&job.per_rank, free, nodes).map(|i| (i, job.per_rank))
-        };
+        let found = rank_node(job, free, nodes);
         let Some((node, held)) = found else {
             for (node, r) in &placement {
                 Resources::give_back(r, &mut free[*node]);
@@ -627,13 +621,7 @@ fn place(job: &Pending, free: &mut [Resources], nodes: &[Node]) -> Option<Vec<(u
 fn place_some(job: &Pending, free: &mut [Resources], nodes: &[Node]) -> Vec<(usize, Resources)> {
     let mut placement = Vec::new();
     for _ in 0..job.replicas {
-        let found = if job.exclusive {
-            (0..free.len())
-                .find(|&i| free[i] == nodes[i].allocatable && job.per_rank.fits_in(&free[i]))
-                .map(|i| (i, nodes[i].allocatable))
-        } else {
-            least_taken(&job.per_rank, free, nodes).map(|i| (i, job.per_rank))
-        };
+        let found = rank_node(job, free, nodes);
         let Some((node, held)) = found else {
             break;
         };
@@ -641,6 +629,18 @@ fn place_some(job: &Pending, free: &mut [Resources], nodes: &[Node]) -> Vec<(usi
         placement.push((node, held));
     }
     placement
+}
+
+/// Where one more rank of the gang goes now, and what it holds there: the first untouched node for an
+/// exclusive gang (all of it), else the least taken node it fits.
+fn rank_node(job: &Pending, free: &[Resources], nodes: &[Node]) -> Option<(usize, Resources)> {
+    if job.exclusive {
+        (0..free.len())
+            .find(|&i| free[i] == nodes[i].allocatable && job.per_rank.fits_in(&free[i]))
+            .map(|i| (i, nodes[i].allocatable))
+    } else {
+        least_taken(&job.per_rank, free, nodes).map(|i| (i, job.per_rank))
+    }
 }
 
 /// The node where `rank` fits whose CPU is least taken (the first of equals).

@@ -128,6 +128,43 @@ async fn open(addr: SocketAddr, w: &World, job_id: &str, rank: u32, path: &str) 
 }
 
 /// The next message, within patience.
+/// Sends one command line to a terminal and reads its output until `expect` shows.
+async fn run_in_terminal(socket: &mut Socket, command: &str, expect: &str) {
+    socket
+        .send(Message::binary(format!("{command}\n").into_bytes()))
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    while !String::from_utf8_lossy(&out).contains(expect) {
+        match next(socket).await {
+            Some(Message::Binary(b)) => out.extend_from_slice(&b),
+            Some(Message::Close(c)) => panic!(
+                "closed early: {c:?}; output {:?}",
+                String::from_utf8_lossy(&out)
+            ),
+            Some(_) => {}
+            None => panic!("ended early: output {:?}", String::from_utf8_lossy(&out)),
+        }
+    }
+}
+
+/// Lets the simulated time of a cancelled job's end pass and returns the close frame the bridge sends.
+async fn closed_as_the_job_ends(
+    w: &World,
+    socket: &mut Socket,
+) -> tokio_tungstenite::tungstenite::protocol::CloseFrame {
+    for _ in 0..4 {
+        w.advance(5);
+    }
+    loop {
+        match next(socket).await {
+            Some(Message::Close(c)) => break c.expect("a close frame with a reason"),
+            Some(_) => {}
+            None => panic!("the socket ended without a close frame"),
+        }
+    }
+}
+
 async fn next(socket: &mut Socket) -> Option<Message> {
     tokio::time::timeout(PATIENCE, socket.next())
         .await
@@ -291,36 +328,15 @@ async fn a_terminal_session_runs_a_command_and_is_closed_when_the_job_ends() {
     run_routed(w, sync, &job).await;
 
     let mut socket = open(addr, w, "shell", 0, "/.volcano-runner/terminal").await;
-    socket
-        .send(Message::binary(
-            b"echo \"answer-$((6 * 7)) in $HOSTNAME\"\n".to_vec(),
-        ))
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    while !String::from_utf8_lossy(&out).contains("answer-42 in j-shell-job-0") {
-        match next(&mut socket).await {
-            Some(Message::Binary(b)) => out.extend_from_slice(&b),
-            Some(Message::Close(c)) => panic!(
-                "closed early: {c:?}; output {:?}",
-                String::from_utf8_lossy(&out)
-            ),
-            Some(_) => {}
-            None => panic!("ended early: output {:?}", String::from_utf8_lossy(&out)),
-        }
-    }
+    run_in_terminal(
+        &mut socket,
+        "echo \"answer-$((6 * 7)) in $HOSTNAME\"",
+        "answer-42 in j-shell-job-0",
+    )
+    .await;
 
     cancel(w, &ns, "shell").await;
-    for _ in 0..4 {
-        w.advance(5);
-    }
-    let close = loop {
-        match next(&mut socket).await {
-            Some(Message::Close(c)) => break c.expect("a close frame with a reason"),
-            Some(_) => {}
-            None => panic!("the socket ended without a close frame"),
-        }
-    };
+    let close = closed_as_the_job_ends(w, &mut socket).await;
     assert_eq!(close.code, CloseCode::Normal);
     assert_eq!(close.reason.as_str(), "job shell ended");
     stage.finish().await;
@@ -344,24 +360,12 @@ async fn a_terminal_only_job_gets_a_shell_and_no_vnc_and_the_shell_closes_when_c
     }
 
     let mut socket = open(addr, w, "tonly", 1, "/.volcano-runner/terminal").await;
-    socket
-        .send(Message::binary(
-            b"echo \"hello-$((40 + 2)) in $HOSTNAME\"\n".to_vec(),
-        ))
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    while !String::from_utf8_lossy(&out).contains("hello-42 in j-tonly-job-1") {
-        match next(&mut socket).await {
-            Some(Message::Binary(b)) => out.extend_from_slice(&b),
-            Some(Message::Close(c)) => panic!(
-                "closed early: {c:?}; output {:?}",
-                String::from_utf8_lossy(&out)
-            ),
-            Some(_) => {}
-            None => panic!("ended early: output {:?}", String::from_utf8_lossy(&out)),
-        }
-    }
+    run_in_terminal(
+        &mut socket,
+        "echo \"hello-$((40 + 2)) in $HOSTNAME\"",
+        "hello-42 in j-tonly-job-1",
+    )
+    .await;
 
     let mut vnc = open(addr, w, "tonly", 0, "/.volcano-runner/vnc").await;
     match next(&mut vnc).await {
@@ -373,16 +377,7 @@ async fn a_terminal_only_job_gets_a_shell_and_no_vnc_and_the_shell_closes_when_c
     }
 
     cancel(w, &ns, "tonly").await;
-    for _ in 0..4 {
-        w.advance(5);
-    }
-    let close = loop {
-        match next(&mut socket).await {
-            Some(Message::Close(c)) => break c.expect("a close frame with a reason"),
-            Some(_) => {}
-            None => panic!("the socket ended without a close frame"),
-        }
-    };
+    let close = closed_as_the_job_ends(w, &mut socket).await;
     assert_eq!(close.code, CloseCode::Normal);
     assert_eq!(close.reason.as_str(), "job tonly ended");
     stage.finish().await;

@@ -598,35 +598,24 @@ pub(crate) fn is_gated(pod: &Value) -> bool {
 
 /// The condition Kubernetes puts on a pod that waits for its scheduling gates to be removed.
 fn pod_gated(p: &mut Value, now: &str) {
-    if !p.get("status").is_some_and(Value::is_object) {
-        p["status"] = json!({"phase": "Pending"});
-    }
     let cond = json!({"type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
                       "message": "Scheduling is blocked due to non-empty scheduling gates",
                       "lastProbeTime": null, "lastTransitionTime": now});
-    let list = p["status"]
-        .as_object_mut()
-        .expect("status object")
-        .entry("conditions")
-        .or_insert_with(|| json!([]));
-    if let Value::Array(list) = list {
-        match list.iter_mut().find(|c| c["type"] == "PodScheduled") {
-            Some(c) => {
-                if c["reason"] != "SchedulingGated" {
-                    *c = cond;
-                }
-            }
-            None => list.push(cond),
-        }
-    }
+    set_pod_scheduled(p, cond, |c| c["reason"] != "SchedulingGated");
 }
 
 fn pod_unschedulable(p: &mut Value, message: &str, now: &str) {
+    let cond = json!({"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
+                      "lastProbeTime": null, "lastTransitionTime": now});
+    set_pod_scheduled(p, cond, |c| c["message"] != message);
+}
+
+/// Sets the pod's `PodScheduled` condition to `cond` where it has none, or where `differs` says the one it
+/// has says something else (an unchanged condition keeps its transition time, as the scheduler's does).
+fn set_pod_scheduled(p: &mut Value, cond: Value, differs: impl Fn(&Value) -> bool) {
     if !p.get("status").is_some_and(Value::is_object) {
         p["status"] = json!({"phase": "Pending"});
     }
-    let cond = json!({"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
-                      "lastProbeTime": null, "lastTransitionTime": now});
     let list = p["status"]
         .as_object_mut()
         .expect("status object")
@@ -635,7 +624,7 @@ fn pod_unschedulable(p: &mut Value, message: &str, now: &str) {
     if let Value::Array(list) = list {
         match list.iter_mut().find(|c| c["type"] == "PodScheduled") {
             Some(c) => {
-                if c["message"] != message {
+                if differs(c) {
                     *c = cond;
                 }
             }
