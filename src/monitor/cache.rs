@@ -1359,6 +1359,7 @@ impl Cache {
                 if let Estimate::At {
                     basis,
                     bound: false,
+                    record,
                     ..
                 } = e
                 {
@@ -1366,6 +1367,10 @@ impl Cache {
                         "; of such expectations made since this runner started, {} of {} held",
                         self.expectations_held, self.expectations_kept
                     ));
+                    *record = Some(estimate::ExpectationRecord {
+                        held: self.expectations_held,
+                        made: self.expectations_kept,
+                    });
                 }
             }
         }
@@ -1968,6 +1973,20 @@ mod tests {
             basis(&c, "j-b").ends_with("0 of 1 held"),
             "{}",
             basis(&c, "j-b")
+        );
+        // The same record, as numbers for the event's pending details.
+        let record = match c
+            .snapshot(&JobKey::new("ns", "j-b"))
+            .unwrap()
+            .estimate
+            .as_deref()
+        {
+            Some(Estimate::At { record, .. }) => *record,
+            other => panic!("an expectation: {other:?}"),
+        };
+        assert_eq!(
+            record,
+            Some(estimate::ExpectationRecord { held: 0, made: 1 })
         );
     }
 }

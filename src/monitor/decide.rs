@@ -1012,9 +1012,20 @@ fn estimate_moved(told: &str, fresh: &str, now: Timestamp, tolerance: SignedDura
 /// The estimate into the event's pending details.
 fn tell_estimate(details: &mut crate::messages::v1::PendingDetails, e: &Estimate) {
     match e {
-        Estimate::At { start, basis, .. } => {
+        Estimate::At {
+            start,
+            basis,
+            bound,
+            record,
+        } => {
             details.estimated_start_at = Some(crate::pipeline::hooks::proto_timestamp(*start));
             details.estimate_basis = basis.clone();
+            details.estimate_is_bound = *bound;
+            if let Some(r) = record.filter(|_| !bound) {
+                let count = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+                details.expectations_held = Some(count(r.held));
+                details.expectations_made = Some(count(r.made));
+            }
         }
         Estimate::Never { why } => {
             details.never_fits = true;
@@ -2301,6 +2312,7 @@ mod tests {
             start: ts(secs),
             basis: format!("by {} at the latest", ts(secs)),
             bound: true,
+            record: None,
         };
         drive_with(&s, &mut job, &[], Some(&at(600)), ts(5), &mut world);
         let told = lifecycle(&world);
@@ -2535,5 +2547,36 @@ mod tests {
         let mut world = World::default();
         drive(&s, &mut job, &[], ts(0), &mut world);
         assert_eq!(lifecycle(&world).len(), 1);
+    }
+
+    #[test]
+    fn an_estimate_tells_whether_it_is_a_bound_and_an_expectation_its_record() {
+        let mut details = crate::messages::v1::PendingDetails::default();
+        tell_estimate(
+            &mut details,
+            &Estimate::At {
+                start: ts(600),
+                basis: "expected".into(),
+                bound: false,
+                record: Some(crate::monitor::estimate::ExpectationRecord { held: 41, made: 43 }),
+            },
+        );
+        assert!(!details.estimate_is_bound);
+        assert_eq!(
+            (details.expectations_held, details.expectations_made),
+            (Some(41), Some(43))
+        );
+        let mut details = crate::messages::v1::PendingDetails::default();
+        tell_estimate(
+            &mut details,
+            &Estimate::At {
+                start: ts(600),
+                basis: "by then at the latest".into(),
+                bound: true,
+                record: Some(crate::monitor::estimate::ExpectationRecord { held: 1, made: 2 }),
+            },
+        );
+        assert!(details.estimate_is_bound);
+        assert_eq!(details.expectations_made, None, "a bound carries no record");
     }
 }

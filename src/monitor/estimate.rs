@@ -155,11 +155,21 @@ pub enum Estimate {
         start: Timestamp,
         basis: String,
         bound: bool,
+        /// With an expectation: how often earlier expectations held, where the monitor has a record.
+        record: Option<ExpectationRecord>,
     },
     /// It can never run here: a rank, or the whole gang, is larger than the cluster even when empty.
     Never { why: String },
     /// No bound: a job it waits for (running or ahead) has no time limit.
     Unbounded { why: String },
+}
+
+/// Of the expectations made for jobs that have started since: how many held (the job started by the
+/// time told), and how many there were. Told with every expectation, so that a person can judge one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpectationRecord {
+    pub held: u64,
+    pub made: u64,
 }
 
 /// How many gangs in a row that cannot start a session tries before it stops looking for gaps (see
@@ -385,6 +395,7 @@ pub fn estimate(
                 start: cursor,
                 basis: basis(cursor, now, released_running, running.len(), started, bound),
                 bound,
+                record: None,
             });
             started += 1;
             match job.runs_for {

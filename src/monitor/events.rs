@@ -97,7 +97,7 @@ pub fn status(
         state: JobState::Unspecified as i32,
         status: pending.text.clone(),
         reason: pending.reason.to_owned(),
-        pending: Some(pending.details.clone()),
+        pending: Some(Box::new(pending.details.clone())),
         timestamp: Some(proto_timestamp(at)),
         runner_id: runner_id.to_owned(),
         ..JobEvent::default()

@@ -114,6 +114,7 @@ impl From<&Estimate> for EstimateView {
                 start,
                 basis,
                 bound,
+                ..
             } => Self {
                 kind: "at",
                 start_at: Some(start.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),

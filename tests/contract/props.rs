@@ -429,11 +429,17 @@ fn job_event() -> impl Strategy<Value = v1::JobEvent> {
             any::<String>(),
         ),
         (option::of(timestamp()), any::<String>(), any::<bool>()),
+        (
+            any::<bool>(),
+            option::of(any::<u32>()),
+            option::of(any::<u32>()),
+        ),
     )
         .prop_map(
             |(
                 (queue, jobs_ahead, unschedulable_pods, total_pods, message),
                 (estimated_start_at, estimate_basis, never_fits),
+                (estimate_is_bound, expectations_held, expectations_made),
             )| v1::PendingDetails {
                 queue,
                 jobs_ahead,
@@ -443,6 +449,9 @@ fn job_event() -> impl Strategy<Value = v1::JobEvent> {
                 estimated_start_at,
                 estimate_basis,
                 never_fits,
+                estimate_is_bound,
+                expectations_held,
+                expectations_made,
             },
         );
     (
@@ -455,7 +464,7 @@ fn job_event() -> impl Strategy<Value = v1::JobEvent> {
         ),
         (
             vec(exit, 0..3),
-            option::of(pending),
+            option::of(pending.prop_map(Box::new)),
             option::of(timestamp()),
             timestamp(),
         ),
