@@ -442,6 +442,27 @@ async fn proxy_create_update_and_remove_for_a_two_replica_web_job() {
         .clone();
     assert_eq!(update.targets.len(), 2);
     assert_ne!(update.targets, create.targets, "new targets");
+    // The UPDATE is recorded (its sequence) before the cancel. A cancel that lands between the UPDATE's
+    // publication and its record gets a REMOVE with the UPDATE's number, which a proxy still takes over
+    // it (REMOVE wins a tie, see `ProxyEvent.sequence`); this test checks the numbering of the ordinary
+    // case, so it waits, as it read 2 instead of 3 once under a fully loaded run.
+    let recorded = tokio::time::Instant::now() + Duration::from_secs(60);
+    while w
+        .vcjob(&ns, "m6")
+        .and_then(|j| {
+            j["metadata"]["annotations"][w.keys.proxy_sequence.as_str()]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .as_deref()
+        != Some("2")
+    {
+        assert!(
+            tokio::time::Instant::now() < recorded,
+            "the UPDATE's sequence is never recorded"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // Cancel as the runner does: cause and reason first, then the delete.
     let api: kube::Api<volcano_runner::volcano::VolcanoJob> =
         kube::Api::namespaced(w.client.clone(), &ns);
