@@ -44,6 +44,8 @@
 //! | `peers` | ConnectToJob, at create | the job's peers, `<hostname>=<peerJobId>` comma-separated, sorted by hostname |
 //! | `peerAddresses` | monitor | the peer addresses last written into the job's peer EndpointSlice, `<hostname>=<ip>` comma-separated |
 //! | `peerEnded` | monitor | the peers whose end the running job was told of, job ids comma-separated |
+//! | `maintenanceWarned` | monitor | `<window id>/<start ms>` of the last maintenance window the running job was warned of |
+//! | `maintenanceCut` | monitor | the instant (ms) a maintenance window ended the job at; its final tick ends there |
 //!
 //! Every VolcanoJob the runner creates carries the finalizer [`AnnotationKeys::cleanup_finalizer`]
 //! (`<prefix>cleanup`): the job cannot vanish before the monitor has run its cleanup (final tick, proxy
@@ -140,6 +142,10 @@ pub struct AnnotationKeys {
     pub peer_addresses: String,
     /// `<prefix>peerEnded` (see the table above).
     pub peer_ended: String,
+    /// `<prefix>maintenanceWarned` (see the table above).
+    pub maintenance_warned: String,
+    /// `<prefix>maintenanceCut` (see the table above).
+    pub maintenance_cut: String,
 }
 
 impl AnnotationKeys {
@@ -191,6 +197,8 @@ impl AnnotationKeys {
             peers: k("peers"),
             peer_addresses: k("peerAddresses"),
             peer_ended: k("peerEnded"),
+            maintenance_warned: k("maintenanceWarned"),
+            maintenance_cut: k("maintenanceCut"),
         }
     }
 

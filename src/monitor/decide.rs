@@ -75,15 +75,11 @@ pub struct Settings {
     pub retention: SignedDuration,
     /// `[monitor] maintenance_warn_before`.
     pub maintenance_warn_before: SignedDuration,
-    /// `<prefix>maintenanceCut` and `<prefix>maintenanceWarned` (see [`super::maintenance`]).
-    pub maintenance_cut: String,
-    pub maintenance_warned: String,
 }
 
 impl Settings {
     pub fn new(config: Arc<Config>, runner_id: impl Into<String>) -> Self {
         let keys = AnnotationKeys::new(&config.pipeline.annotation_prefix);
-        let keys_prefix = keys.prefix.clone();
         let m = &config.monitor;
         let signed =
             |d: std::time::Duration| SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
@@ -101,8 +97,6 @@ impl Settings {
             cleanup_grace: signed(m.cleanup_grace),
             retention: signed(config.cluster.ended_job_retention),
             maintenance_warn_before: signed(m.maintenance_warn_before),
-            maintenance_cut: super::maintenance::cut_key(&keys_prefix),
-            maintenance_warned: super::maintenance::warned_key(&keys_prefix),
             config,
         }
     }
@@ -318,7 +312,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
                     next_check: Some(grace_end),
                 });
             }
-            let cut = annotation(job, &s.maintenance_cut)
+            let cut = annotation(job, &s.keys.maintenance_cut)
                 .and_then(crate::durable::annotations::parse_millis);
             let outcome = by_cause(&facts, &record, &ranks, started, deleted_at, cut);
             return Ok(record_step(s, &facts, outcome, &ranks, None));
@@ -501,7 +495,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
                 &facts.job_id,
                 window,
                 started,
-                annotation(job, &s.maintenance_warned),
+                annotation(job, &s.keys.maintenance_warned),
                 s.maintenance_warn_before,
                 now,
             ) {
@@ -530,7 +524,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         action.next_check = next_check;
         if let Some((event, token)) = maintenance_warning {
             action.publish.push(Outbound::Lifecycle(event));
-            action.set.insert(s.maintenance_warned.clone(), token);
+            action.set.insert(s.keys.maintenance_warned.clone(), token);
         }
         action.fresh = action
             .publish
@@ -670,7 +664,7 @@ fn maintenance_end(
     now: Timestamp,
 ) -> Option<Step> {
     let recorded = matches!(&facts.termination_cause, Some(TerminationCause::Other(c)) if c == super::maintenance::CAUSE)
-        && annotation(obs.job, &s.maintenance_cut).is_some();
+        && annotation(obs.job, &s.keys.maintenance_cut).is_some();
     let mut set = BTreeMap::new();
     if !recorded {
         let window = super::maintenance::cutting(obs.maintenance, obs.pods, facts.expiry, now)?;
@@ -692,7 +686,7 @@ fn maintenance_end(
             s.keys.termination_reason.clone(),
             super::maintenance::end_status(window),
         );
-        set.insert(s.maintenance_cut.clone(), format_millis(at));
+        set.insert(s.keys.maintenance_cut.clone(), format_millis(at));
     }
     Some(Step::Act(Action {
         what: "maintenance",
@@ -1064,7 +1058,7 @@ pub fn decide_gone(
                 .or_else(|| observe::last_finish(&ranks))
                 .unwrap_or(now)
                 .min(now);
-            let cut = annotation(last, &s.maintenance_cut)
+            let cut = annotation(last, &s.keys.maintenance_cut)
                 .and_then(crate::durable::annotations::parse_millis);
             let mut outcome = by_cause(&facts, &record, &ranks, started, end, cut);
             if facts.termination_cause.is_none() {

@@ -25,17 +25,6 @@ pub const WARNING_REASON: &str = "maintenance_warning";
 /// The `terminationCause` the monitor records before it deletes a job for a window.
 pub const CAUSE: &str = "maintenance";
 
-/// `<prefix>maintenanceCut`: the instant (ms) the job was ended at for a window; the final tick ends
-/// there.
-pub fn cut_key(prefix: &str) -> String {
-    format!("{prefix}maintenanceCut")
-}
-
-/// `<prefix>maintenanceWarned`: `<window id>/<start ms>` of the last window warned about.
-pub fn warned_key(prefix: &str) -> String {
-    format!("{prefix}maintenanceWarned")
-}
-
 /// The nodes the job's ranks are bound to.
 fn nodes_of(pods: &[Pod]) -> BTreeSet<&str> {
     pods.iter()
