@@ -195,8 +195,9 @@ pub struct Action {
     pub fresh: bool,
     /// Write the job's peer EndpointSlice with these addresses by hostname (first of all).
     pub peer_endpoints: Option<BTreeMap<String, String>>,
-    /// Then remove the peers' scheduling gate from these pods.
-    pub ungate: Vec<String>,
+    /// Then remove the peers' scheduling gate from these pods, as the watch last showed them: the
+    /// guarded write goes with the version seen, and a pod is read afresh only when that is outdated.
+    pub ungate: Vec<Pod>,
 }
 
 impl Action {
@@ -745,10 +746,7 @@ fn peer_step(
                 peers::format_addresses(&addresses),
             )]),
             peer_endpoints: Some(addresses),
-            ungate: gated
-                .iter()
-                .filter_map(|p| p.metadata.name.clone())
-                .collect(),
+            ungate: gated.into_iter().cloned().collect(),
             ..Action::default()
         }));
     }
