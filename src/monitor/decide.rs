@@ -195,9 +195,8 @@ pub struct Action {
     pub fresh: bool,
     /// Write the job's peer EndpointSlice with these addresses by hostname (first of all).
     pub peer_endpoints: Option<BTreeMap<String, String>>,
-    /// Then remove the peers' scheduling gate from these pods, as the watch last showed them: the
-    /// guarded write goes with the version seen, and a pod is read afresh only when that is outdated.
-    pub ungate: Vec<Pod>,
+    /// Then remove the peers' scheduling gate from these pods.
+    pub ungate: Vec<String>,
 }
 
 impl Action {
@@ -746,7 +745,10 @@ fn peer_step(
                 peers::format_addresses(&addresses),
             )]),
             peer_endpoints: Some(addresses),
-            ungate: gated.into_iter().cloned().collect(),
+            ungate: gated
+                .iter()
+                .filter_map(|p| p.metadata.name.clone())
+                .collect(),
             ..Action::default()
         }));
     }

@@ -445,48 +445,32 @@ impl Executor {
 
     /// Removes the peers' scheduling gate from a pod (keeping any other gate). A pod that is gone or no
     /// longer gated needs nothing.
-    async fn ungate(&self, job: &VolcanoJob, seen: &Pod) -> Result<(), ClusterError> {
+    async fn ungate(&self, job: &VolcanoJob, pod: &str) -> Result<(), ClusterError> {
         let (ns, _) = names(job);
-        let pod = seen.metadata.name.as_deref().unwrap_or_default();
         let gate = self.settings.keys.peers_gate();
         let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let op = format!("ungate pods {ns}/{pod}");
-        // The gates without ours, guarded by the version they were read at: another writer's gates are
-        // never dropped. `None` when ours is gone already.
-        let without = |current: &Pod| {
-            let gates = current.spec.as_ref()?.scheduling_gates.as_ref()?;
-            gates.iter().any(|g| g.name == gate).then(|| {
-                let rest: Vec<_> = gates.iter().filter(|g| g.name != gate).collect();
-                json!({
+        let result = self
+            .retry
+            .run(&op, || async {
+                let current = api.get(pod).await.classify(|| op.clone())?;
+                let gates = current
+                    .spec
+                    .and_then(|s| s.scheduling_gates)
+                    .unwrap_or_default();
+                if !gates.iter().any(|g| g.name == gate) {
+                    return Ok(());
+                }
+                let rest: Vec<_> = gates.into_iter().filter(|g| g.name != gate).collect();
+                // Guarded by the version read: another writer's gates are never dropped.
+                let body = json!({
                     "metadata": {"resourceVersion": current.metadata.resource_version},
                     "spec": {"schedulingGates": rest},
-                })
-            })
-        };
-        let write = |body: serde_json::Value| {
-            let (api, op) = (&api, &op);
-            async move {
+                });
                 api.patch(pod, &PatchParams::default(), &Patch::Merge(&body))
                     .await
                     .map(|_| ())
                     .classify(|| op.clone())
-            }
-        };
-        // The first attempt goes with the pod as the watch showed it (no read); a later one (after a
-        // conflict: the pod has moved on, or an outage) reads it afresh.
-        let attempts = std::sync::atomic::AtomicU32::new(0);
-        let result = self
-            .retry
-            .run(&op, || async {
-                let body = if attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
-                    without(seen)
-                } else {
-                    without(&api.get(pod).await.classify(|| op.clone())?)
-                };
-                match body {
-                    Some(body) => write(body).await,
-                    None => Ok(()),
-                }
             })
             .await;
         match result {
