@@ -16,16 +16,16 @@ use std::time::Duration;
 use futures::StreamExt;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, ListParams, ObjectMeta};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
 use super::ClusterConfig;
-use super::error::{ClusterError, KubeResultExt};
-use super::labels::{COMPONENT, FIELD_MANAGER, MANAGED_BY, MANAGER};
-use super::retry::RetryPolicy;
+use super::error::ClusterError;
+use super::labels::{COMPONENT, MANAGED_BY, MANAGER};
+use super::records::{ConfigMapRecords, Deleted};
 
 /// `app.kubernetes.io/component` of a maintenance window's ConfigMap.
 pub const COMPONENT_MAINTENANCE: &str = "maintenance-window";
@@ -265,66 +265,29 @@ pub fn selector() -> String {
 }
 
 /// Schedules, lists and cancels windows (the operator's side, `volcano-runner admin maintenance`).
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct MaintenanceWindows {
-    api: Api<ConfigMap>,
-    namespace: String,
-    retry: RetryPolicy,
-}
-
-impl std::fmt::Debug for MaintenanceWindows {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MaintenanceWindows")
-            .field("namespace", &self.namespace)
-            .finish_non_exhaustive()
-    }
+    records: ConfigMapRecords,
 }
 
 impl MaintenanceWindows {
     pub fn new(client: kube::Client, config: &ClusterConfig) -> Self {
         Self {
-            api: Api::namespaced(client, &config.namespace),
-            namespace: config.namespace.clone(),
-            retry: RetryPolicy::from_config(config),
+            records: ConfigMapRecords::new(client, config),
         }
     }
 
     /// Stores the window; the same window scheduled twice is stored once (`false`: it was there).
     pub async fn schedule(&self, window: &Window) -> Result<bool, ClusterError> {
-        let cm = window.to_configmap(&self.namespace);
-        let op = format!(
-            "create ConfigMap {}/{}",
-            self.namespace,
-            window.configmap_name()
-        );
-        let params = PostParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PostParams::default()
-        };
-        let created = self
-            .retry
-            .run(&op, || async {
-                self.api.create(&params, &cm).await.classify(|| op.clone())
-            })
-            .await;
-        match created {
-            Ok(_) => Ok(true),
-            Err(e) if e.is_already_exists() => Ok(false),
-            Err(e) => Err(e),
-        }
+        let cm = window.to_configmap(self.records.namespace());
+        self.records.create(WHAT, &cm).await
     }
 
     /// Every window, earliest start first, with the names of ConfigMaps that carry the label but could
     /// not be read as a window.
     pub async fn list(&self) -> Result<(Vec<Window>, Vec<String>), ClusterError> {
-        let op = format!("list maintenance windows in {}", self.namespace);
         let params = ListParams::default().labels(&selector());
-        let list = self
-            .retry
-            .run(&op, || async {
-                self.api.list(&params).await.classify(|| op.clone())
-            })
-            .await?;
+        let list = self.records.list("maintenance windows", &params).await?;
         let mut windows = Vec::new();
         let mut broken = Vec::new();
         for cm in &list.items {
@@ -340,23 +303,13 @@ impl MaintenanceWindows {
     /// Deletes the window `id`; `false` when there was none.
     pub async fn cancel(&self, id: &str) -> Result<bool, ClusterError> {
         let name = format!("{NAME_PREFIX}-{id}");
-        let op = format!("delete ConfigMap {}/{name}", self.namespace);
-        let deleted = self
-            .retry
-            .run(&op, || async {
-                self.api
-                    .delete(&name, &DeleteParams::default())
-                    .await
-                    .classify(|| op.clone())
-            })
-            .await;
-        match deleted {
-            Ok(_) => Ok(true),
-            Err(e) if e.is_not_found() => Ok(false),
-            Err(e) => Err(e),
-        }
+        let deleted = self.records.delete(WHAT, &name, None).await?;
+        Ok(deleted == Deleted::Deleted)
     }
 }
+
+/// The record kind, in the operations errors name.
+const WHAT: &str = "maintenance window";
 
 /// The windows as a runner knows them, from its watch: earliest start first. Cheap to clone.
 pub type Windows = Arc<Vec<Window>>;

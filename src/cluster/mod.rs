@@ -11,6 +11,7 @@
 //! - [`retry`]: [`RetryPolicy`], bounded retries with backoff and `Retry-After`.
 //! - [`apply`]: [`Applier`], ordered creation with ownerReferences, idempotent redelivery and rollback (W14).
 //! - [`namespaces`]: [`NamespaceCache`], namespaces created on demand and remembered.
+//! - [`records`]: [`ConfigMapRecords`], the ConfigMaps every durable record kind below is kept in.
 //! - [`tombstone`]: [`Tombstones`], durable records of cancels that arrived before their submit.
 //! - [`pause`], [`capacity`], [`gate`]: the pause switch, the count of active jobs, and the combined
 //!   "may take submissions" watch the submit consumer follows.
@@ -28,6 +29,7 @@ pub mod maintenance;
 pub mod namespaces;
 pub mod pause;
 pub mod pending_extension;
+pub mod records;
 pub mod retry;
 pub mod tombstone;
 pub mod view;
@@ -45,6 +47,7 @@ pub use maintenance::{MaintenanceWindows, Window, Windows};
 pub use namespaces::NamespaceCache;
 pub use pause::{PauseState, PauseSwitch};
 pub use pending_extension::{PendingExtension, PendingExtensions};
+pub use records::ConfigMapRecords;
 pub use retry::RetryPolicy;
 pub use tombstone::{Tombstone, Tombstones};
 

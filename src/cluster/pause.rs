@@ -14,12 +14,12 @@ use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 
 use super::ClusterConfig;
 use super::error::{ClusterError, KubeResultExt};
 use super::labels::{COMPONENT, FIELD_MANAGER, MANAGED_BY, MANAGER};
-use super::retry::RetryPolicy;
+use super::records::ConfigMapRecords;
 
 /// `app.kubernetes.io/component` of the pause ConfigMap.
 pub const COMPONENT_PAUSE: &str = "pause-switch";
@@ -87,16 +87,14 @@ impl PauseState {
 /// Reads and flips the pause switch.
 #[derive(Clone)]
 pub struct PauseSwitch {
-    api: Api<ConfigMap>,
-    namespace: String,
+    records: ConfigMapRecords,
     name: String,
-    retry: RetryPolicy,
 }
 
 impl std::fmt::Debug for PauseSwitch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PauseSwitch")
-            .field("namespace", &self.namespace)
+            .field("namespace", &self.records.namespace())
             .field("name", &self.name)
             .finish_non_exhaustive()
     }
@@ -106,10 +104,8 @@ impl PauseSwitch {
     /// The switch named `config.pause_configmap` in `config.namespace`.
     pub fn new(client: kube::Client, config: &ClusterConfig) -> Self {
         Self {
-            api: Api::namespaced(client, &config.namespace),
-            namespace: config.namespace.clone(),
+            records: ConfigMapRecords::new(client, config),
             name: config.pause_configmap.clone(),
-            retry: RetryPolicy::from_config(config),
         }
     }
 
@@ -120,13 +116,7 @@ impl PauseSwitch {
 
     /// The current state, read from the cluster.
     pub async fn read(&self) -> Result<PauseState, ClusterError> {
-        let op = format!("get ConfigMap {}/{}", self.namespace, self.name);
-        let cm = self
-            .retry
-            .run(&op, || async {
-                self.api.get_opt(&self.name).await.classify(|| op.clone())
-            })
-            .await?;
+        let cm = self.records.get(WHAT, &self.name).await?;
         Ok(PauseState::from_configmap(cm.as_ref()))
     }
 
@@ -161,7 +151,7 @@ impl PauseSwitch {
         let cm = ConfigMap {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
-                namespace: Some(self.namespace.clone()),
+                namespace: Some(self.records.namespace().to_owned()),
                 labels: Some(BTreeMap::from([
                     (MANAGED_BY.to_owned(), MANAGER.to_owned()),
                     (COMPONENT.to_owned(), COMPONENT_PAUSE.to_owned()),
@@ -171,7 +161,8 @@ impl PauseSwitch {
             data: Some(state.to_data()),
             ..ConfigMap::default()
         };
-        let op = format!("write ConfigMap {}/{}", self.namespace, self.name);
+        let op = self.records.op("write", WHAT, &self.name);
+        let api = self.records.api();
         let patch_params = PatchParams {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PatchParams::default()
@@ -181,21 +172,16 @@ impl PauseSwitch {
             ..PostParams::default()
         };
         let stored = self
-            .retry
+            .records
+            .retry()
             .run(&op, || async {
-                let patched = self
-                    .api
+                let patched = api
                     .patch(&self.name, &patch_params, &Patch::Merge(&cm))
                     .await
                     .classify(|| op.clone());
                 match patched {
                     Err(e) if e.is_not_found() => {
-                        match self
-                            .api
-                            .create(&post_params, &cm)
-                            .await
-                            .classify(|| op.clone())
-                        {
+                        match api.create(&post_params, &cm).await.classify(|| op.clone()) {
                             // Someone created it between our patch and our create: patch again.
                             Err(e) if e.is_already_exists() => Err(ClusterError::Conflict {
                                 op: op.clone(),
@@ -211,6 +197,9 @@ impl PauseSwitch {
         Ok(PauseState::from_configmap(Some(&stored)))
     }
 }
+
+/// The record kind, in the operations errors name.
+const WHAT: &str = "pause switch";
 
 #[cfg(test)]
 mod tests {

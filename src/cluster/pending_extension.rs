@@ -24,12 +24,12 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
+use kube::api::{ListParams, ObjectMeta};
 
 use super::ClusterConfig;
-use super::error::{ClusterError, KubeResultExt};
-use super::labels::{COMPONENT, FIELD_MANAGER, MANAGED_BY, MANAGER};
-use super::retry::RetryPolicy;
+use super::error::ClusterError;
+use super::labels::{COMPONENT, MANAGED_BY, MANAGER};
+use super::records::ConfigMapRecords;
 
 /// `app.kubernetes.io/component` of a pending extension.
 pub const COMPONENT_PENDING_EXTENSION: &str = "pending-extension";
@@ -138,16 +138,14 @@ pub fn name_for(job_id: &str, request_id: &str) -> String {
 /// Records, lists and deletes pending extensions in the runner's namespace.
 #[derive(Clone)]
 pub struct PendingExtensions {
-    api: Api<ConfigMap>,
-    namespace: String,
-    retry: RetryPolicy,
+    records: ConfigMapRecords,
     ttl: Duration,
 }
 
 impl std::fmt::Debug for PendingExtensions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PendingExtensions")
-            .field("namespace", &self.namespace)
+            .field("namespace", &self.records.namespace())
             .field("ttl", &self.ttl)
             .finish_non_exhaustive()
     }
@@ -157,9 +155,7 @@ impl PendingExtensions {
     /// Records in `config.namespace`, kept for `config.tombstone_ttl`.
     pub fn new(client: kube::Client, config: &ClusterConfig) -> Self {
         Self {
-            api: Api::namespaced(client, &config.namespace),
-            namespace: config.namespace.clone(),
-            retry: RetryPolicy::from_config(config),
+            records: ConfigMapRecords::new(client, config),
             ttl: config.tombstone_ttl,
         }
     }
@@ -191,35 +187,15 @@ impl PendingExtensions {
     /// Stores `record`. Idempotent: a record of the same job and request id that exists is kept (a
     /// redelivery of the request).
     pub async fn record(&self, record: &PendingExtension) -> Result<(), ClusterError> {
-        let cm = record.to_configmap(&self.namespace);
-        let name = name_for(&record.job_id, &record.request_id);
-        let op = format!("record pending extension {}/{name}", self.namespace);
-        let params = PostParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PostParams::default()
-        };
-        self.retry
-            .run(&op, || async {
-                match self.api.create(&params, &cm).await.classify(|| op.clone()) {
-                    Ok(_) => Ok(()),
-                    Err(e) if e.is_already_exists() => Ok(()),
-                    Err(e) => Err(e),
-                }
-            })
-            .await
+        let cm = record.to_configmap(self.records.namespace());
+        self.records.create(WHAT, &cm).await.map(|_| ())
     }
 
     /// Every readable record.
     pub async fn list(&self) -> Result<Vec<PendingExtension>, ClusterError> {
         let selector = format!("{MANAGED_BY}={MANAGER},{COMPONENT}={COMPONENT_PENDING_EXTENSION}");
-        let op = format!("list pending extensions in {}", self.namespace);
         let params = ListParams::default().labels(&selector);
-        let list = self
-            .retry
-            .run(&op, || async {
-                self.api.list(&params).await.classify(|| op.clone())
-            })
-            .await?;
+        let list = self.records.list("pending extensions", &params).await?;
         Ok(list
             .items
             .iter()
@@ -231,30 +207,15 @@ impl PendingExtensions {
     /// re-made meanwhile survives). Gone already counts as done.
     pub async fn delete(&self, record: &PendingExtension) -> Result<(), ClusterError> {
         let name = name_for(&record.job_id, &record.request_id);
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                resource_version: record.resource_version.clone(),
-                uid: None,
-            }),
-            ..DeleteParams::default()
-        };
-        let op = format!("delete pending extension {}/{name}", self.namespace);
-        let deleted = self
-            .retry
-            .run(&op, || async {
-                self.api
-                    .delete(&name, &params)
-                    .await
-                    .classify(|| op.clone())
-            })
-            .await;
-        match deleted {
-            Ok(_) => Ok(()),
-            Err(e) if e.is_not_found() || e.is_conflict() => Ok(()),
-            Err(e) => Err(e),
-        }
+        self.records
+            .delete(WHAT, &name, record.resource_version.clone())
+            .await
+            .map(|_| ())
     }
 }
+
+/// The record kind, in the operations errors name.
+const WHAT: &str = "pending extension";
 
 #[cfg(test)]
 mod tests {

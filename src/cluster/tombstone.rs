@@ -25,12 +25,12 @@ use kube::runtime::watcher;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
+use kube::api::{ListParams, ObjectMeta, PostParams};
 
 use super::ClusterConfig;
 use super::error::{ClusterError, KubeResultExt};
 use super::labels::{COMPONENT, FIELD_MANAGER, MANAGED_BY, MANAGER};
-use super::retry::RetryPolicy;
+use super::records::{ConfigMapRecords, Deleted};
 use super::view::WatchView;
 
 /// `app.kubernetes.io/component` of a tombstone.
@@ -143,9 +143,7 @@ pub struct SweepReport {
 /// Records, checks and sweeps tombstones in the runner's namespace.
 #[derive(Clone)]
 pub struct Tombstones {
-    api: Api<ConfigMap>,
-    namespace: String,
-    retry: RetryPolicy,
+    records: ConfigMapRecords,
     ttl: Duration,
     /// The tombstones a watch of the runner's namespace has seen: a cache for the check before a
     /// submission creates anything. It may lag behind a cancel; that check is only there to skip
@@ -157,7 +155,7 @@ pub struct Tombstones {
 impl std::fmt::Debug for Tombstones {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tombstones")
-            .field("namespace", &self.namespace)
+            .field("namespace", &self.records.namespace())
             .field("ttl", &self.ttl)
             .finish_non_exhaustive()
     }
@@ -167,9 +165,7 @@ impl Tombstones {
     /// Tombstones in `config.namespace`, kept for `config.tombstone_ttl`.
     pub fn new(client: kube::Client, config: &ClusterConfig) -> Self {
         Self {
-            api: Api::namespaced(client, &config.namespace),
-            namespace: config.namespace.clone(),
-            retry: RetryPolicy::from_config(config),
+            records: ConfigMapRecords::new(client, config),
             ttl: config.tombstone_ttl,
             view: WatchView::default(),
         }
@@ -185,7 +181,7 @@ impl Tombstones {
     ) -> Result<Option<Tombstone>, ClusterError> {
         let name = name_for(job_id);
         let cached = self.view.read(|live| {
-            live.get(&(name, self.namespace.clone()))
+            live.get(&(name, self.records.namespace().to_owned()))
                 .filter(|t| !t.is_expired(now))
                 .cloned()
         });
@@ -203,7 +199,7 @@ impl Tombstones {
         let ttl = self.ttl;
         self.view
             .follow(
-                self.api.clone(),
+                self.records.api().clone(),
                 watcher::Config::default().labels(&selector),
                 "tombstones",
                 |cm| Tombstone::from_configmap(cm, ttl),
@@ -221,19 +217,15 @@ impl Tombstones {
         now: Timestamp,
     ) -> Result<Tombstone, ClusterError> {
         let tombstone = Tombstone::new(job_id, reason, now, self.ttl);
-        let cm = tombstone.to_configmap(&self.namespace);
+        let cm = tombstone.to_configmap(self.records.namespace());
         let name = name_for(job_id);
-        let op = format!("record tombstone {}/{name}", self.namespace);
-        let params = PostParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PostParams::default()
-        };
-        self.retry
-            .run(&op, || async {
-                match self.api.create(&params, &cm).await.classify(|| op.clone()) {
-                    Ok(_) => Ok(tombstone.clone()),
-                    Err(e) if e.is_already_exists() => self.keep_or_replace(&name, &cm, now).await,
-                    Err(e) => Err(e),
+        self.records
+            .retry()
+            .run(&self.records.op("record", WHAT, &name), || async {
+                if self.records.create_once(WHAT, &cm).await? {
+                    Ok(tombstone.clone())
+                } else {
+                    self.keep_or_replace(&name, &cm, now).await
                 }
             })
             .await
@@ -247,8 +239,9 @@ impl Tombstones {
         fresh: &ConfigMap,
         now: Timestamp,
     ) -> Result<Tombstone, ClusterError> {
-        let op = || format!("replace tombstone {}/{name}", self.namespace);
-        let Some(existing) = self.api.get_opt(name).await.classify(op)? else {
+        let op = || self.records.op("replace", WHAT, name);
+        let api = self.records.api();
+        let Some(existing) = api.get_opt(name).await.classify(op)? else {
             // Swept between our create and our read: a conflict, so the policy tries the create again.
             return Err(ClusterError::Conflict {
                 op: op(),
@@ -265,8 +258,7 @@ impl Tombstones {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PostParams::default()
         };
-        let stored = self
-            .api
+        let stored = api
             .replace(name, &params, &replacement)
             .await
             .classify(op)?;
@@ -279,14 +271,7 @@ impl Tombstones {
         job_id: &str,
         now: Timestamp,
     ) -> Result<Option<Tombstone>, ClusterError> {
-        let name = name_for(job_id);
-        let op = format!("get tombstone {}/{name}", self.namespace);
-        let found = self
-            .retry
-            .run(&op, || async {
-                self.api.get_opt(&name).await.classify(|| op.clone())
-            })
-            .await?;
+        let found = self.records.get(WHAT, &name_for(job_id)).await?;
         Ok(found
             .map(|cm| Tombstone::from_configmap(&cm, self.ttl))
             .filter(|t| !t.is_expired(now)))
@@ -296,14 +281,8 @@ impl Tombstones {
     /// expired, so a tombstone re-recorded meanwhile survives.
     pub async fn sweep(&self, now: Timestamp) -> Result<SweepReport, ClusterError> {
         let selector = format!("{MANAGED_BY}={MANAGER},{COMPONENT}={COMPONENT_TOMBSTONE}");
-        let op = format!("list tombstones in {}", self.namespace);
         let params = ListParams::default().labels(&selector);
-        let list = self
-            .retry
-            .run(&op, || async {
-                self.api.list(&params).await.classify(|| op.clone())
-            })
-            .await?;
+        let list = self.records.list("tombstones", &params).await?;
         let mut report = SweepReport::default();
         for cm in list.items {
             if !Tombstone::from_configmap(&cm, self.ttl).is_expired(now) {
@@ -311,28 +290,11 @@ impl Tombstones {
                 continue;
             }
             let name = cm.metadata.name.clone().unwrap_or_default();
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    resource_version: cm.metadata.resource_version.clone(),
-                    uid: None,
-                }),
-                ..DeleteParams::default()
-            };
-            let op = format!("delete tombstone {}/{name}", self.namespace);
-            let deleted = self
-                .retry
-                .run(&op, || async {
-                    self.api
-                        .delete(&name, &params)
-                        .await
-                        .classify(|| op.clone())
-                })
-                .await;
-            match deleted {
-                Ok(_) => report.deleted += 1,
-                Err(e) if e.is_not_found() => {}
-                Err(e) if e.is_conflict() => report.kept += 1,
-                Err(e) => return Err(e),
+            let version = cm.metadata.resource_version.clone();
+            match self.records.delete(WHAT, &name, version).await? {
+                Deleted::Deleted => report.deleted += 1,
+                Deleted::Gone => {}
+                Deleted::Changed => report.kept += 1,
             }
         }
         Ok(report)
@@ -368,6 +330,9 @@ impl Tombstones {
         }
     }
 }
+
+/// The record kind, in the operations errors name.
+const WHAT: &str = "tombstone";
 
 #[cfg(test)]
 mod tests {

@@ -7,12 +7,13 @@ use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, ListParams, ObjectMeta};
 
 use super::Kind;
 use super::token::Hash;
-use crate::cluster::labels::{COMPONENT, FIELD_MANAGER, MANAGED_BY, MANAGER};
-use crate::cluster::{ClusterConfig, ClusterError, KubeResultExt, RetryPolicy};
+use crate::cluster::labels::{COMPONENT, MANAGED_BY, MANAGER};
+use crate::cluster::records::ConfigMapRecords;
+use crate::cluster::{ClusterConfig, ClusterError};
 
 /// `app.kubernetes.io/component` of a session record.
 pub const COMPONENT_SESSION: &str = "session";
@@ -117,63 +118,34 @@ pub struct SweepReport {
 }
 
 /// The session records of the runner's namespace.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct SessionStore {
-    api: Api<ConfigMap>,
-    namespace: String,
-    retry: RetryPolicy,
-}
-
-impl std::fmt::Debug for SessionStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SessionStore")
-            .field("namespace", &self.namespace)
-            .finish_non_exhaustive()
-    }
+    records: ConfigMapRecords,
 }
 
 impl SessionStore {
     /// Records in `config.namespace`.
     pub fn new(client: kube::Client, config: &ClusterConfig) -> Self {
         Self {
-            api: Api::namespaced(client, &config.namespace),
-            namespace: config.namespace.clone(),
-            retry: RetryPolicy::from_config(config),
+            records: ConfigMapRecords::new(client, config).showing_names(short_name),
         }
     }
 
     /// The namespace the records live in.
     pub fn namespace(&self) -> &str {
-        &self.namespace
+        self.records.namespace()
     }
 
     /// The API of the records, for a watch.
     pub fn api(&self) -> Api<ConfigMap> {
-        self.api.clone()
+        self.records.api().clone()
     }
 
     /// Stores a new session. The id is random, so its name is new: an existing object of that name
     /// (only from a retried create that had landed) is the same session.
     pub async fn create(&self, record: &SessionRecord) -> Result<(), ClusterError> {
-        let cm = record.to_configmap(&self.namespace);
-        let op = format!(
-            "record session {}/session-{}…",
-            self.namespace,
-            record.hash.short()
-        );
-        let params = PostParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PostParams::default()
-        };
-        self.retry
-            .run(&op, || async {
-                match self.api.create(&params, &cm).await.classify(|| op.clone()) {
-                    Ok(_) => Ok(()),
-                    Err(e) if e.is_already_exists() => Ok(()),
-                    Err(e) => Err(e),
-                }
-            })
-            .await
+        let cm = record.to_configmap(self.records.namespace());
+        self.records.create(WHAT, &cm).await.map(|_| ())
     }
 
     /// One page of at most `limit` records, from `token` (a list's continue token; `None`: the first
@@ -187,13 +159,7 @@ impl SessionStore {
         if let Some(token) = token {
             params = params.continue_token(token);
         }
-        let op = format!("list sessions in {}", self.namespace);
-        let list = self
-            .retry
-            .run(&op, || async {
-                self.api.list(&params).await.classify(|| op.clone())
-            })
-            .await?;
+        let list = self.records.list("sessions", &params).await?;
         let next = list.metadata.continue_.filter(|c| !c.is_empty());
         let items = list
             .items
@@ -210,27 +176,15 @@ impl SessionStore {
 
     /// Deletes one record by name; a record already gone is fine.
     pub async fn delete(&self, name: &str) -> Result<(), ClusterError> {
-        let op = format!(
-            "delete session record {}/{}",
-            self.namespace,
-            short_name(name)
-        );
-        self.retry
-            .run(&op, || async {
-                match self
-                    .api
-                    .delete(name, &DeleteParams::default())
-                    .await
-                    .classify(|| op.clone())
-                {
-                    Ok(_) => Ok(()),
-                    Err(e) if e.is_not_found() => Ok(()),
-                    Err(e) => Err(e),
-                }
-            })
+        self.records
+            .delete("session record", name, None)
             .await
+            .map(|_| ())
     }
 }
+
+/// The record kind, in the operations errors name.
+const WHAT: &str = "session";
 
 /// A record's name shortened for logs (`session-<12 hex digits>…`).
 fn short_name(name: &str) -> String {
