@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use super::CliError;
-use super::run::{cancel_on_signal, cluster_error, load_config, operator_client};
+use super::run::{ServedOps, cancel_on_signal, cluster_error, load_config, operator_client};
 use crate::broker::Broker;
 use crate::cluster::{ClusterTarget, client};
 use crate::ops::Ops;
@@ -49,14 +49,7 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     let signals = tokio::spawn(cancel_on_signal(shutdown.clone()));
 
     let ops = Ops::new();
-    let endpoint = ops
-        .bind(&config.ops)
-        .await
-        .map_err(|e| CliError::Other(e.to_string()))?;
-    info!(listen = %endpoint.local_addr().map_err(|e| CliError::Other(e.to_string()))?, "Serving /metrics, /healthz and /readyz.");
-    let endpoint_stop = CancellationToken::new();
-    let _stop_endpoint_on_return = endpoint_stop.clone().drop_guard();
-    let endpoint = tokio::spawn(endpoint.run(endpoint_stop.clone().cancelled_owned()));
+    let endpoint = ServedOps::start(&ops, &config.ops).await?;
     let broker_ready = ops.readiness.expect_broker();
     let table_ready = ops
         .readiness
@@ -159,8 +152,7 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     }
     broker.close().await;
     let _ = signals.await;
-    endpoint_stop.cancel();
-    let _ = endpoint.await;
+    endpoint.stop().await;
     result.map_err(|e| CliError::Other(e.to_string()))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -60,6 +60,41 @@ pub struct Args {
     pub no_monitor: bool,
 }
 
+/// A process's ops endpoint (`/metrics`, `/healthz`, `/readyz`), served from [`ServedOps::start`] until
+/// [`ServedOps::stop`], or until it is dropped when the process returns early.
+pub(super) struct ServedOps {
+    stop: tokio_util::sync::DropGuard,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl ServedOps {
+    /// Binds `[ops] listen` (a port taken fails the start, naming it) and serves `ops` from now on.
+    pub(super) async fn start(ops: &Ops, config: &crate::ops::OpsConfig) -> Result<Self, CliError> {
+        let server = ops
+            .bind(config)
+            .await
+            .map_err(|e| CliError::Other(format!("[ops] listen {}: {e}", config.listen)))?;
+        let listen = server
+            .local_addr()
+            .map_err(|e| CliError::Other(e.to_string()))?;
+        info!(listen = %listen, "Serving /metrics, /healthz and /readyz.");
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(server.run(stop.clone().cancelled_owned()));
+        Ok(Self {
+            stop: stop.drop_guard(),
+            task,
+        })
+    }
+
+    /// Stops serving, after the requests in progress, and says if the endpoint had failed.
+    pub(super) async fn stop(self) {
+        self.stop.disarm().cancel();
+        if let Ok(Err(e)) = self.task.await {
+            tracing::warn!(error = %e, "The metrics endpoint failed.");
+        }
+    }
+}
+
 pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError> {
     let mut config = load_config(config, args.cluster.as_deref())?;
     if let Some(id) = &args.id {
@@ -77,16 +112,9 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     // Metrics, /healthz and /readyz from the start: the kubelet sees a live, not yet ready, process
     // while the broker and the cluster are being reached.
     let ops = Ops::new();
-    let endpoint = ops
-        .bind(&config.ops)
-        .await
-        .map_err(|e| CliError::Other(e.to_string()))?;
-    info!(listen = %endpoint.local_addr().map_err(|e| CliError::Other(e.to_string()))?, "Serving /metrics, /healthz and /readyz.");
     // The endpoint outlives the drain: during it /readyz answers 503 `draining`, rather than refusing
     // connections, until the process is done.
-    let endpoint_stop = CancellationToken::new();
-    let _stop_endpoint_on_return = endpoint_stop.clone().drop_guard();
-    let endpoint = tokio::spawn(endpoint.run(endpoint_stop.clone().cancelled_owned()));
+    let endpoint = ServedOps::start(&ops, &config.ops).await?;
     let draining = ops.readiness.condition("not draining", "");
     draining.set(Ok(()));
     {
@@ -184,10 +212,7 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     let result = service.run_with_ops(shutdown.clone(), ops).await;
     shutdown.cancel();
     while loops.join_next().await.is_some() {}
-    endpoint_stop.cancel();
-    if let Ok(Err(e)) = endpoint.await {
-        tracing::warn!(error = %e, "The metrics endpoint failed.");
-    }
+    endpoint.stop().await;
     if let Some((handle, _, address)) = sim {
         drop(address);
         if let Ok(handle) = Arc::try_unwrap(handle) {
