@@ -7,47 +7,18 @@
 
 mod ops_common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
 use volcano_runner::config::Config;
 use volcano_runner::messages::v1::JobState;
 use volcano_runner::ops::telemetry::{RedactingWriter, format_layer};
 use volcano_runner::ops::{LogFormat, Ops, Redactor};
 
+use ops_common::capture::Capture;
 use ops_common::fleet::Fleet;
 use ops_common::rabbit::TestVhost;
 use ops_common::secrets::{RabbitUser, Secrets};
-
-/// Collects what a layer writes.
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(data);
-        Ok(data.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> MakeWriter<'a> for Capture {
-    type Writer = Capture;
-    fn make_writer(&'a self) -> Capture {
-        self.clone()
-    }
-}
-
-impl Capture {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_never_reach_the_logs() {

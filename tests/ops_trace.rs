@@ -4,13 +4,10 @@
 
 mod ops_common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lapin::options::{QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
-use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
 use volcano_runner::broker::Outbound;
 use volcano_runner::messages::Format;
@@ -18,30 +15,11 @@ use volcano_runner::messages::v1::JobState;
 use volcano_runner::ops::telemetry::format_layer;
 use volcano_runner::ops::{LogFormat, Ops, TraceContext};
 
+use ops_common::capture::Capture;
 use ops_common::fleet::{Fleet, sleeping_job};
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const SENDER_SPAN: &str = "00f067aa0ba902b7";
-
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(data);
-        Ok(data.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> MakeWriter<'a> for Capture {
-    type Writer = Capture;
-    fn make_writer(&'a self) -> Capture {
-        self.clone()
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_trace_continues_from_the_submission_to_the_monitor() {
@@ -159,7 +137,7 @@ async fn the_trace_continues_from_the_submission_to_the_monitor() {
     fleet.stop().await;
 
     // The logs: the runner's message span and the monitor's job span both name the job and the trace.
-    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let text = logs.text();
     let spans: Vec<serde_json::Value> = text
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())

@@ -5,6 +5,7 @@
 #[path = "../common/rabbit.rs"]
 pub mod rabbit;
 
+pub mod capture;
 pub mod fleet;
 pub mod secrets;
 
