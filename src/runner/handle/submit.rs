@@ -97,12 +97,28 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         }
     }
 
-    let desired = match pipeline::render(job, &*h.config, h.now()) {
+    let mut desired = match pipeline::render(job, &*h.config, h.now()) {
         Ok(desired) => desired,
         Err(e) => {
             return reject::invalid(h, m, subject, &e.field(), e.message(), e.code()).await;
         }
     };
+    // A maintenance window in the way of the job's time allocation: the job is created with its pods
+    // held back, accepted all the same (nothing waits in the queue for a window).
+    if !exists {
+        let Some(windows) = windows(h).await else {
+            return Settle::Requeue {
+                why: "the maintenance windows have not been listed yet".into(),
+            };
+        };
+        let max_time = pipeline::hooks::JobFacts::read(&desired.vcjob, &h.keys, &h.config.pipeline)
+            .ok()
+            .and_then(|f| f.max_time);
+        let now = h.windows_clock.now();
+        if let Some(window) = crate::cluster::maintenance::holding(&windows, now, max_time) {
+            hold_back(&mut desired.vcjob, &h.keys, window);
+        }
+    }
     let decorations = Decorations {
         runner_id: &h.runner_id,
         traceparent: m.traceparent.as_ref(),
@@ -181,6 +197,44 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         "Accepted a job."
     );
     queued(h, m, job_id, &outcome.primary).await
+}
+
+/// How long a submission waits for the runner's first list of the maintenance windows before it goes
+/// back to the queue.
+const WINDOWS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The maintenance windows as the runner's watch has them, once listed.
+async fn windows(h: &Handler) -> Option<crate::cluster::Windows> {
+    let mut rx = h.maintenance.clone();
+    let listed = tokio::time::timeout(WINDOWS_WAIT, rx.wait_for(Option::is_some)).await;
+    listed.ok()?.ok()?.clone()
+}
+
+/// Holds the job's pods back for `window`: the scheduling gate `<prefix>maintenance` on every task's
+/// pods (Kubernetes lets a gate be removed later, never added), and `<prefix>maintenanceHeld` naming
+/// the window, for the monitor, whose view of the job has no pod templates.
+pub fn hold_back(
+    vcjob: &mut VolcanoJob,
+    keys: &crate::durable::AnnotationKeys,
+    window: &crate::cluster::Window,
+) {
+    let gate = keys.maintenance_gate();
+    for task in &mut vcjob.spec.tasks {
+        let gates = task
+            .template
+            .spec
+            .get_or_insert_default()
+            .scheduling_gates
+            .get_or_insert_default();
+        if !gates.iter().any(|g| g.name == gate) {
+            gates.push(k8s_openapi::api::core::v1::PodSchedulingGate { name: gate.clone() });
+        }
+    }
+    vcjob
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(keys.maintenance_held.clone(), window.id.clone());
 }
 
 /// Publishes the job's QUEUED and settles. Built from the job as it exists (created now or by an
