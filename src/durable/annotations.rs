@@ -46,6 +46,7 @@
 //! | `peerEnded` | monitor | the peers whose end the running job was told of, job ids comma-separated |
 //! | `maintenanceWarned` | monitor | `<window id>/<start ms>` of the last maintenance window the running job was warned of |
 //! | `maintenanceCut` | monitor | the instant (ms) a maintenance window ended the job at; its final tick ends there |
+//! | `maintenanceTold` | monitor | `<window id>/<start ms>` of the last maintenance window a job queued before it was told it could not be held back for |
 //! | `maintenanceHeld` | runner, at create | the id of the maintenance window the job was created held back by (its pods carry the gate [`AnnotationKeys::maintenance_gate`]) |
 //!
 //! Every VolcanoJob the runner creates carries the finalizer [`AnnotationKeys::cleanup_finalizer`]
@@ -149,6 +150,8 @@ pub struct AnnotationKeys {
     pub maintenance_cut: String,
     /// `<prefix>maintenanceHeld` (see the table above).
     pub maintenance_held: String,
+    /// `<prefix>maintenanceTold` (see the table above).
+    pub maintenance_told: String,
 }
 
 impl AnnotationKeys {
@@ -203,6 +206,7 @@ impl AnnotationKeys {
             maintenance_warned: k("maintenanceWarned"),
             maintenance_cut: k("maintenanceCut"),
             maintenance_held: k("maintenanceHeld"),
+            maintenance_told: k("maintenanceTold"),
         }
     }
 

@@ -581,9 +581,34 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         return Ok(Step::Act(action));
     }
 
-    // 9. Pending. Waiting for a maintenance window: told at once, once per window, and looked at
-    //    again at its end.
-    if let Some(waiting) = waiting_for_window {
+    // 9. Pending. Held back by a maintenance window: told at once, once per window, and looked at
+    //    again at its end. Queued before the window was scheduled (not held): told once what the
+    //    window will do to it, and its statuses go on.
+    if let Some(super::maintenance::Waiting::NotHeld(window)) = waiting_for_window {
+        let token = super::maintenance::warned_token(window);
+        if annotation(job, &s.keys.maintenance_told) != Some(token.as_str()) {
+            if let Some(until) = awaiting_queued(obs, &record, s, now) {
+                return Ok(Step::Wait {
+                    next_check: earliest(Some(until), earliest(pull_deadline, queue_deadline)),
+                });
+            }
+            let created = job.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            let mut event =
+                super::maintenance::Waiting::NotHeld(window).event(&facts.job_id, created);
+            event.runner_id = s.runner_id.clone();
+            let mut publish: Vec<Outbound> =
+                queued_first(obs, &facts, &record, s).into_iter().collect();
+            publish.push(Outbound::Lifecycle(event));
+            return Ok(Step::Act(Action {
+                what: "status",
+                publish,
+                set: BTreeMap::from([(s.keys.maintenance_told.clone(), token)]),
+                again: true,
+                ..Action::default()
+            }));
+        }
+    }
+    if let Some(waiting @ super::maintenance::Waiting::Held(_)) = waiting_for_window {
         return Ok(maintenance_status(
             obs,
             s,
@@ -708,7 +733,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     }))
 }
 
-/// The status of a job that waits for a maintenance window (see [`super::maintenance::Waiting`]), told
+/// The status of a job held back by a maintenance window (see [`super::maintenance::Waiting`]), told
 /// once per window: its id and time are the window's and the job's, so every runner tells the same. It
 /// is recorded like any status, so the next one (after the window) is told as a change.
 fn maintenance_status(
@@ -2806,5 +2831,66 @@ mod tests {
             panic!("let go once the window is cancelled");
         };
         assert_eq!(release.what, "ungate");
+    }
+
+    /// A job queued before a window in its way was scheduled (its pods not gated): told once, by the
+    /// window's id, that the window can stop it; then its statuses go on as before.
+    #[test]
+    fn a_job_queued_before_a_window_is_told_once_and_its_statuses_go_on() {
+        let s = settings(|_| {});
+        let mut vc = job(&s);
+        let windows = [Window {
+            id: "w".into(),
+            start: ts(1800),
+            end: ts(5400),
+            nodes: BTreeSet::new(),
+            reason: None,
+            created_at: Some(ts(100)),
+            created_by: None,
+        }];
+        let mut published = Vec::new();
+        for _ in 0..5 {
+            let obs = Observed {
+                job: &vc,
+                pods: &[],
+                podgroup: None,
+                jobs_ahead: None,
+                estimate: None,
+                estimate_pending: false,
+                disruption: None,
+                fresh_at: None,
+                queued_confirmed: true,
+                maintenance: Some(&windows),
+                peers: &[],
+            };
+            match decide(&obs, &s, ts(200)).unwrap() {
+                Step::Act(action) => {
+                    published.extend(action.publish.iter().filter_map(|o| match o {
+                        Outbound::Lifecycle(e) => Some(e.clone()),
+                        _ => None,
+                    }));
+                    vc.metadata.annotations.as_mut().unwrap().extend(action.set);
+                }
+                Step::Wait { .. } => break,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let told: Vec<_> = published
+            .iter()
+            .filter(|e| e.reason == "maintenance")
+            .collect();
+        assert_eq!(told.len(), 1, "{published:#?}");
+        assert!(told[0].event_id.ends_with(&format!(
+            "/maintenance/w/{}/queued",
+            ts(1800).as_millisecond()
+        )));
+        assert_eq!(
+            told[0].timestamp.as_ref().unwrap().seconds,
+            ts(100).as_second()
+        );
+        assert!(
+            published.iter().any(|e| e.reason != "maintenance"),
+            "the pending status is told as well: {published:#?}"
+        );
     }
 }
