@@ -379,7 +379,11 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         Some(windows) if never_started => {
             let created_held = annotation(job, &s.keys.maintenance_held).is_some();
             let gated = !maintenance_gated.is_empty() || (created_held && obs.pods.is_empty());
-            super::maintenance::waiting(windows, gated, facts.max_time, now)
+            let expected = match obs.estimate {
+                Some(Estimate::At { start, .. }) => Some(*start),
+                _ => None,
+            };
+            super::maintenance::waiting(windows, gated, facts.max_time, expected, now)
         }
         _ => None,
     };
@@ -2831,6 +2835,42 @@ mod tests {
             panic!("let go once the window is cancelled");
         };
         assert_eq!(release.what, "ungate");
+        // Not in the way now, but at the start the estimate expects: still held.
+        let later_windows = [Window {
+            id: "later".into(),
+            start: ts(7200),
+            end: ts(9000),
+            ..windows[0].clone()
+        }];
+        let later = Estimate::At {
+            start: ts(4000),
+            basis: String::new(),
+            bound: false,
+            record: None,
+        };
+        assert!(
+            matches!(observe(&vc, Some(&later_windows), 600), Step::Act(a) if a.what == "ungate"),
+            "an hour's job two hours before the window goes"
+        );
+        let obs = Observed {
+            job: &vc,
+            pods: &pods,
+            podgroup: None,
+            jobs_ahead: None,
+            estimate: Some(&later),
+            estimate_pending: false,
+            disruption: None,
+            fresh_at: None,
+            queued_confirmed: true,
+            maintenance: Some(&later_windows),
+            peers: &[],
+        };
+        let Step::Act(told) = decide(&obs, &s, ts(600)).unwrap() else {
+            panic!("expected to start into the window: held, and told");
+        };
+        assert_eq!(told.ungate, None);
+        assert!(told.publish.iter().any(|o| matches!(o, Outbound::Lifecycle(e)
+            if e.event_id.ends_with(&format!("/maintenance/later/{}/held", ts(7200).as_millisecond())))));
     }
 
     /// A job queued before a window in its way was scheduled (its pods not gated): told once, by the

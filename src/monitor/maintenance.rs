@@ -147,19 +147,26 @@ pub enum Waiting<'a> {
 }
 
 /// How the job that has not started stands towards the windows: `gated`, whether its pods are (or will
-/// be: no pods yet and the job created held) held back by the maintenance gate.
+/// be: no pods yet and the job created held) held back by the maintenance gate; `expected`, when the
+/// start-time estimate expects it to start.
+///
+/// A gated job stays held while a window is in the way now, or at its expected start: a job that waits
+/// for room would otherwise be let go before a window and start into it once room is made (a gate
+/// cannot be put back). A job without a gate is judged by now alone: whatever is told, it may start.
 pub fn waiting<'a>(
     windows: &'a [Window],
     gated: bool,
     max_time: Option<SignedDuration>,
+    expected: Option<Timestamp>,
     now: Timestamp,
 ) -> Option<Waiting<'a>> {
-    let window = crate::cluster::maintenance::holding(windows, now, max_time)?;
-    Some(if gated {
-        Waiting::Held(window)
-    } else {
-        Waiting::NotHeld(window)
-    })
+    use crate::cluster::maintenance::holding;
+    if !gated {
+        return holding(windows, now, max_time).map(Waiting::NotHeld);
+    }
+    holding(windows, now, max_time)
+        .or_else(|| holding(windows, expected.filter(|e| *e > now)?, max_time))
+        .map(Waiting::Held)
 }
 
 impl<'a> Waiting<'a> {
@@ -272,9 +279,18 @@ mod tests {
         let windows = [window("w", 7200, 9000, &[])];
         let hour = Some(SignedDuration::from_hours(1));
         // Ends before the window starts: not held.
-        assert_eq!(waiting(&windows, true, hour, ts(0)), None);
+        assert_eq!(waiting(&windows, true, hour, None, ts(0)), None);
+        assert_eq!(waiting(&windows, true, hour, Some(ts(100)), ts(0)), None);
+        // ... unless it is expected to start so late that it would run into it (held while gated; a
+        // job without the gate may start whenever room is made).
+        assert_eq!(
+            waiting(&windows, true, hour, Some(ts(5000)), ts(0)),
+            Some(Waiting::Held(&windows[0]))
+        );
+        assert_eq!(waiting(&windows, false, hour, Some(ts(5000)), ts(0)), None);
+        assert_eq!(waiting(&windows, true, hour, Some(ts(9000)), ts(0)), None);
         // Would run into it.
-        let held = waiting(&windows, true, hour, ts(3700)).unwrap();
+        let held = waiting(&windows, true, hour, None, ts(3700)).unwrap();
         assert_eq!(held, Waiting::Held(&windows[0]));
         let event = held.event("7", Some(ts(3600)));
         assert_eq!(event.event_id, "7/maintenance/w/1800007200000/held");
@@ -293,11 +309,11 @@ mod tests {
             ts(0).as_second()
         );
         // Not gated: told what will happen instead, under another id.
-        let queued = waiting(&windows, false, None, ts(100)).unwrap();
+        let queued = waiting(&windows, false, None, None, ts(100)).unwrap();
         assert_eq!(queued, Waiting::NotHeld(&windows[0]));
         assert!(queued.event("7", None).event_id.ends_with("/queued"));
         // Over: nothing holds it.
-        assert_eq!(waiting(&windows, true, None, ts(9000)), None);
+        assert_eq!(waiting(&windows, true, None, None, ts(9000)), None);
     }
 
     #[test]
