@@ -213,7 +213,7 @@ async fn windows(h: &Handler) -> Option<crate::cluster::Windows> {
 /// Holds the job's pods back for `window`: the scheduling gate `<prefix>maintenance` on every task's
 /// pods (Kubernetes lets a gate be removed later, never added), and `<prefix>maintenanceHeld` naming
 /// the window, for the monitor, whose view of the job has no pod templates.
-pub fn hold_back(
+fn hold_back(
     vcjob: &mut VolcanoJob,
     keys: &crate::durable::AnnotationKeys,
     window: &crate::cluster::Window,
@@ -603,5 +603,50 @@ async fn cancel_after_create(
             "the VolcanoJob of {} kept changing while it was being cancelled",
             tombstone.job_id
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every task's pods get the gate once, and the job names the window for the monitor.
+    #[test]
+    fn a_held_job_is_gated_in_every_task_once_and_names_its_window() {
+        let config = crate::config::Config::default();
+        let submit: SubmitJob = serde_json::from_str(include_str!(
+            "../../../schemas/examples/submit-job.figlet.json"
+        ))
+        .unwrap();
+        let mut vcjob = pipeline::render(&submit, &config, jiff::Timestamp::UNIX_EPOCH)
+            .unwrap()
+            .vcjob;
+        let keys = crate::durable::AnnotationKeys::new(&config.pipeline.annotation_prefix);
+        let window = crate::cluster::Window {
+            id: "202612010600-3fa9c1".into(),
+            start: jiff::Timestamp::UNIX_EPOCH,
+            end: jiff::Timestamp::MAX,
+            nodes: Default::default(),
+            reason: None,
+            created_at: None,
+            created_by: None,
+        };
+        hold_back(&mut vcjob, &keys, &window);
+        hold_back(&mut vcjob, &keys, &window);
+        assert!(!vcjob.spec.tasks.is_empty());
+        for task in &vcjob.spec.tasks {
+            let gates: Vec<_> = task
+                .template
+                .spec
+                .iter()
+                .flat_map(|s| s.scheduling_gates.iter().flatten())
+                .map(|g| g.name.as_str())
+                .collect();
+            assert_eq!(gates, ["ucloud.dk/maintenance"]);
+        }
+        assert_eq!(
+            annotation(&vcjob, &keys.maintenance_held),
+            Some("202612010600-3fa9c1")
+        );
     }
 }
