@@ -3,6 +3,12 @@
 //! ended at the window's start (FAILURE, reason `maintenance`) and charged up to the start only; a job
 //! that expires before the window is left alone; a cancelled window ends nothing; a runner killed at the
 //! window's start leaves one end and one final tick.
+//!
+//! Jobs that have not started, submitted through a real runner's consumer: one whose time allocation a
+//! window is in the way of is created gated, told once until when it waits, and starts after the window;
+//! a short one runs at once; a submission during a window waits until the window is cancelled; a runner
+//! killed while it holds a job leaves its release to the next; a job queued before its window is told
+//! it cannot be held.
 
 use crate::monitor_support;
 
