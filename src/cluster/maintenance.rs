@@ -170,6 +170,13 @@ impl Window {
         from < self.end && until > self.start
     }
 
+    /// Whether a job that started at `now` with the time allocation `max_time` (`None`: no limit) would
+    /// still run when it begins: the window is not over and starts before the allocation ends.
+    pub fn in_the_way(&self, now: Timestamp, max_time: Option<SignedDuration>) -> bool {
+        let ends = max_time.and_then(|d| now.checked_add(d).ok());
+        now < self.end && ends.is_none_or(|e| e > self.start)
+    }
+
     /// `from S to E on n1, n2: reason`, for events, logs and `admin status`.
     pub fn describe(&self) -> String {
         let mut text = format!("{} from {} to {}", self.id, self.start, self.end);
@@ -262,6 +269,21 @@ impl Window {
 /// The label selector of every window.
 pub fn selector() -> String {
     format!("{COMPONENT}={COMPONENT_MAINTENANCE}")
+}
+
+/// The window that holds back a job that would start at `now` with the time allocation `max_time`: the
+/// earliest-starting one [`Window::in_the_way`]. Windows of some nodes hold it back too: Volcano, not
+/// the runner, picks the nodes, and a pod's placement can only be narrowed after its creation, never
+/// widened again, so a rule that kept it off the window's nodes would outlive the window (docs/ops.md).
+pub fn holding(
+    windows: &[Window],
+    now: Timestamp,
+    max_time: Option<SignedDuration>,
+) -> Option<&Window> {
+    windows
+        .iter()
+        .filter(|w| w.in_the_way(now, max_time))
+        .min_by(|a, b| (a.start, &a.id).cmp(&(b.start, &b.id)))
 }
 
 /// Schedules, lists and cancels windows (the operator's side, `volcano-runner admin maintenance`).
@@ -426,6 +448,43 @@ mod tests {
         let back = Window::from_configmap(&w.to_configmap("ns")).unwrap();
         assert_eq!(back, w);
         assert!(back.covers("n1") && !back.covers("n3"));
+    }
+
+    #[test]
+    fn a_window_holds_back_the_jobs_whose_allocation_it_would_cut() {
+        let now = ts("2026-12-01T06:00:00Z");
+        let w = |s: &str, e: &str, id: &str| Window {
+            id: id.into(),
+            start: ts(s),
+            end: ts(e),
+            nodes: BTreeSet::new(),
+            reason: None,
+            created_at: None,
+            created_by: None,
+        };
+        let windows = [
+            w("2026-12-01T04:00:00Z", "2026-12-01T05:00:00Z", "over"),
+            w("2026-12-01T08:00:00Z", "2026-12-01T10:00:00Z", "early"),
+            w("2026-12-01T09:00:00Z", "2026-12-01T12:00:00Z", "late"),
+        ];
+        let h = |hours: i64| SignedDuration::from_hours(hours);
+        // Ends before the first window that is not over: nothing holds it.
+        assert_eq!(holding(&windows, now, Some(h(2))), None);
+        assert_eq!(holding(&windows, now, Some(h(3))).unwrap().id, "early");
+        // No time limit: every window not over is in the way.
+        assert_eq!(holding(&windows, now, None).unwrap().id, "early");
+        // During a window, any job waits for it.
+        let during = ts("2026-12-01T08:30:00Z");
+        assert_eq!(
+            holding(&windows, during, Some(SignedDuration::from_mins(1)))
+                .unwrap()
+                .id,
+            "early"
+        );
+        // Past the first, the second still holds.
+        let after = ts("2026-12-01T10:00:00Z");
+        assert_eq!(holding(&windows, after, Some(h(1))).unwrap().id, "late");
+        assert_eq!(holding(&windows, ts("2026-12-01T12:00:00Z"), None), None);
     }
 
     #[test]

@@ -46,6 +46,8 @@
 //! | `peerEnded` | monitor | the peers whose end the running job was told of, job ids comma-separated |
 //! | `maintenanceWarned` | monitor | `<window id>/<start ms>` of the last maintenance window the running job was warned of |
 //! | `maintenanceCut` | monitor | the instant (ms) a maintenance window ended the job at; its final tick ends there |
+//! | `maintenanceTold` | monitor | `<window id>/<start ms>` of the last maintenance window a job queued before it was told it could not be held back for |
+//! | `maintenanceHeld` | runner, at create | the id of the maintenance window the job was created held back by (its pods carry the gate [`AnnotationKeys::maintenance_gate`]) |
 //!
 //! Every VolcanoJob the runner creates carries the finalizer [`AnnotationKeys::cleanup_finalizer`]
 //! (`<prefix>cleanup`): the job cannot vanish before the monitor has run its cleanup (final tick, proxy
@@ -146,6 +148,10 @@ pub struct AnnotationKeys {
     pub maintenance_warned: String,
     /// `<prefix>maintenanceCut` (see the table above).
     pub maintenance_cut: String,
+    /// `<prefix>maintenanceHeld` (see the table above).
+    pub maintenance_held: String,
+    /// `<prefix>maintenanceTold` (see the table above).
+    pub maintenance_told: String,
 }
 
 impl AnnotationKeys {
@@ -199,6 +205,8 @@ impl AnnotationKeys {
             peer_ended: k("peerEnded"),
             maintenance_warned: k("maintenanceWarned"),
             maintenance_cut: k("maintenanceCut"),
+            maintenance_held: k("maintenanceHeld"),
+            maintenance_told: k("maintenanceTold"),
         }
     }
 
@@ -219,6 +227,14 @@ impl AnnotationKeys {
     /// until the monitor has seen every peer run and removed it (peers run together).
     pub fn peers_gate(&self) -> String {
         format!("{}peers", self.prefix)
+    }
+
+    /// The scheduling gate on the pods of a job created while a maintenance window was in the way of
+    /// its time allocation, `<prefix>maintenance`: Kubernetes lets a gate be removed after a pod's
+    /// creation but never added, so a job is held back this way only from its creation, and the monitor
+    /// removes the gate once no window is in the way.
+    pub fn maintenance_gate(&self) -> String {
+        format!("{}maintenance", self.prefix)
     }
 }
 

@@ -74,6 +74,14 @@ pub fn maintenance_warning(job_id: &str, window_id: &str, start_ms: i64) -> Stri
     format!("{job_id}/maintenance/{window_id}/{start_ms}/warning")
 }
 
+/// `<jobId>/maintenance/<window id>/<start ms>/held`: the status that a waiting job waits for a
+/// maintenance window, once per window and start. `/queued` instead of `/held` for a job queued before
+/// the window was scheduled, which cannot be held back any more and is told what happens instead.
+pub fn maintenance_held(job_id: &str, window_id: &str, start_ms: i64, held: bool) -> String {
+    let what = if held { "held" } else { "queued" };
+    format!("{job_id}/maintenance/{window_id}/{start_ms}/{what}")
+}
+
 /// The state's name in ids: `QUEUED`, `RUNNING`, `SUCCESS`, `FAILURE`, `EXPIRED`, `CANCELLED`.
 pub fn state_name(state: JobState) -> &'static str {
     match state {

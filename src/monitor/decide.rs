@@ -124,8 +124,9 @@ pub struct Observed<'a> {
     /// This process published the job's QUEUED and the broker confirmed it (see
     /// [`crate::monitor::queued`]): the monitor's first event of the job needs no copy of it before.
     pub queued_confirmed: bool,
-    /// The maintenance windows as this runner's watch has them (empty until first listed).
-    pub maintenance: &'a [Window],
+    /// The maintenance windows as this runner's watch has them (`None` until first listed: nothing is
+    /// let go of a window's hold before the monitor knows the windows).
+    pub maintenance: Option<&'a [Window]>,
     /// Its peers as the watches show them (see [`super::peers`]); empty for a job without.
     pub peers: &'a [PeerSeen],
 }
@@ -195,8 +196,8 @@ pub struct Action {
     pub fresh: bool,
     /// Write the job's peer EndpointSlice with these addresses by hostname (first of all).
     pub peer_endpoints: Option<BTreeMap<String, String>>,
-    /// Then remove the peers' scheduling gate from these pods.
-    pub ungate: Vec<String>,
+    /// Then remove the scheduling gate `.0` (the peers' or the maintenance windows') from the pods `.1`.
+    pub ungate: Option<(String, Vec<String>)>,
 }
 
 impl Action {
@@ -214,7 +215,7 @@ impl Action {
             failures: plan.failures,
             fresh: false,
             peer_endpoints: None,
-            ungate: Vec::new(),
+            ungate: None,
         }
     }
 
@@ -222,7 +223,7 @@ impl Action {
     pub fn is_empty(&self) -> bool {
         self.publish.is_empty()
             && self.peer_endpoints.is_none()
-            && self.ungate.is_empty()
+            && self.ungate.is_none()
             && self.set.is_empty()
             && self.remove.is_empty()
             && !self.delete
@@ -369,6 +370,48 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         return Ok(step);
     }
 
+    // 4c. A maintenance window holds back a job that has not started (see [`super::maintenance`]).
+    //     Its gate goes once none is in the way, and from the pods of a job that started before (a
+    //     restart's new pods): a running job is cut by a window, not held. Nothing is let go before
+    //     the windows are known.
+    let maintenance_gated = peers::gated_pods(obs.pods, &s.keys.maintenance_gate());
+    let waiting_for_window = match obs.maintenance {
+        Some(windows) if never_started => {
+            let created_held = annotation(job, &s.keys.maintenance_held).is_some();
+            let gated = !maintenance_gated.is_empty() || (created_held && obs.pods.is_empty());
+            let expected = match obs.estimate {
+                Some(Estimate::At { start, .. }) => Some(*start),
+                _ => None,
+            };
+            super::maintenance::waiting(windows, gated, facts.max_time, expected, now)
+        }
+        _ => None,
+    };
+    if obs.maintenance.is_none() && never_started && !maintenance_gated.is_empty() {
+        // Decided again as soon as the windows are listed.
+        return Ok(Step::Wait { next_check: None });
+    }
+    if obs.maintenance.is_some()
+        && !maintenance_gated.is_empty()
+        && !matches!(
+            waiting_for_window,
+            Some(super::maintenance::Waiting::Held(_))
+        )
+    {
+        // Not decided again at once: the pods' watch shows them without the gate.
+        return Ok(Step::Act(Action {
+            what: "ungate",
+            ungate: Some((
+                s.keys.maintenance_gate(),
+                maintenance_gated
+                    .iter()
+                    .filter_map(|p| p.metadata.name.clone())
+                    .collect(),
+            )),
+            ..Action::default()
+        }));
+    }
+
     // 5. The image cannot be pulled.
     if let (Some(failure), Some(deadline)) = (&pull, pull_deadline)
         && now >= deadline
@@ -488,9 +531,12 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         if let Some(step) = maintenance_end(obs, s, &facts, started, now) {
             return Ok(step);
         }
-        if let Some(window) =
-            super::maintenance::cutting(obs.maintenance, obs.pods, facts.expiry, now)
-        {
+        if let Some(window) = super::maintenance::cutting(
+            obs.maintenance.unwrap_or_default(),
+            obs.pods,
+            facts.expiry,
+            now,
+        ) {
             match super::maintenance::decide(
                 &facts.job_id,
                 window,
@@ -539,7 +585,45 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         return Ok(Step::Act(action));
     }
 
-    // 9. Pending: tell the user why, once per reason, once the job has waited `pending_status_after`
+    // 9. Pending. Held back by a maintenance window: told at once, once per window, and looked at
+    //    again at its end. Queued before the window was scheduled (not held): told once what the
+    //    window will do to it, and its statuses go on.
+    if let Some(super::maintenance::Waiting::NotHeld(window)) = waiting_for_window {
+        let token = super::maintenance::warned_token(window);
+        if annotation(job, &s.keys.maintenance_told) != Some(token.as_str()) {
+            if let Some(until) = awaiting_queued(obs, &record, s, now) {
+                return Ok(Step::Wait {
+                    next_check: earliest(Some(until), earliest(pull_deadline, queue_deadline)),
+                });
+            }
+            let created = job.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            let mut event =
+                super::maintenance::Waiting::NotHeld(window).event(&facts.job_id, created);
+            event.runner_id = s.runner_id.clone();
+            let mut publish: Vec<Outbound> =
+                queued_first(obs, &facts, &record, s).into_iter().collect();
+            publish.push(Outbound::Lifecycle(event));
+            return Ok(Step::Act(Action {
+                what: "status",
+                publish,
+                set: BTreeMap::from([(s.keys.maintenance_told.clone(), token)]),
+                again: true,
+                ..Action::default()
+            }));
+        }
+    }
+    if let Some(waiting @ super::maintenance::Waiting::Held(_)) = waiting_for_window {
+        return Ok(maintenance_status(
+            obs,
+            s,
+            &facts,
+            &record,
+            waiting,
+            earliest(pull_deadline, queue_deadline),
+            now,
+        ));
+    }
+    //    Otherwise, tell the user why, once per reason, once the job has waited `pending_status_after`
     //    (a job that starts at once has no reason worth an event, nor a write).
     let never = matches!(obs.estimate, Some(Estimate::Never { .. }));
     if let Some(created) = created
@@ -653,6 +737,79 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     }))
 }
 
+/// The status of a job held back by a maintenance window (see [`super::maintenance::Waiting`]), told
+/// once per window: its id and time are the window's and the job's, so every runner tells the same. It
+/// is recorded like any status, so the next one (after the window) is told as a change.
+fn maintenance_status(
+    obs: &Observed<'_>,
+    s: &Settings,
+    facts: &JobFacts,
+    record: &Record,
+    waiting: super::maintenance::Waiting<'_>,
+    other_check: Option<Timestamp>,
+    now: Timestamp,
+) -> Step {
+    let window = waiting.window();
+    let next_check = earliest(Some(window.end), other_check);
+    let text = waiting.text();
+    let plain = events::status_hash(None, super::maintenance::REASON, &text);
+    let mut told = record.status_hash.as_deref().map(|v| v.splitn(3, '/'));
+    let previous = told.as_mut().and_then(Iterator::next);
+    let last_plain = told.as_mut().and_then(Iterator::next);
+    if last_plain == Some(plain.as_str()) {
+        return Step::Wait { next_check };
+    }
+    if let Some(until) = awaiting_queued(obs, record, s, now) {
+        return Step::Wait {
+            next_check: earliest(Some(until), next_check),
+        };
+    }
+    let created = obs.job.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let mut event = waiting.event(&facts.job_id, created);
+    event.runner_id = s.runner_id.clone();
+    let queue = obs.job.spec.queue.clone().unwrap_or_default();
+    let mut details = crate::messages::v1::PendingDetails {
+        queue: queue.clone(),
+        ..Default::default()
+    };
+    if let super::maintenance::Waiting::Held(window) = waiting {
+        // The replay does not know the hold: what it would tell is earlier than the window lets the
+        // job start. The window's end is what the user can expect at the earliest.
+        details.estimated_start_at = Some(crate::pipeline::hooks::proto_timestamp(window.end));
+        details.estimate_basis = format!(
+            "held back by the maintenance window {} until its end",
+            window.id
+        );
+    }
+    event.pending = Some(Box::new(details));
+    let chained = events::status_hash(previous, super::maintenance::REASON, &event.event_id);
+    let mut publish: Vec<Outbound> = queued_first(obs, facts, record, s).into_iter().collect();
+    publish.push(Outbound::Lifecycle(event));
+    let log = history::append_status(
+        annotation(obs.job, &s.keys.status_log),
+        history::StatusEntry {
+            at: now.as_millisecond(),
+            reason: super::maintenance::REASON.to_owned(),
+            text,
+            queue,
+            jobs_ahead: None,
+            estimated_start_at: matches!(waiting, super::maintenance::Waiting::Held(_))
+                .then(|| window.end.as_millisecond()),
+            estimate_basis: String::new(),
+        },
+    );
+    Step::Act(Action {
+        what: "status",
+        publish,
+        set: BTreeMap::from([
+            (s.keys.status_hash.clone(), format!("{chained}/{plain}")),
+            (s.keys.status_log.clone(), log),
+        ]),
+        next_check,
+        ..Action::default()
+    })
+}
+
 /// The end of a running job for a maintenance window: once the window has begun, or once it was
 /// decided (recorded on the job, the delete not yet done: a runner killed in between), record the cause
 /// and the instant charged up to, and delete, as at the expiry.
@@ -667,7 +824,12 @@ fn maintenance_end(
         && annotation(obs.job, &s.keys.maintenance_cut).is_some();
     let mut set = BTreeMap::new();
     if !recorded {
-        let window = super::maintenance::cutting(obs.maintenance, obs.pods, facts.expiry, now)?;
+        let window = super::maintenance::cutting(
+            obs.maintenance.unwrap_or_default(),
+            obs.pods,
+            facts.expiry,
+            now,
+        )?;
         let super::maintenance::Decision::End { window, at } = super::maintenance::decide(
             &facts.job_id,
             window,
@@ -745,10 +907,13 @@ fn peer_step(
                 peers::format_addresses(&addresses),
             )]),
             peer_endpoints: Some(addresses),
-            ungate: gated
-                .iter()
-                .filter_map(|p| p.metadata.name.clone())
-                .collect(),
+            ungate: Some((
+                s.keys.peers_gate(),
+                gated
+                    .iter()
+                    .filter_map(|p| p.metadata.name.clone())
+                    .collect(),
+            )),
             ..Action::default()
         }));
     }
@@ -1091,7 +1256,7 @@ pub fn decide_gone(
         disruption: None,
         fresh_at: None,
         queued_confirmed,
-        maintenance: &[],
+        maintenance: Some(&[]),
         peers: &[],
     };
     let facts = JobFacts::read(&job, &s.keys, &s.config.pipeline)?;
@@ -1660,7 +1825,7 @@ mod tests {
                 disruption: None,
                 fresh_at: Some(now),
                 queued_confirmed: world.queued_confirmed,
-                maintenance: &[],
+                maintenance: Some(&[]),
                 peers: &[],
             };
             match decide(&obs, s, now).unwrap() {
@@ -1857,7 +2022,7 @@ mod tests {
                 disruption: Some((job.retries() - 1, d)),
                 fresh_at: Some(ts(now)),
                 queued_confirmed: false,
-                maintenance: &[],
+                maintenance: Some(&[]),
                 peers: &[],
             };
             decide(&obs, &s, ts(now)).unwrap()
@@ -1932,7 +2097,7 @@ mod tests {
                     disruption,
                     fresh_at: None,
                     queued_confirmed: false,
-                    maintenance: &[],
+                    maintenance: Some(&[]),
                     peers: &[],
                 },
                 &s,
@@ -2393,7 +2558,7 @@ mod tests {
                 disruption: None,
                 fresh_at: None,
                 queued_confirmed: false,
-                maintenance: &[],
+                maintenance: Some(&[]),
                 peers: &[],
             };
             decide(&obs, &s, ts(now)).unwrap()
@@ -2471,7 +2636,7 @@ mod tests {
                 disruption: None,
                 fresh_at: None,
                 queued_confirmed: false,
-                maintenance: &[],
+                maintenance: Some(&[]),
                 peers: &[],
             };
             match decide(&obs, s, ts(10)).unwrap() {
@@ -2503,7 +2668,7 @@ mod tests {
             disruption: None,
             fresh_at: None,
             queued_confirmed: false,
-            maintenance: &[],
+            maintenance: Some(&[]),
             peers: &[],
         };
         assert_eq!(
@@ -2572,5 +2737,200 @@ mod tests {
         );
         assert!(details.estimate_is_bound);
         assert_eq!(details.expectations_made, None, "a bound carries no record");
+    }
+
+    /// A job created held by a window: told once, by the window's id, until when it waits (at once, not
+    /// after `pending_status_after`); nothing let go while the windows are not known; its gate removed
+    /// once no window is in the way, and the status told again as a change.
+    #[test]
+    fn a_held_job_is_told_once_and_let_go_when_no_window_is_in_the_way() {
+        let s = settings(|_| {});
+        let mut vc = job(&s);
+        vc.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(s.keys.maintenance_held.clone(), "w".into());
+        let job_id = JobFacts::read(&vc, &s.keys, &s.config.pipeline)
+            .unwrap()
+            .job_id;
+        let gated = Pod {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some("p0".into()),
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::core::v1::PodSpec {
+                scheduling_gates: Some(vec![k8s_openapi::api::core::v1::PodSchedulingGate {
+                    name: s.keys.maintenance_gate(),
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let pods = [gated];
+        let windows = [Window {
+            id: "w".into(),
+            start: ts(1800),
+            end: ts(5400),
+            nodes: BTreeSet::new(),
+            reason: None,
+            created_at: Some(ts(0)),
+            created_by: None,
+        }];
+        let observe = |vc: &VolcanoJob, maintenance: Option<&[Window]>, now: i64| {
+            let obs = Observed {
+                job: vc,
+                pods: &pods,
+                podgroup: None,
+                jobs_ahead: None,
+                estimate: None,
+                estimate_pending: false,
+                disruption: None,
+                fresh_at: None,
+                queued_confirmed: true,
+                maintenance,
+                peers: &[],
+            };
+            decide(&obs, &s, ts(now)).unwrap()
+        };
+        let Step::Act(told) = observe(&vc, Some(&windows), 1) else {
+            panic!("a held job is told at once");
+        };
+        assert_eq!(told.what, "status");
+        assert_eq!(told.next_check, Some(ts(5400)));
+        let Some(Outbound::Lifecycle(event)) = told.publish.last() else {
+            panic!("a status event");
+        };
+        assert_eq!(
+            event.event_id,
+            format!("{job_id}/maintenance/w/{}/held", ts(1800).as_millisecond())
+        );
+        assert_eq!(event.reason, "maintenance");
+        let details = event.pending.as_ref().unwrap();
+        assert_eq!(
+            details.estimated_start_at.as_ref().unwrap().seconds,
+            ts(5400).as_second()
+        );
+        vc.metadata.annotations.as_mut().unwrap().extend(told.set);
+        assert_eq!(
+            observe(&vc, Some(&windows), 600),
+            Step::Wait {
+                next_check: Some(ts(5400))
+            },
+            "told once"
+        );
+        assert!(
+            matches!(observe(&vc, None, 6000), Step::Wait { .. }),
+            "nothing let go before the windows are known"
+        );
+        let Step::Act(release) = observe(&vc, Some(&windows), 5400) else {
+            panic!("let go at the window's end");
+        };
+        assert_eq!(
+            release.ungate,
+            Some((s.keys.maintenance_gate(), vec!["p0".to_owned()]))
+        );
+        // Cancelled: let go at once.
+        let Step::Act(release) = observe(&vc, Some(&[]), 700) else {
+            panic!("let go once the window is cancelled");
+        };
+        assert_eq!(release.what, "ungate");
+        // Not in the way now, but at the start the estimate expects: still held.
+        let later_windows = [Window {
+            id: "later".into(),
+            start: ts(7200),
+            end: ts(9000),
+            ..windows[0].clone()
+        }];
+        let later = Estimate::At {
+            start: ts(4000),
+            basis: String::new(),
+            bound: false,
+            record: None,
+        };
+        assert!(
+            matches!(observe(&vc, Some(&later_windows), 600), Step::Act(a) if a.what == "ungate"),
+            "an hour's job two hours before the window goes"
+        );
+        let obs = Observed {
+            job: &vc,
+            pods: &pods,
+            podgroup: None,
+            jobs_ahead: None,
+            estimate: Some(&later),
+            estimate_pending: false,
+            disruption: None,
+            fresh_at: None,
+            queued_confirmed: true,
+            maintenance: Some(&later_windows),
+            peers: &[],
+        };
+        let Step::Act(told) = decide(&obs, &s, ts(600)).unwrap() else {
+            panic!("expected to start into the window: held, and told");
+        };
+        assert_eq!(told.ungate, None);
+        assert!(told.publish.iter().any(|o| matches!(o, Outbound::Lifecycle(e)
+            if e.event_id.ends_with(&format!("/maintenance/later/{}/held", ts(7200).as_millisecond())))));
+    }
+
+    /// A job queued before a window in its way was scheduled (its pods not gated): told once, by the
+    /// window's id, that the window can stop it; then its statuses go on as before.
+    #[test]
+    fn a_job_queued_before_a_window_is_told_once_and_its_statuses_go_on() {
+        let s = settings(|_| {});
+        let mut vc = job(&s);
+        let windows = [Window {
+            id: "w".into(),
+            start: ts(1800),
+            end: ts(5400),
+            nodes: BTreeSet::new(),
+            reason: None,
+            created_at: Some(ts(100)),
+            created_by: None,
+        }];
+        let mut published = Vec::new();
+        for _ in 0..5 {
+            let obs = Observed {
+                job: &vc,
+                pods: &[],
+                podgroup: None,
+                jobs_ahead: None,
+                estimate: None,
+                estimate_pending: false,
+                disruption: None,
+                fresh_at: None,
+                queued_confirmed: true,
+                maintenance: Some(&windows),
+                peers: &[],
+            };
+            match decide(&obs, &s, ts(200)).unwrap() {
+                Step::Act(action) => {
+                    published.extend(action.publish.iter().filter_map(|o| match o {
+                        Outbound::Lifecycle(e) => Some(e.clone()),
+                        _ => None,
+                    }));
+                    vc.metadata.annotations.as_mut().unwrap().extend(action.set);
+                }
+                Step::Wait { .. } => break,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let told: Vec<_> = published
+            .iter()
+            .filter(|e| e.reason == "maintenance")
+            .collect();
+        assert_eq!(told.len(), 1, "{published:#?}");
+        assert!(told[0].event_id.ends_with(&format!(
+            "/maintenance/w/{}/queued",
+            ts(1800).as_millisecond()
+        )));
+        assert_eq!(
+            told[0].timestamp.as_ref().unwrap().seconds,
+            ts(100).as_second()
+        );
+        assert!(
+            published.iter().any(|e| e.reason != "maintenance"),
+            "the pending status is told as well: {published:#?}"
+        );
     }
 }

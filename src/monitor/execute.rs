@@ -143,7 +143,7 @@ impl Executor {
         let mut settled = false;
         let job_id = snap.key.job_id().unwrap_or_default().to_owned();
         let queued_confirmed = self.confirmed_queued.contains(&job_id);
-        let windows = self.maintenance.borrow().clone().unwrap_or_default();
+        let windows = self.maintenance.borrow().clone();
         // Begun before the first look at the shard, and held until the last write: a shard handed to
         // another runner is released only once this has ended, so the new holder reads what was written.
         let _duty = self.begin_duty(&job_id);
@@ -168,7 +168,7 @@ impl Executor {
                     disruption: snap.disruption.as_ref().map(|(g, d)| (*g, d)),
                     fresh_at,
                     queued_confirmed,
-                    maintenance: windows.as_slice(),
+                    maintenance: windows.as_deref().map(Vec::as_slice),
                     peers: &snap.peers,
                 };
                 let step = decide::decide(&obs, &self.settings, now)?;
@@ -335,8 +335,10 @@ impl Executor {
         if let Some(addresses) = &action.peer_endpoints {
             self.write_peer_endpoints(job, addresses).await?;
         }
-        for pod in &action.ungate {
-            self.ungate(job, pod).await?;
+        if let Some((gate, pods)) = &action.ungate {
+            for pod in pods {
+                self.ungate(job, pod, gate).await?;
+            }
         }
         let publish: Vec<Outbound> = action
             .publish
@@ -443,11 +445,10 @@ impl Executor {
         }
     }
 
-    /// Removes the peers' scheduling gate from a pod (keeping any other gate). A pod that is gone or no
+    /// Removes the scheduling gate `gate` from a pod (keeping any other gate). A pod that is gone or no
     /// longer gated needs nothing.
-    async fn ungate(&self, job: &VolcanoJob, pod: &str) -> Result<(), ClusterError> {
+    async fn ungate(&self, job: &VolcanoJob, pod: &str, gate: &str) -> Result<(), ClusterError> {
         let (ns, _) = names(job);
-        let gate = self.settings.keys.peers_gate();
         let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let op = format!("ungate pods {ns}/{pod}");
         let result = self

@@ -8,6 +8,16 @@
 //! instant charged up to, written with `terminationCause=maintenance` before the delete), so a runner
 //! killed at the window's start leaves the next one the same end and the same final tick, even if the
 //! window has been cancelled meanwhile.
+//!
+//! A job that has not started is held back by a window in the way of its time allocation
+//! ([`crate::cluster::maintenance::holding`]). A job created while one was in the way carries the
+//! scheduling gate `<prefix>maintenance` on its pods and `<prefix>maintenanceHeld` on itself (the
+//! submit path puts them there); the monitor tells it once per window until when it waits
+//! ([`waiting`]), and removes the gate once no window is in the way (the window over, cancelled, or
+//! the job short enough to end before the next one). A job queued before the window was scheduled
+//! cannot be held back any more (a pod's gates can only be removed after its creation): it is told once
+//! what the window will do to it. Everything is decided from the windows and the pods as they are, so a
+//! runner that dies holding a job leaves its release to whoever monitors the job next.
 
 use std::collections::BTreeSet;
 
@@ -126,6 +136,88 @@ fn warning(job_id: &str, window: &Window, warn_at: Timestamp) -> JobEvent {
     }
 }
 
+/// How a job that has not started stands towards the window in the way of its time allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiting<'a> {
+    /// Its pods are gated: it does not start before the window's end.
+    Held(&'a Window),
+    /// It was queued before the window was scheduled and its pods are not gated: it may start, and the
+    /// window then ends it like any running job.
+    NotHeld(&'a Window),
+}
+
+/// How the job that has not started stands towards the windows: `gated`, whether its pods are (or will
+/// be: no pods yet and the job created held) held back by the maintenance gate; `expected`, when the
+/// start-time estimate expects it to start.
+///
+/// A gated job stays held while a window is in the way now, or at its expected start: a job that waits
+/// for room would otherwise be let go before a window and start into it once room is made (a gate
+/// cannot be put back). A job without a gate is judged by now alone: whatever is told, it may start.
+pub fn waiting<'a>(
+    windows: &'a [Window],
+    gated: bool,
+    max_time: Option<SignedDuration>,
+    expected: Option<Timestamp>,
+    now: Timestamp,
+) -> Option<Waiting<'a>> {
+    use crate::cluster::maintenance::holding;
+    if !gated {
+        return holding(windows, now, max_time).map(Waiting::NotHeld);
+    }
+    holding(windows, now, max_time)
+        .or_else(|| holding(windows, expected.filter(|e| *e > now)?, max_time))
+        .map(Waiting::Held)
+}
+
+impl<'a> Waiting<'a> {
+    pub fn window(&self) -> &'a Window {
+        match self {
+            Self::Held(w) | Self::NotHeld(w) => w,
+        }
+    }
+
+    /// What the job is told, once per window.
+    pub fn text(&self) -> String {
+        match self {
+            Self::Held(w) => format!(
+                "The job waits for the maintenance window {} until {}",
+                w.id, w.end
+            ),
+            Self::NotHeld(w) => format!(
+                "The maintenance window {} was scheduled after the job was queued, when it could no longer be held back: if the job starts before {} and runs on a node the window takes, it is stopped at {} (at once during the window)",
+                w.describe(),
+                w.end,
+                w.start
+            ),
+        }
+    }
+
+    /// The status event, `<jobId>/maintenance/<window id>/<start ms>/held` (or `/queued`): its id and
+    /// time are functions of the job and the window, so every runner tells the same message. Its time
+    /// is when the job began waiting for the window: its creation, or the window's if later.
+    pub fn event(&self, job_id: &str, created: Option<Timestamp>) -> JobEvent {
+        let w = self.window();
+        let at = match (created, w.created_at) {
+            (Some(c), Some(w)) => c.max(w),
+            (c, w) => c.or(w).unwrap_or(self.window().start),
+        };
+        JobEvent {
+            event_id: crate::durable::ids::maintenance_held(
+                job_id,
+                &w.id,
+                w.start.as_millisecond(),
+                matches!(self, Self::Held(_)),
+            ),
+            job_id: job_id.to_owned(),
+            state: JobState::Unspecified as i32,
+            status: self.text(),
+            reason: REASON.to_owned(),
+            timestamp: Some(proto_timestamp(at)),
+            ..JobEvent::default()
+        }
+    }
+}
+
 /// The terminal status of a job ended for `window`.
 pub fn end_status(window: &Window) -> String {
     format!(
@@ -180,6 +272,48 @@ mod tests {
         let w = cutting(&windows, &[on("n3")], Some(ts(4000)), ts(50)).unwrap();
         assert_eq!(w.id, "all");
         assert!(cutting(&windows, &[on("n3")], Some(ts(450)), ts(50)).is_none());
+    }
+
+    #[test]
+    fn a_job_waits_for_a_window_in_the_way_and_is_told_the_same_by_every_runner() {
+        let windows = [window("w", 7200, 9000, &[])];
+        let hour = Some(SignedDuration::from_hours(1));
+        // Ends before the window starts: not held.
+        assert_eq!(waiting(&windows, true, hour, None, ts(0)), None);
+        assert_eq!(waiting(&windows, true, hour, Some(ts(100)), ts(0)), None);
+        // ... unless it is expected to start so late that it would run into it (held while gated; a
+        // job without the gate may start whenever room is made).
+        assert_eq!(
+            waiting(&windows, true, hour, Some(ts(5000)), ts(0)),
+            Some(Waiting::Held(&windows[0]))
+        );
+        assert_eq!(waiting(&windows, false, hour, Some(ts(5000)), ts(0)), None);
+        assert_eq!(waiting(&windows, true, hour, Some(ts(9000)), ts(0)), None);
+        // Would run into it.
+        let held = waiting(&windows, true, hour, None, ts(3700)).unwrap();
+        assert_eq!(held, Waiting::Held(&windows[0]));
+        let event = held.event("7", Some(ts(3600)));
+        assert_eq!(event.event_id, "7/maintenance/w/1800007200000/held");
+        assert_eq!(event.reason, REASON);
+        assert_eq!(
+            event.status,
+            format!(
+                "The job waits for the maintenance window w until {}",
+                ts(9000)
+            )
+        );
+        assert_eq!(event.timestamp.unwrap().seconds, ts(3600).as_second());
+        // Created before the window was: told from the window's creation.
+        assert_eq!(
+            held.event("7", Some(ts(-50))).timestamp.unwrap().seconds,
+            ts(0).as_second()
+        );
+        // Not gated: told what will happen instead, under another id.
+        let queued = waiting(&windows, false, None, None, ts(100)).unwrap();
+        assert_eq!(queued, Waiting::NotHeld(&windows[0]));
+        assert!(queued.event("7", None).event_id.ends_with("/queued"));
+        // Over: nothing holds it.
+        assert_eq!(waiting(&windows, true, None, None, ts(9000)), None);
     }
 
     #[test]

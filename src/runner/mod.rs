@@ -59,6 +59,8 @@ pub enum RunnerError {
 /// One runner: the two consumers, the handlers, the submission gate and the tombstone sweeper.
 pub struct Runner {
     handler: Arc<Handler>,
+    /// Feeds the handler's view of the maintenance windows (followed while the runner runs).
+    windows: tokio::sync::watch::Sender<Option<crate::cluster::Windows>>,
     broker: Broker,
     gate_driver: GateDriver,
     stats: Arc<Stats>,
@@ -116,7 +118,10 @@ impl Runner {
                 .closed_because()
                 .map(|why| format!("not taking submissions ({why}); they wait in the queue"))
         });
+        let (windows_tx, windows) = tokio::sync::watch::channel(None);
         let handler = Handler {
+            maintenance: windows,
+            windows_clock: Arc::new(crate::monitor::SystemClock),
             runner_keys: RunnerKeys::new(&keys),
             keys,
             jobs: jobs::JobStore::new(client.clone(), &config),
@@ -138,12 +143,22 @@ impl Runner {
         };
         Ok(Self {
             handler: Arc::new(handler),
+            windows: windows_tx,
             broker,
             gate_driver,
             stats: Arc::new(Stats::default()),
             ready: [submit_ready, control_ready],
             ops,
         })
+    }
+
+    /// Judges maintenance windows by `clock` (the monitor's; the system clock by default) when it decides
+    /// whether a submission is created held back.
+    pub fn with_clock(mut self, clock: Arc<dyn crate::monitor::Clock>) -> Self {
+        if let Some(handler) = Arc::get_mut(&mut self.handler) {
+            handler.windows_clock = clock;
+        }
+        self
     }
 
     /// The submission gate (pause switch and capacity), as this runner sees it.
@@ -187,6 +202,19 @@ impl Runner {
         let mut tasks = tokio::task::JoinSet::new();
         let token = background.clone();
         tasks.spawn(self.gate_driver.run(async move { token.cancelled().await }));
+        let follow_windows = crate::cluster::maintenance::follow(
+            self.handler.client.clone(),
+            config.cluster.namespace.clone(),
+            config.cluster.relist_interval,
+            self.windows,
+        );
+        let token = background.clone();
+        tasks.spawn(async move {
+            tokio::select! {
+                () = follow_windows => {}
+                () = token.cancelled() => {}
+            }
+        });
         tasks.spawn(consume::follow_pause(
             self.handler.gate.clone(),
             switch,

@@ -104,13 +104,16 @@ impl Service {
         ops.metrics.watch_broker(broker.clone());
         broker_ready.fill(broker.clone());
         let config = Arc::new(self.config);
-        let runner = Runner::with_ops(
+        let mut runner = Runner::with_ops(
             (*config).clone(),
             self.client.clone(),
             broker.clone(),
             self.runner_id.clone(),
             ops.clone(),
         )?;
+        if let Some((clock, _)) = &self.monitor_clock {
+            runner = runner.with_clock(clock.clone());
+        }
         let mut duties = tokio::task::JoinSet::new();
         // The runner's own namespace holds its leases, tombstones and pause switch: without it the
         // monitoring duty would never start, silently. Made sure of now, and again until it works.

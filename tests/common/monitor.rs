@@ -91,6 +91,20 @@ impl TestRunner {
     }
 }
 
+/// A runner's consuming side (the submit path, for real), judging time by the simulator's clock.
+pub struct TestConsumer {
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl TestConsumer {
+    /// A clean stop: in-flight messages finish, the consumers close.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = tokio::time::timeout(PATIENCE, self.task).await;
+    }
+}
+
 /// Everything published, by kind.
 #[derive(Debug, Default, Clone)]
 pub struct Seen {
@@ -318,6 +332,41 @@ impl World {
             broker,
             reports,
         }
+    }
+
+    /// Starts a runner's consuming side named `identity` (no monitor: start one with
+    /// [`World::runner`]), and waits until it consumes submissions.
+    pub async fn consumer(&self, identity: &str) -> TestConsumer {
+        let shutdown = CancellationToken::new();
+        let broker = Broker::connect(self.config.broker.clone(), shutdown.clone())
+            .await
+            .expect("RabbitMQ is reachable");
+        let runner = volcano_runner::runner::Runner::new(
+            (*self.config).clone(),
+            self.client.clone(),
+            broker,
+            identity.to_owned(),
+        )
+        .expect("a runner")
+        .with_clock(Arc::new(SimClock(self.sim.clone())));
+        let token = shutdown.clone();
+        let task = tokio::spawn(async move {
+            runner.run(token).await.expect("the runner consumes");
+        });
+        TestConsumer { shutdown, task }
+    }
+
+    /// Publishes a submission to the jobs exchange, as an orchestrator does (for a [`World::consumer`]).
+    pub async fn publish_submit(&self, job: &SubmitJob) {
+        let message = volcano_runner::broker::Outbound::submit(
+            job,
+            volcano_runner::messages::Format::Json,
+            &self.config.broker,
+        );
+        tokio::time::timeout(PATIENCE, self.follower_broker.publisher().publish(&message))
+            .await
+            .expect("published in time")
+            .expect("the broker confirms");
     }
 
     /// Moves simulated time forward; the model has settled when this returns.

@@ -3,6 +3,12 @@
 //! ended at the window's start (FAILURE, reason `maintenance`) and charged up to the start only; a job
 //! that expires before the window is left alone; a cancelled window ends nothing; a runner killed at the
 //! window's start leaves one end and one final tick.
+//!
+//! Jobs that have not started, submitted through a real runner's consumer: one whose time allocation a
+//! window is in the way of is created gated, told once until when it waits, and starts after the window;
+//! a short one runs at once; a submission during a window waits until the window is cancelled; a runner
+//! killed while it holds a job leaves its release to the next; a job queued before its window is told
+//! it cannot be held.
 
 use crate::monitor_support;
 
@@ -242,5 +248,238 @@ async fn a_runner_killed_at_the_windows_start_leaves_one_end_and_one_charge() {
     let ticks = w.seen.of("mw4").unique_ticks();
     check_ticks("mw4", &ticks, start, window.start.as_millisecond());
     second.stop().await;
+    w.close().await;
+}
+
+fn held_id(job_id: &str, window: &Window, held: bool) -> String {
+    format!(
+        "{job_id}/maintenance/{}/{}/{}",
+        window.id,
+        window.start.as_millisecond(),
+        if held { "held" } else { "queued" }
+    )
+}
+
+/// The scheduling gates of a job's first pod (`None` while it has no pod).
+fn gates(w: &World, ns: &str, job_id: &str) -> Option<Vec<String>> {
+    let pod = w.pod(ns, &format!("j-{job_id}-job-0"))?;
+    Some(
+        pod.pointer("/spec/schedulingGates")
+            .and_then(|g| g.as_array())
+            .map(|g| {
+                g.iter()
+                    .filter_map(|g| g["name"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    )
+}
+
+async fn until_gated(w: &World, ns: &str, job_id: &str) {
+    let gate = w.keys.maintenance_gate();
+    let gated = async {
+        while !gates(w, ns, job_id).is_some_and(|g| g.contains(&gate)) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, gated)
+        .await
+        .unwrap_or_else(|_| panic!("{job_id}'s pod carries the maintenance gate"));
+}
+
+/// A window an hour from now, for an hour: a job of four hours submitted now is accepted (QUEUED),
+/// created with its pods gated, and told at once until when it waits (one status, the window's id); it
+/// starts at the window's end. A job of half an hour, which ends before the window, runs at once.
+#[tokio::test]
+async fn a_job_whose_allocation_crosses_a_window_waits_for_its_end_and_a_short_one_runs() {
+    let mut w = World::start("mon-maint-hold", |_| {}, |_| {}).await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let consumer = w.consumer("runner-a").await;
+    let window = schedule(&w, 3600, 7200, &[]).await;
+    let long = with_allocation(job("mh1", "sleep infinity"), 4 * 3600);
+    let short = with_allocation(job("mh2", "sleep infinity"), 1800);
+    let ns = w.namespace_of(&long);
+    w.publish_submit(&long).await;
+    w.publish_submit(&short).await;
+    w.until("both QUEUED, the long one told it waits", |s| {
+        s.event("mh1/QUEUED").is_some()
+            && s.event("mh2/QUEUED").is_some()
+            && s.event(&held_id("mh1", &window, true)).is_some()
+    })
+    .await;
+    let told = w
+        .seen
+        .event(&held_id("mh1", &window, true))
+        .unwrap()
+        .clone();
+    assert_eq!(told.reason, "maintenance");
+    assert_eq!(
+        told.status,
+        format!(
+            "The job waits for the maintenance window {} until {}",
+            window.id, window.end
+        )
+    );
+    w.advance(2);
+    until_gated(&w, &ns, "mh1").await;
+    w.until("the short job RUNNING", |s| {
+        s.event("mh2/RUNNING").is_some()
+    })
+    .await;
+    assert!(
+        w.seen.event(&held_id("mh2", &window, true)).is_none(),
+        "the short job ends before the window: nothing holds it"
+    );
+    // Up to the window's end it waits, told once.
+    w.advance_to_ms(window.end.as_millisecond() - 1000);
+    w.settle(Duration::from_millis(300)).await;
+    assert!(
+        w.seen.event("mh1/RUNNING").is_none(),
+        "held during the window"
+    );
+    let statuses = w
+        .seen
+        .of("mh1")
+        .lifecycle
+        .iter()
+        .filter(|e| e.reason == "maintenance")
+        .map(|e| e.event_id.clone())
+        .collect::<BTreeSet<_>>();
+    assert_eq!(statuses.len(), 1, "told once: {statuses:?}");
+    w.advance(1);
+    w.settle(Duration::from_millis(300)).await;
+    w.advance(2);
+    w.until("the long job RUNNING after the window", |s| {
+        s.event("mh1/RUNNING").is_some()
+    })
+    .await;
+    let started = ms(&w.seen.event("mh1/RUNNING").unwrap().started_at);
+    assert!(
+        started >= window.end.as_millisecond(),
+        "started at {started}, before the window's end"
+    );
+    consumer.stop().await;
+    runner.stop().await;
+    w.close().await;
+}
+
+/// A submission during a window is accepted, created held and told until when it waits; cancelling the
+/// window lets it go at once.
+#[tokio::test]
+async fn a_submission_during_a_window_waits_until_the_window_is_cancelled() {
+    let mut w = World::start("mon-maint-during", |_| {}, |_| {}).await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let consumer = w.consumer("runner-a").await;
+    let window = schedule(&w, 0, 7200, &[]).await;
+    let short = with_allocation(job("mh3", "sleep infinity"), 600);
+    let ns = w.namespace_of(&short);
+    w.publish_submit(&short).await;
+    w.until("QUEUED and told it waits", |s| {
+        s.event("mh3/QUEUED").is_some() && s.event(&held_id("mh3", &window, true)).is_some()
+    })
+    .await;
+    w.advance(2);
+    until_gated(&w, &ns, "mh3").await;
+    w.advance(60);
+    w.settle(Duration::from_millis(300)).await;
+    assert!(
+        w.seen.event("mh3/RUNNING").is_none(),
+        "held during the window"
+    );
+    let windows = MaintenanceWindows::new(w.client.clone(), &w.config.cluster);
+    assert!(windows.cancel(&window.id).await.expect("deleted"));
+    w.settle(Duration::from_millis(300)).await;
+    w.advance(2);
+    w.until("RUNNING once the window is cancelled", |s| {
+        s.event("mh3/RUNNING").is_some()
+    })
+    .await;
+    assert!(
+        gates(&w, &ns, "mh3").is_some_and(|g| g.is_empty()),
+        "the gate is gone"
+    );
+    consumer.stop().await;
+    runner.stop().await;
+    w.close().await;
+}
+
+/// The runner that holds the job is killed while it waits; the window ends meanwhile, and the runner
+/// that takes the job over lets it go, from the cluster's state alone, without telling it again.
+#[tokio::test]
+async fn a_runner_killed_while_holding_a_job_does_not_lose_its_release() {
+    let mut w = World::start("mon-maint-kill-held", |_| {}, |_| {}).await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let consumer = w.consumer("runner-a").await;
+    let window = schedule(&w, 600, 1800, &[]).await;
+    let long = with_allocation(job("mh4", "sleep infinity"), 3600);
+    let ns = w.namespace_of(&long);
+    w.publish_submit(&long).await;
+    w.until("told it waits", |s| {
+        s.event(&held_id("mh4", &window, true)).is_some()
+    })
+    .await;
+    w.advance(2);
+    until_gated(&w, &ns, "mh4").await;
+    consumer.stop().await;
+    runner.kill().await;
+    w.advance_to_ms(window.end.as_millisecond() + 1000);
+    let second = w.runner("runner-b").await;
+    second.holds(4).await;
+    w.settle(Duration::from_millis(300)).await;
+    w.advance(2);
+    w.until("RUNNING after the window, under the second runner", |s| {
+        s.event("mh4/RUNNING").is_some()
+    })
+    .await;
+    let told: Vec<_> = w
+        .seen
+        .of("mh4")
+        .lifecycle
+        .iter()
+        .filter(|e| e.reason == "maintenance")
+        .map(|e| e.event_id.clone())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(told, vec![held_id("mh4", &window, true)]);
+    second.stop().await;
+    w.close().await;
+}
+
+/// A job queued before the window was scheduled cannot be held back any more (its pods exist without
+/// the gate): it is told so, once, by the window's id.
+#[tokio::test]
+async fn a_job_queued_before_the_window_is_told_it_cannot_be_held() {
+    let mut w = World::start("mon-maint-queued", |_| {}, |_| {}).await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    // Its image never pulls (the simulator's marker): it waits, not gated, within the pull grace.
+    let mut long = with_allocation(job("mh5", "sleep infinity"), 4 * 3600);
+    if let Some(app) = long.application.as_mut() {
+        app.image = "dreg.cloud.sdu.dk/ucloud/does-not-exist:1.0".into();
+    }
+    w.submit(&long).await;
+    w.advance(2);
+    w.settle(Duration::from_millis(300)).await;
+    assert!(
+        w.seen.event("mh5/RUNNING").is_none(),
+        "its image does not pull"
+    );
+    let window = schedule(&w, 600, 1800, &[]).await;
+    w.until("told what the window means for it", |s| {
+        s.event(&held_id("mh5", &window, false)).is_some()
+    })
+    .await;
+    let told = w.seen.event(&held_id("mh5", &window, false)).unwrap();
+    assert_eq!(told.reason, "maintenance");
+    assert!(
+        told.status.contains(&window.id) && told.status.contains("could no longer be held back"),
+        "{}",
+        told.status
+    );
+    runner.stop().await;
     w.close().await;
 }

@@ -134,6 +134,12 @@ pub struct Handler {
     pub confirmed_queued: crate::monitor::ConfirmedQueued,
     /// Waits, instead of failing the message, while no queue receives the events.
     pub events_route: route::EventsRoute,
+    /// The maintenance windows, from the runner's watch of them (`None` until first listed): a
+    /// submission a window is in the way of is created held back.
+    pub maintenance: tokio::sync::watch::Receiver<Option<crate::cluster::Windows>>,
+    /// The clock a window is judged by: the monitor's (the simulator's, with the embedded simulator),
+    /// so that the submit path and the monitor, which lets a held job go, agree on what is in the way.
+    pub windows_clock: Arc<dyn crate::monitor::Clock>,
 }
 
 impl std::fmt::Debug for Handler {

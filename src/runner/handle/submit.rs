@@ -97,12 +97,28 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         }
     }
 
-    let desired = match pipeline::render(job, &*h.config, h.now()) {
+    let mut desired = match pipeline::render(job, &*h.config, h.now()) {
         Ok(desired) => desired,
         Err(e) => {
             return reject::invalid(h, m, subject, &e.field(), e.message(), e.code()).await;
         }
     };
+    // A maintenance window in the way of the job's time allocation: the job is created with its pods
+    // held back, accepted all the same (nothing waits in the queue for a window).
+    if !exists {
+        let Some(windows) = windows(h).await else {
+            return Settle::Requeue {
+                why: "the maintenance windows have not been listed yet".into(),
+            };
+        };
+        let max_time = pipeline::hooks::JobFacts::read(&desired.vcjob, &h.keys, &h.config.pipeline)
+            .ok()
+            .and_then(|f| f.max_time);
+        let now = h.windows_clock.now();
+        if let Some(window) = crate::cluster::maintenance::holding(&windows, now, max_time) {
+            hold_back(&mut desired.vcjob, &h.keys, window);
+        }
+    }
     let decorations = Decorations {
         runner_id: &h.runner_id,
         traceparent: m.traceparent.as_ref(),
@@ -181,6 +197,44 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         "Accepted a job."
     );
     queued(h, m, job_id, &outcome.primary).await
+}
+
+/// How long a submission waits for the runner's first list of the maintenance windows before it goes
+/// back to the queue.
+const WINDOWS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The maintenance windows as the runner's watch has them, once listed.
+async fn windows(h: &Handler) -> Option<crate::cluster::Windows> {
+    let mut rx = h.maintenance.clone();
+    let listed = tokio::time::timeout(WINDOWS_WAIT, rx.wait_for(Option::is_some)).await;
+    listed.ok()?.ok()?.clone()
+}
+
+/// Holds the job's pods back for `window`: the scheduling gate `<prefix>maintenance` on every task's
+/// pods (Kubernetes lets a gate be removed later, never added), and `<prefix>maintenanceHeld` naming
+/// the window, for the monitor, whose view of the job has no pod templates.
+fn hold_back(
+    vcjob: &mut VolcanoJob,
+    keys: &crate::durable::AnnotationKeys,
+    window: &crate::cluster::Window,
+) {
+    let gate = keys.maintenance_gate();
+    for task in &mut vcjob.spec.tasks {
+        let gates = task
+            .template
+            .spec
+            .get_or_insert_default()
+            .scheduling_gates
+            .get_or_insert_default();
+        if !gates.iter().any(|g| g.name == gate) {
+            gates.push(k8s_openapi::api::core::v1::PodSchedulingGate { name: gate.clone() });
+        }
+    }
+    vcjob
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(keys.maintenance_held.clone(), window.id.clone());
 }
 
 /// Publishes the job's QUEUED and settles. Built from the job as it exists (created now or by an
@@ -549,5 +603,50 @@ async fn cancel_after_create(
             "the VolcanoJob of {} kept changing while it was being cancelled",
             tombstone.job_id
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every task's pods get the gate once, and the job names the window for the monitor.
+    #[test]
+    fn a_held_job_is_gated_in_every_task_once_and_names_its_window() {
+        let config = crate::config::Config::default();
+        let submit: SubmitJob = serde_json::from_str(include_str!(
+            "../../../schemas/examples/submit-job.figlet.json"
+        ))
+        .unwrap();
+        let mut vcjob = pipeline::render(&submit, &config, jiff::Timestamp::UNIX_EPOCH)
+            .unwrap()
+            .vcjob;
+        let keys = crate::durable::AnnotationKeys::new(&config.pipeline.annotation_prefix);
+        let window = crate::cluster::Window {
+            id: "202612010600-3fa9c1".into(),
+            start: jiff::Timestamp::UNIX_EPOCH,
+            end: jiff::Timestamp::MAX,
+            nodes: Default::default(),
+            reason: None,
+            created_at: None,
+            created_by: None,
+        };
+        hold_back(&mut vcjob, &keys, &window);
+        hold_back(&mut vcjob, &keys, &window);
+        assert!(!vcjob.spec.tasks.is_empty());
+        for task in &vcjob.spec.tasks {
+            let gates: Vec<_> = task
+                .template
+                .spec
+                .iter()
+                .flat_map(|s| s.scheduling_gates.iter().flatten())
+                .map(|g| g.name.as_str())
+                .collect();
+            assert_eq!(gates, ["ucloud.dk/maintenance"]);
+        }
+        assert_eq!(
+            annotation(&vcjob, &keys.maintenance_held),
+            Some("202612010600-3fa9c1")
+        );
     }
 }
