@@ -11,6 +11,7 @@
 //! - [`retry`]: [`RetryPolicy`], bounded retries with backoff and `Retry-After`.
 //! - [`apply`]: [`Applier`], ordered creation with ownerReferences, idempotent redelivery and rollback (W14).
 //! - [`namespaces`]: [`NamespaceCache`], namespaces created on demand and remembered.
+//! - [`end`]: ending a job with Volcano's `TerminateJob` command, and deleting its companions at the end.
 //! - [`tombstone`]: [`Tombstones`], durable records of cancels that arrived before their submit.
 //! - [`pause`], [`capacity`], [`gate`]: the pause switch, the count of active jobs, and the combined
 //!   "may take submissions" watch the submit consumer follows.
@@ -20,6 +21,7 @@
 pub mod apply;
 pub mod capacity;
 pub mod client;
+pub mod end;
 pub mod error;
 pub mod gate;
 pub mod labels;

@@ -77,7 +77,13 @@ impl Hold {
     pub fn of(meta: &ObjectMeta, keys: &AnnotationKeys) -> Option<Self> {
         let annotations = meta.annotations.as_ref()?;
         let get = |key: &str| annotations.get(key).map(String::as_str);
-        if get(&keys.exclusive_nodes) != Some("true") || meta.deletion_timestamp.is_some() {
+        // Asked to end (a cancel, an expiry: the cause is recorded before the TerminateJob command), its
+        // end recorded, or being deleted: its nodes are on their way back.
+        if get(&keys.exclusive_nodes) != Some("true")
+            || meta.deletion_timestamp.is_some()
+            || get(&keys.termination_cause).is_some()
+            || get(&keys.outcome).is_some()
+        {
             return None;
         }
         let state = get(&keys.lifecycle_state).map(|s| s.trim_start_matches("JOB_STATE_"));

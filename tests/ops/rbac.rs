@@ -194,6 +194,16 @@ async fn the_rbac_grants_exactly_what_the_runner_uses() {
             saw(f, "patch", "endpointslices.discovery.k8s.io", false)
         })
         .await;
+    // The job with a peer is cancelled: a TerminateJob command ends it, and at its end its companions
+    // (the peers Service, its own policy, the peers' EndpointSlice) are found by their label and deleted.
+    fleet.cancel("rbac-7").await;
+    fleet.wait_state("rbac-7", JobState::Cancelled, step).await;
+    fleet
+        .wait_until("the companions deleted at the end", |f| {
+            saw(f, "delete", "endpointslices.discovery.k8s.io", false)
+                && saw(f, "delete", "services", false)
+        })
+        .await;
 
     // A submission whose VolcanoJob name is taken by an object the runner did not make (no managed-by
     // label, so the runner's lookup misses it): the create answers AlreadyExists and the runner reads
