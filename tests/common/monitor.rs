@@ -464,10 +464,17 @@ impl World {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         };
-        tokio::time::timeout(PATIENCE, released).await.expect(
-            "the ended job is kept, not being deleted, finished, without our finalizer, pods or \
-             companions",
-        );
+        if tokio::time::timeout(PATIENCE, released).await.is_err() {
+            panic!(
+                "the ended job is kept, not being deleted, finished, without our finalizer, pods or \
+                 companions: {:#?}, companions {:?}",
+                self.vcjob(namespace, job_id).map(|j| (
+                    j.pointer("/metadata").cloned(),
+                    j.pointer("/status/state").cloned()
+                )),
+                self.companions(namespace, &name).await
+            );
+        }
         // Kept until the retention has passed, counted from the end.
         self.settle(Duration::from_millis(300)).await;
         let kept = self
