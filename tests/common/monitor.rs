@@ -421,6 +421,30 @@ impl World {
         )
     }
 
+    /// Whether the job was asked to end: Volcano is terminating it or has (a `TerminateJob` command), or
+    /// it is being deleted.
+    pub fn is_ending(&self, namespace: &str, job_id: &str) -> bool {
+        self.vcjob(namespace, job_id).is_some_and(|j| {
+            j.pointer("/metadata/deletionTimestamp").is_some()
+                || matches!(
+                    j.pointer("/status/state/phase").and_then(|p| p.as_str()),
+                    Some("Terminating" | "Terminated")
+                )
+        })
+    }
+
+    /// Waits until the job was asked to end ([`World::is_ending`]).
+    pub async fn until_ending(&self, namespace: &str, job_id: &str) {
+        let ending = async {
+            while !self.is_ending(namespace, job_id) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(PATIENCE, ending)
+            .await
+            .unwrap_or_else(|_| panic!("{job_id} is terminated"));
+    }
+
     /// A pod as the simulator holds it.
     pub fn pod(&self, namespace: &str, name: &str) -> Option<serde_json::Value> {
         self.sim.object("", "v1", "pods", namespace, name)
