@@ -145,9 +145,11 @@ async fn the_rbac_grants_exactly_what_the_runner_uses() {
         .unwrap(),
     );
     fleet.submit(&peered).await;
+    // (The job's deletion shows the rollback: ended jobs are terminated, never deleted, and the
+    // companions of the jobs that ended above were deleted already.)
     fleet
         .wait_until("a rollback", |f| {
-            saw(f, "delete", "networkpolicies.networking.k8s.io", false)
+            saw(f, "delete", "jobs.batch.volcano.sh", false)
         })
         .await;
     fleet.sim.faults().clear();
