@@ -1,5 +1,6 @@
 //! The runner's own reads and writes of VolcanoJobs: find a job by its id, change its annotations with
-//! optimistic concurrency, delete it. (Creating a job is the [`crate::cluster::Applier`]'s business.)
+//! optimistic concurrency, end it (Volcano's `TerminateJob` command; the job is kept, never deleted).
+//! (Creating a job is the [`crate::cluster::Applier`]'s business.)
 //!
 //! A cancel or an extension names only the job id, and with per-owner namespaces the namespace is not
 //! known from it: the job is found by name across namespaces (a list with a field selector on
@@ -16,9 +17,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use kube::api::{
-    Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions, PropagationPolicy,
-};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::watcher;
 
 use crate::cluster::labels::FIELD_MANAGER;
@@ -242,34 +241,6 @@ impl JobStore {
     /// ending already; a Command not taken yet (the same name) counts as done.
     pub async fn terminate(&self, job: &VolcanoJob) -> Result<(), ClusterError> {
         crate::cluster::end::terminate(&self.client, &self.retry, job).await
-    }
-
-    /// Deletes the job (the exact object read: uid precondition). Gone already is fine. With the cleanup
-    /// finalizer the object stays, marked for deletion, until the monitor has cleaned up.
-    pub async fn delete(&self, job: &VolcanoJob) -> Result<(), ClusterError> {
-        let (ns, name) = namespace_and_name(job);
-        let api: Api<VolcanoJob> = Api::namespaced(self.client.clone(), ns);
-        let params = DeleteParams {
-            propagation_policy: Some(PropagationPolicy::Background),
-            preconditions: Some(Preconditions {
-                uid: job.metadata.uid.clone(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        let op = format!("delete VolcanoJob {ns}/{name}");
-        match self
-            .retry
-            .run(&op, || async {
-                api.delete(name, &params).await.classify(|| op.clone())
-            })
-            .await
-        {
-            Ok(_) => Ok(()),
-            // Gone, or replaced by a newer job of the same name (uid precondition): not ours to delete.
-            Err(e) if e.is_not_found() || e.is_conflict() => Ok(()),
-            Err(e) => Err(e),
-        }
     }
 }
 
