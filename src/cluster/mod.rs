@@ -94,7 +94,9 @@ pub struct ClusterConfig {
     /// AlreadyExists) and is only acknowledged, so a job never runs twice; a deleted object and one never
     /// created would look the same. Like `tombstone_ttl`, it must outlive the longest time a submission
     /// can stay in the queue unacknowledged (pauses and backlogs included): only a message still in the
-    /// queue can be redelivered. Zero releases the record as soon as the end is published.
+    /// queue can be redelivered. The runner sets it on every job it creates as `ttlSecondsAfterFinished`:
+    /// Volcano's garbage collector deletes the job that long after it finished (see docs/monitor.md).
+    /// Zero releases the record as soon as the end is published.
     #[serde(with = "duration::required")]
     pub ended_job_retention: Duration,
     /// Name of the ConfigMap (in [`namespace`](Self::namespace)) that pauses submissions on every runner.
