@@ -253,9 +253,13 @@ pub struct VolcanoView {
     /// Volcano's restarts of the whole job.
     pub retry_count: i32,
     pub max_attempts: i32,
-    /// Set once the job was released after its end (its pods are gone; the VolcanoJob is the record).
+    /// Set once the job was asked to end (a cancel, an expiry: `terminationAt`; or deleted by an older
+    /// runner): its pods go, the VolcanoJob is the record.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub released_at: Option<Timestamp>,
+    /// Until when Volcano keeps the finished job (its `ttlSecondsAfterFinished` after it finished).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept_until: Option<Timestamp>,
 }
 
 /// Reads one job's record into a [`JobView`]. `None` when the object is not a runner's job.
@@ -414,9 +418,24 @@ pub fn view(job: &VolcanoJob, keys: &AnnotationKeys) -> Option<JobView> {
             phase: job.phase().to_string(),
             retry_count: job.retries(),
             max_attempts: job.max_attempts(),
-            released_at: job.metadata.deletion_timestamp.as_ref().map(|t| t.0),
+            released_at: crate::cluster::end::terminated_at(job, keys),
+            kept_until: kept_until(job),
         },
     })
+}
+
+/// When Volcano's garbage collector deletes the finished job: `ttlSecondsAfterFinished` after the
+/// transition to its finished phase. `None` while it has not finished, or without a TTL.
+fn kept_until(job: &VolcanoJob) -> Option<Timestamp> {
+    let ttl = job.spec.ttl_seconds_after_finished?;
+    let state = &job.status.as_ref()?.state;
+    if !state.phase.is_finished() {
+        return None;
+    }
+    let finished = state.last_transition_time.as_ref()?.0;
+    finished
+        .checked_add(jiff::SignedDuration::from_secs(i64::from(ttl)))
+        .ok()
 }
 
 /// `1h02m03s` for a span in ms.
@@ -526,7 +545,7 @@ impl JobView {
         line(
             "Volcano:",
             format!(
-                "phase {}, {} restart{} of {} attempts{}",
+                "phase {}, {} restart{} of {} attempts{}{}",
                 self.volcano.phase,
                 self.volcano.retry_count,
                 if self.volcano.retry_count == 1 {
@@ -538,6 +557,10 @@ impl JobView {
                 self.volcano
                     .released_at
                     .map(|at| format!("; pods released at {at}, the job kept as its record"))
+                    .unwrap_or_default(),
+                self.volcano
+                    .kept_until
+                    .map(|at| format!(" until {at}"))
                     .unwrap_or_default()
             ),
         );

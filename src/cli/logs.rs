@@ -197,15 +197,11 @@ impl Resume {
     }
 }
 
-/// Whether no more output can come from the job: Volcano finished it, it is being deleted (a cancel, an
-/// expiry; the ended job is kept, being deleted, as the record of its submission), or the monitor
-/// recorded its end.
+/// Whether no more output can come from the job: Volcano is ending or finished it (a cancel, an expiry:
+/// its `TerminateJob` command; the ended job is kept as the record of its submission), it is being
+/// deleted (by an older runner, or by Volcano's TTL), or the monitor recorded its end.
 pub fn has_ended(job: &VolcanoJob, lifecycle_key: &str) -> bool {
-    job.metadata.deletion_timestamp.is_some()
-        || job
-            .status
-            .as_ref()
-            .is_some_and(|s| s.state.phase.is_finished())
+    crate::cluster::end::is_ending(job)
         || job
             .metadata
             .annotations

@@ -415,11 +415,12 @@ impl Applier {
                         .map_err(|e| StepError::cluster(&key, e))?;
                 }
                 Role::Primary => {
-                    let (object, existed) =
+                    let (object, existed, ended) =
                         self.create_primary(step, &key, fingerprint, budget).await?;
-                    if existed && object.deletion_timestamp.is_some() {
-                        // This submission's job, ended: nothing more to create, and its companions must
-                        // not come back.
+                    if existed && ended {
+                        // This submission's job, ended (terminated or finished, kept until its TTL, or
+                        // deleted by an older runner): nothing more to create, and its companions, deleted
+                        // at its end, must not come back.
                         return Ok(ApplyOutcome {
                             primary: object,
                             primary_existed: true,
@@ -488,13 +489,15 @@ impl Applier {
         key: &ObjectKey,
         fingerprint: &str,
         budget: &Budget<'_>,
-    ) -> Result<(ObjectMeta, bool), StepError> {
+    ) -> Result<(ObjectMeta, bool, bool), StepError> {
         match self.create(step, key, &step.object, budget).await {
-            Ok(object) => return Ok((object, false)),
+            Ok(object) => return Ok((object, false, false)),
             Err(e) if !e.is_already_exists() => return Err(StepError::cluster(key, e)),
             Err(_) => {}
         }
-        let existing = self.get_existing(step, key, budget, true).await?.metadata;
+        let found = self.get_existing(step, key, budget, true).await?;
+        let ended = has_ended(&found);
+        let existing = found.metadata;
         let theirs = annotation(&existing, &self.fingerprint_annotation);
         if theirs != Some(fingerprint) {
             return Err(StepError::Conflict {
@@ -504,7 +507,7 @@ impl Applier {
                 desired: fingerprint.to_owned(),
             });
         }
-        Ok((existing, true))
+        Ok((existing, true, ended))
     }
 
     /// Creates a companion, or finds it created for this primary by an earlier delivery. Returns its uid
@@ -778,6 +781,25 @@ pub fn owner_reference(resource: &ApiResource, primary: &ObjectMeta) -> Option<O
         controller: Some(true),
         block_owner_deletion: None,
     })
+}
+
+/// Whether an existing primary has ended: being deleted (an older runner's release, or Volcano's TTL), or
+/// in a phase Volcano gives a job it is ending or has finished (a `TerminateJob` command leaves it
+/// `Terminating`, then `Terminated`, and keeps it until its `ttlSecondsAfterFinished`).
+fn has_ended(object: &DynamicObject) -> bool {
+    const ENDING: [&str; 7] = [
+        "Completing",
+        "Completed",
+        "Terminating",
+        "Terminated",
+        "Failed",
+        "Aborting",
+        "Aborted",
+    ];
+    object.metadata.deletion_timestamp.is_some()
+        || object.data["status"]["state"]["phase"]
+            .as_str()
+            .is_some_and(|p| ENDING.contains(&p))
 }
 
 /// `object` with `owner` among its ownerReferences, replacing a reference to the same kind and name (a

@@ -12,6 +12,7 @@
 //! - [`apply`]: [`Applier`], ordered creation with ownerReferences, idempotent redelivery and rollback (W14).
 //! - [`namespaces`]: [`NamespaceCache`], namespaces created on demand and remembered.
 //! - [`records`]: [`ConfigMapRecords`], the ConfigMaps every durable record kind below is kept in.
+//! - [`end`]: ending a job with Volcano's `TerminateJob` command, and deleting its companions at the end.
 //! - [`tombstone`]: [`Tombstones`], durable records of cancels that arrived before their submit.
 //! - [`pause`], [`capacity`], [`gate`]: the pause switch, the count of active jobs, and the combined
 //!   "may take submissions" watch the submit consumer follows.
@@ -21,6 +22,7 @@
 pub mod apply;
 pub mod capacity;
 pub mod client;
+pub mod end;
 pub mod error;
 pub mod gate;
 pub mod labels;
@@ -95,7 +97,9 @@ pub struct ClusterConfig {
     /// AlreadyExists) and is only acknowledged, so a job never runs twice; a deleted object and one never
     /// created would look the same. Like `tombstone_ttl`, it must outlive the longest time a submission
     /// can stay in the queue unacknowledged (pauses and backlogs included): only a message still in the
-    /// queue can be redelivered. Zero releases the record as soon as the end is published.
+    /// queue can be redelivered. The runner sets it on every job it creates as `ttlSecondsAfterFinished`:
+    /// Volcano's garbage collector deletes the job that long after it finished (see docs/monitor.md).
+    /// Zero releases the record as soon as the end is published.
     #[serde(with = "duration::required")]
     pub ended_job_retention: Duration,
     /// Name of the ConfigMap (in [`namespace`](Self::namespace)) that pauses submissions on every runner.

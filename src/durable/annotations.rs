@@ -30,8 +30,9 @@
 //! | `proxyGeneration` | Proxy hooks | generation of the last published targets |
 //! | `proxySequence` | Proxy hooks | the `sequence` of the last published CREATE or UPDATE (events of a job are ordered by it) |
 //! | `sessionKinds` | Proxy, at create | the session kinds the application offers, comma-separated: `web,terminal`, `vnc,terminal`, or `terminal` (a terminal-only job) |
-//! | `terminationCause` | whoever deletes the job | `expired`, `cancelled`, ... (W11) |
-//! | `terminationReason` | whoever deletes the job | the cause in words, e.g. the cancel's reason |
+//! | `terminationCause` | whoever ends the job (cancel, expiry, maintenance, ...) | `expired`, `cancelled`, ... (W11) |
+//! | `terminationReason` | whoever ends the job | the cause in words, e.g. the cancel's reason |
+//! | `terminationAt` | whoever ends the job, with `terminationCause` | when the job was asked to stop (epoch ms), before its `TerminateJob` command: the end of a rank still running then, and the start of `cleanup_grace` |
 //! | `lifecycleState` | monitor | the last published lifecycle state |
 //! | `statusHash` | monitor | `<chained>/<plain>[/<estimate>]`: hashes of the last status-only event and the start estimate it told (publish a pending reason once, an estimate again only when it moved) |
 //! | `restarts` | monitor | Volcano's `retryCount` when the monitor last told the user of a restart (one status event per restart) |
@@ -120,6 +121,8 @@ pub struct AnnotationKeys {
     pub termination_cause: String,
     /// `<prefix>terminationReason` (see the table above).
     pub termination_reason: String,
+    /// `<prefix>terminationAt` (see the table above).
+    pub termination_at: String,
     /// `<prefix>lifecycleState` (see the table above).
     pub lifecycle_state: String,
     /// `<prefix>statusHash` (see the table above).
@@ -191,6 +194,7 @@ impl AnnotationKeys {
             session_kinds: k("sessionKinds"),
             termination_cause: k("terminationCause"),
             termination_reason: k("terminationReason"),
+            termination_at: k("terminationAt"),
             lifecycle_state: k("lifecycleState"),
             status_hash: k("statusHash"),
             restarts: k("restarts"),

@@ -159,6 +159,9 @@ struct SlimJobSpec {
     queue: Option<String>,
     #[serde(default)]
     tasks: Vec<SlimTask>,
+    /// Whether Volcano keeps the ended job by its TTL ([`crate::cluster::end::has_ttl`]).
+    #[serde(default)]
+    ttl_seconds_after_finished: Option<i32>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -188,6 +191,7 @@ impl WatchedJob {
                         ..TaskSpec::default()
                     })
                     .collect(),
+                ttl_seconds_after_finished: self.spec.ttl_seconds_after_finished,
                 ..JobSpec::default()
             },
             status: self.status,
@@ -1411,13 +1415,18 @@ mod tests {
             "apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
             "metadata": {"name": "j-1", "namespace": "ns", "annotations": {"a": "b"},
                          "managedFields": [{"manager": "x"}]},
-            "spec": {"queue": "q", "minAvailable": 2,
+            "spec": {"queue": "q", "minAvailable": 2, "ttlSecondsAfterFinished": 60,
                      "tasks": [{"name": "job", "replicas": 2, "template": {"spec": {"containers": []}}}]},
             "status": {"state": {"phase": "Running"}, "running": 2}
         }))
         .unwrap();
         let j = w.into_job();
         assert_eq!(j.spec.queue.as_deref(), Some("q"));
+        assert_eq!(
+            j.spec.ttl_seconds_after_finished,
+            Some(60),
+            "kept by its TTL"
+        );
         assert_eq!(j.spec.tasks[0].replicas, 2);
         assert_eq!(j.spec.tasks[0].template, Default::default());
         assert!(j.metadata.managed_fields.is_none());

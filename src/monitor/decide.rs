@@ -9,11 +9,16 @@
 //!    │  FAILURE after the image-pull grace / queue timeout ──────┘                   proxy remove)
 //! ```
 //! Checked in this order, each one only when the earlier ones do not apply:
-//! 1. The terminal state is published: delete the job if it still exists, remove our finalizer.
+//! 1. The terminal state is published: end the job if Volcano has not (a `TerminateJob` command), delete
+//!    its companions, remove our finalizer; Volcano's `ttlSecondsAfterFinished` deletes the job later.
+//!    (A job created without the TTL, by an older runner, is released by a deletion that the finalizer
+//!    holds until the retention has passed, as before.)
 //! 2. An outcome is recorded: publish the final ticks, the proxy remove and the terminal event (RUNNING
 //!    first if it was never published), then persist the terminal state.
-//! 3. The job is being deleted: once its pods have stopped (or `cleanup_grace` has passed), record the
-//!    outcome by the persisted termination cause (EXPIRED, CANCELLED, FAILURE with the cause), W11.
+//! 3. The job was asked to end (`terminationAt`, written with the cause before the `TerminateJob`
+//!    command; or a deletion, by an older runner): once its pods have stopped (or `cleanup_grace` has
+//!    passed), record the outcome by the persisted termination cause (EXPIRED, CANCELLED, FAILURE with
+//!    the cause), W11.
 //! 4. Volcano finished the job (or every rank's program ended `cleanup_grace` ago): record SUCCESS when
 //!    every rank exited 0, else FAILURE with every exit code (W9: never "Failed becomes SUCCESS").
 //! 5. Not started, the image cannot be pulled for longer than `image_pull_grace`: record FAILURE.
@@ -180,11 +185,16 @@ pub struct Action {
     pub publish: Vec<Outbound>,
     pub set: BTreeMap<String, String>,
     pub remove: BTreeSet<String>,
-    /// Delete the VolcanoJob (after the patch), its pods and companions staying until it is gone.
+    /// End the VolcanoJob (after the patch) with Volcano's `TerminateJob` command: its pods stop, the
+    /// job stays (see [`crate::cluster::end`]). Nothing when Volcano is ending it already.
     pub delete: bool,
     /// Delete the VolcanoJob in the foreground (after the patch): its pods, PodGroup and companions go
-    /// at once, while our finalizer keeps the job itself as the record of its submission.
+    /// at once, while our finalizer keeps the job itself as the record of its submission. Only for a job
+    /// created without `ttlSecondsAfterFinished` (by an older runner).
     pub release: bool,
+    /// Delete the job's companions (its Services, NetworkPolicy, peers' EndpointSlice), before the
+    /// finalizer goes: the kept job must not keep a public IP or a proxy Service for the retention.
+    pub companions: bool,
     /// Remove our cleanup finalizer (last).
     pub remove_finalizer: bool,
     /// Decide again right after (a multi-step change).
@@ -209,6 +219,7 @@ impl Action {
             remove: plan.remove,
             delete: plan.delete.is_some(),
             release: false,
+            companions: false,
             remove_finalizer: false,
             again: plan.delete.is_some(),
             next_check: plan.next_check,
@@ -228,6 +239,7 @@ impl Action {
             && self.remove.is_empty()
             && !self.delete
             && !self.release
+            && !self.companions
             && !self.remove_finalizer
     }
 }
@@ -255,6 +267,30 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     // 1. Everything is published. The job stays, without pods and companions, as the record that its
     //    submission was carried out, until the retention has passed; then it goes.
     if let Published::Ended(_) = record.published {
+        if deleting.is_none() && crate::cluster::end::has_ttl(job) {
+            // Kept by Volcano: ended (by Volcano, or by our TerminateJob now), then deleted by its
+            // garbage collector `ttlSecondsAfterFinished` after. Nothing holds that deletion: the
+            // finalizer goes now, with the companions, so the job never shows as `Terminating`.
+            if !crate::cluster::end::is_ending(job) {
+                // Asked again at the next look if Volcano has not taken it by then (the same Command
+                // name: AlreadyExists while it waits).
+                return Ok(Step::Act(Action {
+                    what: "release",
+                    delete: true,
+                    next_check: now.checked_add(s.cleanup_grace).ok(),
+                    ..Action::default()
+                }));
+            }
+            if finalized {
+                return Ok(Step::Act(Action {
+                    what: "finish",
+                    companions: true,
+                    remove_finalizer: true,
+                    ..Action::default()
+                }));
+            }
+            return Ok(Step::Wait { next_check: None });
+        }
         if deleting.is_none() {
             return Ok(Step::Act(Action {
                 what: "release",
@@ -300,15 +336,18 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     let phase = job.phase();
     let started = facts.start.or_else(|| hooks::pods_started_at(obs.pods));
 
-    // 3. Being deleted: close by the recorded cause once the pods have stopped.
-    if let Some(deleted_at) = deleting {
+    // 3. Asked to end (or being deleted): close by the recorded cause once the pods have stopped.
+    if let Some(deleted_at) = crate::cluster::end::terminated_at(job, &s.keys) {
         let finished_before =
             phase.is_finished() && phase_time(job).is_some_and(|t| t < deleted_at);
         if !finished_before {
             let grace_end = deleted_at
                 .checked_add(s.cleanup_grace)
                 .unwrap_or(deleted_at);
-            if observe::any_running(obs.pods) && now < grace_end {
+            // Until Volcano takes the TerminateJob command, the pods it will stop may not have
+            // started: wait for it as for the pods, within the same grace.
+            let volcano_acting = deleting.is_some() || phase.is_ending();
+            if (observe::any_running(obs.pods) || !volcano_acting) && now < grace_end {
                 return Ok(Step::Wait {
                     next_check: Some(grace_end),
                 });
@@ -850,6 +889,9 @@ fn maintenance_end(
         );
         set.insert(s.keys.maintenance_cut.clone(), format_millis(at));
     }
+    if annotation(obs.job, &s.keys.termination_at).is_none() {
+        set.insert(s.keys.termination_at.clone(), format_millis(now));
+    }
     Some(Step::Act(Action {
         what: "maintenance",
         set,
@@ -1215,11 +1257,7 @@ pub fn decide_gone(
         Some(outcome) => outcome.clone(),
         None => {
             let ranks = observe::ranks(&facts.job_id, pods);
-            let end = last
-                .metadata
-                .deletion_timestamp
-                .as_ref()
-                .map(|t| t.0)
+            let end = crate::cluster::end::terminated_at(last, &s.keys)
                 .or_else(|| observe::last_finish(&ranks))
                 .unwrap_or(now)
                 .min(now);
@@ -1353,12 +1391,14 @@ fn publish_end(
         let start = facts.start.or(outcome.started())?;
         start.checked_add(facts.max_time?).ok()
     });
-    // Released right after the terminal state is persisted: a job already being deleted (a cancel, an
-    // expiry) still has its companions, which only a foreground deletion removes before the record ends.
+    // A job kept by its TTL is ended and loses its companions in the next step (1). One created without
+    // it (by an older runner) is released right after the terminal state is persisted: if it is being
+    // deleted already, it still has its companions, which only a foreground deletion removes before the
+    // record ends.
     let mut action = Action {
         what: "end",
         again: true,
-        release: true,
+        release: !crate::cluster::end::has_ttl(obs.job),
         ..Action::default()
     };
     action.publish.extend(queued_first(obs, facts, record, s));
@@ -1794,7 +1834,12 @@ mod tests {
     #[derive(Default)]
     struct World {
         published: Vec<Outbound>,
+        /// Asked to end: a TerminateJob command, or a deletion.
         deleted: bool,
+        /// TerminateJob commands sent.
+        commands: u32,
+        companions_deleted: bool,
+        /// Gone: deleted, and the finalizer removed.
         gone: bool,
         next_check: Option<Timestamp>,
         /// What `Observed::queued_confirmed` says for every decision.
@@ -1846,15 +1891,28 @@ mod tests {
                     for k in &action.remove {
                         a.remove(k);
                     }
-                    if (action.delete || action.release)
-                        && job.metadata.deletion_timestamp.is_none()
-                    {
+                    if action.delete && !crate::cluster::end::is_ending(job) {
+                        // The TerminateJob command, taken by Volcano at once.
+                        let status = job.status.get_or_insert_with(JobStatus::default);
+                        status.state = VcState {
+                            phase: JobPhase::Terminating,
+                            reason: None,
+                            message: None,
+                            last_transition_time: Some(Time(now)),
+                        };
+                        world.deleted = true;
+                        world.commands += 1;
+                    }
+                    if action.release && job.metadata.deletion_timestamp.is_none() {
                         job.metadata.deletion_timestamp = Some(Time(now));
                         world.deleted = true;
                     }
+                    if action.companions {
+                        world.companions_deleted = true;
+                    }
                     if action.remove_finalizer {
                         job.metadata.finalizers = Some(Vec::new());
-                        world.gone = true;
+                        world.gone = job.metadata.deletion_timestamp.is_some();
                         return;
                     }
                     if !action.again {
@@ -2377,6 +2435,113 @@ mod tests {
         assert!(!world.gone);
         drive(&s, &mut job, &[], ts(30 + 24 * 3600), &mut world);
         assert!(world.gone);
+    }
+
+    /// A job as the runner now creates it: kept by Volcano's TTL after it finished.
+    fn job_with_ttl(s: &Settings) -> VolcanoJob {
+        let mut job = job(s);
+        job.spec.ttl_seconds_after_finished = Some(86_400);
+        job
+    }
+
+    #[test]
+    fn a_finished_job_with_a_ttl_loses_its_finalizer_and_companions_at_the_end_not_the_retention() {
+        let s = settings(|_| {});
+        let mut job = job_with_ttl(&s);
+        let mut world = World::default();
+        queued_recorded(&mut job, &s);
+        set_phase(&mut job, JobPhase::Running, 6);
+        let pods = vec![pod("4817", 0, running(5))];
+        drive(&s, &mut job, &pods, ts(20), &mut world);
+        set_phase(&mut job, JobPhase::Completed, 151);
+        let pods = vec![pod("4817", 0, exited(0, 5, 150))];
+        drive(&s, &mut job, &pods, ts(200), &mut world);
+        assert_eq!(lifecycle(&world).pop().unwrap().event_id, "4817/SUCCESS");
+        assert!(world.companions_deleted, "its companions go at the end");
+        assert_eq!(job.metadata.finalizers, Some(Vec::new()), "unfinalized now");
+        assert!(
+            job.metadata.deletion_timestamp.is_none() && !world.deleted,
+            "not deleted: Volcano's TTL deletes it, nothing holds it as Terminating"
+        );
+        assert_eq!(world.commands, 0, "Volcano finished it: no command");
+        let published = world.published.len();
+        drive(&s, &mut job, &pods, ts(200 + 24 * 3600), &mut world);
+        assert_eq!(world.published.len(), published, "nothing more to do");
+        assert_eq!(
+            world.next_check, None,
+            "nothing to wait for: the TTL ends it"
+        );
+    }
+
+    #[test]
+    fn an_expiry_terminates_the_job_once_and_keeps_it_undeleted() {
+        let s = settings(|_| {});
+        let mut job = job_with_ttl(&s);
+        let mut world = World::default();
+        queued_recorded(&mut job, &s);
+        set_phase(&mut job, JobPhase::Running, 0);
+        let pods = vec![pod("4817", 0, running(0))];
+        drive(&s, &mut job, &pods, ts(1), &mut world);
+        drive(&s, &mut job, &pods, ts(3600), &mut world);
+        assert_eq!(world.commands, 1);
+        let a = job.metadata.annotations.as_ref().unwrap();
+        assert_eq!(a[&s.keys.termination_cause], "expired");
+        assert_eq!(a[&s.keys.termination_at], format_millis(ts(3600)));
+        // Volcano stops the pod 2 s later; looking in between asks for nothing more.
+        drive(&s, &mut job, &pods, ts(3601), &mut world);
+        assert_eq!(world.commands, 1, "the command is not sent again");
+        assert_eq!(world.next_check, Some(ts(3660)), "the pods get the grace");
+        let pods = vec![pod("4817", 0, exited(143, 0, 3602))];
+        set_phase(&mut job, JobPhase::Terminated, 3603);
+        drive(&s, &mut job, &pods, ts(3603), &mut world);
+        let end = lifecycle(&world).pop().unwrap();
+        assert_eq!(end.event_id, "4817/EXPIRED");
+        assert_eq!(end.ended_at.unwrap().seconds, START + 3600);
+        assert_eq!(world.commands, 1);
+        assert!(world.companions_deleted);
+        assert_eq!(job.metadata.finalizers, Some(Vec::new()));
+        assert!(job.metadata.deletion_timestamp.is_none());
+    }
+
+    #[test]
+    fn a_cancelled_job_ends_when_volcano_has_terminated_it_or_after_the_grace() {
+        let s = settings(|_| {});
+        // Cancelled while pending: the cause and its time written, the command taken by Volcano.
+        let mut job = job_with_ttl(&s);
+        let mut world = World::default();
+        let a = job.metadata.annotations.as_mut().unwrap();
+        a.insert(s.keys.termination_cause.clone(), "cancelled".into());
+        a.insert(s.keys.termination_reason.clone(), "user asked".into());
+        a.insert(s.keys.termination_at.clone(), format_millis(ts(30)));
+        drive(&s, &mut job, &[], ts(31), &mut world);
+        assert!(lifecycle(&world).is_empty(), "Volcano has not taken it yet");
+        assert_eq!(world.next_check, Some(ts(90)));
+        set_phase(&mut job, JobPhase::Terminated, 32);
+        drive(&s, &mut job, &[], ts(32), &mut world);
+        let end = lifecycle(&world).pop().unwrap();
+        assert_eq!(end.event_id, "4817/CANCELLED");
+        assert_eq!(end.status, "Job was cancelled: user asked");
+        assert_eq!(end.ended_at.unwrap().seconds, START + 30);
+        assert_eq!(world.commands, 0, "the cancel sent the command");
+        assert_eq!(job.metadata.finalizers, Some(Vec::new()));
+
+        // The canceller was killed before its command: after the grace the end is recorded and the
+        // monitor sends the command itself, once.
+        let mut job = job_with_ttl(&s);
+        let mut world = World::default();
+        let a = job.metadata.annotations.as_mut().unwrap();
+        a.insert(s.keys.termination_cause.clone(), "cancelled".into());
+        a.insert(s.keys.termination_at.clone(), format_millis(ts(30)));
+        drive(&s, &mut job, &[], ts(90), &mut world);
+        assert_eq!(lifecycle(&world).pop().unwrap().event_id, "4817/CANCELLED");
+        assert_eq!(world.commands, 1);
+        assert_eq!(job.phase(), JobPhase::Terminating);
+        // Volcano took it: the companions and the finalizer go.
+        drive(&s, &mut job, &[], ts(91), &mut world);
+        assert_eq!(world.commands, 1);
+        assert!(world.companions_deleted);
+        assert_eq!(job.metadata.finalizers, Some(Vec::new()));
+        assert!(job.metadata.deletion_timestamp.is_none());
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Carries out the decisions for one job, in the kill-safe order: **publish (confirmed), then persist
-//! (guarded by a test of the uid and the annotations decided on), then delete and remove the finalizer**, and asks [`decide`] again
+//! (guarded by a test of the uid and the annotations decided on), then end the job (`TerminateJob`), delete its companions and remove the finalizer**, and asks [`decide`] again
 //! after every write until the job is settled.
 //!
 //! - A kill before a publication leaves the annotations as they were: the same decision is made again.
@@ -233,7 +233,14 @@ impl Executor {
                         }
                     }
                     Step::Act(mut action) => {
-                        if action.delete && !action.release {
+                        // The tails of the ranks the command is about to stop; not for a job whose
+                        // outcome (with its tails) is recorded already.
+                        let recorded = job
+                            .metadata
+                            .annotations
+                            .as_ref()
+                            .is_some_and(|a| a.contains_key(&self.settings.keys.outcome));
+                        if action.delete && !action.release && !recorded {
                             self.keep_end_tails(&snap.key.namespace, &job, &pods, &mut action)
                                 .await;
                         }
@@ -360,19 +367,26 @@ impl Executor {
             }
         }
         let mut latest = current.clone().unwrap_or_else(|| job.clone());
-        if action.delete || action.release {
-            let params = if action.release {
-                DeleteParams::foreground()
-            } else {
-                DeleteParams::background()
-            };
-            match self.delete(&latest, &params).await? {
+        if action.delete && !action.release {
+            crate::cluster::end::terminate(&self.client, &self.retry, &latest).await?;
+        }
+        if action.release {
+            match self.delete(&latest, &DeleteParams::foreground()).await? {
                 Some(new) => {
                     latest = new.clone();
                     current = Some(new);
                 }
                 None => return Ok(Acted::Gone),
             }
+        }
+        if action.companions {
+            crate::cluster::end::delete_companions(
+                &self.client,
+                &self.retry,
+                &latest,
+                &self.settings.keys,
+            )
+            .await?;
         }
         if action.remove_finalizer {
             match self.unfinalize(&latest).await {

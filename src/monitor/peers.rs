@@ -111,10 +111,11 @@ fn state_of(job: &VolcanoJob, address: Option<&str>, keys: &AnnotationKeys) -> P
             at: None,
         };
     }
-    // Being deleted, or finished by Volcano: its monitor records how it ended within moments, and the
-    // end is told from that record, so that whoever tells it tells the same.
+    // Being deleted, or being ended or finished by Volcano (a `TerminateJob` leaves it `Terminating`): its
+    // monitor records how it ended within moments, and the end is told from that record, so that
+    // whoever tells it tells the same.
     let phase = job.phase();
-    if job.metadata.deletion_timestamp.is_some() || phase.is_finished() {
+    if crate::cluster::end::is_ending(job) {
         return PeerState::Ending;
     }
     if phase == JobPhase::Running {

@@ -373,7 +373,7 @@ pub struct HookActions {
     pub remove: BTreeSet<String>,
     /// Messages to publish, in order.
     pub publish: Vec<Outbound>,
-    /// Delete the VolcanoJob, for this reason.
+    /// End the VolcanoJob (Volcano's `TerminateJob` command), for this reason.
     pub delete: Option<TerminationCause>,
     /// Call [`on_monitoring`] again at this instant at the latest (the earliest of all plugins wins).
     pub next_check: Option<Timestamp>,
@@ -412,7 +412,7 @@ pub struct HookPlan {
     pub remove: BTreeSet<String>,
     /// Messages to publish, first.
     pub publish: Vec<Outbound>,
-    /// Delete the VolcanoJob after the patch, for this reason.
+    /// End the VolcanoJob (Volcano's `TerminateJob` command) after the patch, for this reason.
     pub delete: Option<TerminationCause>,
     /// Look at the job again at this instant at the latest.
     pub next_check: Option<Timestamp>,
@@ -528,6 +528,8 @@ fn run(stage: Stage, cx: &HookContext<'_>, plan: &mut HookPlan) {
     if let Some(cause) = &plan.delete {
         plan.set
             .insert(cx.keys.termination_cause.clone(), cause.as_str().to_owned());
+        plan.set
+            .insert(cx.keys.termination_at.clone(), format_millis(cx.now));
     }
 }
 

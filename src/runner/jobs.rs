@@ -1,5 +1,6 @@
 //! The runner's own reads and writes of VolcanoJobs: find a job by its id, change its annotations with
-//! optimistic concurrency, delete it. (Creating a job is the [`crate::cluster::Applier`]'s business.)
+//! optimistic concurrency, end it (Volcano's `TerminateJob` command; the job is kept, never deleted).
+//! (Creating a job is the [`crate::cluster::Applier`]'s business.)
 //!
 //! A cancel or an extension names only the job id, and with per-owner namespaces the namespace is not
 //! known from it: the job is found by name across namespaces (a list with a field selector on
@@ -16,9 +17,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use kube::api::{
-    Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions, PropagationPolicy,
-};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::watcher;
 
 use crate::cluster::labels::FIELD_MANAGER;
@@ -237,32 +236,11 @@ impl JobStore {
         }
     }
 
-    /// Deletes the job (the exact object read: uid precondition). Gone already is fine. With the cleanup
-    /// finalizer the object stays, marked for deletion, until the monitor has cleaned up.
-    pub async fn delete(&self, job: &VolcanoJob) -> Result<(), ClusterError> {
-        let (ns, name) = namespace_and_name(job);
-        let api: Api<VolcanoJob> = Api::namespaced(self.client.clone(), ns);
-        let params = DeleteParams {
-            propagation_policy: Some(PropagationPolicy::Background),
-            preconditions: Some(Preconditions {
-                uid: job.metadata.uid.clone(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        let op = format!("delete VolcanoJob {ns}/{name}");
-        match self
-            .retry
-            .run(&op, || async {
-                api.delete(name, &params).await.classify(|| op.clone())
-            })
-            .await
-        {
-            Ok(_) => Ok(()),
-            // Gone, or replaced by a newer job of the same name (uid precondition): not ours to delete.
-            Err(e) if e.is_not_found() || e.is_conflict() => Ok(()),
-            Err(e) => Err(e),
-        }
+    /// Ends the job with Volcano's `TerminateJob` command ([`crate::cluster::end::terminate`]): its pods
+    /// stop, the job stays `Terminated` as the record of its submission until its TTL. Nothing when it is
+    /// ending already; a Command not taken yet (the same name) counts as done.
+    pub async fn terminate(&self, job: &VolcanoJob) -> Result<(), ClusterError> {
+        crate::cluster::end::terminate(&self.client, &self.retry, job).await
     }
 }
 
@@ -282,13 +260,14 @@ pub fn annotation<'a>(job: &'a VolcanoJob, key: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
-/// Whether the job has had (or is having) its end: a terminal lifecycle state was published, Volcano
-/// finished it, or it is being deleted.
+/// Whether the job has had (or is having) its end: a terminal lifecycle state was published, its outcome
+/// recorded, Volcano is ending or has finished it (a `TerminateJob` leaves it `Terminating`, then
+/// `Terminated`), or it is being deleted (by an older runner, or by Volcano's TTL).
 pub fn is_over(job: &VolcanoJob, keys: &AnnotationKeys) -> bool {
     let state = annotation(job, &keys.lifecycle_state).map(|s| s.trim_start_matches("JOB_STATE_"));
     state.is_some_and(|s| TERMINAL_STATES.contains(&s))
-        || job.phase().is_finished()
-        || job.metadata.deletion_timestamp.is_some()
+        || annotation(job, &keys.outcome).is_some()
+        || crate::cluster::end::is_ending(job)
 }
 
 /// When the job was created (the QUEUED event's time); the epoch if the server did not say.
@@ -324,7 +303,7 @@ mod tests {
     }
 
     #[test]
-    fn a_job_is_over_once_terminal_finished_or_deleted() {
+    fn a_job_is_over_once_terminal_recorded_ending_finished_or_deleted() {
         let keys = AnnotationKeys::new("ucloud.dk/");
         assert!(!is_over(&job(None, None), &keys));
         assert!(!is_over(
@@ -334,6 +313,12 @@ mod tests {
         assert!(is_over(&job(Some("SUCCESS"), None), &keys));
         assert!(is_over(&job(Some("JOB_STATE_CANCELLED"), None), &keys));
         assert!(is_over(&job(None, Some(JobPhase::Failed)), &keys));
+        assert!(is_over(&job(None, Some(JobPhase::Terminating)), &keys));
+        assert!(is_over(&job(None, Some(JobPhase::Terminated)), &keys));
+        let mut recorded = job(None, Some(JobPhase::Running));
+        recorded.metadata.annotations =
+            Some([("ucloud.dk/outcome".to_owned(), "{}".to_owned())].into());
+        assert!(is_over(&recorded, &keys));
         let mut deleting = job(None, Some(JobPhase::Running));
         deleting.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
         assert!(is_over(&deleting, &keys));

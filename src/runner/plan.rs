@@ -1,5 +1,6 @@
 //! From the pipeline's [`DesiredJob`] to the applier's [`Step`]s, plus what only the runner knows at
-//! create time: who accepted the job, the trace context, and the cleanup finalizer.
+//! create time: who accepted the job, the trace context, the cleanup finalizer and the retention
+//! (`ttlSecondsAfterFinished`).
 //!
 //! Pure: the same job, runner and trace context always give the same plan.
 
@@ -44,6 +45,11 @@ pub struct Decorations<'a> {
     pub traceparent: Option<&'a TraceParent>,
     /// Whether to add the cleanup finalizer (off only where no monitor runs to remove it).
     pub finalizer: bool,
+    /// How long Volcano keeps the job after it finished (`[cluster] ended_job_retention`), set as its
+    /// `ttlSecondsAfterFinished`: the ended job is the record of its submission for that long, and its
+    /// garbage collector deletes it then. Set only with the finalizer: without it the monitor deletes an
+    /// ended job at once, as there is no record to keep (see docs/monitor.md).
+    pub retention: Option<std::time::Duration>,
 }
 
 /// Builds the plan for `desired`: the shared objects (queue, namespace, baseline policies), the VolcanoJob
@@ -68,6 +74,10 @@ pub fn build(
         let finalizers = meta.finalizers.get_or_insert_with(Vec::new);
         if !finalizers.contains(&runner_keys.cleanup_finalizer) {
             finalizers.push(runner_keys.cleanup_finalizer.clone());
+        }
+        if let Some(retention) = decorations.retention {
+            desired.vcjob.spec.ttl_seconds_after_finished =
+                Some(i32::try_from(retention.as_secs()).unwrap_or(i32::MAX));
         }
     }
     let mut steps = Vec::new();
@@ -126,6 +136,7 @@ mod tests {
                 runner_id: "runner-a",
                 traceparent: Some(&tp),
                 finalizer: true,
+                retention: Some(std::time::Duration::from_secs(86_400)),
             },
         );
         let roles: Vec<Role> = plan.iter().map(|s| s.role).collect();
@@ -148,6 +159,8 @@ mod tests {
             job.metadata.finalizers.as_deref(),
             Some(&["ucloud.dk/cleanup".to_owned()][..])
         );
+        // Volcano keeps the ended job for the retention, then deletes it.
+        assert_eq!(job.data["spec"]["ttlSecondsAfterFinished"], 86_400);
     }
 
     #[test]
@@ -159,10 +172,17 @@ mod tests {
                 runner_id: "r",
                 traceparent: None,
                 finalizer: false,
+                retention: Some(std::time::Duration::from_secs(86_400)),
             },
         );
         let job = plan.iter().find(|s| s.role == Role::Primary).unwrap();
         assert_eq!(job.object.metadata.finalizers, None);
+        // No finalizer, no record to keep: no TTL either (the monitor deletes the ended job).
+        assert!(
+            job.object.data["spec"]
+                .get("ttlSecondsAfterFinished")
+                .is_none()
+        );
         let annotations = job.object.metadata.annotations.as_ref().unwrap();
         assert!(!annotations.contains_key("ucloud.dk/traceparent"));
     }
@@ -179,6 +199,7 @@ mod tests {
             runner_id: "r",
             traceparent: None,
             finalizer: true,
+            retention: None,
         };
         let plan = build(desired, &keys, &RunnerKeys::new(&keys), decorations).unwrap();
         assert_eq!(plan[0].resource.kind, "Queue");

@@ -4,8 +4,9 @@
 //! The count comes from the cluster, never from a runner's memory: every managed VolcanoJob says on
 //! itself whether it holds whole nodes (`exclusiveNodes`), for whom (`ownerUser`, `ownerProject`), as
 //! which product (`wholeNodeCharge`, else `productId`) and how many (`replicas`). A job holds its nodes
-//! from its creation (a waiting one will hold them when it starts, so it counts too) until its end is
-//! recorded (`lifecycleState` terminal) or it is being deleted. [`Hold::of`] reads that from a job's
+//! from its creation (a waiting one will hold them when it starts, so it counts too) until it is asked to
+//! end (`terminationCause`, written before its TerminateJob command), its end is recorded (`outcome`,
+//! `lifecycleState` terminal) or it is being deleted. [`Hold::of`] reads that from a job's
 //! metadata, which the runner's metadata watch of the managed jobs already keeps
 //! ([`super::jobs::JobStore`]).
 //!
@@ -73,11 +74,17 @@ pub struct Hold {
 
 impl Hold {
     /// What the job with this metadata holds; `None` when it holds no whole node: not a whole-node job,
-    /// its end recorded, or being deleted.
+    /// asked to end, its end recorded, or being deleted.
     pub fn of(meta: &ObjectMeta, keys: &AnnotationKeys) -> Option<Self> {
         let annotations = meta.annotations.as_ref()?;
         let get = |key: &str| annotations.get(key).map(String::as_str);
-        if get(&keys.exclusive_nodes) != Some("true") || meta.deletion_timestamp.is_some() {
+        // Asked to end (a cancel, an expiry: the cause is recorded before the TerminateJob command), its
+        // end recorded, or being deleted: its nodes are on their way back.
+        if get(&keys.exclusive_nodes) != Some("true")
+            || meta.deletion_timestamp.is_some()
+            || get(&keys.termination_cause).is_some()
+            || get(&keys.outcome).is_some()
+        {
             return None;
         }
         let state = get(&keys.lifecycle_state).map(|s| s.trim_start_matches("JOB_STATE_"));
@@ -260,6 +267,17 @@ mod tests {
             jiff::Timestamp::UNIX_EPOCH,
         ));
         assert_eq!(Hold::of(&deleting, &k), None);
+        // Asked to end (a cancel, an expiry: the cause comes before the TerminateJob command; the job
+        // is not deleted), or its outcome recorded before the terminal state is published.
+        for key in ["terminationCause", "outcome"] {
+            let ending = meta(&[
+                ("exclusiveNodes", "true"),
+                ("ownerUser", "alice"),
+                ("productId", "gpu-1"),
+                (key, "x"),
+            ]);
+            assert_eq!(Hold::of(&ending, &k), None, "{key}");
+        }
     }
 
     #[test]

@@ -406,6 +406,7 @@ impl World {
                 runner_id: "test-runner",
                 traceparent: None,
                 finalizer: true,
+                retention: Some(self.config.cluster.ended_job_retention),
             },
         )
         .expect("a plan");
@@ -469,33 +470,66 @@ impl World {
         )
     }
 
+    /// Whether the job was asked to end: Volcano is terminating it or has (a `TerminateJob` command), or
+    /// it is being deleted.
+    pub fn is_ending(&self, namespace: &str, job_id: &str) -> bool {
+        self.vcjob(namespace, job_id).is_some_and(|j| {
+            j.pointer("/metadata/deletionTimestamp").is_some()
+                || matches!(
+                    j.pointer("/status/state/phase").and_then(|p| p.as_str()),
+                    Some("Terminating" | "Terminated")
+                )
+        })
+    }
+
+    /// Waits until the job was asked to end ([`World::is_ending`]).
+    pub async fn until_ending(&self, namespace: &str, job_id: &str) {
+        let ending = async {
+            while !self.is_ending(namespace, job_id) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(PATIENCE, ending)
+            .await
+            .unwrap_or_else(|_| panic!("{job_id} is terminated"));
+    }
+
     /// A pod as the simulator holds it.
     pub fn pod(&self, namespace: &str, name: &str) -> Option<serde_json::Value> {
         self.sim.object("", "v1", "pods", namespace, name)
     }
 
-    /// After its end is published: the VolcanoJob stays, being deleted, as the record of its submission,
-    /// with its first rank's pod and its PodGroup gone (a foreground deletion held by our finalizer);
-    /// once `ended_job_retention` has passed in simulated time, it is gone too.
+    /// After its end is published: the VolcanoJob stays as the record of its submission, as Volcano keeps
+    /// a finished job: not being deleted (no deletionTimestamp: `kubectl get vcjob` shows no
+    /// `Terminating`), in a finished phase, without our cleanup finalizer (nothing holds the TTL's
+    /// deletion), and without its companions; its running pods are gone. Once `ended_job_retention`
+    /// (its `ttlSecondsAfterFinished`) has passed in simulated time, Volcano's garbage collector
+    /// deletes it.
     pub async fn released_then_gone(&mut self, namespace: &str, job_id: &str) {
         let name = format!("j-{job_id}");
+        let finalizer = self.keys.cleanup_finalizer();
         let released = async {
             loop {
-                let held = self.vcjob(namespace, job_id).is_some_and(|j| {
-                    j.pointer("/metadata/deletionTimestamp").is_some()
+                let kept = self.vcjob(namespace, job_id).is_some_and(|j| {
+                    j.pointer("/metadata/deletionTimestamp").is_none()
                         && j.pointer("/metadata/finalizers")
                             .and_then(|f| f.as_array())
-                            .is_some_and(|f| f.iter().all(|f| f != "foregroundDeletion"))
+                            .is_none_or(|f| f.iter().all(|f| f.as_str() != Some(&finalizer)))
+                        && matches!(
+                            j.pointer("/status/state/phase").and_then(|p| p.as_str()),
+                            Some("Completed" | "Failed" | "Terminated")
+                        )
                 });
-                let pod = self.pod(namespace, &format!("{name}-job-0"));
-                let group = self.sim.object(
-                    "scheduling.volcano.sh",
-                    "v1beta1",
-                    "podgroups",
-                    namespace,
-                    &format!("{name}-{}", self.vcjob_uid(namespace, job_id)),
-                );
-                if held && pod.is_none() && group.is_none() {
+                let pod_runs = self
+                    .pod(namespace, &format!("{name}-job-0"))
+                    .is_some_and(|p| {
+                        !matches!(
+                            p.pointer("/status/phase").and_then(|p| p.as_str()),
+                            Some("Succeeded" | "Failed")
+                        )
+                    });
+                let companions = self.companions(namespace, &name).await;
+                if kept && !pod_runs && companions.is_empty() {
                     return;
                 }
                 // Pods that still run take their termination grace period, in simulated time.
@@ -503,24 +537,64 @@ impl World {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         };
-        tokio::time::timeout(PATIENCE, released).await.expect(
-            "the ended job is released: pods and PodGroup gone, the job kept as the record",
-        );
+        if tokio::time::timeout(PATIENCE, released).await.is_err() {
+            panic!(
+                "the ended job is kept, not being deleted, finished, without our finalizer, pods or \
+                 companions: {:#?}, companions {:?}",
+                self.vcjob(namespace, job_id).map(|j| (
+                    j.pointer("/metadata").cloned(),
+                    j.pointer("/status/state").cloned()
+                )),
+                self.companions(namespace, &name).await
+            );
+        }
         // Kept until the retention has passed, counted from the end.
         self.settle(Duration::from_millis(300)).await;
-        assert!(
-            self.vcjob(namespace, job_id).is_some(),
-            "kept during the retention"
-        );
+        let kept = self
+            .vcjob(namespace, job_id)
+            .expect("kept during the retention");
+        assert!(kept.pointer("/metadata/deletionTimestamp").is_none());
         self.advance(self.config.cluster.ended_job_retention.as_secs() + 1);
         let gone = async {
             while self.vcjob(namespace, job_id).is_some() {
+                self.advance(1);
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         };
         tokio::time::timeout(PATIENCE, gone)
             .await
-            .expect("the record goes once the retention has passed");
+            .expect("the record goes once the retention (its TTL) has passed");
+    }
+
+    /// The Services and NetworkPolicies the runner created beside the job `name` (by their label) that
+    /// still exist, as `kind/name`.
+    pub async fn companions(&self, namespace: &str, name: &str) -> Vec<String> {
+        use k8s_openapi::api::core::v1::Service;
+        use k8s_openapi::api::networking::v1::NetworkPolicy;
+        let params =
+            kube::api::ListParams::default().labels(&format!("{}job={name}", self.keys.prefix));
+        let mut out = Vec::new();
+        let services = kube::Api::<Service>::namespaced(self.client.clone(), namespace)
+            .list_metadata(&params)
+            .await
+            .expect("services listed");
+        out.extend(
+            services
+                .items
+                .into_iter()
+                .map(|o| format!("Service/{}", o.metadata.name.unwrap_or_default())),
+        );
+        let policies = kube::Api::<NetworkPolicy>::namespaced(self.client.clone(), namespace)
+            .list_metadata(&params)
+            .await
+            .expect("network policies listed");
+        out.extend(
+            policies
+                .items
+                .into_iter()
+                .map(|o| format!("NetworkPolicy/{}", o.metadata.name.unwrap_or_default())),
+        );
+        out
     }
 
     fn vcjob_uid(&self, namespace: &str, job_id: &str) -> String {

@@ -277,7 +277,7 @@ async fn an_oversized_job_gets_a_pending_reason_then_fails_at_the_queue_timeout(
 /// Warnings 15 and 5 minutes before the expiry, an extension that moves the expiry and the warnings,
 /// then deletion at the new expiry and EXPIRED, charged up to the expiry.
 #[tokio::test]
-async fn expiry_warns_then_deletes_and_an_extension_moves_both() {
+async fn expiry_warns_then_terminates_and_an_extension_moves_both() {
     let mut w = World::start("mon-expiry", |_| {}, |_| {}).await;
     let runner = w.runner("runner-a").await;
     runner.holds(4).await;
@@ -327,18 +327,22 @@ async fn expiry_warns_then_deletes_and_an_extension_moves_both() {
         "not deleted before the expiry"
     );
     w.advance_to_ms(moved);
-    // Deleted at the expiry; Volcano then stops the pod (a second later in the simulator).
-    let deleting = async {
-        while w
-            .vcjob(&ns, "m5")
-            .is_some_and(|j| j.pointer("/metadata/deletionTimestamp").is_none())
-        {
+    // Terminated at the expiry (a TerminateJob command, not a deletion); Volcano then stops the pod (a
+    // second later in the simulator).
+    let terminating = async {
+        while !w.vcjob(&ns, "m5").is_some_and(|j| {
+            j.pointer("/metadata/deletionTimestamp").is_none()
+                && matches!(
+                    j.pointer("/status/state/phase").and_then(|p| p.as_str()),
+                    Some("Terminating" | "Terminated")
+                )
+        }) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
-    tokio::time::timeout(PATIENCE, deleting)
+    tokio::time::timeout(PATIENCE, terminating)
         .await
-        .expect("the job is deleted at its expiry");
+        .expect("the job is terminated at its expiry");
     w.advance(5);
     w.until("EXPIRED", |s| s.event("m5/EXPIRED").is_some())
         .await;

@@ -47,18 +47,9 @@ async fn schedule(w: &World, start_in: i64, end_in: i64, nodes: &[&str]) -> Wind
     window
 }
 
+/// Waits until the job is terminated (a TerminateJob command) at the window's start.
 async fn deleted(w: &World, ns: &str, job_id: &str) {
-    let deleting = async {
-        while w
-            .vcjob(ns, job_id)
-            .is_some_and(|j| j.pointer("/metadata/deletionTimestamp").is_none())
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
-    tokio::time::timeout(PATIENCE, deleting)
-        .await
-        .unwrap_or_else(|_| panic!("{job_id} is deleted at the window's start"));
+    w.until_ending(ns, job_id).await;
 }
 
 fn warning_id(job_id: &str, window: &Window) -> String {
@@ -119,8 +110,7 @@ async fn a_running_job_a_window_cuts_is_warned_then_ended_at_its_start_and_charg
     w.advance_to_ms(window_ms - 1000);
     w.settle(Duration::from_millis(300)).await;
     assert!(
-        w.vcjob(&ns, "mw1")
-            .is_some_and(|j| j.pointer("/metadata/deletionTimestamp").is_none()),
+        w.vcjob(&ns, "mw1").is_some() && !w.is_ending(&ns, "mw1"),
         "not ended before the window's start"
     );
     // Looked at late (a minute after the start): still charged up to the start only.
@@ -190,8 +180,7 @@ async fn a_window_on_other_nodes_or_cancelled_ends_nothing() {
         "a cancelled window ends nothing"
     );
     assert!(
-        w.vcjob(&ns, "mw3")
-            .is_some_and(|j| j.pointer("/metadata/deletionTimestamp").is_none()),
+        w.vcjob(&ns, "mw3").is_some() && !w.is_ending(&ns, "mw3"),
         "the job runs on"
     );
     let (left, _) = windows.list().await.unwrap();

@@ -7,7 +7,6 @@ use crate::monitor_support;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
 
 use monitor_support::*;
 use volcano_runner::messages::v1::{JobEvent, SubmitJob};
@@ -167,19 +166,9 @@ async fn cancel(w: &World, ns: &str, job_id: &str) {
         .unwrap();
 }
 
-/// Waits until the VolcanoJob is being deleted.
+/// Waits until the VolcanoJob is being ended (terminated, or deleted).
 async fn until_deleting(w: &World, ns: &str, job_id: &str) {
-    let deleting = async {
-        while w
-            .vcjob(ns, job_id)
-            .is_some_and(|j| j.pointer("/metadata/deletionTimestamp").is_none())
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
-    tokio::time::timeout(PATIENCE, deleting)
-        .await
-        .expect("the job is deleted");
+    w.until_ending(ns, job_id).await;
 }
 
 /// A cancelled job: every rank's file holds what it wrote until it was stopped, and CANCELLED carries

@@ -327,6 +327,64 @@ async fn a_job_waits_for_its_peer_and_starts_after_it() {
     w.close().await;
 }
 
+/// A job with a peer has companions beside it (its headless peers Service, its own NetworkPolicy) and the
+/// peers' EndpointSlice the monitor writes. When it ends they are deleted, while the job itself is kept
+/// (finished, not being deleted) as the record of its submission until its TTL. On main they went with a
+/// foreground deletion of the job, which the cleanup finalizer then held, `Terminating`, for the
+/// retention.
+#[tokio::test]
+async fn an_ended_jobs_companions_go_at_its_end_while_the_job_is_kept() {
+    let mut w = World::start("mon-peers-companions", |_| {}, |_| {}).await;
+    let a = w.runner("runner-a").await;
+    a.holds(4).await;
+    let peer = job("co-db", "sleep 3600");
+    let app = with_peer(job("co-app", "sleep 20"), "db", "co-db");
+    let ns = w.namespace_of(&app);
+    w.submit(&peer).await;
+    until_running(&mut w, &["co-db"]).await;
+    w.submit(&app).await;
+    until_running(&mut w, &["co-app"]).await;
+    let slices: Api<EndpointSlice> = Api::namespaced(w.client.clone(), &ns);
+    let companions = w.companions(&ns, "j-co-app").await;
+    assert!(
+        companions.len() >= 2,
+        "the peers Service and the job's policy: {companions:?}"
+    );
+    assert!(slices.get_opt("j-co-app-peers").await.unwrap().is_some());
+
+    for _ in 0..60 {
+        if w.seen.event("co-app/SUCCESS").is_some() {
+            break;
+        }
+        w.advance(1);
+        w.settle(Duration::from_millis(80)).await;
+    }
+    w.until("SUCCESS", |s| s.event("co-app/SUCCESS").is_some())
+        .await;
+    for _ in 0..100 {
+        if w.companions(&ns, "j-co-app").await.is_empty()
+            && slices.get_opt("j-co-app-peers").await.unwrap().is_none()
+        {
+            break;
+        }
+        w.settle(Duration::from_millis(50)).await;
+    }
+    assert_eq!(w.companions(&ns, "j-co-app").await, Vec::<String>::new());
+    assert!(
+        slices.get_opt("j-co-app-peers").await.unwrap().is_none(),
+        "the peers' EndpointSlice is deleted at the end"
+    );
+    let kept = w.vcjob(&ns, "co-app").expect("the job is kept");
+    assert!(kept.pointer("/metadata/deletionTimestamp").is_none());
+    w.released_then_gone(&ns, "co-app").await;
+    assert!(
+        w.vcjob(&ns, "co-db").is_some(),
+        "the peer runs on, untouched"
+    );
+    a.stop().await;
+    w.close().await;
+}
+
 /// A running job's peer is cancelled (deleted): once its end is recorded the job is told, by a status
 /// event `<jobId>/peer-ended/<peerId>` naming the peer and how it ended, and runs on. The news is
 /// recorded on the job, so neither a later look nor another runner taking over (the first one killed)

@@ -145,9 +145,11 @@ async fn the_rbac_grants_exactly_what_the_runner_uses() {
         .unwrap(),
     );
     fleet.submit(&peered).await;
+    // (The job's deletion shows the rollback: ended jobs are terminated, never deleted, and the
+    // companions of the jobs that ended above were deleted already.)
     fleet
         .wait_until("a rollback", |f| {
-            saw(f, "delete", "networkpolicies.networking.k8s.io", false)
+            saw(f, "delete", "jobs.batch.volcano.sh", false)
         })
         .await;
     fleet.sim.faults().clear();
@@ -192,6 +194,16 @@ async fn the_rbac_grants_exactly_what_the_runner_uses() {
     fleet
         .wait_until("the peer's endpoint rewritten", |f| {
             saw(f, "patch", "endpointslices.discovery.k8s.io", false)
+        })
+        .await;
+    // The job with a peer is cancelled: a TerminateJob command ends it, and at its end its companions
+    // (the peers Service, its own policy, the peers' EndpointSlice) are found by their label and deleted.
+    fleet.cancel("rbac-7").await;
+    fleet.wait_state("rbac-7", JobState::Cancelled, step).await;
+    fleet
+        .wait_until("the companions deleted at the end", |f| {
+            saw(f, "delete", "endpointslices.discovery.k8s.io", false)
+                && saw(f, "delete", "services", false)
         })
         .await;
 

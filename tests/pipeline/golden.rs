@@ -805,7 +805,8 @@ fn case_17_expiry_annotations() {
     );
 }
 
-/// Case 18: at or after the expiry, delete the job, with the cause recorded first (W11).
+/// Case 18: at or after the expiry, end the job (`delete`: the executor sends Volcano's TerminateJob),
+/// with the cause and the instant it was asked recorded first (W11).
 #[test]
 fn case_18_expiry_enforcement() {
     let mut config = reference();
@@ -824,6 +825,11 @@ fn case_18_expiry_enforcement() {
     let at = hooks::on_monitoring(&config, &started, &[], ts("2024-05-01T13:01:00Z")).unwrap();
     assert_eq!(at.delete, Some(TerminationCause::Expired));
     assert_eq!(at.set["ucloud.dk/terminationCause"], "expired");
+    assert_eq!(
+        at.set["ucloud.dk/terminationAt"],
+        ts("2024-05-01T13:01:00Z").as_millisecond().to_string(),
+        "asked to end now: the end of a rank still running then"
+    );
     check("case_18_expiry_enforcement", plan_json(&at));
 
     // With accounting on, the final tick of the deleted job ends at the expiry, not when its pods

@@ -10,7 +10,7 @@ use harness::{Harness, figlet};
 use kube::api::{Api, Patch, PatchParams};
 use volcano_runner::durable::AnnotationKeys;
 use volcano_runner::messages::v1::JobState;
-use volcano_runner::volcano::VolcanoJob;
+use volcano_runner::volcano::{JobPhase, VolcanoJob};
 
 fn keys() -> AnnotationKeys {
     AnnotationKeys::new("ucloud.dk/")
@@ -67,9 +67,10 @@ async fn a_cancel_before_its_submission_stops_it_from_starting() {
     assert!(events.iter().all(|c| c.message_id != "early-1/QUEUED"));
 }
 
-/// Cancelling a job: the cause and the reason are written on the job before it is deleted (the monitor,
-/// which holds the cleanup finalizer, reports CANCELLED from them); a second cancel changes nothing; a
-/// redelivered submission afterwards does not bring the job back.
+/// Cancelling a job: the cause and the reason are written on the job before Volcano's TerminateJob command
+/// ends it (the monitor, which holds the cleanup finalizer, reports CANCELLED from them); the job is not
+/// deleted (no deletionTimestamp: it is kept as the record of its submission); a second cancel changes
+/// nothing and sends no second command; a redelivered submission afterwards does not bring the job back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_twice_is_harmless() {
     let h = Harness::new("cancel-twice").await;
@@ -82,7 +83,11 @@ async fn cancelling_twice_is_harmless() {
     .await;
     h.cancel("twice-c", Some("over budget")).await;
     h.wait_queues_settled().await;
-    let marked = wait_job(&h, "twice-c", |j| j.metadata.deletion_timestamp.is_some()).await;
+    let marked = wait_job(&h, "twice-c", |j| {
+        matches!(j.phase(), JobPhase::Terminating | JobPhase::Terminated)
+    })
+    .await;
+    assert!(marked.metadata.deletion_timestamp.is_none(), "not deleted");
     let k = keys();
     assert_eq!(
         annotation(&marked, &k.termination_cause).as_deref(),
@@ -109,7 +114,13 @@ async fn cancelling_twice_is_harmless() {
     let after = h
         .vcjob("twice-c")
         .await
-        .expect("still held by its finalizer");
+        .expect("kept as the record of its submission");
+    assert!(after.metadata.deletion_timestamp.is_none());
+    assert_eq!(
+        terminate_commands(&h, &after).await,
+        1,
+        "one TerminateJob command for two cancels"
+    );
     assert_eq!(
         annotation(&after, &k.termination_reason).as_deref(),
         Some("over budget"),
@@ -162,8 +173,16 @@ async fn with_the_monitor_a_cancel_ends_in_one_cancelled_event() {
             .iter()
             .any(|c| c.message_id == "mon-c/CANCELLED")
             && h.vcjob("mon-c").await.is_some_and(|j| {
-                // Kept, being deleted, as the record of its submission (its end persisted).
-                j.metadata.deletion_timestamp.is_some()
+                // Kept, not being deleted, as the record of its submission (its end persisted), without
+                // our finalizer: Volcano's TTL deletes it.
+                j.metadata.deletion_timestamp.is_none()
+                    && j.phase() == JobPhase::Terminated
+                    && !j
+                        .metadata
+                        .finalizers
+                        .iter()
+                        .flatten()
+                        .any(|f| f == "ucloud.dk/cleanup")
                     && j.metadata
                         .annotations
                         .as_ref()
@@ -215,6 +234,74 @@ async fn with_the_monitor_a_cancel_ends_in_one_cancelled_event() {
         1,
         "exactly one terminal event: {terminal:?}"
     );
+}
+
+/// How many Commands Volcano's controller took for `job`: it records each as an Event `CommandIssued` on
+/// the job before it deletes the Command (so the Commands themselves cannot be counted afterwards).
+async fn terminate_commands(h: &Harness, job: &VolcanoJob) -> usize {
+    let ns = job.metadata.namespace.as_deref().unwrap();
+    let name = job.metadata.name.as_deref().unwrap();
+    Api::<k8s_openapi::api::core::v1::Event>::namespaced(h.client.clone(), ns)
+        .list(&kube::api::ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("CommandIssued")
+                && e.involved_object.name.as_deref() == Some(name)
+                && e.message
+                    .as_deref()
+                    .is_some_and(|m| m.contains("TerminateJob"))
+        })
+        .count()
+}
+
+/// A cancel whose runner is killed while it cannot create the TerminateJob command (the cause is written
+/// already), then handled again by another runner, and delivered once more after that: Volcano gets
+/// exactly one TerminateJob command, and the job is ended without being deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_through_a_runner_kill_sends_one_terminate_command() {
+    use volcano_runner::sim::FaultRule;
+    let h = Harness::new("cancel-kill").await;
+    let first = h.start_killable("runner-k1");
+    h.submit(&figlet("kill-c")).await;
+    h.wait_events("QUEUED", |e| {
+        e.iter().any(|c| c.message_id == "kill-c/QUEUED")
+    })
+    .await;
+    h.sim.advance(Duration::from_secs(2));
+    h.sim.faults().add_rule(FaultRule {
+        resource: "commands".into(),
+        verb: "create".into(),
+        error_500: 1.0,
+        ..FaultRule::default()
+    });
+    h.cancel("kill-c", Some("killed on the way")).await;
+    let marked = wait_job(&h, "kill-c", |j| {
+        annotation(j, &keys().termination_cause).as_deref() == Some("cancelled")
+    })
+    .await;
+    assert!(
+        !marked.phase().is_ending(),
+        "no command got through: {:?}",
+        marked.phase()
+    );
+    first.kill();
+    h.sim.faults().clear();
+    let second = h.start("runner-k2");
+    let ended = wait_job(&h, "kill-c", |j| {
+        matches!(j.phase(), JobPhase::Terminating | JobPhase::Terminated)
+    })
+    .await;
+    h.wait_queues_settled().await;
+    // Delivered again (as after a kill between the command and the acknowledgement).
+    h.cancel("kill-c", Some("killed on the way")).await;
+    h.wait_queues_settled().await;
+    second.stop().await;
+    let job = h.vcjob("kill-c").await.expect("kept");
+    assert!(job.metadata.deletion_timestamp.is_none(), "not deleted");
+    assert_eq!(terminate_commands(&h, &ended).await, 1);
 }
 
 async fn wait_job(h: &Harness, job_id: &str, done: impl Fn(&VolcanoJob) -> bool) -> VolcanoJob {

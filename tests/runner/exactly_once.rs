@@ -128,10 +128,17 @@ async fn a_redelivery_after_the_job_ended_and_was_cleaned_up_does_not_run_it_aga
             .await
             .iter()
             .any(|c| c.message_id == "e1/SUCCESS");
-        let released = h
-            .vcjob("e1")
-            .await
-            .is_some_and(|j| j.metadata.deletion_timestamp.is_some());
+        let released = h.vcjob("e1").await.is_some_and(|j| {
+            // Kept by Volcano (finished, its TTL set), not being deleted, our finalizer gone.
+            j.metadata.deletion_timestamp.is_none()
+                && j.phase().is_finished()
+                && j.spec.ttl_seconds_after_finished.is_some()
+                && j.metadata
+                    .finalizers
+                    .as_deref()
+                    .unwrap_or_default()
+                    .is_empty()
+        });
         if ended && released {
             break;
         }

@@ -39,14 +39,14 @@ async fn a_job_whose_peer_has_ended_is_refused() {
     for _ in 0..100 {
         if h.vcjob("pe-db")
             .await
-            .is_some_and(|j| j.metadata.deletion_timestamp.is_some())
+            .is_some_and(|j| j.phase().is_ending())
         {
             ended = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(ended, "the cancelled peer is being deleted");
+    assert!(ended, "the cancelled peer is being terminated");
 
     h.submit(&with_peer("pe-late", "pe-db")).await;
     h.submit(&with_peer("pe-ok", "pe-db2")).await;

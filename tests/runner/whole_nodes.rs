@@ -153,18 +153,18 @@ async fn whole_nodes_beyond_the_owners_limit_are_refused() {
     let (reason, _) = rejected(&h, "wn-a3").await;
     assert_eq!(reason, "whole_node_limit");
 
-    // Her job ends (cancelled: deleted, kept by its cleanup finalizer as the record of its submission):
-    // she may have another.
+    // Her job ends (cancelled: terminated, kept as the record of its submission, not deleted): she may
+    // have another.
     h.cancel("wn-a1", Some("done")).await;
     let deadline = tokio::time::Instant::now() + crate::rabbit::PATIENCE;
     while h
         .vcjob("wn-a1")
         .await
-        .is_some_and(|j| j.metadata.deletion_timestamp.is_none())
+        .is_some_and(|j| !j.phase().is_ending())
     {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "wn-a1 is never deleted"
+            "wn-a1 is never terminated"
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }

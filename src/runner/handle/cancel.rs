@@ -1,19 +1,24 @@
-//! CancelJob: record a tombstone, mark the job `terminationCause=cancelled` (with the reason), delete it.
+//! CancelJob: record a tombstone, mark the job `terminationCause=cancelled` (with the reason and the time),
+//! end it with Volcano's `TerminateJob` command.
 //!
 //! The tombstone comes first, for every cancel: it stops a submission that is still in the queue (or is
 //! redelivered later), whatever the order in which the two messages are handled (see
 //! [`crate::cluster::tombstone`]). Then:
 //! - **no job**: CANCELLED is published at once from the tombstone (unless
 //!   `runner.announce_cancel_without_job` is off), and the late submission publishes the same event;
-//! - **a running or pending job**: `terminationCause` and `terminationReason` are written (guarded by the
-//!   resourceVersion) *before* the delete (W11), so the monitor, which holds the cleanup finalizer, reports
-//!   CANCELLED with the reason when it cleans up; the runner publishes nothing for it. The tails of the
-//!   ranks' logs go with them ([`crate::monitor::end_tails`]): the pods, and their logs, go with the delete;
+//! - **a running or pending job**: `terminationCause`, `terminationReason` and `terminationAt` are written
+//!   (guarded by the resourceVersion) *before* the `TerminateJob` command (W11), so the monitor, which
+//!   holds the cleanup finalizer, reports CANCELLED with the reason when it cleans up; the runner publishes
+//!   nothing for it. The tails of the ranks' logs go with them ([`crate::monitor::end_tails`]): the pods,
+//!   and their logs, go when Volcano terminates the job, which itself stays (`Terminated`) as the record
+//!   of its submission until its `ttlSecondsAfterFinished`;
 //! - **a job that already ended, or is already being deleted for another cause**: nothing changes; its end
 //!   is reported by the monitor as it is.
 //!
-//! Cancelling twice is harmless: the second cancel finds the tombstone and the marked job, and at most
-//! deletes again (404 and an already-deleting job are fine).
+//! Cancelling twice is harmless: the second cancel finds the tombstone and the marked job, and asks for
+//! the termination again only while Volcano has not begun it: under the same Command name (AlreadyExists
+//! while Volcano has not taken it), never once the job is `Terminating`, so a cancel redelivered after a
+//! runner kill creates no second Command.
 
 use tracing::{info, warn};
 
@@ -68,8 +73,8 @@ pub async fn handle(h: &Handler, m: &Message<'_>, cancel: &CancelJob) -> Settle 
     for _ in 0..CONFLICT_ATTEMPTS {
         match decide(h, &job) {
             Decision::Leave => return Settle::Ack,
-            Decision::Delete => {
-                return match h.jobs.delete(&job).await {
+            Decision::Terminate => {
+                return match h.jobs.terminate(&job).await {
                     Ok(()) => Settle::Ack,
                     Err(e) => Settle::cluster(&e),
                 };
@@ -79,6 +84,7 @@ pub async fn handle(h: &Handler, m: &Message<'_>, cancel: &CancelJob) -> Settle 
         let mut annotations = serde_json::json!({
             h.keys.termination_cause.as_str(): "cancelled",
             h.keys.termination_reason.as_str(): tombstone.reason,
+            h.keys.termination_at.as_str(): crate::durable::annotations::format_millis(h.now()),
         });
         // The logs' tails, read before the pods go (W15), for the CANCELLED event.
         let budget = crate::monitor::end_tails::Budget::of(&h.config);
@@ -96,7 +102,7 @@ pub async fn handle(h: &Handler, m: &Message<'_>, cancel: &CancelJob) -> Settle 
         match h.jobs.patch(&job, &patch).await {
             Ok(marked) => {
                 info!(job_id, "Cancelling a job.");
-                return match h.jobs.delete(&marked).await {
+                return match h.jobs.terminate(&marked).await {
                     Ok(()) => Settle::Ack,
                     Err(e) => Settle::cluster(&e),
                 };
@@ -119,7 +125,7 @@ pub async fn handle(h: &Handler, m: &Message<'_>, cancel: &CancelJob) -> Settle 
 }
 
 /// The cluster refused the cancel's annotations for good (not their size: the reason is bounded). A
-/// cancel still cancels: the cause alone is recorded if the cluster takes that, the job is deleted either
+/// cancel still cancels: the cause alone is recorded if the cluster takes that, the job is terminated either
 /// way, and the orchestrator hears about the refusal (naming `reason` when the cause alone was taken).
 async fn refused_mark(
     h: &Handler,
@@ -132,14 +138,17 @@ async fn refused_mark(
     let cause_only = serde_json::json!({
         "metadata": {
             "resourceVersion": job.metadata.resource_version,
-            "annotations": { h.keys.termination_cause.as_str(): "cancelled" }
+            "annotations": {
+                h.keys.termination_cause.as_str(): "cancelled",
+                h.keys.termination_at.as_str(): crate::durable::annotations::format_millis(h.now()),
+            }
         }
     });
     let field = match h.jobs.patch(job, &cause_only).await {
         Ok(_) => "reason",
         Err(_) => "jobId",
     };
-    if let Err(e) = h.jobs.delete(job).await {
+    if let Err(e) = h.jobs.terminate(job).await {
         return Settle::cluster(&e);
     }
     let fingerprint16 = ids::body_fingerprint16(m.body);
@@ -154,17 +163,18 @@ async fn refused_mark(
 /// What a cancel does to an existing job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Decision {
-    /// Write the cause, then delete.
+    /// Write the cause, then terminate.
     Mark,
-    /// The cause is written already (an earlier cancel, a claim by a late submission): delete (again).
-    Delete,
+    /// The cause is written already (an earlier cancel, a claim by a late submission): terminate, unless
+    /// Volcano is at it already.
+    Terminate,
     /// The job has ended by itself, or is being removed for another cause: leave it.
     Leave,
 }
 
 fn decide(h: &Handler, job: &VolcanoJob) -> Decision {
     match annotation(job, &h.keys.termination_cause) {
-        Some("cancelled") => Decision::Delete,
+        Some("cancelled") => Decision::Terminate,
         Some(_) => Decision::Leave,
         None if is_over(job, &h.keys) => Decision::Leave,
         None => Decision::Mark,

@@ -5,7 +5,7 @@
 //! submission, applied by an earlier delivery (perhaps on another runner that died before its ack, or in
 //! the middle of the apply): the apply adopts it, creates whatever it still lacks, and the same QUEUED
 //! event is published again. The same job id with other content is `duplicate_job_id`. A job that has
-//! ended is kept (being deleted, without pods) for `[cluster] ended_job_retention` as the record of its
+//! ended is kept (terminated or finished, without pods) for `[cluster] ended_job_retention` as the record of its
 //! submission: a redelivery finds it, by the lookup or by the create's AlreadyExists, creates nothing and
 //! publishes the same QUEUED again. The job never runs twice.
 //!
@@ -17,10 +17,10 @@
 //!   the same id and content);
 //! - the job was created before the tombstone was seen: this handler claims it by writing
 //!   `terminationCause=cancelled` *and* `lifecycleState=CANCELLED` (resourceVersion-guarded), publishes
-//!   the tombstone's CANCELLED, and deletes the job; the monitor sees a terminal state and publishes no
+//!   the tombstone's CANCELLED, and terminates the job; the monitor sees a terminal state and publishes no
 //!   second terminal event;
 //! - the job was already marked by the cancel handler (`terminationCause` without our terminal state):
-//!   the monitor publishes CANCELLED when it cleans up; this handler only makes sure it is deleted.
+//!   the monitor publishes CANCELLED when it cleans up; this handler only makes sure it is terminated.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tracing::info;
@@ -123,6 +123,7 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         runner_id: &h.runner_id,
         traceparent: m.traceparent.as_ref(),
         finalizer: h.config.runner.cleanup_finalizer,
+        retention: Some(h.config.cluster.ended_job_retention),
     };
     let plan = match plan::build(desired, &h.keys, &h.runner_keys, decorations) {
         Ok(plan) => plan,
@@ -562,6 +563,8 @@ async fn cancel_after_create(
                             keys.termination_cause.as_str(): "cancelled",
                             keys.termination_reason.as_str(): tombstone.reason,
                             keys.lifecycle_state.as_str(): cancelled,
+                            keys.termination_at.as_str():
+                                crate::durable::annotations::format_millis(h.now()),
                         }
                     }
                 });
@@ -593,7 +596,7 @@ async fn cancel_after_create(
         if ours && let Err(e) = h.publish(&event, m.traceparent.as_ref()).await {
             return Settle::publish(&e);
         }
-        return match h.jobs.delete(&job).await {
+        return match h.jobs.terminate(&job).await {
             Ok(()) => Settle::Ack,
             Err(e) => Settle::cluster(&e),
         };

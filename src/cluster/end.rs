@@ -1,0 +1,269 @@
+//! Ending a VolcanoJob without deleting it, so that the ended job stays, as Volcano keeps it, the record of
+//! its submission (see docs/monitor.md, "Cleanup exactly once").
+//!
+//! - [`terminate`]: Volcano's own job command, a `bus.volcano.sh/v1alpha1` `Command` with the action
+//!   `TerminateJob` aimed at the job. Volcano's job controller deletes the Command before it runs the
+//!   action (a Command never runs twice), stops the pods and leaves the job `Terminated`, which its garbage
+//!   collector deletes `ttlSecondsAfterFinished` later. `TerminateJob`, not `AbortJob`: an `Aborted` job
+//!   is resumable, and the garbage collector never counts its TTL. The Command's name is a function of
+//!   the job's, so a cancel redelivered before Volcano took the Command meets AlreadyExists (done).
+//! - [`delete_companions`]: the objects the runner created beside the job (its Services, among them a
+//!   public IP's LoadBalancer, its NetworkPolicy, its peers' EndpointSlice) are owned by the job and
+//!   would live as long as the kept job (the retention, 24 h): they are deleted at the end instead.
+//! - [`terminated_at`], [`has_ttl`]: what the job itself says about its end, for the readers that
+//!   used to look at the deletion timestamp.
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
+    Preconditions,
+};
+use kube::core::Resource;
+use serde::de::DeserializeOwned;
+
+use super::error::{ClusterError, KubeResultExt};
+use super::retry::RetryPolicy;
+use crate::durable::AnnotationKeys;
+use crate::volcano::VolcanoJob;
+
+/// The action of the Command that ends a job.
+pub const TERMINATE: &str = "TerminateJob";
+
+/// `bus.volcano.sh/v1alpha1` `Command` (plural `commands`).
+pub fn command_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("bus.volcano.sh", "v1alpha1", "Command"),
+        "commands",
+    )
+}
+
+/// The name of the job's TerminateJob Command: one per job, so that every runner that ends the job
+/// (a redelivered cancel, a monitor taking over) asks under the same name.
+pub fn command_name(job_name: &str) -> String {
+    format!("{job_name}-terminate")
+}
+
+/// The Command that terminates `job`, as `vcctl job terminate` writes it: the action, the job as its
+/// `target` (an ownerReference, uid included) and as its owner, so an untaken Command goes with the job.
+/// Without `blockOwnerDeletion`, which would need a grant on the job's `finalizers` subresource.
+pub fn terminate_command(job: &VolcanoJob) -> serde_json::Value {
+    let name = job.metadata.name.as_deref().unwrap_or_default();
+    let target = serde_json::json!({
+        "apiVersion": <VolcanoJob as k8s_openapi::Resource>::API_VERSION,
+        "kind": <VolcanoJob as k8s_openapi::Resource>::KIND,
+        "name": name,
+        "uid": job.metadata.uid.as_deref().unwrap_or_default(),
+    });
+    serde_json::json!({
+        "apiVersion": "bus.volcano.sh/v1alpha1",
+        "kind": "Command",
+        "metadata": {
+            "name": command_name(name),
+            "namespace": job.metadata.namespace.as_deref().unwrap_or_default(),
+            "ownerReferences": [target.clone()],
+        },
+        "action": TERMINATE,
+        "target": target,
+    })
+}
+
+/// Whether Volcano has taken the job's end in hand already (or it is being deleted, as an older runner
+/// did): a Command now would do nothing but cost a call.
+pub fn is_ending(job: &VolcanoJob) -> bool {
+    job.metadata.deletion_timestamp.is_some() || job.phase().is_ending()
+}
+
+/// Asks Volcano to terminate `job` (see the module documentation). Nothing when it is ending already;
+/// AlreadyExists (the same Command, not taken yet) and NotFound (the namespace is gone) are done.
+pub async fn terminate(
+    client: &kube::Client,
+    retry: &RetryPolicy,
+    job: &VolcanoJob,
+) -> Result<(), ClusterError> {
+    if is_ending(job) {
+        return Ok(());
+    }
+    let ns = job.metadata.namespace.as_deref().unwrap_or_default();
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &command_resource());
+    let command: DynamicObject = serde_json::from_value(terminate_command(job))
+        .map_err(kube::Error::SerdeError)
+        .classify(|| "build the TerminateJob command".to_owned())?;
+    let op = format!(
+        "create commands.bus.volcano.sh {ns}/{}",
+        command.metadata.name.as_deref().unwrap_or_default()
+    );
+    match retry
+        .run(&op, || async {
+            api.create(&PostParams::default(), &command)
+                .await
+                .classify(|| op.clone())
+        })
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_already_exists() || e.is_not_found() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Deletes the objects the runner created beside `job` and the peers' EndpointSlice the monitor wrote:
+/// the Services and the NetworkPolicy labelled `<prefix>job=<job name>` and owned by this job (its uid:
+/// never a newer job's of the same name), and the EndpointSlice of its peers Service when it has peers.
+/// Gone already is fine; each delete carries the object's uid as a precondition.
+pub async fn delete_companions(
+    client: &kube::Client,
+    retry: &RetryPolicy,
+    job: &VolcanoJob,
+    keys: &AnnotationKeys,
+) -> Result<(), ClusterError> {
+    let ns = job.metadata.namespace.as_deref().unwrap_or_default();
+    let name = job.metadata.name.as_deref().unwrap_or_default();
+    let Some(uid) = job.metadata.uid.as_deref() else {
+        return Ok(());
+    };
+    let selector = format!("{}job={name}", keys.prefix);
+    delete_owned::<Service>(client, retry, ns, &selector, uid).await?;
+    delete_owned::<NetworkPolicy>(client, retry, ns, &selector, uid).await?;
+    let has_peers = job
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(&keys.peers));
+    if has_peers && let Some(job_id) = crate::pipeline::names::job_id_from_vcjob_name(name) {
+        let slice = crate::pipeline::plugins::connect_to_job::peers_service_name(job_id);
+        let api: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
+        delete_one(retry, &api, ns, &slice, None).await?;
+    }
+    Ok(())
+}
+
+/// Lists `K` in `ns` by `selector` and deletes each one owned by `uid`.
+async fn delete_owned<K>(
+    client: &kube::Client,
+    retry: &RetryPolicy,
+    ns: &str,
+    selector: &str,
+    uid: &str,
+) -> Result<(), ClusterError>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), ns);
+    let plural = K::plural(&K::DynamicType::default()).into_owned();
+    let op = format!("list {plural} {ns} {selector}");
+    let params = ListParams::default().labels(selector);
+    let list = retry
+        .run(&op, || async {
+            api.list_metadata(&params).await.classify(|| op.clone())
+        })
+        .await?;
+    for object in list.items {
+        let owned = object
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.uid == uid);
+        if let (true, Some(name)) = (owned, object.metadata.name.as_deref()) {
+            delete_one(retry, &api, ns, name, object.metadata.uid.clone()).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn delete_one<K>(
+    retry: &RetryPolicy,
+    api: &Api<K>,
+    ns: &str,
+    name: &str,
+    uid: Option<String>,
+) -> Result<(), ClusterError>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let plural = K::plural(&K::DynamicType::default()).into_owned();
+    let op = format!("delete {plural} {ns}/{name}");
+    let params = DeleteParams {
+        preconditions: uid.map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match retry
+        .run(&op, || async {
+            api.delete(name, &params).await.classify(|| op.clone())
+        })
+        .await
+    {
+        // Gone, or replaced by an object of the same name that is not this one (uid precondition).
+        Err(e) if e.is_not_found() || e.is_conflict() => Ok(()),
+        Err(e) => Err(e),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// When the job was asked to end, by the annotation its ender wrote with the cause (`terminationAt`), or
+/// by its deletion timestamp (a job an older runner deleted). `None`: nobody asked it to end.
+pub fn terminated_at(job: &VolcanoJob, keys: &AnnotationKeys) -> Option<jiff::Timestamp> {
+    job.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(&keys.termination_at))
+        .and_then(|v| crate::durable::annotations::parse_millis(v))
+        .or_else(|| job.metadata.deletion_timestamp.as_ref().map(|t| t.0))
+}
+
+/// Whether the job carries `ttlSecondsAfterFinished`: Volcano deletes it once it has finished, so it
+/// is kept by the TTL, not by a deletion held by our finalizer (jobs created before the TTL was set).
+pub fn has_ttl(job: &VolcanoJob) -> bool {
+    job.spec.ttl_seconds_after_finished.is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_names_the_job_by_name_and_uid_and_is_named_after_it() {
+        let mut job = VolcanoJob::default();
+        job.metadata.name = Some("j-42".into());
+        job.metadata.namespace = Some("jobs".into());
+        job.metadata.uid = Some("u-1".into());
+        let c = terminate_command(&job);
+        assert_eq!(c["metadata"]["name"], "j-42-terminate");
+        assert_eq!(c["metadata"]["namespace"], "jobs");
+        assert_eq!(c["action"], "TerminateJob");
+        assert_eq!(c["target"]["kind"], "Job");
+        assert_eq!(c["target"]["apiVersion"], "batch.volcano.sh/v1alpha1");
+        assert_eq!(c["target"]["name"], "j-42");
+        assert_eq!(c["target"]["uid"], "u-1");
+        assert_eq!(c["metadata"]["ownerReferences"][0]["uid"], "u-1");
+        let command: DynamicObject = serde_json::from_value(c).expect("a Command object");
+        assert_eq!(command.metadata.name.as_deref(), Some("j-42-terminate"));
+    }
+
+    #[test]
+    fn the_end_is_read_from_the_annotation_else_the_deletion() {
+        let keys = AnnotationKeys::new("ucloud.dk/");
+        let mut job = VolcanoJob::default();
+        assert_eq!(terminated_at(&job, &keys), None);
+        let deleted = jiff::Timestamp::from_second(2_000).unwrap();
+        job.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(deleted),
+        );
+        assert_eq!(terminated_at(&job, &keys), Some(deleted));
+        job.metadata.annotations = Some([(keys.termination_at.clone(), "1000000".into())].into());
+        assert_eq!(
+            terminated_at(&job, &keys),
+            Some(jiff::Timestamp::from_second(1_000).unwrap())
+        );
+    }
+}
