@@ -338,8 +338,18 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
 
     // 3. Asked to end (or being deleted): close by the recorded cause once the pods have stopped.
     if let Some(deleted_at) = crate::cluster::end::terminated_at(job, &s.keys) {
+        // The API server keeps a transition time to the second, the request to the millisecond: a
+        // phase of the request's own second may be the request's doing, so only an earlier second
+        // counts as finished before it.
+        let asked_in_second = deleted_at
+            .round(
+                jiff::TimestampRound::new()
+                    .smallest(jiff::Unit::Second)
+                    .mode(jiff::RoundMode::Trunc),
+            )
+            .unwrap_or(deleted_at);
         let finished_before =
-            phase.is_finished() && phase_time(job).is_some_and(|t| t < deleted_at);
+            phase.is_finished() && phase_time(job).is_some_and(|t| t < asked_in_second);
         if !finished_before {
             let grace_end = deleted_at
                 .checked_add(s.cleanup_grace)
@@ -2542,6 +2552,29 @@ mod tests {
         assert!(world.companions_deleted);
         assert_eq!(job.metadata.finalizers, Some(Vec::new()));
         assert!(job.metadata.deletion_timestamp.is_none());
+    }
+
+    #[test]
+    fn a_cancel_terminated_within_the_second_it_was_asked_is_told_as_cancelled() {
+        // The API server keeps the Terminated transition to the second (30 s), the cancel was asked at
+        // 30.5 s: the phase is the cancel's doing, not an end that came first.
+        let s = settings(|_| {});
+        let mut job = job_with_ttl(&s);
+        let mut world = World::default();
+        let asked = ts(30)
+            .checked_add(SignedDuration::from_millis(500))
+            .unwrap();
+        let a = job.metadata.annotations.as_mut().unwrap();
+        a.insert(s.keys.termination_cause.clone(), "cancelled".into());
+        a.insert(s.keys.termination_reason.clone(), "user asked".into());
+        a.insert(s.keys.termination_at.clone(), format_millis(asked));
+        set_phase(&mut job, JobPhase::Terminated, 30);
+        drive(&s, &mut job, &[], ts(31), &mut world);
+        let end = lifecycle(&world).pop().unwrap();
+        assert_eq!(
+            (end.event_id.as_str(), end.reason.as_str()),
+            ("4817/CANCELLED", "cancelled")
+        );
     }
 
     #[test]
