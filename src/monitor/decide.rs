@@ -738,8 +738,12 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
 }
 
 /// The status of a job held back by a maintenance window (see [`super::maintenance::Waiting`]), told
-/// once per window: its id and time are the window's and the job's, so every runner tells the same. It
-/// is recorded like any status, so the next one (after the window) is told as a change.
+/// once per window: its id and time are the window's and the job's, so every runner tells the same, and
+/// so is what it tells as the estimated start, the window's end. It is recorded like any status, so the
+/// next one (after the window) is told as a change. While it is held, a replayed start later than the
+/// window's end (the replay keeps a held gang out of every window in its way and counts what runs after
+/// it) is told as a change of that status, under the rule every estimate is told by
+/// ([`crate::monitor::estimate::worth_telling`]): rarely.
 fn maintenance_status(
     obs: &Observed<'_>,
     s: &Settings,
@@ -756,33 +760,82 @@ fn maintenance_status(
     let mut told = record.status_hash.as_deref().map(|v| v.splitn(3, '/'));
     let previous = told.as_mut().and_then(Iterator::next);
     let last_plain = told.as_mut().and_then(Iterator::next);
-    if last_plain == Some(plain.as_str()) {
-        return Step::Wait { next_check };
-    }
-    if let Some(until) = awaiting_queued(obs, record, s, now) {
-        return Step::Wait {
-            next_check: earliest(Some(until), next_check),
-        };
-    }
-    let created = obs.job.metadata.creation_timestamp.as_ref().map(|t| t.0);
-    let mut event = waiting.event(&facts.job_id, created);
-    event.runner_id = s.runner_id.clone();
+    let last_estimate = told.as_mut().and_then(Iterator::next).unwrap_or("");
+    let held = matches!(waiting, super::maintenance::Waiting::Held(_));
     let queue = obs.job.spec.queue.clone().unwrap_or_default();
     let mut details = crate::messages::v1::PendingDetails {
         queue: queue.clone(),
         ..Default::default()
     };
-    if let super::maintenance::Waiting::Held(window) = waiting {
-        // The replay does not know the hold: what it would tell is earlier than the window lets the
-        // job start. The window's end is what the user can expect at the earliest.
-        details.estimated_start_at = Some(crate::pipeline::hooks::proto_timestamp(window.end));
-        details.estimate_basis = format!(
-            "held back by the maintenance window {} until its end",
-            window.id
+    let (event, chained, estimate_told) = if last_plain == Some(plain.as_str()) {
+        // Told for this window: only a replayed start that moved is news.
+        let replayed = match obs.estimate {
+            Some(e @ Estimate::At { start, .. }) if held && *start > window.end => Some(e),
+            _ => None,
+        };
+        let Some(replayed) = replayed else {
+            return Step::Wait { next_check };
+        };
+        let token = estimate_token(replayed);
+        let last = if last_estimate.is_empty() {
+            format!("at:{}", window.end.as_millisecond())
+        } else {
+            last_estimate.to_owned()
+        };
+        if !estimate_moved(&last, &token, now, s.estimate_tolerance) {
+            return Step::Wait { next_check };
+        }
+        if let Some(until) = awaiting_queued(obs, record, s, now) {
+            return Step::Wait {
+                next_check: earliest(Some(until), next_check),
+            };
+        }
+        tell_estimate(&mut details, replayed);
+        let reason = observe::PendingReason {
+            reason: super::maintenance::REASON,
+            text: text.clone(),
+            details: details.clone(),
+            since: None,
+        };
+        // Its id is a function of everything it says, as every status's.
+        let content = format!(
+            "{}\n{}\n{}",
+            reason.text,
+            crate::durable::ids::body_fingerprint16(&prost::Message::encode_to_vec(
+                &reason.details
+            )),
+            now.as_millisecond()
         );
-    }
-    event.pending = Some(Box::new(details));
-    let chained = events::status_hash(previous, super::maintenance::REASON, &event.event_id);
+        let chained = events::status_hash(previous, reason.reason, &content);
+        let event = events::status(&facts.job_id, &chained, &reason, now, &s.runner_id);
+        (event, chained, token)
+    } else {
+        if let Some(until) = awaiting_queued(obs, record, s, now) {
+            return Step::Wait {
+                next_check: earliest(Some(until), next_check),
+            };
+        }
+        let created = obs.job.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let mut event = waiting.event(&facts.job_id, created);
+        event.runner_id = s.runner_id.clone();
+        if held {
+            // The window's end, the earliest the hold lets it start: the same from every runner. A
+            // later replayed start follows as a change.
+            details.estimated_start_at = Some(crate::pipeline::hooks::proto_timestamp(window.end));
+            details.estimate_basis = format!(
+                "held back by the maintenance window {} until its end",
+                window.id
+            );
+        }
+        event.pending = Some(Box::new(details.clone()));
+        let chained = events::status_hash(previous, super::maintenance::REASON, &event.event_id);
+        let token = if held {
+            format!("at:{}", window.end.as_millisecond())
+        } else {
+            String::new()
+        };
+        (event, chained, token)
+    };
     let mut publish: Vec<Outbound> = queued_first(obs, facts, record, s).into_iter().collect();
     publish.push(Outbound::Lifecycle(event));
     let log = history::append_status(
@@ -793,16 +846,23 @@ fn maintenance_status(
             text,
             queue,
             jobs_ahead: None,
-            estimated_start_at: matches!(waiting, super::maintenance::Waiting::Held(_))
-                .then(|| window.end.as_millisecond()),
-            estimate_basis: String::new(),
+            estimated_start_at: details
+                .estimated_start_at
+                .as_ref()
+                .map(|t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000),
+            estimate_basis: details.estimate_basis.clone(),
         },
     );
+    let value = if estimate_told.is_empty() {
+        format!("{chained}/{plain}")
+    } else {
+        format!("{chained}/{plain}/{estimate_told}")
+    };
     Step::Act(Action {
         what: "status",
         publish,
         set: BTreeMap::from([
-            (s.keys.status_hash.clone(), format!("{chained}/{plain}")),
+            (s.keys.status_hash.clone(), value),
             (s.keys.status_log.clone(), log),
         ]),
         next_check,

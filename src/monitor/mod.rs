@@ -28,6 +28,7 @@ pub mod clock;
 pub mod decide;
 pub mod end_tails;
 pub mod estimate;
+pub mod estimate_windows;
 pub mod events;
 pub mod execute;
 pub mod forecast;
