@@ -768,17 +768,21 @@ fn maintenance_status(
         ..Default::default()
     };
     let (event, chained, estimate_told) = if last_plain == Some(plain.as_str()) {
-        // Told for this window: only a replayed start that moved is news.
-        let replayed = match obs.estimate {
-            Some(e @ Estimate::At { start, .. }) if held && *start > window.end => Some(e),
-            _ => None,
-        };
-        let Some(replayed) = replayed else {
+        // Told for this window: only a replayed start that moved is news. The replay keeps a held gang
+        // out of the window, so what it says is never before the window's end; an estimate made before
+        // the hold was known counts as the window's end.
+        if !held {
             return Step::Wait { next_check };
+        }
+        let replayed = match obs.estimate {
+            Some(e @ Estimate::At { start, .. }) if *start > window.end => Some(e),
+            Some(Estimate::At { .. }) => None,
+            _ => return Step::Wait { next_check },
         };
-        let token = estimate_token(replayed);
+        let end_token = format!("at:{}", window.end.as_millisecond());
+        let token = replayed.map_or_else(|| end_token.clone(), estimate_token);
         let last = if last_estimate.is_empty() {
-            format!("at:{}", window.end.as_millisecond())
+            end_token
         } else {
             last_estimate.to_owned()
         };
@@ -790,7 +794,17 @@ fn maintenance_status(
                 next_check: earliest(Some(until), next_check),
             };
         }
-        tell_estimate(&mut details, replayed);
+        match replayed {
+            Some(e) => tell_estimate(&mut details, e),
+            None => {
+                details.estimated_start_at =
+                    Some(crate::pipeline::hooks::proto_timestamp(window.end));
+                details.estimate_basis = format!(
+                    "held back by the maintenance window {} until its end",
+                    window.id
+                );
+            }
+        }
         let reason = observe::PendingReason {
             reason: super::maintenance::REASON,
             text: text.clone(),
@@ -2931,6 +2945,107 @@ mod tests {
         assert_eq!(told.ungate, None);
         assert!(told.publish.iter().any(|o| matches!(o, Outbound::Lifecycle(e)
             if e.event_id.ends_with(&format!("/maintenance/later/{}/held", ts(7200).as_millisecond())))));
+    }
+
+    /// A held job is told the window's end first (the same from every runner), then, as a change, a
+    /// replayed start later than that, and not again while it stays within the telling rule.
+    #[test]
+    fn a_held_job_is_told_a_replayed_start_after_the_window_as_a_change() {
+        let s = settings(|_| {});
+        let mut vc = job(&s);
+        vc.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(s.keys.maintenance_held.clone(), "w".into());
+        let windows = [Window {
+            id: "w".into(),
+            start: ts(1800),
+            end: ts(5400),
+            nodes: BTreeSet::new(),
+            reason: None,
+            created_at: Some(ts(0)),
+            created_by: None,
+        }];
+        let at = |secs: i64| Estimate::At {
+            start: ts(secs),
+            basis: format!("expected by {}", ts(secs)),
+            bound: false,
+            record: None,
+        };
+        let observe = |vc: &VolcanoJob, estimate: Option<&Estimate>, now: i64| {
+            let obs = Observed {
+                job: vc,
+                pods: &[],
+                podgroup: None,
+                jobs_ahead: None,
+                estimate,
+                estimate_pending: false,
+                disruption: None,
+                fresh_at: None,
+                queued_confirmed: true,
+                maintenance: Some(&windows),
+                peers: &[],
+            };
+            decide(&obs, &s, ts(now)).unwrap()
+        };
+        let told_start = |a: &Action| match a.publish.last() {
+            Some(Outbound::Lifecycle(e)) => (
+                e.event_id.clone(),
+                e.pending
+                    .as_ref()
+                    .unwrap()
+                    .estimated_start_at
+                    .unwrap()
+                    .seconds,
+            ),
+            other => panic!("a status event: {other:?}"),
+        };
+        // First the window's end, whatever the replay says.
+        let Step::Act(first) = observe(&vc, Some(&at(9000)), 1) else {
+            panic!("a held job is told at once");
+        };
+        let (id, start) = told_start(&first);
+        assert!(id.ends_with("/held"), "{id}");
+        assert_eq!(start, ts(5400).as_second());
+        vc.metadata.annotations.as_mut().unwrap().extend(first.set);
+        // The replay's start at the window's end is nothing new.
+        assert!(matches!(
+            observe(&vc, Some(&at(5400)), 2),
+            Step::Wait { .. }
+        ));
+        // A later one is told, as a change.
+        let Step::Act(change) = observe(&vc, Some(&at(9000)), 3) else {
+            panic!("a later replayed start is told");
+        };
+        assert_eq!(change.ungate, None, "still held");
+        let (id, start) = told_start(&change);
+        assert!(!id.ends_with("/held"), "a change has its own id: {id}");
+        assert_eq!(start, ts(9000).as_second());
+        let Some(Outbound::Lifecycle(event)) = change.publish.last() else {
+            unreachable!()
+        };
+        assert_eq!(event.reason, "maintenance");
+        assert_eq!(
+            event.pending.as_ref().unwrap().estimate_basis,
+            format!("expected by {}", ts(9000))
+        );
+        vc.metadata.annotations.as_mut().unwrap().extend(change.set);
+        // Within the rule: not told again.
+        assert!(matches!(
+            observe(&vc, Some(&at(9000)), 4),
+            Step::Wait { .. }
+        ));
+        assert!(matches!(
+            observe(&vc, Some(&at(9005)), 5),
+            Step::Wait { .. }
+        ));
+        assert!(matches!(observe(&vc, Some(&at(20_000)), 6), Step::Act(a) if a.what == "status"));
+        // Back at the window's end: told that too (an hour and more earlier is news).
+        let Step::Act(back) = observe(&vc, Some(&at(5400)), 7) else {
+            panic!("an earlier start is told");
+        };
+        assert_eq!(told_start(&back).1, ts(5400).as_second());
     }
 
     /// A job queued before a window in its way was scheduled (its pods not gated): told once, by the

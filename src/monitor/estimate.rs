@@ -6,7 +6,9 @@
 //! - every running job's ranks, where they run, and its deadline (its expiry): a job may end earlier,
 //!   never later;
 //! - the pending jobs of a Volcano queue in the queue's order, each with its ranks' resources and its time
-//!   allocation.
+//!   allocation;
+//! - the maintenance windows ([`estimate_with`], [`super::estimate_windows`]): they cut the jobs on their
+//!   nodes at their start, and keep a gang they hold back from starting while one is in the way.
 //!
 //! The replay runs the scheduler's sessions at every instant resources come back or a waiting time
 //! runs out, as Volcano's `enqueue` and `allocate` actions do: gangs past their `sla-waiting-time`
