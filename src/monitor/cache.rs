@@ -1394,6 +1394,8 @@ impl Cache {
                             }))
                 })
                 .collect(),
+            // Every running job here is the runner's.
+            spared: Vec::new(),
         };
         let mut estimates = estimate::estimate_with(nodes, &running, &gangs, &maintenance, now);
         if self.expectations_kept > 0 {

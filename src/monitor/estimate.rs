@@ -220,7 +220,7 @@ pub fn estimate_with(
     let mut ends: BinaryHeap<Reverse<End>> = BinaryHeap::new();
     // Jobs that hold resources without an end.
     let mut forever = 0usize;
-    for job in running {
+    for (r, job) in running.iter().enumerate() {
         for (node, r) in &job.ranks {
             if let Some(f) = free.get_mut(*node) {
                 // A node overcommitted by what the cluster reports counts as full, not negative.
@@ -230,7 +230,7 @@ pub fn estimate_with(
             }
         }
         // A window that cuts it ends it at the window's start at the latest.
-        match maintenance.end_of(nodes, &job.ranks, now, job.ends_by) {
+        match maintenance.end_of_running(r, nodes, &job.ranks, now, job.ends_by) {
             Some(at) => {
                 let holding = holdings.len();
                 holdings.push(job.ranks.clone());

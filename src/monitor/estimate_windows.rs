@@ -27,9 +27,28 @@ pub struct Maintenance {
     /// Per waiting gang (the replay's `pending`, same order): its pods are held by the maintenance
     /// gate. Missing entries count as not held.
     pub held: Vec<bool>,
+    /// Per running job (the replay's `running`, same order): not volcano-runner's, so no window ends it
+    /// (the pods of other workloads). Missing entries count as the runner's.
+    pub spared: Vec<bool>,
 }
 
 impl Maintenance {
+    /// When running job `i`, holding `ranks`, ends at the latest ([`Self::end_of`], unless it is
+    /// spared).
+    pub(super) fn end_of_running(
+        &self,
+        i: usize,
+        nodes: &[Node],
+        ranks: &[(usize, Resources)],
+        now: Timestamp,
+        ends_by: Option<Timestamp>,
+    ) -> Option<Timestamp> {
+        if self.spared.get(i).copied().unwrap_or(false) {
+            return ends_by;
+        }
+        self.end_of(nodes, ranks, now, ends_by)
+    }
+
     /// Whether waiting gang `i` is held back by a window.
     pub(super) fn is_held(&self, i: usize) -> bool {
         self.held.get(i).copied().unwrap_or(false)
@@ -158,6 +177,7 @@ mod tests {
         let maintenance = Maintenance {
             windows: vec![window("w", 100, 200, &[])],
             held: vec![true, true, true, false],
+            ..Maintenance::default()
         };
         let e = estimate_with(&nodes(2), &[], &jobs, &maintenance, t(0));
         assert_eq!(
@@ -205,6 +225,7 @@ mod tests {
         let on_n0 = Maintenance {
             windows: vec![window("w", 100, 200, &["n0"])],
             held: vec![true, true],
+            ..Maintenance::default()
         };
         let e = estimate_with(&nodes(2), &running, &jobs, &on_n0, t(0));
         // The job on node 0 is cut at 100 s; a held gang waits for the window's end all the same.
@@ -218,6 +239,7 @@ mod tests {
         let everywhere = Maintenance {
             windows: vec![window("w", 100, 200, &[])],
             held: vec![true, true],
+            ..Maintenance::default()
         };
         let e = estimate_with(&nodes(2), &running, &jobs, &everywhere, t(0));
         assert_eq!((start(&e[0]), start(&e[1])), (t(200), t(250)));
@@ -225,6 +247,7 @@ mod tests {
         let elsewhere = Maintenance {
             windows: vec![window("w", 100, 200, &["n7"])],
             held: vec![false, false],
+            ..Maintenance::default()
         };
         let e = estimate_with(&nodes(2), &running, &jobs, &elsewhere, t(0));
         assert_eq!(start(&e[0]), t(1000));
@@ -241,6 +264,7 @@ mod tests {
         let maintenance = Maintenance {
             windows: vec![window("w", 100, 200, &[])],
             held: vec![false, true],
+            ..Maintenance::default()
         };
         let e = estimate_with(&nodes(1), &[], &jobs, &maintenance, t(0));
         assert_eq!((start(&e[0]), start(&e[1])), (t(0), t(200)));
@@ -251,7 +275,7 @@ mod tests {
         }];
         let not_held = Maintenance {
             windows: vec![window("w", 100, 200, &[])],
-            held: vec![],
+            ..Maintenance::default()
         };
         let e = estimate_with(&nodes(1), &running, &jobs[1..], &not_held, t(0));
         assert_eq!(
@@ -259,6 +283,13 @@ mod tests {
             t(100),
             "the node is free from the window's start"
         );
+        // Unless it is not the runner's: no window ends another workload's pods.
+        let spared = Maintenance {
+            spared: vec![true],
+            ..not_held
+        };
+        let e = estimate_with(&nodes(1), &running, &jobs[1..], &spared, t(0));
+        assert!(matches!(e[0], Estimate::Unbounded { .. }), "{e:?}");
         assert!(matches!(
             estimate(&nodes(1), &running, &jobs[1..], t(0))[0],
             Estimate::Unbounded { .. }

@@ -258,6 +258,8 @@ pub fn forecast_with(
 
     // What holds each node: pods grouped by their Volcano job (or alone), with the job's deadline.
     let mut holders: BTreeMap<(String, String), Running> = BTreeMap::new();
+    let mut managed_ids: std::collections::HashSet<(String, String)> =
+        std::collections::HashSet::new();
     for pod in view.pods {
         let Some(node) = holds_a_node(pod).and_then(|n| node_index.get(n)) else {
             continue;
@@ -274,17 +276,20 @@ pub fn forecast_with(
             continue;
         }
         let managed = job.as_ref().and_then(|j| jobs.get(j));
+        let id = (
+            namespace,
+            job_name
+                .unwrap_or_else(|| format!("pod/{}", pod.metadata.name.as_deref().unwrap_or(""))),
+        );
+        if managed.is_some() {
+            managed_ids.insert(id.clone());
+        }
         let ends_by = managed.and_then(|j| deadline(j, keys, now));
         let holds = if managed.is_some_and(|j| exclusive(j, keys)) {
             nodes[*node].allocatable
         } else {
             pod_requests(pod)
         };
-        let id = (
-            namespace,
-            job_name
-                .unwrap_or_else(|| format!("pod/{}", pod.metadata.name.as_deref().unwrap_or(""))),
-        );
         holders
             .entry(id)
             .or_insert_with(|| Running {
@@ -294,6 +299,8 @@ pub fn forecast_with(
             .ranks
             .push((*node, holds));
     }
+    // No window ends what volcano-runner does not run.
+    let spared: Vec<bool> = holders.keys().map(|id| !managed_ids.contains(id)).collect();
     let running: Vec<Running> = holders.into_values().collect();
 
     let fifo: std::collections::HashSet<&str> = view
@@ -320,6 +327,7 @@ pub fn forecast_with(
                     .is_some_and(|(k, j)| held(j, &k, view.pods, keys))
             })
             .collect(),
+        spared,
     };
     let estimates = estimate::estimate_with(&nodes, &running, &pending, &maintenance, now);
 
