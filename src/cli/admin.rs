@@ -35,7 +35,7 @@ use crate::cluster::lease::{COMPONENT_MEMBER, COMPONENT_SHARD};
 use crate::cluster::{ClusterError, MaintenanceWindows, PauseState, PauseSwitch};
 use crate::config::Config;
 use crate::durable::AnnotationKeys;
-use crate::monitor::forecast::{ClusterView, QueueEntry, forecast};
+use crate::monitor::forecast::{ClusterView, QueueEntry, forecast_with};
 use crate::volcano::{PodGroup, Queue, VolcanoJob};
 
 #[derive(Debug, clap::Args)]
@@ -342,8 +342,13 @@ async fn waiting_jobs(
         jobs: &jobs.items,
         queues: &queues.items,
     };
+    // The windows as the monitor follows them: they cut running jobs and hold gated ones back.
+    let (windows, _) = crate::cluster::MaintenanceWindows::new(client.clone(), &config.cluster)
+        .list()
+        .await
+        .map_err(cluster_error)?;
     let keys = AnnotationKeys::new(&config.pipeline.annotation_prefix);
-    Ok(forecast(view, &keys, now))
+    Ok(forecast_with(view, &windows, &keys, now))
 }
 
 /// The waiting jobs as a table, the scheduler's message under each job it concerns.

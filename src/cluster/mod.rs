@@ -92,7 +92,7 @@ pub struct ClusterConfig {
     /// tombstones (`tombstone_ttl`), then answered `unknown_job`.
     #[serde(with = "duration::required")]
     pub pending_extension_interval: Duration,
-    /// How long an ended job's VolcanoJob is kept, without its pods and companions, as the durable record
+    /// How long an ended job's VolcanoJob is kept, without its companions, as the durable record
     /// that its submission was carried out. A redelivery of the submission finds it (the create answers
     /// AlreadyExists) and is only acknowledged, so a job never runs twice; a deleted object and one never
     /// created would look the same. Like `tombstone_ttl`, it must outlive the longest time a submission

@@ -557,6 +557,8 @@ pub struct Cache {
     /// By peer: the jobs that name it as their peer. A change of the peer or of its pods is a change of
     /// theirs (they are decided again, see [`Cache::touch_dependents`]).
     dependents: FastMap<JobKey, FastSet<JobKey>>,
+    /// The maintenance windows the replay takes into account (see [`Cache::set_maintenance_windows`]).
+    maintenance_windows: Option<crate::cluster::Windows>,
 }
 
 /// A waiting PodGroup's place in its queue: earlier creation first, then namespace and name.
@@ -1232,6 +1234,12 @@ impl Cache {
     /// workloads are not watched, so on a cluster shared with them an estimate can be early; `admin
     /// queue` lists every pod and counts them. The estimates stay for the snapshots until the next call.
     /// Returns the jobs held whose estimate changed.
+    /// The maintenance windows the next [`Cache::estimate_starts`] replays: they cut running jobs and
+    /// hold back gated ones ([`super::estimate_windows`]).
+    pub fn set_maintenance_windows(&mut self, windows: Option<crate::cluster::Windows>) {
+        self.maintenance_windows = windows;
+    }
+
     pub fn estimate_starts(
         &mut self,
         nodes: &[Node],
@@ -1357,7 +1365,43 @@ impl Cache {
             })
             .collect();
         let (groups, gangs): (Vec<GroupKey>, Vec<_>) = pending.into_iter().unzip();
-        let mut estimates = estimate::estimate(nodes, &running, &gangs, now);
+        // A gang is held back by a window while its job was created held and its pods (if any yet)
+        // carry the maintenance gate: the monitor lifts the gate only when no window is in the way.
+        let gate = keys.maintenance_gate();
+        let maintenance = estimate::Maintenance {
+            windows: self
+                .maintenance_windows
+                .as_deref()
+                .cloned()
+                .unwrap_or_default(),
+            held: groups
+                .iter()
+                .map(|g| {
+                    let Some(jkey) = self.groups.get(g).and_then(|pg| job_of_group(&pg.value))
+                    else {
+                        return false;
+                    };
+                    let created_held = self.jobs.get(&jkey).is_some_and(|j| {
+                        j.value
+                            .metadata
+                            .annotations
+                            .as_ref()
+                            .is_some_and(|a| a.contains_key(&keys.maintenance_held))
+                    });
+                    let pods = self.pods.get(&jkey).map_or(&[][..], Vec::as_slice);
+                    created_held
+                        && (pods.is_empty()
+                            || pods.iter().any(|p| {
+                                p.gates
+                                    .as_ref()
+                                    .is_some_and(|g| g.iter().any(|g| g.name == gate))
+                            }))
+                })
+                .collect(),
+            // Every running job here is the runner's.
+            spared: Vec::new(),
+        };
+        let mut estimates = estimate::estimate_with(nodes, &running, &gangs, &maintenance, now);
         if self.expectations_kept > 0 {
             for e in &mut estimates {
                 if let Estimate::At {

@@ -787,8 +787,12 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
 }
 
 /// The status of a job held back by a maintenance window (see [`super::maintenance::Waiting`]), told
-/// once per window: its id and time are the window's and the job's, so every runner tells the same. It
-/// is recorded like any status, so the next one (after the window) is told as a change.
+/// once per window: its id and time are the window's and the job's, so every runner tells the same, and
+/// so is what it tells as the estimated start, the window's end. It is recorded like any status, so the
+/// next one (after the window) is told as a change. While it is held, a replayed start later than the
+/// window's end (the replay keeps a held gang out of every window in its way and counts what runs after
+/// it) is told as a change of that status, under the rule every estimate is told by
+/// ([`crate::monitor::estimate::worth_telling`]): rarely.
 fn maintenance_status(
     obs: &Observed<'_>,
     s: &Settings,
@@ -805,33 +809,96 @@ fn maintenance_status(
     let mut told = record.status_hash.as_deref().map(|v| v.splitn(3, '/'));
     let previous = told.as_mut().and_then(Iterator::next);
     let last_plain = told.as_mut().and_then(Iterator::next);
-    if last_plain == Some(plain.as_str()) {
-        return Step::Wait { next_check };
-    }
-    if let Some(until) = awaiting_queued(obs, record, s, now) {
-        return Step::Wait {
-            next_check: earliest(Some(until), next_check),
-        };
-    }
-    let created = obs.job.metadata.creation_timestamp.as_ref().map(|t| t.0);
-    let mut event = waiting.event(&facts.job_id, created);
-    event.runner_id = s.runner_id.clone();
+    let last_estimate = told.as_mut().and_then(Iterator::next).unwrap_or("");
+    let held = matches!(waiting, super::maintenance::Waiting::Held(_));
     let queue = obs.job.spec.queue.clone().unwrap_or_default();
     let mut details = crate::messages::v1::PendingDetails {
         queue: queue.clone(),
         ..Default::default()
     };
-    if let super::maintenance::Waiting::Held(window) = waiting {
-        // The replay does not know the hold: what it would tell is earlier than the window lets the
-        // job start. The window's end is what the user can expect at the earliest.
-        details.estimated_start_at = Some(crate::pipeline::hooks::proto_timestamp(window.end));
-        details.estimate_basis = format!(
-            "held back by the maintenance window {} until its end",
-            window.id
+    let (event, chained, estimate_told) = if last_plain == Some(plain.as_str()) {
+        // Told for this window: only a replayed start that moved is news. The replay keeps a held gang
+        // out of the window, so what it says is never before the window's end; an estimate made before
+        // the hold was known counts as the window's end.
+        if !held {
+            return Step::Wait { next_check };
+        }
+        let replayed = match obs.estimate {
+            Some(e @ Estimate::At { start, .. }) if *start > window.end => Some(e),
+            Some(Estimate::At { .. }) => None,
+            _ => return Step::Wait { next_check },
+        };
+        let end_token = format!("at:{}", window.end.as_millisecond());
+        let token = replayed.map_or_else(|| end_token.clone(), estimate_token);
+        let last = if last_estimate.is_empty() {
+            end_token
+        } else {
+            last_estimate.to_owned()
+        };
+        if !estimate_moved(&last, &token, now, s.estimate_tolerance) {
+            return Step::Wait { next_check };
+        }
+        if let Some(until) = awaiting_queued(obs, record, s, now) {
+            return Step::Wait {
+                next_check: earliest(Some(until), next_check),
+            };
+        }
+        match replayed {
+            Some(e) => tell_estimate(&mut details, e),
+            None => {
+                details.estimated_start_at =
+                    Some(crate::pipeline::hooks::proto_timestamp(window.end));
+                details.estimate_basis = format!(
+                    "held back by the maintenance window {} until its end",
+                    window.id
+                );
+            }
+        }
+        let reason = observe::PendingReason {
+            reason: super::maintenance::REASON,
+            text: text.clone(),
+            details: details.clone(),
+            since: None,
+        };
+        // Its id is a function of everything it says, as every status's.
+        let content = format!(
+            "{}\n{}\n{}",
+            reason.text,
+            crate::durable::ids::body_fingerprint16(&prost::Message::encode_to_vec(
+                &reason.details
+            )),
+            now.as_millisecond()
         );
-    }
-    event.pending = Some(Box::new(details));
-    let chained = events::status_hash(previous, super::maintenance::REASON, &event.event_id);
+        let chained = events::status_hash(previous, reason.reason, &content);
+        let event = events::status(&facts.job_id, &chained, &reason, now, &s.runner_id);
+        (event, chained, token)
+    } else {
+        if let Some(until) = awaiting_queued(obs, record, s, now) {
+            return Step::Wait {
+                next_check: earliest(Some(until), next_check),
+            };
+        }
+        let created = obs.job.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let mut event = waiting.event(&facts.job_id, created);
+        event.runner_id = s.runner_id.clone();
+        if held {
+            // The window's end, the earliest the hold lets it start: the same from every runner. A
+            // later replayed start follows as a change.
+            details.estimated_start_at = Some(crate::pipeline::hooks::proto_timestamp(window.end));
+            details.estimate_basis = format!(
+                "held back by the maintenance window {} until its end",
+                window.id
+            );
+        }
+        event.pending = Some(Box::new(details.clone()));
+        let chained = events::status_hash(previous, super::maintenance::REASON, &event.event_id);
+        let token = if held {
+            format!("at:{}", window.end.as_millisecond())
+        } else {
+            String::new()
+        };
+        (event, chained, token)
+    };
     let mut publish: Vec<Outbound> = queued_first(obs, facts, record, s).into_iter().collect();
     publish.push(Outbound::Lifecycle(event));
     let log = history::append_status(
@@ -842,16 +909,23 @@ fn maintenance_status(
             text,
             queue,
             jobs_ahead: None,
-            estimated_start_at: matches!(waiting, super::maintenance::Waiting::Held(_))
-                .then(|| window.end.as_millisecond()),
-            estimate_basis: String::new(),
+            estimated_start_at: details
+                .estimated_start_at
+                .as_ref()
+                .map(|t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000),
+            estimate_basis: details.estimate_basis.clone(),
         },
     );
+    let value = if estimate_told.is_empty() {
+        format!("{chained}/{plain}")
+    } else {
+        format!("{chained}/{plain}/{estimate_told}")
+    };
     Step::Act(Action {
         what: "status",
         publish,
         set: BTreeMap::from([
-            (s.keys.status_hash.clone(), format!("{chained}/{plain}")),
+            (s.keys.status_hash.clone(), value),
             (s.keys.status_log.clone(), log),
         ]),
         next_check,
@@ -3069,6 +3143,107 @@ mod tests {
         assert_eq!(told.ungate, None);
         assert!(told.publish.iter().any(|o| matches!(o, Outbound::Lifecycle(e)
             if e.event_id.ends_with(&format!("/maintenance/later/{}/held", ts(7200).as_millisecond())))));
+    }
+
+    /// A held job is told the window's end first (the same from every runner), then, as a change, a
+    /// replayed start later than that, and not again while it stays within the telling rule.
+    #[test]
+    fn a_held_job_is_told_a_replayed_start_after_the_window_as_a_change() {
+        let s = settings(|_| {});
+        let mut vc = job(&s);
+        vc.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(s.keys.maintenance_held.clone(), "w".into());
+        let windows = [Window {
+            id: "w".into(),
+            start: ts(1800),
+            end: ts(5400),
+            nodes: BTreeSet::new(),
+            reason: None,
+            created_at: Some(ts(0)),
+            created_by: None,
+        }];
+        let at = |secs: i64| Estimate::At {
+            start: ts(secs),
+            basis: format!("expected by {}", ts(secs)),
+            bound: false,
+            record: None,
+        };
+        let observe = |vc: &VolcanoJob, estimate: Option<&Estimate>, now: i64| {
+            let obs = Observed {
+                job: vc,
+                pods: &[],
+                podgroup: None,
+                jobs_ahead: None,
+                estimate,
+                estimate_pending: false,
+                disruption: None,
+                fresh_at: None,
+                queued_confirmed: true,
+                maintenance: Some(&windows),
+                peers: &[],
+            };
+            decide(&obs, &s, ts(now)).unwrap()
+        };
+        let told_start = |a: &Action| match a.publish.last() {
+            Some(Outbound::Lifecycle(e)) => (
+                e.event_id.clone(),
+                e.pending
+                    .as_ref()
+                    .unwrap()
+                    .estimated_start_at
+                    .unwrap()
+                    .seconds,
+            ),
+            other => panic!("a status event: {other:?}"),
+        };
+        // First the window's end, whatever the replay says.
+        let Step::Act(first) = observe(&vc, Some(&at(9000)), 1) else {
+            panic!("a held job is told at once");
+        };
+        let (id, start) = told_start(&first);
+        assert!(id.ends_with("/held"), "{id}");
+        assert_eq!(start, ts(5400).as_second());
+        vc.metadata.annotations.as_mut().unwrap().extend(first.set);
+        // The replay's start at the window's end is nothing new.
+        assert!(matches!(
+            observe(&vc, Some(&at(5400)), 2),
+            Step::Wait { .. }
+        ));
+        // A later one is told, as a change.
+        let Step::Act(change) = observe(&vc, Some(&at(9000)), 3) else {
+            panic!("a later replayed start is told");
+        };
+        assert_eq!(change.ungate, None, "still held");
+        let (id, start) = told_start(&change);
+        assert!(!id.ends_with("/held"), "a change has its own id: {id}");
+        assert_eq!(start, ts(9000).as_second());
+        let Some(Outbound::Lifecycle(event)) = change.publish.last() else {
+            unreachable!()
+        };
+        assert_eq!(event.reason, "maintenance");
+        assert_eq!(
+            event.pending.as_ref().unwrap().estimate_basis,
+            format!("expected by {}", ts(9000))
+        );
+        vc.metadata.annotations.as_mut().unwrap().extend(change.set);
+        // Within the rule: not told again.
+        assert!(matches!(
+            observe(&vc, Some(&at(9000)), 4),
+            Step::Wait { .. }
+        ));
+        assert!(matches!(
+            observe(&vc, Some(&at(9005)), 5),
+            Step::Wait { .. }
+        ));
+        assert!(matches!(observe(&vc, Some(&at(20_000)), 6), Step::Act(a) if a.what == "status"));
+        // Back at the window's end: told that too (an hour and more earlier is news).
+        let Step::Act(back) = observe(&vc, Some(&at(5400)), 7) else {
+            panic!("an earlier start is told");
+        };
+        assert_eq!(told_start(&back).1, ts(5400).as_second());
     }
 
     /// A job queued before a window in its way was scheduled (its pods not gated): told once, by the

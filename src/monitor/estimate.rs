@@ -6,7 +6,9 @@
 //! - every running job's ranks, where they run, and its deadline (its expiry): a job may end earlier,
 //!   never later;
 //! - the pending jobs of a Volcano queue in the queue's order, each with its ranks' resources and its time
-//!   allocation.
+//!   allocation;
+//! - the maintenance windows ([`estimate_with`], [`super::estimate_windows`]): they cut the jobs on their
+//!   nodes at their start, and keep a gang they hold back from starting while one is in the way.
 //!
 //! The replay runs the scheduler's sessions at every instant resources come back or a waiting time
 //! runs out, as Volcano's `enqueue` and `allocate` actions do: gangs past their `sla-waiting-time`
@@ -38,6 +40,9 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use jiff::{SignedDuration, Timestamp};
+
+pub use super::estimate_windows::Maintenance;
+use crate::cluster::Window;
 
 /// Resources of one rank, or what a node can hold.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -193,6 +198,19 @@ pub fn estimate(
     pending: &[Pending],
     now: Timestamp,
 ) -> Vec<Estimate> {
+    estimate_with(nodes, running, pending, &Maintenance::default(), now)
+}
+
+/// [`estimate`] with the maintenance windows: running and started jobs end at the start of a window
+/// that cuts them, and a gang a window holds back starts only when none is in the way (see
+/// [`super::estimate_windows`]).
+pub fn estimate_with(
+    nodes: &[Node],
+    running: &[Running],
+    pending: &[Pending],
+    maintenance: &Maintenance,
+    now: Timestamp,
+) -> Vec<Estimate> {
     let mut free: Vec<Resources> = nodes.iter().map(|n| n.allocatable).collect();
     let types = node_types(nodes);
     let largest = largest_node(&types);
@@ -202,7 +220,7 @@ pub fn estimate(
     let mut ends: BinaryHeap<Reverse<End>> = BinaryHeap::new();
     // Jobs that hold resources without an end.
     let mut forever = 0usize;
-    for job in running {
+    for (r, job) in running.iter().enumerate() {
         for (node, r) in &job.ranks {
             if let Some(f) = free.get_mut(*node) {
                 // A node overcommitted by what the cluster reports counts as full, not negative.
@@ -211,7 +229,8 @@ pub fn estimate(
                 f.gpu = f.gpu.saturating_sub(r.gpu);
             }
         }
-        match job.ends_by {
+        // A window that cuts it ends it at the window's start at the latest.
+        match maintenance.end_of_running(r, nodes, &job.ranks, now, job.ends_by) {
             Some(at) => {
                 let holding = holdings.len();
                 holdings.push(job.ranks.clone());
@@ -269,6 +288,8 @@ pub fn estimate(
             job.minimum().give_back(&mut admitted);
         }
     }
+    // The window that held each gang back when it was last tried (for its basis).
+    let mut held_by: Vec<Option<&Window>> = vec![None; pending.len()];
     // Gangs not admitted yet: while there are some, a session past its depth still admits.
     let mut to_admit = inqueue.iter().filter(|admitted| !**admitted).count();
     loop {
@@ -341,6 +362,12 @@ pub fn estimate(
                 }
                 continue;
             }
+            // Held back by a window in the way of its allocation now: its pods are gated, the scheduler
+            // does not see them.
+            if let Some(w) = maintenance.holding(i, cursor, job.runs_for) {
+                held_by[i] = Some(w);
+                continue;
+            }
             // What is free only shrinks within a session: a gang of a size that did not fit fails again,
             // and counting its room over every node again is what would make a session cost O(nodes)
             // per waiting gang.
@@ -391,21 +418,29 @@ pub fn estimate(
             admitted.memory_mib = admitted.memory_mib.saturating_sub(minimum.memory_mib);
             admitted.gpu = admitted.gpu.saturating_sub(minimum.gpu);
             let bound = job.bound();
+            let mut basis = basis(cursor, now, released_running, running.len(), started, bound);
+            if let Some(w) = held_by[i] {
+                basis.push_str(&format!(
+                    "; held back by the maintenance window {} until {}",
+                    w.id, w.end
+                ));
+            }
             out[i] = Some(Estimate::At {
                 start: cursor,
-                basis: basis(cursor, now, released_running, running.len(), started, bound),
+                basis,
                 bound,
                 record: None,
             });
             started += 1;
-            match job.runs_for {
-                Some(d) => {
+            // Until its allocation runs out, or a window cuts it.
+            let ends_by = job
+                .runs_for
+                .map(|d| cursor.checked_add(d).unwrap_or(Timestamp::MAX));
+            match maintenance.end_of(nodes, &placement, cursor, ends_by) {
+                Some(at) => {
                     let holding = holdings.len();
                     holdings.push(placement);
-                    ends.push(Reverse(End {
-                        at: cursor.checked_add(d).unwrap_or(Timestamp::MAX),
-                        holding,
-                    }));
+                    ends.push(Reverse(End { at, holding }));
                 }
                 None => forever += 1,
             }
@@ -428,6 +463,11 @@ pub fn estimate(
         }
         let next_reserve_at = reserves.get(next_reserve).copied();
         let next_end = ends.peek().map(|Reverse(e)| e.at);
+        // A window's end lets the gangs it held back go.
+        let next_end = match (next_end, maintenance.next_end(cursor)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let next = match (next_end, next_reserve_at) {
             (Some(a), Some(b)) => a.min(b),
             (Some(a), None) => a,

@@ -205,6 +205,17 @@ fn millis_annotation(job: &VolcanoJob, key: &str) -> Option<i64> {
 
 /// The waiting jobs of every queue with their estimates, queue by queue in queue order.
 pub fn forecast(view: ClusterView<'_>, keys: &AnnotationKeys, now: Timestamp) -> Vec<QueueEntry> {
+    forecast_with(view, &[], keys, now)
+}
+
+/// [`forecast`] with the maintenance windows in the replay ([`super::estimate_windows`]): `admin queue`
+/// tells what the monitor tells.
+pub fn forecast_with(
+    view: ClusterView<'_>,
+    windows: &[crate::cluster::Window],
+    keys: &AnnotationKeys,
+    now: Timestamp,
+) -> Vec<QueueEntry> {
     let nodes: Vec<Node> = view
         .nodes
         .iter()
@@ -247,6 +258,8 @@ pub fn forecast(view: ClusterView<'_>, keys: &AnnotationKeys, now: Timestamp) ->
 
     // What holds each node: pods grouped by their Volcano job (or alone), with the job's deadline.
     let mut holders: BTreeMap<(String, String), Running> = BTreeMap::new();
+    let mut managed_ids: std::collections::HashSet<(String, String)> =
+        std::collections::HashSet::new();
     for pod in view.pods {
         let Some(node) = holds_a_node(pod).and_then(|n| node_index.get(n)) else {
             continue;
@@ -263,17 +276,20 @@ pub fn forecast(view: ClusterView<'_>, keys: &AnnotationKeys, now: Timestamp) ->
             continue;
         }
         let managed = job.as_ref().and_then(|j| jobs.get(j));
+        let id = (
+            namespace,
+            job_name
+                .unwrap_or_else(|| format!("pod/{}", pod.metadata.name.as_deref().unwrap_or(""))),
+        );
+        if managed.is_some() {
+            managed_ids.insert(id.clone());
+        }
         let ends_by = managed.and_then(|j| deadline(j, keys, now));
         let holds = if managed.is_some_and(|j| exclusive(j, keys)) {
             nodes[*node].allocatable
         } else {
             pod_requests(pod)
         };
-        let id = (
-            namespace,
-            job_name
-                .unwrap_or_else(|| format!("pod/{}", pod.metadata.name.as_deref().unwrap_or(""))),
-        );
         holders
             .entry(id)
             .or_insert_with(|| Running {
@@ -283,6 +299,8 @@ pub fn forecast(view: ClusterView<'_>, keys: &AnnotationKeys, now: Timestamp) ->
             .ranks
             .push((*node, holds));
     }
+    // No window ends what volcano-runner does not run.
+    let spared: Vec<bool> = holders.keys().map(|id| !managed_ids.contains(id)).collect();
     let running: Vec<Running> = holders.into_values().collect();
 
     let fifo: std::collections::HashSet<&str> = view
@@ -299,7 +317,19 @@ pub fn forecast(view: ClusterView<'_>, keys: &AnnotationKeys, now: Timestamp) ->
             pending_gang(pg, job, keys, in_fifo)
         })
         .collect();
-    let estimates = estimate::estimate(&nodes, &running, &pending, now);
+    let maintenance = estimate::Maintenance {
+        windows: windows.to_vec(),
+        held: waiting
+            .iter()
+            .map(|pg| {
+                job_of_group(pg)
+                    .and_then(|k| jobs.get(&k).map(|j| (k, j)))
+                    .is_some_and(|(k, j)| held(j, &k, view.pods, keys))
+            })
+            .collect(),
+        spared,
+    };
+    let estimates = estimate::estimate_with(&nodes, &running, &pending, &maintenance, now);
 
     let mut ahead: HashMap<String, u32> = HashMap::new();
     let mut out: Vec<QueueEntry> = waiting
@@ -340,6 +370,32 @@ pub fn forecast(view: ClusterView<'_>, keys: &AnnotationKeys, now: Timestamp) ->
         .collect();
     out.sort_by(|a, b| a.queue.cmp(&b.queue).then(a.jobs_ahead.cmp(&b.jobs_ahead)));
     out
+}
+
+/// Whether a maintenance window holds the job back: it was created held and its pods (if it has any
+/// yet) carry the maintenance gate, which the monitor lifts only when no window is in the way.
+fn held(job: &VolcanoJob, key: &JobKey, pods: &[Pod], keys: &AnnotationKeys) -> bool {
+    let created_held = job
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(&keys.maintenance_held));
+    if !created_held {
+        return false;
+    }
+    let gate = keys.maintenance_gate();
+    let own: Vec<&Pod> = pods
+        .iter()
+        .filter(|p| {
+            p.metadata.namespace.as_deref() == Some(&*key.namespace)
+                && p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(LABEL_JOB_NAME))
+                    .is_some_and(|n| *n == *key.name)
+        })
+        .collect();
+    own.is_empty() || own.iter().any(|p| super::peers::is_gated(p, &gate))
 }
 
 /// A node the replay may place ranks on; `None` for a cordoned node.
@@ -600,5 +656,50 @@ mod tests {
             out[0].estimate.start_at.as_deref(),
             Some(t(160).strftime("%Y-%m-%dT%H:%M:%SZ").to_string().as_str())
         );
+    }
+
+    /// `admin queue` replays the windows as the monitor does: a job created held (no pods yet, or its
+    /// pods gated) waits for the window's end; the same job let go (its pods without the gate) does not.
+    #[test]
+    fn a_job_held_by_a_window_is_estimated_after_it() {
+        let nodes = [node("a", "16", 0)];
+        let jobs = [job(
+            "j-held",
+            json!({"ucloud.dk/maxTime": "3600000", "ucloud.dk/maintenanceHeld": "w"}),
+        )];
+        let groups = [group("j-held", 10, "Pending", 1, "4")];
+        let windows = [crate::cluster::Window {
+            id: "w".into(),
+            start: t(1000),
+            end: t(5000),
+            nodes: Default::default(),
+            reason: None,
+            created_at: Some(t(0)),
+            created_by: None,
+        }];
+        let at = |pods: &[Pod]| {
+            let view = ClusterView {
+                nodes: &nodes,
+                pods,
+                groups: &groups,
+                jobs: &jobs,
+                queues: &[],
+            };
+            forecast_with(view, &windows, &keys(), t(100))[0]
+                .estimate
+                .start_at
+                .clone()
+        };
+        let end = Some(t(5000).strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
+        assert_eq!(at(&[]), end, "created held, no pods yet");
+        let mut gated: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "j-held-0", "namespace": "ns", "labels": {LABEL_JOB_NAME: "j-held"}},
+            "spec": {"containers": [], "schedulingGates": [{"name": "ucloud.dk/maintenance"}]}
+        }))
+        .unwrap();
+        assert_eq!(at(std::slice::from_ref(&gated)), end, "its pod gated");
+        gated.spec.as_mut().unwrap().scheduling_gates = None;
+        let now = Some(t(100).strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
+        assert_eq!(at(&[gated]), now, "let go: the scheduler may start it");
     }
 }

@@ -13,7 +13,8 @@
 //! ([`crate::cluster::maintenance::holding`]). A job created while one was in the way carries the
 //! scheduling gate `<prefix>maintenance` on its pods and `<prefix>maintenanceHeld` on itself (the
 //! submit path puts them there); the monitor tells it once per window until when it waits
-//! ([`waiting`]), and removes the gate once no window is in the way (the window over, cancelled, or
+//! ([`waiting`]; a later start the replay of [`super::estimate_windows`] expects is told as a change), and
+//! removes the gate once no window is in the way (the window over, cancelled, or
 //! the job short enough to end before the next one). A job queued before the window was scheduled
 //! cannot be held back any more (a pod's gates can only be removed after its creation): it is told once
 //! what the window will do to it. Everything is decided from the windows and the pods as they are, so a

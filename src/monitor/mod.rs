@@ -12,7 +12,8 @@
 //! - [`events`]: the lifecycle events and their deterministic ids.
 //! - [`cache`]: the watched objects, kept small.
 //! - [`peers`]: peers run together: the gate, their addresses, their ends.
-//! - [`estimate`]: start-time estimates for pending jobs, by replaying the placement forward in time.
+//! - [`estimate`]: start-time estimates for pending jobs, by replaying the placement forward in time;
+//!   [`estimate_windows`]: the maintenance windows in that replay.
 //! - [`forecast`]: the estimate's inputs read from the listed nodes, pods, PodGroups and jobs.
 //! - [`timers`]: deadlines by job (in the clock's time) and retry backoff (in real time).
 //! - [`execute`]: carries a step out: publish (confirmed), then patch (resourceVersion), then delete.
@@ -28,6 +29,7 @@ pub mod clock;
 pub mod decide;
 pub mod end_tails;
 pub mod estimate;
+pub mod estimate_windows;
 pub mod events;
 pub mod execute;
 pub mod forecast;

@@ -376,8 +376,10 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
                     windows_open = false;
                 } else {
                     windows.borrow_and_update();
-                    // A window scheduled or cancelled changes what every running job is due.
+                    // A window scheduled or cancelled changes what every running job is due, and
+                    // every estimate.
                     state.settled.clear();
+                    state.estimates_stale = true;
                     let keys: Vec<JobKey> = state.cache.fingerprints().map(|(k, _)| k.clone()).collect();
                     for key in keys {
                         state.enqueue(key);
@@ -768,6 +770,8 @@ impl Loop {
     fn estimate(&mut self) {
         let nodes: Vec<Node> = self.nodes.values().cloned().collect();
         let now = self.exec.clock.now();
+        self.cache
+            .set_maintenance_windows(self.exec.maintenance.borrow().clone());
         let changed = self
             .cache
             .estimate_starts(&nodes, &self.exec.settings.keys, now);

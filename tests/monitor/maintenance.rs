@@ -8,7 +8,8 @@
 //! window is in the way of is created gated, told once until when it waits, and starts after the window;
 //! a short one runs at once; a submission during a window waits until the window is cancelled; a runner
 //! killed while it holds a job leaves its release to the next; a job queued before its window is told
-//! it cannot be held.
+//! it cannot be held; a held job is told, after the window's end, the replayed start that accounts for
+//! the window and for what runs past it, and starts by then.
 
 use crate::monitor_support;
 
@@ -469,6 +470,115 @@ async fn a_job_queued_before_the_window_is_told_it_cannot_be_held() {
         "{}",
         told.status
     );
+    runner.stop().await;
+    w.close().await;
+}
+
+/// Two nodes; a job of four hours runs on one of them. A window on the other node, from an hour to two
+/// hours from now, holds back a two-node job submitted now (a hold does not look at nodes). It is told
+/// the window's end first (the same from every runner), then the replayed start, which accounts for the
+/// window and for the job that runs past it: the running job's time limit. It is let go at the window's
+/// end, and starts by the start told, when the running job ends.
+#[tokio::test]
+async fn a_held_job_is_told_a_start_that_accounts_for_the_window_and_starts_by_then() {
+    let node = |name: &str| volcano_runner::sim::NodeSpec {
+        name: name.into(),
+        cpu: "16".into(),
+        memory: "128Gi".into(),
+        gpus: 0,
+        max_pods: 110,
+        labels: Default::default(),
+        taints: Vec::new(),
+    };
+    let mut w = World::start(
+        "mon-maint-estimate",
+        |_| {},
+        |s| s.nodes = vec![node("n1"), node("n2")],
+    )
+    .await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let consumer = w.consumer("runner-a").await;
+    let whole_node = |id: &str, replicas: u32, script: &str, secs: i64| {
+        let mut j = with_allocation(job(id, script), secs);
+        j.product.as_mut().unwrap().cpu = 16;
+        j.replicas = replicas;
+        j
+    };
+    // Ends after 10,000 s of its 14,400.
+    let running = whole_node("mh6", 1, "sleep 10000", 4 * 3600);
+    let ns = w.namespace_of(&running);
+    w.publish_submit(&running).await;
+    w.until("the first job QUEUED", |s| s.event("mh6/QUEUED").is_some())
+        .await;
+    // Bound, then through its init container.
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("the first job RUNNING", |s| {
+        s.event("mh6/RUNNING").is_some()
+    })
+    .await;
+    let expiry = w.seen.event("mh6/RUNNING").unwrap().expires_at.unwrap();
+    let on = w
+        .pod(&ns, "j-mh6-job-0")
+        .and_then(|p| p.pointer("/spec/nodeName")?.as_str().map(str::to_owned))
+        .expect("bound to a node");
+    let other = if on == "n1" { "n2" } else { "n1" };
+    let window = schedule(&w, 3600, 7200, &[other]).await;
+    let gang = whole_node("mh7", 2, "sleep 60", 2 * 3600);
+    w.publish_submit(&gang).await;
+    w.until("the two-node job told it waits", |s| {
+        s.event(&held_id("mh7", &window, true)).is_some()
+    })
+    .await;
+    let first = w.seen.event(&held_id("mh7", &window, true)).unwrap();
+    assert_eq!(
+        first.pending.as_ref().unwrap().estimated_start_at,
+        Some(volcano_runner::messages::proto_timestamp(window.end)),
+        "first the window's end"
+    );
+    // (It has no pods yet: the scheduler admits its PodGroup only once there is room for it.)
+    w.advance(3);
+    let told_start = |s: &Seen| {
+        s.of("mh7")
+            .lifecycle
+            .iter()
+            .filter(|e| e.reason == "maintenance")
+            .filter_map(|e| e.pending.as_ref()?.estimated_start_at)
+            .find(|t| t.seconds > window.end.as_second())
+    };
+    w.until("told the replayed start", |s| told_start(s).is_some())
+        .await;
+    let told = told_start(&w.seen).unwrap();
+    assert_eq!(
+        told, expiry,
+        "after the window, when the running job's time limit frees its node"
+    );
+    // Let go at the window's end; it starts when the running job ends, by the start told.
+    w.advance_to_ms(window.end.as_millisecond() + 1000);
+    w.settle(Duration::from_millis(300)).await;
+    w.advance(2);
+    w.settle(Duration::from_millis(300)).await;
+    assert!(
+        w.seen.event("mh7/RUNNING").is_none(),
+        "the running job still holds its node"
+    );
+    w.advance_to_ms(ms(&w.seen.event("mh6/RUNNING").unwrap().started_at) + 10_001_000);
+    w.settle(Duration::from_millis(300)).await;
+    w.advance(2);
+    w.until("the two-node job RUNNING", |s| {
+        s.event("mh7/RUNNING").is_some()
+    })
+    .await;
+    let started = w.seen.event("mh7/RUNNING").unwrap().started_at.unwrap();
+    assert!(
+        started.seconds >= window.end.as_second() && started.seconds <= told.seconds,
+        "started {started:?}, told {told:?}, window until {}",
+        window.end
+    );
+    consumer.stop().await;
     runner.stop().await;
     w.close().await;
 }
