@@ -2587,16 +2587,24 @@ mod tests {
         assert!(job.metadata.deletion_timestamp.is_none());
     }
 
+    /// A job with a TTL whose cancel (with `reason`) was asked at `at`, as the runner's cancel writes it.
+    fn cancelled(s: &Settings, at: Timestamp, reason: Option<&str>) -> VolcanoJob {
+        let mut job = job_with_ttl(s);
+        let a = job.metadata.annotations.as_mut().unwrap();
+        a.insert(s.keys.termination_cause.clone(), "cancelled".into());
+        if let Some(reason) = reason {
+            a.insert(s.keys.termination_reason.clone(), reason.into());
+        }
+        a.insert(s.keys.termination_at.clone(), format_millis(at));
+        job
+    }
+
     #[test]
     fn a_cancelled_job_ends_when_volcano_has_terminated_it_or_after_the_grace() {
         let s = settings(|_| {});
         // Cancelled while pending: the cause and its time written, the command taken by Volcano.
-        let mut job = job_with_ttl(&s);
+        let mut job = cancelled(&s, ts(30), Some("user asked"));
         let mut world = World::default();
-        let a = job.metadata.annotations.as_mut().unwrap();
-        a.insert(s.keys.termination_cause.clone(), "cancelled".into());
-        a.insert(s.keys.termination_reason.clone(), "user asked".into());
-        a.insert(s.keys.termination_at.clone(), format_millis(ts(30)));
         drive(&s, &mut job, &[], ts(31), &mut world);
         assert!(lifecycle(&world).is_empty(), "Volcano has not taken it yet");
         assert_eq!(world.next_check, Some(ts(90)));
@@ -2611,11 +2619,8 @@ mod tests {
 
         // The canceller was killed before its command: after the grace the end is recorded and the
         // monitor sends the command itself, once.
-        let mut job = job_with_ttl(&s);
+        let mut job = cancelled(&s, ts(30), None);
         let mut world = World::default();
-        let a = job.metadata.annotations.as_mut().unwrap();
-        a.insert(s.keys.termination_cause.clone(), "cancelled".into());
-        a.insert(s.keys.termination_at.clone(), format_millis(ts(30)));
         drive(&s, &mut job, &[], ts(90), &mut world);
         assert_eq!(lifecycle(&world).pop().unwrap().event_id, "4817/CANCELLED");
         assert_eq!(world.commands, 1);
@@ -2633,15 +2638,11 @@ mod tests {
         // The API server keeps the Terminated transition to the second (30 s), the cancel was asked at
         // 30.5 s: the phase is the cancel's doing, not an end that came first.
         let s = settings(|_| {});
-        let mut job = job_with_ttl(&s);
-        let mut world = World::default();
         let asked = ts(30)
             .checked_add(SignedDuration::from_millis(500))
             .unwrap();
-        let a = job.metadata.annotations.as_mut().unwrap();
-        a.insert(s.keys.termination_cause.clone(), "cancelled".into());
-        a.insert(s.keys.termination_reason.clone(), "user asked".into());
-        a.insert(s.keys.termination_at.clone(), format_millis(asked));
+        let mut job = cancelled(&s, asked, Some("user asked"));
+        let mut world = World::default();
         set_phase(&mut job, JobPhase::Terminated, 30);
         drive(&s, &mut job, &[], ts(31), &mut world);
         let end = lifecycle(&world).pop().unwrap();
