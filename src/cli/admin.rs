@@ -343,7 +343,7 @@ async fn waiting_jobs(
         queues: &queues.items,
     };
     let keys = AnnotationKeys::new(&config.pipeline.annotation_prefix);
-    Ok(forecast(view, &keys, now))
+    Ok(forecast(view, &keys, now, config.monitor.reserve_nodes))
 }
 
 /// The waiting jobs as a table, the scheduler's message under each job it concerns.

@@ -323,6 +323,9 @@ pub struct WatchedNode {
 struct SlimNodeSpec {
     #[serde(default)]
     unschedulable: Option<bool>,
+    /// For the node reservations (`[monitor] reserve_nodes`).
+    #[serde(default)]
+    taints: Option<Vec<k8s_openapi::api::core::v1::Taint>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -332,8 +335,9 @@ struct SlimNodeStatus {
 }
 
 impl WatchedNode {
-    /// The node as the estimates take it; `None` when it is cordoned.
-    pub fn to_node(&self) -> Option<Node> {
+    /// The node as the estimates take it; `None` when it is cordoned. `reservation_key`: the taint
+    /// that reserves it for a job ([`super::reserve::taint_key`]).
+    pub fn to_node(&self, reservation_key: &str) -> Option<Node> {
         forecast::node(
             self.metadata.name.as_deref().unwrap_or_default(),
             self.spec
@@ -341,7 +345,21 @@ impl WatchedNode {
                 .and_then(|s| s.unschedulable)
                 .unwrap_or(false),
             self.status.as_ref().and_then(|s| s.allocatable.as_ref()),
+            super::reserve::reserved_for(&self.taints().taints, reservation_key),
         )
+    }
+
+    /// Its taints and version, for the node reservations.
+    pub fn taints(&self) -> super::reserve::NodeTaints {
+        super::reserve::NodeTaints {
+            name: self.metadata.name.clone().unwrap_or_default(),
+            resource_version: self.metadata.resource_version.clone(),
+            taints: self
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default(),
+        }
     }
 }
 
@@ -553,6 +571,18 @@ pub struct Cache {
     /// By peer: the jobs that name it as their peer. A change of the peer or of its pods is a change of
     /// theirs (they are decided again, see [`Cache::touch_dependents`]).
     dependents: FastMap<JobKey, FastSet<JobKey>>,
+    /// `[monitor] reserve_nodes` (see [`Cache::with_reserve_nodes`]).
+    reserve_nodes: bool,
+    /// What the last [`Cache::estimate_starts`] found for the node reservations.
+    reservations: Reservations,
+}
+
+/// For [`super::reserve::plan`], from the last replay: the job ids of the waiting gangs that reserve
+/// nodes, and the nodes (by name) each gang reserves now.
+#[derive(Debug, Clone, Default)]
+pub struct Reservations {
+    pub reserving: std::collections::HashSet<String>,
+    pub reserve_now: Vec<(String, Vec<String>)>,
 }
 
 /// A waiting PodGroup's place in its queue: earlier creation first, then namespace and name.
@@ -651,6 +681,18 @@ impl Cache {
             replicas_key: Some(replicas_key.into()),
             ..Self::default()
         }
+    }
+
+    /// Waiting whole-node gangs with a waiting time get whole nodes reserved (`[monitor] reserve_nodes`,
+    /// [`super::reserve`]): the replay models it, and [`Cache::reservations`] says what to reserve.
+    pub fn with_reserve_nodes(mut self, reserve_nodes: bool) -> Self {
+        self.reserve_nodes = reserve_nodes;
+        self
+    }
+
+    /// The node reservations the last [`Cache::estimate_starts`] found.
+    pub fn reservations(&self) -> &Reservations {
+        &self.reservations
     }
 
     /// Also indexes jobs by the peers their `peers_key` annotation names, for [`Snapshot::peers`].
@@ -1251,6 +1293,7 @@ impl Cache {
                 self.expectations_held += u64::from(now <= at);
             }
         }
+        self.reservations = Reservations::default();
         if !nodes.is_empty() && !self.waiting.filed.is_empty() {
             self.estimates = self.replay(nodes, keys, now);
         }
@@ -1280,7 +1323,7 @@ impl Cache {
     }
 
     fn replay(
-        &self,
+        &mut self,
         nodes: &[Node],
         keys: &AnnotationKeys,
         now: Timestamp,
@@ -1349,11 +1392,30 @@ impl Cache {
                 let job = job_of_group(pg).and_then(|k| self.jobs.get(&k).map(|e| &*e.value));
                 // The monitor does not watch Queues: every queue is taken as Volcano's default
                 // (`traverse`), which lets later jobs start in gaps.
-                Some(((*g).clone(), forecast::pending_gang(pg, job, keys, false)))
+                Some((
+                    (*g).clone(),
+                    forecast::pending_gang(pg, job, keys, false, self.reserve_nodes),
+                ))
             })
             .collect();
         let (groups, gangs): (Vec<GroupKey>, Vec<_>) = pending.into_iter().unzip();
-        let mut estimates = estimate::estimate(nodes, &running, &gangs, now);
+        let replay = estimate::replay(nodes, &running, &gangs, now);
+        if self.reserve_nodes {
+            self.reservations = Reservations {
+                reserving: gangs.iter().filter_map(|p| p.reserves.clone()).collect(),
+                reserve_now: replay
+                    .reserve_now
+                    .iter()
+                    .filter_map(|(g, on)| {
+                        Some((
+                            gangs[*g].reserves.clone()?,
+                            on.iter().map(|n| nodes[*n].name.clone()).collect(),
+                        ))
+                    })
+                    .collect(),
+            };
+        }
+        let mut estimates = replay.estimates;
         if self.expectations_kept > 0 {
             for e in &mut estimates {
                 if let Estimate::At {
@@ -1852,6 +1914,7 @@ mod tests {
                     memory_mib: 65_536,
                     gpu: 0,
                 },
+                reserved_for: None,
             })
             .collect();
         let estimate_of = |exclusive: bool| {
@@ -1915,6 +1978,7 @@ mod tests {
                 memory_mib: 65_536,
                 gpu: 0,
             },
+            reserved_for: None,
         }];
         let mut c = Cache::new();
         // j-run holds the node until +100 s; j-a waits for it, then j-b.
