@@ -373,6 +373,10 @@ pub fn replay(nodes: &[Node], running: &[Running], pending: &[Pending], now: Tim
         blocked.clear();
         failed.clear();
         let mut any_reserved = reserved.iter().any(Option::is_some);
+        // A gang past its waiting time ahead of this one in the session still waits: a whole-node gang
+        // reserves nodes only when none does, so that its reservation never takes what the `sla` order
+        // gives a gang ahead of it (whose bound was told before the reservation was made).
+        let mut overdue_ahead = false;
         let mut roomiest = roomiest(&free);
         let mut placed_now = false;
         let mut locked_total = Resources::default();
@@ -391,6 +395,7 @@ pub fn replay(nodes: &[Node], running: &[Running], pending: &[Pending], now: Tim
                 continue;
             }
             if job.fifo && blocked.contains(&job.queue.as_str()) {
+                overdue_ahead |= overdue == 0;
                 continue;
             }
             // Admission: what it asks for must fit in the idle resources times the over-commit factor,
@@ -455,7 +460,7 @@ pub fn replay(nodes: &[Node], running: &[Running], pending: &[Pending], now: Tim
                 if overdue != 0 {
                     misses += 1;
                 }
-                if overdue == 0 && job.reserves.is_some() {
+                if overdue == 0 && job.reserves.is_some() && !overdue_ahead {
                     let have = reserved.iter().filter(|g| **g == Some(i)).count();
                     let want = (job.replicas as usize).saturating_sub(have);
                     if want > 0 {
@@ -473,6 +478,7 @@ pub fn replay(nodes: &[Node], running: &[Running], pending: &[Pending], now: Tim
                     }
                 }
                 if overdue == 0 {
+                    overdue_ahead = true;
                     let access = Access {
                         reserved: &reserved,
                         me: i,
@@ -1169,6 +1175,14 @@ mod tests {
             matches!(r.estimates[0], Estimate::At { start, bound: true, .. } if start == t(200)),
             "{r:?}"
         );
+        // A gang past its waiting time ahead of it that cannot start yet goes first: nothing is
+        // reserved before it has started.
+        let mut ahead = pending("ahead", 3, res(16, 0), 10);
+        ahead.reserved_from = Some(t(-20));
+        let mut behind = vec![ahead];
+        behind.extend(jobs.iter().cloned());
+        let r = replay(&nodes(3, 16, 0), &running, &behind, t(0));
+        assert!(r.reserve_now.is_empty(), "{r:?}");
         // A node reserved for a job that no longer waits is free to all.
         let mut stale = nodes(3, 16, 0);
         stale[2].reserved_for = Some("gone".into());

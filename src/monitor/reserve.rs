@@ -10,9 +10,11 @@
 //! `predicates` plugin runs the upstream `TaintToleration` filter, so a pod that does not tolerate a
 //! `NoSchedule` taint is not placed on the node, and `NoSchedule` never evicts what already runs there.
 //!
-//! How: once a whole-node gang with a waiting time is past it and does not fit, the replay
-//! ([`super::estimate::replay`]) gives it the nodes that become untouched first (as many as its ranks,
-//! reserved for no other gang, whose holders all have a time limit), and the monitor taints each with
+//! How: once a whole-node gang with a waiting time is past it, does not fit, and no gang past its
+//! waiting time ahead of it in the `sla` order still waits (a reservation must not take what that order
+//! gives a gang ahead, whose bound was told before), the replay ([`super::estimate::replay`]) gives
+//! it the nodes that become untouched first (as many as its ranks, reserved for no other gang, whose
+//! holders all have a time limit), and the monitor taints each with
 //! `<prefix>reserved=<jobId>:NoSchedule`. Every whole-node rank is rendered with a toleration for its
 //! own job id only (the pipeline's Task plugin): another whole-node gang cannot take a node reserved
 //! for this one, and the id is known when the job is rendered, so no pod is changed afterwards. The

@@ -5,8 +5,10 @@
 //! limit and two that can never fit. The clock runs second by second (simulated time); every waiting job
 //! is estimated every 10 s, and what the monitor's rule would tell it (`worth_telling`) is counted.
 //!
-//! Run twice: as the jobs come without a waiting time, and with Volcano's `sla-waiting-time` on every
-//! job (the `sla` plugin then reserves for a job that has waited that long). The figures are printed
+//! Run three times: as the jobs come without a waiting time; with Volcano's `sla-waiting-time` on every
+//! job (the `sla` plugin then reserves for a job that has waited that long); and with it and
+//! `[monitor] reserve_nodes` (whole nodes reserved by a taint for a whole-node gang past its waiting
+//! time, decided and written every 10 s as a monitor pass does). The figures are printed
 //! (docs/estimates.md quotes them).
 
 use std::collections::BTreeMap;
