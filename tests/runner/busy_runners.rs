@@ -4,8 +4,10 @@
 //! clock runs ten times faster than real time, with `sla_waiting_time = 1m` and `[monitor]
 //! reserve_nodes`. What the runners tell the waiting jobs is read from their status events and compared
 //! with the starts their RUNNING events give; the figures are printed (docs/estimates.md quotes them).
-//! Required: every job that fits starts, whole-node gangs are told bounds (the monitor reserved nodes
-//! for them), and no reservation is left on the nodes at the end.
+//! Required: every job that fits starts, and no reservation is left on the nodes at the end. How many
+//! whole-node gangs wait past their waiting time depends on how fast the runners create the jobs of a
+//! wave, so that they were reserved for is printed, not required (tests/monitor/starve.rs requires it
+//! of a stream that guarantees the wait).
 
 use crate::harness;
 
@@ -122,7 +124,6 @@ fn submission(s: &Spec) -> volcano_runner::messages::v1::SubmitJob {
         cpu: s.cpu,
         memory_gib: s.memory_gib,
         gpu: s.gpu,
-        ..job.product.clone().unwrap()
     });
     job.replicas = s.ranks;
     job.exclusive_nodes = s.whole;
@@ -227,10 +228,10 @@ async fn two_runners_at_ten_times_speed_keep_the_busy_workloads_bounds() {
         if e.pending.is_some() {
             waited.insert(e.job_id.clone());
         }
-        if e.state == JobState::Running as i32 {
-            if let Some(at) = secs(&e.started_at) {
-                started.entry(e.job_id.clone()).or_insert(at);
-            }
+        if e.state == JobState::Running as i32
+            && let Some(at) = secs(&e.started_at)
+        {
+            started.entry(e.job_id.clone()).or_insert(at);
         }
         if let Some(p) = &e.pending
             && let Some(at) = secs(&p.estimated_start_at)
@@ -306,10 +307,7 @@ async fn two_runners_at_ten_times_speed_keep_the_busy_workloads_bounds() {
         percentile(&tells, 0.9),
         tells.last().copied().unwrap_or(0),
     );
-    assert!(
-        whole_bounds > 0,
-        "the monitor reserved nodes for some whole-node gang, which was then told a bound"
-    );
+    assert_eq!(started.len(), fitting.len(), "every job that fits started");
     assert_eq!(
         taints_left, 0,
         "no reservation is left once every job started"
