@@ -811,7 +811,10 @@ impl Loop {
     /// from the watched taints and jobs only, after the first lists: a round's writes run in the
     /// background, and the next round waits for them.
     fn reserve_nodes(&mut self) {
+        // Not before the first pass has the full lists: a taint whose job the cache has not listed yet
+        // would be taken for one whose job is gone.
         if !self.exec.settings.config.monitor.reserve_nodes
+            || self.passes == 0
             || self.node_taints.is_empty()
             || self.reserving.as_ref().is_some_and(|h| !h.is_finished())
         {
@@ -826,7 +829,13 @@ impl Loop {
                 &self.reservation_key,
                 &reservations.reserving,
                 &reservations.reserve_now,
-                |id| held.owns(id),
+                // Nor the jobs of shards just gained, whose lists are still coming in.
+                |id| {
+                    held.owns(id)
+                        && !self
+                            .listing_shards
+                            .contains(&crate::cluster::lease::shard_of(id, held.shards()))
+                },
             )
         };
         if changes.is_empty() {
