@@ -227,7 +227,7 @@ async fn run(seed: u64, sla: Option<&str>, reserve: bool) -> Outcome {
     // Per job: its first bound, what it was last told, every bound told, and how many events.
     let mut first: BTreeMap<String, (i64, bool)> = BTreeMap::new();
     let mut first_bound: BTreeMap<String, i64> = BTreeMap::new();
-    let mut last_told: BTreeMap<String, i64> = BTreeMap::new();
+    let mut last_told: BTreeMap<String, (i64, bool)> = BTreeMap::new();
     let mut told: Vec<(String, i64, bool)> = Vec::new();
     let mut tells: BTreeMap<String, i64> = BTreeMap::new();
     let mut never: BTreeMap<String, bool> = BTreeMap::new();
@@ -300,16 +300,18 @@ async fn run(seed: u64, sla: Option<&str>, reserve: bool) -> Outcome {
                     // bound is what it must start by.
                     first_bound.entry(name.clone()).or_insert(at_s);
                 }
-                let tell = last_told.get(&name).is_none_or(|before| {
-                    worth_telling(
-                        t0 + SignedDuration::from_secs(*before),
-                        at,
-                        now,
-                        SignedDuration::from_secs(60),
-                    )
+                // As the monitor tells: a move worth telling, or an expectation become a bound (or back).
+                let tell = last_told.get(&name).is_none_or(|(before, was_bound)| {
+                    *was_bound != bound
+                        || worth_telling(
+                            t0 + SignedDuration::from_secs(*before),
+                            at,
+                            now,
+                            SignedDuration::from_secs(60),
+                        )
                 });
                 if tell {
-                    last_told.insert(name.clone(), at_s);
+                    last_told.insert(name.clone(), (at_s, bound));
                     *tells.entry(name.clone()).or_default() += 1;
                     told.push((name, at_s, bound));
                 }
