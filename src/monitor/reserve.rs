@@ -40,11 +40,11 @@ use crate::cluster::error::{ClusterError, KubeResultExt};
 use crate::durable::AnnotationKeys;
 
 /// The taint's effect: nothing new is placed, nothing running is evicted.
-pub const EFFECT: &str = "NoSchedule";
+pub const EFFECT: &str = crate::durable::annotations::RESERVATION_EFFECT;
 
 /// The taint key: `<prefix>reserved` (`ucloud.dk/reserved` by default).
 pub fn taint_key(keys: &AnnotationKeys) -> String {
-    format!("{}reserved", keys.prefix)
+    keys.reservation_taint()
 }
 
 /// The job a node is reserved for: the value of its `key` taint with effect `NoSchedule`.

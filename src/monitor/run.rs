@@ -420,7 +420,13 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
         }
     }
     // Each step is safe to interrupt; give the jobs in hand a moment to finish theirs.
-    let drain = async { while workers.next().await.is_some() {} };
+    let reserving = state.reserving.take();
+    let drain = async {
+        while workers.next().await.is_some() {}
+        if let Some(task) = reserving {
+            let _ = task.await;
+        }
+    };
     let _ = tokio::time::timeout(Duration::from_secs(5), drain).await;
 }
 
@@ -842,11 +848,13 @@ impl Loop {
             return;
         }
         let client = self.exec.client.clone();
-        self.reserving = Some(tokio::spawn(async move {
+        // Joined at shutdown with the jobs in hand.
+        let task = tokio::spawn(async move {
             if let Err(e) = super::reserve::apply(&client, &changes).await {
                 tracing::warn!(error = %e, "Node reservations not written; tried again on the next pass.");
             }
-        }));
+        });
+        self.reserving = Some(task);
     }
 
     /// When the estimates are due again, in the clock's time and in real time (`None`: nothing changed

@@ -233,10 +233,10 @@ pub fn exclusive_affinity() -> Affinity {
 /// (`<prefix>reserved=<jobId>:NoSchedule`, see `monitor::reserve`), and no other job's.
 pub fn reservation_toleration(keys: &AnnotationKeys, job_id: &str) -> Toleration {
     Toleration {
-        key: Some(crate::monitor::reserve::taint_key(keys)),
+        key: Some(keys.reservation_taint()),
         operator: Some("Equal".to_owned()),
         value: Some(job_id.to_owned()),
-        effect: Some(crate::monitor::reserve::EFFECT.to_owned()),
+        effect: Some(crate::durable::annotations::RESERVATION_EFFECT.to_owned()),
         toleration_seconds: None,
     }
 }
