@@ -508,8 +508,10 @@ pub fn replay(nodes: &[Node], running: &[Running], pending: &[Pending], now: Tim
             admitted.memory_mib = admitted.memory_mib.saturating_sub(minimum.memory_mib);
             admitted.gpu = admitted.gpu.saturating_sub(minimum.gpu);
             let bound = bound_of[i];
-            for r in reserved.iter_mut().filter(|g| **g == Some(i)) {
-                *r = None;
+            if job.reserves.is_some() {
+                for r in reserved.iter_mut().filter(|g| **g == Some(i)) {
+                    *r = None;
+                }
             }
             let until = job
                 .runs_for
