@@ -120,6 +120,7 @@ fn estimates(c: &mut Criterion) {
         .map(|i| Node {
             name: format!("node-{i}"),
             allocatable: if i % 10 == 0 { res(64, 4) } else { res(64, 0) },
+            reserved_for: None,
         })
         .collect();
     // Every node full: four running jobs of 16 CPUs each, ending at spread instants over a day.
@@ -140,6 +141,7 @@ fn estimates(c: &mut Criterion) {
             fifo: false,
             reserved_from: None,
             inqueue: true,
+            reserves: None,
         })
         .collect();
     let mut group = c.benchmark_group("estimate");

@@ -348,7 +348,13 @@ async fn waiting_jobs(
         .await
         .map_err(cluster_error)?;
     let keys = AnnotationKeys::new(&config.pipeline.annotation_prefix);
-    Ok(forecast_with(view, &windows, &keys, now))
+    Ok(forecast_with(
+        view,
+        &windows,
+        &keys,
+        now,
+        config.monitor.reserve_nodes,
+    ))
 }
 
 /// The waiting jobs as a table, the scheduler's message under each job it concerns.

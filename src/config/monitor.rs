@@ -83,6 +83,12 @@ pub struct MonitorConfig {
     /// 0: no warning, only the end at the window's start.
     #[serde(with = "duration::required")]
     pub maintenance_warn_before: Duration,
+    /// Whether the monitor reserves whole nodes for a whole-node gang past its `sla-waiting-time`, by
+    /// tainting the nodes the start-time replay gives it (`<prefix>reserved=<jobId>:NoSchedule`; its
+    /// pods tolerate their own job id), so that a stream of small jobs cannot pass it for ever and its
+    /// estimate is a bound (docs/estimates.md). Needs `patch` on nodes, cluster-wide. Off by default:
+    /// it writes to nodes, which the operator must allow.
+    pub reserve_nodes: bool,
 }
 
 impl Default for MonitorConfig {
@@ -102,6 +108,7 @@ impl Default for MonitorConfig {
             retry_max_delay: Duration::from_secs(60),
             encoding: Encoding::Json,
             maintenance_warn_before: Duration::from_secs(3600),
+            reserve_nodes: false,
         }
     }
 }

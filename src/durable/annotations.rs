@@ -252,6 +252,19 @@ pub fn parse_millis(value: &str) -> Option<jiff::Timestamp> {
     jiff::Timestamp::from_millisecond(value.trim().parse().ok()?).ok()
 }
 
+/// The effect of the node taint by which the monitor reserves a node for a whole-node gang
+/// (`[monitor] reserve_nodes`): nothing new is placed there, nothing running is evicted.
+pub const RESERVATION_EFFECT: &str = "NoSchedule";
+
+impl AnnotationKeys {
+    /// The key of that taint, `<prefix>reserved` (its value: the job id it is reserved for). Here, beside
+    /// the annotation keys, because the pipeline renders the ranks' toleration of it and the monitor
+    /// writes it.
+    pub fn reservation_taint(&self) -> String {
+        format!("{}reserved", self.prefix)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

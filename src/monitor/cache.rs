@@ -327,6 +327,9 @@ pub struct WatchedNode {
 struct SlimNodeSpec {
     #[serde(default)]
     unschedulable: Option<bool>,
+    /// For the node reservations (`[monitor] reserve_nodes`).
+    #[serde(default)]
+    taints: Option<Vec<k8s_openapi::api::core::v1::Taint>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -336,8 +339,9 @@ struct SlimNodeStatus {
 }
 
 impl WatchedNode {
-    /// The node as the estimates take it; `None` when it is cordoned.
-    pub fn to_node(&self) -> Option<Node> {
+    /// The node as the estimates take it; `None` when it is cordoned. `reservation_key`: the taint
+    /// that reserves it for a job ([`super::reserve::taint_key`]).
+    pub fn to_node(&self, reservation_key: &str) -> Option<Node> {
         forecast::node(
             self.metadata.name.as_deref().unwrap_or_default(),
             self.spec
@@ -345,7 +349,21 @@ impl WatchedNode {
                 .and_then(|s| s.unschedulable)
                 .unwrap_or(false),
             self.status.as_ref().and_then(|s| s.allocatable.as_ref()),
+            super::reserve::reserved_for(&self.taints().taints, reservation_key),
         )
+    }
+
+    /// Its taints and version, for the node reservations.
+    pub fn taints(&self) -> super::reserve::NodeTaints {
+        super::reserve::NodeTaints {
+            name: self.metadata.name.clone().unwrap_or_default(),
+            resource_version: self.metadata.resource_version.clone(),
+            taints: self
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default(),
+        }
     }
 }
 
@@ -559,6 +577,18 @@ pub struct Cache {
     dependents: FastMap<JobKey, FastSet<JobKey>>,
     /// The maintenance windows the replay takes into account (see [`Cache::set_maintenance_windows`]).
     maintenance_windows: Option<crate::cluster::Windows>,
+    /// `[monitor] reserve_nodes` (see [`Cache::with_reserve_nodes`]).
+    reserve_nodes: bool,
+    /// What the last [`Cache::estimate_starts`] found for the node reservations.
+    reservations: Reservations,
+}
+
+/// For [`super::reserve::plan`], from the last replay: the job ids of the waiting gangs that reserve
+/// nodes, and the nodes (by name) each gang reserves now.
+#[derive(Debug, Clone, Default)]
+pub struct Reservations {
+    pub reserving: std::collections::HashSet<String>,
+    pub reserve_now: Vec<(String, Vec<String>)>,
 }
 
 /// A waiting PodGroup's place in its queue: earlier creation first, then namespace and name.
@@ -657,6 +687,18 @@ impl Cache {
             replicas_key: Some(replicas_key.into()),
             ..Self::default()
         }
+    }
+
+    /// Waiting whole-node gangs with a waiting time get whole nodes reserved (`[monitor] reserve_nodes`,
+    /// [`super::reserve`]): the replay models it, and [`Cache::reservations`] says what to reserve.
+    pub fn with_reserve_nodes(mut self, reserve_nodes: bool) -> Self {
+        self.reserve_nodes = reserve_nodes;
+        self
+    }
+
+    /// The node reservations the last [`Cache::estimate_starts`] found.
+    pub fn reservations(&self) -> &Reservations {
+        &self.reservations
     }
 
     /// Also indexes jobs by the peers their `peers_key` annotation names, for [`Snapshot::peers`].
@@ -1263,6 +1305,7 @@ impl Cache {
                 self.expectations_held += u64::from(now <= at);
             }
         }
+        self.reservations = Reservations::default();
         if !nodes.is_empty() && !self.waiting.filed.is_empty() {
             self.estimates = self.replay(nodes, keys, now);
         }
@@ -1292,7 +1335,7 @@ impl Cache {
     }
 
     fn replay(
-        &self,
+        &mut self,
         nodes: &[Node],
         keys: &AnnotationKeys,
         now: Timestamp,
@@ -1361,7 +1404,10 @@ impl Cache {
                 let job = job_of_group(pg).and_then(|k| self.jobs.get(&k).map(|e| &*e.value));
                 // The monitor does not watch Queues: every queue is taken as Volcano's default
                 // (`traverse`), which lets later jobs start in gaps.
-                Some(((*g).clone(), forecast::pending_gang(pg, job, keys, false)))
+                Some((
+                    (*g).clone(),
+                    forecast::pending_gang(pg, job, keys, false, self.reserve_nodes),
+                ))
             })
             .collect();
         let (groups, gangs): (Vec<GroupKey>, Vec<_>) = pending.into_iter().unzip();
@@ -1401,7 +1447,23 @@ impl Cache {
             // Every running job here is the runner's.
             spared: Vec::new(),
         };
-        let mut estimates = estimate::estimate_with(nodes, &running, &gangs, &maintenance, now);
+        let replay = estimate::replay_with(nodes, &running, &gangs, &maintenance, now);
+        if self.reserve_nodes {
+            self.reservations = Reservations {
+                reserving: gangs.iter().filter_map(|p| p.reserves.clone()).collect(),
+                reserve_now: replay
+                    .reserve_now
+                    .iter()
+                    .filter_map(|(g, on)| {
+                        Some((
+                            gangs[*g].reserves.clone()?,
+                            on.iter().map(|n| nodes[*n].name.clone()).collect(),
+                        ))
+                    })
+                    .collect(),
+            };
+        }
+        let mut estimates = replay.estimates;
         if self.expectations_kept > 0 {
             for e in &mut estimates {
                 if let Estimate::At {
@@ -1905,6 +1967,7 @@ mod tests {
                     memory_mib: 65_536,
                     gpu: 0,
                 },
+                reserved_for: None,
             })
             .collect();
         let estimate_of = |exclusive: bool| {
@@ -1968,6 +2031,7 @@ mod tests {
                 memory_mib: 65_536,
                 gpu: 0,
             },
+            reserved_for: None,
         }];
         let mut c = Cache::new();
         // j-run holds the node until +100 s; j-a waits for it, then j-b.

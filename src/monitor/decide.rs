@@ -1270,9 +1270,13 @@ fn annotation<'a>(job: &'a VolcanoJob, key: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
-/// An estimate as persisted with the status it was told in: `at:<epoch ms>`, `never`, `unbounded`.
+/// An estimate as persisted with the status it was told in: `at:<epoch ms>` (an expectation),
+/// `by:<epoch ms>` (a bound), `never`, `unbounded`.
 fn estimate_token(e: &Estimate) -> String {
     match e {
+        Estimate::At {
+            start, bound: true, ..
+        } => format!("by:{}", start.as_millisecond()),
         Estimate::At { start, .. } => format!("at:{}", start.as_millisecond()),
         Estimate::Never { .. } => "never".to_owned(),
         Estimate::Unbounded { .. } => "unbounded".to_owned(),
@@ -1281,15 +1285,18 @@ fn estimate_token(e: &Estimate) -> String {
 
 /// Whether the estimate changed enough to tell ([`crate::monitor::estimate::worth_telling`]: later,
 /// or earlier by more than a tolerance that grows with the distance, at least `tolerance`), or is a
-/// different kind of answer.
+/// different kind of answer: an expectation that became a bound (a whole-node gang whose nodes were
+/// just reserved) is told even at the same time, since the job may now count on it.
 fn estimate_moved(told: &str, fresh: &str, now: Timestamp, tolerance: SignedDuration) -> bool {
     let at = |t: &str| {
-        t.strip_prefix("at:")
-            .and_then(|ms| ms.parse::<i64>().ok())
-            .and_then(|ms| Timestamp::from_millisecond(ms).ok())
+        let (kind, ms) = t.split_once(':')?;
+        let at = Timestamp::from_millisecond(ms.parse::<i64>().ok()?).ok()?;
+        matches!(kind, "at" | "by").then_some((kind == "by", at))
     };
     match (at(told), at(fresh)) {
-        (Some(a), Some(b)) => crate::monitor::estimate::worth_telling(a, b, now, tolerance),
+        (Some((was_bound, a)), Some((bound, b))) => {
+            was_bound != bound || crate::monitor::estimate::worth_telling(a, b, now, tolerance)
+        }
         _ => told != fresh,
     }
 }
@@ -1808,6 +1815,42 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     const START: i64 = 1_800_000_000;
+
+    #[test]
+    fn an_expectation_that_becomes_a_bound_is_told_even_at_the_same_time() {
+        let now = Timestamp::from_second(1_800_000_000).unwrap();
+        let tolerance = SignedDuration::from_secs(60);
+        let at = |kind: &str, s: i64| format!("{kind}:{}", (1_800_000_000 + s) * 1000);
+        assert!(estimate_moved(
+            &at("at", 600),
+            &at("by", 600),
+            now,
+            tolerance
+        ));
+        assert!(estimate_moved(
+            &at("by", 600),
+            &at("at", 600),
+            now,
+            tolerance
+        ));
+        assert!(!estimate_moved(
+            &at("by", 600),
+            &at("by", 600),
+            now,
+            tolerance
+        ));
+        assert!(!estimate_moved(
+            &at("at", 600),
+            &at("at", 605),
+            now,
+            tolerance
+        ));
+        assert!(
+            estimate_moved(&at("by", 600), &at("by", 700), now, tolerance),
+            "later"
+        );
+        assert!(estimate_moved(&at("at", 600), "never", now, tolerance));
+    }
 
     fn ts(s: i64) -> Timestamp {
         Timestamp::from_second(START + s).unwrap()

@@ -100,6 +100,10 @@ impl Resources {
 pub struct Node {
     pub name: String,
     pub allocatable: Resources,
+    /// The job whose whole-node gang this node is reserved for (the value of its `<prefix>reserved`
+    /// taint, see `monitor::reserve`): only that gang's pods tolerate the taint, so nothing else is
+    /// placed here while it waits. `None`: not reserved.
+    pub reserved_for: Option<String>,
 }
 
 /// A running job: its ranks on their nodes (indices into the node list) and its deadline.
@@ -131,6 +135,11 @@ pub struct Pending {
     /// Its PodGroup is `Inqueue`: admitted, its `minResources` already counted against what later
     /// gangs may be admitted.
     pub inqueue: bool,
+    /// The job id whose `<prefix>reserved` taint its pods tolerate, when the monitor reserves whole
+    /// nodes for it (`[monitor] reserve_nodes`, a whole-node gang with a `sla-waiting-time`): past its
+    /// waiting time it is given the nodes that become untouched first, and nothing else is placed on
+    /// them until it starts. `None`: nodes are not reserved for it.
+    pub reserves: Option<String>,
 }
 
 impl Pending {
@@ -142,9 +151,32 @@ impl Pending {
     /// Whether the scheduler keeps the replay's order for it, so that its estimate is an upper bound:
     /// past its `sla-waiting-time` nothing placed after it takes what it can use (a `fifo` queue is not
     /// enough: the other queues still pass it). A whole-node gang is the exception: what it waits for
-    /// are untouched nodes, and no Volcano mechanism keeps small jobs off a node that is about to empty.
-    pub fn bound(&self) -> bool {
-        self.reserved_from.is_some() && !self.exclusive
+    /// are untouched nodes, and no Volcano mechanism keeps small jobs off a node that is about to empty;
+    /// it gets a bound only once `reserved_nodes` (of `nodes`, tainted for it) are as many as its ranks:
+    /// then nothing else lands on them, and they empty by the deadlines of what runs there.
+    pub fn bound(&self, reserved_nodes: usize) -> bool {
+        self.reserved_from.is_some()
+            && (!self.exclusive
+                || (self.reserves.is_some() && reserved_nodes >= self.replicas as usize))
+    }
+}
+
+/// Which nodes a gang may use in the replay: those reserved for nobody waiting, and those reserved for
+/// it; a gang that holds reserved nodes is placed only on them (it starts there by the time they empty,
+/// whatever else frees, which is what makes its estimate a bound).
+#[derive(Clone, Copy)]
+struct Access<'a> {
+    reserved: &'a [Option<usize>],
+    me: usize,
+    own_only: bool,
+}
+
+impl Access<'_> {
+    fn may(&self, node: usize) -> bool {
+        match self.reserved.get(node).copied().flatten() {
+            Some(g) => g == self.me,
+            None => !self.own_only,
+        }
     }
 }
 
@@ -190,6 +222,16 @@ struct End {
     holding: usize,
 }
 
+/// What a replay gives: an estimate per pending gang, and the nodes to reserve now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replay {
+    pub estimates: Vec<Estimate>,
+    /// Gangs (indices into `pending`) that reserve nodes (indices into `nodes`) in the session at `now`:
+    /// past their waiting time, with [`Pending::reserves`], holding fewer reserved nodes than ranks, and
+    /// not fitting now. The monitor taints these nodes for them (`monitor::reserve`).
+    pub reserve_now: Vec<(usize, Vec<usize>)>,
+}
+
 /// Estimates a start for every job of `pending` (every queue's waiting gangs, in the order the scheduler
 /// lists them: created first). See the module documentation.
 pub fn estimate(
@@ -198,7 +240,7 @@ pub fn estimate(
     pending: &[Pending],
     now: Timestamp,
 ) -> Vec<Estimate> {
-    estimate_with(nodes, running, pending, &Maintenance::default(), now)
+    replay(nodes, running, pending, now).estimates
 }
 
 /// [`estimate`] with the maintenance windows: running and started jobs end at the start of a window
@@ -211,6 +253,22 @@ pub fn estimate_with(
     maintenance: &Maintenance,
     now: Timestamp,
 ) -> Vec<Estimate> {
+    replay_with(nodes, running, pending, maintenance, now).estimates
+}
+
+/// [`estimate`], with the nodes to reserve now.
+pub fn replay(nodes: &[Node], running: &[Running], pending: &[Pending], now: Timestamp) -> Replay {
+    replay_with(nodes, running, pending, &Maintenance::default(), now)
+}
+
+/// [`replay`] with the maintenance windows (see [`estimate_with`]).
+pub fn replay_with(
+    nodes: &[Node],
+    running: &[Running],
+    pending: &[Pending],
+    maintenance: &Maintenance,
+    now: Timestamp,
+) -> Replay {
     let mut free: Vec<Resources> = nodes.iter().map(|n| n.allocatable).collect();
     let types = node_types(nodes);
     let largest = largest_node(&types);
@@ -220,8 +278,16 @@ pub fn estimate_with(
     let mut ends: BinaryHeap<Reverse<End>> = BinaryHeap::new();
     // Jobs that hold resources without an end.
     let mut forever = 0usize;
+    // When each node is untouched at the latest (the last end of what holds it; `MAX`: never), for the
+    // choice of nodes to reserve.
+    let mut busy_until: Vec<Timestamp> = vec![Timestamp::MIN; nodes.len()];
     for (r, job) in running.iter().enumerate() {
+        // A window that cuts it ends it at the window's start at the latest.
+        let end = maintenance.end_of_running(r, nodes, &job.ranks, now, job.ends_by);
         for (node, r) in &job.ranks {
+            if let Some(b) = busy_until.get_mut(*node) {
+                *b = (*b).max(end.unwrap_or(Timestamp::MAX));
+            }
             if let Some(f) = free.get_mut(*node) {
                 // A node overcommitted by what the cluster reports counts as full, not negative.
                 f.cpu_milli = f.cpu_milli.saturating_sub(r.cpu_milli);
@@ -229,8 +295,7 @@ pub fn estimate_with(
                 f.gpu = f.gpu.saturating_sub(r.gpu);
             }
         }
-        // A window that cuts it ends it at the window's start at the latest.
-        match maintenance.end_of_running(r, nodes, &job.ranks, now, job.ends_by) {
+        match end {
             Some(at) => {
                 let holding = holdings.len();
                 holdings.push(job.ranks.clone());
@@ -292,6 +357,30 @@ pub fn estimate_with(
     let mut held_by: Vec<Option<&Window>> = vec![None; pending.len()];
     // Gangs not admitted yet: while there are some, a session past its depth still admits.
     let mut to_admit = inqueue.iter().filter(|admitted| !**admitted).count();
+    // Reserved nodes: for which waiting gang (index into `pending`). A node reserved for a job that no
+    // longer waits is free (the monitor removes its taint at its next pass).
+    let mut reserved: Vec<Option<usize>> = nodes
+        .iter()
+        .map(|n| {
+            let id = n.reserved_for.as_deref()?;
+            pending
+                .iter()
+                .position(|p| p.reserves.as_deref() == Some(id))
+        })
+        .collect();
+    let held_at_start = |i: usize| reserved.iter().filter(|g| **g == Some(i)).count();
+    let bound_of: Vec<bool> = pending
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            p.bound(if p.reserves.is_some() {
+                held_at_start(i)
+            } else {
+                0
+            })
+        })
+        .collect();
+    let mut reserve_now: Vec<(usize, Vec<usize>)> = Vec::new();
     loop {
         // One scheduling session at `cursor`, as the scheduler's `allocate` action runs it: gangs past
         // their waiting time first (the earlier deadline first), then the others in list order; each gang
@@ -316,6 +405,11 @@ pub fn estimate_with(
         }
         blocked.clear();
         failed.clear();
+        let mut any_reserved = reserved.iter().any(Option::is_some);
+        // A gang past its waiting time ahead of this one in the session still waits: a whole-node gang
+        // reserves nodes only when none does, so that its reservation never takes what the `sla` order
+        // gives a gang ahead of it (whose bound was told before the reservation was made).
+        let mut overdue_ahead = false;
         let mut roomiest = roomiest(&free);
         let mut placed_now = false;
         let mut locked_total = Resources::default();
@@ -334,6 +428,7 @@ pub fn estimate_with(
                 continue;
             }
             if job.fifo && blocked.contains(&job.queue.as_str()) {
+                overdue_ahead |= overdue == 0;
                 continue;
             }
             // Admission: what it asks for must fit in the idle resources times the over-commit factor,
@@ -378,23 +473,57 @@ pub fn estimate_with(
                 job.replicas,
                 job.exclusive,
             );
+            let holds = job.reserves.is_some() && reserved.contains(&Some(i));
+            let access = Access {
+                reserved: &reserved,
+                me: i,
+                own_only: holds,
+            };
+            // A gang with nodes of its own (or any gang while some are reserved) is no shape like
+            // another's: its nodes differ.
+            let shared = !holds && !any_reserved;
             let placement = if job.per_rank.fits_in(&roomiest)
                 && job.per_rank.times(job.replicas).fits_in(&total)
-                && (job.replicas == 1 || (!failed.contains(&shape) && gang_fits(job, &free, nodes)))
+                && (job.replicas == 1
+                    || (!(shared && failed.contains(&shape))
+                        && gang_fits(job, &free, nodes, access)))
             {
-                place(job, &mut free, nodes)
+                place(job, &mut free, nodes, access)
             } else {
                 None
             };
-            if placement.is_none() && job.replicas > 1 {
+            if placement.is_none() && job.replicas > 1 && shared {
                 failed.insert(shape);
             }
             let Some(placement) = placement else {
                 if overdue != 0 {
                     misses += 1;
                 }
+                if overdue == 0 && job.reserves.is_some() && !overdue_ahead {
+                    let have = reserved.iter().filter(|g| **g == Some(i)).count();
+                    let want = (job.replicas as usize).saturating_sub(have);
+                    if want > 0 {
+                        let chosen =
+                            choose_nodes(job, want, &free, nodes, &reserved, &busy_until, cursor);
+                        if !chosen.is_empty() {
+                            for n in &chosen {
+                                reserved[*n] = Some(i);
+                            }
+                            any_reserved = true;
+                            if cursor == now {
+                                reserve_now.push((i, chosen));
+                            }
+                        }
+                    }
+                }
                 if overdue == 0 {
-                    for (node, held) in place_some(job, &mut free, nodes) {
+                    overdue_ahead = true;
+                    let access = Access {
+                        reserved: &reserved,
+                        me: i,
+                        own_only: job.reserves.is_some() && reserved.contains(&Some(i)),
+                    };
+                    for (node, held) in place_some(job, &mut free, nodes, access) {
                         held.take_from(&mut total);
                         held.give_back(&mut locked_total);
                         locked.push((node, held));
@@ -417,13 +546,26 @@ pub fn estimate_with(
             admitted.cpu_milli = admitted.cpu_milli.saturating_sub(minimum.cpu_milli);
             admitted.memory_mib = admitted.memory_mib.saturating_sub(minimum.memory_mib);
             admitted.gpu = admitted.gpu.saturating_sub(minimum.gpu);
-            let bound = job.bound();
+            let bound = bound_of[i];
             let mut basis = basis(cursor, now, released_running, running.len(), started, bound);
             if let Some(w) = held_by[i] {
                 basis.push_str(&format!(
                     "; held back by the maintenance window {} until {}",
                     w.id, w.end
                 ));
+            }
+            if job.reserves.is_some() {
+                for r in reserved.iter_mut().filter(|g| **g == Some(i)) {
+                    *r = None;
+                }
+            }
+            // Until its allocation runs out, or a window cuts it.
+            let ends_by = job
+                .runs_for
+                .map(|d| cursor.checked_add(d).unwrap_or(Timestamp::MAX));
+            let end = maintenance.end_of(nodes, &placement, cursor, ends_by);
+            for (node, _) in &placement {
+                busy_until[*node] = busy_until[*node].max(end.unwrap_or(Timestamp::MAX));
             }
             out[i] = Some(Estimate::At {
                 start: cursor,
@@ -432,11 +574,7 @@ pub fn estimate_with(
                 record: None,
             });
             started += 1;
-            // Until its allocation runs out, or a window cuts it.
-            let ends_by = job
-                .runs_for
-                .map(|d| cursor.checked_add(d).unwrap_or(Timestamp::MAX));
-            match maintenance.end_of(nodes, &placement, cursor, ends_by) {
+            match end {
                 Some(at) => {
                     let holding = holdings.len();
                     holdings.push(placement);
@@ -496,9 +634,46 @@ pub fn estimate_with(
         "{} running job(s) without a time limit hold the resources it needs",
         forever.max(1)
     );
-    out.into_iter()
+    let estimates = out
+        .into_iter()
         .map(|e| e.unwrap_or_else(|| Estimate::Unbounded { why: why.clone() }))
-        .collect()
+        .collect();
+    Replay {
+        estimates,
+        reserve_now,
+    }
+}
+
+/// The nodes a whole-node gang reserves, `want` of them: of the nodes reserved for no waiting gang
+/// that can hold one of its ranks when empty and whose holders all have a time limit, those untouched
+/// first (now, or when the last job on them ends at its deadline; ties: the node listed first). None
+/// when there are not that many: a partial reservation would hold nodes idle for a gang that cannot
+/// start on them.
+fn choose_nodes(
+    job: &Pending,
+    want: usize,
+    free: &[Resources],
+    nodes: &[Node],
+    reserved: &[Option<usize>],
+    busy_until: &[Timestamp],
+    cursor: Timestamp,
+) -> Vec<usize> {
+    let mut candidates: Vec<(Timestamp, usize)> = (0..nodes.len())
+        .filter(|&n| reserved[n].is_none() && job.per_rank.fits_in(&nodes[n].allocatable))
+        .filter_map(|n| {
+            let at = if free[n] == nodes[n].allocatable {
+                cursor
+            } else {
+                busy_until[n].max(cursor)
+            };
+            (at < Timestamp::MAX).then_some((at, n))
+        })
+        .collect();
+    if candidates.len() < want {
+        return Vec::new();
+    }
+    candidates.sort_unstable();
+    candidates.into_iter().take(want).map(|(_, n)| n).collect()
 }
 
 /// Volcano's default over-commit factor for admission (the `overcommit` plugin's
@@ -624,13 +799,13 @@ fn never(job: &Pending, types: &[(Resources, u64)], largest: &Resources) -> Opti
 
 /// Whether the gang can fit now, counted without placing: every node's room for ranks of this size
 /// together. Cheaper than a placement that fails, and exact (ranks are alike).
-fn gang_fits(job: &Pending, free: &[Resources], nodes: &[Node]) -> bool {
+fn gang_fits(job: &Pending, free: &[Resources], nodes: &[Node], access: Access<'_>) -> bool {
     let want = u64::from(job.replicas);
     let mut held = 0u64;
     for (i, f) in free
         .iter()
         .enumerate()
-        .filter(|(_, f)| job.per_rank.fits_in(f))
+        .filter(|(i, f)| access.may(*i) && job.per_rank.fits_in(f))
     {
         let room = if job.exclusive {
             u64::from(*f == nodes[i].allocatable)
@@ -651,10 +826,15 @@ fn gang_fits(job: &Pending, free: &[Resources], nodes: &[Node]) -> bool {
 /// Following the scheduler's spreading matters: packing where it spreads would promise a whole free node
 /// that the real placement has split between two jobs.
 /// A rank of an exclusive job goes to the first untouched node it fits and holds all of it.
-fn place(job: &Pending, free: &mut [Resources], nodes: &[Node]) -> Option<Vec<(usize, Resources)>> {
+fn place(
+    job: &Pending,
+    free: &mut [Resources],
+    nodes: &[Node],
+    access: Access<'_>,
+) -> Option<Vec<(usize, Resources)>> {
     let mut placement = Vec::with_capacity(job.replicas as usize);
     for _ in 0..job.replicas {
-        let found = rank_node(job, free, nodes);
+        let found = rank_node(job, free, nodes, access);
         let Some((node, held)) = found else {
             for (node, r) in &placement {
                 Resources::give_back(r, &mut free[*node]);
@@ -669,10 +849,15 @@ fn place(job: &Pending, free: &mut [Resources], nodes: &[Node]) -> Option<Vec<(u
 
 /// Places what ranks of the gang fit now, as [`place`] would, and takes them from `free`: what a gang
 /// past its `sla-waiting-time` keeps for the rest of a session although it cannot start.
-fn place_some(job: &Pending, free: &mut [Resources], nodes: &[Node]) -> Vec<(usize, Resources)> {
+fn place_some(
+    job: &Pending,
+    free: &mut [Resources],
+    nodes: &[Node],
+    access: Access<'_>,
+) -> Vec<(usize, Resources)> {
     let mut placement = Vec::new();
     for _ in 0..job.replicas {
-        let found = rank_node(job, free, nodes);
+        let found = rank_node(job, free, nodes, access);
         let Some((node, held)) = found else {
             break;
         };
@@ -684,22 +869,34 @@ fn place_some(job: &Pending, free: &mut [Resources], nodes: &[Node]) -> Vec<(usi
 
 /// Where one more rank of the gang goes now, and what it holds there: the first untouched node for an
 /// exclusive gang (all of it), else the least taken node it fits.
-fn rank_node(job: &Pending, free: &[Resources], nodes: &[Node]) -> Option<(usize, Resources)> {
+fn rank_node(
+    job: &Pending,
+    free: &[Resources],
+    nodes: &[Node],
+    access: Access<'_>,
+) -> Option<(usize, Resources)> {
     if job.exclusive {
         (0..free.len())
-            .find(|&i| free[i] == nodes[i].allocatable && job.per_rank.fits_in(&free[i]))
+            .find(|&i| {
+                access.may(i) && free[i] == nodes[i].allocatable && job.per_rank.fits_in(&free[i])
+            })
             .map(|i| (i, nodes[i].allocatable))
     } else {
-        least_taken(&job.per_rank, free, nodes).map(|i| (i, job.per_rank))
+        least_taken(&job.per_rank, free, nodes, access).map(|i| (i, job.per_rank))
     }
 }
 
 /// The node where `rank` fits whose CPU is least taken (the first of equals).
-fn least_taken(rank: &Resources, free: &[Resources], nodes: &[Node]) -> Option<usize> {
+fn least_taken(
+    rank: &Resources,
+    free: &[Resources],
+    nodes: &[Node],
+    access: Access<'_>,
+) -> Option<usize> {
     // Taken fractions compared without division: taken_i / cap_i < taken_j / cap_j.
     let mut best: Option<(usize, u128, u128)> = None;
     for (i, f) in free.iter().enumerate() {
-        if !rank.fits_in(f) {
+        if !access.may(i) || !rank.fits_in(f) {
             continue;
         }
         let cap = nodes[i].allocatable.cpu_milli.max(1);
@@ -763,6 +960,7 @@ mod tests {
             .map(|i| Node {
                 name: format!("n{i}"),
                 allocatable: res(cpu, gpu),
+                reserved_for: None,
             })
             .collect()
     }
@@ -778,6 +976,7 @@ mod tests {
             fifo: false,
             reserved_from: None,
             inqueue: true,
+            reserves: None,
         }
     }
 
@@ -986,11 +1185,69 @@ mod tests {
     }
 
     #[test]
+    fn a_whole_node_gang_past_its_waiting_time_reserves_the_nodes_that_empty_first_and_is_then_bound()
+     {
+        // Three 16-CPU nodes, each with a 1-CPU job until 100, 200 and 300 s; a whole-node gang of two
+        // past its waiting time, and small long jobs behind it that fit in the gaps now.
+        let running: Vec<Running> = [100, 200, 300]
+            .iter()
+            .enumerate()
+            .map(|(n, end)| Running {
+                ranks: vec![(n, res(1, 0))],
+                ends_by: Some(t(*end)),
+            })
+            .collect();
+        let mut gang = pending("gang", 2, res(8, 0), 50);
+        gang.exclusive = true;
+        gang.reserved_from = Some(t(-10));
+        let mut jobs = vec![gang];
+        jobs.extend((0..3).map(|k| pending(&format!("small-{k}"), 1, res(1, 0), 1000)));
+        // Without reservations the small jobs take a gap on every node: the gang waits for them.
+        let r = replay(&nodes(3, 16, 0), &running, &jobs, t(0));
+        assert!(start(&r.estimates[0]) >= t(1000), "{r:?}");
+        assert!(r.reserve_now.is_empty());
+        // With them: the two nodes that empty first are reserved now, the small jobs start on the third.
+        jobs[0].reserves = Some("g".into());
+        let r = replay(&nodes(3, 16, 0), &running, &jobs, t(0));
+        assert_eq!(r.reserve_now, vec![(0, vec![0, 1])]);
+        assert_eq!(start(&r.estimates[0]), t(200));
+        assert!(
+            matches!(r.estimates[0], Estimate::At { bound: false, .. }),
+            "not a bound before the nodes are reserved"
+        );
+        assert!(r.estimates[1..].iter().all(|e| start(e) == t(0)));
+        // Once the taints are there: a bound, and nothing more to reserve.
+        let mut cluster = nodes(3, 16, 0);
+        cluster[0].reserved_for = Some("g".into());
+        cluster[1].reserved_for = Some("g".into());
+        let r = replay(&cluster, &running, &jobs, t(0));
+        assert!(r.reserve_now.is_empty(), "{r:?}");
+        assert!(
+            matches!(r.estimates[0], Estimate::At { start, bound: true, .. } if start == t(200)),
+            "{r:?}"
+        );
+        // A gang past its waiting time ahead of it that cannot start yet goes first: nothing is
+        // reserved before it has started.
+        let mut ahead = pending("ahead", 3, res(16, 0), 10);
+        ahead.reserved_from = Some(t(-20));
+        let mut behind = vec![ahead];
+        behind.extend(jobs.iter().cloned());
+        let r = replay(&nodes(3, 16, 0), &running, &behind, t(0));
+        assert!(r.reserve_now.is_empty(), "{r:?}");
+        // A node reserved for a job that no longer waits is free to all.
+        let mut stale = nodes(3, 16, 0);
+        stale[2].reserved_for = Some("gone".into());
+        let r = replay(&stale, &running, &jobs, t(0));
+        assert!(r.estimates[1..].iter().all(|e| start(e) == t(0)), "{r:?}");
+    }
+
+    #[test]
     fn gpus_are_what_a_gpu_job_waits_for() {
         let mut cluster = nodes(2, 16, 0);
         cluster.push(Node {
             name: "gpu".into(),
             allocatable: res(16, 4),
+            reserved_for: None,
         });
         let running = vec![Running {
             ranks: vec![(2, res(2, 4))],
@@ -1121,7 +1378,12 @@ mod tests {
                 }
             });
             while next < jobs.len() {
-                let Some(p) = place(&jobs[next], &mut free, &cluster) else {
+                let access = Access {
+                    reserved: &[],
+                    me: next,
+                    own_only: false,
+                };
+                let Some(p) = place(&jobs[next], &mut free, &cluster, access) else {
                     break;
                 };
                 assert!(

@@ -27,6 +27,7 @@ use serde::Serialize;
 use super::cache::{JobKey, job_of_group};
 use super::estimate::{self, Estimate, Node, Pending, Resources, Running};
 use super::observe;
+use super::reserve::{self, Change, NodeTaints};
 use crate::durable::AnnotationKeys;
 use crate::durable::annotations::parse_millis;
 use crate::quantity::parse_milli;
@@ -203,9 +204,25 @@ fn millis_annotation(job: &VolcanoJob, key: &str) -> Option<i64> {
         .ok()
 }
 
+/// What the replay reads, from what the cluster shows.
+struct Inputs<'a> {
+    nodes: Vec<Node>,
+    running: Vec<Running>,
+    waiting: Vec<&'a PodGroup>,
+    pending: Vec<Pending>,
+    maintenance: estimate::Maintenance,
+}
+
 /// The waiting jobs of every queue with their estimates, queue by queue in queue order.
-pub fn forecast(view: ClusterView<'_>, keys: &AnnotationKeys, now: Timestamp) -> Vec<QueueEntry> {
-    forecast_with(view, &[], keys, now)
+/// `reserve_nodes`: `[monitor] reserve_nodes` (whole nodes are reserved for a whole-node gang past its
+/// waiting time, see [`super::reserve`]).
+pub fn forecast(
+    view: ClusterView<'_>,
+    keys: &AnnotationKeys,
+    now: Timestamp,
+    reserve_nodes: bool,
+) -> Vec<QueueEntry> {
+    forecast_with(view, &[], keys, now, reserve_nodes)
 }
 
 /// [`forecast`] with the maintenance windows in the replay ([`super::estimate_windows`]): `admin queue`
@@ -215,7 +232,60 @@ pub fn forecast_with(
     windows: &[crate::cluster::Window],
     keys: &AnnotationKeys,
     now: Timestamp,
+    reserve_nodes: bool,
 ) -> Vec<QueueEntry> {
+    let Inputs {
+        nodes,
+        running,
+        waiting,
+        pending,
+        maintenance,
+    } = inputs(view, windows, keys, now, reserve_nodes);
+    let estimates = estimate::estimate_with(&nodes, &running, &pending, &maintenance, now);
+    entries(&waiting, &pending, &estimates)
+}
+
+/// What the monitor with `[monitor] reserve_nodes` changes on the nodes now, as it would decide it from
+/// this view (every job taken as its own: no shards). See [`super::reserve::plan`].
+pub fn reservations(view: ClusterView<'_>, keys: &AnnotationKeys, now: Timestamp) -> Vec<Change> {
+    let Inputs {
+        nodes,
+        running,
+        pending,
+        maintenance,
+        ..
+    } = inputs(view, &[], keys, now, true);
+    let replay = estimate::replay_with(&nodes, &running, &pending, &maintenance, now);
+    let taints: Vec<NodeTaints> = view.nodes.iter().map(NodeTaints::of).collect();
+    let reserving: std::collections::HashSet<String> =
+        pending.iter().filter_map(|p| p.reserves.clone()).collect();
+    let reserve_now: Vec<(String, Vec<String>)> = replay
+        .reserve_now
+        .iter()
+        .filter_map(|(g, on)| {
+            Some((
+                pending[*g].reserves.clone()?,
+                on.iter().map(|n| nodes[*n].name.clone()).collect(),
+            ))
+        })
+        .collect();
+    reserve::plan(
+        &taints,
+        &reserve::taint_key(keys),
+        &reserving,
+        &reserve_now,
+        |_| true,
+    )
+}
+
+fn inputs<'a>(
+    view: ClusterView<'a>,
+    windows: &[crate::cluster::Window],
+    keys: &AnnotationKeys,
+    now: Timestamp,
+    reserve_nodes: bool,
+) -> Inputs<'a> {
+    let taint = reserve::taint_key(keys);
     let nodes: Vec<Node> = view
         .nodes
         .iter()
@@ -227,6 +297,13 @@ pub fn forecast_with(
                     .and_then(|s| s.unschedulable)
                     .unwrap_or(false),
                 n.status.as_ref().and_then(|s| s.allocatable.as_ref()),
+                reserve::reserved_for(
+                    n.spec
+                        .as_ref()
+                        .and_then(|s| s.taints.as_deref())
+                        .unwrap_or_default(),
+                    &taint,
+                ),
             )
         })
         .collect();
@@ -314,7 +391,7 @@ pub fn forecast_with(
         .map(|pg| {
             let job = job_of_group(pg).and_then(|k| jobs.get(&k).copied());
             let in_fifo = fifo.contains(observe::queue_of(pg).as_str());
-            pending_gang(pg, job, keys, in_fifo)
+            pending_gang(pg, job, keys, in_fifo, reserve_nodes)
         })
         .collect();
     let maintenance = estimate::Maintenance {
@@ -329,12 +406,21 @@ pub fn forecast_with(
             .collect(),
         spared,
     };
-    let estimates = estimate::estimate_with(&nodes, &running, &pending, &maintenance, now);
+    Inputs {
+        nodes,
+        running,
+        waiting,
+        pending,
+        maintenance,
+    }
+}
 
+/// The entries of the waiting PodGroups, queue by queue in queue order.
+fn entries(waiting: &[&PodGroup], pending: &[Pending], estimates: &[Estimate]) -> Vec<QueueEntry> {
     let mut ahead: HashMap<String, u32> = HashMap::new();
     let mut out: Vec<QueueEntry> = waiting
         .iter()
-        .zip(pending.iter().zip(&estimates))
+        .zip(pending.iter().zip(estimates))
         .map(|(pg, (p, e))| {
             let queue = observe::queue_of(pg);
             let position = ahead.entry(queue.clone()).or_default();
@@ -398,15 +484,18 @@ fn held(job: &VolcanoJob, key: &JobKey, pods: &[Pod], keys: &AnnotationKeys) -> 
     own.is_empty() || own.iter().any(|p| super::peers::is_gated(p, &gate))
 }
 
-/// A node the replay may place ranks on; `None` for a cordoned node.
+/// A node the replay may place ranks on; `None` for a cordoned node. `reserved_for`: see
+/// [`Node::reserved_for`].
 pub fn node(
     name: &str,
     unschedulable: bool,
     allocatable: Option<&BTreeMap<String, Quantity>>,
+    reserved_for: Option<String>,
 ) -> Option<Node> {
     (!unschedulable).then(|| Node {
         name: name.to_owned(),
         allocatable: allocatable.map(resources_of).unwrap_or_default(),
+        reserved_for,
     })
 }
 
@@ -427,24 +516,32 @@ pub fn gang(pg: &PodGroup) -> (u32, Resources) {
 
 /// A waiting PodGroup as the replay takes it; `job` is its VolcanoJob when volcano-runner made it (its
 /// `maxTime` is the gang's time allocation; without one it holds what it gets for good); `fifo`: its
-/// queue's `dequeueStrategy` is `fifo`.
+/// queue's `dequeueStrategy` is `fifo`; `reserve_nodes`: `[monitor] reserve_nodes`, so that a
+/// whole-node gang with a waiting time gets nodes reserved ([`Pending::reserves`]: its job id).
 pub fn pending_gang(
     pg: &PodGroup,
     job: Option<&VolcanoJob>,
     keys: &AnnotationKeys,
     fifo: bool,
+    reserve_nodes: bool,
 ) -> Pending {
     let (replicas, per_rank) = gang(pg);
+    let whole = job.is_some_and(|j| exclusive(j, keys));
+    let reserved_from = reserved_from(pg, job);
+    let reserves = (reserve_nodes && whole && reserved_from.is_some())
+        .then(|| job_of_group(pg).and_then(|k| k.job_id().map(str::to_owned)))
+        .flatten();
     Pending {
+        reserves,
         queue: observe::queue_of(pg),
         fifo,
-        reserved_from: reserved_from(pg, job),
+        reserved_from,
         inqueue: pg
             .status
             .as_ref()
             .and_then(|s| s.phase.as_ref())
             .is_some_and(|p| p.as_str() == "Inqueue"),
-        exclusive: job.is_some_and(|j| exclusive(j, keys)),
+        exclusive: whole,
         job_id: pg.metadata.name.clone().unwrap_or_default(),
         replicas,
         per_rank,
@@ -573,7 +670,7 @@ mod tests {
             jobs: &jobs,
             queues: &[],
         };
-        let out = forecast(view, &keys(), t(100));
+        let out = forecast(view, &keys(), t(100), false);
         assert_eq!(out.len(), 1, "only the waiting group: {out:?}");
         let e = &out[0];
         assert_eq!((e.job_id.as_deref(), e.ranks), (Some("wait"), 2));
@@ -599,7 +696,7 @@ mod tests {
             jobs: &[],
             queues: &[],
         };
-        let out = forecast(view, &keys(), t(100));
+        let out = forecast(view, &keys(), t(100), false);
         assert_eq!(out[0].estimate.kind, "unbounded", "{out:?}");
     }
 
@@ -620,7 +717,7 @@ mod tests {
             jobs: &[],
             queues: &[],
         };
-        let out = forecast(view, &keys(), t(100));
+        let out = forecast(view, &keys(), t(100), false);
         let pos: Vec<(&str, u32, &str)> = out
             .iter()
             .map(|e| (e.pod_group.as_str(), e.jobs_ahead, e.estimate.kind))
@@ -651,7 +748,7 @@ mod tests {
             jobs: &jobs,
             queues: &[],
         };
-        let out = forecast(view, &keys(), t(100));
+        let out = forecast(view, &keys(), t(100), false);
         assert_eq!(
             out[0].estimate.start_at.as_deref(),
             Some(t(160).strftime("%Y-%m-%dT%H:%M:%SZ").to_string().as_str())

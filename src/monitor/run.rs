@@ -132,6 +132,15 @@ struct Loop {
     listing_shards: std::collections::BTreeSet<u32>,
     /// Jobs of those shards that came up meanwhile, queued again once the lists are in.
     held_back: FastSet<JobKey>,
+    /// Every node's taints and version (cordoned ones too), for the node reservations
+    /// (`[monitor] reserve_nodes`, [`super::reserve`]).
+    node_taints: std::collections::BTreeMap<String, super::reserve::NodeTaints>,
+    node_taints_listing: Option<std::collections::BTreeMap<String, super::reserve::NodeTaints>>,
+    /// The reservation taint's key.
+    reservation_key: String,
+    /// The node writes of the last reservation round, while they run: one round at a time, each decided
+    /// from what the watch shows after the one before.
+    reserving: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// How often the start-time estimates are made again while things change: often enough that a job
@@ -208,7 +217,8 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
     let mut state = Loop {
         exec: exec.clone(),
         cache: Cache::with_replicas_key(exec.settings.keys.replicas.clone())
-            .with_peers_key(exec.settings.keys.peers.clone()),
+            .with_peers_key(exec.settings.keys.peers.clone())
+            .with_reserve_nodes(mc.reserve_nodes),
         ready: VecDeque::new(),
         queued: FastSet::default(),
         busy: FastSet::default(),
@@ -229,6 +239,10 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
         estimated_at: None,
         listing_shards: Default::default(),
         held_back: FastSet::default(),
+        node_taints: Default::default(),
+        node_taints_listing: None,
+        reservation_key: super::reserve::taint_key(&exec.settings.keys),
+        reserving: None,
     };
     state.begin_pass(&ALL_KINDS);
     // The first pass also waits for the nodes, so that a waiting job's first status carries its
@@ -408,7 +422,13 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
         }
     }
     // Each step is safe to interrupt; give the jobs in hand a moment to finish theirs.
-    let drain = async { while workers.next().await.is_some() {} };
+    let reserving = state.reserving.take();
+    let drain = async {
+        while workers.next().await.is_some() {}
+        if let Some(task) = reserving {
+            let _ = task.await;
+        }
+    };
     let _ = tokio::time::timeout(Duration::from_secs(5), drain).await;
 }
 
@@ -626,10 +646,18 @@ impl Loop {
 
     fn on_node(&mut self, event: Event<WatchedNode>) {
         self.estimates_stale = true;
+        let key = self.reservation_key.as_str();
         match event {
-            Event::Init => self.nodes_listing = Some(Default::default()),
+            Event::Init => {
+                self.nodes_listing = Some(Default::default());
+                self.node_taints_listing = Some(Default::default());
+            }
             Event::InitApply(n) => {
-                if let (Some(listing), Some(node)) = (&mut self.nodes_listing, n.to_node()) {
+                if let Some(listing) = &mut self.node_taints_listing {
+                    let t = n.taints();
+                    listing.insert(t.name.clone(), t);
+                }
+                if let (Some(listing), Some(node)) = (&mut self.nodes_listing, n.to_node(key)) {
                     listing.insert(node.name.clone(), node);
                 }
             }
@@ -637,18 +665,23 @@ impl Loop {
                 if let Some(listing) = self.nodes_listing.take() {
                     self.nodes = listing;
                 }
+                if let Some(listing) = self.node_taints_listing.take() {
+                    self.node_taints = listing;
+                }
                 self.list_done(Awaited::Nodes);
             }
             Event::Apply(n) => {
                 let name = n.metadata.name.clone().unwrap_or_default();
-                match n.to_node() {
+                self.node_taints.insert(name.clone(), n.taints());
+                match n.to_node(key) {
                     Some(node) => self.nodes.insert(name, node),
                     None => self.nodes.remove(&name),
                 };
             }
             Event::Delete(n) => {
-                self.nodes
-                    .remove(n.metadata.name.as_deref().unwrap_or_default());
+                let name = n.metadata.name.as_deref().unwrap_or_default();
+                self.nodes.remove(name);
+                self.node_taints.remove(name);
             }
         }
     }
@@ -780,6 +813,52 @@ impl Loop {
         for key in changed {
             self.enqueue(key);
         }
+        self.reserve_nodes();
+    }
+
+    /// `[monitor] reserve_nodes`: taints the nodes the replay reserves for the whole-node gangs of this
+    /// runner's shards, and removes their taints once they no longer wait ([`super::reserve`]). Decided
+    /// from the watched taints and jobs only, after the first lists: a round's writes run in the
+    /// background, and the next round waits for them.
+    fn reserve_nodes(&mut self) {
+        // Not before the first pass has the full lists: a taint whose job the cache has not listed yet
+        // would be taken for one whose job is gone.
+        if !self.exec.settings.config.monitor.reserve_nodes
+            || self.passes == 0
+            || self.node_taints.is_empty()
+            || self.reserving.as_ref().is_some_and(|h| !h.is_finished())
+        {
+            return;
+        }
+        let reservations = self.cache.reservations();
+        let taints: Vec<super::reserve::NodeTaints> = self.node_taints.values().cloned().collect();
+        let changes = {
+            let held = self.exec.shards.borrow();
+            super::reserve::plan(
+                &taints,
+                &self.reservation_key,
+                &reservations.reserving,
+                &reservations.reserve_now,
+                // Nor the jobs of shards just gained, whose lists are still coming in.
+                |id| {
+                    held.owns(id)
+                        && !self
+                            .listing_shards
+                            .contains(&crate::cluster::lease::shard_of(id, held.shards()))
+                },
+            )
+        };
+        if changes.is_empty() {
+            return;
+        }
+        let client = self.exec.client.clone();
+        // Joined at shutdown with the jobs in hand.
+        let task = tokio::spawn(async move {
+            if let Err(e) = super::reserve::apply(&client, &changes).await {
+                tracing::warn!(error = %e, "Node reservations not written; tried again on the next pass.");
+            }
+        });
+        self.reserving = Some(task);
     }
 
     /// When the estimates are due again, in the clock's time and in real time (`None`: nothing changed

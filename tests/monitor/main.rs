@@ -15,4 +15,5 @@ mod maintenance;
 mod output_files;
 mod peers;
 mod refund;
+mod starve;
 mod whole_nodes;

@@ -310,3 +310,38 @@ fn the_audit_notices_a_missing_and_an_extra_grant() {
         "everything else is unused by this one call"
     );
 }
+
+/// `[monitor] reserve_nodes` (off in the base) patches nodes, which the base ClusterRole does not grant;
+/// the rule its comment tells the operator to add does.
+#[test]
+fn the_rule_documented_for_reserve_nodes_grants_the_node_patch() {
+    use k8s_openapi::api::rbac::v1::PolicyRule;
+
+    let patch = ResourceCall {
+        verb: "patch",
+        group: String::new(),
+        resource: "nodes".into(),
+        subresource: None,
+        namespace: None,
+        name: Some("node-1".into()),
+    };
+    let mut permissions = deployed_permissions("volcano-runner");
+    assert!(!permissions.grants(&patch), "the base grants no node write");
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/base/clusterrole.yaml"
+    ))
+    .unwrap();
+    let documented: String = text
+        .lines()
+        .skip_while(|l| !l.contains("reserve_nodes = true"))
+        .skip(2)
+        .take_while(|l| l.starts_with("#   "))
+        .map(|l| format!("{}\n", &l[2..]))
+        .collect();
+    let rules: Vec<PolicyRule> = serde_yaml_ng::from_str(&documented)
+        .unwrap_or_else(|e| panic!("the documented rule parses: {e}\n{documented}"));
+    assert_eq!(rules.len(), 1, "{documented}");
+    permissions.cluster_role.extend(rules);
+    assert!(permissions.grants(&patch), "{documented}");
+}

@@ -183,6 +183,14 @@ fn case_31_exclusive_nodes_new() {
         pod["metadata"]["labels"]["ucloud.dk/exclusiveNodes"],
         "true"
     );
+    // Besides the configured tolerations, it tolerates its own job's node reservation only
+    // (`[monitor] reserve_nodes`).
+    assert_eq!(
+        pod["spec"]["tolerations"],
+        json!([{"key": "sducloud", "operator": "Equal", "value": "apps", "effect": "NoSchedule"},
+               {"key": "ucloud.dk/reserved", "operator": "Equal",
+                "value": job.job_id, "effect": "NoSchedule"}])
+    );
     assert_eq!(
         at(
             &rendered,

@@ -10,6 +10,7 @@ mod rabbit;
 
 mod bad_input;
 mod bench;
+mod busy_runners;
 mod chaos;
 mod control;
 mod edges;

@@ -5,8 +5,10 @@
 //! limit and two that can never fit. The clock runs second by second (simulated time); every waiting job
 //! is estimated every 10 s, and what the monitor's rule would tell it (`worth_telling`) is counted.
 //!
-//! Run twice: as the jobs come without a waiting time, and with Volcano's `sla-waiting-time` on every
-//! job (the `sla` plugin then reserves for a job that has waited that long). The figures are printed
+//! Run three times: as the jobs come without a waiting time; with Volcano's `sla-waiting-time` on every
+//! job (the `sla` plugin then reserves for a job that has waited that long); and with it and
+//! `[monitor] reserve_nodes` (whole nodes reserved by a taint for a whole-node gang past its waiting
+//! time, decided and written every 10 s as a monitor pass does). The figures are printed
 //! (docs/estimates.md quotes them).
 
 use std::collections::BTreeMap;
@@ -16,12 +18,13 @@ use jiff::{SignedDuration, Timestamp};
 use kube::Api;
 use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
+use volcano_runner::durable::AnnotationKeys;
 use volcano_runner::monitor::estimate::worth_telling;
-use volcano_runner::pipeline::plugins::task::exclusive_affinity;
+use volcano_runner::pipeline::plugins::task::{exclusive_affinity, reservation_toleration};
 use volcano_runner::sim::NodeSpec;
 use volcano_runner::volcano::PodGroup;
 
-use crate::estimates::{percentile, queue_entries, random};
+use crate::estimates::{percentile, queue_entries_with, random, reserve_nodes};
 use crate::sim_support::{jobs, namespace, queue, start_with};
 
 const NS: &str = "busy";
@@ -146,6 +149,13 @@ fn vcjob(s: &Spec, sla: Option<&str>) -> DynamicObject {
         annotations.insert("ucloud.dk/exclusiveNodes".into(), json!("true"));
         template["metadata"] = json!({"labels": {"ucloud.dk/exclusiveNodes": "true"}});
         template["spec"]["affinity"] = serde_json::to_value(exclusive_affinity()).unwrap();
+        // As the Task plugin renders it: the rank tolerates its own job's node reservation.
+        let id = s.name.strip_prefix("j-").unwrap();
+        template["spec"]["tolerations"] = json!([serde_json::to_value(reservation_toleration(
+            &AnnotationKeys::new("ucloud.dk/"),
+            id
+        ))
+        .unwrap()]);
     }
     serde_json::from_value(json!({
         "apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
@@ -183,11 +193,13 @@ struct Outcome {
     /// Estimate events per waiting job (the first included).
     tells: Vec<i64>,
     never_told_at_once: usize,
+    /// Whole-node gangs told a bound (with `reserve_nodes`, once their nodes are reserved).
+    whole_bounds: usize,
     started: usize,
     fitting: usize,
 }
 
-async fn run(seed: u64, sla: Option<&str>) -> Outcome {
+async fn run(seed: u64, sla: Option<&str>, reserve: bool) -> Outcome {
     let (sim, client) = start_with(|c| {
         c.nodes = nodes();
         c.pod_start_delay = Duration::ZERO;
@@ -214,7 +226,8 @@ async fn run(seed: u64, sla: Option<&str>) -> Outcome {
     let mut start_of: BTreeMap<String, i64> = BTreeMap::new();
     // Per job: its first bound, what it was last told, every bound told, and how many events.
     let mut first: BTreeMap<String, (i64, bool)> = BTreeMap::new();
-    let mut last_told: BTreeMap<String, i64> = BTreeMap::new();
+    let mut first_bound: BTreeMap<String, i64> = BTreeMap::new();
+    let mut last_told: BTreeMap<String, (i64, bool)> = BTreeMap::new();
     let mut told: Vec<(String, i64, bool)> = Vec::new();
     let mut tells: BTreeMap<String, i64> = BTreeMap::new();
     let mut never: BTreeMap<String, bool> = BTreeMap::new();
@@ -260,7 +273,11 @@ async fn run(seed: u64, sla: Option<&str>) -> Outcome {
             break;
         }
         if second % 10 == 0 {
-            for e in queue_entries(&client, now).await {
+            // A monitor pass with `[monitor] reserve_nodes`: the reservations, then the estimates.
+            if reserve {
+                reserve_nodes(&client, now).await;
+            }
+            for e in queue_entries_with(&client, now, reserve).await {
                 let name = e.job.clone().unwrap_or(e.pod_group.clone());
                 if e.estimate.kind == "never" {
                     never.entry(name).or_insert(
@@ -278,16 +295,23 @@ async fn run(seed: u64, sla: Option<&str>) -> Outcome {
                 let at_s = at.as_second() - t0.as_second();
                 let bound = e.estimate.bound;
                 first.entry(name.clone()).or_insert((at_s, bound));
-                let tell = last_told.get(&name).is_none_or(|before| {
-                    worth_telling(
-                        t0 + SignedDuration::from_secs(*before),
-                        at,
-                        now,
-                        SignedDuration::from_secs(60),
-                    )
+                if bound {
+                    // A whole-node gang is told a bound only once its nodes are reserved: its first
+                    // bound is what it must start by.
+                    first_bound.entry(name.clone()).or_insert(at_s);
+                }
+                // As the monitor tells: a move worth telling, or an expectation become a bound (or back).
+                let tell = last_told.get(&name).is_none_or(|(before, was_bound)| {
+                    *was_bound != bound
+                        || worth_telling(
+                            t0 + SignedDuration::from_secs(*before),
+                            at,
+                            now,
+                            SignedDuration::from_secs(60),
+                        )
                 });
                 if tell {
-                    last_told.insert(name.clone(), at_s);
+                    last_told.insert(name.clone(), (at_s, bound));
                     *tells.entry(name.clone()).or_default() += 1;
                     told.push((name, at_s, bound));
                 }
@@ -296,7 +320,11 @@ async fn run(seed: u64, sla: Option<&str>) -> Outcome {
         sim.advance(Duration::from_secs(1));
     }
     let mut o = Outcome {
-        first: first.values().filter(|(_, b)| *b).count(),
+        first: first_bound.len(),
+        whole_bounds: first_bound
+            .keys()
+            .filter(|n| by_name.get(n.as_str()).is_some_and(|s| s.whole_nodes))
+            .count(),
         told: told.iter().filter(|(_, _, b)| *b).count(),
         first_expected: first.values().filter(|(_, b)| !*b).count(),
         told_expected: told.iter().filter(|(_, _, b)| !*b).count(),
@@ -323,13 +351,14 @@ async fn run(seed: u64, sla: Option<&str>) -> Outcome {
         )
     };
     for (name, (at, bound)) in &first {
+        if !*bound && let Some(start) = start_of.get(name) {
+            o.first_expected_held += usize::from(start <= at);
+        }
+    }
+    for (name, at) in &first_bound {
         let Some(start) = start_of.get(name) else {
             continue;
         };
-        if !*bound {
-            o.first_expected_held += usize::from(start <= at);
-            continue;
-        }
         if start > at {
             // Who passed it: jobs created after it that started before it.
             let passed: Vec<String> = start_of
@@ -374,13 +403,17 @@ async fn on_a_busy_cluster_every_job_starts_and_with_sla_each_waiting_job_is_tol
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    for sla in [None, Some("1m")] {
-        let mut o = run(seed, sla).await;
+    for (sla, reserve) in [(None, false), (Some("1m"), false), (Some("1m"), true)] {
+        let mut o = run(seed, sla, reserve).await;
         o.early.sort_unstable();
         o.tells.sort_unstable();
         let mut broken: Vec<i64> = o.first_broken.iter().map(|(_, s)| *s).collect();
         broken.sort_unstable();
-        let label = sla.unwrap_or("none");
+        let label = format!(
+            "{}{}",
+            sla.unwrap_or("none"),
+            if reserve { " with reserve_nodes" } else { "" }
+        );
         println!(
             "busy cluster (seed {seed}), sla-waiting-time {label}: {} of {} jobs that fit started; {} first bounds, {} broken (late by {:?} s); \
              first bound minus start of those that held: median {} s, p90 {} s; {} bounds told, {} broken ({:.1}%); \
@@ -401,9 +434,23 @@ async fn on_a_busy_cluster_every_job_starts_and_with_sla_each_waiting_job_is_tol
             o.never_told_at_once,
         );
         println!(
-            "  expectations: {} of {} first ones held, {} of {} told held",
-            o.first_expected_held, o.first_expected, o.told_expected_held, o.told_expected
+            "  expectations: {} of {} first ones held, {} of {} told held; whole-node gangs told a bound: {}",
+            o.first_expected_held,
+            o.first_expected,
+            o.told_expected_held,
+            o.told_expected,
+            o.whole_bounds
         );
+        if reserve && o.whole_bounds == 0 {
+            failures.push(format!(
+                "sla {label}: with reserve_nodes whole-node gangs are told bounds, yet none was"
+            ));
+        }
+        if !reserve && o.whole_bounds > 0 {
+            failures.push(format!(
+                "sla {label}: without reserve_nodes no whole-node gang is told a bound"
+            ));
+        }
         for (why, _) in &o.first_broken {
             println!("  first bound broken: {why}");
         }

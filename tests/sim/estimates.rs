@@ -17,7 +17,7 @@ use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use volcano_runner::durable::AnnotationKeys;
 use volcano_runner::monitor::estimate::worth_telling;
-use volcano_runner::monitor::forecast::{ClusterView, QueueEntry, forecast};
+use volcano_runner::monitor::forecast::{ClusterView, QueueEntry, forecast, reservations};
 use volcano_runner::sim::NodeSpec;
 use volcano_runner::volcano::{PodGroup, Queue, VolcanoJob};
 
@@ -126,27 +126,85 @@ fn nodes() -> Vec<NodeSpec> {
 
 /// The waiting jobs with their estimates, from the lists `admin queue` makes.
 pub(crate) async fn queue_entries(client: &kube::Client, now: Timestamp) -> Vec<QueueEntry> {
-    let all = ListParams::default();
-    let nodes = Api::<Node>::all(client.clone()).list(&all).await.unwrap();
-    let pods = Api::<Pod>::all(client.clone()).list(&all).await.unwrap();
-    let groups = Api::<PodGroup>::all(client.clone())
-        .list(&all)
+    queue_entries_with(client, now, false).await
+}
+
+/// What `admin queue` lists: nodes, pods, PodGroups, the managed jobs, queues.
+pub(crate) struct Lists {
+    nodes: Vec<Node>,
+    pods: Vec<Pod>,
+    groups: Vec<PodGroup>,
+    jobs: Vec<VolcanoJob>,
+    queues: Vec<Queue>,
+}
+
+impl Lists {
+    pub(crate) async fn read(client: &kube::Client) -> Self {
+        let all = ListParams::default();
+        let managed = ListParams::default().labels("app.kubernetes.io/managed-by=volcano-runner");
+        Self {
+            nodes: Api::<Node>::all(client.clone())
+                .list(&all)
+                .await
+                .unwrap()
+                .items,
+            pods: Api::<Pod>::all(client.clone())
+                .list(&all)
+                .await
+                .unwrap()
+                .items,
+            groups: Api::<PodGroup>::all(client.clone())
+                .list(&all)
+                .await
+                .unwrap()
+                .items,
+            jobs: Api::<VolcanoJob>::all(client.clone())
+                .list(&managed)
+                .await
+                .unwrap()
+                .items,
+            queues: Api::<Queue>::all(client.clone())
+                .list(&all)
+                .await
+                .unwrap()
+                .items,
+        }
+    }
+
+    pub(crate) fn view(&self) -> ClusterView<'_> {
+        ClusterView {
+            nodes: &self.nodes,
+            pods: &self.pods,
+            groups: &self.groups,
+            jobs: &self.jobs,
+            queues: &self.queues,
+        }
+    }
+}
+
+/// [`queue_entries`], with `[monitor] reserve_nodes` on or off.
+pub(crate) async fn queue_entries_with(
+    client: &kube::Client,
+    now: Timestamp,
+    reserve_nodes: bool,
+) -> Vec<QueueEntry> {
+    let lists = Lists::read(client).await;
+    forecast(
+        lists.view(),
+        &AnnotationKeys::new("ucloud.dk/"),
+        now,
+        reserve_nodes,
+    )
+}
+
+/// What the monitor with `[monitor] reserve_nodes` does on a pass: decides the node reservations from
+/// what the cluster shows and writes them (`monitor::reserve`). Returns the changes written.
+pub(crate) async fn reserve_nodes(client: &kube::Client, now: Timestamp) -> usize {
+    let lists = Lists::read(client).await;
+    let changes = reservations(lists.view(), &AnnotationKeys::new("ucloud.dk/"), now);
+    volcano_runner::monitor::reserve::apply(client, &changes)
         .await
-        .unwrap();
-    let managed = ListParams::default().labels("app.kubernetes.io/managed-by=volcano-runner");
-    let vcjobs = Api::<VolcanoJob>::all(client.clone())
-        .list(&managed)
-        .await
-        .unwrap();
-    let queues = Api::<Queue>::all(client.clone()).list(&all).await.unwrap();
-    let view = ClusterView {
-        nodes: &nodes.items,
-        pods: &pods.items,
-        groups: &groups.items,
-        jobs: &vcjobs.items,
-        queues: &queues.items,
-    };
-    forecast(view, &AnnotationKeys::new("ucloud.dk/"), now)
+        .unwrap()
 }
 
 /// Each waiting job's estimated start, by job (or PodGroup) name.

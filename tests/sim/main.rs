@@ -17,5 +17,6 @@ mod interactive;
 mod kubectl;
 mod logs;
 mod sla;
+mod starve;
 mod volcano;
 mod watch;

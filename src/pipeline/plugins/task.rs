@@ -25,6 +25,10 @@
 //!   only as requested, are the product's (a product with all of a node's GPUs gives it all of them).
 //!   What one whole node is charged comes from `[pipeline.whole_nodes.products]` (by product id, else
 //!   category) and is persisted as `wholeNodeCharge`; a product without an entry is refused whole nodes.
+//!   Each rank tolerates the taint `<prefix>reserved=<jobId>:NoSchedule`, its own job's only: the
+//!   monitor reserves nodes for a whole-node gang past its waiting time with it
+//!   (`[monitor] reserve_nodes`, `monitor::reserve`). The job id is known here, so no pod is changed
+//!   afterwards.
 
 use std::collections::BTreeMap;
 
@@ -35,6 +39,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
 use super::{Plugin, PluginId};
+use crate::durable::AnnotationKeys;
 use crate::messages::v1::Product;
 use crate::pipeline::context::Context;
 use crate::pipeline::draft::Draft;
@@ -172,6 +177,16 @@ impl Plugin for Task {
                     .collect(),
             );
         }
+        if cx.job.exclusive_nodes {
+            // The monitor may reserve nodes for this gang (`[monitor] reserve_nodes`) by tainting them
+            // `<prefix>reserved=<jobId>:NoSchedule`: its ranks tolerate their own job's reservation
+            // only, so no other gang, whole-node or not, lands on a node reserved for this one.
+            draft
+                .pod
+                .tolerations
+                .get_or_insert_default()
+                .push(reservation_toleration(&cx.keys, &cx.job.job_id));
+        }
         if let Some(label) = &scheduling.node_selector_label {
             let category = &cx.product.category;
             let value = scheduling
@@ -211,6 +226,18 @@ pub fn exclusive_affinity() -> Affinity {
             ..PodAntiAffinity::default()
         }),
         ..Affinity::default()
+    }
+}
+
+/// What a whole-node rank tolerates: the taint by which the monitor reserves a node for its own job
+/// (`<prefix>reserved=<jobId>:NoSchedule`, see `monitor::reserve`), and no other job's.
+pub fn reservation_toleration(keys: &AnnotationKeys, job_id: &str) -> Toleration {
+    Toleration {
+        key: Some(keys.reservation_taint()),
+        operator: Some("Equal".to_owned()),
+        value: Some(job_id.to_owned()),
+        effect: Some(crate::durable::annotations::RESERVATION_EFFECT.to_owned()),
+        toleration_seconds: None,
     }
 }
 
