@@ -128,6 +128,7 @@ mod tests {
             .map(|i| Node {
                 name: format!("n{i}"),
                 allocatable: cpus(16),
+                reserved_for: None,
             })
             .collect()
     }
@@ -143,6 +144,7 @@ mod tests {
             fifo: false,
             reserved_from: None,
             inqueue: true,
+            reserves: None,
         }
     }
 

@@ -782,7 +782,7 @@ mod tests {
                 jobs: &jobs,
                 queues: &[],
             };
-            forecast_with(view, &windows, &keys(), t(100))[0]
+            forecast_with(view, &windows, &keys(), t(100), false)[0]
                 .estimate
                 .start_at
                 .clone()
