@@ -136,6 +136,7 @@ fn bench(c: &mut Criterion) {
                     pod_termination_delay: cfg.pod_termination_delay,
                     status_report_delay: cfg.status_report_delay,
                     overcommit_factor: cfg.overcommit_factor,
+                    proportion: cfg.proportion,
                     events: true,
                     storage_dir: None,
                 };

@@ -16,6 +16,7 @@ mod faults;
 mod interactive;
 mod kubectl;
 mod logs;
+mod queues;
 mod sla;
 mod starve;
 mod volcano;

@@ -12,6 +12,7 @@ pub mod command;
 mod job;
 mod kubelet;
 pub mod nodes;
+mod proportion;
 mod scheduler;
 pub mod sla;
 pub mod storage;
@@ -59,6 +60,8 @@ pub struct ModelConfig {
     pub status_report_delay: Duration,
     /// Volcano's enqueue over-commit factor.
     pub overcommit_factor: f64,
+    /// Volcano's `proportion` plugin: fair share between queues ([`proportion`]).
+    pub proportion: bool,
     /// Whether to record Kubernetes Events.
     pub events: bool,
     /// The directory that stands for the claims' storage; `None`: no files are written.

@@ -6,9 +6,11 @@
 //! name); a queue with `dequeueStrategy: fifo` lets nothing overtake a
 //! waiting gang. A gang that failed is tried again only when capacity, nodes or queues change. A gang
 //! whose job's `sla-waiting-time` has run out is enqueued at once, tried first and keeps what it could
-//! place ([`super::sla`]).
+//! place ([`super::sla`]). With `proportion` on ([`super::proportion`]), the queues are served lowest
+//! share first, each in that order (a gang past its waiting time first within its queue), and a queue
+//! that holds what it deserves has nothing allocated.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use crate::sim::json::JsonPath;
 use serde_json::{Value, json};
@@ -16,6 +18,7 @@ use serde_json::{Value, json};
 use super::Model;
 use super::affinity::{self, Resident};
 use super::nodes::{Misfit, pod_requests, unavailable_message};
+use super::proportion::{self, QueueShare};
 use crate::sim::api::{Core, name_of};
 use crate::sim::clock::format_time;
 use crate::sim::quantity::Resources;
@@ -25,6 +28,10 @@ struct QueueInfo {
     state: String,
     fifo: bool,
     capability: Option<Resources>,
+    /// `spec.weight` (Volcano's default 1), for proportion.
+    weight: f64,
+    /// Creation time (seconds), the queue order between equal shares.
+    created: i64,
 }
 
 fn without_pods(r: &Resources) -> Resources {
@@ -60,6 +67,12 @@ impl Model {
                             .to_string(),
                         fifo: q.at("/spec/dequeueStrategy").and_then(Value::as_str) == Some("fifo"),
                         capability: cap.map(|c| Resources::from_json(Some(c))),
+                        weight: q.at("/spec/weight").and_then(Value::as_f64).unwrap_or(1.0),
+                        created: q
+                            .at("/metadata/creationTimestamp")
+                            .and_then(Value::as_str)
+                            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                            .map_or(i64::MAX, |t| t.as_second()),
                     },
                 )
             })
@@ -207,7 +220,27 @@ impl Model {
         // The nodes' idle capacity changes only when something is allocated: worked out once per change,
         // not once per waiting gang.
         let mut idle_nodes: Option<Resources> = None;
-        for (seq, gkey, queue) in candidates {
+        // Proportion: each queue's deserved share for this session; the queues are served lowest share
+        // first, each in its job order.
+        // Without it, every queue's gangs in one order (one lane).
+        let mut shares = if self.config.proportion {
+            self.queue_shares(&queues)
+        } else {
+            BTreeMap::new()
+        };
+        let mut by_queue: BTreeMap<String, VecDeque<(u64, ObjectKey, String)>> = BTreeMap::new();
+        for (seq, key, queue) in candidates {
+            let lane = if self.config.proportion {
+                queue.clone()
+            } else {
+                String::new()
+            };
+            by_queue
+                .entry(lane)
+                .or_default()
+                .push_back((seq, key, queue));
+        }
+        while let Some((seq, gkey, queue)) = next_candidate(&mut by_queue, &shares, &queues) {
             let Some(pg) = core.store.get(&gkey).cloned() else {
                 self.forget_group(&gkey);
                 continue;
@@ -303,9 +336,24 @@ impl Model {
                         }
                     }
                 }
+                // The allocate action skips a queue that holds what it deserves (proportion).
+                "Inqueue" | "Running" if shares.get(&queue).is_some_and(QueueShare::overused) => {
+                    if fifo {
+                        blocked.insert(queue);
+                    }
+                }
                 "Inqueue" | "Running" => {
                     idle_nodes = None;
-                    match self.allocate(core, &gkey, &pg, &mut held, overdue.contains_key(&seq)) {
+                    let outcome =
+                        self.allocate(core, &gkey, &pg, &mut held, overdue.contains_key(&seq));
+                    if let Some(s) = shares.get_mut(&queue) {
+                        s.allocated = self
+                            .queue_alloc
+                            .get(&queue)
+                            .map(without_pods)
+                            .unwrap_or_default();
+                    }
+                    match outcome {
                         Allocation::Waiting => {}
                         Allocation::Done => {
                             if let Some((q, min)) = self.inqueue.remove(&gkey) {
@@ -327,6 +375,51 @@ impl Model {
             }
         }
         self.schedule_bare_pods(core, full);
+    }
+
+    /// Proportion's inputs for this session: every queue with bound pods or waiting gangs, what it holds
+    /// and requests (what it holds plus the minimum resources of its enqueued gangs: the simulator does
+    /// not add up the pending pods of a running gang), and what it deserves of the schedulable nodes.
+    fn queue_shares(&self, queues: &HashMap<String, QueueInfo>) -> BTreeMap<String, QueueShare> {
+        let mut shares: BTreeMap<String, QueueShare> = BTreeMap::new();
+        let make = |name: &str| {
+            let info = queues.get(name);
+            let allocated = self
+                .queue_alloc
+                .get(name)
+                .map(without_pods)
+                .unwrap_or_default();
+            QueueShare {
+                weight: info.map_or(1.0, |q| q.weight),
+                capability: info.and_then(|q| q.capability.clone()),
+                request: allocated.clone(),
+                allocated,
+                deserved: BTreeMap::new(),
+            }
+        };
+        let busy = self
+            .queue_alloc
+            .iter()
+            .filter(|(_, a)| a.0.values().any(|v| *v > 0))
+            .map(|(q, _)| q);
+        for q in busy.chain(self.pending_groups.values().map(|(_, q)| q)) {
+            if !shares.contains_key(q) {
+                shares.insert(q.clone(), make(q));
+            }
+        }
+        for (q, min) in self.inqueue.values() {
+            shares
+                .entry(q.clone())
+                .or_insert_with(|| make(q))
+                .request
+                .add(&without_pods(min));
+        }
+        let mut total = Resources::default();
+        for n in self.nodes.iter().filter(|n| !n.unschedulable && !n.lost) {
+            total.add(&n.allocatable);
+        }
+        proportion::deserve(&total, &mut shares);
+        shares
     }
 
     /// What the anti-affinity filter needs of `pod`, when anything it could say matters: the pod has a
@@ -571,6 +664,28 @@ impl Model {
             }
         }
     }
+}
+
+/// The next gang to try: the first of the queue with the lowest share (proportion's queue order; equal
+/// shares by the queue's creation, then name). Without `shares` (proportion off), every queue's gangs
+/// in one lane.
+fn next_candidate(
+    by_queue: &mut BTreeMap<String, VecDeque<(u64, ObjectKey, String)>>,
+    shares: &BTreeMap<String, QueueShare>,
+    queues: &HashMap<String, QueueInfo>,
+) -> Option<(u64, ObjectKey, String)> {
+    let lane = by_queue
+        .iter()
+        .filter(|(_, c)| !c.is_empty())
+        .map(|(q, _)| {
+            let share = shares.get(q).map_or(0.0, QueueShare::share);
+            let created = queues.get(q).map_or(i64::MAX, |i| i.created);
+            (share, created, q)
+        })
+        .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(b.2)))?
+        .2
+        .clone();
+    by_queue.get_mut(&lane)?.pop_front()
 }
 
 /// Resources locked in a pass for gangs that are not bound yet, node by node, and the pods placed there
