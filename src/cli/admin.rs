@@ -353,7 +353,10 @@ async fn waiting_jobs(
         &windows,
         &keys,
         now,
-        config.monitor.reserve_nodes,
+        crate::monitor::forecast::Replaying {
+            reserve_nodes: config.monitor.reserve_nodes,
+            proportion: config.monitor.proportion,
+        },
     ))
 }
 

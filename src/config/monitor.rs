@@ -89,6 +89,12 @@ pub struct MonitorConfig {
     /// estimate is a bound (docs/estimates.md). Needs `patch` on nodes, cluster-wide. Off by default:
     /// it writes to nodes, which the operator must allow.
     pub reserve_nodes: bool,
+    /// Whether the Volcano scheduler runs its `proportion` plugin, as its default configuration does.
+    /// It serves the queue with the lowest share first, whatever a job's `sla-waiting-time`, so while jobs
+    /// of more than one queue wait or run no estimate is a bound: they are told as expectations
+    /// (docs/estimates.md, "Between queues"). Set it false only for a scheduler configured without
+    /// `proportion`.
+    pub proportion: bool,
 }
 
 impl Default for MonitorConfig {
@@ -109,6 +115,7 @@ impl Default for MonitorConfig {
             encoding: Encoding::Json,
             maintenance_warn_before: Duration::from_secs(3600),
             reserve_nodes: false,
+            proportion: true,
         }
     }
 }

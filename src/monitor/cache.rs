@@ -579,6 +579,8 @@ pub struct Cache {
     maintenance_windows: Option<crate::cluster::Windows>,
     /// `[monitor] reserve_nodes` (see [`Cache::with_reserve_nodes`]).
     reserve_nodes: bool,
+    /// `[monitor] proportion` (see [`Cache::with_proportion`]).
+    proportion: bool,
     /// What the last [`Cache::estimate_starts`] found for the node reservations.
     reservations: Reservations,
 }
@@ -693,6 +695,13 @@ impl Cache {
     /// [`super::reserve`]): the replay models it, and [`Cache::reservations`] says what to reserve.
     pub fn with_reserve_nodes(mut self, reserve_nodes: bool) -> Self {
         self.reserve_nodes = reserve_nodes;
+        self
+    }
+
+    /// The scheduler runs Volcano's `proportion` plugin (`[monitor] proportion`): while jobs of more than
+    /// one queue wait or run, estimates are expectations ([`estimate::across_queues`]).
+    pub fn with_proportion(mut self, proportion: bool) -> Self {
+        self.proportion = proportion;
         self
     }
 
@@ -1464,6 +1473,10 @@ impl Cache {
             };
         }
         let mut estimates = replay.estimates;
+        if self.proportion {
+            let in_use = observe::queues_in_use(self.groups.values().map(|g| &*g.value));
+            estimate::across_queues(&mut estimates, in_use);
+        }
         if self.expectations_kept > 0 {
             for e in &mut estimates {
                 if let Estimate::At {

@@ -161,6 +161,27 @@ impl Pending {
     }
 }
 
+/// Under Volcano's `proportion` plugin the scheduler serves the queue with the lowest share first and
+/// skips an overused one, so the replay's one order over all queues holds only while one queue has jobs
+/// (waiting or running): with `queues_in_use` above one, every bound becomes an expectation, its basis
+/// saying why. Ended jobs early change what each queue holds and so the queues' order, which no replay
+/// from deadlines foresees (docs/estimates.md, *Between queues*, measured).
+pub fn across_queues(estimates: &mut [Estimate], queues_in_use: usize) {
+    if queues_in_use <= 1 {
+        return;
+    }
+    for e in estimates {
+        if let Estimate::At { basis, bound, .. } = e
+            && *bound
+        {
+            *bound = false;
+            basis.push_str(&format!(
+                "; jobs of {queues_in_use} queues wait or run, and Volcano's proportion plugin may serve another queue first"
+            ));
+        }
+    }
+}
+
 /// Which nodes a gang may use in the replay: those reserved for nobody waiting, and those reserved for
 /// it; a gang that holds reserved nodes is placed only on them (it starts there by the time they empty,
 /// whatever else frees, which is what makes its estimate a bound).
@@ -945,6 +966,33 @@ mod tests {
 
     fn t(s: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + s).unwrap()
+    }
+
+    #[test]
+    fn under_proportion_a_bound_is_a_bound_only_while_one_queue_has_jobs() {
+        let at = |bound| Estimate::At {
+            start: t(60),
+            basis: "free now".into(),
+            bound,
+            record: None,
+        };
+        let never = Estimate::Never {
+            why: "too big".into(),
+        };
+        let mut one = vec![at(true), at(false), never.clone()];
+        across_queues(&mut one, 1);
+        assert_eq!(one, vec![at(true), at(false), never.clone()]);
+        let mut two = vec![at(true), at(false), never.clone()];
+        across_queues(&mut two, 2);
+        let Estimate::At { bound, basis, .. } = &two[0] else {
+            panic!("{:?}", two[0]);
+        };
+        assert!(!bound);
+        assert!(
+            basis.ends_with("jobs of 2 queues wait or run, and Volcano's proportion plugin may serve another queue first"),
+            "{basis}"
+        );
+        assert_eq!(two[1..], [at(false), never]);
     }
 
     fn res(cpu: u64, gpu: u64) -> Resources {

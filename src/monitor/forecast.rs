@@ -215,14 +215,34 @@ struct Inputs<'a> {
 
 /// The waiting jobs of every queue with their estimates, queue by queue in queue order.
 /// `reserve_nodes`: `[monitor] reserve_nodes` (whole nodes are reserved for a whole-node gang past its
-/// waiting time, see [`super::reserve`]).
+/// waiting time, see [`super::reserve`]); for a scheduler without the `proportion` plugin (the
+/// simulator's default), see [`forecast_with`] for one with it.
 pub fn forecast(
     view: ClusterView<'_>,
     keys: &AnnotationKeys,
     now: Timestamp,
     reserve_nodes: bool,
 ) -> Vec<QueueEntry> {
-    forecast_with(view, &[], keys, now, reserve_nodes)
+    forecast_with(
+        view,
+        &[],
+        keys,
+        now,
+        Replaying {
+            reserve_nodes,
+            proportion: false,
+        },
+    )
+}
+
+/// How the monitor replays, from its configuration.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Replaying {
+    /// `[monitor] reserve_nodes`.
+    pub reserve_nodes: bool,
+    /// `[monitor] proportion`: while jobs of more than one queue wait or run, no estimate is a bound
+    /// ([`estimate::across_queues`]).
+    pub proportion: bool,
 }
 
 /// [`forecast`] with the maintenance windows in the replay ([`super::estimate_windows`]): `admin queue`
@@ -232,7 +252,7 @@ pub fn forecast_with(
     windows: &[crate::cluster::Window],
     keys: &AnnotationKeys,
     now: Timestamp,
-    reserve_nodes: bool,
+    replaying: Replaying,
 ) -> Vec<QueueEntry> {
     let Inputs {
         nodes,
@@ -240,8 +260,11 @@ pub fn forecast_with(
         waiting,
         pending,
         maintenance,
-    } = inputs(view, windows, keys, now, reserve_nodes);
-    let estimates = estimate::estimate_with(&nodes, &running, &pending, &maintenance, now);
+    } = inputs(view, windows, keys, now, replaying.reserve_nodes);
+    let mut estimates = estimate::estimate_with(&nodes, &running, &pending, &maintenance, now);
+    if replaying.proportion {
+        estimate::across_queues(&mut estimates, observe::queues_in_use(view.groups.iter()));
+    }
     entries(&waiting, &pending, &estimates)
 }
 
@@ -782,7 +805,7 @@ mod tests {
                 jobs: &jobs,
                 queues: &[],
             };
-            forecast_with(view, &windows, &keys(), t(100), false)[0]
+            forecast_with(view, &windows, &keys(), t(100), Replaying::default())[0]
                 .estimate
                 .start_at
                 .clone()

@@ -512,6 +512,20 @@ pub fn is_waiting(pg: &PodGroup) -> bool {
     )
 }
 
+/// How many Volcano queues have jobs that wait or run: the queues of the PodGroups not completed.
+pub fn queues_in_use<'a>(groups: impl Iterator<Item = &'a PodGroup>) -> usize {
+    groups
+        .filter(|pg| {
+            !matches!(
+                pg.status.as_ref().and_then(|s| s.phase.as_ref()),
+                Some(PodGroupPhase::Completed)
+            )
+        })
+        .map(queue_of)
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+}
+
 /// The Volcano queue a PodGroup waits in.
 pub fn queue_of(pg: &PodGroup) -> String {
     pg.spec.queue.clone().unwrap_or_else(|| "default".into())
@@ -737,6 +751,29 @@ mod tests {
             .filter(|w| w[0] != w[1])
             .count();
         assert_eq!(changes, 13);
+    }
+
+    #[test]
+    fn the_queues_in_use_are_those_of_groups_that_wait_or_run() {
+        let group = |queue: Option<&str>, phase: Option<PodGroupPhase>| {
+            let mut pg = PodGroup::default();
+            pg.spec.queue = queue.map(Into::into);
+            pg.status = phase.map(|phase| PodGroupStatus {
+                phase: Some(phase),
+                ..PodGroupStatus::default()
+            });
+            pg
+        };
+        let groups = [
+            group(Some("a"), Some(PodGroupPhase::Running)),
+            group(Some("a"), Some(PodGroupPhase::Pending)),
+            group(Some("b"), Some(PodGroupPhase::Completed)),
+            group(None, None),
+        ];
+        // `a` twice and `default` (no queue named) once; `b` only has an ended job.
+        assert_eq!(queues_in_use(groups.iter()), 2);
+        assert_eq!(queues_in_use(groups[..3].iter()), 1);
+        assert_eq!(queues_in_use(groups[2..3].iter()), 0);
     }
 
     #[test]

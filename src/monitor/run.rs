@@ -218,7 +218,8 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
         exec: exec.clone(),
         cache: Cache::with_replicas_key(exec.settings.keys.replicas.clone())
             .with_peers_key(exec.settings.keys.peers.clone())
-            .with_reserve_nodes(mc.reserve_nodes),
+            .with_reserve_nodes(mc.reserve_nodes)
+            .with_proportion(mc.proportion),
         ready: VecDeque::new(),
         queued: FastSet::default(),
         busy: FastSet::default(),

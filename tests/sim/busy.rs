@@ -24,8 +24,9 @@ use volcano_runner::pipeline::plugins::task::{exclusive_affinity, reservation_to
 use volcano_runner::sim::NodeSpec;
 use volcano_runner::volcano::PodGroup;
 
-use crate::estimates::{percentile, queue_entries_with, random, reserve_nodes};
+use crate::estimates::{percentile, queue_entries_replaying, random, reserve_nodes};
 use crate::sim_support::{jobs, namespace, queue, start_with};
+use volcano_runner::monitor::forecast::Replaying;
 
 const NS: &str = "busy";
 const QUEUES: [&str; 3] = ["proj-a", "proj-b", "proj-c"];
@@ -199,8 +200,9 @@ struct Outcome {
     fitting: usize,
 }
 
-async fn run(seed: u64, sla: Option<&str>, reserve: bool) -> Outcome {
+async fn run(seed: u64, sla: Option<&str>, reserve: bool, proportion: bool) -> Outcome {
     let (sim, client) = start_with(|c| {
+        c.proportion = proportion;
         c.nodes = nodes();
         c.pod_start_delay = Duration::ZERO;
         c.events = false;
@@ -277,7 +279,11 @@ async fn run(seed: u64, sla: Option<&str>, reserve: bool) -> Outcome {
             if reserve {
                 reserve_nodes(&client, now).await;
             }
-            for e in queue_entries_with(&client, now, reserve).await {
+            let replaying = Replaying {
+                reserve_nodes: reserve,
+                proportion,
+            };
+            for e in queue_entries_replaying(&client, now, replaying).await {
                 let name = e.job.clone().unwrap_or(e.pod_group.clone());
                 if e.estimate.kind == "never" {
                     never.entry(name).or_insert(
@@ -403,16 +409,24 @@ async fn on_a_busy_cluster_every_job_starts_and_with_sla_each_waiting_job_is_tol
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    for (sla, reserve) in [(None, false), (Some("1m"), false), (Some("1m"), true)] {
-        let mut o = run(seed, sla, reserve).await;
+    // The last: the scheduler runs Volcano's proportion plugin and the monitor knows it
+    // (`[monitor] proportion`), so bounds are told only while one queue has jobs.
+    for (sla, reserve, proportion) in [
+        (None, false, false),
+        (Some("1m"), false, false),
+        (Some("1m"), true, false),
+        (Some("1m"), false, true),
+    ] {
+        let mut o = run(seed, sla, reserve, proportion).await;
         o.early.sort_unstable();
         o.tells.sort_unstable();
         let mut broken: Vec<i64> = o.first_broken.iter().map(|(_, s)| *s).collect();
         broken.sort_unstable();
         let label = format!(
-            "{}{}",
+            "{}{}{}",
             sla.unwrap_or("none"),
-            if reserve { " with reserve_nodes" } else { "" }
+            if reserve { " with reserve_nodes" } else { "" },
+            if proportion { " under proportion" } else { "" }
         );
         println!(
             "busy cluster (seed {seed}), sla-waiting-time {label}: {} of {} jobs that fit started; {} first bounds, {} broken (late by {:?} s); \
@@ -475,6 +489,17 @@ async fn on_a_busy_cluster_every_job_starts_and_with_sla_each_waiting_job_is_tol
             ));
         }
         match sla {
+            // Three queues have jobs nearly all the time: few bounds, none broken.
+            Some(_) if proportion && (!o.first_broken.is_empty() || o.told_broken > 0) => {
+                failures.push(format!(
+                    "sla {label}: bounds are told only while one queue has jobs, and none breaks: {} of {} first, {} of {} told",
+                    o.first_broken.len(),
+                    o.first,
+                    o.told_broken,
+                    o.told
+                ))
+            }
+            Some(_) if proportion => {}
             None if o.first + o.told > 0 => failures.push(format!(
                 "sla {label}: without a reservation no estimate is a bound, yet {} were told as one",
                 o.told

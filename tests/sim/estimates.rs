@@ -17,7 +17,9 @@ use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use volcano_runner::durable::AnnotationKeys;
 use volcano_runner::monitor::estimate::worth_telling;
-use volcano_runner::monitor::forecast::{ClusterView, QueueEntry, forecast, reservations};
+use volcano_runner::monitor::forecast::{
+    ClusterView, QueueEntry, Replaying, forecast, forecast_with, reservations,
+};
 use volcano_runner::sim::NodeSpec;
 use volcano_runner::volcano::{PodGroup, Queue, VolcanoJob};
 
@@ -194,6 +196,22 @@ pub(crate) async fn queue_entries_with(
         &AnnotationKeys::new("ucloud.dk/"),
         now,
         reserve_nodes,
+    )
+}
+
+/// [`queue_entries`], replaying as the monitor configured with `replaying` does.
+pub(crate) async fn queue_entries_replaying(
+    client: &kube::Client,
+    now: Timestamp,
+    replaying: Replaying,
+) -> Vec<QueueEntry> {
+    let lists = Lists::read(client).await;
+    forecast_with(
+        lists.view(),
+        &[],
+        &AnnotationKeys::new("ucloud.dk/"),
+        now,
+        replaying,
     )
 }
 
