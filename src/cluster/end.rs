@@ -123,9 +123,35 @@ pub async fn delete_companions(
     let Some(uid) = job.metadata.uid.as_deref() else {
         return Ok(());
     };
-    let selector = format!("{}job={name}", keys.prefix);
-    delete_owned::<Service>(client, retry, ns, &selector, uid).await?;
-    delete_owned::<NetworkPolicy>(client, retry, ns, &selector, uid).await?;
+    let recorded = job
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(&keys.companions));
+    match recorded {
+        // Named at create: one delete each, no list (a job ends once; the names are its own).
+        Some(list) => {
+            for (kind, object) in list.split(',').filter_map(|c| c.split_once('/')) {
+                match kind {
+                    "Service" => {
+                        let api: Api<Service> = Api::namespaced(client.clone(), ns);
+                        delete_one(retry, &api, ns, object, None).await?;
+                    }
+                    "NetworkPolicy" => {
+                        let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
+                        delete_one(retry, &api, ns, object, None).await?;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // Created before the names were recorded: found by the job's label and owner.
+        None => {
+            let selector = format!("{}job={name}", keys.prefix);
+            delete_owned::<Service>(client, retry, ns, &selector, uid).await?;
+            delete_owned::<NetworkPolicy>(client, retry, ns, &selector, uid).await?;
+        }
+    }
     let has_peers = job
         .metadata
         .annotations

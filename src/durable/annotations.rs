@@ -16,6 +16,7 @@
 //! | `submissionHash` | core, at create | `sha256:<hex>` of the SubmitJob's protobuf encoding (duplicate detection) |
 //! | `acceptedAt` | core, at create | when the runner rendered the job |
 //! | `acceptedBy` | runner, at create | the runner that created the job (QUEUED carries it as `runnerId`) |
+//! | `companions` | runner, at create (jobs kept by a TTL) | the objects created beside the job, `<Kind>/<name>` comma separated: the monitor deletes them by name at the job's end, with no list |
 //! | `queuedConfirmed` | runner, once QUEUED is confirmed | `true`: the broker confirmed the job's QUEUED (the monitor sends no copy of it) |
 //! | `traceparent` | runner, at create | W3C trace context of the submission |
 //! | `maxTime` | Expiry, at create; extensions | the time allocation in ms; absent: never expires |
@@ -123,6 +124,8 @@ pub struct AnnotationKeys {
     pub termination_reason: String,
     /// `<prefix>terminationAt` (see the table above).
     pub termination_at: String,
+    /// `<prefix>companions` (see the table above).
+    pub companions: String,
     /// `<prefix>lifecycleState` (see the table above).
     pub lifecycle_state: String,
     /// `<prefix>statusHash` (see the table above).
@@ -195,6 +198,7 @@ impl AnnotationKeys {
             termination_cause: k("terminationCause"),
             termination_reason: k("terminationReason"),
             termination_at: k("terminationAt"),
+            companions: k("companions"),
             lifecycle_state: k("lifecycleState"),
             status_hash: k("statusHash"),
             restarts: k("restarts"),

@@ -49,6 +49,14 @@ pub enum Companion {
 }
 
 impl Companion {
+    /// Its `kind`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::NetworkPolicy(_) => "NetworkPolicy",
+            Self::Service(_) => "Service",
+        }
+    }
+
     /// The companion's metadata.
     pub fn metadata(&self) -> &ObjectMeta {
         match self {

@@ -78,6 +78,26 @@ pub fn build(
         if let Some(retention) = decorations.retention {
             desired.vcjob.spec.ttl_seconds_after_finished =
                 Some(i32::try_from(retention.as_secs()).unwrap_or(i32::MAX));
+            // Kept by the TTL, the job outlives its companions: the monitor deletes them at its end by
+            // these names, with no list (see `cluster::end::delete_companions`).
+            let companions = desired
+                .companions
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{}/{}",
+                        c.kind(),
+                        c.metadata().name.as_deref().unwrap_or_default()
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(",");
+            desired
+                .vcjob
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(keys.companions.clone(), companions);
         }
     }
     let mut steps = Vec::new();
@@ -161,6 +181,19 @@ mod tests {
         );
         // Volcano keeps the ended job for the retention, then deletes it.
         assert_eq!(job.data["spec"]["ttlSecondsAfterFinished"], 86_400);
+        // Its companions are named on it, for their deletion at its end without a list.
+        let companions: Vec<String> = plan[primary + 1..]
+            .iter()
+            .map(|s| {
+                format!(
+                    "{}/{}",
+                    s.resource.kind,
+                    s.object.metadata.name.as_deref().unwrap()
+                )
+            })
+            .collect();
+        assert!(!companions.is_empty());
+        assert_eq!(annotations["ucloud.dk/companions"], companions.join(","));
     }
 
     #[test]
@@ -185,6 +218,7 @@ mod tests {
         );
         let annotations = job.object.metadata.annotations.as_ref().unwrap();
         assert!(!annotations.contains_key("ucloud.dk/traceparent"));
+        assert!(!annotations.contains_key("ucloud.dk/companions"));
     }
 
     #[test]
