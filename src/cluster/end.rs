@@ -17,8 +17,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
-    Preconditions,
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams, Preconditions,
 };
 use kube::core::Resource;
 use serde::de::DeserializeOwned;
@@ -109,9 +108,9 @@ pub async fn terminate(
 }
 
 /// Deletes the objects the runner created beside `job` and the peers' EndpointSlice the monitor wrote:
-/// the Services and the NetworkPolicy labelled `<prefix>job=<job name>` and owned by this job (its uid:
-/// never a newer job's of the same name), and the EndpointSlice of its peers Service when it has peers.
-/// Gone already is fine; each delete carries the object's uid as a precondition.
+/// the Services and NetworkPolicies named in its `<prefix>companions` (recorded at its create), and the
+/// EndpointSlice of its peers Service when it has peers. Gone already is fine. The names are the job's
+/// own (they carry its id), and the job ends once.
 pub async fn delete_companions(
     client: &kube::Client,
     retry: &RetryPolicy,
@@ -120,36 +119,29 @@ pub async fn delete_companions(
 ) -> Result<(), ClusterError> {
     let ns = job.metadata.namespace.as_deref().unwrap_or_default();
     let name = job.metadata.name.as_deref().unwrap_or_default();
-    let Some(uid) = job.metadata.uid.as_deref() else {
-        return Ok(());
-    };
+    // Named at create: one delete each, no list. Only a job kept by a TTL carries the names, and
+    // only such a job is released this way: one an older runner created without a TTL is deleted in
+    // the foreground, its companions with it.
     let recorded = job
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(&keys.companions));
-    match recorded {
-        // Named at create: one delete each, no list (a job ends once; the names are its own).
-        Some(list) => {
-            for (kind, object) in list.split(',').filter_map(|c| c.split_once('/')) {
-                match kind {
-                    "Service" => {
-                        let api: Api<Service> = Api::namespaced(client.clone(), ns);
-                        delete_one(retry, &api, ns, object, None).await?;
-                    }
-                    "NetworkPolicy" => {
-                        let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
-                        delete_one(retry, &api, ns, object, None).await?;
-                    }
-                    _ => {}
-                }
+    for (kind, object) in recorded
+        .into_iter()
+        .flat_map(|list| list.split(','))
+        .filter_map(|c| c.split_once('/'))
+    {
+        match kind {
+            "Service" => {
+                let api: Api<Service> = Api::namespaced(client.clone(), ns);
+                delete_one(retry, &api, ns, object, None).await?;
             }
-        }
-        // Created before the names were recorded: found by the job's label and owner.
-        None => {
-            let selector = format!("{}job={name}", keys.prefix);
-            delete_owned::<Service>(client, retry, ns, &selector, uid).await?;
-            delete_owned::<NetworkPolicy>(client, retry, ns, &selector, uid).await?;
+            "NetworkPolicy" => {
+                let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
+                delete_one(retry, &api, ns, object, None).await?;
+            }
+            _ => {}
         }
     }
     let has_peers = job
@@ -165,44 +157,7 @@ pub async fn delete_companions(
     Ok(())
 }
 
-/// Lists `K` in `ns` by `selector` and deletes each one owned by `uid`.
-async fn delete_owned<K>(
-    client: &kube::Client,
-    retry: &RetryPolicy,
-    ns: &str,
-    selector: &str,
-    uid: &str,
-) -> Result<(), ClusterError>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug,
-    K::DynamicType: Default,
-{
-    let api: Api<K> = Api::namespaced(client.clone(), ns);
-    let plural = K::plural(&K::DynamicType::default()).into_owned();
-    let op = format!("list {plural} {ns} {selector}");
-    let params = ListParams::default().labels(selector);
-    let list = retry
-        .run(&op, || async {
-            api.list_metadata(&params).await.classify(|| op.clone())
-        })
-        .await?;
-    for object in list.items {
-        let owned = object
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .any(|o| o.uid == uid);
-        if let (true, Some(name)) = (owned, object.metadata.name.as_deref()) {
-            delete_one(retry, &api, ns, name, object.metadata.uid.clone()).await?;
-        }
-    }
-    Ok(())
-}
-
+/// Deletes `name`, conditional on `uid` when given; gone (or replaced: the precondition) is done.
 async fn delete_one<K>(
     retry: &RetryPolicy,
     api: &Api<K>,
