@@ -126,7 +126,8 @@ fn default_max_pods() -> u32 {
 }
 
 impl NodeSpec {
-    fn cpu_node(name: &str) -> NodeSpec {
+    /// A node of the default shape: 16 cpu and 64 GiB, no GPUs, labels or taints.
+    pub fn cpu_node(name: &str) -> NodeSpec {
         NodeSpec {
             name: name.to_string(),
             cpu: "16".into(),

@@ -15,18 +15,6 @@ use monitor_support::*;
 use volcano_runner::messages::v1::Product;
 use volcano_runner::sim::NodeSpec;
 
-fn node(name: &str) -> NodeSpec {
-    NodeSpec {
-        name: name.into(),
-        cpu: "16".into(),
-        memory: "64Gi".into(),
-        gpus: 0,
-        max_pods: 110,
-        labels: Default::default(),
-        taints: Vec::new(),
-    }
-}
-
 fn sized(
     id: &str,
     script: &str,
@@ -80,7 +68,11 @@ async fn world(label: &str) -> World {
             );
         },
         |s| {
-            s.nodes = vec![node("n1"), node("n2"), node("n3")];
+            s.nodes = vec![
+                NodeSpec::cpu_node("n1"),
+                NodeSpec::cpu_node("n2"),
+                NodeSpec::cpu_node("n3"),
+            ];
             s.pod_start_delay = Duration::ZERO;
         },
     )

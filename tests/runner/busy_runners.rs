@@ -21,96 +21,18 @@ use kube::api::ListParams;
 use volcano_runner::messages::v1::{
     InvocationParameter, JobState, Owner, Product, WordInvocation, invocation_parameter,
 };
-use volcano_runner::sim::{NodeSpec, SimConfig};
+use volcano_runner::sim::SimConfig;
 
-fn node(name: &str, cpu: u32, memory: &str, gpus: u32) -> NodeSpec {
-    NodeSpec {
-        name: name.into(),
-        cpu: cpu.to_string(),
-        memory: memory.into(),
-        gpus,
-        max_pods: 110,
-        labels: Default::default(),
-        taints: Vec::new(),
-    }
-}
+use crate::busy_workload::{Spec, nodes, recipe};
 
-/// `next(n)` in `0..n`, the generator of tests/sim/estimates.rs.
-fn random(seed: u64) -> impl FnMut(u64) -> u64 {
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    move |n: u64| {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (state >> 33) % n
-    }
-}
-
-struct Spec {
-    id: String,
-    ranks: u32,
-    cpu: u32,
-    memory_gib: u32,
-    gpu: u32,
-    whole: bool,
-    limit_s: i64,
-    runs_s: i64,
-    arrives_s: i64,
-}
-
-/// The recipe of tests/sim/busy.rs (seed 0), every job with a time limit (a SubmitJob of a whole-node
+/// The recipe of tests/sim/busy.rs (seed 0): every job with a time limit (a SubmitJob of a whole-node
 /// job must have one), and its two never-fitting jobs.
 fn workload() -> Vec<Spec> {
-    let mut next = random(0);
-    let mut out: Vec<Spec> = (0..90)
-        .map(|i| {
-            let (ranks, cpu, memory_gib, gpu, whole) = match next(10) {
-                0..=3 => (1, 2, 4, 0, false),
-                4 => (1, 4, 200, 0, false),
-                5 | 6 => (1, 4, 16, 1, false),
-                7 | 8 => (3, 4, 8, 0, false),
-                _ => (2, 8, 16, 0, true),
-            };
-            let limit_s = 60 * (2 + next(9) as i64);
-            let runs_s = match next(3) {
-                0 => limit_s,
-                1 => limit_s / 4,
-                _ => limit_s / 2,
-            };
-            let _queue = next(3);
-            Spec {
-                id: format!("busy{i:03}"),
-                ranks,
-                cpu,
-                memory_gib,
-                gpu,
-                whole,
-                limit_s,
-                runs_s,
-                arrives_s: 600 * (i as i64 / 30),
-            }
-        })
-        .collect();
-    for (id, cpu, gpu) in [("busy-wide", 64, 0), ("busy-gpus", 4, 8)] {
-        out.push(Spec {
-            id: id.into(),
-            ranks: 1,
-            cpu,
-            memory_gib: 8,
-            gpu,
-            whole: false,
-            limit_s: 600,
-            runs_s: 60,
-            arrives_s: 600,
-        });
-    }
-    out
+    recipe(0)
 }
 
 fn submission(s: &Spec) -> volcano_runner::messages::v1::SubmitJob {
-    let mut job = figlet(&s.id);
+    let mut job = figlet(s.job_id());
     let word = |w: &str| InvocationParameter {
         kind: Some(invocation_parameter::Kind::Word(WordInvocation {
             word: w.to_owned(),
@@ -126,13 +48,13 @@ fn submission(s: &Spec) -> volcano_runner::messages::v1::SubmitJob {
         gpu: s.gpu,
     });
     job.replicas = s.ranks;
-    job.exclusive_nodes = s.whole;
+    job.exclusive_nodes = s.whole_nodes;
     job.time_allocation = Some(pbjson_types::Duration {
-        seconds: s.limit_s,
+        seconds: s.limit_s.expect("the recipe gives every job a time limit"),
         nanos: 0,
     });
     job.owner = Some(Owner {
-        user: format!("user-{}", s.id.len() % 3),
+        user: format!("user-{}", s.job_id().len() % 3),
         project: None,
     });
     job
@@ -166,14 +88,7 @@ fn percentile(sorted: &[i64], p: f64) -> i64 {
 async fn two_runners_at_ten_times_speed_keep_the_busy_workloads_bounds() {
     let sim = SimConfig {
         clock_speed: 10.0,
-        nodes: vec![
-            node("cpu-1", 16, "64Gi", 0),
-            node("cpu-2", 16, "64Gi", 0),
-            node("cpu-3", 32, "128Gi", 0),
-            node("mem-1", 16, "512Gi", 0),
-            node("gpu-1", 16, "64Gi", 2),
-            node("gpu-2", 32, "128Gi", 4),
-        ],
+        nodes: nodes(),
         pod_start_delay: Duration::ZERO,
         ..SimConfig::for_tests()
     };
@@ -203,8 +118,8 @@ async fn two_runners_at_ten_times_speed_keep_the_busy_workloads_bounds() {
     }
     let fitting: Vec<&str> = workload
         .iter()
-        .filter(|s| !s.id.contains('-'))
-        .map(|s| s.id.as_str())
+        .filter(|s| !s.job_id().contains('-'))
+        .map(|s| s.job_id())
         .collect();
     let running_id = |id: &str| format!("{id}/RUNNING");
     let events = h
@@ -254,7 +169,7 @@ async fn two_runners_at_ten_times_speed_keep_the_busy_workloads_bounds() {
     for r in runners {
         r.stop().await;
     }
-    let by_id: BTreeMap<&str, &Spec> = workload.iter().map(|s| (s.id.as_str(), s)).collect();
+    let by_id: BTreeMap<&str, &Spec> = workload.iter().map(|s| (s.job_id(), s)).collect();
     let (mut first, mut first_broken, mut all, mut all_broken) = (0, 0, 0, 0);
     let (mut first_expected, mut first_expected_held) = (0, 0);
     let mut whole_bounds = 0;
@@ -268,7 +183,7 @@ async fn two_runners_at_ten_times_speed_keep_the_busy_workloads_bounds() {
         tells.push(list.len() as i64);
         if let Some((at, _)) = list.iter().find(|(_, b)| *b) {
             first += 1;
-            whole_bounds += usize::from(by_id.get(id.as_str()).is_some_and(|s| s.whole));
+            whole_bounds += usize::from(by_id.get(id.as_str()).is_some_and(|s| s.whole_nodes));
             if start > at {
                 first_broken += 1;
                 broken.push(format!(

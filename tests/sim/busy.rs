@@ -21,102 +21,20 @@ use serde_json::json;
 use volcano_runner::durable::AnnotationKeys;
 use volcano_runner::monitor::estimate::worth_telling;
 use volcano_runner::pipeline::plugins::task::{exclusive_affinity, reservation_toleration};
-use volcano_runner::sim::NodeSpec;
 use volcano_runner::volcano::PodGroup;
 
-use crate::estimates::{percentile, queue_entries_replaying, random, reserve_nodes};
+use crate::busy_workload::{QUEUES, Spec, nodes, recipe};
+use crate::estimates::{percentile, queue_entries_replaying, reserve_nodes};
 use crate::sim_support::{jobs, namespace, queue, start_with};
 use volcano_runner::monitor::forecast::Replaying;
 
 const NS: &str = "busy";
-const QUEUES: [&str; 3] = ["proj-a", "proj-b", "proj-c"];
-
-#[derive(Debug, Clone)]
-struct Spec {
-    name: String,
-    queue: &'static str,
-    ranks: u32,
-    cpu: u32,
-    memory_gib: u32,
-    gpu: u32,
-    whole_nodes: bool,
-    /// `None`: no time limit.
-    limit_s: Option<i64>,
-    runs_s: i64,
-    /// Seconds after the start of the run.
-    arrives_s: i64,
-}
-
-fn nodes() -> Vec<NodeSpec> {
-    let node = |name: &str, cpu: u32, memory: &str, gpus: u32| NodeSpec {
-        name: name.into(),
-        cpu: cpu.to_string(),
-        memory: memory.into(),
-        gpus,
-        max_pods: 110,
-        labels: Default::default(),
-        taints: Vec::new(),
-    };
-    vec![
-        node("cpu-1", 16, "64Gi", 0),
-        node("cpu-2", 16, "64Gi", 0),
-        node("cpu-3", 32, "128Gi", 0),
-        node("mem-1", 16, "512Gi", 0),
-        node("gpu-1", 16, "64Gi", 2),
-        node("gpu-2", 32, "128Gi", 4),
-    ]
-}
-
-/// 93 jobs in three waves (at 0, 10 and 20 minutes), from a recipe varied by `seed`.
+/// 93 jobs in three waves (at 0, 10 and 20 minutes), from a recipe varied by `seed`: the recipe, one
+/// job without a time limit (it ends after 15 minutes), and one more arriving in the last wave.
 fn workload(seed: u64) -> Vec<Spec> {
-    let mut next = random(seed);
-    let mut out: Vec<Spec> = (0..90)
-        .map(|i| {
-            // (ranks, cpu, memory GiB, gpus, whole nodes)
-            let (ranks, cpu, memory_gib, gpu, whole_nodes) = match next(10) {
-                0..=3 => (1, 2, 4, 0, false),
-                4 => (1, 4, 200, 0, false),
-                5 | 6 => (1, 4, 16, 1, false),
-                7 | 8 => (3, 4, 8, 0, false),
-                _ => (2, 8, 16, 0, true),
-            };
-            let limit_s = 60 * (2 + next(9) as i64);
-            let runs_s = match next(3) {
-                0 => limit_s,
-                1 => limit_s / 4,
-                _ => limit_s / 2,
-            };
-            Spec {
-                name: format!("j-busy{i:03}"),
-                queue: QUEUES[next(3) as usize],
-                ranks,
-                cpu,
-                memory_gib,
-                gpu,
-                whole_nodes,
-                limit_s: Some(limit_s),
-                runs_s,
-                arrives_s: 600 * (i as i64 / 30),
-            }
-        })
-        .collect();
-    // One without a time limit (it ends after 15 minutes), and two that can never fit.
+    let mut out = recipe(seed);
     out[40].limit_s = None;
     out[40].runs_s = 900;
-    let never = |name: &str, cpu: u32, gpu: u32| Spec {
-        name: name.into(),
-        queue: QUEUES[0],
-        ranks: 1,
-        cpu,
-        memory_gib: 8,
-        gpu,
-        whole_nodes: false,
-        limit_s: Some(600),
-        runs_s: 60,
-        arrives_s: 600,
-    };
-    out.push(never("j-busy-wide", 64, 0));
-    out.push(never("j-busy-gpus", 4, 8));
     out.push(Spec {
         name: "j-busy-last".into(),
         arrives_s: 1200,

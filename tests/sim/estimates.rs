@@ -28,18 +28,7 @@ use crate::sim_support::{jobs, namespace, queue, start_with};
 const NS: &str = "estimates";
 const QUEUE: &str = "science";
 
-/// A small deterministic generator for the workloads: `next(n)` is in `0..n`.
-pub(crate) fn random(seed: u64) -> impl FnMut(u64) -> u64 {
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    move |n: u64| {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (state >> 33) % n
-    }
-}
+pub(crate) use crate::busy_workload::random;
 
 /// One job of the workload.
 #[derive(Debug, Clone)]

@@ -17,18 +17,6 @@ use volcano_runner::volcano::PodGroup;
 use crate::estimates::queue_entries;
 use crate::sim_support::{dynamic, gang_job, jobs, namespace, start_with};
 
-fn node(name: &str) -> NodeSpec {
-    NodeSpec {
-        name: name.into(),
-        cpu: "16".into(),
-        memory: "64Gi".into(),
-        gpus: 0,
-        max_pods: 110,
-        labels: Default::default(),
-        taints: Vec::new(),
-    }
-}
-
 /// A managed job of `ranks` × 1 CPU in `ns` that runs `secs` and ends by `expiry`; whole nodes when
 /// `whole`, rendered as the Task plugin renders it.
 fn job(name: &str, ns: &str, ranks: i64, secs: u64, expiry: Timestamp, whole: bool) -> Value {
@@ -85,7 +73,11 @@ async fn placement(client: &kube::Client) -> BTreeMap<String, Option<String>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_node_ranks_share_their_nodes_with_no_job_and_the_estimate_knows_it() {
     let (sim, client) = start_with(|c| {
-        c.nodes = vec![node("n1"), node("n2"), node("n3")];
+        c.nodes = vec![
+            NodeSpec::cpu_node("n1"),
+            NodeSpec::cpu_node("n2"),
+            NodeSpec::cpu_node("n3"),
+        ];
         c.pod_start_delay = Duration::ZERO;
     })
     .await;

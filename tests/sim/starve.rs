@@ -30,18 +30,6 @@ const STREAM_UNTIL: i64 = 1200;
 const GANG_ARRIVES: i64 = 60;
 const GANG: &str = "j-gang";
 
-fn node(name: &str) -> NodeSpec {
-    NodeSpec {
-        name: name.into(),
-        cpu: "16".into(),
-        memory: "64Gi".into(),
-        gpus: 0,
-        max_pods: 110,
-        labels: Default::default(),
-        taints: Vec::new(),
-    }
-}
-
 /// A managed job as the pipeline renders it (the parts the scheduler and the estimates read), with
 /// `sla-waiting-time: 1m`; whole nodes when `whole`.
 fn vcjob(
@@ -103,7 +91,11 @@ struct Outcome {
 
 async fn run(reserve: bool) -> Outcome {
     let (sim, client) = start_with(|c| {
-        c.nodes = vec![node("n1"), node("n2"), node("n3")];
+        c.nodes = vec![
+            NodeSpec::cpu_node("n1"),
+            NodeSpec::cpu_node("n2"),
+            NodeSpec::cpu_node("n3"),
+        ];
         c.pod_start_delay = Duration::ZERO;
         c.events = false;
     })
