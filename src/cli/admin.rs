@@ -32,10 +32,10 @@ use crate::cluster::capacity::count_active;
 use crate::cluster::labels::COMPONENT;
 use crate::cluster::labels::RUNNER_PROBLEM;
 use crate::cluster::lease::{COMPONENT_MEMBER, COMPONENT_SHARD};
-use crate::cluster::{ClusterError, MaintenanceWindows, PauseState, PauseSwitch};
+use crate::cluster::{ClusterError, MaintenanceWindows, PauseState, PauseSwitch, Window};
 use crate::config::Config;
 use crate::durable::AnnotationKeys;
-use crate::monitor::forecast::{ClusterView, QueueEntry, forecast_with};
+use crate::monitor::forecast::{ClusterView, QueueEntry, Replaying, forecast_with};
 use crate::volcano::{PodGroup, Queue, VolcanoJob};
 
 #[derive(Debug, clap::Args)]
@@ -293,7 +293,29 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
             maintenance(command, &windows, now).await?;
         }
         AdminCommand::Queue { queue, output } => {
-            let mut entries = waiting_jobs(&client, &config, now).await?;
+            // The windows as the monitor follows them: they cut running jobs and hold gated ones back.
+            // Without them the estimates are still worth showing, said to be without them.
+            let windows = match MaintenanceWindows::new(client.clone(), &config.cluster)
+                .list()
+                .await
+            {
+                Ok((windows, broken)) => {
+                    if !broken.is_empty() {
+                        eprintln!(
+                            "volcano-runner: ConfigMaps labelled as maintenance windows that are not readable as one, left out of the estimates: {}",
+                            broken.join(", ")
+                        );
+                    }
+                    windows
+                }
+                Err(e) => {
+                    eprintln!(
+                        "volcano-runner: could not list the maintenance windows ({e}); the estimates below do not account for any"
+                    );
+                    Vec::new()
+                }
+            };
+            let mut entries = waiting_jobs(&client, &config, &windows, now).await?;
             entries.retain(|e| queue.as_ref().is_none_or(|q| &e.queue == q));
             match output {
                 Output::Json => println!(
@@ -315,6 +337,7 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
 async fn waiting_jobs(
     client: &kube::Client,
     config: &Config,
+    windows: &[Window],
     now: jiff::Timestamp,
 ) -> Result<Vec<QueueEntry>, CliError> {
     use k8s_openapi::api::core::v1::{Node, Pod};
@@ -342,18 +365,13 @@ async fn waiting_jobs(
         jobs: &jobs.items,
         queues: &queues.items,
     };
-    // The windows as the monitor follows them: they cut running jobs and hold gated ones back.
-    let (windows, _) = crate::cluster::MaintenanceWindows::new(client.clone(), &config.cluster)
-        .list()
-        .await
-        .map_err(cluster_error)?;
     let keys = AnnotationKeys::new(&config.pipeline.annotation_prefix);
     Ok(forecast_with(
         view,
-        &windows,
+        windows,
         &keys,
         now,
-        crate::monitor::forecast::Replaying {
+        Replaying {
             reserve_nodes: config.monitor.reserve_nodes,
             proportion: config.monitor.proportion,
         },
@@ -541,20 +559,21 @@ async fn status(
     let shards = shard_holders(client, config).await?;
     let mut problems = problems(client, config).await?;
     let now = jiff::Timestamp::now();
-    let maintenance = match MaintenanceWindows::new(client.clone(), &config.cluster)
+    let windows = match MaintenanceWindows::new(client.clone(), &config.cluster)
         .list()
         .await
     {
-        Ok((windows, _)) => windows
-            .iter()
-            .filter(|w| w.end > now)
-            .map(|w| WindowView::of(w, now))
-            .collect(),
+        Ok((windows, _)) => windows,
         Err(e) => {
             problems.push(format!("could not list the maintenance windows: {e}"));
             Vec::new()
         }
     };
+    let maintenance = windows
+        .iter()
+        .filter(|w| w.end > now)
+        .map(|w| WindowView::of(w, now))
+        .collect();
     if let Some(dead) = queues
         .iter()
         .find(|q| q.name == config.broker.dead_letter_queue)
@@ -572,7 +591,7 @@ async fn status(
     }
     problems.extend(runner_problems(client, config).await?);
     let mut never_start = Vec::new();
-    match waiting_jobs(client, config, jiff::Timestamp::now()).await {
+    match waiting_jobs(client, config, &windows, jiff::Timestamp::now()).await {
         Ok(entries) => {
             for e in entries.iter().filter(|e| e.estimate.kind == "never") {
                 let Some(job) = &e.job else { continue };

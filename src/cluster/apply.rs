@@ -787,19 +787,10 @@ pub fn owner_reference(resource: &ApiResource, primary: &ObjectMeta) -> Option<O
 /// in a phase Volcano gives a job it is ending or has finished (a `TerminateJob` command leaves it
 /// `Terminating`, then `Terminated`, and keeps it until its `ttlSecondsAfterFinished`).
 fn has_ended(object: &DynamicObject) -> bool {
-    const ENDING: [&str; 7] = [
-        "Completing",
-        "Completed",
-        "Terminating",
-        "Terminated",
-        "Failed",
-        "Aborting",
-        "Aborted",
-    ];
     object.metadata.deletion_timestamp.is_some()
         || object.data["status"]["state"]["phase"]
             .as_str()
-            .is_some_and(|p| ENDING.contains(&p))
+            .is_some_and(|p| crate::volcano::JobPhase::from(p).is_ending())
 }
 
 /// `object` with `owner` among its ownerReferences, replacing a reference to the same kind and name (a

@@ -16,9 +16,7 @@
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams, Preconditions,
-};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
 use kube::core::Resource;
 use serde::de::DeserializeOwned;
 
@@ -75,7 +73,9 @@ pub fn is_ending(job: &VolcanoJob) -> bool {
 }
 
 /// Asks Volcano to terminate `job` (see the module documentation). Nothing when it is ending already;
-/// AlreadyExists (the same Command, not taken yet) and NotFound (the namespace is gone) are done.
+/// AlreadyExists (the same Command, not taken yet) is done. A NotFound is not: the job was just read, so
+/// its namespace exists, and the likeliest cause is a cluster that does not serve Volcano's `commands`,
+/// which must be seen, not taken for an end.
 pub async fn terminate(
     client: &kube::Client,
     retry: &RetryPolicy,
@@ -102,7 +102,7 @@ pub async fn terminate(
         .await
     {
         Ok(_) => Ok(()),
-        Err(e) if e.is_already_exists() || e.is_not_found() => Ok(()),
+        Err(e) if e.is_already_exists() => Ok(()),
         Err(e) => Err(e),
     }
 }
@@ -135,13 +135,18 @@ pub async fn delete_companions(
         match kind {
             "Service" => {
                 let api: Api<Service> = Api::namespaced(client.clone(), ns);
-                delete_one(retry, &api, ns, object, None).await?;
+                delete_one(retry, &api, ns, object).await?;
             }
             "NetworkPolicy" => {
                 let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
-                delete_one(retry, &api, ns, object, None).await?;
+                delete_one(retry, &api, ns, object).await?;
             }
-            _ => {}
+            other => tracing::warn!(
+                job = %name,
+                kind = other,
+                object,
+                "A companion of a kind this runner does not delete is left to the job's TTL."
+            ),
         }
     }
     let has_peers = job
@@ -152,18 +157,17 @@ pub async fn delete_companions(
     if has_peers && let Some(job_id) = crate::pipeline::names::job_id_from_vcjob_name(name) {
         let slice = crate::pipeline::plugins::connect_to_job::peers_service_name(job_id);
         let api: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
-        delete_one(retry, &api, ns, &slice, None).await?;
+        delete_one(retry, &api, ns, &slice).await?;
     }
     Ok(())
 }
 
-/// Deletes `name`, conditional on `uid` when given; gone (or replaced: the precondition) is done.
+/// Deletes `name`; gone already is done.
 async fn delete_one<K>(
     retry: &RetryPolicy,
     api: &Api<K>,
     ns: &str,
     name: &str,
-    uid: Option<String>,
 ) -> Result<(), ClusterError>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
@@ -171,21 +175,14 @@ where
 {
     let plural = K::plural(&K::DynamicType::default()).into_owned();
     let op = format!("delete {plural} {ns}/{name}");
-    let params = DeleteParams {
-        preconditions: uid.map(|uid| Preconditions {
-            uid: Some(uid),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
+    let params = DeleteParams::default();
     match retry
         .run(&op, || async {
             api.delete(name, &params).await.classify(|| op.clone())
         })
         .await
     {
-        // Gone, or replaced by an object of the same name that is not this one (uid precondition).
-        Err(e) if e.is_not_found() || e.is_conflict() => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
         Err(e) => Err(e),
         Ok(_) => Ok(()),
     }

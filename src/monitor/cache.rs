@@ -1279,18 +1279,18 @@ impl Cache {
         })
     }
 
-    /// Estimates the start of every waiting PodGroup (any workload's: they all go ahead of someone) on
-    /// `nodes`, from what the cache holds: the pods of the jobs volcano-runner runs, bound to their nodes
-    /// and held until each job's deadline, and the waiting gangs in the scheduler's order. Pods of other
-    /// workloads are not watched, so on a cluster shared with them an estimate can be early; `admin
-    /// queue` lists every pod and counts them. The estimates stay for the snapshots until the next call.
-    /// Returns the jobs held whose estimate changed.
     /// The maintenance windows the next [`Cache::estimate_starts`] replays: they cut running jobs and
     /// hold back gated ones ([`super::estimate_windows`]).
     pub fn set_maintenance_windows(&mut self, windows: Option<crate::cluster::Windows>) {
         self.maintenance_windows = windows;
     }
 
+    /// Estimates the start of every waiting PodGroup (any workload's: they all go ahead of someone) on
+    /// `nodes`, from what the cache holds: the pods of the jobs volcano-runner runs, bound to their nodes
+    /// and held until each job's deadline, and the waiting gangs in the scheduler's order. Pods of other
+    /// workloads are not watched, so on a cluster shared with them an estimate can be early; `admin
+    /// queue` lists every pod and counts them. The estimates stay for the snapshots until the next call.
+    /// Returns the jobs held whose estimate changed.
     pub fn estimate_starts(
         &mut self,
         nodes: &[Node],
@@ -1420,8 +1420,8 @@ impl Cache {
             })
             .collect();
         let (groups, gangs): (Vec<GroupKey>, Vec<_>) = pending.into_iter().unzip();
-        // A gang is held back by a window while its job was created held and its pods (if any yet)
-        // carry the maintenance gate: the monitor lifts the gate only when no window is in the way.
+        // A gang is held back by a window while the maintenance gate holds it: the monitor lifts the
+        // gate only when no window is in the way.
         let gate = keys.maintenance_gate();
         let maintenance = estimate::Maintenance {
             windows: self
@@ -1444,13 +1444,15 @@ impl Cache {
                             .is_some_and(|a| a.contains_key(&keys.maintenance_held))
                     });
                     let pods = self.pods.get(&jkey).map_or(&[][..], Vec::as_slice);
-                    created_held
-                        && (pods.is_empty()
-                            || pods.iter().any(|p| {
-                                p.gates
-                                    .as_ref()
-                                    .is_some_and(|g| g.iter().any(|g| g.name == gate))
-                            }))
+                    super::maintenance::held_back(
+                        created_held,
+                        pods.is_empty(),
+                        pods.iter().any(|p| {
+                            p.gates
+                                .as_ref()
+                                .is_some_and(|g| g.iter().any(|g| g.name == gate))
+                        }),
+                    )
                 })
                 .collect(),
             // Every running job here is the runner's.

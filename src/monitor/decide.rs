@@ -427,7 +427,11 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     let waiting_for_window = match obs.maintenance {
         Some(windows) if never_started => {
             let created_held = annotation(job, &s.keys.maintenance_held).is_some();
-            let gated = !maintenance_gated.is_empty() || (created_held && obs.pods.is_empty());
+            let gated = super::maintenance::held_back(
+                created_held,
+                obs.pods.is_empty(),
+                !maintenance_gated.is_empty(),
+            );
             let expected = match obs.estimate {
                 Some(Estimate::At { start, .. }) => Some(*start),
                 _ => None,

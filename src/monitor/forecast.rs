@@ -481,17 +481,14 @@ fn entries(waiting: &[&PodGroup], pending: &[Pending], estimates: &[Estimate]) -
     out
 }
 
-/// Whether a maintenance window holds the job back: it was created held and its pods (if it has any
-/// yet) carry the maintenance gate, which the monitor lifts only when no window is in the way.
+/// Whether a maintenance window holds the job back ([`super::maintenance::held_back`]): the monitor
+/// lifts the gate only when no window is in the way.
 fn held(job: &VolcanoJob, key: &JobKey, pods: &[Pod], keys: &AnnotationKeys) -> bool {
     let created_held = job
         .metadata
         .annotations
         .as_ref()
         .is_some_and(|a| a.contains_key(&keys.maintenance_held));
-    if !created_held {
-        return false;
-    }
     let gate = keys.maintenance_gate();
     let own: Vec<&Pod> = pods
         .iter()
@@ -504,7 +501,11 @@ fn held(job: &VolcanoJob, key: &JobKey, pods: &[Pod], keys: &AnnotationKeys) -> 
                     .is_some_and(|n| *n == *key.name)
         })
         .collect();
-    own.is_empty() || own.iter().any(|p| super::peers::is_gated(p, &gate))
+    super::maintenance::held_back(
+        created_held,
+        own.is_empty(),
+        own.iter().any(|p| super::peers::is_gated(p, &gate)),
+    )
 }
 
 /// A node the replay may place ranks on; `None` for a cordoned node. `reserved_for`: see

@@ -137,6 +137,13 @@ fn warning(job_id: &str, window: &Window, warn_at: Timestamp) -> JobEvent {
     }
 }
 
+/// Whether a job that has not started is held back by the maintenance gate: its pods carry it, or it was
+/// created held (`<prefix>maintenanceHeld`) and Volcano has not made its pods yet. The one rule the
+/// monitor's decision and both replays (the monitor's and `admin queue`'s) read.
+pub fn held_back(created_held: bool, no_pods: bool, any_gated: bool) -> bool {
+    any_gated || (created_held && no_pods)
+}
+
 /// How a job that has not started stands towards the window in the way of its time allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Waiting<'a> {

@@ -137,16 +137,6 @@ pub fn plan(
                 effect: EFFECT.to_owned(),
                 time_added: None,
             });
-        } else if let Some(job) = &current
-            && stale.is_none()
-        {
-            // Not stale: keep it as it was.
-            taints.push(Taint {
-                key: key.to_owned(),
-                value: Some(job.clone()),
-                effect: EFFECT.to_owned(),
-                time_added: None,
-            });
         }
         out.push(Change {
             node: node.name.clone(),

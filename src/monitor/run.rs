@@ -820,12 +820,12 @@ impl Loop {
     /// `[monitor] reserve_nodes`: taints the nodes the replay reserves for the whole-node gangs of this
     /// runner's shards, and removes their taints once they no longer wait ([`super::reserve`]). Decided
     /// from the watched taints and jobs only, after the first lists: a round's writes run in the
-    /// background, and the next round waits for them.
+    /// background, and the next round waits for them. With the switch off nothing is reserved, but the
+    /// taints left from when it was on are still removed (nothing would ever lift them otherwise).
     fn reserve_nodes(&mut self) {
         // Not before the first pass has the full lists: a taint whose job the cache has not listed yet
         // would be taken for one whose job is gone.
-        if !self.exec.settings.config.monitor.reserve_nodes
-            || self.passes == 0
+        if self.passes == 0
             || self.node_taints.is_empty()
             || self.reserving.as_ref().is_some_and(|h| !h.is_finished())
         {

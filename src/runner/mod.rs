@@ -155,9 +155,9 @@ impl Runner {
     /// Judges maintenance windows by `clock` (the monitor's; the system clock by default) when it decides
     /// whether a submission is created held back.
     pub fn with_clock(mut self, clock: Arc<dyn crate::monitor::Clock>) -> Self {
-        if let Some(handler) = Arc::get_mut(&mut self.handler) {
-            handler.windows_clock = clock;
-        }
+        Arc::get_mut(&mut self.handler)
+            .expect("the clock is set before the runner starts")
+            .windows_clock = clock;
         self
     }
 
