@@ -79,6 +79,8 @@ pub struct Monitor {
     pub(crate) metrics: Option<crate::ops::Metrics>,
     /// See [`Monitor::with_confirmed_queued`].
     pub(crate) confirmed_queued: ConfirmedQueued,
+    /// See [`Monitor::with_windows`].
+    pub(crate) windows: Option<watch::Receiver<Option<crate::cluster::Windows>>>,
 }
 
 impl Monitor {
@@ -102,7 +104,18 @@ impl Monitor {
             reports: watch::Sender::new(PassReport::default()),
             metrics: None,
             confirmed_queued: ConfirmedQueued::default(),
+            windows: None,
         }
+    }
+
+    /// Reads the maintenance windows from `windows` (the runner's watch in the same process,
+    /// [`crate::runner::Runner::windows`]) instead of following their ConfigMaps itself.
+    pub fn with_windows(
+        mut self,
+        windows: watch::Receiver<Option<crate::cluster::Windows>>,
+    ) -> Self {
+        self.windows = Some(windows);
+        self
     }
 
     /// Sends no copy of a job's QUEUED before its first event when `confirmed` says that this process

@@ -155,16 +155,25 @@ const WATCH_PAGE: u32 = 100;
 pub async fn run(m: Monitor, shutdown: CancellationToken) {
     let settings = Settings::new(m.config.clone(), m.runner_id.clone());
     let mc = m.config.monitor.clone();
-    // The maintenance windows, followed by one watch of their ConfigMaps; every decision reads them
-    // from here.
-    let (windows_tx, mut windows) = tokio::sync::watch::channel(None);
-    // Polled by the loop below, not spawned: it stops with the monitor, however the monitor stops.
-    let follow_windows = crate::cluster::maintenance::follow(
-        m.client.clone(),
-        m.config.cluster.namespace.clone(),
-        m.config.cluster.relist_interval,
-        windows_tx,
-    );
+    // The maintenance windows: the runner's watch of their ConfigMaps when it shares this process, else
+    // one of the monitor's own, polled by the loop below (not spawned: it stops with the monitor,
+    // however the monitor stops). Every decision reads them from here.
+    let (mut windows, follow_windows) = match m.windows.clone() {
+        Some(windows) => (
+            windows,
+            futures::future::Either::Left(std::future::pending()),
+        ),
+        None => {
+            let (windows_tx, windows) = tokio::sync::watch::channel(None);
+            let follow = crate::cluster::maintenance::follow(
+                m.client.clone(),
+                m.config.cluster.namespace.clone(),
+                m.config.cluster.relist_interval,
+                windows_tx,
+            );
+            (windows, futures::future::Either::Right(follow))
+        }
+    };
     let mut follow_windows = std::pin::pin!(follow_windows);
     let mut windows_open = true;
     let exec = Arc::new(Executor::new(

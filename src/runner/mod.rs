@@ -166,6 +166,12 @@ impl Runner {
         self.handler.gate.clone()
     }
 
+    /// The maintenance windows as this runner follows them, for a monitor in the same process
+    /// ([`crate::monitor::Monitor::with_windows`]): one watch of their ConfigMaps per process.
+    pub fn windows(&self) -> tokio::sync::watch::Receiver<Option<crate::cluster::Windows>> {
+        self.windows.subscribe()
+    }
+
     /// The jobs whose QUEUED this runner had confirmed by the broker, for a monitor in the same process
     /// ([`crate::monitor::Monitor::with_confirmed_queued`]): it then publishes no copy of their QUEUED.
     pub fn confirmed_queued(&self) -> crate::monitor::ConfirmedQueued {

@@ -151,7 +151,8 @@ impl Service {
                 handle.subscribe(),
             )
             .with_metrics(ops.metrics.clone())
-            .with_confirmed_queued(runner.confirmed_queued());
+            .with_confirmed_queued(runner.confirmed_queued())
+            .with_windows(runner.windows());
             if let Some((clock, poll)) = self.monitor_clock {
                 monitor = monitor.with_clock(clock, poll);
             }
