@@ -1,9 +1,10 @@
-//! No starvation of a whole-node gang (issue 32): a stream of small jobs keeps arriving on three nodes,
-//! never leaving two of them untouched at once, while a whole-node gang of two ranks waits. With
-//! `[monitor] reserve_nodes` the monitor taints the nodes the replay gives the gang once it is past its
-//! `sla-waiting-time` (`monitor::reserve`, decided and written here as a monitor pass does, every 10 s of
-//! simulated time), the gang is told a bound, and it starts by it. Without, the same stream passes it
-//! for as long as the stream lasts: the measured contrast, which shows the test can fail.
+//! No starvation of a whole-node or large gang (issue 32): a stream of small jobs keeps arriving on three
+//! nodes, never leaving two of them untouched at once (nor two with room for a 12-CPU rank), while a
+//! gang of two ranks waits: whole-node ranks, or ranks of 12 of a node's 16 CPUs (no node holds two).
+//! With `[monitor] reserve_nodes` the monitor taints the nodes the replay gives the gang once it is past
+//! its `sla-waiting-time` (`monitor::reserve`, decided and written here as a monitor pass does, every
+//! 10 s of simulated time), the gang is told a bound, and it starts by it. Without, the same stream
+//! passes it for as long as the stream lasts: the measured contrast, which shows the test can fail.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -31,7 +32,8 @@ const GANG_ARRIVES: i64 = 60;
 const GANG: &str = "j-gang";
 
 /// A managed job as the pipeline renders it (the parts the scheduler and the estimates read), with
-/// `sla-waiting-time: 1m`; whole nodes when `whole`.
+/// `sla-waiting-time: 1m`, so its ranks tolerate their own job's reservation (the Task plugin renders
+/// that for every job with a waiting time); whole nodes when `whole`.
 fn vcjob(
     name: &str,
     ranks: u32,
@@ -51,14 +53,14 @@ fn vcjob(
             "command": ["sh", "-c", format!("sleep {runs_s}")],
             "resources": {"requests": resources, "limits": resources}}]
     }});
+    let keys = AnnotationKeys::new("ucloud.dk/");
+    let id = name.strip_prefix("j-").unwrap();
+    template["spec"]["tolerations"] =
+        json!([serde_json::to_value(reservation_toleration(&keys, id)).unwrap()]);
     if whole {
-        let keys = AnnotationKeys::new("ucloud.dk/");
-        let id = name.strip_prefix("j-").unwrap();
         annotations["ucloud.dk/exclusiveNodes"] = json!("true");
         template["metadata"] = json!({"labels": {"ucloud.dk/exclusiveNodes": "true"}});
         template["spec"]["affinity"] = serde_json::to_value(exclusive_affinity()).unwrap();
-        template["spec"]["tolerations"] =
-            json!([serde_json::to_value(reservation_toleration(&keys, id)).unwrap()]);
     }
     serde_json::from_value(json!({
         "apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
@@ -89,7 +91,27 @@ struct Outcome {
     taints_left: usize,
 }
 
-async fn run(reserve: bool) -> Outcome {
+/// The waiting gang: two ranks of `cpu` CPUs each, running 300 s of a 600 s limit; whole nodes when
+/// `whole`.
+#[derive(Debug, Clone, Copy)]
+struct Gang {
+    cpu: u32,
+    whole: bool,
+}
+
+/// Two whole-node ranks (8 CPUs each asked, all of the node held).
+const WHOLE: Gang = Gang {
+    cpu: 8,
+    whole: true,
+};
+/// Two ranks of 12 CPUs on 16-CPU nodes, not whole-node: no node holds two of them, and the 4 CPUs
+/// beside a rank stay for small jobs.
+const LARGE: Gang = Gang {
+    cpu: 12,
+    whole: false,
+};
+
+async fn run(reserve: bool, gang: Gang) -> Outcome {
     let (sim, client) = start_with(|c| {
         c.nodes = vec![
             NodeSpec::cpu_node("n1"),
@@ -120,9 +142,12 @@ async fn run(reserve: bool) -> Outcome {
             limits.insert(name, 120);
         }
         if second == GANG_ARRIVES {
-            api.create(&PostParams::default(), &vcjob(GANG, 2, 8, 300, 600, true))
-                .await
-                .unwrap();
+            api.create(
+                &PostParams::default(),
+                &vcjob(GANG, 2, gang.cpu, 300, 600, gang.whole),
+            )
+            .await
+            .unwrap();
             created.insert(GANG.into(), second);
             limits.insert(GANG.into(), 600);
         }
@@ -201,10 +226,31 @@ async fn run(reserve: bool) -> Outcome {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_whole_node_gang_told_a_bound_starts_by_it_while_small_jobs_keep_arriving() {
-    let with = run(true).await;
-    let without = run(false).await;
-    println!("stream of small jobs, with reserve_nodes: {with:?}");
-    println!("stream of small jobs, without reserve_nodes: {without:?}");
+    let with = run(true, WHOLE).await;
+    let without = run(false, WHOLE).await;
+    println!("stream of small jobs, whole-node gang, with reserve_nodes: {with:?}");
+    println!("stream of small jobs, whole-node gang, without reserve_nodes: {without:?}");
+    told_a_bound_only_with_the_reservation_and_kept_it(&with, &without);
+}
+
+/// Its ranks are not whole-node, but each takes 12 of a node's 16 CPUs: the `sla` plugin locks a node's
+/// idle CPUs for the gang only once 12 are free there, and the stream keeps refilling the room a rank
+/// waits for on the other nodes. Before reservations covered such gangs it was told a bound (from the
+/// `sla` plugin alone) that the stream broke.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_gang_that_is_not_whole_node_told_a_bound_starts_by_it_while_small_jobs_keep_arriving()
+ {
+    let with = run(true, LARGE).await;
+    let without = run(false, LARGE).await;
+    println!("stream of small jobs, gang of two 12-CPU ranks, with reserve_nodes: {with:?}");
+    println!("stream of small jobs, gang of two 12-CPU ranks, without reserve_nodes: {without:?}");
+    told_a_bound_only_with_the_reservation_and_kept_it(&with, &without);
+}
+
+/// With the reservation the gang is told an expectation, then a bound that it keeps while the stream
+/// goes on, and the taints are gone afterwards; without, it is told no bound and the stream passes it
+/// beyond the bound the reservation gave.
+fn told_a_bound_only_with_the_reservation_and_kept_it(with: &Outcome, without: &Outcome) {
     let first_bound = *with
         .bounds
         .first()
