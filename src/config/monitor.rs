@@ -83,10 +83,11 @@ pub struct MonitorConfig {
     /// 0: no warning, only the end at the window's start.
     #[serde(with = "duration::required")]
     pub maintenance_warn_before: Duration,
-    /// Whether the monitor reserves whole nodes for a whole-node gang past its `sla-waiting-time`, by
-    /// tainting the nodes the start-time replay gives it (`<prefix>reserved=<jobId>:NoSchedule`; its
-    /// pods tolerate their own job id), so that a stream of small jobs cannot pass it for ever and its
-    /// estimate is a bound (docs/estimates.md). Needs `patch` on nodes, cluster-wide. Off by default:
+    /// Whether the monitor reserves nodes for a whole-node or large gang (ranks of more than half of a
+    /// node they fit on) past its `sla-waiting-time`, by tainting the nodes the start-time replay gives
+    /// it (`<prefix>reserved=<jobId>:NoSchedule`; the pods of a job with a waiting time or whole nodes
+    /// tolerate their own job id), so that a stream of smaller jobs cannot pass it for ever and its
+    /// estimate is a bound (docs/estimates.md); without it such a gang is told expectations. Needs `patch` on nodes, cluster-wide. Off by default:
     /// it writes to nodes, which the operator must allow.
     pub reserve_nodes: bool,
     /// Whether the Volcano scheduler runs its `proportion` plugin, as its default configuration does.

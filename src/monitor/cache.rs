@@ -691,8 +691,9 @@ impl Cache {
         }
     }
 
-    /// Waiting whole-node gangs with a waiting time get whole nodes reserved (`[monitor] reserve_nodes`,
-    /// [`super::reserve`]): the replay models it, and [`Cache::reservations`] says what to reserve.
+    /// Waiting whole-node and large gangs with a waiting time get nodes reserved
+    /// (`[monitor] reserve_nodes`, [`super::reserve`]): the replay models it, and
+    /// [`Cache::reservations`] says what to reserve.
     pub fn with_reserve_nodes(mut self, reserve_nodes: bool) -> Self {
         self.reserve_nodes = reserve_nodes;
         self

@@ -100,9 +100,9 @@ impl Resources {
 pub struct Node {
     pub name: String,
     pub allocatable: Resources,
-    /// The job whose whole-node gang this node is reserved for (the value of its `<prefix>reserved`
-    /// taint, see `monitor::reserve`): only that gang's pods tolerate the taint, so nothing else is
-    /// placed here while it waits. `None`: not reserved.
+    /// The job whose gang this node is reserved for (the value of its `<prefix>reserved` taint, see
+    /// `monitor::reserve`): only that gang's pods tolerate the taint, so nothing else is placed here
+    /// while it waits. `None`: not reserved.
     pub reserved_for: Option<String>,
 }
 
@@ -135,10 +135,11 @@ pub struct Pending {
     /// Its PodGroup is `Inqueue`: admitted, its `minResources` already counted against what later
     /// gangs may be admitted.
     pub inqueue: bool,
-    /// The job id whose `<prefix>reserved` taint its pods tolerate, when the monitor reserves whole
-    /// nodes for it (`[monitor] reserve_nodes`, a whole-node gang with a `sla-waiting-time`): past its
-    /// waiting time it is given the nodes that become untouched first, and nothing else is placed on
-    /// them until it starts. `None`: nodes are not reserved for it.
+    /// The job id whose `<prefix>reserved` taint its pods tolerate, when the monitor may reserve nodes
+    /// for it (`[monitor] reserve_nodes`, a job with a `sla-waiting-time`, whose ranks the pipeline
+    /// renders tolerating it). The replay reserves only for a gang that [`needs_reservation`]: past its
+    /// waiting time it is given the nodes that first have room for its ranks, and nothing else is
+    /// placed on them until it starts. `None`: nodes are not reserved for it.
     pub reserves: Option<String>,
 }
 
@@ -150,15 +151,36 @@ impl Pending {
 
     /// Whether the scheduler keeps the replay's order for it, so that its estimate is an upper bound:
     /// past its `sla-waiting-time` nothing placed after it takes what it can use (a `fifo` queue is not
-    /// enough: the other queues still pass it). A whole-node gang is the exception: what it waits for
-    /// are untouched nodes, and no Volcano mechanism keeps small jobs off a node that is about to empty;
-    /// it gets a bound only once `reserved_nodes` (of `nodes`, tainted for it) are as many as its ranks:
-    /// then nothing else lands on them, and they empty by the deadlines of what runs there.
-    pub fn bound(&self, reserved_nodes: usize) -> bool {
+    /// enough: the other queues still pass it). A gang that `needs_reservation` ([`needs_reservation`]:
+    /// whole nodes, or ranks so large that no node holds two) is the exception: what it waits for is
+    /// most of a node per rank, and the `sla` plugin keeps nothing of a node before a rank fits there,
+    /// so smaller jobs can keep filling the room it waits for; it gets a bound only once the nodes
+    /// tainted for it hold all of its ranks (`reserved_ranks`: how many they hold when empty): then
+    /// nothing else lands on them, and they empty by the deadlines of what runs there.
+    pub fn bound(&self, needs_reservation: bool, reserved_ranks: u64) -> bool {
         self.reserved_from.is_some()
-            && (!self.exclusive
-                || (self.reserves.is_some() && reserved_nodes >= self.replicas as usize))
+            && (!needs_reservation
+                || (self.reserves.is_some() && reserved_ranks >= u64::from(self.replicas)))
     }
+}
+
+/// Whether the gang waits for most of a node per rank, so that only reserved nodes make its start a
+/// bound ([`Pending::bound`]): whole nodes, or ranks that take more than half of some resource of a node
+/// they fit on (that node holds one, not two). There the room a rank needs appears only once most of
+/// what runs on the node has ended, and smaller jobs refill it first. Smaller ranks find room as jobs
+/// end, and the `sla` plugin keeps it for them once it is there; reserving nodes for them would hold
+/// idle what they do not use (docs/estimates.md, *Keeping whole-node and large gangs from starving*).
+pub fn needs_reservation(job: &Pending, nodes: &[Node]) -> bool {
+    job.exclusive
+        || nodes
+            .iter()
+            .any(|n| ranks_in(&job.per_rank, &n.allocatable) == 1)
+}
+
+/// How many of the gang's ranks a node holds when nothing else runs there: one for whole nodes.
+fn node_ranks(job: &Pending, node: &Node) -> u64 {
+    let each = ranks_in(&job.per_rank, &node.allocatable);
+    if job.exclusive { each.min(1) } else { each }
 }
 
 /// Under Volcano's `proportion` plugin the scheduler serves the queue with the lowest share first and
@@ -248,8 +270,9 @@ struct End {
 pub struct Replay {
     pub estimates: Vec<Estimate>,
     /// Gangs (indices into `pending`) that reserve nodes (indices into `nodes`) in the session at `now`:
-    /// past their waiting time, with [`Pending::reserves`], holding fewer reserved nodes than ranks, and
-    /// not fitting now. The monitor taints these nodes for them (`monitor::reserve`).
+    /// past their waiting time, with [`Pending::reserves`] and [`needs_reservation`], holding reserved
+    /// nodes for fewer ranks than they have, and not fitting now. The monitor taints these nodes for
+    /// them (`monitor::reserve`).
     pub reserve_now: Vec<(usize, Vec<usize>)>,
 }
 
@@ -389,16 +412,32 @@ pub fn replay_with(
                 .position(|p| p.reserves.as_deref() == Some(id))
         })
         .collect();
-    let held_at_start = |i: usize| reserved.iter().filter(|g| **g == Some(i)).count();
+    // Whether each gang needs nodes reserved for a bound, and how many of its ranks the nodes reserved
+    // for it hold.
+    let needs: Vec<bool> = pending
+        .iter()
+        .map(|p| needs_reservation(p, nodes))
+        .collect();
+    let held_ranks = |reserved: &[Option<usize>], i: usize| -> u64 {
+        reserved
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| **g == Some(i))
+            .map(|(n, _)| node_ranks(&pending[i], &nodes[n]))
+            .fold(0u64, u64::saturating_add)
+    };
     let bound_of: Vec<bool> = pending
         .iter()
         .enumerate()
         .map(|(i, p)| {
-            p.bound(if p.reserves.is_some() {
-                held_at_start(i)
-            } else {
-                0
-            })
+            p.bound(
+                needs[i],
+                if p.reserves.is_some() {
+                    held_ranks(&reserved, i)
+                } else {
+                    0
+                },
+            )
         })
         .collect();
     let mut reserve_now: Vec<(usize, Vec<usize>)> = Vec::new();
@@ -427,8 +466,8 @@ pub fn replay_with(
         blocked.clear();
         failed.clear();
         let mut any_reserved = reserved.iter().any(Option::is_some);
-        // A gang past its waiting time ahead of this one in the session still waits: a whole-node gang
-        // reserves nodes only when none does, so that its reservation never takes what the `sla` order
+        // A gang past its waiting time ahead of this one in the session still waits: a gang reserves
+        // nodes only when none does, so that its reservation never takes what the `sla` order
         // gives a gang ahead of it (whose bound was told before the reservation was made).
         let mut overdue_ahead = false;
         let mut roomiest = roomiest(&free);
@@ -520,12 +559,18 @@ pub fn replay_with(
                 if overdue != 0 {
                     misses += 1;
                 }
-                if overdue == 0 && job.reserves.is_some() && !overdue_ahead {
-                    let have = reserved.iter().filter(|g| **g == Some(i)).count();
-                    let want = (job.replicas as usize).saturating_sub(have);
+                if overdue == 0 && job.reserves.is_some() && needs[i] && !overdue_ahead {
+                    let want = u64::from(job.replicas).saturating_sub(held_ranks(&reserved, i));
                     if want > 0 {
-                        let chosen =
-                            choose_nodes(job, want, &free, nodes, &reserved, &busy_until, cursor);
+                        let room = Room {
+                            free: &free,
+                            nodes,
+                            reserved: &reserved,
+                            busy_until: &busy_until,
+                            ends: &ends,
+                            holdings: &holdings,
+                        };
+                        let chosen = choose_nodes(job, want, room, cursor);
                         if !chosen.is_empty() {
                             for n in &chosen {
                                 reserved[*n] = Some(i);
@@ -569,6 +614,12 @@ pub fn replay_with(
             admitted.gpu = admitted.gpu.saturating_sub(minimum.gpu);
             let bound = bound_of[i];
             let mut basis = basis(cursor, now, released_running, running.len(), started, bound);
+            if !bound && needs[i] && job.reserved_from.is_some() && cursor > now {
+                basis.push_str(
+                    "; each of its ranks needs most of a node, which smaller jobs can keep filling \
+                     until nodes are reserved for it",
+                );
+            }
             if let Some(w) = held_by[i] {
                 basis.push_str(&format!(
                     "; held back by the maintenance window {} until {}",
@@ -665,36 +716,92 @@ pub fn replay_with(
     }
 }
 
-/// The nodes a whole-node gang reserves, `want` of them: of the nodes reserved for no waiting gang
-/// that can hold one of its ranks when empty and whose holders all have a time limit, those untouched
-/// first (now, or when the last job on them ends at its deadline; ties: the node listed first). None
-/// when there are not that many: a partial reservation would hold nodes idle for a gang that cannot
-/// start on them.
-fn choose_nodes(
-    job: &Pending,
-    want: usize,
-    free: &[Resources],
-    nodes: &[Node],
-    reserved: &[Option<usize>],
-    busy_until: &[Timestamp],
-    cursor: Timestamp,
-) -> Vec<usize> {
+/// What [`choose_nodes`] looks at: the replay's state at the session.
+#[derive(Clone, Copy)]
+struct Room<'a> {
+    free: &'a [Resources],
+    nodes: &'a [Node],
+    reserved: &'a [Option<usize>],
+    busy_until: &'a [Timestamp],
+    ends: &'a BinaryHeap<Reverse<End>>,
+    holdings: &'a [Vec<(usize, Resources)>],
+}
+
+/// The nodes a gang that [`needs_reservation`] reserves, enough for `want` of its ranks: of the nodes
+/// reserved for no waiting gang that can hold one of its ranks when empty and whose holders all have a
+/// time limit, those with room for a rank first (ties: the node listed first). For a whole-node gang
+/// that is when the node is untouched (now, or when the last job on it ends at its deadline); for
+/// another, when enough of what runs there has ended, at the deadlines, for one rank to fit; a node
+/// counts for as many ranks as it holds when empty (the replay then places them, which is what the
+/// bound is). None when there are not enough: a partial reservation would hold nodes idle for a gang
+/// that cannot start on them.
+fn choose_nodes(job: &Pending, want: u64, room: Room<'_>, cursor: Timestamp) -> Vec<usize> {
+    let Room {
+        free,
+        nodes,
+        reserved,
+        busy_until,
+        ends,
+        holdings,
+    } = room;
+    // What comes back on each node, and when (for ranks that need less than a whole node).
+    let mut back: Vec<Vec<(Timestamp, Resources)>> = Vec::new();
+    if !job.exclusive {
+        back = vec![Vec::new(); nodes.len()];
+        for Reverse(end) in ends.iter() {
+            for (node, r) in &holdings[end.holding] {
+                if let Some(b) = back.get_mut(*node) {
+                    b.push((end.at, *r));
+                }
+            }
+        }
+    }
     let mut candidates: Vec<(Timestamp, usize)> = (0..nodes.len())
-        .filter(|&n| reserved[n].is_none() && job.per_rank.fits_in(&nodes[n].allocatable))
+        .filter(|&n| {
+            reserved[n].is_none()
+                && job.per_rank.fits_in(&nodes[n].allocatable)
+                && busy_until[n] < Timestamp::MAX
+        })
         .filter_map(|n| {
-            let at = if free[n] == nodes[n].allocatable {
-                cursor
+            let at = if job.exclusive {
+                if free[n] == nodes[n].allocatable {
+                    cursor
+                } else {
+                    busy_until[n].max(cursor)
+                }
             } else {
-                busy_until[n].max(cursor)
+                let mut room = free[n];
+                let mut at = cursor;
+                back[n].sort_unstable_by_key(|(when, _)| *when);
+                for (when, r) in &back[n] {
+                    if job.per_rank.fits_in(&room) {
+                        break;
+                    }
+                    r.give_back(&mut room);
+                    at = (*when).max(cursor);
+                }
+                if !job.per_rank.fits_in(&room) {
+                    return None;
+                }
+                at
             };
             (at < Timestamp::MAX).then_some((at, n))
         })
         .collect();
-    if candidates.len() < want {
+    candidates.sort_unstable();
+    let mut chosen = Vec::new();
+    let mut ranks = 0u64;
+    for (_, n) in candidates {
+        if ranks >= want {
+            break;
+        }
+        ranks = ranks.saturating_add(node_ranks(job, &nodes[n]));
+        chosen.push(n);
+    }
+    if ranks < want {
         return Vec::new();
     }
-    candidates.sort_unstable();
-    candidates.into_iter().take(want).map(|(_, n)| n).collect()
+    chosen
 }
 
 /// Volcano's default over-commit factor for admission (the `overcommit` plugin's
@@ -1287,6 +1394,102 @@ mod tests {
         stale[2].reserved_for = Some("gone".into());
         let r = replay(&stale, &running, &jobs, t(0));
         assert!(r.estimates[1..].iter().all(|e| start(e) == t(0)), "{r:?}");
+    }
+
+    #[test]
+    fn a_large_gang_that_is_not_whole_node_reserves_the_nodes_with_room_first_and_is_then_bound() {
+        // Three 16-CPU nodes, each with a 6-CPU job until 100, 200 and 300 s: 10 CPUs free on each,
+        // short of a 12-CPU rank. Small long 5-CPU jobs behind fit in the gaps now.
+        let running: Vec<Running> = [100, 200, 300]
+            .iter()
+            .enumerate()
+            .map(|(n, end)| Running {
+                ranks: vec![(n, res(6, 0))],
+                ends_by: Some(t(*end)),
+            })
+            .collect();
+        let mut gang = pending("gang", 2, res(12, 0), 50);
+        gang.reserved_from = Some(t(-10));
+        let mut jobs = vec![gang];
+        jobs.extend((0..2).map(|k| pending(&format!("small-{k}"), 1, res(5, 0), 1000)));
+        assert!(needs_reservation(&jobs[0], &nodes(3, 16, 0)));
+        // Without reservations the small jobs take 5 CPUs on two nodes: the gang waits for them, and
+        // what it is told is an expectation that says why.
+        let r = replay(&nodes(3, 16, 0), &running, &jobs, t(0));
+        assert!(start(&r.estimates[0]) >= t(1000), "{r:?}");
+        assert!(r.reserve_now.is_empty());
+        assert!(
+            matches!(&r.estimates[0], Estimate::At { bound: false, basis, .. }
+                if basis.contains("needs most of a node")),
+            "{r:?}"
+        );
+        // With them: the two nodes where a rank fits first are reserved now, the small jobs start on
+        // the third.
+        jobs[0].reserves = Some("g".into());
+        let r = replay(&nodes(3, 16, 0), &running, &jobs, t(0));
+        assert_eq!(r.reserve_now, vec![(0, vec![0, 1])]);
+        assert_eq!(start(&r.estimates[0]), t(200));
+        assert!(matches!(r.estimates[0], Estimate::At { bound: false, .. }));
+        assert!(r.estimates[1..].iter().all(|e| start(e) == t(0)));
+        // Once the taints are there: a bound.
+        let mut cluster = nodes(3, 16, 0);
+        cluster[0].reserved_for = Some("g".into());
+        cluster[1].reserved_for = Some("g".into());
+        let r = replay(&cluster, &running, &jobs, t(0));
+        assert!(r.reserve_now.is_empty(), "{r:?}");
+        assert!(
+            matches!(r.estimates[0], Estimate::At { start, bound: true, .. } if start == t(200)),
+            "{r:?}"
+        );
+        // Ranks of 8 CPUs (two to a node) are no large gang: nothing is reserved, and the `sla`
+        // plugin's locking makes its start a bound as before.
+        let mut half = jobs.clone();
+        half[0].per_rank = res(8, 0);
+        half[0].replicas = 4;
+        assert!(!needs_reservation(&half[0], &nodes(3, 16, 0)));
+        let r = replay(&nodes(3, 16, 0), &running, &half, t(0));
+        assert!(r.reserve_now.is_empty(), "{r:?}");
+        assert!(matches!(r.estimates[0], Estimate::At { bound: true, .. }));
+    }
+
+    #[test]
+    fn a_node_that_holds_several_ranks_of_a_large_gang_counts_for_them() {
+        // A 16-CPU node (one 12-CPU rank) with 6 CPUs taken until 100 s, a 32-CPU node (two ranks) with
+        // 10 taken until 200 s. A gang of three 12-CPU ranks past its waiting time needs both.
+        let mut cluster = nodes(1, 16, 0);
+        cluster.extend(nodes(1, 32, 0).into_iter().map(|mut n| {
+            n.name = "big".into();
+            n
+        }));
+        let running = vec![
+            Running {
+                ranks: vec![(0, res(6, 0))],
+                ends_by: Some(t(100)),
+            },
+            Running {
+                ranks: vec![(1, res(10, 0))],
+                ends_by: Some(t(200)),
+            },
+        ];
+        let mut gang = pending("gang", 3, res(12, 0), 50);
+        gang.reserved_from = Some(t(-10));
+        gang.reserves = Some("g".into());
+        assert!(needs_reservation(&gang, &cluster));
+        let r = replay(&cluster, &running, std::slice::from_ref(&gang), t(0));
+        // The big node has room for a rank now, the small one at 100 s.
+        assert_eq!(r.reserve_now, vec![(0, vec![1, 0])]);
+        for n in &mut cluster {
+            n.reserved_for = Some("g".into());
+        }
+        let r = replay(&cluster, &running, std::slice::from_ref(&gang), t(0));
+        assert!(
+            matches!(r.estimates[0], Estimate::At { start, bound: true, .. } if start == t(200)),
+            "{r:?}"
+        );
+        // The big node alone holds two of its three ranks: no bound.
+        cluster[0].reserved_for = None;
+        let r = replay(&cluster, &running, &[gang], t(0));
+        assert!(matches!(r.estimates[0], Estimate::At { bound: false, .. }));
     }
 
     #[test]

@@ -214,8 +214,8 @@ struct Inputs<'a> {
 }
 
 /// The waiting jobs of every queue with their estimates, queue by queue in queue order.
-/// `reserve_nodes`: `[monitor] reserve_nodes` (whole nodes are reserved for a whole-node gang past its
-/// waiting time, see [`super::reserve`]); for a scheduler without the `proportion` plugin (the
+/// `reserve_nodes`: `[monitor] reserve_nodes` (nodes are reserved for a whole-node or large gang past
+/// its waiting time, see [`super::reserve`]); for a scheduler without the `proportion` plugin (the
 /// simulator's default), see [`forecast_with`] for one with it.
 pub fn forecast(
     view: ClusterView<'_>,
@@ -540,8 +540,11 @@ pub fn gang(pg: &PodGroup) -> (u32, Resources) {
 
 /// A waiting PodGroup as the replay takes it; `job` is its VolcanoJob when volcano-runner made it (its
 /// `maxTime` is the gang's time allocation; without one it holds what it gets for good); `fifo`: its
-/// queue's `dequeueStrategy` is `fifo`; `reserve_nodes`: `[monitor] reserve_nodes`, so that a
-/// whole-node gang with a waiting time gets nodes reserved ([`Pending::reserves`]: its job id).
+/// queue's `dequeueStrategy` is `fifo`; `reserve_nodes`: `[monitor] reserve_nodes`, so that a gang
+/// whose ranks tolerate their own job's reservation may get nodes reserved ([`Pending::reserves`]: its
+/// job id; the replay reserves only for one that [`estimate::needs_reservation`]). Its ranks tolerate
+/// it when its job was rendered with a `sla-waiting-time` or whole nodes (the pipeline's Task plugin):
+/// read from the job's own annotations, not the PodGroup's, since the toleration comes with them.
 pub fn pending_gang(
     pg: &PodGroup,
     job: Option<&VolcanoJob>,
@@ -552,7 +555,14 @@ pub fn pending_gang(
     let (replicas, per_rank) = gang(pg);
     let whole = job.is_some_and(|j| exclusive(j, keys));
     let reserved_from = reserved_from(pg, job);
-    let reserves = (reserve_nodes && whole && reserved_from.is_some())
+    let tolerates = job.is_some_and(|j| {
+        whole
+            || j.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(SLA_WAITING_TIME))
+    });
+    let reserves = (reserve_nodes && tolerates && reserved_from.is_some())
         .then(|| job_of_group(pg).and_then(|k| k.job_id().map(str::to_owned)))
         .flatten();
     Pending {

@@ -1,25 +1,27 @@
-//! Whole nodes reserved for a waiting whole-node gang (`[monitor] reserve_nodes`), so that a stream of
-//! small jobs cannot pass it for ever.
+//! Nodes reserved for a waiting whole-node or large gang (`[monitor] reserve_nodes`), so that a stream of
+//! smaller jobs cannot pass it for ever.
 //!
 //! Why: Volcano's `sla` plugin keeps, for a gang past its `sla-waiting-time`, only the idle resources it
-//! can place ranks on in a session. A whole-node rank needs a node nobody uses, so small jobs keep
-//! landing on the nodes that are about to empty, and the gang can wait for ever. Volcano's `elect` and
-//! `reserve` actions, which locked nodes for a starving job, were removed in v1.1 (the `sla` plugin
-//! replaced them); `priorityClassName` with the `preempt` action evicts running jobs, which
+//! can place ranks on in a session. A whole-node rank needs a node nobody uses, and a large rank (more
+//! than half of some resource of a node it fits on, [`super::estimate::needs_reservation`]) needs most
+//! of a node: the room it waits for appears only once most of what runs there has ended, so smaller
+//! jobs keep landing on the nodes that are about to have it, and the gang can wait for ever. Volcano's
+//! `elect` and `reserve` actions, which locked nodes for a starving job, were removed in v1.1 (the `sla`
+//! plugin replaced them); `priorityClassName` with the `preempt` action evicts running jobs, which
 //! volcano-runner does not ask for. What Kubernetes and Volcano both honour is a node taint: Volcano's
 //! `predicates` plugin runs the upstream `TaintToleration` filter, so a pod that does not tolerate a
 //! `NoSchedule` taint is not placed on the node, and `NoSchedule` never evicts what already runs there.
 //!
-//! How: once a whole-node gang with a waiting time is past it, does not fit, and no gang past its
-//! waiting time ahead of it in the `sla` order still waits (a reservation must not take what that order
-//! gives a gang ahead, whose bound was told before), the replay ([`super::estimate::replay`]) gives
-//! it the nodes that become untouched first (as many as its ranks, reserved for no other gang, whose
-//! holders all have a time limit), and the monitor taints each with
-//! `<prefix>reserved=<jobId>:NoSchedule`. Every whole-node rank is rendered with a toleration for its
-//! own job id only (the pipeline's Task plugin): another whole-node gang cannot take a node reserved
-//! for this one, and the id is known when the job is rendered, so no pod is changed afterwards. The
-//! reserved nodes empty by the deadlines of what runs on them, the gang lands there (or earlier
-//! elsewhere), and its estimate is a bound.
+//! How: once such a gang with a waiting time is past it, does not fit, and no gang past its waiting
+//! time ahead of it in the `sla` order still waits (a reservation must not take what that order gives a
+//! gang ahead, whose bound was told before), the replay ([`super::estimate::replay`]) gives it the nodes
+//! that first have room for one of its ranks (untouched, for whole nodes), enough for all of its ranks
+//! (a node counts for as many as it holds empty), reserved for no other gang, whose holders all have a
+//! time limit; and the monitor taints each with `<prefix>reserved=<jobId>:NoSchedule`. Every rank of a
+//! job with a waiting time or whole nodes is rendered with a toleration for its own job id only (the
+//! pipeline's Task plugin): no other job can take a node reserved for this one, and the id is known
+//! when the job is rendered, so no pod is changed afterwards. The reserved nodes empty by the deadlines
+//! of what runs on them, the gang lands there (or earlier elsewhere), and its estimate is a bound.
 //!
 //! State: only the taints on the nodes and the jobs in the watch cache. A taint whose job is not a
 //! waiting gang that reserves (it started, ended, was cancelled, is gone, or reserves no longer) is

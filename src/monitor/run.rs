@@ -826,9 +826,9 @@ impl Loop {
         self.reserve_nodes();
     }
 
-    /// `[monitor] reserve_nodes`: taints the nodes the replay reserves for the whole-node gangs of this
-    /// runner's shards, and removes their taints once they no longer wait ([`super::reserve`]). Decided
-    /// from the watched taints and jobs only, after the first lists: a round's writes run in the
+    /// `[monitor] reserve_nodes`: taints the nodes the replay reserves for the whole-node and large
+    /// gangs of this runner's shards, and removes their taints once they no longer wait
+    /// ([`super::reserve`]). Decided from the watched taints and jobs only, after the first lists: a round's writes run in the
     /// background, and the next round waits for them. With the switch off nothing is reserved, but the
     /// taints left from when it was on are still removed (nothing would ever lift them otherwise).
     fn reserve_nodes(&mut self) {

@@ -1,8 +1,9 @@
-//! The monitor keeps a whole-node gang from starving (`[monitor] reserve_nodes`): while small jobs keep
-//! arriving on three nodes, never leaving two of them untouched at once, a whole-node gang of two ranks
-//! past its `sla-waiting-time` gets two nodes tainted for it by the monitor, is told a bound, starts by
-//! it, and the taints are removed once it runs. The jobs are rendered by the pipeline (the ranks'
-//! toleration included) and the monitor writes their deadlines at their starts, as in production.
+//! The monitor keeps a whole-node or large gang from starving (`[monitor] reserve_nodes`): while small
+//! jobs keep arriving on three nodes, never leaving two of them untouched at once (nor two with room for
+//! a 12-CPU rank), a gang of two ranks (whole-node, or of 12 of a node's 16 CPUs) past its
+//! `sla-waiting-time` gets two nodes tainted for it by the monitor, is told a bound, starts by it, and
+//! the taints are removed once it runs. The jobs are rendered by the pipeline (the ranks' toleration
+//! included) and the monitor writes their deadlines at their starts, as in production.
 
 use crate::monitor_support;
 
@@ -103,15 +104,28 @@ fn told(w: &World, t0: i64) -> Vec<(i64, bool)> {
         .collect()
 }
 
+/// The large gang: two ranks of 12 CPUs (no 16-CPU node holds two), not whole-node, 300 s of a 600 s
+/// limit.
+fn large_gang() -> volcano_runner::messages::v1::SubmitJob {
+    let mut gang = sized("gang", "sleep 300", 12, 600);
+    gang.replicas = 2;
+    gang
+}
+
 /// One simulated second of the stream: a 3-CPU job every 6 s that runs 60 s of its 120 s, and the
 /// gang at 60 s.
 async fn step(w: &mut World, second: i64) {
+    step_with(w, second, &gang()).await;
+}
+
+/// [`step`] with this gang.
+async fn step_with(w: &mut World, second: i64, gang: &volcano_runner::messages::v1::SubmitJob) {
     if second % 6 == 0 {
         w.submit(&sized(&format!("s{second:04}"), "sleep 60", 3, 120))
             .await;
     }
     if second == 60 {
-        w.submit(&gang()).await;
+        w.submit(gang).await;
     }
     w.advance(1);
     w.settle(Duration::from_millis(40)).await;
@@ -119,13 +133,27 @@ async fn step(w: &mut World, second: i64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_monitor_reserves_nodes_for_a_whole_node_gang_that_then_starts_by_its_bound() {
-    let mut w = world("mon-starve").await;
+    reserves_for_a_gang_that_then_starts_by_its_bound("mon-starve", gang()).await;
+}
+
+/// Not whole-node: its ranks are rendered tolerating their own job's reservation because the job has a
+/// `sla-waiting-time`, and the monitor reserves for it because no node holds two of its ranks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_monitor_reserves_nodes_for_a_large_gang_that_then_starts_by_its_bound() {
+    reserves_for_a_gang_that_then_starts_by_its_bound("mon-starve-large", large_gang()).await;
+}
+
+async fn reserves_for_a_gang_that_then_starts_by_its_bound(
+    label: &str,
+    gang: volcano_runner::messages::v1::SubmitJob,
+) {
+    let mut w = world(label).await;
     let runner = w.runner("runner-a").await;
     runner.holds(4).await;
     let t0 = w.sim.now().as_second();
     let mut reserved_seen = Vec::new();
     for second in 0..600i64 {
-        step(&mut w, second).await;
+        step_with(&mut w, second, &gang).await;
         if reserved_seen.is_empty() {
             reserved_seen = reserved(&w.client).await;
         }

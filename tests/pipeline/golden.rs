@@ -2049,7 +2049,9 @@ fn render_command_prints_the_objects_and_refuses_bad_jobs() {
 }
 
 /// `[pipeline.scheduling] sla_waiting_time` is written as Volcano's `sla-waiting-time` job annotation, a
-/// Go duration; unset, nothing is written; a negative one is refused with its key.
+/// Go duration, and every rank then tolerates its own job's node reservation (the monitor may reserve
+/// nodes for a large gang past its waiting time, `[monitor] reserve_nodes`); unset, neither is written;
+/// a negative one is refused with its key.
 #[test]
 fn sla_waiting_time_is_written_as_volcanos_job_annotation() {
     let job = case("case_01_names");
@@ -2061,9 +2063,20 @@ fn sla_waiting_time_is_written_as_volcanos_job_annotation() {
             .is_none(),
         "{without:#}"
     );
+    assert!(
+        without["spec"]["tasks"][0]["template"]["spec"]
+            .get("tolerations")
+            .is_none(),
+        "{without:#}"
+    );
     config.pipeline.scheduling.sla_waiting_time = Some(jiff::SignedDuration::from_mins(90));
     let with = vcjob_json(&render(&job, &config));
     assert_eq!(with["metadata"]["annotations"]["sla-waiting-time"], "5400s");
+    assert_eq!(
+        with["spec"]["tasks"][0]["template"]["spec"]["tolerations"],
+        json!([{"key": "ucloud.dk/reserved", "operator": "Equal",
+                "value": job.job_id, "effect": "NoSchedule"}])
+    );
     let config: volcano_runner::config::Config =
         toml::from_str("[pipeline.scheduling]\nsla_waiting_time = \"-1m\"").unwrap();
     let refused = config.pipeline.validate().unwrap_err().to_string();

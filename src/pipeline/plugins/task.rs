@@ -10,6 +10,12 @@
 //! - Tolerations from the configuration, and a node selector by product category when configured.
 //! - `sla-waiting-time` on the job when `[pipeline.scheduling] sla_waiting_time` is set (Volcano's `sla`
 //!   plugin reserves for a job that has waited that long: docs/estimates.md).
+//! - The toleration of `<prefix>reserved=<jobId>:NoSchedule`, its own job's only, on every rank of a job
+//!   with a `sla-waiting-time` or whole nodes: the monitor may reserve nodes with that taint for a
+//!   whole-node or large gang past its waiting time (`[monitor] reserve_nodes`, `monitor::reserve`).
+//!   Whether a gang is large (no node holds two of its ranks) depends on the nodes, which are not known
+//!   here, so every job the monitor could reserve for carries it; the job id is known here, so no pod is
+//!   changed afterwards, and a toleration of a taint nobody writes changes nothing.
 //! - Whole nodes (`exclusiveNodes`): a required pod anti-affinity on `kubernetes.io/hostname` against every
 //!   pod of any Volcano job (`volcano.sh/job-name` exists), in every namespace (`namespaceSelector: {}`).
 //!   Each rank then lands on a node without another job's pod, its own gang's other ranks included, and
@@ -25,10 +31,7 @@
 //!   only as requested, are the product's (a product with all of a node's GPUs gives it all of them).
 //!   What one whole node is charged comes from `[pipeline.whole_nodes.products]` (by product id, else
 //!   category) and is persisted as `wholeNodeCharge`; a product without an entry is refused whole nodes.
-//!   Each rank tolerates the taint `<prefix>reserved=<jobId>:NoSchedule`, its own job's only: the
-//!   monitor reserves nodes for a whole-node gang past its waiting time with it
-//!   (`[monitor] reserve_nodes`, `monitor::reserve`). The job id is known here, so no pod is changed
-//!   afterwards.
+//!   Each rank tolerates its own job's reservation taint (above), with or without a waiting time.
 
 use std::collections::BTreeMap;
 
@@ -177,10 +180,10 @@ impl Plugin for Task {
                     .collect(),
             );
         }
-        if cx.job.exclusive_nodes {
+        if cx.job.exclusive_nodes || scheduling.sla_waiting_time.is_some() {
             // The monitor may reserve nodes for this gang (`[monitor] reserve_nodes`) by tainting them
             // `<prefix>reserved=<jobId>:NoSchedule`: its ranks tolerate their own job's reservation
-            // only, so no other gang, whole-node or not, lands on a node reserved for this one.
+            // only, so no other job lands on a node reserved for this one.
             draft
                 .pod
                 .tolerations
@@ -229,7 +232,7 @@ pub fn exclusive_affinity() -> Affinity {
     }
 }
 
-/// What a whole-node rank tolerates: the taint by which the monitor reserves a node for its own job
+/// What a rank of a job the monitor may reserve nodes for tolerates: the taint by which the monitor reserves a node for its own job
 /// (`<prefix>reserved=<jobId>:NoSchedule`, see `monitor::reserve`), and no other job's.
 pub fn reservation_toleration(keys: &AnnotationKeys, job_id: &str) -> Toleration {
     Toleration {
