@@ -171,10 +171,15 @@ impl Pending {
 /// end, and the `sla` plugin keeps it for them once it is there; reserving nodes for them would hold
 /// idle what they do not use (docs/estimates.md, *Keeping whole-node and large gangs from starving*).
 pub fn needs_reservation(job: &Pending, nodes: &[Node]) -> bool {
+    needs_reservation_in(job, &node_types(nodes))
+}
+
+/// [`needs_reservation`] from the node types: a handful, where the nodes may be thousands.
+fn needs_reservation_in(job: &Pending, types: &[(Resources, u64)]) -> bool {
     job.exclusive
-        || nodes
+        || types
             .iter()
-            .any(|n| ranks_in(&job.per_rank, &n.allocatable) == 1)
+            .any(|(room, _)| ranks_in(&job.per_rank, room) == 1)
 }
 
 /// How many of the gang's ranks a node holds when nothing else runs there: one for whole nodes.
@@ -416,7 +421,7 @@ pub fn replay_with(
     // for it hold.
     let needs: Vec<bool> = pending
         .iter()
-        .map(|p| needs_reservation(p, nodes))
+        .map(|p| needs_reservation_in(p, &types))
         .collect();
     let held_ranks = |reserved: &[Option<usize>], i: usize| -> u64 {
         reserved
@@ -426,19 +431,17 @@ pub fn replay_with(
             .map(|(n, _)| node_ranks(&pending[i], &nodes[n]))
             .fold(0u64, u64::saturating_add)
     };
+    // What the taints give each gang now, counted in one pass over the nodes.
+    let mut held_at_start = vec![0u64; pending.len()];
+    for (n, g) in reserved.iter().enumerate() {
+        if let Some(i) = *g {
+            held_at_start[i] = held_at_start[i].saturating_add(node_ranks(&pending[i], &nodes[n]));
+        }
+    }
     let bound_of: Vec<bool> = pending
         .iter()
         .enumerate()
-        .map(|(i, p)| {
-            p.bound(
-                needs[i],
-                if p.reserves.is_some() {
-                    held_ranks(&reserved, i)
-                } else {
-                    0
-                },
-            )
-        })
+        .map(|(i, p)| p.bound(needs[i], held_at_start[i]))
         .collect();
     let mut reserve_now: Vec<(usize, Vec<usize>)> = Vec::new();
     loop {

@@ -264,7 +264,8 @@ pub struct SchedulingConfig {
     /// Written on every job as Volcano's `sla-waiting-time` annotation: once a job has waited this long,
     /// the scheduler's `sla` plugin (which must be enabled) enqueues it, tries it before the others and
     /// keeps the resources it could place its ranks on, so later jobs stop passing it
-    /// (docs/estimates.md). Unset: not written.
+    /// (docs/estimates.md). Every rank then also tolerates its own job's node reservation
+    /// (`[monitor] reserve_nodes`). Unset: neither is written.
     pub sla_waiting_time: Option<SignedDuration>,
     /// Tolerations every job pod gets (UCloud: `sducloud=apps:NoSchedule`).
     pub tolerations: Vec<TolerationConfig>,
