@@ -620,7 +620,7 @@ pub fn replay_with(
             if !bound && needs[i] && job.reserved_from.is_some() && cursor > now {
                 basis.push_str(
                     "; each of its ranks needs most of a node, which smaller jobs can keep filling \
-                     until nodes are reserved for it",
+                     while no nodes are reserved for it",
                 );
             }
             if let Some(w) = held_by[i] {
