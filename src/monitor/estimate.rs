@@ -1453,6 +1453,12 @@ mod tests {
         let r = replay(&nodes(3, 16, 0), &running, &half, t(0));
         assert!(r.reserve_now.is_empty(), "{r:?}");
         assert!(matches!(r.estimates[0], Estimate::At { bound: true, .. }));
+        // A job of one 12-CPU rank is a large gang of one: the node with room first is reserved.
+        let mut one = jobs.clone();
+        one[0].replicas = 1;
+        let r = replay(&nodes(3, 16, 0), &running, &one, t(0));
+        assert_eq!(r.reserve_now, vec![(0, vec![0])]);
+        assert_eq!(start(&r.estimates[0]), t(100));
     }
 
     #[test]
