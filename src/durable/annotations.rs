@@ -11,6 +11,7 @@
 //! | `productId`, `productCategory`, `productCpu`, `productMemoryGib`, `productGpu` | core, at create | the product |
 //! | `replicas` | core, at create | number of ranks |
 //! | `exclusiveNodes` | Task, at create | `true` when each rank has its node to itself; also a label on the pods, so that an estimate sees which running pods hold a whole node |
+//! | `reservable` | Task, at create | `true` when every rank tolerates its own job's reservation taint ([`AnnotationKeys::reservation_taint`]; a job with a `sla-waiting-time` or whole nodes): the monitor reserves nodes only for such a job, never for one rendered before the toleration came with the waiting time |
 //! | `wholeNodeCharge` | Task, at create | for a whole-node job, what one node is charged (JSON `{"product", "cpu", "memoryGib", "gpu"}`, from `[pipeline.whole_nodes]`); its ticks carry it instead of the product |
 //! | `application` | core, at create | `<name>@<version>` |
 //! | `submissionHash` | core, at create | `sha256:<hex>` of the SubmitJob's protobuf encoding (duplicate detection) |
@@ -158,6 +159,8 @@ pub struct AnnotationKeys {
     pub maintenance_held: String,
     /// `<prefix>maintenanceTold` (see the table above).
     pub maintenance_told: String,
+    /// `<prefix>reservable` (see the table above).
+    pub reservable: String,
 }
 
 impl AnnotationKeys {
@@ -215,6 +218,7 @@ impl AnnotationKeys {
             maintenance_cut: k("maintenanceCut"),
             maintenance_held: k("maintenanceHeld"),
             maintenance_told: k("maintenanceTold"),
+            reservable: k("reservable"),
         }
     }
 

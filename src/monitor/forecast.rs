@@ -543,8 +543,10 @@ pub fn gang(pg: &PodGroup) -> (u32, Resources) {
 /// queue's `dequeueStrategy` is `fifo`; `reserve_nodes`: `[monitor] reserve_nodes`, so that a gang
 /// whose ranks tolerate their own job's reservation may get nodes reserved ([`Pending::reserves`]: its
 /// job id; the replay reserves only for one that [`estimate::needs_reservation`]). Its ranks tolerate
-/// it when its job was rendered with a `sla-waiting-time` or whole nodes (the pipeline's Task plugin):
-/// read from the job's own annotations, not the PodGroup's, since the toleration comes with them.
+/// it when its job says so (`reservable`, written by the pipeline's Task plugin with the toleration, for
+/// a job with a `sla-waiting-time` or whole nodes; a whole-node job rendered before the marker came
+/// had the toleration already): a job rendered earlier with a waiting time but no toleration is not
+/// reserved for, since it could not use what is reserved.
 pub fn pending_gang(
     pg: &PodGroup,
     job: Option<&VolcanoJob>,
@@ -560,7 +562,7 @@ pub fn pending_gang(
             || j.metadata
                 .annotations
                 .as_ref()
-                .is_some_and(|a| a.contains_key(SLA_WAITING_TIME))
+                .is_some_and(|a| a.get(&keys.reservable).is_some_and(|v| v == "true"))
     });
     let reserves = (reserve_nodes && tolerates && reserved_from.is_some())
         .then(|| job_of_group(pg).and_then(|k| k.job_id().map(str::to_owned)))
@@ -676,6 +678,39 @@ mod tests {
             "status": {"phase": phase}
         }))
         .unwrap()
+    }
+
+    /// A gang is reserved for only when its job says its ranks tolerate the reservation (`reservable`):
+    /// one rendered before the toleration came with the waiting time would be held off the nodes
+    /// reserved for it.
+    #[test]
+    fn only_a_job_whose_ranks_tolerate_the_reservation_reserves() {
+        let pg = group("j-w", 0, "Inqueue", 2, "32");
+        let sla = json!({"sla-waiting-time": "60s"});
+        let marked = json!({"sla-waiting-time": "60s", "ucloud.dk/reservable": "true"});
+        let reserves = |annotations: &serde_json::Value, on: bool| {
+            pending_gang(
+                &pg,
+                Some(&job("j-w", annotations.clone())),
+                &keys(),
+                false,
+                on,
+            )
+            .reserves
+        };
+        assert_eq!(reserves(&marked, true).as_deref(), Some("w"));
+        assert_eq!(
+            reserves(&sla, true),
+            None,
+            "rendered without the toleration"
+        );
+        assert_eq!(reserves(&marked, false), None, "reserve_nodes off");
+        let whole = json!({"sla-waiting-time": "60s", "ucloud.dk/exclusiveNodes": "true"});
+        assert_eq!(
+            reserves(&whole, true).as_deref(),
+            Some("w"),
+            "whole-node ranks always tolerated it"
+        );
     }
 
     #[test]

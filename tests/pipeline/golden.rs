@@ -183,6 +183,10 @@ fn case_31_exclusive_nodes_new() {
         pod["metadata"]["labels"]["ucloud.dk/exclusiveNodes"],
         "true"
     );
+    assert_eq!(
+        rendered["metadata"]["annotations"]["ucloud.dk/reservable"],
+        "true"
+    );
     // Besides the configured tolerations, it tolerates its own job's node reservation only
     // (`[monitor] reserve_nodes`).
     assert_eq!(
@@ -2072,6 +2076,17 @@ fn sla_waiting_time_is_written_as_volcanos_job_annotation() {
     config.pipeline.scheduling.sla_waiting_time = Some(jiff::SignedDuration::from_mins(90));
     let with = vcjob_json(&render(&job, &config));
     assert_eq!(with["metadata"]["annotations"]["sla-waiting-time"], "5400s");
+    // The job says its ranks tolerate the reservation: the monitor reserves only for such a job.
+    assert_eq!(
+        with["metadata"]["annotations"]["ucloud.dk/reservable"],
+        "true"
+    );
+    assert!(
+        without["metadata"]["annotations"]
+            .get("ucloud.dk/reservable")
+            .is_none(),
+        "{without:#}"
+    );
     assert_eq!(
         with["spec"]["tasks"][0]["template"]["spec"]["tolerations"],
         json!([{"key": "ucloud.dk/reserved", "operator": "Equal",

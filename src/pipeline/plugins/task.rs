@@ -189,6 +189,13 @@ impl Plugin for Task {
                 .tolerations
                 .get_or_insert_default()
                 .push(reservation_toleration(&cx.keys, &cx.job.job_id));
+            // Says so on the job: a job rendered before the toleration came with a waiting time has
+            // the waiting time without it, and nodes reserved for it would hold it back for good.
+            draft
+                .meta
+                .annotations
+                .get_or_insert_default()
+                .insert(cx.keys.reservable.clone(), "true".to_owned());
         }
         if let Some(label) = &scheduling.node_selector_label {
             let category = &cx.product.category;
