@@ -86,8 +86,9 @@ pub struct MonitorConfig {
     /// Whether the monitor reserves whole nodes for a whole-node gang past its `sla-waiting-time`, by
     /// tainting the nodes the start-time replay gives it (`<prefix>reserved=<jobId>:NoSchedule`; its
     /// pods tolerate their own job id), so that a stream of small jobs cannot pass it for ever and its
-    /// estimate is a bound (docs/estimates.md). Needs `patch` on nodes, cluster-wide. Off by default:
-    /// it writes to nodes, which the operator must allow.
+    /// estimate is a bound (docs/estimates.md). Uses `patch` on nodes, cluster-wide, which the base
+    /// ClusterRole grants for the maintenance windows' taints. Off by default: it changes where the
+    /// scheduler places jobs, which the operator chooses.
     pub reserve_nodes: bool,
     /// Whether the Volcano scheduler runs its `proportion` plugin, as its default configuration does.
     /// It serves the queue with the lowest share first, whatever a job's `sla-waiting-time`, so while jobs
