@@ -855,3 +855,54 @@ async fn a_cancelled_window_lets_a_queued_job_go_and_without_the_node_patch_it_i
     runner.stop().await;
     w.close().await;
 }
+
+/// With `[monitor] queue_timeout`, a window that starts after a submission's latest possible end (the
+/// timeout, then its allocation) can never be in its way: the submit path renders its toleration into
+/// the job's pods, so the job runs without waiting for the monitor to add it. A window nearer is left to
+/// the monitor.
+#[tokio::test]
+async fn a_submission_tolerates_at_once_a_window_it_can_never_run_into() {
+    let mut w = World::start(
+        "mon-maint-submit-tolerates",
+        |c| c.monitor.queue_timeout = Some(Duration::from_secs(3600)),
+        |_| {},
+    )
+    .await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let consumer = w.consumer("runner-a").await;
+    // Queued for an hour at most, then half an hour's run: the near window may still be in its way.
+    let near = schedule(&w, 3600, 2 * 3600, &[]).await;
+    let far = schedule(&w, 3 * 3600, 4 * 3600, &[]).await;
+    let short = with_allocation(job("mt7", "sleep infinity"), 1800);
+    let ns = w.namespace_of(&short);
+    w.publish_submit(&short).await;
+    w.until("QUEUED", |s| s.event("mt7/QUEUED").is_some()).await;
+    let rendered: Vec<String> = w
+        .vcjob(&ns, "mt7")
+        .and_then(|j| {
+            j.pointer("/spec/tasks/0/template/spec/tolerations")
+                .cloned()
+        })
+        .and_then(|t| t.as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|t| t["key"].as_str().map(str::to_owned))
+        .collect();
+    assert!(
+        rendered.contains(&w.keys.maintenance_taint(&far.id))
+            && !rendered.contains(&w.keys.maintenance_taint(&near.id)),
+        "{rendered:?}"
+    );
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("RUNNING before either window", |s| {
+        s.event("mt7/RUNNING").is_some()
+    })
+    .await;
+    consumer.stop().await;
+    runner.stop().await;
+    w.close().await;
+}
