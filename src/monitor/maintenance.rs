@@ -441,7 +441,7 @@ impl<'a> Waiting<'a> {
                 w.id, w.end
             ),
             Self::NotHeld(w) => format!(
-                "The maintenance window {} was scheduled after the job was queued, when it could no longer be held back: if the job starts before {} and runs on a node the window takes, it is stopped at {} (at once during the window)",
+                "The job can no longer be held back for the maintenance window {}: if the job starts before {} and runs on a node the window takes, it is stopped at {} (at once during the window)",
                 w.describe(),
                 w.end,
                 w.start

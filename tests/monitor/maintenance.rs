@@ -481,7 +481,7 @@ async fn a_job_placed_before_the_window_is_told_it_cannot_be_held() {
     let told = w.seen.event(&held_id("mh5", &window, false)).unwrap();
     assert_eq!(told.reason, "maintenance");
     assert!(
-        told.status.contains(&window.id) && told.status.contains("could no longer be held back"),
+        told.status.contains(&window.id) && told.status.contains("can no longer be held back"),
         "{}",
         told.status
     );
