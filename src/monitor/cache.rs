@@ -1647,6 +1647,36 @@ mod tests {
         assert!(observe::user_container(&p).is_some());
     }
 
+    /// A pod keeps its tolerations while it waits to be placed (the maintenance windows' taints), not
+    /// once placed, and its node: the snapshot gives both back to the decision.
+    #[test]
+    fn a_waiting_pod_keeps_its_tolerations_and_a_placed_one_its_node() {
+        let pod = |node: Option<&str>| -> Pod {
+            let w: WatchedPod = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "j-1-job-0", "namespace": "ns", "resourceVersion": "3",
+                             "labels": {LABEL_JOB_NAME: "j-1", LABEL_TASK_INDEX: "0"}},
+                "spec": {"nodeName": node, "containers": [],
+                         "tolerations": [{"key": "ucloud.dk/maintenance-w", "operator": "Equal",
+                                          "value": "w", "effect": "NoSchedule"}]},
+            }))
+            .unwrap();
+            w.into_pod()
+        };
+        for node in [None, Some("n1")] {
+            let mut c = Cache::new();
+            let key = c.apply_job(job("ns", "j-1", "1"));
+            c.apply_pod(pod(node));
+            let seen = c.snapshot(&key).unwrap().pods;
+            let spec = seen[0].spec.as_ref().unwrap();
+            assert_eq!(spec.node_name.as_deref(), node);
+            assert_eq!(
+                crate::monitor::maintenance::tolerates(&seen[0], "ucloud.dk/maintenance-", "w"),
+                node.is_none(),
+                "placed: {node:?}"
+            );
+        }
+    }
+
     /// The watch may deliver an update made before our own write after the answer to that write: the
     /// job as written stays (deciding on the older one published a SUCCESS and its final tick twice).
     #[test]
