@@ -141,8 +141,8 @@ struct Loop {
     /// The node writes of the last round (reservations and maintenance taints), while they run: one
     /// round at a time, each decided from what the watch shows after the one before.
     reserving: Option<tokio::task::JoinHandle<()>>,
-    /// The earliest end of a maintenance window not over when the taints were last planned: its
-    /// taints go then ([`super::maintenance::plan_taints`]).
+    /// When the node taints are planned again: the earliest end of a maintenance window not over (its
+    /// taints go then, [`super::maintenance::plan_taints`]), or shortly after a round that wrote.
     taints_due: Option<jiff::Timestamp>,
     /// Whether the decisions have been told the node patch was refused (see
     /// [`Executor::taints_refused`]).
@@ -153,6 +153,14 @@ struct Loop {
 /// is told its estimate with its first status event, seldom enough that a busy cluster does not replay
 /// the queue on every event.
 const ESTIMATE_EVERY: jiff::SignedDuration = jiff::SignedDuration::from_secs(2);
+
+/// The earlier of two instants, either of which may be unset.
+fn earliest_of(a: Option<jiff::Timestamp>, b: Option<jiff::Timestamp>) -> Option<jiff::Timestamp> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
 
 /// Objects per page of a watch's initial list.
 const WATCH_PAGE: u32 = 100;
@@ -901,8 +909,15 @@ impl Loop {
     /// grant) is said once, at ERROR, and the maintenance taints are written no more: jobs without the
     /// gate are then told what a window will do to them instead of being held.
     fn write_node_taints(&mut self) {
-        if self.node_taints.is_empty() || self.reserving.as_ref().is_some_and(|h| !h.is_finished())
-        {
+        if self.node_taints.is_empty() {
+            return;
+        }
+        // A round still writing, or one that wrote: looked at again shortly (a write that failed
+        // without a node event to tell, or a change that came meanwhile, is not left for the next
+        // unrelated event).
+        let soon = self.exec.clock.now().checked_add(ESTIMATE_EVERY).ok();
+        if self.reserving.as_ref().is_some_and(|h| !h.is_finished()) {
+            self.taints_due = earliest_of(self.taints_due, soon);
             return;
         }
         let taints: Vec<super::reserve::NodeTaints> = self.node_taints.values().cloned().collect();
@@ -944,6 +959,7 @@ impl Loop {
         if changes.is_empty() {
             return;
         }
+        self.taints_due = earliest_of(self.taints_due, soon);
         let client = self.exec.client.clone();
         let refused = self.exec.taints_refused.clone();
         // Joined at shutdown with the jobs in hand.
