@@ -222,6 +222,16 @@ impl ClusterError {
         matches!(self, Self::AlreadyExists { .. })
     }
 
+    /// Whether the cluster refused the request for want of a permission (403, not a namespace being
+    /// deleted, which is classified as unavailable).
+    pub fn is_forbidden(&self) -> bool {
+        match self {
+            Self::Rejected { code, .. } => *code == 403,
+            Self::GaveUp { last, .. } => last.is_forbidden(),
+            _ => false,
+        }
+    }
+
     /// Whether this is an optimistic-concurrency conflict (409 Conflict or 410 Gone).
     pub fn is_conflict(&self) -> bool {
         matches!(self, Self::Conflict { .. })

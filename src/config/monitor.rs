@@ -36,7 +36,9 @@ pub struct MonitorConfig {
     #[serde(with = "duration::required")]
     pub image_pull_grace: Duration,
     /// A job that waits in the queue longer than this ends as FAILURE with the pending reason (a job too
-    /// large for the cluster would otherwise wait forever, W9). Unset: no limit.
+    /// large for the cluster would otherwise wait forever, W9). Unset: no limit. Set, a submission's pods
+    /// tolerate from their creation the taint of every maintenance window that starts after the job's
+    /// latest possible end (this, then its time allocation), which the monitor would add otherwise.
     #[serde(with = "duration::optional")]
     pub queue_timeout: Option<Duration>,
     /// How long a job waits in the queue before the monitor tells its user why (a status event with the
@@ -87,8 +89,9 @@ pub struct MonitorConfig {
     /// node they fit on) past its `sla-waiting-time`, by tainting the nodes the start-time replay gives
     /// it (`<prefix>reserved=<jobId>:NoSchedule`; the pods of a job with a waiting time or whole nodes
     /// tolerate their own job id), so that a stream of smaller jobs cannot pass it for ever and its
-    /// estimate is a bound (docs/estimates.md); without it such a gang is told expectations. Needs `patch` on nodes, cluster-wide. Off by default:
-    /// it writes to nodes, which the operator must allow.
+    /// estimate is a bound (docs/estimates.md); without it such a gang is told expectations. Uses
+    /// `patch` on nodes, cluster-wide, which the base ClusterRole grants for the maintenance windows'
+    /// taints. Off by default: it changes where the scheduler places jobs, which the operator chooses.
     pub reserve_nodes: bool,
     /// Whether the Volcano scheduler runs its `proportion` plugin, as its default configuration does.
     /// It serves the queue with the lowest share first, whatever a job's `sla-waiting-time`, so while jobs

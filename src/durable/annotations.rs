@@ -271,6 +271,19 @@ impl AnnotationKeys {
     pub fn reservation_taint(&self) -> String {
         format!("{}reserved", self.prefix)
     }
+
+    /// The key of the taint the monitor puts on the nodes of a maintenance window that is not over,
+    /// `<prefix>maintenance-<window id>` (its value: the window id), and that the pods of a job the
+    /// window is not in the way of tolerate. One key per window: a node's taints must be unique by key
+    /// and effect, so two windows over one node need two keys.
+    pub fn maintenance_taint(&self, window_id: &str) -> String {
+        format!("{}{window_id}", self.maintenance_taint_prefix())
+    }
+
+    /// What every maintenance taint's key starts with, `<prefix>maintenance-`.
+    pub fn maintenance_taint_prefix(&self) -> String {
+        format!("{}maintenance-", self.prefix)
+    }
 }
 
 #[cfg(test)]

@@ -75,8 +75,9 @@ pub fn maintenance_warning(job_id: &str, window_id: &str, start_ms: i64) -> Stri
 }
 
 /// `<jobId>/maintenance/<window id>/<start ms>/held`: the status that a waiting job waits for a
-/// maintenance window, once per window and start. `/queued` instead of `/held` for a job queued before
-/// the window was scheduled, which cannot be held back any more and is told what happens instead.
+/// maintenance window, once per window and start. `/queued` instead of `/held` for a job that cannot be
+/// held back any more (placed before the window was scheduled, let go and started late, or queued
+/// before it where the node patch is refused), which is told what happens instead.
 pub fn maintenance_held(job_id: &str, window_id: &str, start_ms: i64, held: bool) -> String {
     let what = if held { "held" } else { "queued" };
     format!("{job_id}/maintenance/{window_id}/{start_ms}/{what}")

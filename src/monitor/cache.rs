@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Pod, PodSchedulingGate, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{Pod, PodSchedulingGate, PodSpec, PodStatus, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
@@ -221,6 +221,10 @@ struct SlimPodSpec {
     /// Read for the peers' gate (see [`super::peers`]); absent on nearly every pod.
     #[serde(default)]
     scheduling_gates: Option<Vec<PodSchedulingGate>>,
+    /// Read for the maintenance windows' taints (see [`super::maintenance`]); kept only while the pod
+    /// waits to be placed (a placed pod's tolerations no longer matter).
+    #[serde(default)]
+    tolerations: Option<Vec<Toleration>>,
 }
 
 impl WatchedPod {
@@ -293,16 +297,28 @@ impl WatchedPod {
                 }
             }
         }
-        let (node_name, gates) = self
+        let (node_name, gates, tolerations) = self
             .spec
-            .map(|s| (s.node_name, s.scheduling_gates.filter(|g| !g.is_empty())))
+            .map(|s| {
+                let tolerations = s
+                    .tolerations
+                    .filter(|t| s.node_name.is_none() && !t.is_empty());
+                (
+                    s.node_name,
+                    s.scheduling_gates.filter(|g| !g.is_empty()),
+                    tolerations,
+                )
+            })
             .unwrap_or_default();
         Pod {
             metadata: self.metadata,
-            spec: (node_name.is_some() || gates.is_some()).then(|| PodSpec {
-                node_name,
-                scheduling_gates: gates,
-                ..PodSpec::default()
+            spec: (node_name.is_some() || gates.is_some() || tolerations.is_some()).then(|| {
+                PodSpec {
+                    node_name,
+                    scheduling_gates: gates,
+                    tolerations,
+                    ..PodSpec::default()
+                }
             }),
             status: self.status,
         }
@@ -381,6 +397,8 @@ struct CachedPod {
     node: Option<String>,
     /// Its scheduling gates, while it has any.
     gates: Option<Vec<PodSchedulingGate>>,
+    /// Its tolerations, while it waits to be placed (see [`super::maintenance`]).
+    tolerations: Option<Vec<Toleration>>,
     status: Option<PodStatus>,
 }
 
@@ -395,7 +413,10 @@ impl CachedPod {
             metadata,
             task_index,
             node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
-            gates: pod.spec.and_then(|s| s.scheduling_gates),
+            gates: pod.spec.as_ref().and_then(|s| s.scheduling_gates.clone()),
+            tolerations: pod
+                .spec
+                .and_then(|s| s.tolerations.filter(|_| s.node_name.is_none())),
             status: pod.status,
         }
     }
@@ -411,10 +432,15 @@ impl CachedPod {
         metadata.labels = Some(labels);
         Pod {
             metadata,
-            spec: self.gates.as_ref().map(|g| PodSpec {
-                scheduling_gates: Some(g.clone()),
-                ..PodSpec::default()
-            }),
+            // The node too: a window over some nodes cuts the jobs on them ([`super::maintenance`]).
+            spec: (self.gates.is_some() || self.node.is_some() || self.tolerations.is_some()).then(
+                || PodSpec {
+                    node_name: self.node.clone(),
+                    scheduling_gates: self.gates.clone(),
+                    tolerations: self.tolerations.clone(),
+                    ..PodSpec::default()
+                },
+            ),
             status: self.status.clone(),
         }
     }
@@ -577,6 +603,8 @@ pub struct Cache {
     dependents: FastMap<JobKey, FastSet<JobKey>>,
     /// The maintenance windows the replay takes into account (see [`Cache::set_maintenance_windows`]).
     maintenance_windows: Option<crate::cluster::Windows>,
+    /// See [`Cache::set_maintenance_taints`].
+    maintenance_taints: bool,
     /// `[monitor] reserve_nodes` (see [`Cache::with_reserve_nodes`]).
     reserve_nodes: bool,
     /// `[monitor] proportion` (see [`Cache::with_proportion`]).
@@ -1286,6 +1314,12 @@ impl Cache {
         self.maintenance_windows = windows;
     }
 
+    /// Whether the monitor writes the windows' node taints (not refused): a waiting gang that does
+    /// not tolerate a window is then held back by it ([`super::maintenance::held_by_window`]).
+    pub fn set_maintenance_taints(&mut self, written: bool) {
+        self.maintenance_taints = written;
+    }
+
     /// Estimates the start of every waiting PodGroup (any workload's: they all go ahead of someone) on
     /// `nodes`, from what the cache holds: the pods of the jobs volcano-runner runs, bound to their nodes
     /// and held until each job's deadline, and the waiting gangs in the scheduler's order. Pods of other
@@ -1421,9 +1455,16 @@ impl Cache {
             })
             .collect();
         let (groups, gangs): (Vec<GroupKey>, Vec<_>) = pending.into_iter().unzip();
-        // A gang is held back by a window while the maintenance gate holds it: the monitor lifts the
-        // gate only when no window is in the way.
+        // A gang is held back by a window while the maintenance gate holds it (the monitor lifts the
+        // gate only when no window is in the way), or while, the windows' node taints written, it does
+        // not tolerate one that is not over (the monitor adds a toleration only for a window not in
+        // its way).
         let gate = keys.maintenance_gate();
+        let taint_prefix = keys.maintenance_taint_prefix();
+        let windows_now = self
+            .maintenance_windows
+            .as_deref()
+            .map_or(&[][..], Vec::as_slice);
         let maintenance = estimate::Maintenance {
             windows: self
                 .maintenance_windows
@@ -1445,7 +1486,7 @@ impl Cache {
                             .is_some_and(|a| a.contains_key(&keys.maintenance_held))
                     });
                     let pods = self.pods.get(&jkey).map_or(&[][..], Vec::as_slice);
-                    super::maintenance::held_back(
+                    let gate_holds = super::maintenance::held_back(
                         created_held,
                         pods.is_empty(),
                         pods.iter().any(|p| {
@@ -1453,6 +1494,23 @@ impl Cache {
                                 .as_ref()
                                 .is_some_and(|g| g.iter().any(|g| g.name == gate))
                         }),
+                    );
+                    let tolerated = |w: &crate::cluster::Window| {
+                        !pods.is_empty()
+                            && pods.iter().filter(|p| p.node.is_none()).all(|p| {
+                                super::maintenance::tolerates(
+                                    &p.to_pod(&jkey.name),
+                                    &taint_prefix,
+                                    &w.id,
+                                )
+                            })
+                    };
+                    super::maintenance::held_by_window(
+                        windows_now,
+                        gate_holds,
+                        self.maintenance_taints,
+                        tolerated,
+                        now,
                     )
                 })
                 .collect(),
@@ -1588,6 +1646,36 @@ mod tests {
         let status = p.status.as_ref().unwrap();
         assert!(status.conditions.is_none());
         assert!(observe::user_container(&p).is_some());
+    }
+
+    /// A pod keeps its tolerations while it waits to be placed (the maintenance windows' taints), not
+    /// once placed, and its node: the snapshot gives both back to the decision.
+    #[test]
+    fn a_waiting_pod_keeps_its_tolerations_and_a_placed_one_its_node() {
+        let pod = |node: Option<&str>| -> Pod {
+            let w: WatchedPod = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "j-1-job-0", "namespace": "ns", "resourceVersion": "3",
+                             "labels": {LABEL_JOB_NAME: "j-1", LABEL_TASK_INDEX: "0"}},
+                "spec": {"nodeName": node, "containers": [],
+                         "tolerations": [{"key": "ucloud.dk/maintenance-w", "operator": "Equal",
+                                          "value": "w", "effect": "NoSchedule"}]},
+            }))
+            .unwrap();
+            w.into_pod()
+        };
+        for node in [None, Some("n1")] {
+            let mut c = Cache::new();
+            let key = c.apply_job(job("ns", "j-1", "1"));
+            c.apply_pod(pod(node));
+            let seen = c.snapshot(&key).unwrap().pods;
+            let spec = seen[0].spec.as_ref().unwrap();
+            assert_eq!(spec.node_name.as_deref(), node);
+            assert_eq!(
+                crate::monitor::maintenance::tolerates(&seen[0], "ucloud.dk/maintenance-", "w"),
+                node.is_none(),
+                "placed: {node:?}"
+            );
+        }
     }
 
     /// The watch may deliver an update made before our own write after the answer to that write: the

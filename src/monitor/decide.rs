@@ -35,7 +35,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Toleration};
 
 use super::estimate::Estimate;
 use super::events;
@@ -132,6 +132,11 @@ pub struct Observed<'a> {
     /// The maintenance windows as this runner's watch has them (`None` until first listed: nothing is
     /// let go of a window's hold before the monitor knows the windows).
     pub maintenance: Option<&'a [Window]>,
+    /// The monitor writes the maintenance windows' node taints (see [`super::maintenance`]): `false`
+    /// once the cluster refused the node patch, and a job without the gate can no longer be held.
+    pub maintenance_taints: bool,
+    /// The windows whose taint is on a node, as the monitor's watch of the nodes has them.
+    pub maintenance_tainted: Option<&'a BTreeSet<String>>,
     /// Its peers as the watches show them (see [`super::peers`]); empty for a job without.
     pub peers: &'a [PeerSeen],
 }
@@ -208,6 +213,9 @@ pub struct Action {
     pub peer_endpoints: Option<BTreeMap<String, String>>,
     /// Then remove the scheduling gate `.0` (the peers' or the maintenance windows') from the pods `.1`.
     pub ungate: Option<(String, Vec<String>)>,
+    /// And add the tolerations `.0` (of maintenance windows' taints) to the pods `.1` that lack them, in
+    /// the same write as the gate's removal when both concern a pod.
+    pub tolerate: Option<(Vec<Toleration>, Vec<String>)>,
 }
 
 impl Action {
@@ -227,6 +235,7 @@ impl Action {
             fresh: false,
             peer_endpoints: None,
             ungate: None,
+            tolerate: None,
         }
     }
 
@@ -235,6 +244,7 @@ impl Action {
         self.publish.is_empty()
             && self.peer_endpoints.is_none()
             && self.ungate.is_none()
+            && self.tolerate.is_none()
             && self.set.is_empty()
             && self.remove.is_empty()
             && !self.delete
@@ -419,12 +429,16 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         return Ok(step);
     }
 
-    // 4c. A maintenance window holds back a job that has not started (see [`super::maintenance`]).
-    //     Its gate goes once none is in the way, and from the pods of a job that started before (a
-    //     restart's new pods): a running job is cut by a window, not held. Nothing is let go before
-    //     the windows are known.
+    // 4c. A maintenance window holds back a job that has not started (see [`super::maintenance`]):
+    //     by its gate, which goes once none is in the way, or by the windows' node taints, which its
+    //     waiting pods are made to tolerate for every window not in its way. The gate also goes from the
+    //     pods of a job that started before (a restart's new pods), which tolerate every window: a
+    //     running job is cut by a window, not held. Nothing is let go before the windows are known.
     let maintenance_gated = peers::gated_pods(obs.pods, &s.keys.maintenance_gate());
-    let waiting_for_window = match obs.maintenance {
+    let taint_prefix = s.keys.maintenance_taint_prefix();
+    let tolerated = |w: &Window| super::maintenance::job_tolerates(obs.pods, &taint_prefix, &w.id);
+    let mut until_tainted = false;
+    let (waiting_for_window, tolerate) = match obs.maintenance {
         Some(windows) if never_started => {
             let created_held = annotation(job, &s.keys.maintenance_held).is_some();
             let gated = super::maintenance::held_back(
@@ -436,33 +450,83 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
                 Some(Estimate::At { start, .. }) => Some(*start),
                 _ => None,
             };
-            super::maintenance::waiting(windows, gated, facts.max_time, expected, now)
+            let d = super::maintenance::decide_pending(
+                windows,
+                gated,
+                obs.maintenance_taints,
+                tolerated,
+                |w| obs.maintenance_tainted.is_some_and(|t| t.contains(&w.id)),
+                facts.max_time,
+                expected,
+                now,
+            );
+            until_tainted = d.until_tainted;
+            (d.waiting, d.tolerate)
         }
-        _ => None,
+        Some(windows) if obs.maintenance_taints => (
+            None,
+            windows
+                .iter()
+                .filter(|w| w.end > now && !tolerated(w))
+                .collect(),
+        ),
+        _ => (None, Vec::new()),
     };
     if obs.maintenance.is_none() && never_started && !maintenance_gated.is_empty() {
         // Decided again as soon as the windows are listed.
         return Ok(Step::Wait { next_check: None });
     }
-    if obs.maintenance.is_some()
+    let ungate = (obs.maintenance.is_some()
         && !maintenance_gated.is_empty()
         && !matches!(
             waiting_for_window,
             Some(super::maintenance::Waiting::Held(_))
+        ))
+    .then(|| {
+        (
+            s.keys.maintenance_gate(),
+            maintenance_gated
+                .iter()
+                .filter_map(|p| p.metadata.name.clone())
+                .collect::<Vec<_>>(),
         )
-    {
-        // Not decided again at once: the pods' watch shows them without the gate.
+    });
+    let tolerate = (!tolerate.is_empty())
+        .then(|| {
+            let pods: Vec<String> = super::maintenance::unbound(obs.pods)
+                .filter(|p| {
+                    tolerate
+                        .iter()
+                        .any(|w| !super::maintenance::tolerates(p, &taint_prefix, &w.id))
+                })
+                .filter_map(|p| p.metadata.name.clone())
+                .collect();
+            let tolerations = tolerate
+                .iter()
+                .map(|w| super::maintenance::toleration(&taint_prefix, &w.id))
+                .collect();
+            (tolerations, pods)
+        })
+        .filter(|(_, pods)| !pods.is_empty());
+    if ungate.is_some() || tolerate.is_some() {
+        // Not decided again at once: the pods' watch shows them without the gate, with the
+        // tolerations.
         return Ok(Step::Act(Action {
-            what: "ungate",
-            ungate: Some((
-                s.keys.maintenance_gate(),
-                maintenance_gated
-                    .iter()
-                    .filter_map(|p| p.metadata.name.clone())
-                    .collect(),
-            )),
+            what: if ungate.is_some() {
+                "ungate"
+            } else {
+                "tolerate"
+            },
+            ungate,
+            tolerate,
             ..Action::default()
         }));
+    }
+    if until_tainted {
+        // Decided again when the nodes' watch shows the taint (or the node patch refused).
+        return Ok(Step::Wait {
+            next_check: earliest(pull_deadline, queue_deadline),
+        });
     }
 
     // 5. The image cannot be pulled.
@@ -1390,6 +1454,8 @@ pub fn decide_gone(
         fresh_at: None,
         queued_confirmed,
         maintenance: Some(&[]),
+        maintenance_taints: false,
+        maintenance_tainted: None,
         peers: &[],
     };
     let facts = JobFacts::read(&job, &s.keys, &s.config.pipeline)?;
@@ -2002,6 +2068,8 @@ mod tests {
                 fresh_at: Some(now),
                 queued_confirmed: world.queued_confirmed,
                 maintenance: Some(&[]),
+                maintenance_taints: false,
+                maintenance_tainted: None,
                 peers: &[],
             };
             match decide(&obs, s, now).unwrap() {
@@ -2212,6 +2280,8 @@ mod tests {
                 fresh_at: Some(ts(now)),
                 queued_confirmed: false,
                 maintenance: Some(&[]),
+                maintenance_taints: false,
+                maintenance_tainted: None,
                 peers: &[],
             };
             decide(&obs, &s, ts(now)).unwrap()
@@ -2287,6 +2357,8 @@ mod tests {
                     fresh_at: None,
                     queued_confirmed: false,
                     maintenance: Some(&[]),
+                    maintenance_taints: false,
+                    maintenance_tainted: None,
                     peers: &[],
                 },
                 &s,
@@ -2879,6 +2951,8 @@ mod tests {
                 fresh_at: None,
                 queued_confirmed: false,
                 maintenance: Some(&[]),
+                maintenance_taints: false,
+                maintenance_tainted: None,
                 peers: &[],
             };
             decide(&obs, &s, ts(now)).unwrap()
@@ -2957,6 +3031,8 @@ mod tests {
                 fresh_at: None,
                 queued_confirmed: false,
                 maintenance: Some(&[]),
+                maintenance_taints: false,
+                maintenance_tainted: None,
                 peers: &[],
             };
             match decide(&obs, s, ts(10)).unwrap() {
@@ -2989,6 +3065,8 @@ mod tests {
             fresh_at: None,
             queued_confirmed: false,
             maintenance: Some(&[]),
+            maintenance_taints: false,
+            maintenance_tainted: None,
             peers: &[],
         };
         assert_eq!(
@@ -3109,6 +3187,8 @@ mod tests {
                 fresh_at: None,
                 queued_confirmed: true,
                 maintenance,
+                maintenance_taints: false,
+                maintenance_tainted: None,
                 peers: &[],
             };
             decide(&obs, &s, ts(now)).unwrap()
@@ -3183,6 +3263,8 @@ mod tests {
             fresh_at: None,
             queued_confirmed: true,
             maintenance: Some(&later_windows),
+            maintenance_taints: false,
+            maintenance_tainted: None,
             peers: &[],
         };
         let Step::Act(told) = decide(&obs, &s, ts(600)).unwrap() else {
@@ -3191,6 +3273,118 @@ mod tests {
         assert_eq!(told.ungate, None);
         assert!(told.publish.iter().any(|o| matches!(o, Outbound::Lifecycle(e)
             if e.event_id.ends_with(&format!("/maintenance/later/{}/held", ts(7200).as_millisecond())))));
+    }
+
+    /// A job queued without the gate, with the windows' taints written: held by a window in its way
+    /// once its taint is on the nodes (told so, not that it cannot be held), given the toleration of a
+    /// window not in its way, and a gated job let go gets the tolerations in the same write.
+    #[test]
+    fn with_the_taints_a_queued_job_is_held_or_tolerates_the_window() {
+        let s = settings(|_| {});
+        let vc = job(&s);
+        let job_id = JobFacts::read(&vc, &s.keys, &s.config.pipeline)
+            .unwrap()
+            .job_id;
+        let pod = |gates: Vec<String>| Pod {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some("p0".into()),
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::core::v1::PodSpec {
+                scheduling_gates: Some(
+                    gates
+                        .into_iter()
+                        .map(|name| k8s_openapi::api::core::v1::PodSchedulingGate { name })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let window = |id: &str, start: i64, end: i64| Window {
+            id: id.into(),
+            start: ts(start),
+            end: ts(end),
+            nodes: BTreeSet::new(),
+            reason: None,
+            created_at: Some(ts(0)),
+            created_by: None,
+        };
+        let in_the_way = [window("w", 1800, 5400)];
+        let later = [window("later", 7200, 9000)];
+        let observe = |vc: &VolcanoJob,
+                       pods: &[Pod],
+                       windows: &[Window],
+                       tainted: &BTreeSet<String>,
+                       now: i64| {
+            let obs = Observed {
+                job: vc,
+                pods,
+                podgroup: None,
+                jobs_ahead: None,
+                estimate: None,
+                estimate_pending: false,
+                disruption: None,
+                fresh_at: None,
+                queued_confirmed: true,
+                maintenance: Some(windows),
+                maintenance_taints: true,
+                maintenance_tainted: Some(tainted),
+                peers: &[],
+            };
+            decide(&obs, &s, ts(now)).unwrap()
+        };
+        let queued = [pod(Vec::new())];
+        let none = BTreeSet::new();
+        let w: BTreeSet<String> = ["w".to_owned()].into();
+        // The taint not written yet: nothing told.
+        assert!(matches!(
+            observe(&vc, &queued, &in_the_way, &none, 1),
+            Step::Wait { .. }
+        ));
+        let Step::Act(told) = observe(&vc, &queued, &in_the_way, &w, 1) else {
+            panic!("held by the taint, and told");
+        };
+        assert_eq!((told.ungate.as_ref(), told.tolerate.as_ref()), (None, None));
+        assert!(
+            told.publish
+                .iter()
+                .any(|o| matches!(o, Outbound::Lifecycle(e)
+            if e.event_id == format!("{job_id}/maintenance/w/{}/held", ts(1800).as_millisecond())))
+        );
+        // Not in its way: the toleration, and nothing told.
+        let Step::Act(tolerate) = observe(&vc, &queued, &later, &none, 1) else {
+            panic!("given the toleration");
+        };
+        assert_eq!(tolerate.what, "tolerate");
+        assert!(tolerate.publish.is_empty());
+        let toleration =
+            crate::monitor::maintenance::toleration(&s.keys.maintenance_taint_prefix(), "later");
+        assert_eq!(
+            tolerate.tolerate,
+            Some((vec![toleration.clone()], vec!["p0".to_owned()]))
+        );
+        // Once it tolerates it: nothing more to write.
+        let mut tolerating = queued[0].clone();
+        tolerating.spec.as_mut().unwrap().tolerations = Some(vec![toleration.clone()]);
+        assert!(!matches!(
+            observe(&vc, &[tolerating], &later, &none, 1),
+            Step::Act(a) if a.tolerate.is_some()
+        ));
+        // A gated job let go: the gate goes and the toleration comes in one action.
+        let gated = [pod(vec![s.keys.maintenance_gate()])];
+        let Step::Act(release) = observe(&vc, &gated, &later, &none, 1) else {
+            panic!("let go");
+        };
+        assert_eq!(release.what, "ungate");
+        assert_eq!(
+            release.ungate,
+            Some((s.keys.maintenance_gate(), vec!["p0".to_owned()]))
+        );
+        assert_eq!(
+            release.tolerate,
+            Some((vec![toleration], vec!["p0".to_owned()]))
+        );
     }
 
     /// A held job is told the window's end first (the same from every runner), then, as a change, a
@@ -3231,6 +3425,8 @@ mod tests {
                 fresh_at: None,
                 queued_confirmed: true,
                 maintenance: Some(&windows),
+                maintenance_taints: false,
+                maintenance_tainted: None,
                 peers: &[],
             };
             decide(&obs, &s, ts(now)).unwrap()
@@ -3322,6 +3518,8 @@ mod tests {
                 fresh_at: None,
                 queued_confirmed: true,
                 maintenance: Some(&windows),
+                maintenance_taints: false,
+                maintenance_tainted: None,
                 peers: &[],
             };
             match decide(&obs, &s, ts(200)).unwrap() {

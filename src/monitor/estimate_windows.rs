@@ -7,12 +7,15 @@
 //!   window's start ([`super::maintenance::cutting`]): a running job, and a gang the replay starts, hold
 //!   their resources until the window's start at the latest, and a job without a time limit that a
 //!   window will cut gets an end;
-//! - a gang held back by a window (its pods gated `<prefix>maintenance`) starts only at an instant when no
-//!   window is in the way of its time allocation, whatever nodes the window names, since that is when the
-//!   monitor lifts the gate ([`crate::cluster::maintenance::holding`]); the ends of the windows are the
-//!   instants it is tried again;
-//! - a gang that is not held (queued before its window was scheduled) is not kept out of anything: the
-//!   scheduler may start it into a window, which then cuts it (at once during the window).
+//! - a gang held back by a window (its pods gated `<prefix>maintenance`, or, the windows' node taints
+//!   written, not tolerating a window not over: [`super::maintenance::held_by_window`]) starts only at an
+//!   instant when no window is in the way of its time allocation, whatever nodes the window names, since
+//!   that is when the monitor lifts the gate or adds the toleration
+//!   ([`crate::cluster::maintenance::holding`]); the ends of the windows are the instants it is tried
+//!   again;
+//! - a gang that is not held (it tolerates every window, or the node patch was refused) is not kept out
+//!   of anything: the scheduler may start it into a window, which then cuts it (at once during the
+//!   window).
 
 use jiff::{SignedDuration, Timestamp};
 
@@ -24,8 +27,8 @@ use crate::cluster::Window;
 pub struct Maintenance {
     /// The windows as the monitor's watch has them; those over are ignored.
     pub windows: Vec<Window>,
-    /// Per waiting gang (the replay's `pending`, same order): its pods are held by the maintenance
-    /// gate. Missing entries count as not held.
+    /// Per waiting gang (the replay's `pending`, same order): it is held back by a window (the
+    /// maintenance gate, or a window's taint it does not tolerate). Missing entries count as not held.
     pub held: Vec<bool>,
     /// Per running job (the replay's `running`, same order): not volcano-runner's, so no window ends it
     /// (the pods of other workloads). Missing entries count as the runner's.

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Toleration};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -84,6 +84,11 @@ pub struct Executor {
     pub(crate) confirmed_queued: ConfirmedQueued,
     /// The maintenance windows, from the monitor's watch of them (`None` until first listed).
     pub(crate) maintenance: watch::Receiver<Option<crate::cluster::Windows>>,
+    /// The cluster refused the node patch by which the monitor writes the maintenance windows' taints:
+    /// set once, by the monitor's loop; a job without the gate can no longer be held back.
+    pub(crate) taints_refused: Arc<std::sync::atomic::AtomicBool>,
+    /// The maintenance windows whose taint is on a node, from the monitor's watch of the nodes.
+    pub(crate) tainted: watch::Sender<Arc<BTreeSet<String>>>,
 }
 
 impl Executor {
@@ -114,6 +119,8 @@ impl Executor {
             shards,
             confirmed_queued,
             maintenance,
+            taints_refused: Arc::default(),
+            tainted: watch::Sender::new(Arc::default()),
         }
     }
 
@@ -144,6 +151,7 @@ impl Executor {
         let job_id = snap.key.job_id().unwrap_or_default().to_owned();
         let queued_confirmed = self.confirmed_queued.contains(&job_id);
         let windows = self.maintenance.borrow().clone();
+        let tainted = self.tainted.borrow().clone();
         // Begun before the first look at the shard, and held until the last write: a shard handed to
         // another runner is released only once this has ended, so the new holder reads what was written.
         let _duty = self.begin_duty(&job_id);
@@ -169,6 +177,10 @@ impl Executor {
                     fresh_at,
                     queued_confirmed,
                     maintenance: windows.as_deref().map(Vec::as_slice),
+                    maintenance_taints: !self
+                        .taints_refused
+                        .load(std::sync::atomic::Ordering::Relaxed),
+                    maintenance_tainted: Some(&tainted),
                     peers: &snap.peers,
                 };
                 let step = decide::decide(&obs, &self.settings, now)?;
@@ -342,9 +354,27 @@ impl Executor {
         if let Some(addresses) = &action.peer_endpoints {
             self.write_peer_endpoints(job, addresses).await?;
         }
-        if let Some((gate, pods)) = &action.ungate {
+        if action.ungate.is_some() || action.tolerate.is_some() {
+            let gated = action
+                .ungate
+                .as_ref()
+                .map(|(g, p)| (g.as_str(), p.as_slice()));
+            let tolerating = action
+                .tolerate
+                .as_ref()
+                .map(|(t, p)| (t.as_slice(), p.as_slice()));
+            let pods: BTreeSet<&String> = gated
+                .map(|(_, p)| p)
+                .into_iter()
+                .chain(tolerating.map(|(_, p)| p))
+                .flatten()
+                .collect();
             for pod in pods {
-                self.ungate(job, pod, gate).await?;
+                let gate = gated.filter(|(_, p)| p.contains(pod)).map(|(g, _)| g);
+                let tolerations = tolerating
+                    .filter(|(_, p)| p.contains(pod))
+                    .map_or(&[][..], |(t, _)| t);
+                self.release(job, pod, gate, tolerations).await?;
             }
         }
         let publish: Vec<Outbound> = action
@@ -459,29 +489,52 @@ impl Executor {
         }
     }
 
-    /// Removes the scheduling gate `gate` from a pod (keeping any other gate). A pod that is gone or no
-    /// longer gated needs nothing.
-    async fn ungate(&self, job: &VolcanoJob, pod: &str, gate: &str) -> Result<(), ClusterError> {
+    /// Removes the scheduling gate `gate` from a pod (keeping any other gate) and adds the
+    /// `tolerations` it lacks (keeping those it has: Kubernetes lets a pod's tolerations be added to,
+    /// never changed), in one write guarded by the version read. A pod that is gone, or that needs
+    /// neither, needs nothing.
+    async fn release(
+        &self,
+        job: &VolcanoJob,
+        pod: &str,
+        gate: Option<&str>,
+        tolerations: &[Toleration],
+    ) -> Result<(), ClusterError> {
         let (ns, _) = names(job);
         let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
-        let op = format!("ungate pods {ns}/{pod}");
+        let op = format!("release pods {ns}/{pod}");
         let result = self
             .retry
             .run(&op, || async {
                 let current = api.get(pod).await.classify(|| op.clone())?;
-                let gates = current
-                    .spec
-                    .and_then(|s| s.scheduling_gates)
-                    .unwrap_or_default();
-                if !gates.iter().any(|g| g.name == gate) {
+                let spec = current.spec.unwrap_or_default();
+                let gates = spec.scheduling_gates.unwrap_or_default();
+                let ungate = gate.is_some_and(|gate| gates.iter().any(|g| g.name == gate));
+                let mut had = spec.tolerations.unwrap_or_default();
+                let missing: Vec<Toleration> = tolerations
+                    .iter()
+                    .filter(|t| !had.contains(t))
+                    .cloned()
+                    .collect();
+                if !ungate && missing.is_empty() {
                     return Ok(());
                 }
-                let rest: Vec<_> = gates.into_iter().filter(|g| g.name != gate).collect();
-                // Guarded by the version read: another writer's gates are never dropped.
-                let body = json!({
+                // Guarded by the version read: another writer's gates or tolerations are never
+                // dropped.
+                let mut body = json!({
                     "metadata": {"resourceVersion": current.metadata.resource_version},
-                    "spec": {"schedulingGates": rest},
                 });
+                if ungate {
+                    let rest: Vec<_> = gates
+                        .into_iter()
+                        .filter(|g| Some(g.name.as_str()) != gate)
+                        .collect();
+                    body["spec"]["schedulingGates"] = json!(rest);
+                }
+                if !missing.is_empty() {
+                    had.extend(missing);
+                    body["spec"]["tolerations"] = json!(had);
+                }
                 api.patch(pod, &PatchParams::default(), &Patch::Merge(&body))
                     .await
                     .map(|_| ())

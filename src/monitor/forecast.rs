@@ -417,6 +417,19 @@ fn inputs<'a>(
             pending_gang(pg, job, keys, in_fifo, reserve_nodes)
         })
         .collect();
+    // The windows whose taint is on a node: a job that does not tolerate one is held by it.
+    let prefix = keys.maintenance_taint_prefix();
+    let tainted: std::collections::HashSet<&str> = view
+        .nodes
+        .iter()
+        .flat_map(|n| n.spec.iter().flat_map(|s| s.taints.iter().flatten()))
+        .filter_map(|t| t.key.strip_prefix(prefix.as_str()))
+        .collect();
+    let tainted_windows: Vec<crate::cluster::Window> = windows
+        .iter()
+        .filter(|w| tainted.contains(w.id.as_str()))
+        .cloned()
+        .collect();
     let maintenance = estimate::Maintenance {
         windows: windows.to_vec(),
         held: waiting
@@ -424,7 +437,7 @@ fn inputs<'a>(
             .map(|pg| {
                 job_of_group(pg)
                     .and_then(|k| jobs.get(&k).map(|j| (k, j)))
-                    .is_some_and(|(k, j)| held(j, &k, view.pods, keys))
+                    .is_some_and(|(k, j)| held(j, &k, view.pods, keys, &tainted_windows, now))
             })
             .collect(),
         spared,
@@ -481,9 +494,17 @@ fn entries(waiting: &[&PodGroup], pending: &[Pending], estimates: &[Estimate]) -
     out
 }
 
-/// Whether a maintenance window holds the job back ([`super::maintenance::held_back`]): the monitor
-/// lifts the gate only when no window is in the way.
-fn held(job: &VolcanoJob, key: &JobKey, pods: &[Pod], keys: &AnnotationKeys) -> bool {
+/// Whether a maintenance window holds the job back ([`super::maintenance::held_by_window`]): the
+/// monitor lifts the gate, or adds a window's toleration, only when the window is not in the way.
+/// `tainted`: the windows whose taint is on a node.
+fn held(
+    job: &VolcanoJob,
+    key: &JobKey,
+    pods: &[Pod],
+    keys: &AnnotationKeys,
+    tainted: &[crate::cluster::Window],
+    now: Timestamp,
+) -> bool {
     let created_held = job
         .metadata
         .annotations
@@ -501,10 +522,19 @@ fn held(job: &VolcanoJob, key: &JobKey, pods: &[Pod], keys: &AnnotationKeys) -> 
                     .is_some_and(|n| *n == *key.name)
         })
         .collect();
-    super::maintenance::held_back(
+    let gate_holds = super::maintenance::held_back(
         created_held,
         own.is_empty(),
         own.iter().any(|p| super::peers::is_gated(p, &gate)),
+    );
+    let own: Vec<Pod> = own.into_iter().cloned().collect();
+    let prefix = keys.maintenance_taint_prefix();
+    super::maintenance::held_by_window(
+        tainted,
+        gate_holds,
+        true,
+        |w| super::maintenance::job_tolerates(&own, &prefix, &w.id),
+        now,
     )
 }
 
@@ -867,5 +897,60 @@ mod tests {
         gated.spec.as_mut().unwrap().scheduling_gates = None;
         let now = Some(t(100).strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
         assert_eq!(at(&[gated]), now, "let go: the scheduler may start it");
+    }
+
+    /// A job queued before the window (no gate) is held as the monitor holds it while the window's taint
+    /// is on the nodes and its pods do not tolerate it; once they do, it may start.
+    #[test]
+    fn a_queued_job_kept_off_by_a_windows_taint_is_estimated_after_it() {
+        let mut tainted = node("a", "16", 0);
+        tainted.spec.get_or_insert_default().taints =
+            Some(vec![crate::monitor::maintenance::taint(
+                "ucloud.dk/maintenance-",
+                "w",
+            )]);
+        let nodes = [tainted];
+        let jobs = [job("j-q", json!({"ucloud.dk/maxTime": "3600000"}))];
+        let groups = [group("j-q", 10, "Pending", 1, "4")];
+        let windows = [crate::cluster::Window {
+            id: "w".into(),
+            start: t(1000),
+            end: t(5000),
+            nodes: Default::default(),
+            reason: None,
+            created_at: Some(t(0)),
+            created_by: None,
+        }];
+        let at = |pods: &[Pod]| {
+            let view = ClusterView {
+                nodes: &nodes,
+                pods,
+                groups: &groups,
+                jobs: &jobs,
+                queues: &[],
+            };
+            forecast_with(view, &windows, &keys(), t(100), Replaying::default())[0]
+                .estimate
+                .start_at
+                .clone()
+        };
+        let end = Some(t(5000).strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
+        let mut waiting: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "j-q-0", "namespace": "ns", "labels": {LABEL_JOB_NAME: "j-q"}},
+            "spec": {"containers": []}
+        }))
+        .unwrap();
+        assert_eq!(
+            at(std::slice::from_ref(&waiting)),
+            end,
+            "kept off by the taint"
+        );
+        waiting.spec.as_mut().unwrap().tolerations =
+            Some(vec![crate::monitor::maintenance::toleration(
+                "ucloud.dk/maintenance-",
+                "w",
+            )]);
+        let now = Some(t(100).strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
+        assert_eq!(at(&[waiting]), now, "it tolerates the window: it may start");
     }
 }

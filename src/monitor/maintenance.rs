@@ -10,20 +10,33 @@
 //! window has been cancelled meanwhile.
 //!
 //! A job that has not started is held back by a window in the way of its time allocation
-//! ([`crate::cluster::maintenance::holding`]). A job created while one was in the way carries the
-//! scheduling gate `<prefix>maintenance` on its pods and `<prefix>maintenanceHeld` on itself (the
-//! submit path puts them there); the monitor tells it once per window until when it waits
-//! ([`waiting`]; a later start the replay of [`super::estimate_windows`] expects is told as a change), and
-//! removes the gate once no window is in the way (the window over, cancelled, or
-//! the job short enough to end before the next one). A job queued before the window was scheduled
-//! cannot be held back any more (a pod's gates can only be removed after its creation): it is told once
-//! what the window will do to it. Everything is decided from the windows and the pods as they are, so a
-//! runner that dies holding a job leaves its release to whoever monitors the job next.
+//! ([`crate::cluster::maintenance::holding`]), in one of two ways:
+//! - A job created while one was in the way carries the scheduling gate `<prefix>maintenance` on its
+//!   pods and `<prefix>maintenanceHeld` on itself (the submit path puts them there); the monitor removes
+//!   the gate once no window is in the way (the window over, cancelled, or the job short enough to end
+//!   before the next one).
+//! - Every other job (one queued before the window was scheduled, whose pods exist without the gate,
+//!   which can only be removed after a pod's creation) is held by the node taint
+//!   `<prefix>maintenance-<window id>=<window id>:NoSchedule` the monitor puts on the window's nodes
+//!   (every node for a window of all nodes) from when the window is listed until it is over or
+//!   cancelled ([`plan_taints`]). Kubernetes lets tolerations be added to a pod after its creation
+//!   (additions only), so the monitor adds to the pods that wait the toleration of each window that is
+//!   not in the way of their job ([`pending`]); a job a window is in the way of gets none, and the
+//!   scheduler keeps it off the window's nodes until the taint goes. A toleration, like a removed gate,
+//!   cannot be taken back: it is added under the same rule by which a gate is removed (the window not in
+//!   the way now nor at the start the replay expects).
+//!
+//! Either way the monitor tells the job once per window until when it waits ([`Waiting::Held`]; a later
+//! start the replay of [`super::estimate_windows`] expects is told as a change). Where the monitor may
+//! not write the taints (the node patch refused), a job without the gate cannot be held: it is told
+//! once what the window will do to it ([`Waiting::NotHeld`]). Everything is decided from the windows,
+//! the nodes' taints and the pods as they are, so a runner that dies holding a job leaves its release
+//! to whoever monitors the job next.
 
 use std::collections::BTreeSet;
 
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Taint, Toleration};
 
 use crate::cluster::Window;
 use crate::messages::proto_timestamp;
@@ -144,13 +157,255 @@ pub fn held_back(created_held: bool, no_pods: bool, any_gated: bool) -> bool {
     any_gated || (created_held && no_pods)
 }
 
+/// The effect of the maintenance taints: nothing new is placed on the window's nodes, nothing running
+/// there is evicted (a window cuts what runs at its start, see [`cutting`]).
+pub const TAINT_EFFECT: &str = "NoSchedule";
+
+/// The taint of window `id` on its nodes: key `<taint_prefix><id>`, value the id.
+pub fn taint(taint_prefix: &str, id: &str) -> Taint {
+    Taint {
+        key: format!("{taint_prefix}{id}"),
+        value: Some(id.to_owned()),
+        effect: TAINT_EFFECT.to_owned(),
+        time_added: None,
+    }
+}
+
+/// The toleration of window `id`'s taint, as the monitor adds it to a waiting pod.
+pub fn toleration(taint_prefix: &str, id: &str) -> Toleration {
+    Toleration {
+        key: Some(format!("{taint_prefix}{id}")),
+        operator: Some("Equal".to_owned()),
+        value: Some(id.to_owned()),
+        effect: Some(TAINT_EFFECT.to_owned()),
+        toleration_seconds: None,
+    }
+}
+
+/// Whether `pod` tolerates window `id`'s taint, under the scheduler's rules: an `Exists` toleration
+/// of its key (or of every key), or an `Equal` one (the default operator) of its key and value, with
+/// the `NoSchedule` effect or none.
+pub fn tolerates(pod: &Pod, taint_prefix: &str, id: &str) -> bool {
+    let key = format!("{taint_prefix}{id}");
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.tolerations.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .any(|t| {
+            let effect = t.effect.as_deref().unwrap_or_default();
+            let t_key = t.key.as_deref().unwrap_or_default();
+            if !(effect.is_empty() || effect == TAINT_EFFECT) {
+                return false;
+            }
+            match t.operator.as_deref() {
+                Some("Exists") => t_key.is_empty() || t_key == key,
+                None | Some("Equal") => t_key == key && t.value.as_deref() == Some(id),
+                Some(_) => false,
+            }
+        })
+}
+
+/// The pods of a job that the scheduler has yet to place (a pod's tolerations matter only until then).
+pub fn unbound(pods: &[Pod]) -> impl Iterator<Item = &Pod> {
+    pods.iter().filter(|p| {
+        p.spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .is_none()
+    })
+}
+
+/// Whether a job whose pods are `pods` tolerates window `id`: it has pods and each that is not placed
+/// yet tolerates its taint. A job without pods does not (Volcano makes them from the job's template,
+/// which tolerates no window), and one whose pods are all placed does (nothing is left to keep away).
+pub fn job_tolerates(pods: &[Pod], taint_prefix: &str, id: &str) -> bool {
+    !pods.is_empty() && unbound(pods).all(|p| tolerates(p, taint_prefix, id))
+}
+
+/// Whether a job that has not started is held back by a window, for the replay and the monitor alike:
+/// the maintenance gate holds it ([`held_back`]), or, with the taints written (`taints`), a window that
+/// is not over at `now` and that it does not tolerate (`tolerated`) keeps it off that window's nodes.
+pub fn held_by_window(
+    windows: &[Window],
+    gate_holds: bool,
+    taints: bool,
+    tolerated: impl Fn(&Window) -> bool,
+    now: Timestamp,
+) -> bool {
+    gate_holds || (taints && windows.iter().any(|w| w.end > now && !tolerated(w)))
+}
+
+/// One node's new taints, when the maintenance windows call for a change.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaintChange {
+    /// The index of the node in the list planned for.
+    pub node: usize,
+    /// Its whole new list: its other taints as they were, and one per window over it.
+    pub taints: Vec<Taint>,
+    /// The windows it now carries the taint of (for the log).
+    pub windows: Vec<String>,
+}
+
+/// What to change on the nodes so that each carries the taint of every window not over at `now` that
+/// covers it, and no other maintenance taint (of a window over, cancelled, or no longer listed).
+/// Decided from the windows and the taints alone: any runner may write it, and a runner killed between
+/// two nodes leaves the next pass the rest to do.
+pub fn plan_taints(
+    nodes: &[super::reserve::NodeTaints],
+    windows: &[Window],
+    taint_prefix: &str,
+    now: Timestamp,
+) -> Vec<TaintChange> {
+    let mut out = Vec::new();
+    for (i, node) in nodes.iter().enumerate() {
+        let mut wanted: Vec<Taint> = windows
+            .iter()
+            .filter(|w| w.end > now && w.covers(&node.name))
+            .map(|w| taint(taint_prefix, &w.id))
+            .collect();
+        wanted.sort_by(|a, b| a.key.cmp(&b.key));
+        let ours = |t: &Taint| t.key.starts_with(taint_prefix);
+        let mut current: Vec<&Taint> = node.taints.iter().filter(|t| ours(t)).collect();
+        current.sort_by(|a, b| (&a.key, &a.effect).cmp(&(&b.key, &b.effect)));
+        let same = current.len() == wanted.len()
+            && current
+                .iter()
+                .zip(&wanted)
+                .all(|(c, w)| (&c.key, &c.value, &c.effect) == (&w.key, &w.value, &w.effect));
+        if same {
+            continue;
+        }
+        let windows_now = wanted
+            .iter()
+            .filter_map(|t| t.value.clone())
+            .collect::<Vec<_>>();
+        let mut taints: Vec<Taint> = node.taints.iter().filter(|t| !ours(t)).cloned().collect();
+        taints.extend(wanted);
+        out.push(TaintChange {
+            node: i,
+            taints,
+            windows: windows_now,
+        });
+    }
+    out
+}
+
+/// How a job that has not started stands towards the windows, and the windows whose taint its waiting
+/// pods are to tolerate from now on.
+///
+/// - `gated`: its pods are (or will be) held back by the maintenance gate ([`held_back`]). Held while a
+///   window is in the way now or at its `expected` start (see [`waiting`]); once none is, the gate goes,
+///   and with the taints written (`taints`) its pods tolerate every window not over.
+/// - not gated, with the taints written: held by the earliest window in its way (now or at its
+///   expected start) that it does not tolerate (`tolerated`); a window in its way now that it tolerates
+///   already (let go earlier, it has waited since) cannot be taken back: told what it will do to it. Its
+///   pods tolerate every window not over that is not in its way.
+/// - not gated, no taints (the node patch refused): judged by now alone, and told what the window will
+///   do to it: whatever is told, it may start.
+pub fn pending<'a>(
+    windows: &'a [Window],
+    gated: bool,
+    taints: bool,
+    tolerated: impl Fn(&Window) -> bool,
+    max_time: Option<SignedDuration>,
+    expected: Option<Timestamp>,
+    now: Timestamp,
+) -> (Option<Waiting<'a>>, Vec<&'a Window>) {
+    let d = decide_pending(
+        windows,
+        gated,
+        taints,
+        tolerated,
+        |_| true,
+        max_time,
+        expected,
+        now,
+    );
+    (d.waiting, d.tolerate)
+}
+
+/// What [`decide_pending`] decides for a job that has not started.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingDecision<'a> {
+    /// How it stands towards the windows, to be told.
+    pub waiting: Option<Waiting<'a>>,
+    /// The windows whose taint its waiting pods are to tolerate from now on.
+    pub tolerate: Vec<&'a Window>,
+    /// A window holds it by its taint, which is not on the nodes yet: nothing is told until it is (nor
+    /// that it cannot be held, should the node patch be refused).
+    pub until_tainted: bool,
+}
+
+/// [`pending`], knowing which windows' taints are on the nodes (`tainted`): a job is told it is held
+/// by a window's taint only once the taint is there.
+#[allow(clippy::too_many_arguments)]
+pub fn decide_pending<'a>(
+    windows: &'a [Window],
+    gated: bool,
+    taints: bool,
+    tolerated: impl Fn(&Window) -> bool,
+    tainted: impl Fn(&Window) -> bool,
+    max_time: Option<SignedDuration>,
+    expected: Option<Timestamp>,
+    now: Timestamp,
+) -> PendingDecision<'a> {
+    let (waiting, tolerate) =
+        pending_windows(windows, gated, taints, &tolerated, max_time, expected, now);
+    let until_tainted = !gated && matches!(waiting, Some(Waiting::Held(w)) if !tainted(w));
+    PendingDecision {
+        waiting: waiting.filter(|_| !until_tainted),
+        tolerate,
+        until_tainted,
+    }
+}
+
+fn pending_windows<'a>(
+    windows: &'a [Window],
+    gated: bool,
+    taints: bool,
+    tolerated: &impl Fn(&Window) -> bool,
+    max_time: Option<SignedDuration>,
+    expected: Option<Timestamp>,
+    now: Timestamp,
+) -> (Option<Waiting<'a>>, Vec<&'a Window>) {
+    let expected = expected.filter(|e| *e > now);
+    let in_way_now = |w: &Window| w.in_the_way(now, max_time);
+    let in_way = |w: &Window| in_way_now(w) || expected.is_some_and(|e| w.in_the_way(e, max_time));
+    let live = || windows.iter().filter(|w| w.end > now);
+    let earliest = |it: &mut dyn Iterator<Item = &'a Window>| {
+        it.min_by(|a, b| (a.start, &a.id).cmp(&(b.start, &b.id)))
+    };
+    if gated {
+        if let Some(w) = earliest(&mut live().filter(|w| in_way(w))) {
+            return (Some(Waiting::Held(w)), Vec::new());
+        }
+        let tolerate = if taints {
+            live().filter(|w| !tolerated(w)).collect()
+        } else {
+            Vec::new()
+        };
+        return (None, tolerate);
+    }
+    if !taints {
+        let queued = crate::cluster::maintenance::holding(windows, now, max_time);
+        return (queued.map(Waiting::NotHeld), Vec::new());
+    }
+    let waiting = earliest(&mut live().filter(|w| in_way(w) && !tolerated(w)))
+        .map(Waiting::Held)
+        .or_else(|| earliest(&mut live().filter(|w| in_way_now(w))).map(Waiting::NotHeld));
+    let tolerate = live().filter(|w| !in_way(w) && !tolerated(w)).collect();
+    (waiting, tolerate)
+}
+
 /// How a job that has not started stands towards the window in the way of its time allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Waiting<'a> {
     /// Its pods are gated: it does not start before the window's end.
     Held(&'a Window),
-    /// It was queued before the window was scheduled and its pods are not gated: it may start, and the
-    /// window then ends it like any running job.
+    /// Nothing keeps it off the window's nodes (queued before the window was scheduled, and the node
+    /// taint not written, or tolerated already): it may start, and the window then ends it like any
+    /// running job.
     NotHeld(&'a Window),
 }
 
@@ -168,13 +423,7 @@ pub fn waiting<'a>(
     expected: Option<Timestamp>,
     now: Timestamp,
 ) -> Option<Waiting<'a>> {
-    use crate::cluster::maintenance::holding;
-    if !gated {
-        return holding(windows, now, max_time).map(Waiting::NotHeld);
-    }
-    holding(windows, now, max_time)
-        .or_else(|| holding(windows, expected.filter(|e| *e > now)?, max_time))
-        .map(Waiting::Held)
+    pending(windows, gated, false, |_| false, max_time, expected, now).0
 }
 
 impl<'a> Waiting<'a> {
@@ -192,7 +441,7 @@ impl<'a> Waiting<'a> {
                 w.id, w.end
             ),
             Self::NotHeld(w) => format!(
-                "The maintenance window {} was scheduled after the job was queued, when it could no longer be held back: if the job starts before {} and runs on a node the window takes, it is stopped at {} (at once during the window)",
+                "The job can no longer be held back for the maintenance window {}: if the job starts before {} and runs on a node the window takes, it is stopped at {} (at once during the window)",
                 w.describe(),
                 w.end,
                 w.start
@@ -322,6 +571,163 @@ mod tests {
         assert!(queued.event("7", None).event_id.ends_with("/queued"));
         // Over: nothing holds it.
         assert_eq!(waiting(&windows, true, None, None, ts(9000)), None);
+    }
+
+    const PREFIX: &str = "ucloud.dk/maintenance-";
+
+    fn waiting_pod(tolerating: &[&str]) -> Pod {
+        Pod {
+            spec: Some(PodSpec {
+                tolerations: Some(tolerating.iter().map(|w| toleration(PREFIX, w)).collect()),
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    #[test]
+    fn tolerations_count_as_the_scheduler_counts_them() {
+        let pod = waiting_pod(&["w1"]);
+        assert!(tolerates(&pod, PREFIX, "w1"));
+        assert!(!tolerates(&pod, PREFIX, "w2"));
+        let with = |t: Toleration| Pod {
+            spec: Some(PodSpec {
+                tolerations: Some(vec![t]),
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        };
+        let exists = Toleration {
+            key: Some(format!("{PREFIX}w2")),
+            operator: Some("Exists".into()),
+            ..Toleration::default()
+        };
+        assert!(tolerates(&with(exists.clone()), PREFIX, "w2"));
+        let everything = Toleration {
+            operator: Some("Exists".into()),
+            ..Toleration::default()
+        };
+        assert!(tolerates(&with(everything), PREFIX, "w2"));
+        let no_execute = Toleration {
+            effect: Some("NoExecute".into()),
+            ..exists
+        };
+        assert!(!tolerates(&with(no_execute), PREFIX, "w2"));
+        let wrong_value = Toleration {
+            value: Some("w3".into()),
+            ..toleration(PREFIX, "w2")
+        };
+        assert!(!tolerates(&with(wrong_value), PREFIX, "w2"));
+        // A job: every pod not placed yet must tolerate it; one without pods does not.
+        assert!(!job_tolerates(&[], PREFIX, "w1"));
+        assert!(job_tolerates(&[pod.clone(), on("n1")], PREFIX, "w1"));
+        assert!(!job_tolerates(&[pod, waiting_pod(&[])], PREFIX, "w1"));
+        assert!(job_tolerates(&[on("n1")], PREFIX, "w1"));
+    }
+
+    #[test]
+    fn each_node_carries_the_taint_of_every_window_over_it_that_is_not_over() {
+        use super::super::reserve::NodeTaints;
+        let windows = [
+            window("all", 100, 200, &[]),
+            window("n1-only", 50, 300, &["n1"]),
+            window("over", -100, -10, &[]),
+        ];
+        let other = Taint {
+            key: "dedicated".into(),
+            value: Some("gpu".into()),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        };
+        let node = |name: &str, taints: Vec<Taint>| NodeTaints {
+            name: name.into(),
+            resource_version: Some("3".into()),
+            taints,
+        };
+        let nodes = [
+            // Carries a cancelled window's taint, and another's.
+            node("n1", vec![other.clone(), taint(PREFIX, "cancelled")]),
+            // Has what it needs.
+            node("n2", vec![taint(PREFIX, "all")]),
+            node("n3", vec![]),
+        ];
+        let changes = plan_taints(&nodes, &windows, PREFIX, ts(0));
+        assert_eq!(changes.len(), 2, "{changes:?}");
+        assert_eq!(changes[0].node, 0);
+        assert_eq!(
+            changes[0].taints,
+            vec![other, taint(PREFIX, "all"), taint(PREFIX, "n1-only")],
+            "two windows over one node: two keys"
+        );
+        assert_eq!(changes[1].node, 2);
+        assert_eq!(changes[1].windows, vec!["all".to_owned()]);
+        // Once both are over, every maintenance taint goes.
+        let later = plan_taints(&nodes, &windows, PREFIX, ts(300));
+        assert_eq!(later.len(), 2, "{later:?}");
+        assert_eq!(later[1].node, 1);
+        assert!(later[1].taints.is_empty());
+        // Planned again on what was written: nothing more to do.
+        let written: Vec<NodeTaints> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| match changes.iter().find(|c| c.node == i) {
+                Some(c) => node(&n.name, c.taints.clone()),
+                None => n.clone(),
+            })
+            .collect();
+        assert!(plan_taints(&written, &windows, PREFIX, ts(0)).is_empty());
+    }
+
+    #[test]
+    fn with_the_taints_a_queued_job_is_held_by_a_window_in_its_way_and_tolerates_the_others() {
+        let windows = [
+            window("soon", 7200, 9000, &[]),
+            window("later", 20000, 21000, &["n1"]),
+        ];
+        let hour = Some(SignedDuration::from_hours(1));
+        let four = Some(SignedDuration::from_hours(4));
+        let none = |_: &Window| false;
+        // A long job: held by the first window, tolerates only the one it ends before.
+        let (waiting, tolerate) = pending(&windows, false, true, none, four, None, ts(0));
+        assert_eq!(waiting, Some(Waiting::Held(&windows[0])));
+        assert_eq!(tolerate, vec![&windows[1]], "it ends before the other");
+        // A short one: tolerates both, nothing holds it.
+        let (waiting, tolerate) = pending(&windows, false, true, none, hour, None, ts(0));
+        assert_eq!(waiting, None);
+        assert_eq!(tolerate, vec![&windows[0], &windows[1]]);
+        // ... unless it is expected to start into one: held by it, and tolerates the other.
+        let (waiting, tolerate) = pending(&windows, false, true, none, hour, Some(ts(5000)), ts(0));
+        assert_eq!(waiting, Some(Waiting::Held(&windows[0])));
+        assert_eq!(tolerate, vec![&windows[1]]);
+        // Let go before (it tolerates the window) and waited since: it cannot be held any more.
+        let tolerated = |w: &Window| w.id == "soon";
+        let (waiting, tolerate) = pending(&windows, false, true, tolerated, hour, None, ts(7000));
+        assert_eq!(waiting, Some(Waiting::NotHeld(&windows[0])));
+        assert_eq!(tolerate, vec![&windows[1]]);
+        // Without the taints (the node patch refused): only told.
+        let (waiting, tolerate) = pending(&windows, false, false, none, four, None, ts(0));
+        assert_eq!(waiting, Some(Waiting::NotHeld(&windows[0])));
+        assert!(tolerate.is_empty());
+        // A gated job, once no window is in its way, tolerates every window not over.
+        let (waiting, tolerate) = pending(&windows, true, true, none, hour, None, ts(9000));
+        assert_eq!(waiting, None);
+        assert_eq!(tolerate, vec![&windows[1]]);
+        let (waiting, tolerate) = pending(&windows, true, true, none, four, None, ts(0));
+        assert_eq!(waiting, Some(Waiting::Held(&windows[0])));
+        assert!(tolerate.is_empty());
+        // Told it is held only once the taint that holds it is on the nodes.
+        let d = decide_pending(&windows, false, true, none, |_| false, four, None, ts(0));
+        assert!(d.until_tainted && d.waiting.is_none(), "{d:?}");
+        assert_eq!(d.tolerate, vec![&windows[1]]);
+        let d = decide_pending(&windows, false, true, none, |_| true, four, None, ts(0));
+        assert!(!d.until_tainted);
+        assert_eq!(d.waiting, Some(Waiting::Held(&windows[0])));
+        // The replay's rule: held while a window not over is not tolerated.
+        assert!(held_by_window(&windows, false, true, none, ts(0)));
+        assert!(!held_by_window(&windows, false, true, |_| true, ts(0)));
+        assert!(!held_by_window(&windows, false, false, none, ts(0)));
+        assert!(!held_by_window(&windows, false, true, none, ts(21000)));
+        assert!(held_by_window(&windows, true, false, none, ts(21000)));
     }
 
     #[test]

@@ -15,7 +15,7 @@
 //! - [`estimate`]: start-time estimates for pending jobs, by replaying the placement forward in time;
 //!   [`estimate_windows`]: the maintenance windows in that replay.
 //! - [`forecast`]: the estimate's inputs read from the listed nodes, pods, PodGroups and jobs.
-//! - [`reserve`]: whole nodes reserved by a taint for a whole-node gang past its waiting time.
+//! - [`reserve`]: nodes reserved by a taint for a whole-node or large gang past its waiting time.
 //! - [`timers`]: deadlines by job (in the clock's time) and retry backoff (in real time).
 //! - [`execute`]: carries a step out: publish (confirmed), then patch (resourceVersion), then delete.
 //! - [`verify`]: the full reconciliation's check of the watches: metadata lists against the cache.

@@ -91,6 +91,9 @@ pub struct Change {
     pub reserved_for: Option<String>,
     /// The job whose reservation was removed, if any.
     pub released: Option<String>,
+    /// The maintenance windows whose taints it carries now, when those changed (see
+    /// [`super::maintenance::plan_taints`]), for the log.
+    pub windows: Option<Vec<String>>,
 }
 
 /// What to change on the nodes: release every `key` taint whose job is not in `reserving` (the job ids
@@ -146,9 +149,53 @@ pub fn plan(
             taints,
             reserved_for: reserve.map(str::to_owned),
             released: stale.map(str::to_owned),
+            windows: None,
         });
     }
     out
+}
+
+/// Folds the maintenance windows' taint changes ([`super::maintenance::plan_taints`], planned on
+/// `nodes` as `changes` leave them) into `changes`: one write per node.
+pub fn with_maintenance(
+    mut changes: Vec<Change>,
+    nodes: &[NodeTaints],
+    maintenance: Vec<super::maintenance::TaintChange>,
+) -> Vec<Change> {
+    for m in maintenance {
+        let Some(node) = nodes.get(m.node) else {
+            continue;
+        };
+        match changes.iter_mut().find(|c| c.node == node.name) {
+            Some(c) => {
+                c.taints = m.taints;
+                c.windows = Some(m.windows);
+            }
+            None => changes.push(Change {
+                node: node.name.clone(),
+                resource_version: node.resource_version.clone(),
+                taints: m.taints,
+                reserved_for: None,
+                released: None,
+                windows: Some(m.windows),
+            }),
+        }
+    }
+    changes
+}
+
+/// The nodes as `changes` leave them (the maintenance taints are planned on top of the reservations).
+pub fn after(nodes: &[NodeTaints], changes: &[Change]) -> Vec<NodeTaints> {
+    nodes
+        .iter()
+        .map(|n| match changes.iter().find(|c| c.node == n.name) {
+            Some(c) => NodeTaints {
+                taints: c.taints.clone(),
+                ..n.clone()
+            },
+            None => n.clone(),
+        })
+        .collect()
 }
 
 /// Writes the changes, each guarded by the node's `resourceVersion`. A conflict (someone wrote the node
@@ -165,12 +212,12 @@ pub async fn apply(client: &kube::Client, changes: &[Change]) -> Result<usize, C
         let result = api
             .patch(&c.node, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .classify(|| format!("reserve node {}", c.node));
+            .classify(|| format!("patch nodes {} (taints)", c.node));
         match result {
             Ok(_) => {
                 written += 1;
                 tracing::info!(node = %c.node, reserved_for = ?c.reserved_for, released = ?c.released,
-                    "Node reservation changed.");
+                    maintenance_windows = ?c.windows, "Node taints changed.");
             }
             Err(e) if e.is_conflict() => {
                 tracing::debug!(node = %c.node, "Node changed since it was read: decided again next pass.");

@@ -17,7 +17,7 @@
 //! Every job is handled on its own: a failure is logged and retried with backoff for that job only (W6,
 //! W7), and nothing is acted on for a job whose shard this runner does not hold at that moment.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -138,15 +138,29 @@ struct Loop {
     node_taints_listing: Option<std::collections::BTreeMap<String, super::reserve::NodeTaints>>,
     /// The reservation taint's key.
     reservation_key: String,
-    /// The node writes of the last reservation round, while they run: one round at a time, each decided
-    /// from what the watch shows after the one before.
+    /// The node writes of the last round (reservations and maintenance taints), while they run: one
+    /// round at a time, each decided from what the watch shows after the one before.
     reserving: Option<tokio::task::JoinHandle<()>>,
+    /// When the node taints are planned again: the earliest end of a maintenance window not over (its
+    /// taints go then, [`super::maintenance::plan_taints`]), or shortly after a round that wrote.
+    taints_due: Option<jiff::Timestamp>,
+    /// Whether the decisions have been told the node patch was refused (see
+    /// [`Executor::taints_refused`]).
+    taints_refused_seen: bool,
 }
 
 /// How often the start-time estimates are made again while things change: often enough that a job
 /// is told its estimate with its first status event, seldom enough that a busy cluster does not replay
 /// the queue on every event.
 const ESTIMATE_EVERY: jiff::SignedDuration = jiff::SignedDuration::from_secs(2);
+
+/// The earlier of two instants, either of which may be unset.
+fn earliest_of(a: Option<jiff::Timestamp>, b: Option<jiff::Timestamp>) -> Option<jiff::Timestamp> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
 
 /// Objects per page of a watch's initial list.
 const WATCH_PAGE: u32 = 100;
@@ -253,6 +267,8 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
         node_taints_listing: None,
         reservation_key: super::reserve::taint_key(&exec.settings.keys),
         reserving: None,
+        taints_due: None,
+        taints_refused_seen: false,
     };
     state.begin_pass(&ALL_KINDS);
     // The first pass also waits for the nodes, so that a waiting job's first status carries its
@@ -358,12 +374,15 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
                 Some(Ok(event)) => state.on_node(event),
                 Some(Err(e)) if forbidden(&e) => {
                     nodes_forbidden = true;
+                    // Nor the windows' taints: without the nodes, none would be seen written.
+                    state.exec.taints_refused.store(true, std::sync::atomic::Ordering::Relaxed);
                     state.list_done(Awaited::Nodes);
                     tracing::warn!(error = %e, "This runner may not list and watch nodes: waiting jobs get no start-time estimate. Grant list and watch on nodes to its ClusterRole (deploy/base/clusterrole.yaml does).");
                 }
                 Some(Err(e)) => tracing::warn!(error = %e, "The node watch failed; it restarts by itself."),
                 None => {
                     nodes_forbidden = true;
+                    state.exec.taints_refused.store(true, std::sync::atomic::Ordering::Relaxed);
                     state.list_done(Awaited::Nodes);
                 }
             },
@@ -678,6 +697,7 @@ impl Loop {
                 if let Some(listing) = self.node_taints_listing.take() {
                     self.node_taints = listing;
                 }
+                self.tainted_changed();
                 self.list_done(Awaited::Nodes);
             }
             Event::Apply(n) => {
@@ -687,12 +707,48 @@ impl Loop {
                     Some(node) => self.nodes.insert(name, node),
                     None => self.nodes.remove(&name),
                 };
+                self.tainted_changed();
             }
             Event::Delete(n) => {
                 let name = n.metadata.name.as_deref().unwrap_or_default();
                 self.nodes.remove(name);
                 self.node_taints.remove(name);
+                self.tainted_changed();
             }
+        }
+    }
+
+    /// The maintenance windows whose taint is on a node, for the decisions: when they change (a
+    /// window's taint written or lifted), every job is decided again (a job waits to be told it is
+    /// held until the taint that holds it is there).
+    fn tainted_changed(&mut self) {
+        let prefix = self.exec.settings.keys.maintenance_taint_prefix();
+        let tainted: BTreeSet<String> = self
+            .node_taints
+            .values()
+            .flat_map(|n| &n.taints)
+            .filter(|t| t.key.starts_with(&prefix) && t.effect == super::maintenance::TAINT_EFFECT)
+            .map(|t| t.key[prefix.len()..].to_owned())
+            .collect();
+        let changed = self.exec.tainted.send_if_modified(|current| {
+            let changed = **current != tainted;
+            if changed {
+                *current = Arc::new(tainted);
+            }
+            changed
+        });
+        if changed {
+            self.requeue_all();
+        }
+    }
+
+    /// Every job is decided again: something every decision reads changed.
+    fn requeue_all(&mut self) {
+        self.settled.clear();
+        self.estimates_stale = true;
+        let keys: Vec<JobKey> = self.cache.fingerprints().map(|(k, _)| k.clone()).collect();
+        for key in keys {
+            self.enqueue(key);
         }
     }
 
@@ -815,6 +871,7 @@ impl Loop {
         let now = self.exec.clock.now();
         self.cache
             .set_maintenance_windows(self.exec.maintenance.borrow().clone());
+        self.cache.set_maintenance_taints(!self.taints_refused());
         let changed = self
             .cache
             .estimate_starts(&nodes, &self.exec.settings.keys, now);
@@ -823,26 +880,53 @@ impl Loop {
         for key in changed {
             self.enqueue(key);
         }
-        self.reserve_nodes();
+        self.write_node_taints();
     }
 
-    /// `[monitor] reserve_nodes`: taints the nodes the replay reserves for the whole-node and large
-    /// gangs of this runner's shards, and removes their taints once they no longer wait
-    /// ([`super::reserve`]). Decided from the watched taints and jobs only, after the first lists: a round's writes run in the
-    /// background, and the next round waits for them. With the switch off nothing is reserved, but the
-    /// taints left from when it was on are still removed (nothing would ever lift them otherwise).
-    fn reserve_nodes(&mut self) {
-        // Not before the first pass has the full lists: a taint whose job the cache has not listed yet
-        // would be taken for one whose job is gone.
-        if self.passes == 0
-            || self.node_taints.is_empty()
-            || self.reserving.as_ref().is_some_and(|h| !h.is_finished())
-        {
+    fn taints_refused(&self) -> bool {
+        self.exec
+            .taints_refused
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Once the node patch was found refused: every job is decided again (a job without the gate is
+    /// no longer held, and is told so).
+    fn note_taints_refused(&mut self) {
+        if self.taints_refused_seen || !self.taints_refused() {
             return;
         }
-        let reservations = self.cache.reservations();
+        self.taints_refused_seen = true;
+        self.requeue_all();
+    }
+
+    /// The node taints, in one round of writes: `[monitor] reserve_nodes` taints the nodes the replay
+    /// reserves for the whole-node and large gangs of this runner's shards, and removes their taints once they no
+    /// longer wait ([`super::reserve`]); every maintenance window not over has its taint on the nodes
+    /// it covers, and no other ([`super::maintenance::plan_taints`]). Decided from the watched taints,
+    /// windows and jobs only: a round's writes run in the background, and the next round waits for
+    /// them. With `reserve_nodes` off nothing is reserved, but the taints left from when it was on are
+    /// still removed (nothing would ever lift them otherwise). A node patch the cluster refuses (no
+    /// grant) is said once, at ERROR, and the maintenance taints are written no more: jobs without the
+    /// gate are then told what a window will do to them instead of being held.
+    fn write_node_taints(&mut self) {
+        if self.node_taints.is_empty() {
+            return;
+        }
+        // A round still writing, or one that wrote: looked at again shortly (a write that failed
+        // without a node event to tell, or a change that came meanwhile, is not left for the next
+        // unrelated event).
+        let soon = self.exec.clock.now().checked_add(ESTIMATE_EVERY).ok();
+        if self.reserving.as_ref().is_some_and(|h| !h.is_finished()) {
+            self.taints_due = earliest_of(self.taints_due, soon);
+            return;
+        }
         let taints: Vec<super::reserve::NodeTaints> = self.node_taints.values().cloned().collect();
-        let changes = {
+        // Not before the first pass has the full lists: a taint whose job the cache has not listed yet
+        // would be taken for one whose job is gone.
+        let mut changes = if self.passes == 0 {
+            Vec::new()
+        } else {
+            let reservations = self.cache.reservations();
             let held = self.exec.shards.borrow();
             super::reserve::plan(
                 &taints,
@@ -858,14 +942,38 @@ impl Loop {
                 },
             )
         };
+        let windows = self.exec.maintenance.borrow().clone();
+        self.taints_due = None;
+        if let Some(windows) = windows.filter(|_| !self.taints_refused()) {
+            let now = self.exec.clock.now();
+            let after = super::reserve::after(&taints, &changes);
+            let planned = super::maintenance::plan_taints(
+                &after,
+                &windows,
+                &self.exec.settings.keys.maintenance_taint_prefix(),
+                now,
+            );
+            changes = super::reserve::with_maintenance(changes, &after, planned);
+            self.taints_due = windows.iter().map(|w| w.end).filter(|e| *e > now).min();
+        }
         if changes.is_empty() {
             return;
         }
+        self.taints_due = earliest_of(self.taints_due, soon);
         let client = self.exec.client.clone();
+        let refused = self.exec.taints_refused.clone();
         // Joined at shutdown with the jobs in hand.
         let task = tokio::spawn(async move {
-            if let Err(e) = super::reserve::apply(&client, &changes).await {
-                tracing::warn!(error = %e, "Node reservations not written; tried again on the next pass.");
+            match super::reserve::apply(&client, &changes).await {
+                Ok(_) => {}
+                Err(e) if e.is_forbidden() => {
+                    if !refused.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                        tracing::error!(error = %e, "This runner may not patch nodes: maintenance windows hold back only the jobs created while one was in their way (by the scheduling gate); a job queued before a window is told what the window will do to it, and may start into it. Grant patch on nodes to its ClusterRole (deploy/base/clusterrole.yaml does).");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "Node taints not written; tried again on the next pass.");
+                }
             }
         });
         self.reserving = Some(task);
@@ -887,6 +995,7 @@ impl Loop {
     }
 
     fn dispatch(&mut self, workers: &mut FuturesUnordered<Work>) {
+        self.note_taints_refused();
         if self
             .estimate_due()
             .is_some_and(|(at, real)| at <= self.exec.clock.now() || real <= Instant::now())
@@ -1026,10 +1135,18 @@ impl Loop {
             let real = real.saturating_duration_since(Instant::now());
             clock.real_until(at).map_or(real, |d| d.min(real))
         });
-        [check, retry, estimate].into_iter().flatten().min()
+        let taints = self
+            .taints_due
+            .map(|at| clock.real_until(at).unwrap_or(poll));
+        [check, retry, estimate, taints].into_iter().flatten().min()
     }
 
     fn fire(&mut self, now: jiff::Timestamp, instant: Instant) {
+        // A maintenance window is over: its taints go (with the estimates, which it changes too).
+        if self.taints_due.is_some_and(|at| at <= now) {
+            self.taints_due = None;
+            self.estimates_stale = true;
+        }
         // A deadline is due: the same objects may now call for something else.
         for key in self.checks.pop_due(now) {
             self.settled.remove(&key);

@@ -454,6 +454,22 @@ fn check_pod_update(old: &Value, obj: &Value, errs: &mut Vec<FieldError>) {
                 "only deletion is allowed, but found new scheduling gate",
             ));
         }
+        // Tolerations may be added, never changed nor removed: each one the pod had must still be there.
+        let tolerations = |pod: &Value| -> Vec<Value> {
+            pod.at("/spec/tolerations")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default()
+        };
+        let new_tolerations = tolerations(obj);
+        for (i, t) in tolerations(old).iter().enumerate() {
+            if !new_tolerations.contains(t) {
+                errs.push(FieldError::forbidden(
+                    format!("spec.tolerations[{i}]"),
+                    "existing toleration can not be modified except its tolerationSeconds",
+                ));
+            }
+        }
         let old_spec = strip(&old["spec"]);
         let new_spec = strip(&obj["spec"]);
         if old_spec != new_spec {

@@ -7,15 +7,21 @@
 //! Jobs that have not started, submitted through a real runner's consumer: one whose time allocation a
 //! window is in the way of is created gated, told once until when it waits, and starts after the window;
 //! a short one runs at once; a submission during a window waits until the window is cancelled; a runner
-//! killed while it holds a job leaves its release to the next; a job queued before its window is told
-//! it cannot be held; a held job is told, after the window's end, the replayed start that accounts for
-//! the window and for what runs past it, and starts by then.
+//! killed while it holds a job leaves its release to the next; a held job is told, after the window's
+//! end, the replayed start that accounts for the window and for what runs past it, and starts by then.
+//!
+//! Jobs queued before the window was scheduled (no gate): the window's nodes carry its taint until it
+//! is over; one whose allocation crosses the window is told it waits and does not start into it when
+//! room is made before it, a short one is given the window's toleration and starts before it, and a
+//! runner killed meanwhile loses nothing; where the node patch is refused, or the job is placed already
+//! (its image pulling), it cannot be held and is told what the window will do to it.
 
 use crate::monitor_support;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Node;
 use monitor_support::*;
 use volcano_runner::cluster::{MaintenanceWindows, Window};
 use volcano_runner::messages::v1::{JobState, SubmitJob};
@@ -339,7 +345,12 @@ async fn a_job_whose_allocation_crosses_a_window_waits_for_its_end_and_a_short_o
     assert_eq!(statuses.len(), 1, "told once: {statuses:?}");
     w.advance(1);
     w.settle(Duration::from_millis(300)).await;
-    w.advance(2);
+    // The gate goes, and the window's taint from the node.
+    until_taints(&w, "the taint gone after the window", &[]).await;
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
     w.until("the long job RUNNING after the window", |s| {
         s.event("mh1/RUNNING").is_some()
     })
@@ -381,7 +392,11 @@ async fn a_submission_during_a_window_waits_until_the_window_is_cancelled() {
     let windows = MaintenanceWindows::new(w.client.clone(), &w.config.cluster);
     assert!(windows.cancel(&window.id).await.expect("deleted"));
     w.settle(Duration::from_millis(300)).await;
-    w.advance(2);
+    until_taints(&w, "the taint gone with the window", &[]).await;
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
     w.until("RUNNING once the window is cancelled", |s| {
         s.event("mh3/RUNNING").is_some()
     })
@@ -439,10 +454,10 @@ async fn a_runner_killed_while_holding_a_job_does_not_lose_its_release() {
     w.close().await;
 }
 
-/// A job queued before the window was scheduled cannot be held back any more (its pods exist without
-/// the gate): it is told so, once, by the window's id.
+/// A job placed on a node before the window was scheduled (its image pulling) cannot be held back any
+/// more (nothing takes a pod off its node): it is told so, once, by the window's id.
 #[tokio::test]
-async fn a_job_queued_before_the_window_is_told_it_cannot_be_held() {
+async fn a_job_placed_before_the_window_is_told_it_cannot_be_held() {
     let mut w = World::start("mon-maint-queued", |_| {}, |_| {}).await;
     let runner = w.runner("runner-a").await;
     runner.holds(4).await;
@@ -466,7 +481,7 @@ async fn a_job_queued_before_the_window_is_told_it_cannot_be_held() {
     let told = w.seen.event(&held_id("mh5", &window, false)).unwrap();
     assert_eq!(told.reason, "maintenance");
     assert!(
-        told.status.contains(&window.id) && told.status.contains("could no longer be held back"),
+        told.status.contains(&window.id) && told.status.contains("can no longer be held back"),
         "{}",
         told.status
     );
@@ -578,6 +593,315 @@ async fn a_held_job_is_told_a_start_that_accounts_for_the_window_and_starts_by_t
         "started {started:?}, told {told:?}, window until {}",
         window.end
     );
+    consumer.stop().await;
+    runner.stop().await;
+    w.close().await;
+}
+
+/// The maintenance taints on the nodes, as `node=key` (sorted).
+async fn maintenance_taints(w: &World) -> Vec<String> {
+    let prefix = w.keys.maintenance_taint_prefix();
+    let nodes: kube::Api<Node> = kube::Api::all(w.client.clone());
+    let mut out: Vec<String> = nodes
+        .list(&Default::default())
+        .await
+        .expect("the nodes are listed")
+        .items
+        .iter()
+        .flat_map(|n| {
+            let name = n.metadata.name.clone().unwrap_or_default();
+            n.spec
+                .iter()
+                .flat_map(|s| s.taints.iter().flatten())
+                .filter(|t| t.key.starts_with(&prefix) && t.effect == "NoSchedule")
+                .map(move |t| format!("{name}={}", t.key))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+async fn until_taints(w: &World, what: &str, wanted: &[String]) {
+    let done = async {
+        while maintenance_taints(w).await != wanted {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, done)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: {:?}", wanted));
+}
+
+/// One node of 16 cpu and whole-node jobs.
+fn one_node_world(s: &mut volcano_runner::sim::SimConfig) {
+    s.nodes = vec![volcano_runner::sim::NodeSpec {
+        name: "n1".into(),
+        cpu: "16".into(),
+        memory: "128Gi".into(),
+        gpus: 0,
+        max_pods: 110,
+        labels: Default::default(),
+        taints: Vec::new(),
+    }];
+}
+
+fn whole_node(id: &str, script: &str, secs: i64) -> SubmitJob {
+    let mut j = with_allocation(job(id, script), secs);
+    j.product.as_mut().unwrap().cpu = 16;
+    j
+}
+
+/// One node, full: a job of four hours and one of ten minutes wait behind a job that ends ten minutes
+/// from now. A window is scheduled from half an hour to an hour from now: the node carries its taint at
+/// once. The long job, whose allocation crosses the window, is told it waits until the window's end; the
+/// short one is given the window's toleration. The node empties, the short job starts and ends, and the
+/// long one does not start into the window although the node is free long before it. The runner is
+/// killed while it holds the job; the next one lifts the taint at the window's end and the long job
+/// starts then, told once.
+#[tokio::test]
+async fn a_job_queued_before_a_window_does_not_start_into_it_and_a_short_one_starts_before() {
+    let mut w = World::start("mon-maint-taint", |_| {}, one_node_world).await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let first = whole_node("mt1", "sleep 600", 900);
+    let ns = w.namespace_of(&first);
+    w.submit(&first).await;
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("the first job RUNNING", |s| {
+        s.event("mt1/RUNNING").is_some()
+    })
+    .await;
+    let short = whole_node("mt2", "sleep 300", 600);
+    let long = whole_node("mt3", "sleep 60", 4 * 3600);
+    w.submit(&short).await;
+    w.submit(&long).await;
+    w.advance(2);
+    w.settle(Duration::from_millis(300)).await;
+    assert!(w.seen.event("mt3/RUNNING").is_none() && w.seen.event("mt2/RUNNING").is_none());
+    let window = schedule(&w, 1800, 3600, &[]).await;
+    let taint = format!("n1={}", w.keys.maintenance_taint(&window.id));
+    until_taints(
+        &w,
+        "the window's taint on the node",
+        std::slice::from_ref(&taint),
+    )
+    .await;
+    w.until("the long job told it waits for the window", |s| {
+        s.event(&held_id("mt3", &window, true)).is_some()
+    })
+    .await;
+    let told = w.seen.event(&held_id("mt3", &window, true)).unwrap();
+    assert_eq!(told.reason, "maintenance");
+    assert_eq!(
+        told.status,
+        format!(
+            "The job waits for the maintenance window {} until {}",
+            window.id, window.end
+        )
+    );
+    assert!(
+        w.seen.event(&held_id("mt3", &window, false)).is_none(),
+        "held, not told it cannot be"
+    );
+    // The node empties: the short job starts (with the window's toleration), ends, and the long one
+    // stays off the node until the window is over.
+    w.advance(600);
+    for _ in 0..5 {
+        w.settle(Duration::from_millis(300)).await;
+        w.advance(2);
+    }
+    w.until("the short job RUNNING before the window", |s| {
+        s.event("mt2/RUNNING").is_some()
+    })
+    .await;
+    let tolerations = w
+        .pod(&ns, "j-mt2-job-0")
+        .and_then(|p| p.pointer("/spec/tolerations").cloned())
+        .unwrap_or_default();
+    assert!(
+        tolerations
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|t| t["key"] == w.keys.maintenance_taint(&window.id).as_str()),
+        "{tolerations}"
+    );
+    assert!(
+        w.seen.event(&held_id("mt2", &window, true)).is_none(),
+        "the short job ends before the window"
+    );
+    w.advance(300);
+    for _ in 0..3 {
+        w.settle(Duration::from_millis(300)).await;
+        w.advance(2);
+    }
+    w.until("the short job SUCCESS", |s| {
+        s.event("mt2/SUCCESS").is_some()
+    })
+    .await;
+    w.advance_to_ms(window.start.as_millisecond() - 60_000);
+    w.settle(Duration::from_millis(500)).await;
+    w.advance(2);
+    w.settle(Duration::from_millis(500)).await;
+    assert!(
+        w.seen.event("mt3/RUNNING").is_none(),
+        "the long job does not start into the window"
+    );
+    // Killed while it holds the job: the next runner lifts the hold at the window's end.
+    runner.kill().await;
+    let second = w.runner("runner-b").await;
+    second.holds(4).await;
+    w.advance_to_ms(window.end.as_millisecond());
+    until_taints(&w, "the taint gone after the window", &[]).await;
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("the long job RUNNING after the window", |s| {
+        s.event("mt3/RUNNING").is_some()
+    })
+    .await;
+    let started = ms(&w.seen.event("mt3/RUNNING").unwrap().started_at);
+    assert!(
+        started >= window.end.as_millisecond(),
+        "started at {started}, before the window's end"
+    );
+    let told: Vec<_> = w
+        .seen
+        .of("mt3")
+        .lifecycle
+        .iter()
+        .filter(|e| e.reason == "maintenance" && e.event_id.contains("/maintenance/"))
+        .map(|e| e.event_id.clone())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(told, vec![held_id("mt3", &window, true)], "told once");
+    assert!(w.seen.event("mt3/FAILURE").is_none(), "not cut");
+    second.stop().await;
+    w.close().await;
+}
+
+/// The same queue, with a window that is cancelled: its taint goes at once and the long job starts.
+/// Where the cluster refuses the node patch, a job queued before the window cannot be held: it is told
+/// what the window will do to it, as before the taints.
+#[tokio::test]
+async fn a_cancelled_window_lets_a_queued_job_go_and_without_the_node_patch_it_is_only_told() {
+    let mut w = World::start("mon-maint-taint-cancel", |_| {}, one_node_world).await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let first = whole_node("mt4", "sleep 600", 900);
+    w.submit(&first).await;
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("the first job RUNNING", |s| {
+        s.event("mt4/RUNNING").is_some()
+    })
+    .await;
+    let long = whole_node("mt5", "sleep 60", 4 * 3600);
+    w.submit(&long).await;
+    w.advance(2);
+    let window = schedule(&w, 1800, 3600, &[]).await;
+    w.until("the long job told it waits", |s| {
+        s.event(&held_id("mt5", &window, true)).is_some()
+    })
+    .await;
+    w.advance(700);
+    for _ in 0..3 {
+        w.settle(Duration::from_millis(300)).await;
+        w.advance(2);
+    }
+    w.until("the first job SUCCESS", |s| {
+        s.event("mt4/SUCCESS").is_some()
+    })
+    .await;
+    w.settle(Duration::from_millis(300)).await;
+    assert!(w.seen.event("mt5/RUNNING").is_none(), "held by the taint");
+    let windows = MaintenanceWindows::new(w.client.clone(), &w.config.cluster);
+    assert!(windows.cancel(&window.id).await.expect("deleted"));
+    until_taints(&w, "the taint gone with the window", &[]).await;
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("the long job RUNNING once the window is cancelled", |s| {
+        s.event("mt5/RUNNING").is_some()
+    })
+    .await;
+
+    // No node patch: the next window is only told.
+    w.sim.faults().add_rule(volcano_runner::sim::FaultRule {
+        resource: "nodes".into(),
+        verb: "patch".into(),
+        error_403: 1.0,
+        ..Default::default()
+    });
+    let refused = whole_node("mt6", "sleep 60", 4 * 3600);
+    w.submit(&refused).await;
+    w.advance(2);
+    let second = schedule(&w, 7200, 9000, &[]).await;
+    w.until("told what the window will do to it", |s| {
+        s.event(&held_id("mt6", &second, false)).is_some()
+    })
+    .await;
+    assert!(w.seen.event(&held_id("mt6", &second, true)).is_none());
+    assert!(maintenance_taints(&w).await.is_empty());
+    runner.stop().await;
+    w.close().await;
+}
+
+/// With `[monitor] queue_timeout`, a window that starts after a submission's latest possible end (the
+/// timeout, then its allocation) can never be in its way: the submit path renders its toleration into
+/// the job's pods, so the job runs without waiting for the monitor to add it. A window nearer is left to
+/// the monitor.
+#[tokio::test]
+async fn a_submission_tolerates_at_once_a_window_it_can_never_run_into() {
+    let mut w = World::start(
+        "mon-maint-submit-tolerates",
+        |c| c.monitor.queue_timeout = Some(Duration::from_secs(3600)),
+        |_| {},
+    )
+    .await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let consumer = w.consumer("runner-a").await;
+    // Queued for an hour at most, then half an hour's run: the near window may still be in its way.
+    let near = schedule(&w, 3600, 2 * 3600, &[]).await;
+    let far = schedule(&w, 3 * 3600, 4 * 3600, &[]).await;
+    let short = with_allocation(job("mt7", "sleep infinity"), 1800);
+    let ns = w.namespace_of(&short);
+    w.publish_submit(&short).await;
+    w.until("QUEUED", |s| s.event("mt7/QUEUED").is_some()).await;
+    let rendered: Vec<String> = w
+        .vcjob(&ns, "mt7")
+        .and_then(|j| {
+            j.pointer("/spec/tasks/0/template/spec/tolerations")
+                .cloned()
+        })
+        .and_then(|t| t.as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|t| t["key"].as_str().map(str::to_owned))
+        .collect();
+    assert!(
+        rendered.contains(&w.keys.maintenance_taint(&far.id))
+            && !rendered.contains(&w.keys.maintenance_taint(&near.id)),
+        "{rendered:?}"
+    );
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("RUNNING before either window", |s| {
+        s.event("mt7/RUNNING").is_some()
+    })
+    .await;
     consumer.stop().await;
     runner.stop().await;
     w.close().await;

@@ -822,6 +822,76 @@ async fn node_selectors_taints_and_gpus() {
     assert_eq!(job_phase(&client, "gpu", "j-9").await, "Running");
 }
 
+/// A pod's tolerations may be added to after its creation, never changed nor taken away (the real API
+/// server's pod update validation), and a pod kept off every node by a `NoSchedule` taint is placed once
+/// a toleration is added: `Equal` (key, value, effect) and `Exists` (key) both count.
+#[tokio::test]
+async fn tolerations_are_only_added_and_a_pod_that_tolerates_the_taints_is_placed() {
+    let (sim, client) = start().await;
+    namespace(&client, "tol").await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let taints = json!({"spec": {"taints": [
+        {"key": "ucloud.dk/maintenance-w1", "value": "w1", "effect": "NoSchedule"},
+        {"key": "other", "value": "x", "effect": "NoSchedule"}
+    ]}});
+    for n in nodes.list(&ListParams::default()).await.unwrap().items {
+        nodes
+            .patch(
+                &n.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&taints),
+            )
+            .await
+            .unwrap();
+    }
+    let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "waits"}, "spec": {
+        "containers": [{"name": "c", "image": "busybox:1.36", "command": ["sleep", "50"]}],
+        "tolerations": [{"key": "other", "operator": "Exists"}]
+    }}))
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "tol");
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    sim.advance(secs(1));
+    let bound = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
+    assert_eq!(bound(&pods.get("waits").await.unwrap()), None);
+    // Taken away, or changed: refused, and the pod is as it was.
+    for tolerations in [
+        json!([]),
+        json!([{"key": "other", "operator": "Equal", "value": "x"}]),
+    ] {
+        let patch = json!({"spec": {"tolerations": tolerations}});
+        let err = pods
+            .patch("waits", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect_err("a toleration may not be removed or changed");
+        let kube::Error::Api(status) = err else {
+            panic!("not an API error: {err}");
+        };
+        assert_eq!(status.code, 422, "{}", status.message);
+        assert!(
+            status
+                .message
+                .contains("existing toleration can not be modified"),
+            "{}",
+            status.message
+        );
+    }
+    assert_eq!(
+        pods.get("waits").await.unwrap().spec.unwrap().tolerations,
+        pod.spec.clone().unwrap().tolerations
+    );
+    // Added to: accepted, and the pod is placed.
+    let patch = json!({"spec": {"tolerations": [
+        {"key": "other", "operator": "Exists"},
+        {"key": "ucloud.dk/maintenance-w1", "operator": "Equal", "value": "w1", "effect": "NoSchedule"}
+    ]}});
+    pods.patch("waits", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("a toleration may be added");
+    sim.advance(secs(1));
+    assert!(bound(&pods.get("waits").await.unwrap()).is_some());
+}
+
 #[tokio::test]
 async fn model_objects_pass_the_real_crd_schemas() {
     let (sim, client) = start().await;
