@@ -32,8 +32,9 @@ const GANG_ARRIVES: i64 = 60;
 const GANG: &str = "j-gang";
 
 /// A managed job as the pipeline renders it (the parts the scheduler and the estimates read), with
-/// `sla-waiting-time: 1m`, so its ranks tolerate their own job's reservation (the Task plugin renders
-/// that for every job with a waiting time); whole nodes when `whole`.
+/// `sla-waiting-time: 1m`, so its ranks tolerate their own job's reservation and the job says so
+/// (`reservable`; the Task plugin renders both for every job with a waiting time); whole nodes when
+/// `whole`.
 fn vcjob(
     name: &str,
     ranks: u32,
@@ -46,6 +47,7 @@ fn vcjob(
     let mut annotations = json!({
         "ucloud.dk/maxTime": (limit_s * 1000).to_string(),
         "sla-waiting-time": "1m",
+        "ucloud.dk/reservable": "true",
     });
     let mut template = json!({"spec": {
         "restartPolicy": "Never",
