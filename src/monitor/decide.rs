@@ -1283,8 +1283,9 @@ fn annotation<'a>(job: &'a VolcanoJob, key: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
-/// An estimate as persisted with the status it was told in: `at:<epoch ms>` (an expectation),
-/// `by:<epoch ms>` (a bound), `never`, `unbounded`.
+/// An estimate as made now: `at:<epoch ms>` (an expectation), `by:<epoch ms>` (a bound), `never`,
+/// `unbounded`; persisted with the status it was told in with the count of estimates told appended
+/// ([`count_told`]).
 fn estimate_token(e: &Estimate) -> String {
     match e {
         Estimate::At {

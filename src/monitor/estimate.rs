@@ -22,7 +22,11 @@
 //! most, that is the schedule if every job runs to its limit. When jobs end early, the scheduler can
 //! start a job behind in a gap the replay did not foresee, and it then holds its resources past the
 //! instant the replay freed them: only a job the scheduler reserves for ([`Pending::bound`]) gets a
-//! bound; the others get an expectation ([`Estimate::At`]`::bound`).
+//! bound; the others get an expectation ([`Estimate::At`]`::bound`). So does one the replay starts in a
+//! gap before a gang ahead of it that could use its nodes: the `sla` order serves that gang first
+//! wherever it fits, and early ends can let it fit sooner than foreseen and take the gap. A gang placed
+//! at an instant is told it starts `start_margin` later ([`replay_with`]): the time the job controller
+//! and the scheduler take to place it.
 //!
 //! Cost: a session tries the gangs still waiting (cheap checks first: the roomiest node, the total
 //! free, a gang size that already failed in the session) until [`BACKFILL_DEPTH`] of them in a row
