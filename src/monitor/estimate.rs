@@ -598,7 +598,9 @@ pub fn replay_with(
             admitted.cpu_milli = admitted.cpu_milli.saturating_sub(minimum.cpu_milli);
             admitted.memory_mib = admitted.memory_mib.saturating_sub(minimum.memory_mib);
             admitted.gpu = admitted.gpu.saturating_sub(minimum.gpu);
-            let passes = !holds
+            // (Looked at only for a gang that would otherwise be told a bound.)
+            let passes = bound_of[i]
+                && !holds
                 && placement.iter().any(|(n, _)| {
                     waits_ahead
                         .iter()
