@@ -374,6 +374,8 @@ async fn waiting_jobs(
         Replaying {
             reserve_nodes: config.monitor.reserve_nodes,
             proportion: config.monitor.proportion,
+            start_margin: jiff::SignedDuration::try_from(config.monitor.start_margin)
+                .unwrap_or_default(),
         },
     ))
 }

@@ -54,6 +54,13 @@ pub struct MonitorConfig {
     /// handle.
     #[serde(with = "duration::required")]
     pub estimate_tolerance: Duration,
+    /// How long after its resources are free a waiting job is taken to start: the time the job
+    /// controller and the scheduler take to place its pods (a session every scheduler period, a second
+    /// by default, after the pods are created). A start-time estimate is the instant the replay frees
+    /// its resources plus this, and a job started there runs its allocation from then; a bound of "now"
+    /// would be broken by that latency (docs/estimates.md).
+    #[serde(with = "duration::required")]
+    pub start_margin: Duration,
     /// How long the monitor waits for the pods of a deleted job to stop before it closes the job with
     /// the deletion as its end. Long enough for a graceful shutdown, so the log tails and the end time
     /// are the real ones.
@@ -109,6 +116,7 @@ impl Default for MonitorConfig {
             queue_timeout: None,
             pending_status_after: Duration::from_secs(5),
             estimate_tolerance: Duration::from_secs(60),
+            start_margin: Duration::from_secs(10),
             cleanup_grace: Duration::from_secs(60),
             log_tail_bytes: 4096,
             log_tail_total_bytes: 65536,

@@ -36,7 +36,7 @@
 //! | `terminationReason` | whoever ends the job | the cause in words, e.g. the cancel's reason |
 //! | `terminationAt` | whoever ends the job, with `terminationCause` | when the job was asked to stop (epoch ms), before its `TerminateJob` command: the end of a rank still running then, and the start of `cleanup_grace` |
 //! | `lifecycleState` | monitor | the last published lifecycle state |
-//! | `statusHash` | monitor | `<chained>/<plain>[/<estimate>]`: hashes of the last status-only event and the start estimate it told (publish a pending reason once, an estimate again only when it moved) |
+//! | `statusHash` | monitor | `<chained>/<plain>[/<estimate>]`: hashes of the last status-only event and the start estimate it told (`at:<ms>:<n>` an expectation, `by:<ms>:<n>` a bound, `n` the estimates told so far; `never`, `unbounded`) (publish a pending reason once, an estimate again only when it moved enough) |
 //! | `restarts` | monitor | Volcano's `retryCount` when the monitor last told the user of a restart (one status event per restart) |
 //! | `disruption` | monitor | the last disruption told, in words (`rank 1's node n3 was lost`), for the FAILURE when the restarts run out |
 //! | `disruptionRetry` | monitor, with `disruption` | Volcano's `retryCount` that the recorded `disruption` caused: recorded before its restart event (or the FAILURE) is told, so that whichever runner tells it tells the same |

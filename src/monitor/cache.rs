@@ -609,6 +609,8 @@ pub struct Cache {
     reserve_nodes: bool,
     /// `[monitor] proportion` (see [`Cache::with_proportion`]).
     proportion: bool,
+    /// `[monitor] start_margin` (see [`Cache::with_start_margin`]).
+    start_margin: jiff::SignedDuration,
     /// What the last [`Cache::estimate_starts`] found for the node reservations.
     reservations: Reservations,
 }
@@ -731,6 +733,13 @@ impl Cache {
     /// one queue wait or run, estimates are expectations ([`estimate::across_queues`]).
     pub fn with_proportion(mut self, proportion: bool) -> Self {
         self.proportion = proportion;
+        self
+    }
+
+    /// A job is taken to start this long after the replay frees its resources (`[monitor]
+    /// start_margin`: the time the scheduler takes to place it, see [`estimate::replay_with`]).
+    pub fn with_start_margin(mut self, start_margin: jiff::SignedDuration) -> Self {
+        self.start_margin = start_margin;
         self
     }
 
@@ -1517,7 +1526,14 @@ impl Cache {
             // Every running job here is the runner's.
             spared: Vec::new(),
         };
-        let replay = estimate::replay_with(nodes, &running, &gangs, &maintenance, now);
+        let replay = estimate::replay_with(
+            nodes,
+            &running,
+            &gangs,
+            &maintenance,
+            self.start_margin,
+            now,
+        );
         if self.reserve_nodes {
             self.reservations = Reservations {
                 reserving: gangs.iter().filter_map(|p| p.reserves.clone()).collect(),

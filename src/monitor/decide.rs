@@ -821,6 +821,12 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     let event = events::status(&facts.job_id, &chained, &reason, at, &s.runner_id);
     let mut publish: Vec<Outbound> = queued_first(obs, &facts, &record, s).into_iter().collect();
     publish.push(Outbound::Lifecycle(event));
+    // Counted when this event tells it (an estimate not known now leaves what was told standing).
+    let estimate = if obs.estimate.is_some() {
+        count_told(last_estimate, &estimate)
+    } else {
+        estimate
+    };
     let value = if estimate.is_empty() {
         format!("{chained}/{plain}")
     } else {
@@ -860,7 +866,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
 /// next one (after the window) is told as a change. While it is held, a replayed start later than the
 /// window's end (the replay keeps a held gang out of every window in its way and counts what runs after
 /// it) is told as a change of that status, under the rule every estimate is told by
-/// ([`crate::monitor::estimate::worth_telling`]): rarely.
+/// ([`crate::monitor::estimate::tell_again`]): rarely.
 fn maintenance_status(
     obs: &Observed<'_>,
     s: &Settings,
@@ -939,7 +945,7 @@ fn maintenance_status(
         );
         let chained = events::status_hash(previous, reason.reason, &content);
         let event = events::status(&facts.job_id, &chained, &reason, now, &s.runner_id);
-        (event, chained, token)
+        (event, chained, count_told(last_estimate, &token))
     } else {
         if let Some(until) = awaiting_queued(obs, record, s, now) {
             return Step::Wait {
@@ -961,7 +967,10 @@ fn maintenance_status(
         event.pending = Some(Box::new(details.clone()));
         let chained = events::status_hash(previous, super::maintenance::REASON, &event.event_id);
         let token = if held {
-            format!("at:{}", window.end.as_millisecond())
+            count_told(
+                last_estimate,
+                &format!("at:{}", window.end.as_millisecond()),
+            )
         } else {
             String::new()
         };
@@ -1338,8 +1347,9 @@ fn annotation<'a>(job: &'a VolcanoJob, key: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
-/// An estimate as persisted with the status it was told in: `at:<epoch ms>` (an expectation),
-/// `by:<epoch ms>` (a bound), `never`, `unbounded`.
+/// An estimate as made now: `at:<epoch ms>` (an expectation), `by:<epoch ms>` (a bound), `never`,
+/// `unbounded`; persisted with the status it was told in with the count of estimates told appended
+/// ([`count_told`]).
 fn estimate_token(e: &Estimate) -> String {
     match e {
         Estimate::At {
@@ -1351,19 +1361,44 @@ fn estimate_token(e: &Estimate) -> String {
     }
 }
 
-/// Whether the estimate changed enough to tell ([`crate::monitor::estimate::worth_telling`]: later,
-/// or earlier by more than a tolerance that grows with the distance, at least `tolerance`), or is a
-/// different kind of answer: an expectation that became a bound (a whole-node gang whose nodes were
-/// just reserved) is told even at the same time, since the job may now count on it.
-fn estimate_moved(told: &str, fresh: &str, now: Timestamp, tolerance: SignedDuration) -> bool {
-    let at = |t: &str| {
-        let (kind, ms) = t.split_once(':')?;
-        let at = Timestamp::from_millisecond(ms.parse::<i64>().ok()?).ok()?;
-        matches!(kind, "at" | "by").then_some((kind == "by", at))
+/// A told estimate as persisted: `at:<epoch ms>[:<times told>]` or `by:...` (an estimate told before
+/// the count was kept counts as told once). `None`: `never`, `unbounded` or nothing.
+fn told_estimate(token: &str) -> Option<crate::monitor::estimate::Told> {
+    let mut parts = token.split(':');
+    let bound = match parts.next()? {
+        "by" => true,
+        "at" => false,
+        _ => return None,
     };
-    match (at(told), at(fresh)) {
-        (Some((was_bound, a)), Some((bound, b))) => {
-            was_bound != bound || crate::monitor::estimate::worth_telling(a, b, now, tolerance)
+    let start = Timestamp::from_millisecond(parts.next()?.parse::<i64>().ok()?).ok()?;
+    let times = parts.next().map_or(Some(1), |n| n.parse::<u32>().ok())?;
+    Some(crate::monitor::estimate::Told {
+        start,
+        bound,
+        times,
+    })
+}
+
+/// The token of an estimate told now (`fresh`, as [`estimate_token`] makes it) after `last`: a time
+/// carries how many estimates the job has heard, this one included, for the tolerance that grows with
+/// them ([`crate::monitor::estimate::tell_again`]).
+fn count_told(last: &str, fresh: &str) -> String {
+    if told_estimate(fresh).is_none() {
+        return fresh.to_owned();
+    }
+    let times = told_estimate(last).map_or(1, |t| t.times.saturating_add(1));
+    format!("{fresh}:{times}")
+}
+
+/// Whether the estimate changed enough to tell ([`crate::monitor::estimate::tell_again`]: a bound
+/// later, or a move past a tolerance that grows with the distance and doubles with every estimate told,
+/// at least `tolerance`), or is a different kind of answer: an expectation that became a bound (a
+/// whole-node gang whose nodes were just reserved) is told even at the same time, since the job may
+/// now count on it, and a bound that became an expectation since the promise is withdrawn.
+fn estimate_moved(told: &str, fresh: &str, now: Timestamp, tolerance: SignedDuration) -> bool {
+    match (told_estimate(told), told_estimate(fresh)) {
+        (Some(a), Some(b)) => {
+            crate::monitor::estimate::tell_again(a, b.start, b.bound, now, tolerance)
         }
         _ => told != fresh,
     }
@@ -1920,6 +1955,57 @@ mod tests {
             "later"
         );
         assert!(estimate_moved(&at("at", 600), "never", now, tolerance));
+    }
+
+    /// The persisted estimate counts the estimates told, and an expectation needs a larger move for
+    /// each: a job hears a handful while it waits (a bound later is told however often told).
+    #[test]
+    fn the_estimates_told_are_counted_and_each_expectation_needs_a_larger_move() {
+        let now = Timestamp::from_second(START).unwrap();
+        let tolerance = SignedDuration::from_secs(60);
+        let at = |kind: &str, s: i64| format!("{kind}:{}", (START + s) * 1000);
+        let times = |token: String, n: u32| format!("{token}:{n}");
+        assert_eq!(count_told("", &at("at", 600)), times(at("at", 600), 1));
+        assert_eq!(
+            count_told(&times(at("at", 600), 1), &at("at", 700)),
+            times(at("at", 700), 2)
+        );
+        assert_eq!(
+            count_told(&at("by", 600), &at("at", 700)),
+            times(at("at", 700), 2),
+            "a token persisted before the count was kept counts as told once"
+        );
+        assert_eq!(count_told(&times(at("at", 600), 3), "never"), "never");
+        assert_eq!(count_told("never", &at("by", 600)), times(at("by", 600), 1));
+        // 70 s later, ten minutes away: past the tolerance of a first expectation, within that of a
+        // third.
+        assert!(estimate_moved(
+            &times(at("at", 600), 1),
+            &at("at", 670),
+            now,
+            tolerance
+        ));
+        assert!(!estimate_moved(
+            &times(at("at", 600), 3),
+            &at("at", 670),
+            now,
+            tolerance
+        ));
+        assert!(estimate_moved(
+            &times(at("by", 600), 9),
+            &at("by", 611),
+            now,
+            tolerance
+        ));
+        assert!(estimate_moved(
+            &times(at("by", 600), 9),
+            &at("at", 600),
+            now,
+            tolerance
+        ));
+        // An estimate not known now leaves the told token standing: no move.
+        let told = times(at("at", 600), 4);
+        assert!(!estimate_moved(&told, &told, now, tolerance));
     }
 
     fn ts(s: i64) -> Timestamp {

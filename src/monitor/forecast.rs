@@ -230,7 +230,7 @@ pub fn forecast(
         now,
         Replaying {
             reserve_nodes,
-            proportion: false,
+            ..Replaying::default()
         },
     )
 }
@@ -243,6 +243,8 @@ pub struct Replaying {
     /// `[monitor] proportion`: while jobs of more than one queue wait or run, no estimate is a bound
     /// ([`estimate::across_queues`]).
     pub proportion: bool,
+    /// `[monitor] start_margin`: a job is taken to start this long after its resources are free.
+    pub start_margin: jiff::SignedDuration,
 }
 
 /// [`forecast`] with the maintenance windows in the replay ([`super::estimate_windows`]): `admin queue`
@@ -261,7 +263,15 @@ pub fn forecast_with(
         pending,
         maintenance,
     } = inputs(view, windows, keys, now, replaying.reserve_nodes);
-    let mut estimates = estimate::estimate_with(&nodes, &running, &pending, &maintenance, now);
+    let mut estimates = estimate::replay_with(
+        &nodes,
+        &running,
+        &pending,
+        &maintenance,
+        replaying.start_margin,
+        now,
+    )
+    .estimates;
     if replaying.proportion {
         estimate::across_queues(&mut estimates, observe::queues_in_use(view.groups.iter()));
     }
@@ -278,7 +288,14 @@ pub fn reservations(view: ClusterView<'_>, keys: &AnnotationKeys, now: Timestamp
         maintenance,
         ..
     } = inputs(view, &[], keys, now, true);
-    let replay = estimate::replay_with(&nodes, &running, &pending, &maintenance, now);
+    let replay = estimate::replay_with(
+        &nodes,
+        &running,
+        &pending,
+        &maintenance,
+        jiff::SignedDuration::ZERO,
+        now,
+    );
     let taints: Vec<NodeTaints> = view.nodes.iter().map(NodeTaints::of).collect();
     let reserving: std::collections::HashSet<String> =
         pending.iter().filter_map(|p| p.reserves.clone()).collect();

@@ -242,7 +242,11 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
         cache: Cache::with_replicas_key(exec.settings.keys.replicas.clone())
             .with_peers_key(exec.settings.keys.peers.clone())
             .with_reserve_nodes(mc.reserve_nodes)
-            .with_proportion(mc.proportion),
+            .with_proportion(mc.proportion)
+            .with_start_margin(
+                jiff::SignedDuration::try_from(mc.start_margin)
+                    .unwrap_or(jiff::SignedDuration::ZERO),
+            ),
         ready: VecDeque::new(),
         queued: FastSet::default(),
         busy: FastSet::default(),

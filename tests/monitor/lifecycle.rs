@@ -648,7 +648,7 @@ async fn an_end_the_kubelet_reports_late_is_charged_to_the_real_end() {
 }
 
 /// A job behind a running one is told, with its first status, when it will start: the running job's
-/// persisted expiry (its time limit from its real start). The estimate is not told again while it holds,
+/// persisted expiry (its time limit from its real start) plus the start margin. The estimate is not told again while it holds,
 /// and the job starts at or before it when the job ahead ends early.
 #[tokio::test]
 async fn a_waiting_job_is_told_when_it_will_start() {
@@ -697,10 +697,18 @@ async fn a_waiting_job_is_told_when_it_will_start() {
         .find(|e| e.pending.is_some())
         .unwrap();
     let pending = status.pending.unwrap();
+    // Plus the default `[monitor] start_margin`: the time the scheduler takes to place it then.
+    let mut freed = expiry;
+    freed.seconds += i64::try_from(
+        volcano_runner::config::MonitorConfig::default()
+            .start_margin
+            .as_secs(),
+    )
+    .unwrap();
     assert_eq!(
         pending.estimated_start_at,
-        Some(expiry),
-        "the job ahead's expiry: {pending:?}"
+        Some(freed),
+        "the job ahead's expiry and the start margin: {pending:?}"
     );
     assert!(
         pending

@@ -492,7 +492,7 @@ async fn a_job_placed_before_the_window_is_told_it_cannot_be_held() {
 /// Two nodes; a job of four hours runs on one of them. A window on the other node, from an hour to two
 /// hours from now, holds back a two-node job submitted now (a hold does not look at nodes). It is told
 /// the window's end first (the same from every runner), then the replayed start, which accounts for the
-/// window and for the job that runs past it: the running job's time limit. It is let go at the window's
+/// window and for the job that runs past it: the running job's time limit (and the start margin). It is let go at the window's
 /// end, and starts by the start told, when the running job ends.
 #[tokio::test]
 async fn a_held_job_is_told_a_start_that_accounts_for_the_window_and_starts_by_then() {
@@ -567,8 +567,16 @@ async fn a_held_job_is_told_a_start_that_accounts_for_the_window_and_starts_by_t
     w.until("told the replayed start", |s| told_start(s).is_some())
         .await;
     let told = told_start(&w.seen).unwrap();
+    // Plus the default `[monitor] start_margin`: the time the scheduler takes to place it then.
+    let mut freed = expiry;
+    freed.seconds += i64::try_from(
+        volcano_runner::config::MonitorConfig::default()
+            .start_margin
+            .as_secs(),
+    )
+    .unwrap();
     assert_eq!(
-        told, expiry,
+        told, freed,
         "after the window, when the running job's time limit frees its node"
     );
     // Let go at the window's end; it starts when the running job ends, by the start told.

@@ -16,7 +16,7 @@ use kube::Api;
 use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use volcano_runner::durable::AnnotationKeys;
-use volcano_runner::monitor::estimate::worth_telling;
+use volcano_runner::monitor::estimate::{Told, tell_again};
 use volcano_runner::monitor::forecast::{
     ClusterView, QueueEntry, Replaying, forecast, forecast_with, reservations,
 };
@@ -256,7 +256,7 @@ struct Outcome {
     /// Estimates made while jobs waited (every 10 s), and those a later start broke, with by how much.
     checked: usize,
     late: Vec<(String, i64)>,
-    /// Estimate events each waiting job would get from the monitor's rule (`worth_telling`, with the
+    /// Estimate events each waiting job would get from the monitor's rule (`tell_again`, with the
     /// default `estimate_tolerance` of a minute), counting the first.
     tells: Vec<i64>,
     /// Estimates that rule tells, and those a later start broke.
@@ -312,7 +312,19 @@ async fn run(seed: u64) -> Outcome {
         .collect();
     let mut start_of: BTreeMap<String, Timestamp> = BTreeMap::new();
     // What the monitor would have told each job last, how often, and every estimate it told.
-    let mut last_told: BTreeMap<String, Timestamp> = promised.iter().cloned().collect();
+    let mut last_told: BTreeMap<String, Told> = promised
+        .iter()
+        .map(|(n, at)| {
+            (
+                n.clone(),
+                Told {
+                    start: *at,
+                    bound: false,
+                    times: 1,
+                },
+            )
+        })
+        .collect();
     let mut tells: BTreeMap<String, i64> = last_told.keys().map(|n| (n.clone(), 1)).collect();
     let mut told = promised.clone();
     for second in 0..20_000 {
@@ -341,11 +353,20 @@ async fn run(seed: u64) -> Outcome {
         if second % 10 == 0 && second > 0 {
             for (name, at) in estimates(&client, now).await {
                 let Some(at) = at else { continue };
-                let tell = last_told.get(&name).is_none_or(|before| {
-                    worth_telling(*before, at, now, SignedDuration::from_secs(60))
+                // Told as expectations (the jobs carry no `sla-waiting-time`), as the monitor does.
+                let before: Option<Told> = last_told.get(&name).copied();
+                let tell = before.is_none_or(|before| {
+                    tell_again(before, at, false, now, SignedDuration::from_secs(60))
                 });
                 if tell {
-                    last_told.insert(name.clone(), at);
+                    last_told.insert(
+                        name.clone(),
+                        Told {
+                            start: at,
+                            bound: false,
+                            times: before.map_or(1, |b| b.times + 1),
+                        },
+                    );
                     *tells.entry(name.clone()).or_default() += 1;
                     told.push((name.clone(), at));
                 }
@@ -508,7 +529,14 @@ async fn admin_queue_lists_waiting_jobs_with_their_estimates() {
         .unwrap()
         .parse()
         .unwrap();
-    assert_eq!(promised.as_millisecond(), expiry, "{listed:#}");
+    // The running job's expiry, plus the default `[monitor] start_margin` (the time the scheduler
+    // takes to place the job once its resources are free).
+    let margin = volcano_runner::config::MonitorConfig::default().start_margin;
+    assert_eq!(
+        promised.as_millisecond(),
+        expiry + i64::try_from(margin.as_millis()).unwrap(),
+        "{listed:#}"
+    );
     assert_eq!(rows[1]["jobId"], "huge");
     assert_eq!(rows[1]["jobsAhead"], 1);
     assert_eq!(rows[1]["estimate"]["kind"], "never");
