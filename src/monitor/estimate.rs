@@ -1532,7 +1532,8 @@ mod tests {
             ranks: vec![(0, gib(6, 2))],
             ends_by: Some(t(100)),
         }];
-        let one = [node("n0", gib(8, 32))];
+        // (Memory enough that the job ahead is no large gang: half a node or less.)
+        let one = [node("n0", gib(8, 64))];
         let e = estimate(&one, &running, &[ahead.clone(), small.clone()], t(0));
         assert_eq!((start(&e[0]), start(&e[1])), (t(100), t(0)));
         assert!(is_bound(&e[0]));
@@ -1546,7 +1547,7 @@ mod tests {
         );
         // A second node with too little memory for the job ahead: the small job goes there (the least
         // taken), where the job ahead can never start, and is promised.
-        let two = [node("n0", gib(8, 32)), node("n1", gib(8, 8))];
+        let two = [node("n0", gib(8, 64)), node("n1", gib(8, 8))];
         let e = estimate(&two, &running, &[ahead, small], t(0));
         assert_eq!((start(&e[0]), start(&e[1])), (t(100), t(0)));
         assert!(is_bound(&e[0]) && is_bound(&e[1]), "{e:?}");
@@ -1556,16 +1557,17 @@ mod tests {
     /// later, and runs its allocation from then, so what waits for it waits the margin too.
     #[test]
     fn a_start_is_told_the_start_margin_after_its_resources_are_free() {
+        // The first job takes half the node (no large gang: its start is a bound), the second all of it.
         let running = vec![Running {
-            ranks: vec![(0, res(8, 0))],
+            ranks: vec![(0, res(16, 0))],
             ends_by: Some(t(100)),
         }];
         let mut first = pending("first", 1, res(8, 0), 60);
         first.reserved_from = Some(t(-1));
-        let second = pending("second", 1, res(8, 0), 60);
+        let second = pending("second", 1, res(16, 0), 60);
         let margin = SignedDuration::from_secs(10);
         let e = replay_with(
-            &nodes(1, 8, 0),
+            &nodes(1, 16, 0),
             &running,
             &[first.clone(), second.clone()],
             &Maintenance::default(),
@@ -1576,7 +1578,7 @@ mod tests {
         assert_eq!((start(&e[0]), start(&e[1])), (t(110), t(180)));
         // Free now: told now plus the margin, and why.
         let e = replay_with(
-            &nodes(1, 8, 0),
+            &nodes(1, 16, 0),
             &[],
             &[first],
             &Maintenance::default(),
