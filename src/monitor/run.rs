@@ -718,17 +718,17 @@ impl Loop {
         }
     }
 
-    /// The maintenance windows whose taint is on a node, for the decisions: when they change (a
-    /// window's taint written or lifted), every job is decided again (a job waits to be told it is
-    /// held until the taint that holds it is there).
+    /// The maintenance windows whose taint is on a node (the ids the maintenance taints carry), for
+    /// the decisions: when they change (a window's taint written, moved on or lifted), every job is
+    /// decided again (a job waits to be told it is held until the taint that holds it is there).
     fn tainted_changed(&mut self) {
-        let prefix = self.exec.settings.keys.maintenance_taint_prefix();
+        let key = self.exec.settings.keys.maintenance_taint();
         let tainted: BTreeSet<String> = self
             .node_taints
             .values()
             .flat_map(|n| &n.taints)
-            .filter(|t| t.key.starts_with(&prefix) && t.effect == super::maintenance::TAINT_EFFECT)
-            .map(|t| t.key[prefix.len()..].to_owned())
+            .filter(|t| t.key == key && t.effect == super::maintenance::TAINT_EFFECT)
+            .filter_map(|t| t.value.clone())
             .collect();
         let changed = self.exec.tainted.send_if_modified(|current| {
             let changed = **current != tainted;
@@ -950,7 +950,7 @@ impl Loop {
             let planned = super::maintenance::plan_taints(
                 &after,
                 &windows,
-                &self.exec.settings.keys.maintenance_taint_prefix(),
+                &self.exec.settings.keys.maintenance_taint(),
                 now,
             );
             changes = super::reserve::with_maintenance(changes, &after, planned);

@@ -598,9 +598,10 @@ async fn a_held_job_is_told_a_start_that_accounts_for_the_window_and_starts_by_t
     w.close().await;
 }
 
-/// The maintenance taints on the nodes, as `node=key` (sorted).
+/// The maintenance taints on the nodes (and any per-window key of an earlier version), as
+/// `node=key=value` (sorted).
 async fn maintenance_taints(w: &World) -> Vec<String> {
-    let prefix = w.keys.maintenance_taint_prefix();
+    let prefix = w.keys.maintenance_taint();
     let nodes: kube::Api<Node> = kube::Api::all(w.client.clone());
     let mut out: Vec<String> = nodes
         .list(&Default::default())
@@ -614,7 +615,13 @@ async fn maintenance_taints(w: &World) -> Vec<String> {
                 .iter()
                 .flat_map(|s| s.taints.iter().flatten())
                 .filter(|t| t.key.starts_with(&prefix) && t.effect == "NoSchedule")
-                .map(move |t| format!("{name}={}", t.key))
+                .map(move |t| {
+                    format!(
+                        "{name}={}={}",
+                        t.key,
+                        t.value.as_deref().unwrap_or_default()
+                    )
+                })
                 .collect::<Vec<_>>()
         })
         .collect();
@@ -683,7 +690,7 @@ async fn a_job_queued_before_a_window_does_not_start_into_it_and_a_short_one_sta
     w.settle(Duration::from_millis(300)).await;
     assert!(w.seen.event("mt3/RUNNING").is_none() && w.seen.event("mt2/RUNNING").is_none());
     let window = schedule(&w, 1800, 3600, &[]).await;
-    let taint = format!("n1={}", w.keys.maintenance_taint(&window.id));
+    let taint = format!("n1={}={}", w.keys.maintenance_taint(), window.id);
     until_taints(
         &w,
         "the window's taint on the node",
@@ -727,7 +734,8 @@ async fn a_job_queued_before_a_window_does_not_start_into_it_and_a_short_one_sta
             .as_array()
             .into_iter()
             .flatten()
-            .any(|t| t["key"] == w.keys.maintenance_taint(&window.id).as_str()),
+            .any(|t| t["key"] == w.keys.maintenance_taint().as_str()
+                && t["value"] == window.id.as_str()),
         "{tolerations}"
     );
     assert!(
@@ -783,6 +791,37 @@ async fn a_job_queued_before_a_window_does_not_start_into_it_and_a_short_one_sta
     assert_eq!(told, vec![held_id("mt3", &window, true)], "told once");
     assert!(w.seen.event("mt3/FAILURE").is_none(), "not cut");
     second.stop().await;
+    w.close().await;
+}
+
+/// Two windows over one node: the node carries one maintenance taint (taints are unique by key and
+/// effect), valued with the id of the window that starts first; when that one is cancelled the value
+/// moves on to the other, and when that one is over the taint goes.
+#[tokio::test]
+async fn a_node_carries_one_taint_for_the_earliest_window_over_it_until_none_is_left() {
+    let w = World::start("mon-maint-one-taint", |_| {}, one_node_world).await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let later = schedule(&w, 3600, 5400, &[]).await;
+    let first = schedule(&w, 1800, 2400, &["n1"]).await;
+    let key = w.keys.maintenance_taint();
+    until_taints(
+        &w,
+        "the first window's id on the node",
+        &[format!("n1={key}={}", first.id)],
+    )
+    .await;
+    let windows = MaintenanceWindows::new(w.client.clone(), &w.config.cluster);
+    assert!(windows.cancel(&first.id).await.expect("deleted"));
+    until_taints(
+        &w,
+        "the value moved on to the later window",
+        &[format!("n1={key}={}", later.id)],
+    )
+    .await;
+    w.advance_to_ms(later.end.as_millisecond());
+    until_taints(&w, "the taint gone after the last window", &[]).await;
+    runner.stop().await;
     w.close().await;
 }
 
@@ -887,11 +926,11 @@ async fn a_submission_tolerates_at_once_a_window_it_can_never_run_into() {
         .and_then(|t| t.as_array().cloned())
         .unwrap_or_default()
         .iter()
-        .filter_map(|t| t["key"].as_str().map(str::to_owned))
+        .filter(|t| t["key"] == w.keys.maintenance_taint().as_str())
+        .filter_map(|t| t["value"].as_str().map(str::to_owned))
         .collect();
     assert!(
-        rendered.contains(&w.keys.maintenance_taint(&far.id))
-            && !rendered.contains(&w.keys.maintenance_taint(&near.id)),
+        rendered.contains(&far.id) && !rendered.contains(&near.id),
         "{rendered:?}"
     );
     for _ in 0..3 {
