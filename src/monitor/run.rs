@@ -901,8 +901,9 @@ impl Loop {
 
     /// The node taints, in one round of writes: `[monitor] reserve_nodes` taints the nodes the replay
     /// reserves for the whole-node and large gangs of this runner's shards, and removes their taints once they no
-    /// longer wait ([`super::reserve`]); every maintenance window not over has its taint on the nodes
-    /// it covers, and no other ([`super::maintenance::plan_taints`]). Decided from the watched taints,
+    /// longer wait ([`super::reserve`]); with shard 0 held, every node a maintenance window not over
+    /// covers carries the maintenance taint, and no other ([`super::maintenance::plan_taints`]). A node
+    /// whose write fails does not stop the others ([`super::reserve::apply`]). Decided from the watched taints,
     /// windows and jobs only: a round's writes run in the background, and the next round waits for
     /// them. With `reserve_nodes` off nothing is reserved, but the taints left from when it was on are
     /// still removed (nothing would ever lift them otherwise). A node patch the cluster refuses (no
@@ -942,7 +943,17 @@ impl Loop {
                 },
             )
         };
-        let windows = self.exec.maintenance.borrow().clone();
+        // The maintenance taints are the same for every runner (decided from the windows and the
+        // nodes alone): one runner writes them, the holder of shard 0 (one at a time, by the shard
+        // lease; taken over with the shard when it dies), rather than every runner every node, all but
+        // one of them refused with a conflict.
+        let writes_maintenance = self.exec.shards.borrow().holds(0);
+        let windows = self
+            .exec
+            .maintenance
+            .borrow()
+            .clone()
+            .filter(|_| writes_maintenance);
         self.taints_due = None;
         if let Some(windows) = windows.filter(|_| !self.taints_refused()) {
             let now = self.exec.clock.now();
@@ -964,16 +975,14 @@ impl Loop {
         let refused = self.exec.taints_refused.clone();
         // Joined at shutdown with the jobs in hand.
         let task = tokio::spawn(async move {
-            match super::reserve::apply(&client, &changes).await {
-                Ok(_) => {}
-                Err(e) if e.is_forbidden() => {
-                    if !refused.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                        tracing::error!(error = %e, "This runner may not patch nodes: maintenance windows hold back only the jobs created while one was in their way (by the scheduling gate); a job queued before a window is told what the window will do to it, and may start into it. Grant patch on nodes to its ClusterRole (deploy/base/clusterrole.yaml does).");
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "Node taints not written; tried again on the next pass.");
-                }
+            let applied = super::reserve::apply(&client, &changes).await;
+            if let Some(e) = applied.refused()
+                && !refused.swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                tracing::error!(error = %e, "This runner may not patch nodes: maintenance windows hold back only the jobs created while one was in their way (by the scheduling gate); a job queued before a window is told what the window will do to it, and may start into it. Grant patch on nodes to its ClusterRole (deploy/base/clusterrole.yaml does).");
+            }
+            for (node, e) in applied.failed.iter().filter(|(_, e)| !e.is_forbidden()) {
+                tracing::warn!(%node, error = %e, "Node taints not written; tried again shortly.");
             }
         });
         self.reserving = Some(task);

@@ -825,6 +825,84 @@ async fn a_node_carries_one_taint_for_the_earliest_window_over_it_until_none_is_
     w.close().await;
 }
 
+/// Two runners: the maintenance taints are written by one of them only (the holder of shard 0), one
+/// patch per node, even when both plan the same round (node patches slowed down so that neither sees
+/// the other's write before its own).
+#[tokio::test]
+async fn one_runner_writes_the_maintenance_taints() {
+    let mut w = World::start("mon-maint-one-writer", |_| {}, |_| {}).await;
+    let a = w.runner("runner-a").await;
+    a.holds(4).await;
+    let b = w.runner("runner-b").await;
+    b.holds(2).await;
+    a.holds(2).await;
+    let nodes: kube::Api<Node> = kube::Api::all(w.client.clone());
+    let names: Vec<String> = nodes
+        .list(&Default::default())
+        .await
+        .expect("the nodes are listed")
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    w.sim.faults().add_rule(volcano_runner::sim::FaultRule {
+        resource: "nodes".into(),
+        verb: "patch".into(),
+        latency_ms: 300,
+        ..Default::default()
+    });
+    let sim = w.sim.clone();
+    let patches = move || {
+        sim.request_counts()
+            .get("patch nodes")
+            .copied()
+            .unwrap_or_default()
+    };
+    let before = patches();
+    let window = schedule(&w, 1800, 3600, &[]).await;
+    let key = w.keys.maintenance_taint();
+    let mut wanted: Vec<String> = names
+        .iter()
+        .map(|n| format!("{n}={key}={}", window.id))
+        .collect();
+    wanted.sort();
+    until_taints(&w, "every node tainted", &wanted).await;
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        patches() - before,
+        names.len() as u64,
+        "one patch per node, by one runner"
+    );
+    a.stop().await;
+    b.stop().await;
+    w.close().await;
+}
+
+/// A node that cannot be written does not hold back the writes to the nodes after it in the round.
+#[tokio::test]
+async fn a_node_write_that_fails_does_not_stop_the_round() {
+    let w = World::start("mon-maint-bad-node", |_| {}, one_node_world).await;
+    let key = w.keys.maintenance_taint();
+    let change = |node: &str| volcano_runner::monitor::reserve::Change {
+        node: node.into(),
+        resource_version: None,
+        taints: vec![volcano_runner::monitor::maintenance::taint(&key, "w")],
+        reserved_for: None,
+        released: None,
+        windows: Some(vec!["w".into()]),
+    };
+    let applied =
+        volcano_runner::monitor::reserve::apply(&w.client, &[change("gone"), change("n1")]).await;
+    assert_eq!(applied.written, 1);
+    assert_eq!(applied.failed.len(), 1, "{:?}", applied.failed);
+    assert_eq!(applied.failed[0].0, "gone");
+    assert_eq!(maintenance_taints(&w).await, [format!("n1={key}=w")]);
+    w.close().await;
+}
+
 /// The same queue, with a window that is cancelled: its taint goes at once and the long job starts.
 /// Where the cluster refuses the node patch, a job queued before the window cannot be held: it is told
 /// what the window will do to it, as before the taints.
