@@ -881,6 +881,60 @@ async fn one_runner_writes_the_maintenance_taints() {
     w.close().await;
 }
 
+/// The toleration is added to a waiting pod from the pod as the watch cache keeps it (its version and
+/// tolerations): no read of the pod before the write.
+#[tokio::test]
+async fn a_toleration_is_added_without_reading_the_pod() {
+    let mut w = World::start("mon-maint-no-get", |_| {}, one_node_world).await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let first = whole_node("mt8", "sleep 600", 900);
+    w.submit(&first).await;
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("the first job RUNNING", |s| {
+        s.event("mt8/RUNNING").is_some()
+    })
+    .await;
+    let short = whole_node("mt9", "sleep 300", 600);
+    let ns = w.namespace_of(&short);
+    w.submit(&short).await;
+    w.advance(2);
+    w.settle(Duration::from_millis(300)).await;
+    let gets = |w: &World| {
+        w.sim
+            .request_counts()
+            .get("get pods")
+            .copied()
+            .unwrap_or_default()
+    };
+    let before = gets(&w);
+    let window = schedule(&w, 1800, 3600, &[]).await;
+    let key = w.keys.maintenance_taint();
+    let tolerated = |w: &World| {
+        w.pod(&ns, "j-mt9-job-0")
+            .and_then(|p| p.pointer("/spec/tolerations").cloned())
+            .and_then(|t| t.as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t["key"] == key.as_str() && t["value"] == window.id.as_str())
+    };
+    let done = async {
+        while !tolerated(&w) {
+            w.advance(2);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, done)
+        .await
+        .expect("the short job's pod tolerates the window");
+    assert_eq!(gets(&w) - before, 0, "no pod read before the write");
+    runner.stop().await;
+    w.close().await;
+}
+
 /// A node that cannot be written does not hold back the writes to the nodes after it in the round.
 #[tokio::test]
 async fn a_node_write_that_fails_does_not_stop_the_round() {
