@@ -147,7 +147,14 @@ struct Loop {
     /// Whether the decisions have been told the node patch was refused (see
     /// [`Executor::taints_refused`]).
     taints_refused_seen: bool,
+    /// While the node patch is refused: when the maintenance taints are tried again
+    /// ([`TAINTS_RETRY`]).
+    taints_retry_at: Option<jiff::Timestamp>,
 }
+
+/// How long after the node patch was refused the maintenance taints are tried again: a refusal during
+/// an RBAC rollout is not taken for good, and one that lasts costs one refused write a minute.
+const TAINTS_RETRY: jiff::SignedDuration = jiff::SignedDuration::from_secs(60);
 
 /// How often the start-time estimates are made again while things change: often enough that a job
 /// is told its estimate with its first status event, seldom enough that a busy cluster does not replay
@@ -269,6 +276,7 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
         reserving: None,
         taints_due: None,
         taints_refused_seen: false,
+        taints_retry_at: None,
     };
     state.begin_pass(&ALL_KINDS);
     // The first pass also waits for the nodes, so that a waiting job's first status carries its
@@ -889,13 +897,19 @@ impl Loop {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Once the node patch was found refused: every job is decided again (a job without the gate is
-    /// no longer held, and is told so).
+    /// When the node patch is found refused, or allowed again: every job is decided again (a job
+    /// without the gate is no longer held, and is told so; or it is held again). While it is refused,
+    /// the maintenance taints are tried again after [`TAINTS_RETRY`].
     fn note_taints_refused(&mut self) {
-        if self.taints_refused_seen || !self.taints_refused() {
+        let refused = self.taints_refused();
+        if self.taints_refused_seen == refused {
             return;
         }
-        self.taints_refused_seen = true;
+        self.taints_refused_seen = refused;
+        self.taints_retry_at = refused
+            .then(|| self.exec.clock.now().checked_add(TAINTS_RETRY).ok())
+            .flatten();
+        self.taints_due = earliest_of(self.taints_due, self.taints_retry_at);
         self.requeue_all();
     }
 
@@ -907,8 +921,9 @@ impl Loop {
     /// windows and jobs only: a round's writes run in the background, and the next round waits for
     /// them. With `reserve_nodes` off nothing is reserved, but the taints left from when it was on are
     /// still removed (nothing would ever lift them otherwise). A node patch the cluster refuses (no
-    /// grant) is said once, at ERROR, and the maintenance taints are written no more: jobs without the
-    /// gate are then told what a window will do to them instead of being held.
+    /// grant) is said once, at ERROR, and the maintenance taints are tried again only after
+    /// [`TAINTS_RETRY`] (quietly) until a write succeeds: meanwhile jobs without the gate are told what a
+    /// window will do to them instead of being held.
     fn write_node_taints(&mut self) {
         if self.node_taints.is_empty() {
             return;
@@ -955,8 +970,16 @@ impl Loop {
             .clone()
             .filter(|_| writes_maintenance);
         self.taints_due = None;
-        if let Some(windows) = windows.filter(|_| !self.taints_refused()) {
-            let now = self.exec.clock.now();
+        let now = self.exec.clock.now();
+        let refused = self.taints_refused();
+        let retry = refused && self.taints_retry_at.is_none_or(|at| at <= now);
+        if refused && windows.is_some() {
+            if retry {
+                self.taints_retry_at = now.checked_add(TAINTS_RETRY).ok();
+            }
+            self.taints_due = self.taints_retry_at;
+        }
+        if let Some(windows) = windows.filter(|_| !refused || retry) {
             let after = super::reserve::after(&taints, &changes);
             let planned = super::maintenance::plan_taints(
                 &after,
@@ -965,7 +988,8 @@ impl Loop {
                 now,
             );
             changes = super::reserve::with_maintenance(changes, &after, planned);
-            self.taints_due = windows.iter().map(|w| w.end).filter(|e| *e > now).min();
+            let ends = windows.iter().map(|w| w.end).filter(|e| *e > now).min();
+            self.taints_due = earliest_of(self.taints_due, ends);
         }
         if changes.is_empty() {
             return;
@@ -976,6 +1000,14 @@ impl Loop {
         // Joined at shutdown with the jobs in hand.
         let task = tokio::spawn(async move {
             let applied = super::reserve::apply(&client, &changes).await;
+            if applied.refused().is_none() && applied.written > 0 {
+                // Allowed (again): forgotten.
+                if refused.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::info!(
+                        "This runner may patch nodes again: maintenance windows hold back the jobs queued before them again."
+                    );
+                }
+            }
             if let Some(e) = applied.refused()
                 && !refused.swap(true, std::sync::atomic::Ordering::Relaxed)
             {

@@ -935,6 +935,61 @@ async fn a_toleration_is_added_without_reading_the_pod() {
     w.close().await;
 }
 
+/// A refused node patch (403, say during an RBAC rollout) is not taken for good: the maintenance taints
+/// are tried again a minute (of the monitor's clock) later, and written once the patch is allowed.
+#[tokio::test]
+async fn a_refused_node_patch_is_tried_again_after_a_minute() {
+    let mut w = World::start("mon-maint-refused-retry", |_| {}, one_node_world).await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    w.sim.faults().add_rule(volcano_runner::sim::FaultRule {
+        resource: "nodes".into(),
+        verb: "patch".into(),
+        error_403: 1.0,
+        ..Default::default()
+    });
+    let sim = w.sim.clone();
+    let patches = move || {
+        sim.request_counts()
+            .get("patch nodes")
+            .copied()
+            .unwrap_or_default()
+    };
+    let before = patches();
+    let window = schedule(&w, 7200, 9000, &[]).await;
+    let refused = async {
+        while patches() == before {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, refused)
+        .await
+        .expect("the taint tried and refused");
+    w.sim.faults().clear();
+    // Not at once: after a while.
+    for _ in 0..5 {
+        w.advance(5);
+        w.settle(Duration::from_millis(200)).await;
+    }
+    assert!(
+        maintenance_taints(&w).await.is_empty(),
+        "tried again before a minute"
+    );
+    for _ in 0..10 {
+        w.advance(5);
+        w.settle(Duration::from_millis(100)).await;
+    }
+    let key = w.keys.maintenance_taint();
+    until_taints(
+        &w,
+        "the taint written once allowed",
+        &[format!("n1={key}={}", window.id)],
+    )
+    .await;
+    runner.stop().await;
+    w.close().await;
+}
+
 /// A node that cannot be written does not hold back the writes to the nodes after it in the round.
 #[tokio::test]
 async fn a_node_write_that_fails_does_not_stop_the_round() {
