@@ -990,6 +990,82 @@ async fn a_refused_node_patch_is_tried_again_after_a_minute() {
     w.close().await;
 }
 
+/// `admin maintenance cancel` lifts the cancelled window's taint itself, with the operator's
+/// credentials (no runner here to do it): the node's value moves on to the next window over it, and a
+/// node no other window covers loses the taint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_cancel_lifts_the_cancelled_windows_taint() {
+    let w = World::start(
+        "mon-maint-admin-cancel",
+        |_| {},
+        |s| {
+            one_node_world(s);
+            let mut n2 = s.nodes[0].clone();
+            n2.name = "n2".into();
+            s.nodes.push(n2);
+        },
+    )
+    .await;
+    // The admin command judges by the wall clock, not the simulator's.
+    let now = jiff::Timestamp::now();
+    let window = |start: i64, end: i64, nodes: &[&str]| {
+        Window::new(
+            now + jiff::SignedDuration::from_secs(start),
+            now + jiff::SignedDuration::from_secs(end),
+            nodes.iter().map(|n| (*n).to_owned()).collect(),
+            None,
+            "test@host",
+            now,
+        )
+        .expect("a valid window")
+    };
+    let (first, later) = (window(1800, 2400, &[]), window(3600, 5400, &["n1"]));
+    let windows = MaintenanceWindows::new(w.client.clone(), &w.config.cluster);
+    for win in [&first, &later] {
+        assert!(windows.schedule(win).await.expect("stored"));
+    }
+    let key = w.keys.maintenance_taint();
+    // As the runner wrote them before the cancel.
+    let nodes: kube::Api<Node> = kube::Api::all(w.client.clone());
+    for n in ["n1", "n2"] {
+        let patch = serde_json::json!({"spec": {"taints": [
+            volcano_runner::monitor::maintenance::taint(&key, &first.id)
+        ]}});
+        nodes
+            .patch(
+                n,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .expect("tainted");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_volcano-runner"))
+        .args(["admin", "--cluster", &w.sim.url()])
+        .args(["maintenance", "cancel", &first.id])
+        .env("VOLCANO_RUNNER_BROKER__URL", w.vhost.amqp_url())
+        .env(
+            "VOLCANO_RUNNER_CLUSTER__NAMESPACE",
+            &w.config.cluster.namespace,
+        )
+        .env_remove("VOLCANO_RUNNER_LOG")
+        .env_remove("VOLCANO_RUNNER_CONFIG")
+        .output()
+        .expect("admin runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("lifted from 2 node(s)"), "{stdout}");
+    assert_eq!(
+        maintenance_taints(&w).await,
+        [format!("n1={key}={}", later.id)]
+    );
+    w.close().await;
+}
+
 /// A node that cannot be written does not hold back the writes to the nodes after it in the round.
 #[tokio::test]
 async fn a_node_write_that_fails_does_not_stop_the_round() {
