@@ -10,7 +10,8 @@
 //!   shards without a live holder, admitted jobs that can never start.
 //! - `maintenance schedule|list|cancel` stores maintenance windows (a ConfigMap each in the runner's
 //!   namespace, [`crate::cluster::maintenance`]) that every runner's monitor follows: a running job a
-//!   window cuts is warned ahead and ended at its start (see docs/ops.md).
+//!   window cuts is warned ahead and ended at its start (see docs/ops.md). `cancel` also moves on or
+//!   removes the cancelled window's node taints itself, as the monitor would.
 //! - `dead-letters list|show|requeue|drop` reads and settles the dead-letter queue over AMQP alone
 //!   ([`super::dead_letters`]); it needs no cluster.
 //! - `queue` lists the jobs waiting to start with their estimated start ([`crate::monitor::forecast`]),
@@ -174,6 +175,8 @@ impl WindowView {
 async fn maintenance(
     command: MaintenanceCommand,
     windows: &MaintenanceWindows,
+    client: &kube::Client,
+    keys: &AnnotationKeys,
     now: jiff::Timestamp,
 ) -> Result<(), CliError> {
     use crate::cluster::maintenance::{Window, parse_time};
@@ -232,9 +235,58 @@ async fn maintenance(
             } else {
                 return Err(CliError::Other(format!("no maintenance window {id}")));
             }
+            // The runner lifts the cancelled window's taints too; doing it here, with the operator's
+            // credentials, frees its nodes at once (and does not need a runner). Best effort.
+            match lift_taints(client, windows, &keys.maintenance_taint(), &id, now).await {
+                Ok(0) => {}
+                Ok(n) => println!("its taint lifted from {n} node(s)"),
+                Err(e) => eprintln!(
+                    "its node taints were not lifted ({e}); the runners lift them on their own"
+                ),
+            }
         }
     }
     Ok(())
+}
+
+/// Moves the maintenance taints valued `id` (a window just cancelled) on to the next window over their
+/// node, or removes them, as the monitor would ([`crate::monitor::maintenance::plan_taints`]), each
+/// write guarded by the node's version. Only nodes carrying `id` are touched. Returns the nodes written.
+async fn lift_taints(
+    client: &kube::Client,
+    windows: &MaintenanceWindows,
+    key: &str,
+    id: &str,
+    now: jiff::Timestamp,
+) -> Result<usize, ClusterError> {
+    use crate::cluster::error::KubeResultExt as _;
+    use crate::monitor::reserve::{self, NodeTaints};
+    use k8s_openapi::api::core::v1::Node;
+    let (listed, _) = windows.list().await?;
+    let nodes: Vec<NodeTaints> = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .classify(|| "list nodes".to_owned())?
+        .items
+        .iter()
+        .filter(|n| {
+            n.spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|t| {
+                    t.iter()
+                        .any(|t| t.key == key && t.value.as_deref() == Some(id))
+                })
+        })
+        .map(NodeTaints::of)
+        .collect();
+    let planned = crate::monitor::maintenance::plan_taints(&nodes, &listed, key, now);
+    let changes = reserve::with_maintenance(Vec::new(), &nodes, planned);
+    let applied = reserve::apply(client, &changes).await;
+    match applied.failed.into_iter().next() {
+        Some((_, e)) if applied.written == 0 => Err(e),
+        _ => Ok(applied.written),
+    }
 }
 
 /// How `status` is printed.
@@ -290,7 +342,8 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
         }
         AdminCommand::Maintenance(command) => {
             let windows = MaintenanceWindows::new(client.clone(), &config.cluster);
-            maintenance(command, &windows, now).await?;
+            let keys = AnnotationKeys::new(&config.pipeline.annotation_prefix);
+            maintenance(command, &windows, &client, &keys, now).await?;
         }
         AdminCommand::Queue { queue, output } => {
             // The windows as the monitor follows them: they cut running jobs and hold gated ones back.

@@ -272,17 +272,15 @@ impl AnnotationKeys {
         format!("{}reserved", self.prefix)
     }
 
-    /// The key of the taint the monitor puts on the nodes of a maintenance window that is not over,
-    /// `<prefix>maintenance-<window id>` (its value: the window id), and that the pods of a job the
-    /// window is not in the way of tolerate. One key per window: a node's taints must be unique by key
-    /// and effect, so two windows over one node need two keys.
-    pub fn maintenance_taint(&self, window_id: &str) -> String {
-        format!("{}{window_id}", self.maintenance_taint_prefix())
-    }
-
-    /// What every maintenance taint's key starts with, `<prefix>maintenance-`.
-    pub fn maintenance_taint_prefix(&self) -> String {
-        format!("{}maintenance-", self.prefix)
+    /// The key of the taint the monitor puts on the nodes of the maintenance windows that are not over,
+    /// `<prefix>maintenance` (its value: the id of the earliest-starting such window over the node), and
+    /// that the pods of a job a window is not in the way of tolerate with that window's id as the value.
+    /// One key for every window: a node's taints are unique by key and effect, and a job not in the way
+    /// of the earliest window over a node is not in the way of the later ones, so one taint per node
+    /// suffices; and one key lets the runner and the system workloads tolerate every window at once
+    /// (`operator: Exists`).
+    pub fn maintenance_taint(&self) -> String {
+        format!("{}maintenance", self.prefix)
     }
 }
 

@@ -1469,7 +1469,7 @@ impl Cache {
         // not tolerate one that is not over (the monitor adds a toleration only for a window not in
         // its way).
         let gate = keys.maintenance_gate();
-        let taint_prefix = keys.maintenance_taint_prefix();
+        let taint_prefix = keys.maintenance_taint();
         let windows_now = self
             .maintenance_windows
             .as_deref()
@@ -1673,7 +1673,7 @@ mod tests {
                 "metadata": {"name": "j-1-job-0", "namespace": "ns", "resourceVersion": "3",
                              "labels": {LABEL_JOB_NAME: "j-1", LABEL_TASK_INDEX: "0"}},
                 "spec": {"nodeName": node, "containers": [],
-                         "tolerations": [{"key": "ucloud.dk/maintenance-w", "operator": "Equal",
+                         "tolerations": [{"key": "ucloud.dk/maintenance", "operator": "Equal",
                                           "value": "w", "effect": "NoSchedule"}]},
             }))
             .unwrap();
@@ -1687,7 +1687,7 @@ mod tests {
             let spec = seen[0].spec.as_ref().unwrap();
             assert_eq!(spec.node_name.as_deref(), node);
             assert_eq!(
-                crate::monitor::maintenance::tolerates(&seen[0], "ucloud.dk/maintenance-", "w"),
+                crate::monitor::maintenance::tolerates(&seen[0], "ucloud.dk/maintenance", "w"),
                 node.is_none(),
                 "placed: {node:?}"
             );

@@ -435,7 +435,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     //     pods of a job that started before (a restart's new pods), which tolerate every window: a
     //     running job is cut by a window, not held. Nothing is let go before the windows are known.
     let maintenance_gated = peers::gated_pods(obs.pods, &s.keys.maintenance_gate());
-    let taint_prefix = s.keys.maintenance_taint_prefix();
+    let taint_prefix = s.keys.maintenance_taint();
     let tolerated = |w: &Window| super::maintenance::job_tolerates(obs.pods, &taint_prefix, &w.id);
     let mut until_tainted = false;
     let (waiting_for_window, tolerate) = match obs.maintenance {
@@ -3445,7 +3445,7 @@ mod tests {
         assert_eq!(tolerate.what, "tolerate");
         assert!(tolerate.publish.is_empty());
         let toleration =
-            crate::monitor::maintenance::toleration(&s.keys.maintenance_taint_prefix(), "later");
+            crate::monitor::maintenance::toleration(&s.keys.maintenance_taint(), "later");
         assert_eq!(
             tolerate.tolerate,
             Some((vec![toleration.clone()], vec!["p0".to_owned()]))

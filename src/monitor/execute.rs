@@ -260,7 +260,7 @@ impl Executor {
                             tracing::warn!(job = %job_id, plugin = %failure.plugin, error = %failure.error, "A hook failed; the other plugins' actions stand.");
                         }
                         done.push(action.what);
-                        match self.act(&job, &action, &mut confirmed).await? {
+                        match self.act(&job, &pods, &action, &mut confirmed).await? {
                             Acted::Settled(new) => {
                                 if let Some(new) = new {
                                     job = new;
@@ -346,6 +346,7 @@ impl Executor {
     async fn act(
         &self,
         job: &Arc<VolcanoJob>,
+        pods: &[Pod],
         action: &Action,
         confirmed: &mut HashSet<String>,
     ) -> Result<Acted, HandleError> {
@@ -363,18 +364,27 @@ impl Executor {
                 .tolerate
                 .as_ref()
                 .map(|(t, p)| (t.as_slice(), p.as_slice()));
-            let pods: BTreeSet<&String> = gated
+            let names: BTreeSet<&String> = gated
                 .map(|(_, p)| p)
                 .into_iter()
                 .chain(tolerating.map(|(_, p)| p))
                 .flatten()
                 .collect();
-            for pod in pods {
-                let gate = gated.filter(|(_, p)| p.contains(pod)).map(|(g, _)| g);
+            for name in names {
+                let Some(pod) = pods.iter().find(|p| p.metadata.name.as_ref() == Some(name)) else {
+                    continue;
+                };
+                let gate = gated.filter(|(_, p)| p.contains(name)).map(|(g, _)| g);
                 let tolerations = tolerating
-                    .filter(|(_, p)| p.contains(pod))
+                    .filter(|(_, p)| p.contains(name))
                     .map_or(&[][..], |(t, _)| t);
-                self.release(job, pod, gate, tolerations).await?;
+                match self.release(job, pod, gate, tolerations).await {
+                    Ok(()) => {}
+                    // The pod changed since the watch showed it: read the job's pods again and decide
+                    // again.
+                    Err(e) if e.is_conflict() => return Ok(Acted::Conflict),
+                    Err(e) => return Err(e.into()),
+                }
             }
         }
         let publish: Vec<Outbound> = action
@@ -491,56 +501,70 @@ impl Executor {
 
     /// Removes the scheduling gate `gate` from a pod (keeping any other gate) and adds the
     /// `tolerations` it lacks (keeping those it has: Kubernetes lets a pod's tolerations be added to,
-    /// never changed), in one write guarded by the version read. A pod that is gone, or that needs
-    /// neither, needs nothing.
+    /// never changed), in one write guarded by the version the decision saw: the pod as the watch cache
+    /// keeps it (its gates, and its tolerations while it waits to be placed), so nothing is read first.
+    /// A conflict (the pod changed since: another writer's gates or tolerations are never dropped) is
+    /// the caller's to decide again; a pod that is gone, or that needs neither, needs nothing.
     async fn release(
         &self,
         job: &VolcanoJob,
-        pod: &str,
+        pod: &Pod,
         gate: Option<&str>,
         tolerations: &[Toleration],
     ) -> Result<(), ClusterError> {
         let (ns, _) = names(job);
+        let Some(name) = pod.metadata.name.as_deref() else {
+            return Ok(());
+        };
+        let spec = pod.spec.clone().unwrap_or_default();
+        let gates = spec.scheduling_gates.unwrap_or_default();
+        let ungate = gate.is_some_and(|gate| gates.iter().any(|g| g.name == gate));
+        let mut had = spec.tolerations.unwrap_or_default();
+        let missing: Vec<Toleration> = tolerations
+            .iter()
+            .filter(|t| !had.contains(t))
+            .cloned()
+            .collect();
+        if !ungate && missing.is_empty() {
+            return Ok(());
+        }
+        // Without the version the write could drop what it did not see: the pod is read afresh with
+        // the job's (a conflict), which carries it.
+        let Some(rv) = pod.metadata.resource_version.as_deref() else {
+            return Err(ClusterError::Conflict {
+                op: format!("release pods {ns}/{name}"),
+                message: "no resourceVersion seen".to_owned(),
+            });
+        };
+        let mut body = json!({"metadata": {"resourceVersion": rv}});
+        if ungate {
+            let rest: Vec<_> = gates
+                .into_iter()
+                .filter(|g| Some(g.name.as_str()) != gate)
+                .collect();
+            body["spec"]["schedulingGates"] = json!(rest);
+        }
+        if !missing.is_empty() {
+            had.extend(missing);
+            body["spec"]["tolerations"] = json!(had);
+        }
         let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
-        let op = format!("release pods {ns}/{pod}");
+        let op = format!("release pods {ns}/{name}");
+        // A conflict is not tried again here: the same version would conflict again.
         let result = self
             .retry
             .run(&op, || async {
-                let current = api.get(pod).await.classify(|| op.clone())?;
-                let spec = current.spec.unwrap_or_default();
-                let gates = spec.scheduling_gates.unwrap_or_default();
-                let ungate = gate.is_some_and(|gate| gates.iter().any(|g| g.name == gate));
-                let mut had = spec.tolerations.unwrap_or_default();
-                let missing: Vec<Toleration> = tolerations
-                    .iter()
-                    .filter(|t| !had.contains(t))
-                    .cloned()
-                    .collect();
-                if !ungate && missing.is_empty() {
-                    return Ok(());
-                }
-                // Guarded by the version read: another writer's gates or tolerations are never
-                // dropped.
-                let mut body = json!({
-                    "metadata": {"resourceVersion": current.metadata.resource_version},
-                });
-                if ungate {
-                    let rest: Vec<_> = gates
-                        .into_iter()
-                        .filter(|g| Some(g.name.as_str()) != gate)
-                        .collect();
-                    body["spec"]["schedulingGates"] = json!(rest);
-                }
-                if !missing.is_empty() {
-                    had.extend(missing);
-                    body["spec"]["tolerations"] = json!(had);
-                }
-                api.patch(pod, &PatchParams::default(), &Patch::Merge(&body))
+                match api
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&body))
                     .await
                     .map(|_| ())
                     .classify(|| op.clone())
+                {
+                    Err(e) if e.is_conflict() || e.is_not_found() => Ok(Err(e)),
+                    other => other.map(Ok),
+                }
             })
-            .await;
+            .await?;
         match result {
             Err(e) if e.is_not_found() => Ok(()),
             other => other,

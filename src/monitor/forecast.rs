@@ -434,13 +434,15 @@ fn inputs<'a>(
             pending_gang(pg, job, keys, in_fifo, reserve_nodes)
         })
         .collect();
-    // The windows whose taint is on a node: a job that does not tolerate one is held by it.
-    let prefix = keys.maintenance_taint_prefix();
+    // The windows whose taint is on a node (the ids the maintenance taints carry): a job that does not
+    // tolerate one is held by it.
+    let taint_key = keys.maintenance_taint();
     let tainted: std::collections::HashSet<&str> = view
         .nodes
         .iter()
         .flat_map(|n| n.spec.iter().flat_map(|s| s.taints.iter().flatten()))
-        .filter_map(|t| t.key.strip_prefix(prefix.as_str()))
+        .filter(|t| t.key == taint_key && t.effect == super::maintenance::TAINT_EFFECT)
+        .filter_map(|t| t.value.as_deref())
         .collect();
     let tainted_windows: Vec<crate::cluster::Window> = windows
         .iter()
@@ -545,7 +547,7 @@ fn held(
         own.iter().any(|p| super::peers::is_gated(p, &gate)),
     );
     let own: Vec<Pod> = own.into_iter().cloned().collect();
-    let prefix = keys.maintenance_taint_prefix();
+    let prefix = keys.maintenance_taint();
     super::maintenance::held_by_window(
         tainted,
         gate_holds,
@@ -923,7 +925,7 @@ mod tests {
         let mut tainted = node("a", "16", 0);
         tainted.spec.get_or_insert_default().taints =
             Some(vec![crate::monitor::maintenance::taint(
-                "ucloud.dk/maintenance-",
+                "ucloud.dk/maintenance",
                 "w",
             )]);
         let nodes = [tainted];
@@ -964,7 +966,7 @@ mod tests {
         );
         waiting.spec.as_mut().unwrap().tolerations =
             Some(vec![crate::monitor::maintenance::toleration(
-                "ucloud.dk/maintenance-",
+                "ucloud.dk/maintenance",
                 "w",
             )]);
         let now = Some(t(100).strftime("%Y-%m-%dT%H:%M:%SZ").to_string());

@@ -17,11 +17,12 @@
 //!   before the next one).
 //! - Every other job (one queued before the window was scheduled, whose pods exist without the gate,
 //!   which can only be removed after a pod's creation) is held by the node taint
-//!   `<prefix>maintenance-<window id>=<window id>:NoSchedule` the monitor puts on the window's nodes
-//!   (every node for a window of all nodes) from when the window is listed until it is over or
-//!   cancelled ([`plan_taints`]). Kubernetes lets tolerations be added to a pod after its creation
-//!   (additions only), so the monitor adds to the pods that wait the toleration of each window that is
-//!   not in the way of their job ([`pending`]); a job a window is in the way of gets none, and the
+//!   `<prefix>maintenance=<window id>:NoSchedule` the monitor puts on the window's nodes (every node for
+//!   a window of all nodes) from when the window is listed until it is over or cancelled; a node covered
+//!   by several carries the id of the one that starts first ([`plan_taints`]). Kubernetes lets
+//!   tolerations be added to a pod after its creation (additions only), so the monitor adds to the pods
+//!   that wait the toleration (`<prefix>maintenance=<window id>`) of each window that is not in the way
+//!   of their job ([`pending`]); a job a window is in the way of gets none, and the
 //!   scheduler keeps it off the window's nodes until the taint goes. A toleration, like a removed gate,
 //!   cannot be taken back: it is added under the same rule by which a gate is removed (the window not in
 //!   the way now nor at the start the replay expects).
@@ -161,20 +162,21 @@ pub fn held_back(created_held: bool, no_pods: bool, any_gated: bool) -> bool {
 /// there is evicted (a window cuts what runs at its start, see [`cutting`]).
 pub const TAINT_EFFECT: &str = "NoSchedule";
 
-/// The taint of window `id` on its nodes: key `<taint_prefix><id>`, value the id.
-pub fn taint(taint_prefix: &str, id: &str) -> Taint {
+/// The taint that keeps what does not tolerate window `id` off its nodes: key `key`
+/// (`<prefix>maintenance`, [`crate::durable::AnnotationKeys::maintenance_taint`]), value the id.
+pub fn taint(key: &str, id: &str) -> Taint {
     Taint {
-        key: format!("{taint_prefix}{id}"),
+        key: key.to_owned(),
         value: Some(id.to_owned()),
         effect: TAINT_EFFECT.to_owned(),
         time_added: None,
     }
 }
 
-/// The toleration of window `id`'s taint, as the monitor adds it to a waiting pod.
-pub fn toleration(taint_prefix: &str, id: &str) -> Toleration {
+/// The toleration of window `id`'s taint, as the monitor adds it to a waiting pod: `key=id`, `Equal`.
+pub fn toleration(key: &str, id: &str) -> Toleration {
     Toleration {
-        key: Some(format!("{taint_prefix}{id}")),
+        key: Some(key.to_owned()),
         operator: Some("Equal".to_owned()),
         value: Some(id.to_owned()),
         effect: Some(TAINT_EFFECT.to_owned()),
@@ -182,11 +184,10 @@ pub fn toleration(taint_prefix: &str, id: &str) -> Toleration {
     }
 }
 
-/// Whether `pod` tolerates window `id`'s taint, under the scheduler's rules: an `Exists` toleration
-/// of its key (or of every key), or an `Equal` one (the default operator) of its key and value, with
-/// the `NoSchedule` effect or none.
-pub fn tolerates(pod: &Pod, taint_prefix: &str, id: &str) -> bool {
-    let key = format!("{taint_prefix}{id}");
+/// Whether `pod` tolerates window `id`'s taint (`key=id:NoSchedule`), under the scheduler's rules: an
+/// `Exists` toleration of its key (or of every key), or an `Equal` one (the default operator) of its
+/// key and value, with the `NoSchedule` effect or none.
+pub fn tolerates(pod: &Pod, key: &str, id: &str) -> bool {
     pod.spec
         .as_ref()
         .and_then(|s| s.tolerations.as_deref())
@@ -217,10 +218,11 @@ pub fn unbound(pods: &[Pod]) -> impl Iterator<Item = &Pod> {
 }
 
 /// Whether a job whose pods are `pods` tolerates window `id`: it has pods and each that is not placed
-/// yet tolerates its taint. A job without pods does not (Volcano makes them from the job's template,
-/// which tolerates no window), and one whose pods are all placed does (nothing is left to keep away).
-pub fn job_tolerates(pods: &[Pod], taint_prefix: &str, id: &str) -> bool {
-    !pods.is_empty() && unbound(pods).all(|p| tolerates(p, taint_prefix, id))
+/// yet tolerates its taint (`key=id`). A job without pods does not (Volcano makes them from the job's
+/// template, which tolerates no window), and one whose pods are all placed does (nothing is left to
+/// keep away).
+pub fn job_tolerates(pods: &[Pod], key: &str, id: &str) -> bool {
+    !pods.is_empty() && unbound(pods).all(|p| tolerates(p, key, id))
 }
 
 /// Whether a job that has not started is held back by a window, for the replay and the monitor alike:
@@ -241,46 +243,66 @@ pub fn held_by_window(
 pub struct TaintChange {
     /// The index of the node in the list planned for.
     pub node: usize,
-    /// Its whole new list: its other taints as they were, and one per window over it.
+    /// Its whole new list: its other taints as they were, and the maintenance taint if a window covers
+    /// it.
     pub taints: Vec<Taint>,
-    /// The windows it now carries the taint of (for the log).
+    /// The window whose id the taint carries now (for the log); empty once none does.
     pub windows: Vec<String>,
 }
 
-/// What to change on the nodes so that each carries the taint of every window not over at `now` that
-/// covers it, and no other maintenance taint (of a window over, cancelled, or no longer listed).
-/// Decided from the windows and the taints alone: any runner may write it, and a runner killed between
-/// two nodes leaves the next pass the rest to do.
+/// The window whose id a node's maintenance taint carries: the earliest-starting (then least id) window
+/// not over at `now` that covers the node. A job that ends before it starts ends before every later
+/// one, so a job that tolerates it (let go for it) is in the way of none on that node, and one it is in
+/// the way of is kept off the node by it; when it ends or is cancelled, the value moves on to the next.
+pub fn node_window<'a>(windows: &'a [Window], node: &str, now: Timestamp) -> Option<&'a Window> {
+    windows
+        .iter()
+        .filter(|w| w.end > now && w.covers(node))
+        .min_by(|a, b| (a.start, &a.id).cmp(&(b.start, &b.id)))
+}
+
+/// Whether `t` is a maintenance taint: the key `key`, or one of the per-window keys `<key>-<id>` an
+/// earlier version of the monitor wrote (removed like the taint of a window that is over).
+fn maintenance_taint(t: &Taint, key: &str) -> bool {
+    t.key == key
+        || t.key
+            .strip_prefix(key)
+            .is_some_and(|rest| rest.starts_with('-'))
+}
+
+/// What to change on the nodes so that each carries one maintenance taint, `key=<id>:NoSchedule`,
+/// while a window not over at `now` covers it (the id of [`node_window`]), and no other (of a window
+/// over, cancelled, or no longer listed). Decided from the windows and the taints alone: a runner
+/// killed between two nodes leaves the next pass the rest to do.
 pub fn plan_taints(
     nodes: &[super::reserve::NodeTaints],
     windows: &[Window],
-    taint_prefix: &str,
+    key: &str,
     now: Timestamp,
 ) -> Vec<TaintChange> {
     let mut out = Vec::new();
     for (i, node) in nodes.iter().enumerate() {
-        let mut wanted: Vec<Taint> = windows
+        let wanted = node_window(windows, &node.name, now).map(|w| taint(key, &w.id));
+        let current: Vec<&Taint> = node
+            .taints
             .iter()
-            .filter(|w| w.end > now && w.covers(&node.name))
-            .map(|w| taint(taint_prefix, &w.id))
+            .filter(|t| maintenance_taint(t, key))
             .collect();
-        wanted.sort_by(|a, b| a.key.cmp(&b.key));
-        let ours = |t: &Taint| t.key.starts_with(taint_prefix);
-        let mut current: Vec<&Taint> = node.taints.iter().filter(|t| ours(t)).collect();
-        current.sort_by(|a, b| (&a.key, &a.effect).cmp(&(&b.key, &b.effect)));
-        let same = current.len() == wanted.len()
-            && current
-                .iter()
-                .zip(&wanted)
-                .all(|(c, w)| (&c.key, &c.value, &c.effect) == (&w.key, &w.value, &w.effect));
+        let same = match (&wanted, current.as_slice()) {
+            (None, []) => true,
+            (Some(w), [c]) => (&c.key, &c.value, &c.effect) == (&w.key, &w.value, &w.effect),
+            _ => false,
+        };
         if same {
             continue;
         }
-        let windows_now = wanted
+        let mut taints: Vec<Taint> = node
+            .taints
             .iter()
-            .filter_map(|t| t.value.clone())
-            .collect::<Vec<_>>();
-        let mut taints: Vec<Taint> = node.taints.iter().filter(|t| !ours(t)).cloned().collect();
+            .filter(|t| !maintenance_taint(t, key))
+            .cloned()
+            .collect();
+        let windows_now = wanted.iter().filter_map(|t| t.value.clone()).collect();
         taints.extend(wanted);
         out.push(TaintChange {
             node: i,
@@ -573,12 +595,12 @@ mod tests {
         assert_eq!(waiting(&windows, true, None, None, ts(9000)), None);
     }
 
-    const PREFIX: &str = "ucloud.dk/maintenance-";
+    const KEY: &str = "ucloud.dk/maintenance";
 
     fn waiting_pod(tolerating: &[&str]) -> Pod {
         Pod {
             spec: Some(PodSpec {
-                tolerations: Some(tolerating.iter().map(|w| toleration(PREFIX, w)).collect()),
+                tolerations: Some(tolerating.iter().map(|w| toleration(KEY, w)).collect()),
                 ..PodSpec::default()
             }),
             ..Pod::default()
@@ -588,8 +610,8 @@ mod tests {
     #[test]
     fn tolerations_count_as_the_scheduler_counts_them() {
         let pod = waiting_pod(&["w1"]);
-        assert!(tolerates(&pod, PREFIX, "w1"));
-        assert!(!tolerates(&pod, PREFIX, "w2"));
+        assert!(tolerates(&pod, KEY, "w1"));
+        assert!(!tolerates(&pod, KEY, "w2"));
         let with = |t: Toleration| Pod {
             spec: Some(PodSpec {
                 tolerations: Some(vec![t]),
@@ -598,35 +620,35 @@ mod tests {
             ..Pod::default()
         };
         let exists = Toleration {
-            key: Some(format!("{PREFIX}w2")),
+            key: Some(KEY.into()),
             operator: Some("Exists".into()),
             ..Toleration::default()
         };
-        assert!(tolerates(&with(exists.clone()), PREFIX, "w2"));
+        assert!(tolerates(&with(exists.clone()), KEY, "w2"));
         let everything = Toleration {
             operator: Some("Exists".into()),
             ..Toleration::default()
         };
-        assert!(tolerates(&with(everything), PREFIX, "w2"));
+        assert!(tolerates(&with(everything), KEY, "w2"));
         let no_execute = Toleration {
             effect: Some("NoExecute".into()),
             ..exists
         };
-        assert!(!tolerates(&with(no_execute), PREFIX, "w2"));
+        assert!(!tolerates(&with(no_execute), KEY, "w2"));
         let wrong_value = Toleration {
             value: Some("w3".into()),
-            ..toleration(PREFIX, "w2")
+            ..toleration(KEY, "w2")
         };
-        assert!(!tolerates(&with(wrong_value), PREFIX, "w2"));
+        assert!(!tolerates(&with(wrong_value), KEY, "w2"));
         // A job: every pod not placed yet must tolerate it; one without pods does not.
-        assert!(!job_tolerates(&[], PREFIX, "w1"));
-        assert!(job_tolerates(&[pod.clone(), on("n1")], PREFIX, "w1"));
-        assert!(!job_tolerates(&[pod, waiting_pod(&[])], PREFIX, "w1"));
-        assert!(job_tolerates(&[on("n1")], PREFIX, "w1"));
+        assert!(!job_tolerates(&[], KEY, "w1"));
+        assert!(job_tolerates(&[pod.clone(), on("n1")], KEY, "w1"));
+        assert!(!job_tolerates(&[pod, waiting_pod(&[])], KEY, "w1"));
+        assert!(job_tolerates(&[on("n1")], KEY, "w1"));
     }
 
     #[test]
-    fn each_node_carries_the_taint_of_every_window_over_it_that_is_not_over() {
+    fn each_node_carries_one_taint_valued_with_the_earliest_window_over_it() {
         use super::super::reserve::NodeTaints;
         let windows = [
             window("all", 100, 200, &[]),
@@ -644,28 +666,28 @@ mod tests {
             resource_version: Some("3".into()),
             taints,
         };
+        let legacy = Taint {
+            key: format!("{KEY}-cancelled"),
+            ..taint(KEY, "cancelled")
+        };
         let nodes = [
-            // Carries a cancelled window's taint, and another's.
-            node("n1", vec![other.clone(), taint(PREFIX, "cancelled")]),
+            // Carries a per-window taint of an earlier version, and another's.
+            node("n1", vec![other.clone(), legacy]),
             // Has what it needs.
-            node("n2", vec![taint(PREFIX, "all")]),
+            node("n2", vec![taint(KEY, "all")]),
             node("n3", vec![]),
         ];
-        let changes = plan_taints(&nodes, &windows, PREFIX, ts(0));
+        let changes = plan_taints(&nodes, &windows, KEY, ts(0));
         assert_eq!(changes.len(), 2, "{changes:?}");
         assert_eq!(changes[0].node, 0);
         assert_eq!(
             changes[0].taints,
-            vec![other, taint(PREFIX, "all"), taint(PREFIX, "n1-only")],
-            "two windows over one node: two keys"
+            vec![other.clone(), taint(KEY, "n1-only")],
+            "two windows over one node: one taint, the earliest's"
         );
         assert_eq!(changes[1].node, 2);
         assert_eq!(changes[1].windows, vec!["all".to_owned()]);
-        // Once both are over, every maintenance taint goes.
-        let later = plan_taints(&nodes, &windows, PREFIX, ts(300));
-        assert_eq!(later.len(), 2, "{later:?}");
-        assert_eq!(later[1].node, 1);
-        assert!(later[1].taints.is_empty());
+        assert_eq!(changes[1].taints, vec![taint(KEY, "all")]);
         // Planned again on what was written: nothing more to do.
         let written: Vec<NodeTaints> = nodes
             .iter()
@@ -675,7 +697,19 @@ mod tests {
                 None => n.clone(),
             })
             .collect();
-        assert!(plan_taints(&written, &windows, PREFIX, ts(0)).is_empty());
+        assert!(plan_taints(&written, &windows, KEY, ts(0)).is_empty());
+        // The earliest cancelled: the value moves on to the next.
+        let moved = plan_taints(&written, &windows[..1], KEY, ts(0));
+        assert_eq!(moved.len(), 1, "{moved:?}");
+        assert_eq!(moved[0].taints, vec![other.clone(), taint(KEY, "all")]);
+        // Once over, the taint goes where no other window covers the node.
+        let later = plan_taints(&written, &windows, KEY, ts(250));
+        assert_eq!(later.len(), 2, "{later:?}");
+        assert_eq!((later[0].node, later[1].node), (1, 2));
+        assert!(later[0].taints.is_empty() && later[0].windows.is_empty());
+        let all_over = plan_taints(&written, &windows, KEY, ts(300));
+        assert_eq!(all_over.len(), 3, "{all_over:?}");
+        assert_eq!(all_over[0].taints, vec![other]);
     }
 
     #[test]

@@ -198,12 +198,33 @@ pub fn after(nodes: &[NodeTaints], changes: &[Change]) -> Vec<NodeTaints> {
         .collect()
 }
 
+/// What a round of node writes did.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// The changes written.
+    pub written: usize,
+    /// The nodes whose write failed (other than by a conflict), with why: decided again on a later
+    /// round.
+    pub failed: Vec<(String, ClusterError)>,
+}
+
+impl Applied {
+    /// A write the cluster refused (no grant), if any: the same for every node.
+    pub fn refused(&self) -> Option<&ClusterError> {
+        self.failed
+            .iter()
+            .map(|(_, e)| e)
+            .find(|e| e.is_forbidden())
+    }
+}
+
 /// Writes the changes, each guarded by the node's `resourceVersion`. A conflict (someone wrote the node
-/// since) is skipped: the next pass decides again from what the watch then shows. Returns the changes
-/// written; the first other error ends the round (the next pass tries again).
-pub async fn apply(client: &kube::Client, changes: &[Change]) -> Result<usize, ClusterError> {
+/// since) is skipped: the next pass decides again from what the watch then shows. Any other failure is
+/// kept for the caller and the round goes on with the next node: one node that cannot be written (gone,
+/// refused by a webhook) does not hold back the others.
+pub async fn apply(client: &kube::Client, changes: &[Change]) -> Applied {
     let api: Api<KubeNode> = Api::all(client.clone());
-    let mut written = 0;
+    let mut out = Applied::default();
     for c in changes {
         let mut patch = json!({"spec": {"taints": c.taints}});
         if let Some(rv) = &c.resource_version {
@@ -215,17 +236,17 @@ pub async fn apply(client: &kube::Client, changes: &[Change]) -> Result<usize, C
             .classify(|| format!("patch nodes {} (taints)", c.node));
         match result {
             Ok(_) => {
-                written += 1;
+                out.written += 1;
                 tracing::info!(node = %c.node, reserved_for = ?c.reserved_for, released = ?c.released,
                     maintenance_windows = ?c.windows, "Node taints changed.");
             }
             Err(e) if e.is_conflict() => {
                 tracing::debug!(node = %c.node, "Node changed since it was read: decided again next pass.");
             }
-            Err(e) => return Err(e),
+            Err(e) => out.failed.push((c.node.clone(), e)),
         }
     }
-    Ok(written)
+    out
 }
 
 #[cfg(test)]

@@ -147,7 +147,14 @@ struct Loop {
     /// Whether the decisions have been told the node patch was refused (see
     /// [`Executor::taints_refused`]).
     taints_refused_seen: bool,
+    /// While the node patch is refused: when the maintenance taints are tried again
+    /// ([`TAINTS_RETRY`]).
+    taints_retry_at: Option<jiff::Timestamp>,
 }
+
+/// How long after the node patch was refused the maintenance taints are tried again: a refusal during
+/// an RBAC rollout is not taken for good, and one that lasts costs one refused write a minute.
+const TAINTS_RETRY: jiff::SignedDuration = jiff::SignedDuration::from_secs(60);
 
 /// How often the start-time estimates are made again while things change: often enough that a job
 /// is told its estimate with its first status event, seldom enough that a busy cluster does not replay
@@ -273,6 +280,7 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
         reserving: None,
         taints_due: None,
         taints_refused_seen: false,
+        taints_retry_at: None,
     };
     state.begin_pass(&ALL_KINDS);
     // The first pass also waits for the nodes, so that a waiting job's first status carries its
@@ -722,17 +730,17 @@ impl Loop {
         }
     }
 
-    /// The maintenance windows whose taint is on a node, for the decisions: when they change (a
-    /// window's taint written or lifted), every job is decided again (a job waits to be told it is
-    /// held until the taint that holds it is there).
+    /// The maintenance windows whose taint is on a node (the ids the maintenance taints carry), for
+    /// the decisions: when they change (a window's taint written, moved on or lifted), every job is
+    /// decided again (a job waits to be told it is held until the taint that holds it is there).
     fn tainted_changed(&mut self) {
-        let prefix = self.exec.settings.keys.maintenance_taint_prefix();
+        let key = self.exec.settings.keys.maintenance_taint();
         let tainted: BTreeSet<String> = self
             .node_taints
             .values()
             .flat_map(|n| &n.taints)
-            .filter(|t| t.key.starts_with(&prefix) && t.effect == super::maintenance::TAINT_EFFECT)
-            .map(|t| t.key[prefix.len()..].to_owned())
+            .filter(|t| t.key == key && t.effect == super::maintenance::TAINT_EFFECT)
+            .filter_map(|t| t.value.clone())
             .collect();
         let changed = self.exec.tainted.send_if_modified(|current| {
             let changed = **current != tainted;
@@ -893,25 +901,33 @@ impl Loop {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Once the node patch was found refused: every job is decided again (a job without the gate is
-    /// no longer held, and is told so).
+    /// When the node patch is found refused, or allowed again: every job is decided again (a job
+    /// without the gate is no longer held, and is told so; or it is held again). While it is refused,
+    /// the maintenance taints are tried again after [`TAINTS_RETRY`].
     fn note_taints_refused(&mut self) {
-        if self.taints_refused_seen || !self.taints_refused() {
+        let refused = self.taints_refused();
+        if self.taints_refused_seen == refused {
             return;
         }
-        self.taints_refused_seen = true;
+        self.taints_refused_seen = refused;
+        self.taints_retry_at = refused
+            .then(|| self.exec.clock.now().checked_add(TAINTS_RETRY).ok())
+            .flatten();
+        self.taints_due = earliest_of(self.taints_due, self.taints_retry_at);
         self.requeue_all();
     }
 
     /// The node taints, in one round of writes: `[monitor] reserve_nodes` taints the nodes the replay
     /// reserves for the whole-node and large gangs of this runner's shards, and removes their taints once they no
-    /// longer wait ([`super::reserve`]); every maintenance window not over has its taint on the nodes
-    /// it covers, and no other ([`super::maintenance::plan_taints`]). Decided from the watched taints,
+    /// longer wait ([`super::reserve`]); with shard 0 held, every node a maintenance window not over
+    /// covers carries the maintenance taint, and no other ([`super::maintenance::plan_taints`]). A node
+    /// whose write fails does not stop the others ([`super::reserve::apply`]). Decided from the watched taints,
     /// windows and jobs only: a round's writes run in the background, and the next round waits for
     /// them. With `reserve_nodes` off nothing is reserved, but the taints left from when it was on are
     /// still removed (nothing would ever lift them otherwise). A node patch the cluster refuses (no
-    /// grant) is said once, at ERROR, and the maintenance taints are written no more: jobs without the
-    /// gate are then told what a window will do to them instead of being held.
+    /// grant) is said once, at ERROR, and the maintenance taints are tried again only after
+    /// [`TAINTS_RETRY`] (quietly) until a write succeeds: meanwhile jobs without the gate are told what a
+    /// window will do to them instead of being held.
     fn write_node_taints(&mut self) {
         if self.node_taints.is_empty() {
             return;
@@ -946,19 +962,38 @@ impl Loop {
                 },
             )
         };
-        let windows = self.exec.maintenance.borrow().clone();
+        // The maintenance taints are the same for every runner (decided from the windows and the
+        // nodes alone): one runner writes them, the holder of shard 0 (one at a time, by the shard
+        // lease; taken over with the shard when it dies), rather than every runner every node, all but
+        // one of them refused with a conflict.
+        let writes_maintenance = self.exec.shards.borrow().holds(0);
+        let windows = self
+            .exec
+            .maintenance
+            .borrow()
+            .clone()
+            .filter(|_| writes_maintenance);
         self.taints_due = None;
-        if let Some(windows) = windows.filter(|_| !self.taints_refused()) {
-            let now = self.exec.clock.now();
+        let now = self.exec.clock.now();
+        let refused = self.taints_refused();
+        let retry = refused && self.taints_retry_at.is_none_or(|at| at <= now);
+        if refused && windows.is_some() {
+            if retry {
+                self.taints_retry_at = now.checked_add(TAINTS_RETRY).ok();
+            }
+            self.taints_due = self.taints_retry_at;
+        }
+        if let Some(windows) = windows.filter(|_| !refused || retry) {
             let after = super::reserve::after(&taints, &changes);
             let planned = super::maintenance::plan_taints(
                 &after,
                 &windows,
-                &self.exec.settings.keys.maintenance_taint_prefix(),
+                &self.exec.settings.keys.maintenance_taint(),
                 now,
             );
             changes = super::reserve::with_maintenance(changes, &after, planned);
-            self.taints_due = windows.iter().map(|w| w.end).filter(|e| *e > now).min();
+            let ends = windows.iter().map(|w| w.end).filter(|e| *e > now).min();
+            self.taints_due = earliest_of(self.taints_due, ends);
         }
         if changes.is_empty() {
             return;
@@ -968,16 +1003,22 @@ impl Loop {
         let refused = self.exec.taints_refused.clone();
         // Joined at shutdown with the jobs in hand.
         let task = tokio::spawn(async move {
-            match super::reserve::apply(&client, &changes).await {
-                Ok(_) => {}
-                Err(e) if e.is_forbidden() => {
-                    if !refused.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                        tracing::error!(error = %e, "This runner may not patch nodes: maintenance windows hold back only the jobs created while one was in their way (by the scheduling gate); a job queued before a window is told what the window will do to it, and may start into it. Grant patch on nodes to its ClusterRole (deploy/base/clusterrole.yaml does).");
-                    }
+            let applied = super::reserve::apply(&client, &changes).await;
+            if applied.refused().is_none() && applied.written > 0 {
+                // Allowed (again): forgotten.
+                if refused.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::info!(
+                        "This runner may patch nodes again: maintenance windows hold back the jobs queued before them again."
+                    );
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, "Node taints not written; tried again on the next pass.");
-                }
+            }
+            if let Some(e) = applied.refused()
+                && !refused.swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                tracing::error!(error = %e, "This runner may not patch nodes: maintenance windows hold back only the jobs created while one was in their way (by the scheduling gate); a job queued before a window is told what the window will do to it, and may start into it. Grant patch on nodes to its ClusterRole (deploy/base/clusterrole.yaml does).");
+            }
+            for (node, e) in applied.failed.iter().filter(|(_, e)| !e.is_forbidden()) {
+                tracing::warn!(%node, error = %e, "Node taints not written; tried again shortly.");
             }
         });
         self.reserving = Some(task);

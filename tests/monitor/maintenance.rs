@@ -606,9 +606,10 @@ async fn a_held_job_is_told_a_start_that_accounts_for_the_window_and_starts_by_t
     w.close().await;
 }
 
-/// The maintenance taints on the nodes, as `node=key` (sorted).
+/// The maintenance taints on the nodes (and any per-window key of an earlier version), as
+/// `node=key=value` (sorted).
 async fn maintenance_taints(w: &World) -> Vec<String> {
-    let prefix = w.keys.maintenance_taint_prefix();
+    let prefix = w.keys.maintenance_taint();
     let nodes: kube::Api<Node> = kube::Api::all(w.client.clone());
     let mut out: Vec<String> = nodes
         .list(&Default::default())
@@ -622,7 +623,13 @@ async fn maintenance_taints(w: &World) -> Vec<String> {
                 .iter()
                 .flat_map(|s| s.taints.iter().flatten())
                 .filter(|t| t.key.starts_with(&prefix) && t.effect == "NoSchedule")
-                .map(move |t| format!("{name}={}", t.key))
+                .map(move |t| {
+                    format!(
+                        "{name}={}={}",
+                        t.key,
+                        t.value.as_deref().unwrap_or_default()
+                    )
+                })
                 .collect::<Vec<_>>()
         })
         .collect();
@@ -691,7 +698,7 @@ async fn a_job_queued_before_a_window_does_not_start_into_it_and_a_short_one_sta
     w.settle(Duration::from_millis(300)).await;
     assert!(w.seen.event("mt3/RUNNING").is_none() && w.seen.event("mt2/RUNNING").is_none());
     let window = schedule(&w, 1800, 3600, &[]).await;
-    let taint = format!("n1={}", w.keys.maintenance_taint(&window.id));
+    let taint = format!("n1={}={}", w.keys.maintenance_taint(), window.id);
     until_taints(
         &w,
         "the window's taint on the node",
@@ -735,7 +742,8 @@ async fn a_job_queued_before_a_window_does_not_start_into_it_and_a_short_one_sta
             .as_array()
             .into_iter()
             .flatten()
-            .any(|t| t["key"] == w.keys.maintenance_taint(&window.id).as_str()),
+            .any(|t| t["key"] == w.keys.maintenance_taint().as_str()
+                && t["value"] == window.id.as_str()),
         "{tolerations}"
     );
     assert!(
@@ -791,6 +799,300 @@ async fn a_job_queued_before_a_window_does_not_start_into_it_and_a_short_one_sta
     assert_eq!(told, vec![held_id("mt3", &window, true)], "told once");
     assert!(w.seen.event("mt3/FAILURE").is_none(), "not cut");
     second.stop().await;
+    w.close().await;
+}
+
+/// Two windows over one node: the node carries one maintenance taint (taints are unique by key and
+/// effect), valued with the id of the window that starts first; when that one is cancelled the value
+/// moves on to the other, and when that one is over the taint goes.
+#[tokio::test]
+async fn a_node_carries_one_taint_for_the_earliest_window_over_it_until_none_is_left() {
+    let w = World::start("mon-maint-one-taint", |_| {}, one_node_world).await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let later = schedule(&w, 3600, 5400, &[]).await;
+    let first = schedule(&w, 1800, 2400, &["n1"]).await;
+    let key = w.keys.maintenance_taint();
+    until_taints(
+        &w,
+        "the first window's id on the node",
+        &[format!("n1={key}={}", first.id)],
+    )
+    .await;
+    let windows = MaintenanceWindows::new(w.client.clone(), &w.config.cluster);
+    assert!(windows.cancel(&first.id).await.expect("deleted"));
+    until_taints(
+        &w,
+        "the value moved on to the later window",
+        &[format!("n1={key}={}", later.id)],
+    )
+    .await;
+    w.advance_to_ms(later.end.as_millisecond());
+    until_taints(&w, "the taint gone after the last window", &[]).await;
+    runner.stop().await;
+    w.close().await;
+}
+
+/// Two runners: the maintenance taints are written by one of them only (the holder of shard 0), one
+/// patch per node, even when both plan the same round (node patches slowed down so that neither sees
+/// the other's write before its own).
+#[tokio::test]
+async fn one_runner_writes_the_maintenance_taints() {
+    let mut w = World::start("mon-maint-one-writer", |_| {}, |_| {}).await;
+    let a = w.runner("runner-a").await;
+    a.holds(4).await;
+    let b = w.runner("runner-b").await;
+    b.holds(2).await;
+    a.holds(2).await;
+    let nodes: kube::Api<Node> = kube::Api::all(w.client.clone());
+    let names: Vec<String> = nodes
+        .list(&Default::default())
+        .await
+        .expect("the nodes are listed")
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    w.sim.faults().add_rule(volcano_runner::sim::FaultRule {
+        resource: "nodes".into(),
+        verb: "patch".into(),
+        latency_ms: 300,
+        ..Default::default()
+    });
+    let sim = w.sim.clone();
+    let patches = move || {
+        sim.request_counts()
+            .get("patch nodes")
+            .copied()
+            .unwrap_or_default()
+    };
+    let before = patches();
+    let window = schedule(&w, 1800, 3600, &[]).await;
+    let key = w.keys.maintenance_taint();
+    let mut wanted: Vec<String> = names
+        .iter()
+        .map(|n| format!("{n}={key}={}", window.id))
+        .collect();
+    wanted.sort();
+    until_taints(&w, "every node tainted", &wanted).await;
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        patches() - before,
+        names.len() as u64,
+        "one patch per node, by one runner"
+    );
+    a.stop().await;
+    b.stop().await;
+    w.close().await;
+}
+
+/// The toleration is added to a waiting pod from the pod as the watch cache keeps it (its version and
+/// tolerations): no read of the pod before the write.
+#[tokio::test]
+async fn a_toleration_is_added_without_reading_the_pod() {
+    let mut w = World::start("mon-maint-no-get", |_| {}, one_node_world).await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let first = whole_node("mt8", "sleep 600", 900);
+    w.submit(&first).await;
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("the first job RUNNING", |s| {
+        s.event("mt8/RUNNING").is_some()
+    })
+    .await;
+    let short = whole_node("mt9", "sleep 300", 600);
+    let ns = w.namespace_of(&short);
+    w.submit(&short).await;
+    w.advance(2);
+    w.settle(Duration::from_millis(300)).await;
+    let gets = |w: &World| {
+        w.sim
+            .request_counts()
+            .get("get pods")
+            .copied()
+            .unwrap_or_default()
+    };
+    let before = gets(&w);
+    let window = schedule(&w, 1800, 3600, &[]).await;
+    let key = w.keys.maintenance_taint();
+    let tolerated = |w: &World| {
+        w.pod(&ns, "j-mt9-job-0")
+            .and_then(|p| p.pointer("/spec/tolerations").cloned())
+            .and_then(|t| t.as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t["key"] == key.as_str() && t["value"] == window.id.as_str())
+    };
+    let done = async {
+        while !tolerated(&w) {
+            w.advance(2);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, done)
+        .await
+        .expect("the short job's pod tolerates the window");
+    assert_eq!(gets(&w) - before, 0, "no pod read before the write");
+    runner.stop().await;
+    w.close().await;
+}
+
+/// A refused node patch (403, say during an RBAC rollout) is not taken for good: the maintenance taints
+/// are tried again a minute (of the monitor's clock) later, and written once the patch is allowed.
+#[tokio::test]
+async fn a_refused_node_patch_is_tried_again_after_a_minute() {
+    let mut w = World::start("mon-maint-refused-retry", |_| {}, one_node_world).await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    w.sim.faults().add_rule(volcano_runner::sim::FaultRule {
+        resource: "nodes".into(),
+        verb: "patch".into(),
+        error_403: 1.0,
+        ..Default::default()
+    });
+    let sim = w.sim.clone();
+    let patches = move || {
+        sim.request_counts()
+            .get("patch nodes")
+            .copied()
+            .unwrap_or_default()
+    };
+    let before = patches();
+    let window = schedule(&w, 7200, 9000, &[]).await;
+    let refused = async {
+        while patches() == before {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, refused)
+        .await
+        .expect("the taint tried and refused");
+    w.sim.faults().clear();
+    // Not at once: after a while.
+    for _ in 0..5 {
+        w.advance(5);
+        w.settle(Duration::from_millis(200)).await;
+    }
+    assert!(
+        maintenance_taints(&w).await.is_empty(),
+        "tried again before a minute"
+    );
+    for _ in 0..10 {
+        w.advance(5);
+        w.settle(Duration::from_millis(100)).await;
+    }
+    let key = w.keys.maintenance_taint();
+    until_taints(
+        &w,
+        "the taint written once allowed",
+        &[format!("n1={key}={}", window.id)],
+    )
+    .await;
+    runner.stop().await;
+    w.close().await;
+}
+
+/// `admin maintenance cancel` lifts the cancelled window's taint itself, with the operator's
+/// credentials (no runner here to do it): the node's value moves on to the next window over it, and a
+/// node no other window covers loses the taint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_cancel_lifts_the_cancelled_windows_taint() {
+    let w = World::start(
+        "mon-maint-admin-cancel",
+        |_| {},
+        |s| {
+            one_node_world(s);
+            let mut n2 = s.nodes[0].clone();
+            n2.name = "n2".into();
+            s.nodes.push(n2);
+        },
+    )
+    .await;
+    // The admin command judges by the wall clock, not the simulator's.
+    let now = jiff::Timestamp::now();
+    let window = |start: i64, end: i64, nodes: &[&str]| {
+        Window::new(
+            now + jiff::SignedDuration::from_secs(start),
+            now + jiff::SignedDuration::from_secs(end),
+            nodes.iter().map(|n| (*n).to_owned()).collect(),
+            None,
+            "test@host",
+            now,
+        )
+        .expect("a valid window")
+    };
+    let (first, later) = (window(1800, 2400, &[]), window(3600, 5400, &["n1"]));
+    let windows = MaintenanceWindows::new(w.client.clone(), &w.config.cluster);
+    for win in [&first, &later] {
+        assert!(windows.schedule(win).await.expect("stored"));
+    }
+    let key = w.keys.maintenance_taint();
+    // As the runner wrote them before the cancel.
+    let nodes: kube::Api<Node> = kube::Api::all(w.client.clone());
+    for n in ["n1", "n2"] {
+        let patch = serde_json::json!({"spec": {"taints": [
+            volcano_runner::monitor::maintenance::taint(&key, &first.id)
+        ]}});
+        nodes
+            .patch(
+                n,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .expect("tainted");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_volcano-runner"))
+        .args(["admin", "--cluster", &w.sim.url()])
+        .args(["maintenance", "cancel", &first.id])
+        .env("VOLCANO_RUNNER_BROKER__URL", w.vhost.amqp_url())
+        .env(
+            "VOLCANO_RUNNER_CLUSTER__NAMESPACE",
+            &w.config.cluster.namespace,
+        )
+        .env_remove("VOLCANO_RUNNER_LOG")
+        .env_remove("VOLCANO_RUNNER_CONFIG")
+        .output()
+        .expect("admin runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("lifted from 2 node(s)"), "{stdout}");
+    assert_eq!(
+        maintenance_taints(&w).await,
+        [format!("n1={key}={}", later.id)]
+    );
+    w.close().await;
+}
+
+/// A node that cannot be written does not hold back the writes to the nodes after it in the round.
+#[tokio::test]
+async fn a_node_write_that_fails_does_not_stop_the_round() {
+    let w = World::start("mon-maint-bad-node", |_| {}, one_node_world).await;
+    let key = w.keys.maintenance_taint();
+    let change = |node: &str| volcano_runner::monitor::reserve::Change {
+        node: node.into(),
+        resource_version: None,
+        taints: vec![volcano_runner::monitor::maintenance::taint(&key, "w")],
+        reserved_for: None,
+        released: None,
+        windows: Some(vec!["w".into()]),
+    };
+    let applied =
+        volcano_runner::monitor::reserve::apply(&w.client, &[change("gone"), change("n1")]).await;
+    assert_eq!(applied.written, 1);
+    assert_eq!(applied.failed.len(), 1, "{:?}", applied.failed);
+    assert_eq!(applied.failed[0].0, "gone");
+    assert_eq!(maintenance_taints(&w).await, [format!("n1={key}=w")]);
     w.close().await;
 }
 
@@ -895,11 +1197,11 @@ async fn a_submission_tolerates_at_once_a_window_it_can_never_run_into() {
         .and_then(|t| t.as_array().cloned())
         .unwrap_or_default()
         .iter()
-        .filter_map(|t| t["key"].as_str().map(str::to_owned))
+        .filter(|t| t["key"] == w.keys.maintenance_taint().as_str())
+        .filter_map(|t| t["value"].as_str().map(str::to_owned))
         .collect();
     assert!(
-        rendered.contains(&w.keys.maintenance_taint(&far.id))
-            && !rendered.contains(&w.keys.maintenance_taint(&near.id)),
+        rendered.contains(&far.id) && !rendered.contains(&near.id),
         "{rendered:?}"
     );
     for _ in 0..3 {

@@ -315,6 +315,31 @@ fn the_pod_is_locked_down() {
     }
 }
 
+/// The runner tolerates the maintenance windows' taint, `<annotation_prefix>maintenance`, whatever
+/// window's id it carries: a runner evicted while a window of every node is listed can come back and
+/// lift the taints at its end.
+#[test]
+fn the_runner_tolerates_the_maintenance_taint() {
+    for dir in RUNNER_DIRS {
+        let objects = render(dir);
+        let config = runner_config(&objects);
+        let key = volcano_runner::durable::AnnotationKeys::new(&config.pipeline.annotation_prefix)
+            .maintenance_taint();
+        let pod = runner_deployment(&objects)
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap();
+        let tolerated = pod.tolerations.iter().flatten().any(|t| {
+            t.key.as_deref() == Some(key.as_str())
+                && t.operator.as_deref() == Some("Exists")
+                && t.effect.as_deref().is_none_or(|e| e == "NoSchedule")
+        });
+        assert!(tolerated, "{dir}: {:?}", pod.tolerations);
+    }
+}
+
 fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
     let by_labels = selector
         .match_labels

@@ -354,7 +354,7 @@ fn the_base_grants_the_node_patch_of_the_taints() {
     ))
     .unwrap();
     assert!(
-        text.contains("reserve_nodes = true") && text.contains("maintenance-<window id>"),
+        text.contains("reserve_nodes = true") && text.contains("maintenance=<window id>"),
         "the ClusterRole says what the node patch is for"
     );
 }

@@ -209,9 +209,9 @@ pub(crate) async fn queue_entries_replaying(
 pub(crate) async fn reserve_nodes(client: &kube::Client, now: Timestamp) -> usize {
     let lists = Lists::read(client).await;
     let changes = reservations(lists.view(), &AnnotationKeys::new("ucloud.dk/"), now);
-    volcano_runner::monitor::reserve::apply(client, &changes)
-        .await
-        .unwrap()
+    let applied = volcano_runner::monitor::reserve::apply(client, &changes).await;
+    assert!(applied.failed.is_empty(), "{:?}", applied.failed);
+    applied.written
 }
 
 /// Each waiting job's estimated start, by job (or PodGroup) name.

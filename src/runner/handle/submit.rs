@@ -256,7 +256,7 @@ fn tolerate(
     if windows.is_empty() {
         return;
     }
-    let prefix = keys.maintenance_taint_prefix();
+    let prefix = keys.maintenance_taint();
     for task in &mut vcjob.spec.tasks {
         let tolerations = task
             .template
