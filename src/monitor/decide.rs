@@ -430,14 +430,17 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     }
 
     // 4c. A maintenance window holds back a job that has not started (see [`super::maintenance`]):
-    //     by its gate, which goes once none is in the way, or by the windows' node taints, which its
-    //     waiting pods are made to tolerate for every window not in its way. The gate also goes from the
+    //     by its gate, or by the windows' node taints; it is let go (the gate lifted, its waiting pods
+    //     made to tolerate every window not in its way) only just in time, when the replay expects it
+    //     to start now ([`super::maintenance::decide_pending`]). The gate also goes from the
     //     pods of a job that started before (a restart's new pods), which tolerate every window: a
     //     running job is cut by a window, not held. Nothing is let go before the windows are known.
     let maintenance_gated = peers::gated_pods(obs.pods, &s.keys.maintenance_gate());
     let taint_prefix = s.keys.maintenance_taint_prefix();
     let tolerated = |w: &Window| super::maintenance::job_tolerates(obs.pods, &taint_prefix, &w.id);
     let mut until_tainted = false;
+    let mut release = true;
+    let mut release_check = None;
     let (waiting_for_window, tolerate) = match obs.maintenance {
         Some(windows) if never_started => {
             let created_held = annotation(job, &s.keys.maintenance_held).is_some();
@@ -461,6 +464,8 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
                 now,
             );
             until_tainted = d.until_tainted;
+            release = d.release;
+            release_check = d.next_check;
             (d.waiting, d.tolerate)
         }
         Some(windows) if obs.maintenance_taints => (
@@ -476,21 +481,16 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         // Decided again as soon as the windows are listed.
         return Ok(Step::Wait { next_check: None });
     }
-    let ungate = (obs.maintenance.is_some()
-        && !maintenance_gated.is_empty()
-        && !matches!(
-            waiting_for_window,
-            Some(super::maintenance::Waiting::Held(_))
-        ))
-    .then(|| {
-        (
-            s.keys.maintenance_gate(),
-            maintenance_gated
-                .iter()
-                .filter_map(|p| p.metadata.name.clone())
-                .collect::<Vec<_>>(),
-        )
-    });
+    let ungate =
+        (obs.maintenance.is_some() && !maintenance_gated.is_empty() && release).then(|| {
+            (
+                s.keys.maintenance_gate(),
+                maintenance_gated
+                    .iter()
+                    .filter_map(|p| p.metadata.name.clone())
+                    .collect::<Vec<_>>(),
+            )
+        });
     let tolerate = (!tolerate.is_empty())
         .then(|| {
             let pods: Vec<String> = super::maintenance::unbound(obs.pods)
@@ -525,7 +525,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     if until_tainted {
         // Decided again when the nodes' watch shows the taint (or the node patch refused).
         return Ok(Step::Wait {
-            next_check: earliest(pull_deadline, queue_deadline),
+            next_check: earliest(earliest(pull_deadline, queue_deadline), release_check),
         });
     }
 
@@ -710,7 +710,10 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         if annotation(job, &s.keys.maintenance_told) != Some(token.as_str()) {
             if let Some(until) = awaiting_queued(obs, &record, s, now) {
                 return Ok(Step::Wait {
-                    next_check: earliest(Some(until), earliest(pull_deadline, queue_deadline)),
+                    next_check: earliest(
+                        Some(until),
+                        earliest(earliest(pull_deadline, queue_deadline), release_check),
+                    ),
                 });
             }
             let created = job.metadata.creation_timestamp.as_ref().map(|t| t.0);
@@ -736,7 +739,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
             &facts,
             &record,
             waiting,
-            earliest(pull_deadline, queue_deadline),
+            earliest(earliest(pull_deadline, queue_deadline), release_check),
             now,
         ));
     }
@@ -752,14 +755,17 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
             .unwrap_or(created);
         if now < tell_at {
             return Ok(Step::Wait {
-                next_check: earliest(Some(tell_at), earliest(pull_deadline, queue_deadline)),
+                next_check: earliest(
+                    Some(tell_at),
+                    earliest(earliest(pull_deadline, queue_deadline), release_check),
+                ),
             });
         }
     }
     if obs.estimate_pending {
         // Decided again as soon as the estimate is made.
         return Ok(Step::Wait {
-            next_check: earliest(pull_deadline, queue_deadline),
+            next_check: earliest(earliest(pull_deadline, queue_deadline), release_check),
         });
     }
     let mut reason = pending(obs, &facts, pull.as_ref().zip(pull_deadline));
@@ -784,7 +790,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     let estimate = obs
         .estimate
         .map_or_else(|| last_estimate.to_owned(), estimate_token);
-    let next_check = earliest(pull_deadline, queue_deadline);
+    let next_check = earliest(earliest(pull_deadline, queue_deadline), release_check);
     if last_plain == Some(plain.as_str())
         && !estimate_moved(last_estimate, &estimate, now, s.estimate_tolerance)
     {

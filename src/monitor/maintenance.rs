@@ -23,8 +23,9 @@
 //!   (additions only), so the monitor adds to the pods that wait the toleration of each window that is
 //!   not in the way of their job ([`pending`]); a job a window is in the way of gets none, and the
 //!   scheduler keeps it off the window's nodes until the taint goes. A toleration, like a removed gate,
-//!   cannot be taken back: it is added under the same rule by which a gate is removed (the window not in
-//!   the way now nor at the start the replay expects).
+//!   cannot be taken back: it is added under the same rule by which a gate is removed, just in time
+//!   (the window not in the way of the allocation from now, and the replay, counting the job as held,
+//!   expecting it to start now: [`decide_pending`]).
 //!
 //! Either way the monitor tells the job once per window until when it waits ([`Waiting::Held`]; a later
 //! start the replay of [`super::estimate_windows`] expects is told as a change). Where the monitor may
@@ -292,17 +293,7 @@ pub fn plan_taints(
 }
 
 /// How a job that has not started stands towards the windows, and the windows whose taint its waiting
-/// pods are to tolerate from now on.
-///
-/// - `gated`: its pods are (or will be) held back by the maintenance gate ([`held_back`]). Held while a
-///   window is in the way now or at its `expected` start (see [`waiting`]); once none is, the gate goes,
-///   and with the taints written (`taints`) its pods tolerate every window not over.
-/// - not gated, with the taints written: held by the earliest window in its way (now or at its
-///   expected start) that it does not tolerate (`tolerated`); a window in its way now that it tolerates
-///   already (let go earlier, it has waited since) cannot be taken back: told what it will do to it. Its
-///   pods tolerate every window not over that is not in its way.
-/// - not gated, no taints (the node patch refused): judged by now alone, and told what the window will
-///   do to it: whatever is told, it may start.
+/// pods are to tolerate from now on ([`decide_pending`] without the taints' observation).
 pub fn pending<'a>(
     windows: &'a [Window],
     gated: bool,
@@ -325,6 +316,11 @@ pub fn pending<'a>(
     (d.waiting, d.tolerate)
 }
 
+/// How long before the start the replay expects a job is released (its gate lifted, a window's
+/// toleration added): the interval the start-time estimates are made again at, so a job the replay
+/// says starts now is let go by the decision that follows the replay.
+pub const RELEASE_AHEAD: SignedDuration = super::run::ESTIMATE_EVERY;
+
 /// What [`decide_pending`] decides for a job that has not started.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PendingDecision<'a> {
@@ -332,13 +328,37 @@ pub struct PendingDecision<'a> {
     pub waiting: Option<Waiting<'a>>,
     /// The windows whose taint its waiting pods are to tolerate from now on.
     pub tolerate: Vec<&'a Window>,
+    /// Its maintenance gate, if it has one, is lifted now.
+    pub release: bool,
+    /// When to decide again though nothing changed: when it is to be released (its expected start less
+    /// [`RELEASE_AHEAD`]), or when a window it does not tolerate comes in the way of its allocation.
+    pub next_check: Option<Timestamp>,
     /// A window holds it by its taint, which is not on the nodes yet: nothing is told until it is (nor
     /// that it cannot be held, should the node patch be refused).
     pub until_tainted: bool,
 }
 
-/// [`pending`], knowing which windows' taints are on the nodes (`tainted`): a job is told it is held
-/// by a window's taint only once the taint is there.
+/// How a job that has not started stands towards the windows (`tainted`: which windows' taints are on
+/// the nodes; a job is told it is held by a window's taint only once the taint is there).
+///
+/// A job is released from a window (its gate lifted, or the window's toleration added) only just in
+/// time: when the start-time replay, which counts it as held, expects it to start now (`expected` no
+/// later than `now` + [`RELEASE_AHEAD`]; the replay places a held gang only where no window is in the
+/// way of its allocation) and its allocation from now is not in the window's way. A job released
+/// earlier, while it waits for room, could be passed by another and start into a window once room is
+/// made; one released just in time can still be (see docs/ops.md), and is then told what the window
+/// will do to it and warned before it is cut. A job for which no estimate is known (estimates off, or
+/// it never fits) is judged by now alone.
+///
+/// - `gated`: its pods are (or will be) held back by the maintenance gate ([`held_back`]). Told it is
+///   held while a window is in the way now (or at its expected start); the gate goes once released,
+///   and with the taints written (`taints`) its pods tolerate every window not over.
+/// - not gated, with the taints written: told it is held by the earliest window in its way that it
+///   does not tolerate (`tolerated`); a window in its way now that it tolerates already (let go
+///   earlier, it has waited since) cannot be taken back: told what it will do to it. Once released,
+///   its pods tolerate every window not over that is not in its way.
+/// - not gated, no taints (the node patch refused): judged by now alone, and told what the window will
+///   do to it: whatever is told, it may start.
 #[allow(clippy::too_many_arguments)]
 pub fn decide_pending<'a>(
     windows: &'a [Window],
@@ -350,13 +370,12 @@ pub fn decide_pending<'a>(
     expected: Option<Timestamp>,
     now: Timestamp,
 ) -> PendingDecision<'a> {
-    let (waiting, tolerate) =
-        pending_windows(windows, gated, taints, &tolerated, max_time, expected, now);
-    let until_tainted = !gated && matches!(waiting, Some(Waiting::Held(w)) if !tainted(w));
+    let d = pending_windows(windows, gated, taints, &tolerated, max_time, expected, now);
+    let until_tainted = !gated && matches!(d.waiting, Some(Waiting::Held(w)) if !tainted(w));
     PendingDecision {
-        waiting: waiting.filter(|_| !until_tainted),
-        tolerate,
+        waiting: d.waiting.filter(|_| !until_tainted),
         until_tainted,
+        ..d
     }
 }
 
@@ -368,7 +387,7 @@ fn pending_windows<'a>(
     max_time: Option<SignedDuration>,
     expected: Option<Timestamp>,
     now: Timestamp,
-) -> (Option<Waiting<'a>>, Vec<&'a Window>) {
+) -> PendingDecision<'a> {
     let expected = expected.filter(|e| *e > now);
     let in_way_now = |w: &Window| w.in_the_way(now, max_time);
     let in_way = |w: &Window| in_way_now(w) || expected.is_some_and(|e| w.in_the_way(e, max_time));
@@ -376,26 +395,56 @@ fn pending_windows<'a>(
     let earliest = |it: &mut dyn Iterator<Item = &'a Window>| {
         it.min_by(|a, b| (a.start, &a.id).cmp(&(b.start, &b.id)))
     };
+    // Just in time: the replay expects it to start now (or knows nothing).
+    let release_at = expected.and_then(|e| e.checked_sub(RELEASE_AHEAD).ok());
+    let starts_now = release_at.is_none_or(|at| at <= now);
+    // Decided again when it is to be released, or when a window comes in its way (to be told).
+    let comes_in_way = live()
+        .filter(|w| !in_way_now(w))
+        // A window it tolerates already (let go of it) holds it no more.
+        .filter(|w| gated || !taints || !tolerated(w))
+        .filter_map(|w| w.start.checked_sub(max_time?).ok())
+        .filter(|at| *at > now)
+        .min();
+    let release_check = release_at.filter(|_| !starts_now);
+    // `later`: released only later, at `release_check`.
+    let decision = |waiting, tolerate: Vec<&'a Window>, release, later: bool| PendingDecision {
+        waiting,
+        tolerate,
+        release,
+        next_check: match (release_check.filter(|_| later), comes_in_way) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        },
+        until_tainted: false,
+    };
     if gated {
         if let Some(w) = earliest(&mut live().filter(|w| in_way(w))) {
-            return (Some(Waiting::Held(w)), Vec::new());
+            return decision(Some(Waiting::Held(w)), Vec::new(), false, false);
+        }
+        if !starts_now && live().next().is_some() {
+            // No window in its way, but released only once it starts.
+            return decision(None, Vec::new(), false, true);
         }
         let tolerate = if taints {
             live().filter(|w| !tolerated(w)).collect()
         } else {
             Vec::new()
         };
-        return (None, tolerate);
+        return decision(None, tolerate, true, false);
     }
     if !taints {
         let queued = crate::cluster::maintenance::holding(windows, now, max_time);
-        return (queued.map(Waiting::NotHeld), Vec::new());
+        return decision(queued.map(Waiting::NotHeld), Vec::new(), true, false);
     }
     let waiting = earliest(&mut live().filter(|w| in_way(w) && !tolerated(w)))
         .map(Waiting::Held)
         .or_else(|| earliest(&mut live().filter(|w| in_way_now(w))).map(Waiting::NotHeld));
-    let tolerate = live().filter(|w| !in_way(w) && !tolerated(w)).collect();
-    (waiting, tolerate)
+    let candidates: Vec<&Window> = live().filter(|w| !in_way(w) && !tolerated(w)).collect();
+    if !starts_now && !candidates.is_empty() {
+        return decision(waiting, Vec::new(), true, true);
+    }
+    decision(waiting, candidates, true, false)
 }
 
 /// How a job that has not started stands towards the window in the way of its time allocation.
@@ -413,9 +462,9 @@ pub enum Waiting<'a> {
 /// be: no pods yet and the job created held) held back by the maintenance gate; `expected`, when the
 /// start-time estimate expects it to start.
 ///
-/// A gated job stays held while a window is in the way now, or at its expected start: a job that waits
-/// for room would otherwise be let go before a window and start into it once room is made (a gate
-/// cannot be put back). A job without a gate is judged by now alone: whatever is told, it may start.
+/// A gated job is told it is held while a window is in the way now, or at its expected start (it is
+/// let go only just in time, see [`decide_pending`]). A job without a gate, without the taints, is
+/// judged by now alone: whatever is told, it may start.
 pub fn waiting<'a>(
     windows: &'a [Window],
     gated: bool,
@@ -538,13 +587,10 @@ mod tests {
         // Ends before the window starts: not held.
         assert_eq!(waiting(&windows, true, hour, None, ts(0)), None);
         assert_eq!(waiting(&windows, true, hour, Some(ts(100)), ts(0)), None);
-        // ... unless it is expected to start so late that it would run into it (held while gated; a
-        // job without the gate may start whenever room is made).
-        assert_eq!(
-            waiting(&windows, true, hour, Some(ts(5000)), ts(0)),
-            Some(Waiting::Held(&windows[0]))
-        );
-        assert_eq!(waiting(&windows, false, hour, Some(ts(5000)), ts(0)), None);
+        // Expected to start later, when room is made: nothing holds it, it waits for room (and is let
+        // go only then, see `a_job_is_released_only_when_the_replay_expects_it_to_start_now`).
+        assert_eq!(waiting(&windows, true, hour, Some(ts(3000)), ts(0)), None);
+        assert_eq!(waiting(&windows, false, hour, Some(ts(3000)), ts(0)), None);
         assert_eq!(waiting(&windows, true, hour, Some(ts(9000)), ts(0)), None);
         // Would run into it.
         let held = waiting(&windows, true, hour, None, ts(3700)).unwrap();
@@ -695,10 +741,12 @@ mod tests {
         let (waiting, tolerate) = pending(&windows, false, true, none, hour, None, ts(0));
         assert_eq!(waiting, None);
         assert_eq!(tolerate, vec![&windows[0], &windows[1]]);
-        // ... unless it is expected to start into one: held by it, and tolerates the other.
-        let (waiting, tolerate) = pending(&windows, false, true, none, hour, Some(ts(5000)), ts(0));
-        assert_eq!(waiting, Some(Waiting::Held(&windows[0])));
-        assert_eq!(tolerate, vec![&windows[1]]);
+        // ... only once the replay expects it to start now: expected to start later (the replay,
+        // which counts it as held, puts it where no window is in its way), it tolerates nothing yet
+        // and nothing holds it.
+        let (waiting, tolerate) = pending(&windows, false, true, none, hour, Some(ts(9000)), ts(0));
+        assert_eq!(waiting, None);
+        assert!(tolerate.is_empty(), "{tolerate:?}");
         // Let go before (it tolerates the window) and waited since: it cannot be held any more.
         let tolerated = |w: &Window| w.id == "soon";
         let (waiting, tolerate) = pending(&windows, false, true, tolerated, hour, None, ts(7000));
@@ -728,6 +776,84 @@ mod tests {
         assert!(!held_by_window(&windows, false, false, none, ts(0)));
         assert!(!held_by_window(&windows, false, true, none, ts(21000)));
         assert!(held_by_window(&windows, true, false, none, ts(21000)));
+    }
+
+    /// Review finding 2: a node busy until +2 h, a window from +5 h to +6 h. The replay counts a
+    /// waiting job as held, so it puts a 4 h job at the window's end and a 1 h one at +2 h; neither is
+    /// let go before then, and the 4 h one is never let go into the window.
+    #[test]
+    fn a_job_is_released_only_when_the_replay_expects_it_to_start_now() {
+        let windows = [window("w", 5 * 3600, 6 * 3600, &[])];
+        let four = Some(SignedDuration::from_hours(4));
+        let hour = Some(SignedDuration::from_hours(1));
+        let none = |_: &Window| false;
+        let all = |_: &Window| true;
+        for gated in [false, true] {
+            // The 4 h job, expected at the window's end: not let go, not told yet (room is what it
+            // waits for until +1 h, looked at again then).
+            let d = decide_pending(
+                &windows,
+                gated,
+                true,
+                none,
+                all,
+                four,
+                Some(ts(21600)),
+                ts(0),
+            );
+            assert_eq!(
+                (d.waiting, d.tolerate.len(), d.release && gated),
+                (None, 0, false),
+                "gated {gated}: {d:?}"
+            );
+            assert_eq!(d.next_check, Some(ts(3600)));
+            // The node frees at +2 h: the window is in its way now, it is held and told so.
+            let d = decide_pending(
+                &windows,
+                gated,
+                true,
+                none,
+                all,
+                four,
+                Some(ts(21600)),
+                ts(7200),
+            );
+            assert_eq!(d.waiting, Some(Waiting::Held(&windows[0])), "gated {gated}");
+            assert!(d.tolerate.is_empty() && !(gated && d.release), "{d:?}");
+            // The 1 h job, expected at +2 h: looked at again just before, and let go then.
+            let d = decide_pending(
+                &windows,
+                gated,
+                true,
+                none,
+                all,
+                hour,
+                Some(ts(7200)),
+                ts(0),
+            );
+            assert_eq!(d.waiting, None);
+            assert!(d.tolerate.is_empty() && !(gated && d.release), "{d:?}");
+            assert_eq!(d.next_check, Some(ts(7200) - RELEASE_AHEAD));
+            let d = decide_pending(
+                &windows,
+                gated,
+                true,
+                none,
+                all,
+                hour,
+                Some(ts(7200)),
+                ts(7199),
+            );
+            assert_eq!((d.waiting, d.release), (None, true));
+            assert_eq!(d.tolerate, vec![&windows[0]], "gated {gated}");
+            assert_eq!(d.next_check, Some(ts(4 * 3600)), "told once in its way");
+            // No estimate known: judged by now alone.
+            let d = decide_pending(&windows, gated, true, none, all, hour, None, ts(0));
+            assert_eq!((d.tolerate.len(), d.release), (1, true), "gated {gated}");
+        }
+        // Without windows, a gated job goes at once whatever its estimate.
+        let d = decide_pending(&[], true, true, none, all, four, Some(ts(21600)), ts(0));
+        assert!(d.release);
     }
 
     #[test]

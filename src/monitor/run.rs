@@ -152,7 +152,7 @@ struct Loop {
 /// How often the start-time estimates are made again while things change: often enough that a job
 /// is told its estimate with its first status event, seldom enough that a busy cluster does not replay
 /// the queue on every event.
-const ESTIMATE_EVERY: jiff::SignedDuration = jiff::SignedDuration::from_secs(2);
+pub(crate) const ESTIMATE_EVERY: jiff::SignedDuration = jiff::SignedDuration::from_secs(2);
 
 /// The earlier of two instants, either of which may be unset.
 fn earliest_of(a: Option<jiff::Timestamp>, b: Option<jiff::Timestamp>) -> Option<jiff::Timestamp> {

@@ -786,6 +786,145 @@ async fn a_job_queued_before_a_window_does_not_start_into_it_and_a_short_one_sta
     w.close().await;
 }
 
+/// Review finding 2: a job is let go of a window only just in time. One node, busy until two hours
+/// from now (a job with a two-hour limit); a four-hour whole-node job waits behind it (its pod made), and a window from +5 h to
+/// +6 h is scheduled. The replay, which counts the job as held, expects it at the window's end: it is
+/// not given the window's toleration while it waits for room (it used to be, at once, and then started
+/// at +2 h and was cut at +5 h), and when the node frees at +2 h its allocation crosses the window: it
+/// is told it waits and starts after the window's end. Then, queued the same way behind it (busy until
+/// its limit) with a window two hours after, a one-hour job is let go when the node frees and starts
+/// then.
+#[tokio::test]
+async fn a_queued_job_is_let_go_only_when_it_starts_and_never_into_a_window() {
+    let mut w = World::start("mon-maint-jit", |_| {}, one_node_world).await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    // Two cpus of sixteen: the scheduler's enqueue (overcommit 1.2) admits the whole-node job behind
+    // it, whose pod then waits for the node.
+    let mut busy = whole_node("mj1", "sleep infinity", 2 * 3600);
+    busy.product.as_mut().unwrap().cpu = 2;
+    let ns = w.namespace_of(&busy);
+    w.submit(&busy).await;
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("the busy job RUNNING", |s| s.event("mj1/RUNNING").is_some())
+        .await;
+    let busy_until = ms(&w.seen.event("mj1/RUNNING").unwrap().started_at) + 2 * 3_600_000;
+    let long = whole_node("mj2", "sleep infinity", 4 * 3600);
+    w.submit(&long).await;
+    w.advance(2);
+    w.settle(Duration::from_millis(300)).await;
+    let window = schedule(&w, 5 * 3600, 6 * 3600, &[]).await;
+    let key = w.keys.maintenance_taint(&window.id);
+    until_taints(&w, "the window's taint on the node", &[format!("n1={key}")]).await;
+    let tolerates = |w: &World, id: &str, key: &str| {
+        w.pod(&ns, &format!("j-{id}-job-0"))
+            .and_then(|p| p.pointer("/spec/tolerations").cloned())
+            .and_then(|t| t.as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t["key"] == key)
+    };
+    for _ in 0..5 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    assert!(w.pod(&ns, "j-mj2-job-0").is_some(), "its pod waits");
+    assert!(
+        !tolerates(&w, "mj2", &key),
+        "not let go while it waits for room"
+    );
+    // The node frees: the window is in its way from then, it is held and told so.
+    w.advance_to_ms(busy_until);
+    for _ in 0..6 {
+        w.settle(Duration::from_millis(300)).await;
+        w.advance(2);
+    }
+    w.until("the long job told it waits for the window", |s| {
+        s.event(&held_id("mj2", &window, true)).is_some()
+    })
+    .await;
+    w.advance_to_ms(window.start.as_millisecond() - 60_000);
+    for _ in 0..3 {
+        w.settle(Duration::from_millis(300)).await;
+        w.advance(2);
+    }
+    assert!(
+        w.seen.event("mj2/RUNNING").is_none() && !tolerates(&w, "mj2", &key),
+        "the long job does not start into the window"
+    );
+    w.advance_to_ms(window.end.as_millisecond());
+    until_taints(&w, "the taint gone after the window", &[]).await;
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("the long job RUNNING after the window", |s| {
+        s.event("mj2/RUNNING").is_some()
+    })
+    .await;
+    let long_start = ms(&w.seen.event("mj2/RUNNING").unwrap().started_at);
+    assert!(long_start >= window.end.as_millisecond());
+
+    // A one-hour job behind it, and a window two hours after the long job's limit: let go when the
+    // node frees, and it starts then.
+    let short = whole_node("mj3", "sleep 600", 3600);
+    w.submit(&short).await;
+    w.advance(2);
+    w.settle(Duration::from_millis(300)).await;
+    let long_until = long_start + 4 * 3_600_000;
+    let now = w.sim.now().as_millisecond();
+    let second = schedule(
+        &w,
+        (long_until - now) / 1000 + 7200,
+        (long_until - now) / 1000 + 3 * 3600,
+        &[],
+    )
+    .await;
+    let second_key = w.keys.maintenance_taint(&second.id);
+    until_taints(
+        &w,
+        "the second window's taint",
+        &[format!("n1={second_key}")],
+    )
+    .await;
+    w.advance_to_ms(long_until - 60_000);
+    for _ in 0..3 {
+        w.settle(Duration::from_millis(300)).await;
+        w.advance(2);
+    }
+    assert!(w.seen.event("mj3/RUNNING").is_none() && !tolerates(&w, "mj3", &second_key));
+    w.advance_to_ms(long_until);
+    for _ in 0..6 {
+        w.settle(Duration::from_millis(300)).await;
+        w.advance(2);
+    }
+    w.until("the short job RUNNING when the node frees", |s| {
+        s.event("mj3/RUNNING").is_some()
+    })
+    .await;
+    let started = ms(&w.seen.event("mj3/RUNNING").unwrap().started_at);
+    assert!(
+        started < long_until + 120_000,
+        "the short job started at {started}, the node free at {long_until}"
+    );
+    assert!(w.seen.event(&held_id("mj3", &second, true)).is_none());
+    w.advance(600);
+    for _ in 0..3 {
+        w.settle(Duration::from_millis(300)).await;
+        w.advance(2);
+    }
+    w.until("the short job SUCCESS", |s| {
+        s.event("mj3/SUCCESS").is_some()
+    })
+    .await;
+    assert!(w.seen.event("mj2/FAILURE").is_none(), "not cut");
+    runner.stop().await;
+    w.close().await;
+}
+
 /// The same queue, with a window that is cancelled: its taint goes at once and the long job starts.
 /// Where the cluster refuses the node patch, a job queued before the window cannot be held: it is told
 /// what the window will do to it, as before the taints.
