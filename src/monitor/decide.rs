@@ -438,7 +438,6 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     let maintenance_gated = peers::gated_pods(obs.pods, &s.keys.maintenance_gate());
     let taint_prefix = s.keys.maintenance_taint_prefix();
     let tolerated = |w: &Window| super::maintenance::job_tolerates(obs.pods, &taint_prefix, &w.id);
-    let mut until_tainted = false;
     let mut release = true;
     let mut release_check = None;
     let (waiting_for_window, tolerate) = match obs.maintenance {
@@ -463,7 +462,9 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
                 expected,
                 now,
             );
-            until_tainted = d.until_tainted;
+            // Held by a window whose taint is not on a node yet: not told so until it is (the nodes'
+            // watch decides every job again then); meanwhile it is decided as any waiting job (image
+            // pull, queue timeout, its statuses).
             release = d.release;
             release_check = d.next_check;
             (d.waiting, d.tolerate)
@@ -521,12 +522,6 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
             tolerate,
             ..Action::default()
         }));
-    }
-    if until_tainted {
-        // Decided again when the nodes' watch shows the taint (or the node patch refused).
-        return Ok(Step::Wait {
-            next_check: earliest(earliest(pull_deadline, queue_deadline), release_check),
-        });
     }
 
     // 5. The image cannot be pulled.

@@ -333,13 +333,15 @@ pub struct PendingDecision<'a> {
     /// When to decide again though nothing changed: when it is to be released (its expected start less
     /// [`RELEASE_AHEAD`]), or when a window it does not tolerate comes in the way of its allocation.
     pub next_check: Option<Timestamp>,
-    /// A window holds it by its taint, which is not on the nodes yet: nothing is told until it is (nor
-    /// that it cannot be held, should the node patch be refused).
+    /// A window holds it by its taint, which is not on the nodes yet: that is not told until it is
+    /// (nor that it cannot be held, should the node patch be refused); meanwhile the job is decided as
+    /// any waiting job (image pull, queue timeout, its statuses).
     pub until_tainted: bool,
 }
 
 /// How a job that has not started stands towards the windows (`tainted`: which windows' taints are on
-/// the nodes; a job is told it is held by a window's taint only once the taint is there).
+/// the nodes; a job is told it is held by a window's taint only once the taint is there, and a window
+/// of some nodes whose taint is on no node, none of its nodes existing, holds nobody).
 ///
 /// A job is released from a window (its gate lifted, or the window's toleration added) only just in
 /// time: when the start-time replay, which counts it as held, expects it to start now (`expected` no
@@ -370,7 +372,13 @@ pub fn decide_pending<'a>(
     expected: Option<Timestamp>,
     now: Timestamp,
 ) -> PendingDecision<'a> {
-    let d = pending_windows(windows, gated, taints, &tolerated, max_time, expected, now);
+    // A window of some nodes whose taint is on no node holds nobody: it covers no node that exists
+    // (or its taint cannot be written, and nothing keeps a job off its nodes).
+    let windows: Vec<&Window> = windows
+        .iter()
+        .filter(|w| w.all_nodes() || tainted(w))
+        .collect();
+    let d = pending_windows(&windows, gated, taints, &tolerated, max_time, expected, now);
     let until_tainted = !gated && matches!(d.waiting, Some(Waiting::Held(w)) if !tainted(w));
     PendingDecision {
         waiting: d.waiting.filter(|_| !until_tainted),
@@ -380,7 +388,7 @@ pub fn decide_pending<'a>(
 }
 
 fn pending_windows<'a>(
-    windows: &'a [Window],
+    windows: &[&'a Window],
     gated: bool,
     taints: bool,
     tolerated: &impl Fn(&Window) -> bool,
@@ -391,7 +399,7 @@ fn pending_windows<'a>(
     let expected = expected.filter(|e| *e > now);
     let in_way_now = |w: &Window| w.in_the_way(now, max_time);
     let in_way = |w: &Window| in_way_now(w) || expected.is_some_and(|e| w.in_the_way(e, max_time));
-    let live = || windows.iter().filter(|w| w.end > now);
+    let live = || windows.iter().copied().filter(|w| w.end > now);
     let earliest = |it: &mut dyn Iterator<Item = &'a Window>| {
         it.min_by(|a, b| (a.start, &a.id).cmp(&(b.start, &b.id)))
     };
@@ -434,7 +442,7 @@ fn pending_windows<'a>(
         return decision(None, tolerate, true, false);
     }
     if !taints {
-        let queued = crate::cluster::maintenance::holding(windows, now, max_time);
+        let queued = earliest(&mut live().filter(|w| in_way_now(w)));
         return decision(queued.map(Waiting::NotHeld), Vec::new(), true, false);
     }
     let waiting = earliest(&mut live().filter(|w| in_way(w) && !tolerated(w)))
@@ -763,10 +771,16 @@ mod tests {
         let (waiting, tolerate) = pending(&windows, true, true, none, four, None, ts(0));
         assert_eq!(waiting, Some(Waiting::Held(&windows[0])));
         assert!(tolerate.is_empty());
-        // Told it is held only once the taint that holds it is on the nodes.
+        // Told it is held only once the taint that holds it is on the nodes; a window of some nodes
+        // whose taint is on no node (none of them exists) holds nobody, and is not tolerated.
         let d = decide_pending(&windows, false, true, none, |_| false, four, None, ts(0));
         assert!(d.until_tainted && d.waiting.is_none(), "{d:?}");
-        assert_eq!(d.tolerate, vec![&windows[1]]);
+        assert!(d.tolerate.is_empty(), "{d:?}");
+        let nowhere = [window("nowhere", 100, 9000, &["gone"])];
+        for gated in [false, true] {
+            let d = decide_pending(&nowhere, gated, true, none, |_| false, four, None, ts(0));
+            assert_eq!((d.waiting, d.release), (None, true), "gated {gated}");
+        }
         let d = decide_pending(&windows, false, true, none, |_| true, four, None, ts(0));
         assert!(!d.until_tainted);
         assert_eq!(d.waiting, Some(Waiting::Held(&windows[0])));

@@ -925,6 +925,92 @@ async fn a_queued_job_is_let_go_only_when_it_starts_and_never_into_a_window() {
     w.close().await;
 }
 
+/// Review finding 3: a window whose `--nodes` name no node that exists (its taint is on no node) holds
+/// nobody, and nothing skips the rest of a waiting job's decision. A submission the submit path gated
+/// for it (it looks at no nodes) is let go and runs before the window; a job queued before it that
+/// never fits is told its usual status and times out in the queue (`[monitor] queue_timeout`) like any
+/// job (it used to hear nothing and wait for good).
+#[tokio::test]
+async fn a_window_on_no_existing_node_holds_nobody_and_a_waiting_job_still_times_out() {
+    let mut w = World::start(
+        "mon-maint-nonode",
+        |c| c.monitor.queue_timeout = Some(Duration::from_secs(3600)),
+        one_node_world,
+    )
+    .await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let consumer = w.consumer("runner-a").await;
+    let mut busy = whole_node("mn1", "sleep infinity", 8 * 3600);
+    busy.product.as_mut().unwrap().cpu = 2;
+    w.submit(&busy).await;
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("the busy job RUNNING", |s| s.event("mn1/RUNNING").is_some())
+        .await;
+    let window = schedule(&w, 1800, 3600, &["no-such-node"]).await;
+    let small = with_allocation(job("mn2", "sleep infinity"), 3 * 3600);
+    let ns = w.namespace_of(&small);
+    w.publish_submit(&small).await;
+    w.until("QUEUED", |s| s.event("mn2/QUEUED").is_some()).await;
+    assert!(
+        w.vcjob(&ns, "mn2")
+            .and_then(|j| j.pointer("/metadata/annotations").cloned())
+            .is_some_and(|a| a.get(&w.keys.maintenance_held).is_some()),
+        "created held: the submit path looks at no nodes"
+    );
+    for _ in 0..5 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("the gated job let go and RUNNING", |s| {
+        s.event("mn2/RUNNING").is_some()
+    })
+    .await;
+    assert!(ms(&w.seen.event("mn2/RUNNING").unwrap().started_at) < window.start.as_millisecond());
+    // Queued as if before the window (no gate), too big to fit while the busy job runs.
+    let big = whole_node("mn3", "sleep 60", 2 * 3600);
+    w.submit(&big).await;
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.advance(120);
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("the big job's usual status", |s| {
+        s.of("mn3")
+            .lifecycle
+            .iter()
+            .any(|e| e.event_id.starts_with("mn3/status/"))
+    })
+    .await;
+    w.advance(3600);
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("the big job timed out in the queue", |s| {
+        s.event("mn3/FAILURE").is_some()
+    })
+    .await;
+    assert_eq!(w.seen.event("mn3/FAILURE").unwrap().reason, "queue_timeout");
+    for id in ["mn2", "mn3"] {
+        assert!(
+            w.seen.event(&held_id(id, &window, true)).is_none()
+                && w.seen.event(&held_id(id, &window, false)).is_none(),
+            "{id}: the window holds nobody"
+        );
+    }
+    consumer.stop().await;
+    runner.stop().await;
+    w.close().await;
+}
+
 /// The same queue, with a window that is cancelled: its taint goes at once and the long job starts.
 /// Where the cluster refuses the node patch, a job queued before the window cannot be held: it is told
 /// what the window will do to it, as before the taints.
