@@ -132,8 +132,11 @@ pub struct Observed<'a> {
     /// The maintenance windows as this runner's watch has them (`None` until first listed: nothing is
     /// let go of a window's hold before the monitor knows the windows).
     pub maintenance: Option<&'a [Window]>,
-    /// The monitor writes the maintenance windows' node taints (see [`super::maintenance`]): `false`
-    /// once the cluster refused the node patch, and a job without the gate can no longer be held.
+    /// This runner may write the maintenance windows' node taints (see [`super::maintenance`]): `false`
+    /// once the cluster refused it the node patch. What holds a job is the taints on the nodes
+    /// (`maintenance_tainted`), whoever wrote them; this only tells a window whose taint is not on a
+    /// node yet apart: this runner will write it (the job is told when it is there), or it may not
+    /// (the job is told it cannot be held, unless another runner writes it).
     pub maintenance_taints: bool,
     /// The windows whose taint is on a node, as the monitor's watch of the nodes has them.
     pub maintenance_tainted: Option<&'a BTreeSet<String>>,
@@ -438,6 +441,9 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     let maintenance_gated = peers::gated_pods(obs.pods, &s.keys.maintenance_gate());
     let taint_prefix = s.keys.maintenance_taint_prefix();
     let tolerated = |w: &Window| super::maintenance::job_tolerates(obs.pods, &taint_prefix, &w.id);
+    // The windows whose taint is on a node, whoever wrote it: they, not this runner's permission to
+    // write them, keep a pod off the nodes.
+    let tainted = |w: &Window| obs.maintenance_tainted.is_some_and(|t| t.contains(&w.id));
     let mut release = true;
     let mut release_check = None;
     let (waiting_for_window, tolerate) = match obs.maintenance {
@@ -457,7 +463,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
                 gated,
                 obs.maintenance_taints,
                 tolerated,
-                |w| obs.maintenance_tainted.is_some_and(|t| t.contains(&w.id)),
+                tainted,
                 facts.max_time,
                 expected,
                 now,
@@ -469,11 +475,11 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
             release_check = d.next_check;
             (d.waiting, d.tolerate)
         }
-        Some(windows) if obs.maintenance_taints => (
+        Some(windows) => (
             None,
             windows
                 .iter()
-                .filter(|w| w.end > now && !tolerated(w))
+                .filter(|w| w.end > now && tainted(w) && !tolerated(w))
                 .collect(),
         ),
         _ => (None, Vec::new()),
@@ -3353,8 +3359,14 @@ mod tests {
                 .any(|o| matches!(o, Outbound::Lifecycle(e)
             if e.event_id == format!("{job_id}/maintenance/w/{}/held", ts(1800).as_millisecond())))
         );
-        // Not in its way: the toleration, and nothing told.
-        let Step::Act(tolerate) = observe(&vc, &queued, &later, &none, 1) else {
+        // Not in its way: nothing to tolerate until its taint is on a node (whoever wrote it, this
+        // runner's permission aside); then the toleration, and nothing told.
+        assert!(!matches!(
+            observe(&vc, &queued, &later, &none, 1),
+            Step::Act(a) if a.tolerate.is_some()
+        ));
+        let later_tainted: BTreeSet<String> = ["later".to_owned()].into();
+        let Step::Act(tolerate) = observe(&vc, &queued, &later, &later_tainted, 1) else {
             panic!("given the toleration");
         };
         assert_eq!(tolerate.what, "tolerate");
@@ -3369,12 +3381,12 @@ mod tests {
         let mut tolerating = queued[0].clone();
         tolerating.spec.as_mut().unwrap().tolerations = Some(vec![toleration.clone()]);
         assert!(!matches!(
-            observe(&vc, &[tolerating], &later, &none, 1),
+            observe(&vc, &[tolerating], &later, &later_tainted, 1),
             Step::Act(a) if a.tolerate.is_some()
         ));
         // A gated job let go: the gate goes and the toleration comes in one action.
         let gated = [pod(vec![s.keys.maintenance_gate()])];
-        let Step::Act(release) = observe(&vc, &gated, &later, &none, 1) else {
+        let Step::Act(release) = observe(&vc, &gated, &later, &later_tainted, 1) else {
             panic!("let go");
         };
         assert_eq!(release.what, "ungate");

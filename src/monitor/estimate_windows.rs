@@ -7,10 +7,11 @@
 //!   window's start ([`super::maintenance::cutting`]): a running job, and a gang the replay starts, hold
 //!   their resources until the window's start at the latest, and a job without a time limit that a
 //!   window will cut gets an end;
-//! - a gang held back by a window (its pods gated `<prefix>maintenance`, or, the windows' node taints
-//!   written, not tolerating a window not over: [`super::maintenance::held_by_window`]) starts only at an
-//!   instant when no window is in the way of its time allocation, whatever nodes the window names, since
-//!   that is when the monitor lifts the gate or adds the toleration
+//! - a gang held back by a window (its pods gated `<prefix>maintenance`, or not tolerating a window not
+//!   over whose taint is on a node: [`super::maintenance::held_by_window`]) starts only at an
+//!   instant when no window is in the way of its time allocation, whatever nodes the window names (a
+//!   window of some nodes whose taint is on no node holds nobody), since that is when the monitor lifts
+//!   the gate or adds the toleration
 //!   ([`crate::cluster::maintenance::holding`]); the ends of the windows are the instants it is tried
 //!   again;
 //! - a gang that is not held (it tolerates every window, or the node patch was refused) is not kept out
@@ -27,6 +28,10 @@ use crate::cluster::Window;
 pub struct Maintenance {
     /// The windows as the monitor's watch has them; those over are ignored.
     pub windows: Vec<Window>,
+    /// Per window (same order): it holds a held gang back ([`super::maintenance::holds_anyone`]: a
+    /// window of some nodes whose taint is on no node holds nobody, though it still cuts what runs on
+    /// its nodes). Missing entries count as holding.
+    pub holds: Vec<bool>,
     /// Per waiting gang (the replay's `pending`, same order): it is held back by a window (the
     /// maintenance gate, or a window's taint it does not tolerate). Missing entries count as not held.
     pub held: Vec<bool>,
@@ -68,7 +73,14 @@ impl Maintenance {
         if !self.is_held(i) {
             return None;
         }
-        crate::cluster::maintenance::holding(&self.windows, at, runs_for)
+        self.windows
+            .iter()
+            .enumerate()
+            .filter(|(k, w)| {
+                self.holds.get(*k).copied().unwrap_or(true) && w.in_the_way(at, runs_for)
+            })
+            .map(|(_, w)| w)
+            .min_by(|a, b| (a.start, &a.id).cmp(&(b.start, &b.id)))
     }
 
     /// When a job holding `ranks` from `from` on, that would end at `ends_by` (`None`: never), ends at

@@ -417,27 +417,26 @@ fn inputs<'a>(
             pending_gang(pg, job, keys, in_fifo, reserve_nodes)
         })
         .collect();
-    // The windows whose taint is on a node: a job that does not tolerate one is held by it.
-    let prefix = keys.maintenance_taint_prefix();
-    let tainted: std::collections::HashSet<&str> = view
-        .nodes
-        .iter()
-        .flat_map(|n| n.spec.iter().flat_map(|s| s.taints.iter().flatten()))
-        .filter_map(|t| t.key.strip_prefix(prefix.as_str()))
-        .collect();
-    let tainted_windows: Vec<crate::cluster::Window> = windows
-        .iter()
-        .filter(|w| tainted.contains(w.id.as_str()))
-        .cloned()
-        .collect();
+    // The windows whose taint is on a node, read as the monitor reads them: a job that does not
+    // tolerate one is held by it, and a window of some nodes whose taint is on no node holds nobody.
+    let tainted = super::maintenance::tainted_windows(
+        view.nodes
+            .iter()
+            .flat_map(|n| n.spec.iter().flat_map(|s| s.taints.iter().flatten())),
+        &keys.maintenance_taint_prefix(),
+    );
     let maintenance = estimate::Maintenance {
         windows: windows.to_vec(),
+        holds: windows
+            .iter()
+            .map(|w| super::maintenance::holds_anyone(w, |w| tainted.contains(&w.id)))
+            .collect(),
         held: waiting
             .iter()
             .map(|pg| {
                 job_of_group(pg)
                     .and_then(|k| jobs.get(&k).map(|j| (k, j)))
-                    .is_some_and(|(k, j)| held(j, &k, view.pods, keys, &tainted_windows, now))
+                    .is_some_and(|(k, j)| held(j, &k, view.pods, keys, windows, &tainted, now))
             })
             .collect(),
         spared,
@@ -502,7 +501,8 @@ fn held(
     key: &JobKey,
     pods: &[Pod],
     keys: &AnnotationKeys,
-    tainted: &[crate::cluster::Window],
+    windows: &[crate::cluster::Window],
+    tainted: &std::collections::BTreeSet<String>,
     now: Timestamp,
 ) -> bool {
     let created_held = job
@@ -530,9 +530,9 @@ fn held(
     let own: Vec<Pod> = own.into_iter().cloned().collect();
     let prefix = keys.maintenance_taint_prefix();
     super::maintenance::held_by_window(
-        tainted,
+        windows,
         gate_holds,
-        true,
+        |w| tainted.contains(&w.id),
         |w| super::maintenance::job_tolerates(&own, &prefix, &w.id),
         now,
     )

@@ -28,9 +28,12 @@
 //!   expecting it to start now: [`decide_pending`]).
 //!
 //! Either way the monitor tells the job once per window until when it waits ([`Waiting::Held`]; a later
-//! start the replay of [`super::estimate_windows`] expects is told as a change). Where the monitor may
-//! not write the taints (the node patch refused), a job without the gate cannot be held: it is told
-//! once what the window will do to it ([`Waiting::NotHeld`]). Everything is decided from the windows,
+//! start the replay of [`super::estimate_windows`] expects is told as a change). What holds a job
+//! without the gate is a window's taint on the nodes as the nodes' watch shows it, whoever wrote it;
+//! a window whose taint is on no node where this runner may not write it (the node patch refused)
+//! cannot hold it: it is told once what the window will do to it ([`Waiting::NotHeld`]). A window of
+//! some nodes whose taint is on no node (none of its nodes exists) holds nobody, gated or not
+//! ([`holds_anyone`]). Everything is decided from the windows,
 //! the nodes' taints and the pods as they are, so a runner that dies holding a job leaves its release
 //! to whoever monitors the job next.
 
@@ -224,17 +227,44 @@ pub fn job_tolerates(pods: &[Pod], taint_prefix: &str, id: &str) -> bool {
     !pods.is_empty() && unbound(pods).all(|p| tolerates(p, taint_prefix, id))
 }
 
-/// Whether a job that has not started is held back by a window, for the replay and the monitor alike:
-/// the maintenance gate holds it ([`held_back`]), or, with the taints written (`taints`), a window that
-/// is not over at `now` and that it does not tolerate (`tolerated`) keeps it off that window's nodes.
+/// Whether a job that has not started is held back by a window, for the replays (the monitor's and
+/// `admin queue`'s) and the monitor alike: the maintenance gate holds it ([`held_back`]), or a window
+/// not over at `now` whose taint is on a node (`tainted`, as the nodes' watch shows them, whoever wrote
+/// it) and that it does not tolerate (`tolerated`) keeps it off that window's nodes.
 pub fn held_by_window(
     windows: &[Window],
     gate_holds: bool,
-    taints: bool,
+    tainted: impl Fn(&Window) -> bool,
     tolerated: impl Fn(&Window) -> bool,
     now: Timestamp,
 ) -> bool {
-    gate_holds || (taints && windows.iter().any(|w| w.end > now && !tolerated(w)))
+    gate_holds
+        || windows
+            .iter()
+            .any(|w| w.end > now && tainted(w) && !tolerated(w))
+}
+
+/// Whether window `w` holds anyone back at all: a window of every node does; one of some nodes only
+/// while its taint is on a node (`tainted`): if none of its nodes exists, or its taint cannot be
+/// written, nothing keeps a job off them, and the gate's hold, which looks at no nodes, would hold a
+/// job for nothing.
+pub fn holds_anyone(w: &Window, tainted: impl Fn(&Window) -> bool) -> bool {
+    w.all_nodes() || tainted(w)
+}
+
+/// The ids of the windows whose taint is among `taints` (the nodes' taints as a watch or a list has
+/// them): the one reading of the nodes that the monitor's decisions, its replay and `admin queue`'s
+/// share.
+pub fn tainted_windows<'a>(
+    taints: impl IntoIterator<Item = &'a Taint>,
+    taint_prefix: &str,
+) -> BTreeSet<String> {
+    taints
+        .into_iter()
+        .filter(|t| t.effect == TAINT_EFFECT)
+        .filter_map(|t| t.key.strip_prefix(taint_prefix))
+        .map(str::to_owned)
+        .collect()
 }
 
 /// One node's new taints, when the maintenance windows call for a change.
@@ -308,7 +338,7 @@ pub fn pending<'a>(
         gated,
         taints,
         tolerated,
-        |_| true,
+        |_| taints,
         max_time,
         expected,
         now,
@@ -372,26 +402,23 @@ pub fn decide_pending<'a>(
     expected: Option<Timestamp>,
     now: Timestamp,
 ) -> PendingDecision<'a> {
-    // A window of some nodes whose taint is on no node holds nobody: it covers no node that exists
-    // (or its taint cannot be written, and nothing keeps a job off its nodes).
+    // A window of some nodes whose taint is on no node holds nobody.
     let windows: Vec<&Window> = windows
         .iter()
-        .filter(|w| w.all_nodes() || tainted(w))
+        .filter(|w| holds_anyone(w, &tainted))
         .collect();
-    let d = pending_windows(&windows, gated, taints, &tolerated, max_time, expected, now);
-    let until_tainted = !gated && matches!(d.waiting, Some(Waiting::Held(w)) if !tainted(w));
-    PendingDecision {
-        waiting: d.waiting.filter(|_| !until_tainted),
-        until_tainted,
-        ..d
-    }
+    pending_windows(
+        &windows, gated, taints, &tolerated, &tainted, max_time, expected, now,
+    )
 }
 
+#[allow(clippy::too_many_arguments)]
 fn pending_windows<'a>(
     windows: &[&'a Window],
     gated: bool,
     taints: bool,
     tolerated: &impl Fn(&Window) -> bool,
+    tainted: &impl Fn(&Window) -> bool,
     max_time: Option<SignedDuration>,
     expected: Option<Timestamp>,
     now: Timestamp,
@@ -410,7 +437,7 @@ fn pending_windows<'a>(
     let comes_in_way = live()
         .filter(|w| !in_way_now(w))
         // A window it tolerates already (let go of it) holds it no more.
-        .filter(|w| gated || !taints || !tolerated(w))
+        .filter(|w| gated || !tolerated(w))
         .filter_map(|w| w.start.checked_sub(max_time?).ok())
         .filter(|at| *at > now)
         .min();
@@ -426,6 +453,8 @@ fn pending_windows<'a>(
         },
         until_tainted: false,
     };
+    // Only a window whose taint is on a node keeps a pod off it: only those are to be tolerated.
+    let to_tolerate = |w: &Window| tainted(w) && !tolerated(w);
     if gated {
         if let Some(w) = earliest(&mut live().filter(|w| in_way(w))) {
             return decision(Some(Waiting::Held(w)), Vec::new(), false, false);
@@ -434,25 +463,30 @@ fn pending_windows<'a>(
             // No window in its way, but released only once it starts.
             return decision(None, Vec::new(), false, true);
         }
-        let tolerate = if taints {
-            live().filter(|w| !tolerated(w)).collect()
-        } else {
-            Vec::new()
-        };
+        let tolerate = live().filter(|w| to_tolerate(w)).collect();
         return decision(None, tolerate, true, false);
     }
-    if !taints {
-        let queued = earliest(&mut live().filter(|w| in_way_now(w)));
-        return decision(queued.map(Waiting::NotHeld), Vec::new(), true, false);
-    }
-    let waiting = earliest(&mut live().filter(|w| in_way(w) && !tolerated(w)))
-        .map(Waiting::Held)
-        .or_else(|| earliest(&mut live().filter(|w| in_way_now(w))).map(Waiting::NotHeld));
-    let candidates: Vec<&Window> = live().filter(|w| !in_way(w) && !tolerated(w)).collect();
-    if !starts_now && !candidates.is_empty() {
-        return decision(waiting, Vec::new(), true, true);
-    }
-    decision(waiting, candidates, true, false)
+    // Held by the earliest window in its way whose taint is on a node and that it does not tolerate,
+    // whoever wrote the taint. A window of every node in its way whose taint is not there yet: not told
+    // until it is, when this runner may write it (`taints`), or another will; where it may not, the job
+    // cannot be held by it, and is told so, as it is for a window it tolerates already (let go
+    // earlier and waited since).
+    let holding = earliest(&mut live().filter(|w| in_way(w) && to_tolerate(w)));
+    let coming = earliest(&mut live().filter(|w| in_way(w) && !tolerated(w) && !tainted(w)));
+    let until_tainted = holding.is_none() && coming.is_some() && taints;
+    let waiting = holding.map(Waiting::Held).or_else(|| {
+        earliest(&mut live().filter(|w| in_way_now(w)))
+            .filter(|_| !until_tainted)
+            .map(Waiting::NotHeld)
+    });
+    let candidates: Vec<&Window> = live().filter(|w| !in_way(w) && to_tolerate(w)).collect();
+    let mut d = if !starts_now && !candidates.is_empty() {
+        decision(waiting, Vec::new(), true, true)
+    } else {
+        decision(waiting, candidates, true, false)
+    };
+    d.until_tainted = until_tainted;
+    d
 }
 
 /// How a job that has not started stands towards the window in the way of its time allocation.
@@ -784,12 +818,13 @@ mod tests {
         let d = decide_pending(&windows, false, true, none, |_| true, four, None, ts(0));
         assert!(!d.until_tainted);
         assert_eq!(d.waiting, Some(Waiting::Held(&windows[0])));
-        // The replay's rule: held while a window not over is not tolerated.
-        assert!(held_by_window(&windows, false, true, none, ts(0)));
-        assert!(!held_by_window(&windows, false, true, |_| true, ts(0)));
-        assert!(!held_by_window(&windows, false, false, none, ts(0)));
-        assert!(!held_by_window(&windows, false, true, none, ts(21000)));
-        assert!(held_by_window(&windows, true, false, none, ts(21000)));
+        // The replay's rule: held while a window not over whose taint is on a node is not tolerated.
+        let all = |_: &Window| true;
+        assert!(held_by_window(&windows, false, all, none, ts(0)));
+        assert!(!held_by_window(&windows, false, all, |_| true, ts(0)));
+        assert!(!held_by_window(&windows, false, none, none, ts(0)));
+        assert!(!held_by_window(&windows, false, all, none, ts(21000)));
+        assert!(held_by_window(&windows, true, none, none, ts(21000)));
     }
 
     /// Review finding 2: a node busy until +2 h, a window from +5 h to +6 h. The replay counts a

@@ -17,7 +17,7 @@
 //! Every job is handled on its own: a failure is logged and retried with backoff for that job only (W6,
 //! W7), and nothing is acted on for a job whose shard this runner does not hold at that moment.
 
-use std::collections::{BTreeSet, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -722,14 +722,10 @@ impl Loop {
     /// window's taint written or lifted), every job is decided again (a job waits to be told it is
     /// held until the taint that holds it is there).
     fn tainted_changed(&mut self) {
-        let prefix = self.exec.settings.keys.maintenance_taint_prefix();
-        let tainted: BTreeSet<String> = self
-            .node_taints
-            .values()
-            .flat_map(|n| &n.taints)
-            .filter(|t| t.key.starts_with(&prefix) && t.effect == super::maintenance::TAINT_EFFECT)
-            .map(|t| t.key[prefix.len()..].to_owned())
-            .collect();
+        let tainted = super::maintenance::tainted_windows(
+            self.node_taints.values().flat_map(|n| &n.taints),
+            &self.exec.settings.keys.maintenance_taint_prefix(),
+        );
         let changed = self.exec.tainted.send_if_modified(|current| {
             let changed = **current != tainted;
             if changed {
@@ -871,7 +867,8 @@ impl Loop {
         let now = self.exec.clock.now();
         self.cache
             .set_maintenance_windows(self.exec.maintenance.borrow().clone());
-        self.cache.set_maintenance_taints(!self.taints_refused());
+        self.cache
+            .set_maintenance_tainted(self.exec.tainted.borrow().clone());
         let changed = self
             .cache
             .estimate_starts(&nodes, &self.exec.settings.keys, now);

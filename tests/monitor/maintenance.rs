@@ -1099,6 +1099,20 @@ async fn a_submission_tolerates_no_window_until_the_monitor_lets_it_go() {
     let consumer = w.consumer("runner-a").await;
     let near = schedule(&w, 3600, 2 * 3600, &[]).await;
     let far = schedule(&w, 3 * 3600, 4 * 3600, &[]).await;
+    let names: Vec<String> = kube::Api::<Node>::all(w.client.clone())
+        .list(&Default::default())
+        .await
+        .expect("the nodes are listed")
+        .items
+        .iter()
+        .filter_map(|n| n.metadata.name.clone())
+        .collect();
+    let mut wanted: Vec<String> = names
+        .iter()
+        .flat_map(|n| [&near, &far].map(|win| format!("{n}={}", w.keys.maintenance_taint(&win.id))))
+        .collect();
+    wanted.sort();
+    until_taints(&w, "both windows' taints on every node", &wanted).await;
     let short = with_allocation(job("mt7", "sleep infinity"), 1800);
     let ns = w.namespace_of(&short);
     w.publish_submit(&short).await;
@@ -1140,6 +1154,77 @@ async fn a_submission_tolerates_no_window_until_the_monitor_lets_it_go() {
         );
     }
     consumer.stop().await;
+    runner.stop().await;
+    w.close().await;
+}
+
+/// Review finding 5: what holds a job is the taint on the nodes, whoever wrote it, not this runner's
+/// permission to write it. A window's taint is on the node and a job waits, held by it; then the
+/// cluster refuses this runner the node patch (a second window's taint cannot be written). The job
+/// stays held by the first window's taint and is not told it cannot be held (it used to be, for the
+/// second window, though the first one's taint kept it off the node); a job only the second window is
+/// in the way of, whose taint is on no node, is told it cannot be held.
+#[tokio::test]
+async fn a_job_held_by_a_taint_on_the_nodes_stays_held_when_this_runner_may_no_longer_write_taints()
+{
+    let mut w = World::start("mon-maint-refused-later", |_| {}, one_node_world).await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let mut busy = whole_node("mr1", "sleep infinity", 8 * 3600);
+    busy.product.as_mut().unwrap().cpu = 2;
+    w.submit(&busy).await;
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("the busy job RUNNING", |s| s.event("mr1/RUNNING").is_some())
+        .await;
+    let long = whole_node("mr2", "sleep 60", 4 * 3600);
+    let short = whole_node("mr3", "sleep 60", 1200);
+    w.submit(&long).await;
+    w.submit(&short).await;
+    w.advance(2);
+    w.settle(Duration::from_millis(300)).await;
+    let first = schedule(&w, 1800, 3600, &[]).await;
+    until_taints(
+        &w,
+        "the first window's taint",
+        &[format!("n1={}", w.keys.maintenance_taint(&first.id))],
+    )
+    .await;
+    w.until("the long job told it waits for the first window", |s| {
+        s.event(&held_id("mr2", &first, true)).is_some()
+    })
+    .await;
+    w.sim.faults().add_rule(volcano_runner::sim::FaultRule {
+        resource: "nodes".into(),
+        verb: "patch".into(),
+        error_403: 1.0,
+        ..Default::default()
+    });
+    let second = schedule(&w, 600, 1200, &[]).await;
+    w.until("the short job told the second window cannot hold it", |s| {
+        s.event(&held_id("mr3", &second, false)).is_some()
+    })
+    .await;
+    w.settle(Duration::from_millis(500)).await;
+    assert_eq!(
+        maintenance_taints(&w).await,
+        vec![format!("n1={}", w.keys.maintenance_taint(&first.id))],
+        "the first window's taint stays, the second's was refused"
+    );
+    let queued: Vec<String> = w
+        .seen
+        .of("mr2")
+        .lifecycle
+        .iter()
+        .filter(|e| e.event_id.ends_with("/queued"))
+        .map(|e| e.event_id.clone())
+        .collect();
+    assert!(
+        queued.is_empty(),
+        "held by the first window's taint, not told it cannot be: {queued:?}"
+    );
     runner.stop().await;
     w.close().await;
 }
