@@ -1316,7 +1316,7 @@ impl Cache {
 
     /// The windows whose taint is on a node, as the nodes' watch has them (the decisions' input too):
     /// a waiting gang that does not tolerate one is held back by it
-    /// ([`super::maintenance::held_by_window`]), whoever wrote the taint, and a window of some nodes
+    /// ([`super::maintenance::replay_hold`]), whoever wrote the taint, and a window of some nodes
     /// whose taint is on no node holds nobody ([`super::maintenance::holds_anyone`]).
     pub fn set_maintenance_tainted(&mut self, tainted: Arc<BTreeSet<String>>) {
         self.maintenance_tainted = tainted;
@@ -1468,55 +1468,50 @@ impl Cache {
             .as_deref()
             .map_or(&[][..], Vec::as_slice);
         let tainted = |w: &crate::cluster::Window| self.maintenance_tainted.contains(&w.id);
+        let (held, kept_off): (Vec<bool>, Vec<Vec<usize>>) = groups
+            .iter()
+            .map(|g| {
+                let Some(jkey) = self.groups.get(g).and_then(|pg| job_of_group(&pg.value)) else {
+                    return (false, Vec::new());
+                };
+                let created_held = self.jobs.get(&jkey).is_some_and(|j| {
+                    j.value
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .is_some_and(|a| a.contains_key(&keys.maintenance_held))
+                });
+                let pods = self.pods.get(&jkey).map_or(&[][..], Vec::as_slice);
+                let gate_holds = super::maintenance::held_back(
+                    created_held,
+                    pods.is_empty(),
+                    pods.iter().any(|p| {
+                        p.gates
+                            .as_ref()
+                            .is_some_and(|g| g.iter().any(|g| g.name == gate))
+                    }),
+                );
+                let tolerated = |w: &crate::cluster::Window| {
+                    !pods.is_empty()
+                        && pods.iter().filter(|p| p.node.is_none()).all(|p| {
+                            super::maintenance::tolerates(
+                                &p.to_pod(&jkey.name),
+                                &taint_prefix,
+                                &w.id,
+                            )
+                        })
+                };
+                super::maintenance::replay_hold(windows_now, gate_holds, tainted, tolerated, now)
+            })
+            .unzip();
         let maintenance = estimate::Maintenance {
             windows: windows_now.to_vec(),
             holds: windows_now
                 .iter()
                 .map(|w| super::maintenance::holds_anyone(w, tainted))
                 .collect(),
-            held: groups
-                .iter()
-                .map(|g| {
-                    let Some(jkey) = self.groups.get(g).and_then(|pg| job_of_group(&pg.value))
-                    else {
-                        return false;
-                    };
-                    let created_held = self.jobs.get(&jkey).is_some_and(|j| {
-                        j.value
-                            .metadata
-                            .annotations
-                            .as_ref()
-                            .is_some_and(|a| a.contains_key(&keys.maintenance_held))
-                    });
-                    let pods = self.pods.get(&jkey).map_or(&[][..], Vec::as_slice);
-                    let gate_holds = super::maintenance::held_back(
-                        created_held,
-                        pods.is_empty(),
-                        pods.iter().any(|p| {
-                            p.gates
-                                .as_ref()
-                                .is_some_and(|g| g.iter().any(|g| g.name == gate))
-                        }),
-                    );
-                    let tolerated = |w: &crate::cluster::Window| {
-                        !pods.is_empty()
-                            && pods.iter().filter(|p| p.node.is_none()).all(|p| {
-                                super::maintenance::tolerates(
-                                    &p.to_pod(&jkey.name),
-                                    &taint_prefix,
-                                    &w.id,
-                                )
-                            })
-                    };
-                    super::maintenance::held_by_window(
-                        windows_now,
-                        gate_holds,
-                        tainted,
-                        tolerated,
-                        now,
-                    )
-                })
-                .collect(),
+            held,
+            kept_off,
             // Every running job here is the runner's.
             spared: Vec::new(),
         };

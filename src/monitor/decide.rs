@@ -446,6 +446,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     let tainted = |w: &Window| obs.maintenance_tainted.is_some_and(|t| t.contains(&w.id));
     let mut release = true;
     let mut release_check = None;
+    let mut kept_off = Vec::new();
     let (waiting_for_window, tolerate) = match obs.maintenance {
         Some(windows) if never_started => {
             let created_held = annotation(job, &s.keys.maintenance_held).is_some();
@@ -473,7 +474,22 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
             // pull, queue timeout, its statuses).
             release = d.release;
             release_check = d.next_check;
-            (d.waiting, d.tolerate)
+            kept_off = d.kept_off;
+            // Every rank placed, none on a window of some nodes: that window does not concern it.
+            let placed_elsewhere = |w: &Window| {
+                !w.all_nodes()
+                    && !obs.pods.is_empty()
+                    && obs.pods.iter().all(|p| {
+                        p.spec
+                            .as_ref()
+                            .and_then(|s| s.node_name.as_deref())
+                            .is_some_and(|n| !w.covers(n))
+                    })
+            };
+            let waiting = d.waiting.filter(
+                |wt| !matches!(wt, super::maintenance::Waiting::NotHeld(w) if placed_elsewhere(w)),
+            );
+            (waiting, d.tolerate)
         }
         Some(windows) => (
             None,
@@ -775,6 +791,10 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         reason.reason = peers::WAITING_REASON;
         reason.text = format!("The job waits for its peer {} to start", peer.named());
         reason.since = None;
+    }
+    if let Some(text) = super::maintenance::kept_off_text(&kept_off) {
+        // Kept off a window's nodes by its taint, not held: it may start on others.
+        reason.text.push_str(&format!("; {text}"));
     }
     if let Some(Estimate::Never { why }) = obs.estimate {
         reason

@@ -425,20 +425,24 @@ fn inputs<'a>(
             .flat_map(|n| n.spec.iter().flat_map(|s| s.taints.iter().flatten())),
         &keys.maintenance_taint_prefix(),
     );
+    let (held, kept_off): (Vec<bool>, Vec<Vec<usize>>) = waiting
+        .iter()
+        .map(|pg| {
+            job_of_group(pg)
+                .and_then(|k| jobs.get(&k).map(|j| (k, j)))
+                .map_or((false, Vec::new()), |(k, j)| {
+                    held(j, &k, view.pods, keys, windows, &tainted, now)
+                })
+        })
+        .unzip();
     let maintenance = estimate::Maintenance {
         windows: windows.to_vec(),
         holds: windows
             .iter()
             .map(|w| super::maintenance::holds_anyone(w, |w| tainted.contains(&w.id)))
             .collect(),
-        held: waiting
-            .iter()
-            .map(|pg| {
-                job_of_group(pg)
-                    .and_then(|k| jobs.get(&k).map(|j| (k, j)))
-                    .is_some_and(|(k, j)| held(j, &k, view.pods, keys, windows, &tainted, now))
-            })
-            .collect(),
+        held,
+        kept_off,
         spared,
     };
     Inputs {
@@ -493,7 +497,7 @@ fn entries(waiting: &[&PodGroup], pending: &[Pending], estimates: &[Estimate]) -
     out
 }
 
-/// Whether a maintenance window holds the job back ([`super::maintenance::held_by_window`]): the
+/// How the maintenance windows hold the job back ([`super::maintenance::replay_hold`]): the
 /// monitor lifts the gate, or adds a window's toleration, only when the window is not in the way.
 /// `tainted`: the windows whose taint is on a node.
 fn held(
@@ -504,7 +508,7 @@ fn held(
     windows: &[crate::cluster::Window],
     tainted: &std::collections::BTreeSet<String>,
     now: Timestamp,
-) -> bool {
+) -> (bool, Vec<usize>) {
     let created_held = job
         .metadata
         .annotations
@@ -529,7 +533,7 @@ fn held(
     );
     let own: Vec<Pod> = own.into_iter().cloned().collect();
     let prefix = keys.maintenance_taint_prefix();
-    super::maintenance::held_by_window(
+    super::maintenance::replay_hold(
         windows,
         gate_holds,
         |w| tainted.contains(&w.id),

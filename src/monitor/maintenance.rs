@@ -227,21 +227,30 @@ pub fn job_tolerates(pods: &[Pod], taint_prefix: &str, id: &str) -> bool {
     !pods.is_empty() && unbound(pods).all(|p| tolerates(p, taint_prefix, id))
 }
 
-/// Whether a job that has not started is held back by a window, for the replays (the monitor's and
-/// `admin queue`'s) and the monitor alike: the maintenance gate holds it ([`held_back`]), or a window
-/// not over at `now` whose taint is on a node (`tainted`, as the nodes' watch shows them, whoever wrote
-/// it) and that it does not tolerate (`tolerated`) keeps it off that window's nodes.
-pub fn held_by_window(
+/// How a job that has not started is held back by the windows, for the replays (the monitor's and
+/// `admin queue`'s) as for the monitor: `(held, kept_off)`. Held whole when the maintenance gate holds
+/// it ([`held_back`]), or a window of every node not over at `now` whose taint is on a node
+/// (`tainted`, as the nodes' watch shows them, whoever wrote it) and that it does not tolerate
+/// (`tolerated`); otherwise kept off the nodes of each window of some nodes (indices into `windows`)
+/// not over, whose taint is on a node and that it does not tolerate: it may start on other nodes.
+pub fn replay_hold(
     windows: &[Window],
     gate_holds: bool,
     tainted: impl Fn(&Window) -> bool,
     tolerated: impl Fn(&Window) -> bool,
     now: Timestamp,
-) -> bool {
-    gate_holds
-        || windows
-            .iter()
-            .any(|w| w.end > now && tainted(w) && !tolerated(w))
+) -> (bool, Vec<usize>) {
+    let keeps = |w: &Window| w.end > now && tainted(w) && !tolerated(w);
+    if gate_holds || windows.iter().any(|w| w.all_nodes() && keeps(w)) {
+        return (true, Vec::new());
+    }
+    let kept_off = windows
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| !w.all_nodes() && keeps(w))
+        .map(|(k, _)| k)
+        .collect();
+    (false, kept_off)
 }
 
 /// Whether window `w` holds anyone back at all: a window of every node does; one of some nodes only
@@ -360,6 +369,10 @@ pub struct PendingDecision<'a> {
     pub tolerate: Vec<&'a Window>,
     /// Its maintenance gate, if it has one, is lifted now.
     pub release: bool,
+    /// The windows of some nodes in its way whose taint keeps it off their nodes (not tolerated): it is
+    /// not held (it may start on other nodes), and is told it does not start on theirs before their
+    /// end.
+    pub kept_off: Vec<&'a Window>,
     /// When to decide again though nothing changed: when it is to be released (its expected start less
     /// [`RELEASE_AHEAD`]), or when a window it does not tolerate comes in the way of its allocation.
     pub next_check: Option<Timestamp>,
@@ -451,6 +464,7 @@ fn pending_windows<'a>(
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         },
+        kept_off: Vec::new(),
         until_tainted: false,
     };
     // Only a window whose taint is on a node keeps a pod off it: only those are to be tolerated.
@@ -471,11 +485,15 @@ fn pending_windows<'a>(
     // until it is, when this runner may write it (`taints`), or another will; where it may not, the job
     // cannot be held by it, and is told so, as it is for a window it tolerates already (let go
     // earlier and waited since).
-    let holding = earliest(&mut live().filter(|w| in_way(w) && to_tolerate(w)));
+    // A window of some nodes keeps it off those nodes only: it may start elsewhere, it is not held.
+    let holding = earliest(&mut live().filter(|w| w.all_nodes() && in_way(w) && to_tolerate(w)));
+    let kept_off: Vec<&Window> = live()
+        .filter(|w| !w.all_nodes() && in_way(w) && to_tolerate(w))
+        .collect();
     let coming = earliest(&mut live().filter(|w| in_way(w) && !tolerated(w) && !tainted(w)));
     let until_tainted = holding.is_none() && coming.is_some() && taints;
     let waiting = holding.map(Waiting::Held).or_else(|| {
-        earliest(&mut live().filter(|w| in_way_now(w)))
+        earliest(&mut live().filter(|w| in_way_now(w) && !to_tolerate(w)))
             .filter(|_| !until_tainted)
             .map(Waiting::NotHeld)
     });
@@ -486,7 +504,26 @@ fn pending_windows<'a>(
         decision(waiting, candidates, true, false)
     };
     d.until_tainted = until_tainted;
+    d.kept_off = kept_off;
     d
+}
+
+/// What a job kept off the nodes of `windows` ([`PendingDecision::kept_off`]) is told with its usual
+/// status: it does not start on those nodes before their windows' end.
+pub fn kept_off_text(windows: &[&Window]) -> Option<String> {
+    let parts: Vec<String> = windows
+        .iter()
+        .map(|w| {
+            let nodes: Vec<&str> = w.nodes.iter().map(String::as_str).collect();
+            format!(
+                "it does not start on {} before {} (maintenance window {})",
+                nodes.join(", "),
+                w.end,
+                w.id
+            )
+        })
+        .collect();
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
 
 /// How a job that has not started stands towards the window in the way of its time allocation.
@@ -818,13 +855,34 @@ mod tests {
         let d = decide_pending(&windows, false, true, none, |_| true, four, None, ts(0));
         assert!(!d.until_tainted);
         assert_eq!(d.waiting, Some(Waiting::Held(&windows[0])));
-        // The replay's rule: held while a window not over whose taint is on a node is not tolerated.
+        // The replay's rule: held whole while a window of every node not over whose taint is on a
+        // node is not tolerated; kept off the nodes of such a window of some nodes.
         let all = |_: &Window| true;
-        assert!(held_by_window(&windows, false, all, none, ts(0)));
-        assert!(!held_by_window(&windows, false, all, |_| true, ts(0)));
-        assert!(!held_by_window(&windows, false, none, none, ts(0)));
-        assert!(!held_by_window(&windows, false, all, none, ts(21000)));
-        assert!(held_by_window(&windows, true, none, none, ts(21000)));
+        assert_eq!(
+            replay_hold(&windows, false, all, none, ts(0)),
+            (true, vec![])
+        );
+        assert_eq!(
+            replay_hold(&windows, false, all, |_| true, ts(0)),
+            (false, vec![])
+        );
+        assert_eq!(
+            replay_hold(&windows, false, none, none, ts(0)),
+            (false, vec![])
+        );
+        assert_eq!(
+            replay_hold(&windows, false, all, none, ts(10000)),
+            (false, vec![1]),
+            "only the window of n1 is not over"
+        );
+        assert_eq!(
+            replay_hold(&windows, false, all, none, ts(21000)),
+            (false, vec![])
+        );
+        assert_eq!(
+            replay_hold(&windows, true, none, none, ts(21000)),
+            (true, vec![])
+        );
     }
 
     /// Review finding 2: a node busy until +2 h, a window from +5 h to +6 h. The replay counts a
@@ -903,6 +961,35 @@ mod tests {
         // Without windows, a gated job goes at once whatever its estimate.
         let d = decide_pending(&[], true, true, none, all, four, Some(ts(21600)), ts(0));
         assert!(d.release);
+    }
+
+    /// Review finding 4: a job kept off only a window of some nodes by its taint is not held (it may
+    /// start on other nodes): not told `/held`, nor that it cannot be held; its status says where it
+    /// does not start before when.
+    #[test]
+    fn a_job_kept_off_a_nodes_window_is_not_held() {
+        let windows = [window("n1-only", 100, 9000, &["n1"])];
+        let four = Some(SignedDuration::from_hours(4));
+        let none = |_: &Window| false;
+        let all = |_: &Window| true;
+        let d = decide_pending(&windows, false, true, none, all, four, None, ts(0));
+        assert_eq!(d.waiting, None, "{d:?}");
+        assert_eq!(d.kept_off, vec![&windows[0]]);
+        assert!(d.tolerate.is_empty());
+        assert_eq!(
+            kept_off_text(&d.kept_off).unwrap(),
+            format!(
+                "it does not start on n1 before {} (maintenance window n1-only)",
+                ts(9000)
+            )
+        );
+        // Gated: the gate holds the whole job, whatever nodes the window names.
+        let d = decide_pending(&windows, true, true, none, all, four, None, ts(0));
+        assert_eq!(d.waiting, Some(Waiting::Held(&windows[0])));
+        // Tolerating it (let go earlier): told what the window will do to it.
+        let d = decide_pending(&windows, false, true, all, all, four, None, ts(200));
+        assert_eq!(d.waiting, Some(Waiting::NotHeld(&windows[0])));
+        assert!(d.kept_off.is_empty());
     }
 
     #[test]
