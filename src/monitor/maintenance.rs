@@ -395,15 +395,17 @@ pub struct PendingDecision<'a> {
 /// will do to it and warned before it is cut. A job for which no estimate is known (estimates off, or
 /// it never fits) is judged by now alone.
 ///
-/// - `gated`: its pods are (or will be) held back by the maintenance gate ([`held_back`]). Told it is
-///   held while a window is in the way now (or at its expected start); the gate goes once released,
-///   and with the taints written (`taints`) its pods tolerate every window not over.
-/// - not gated, with the taints written: told it is held by the earliest window in its way that it
-///   does not tolerate (`tolerated`); a window in its way now that it tolerates already (let go
-///   earlier, it has waited since) cannot be taken back: told what it will do to it. Once released,
-///   its pods tolerate every window not over that is not in its way.
-/// - not gated, no taints (the node patch refused): judged by now alone, and told what the window will
-///   do to it: whatever is told, it may start.
+/// - `gated`: its pods are (or will be) held back by the maintenance gate ([`held_back`]), whatever
+///   nodes the window names. Told it is held while a window is in the way now (or at its expected
+///   start); the gate goes once released, and its pods then tolerate every window not over whose taint
+///   is on a node.
+/// - not gated: held by the earliest window of every node in its way whose taint is on a node and that
+///   it does not tolerate (`tolerated`), whoever wrote the taint; kept off the nodes of each such window
+///   of some nodes only ([`PendingDecision::kept_off`]: not held, it may start elsewhere). A window in
+///   its way now that it tolerates already (let go earlier, it has waited since), or whose taint is on
+///   no node where this runner may not write it (`taints` false: the node patch refused), cannot hold
+///   it: told what the window will do to it, and it may start. Once released, its pods tolerate every
+///   window not over, not in its way, whose taint is on a node.
 #[allow(clippy::too_many_arguments)]
 pub fn decide_pending<'a>(
     windows: &'a [Window],

@@ -15,6 +15,12 @@
 //! room is made before it, a short one is given the window's toleration and starts before it, and a
 //! runner killed meanwhile loses nothing; where the node patch is refused, or the job is placed already
 //! (its image pulling), it cannot be held and is told what the window will do to it.
+//!
+//! The review of the hold (issue 30 point 6): a job is let go of a window only just in time, when the
+//! replay expects it to start now (a job waiting for room is not let go to start into the window later);
+//! a window on no existing node holds nobody and a waiting job still times out in the queue; no
+//! toleration is rendered at submit time; what holds a job is the taint on the nodes, not this runner's
+//! permission to write it; a `--nodes` window keeps a job off its nodes only.
 
 use crate::monitor_support;
 
