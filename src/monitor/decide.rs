@@ -489,7 +489,17 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
             let waiting = d.waiting.filter(
                 |wt| !matches!(wt, super::maintenance::Waiting::NotHeld(w) if placed_elsewhere(w)),
             );
-            (waiting, d.tolerate)
+            // Its estimate is being made (a job just queued): not let go of a window before it is
+            // known whether it starts now; decided again with it.
+            let live = windows
+                .iter()
+                .any(|w| w.end > now && super::maintenance::holds_anyone(w, tainted));
+            let mut tolerate = d.tolerate;
+            if obs.estimate_pending && live {
+                release = false;
+                tolerate.clear();
+            }
+            (waiting, tolerate)
         }
         Some(windows) => (
             None,
@@ -3379,6 +3389,27 @@ mod tests {
                 .any(|o| matches!(o, Outbound::Lifecycle(e)
             if e.event_id == format!("{job_id}/maintenance/w/{}/held", ts(1800).as_millisecond())))
         );
+        // Not in its way, but its estimate still being made: not let go yet.
+        let later_on_a_node: BTreeSet<String> = ["later".to_owned()].into();
+        let pending_estimate = Observed {
+            job: &vc,
+            pods: &queued,
+            podgroup: None,
+            jobs_ahead: None,
+            estimate: None,
+            estimate_pending: true,
+            disruption: None,
+            fresh_at: None,
+            queued_confirmed: true,
+            maintenance: Some(&later),
+            maintenance_taints: true,
+            maintenance_tainted: Some(&later_on_a_node),
+            peers: &[],
+        };
+        assert!(!matches!(
+            decide(&pending_estimate, &s, ts(1)).unwrap(),
+            Step::Act(a) if a.tolerate.is_some() || a.ungate.is_some()
+        ));
         // Not in its way: nothing to tolerate until its taint is on a node (whoever wrote it, this
         // runner's permission aside); then the toleration, and nothing told.
         assert!(!matches!(
