@@ -286,35 +286,6 @@ pub fn holding(
         .min_by(|a, b| (a.start, &a.id).cmp(&(b.start, &b.id)))
 }
 
-/// The windows that can never be in the way of a job submitted at `now` with the time allocation
-/// `max_time`, when a job that has not started by `now + queue_timeout` is ended (`[monitor]
-/// queue_timeout`): those that start at or after its latest possible end, with [`NEVER_MARGIN`] for
-/// the job's creation after `now` and the monitor's look at the deadline. Its pods may tolerate their
-/// node taints from their creation (see `crate::monitor::maintenance`), which spares the monitor a pod
-/// patch per rank. Without a time allocation or a queue timeout, none.
-pub fn never_in_the_way(
-    windows: &[Window],
-    now: Timestamp,
-    max_time: Option<SignedDuration>,
-    queue_timeout: Option<SignedDuration>,
-) -> Vec<&Window> {
-    let latest_end = max_time.zip(queue_timeout).and_then(|(m, q)| {
-        now.checked_add(q)
-            .ok()?
-            .checked_add(m)
-            .ok()?
-            .checked_add(NEVER_MARGIN)
-            .ok()
-    });
-    let Some(latest_end) = latest_end else {
-        return Vec::new();
-    };
-    windows.iter().filter(|w| w.start >= latest_end).collect()
-}
-
-/// See [`never_in_the_way`].
-pub const NEVER_MARGIN: SignedDuration = SignedDuration::from_mins(5);
-
 /// Schedules, lists and cancels windows (the operator's side, `volcano-runner admin maintenance`).
 #[derive(Clone, Debug)]
 pub struct MaintenanceWindows {
@@ -514,34 +485,6 @@ mod tests {
         let after = ts("2026-12-01T10:00:00Z");
         assert_eq!(holding(&windows, after, Some(h(1))).unwrap().id, "late");
         assert_eq!(holding(&windows, ts("2026-12-01T12:00:00Z"), None), None);
-    }
-
-    #[test]
-    fn only_windows_after_a_jobs_latest_possible_end_are_never_in_its_way() {
-        let now = ts("2026-12-01T06:00:00Z");
-        let w = |s: &str, id: &str| Window {
-            id: id.into(),
-            start: ts(s),
-            end: ts(s) + SignedDuration::from_hours(1),
-            nodes: BTreeSet::new(),
-            reason: None,
-            created_at: None,
-            created_by: None,
-        };
-        let windows = [
-            w("2026-12-01T08:00:00Z", "soon"),
-            w("2026-12-01T09:00:00Z", "at-the-latest-end"),
-            w("2026-12-01T09:05:00Z", "after-the-margin"),
-        ];
-        let h = |hours: i64| Some(SignedDuration::from_hours(hours));
-        let ids = |v: Vec<&Window>| v.into_iter().map(|w| w.id.clone()).collect::<Vec<_>>();
-        // Queued for two hours at most, then an hour's run: ends by 09:00 (and five minutes' margin).
-        assert_eq!(
-            ids(never_in_the_way(&windows, now, h(1), h(2))),
-            ["after-the-margin"]
-        );
-        assert!(never_in_the_way(&windows, now, None, h(2)).is_empty());
-        assert!(never_in_the_way(&windows, now, h(1), None).is_empty());
     }
 
     #[test]

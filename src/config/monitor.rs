@@ -36,9 +36,8 @@ pub struct MonitorConfig {
     #[serde(with = "duration::required")]
     pub image_pull_grace: Duration,
     /// A job that waits in the queue longer than this ends as FAILURE with the pending reason (a job too
-    /// large for the cluster would otherwise wait forever, W9). Unset: no limit. Set, a submission's pods
-    /// tolerate from their creation the taint of every maintenance window that starts after the job's
-    /// latest possible end (this, then its time allocation), which the monitor would add otherwise.
+    /// large for the cluster would otherwise wait forever, W9). Unset: no limit. It counts the time a
+    /// job is held back by a maintenance window too.
     #[serde(with = "duration::optional")]
     pub queue_timeout: Option<Duration>,
     /// How long a job waits in the queue before the monitor tells its user why (a status event with the

@@ -603,8 +603,8 @@ pub struct Cache {
     dependents: FastMap<JobKey, FastSet<JobKey>>,
     /// The maintenance windows the replay takes into account (see [`Cache::set_maintenance_windows`]).
     maintenance_windows: Option<crate::cluster::Windows>,
-    /// See [`Cache::set_maintenance_taints`].
-    maintenance_taints: bool,
+    /// See [`Cache::set_maintenance_tainted`].
+    maintenance_tainted: Arc<BTreeSet<String>>,
     /// `[monitor] reserve_nodes` (see [`Cache::with_reserve_nodes`]).
     reserve_nodes: bool,
     /// `[monitor] proportion` (see [`Cache::with_proportion`]).
@@ -1323,10 +1323,12 @@ impl Cache {
         self.maintenance_windows = windows;
     }
 
-    /// Whether the monitor writes the windows' node taints (not refused): a waiting gang that does
-    /// not tolerate a window is then held back by it ([`super::maintenance::held_by_window`]).
-    pub fn set_maintenance_taints(&mut self, written: bool) {
-        self.maintenance_taints = written;
+    /// The windows whose taint is on a node, as the nodes' watch has them (the decisions' input too):
+    /// a waiting gang that does not tolerate one is held back by it
+    /// ([`super::maintenance::replay_hold`]), whoever wrote the taint, and a window of some nodes
+    /// whose taint is on no node holds nobody ([`super::maintenance::holds_anyone`]).
+    pub fn set_maintenance_tainted(&mut self, tainted: Arc<BTreeSet<String>>) {
+        self.maintenance_tainted = tainted;
     }
 
     /// Estimates the start of every waiting PodGroup (any workload's: they all go ahead of someone) on
@@ -1465,64 +1467,60 @@ impl Cache {
             .collect();
         let (groups, gangs): (Vec<GroupKey>, Vec<_>) = pending.into_iter().unzip();
         // A gang is held back by a window while the maintenance gate holds it (the monitor lifts the
-        // gate only when no window is in the way), or while, the windows' node taints written, it does
-        // not tolerate one that is not over (the monitor adds a toleration only for a window not in
-        // its way).
+        // gate only when it starts with no window in the way), or while it does not tolerate one not
+        // over whose taint is on a node (the monitor adds a toleration only then). The windows' taints
+        // are read as the decisions read them: from the nodes' watch.
         let gate = keys.maintenance_gate();
         let taint_prefix = keys.maintenance_taint();
         let windows_now = self
             .maintenance_windows
             .as_deref()
             .map_or(&[][..], Vec::as_slice);
-        let maintenance = estimate::Maintenance {
-            windows: self
-                .maintenance_windows
-                .as_deref()
-                .cloned()
-                .unwrap_or_default(),
-            held: groups
-                .iter()
-                .map(|g| {
-                    let Some(jkey) = self.groups.get(g).and_then(|pg| job_of_group(&pg.value))
-                    else {
-                        return false;
-                    };
-                    let created_held = self.jobs.get(&jkey).is_some_and(|j| {
-                        j.value
-                            .metadata
-                            .annotations
+        let tainted = |w: &crate::cluster::Window| self.maintenance_tainted.contains(&w.id);
+        let (held, kept_off): (Vec<bool>, Vec<Vec<usize>>) = groups
+            .iter()
+            .map(|g| {
+                let Some(jkey) = self.groups.get(g).and_then(|pg| job_of_group(&pg.value)) else {
+                    return (false, Vec::new());
+                };
+                let created_held = self.jobs.get(&jkey).is_some_and(|j| {
+                    j.value
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .is_some_and(|a| a.contains_key(&keys.maintenance_held))
+                });
+                let pods = self.pods.get(&jkey).map_or(&[][..], Vec::as_slice);
+                let gate_holds = super::maintenance::held_back(
+                    created_held,
+                    pods.is_empty(),
+                    pods.iter().any(|p| {
+                        p.gates
                             .as_ref()
-                            .is_some_and(|a| a.contains_key(&keys.maintenance_held))
-                    });
-                    let pods = self.pods.get(&jkey).map_or(&[][..], Vec::as_slice);
-                    let gate_holds = super::maintenance::held_back(
-                        created_held,
-                        pods.is_empty(),
-                        pods.iter().any(|p| {
-                            p.gates
-                                .as_ref()
-                                .is_some_and(|g| g.iter().any(|g| g.name == gate))
-                        }),
-                    );
-                    let tolerated = |w: &crate::cluster::Window| {
-                        !pods.is_empty()
-                            && pods.iter().filter(|p| p.node.is_none()).all(|p| {
-                                super::maintenance::tolerates(
-                                    &p.to_pod(&jkey.name),
-                                    &taint_prefix,
-                                    &w.id,
-                                )
-                            })
-                    };
-                    super::maintenance::held_by_window(
-                        windows_now,
-                        gate_holds,
-                        self.maintenance_taints,
-                        tolerated,
-                        now,
-                    )
-                })
+                            .is_some_and(|g| g.iter().any(|g| g.name == gate))
+                    }),
+                );
+                let tolerated = |w: &crate::cluster::Window| {
+                    !pods.is_empty()
+                        && pods.iter().filter(|p| p.node.is_none()).all(|p| {
+                            super::maintenance::tolerates(
+                                &p.to_pod(&jkey.name),
+                                &taint_prefix,
+                                &w.id,
+                            )
+                        })
+                };
+                super::maintenance::replay_hold(windows_now, gate_holds, tainted, tolerated, now)
+            })
+            .unzip();
+        let maintenance = estimate::Maintenance {
+            windows: windows_now.to_vec(),
+            holds: windows_now
+                .iter()
+                .map(|w| super::maintenance::holds_anyone(w, tainted))
                 .collect(),
+            held,
+            kept_off,
             // Every running job here is the runner's.
             spared: Vec::new(),
         };
@@ -2136,6 +2134,65 @@ mod tests {
             Timestamp::from_second(1_800_000_200).unwrap(),
             "n0 is j-a's whole until it ends"
         );
+    }
+
+    /// Review findings 5 and 7: the monitor's replay reads the windows' taints as its decisions and
+    /// `admin queue` do, from the nodes: a waiting job that does not tolerate a window whose taint is on
+    /// a node is held by it, whether this runner may write taints or not, and a window of some nodes
+    /// whose taint is on no node holds nobody, not even a job created gated for it.
+    #[test]
+    fn the_replay_holds_a_job_by_the_taints_on_the_nodes() {
+        let keys = AnnotationKeys::new("ucloud.dk/");
+        let at = |s: i64| Timestamp::from_second(1_800_000_000 + s).unwrap();
+        let nodes = [Node {
+            name: "n0".into(),
+            allocatable: Resources {
+                cpu_milli: 16_000,
+                memory_mib: 65_536,
+                gpu: 0,
+            },
+            reserved_for: None,
+        }];
+        let window = |nodes: &[&str]| crate::cluster::Window {
+            id: "w".into(),
+            start: at(100),
+            end: at(200),
+            nodes: nodes.iter().map(|n| (*n).to_owned()).collect(),
+            reason: None,
+            created_at: Some(at(0)),
+            created_by: None,
+        };
+        let start_of = |windows: Vec<crate::cluster::Window>, tainted: &[&str], gated: bool| {
+            let mut c = Cache::new();
+            let mut j = job("ns", "j-wait", "1");
+            if gated {
+                j.metadata.annotations = Some(BTreeMap::from([(
+                    keys.maintenance_held.clone(),
+                    "w".to_owned(),
+                )]));
+            }
+            let wait = c.apply_job(j);
+            c.apply_group(group(
+                "ns",
+                "j-wait-pg",
+                "j-wait",
+                0,
+                PodGroupPhase::Inqueue,
+            ));
+            c.set_maintenance_windows(Some(Arc::new(windows)));
+            c.set_maintenance_tainted(Arc::new(tainted.iter().map(|t| (*t).to_owned()).collect()));
+            c.estimate_starts(&nodes, &keys, at(0));
+            match c.snapshot(&wait).unwrap().estimate.as_deref() {
+                Some(Estimate::At { start, .. }) => *start,
+                other => panic!("an estimate: {other:?}"),
+            }
+        };
+        // Without a time limit the window is in its way: held by its taint until its end.
+        assert_eq!(start_of(vec![window(&[])], &["w"], false), at(200));
+        assert_eq!(start_of(vec![window(&[])], &[], false), at(0), "no taint");
+        // Gated for a window of a node whose taint is on no node: nothing holds it.
+        assert_eq!(start_of(vec![window(&["gone"])], &[], true), at(0));
+        assert_eq!(start_of(vec![window(&[])], &[], true), at(200), "gated");
     }
 
     /// An expectation (no reservation: no `sla-waiting-time`) is told with how many of the expectations

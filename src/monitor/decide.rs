@@ -132,8 +132,11 @@ pub struct Observed<'a> {
     /// The maintenance windows as this runner's watch has them (`None` until first listed: nothing is
     /// let go of a window's hold before the monitor knows the windows).
     pub maintenance: Option<&'a [Window]>,
-    /// The monitor writes the maintenance windows' node taints (see [`super::maintenance`]): `false`
-    /// once the cluster refused the node patch, and a job without the gate can no longer be held.
+    /// This runner may write the maintenance windows' node taints (see [`super::maintenance`]): `false`
+    /// once the cluster refused it the node patch. What holds a job is the taints on the nodes
+    /// (`maintenance_tainted`), whoever wrote them; this only tells a window whose taint is not on a
+    /// node yet apart: this runner will write it (the job is told when it is there), or it may not
+    /// (the job is told it cannot be held, unless another runner writes it).
     pub maintenance_taints: bool,
     /// The windows whose taint is on a node, as the monitor's watch of the nodes has them.
     pub maintenance_tainted: Option<&'a BTreeSet<String>>,
@@ -430,14 +433,20 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     }
 
     // 4c. A maintenance window holds back a job that has not started (see [`super::maintenance`]):
-    //     by its gate, which goes once none is in the way, or by the windows' node taints, which its
-    //     waiting pods are made to tolerate for every window not in its way. The gate also goes from the
+    //     by its gate, or by the windows' node taints; it is let go (the gate lifted, its waiting pods
+    //     made to tolerate every window not in its way) only just in time, when the replay expects it
+    //     to start now ([`super::maintenance::decide_pending`]). The gate also goes from the
     //     pods of a job that started before (a restart's new pods), which tolerate every window: a
     //     running job is cut by a window, not held. Nothing is let go before the windows are known.
     let maintenance_gated = peers::gated_pods(obs.pods, &s.keys.maintenance_gate());
     let taint_prefix = s.keys.maintenance_taint();
     let tolerated = |w: &Window| super::maintenance::job_tolerates(obs.pods, &taint_prefix, &w.id);
-    let mut until_tainted = false;
+    // The windows whose taint is on a node, whoever wrote it: they, not this runner's permission to
+    // write them, keep a pod off the nodes.
+    let tainted = |w: &Window| obs.maintenance_tainted.is_some_and(|t| t.contains(&w.id));
+    let mut release = true;
+    let mut release_check = None;
+    let mut kept_off = Vec::new();
     let (waiting_for_window, tolerate) = match obs.maintenance {
         Some(windows) if never_started => {
             let created_held = annotation(job, &s.keys.maintenance_held).is_some();
@@ -455,19 +464,48 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
                 gated,
                 obs.maintenance_taints,
                 tolerated,
-                |w| obs.maintenance_tainted.is_some_and(|t| t.contains(&w.id)),
+                tainted,
                 facts.max_time,
                 expected,
                 now,
             );
-            until_tainted = d.until_tainted;
-            (d.waiting, d.tolerate)
+            // Held by a window whose taint is not on a node yet: not told so until it is (the nodes'
+            // watch decides every job again then); meanwhile it is decided as any waiting job (image
+            // pull, queue timeout, its statuses).
+            release = d.release;
+            release_check = d.next_check;
+            kept_off = d.kept_off;
+            // Every rank placed, none on a window of some nodes: that window does not concern it.
+            let placed_elsewhere = |w: &Window| {
+                !w.all_nodes()
+                    && !obs.pods.is_empty()
+                    && obs.pods.iter().all(|p| {
+                        p.spec
+                            .as_ref()
+                            .and_then(|s| s.node_name.as_deref())
+                            .is_some_and(|n| !w.covers(n))
+                    })
+            };
+            let waiting = d.waiting.filter(
+                |wt| !matches!(wt, super::maintenance::Waiting::NotHeld(w) if placed_elsewhere(w)),
+            );
+            // Its estimate is being made (a job just queued): not let go of a window before it is
+            // known whether it starts now; decided again with it.
+            let live = windows
+                .iter()
+                .any(|w| w.end > now && super::maintenance::holds_anyone(w, tainted));
+            let mut tolerate = d.tolerate;
+            if obs.estimate_pending && live {
+                release = false;
+                tolerate.clear();
+            }
+            (waiting, tolerate)
         }
-        Some(windows) if obs.maintenance_taints => (
+        Some(windows) => (
             None,
             windows
                 .iter()
-                .filter(|w| w.end > now && !tolerated(w))
+                .filter(|w| w.end > now && tainted(w) && !tolerated(w))
                 .collect(),
         ),
         _ => (None, Vec::new()),
@@ -476,21 +514,16 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         // Decided again as soon as the windows are listed.
         return Ok(Step::Wait { next_check: None });
     }
-    let ungate = (obs.maintenance.is_some()
-        && !maintenance_gated.is_empty()
-        && !matches!(
-            waiting_for_window,
-            Some(super::maintenance::Waiting::Held(_))
-        ))
-    .then(|| {
-        (
-            s.keys.maintenance_gate(),
-            maintenance_gated
-                .iter()
-                .filter_map(|p| p.metadata.name.clone())
-                .collect::<Vec<_>>(),
-        )
-    });
+    let ungate =
+        (obs.maintenance.is_some() && !maintenance_gated.is_empty() && release).then(|| {
+            (
+                s.keys.maintenance_gate(),
+                maintenance_gated
+                    .iter()
+                    .filter_map(|p| p.metadata.name.clone())
+                    .collect::<Vec<_>>(),
+            )
+        });
     let tolerate = (!tolerate.is_empty())
         .then(|| {
             let pods: Vec<String> = super::maintenance::unbound(obs.pods)
@@ -521,12 +554,6 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
             tolerate,
             ..Action::default()
         }));
-    }
-    if until_tainted {
-        // Decided again when the nodes' watch shows the taint (or the node patch refused).
-        return Ok(Step::Wait {
-            next_check: earliest(pull_deadline, queue_deadline),
-        });
     }
 
     // 5. The image cannot be pulled.
@@ -710,7 +737,10 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         if annotation(job, &s.keys.maintenance_told) != Some(token.as_str()) {
             if let Some(until) = awaiting_queued(obs, &record, s, now) {
                 return Ok(Step::Wait {
-                    next_check: earliest(Some(until), earliest(pull_deadline, queue_deadline)),
+                    next_check: earliest(
+                        Some(until),
+                        earliest(earliest(pull_deadline, queue_deadline), release_check),
+                    ),
                 });
             }
             let created = job.metadata.creation_timestamp.as_ref().map(|t| t.0);
@@ -736,7 +766,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
             &facts,
             &record,
             waiting,
-            earliest(pull_deadline, queue_deadline),
+            earliest(earliest(pull_deadline, queue_deadline), release_check),
             now,
         ));
     }
@@ -752,14 +782,17 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
             .unwrap_or(created);
         if now < tell_at {
             return Ok(Step::Wait {
-                next_check: earliest(Some(tell_at), earliest(pull_deadline, queue_deadline)),
+                next_check: earliest(
+                    Some(tell_at),
+                    earliest(earliest(pull_deadline, queue_deadline), release_check),
+                ),
             });
         }
     }
     if obs.estimate_pending {
         // Decided again as soon as the estimate is made.
         return Ok(Step::Wait {
-            next_check: earliest(pull_deadline, queue_deadline),
+            next_check: earliest(earliest(pull_deadline, queue_deadline), release_check),
         });
     }
     let mut reason = pending(obs, &facts, pull.as_ref().zip(pull_deadline));
@@ -768,6 +801,10 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         reason.reason = peers::WAITING_REASON;
         reason.text = format!("The job waits for its peer {} to start", peer.named());
         reason.since = None;
+    }
+    if let Some(text) = super::maintenance::kept_off_text(&kept_off) {
+        // Kept off a window's nodes by its taint, not held: it may start on others.
+        reason.text.push_str(&format!("; {text}"));
     }
     if let Some(Estimate::Never { why }) = obs.estimate {
         reason
@@ -784,7 +821,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     let estimate = obs
         .estimate
         .map_or_else(|| last_estimate.to_owned(), estimate_token);
-    let next_check = earliest(pull_deadline, queue_deadline);
+    let next_check = earliest(earliest(pull_deadline, queue_deadline), release_check);
     if last_plain == Some(plain.as_str())
         && !estimate_moved(last_estimate, &estimate, now, s.estimate_tolerance)
     {
@@ -3438,8 +3475,35 @@ mod tests {
                 .any(|o| matches!(o, Outbound::Lifecycle(e)
             if e.event_id == format!("{job_id}/maintenance/w/{}/held", ts(1800).as_millisecond())))
         );
-        // Not in its way: the toleration, and nothing told.
-        let Step::Act(tolerate) = observe(&vc, &queued, &later, &none, 1) else {
+        // Not in its way, but its estimate still being made: not let go yet.
+        let later_on_a_node: BTreeSet<String> = ["later".to_owned()].into();
+        let pending_estimate = Observed {
+            job: &vc,
+            pods: &queued,
+            podgroup: None,
+            jobs_ahead: None,
+            estimate: None,
+            estimate_pending: true,
+            disruption: None,
+            fresh_at: None,
+            queued_confirmed: true,
+            maintenance: Some(&later),
+            maintenance_taints: true,
+            maintenance_tainted: Some(&later_on_a_node),
+            peers: &[],
+        };
+        assert!(!matches!(
+            decide(&pending_estimate, &s, ts(1)).unwrap(),
+            Step::Act(a) if a.tolerate.is_some() || a.ungate.is_some()
+        ));
+        // Not in its way: nothing to tolerate until its taint is on a node (whoever wrote it, this
+        // runner's permission aside); then the toleration, and nothing told.
+        assert!(!matches!(
+            observe(&vc, &queued, &later, &none, 1),
+            Step::Act(a) if a.tolerate.is_some()
+        ));
+        let later_tainted: BTreeSet<String> = ["later".to_owned()].into();
+        let Step::Act(tolerate) = observe(&vc, &queued, &later, &later_tainted, 1) else {
             panic!("given the toleration");
         };
         assert_eq!(tolerate.what, "tolerate");
@@ -3454,12 +3518,12 @@ mod tests {
         let mut tolerating = queued[0].clone();
         tolerating.spec.as_mut().unwrap().tolerations = Some(vec![toleration.clone()]);
         assert!(!matches!(
-            observe(&vc, &[tolerating], &later, &none, 1),
+            observe(&vc, &[tolerating], &later, &later_tainted, 1),
             Step::Act(a) if a.tolerate.is_some()
         ));
         // A gated job let go: the gate goes and the toleration comes in one action.
         let gated = [pod(vec![s.keys.maintenance_gate()])];
-        let Step::Act(release) = observe(&vc, &gated, &later, &none, 1) else {
+        let Step::Act(release) = observe(&vc, &gated, &later, &later_tainted, 1) else {
             panic!("let go");
         };
         assert_eq!(release.what, "ungate");

@@ -221,10 +221,19 @@ struct Access<'a> {
     reserved: &'a [Option<usize>],
     me: usize,
     own_only: bool,
+    /// The nodes a maintenance window's taint keeps the gang off for now (see
+    /// [`super::estimate_windows::Maintenance::off_nodes`]).
+    off: Option<&'a [bool]>,
 }
 
 impl Access<'_> {
     fn may(&self, node: usize) -> bool {
+        if self
+            .off
+            .is_some_and(|off| off.get(node).copied().unwrap_or(false))
+        {
+            return false;
+        }
         match self.reserved.get(node).copied().flatten() {
             Some(g) => g == self.me,
             None => !self.own_only,
@@ -554,6 +563,8 @@ pub fn replay_with(
                 held_by[i] = Some(w);
                 continue;
             }
+            // Kept off the nodes of a window of some nodes in its way (its taint): placed elsewhere.
+            let off = maintenance.off_nodes(i, cursor, job.runs_for, nodes);
             // What is free only shrinks within a session: a gang of a size that did not fit fails again,
             // and counting its room over every node again is what would make a session cost O(nodes)
             // per waiting gang.
@@ -569,10 +580,11 @@ pub fn replay_with(
                 reserved: &reserved,
                 me: i,
                 own_only: holds,
+                off: off.as_ref().map(|(o, _)| o.as_slice()),
             };
-            // A gang with nodes of its own (or any gang while some are reserved) is no shape like
-            // another's: its nodes differ.
-            let shared = !holds && !any_reserved;
+            // A gang with nodes of its own (or any gang while some are reserved, or one kept off some
+            // nodes) is no shape like another's: its nodes differ.
+            let shared = !holds && !any_reserved && off.is_none();
             let placement = if job.per_rank.fits_in(&roomiest)
                 && job.per_rank.times(job.replicas).fits_in(&total)
                 && (job.replicas == 1
@@ -622,6 +634,7 @@ pub fn replay_with(
                         reserved: &reserved,
                         me: i,
                         own_only: job.reserves.is_some() && reserved.contains(&Some(i)),
+                        off: off.as_ref().map(|(o, _)| o.as_slice()),
                     };
                     for (node, held) in place_some(job, &mut free, nodes, access) {
                         held.take_from(&mut total);
@@ -680,6 +693,12 @@ pub fn replay_with(
             if let Some(w) = held_by[i] {
                 basis.push_str(&format!(
                     "; held back by the maintenance window {} until {}",
+                    w.id, w.end
+                ));
+            }
+            if let Some((_, w)) = &off {
+                basis.push_str(&format!(
+                    "; not on the nodes of the maintenance window {} before {}",
                     w.id, w.end
                 ));
             }
@@ -1904,6 +1923,7 @@ mod tests {
                     reserved: &[],
                     me: next,
                     own_only: false,
+                    off: None,
                 };
                 let Some(p) = place(&jobs[next], &mut free, &cluster, access) else {
                     break;

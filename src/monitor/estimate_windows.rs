@@ -7,14 +7,17 @@
 //!   window's start ([`super::maintenance::cutting`]): a running job, and a gang the replay starts, hold
 //!   their resources until the window's start at the latest, and a job without a time limit that a
 //!   window will cut gets an end;
-//! - a gang held back by a window (its pods gated `<prefix>maintenance`, or, the windows' node taints
-//!   written, not tolerating a window not over: [`super::maintenance::held_by_window`]) starts only at an
-//!   instant when no window is in the way of its time allocation, whatever nodes the window names, since
-//!   that is when the monitor lifts the gate or adds the toleration
-//!   ([`crate::cluster::maintenance::holding`]); the ends of the windows are the instants it is tried
-//!   again;
-//! - a gang that is not held (it tolerates every window, or the node patch was refused) is not kept out
-//!   of anything: the scheduler may start it into a window, which then cuts it (at once during the
+//! - a gang held back whole by a window (its pods gated `<prefix>maintenance`, or not tolerating a
+//!   window of every node not over whose taint is on a node: [`super::maintenance::replay_hold`])
+//!   starts only at an instant when no window is in the way of its time allocation, whatever nodes the
+//!   window names (a window of some nodes whose taint is on no node holds nobody), since that is when
+//!   the monitor lifts the gate or adds the toleration; the ends of the windows are the instants it is
+//!   tried again;
+//! - a gang not held whole that does not tolerate a window of some nodes whose taint is on a node is
+//!   kept off that window's nodes while the window is in the way of its allocation
+//!   ([`Maintenance::off_nodes`]): the scheduler may place it on other nodes;
+//! - a gang that is not held (it tolerates every window whose taint is on a node) is not kept out of
+//!   anything: the scheduler may start it into a window, which then cuts it (at once during the
 //!   window).
 
 use jiff::{SignedDuration, Timestamp};
@@ -27,9 +30,17 @@ use crate::cluster::Window;
 pub struct Maintenance {
     /// The windows as the monitor's watch has them; those over are ignored.
     pub windows: Vec<Window>,
+    /// Per window (same order): it holds a held gang back ([`super::maintenance::holds_anyone`]: a
+    /// window of some nodes whose taint is on no node holds nobody, though it still cuts what runs on
+    /// its nodes). Missing entries count as holding.
+    pub holds: Vec<bool>,
     /// Per waiting gang (the replay's `pending`, same order): it is held back by a window (the
     /// maintenance gate, or a window's taint it does not tolerate). Missing entries count as not held.
     pub held: Vec<bool>,
+    /// Per waiting gang (same order as `held`), when it is not held: the windows (indices into
+    /// `windows`) of some nodes whose taint is on a node and that it does not tolerate: each keeps it
+    /// off its nodes while in the way of its allocation, and it may start elsewhere.
+    pub kept_off: Vec<Vec<usize>>,
     /// Per running job (the replay's `running`, same order): not volcano-runner's, so no window ends it
     /// (the pods of other workloads). Missing entries count as the runner's.
     pub spared: Vec<bool>,
@@ -68,7 +79,42 @@ impl Maintenance {
         if !self.is_held(i) {
             return None;
         }
-        crate::cluster::maintenance::holding(&self.windows, at, runs_for)
+        self.windows
+            .iter()
+            .enumerate()
+            .filter(|(k, w)| {
+                self.holds.get(*k).copied().unwrap_or(true) && w.in_the_way(at, runs_for)
+            })
+            .map(|(_, w)| w)
+            .min_by(|a, b| (a.start, &a.id).cmp(&(b.start, &b.id)))
+    }
+
+    /// The nodes (by index in `nodes`) gang `i`, with time allocation `runs_for`, is kept off at `at`
+    /// by the windows of `kept_off` in the way then, with the earliest-ending of them (for the basis);
+    /// `None`: none is in the way.
+    pub(super) fn off_nodes(
+        &self,
+        i: usize,
+        at: Timestamp,
+        runs_for: Option<SignedDuration>,
+        nodes: &[Node],
+    ) -> Option<(Vec<bool>, &Window)> {
+        let in_way: Vec<&Window> = self
+            .kept_off
+            .get(i)?
+            .iter()
+            .filter_map(|k| self.windows.get(*k))
+            .filter(|w| w.in_the_way(at, runs_for))
+            .collect();
+        let first = in_way
+            .iter()
+            .copied()
+            .min_by(|a, b| (a.end, &a.id).cmp(&(b.end, &b.id)))?;
+        let off = nodes
+            .iter()
+            .map(|n| in_way.iter().any(|w| w.covers(&n.name)))
+            .collect();
+        Some((off, first))
     }
 
     /// When a job holding `ranks` from `from` on, that would end at `ends_by` (`None`: never), ends at
@@ -259,6 +305,46 @@ mod tests {
             let e = estimate_with(&nodes(2), &running, &jobs, &elsewhere, t(0));
             assert_eq!(start(&e[0]), t(1000), "held: {held}");
         }
+    }
+
+    /// Review finding 4: a gang kept off only a window's nodes (the window's taint, not the gate) may
+    /// start on the other nodes at once, and on the window's nodes once the window is no longer in
+    /// the way of its allocation.
+    #[test]
+    fn a_gang_kept_off_a_nodes_window_starts_elsewhere() {
+        let jobs = [gang("g", 1, 16, Some(150))];
+        let kept = |held: bool| Maintenance {
+            windows: vec![window("w", 100, 200, &["n0"])],
+            held: vec![held],
+            kept_off: vec![if held { vec![] } else { vec![0] }],
+            ..Maintenance::default()
+        };
+        // Two free nodes: on n1 at once; held whole, after the window.
+        let e = estimate_with(&nodes(2), &[], &jobs, &kept(false), t(0));
+        assert_eq!(start(&e[0]), t(0));
+        let Estimate::At { basis, .. } = &e[0] else {
+            unreachable!()
+        };
+        assert!(
+            basis.contains("not on the nodes of the maintenance window w before"),
+            "{basis}"
+        );
+        let e = estimate_with(&nodes(2), &[], &jobs, &kept(true), t(0));
+        assert_eq!(start(&e[0]), t(200));
+        // n1 busy until 1000 s: not on n0 while the window is in its way, so at its end.
+        let running = [Running {
+            ranks: vec![(1, cpus(16))],
+            ends_by: Some(t(1000)),
+        }];
+        let e = estimate_with(&nodes(2), &running, &jobs, &kept(false), t(0));
+        assert_eq!(start(&e[0]), t(200));
+        // Not kept off: at once on n0 (then cut by the window).
+        let free = Maintenance {
+            windows: vec![window("w", 100, 200, &["n0"])],
+            ..Maintenance::default()
+        };
+        let e = estimate_with(&nodes(2), &running, &jobs, &free, t(0));
+        assert_eq!(start(&e[0]), t(0));
     }
 
     #[test]

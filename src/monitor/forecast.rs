@@ -434,31 +434,32 @@ fn inputs<'a>(
             pending_gang(pg, job, keys, in_fifo, reserve_nodes)
         })
         .collect();
-    // The windows whose taint is on a node (the ids the maintenance taints carry): a job that does not
-    // tolerate one is held by it.
-    let taint_key = keys.maintenance_taint();
-    let tainted: std::collections::HashSet<&str> = view
-        .nodes
+    // The windows whose taint is on a node, read as the monitor reads them: a job that does not
+    // tolerate one is held by it, and a window of some nodes whose taint is on no node holds nobody.
+    let tainted = super::maintenance::tainted_windows(
+        view.nodes
+            .iter()
+            .flat_map(|n| n.spec.iter().flat_map(|s| s.taints.iter().flatten())),
+        &keys.maintenance_taint(),
+    );
+    let (held, kept_off): (Vec<bool>, Vec<Vec<usize>>) = waiting
         .iter()
-        .flat_map(|n| n.spec.iter().flat_map(|s| s.taints.iter().flatten()))
-        .filter(|t| t.key == taint_key && t.effect == super::maintenance::TAINT_EFFECT)
-        .filter_map(|t| t.value.as_deref())
-        .collect();
-    let tainted_windows: Vec<crate::cluster::Window> = windows
-        .iter()
-        .filter(|w| tainted.contains(w.id.as_str()))
-        .cloned()
-        .collect();
+        .map(|pg| {
+            job_of_group(pg)
+                .and_then(|k| jobs.get(&k).map(|j| (k, j)))
+                .map_or((false, Vec::new()), |(k, j)| {
+                    held(j, &k, view.pods, keys, windows, &tainted, now)
+                })
+        })
+        .unzip();
     let maintenance = estimate::Maintenance {
         windows: windows.to_vec(),
-        held: waiting
+        holds: windows
             .iter()
-            .map(|pg| {
-                job_of_group(pg)
-                    .and_then(|k| jobs.get(&k).map(|j| (k, j)))
-                    .is_some_and(|(k, j)| held(j, &k, view.pods, keys, &tainted_windows, now))
-            })
+            .map(|w| super::maintenance::holds_anyone(w, |w| tainted.contains(&w.id)))
             .collect(),
+        held,
+        kept_off,
         spared,
     };
     Inputs {
@@ -513,7 +514,7 @@ fn entries(waiting: &[&PodGroup], pending: &[Pending], estimates: &[Estimate]) -
     out
 }
 
-/// Whether a maintenance window holds the job back ([`super::maintenance::held_by_window`]): the
+/// How the maintenance windows hold the job back ([`super::maintenance::replay_hold`]): the
 /// monitor lifts the gate, or adds a window's toleration, only when the window is not in the way.
 /// `tainted`: the windows whose taint is on a node.
 fn held(
@@ -521,9 +522,10 @@ fn held(
     key: &JobKey,
     pods: &[Pod],
     keys: &AnnotationKeys,
-    tainted: &[crate::cluster::Window],
+    windows: &[crate::cluster::Window],
+    tainted: &std::collections::BTreeSet<String>,
     now: Timestamp,
-) -> bool {
+) -> (bool, Vec<usize>) {
     let created_held = job
         .metadata
         .annotations
@@ -548,10 +550,10 @@ fn held(
     );
     let own: Vec<Pod> = own.into_iter().cloned().collect();
     let prefix = keys.maintenance_taint();
-    super::maintenance::held_by_window(
-        tainted,
+    super::maintenance::replay_hold(
+        windows,
         gate_holds,
-        true,
+        |w| tainted.contains(&w.id),
         |w| super::maintenance::job_tolerates(&own, &prefix, &w.id),
         now,
     )

@@ -17,7 +17,7 @@
 //! Every job is handled on its own: a failure is logged and retried with backoff for that job only (W6,
 //! W7), and nothing is acted on for a job whose shard this runner does not hold at that moment.
 
-use std::collections::{BTreeSet, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -159,7 +159,7 @@ const TAINTS_RETRY: jiff::SignedDuration = jiff::SignedDuration::from_secs(60);
 /// How often the start-time estimates are made again while things change: often enough that a job
 /// is told its estimate with its first status event, seldom enough that a busy cluster does not replay
 /// the queue on every event.
-const ESTIMATE_EVERY: jiff::SignedDuration = jiff::SignedDuration::from_secs(2);
+pub(crate) const ESTIMATE_EVERY: jiff::SignedDuration = jiff::SignedDuration::from_secs(2);
 
 /// The earlier of two instants, either of which may be unset.
 fn earliest_of(a: Option<jiff::Timestamp>, b: Option<jiff::Timestamp>) -> Option<jiff::Timestamp> {
@@ -734,14 +734,10 @@ impl Loop {
     /// the decisions: when they change (a window's taint written, moved on or lifted), every job is
     /// decided again (a job waits to be told it is held until the taint that holds it is there).
     fn tainted_changed(&mut self) {
-        let key = self.exec.settings.keys.maintenance_taint();
-        let tainted: BTreeSet<String> = self
-            .node_taints
-            .values()
-            .flat_map(|n| &n.taints)
-            .filter(|t| t.key == key && t.effect == super::maintenance::TAINT_EFFECT)
-            .filter_map(|t| t.value.clone())
-            .collect();
+        let tainted = super::maintenance::tainted_windows(
+            self.node_taints.values().flat_map(|n| &n.taints),
+            &self.exec.settings.keys.maintenance_taint(),
+        );
         let changed = self.exec.tainted.send_if_modified(|current| {
             let changed = **current != tainted;
             if changed {
@@ -883,7 +879,8 @@ impl Loop {
         let now = self.exec.clock.now();
         self.cache
             .set_maintenance_windows(self.exec.maintenance.borrow().clone());
-        self.cache.set_maintenance_taints(!self.taints_refused());
+        self.cache
+            .set_maintenance_tainted(self.exec.tainted.borrow().clone());
         let changed = self
             .cache
             .estimate_starts(&nodes, &self.exec.settings.keys, now);

@@ -15,6 +15,12 @@
 //! room is made before it, a short one is given the window's toleration and starts before it, and a
 //! runner killed meanwhile loses nothing; where the node patch is refused, or the job is placed already
 //! (its image pulling), it cannot be held and is told what the window will do to it.
+//!
+//! The review of the hold (issue 30 point 6): a job is let go of a window only just in time, when the
+//! replay expects it to start now (a job waiting for room is not let go to start into the window later);
+//! a window on no existing node holds nobody and a waiting job still times out in the queue; no
+//! toleration is rendered at submit time; what holds a job is the taint on the nodes, not this runner's
+//! permission to write it; a `--nodes` window keeps a job off its nodes only.
 
 use crate::monitor_support;
 
@@ -802,6 +808,235 @@ async fn a_job_queued_before_a_window_does_not_start_into_it_and_a_short_one_sta
     w.close().await;
 }
 
+/// Review finding 2: a job is let go of a window only just in time. One node, busy until two hours
+/// from now (a job with a two-hour limit); a four-hour whole-node job waits behind it (its pod made), and a window from +5 h to
+/// +6 h is scheduled. The replay, which counts the job as held, expects it at the window's end: it is
+/// not given the window's toleration while it waits for room (it used to be, at once, and then started
+/// at +2 h and was cut at +5 h), and when the node frees at +2 h its allocation crosses the window: it
+/// is told it waits and starts after the window's end. Then, queued the same way behind it (busy until
+/// its limit) with a window two hours after, a one-hour job is let go when the node frees and starts
+/// then.
+#[tokio::test]
+async fn a_queued_job_is_let_go_only_when_it_starts_and_never_into_a_window() {
+    let mut w = World::start("mon-maint-jit", |_| {}, one_node_world).await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    // Two cpus of sixteen: the scheduler's enqueue (overcommit 1.2) admits the whole-node job behind
+    // it, whose pod then waits for the node.
+    let mut busy = whole_node("mj1", "sleep infinity", 2 * 3600);
+    busy.product.as_mut().unwrap().cpu = 2;
+    let ns = w.namespace_of(&busy);
+    w.submit(&busy).await;
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("the busy job RUNNING", |s| s.event("mj1/RUNNING").is_some())
+        .await;
+    let busy_until = ms(&w.seen.event("mj1/RUNNING").unwrap().started_at) + 2 * 3_600_000;
+    let long = whole_node("mj2", "sleep infinity", 4 * 3600);
+    w.submit(&long).await;
+    w.advance(2);
+    w.settle(Duration::from_millis(300)).await;
+    let window = schedule(&w, 5 * 3600, 6 * 3600, &[]).await;
+    let key = w.keys.maintenance_taint();
+    until_taints(
+        &w,
+        "the window's taint on the node",
+        &[format!("n1={key}={}", window.id)],
+    )
+    .await;
+    let tolerates = |w: &World, id: &str, window: &str| {
+        w.pod(&ns, &format!("j-{id}-job-0"))
+            .and_then(|p| p.pointer("/spec/tolerations").cloned())
+            .and_then(|t| t.as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t["key"] == key.as_str() && t["value"] == window)
+    };
+    for _ in 0..5 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    assert!(w.pod(&ns, "j-mj2-job-0").is_some(), "its pod waits");
+    assert!(
+        !tolerates(&w, "mj2", &window.id),
+        "not let go while it waits for room"
+    );
+    // The node frees: the window is in its way from then, it is held and told so.
+    w.advance_to_ms(busy_until);
+    for _ in 0..6 {
+        w.settle(Duration::from_millis(300)).await;
+        w.advance(2);
+    }
+    w.until("the long job told it waits for the window", |s| {
+        s.event(&held_id("mj2", &window, true)).is_some()
+    })
+    .await;
+    w.advance_to_ms(window.start.as_millisecond() - 60_000);
+    for _ in 0..3 {
+        w.settle(Duration::from_millis(300)).await;
+        w.advance(2);
+    }
+    assert!(
+        w.seen.event("mj2/RUNNING").is_none() && !tolerates(&w, "mj2", &window.id),
+        "the long job does not start into the window"
+    );
+    w.advance_to_ms(window.end.as_millisecond());
+    until_taints(&w, "the taint gone after the window", &[]).await;
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("the long job RUNNING after the window", |s| {
+        s.event("mj2/RUNNING").is_some()
+    })
+    .await;
+    let long_start = ms(&w.seen.event("mj2/RUNNING").unwrap().started_at);
+    assert!(long_start >= window.end.as_millisecond());
+
+    // A one-hour job behind it, and a window two hours after the long job's limit: let go when the
+    // node frees, and it starts then.
+    let short = whole_node("mj3", "sleep 600", 3600);
+    w.submit(&short).await;
+    w.advance(2);
+    w.settle(Duration::from_millis(300)).await;
+    let long_until = long_start + 4 * 3_600_000;
+    let now = w.sim.now().as_millisecond();
+    let second = schedule(
+        &w,
+        (long_until - now) / 1000 + 7200,
+        (long_until - now) / 1000 + 3 * 3600,
+        &[],
+    )
+    .await;
+    until_taints(
+        &w,
+        "the second window's taint",
+        &[format!("n1={key}={}", second.id)],
+    )
+    .await;
+    w.advance_to_ms(long_until - 60_000);
+    for _ in 0..3 {
+        w.settle(Duration::from_millis(300)).await;
+        w.advance(2);
+    }
+    assert!(w.seen.event("mj3/RUNNING").is_none() && !tolerates(&w, "mj3", &second.id));
+    w.advance_to_ms(long_until);
+    for _ in 0..6 {
+        w.settle(Duration::from_millis(300)).await;
+        w.advance(2);
+    }
+    w.until("the short job RUNNING when the node frees", |s| {
+        s.event("mj3/RUNNING").is_some()
+    })
+    .await;
+    let started = ms(&w.seen.event("mj3/RUNNING").unwrap().started_at);
+    assert!(
+        started < long_until + 120_000,
+        "the short job started at {started}, the node free at {long_until}"
+    );
+    assert!(w.seen.event(&held_id("mj3", &second, true)).is_none());
+    w.advance(600);
+    for _ in 0..3 {
+        w.settle(Duration::from_millis(300)).await;
+        w.advance(2);
+    }
+    w.until("the short job SUCCESS", |s| {
+        s.event("mj3/SUCCESS").is_some()
+    })
+    .await;
+    assert!(w.seen.event("mj2/FAILURE").is_none(), "not cut");
+    runner.stop().await;
+    w.close().await;
+}
+
+/// Review finding 3: a window whose `--nodes` name no node that exists (its taint is on no node) holds
+/// nobody, and nothing skips the rest of a waiting job's decision. A submission the submit path gated
+/// for it (it looks at no nodes) is let go and runs before the window; a job queued before it that
+/// never fits is told its usual status and times out in the queue (`[monitor] queue_timeout`) like any
+/// job (it used to hear nothing and wait for good).
+#[tokio::test]
+async fn a_window_on_no_existing_node_holds_nobody_and_a_waiting_job_still_times_out() {
+    let mut w = World::start(
+        "mon-maint-nonode",
+        |c| c.monitor.queue_timeout = Some(Duration::from_secs(3600)),
+        one_node_world,
+    )
+    .await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let consumer = w.consumer("runner-a").await;
+    let mut busy = whole_node("mn1", "sleep infinity", 8 * 3600);
+    busy.product.as_mut().unwrap().cpu = 2;
+    w.submit(&busy).await;
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("the busy job RUNNING", |s| s.event("mn1/RUNNING").is_some())
+        .await;
+    let window = schedule(&w, 1800, 3600, &["no-such-node"]).await;
+    let small = with_allocation(job("mn2", "sleep infinity"), 3 * 3600);
+    let ns = w.namespace_of(&small);
+    w.publish_submit(&small).await;
+    w.until("QUEUED", |s| s.event("mn2/QUEUED").is_some()).await;
+    assert!(
+        w.vcjob(&ns, "mn2")
+            .and_then(|j| j.pointer("/metadata/annotations").cloned())
+            .is_some_and(|a| a.get(&w.keys.maintenance_held).is_some()),
+        "created held: the submit path looks at no nodes"
+    );
+    for _ in 0..5 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("the gated job let go and RUNNING", |s| {
+        s.event("mn2/RUNNING").is_some()
+    })
+    .await;
+    assert!(ms(&w.seen.event("mn2/RUNNING").unwrap().started_at) < window.start.as_millisecond());
+    // Queued as if before the window (no gate), too big to fit while the busy job runs.
+    let big = whole_node("mn3", "sleep 60", 2 * 3600);
+    w.submit(&big).await;
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.advance(120);
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("the big job's usual status", |s| {
+        s.of("mn3")
+            .lifecycle
+            .iter()
+            .any(|e| e.event_id.starts_with("mn3/status/"))
+    })
+    .await;
+    w.advance(3600);
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("the big job timed out in the queue", |s| {
+        s.event("mn3/FAILURE").is_some()
+    })
+    .await;
+    assert_eq!(w.seen.event("mn3/FAILURE").unwrap().reason, "queue_timeout");
+    for id in ["mn2", "mn3"] {
+        assert!(
+            w.seen.event(&held_id(id, &window, true)).is_none()
+                && w.seen.event(&held_id(id, &window, false)).is_none(),
+            "{id}: the window holds nobody"
+        );
+    }
+    consumer.stop().await;
+    runner.stop().await;
+    w.close().await;
+}
+
 /// Two windows over one node: the node carries one maintenance taint (taints are unique by key and
 /// effect), valued with the id of the window that starts first; when that one is cancelled the value
 /// moves on to the other, and when that one is over the taint goes.
@@ -1166,14 +1401,15 @@ async fn a_cancelled_window_lets_a_queued_job_go_and_without_the_node_patch_it_i
     w.close().await;
 }
 
-/// With `[monitor] queue_timeout`, a window that starts after a submission's latest possible end (the
-/// timeout, then its allocation) can never be in its way: the submit path renders its toleration into
-/// the job's pods, so the job runs without waiting for the monitor to add it. A window nearer is left to
-/// the monitor.
+/// Review finding 6: no window's toleration is rendered at submit time, even with `[monitor]
+/// queue_timeout` set and a window that starts after the job's latest possible end (the timeout, then
+/// its allocation): an extension or a monitoring gap can bring it into the job's way, and a template's
+/// toleration is on every pod made from it. The monitor gives the waiting pods the toleration of each
+/// window not in the job's way, just in time, and the job runs before either window.
 #[tokio::test]
-async fn a_submission_tolerates_at_once_a_window_it_can_never_run_into() {
+async fn a_submission_tolerates_no_window_until_the_monitor_lets_it_go() {
     let mut w = World::start(
-        "mon-maint-submit-tolerates",
+        "mon-maint-submit-no-toleration",
         |c| c.monitor.queue_timeout = Some(Duration::from_secs(3600)),
         |_| {},
     )
@@ -1181,13 +1417,27 @@ async fn a_submission_tolerates_at_once_a_window_it_can_never_run_into() {
     let runner = w.runner("runner-a").await;
     runner.holds(4).await;
     let consumer = w.consumer("runner-a").await;
-    // Queued for an hour at most, then half an hour's run: the near window may still be in its way.
     let near = schedule(&w, 3600, 2 * 3600, &[]).await;
     let far = schedule(&w, 3 * 3600, 4 * 3600, &[]).await;
+    let names: Vec<String> = kube::Api::<Node>::all(w.client.clone())
+        .list(&Default::default())
+        .await
+        .expect("the nodes are listed")
+        .items
+        .iter()
+        .filter_map(|n| n.metadata.name.clone())
+        .collect();
+    let mut wanted: Vec<String> = names
+        .iter()
+        .map(|n| format!("{n}={}={}", w.keys.maintenance_taint(), near.id))
+        .collect();
+    wanted.sort();
+    until_taints(&w, "the nearer window's taint on every node", &wanted).await;
     let short = with_allocation(job("mt7", "sleep infinity"), 1800);
     let ns = w.namespace_of(&short);
     w.publish_submit(&short).await;
     w.until("QUEUED", |s| s.event("mt7/QUEUED").is_some()).await;
+    let key = w.keys.maintenance_taint();
     let rendered: Vec<String> = w
         .vcjob(&ns, "mt7")
         .and_then(|j| {
@@ -1197,13 +1447,10 @@ async fn a_submission_tolerates_at_once_a_window_it_can_never_run_into() {
         .and_then(|t| t.as_array().cloned())
         .unwrap_or_default()
         .iter()
-        .filter(|t| t["key"] == w.keys.maintenance_taint().as_str())
-        .filter_map(|t| t["value"].as_str().map(str::to_owned))
+        .filter_map(|t| t["key"].as_str().map(str::to_owned))
+        .filter(|k| *k == key)
         .collect();
-    assert!(
-        rendered.contains(&far.id) && !rendered.contains(&near.id),
-        "{rendered:?}"
-    );
+    assert!(rendered.is_empty(), "{rendered:?}");
     for _ in 0..3 {
         w.advance(2);
         w.settle(Duration::from_millis(300)).await;
@@ -1212,7 +1459,187 @@ async fn a_submission_tolerates_at_once_a_window_it_can_never_run_into() {
         s.event("mt7/RUNNING").is_some()
     })
     .await;
+    let given: Vec<String> = w
+        .pod(&ns, "j-mt7-job-0")
+        .and_then(|p| p.pointer("/spec/tolerations").cloned())
+        .and_then(|t| t.as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter(|t| t["key"] == key.as_str())
+        .filter_map(|t| t["value"].as_str().map(str::to_owned))
+        .collect();
+    // The taint on the nodes is the nearer window's (one per node, the earliest): a job that ends
+    // before it ends before the later one too.
+    assert_eq!(
+        given,
+        std::slice::from_ref(&near.id),
+        "the nearer window's, not the later {}'s, which no node carries",
+        far.id
+    );
     consumer.stop().await;
+    runner.stop().await;
+    w.close().await;
+}
+
+/// Review finding 5: what holds a job is the taint on the nodes, whoever wrote it, not this runner's
+/// permission to write it. A window's taint is on the node and a job waits, held by it; then the
+/// cluster refuses this runner the node patch (a second window's taint cannot be written). The job
+/// stays held by the first window's taint and is not told it cannot be held (it used to be, for the
+/// second window, though the first one's taint kept it off the node); a job only the second window is
+/// in the way of, whose taint is on no node, is told it cannot be held.
+#[tokio::test]
+async fn a_job_held_by_a_taint_on_the_nodes_stays_held_when_this_runner_may_no_longer_write_taints()
+{
+    let mut w = World::start("mon-maint-refused-later", |_| {}, one_node_world).await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let mut busy = whole_node("mr1", "sleep infinity", 8 * 3600);
+    busy.product.as_mut().unwrap().cpu = 2;
+    w.submit(&busy).await;
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("the busy job RUNNING", |s| s.event("mr1/RUNNING").is_some())
+        .await;
+    let long = whole_node("mr2", "sleep 60", 4 * 3600);
+    let short = whole_node("mr3", "sleep 60", 1200);
+    w.submit(&long).await;
+    w.submit(&short).await;
+    w.advance(2);
+    w.settle(Duration::from_millis(300)).await;
+    let first = schedule(&w, 1800, 3600, &[]).await;
+    until_taints(
+        &w,
+        "the first window's taint",
+        &[format!("n1={}={}", w.keys.maintenance_taint(), first.id)],
+    )
+    .await;
+    w.until("the long job told it waits for the first window", |s| {
+        s.event(&held_id("mr2", &first, true)).is_some()
+    })
+    .await;
+    w.sim.faults().add_rule(volcano_runner::sim::FaultRule {
+        resource: "nodes".into(),
+        verb: "patch".into(),
+        error_403: 1.0,
+        ..Default::default()
+    });
+    let second = schedule(&w, 600, 1200, &[]).await;
+    w.until("the short job told the second window cannot hold it", |s| {
+        s.event(&held_id("mr3", &second, false)).is_some()
+    })
+    .await;
+    w.settle(Duration::from_millis(500)).await;
+    assert_eq!(
+        maintenance_taints(&w).await,
+        vec![format!("n1={}={}", w.keys.maintenance_taint(), first.id)],
+        "the first window's taint stays, the second's was refused"
+    );
+    let queued: Vec<String> = w
+        .seen
+        .of("mr2")
+        .lifecycle
+        .iter()
+        .filter(|e| e.event_id.ends_with("/queued"))
+        .map(|e| e.event_id.clone())
+        .collect();
+    assert!(
+        queued.is_empty(),
+        "held by the first window's taint, not told it cannot be: {queued:?}"
+    );
+    runner.stop().await;
+    w.close().await;
+}
+
+/// Two nodes of 16 cpu.
+fn two_node_world(s: &mut volcano_runner::sim::SimConfig) {
+    one_node_world(s);
+    let mut second = s.nodes[0].clone();
+    second.name = "n2".into();
+    s.nodes.push(second);
+}
+
+/// Review finding 4: a job kept off only a `--nodes` window's nodes by its taint is not held: it is not
+/// told `/held` until the window's end (it used to be), its status says it does not start on the
+/// window's nodes before the window's end, and it starts on the other node as soon as that one frees,
+/// before the window.
+#[tokio::test]
+async fn a_job_kept_off_a_nodes_windows_nodes_starts_elsewhere_and_is_not_told_it_is_held() {
+    let mut w = World::start("mon-maint-nodes-window", |_| {}, two_node_world).await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let stays = whole_node("mk1", "sleep infinity", 8 * 3600);
+    let leaves = whole_node("mk2", "sleep 600", 3600);
+    let ns = w.namespace_of(&stays);
+    w.submit(&stays).await;
+    w.submit(&leaves).await;
+    for _ in 0..3 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("both busy jobs RUNNING", |s| {
+        s.event("mk1/RUNNING").is_some() && s.event("mk2/RUNNING").is_some()
+    })
+    .await;
+    let node_of = |w: &World, id: &str| {
+        w.pod(&ns, &format!("j-{id}-job-0"))
+            .and_then(|p| p.pointer("/spec/nodeName")?.as_str().map(str::to_owned))
+    };
+    let busy_node = node_of(&w, "mk1").expect("placed");
+    let waiting = whole_node("mk3", "sleep infinity", 4 * 3600);
+    w.submit(&waiting).await;
+    w.advance(2);
+    w.settle(Duration::from_millis(300)).await;
+    let window = schedule(&w, 1800, 3600, &[busy_node.as_str()]).await;
+    until_taints(
+        &w,
+        "the window's taint on its node",
+        &[format!(
+            "{busy_node}={}={}",
+            w.keys.maintenance_taint(),
+            window.id
+        )],
+    )
+    .await;
+    let says = format!(
+        "it does not start on {busy_node} before {} (maintenance window {})",
+        window.end, window.id
+    );
+    for _ in 0..5 {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    w.until("its status says where it does not start", |s| {
+        s.of("mk3")
+            .lifecycle
+            .iter()
+            .any(|e| e.status.contains(&says))
+    })
+    .await;
+    w.advance(600);
+    for _ in 0..5 {
+        w.settle(Duration::from_millis(300)).await;
+        w.advance(2);
+    }
+    w.until("the waiting job RUNNING on the other node", |s| {
+        s.event("mk3/RUNNING").is_some()
+    })
+    .await;
+    assert!(ms(&w.seen.event("mk3/RUNNING").unwrap().started_at) < window.start.as_millisecond());
+    assert_ne!(node_of(&w, "mk3"), Some(busy_node));
+    for held in [true, false] {
+        assert!(
+            w.seen.event(&held_id("mk3", &window, held)).is_none(),
+            "not told it is held, nor that it cannot be: {:?}",
+            w.seen
+                .of("mk3")
+                .lifecycle
+                .iter()
+                .map(|e| (&e.event_id, &e.status))
+                .collect::<Vec<_>>()
+        );
+    }
     runner.stop().await;
     w.close().await;
 }

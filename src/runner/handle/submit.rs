@@ -118,14 +118,9 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         if let Some(window) = crate::cluster::maintenance::holding(&windows, now, max_time) {
             hold_back(&mut desired.vcjob, &h.keys, window);
         }
-        let queue_timeout = h
-            .config
-            .monitor
-            .queue_timeout
-            .and_then(|t| jiff::SignedDuration::try_from(t).ok());
-        let never =
-            crate::cluster::maintenance::never_in_the_way(&windows, now, max_time, queue_timeout);
-        tolerate(&mut desired.vcjob, &h.keys, &never);
+        // No window's toleration is rendered into the pods' template: whether a window can be in the
+        // job's way depends on when it starts (an extension, a monitoring gap), and a template's
+        // toleration is on every pod ever made from it. The monitor adds them just in time.
     }
     let decorations = Decorations {
         runner_id: &h.runner_id,
@@ -244,33 +239,6 @@ fn hold_back(
         .annotations
         .get_or_insert_default()
         .insert(keys.maintenance_held.clone(), window.id.clone());
-}
-
-/// Renders into every task's pods the toleration of each window in `windows`' node taint (windows that
-/// can never be in the job's way: the monitor would add them to its waiting pods otherwise).
-fn tolerate(
-    vcjob: &mut VolcanoJob,
-    keys: &crate::durable::AnnotationKeys,
-    windows: &[&crate::cluster::Window],
-) {
-    if windows.is_empty() {
-        return;
-    }
-    let prefix = keys.maintenance_taint();
-    for task in &mut vcjob.spec.tasks {
-        let tolerations = task
-            .template
-            .spec
-            .get_or_insert_default()
-            .tolerations
-            .get_or_insert_default();
-        for w in windows {
-            let t = crate::monitor::maintenance::toleration(&prefix, &w.id);
-            if !tolerations.contains(&t) {
-                tolerations.push(t);
-            }
-        }
-    }
 }
 
 /// Publishes the job's QUEUED and settles. Built from the job as it exists (created now or by an
