@@ -455,8 +455,14 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
                 obs.pods.is_empty(),
                 !maintenance_gated.is_empty(),
             );
+            // When the replay places it: the start it tells is `[monitor] start_margin` later (the
+            // time the scheduler takes to place it), and a job is let go when it is placed.
+            let margin =
+                SignedDuration::try_from(s.config.monitor.start_margin).unwrap_or_default();
             let expected = match obs.estimate {
-                Some(Estimate::At { start, .. }) => Some(*start),
+                Some(Estimate::At { start, .. }) => {
+                    Some(start.checked_sub(margin).unwrap_or(*start))
+                }
                 _ => None,
             };
             let d = super::maintenance::decide_pending(
