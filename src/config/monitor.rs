@@ -91,7 +91,7 @@ pub struct MonitorConfig {
     /// 0: no warning, only the end at the window's start.
     #[serde(with = "duration::required")]
     pub maintenance_warn_before: Duration,
-    /// Whether the monitor reserves nodes for a whole-node or large gang (ranks of more than half of a
+    /// Whether the monitor reserves nodes for a whole-node or large gang (several ranks, or ranks of more than half of a
     /// node they fit on) past its `sla-waiting-time`, by tainting the nodes the start-time replay gives
     /// it (`<prefix>reserved=<jobId>:NoSchedule`; the pods of a job with a waiting time or whole nodes
     /// tolerate their own job id), so that a stream of smaller jobs cannot pass it for ever and its

@@ -93,22 +93,25 @@ struct Outcome {
     taints_left: usize,
 }
 
-/// The waiting gang: two ranks of `cpu` CPUs each, running 300 s of a 600 s limit; whole nodes when
+/// The waiting gang: `ranks` ranks of `cpu` CPUs each, running 300 s of a 600 s limit; whole nodes when
 /// `whole`.
 #[derive(Debug, Clone, Copy)]
 struct Gang {
+    ranks: u32,
     cpu: u32,
     whole: bool,
 }
 
 /// Two whole-node ranks (8 CPUs each asked, all of the node held).
 const WHOLE: Gang = Gang {
+    ranks: 2,
     cpu: 8,
     whole: true,
 };
 /// Two ranks of 12 CPUs on 16-CPU nodes, not whole-node: no node holds two of them, and the 4 CPUs
 /// beside a rank stay for small jobs.
 const LARGE: Gang = Gang {
+    ranks: 2,
     cpu: 12,
     whole: false,
 };
@@ -146,7 +149,7 @@ async fn run(reserve: bool, gang: Gang) -> Outcome {
         if second == GANG_ARRIVES {
             api.create(
                 &PostParams::default(),
-                &vcjob(GANG, 2, gang.cpu, 300, 600, gang.whole),
+                &vcjob(GANG, gang.ranks, gang.cpu, 300, 600, gang.whole),
             )
             .await
             .unwrap();
@@ -291,4 +294,23 @@ fn told_a_bound_only_with_the_reservation_and_kept_it(with: &Outcome, without: &
         without.passed_by > with.passed_by,
         "more small jobs pass it without the reservation: {without:?} vs {with:?}"
     );
+}
+
+/// Four ranks of 6 CPUs on 16-CPU nodes: no rank takes more than half of a node, but the four must
+/// start at once. The `sla` plugin keeps, in a session, only the idle room a rank fits in, and the
+/// stream retakes room before 24 CPUs are free at once: before gangs of several ranks were reserved for,
+/// it was told a bound of 144 s from the `sla` plugin alone and started at 1,344 s, passed by 189 small
+/// jobs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_of_several_small_ranks_told_a_bound_starts_by_it_while_small_jobs_keep_arriving() {
+    let many = Gang {
+        ranks: 4,
+        cpu: 6,
+        whole: false,
+    };
+    let with = run(true, many).await;
+    let without = run(false, many).await;
+    println!("stream of small jobs, gang of four 6-CPU ranks, with reserve_nodes: {with:?}");
+    println!("stream of small jobs, gang of four 6-CPU ranks, without reserve_nodes: {without:?}");
+    told_a_bound_only_with_the_reservation_and_kept_it(&with, &without);
 }
