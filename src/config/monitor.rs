@@ -91,13 +91,15 @@ pub struct MonitorConfig {
     /// 0: no warning, only the end at the window's start.
     #[serde(with = "duration::required")]
     pub maintenance_warn_before: Duration,
-    /// Whether the monitor reserves nodes for a whole-node or large gang (several ranks, or ranks of more than half of a
-    /// node they fit on) past its `sla-waiting-time`, by tainting the nodes the start-time replay gives
-    /// it (`<prefix>reserved=<jobId>:NoSchedule`; the pods of a job with a waiting time or whole nodes
-    /// tolerate their own job id), so that a stream of smaller jobs cannot pass it for ever and its
-    /// estimate is a bound (docs/estimates.md); without it such a gang is told expectations. Uses
-    /// `patch` on nodes, cluster-wide, which the base ClusterRole grants for the maintenance windows'
-    /// taints. Off by default: it changes where the scheduler places jobs, which the operator chooses.
+    /// Whether the monitor reserves nodes for a whole-node or large gang (several ranks, or ranks of
+    /// more than half of a node they fit on) past its `sla-waiting-time`, by tainting the nodes the
+    /// start-time replay gives it (`<prefix>reserved=<jobId>:NoSchedule`; the pods of a job with a
+    /// waiting time or whole nodes tolerate their own job id), so that a stream of smaller jobs cannot
+    /// pass it for ever and its estimate is a bound (docs/estimates.md); without it such a gang is told
+    /// expectations. Uses `patch` on nodes, cluster-wide, which the base ClusterRole grants for the
+    /// maintenance windows' taints. On by default: it acts only for jobs with a waiting time
+    /// (`[pipeline.scheduling] sla_waiting_time`, unset by default), and an operator who sets one asks
+    /// for bounds and no starvation; off trades them for the throughput of the nodes that drain.
     pub reserve_nodes: bool,
     /// Whether the Volcano scheduler runs its `proportion` plugin, as its default configuration does.
     /// It serves the queue with the lowest share first, whatever a job's `sla-waiting-time`, so while jobs
@@ -125,7 +127,7 @@ impl Default for MonitorConfig {
             retry_max_delay: Duration::from_secs(60),
             encoding: Encoding::Json,
             maintenance_warn_before: Duration::from_secs(3600),
-            reserve_nodes: false,
+            reserve_nodes: true,
             proportion: true,
         }
     }

@@ -334,7 +334,7 @@ fn the_audit_notices_a_missing_and_an_extra_grant() {
     );
 }
 
-/// `[monitor] reserve_nodes` (off in the base) patches nodes, with the grant the base ClusterRole gives
+/// `[monitor] reserve_nodes` (on in the base, acting for jobs with a waiting time) patches nodes, with the grant the base ClusterRole gives
 /// for the maintenance windows' taints (exercised by the audited session).
 #[test]
 fn the_base_grants_the_node_patch_of_the_taints() {
