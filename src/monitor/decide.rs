@@ -471,7 +471,9 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
                 obs.maintenance_taints,
                 tolerated,
                 tainted,
-                facts.max_time,
+                // Judged from when it is placed: its allocation runs from the margin after, so the
+                // margin counts with it (a window right after its end is in its way).
+                facts.max_time.map(|m| m.checked_add(margin).unwrap_or(m)),
                 expected,
                 now,
             );
@@ -940,8 +942,12 @@ fn maintenance_status(
         if !held {
             return Step::Wait { next_check };
         }
+        // (The replay tells a start `[monitor] start_margin` after it places the gang: at the window's
+        // end it says the end plus the margin, which is no news.)
+        let margin = SignedDuration::try_from(s.config.monitor.start_margin).unwrap_or_default();
+        let held_until = window.end.checked_add(margin).unwrap_or(window.end);
         let replayed = match obs.estimate {
-            Some(e @ Estimate::At { start, .. }) if *start > window.end => Some(e),
+            Some(e @ Estimate::At { start, .. }) if *start > held_until => Some(e),
             Some(Estimate::At { .. }) => None,
             _ => return Step::Wait { next_check },
         };

@@ -156,9 +156,10 @@ impl Pending {
     /// Whether the scheduler keeps the replay's order for it, so that its estimate is an upper bound:
     /// past its `sla-waiting-time` nothing placed after it takes what it can use (a `fifo` queue is not
     /// enough: the other queues still pass it). A gang that `needs_reservation` ([`needs_reservation`]:
-    /// whole nodes, or ranks so large that no node holds two) is the exception: what it waits for is
-    /// most of a node per rank, and the `sla` plugin keeps nothing of a node before a rank fits there,
-    /// so smaller jobs can keep filling the room it waits for; it gets a bound only once the nodes
+    /// whole nodes, more than one rank, or a rank of which some node type it fits on holds only one)
+    /// is the exception: what it waits for is most of a node, or the room of several ranks at once, and
+    /// the `sla` plugin keeps only the room one rank fits in, so smaller jobs can keep filling the room
+    /// it waits for; it gets a bound only once the nodes
     /// tainted for it hold all of its ranks (`reserved_ranks`: how many they hold when empty): then
     /// nothing else lands on them, and they empty by the deadlines of what runs there.
     pub fn bound(&self, needs_reservation: bool, reserved_ranks: u64) -> bool {
@@ -563,12 +564,14 @@ pub fn replay_with(
             }
             // Held back by a window in the way of its allocation now: its pods are gated, the scheduler
             // does not see them.
-            if let Some(w) = maintenance.holding(i, cursor, job.runs_for) {
+            // (Its allocation runs from when it starts: `start_margin` after it is placed.)
+            let runs_from = cursor.checked_add(start_margin).unwrap_or(cursor);
+            if let Some(w) = maintenance.holding(i, runs_from, job.runs_for) {
                 held_by[i] = Some(w);
                 continue;
             }
             // Kept off the nodes of a window of some nodes in its way (its taint): placed elsewhere.
-            let off = maintenance.off_nodes(i, cursor, job.runs_for, nodes);
+            let off = maintenance.off_nodes(i, runs_from, job.runs_for, nodes);
             // What is free only shrinks within a session: a gang of a size that did not fit fails again,
             // and counting its room over every node again is what would make a session cost O(nodes)
             // per waiting gang.
@@ -946,6 +949,9 @@ const MAX_DOUBLINGS: u32 = 6;
 ///   now count on it), even at the same time;
 /// - a bound moved later by more than [`LATER_SLACK`]: the promise no longer holds, and the person
 ///   must know, however often told;
+/// - an expectation whose told start has gone by, when the fresh start is more than the (undoubled)
+///   tolerance of its distance away: what the person was told is over, and the new start is news
+///   however often told (not one a moment from now: a replay that keeps placing it now is noise);
 /// - an expectation moved later, or either moved earlier, by more than the tolerance. An expectation
 ///   is not a promise: it moves with what ends early and with the queues' order, and a person plans by
 ///   it only to the tolerance of its distance; each move told makes the next one need twice as much.
@@ -961,6 +967,13 @@ pub fn tell_again(
     }
     if bound && start > told.start {
         return start.duration_since(told.start) > LATER_SLACK;
+    }
+    // What it was told has gone by: it is stale, whatever the count (a doubled tolerance of a start
+    // far away would keep a start in the past for hours). Told again when the fresh start is more than
+    // the tolerance of its distance away, not for a replay that puts it a moment from now.
+    if told.start <= now && start > now {
+        let distance = start.duration_since(now);
+        return distance > telling_tolerance(distance, floor);
     }
     let doublings = told.times.saturating_sub(1).min(MAX_DOUBLINGS);
     let tolerance = telling_tolerance(start.duration_since(now), floor)
@@ -1416,6 +1429,13 @@ mod tests {
         assert!(!again(at(600 + 3800, u32::MAX), 600));
         assert!(again(at(600 + 3900, u32::MAX), 600));
         assert!(again(at(600 + 3900, 7), 600));
+        // An expectation that has gone by is told again once the start is later, whatever the count.
+        let late = |told: Told, s: i64| tell_again(told, t(s), false, t(700), minute);
+        assert!(
+            late(at(600, 8), 2400),
+            "its start is past and the new one far later"
+        );
+        assert!(!late(at(600, 8), 730), "a moment from now: noise");
     }
 
     #[test]
