@@ -73,6 +73,8 @@ pub struct Settings {
     pub pending_status_after: SignedDuration,
     /// `[monitor] estimate_tolerance`.
     pub estimate_tolerance: SignedDuration,
+    /// `[monitor] start_margin`: a told start is this long after the instant the replay places a job.
+    pub start_margin: SignedDuration,
     /// `[monitor] log_tails_on_success`.
     pub log_tails_on_success: bool,
     pub cleanup_grace: SignedDuration,
@@ -98,6 +100,7 @@ impl Settings {
             queue_timeout: m.queue_timeout.map(signed),
             pending_status_after: signed(m.pending_status_after),
             estimate_tolerance: signed(m.estimate_tolerance),
+            start_margin: SignedDuration::try_from(m.start_margin).unwrap_or(SignedDuration::ZERO),
             log_tails_on_success: m.log_tails_on_success,
             cleanup_grace: signed(m.cleanup_grace),
             retention: signed(config.cluster.ended_job_retention),
@@ -457,8 +460,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
             );
             // When the replay places it: the start it tells is `[monitor] start_margin` later (the
             // time the scheduler takes to place it), and a job is let go when it is placed.
-            let margin =
-                SignedDuration::try_from(s.config.monitor.start_margin).unwrap_or_default();
+            let margin = s.start_margin;
             let expected = match obs.estimate {
                 Some(Estimate::At { start, .. }) => {
                     Some(start.checked_sub(margin).unwrap_or(*start))
@@ -944,7 +946,7 @@ fn maintenance_status(
         }
         // (The replay tells a start `[monitor] start_margin` after it places the gang: at the window's
         // end it says the end plus the margin, which is no news.)
-        let margin = SignedDuration::try_from(s.config.monitor.start_margin).unwrap_or_default();
+        let margin = s.start_margin;
         let held_until = window.end.checked_add(margin).unwrap_or(window.end);
         let replayed = match obs.estimate {
             Some(e @ Estimate::At { start, .. }) if *start > held_until => Some(e),

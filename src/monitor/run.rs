@@ -250,10 +250,7 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
             .with_peers_key(exec.settings.keys.peers.clone())
             .with_reserve_nodes(mc.reserve_nodes)
             .with_proportion(mc.proportion)
-            .with_start_margin(
-                jiff::SignedDuration::try_from(mc.start_margin)
-                    .unwrap_or(jiff::SignedDuration::ZERO),
-            ),
+            .with_start_margin(exec.settings.start_margin),
         ready: VecDeque::new(),
         queued: FastSet::default(),
         busy: FastSet::default(),
