@@ -877,6 +877,40 @@ mod tests {
 
     /// `admin queue` replays the windows as the monitor does: a job created held (no pods yet, or its
     /// pods gated) waits for the window's end; the same job let go (its pods without the gate) does not.
+    /// The maintenance window `w`, from 1,000 s to 5,000 s, over every node.
+    fn window_w() -> crate::cluster::Window {
+        crate::cluster::Window {
+            id: "w".into(),
+            start: t(1000),
+            end: t(5000),
+            nodes: Default::default(),
+            reason: None,
+            created_at: Some(t(0)),
+            created_by: None,
+        }
+    }
+
+    /// The estimated start of the first waiting job at 100 s.
+    fn first_start(
+        nodes: &[KubeNode],
+        pods: &[Pod],
+        groups: &[PodGroup],
+        jobs: &[VolcanoJob],
+        windows: &[crate::cluster::Window],
+    ) -> Option<String> {
+        let view = ClusterView {
+            nodes,
+            pods,
+            groups,
+            jobs,
+            queues: &[],
+        };
+        forecast_with(view, windows, &keys(), t(100), Replaying::default())[0]
+            .estimate
+            .start_at
+            .clone()
+    }
+
     #[test]
     fn a_job_held_by_a_window_is_estimated_after_it() {
         let nodes = [node("a", "16", 0)];
@@ -885,28 +919,8 @@ mod tests {
             json!({"ucloud.dk/maxTime": "3600000", "ucloud.dk/maintenanceHeld": "w"}),
         )];
         let groups = [group("j-held", 10, "Pending", 1, "4")];
-        let windows = [crate::cluster::Window {
-            id: "w".into(),
-            start: t(1000),
-            end: t(5000),
-            nodes: Default::default(),
-            reason: None,
-            created_at: Some(t(0)),
-            created_by: None,
-        }];
-        let at = |pods: &[Pod]| {
-            let view = ClusterView {
-                nodes: &nodes,
-                pods,
-                groups: &groups,
-                jobs: &jobs,
-                queues: &[],
-            };
-            forecast_with(view, &windows, &keys(), t(100), Replaying::default())[0]
-                .estimate
-                .start_at
-                .clone()
-        };
+        let windows = [window_w()];
+        let at = |pods: &[Pod]| first_start(&nodes, pods, &groups, &jobs, &windows);
         let end = Some(t(5000).strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
         assert_eq!(at(&[]), end, "created held, no pods yet");
         let mut gated: Pod = serde_json::from_value(json!({
@@ -933,28 +947,8 @@ mod tests {
         let nodes = [tainted];
         let jobs = [job("j-q", json!({"ucloud.dk/maxTime": "3600000"}))];
         let groups = [group("j-q", 10, "Pending", 1, "4")];
-        let windows = [crate::cluster::Window {
-            id: "w".into(),
-            start: t(1000),
-            end: t(5000),
-            nodes: Default::default(),
-            reason: None,
-            created_at: Some(t(0)),
-            created_by: None,
-        }];
-        let at = |pods: &[Pod]| {
-            let view = ClusterView {
-                nodes: &nodes,
-                pods,
-                groups: &groups,
-                jobs: &jobs,
-                queues: &[],
-            };
-            forecast_with(view, &windows, &keys(), t(100), Replaying::default())[0]
-                .estimate
-                .start_at
-                .clone()
-        };
+        let windows = [window_w()];
+        let at = |pods: &[Pod]| first_start(&nodes, pods, &groups, &jobs, &windows);
         let end = Some(t(5000).strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
         let mut waiting: Pod = serde_json::from_value(json!({
             "metadata": {"name": "j-q-0", "namespace": "ns", "labels": {LABEL_JOB_NAME: "j-q"}},
