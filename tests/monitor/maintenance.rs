@@ -353,10 +353,7 @@ async fn a_job_whose_allocation_crosses_a_window_waits_for_its_end_and_a_short_o
     w.settle(Duration::from_millis(300)).await;
     // The gate goes, and the window's taint from the node.
     until_taints(&w, "the taint gone after the window", &[]).await;
-    for _ in 0..3 {
-        w.advance(2);
-        w.settle(Duration::from_millis(300)).await;
-    }
+    steps(&mut w, 3).await;
     w.until("the long job RUNNING after the window", |s| {
         s.event("mh1/RUNNING").is_some()
     })
@@ -399,10 +396,7 @@ async fn a_submission_during_a_window_waits_until_the_window_is_cancelled() {
     assert!(windows.cancel(&window.id).await.expect("deleted"));
     w.settle(Duration::from_millis(300)).await;
     until_taints(&w, "the taint gone with the window", &[]).await;
-    for _ in 0..3 {
-        w.advance(2);
-        w.settle(Duration::from_millis(300)).await;
-    }
+    steps(&mut w, 3).await;
     w.until("RUNNING once the window is cancelled", |s| {
         s.event("mh3/RUNNING").is_some()
     })
@@ -533,10 +527,7 @@ async fn a_held_job_is_told_a_start_that_accounts_for_the_window_and_starts_by_t
     w.until("the first job QUEUED", |s| s.event("mh6/QUEUED").is_some())
         .await;
     // Bound, then through its init container.
-    for _ in 0..3 {
-        w.advance(2);
-        w.settle(Duration::from_millis(300)).await;
-    }
+    steps(&mut w, 3).await;
     w.until("the first job RUNNING", |s| {
         s.event("mh6/RUNNING").is_some()
     })
@@ -613,6 +604,15 @@ async fn a_held_job_is_told_a_start_that_accounts_for_the_window_and_starts_by_t
 }
 
 /// The maintenance taints on the nodes (and any per-window key of an earlier version), as
+/// `n` steps of the simulated clock, two seconds each, each followed by 300 ms of quiet for the runner
+/// and the simulator to act on it.
+async fn steps(w: &mut World, n: usize) {
+    for _ in 0..n {
+        w.advance(2);
+        w.settle(Duration::from_millis(300)).await;
+    }
+}
+
 /// `node=key=value` (sorted).
 async fn maintenance_taints(w: &World) -> Vec<String> {
     let prefix = w.keys.maintenance_taint();
@@ -688,10 +688,7 @@ async fn a_job_queued_before_a_window_does_not_start_into_it_and_a_short_one_sta
     let first = whole_node("mt1", "sleep 600", 900);
     let ns = w.namespace_of(&first);
     w.submit(&first).await;
-    for _ in 0..3 {
-        w.advance(2);
-        w.settle(Duration::from_millis(300)).await;
-    }
+    steps(&mut w, 3).await;
     w.until("the first job RUNNING", |s| {
         s.event("mt1/RUNNING").is_some()
     })
@@ -779,10 +776,7 @@ async fn a_job_queued_before_a_window_does_not_start_into_it_and_a_short_one_sta
     second.holds(4).await;
     w.advance_to_ms(window.end.as_millisecond());
     until_taints(&w, "the taint gone after the window", &[]).await;
-    for _ in 0..3 {
-        w.advance(2);
-        w.settle(Duration::from_millis(300)).await;
-    }
+    steps(&mut w, 3).await;
     w.until("the long job RUNNING after the window", |s| {
         s.event("mt3/RUNNING").is_some()
     })
@@ -827,10 +821,7 @@ async fn a_queued_job_is_let_go_only_when_it_starts_and_never_into_a_window() {
     busy.product.as_mut().unwrap().cpu = 2;
     let ns = w.namespace_of(&busy);
     w.submit(&busy).await;
-    for _ in 0..3 {
-        w.advance(2);
-        w.settle(Duration::from_millis(300)).await;
-    }
+    steps(&mut w, 3).await;
     w.until("the busy job RUNNING", |s| s.event("mj1/RUNNING").is_some())
         .await;
     let busy_until = ms(&w.seen.event("mj1/RUNNING").unwrap().started_at) + 2 * 3_600_000;
@@ -854,10 +845,7 @@ async fn a_queued_job_is_let_go_only_when_it_starts_and_never_into_a_window() {
             .iter()
             .any(|t| t["key"] == key.as_str() && t["value"] == window)
     };
-    for _ in 0..5 {
-        w.advance(2);
-        w.settle(Duration::from_millis(300)).await;
-    }
+    steps(&mut w, 5).await;
     assert!(w.pod(&ns, "j-mj2-job-0").is_some(), "its pod waits");
     assert!(
         !tolerates(&w, "mj2", &window.id),
@@ -884,10 +872,7 @@ async fn a_queued_job_is_let_go_only_when_it_starts_and_never_into_a_window() {
     );
     w.advance_to_ms(window.end.as_millisecond());
     until_taints(&w, "the taint gone after the window", &[]).await;
-    for _ in 0..3 {
-        w.advance(2);
-        w.settle(Duration::from_millis(300)).await;
-    }
+    steps(&mut w, 3).await;
     w.until("the long job RUNNING after the window", |s| {
         s.event("mj2/RUNNING").is_some()
     })
@@ -970,10 +955,7 @@ async fn a_window_on_no_existing_node_holds_nobody_and_a_waiting_job_still_times
     let mut busy = whole_node("mn1", "sleep infinity", 8 * 3600);
     busy.product.as_mut().unwrap().cpu = 2;
     w.submit(&busy).await;
-    for _ in 0..3 {
-        w.advance(2);
-        w.settle(Duration::from_millis(300)).await;
-    }
+    steps(&mut w, 3).await;
     w.until("the busy job RUNNING", |s| s.event("mn1/RUNNING").is_some())
         .await;
     let window = schedule(&w, 1800, 3600, &["no-such-node"]).await;
@@ -987,10 +969,7 @@ async fn a_window_on_no_existing_node_holds_nobody_and_a_waiting_job_still_times
             .is_some_and(|a| a.get(&w.keys.maintenance_held).is_some()),
         "created held: the submit path looks at no nodes"
     );
-    for _ in 0..5 {
-        w.advance(2);
-        w.settle(Duration::from_millis(300)).await;
-    }
+    steps(&mut w, 5).await;
     w.until("the gated job let go and RUNNING", |s| {
         s.event("mn2/RUNNING").is_some()
     })
@@ -999,15 +978,9 @@ async fn a_window_on_no_existing_node_holds_nobody_and_a_waiting_job_still_times
     // Queued as if before the window (no gate), too big to fit while the busy job runs.
     let big = whole_node("mn3", "sleep 60", 2 * 3600);
     w.submit(&big).await;
-    for _ in 0..3 {
-        w.advance(2);
-        w.settle(Duration::from_millis(300)).await;
-    }
+    steps(&mut w, 3).await;
     w.advance(120);
-    for _ in 0..3 {
-        w.advance(2);
-        w.settle(Duration::from_millis(300)).await;
-    }
+    steps(&mut w, 3).await;
     w.until("the big job's usual status", |s| {
         s.of("mn3")
             .lifecycle
@@ -1016,10 +989,7 @@ async fn a_window_on_no_existing_node_holds_nobody_and_a_waiting_job_still_times
     })
     .await;
     w.advance(3600);
-    for _ in 0..3 {
-        w.advance(2);
-        w.settle(Duration::from_millis(300)).await;
-    }
+    steps(&mut w, 3).await;
     w.until("the big job timed out in the queue", |s| {
         s.event("mn3/FAILURE").is_some()
     })
@@ -1133,10 +1103,7 @@ async fn a_toleration_is_added_without_reading_the_pod() {
     runner.holds(4).await;
     let first = whole_node("mt8", "sleep 600", 900);
     w.submit(&first).await;
-    for _ in 0..3 {
-        w.advance(2);
-        w.settle(Duration::from_millis(300)).await;
-    }
+    steps(&mut w, 3).await;
     w.until("the first job RUNNING", |s| {
         s.event("mt8/RUNNING").is_some()
     })
@@ -1341,10 +1308,7 @@ async fn a_cancelled_window_lets_a_queued_job_go_and_without_the_node_patch_it_i
     runner.holds(4).await;
     let first = whole_node("mt4", "sleep 600", 900);
     w.submit(&first).await;
-    for _ in 0..3 {
-        w.advance(2);
-        w.settle(Duration::from_millis(300)).await;
-    }
+    steps(&mut w, 3).await;
     w.until("the first job RUNNING", |s| {
         s.event("mt4/RUNNING").is_some()
     })
@@ -1371,10 +1335,7 @@ async fn a_cancelled_window_lets_a_queued_job_go_and_without_the_node_patch_it_i
     let windows = MaintenanceWindows::new(w.client.clone(), &w.config.cluster);
     assert!(windows.cancel(&window.id).await.expect("deleted"));
     until_taints(&w, "the taint gone with the window", &[]).await;
-    for _ in 0..3 {
-        w.advance(2);
-        w.settle(Duration::from_millis(300)).await;
-    }
+    steps(&mut w, 3).await;
     w.until("the long job RUNNING once the window is cancelled", |s| {
         s.event("mt5/RUNNING").is_some()
     })
@@ -1451,10 +1412,7 @@ async fn a_submission_tolerates_no_window_until_the_monitor_lets_it_go() {
         .filter(|k| *k == key)
         .collect();
     assert!(rendered.is_empty(), "{rendered:?}");
-    for _ in 0..3 {
-        w.advance(2);
-        w.settle(Duration::from_millis(300)).await;
-    }
+    steps(&mut w, 3).await;
     w.until("RUNNING before either window", |s| {
         s.event("mt7/RUNNING").is_some()
     })
@@ -1496,10 +1454,7 @@ async fn a_job_held_by_a_taint_on_the_nodes_stays_held_when_this_runner_may_no_l
     let mut busy = whole_node("mr1", "sleep infinity", 8 * 3600);
     busy.product.as_mut().unwrap().cpu = 2;
     w.submit(&busy).await;
-    for _ in 0..3 {
-        w.advance(2);
-        w.settle(Duration::from_millis(300)).await;
-    }
+    steps(&mut w, 3).await;
     w.until("the busy job RUNNING", |s| s.event("mr1/RUNNING").is_some())
         .await;
     let long = whole_node("mr2", "sleep 60", 4 * 3600);
@@ -1574,10 +1529,7 @@ async fn a_job_kept_off_a_nodes_windows_nodes_starts_elsewhere_and_is_not_told_i
     let ns = w.namespace_of(&stays);
     w.submit(&stays).await;
     w.submit(&leaves).await;
-    for _ in 0..3 {
-        w.advance(2);
-        w.settle(Duration::from_millis(300)).await;
-    }
+    steps(&mut w, 3).await;
     w.until("both busy jobs RUNNING", |s| {
         s.event("mk1/RUNNING").is_some() && s.event("mk2/RUNNING").is_some()
     })
@@ -1606,10 +1558,7 @@ async fn a_job_kept_off_a_nodes_windows_nodes_starts_elsewhere_and_is_not_told_i
         "it does not start on {busy_node} before {} (maintenance window {})",
         window.end, window.id
     );
-    for _ in 0..5 {
-        w.advance(2);
-        w.settle(Duration::from_millis(300)).await;
-    }
+    steps(&mut w, 5).await;
     w.until("its status says where it does not start", |s| {
         s.of("mk3")
             .lifecycle
