@@ -156,8 +156,322 @@ struct Counts {
     by_task: BTreeMap<String, BTreeMap<String, i64>>,
 }
 
+/// A policy's action with the task and pod whose event triggered it (`pod` empty for a task event).
+type Trigger = (String, String, String);
+
+/// The phases after which a job's pods are all stopped and its PodGroup is `Completed`.
+fn is_terminal(phase: &str) -> bool {
+    matches!(phase, "Completed" | "Failed" | "Terminated" | "Aborted")
+}
+
+/// The task a pod belongs to, from its `volcano.sh/task-spec` label.
+fn task_of(pod: &Value) -> &str {
+    pod.at("/metadata/labels/volcano.sh~1task-spec")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+/// What one pass of the controller reads once about a job and passes to each of its steps.
+struct Look<'a> {
+    job: &'a Value,
+    ns: &'a str,
+    /// The job's pods now (owned by this incarnation of the job: same uid).
+    pods: &'a [std::sync::Arc<Value>],
+    /// The job has a deletion timestamp: it only goes towards `Terminating`.
+    deleting: bool,
+}
+
+/// Where the job goes in this pass: its phase before and after, why, and the counters that move with it.
+struct Transition {
+    from: String,
+    phase: String,
+    reason: String,
+    retry: i64,
+    version: i64,
+}
+
+impl Transition {
+    fn from_status(phase: &str, status: &Value) -> Self {
+        Self {
+            from: phase.to_string(),
+            phase: phase.to_string(),
+            reason: String::new(),
+            retry: int(status.get("retryCount")),
+            version: int(status.get("version")),
+        }
+    }
+
+    /// Pending → Running once the gang has started; Running → Completed or Failed once every pod has
+    /// ended (or `minSuccess` pods have succeeded), judged by `minAvailable` per task and per job.
+    fn follow_pods(&mut self, job: &Value, counts: &Counts) {
+        let min_available = int(job.at("/spec/minAvailable"));
+        let total_replicas: i64 = tasks(job).iter().map(|t| int(t.get("replicas"))).sum();
+        match self.phase.as_str() {
+            "Pending"
+                if min_available <= counts.running + counts.succeeded + counts.failed
+                    && total_replicas > 0 =>
+            {
+                self.phase = "Running".into();
+            }
+            "Running" => {
+                let min_success = job.at("/spec/minSuccess").and_then(Value::as_i64);
+                if min_success.is_some_and(|m| counts.succeeded >= m) {
+                    self.phase = "Completed".into();
+                } else if total_replicas > 0 && counts.succeeded + counts.failed == total_replicas {
+                    let mut failed_task = false;
+                    for t in tasks(job) {
+                        if let Some(tm) = t.get("minAvailable").and_then(Value::as_i64) {
+                            let ok = counts
+                                .by_task
+                                .get(t["name"].as_str().unwrap_or_default())
+                                .and_then(|m| m.get("Succeeded"))
+                                .copied()
+                                .unwrap_or(0);
+                            if ok < tm {
+                                failed_task = true;
+                            }
+                        }
+                    }
+                    self.phase = if failed_task
+                        || min_success.is_some_and(|m| counts.succeeded < m)
+                        || counts.succeeded < min_available
+                    {
+                        "Failed".into()
+                    } else {
+                        "Completed".into()
+                    };
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Counts the pods by phase (Volcano's status counters) and remembers each one's phase; the first pod that
+/// failed or is newly pending since the last look, and has a policy for that event, triggers its action.
+fn count_pods(
+    job: &Value,
+    pods: &[std::sync::Arc<Value>],
+    mem: &mut JobMemory,
+) -> (Counts, Option<Trigger>) {
+    let mut counts = Counts::default();
+    let mut action: Option<Trigger> = None;
+    for pod in pods {
+        let name = name_of(pod).to_string();
+        let task = task_of(pod).to_string();
+        let pod_phase = pod
+            .at("/status/phase")
+            .and_then(Value::as_str)
+            .unwrap_or("Pending")
+            .to_string();
+        let terminating = pod.at("/metadata/deletionTimestamp").is_some();
+        let bucket = if terminating && pod_phase != "Succeeded" && pod_phase != "Failed" {
+            "Terminating"
+        } else {
+            pod_phase.as_str()
+        };
+        match bucket {
+            "Pending" => counts.pending += 1,
+            "Running" => counts.running += 1,
+            "Succeeded" => counts.succeeded += 1,
+            "Failed" => counts.failed += 1,
+            "Terminating" => counts.terminating += 1,
+            _ => counts.unknown += 1,
+        }
+        *counts
+            .by_task
+            .entry(task.clone())
+            .or_default()
+            .entry(pod_phase.clone())
+            .or_insert(0) += 1;
+        let before = mem.seen.insert(name.clone(), pod_phase.clone());
+        if pod_phase == "Failed" && before.as_deref() != Some("Failed") && action.is_none() {
+            let code = pod
+                .at("/status/containerStatuses")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c.at("/state/terminated/exitCode").and_then(Value::as_i64))
+                .find(|c| *c != 0);
+            if let Some(a) = policy_action(job, &task, "PodFailed", code) {
+                action = Some((a, task.clone(), name.clone()));
+            }
+        }
+        if pod_phase == "Pending"
+            && before.is_none()
+            && action.is_none()
+            && let Some(a) = policy_action(job, &task, "PodPending", None)
+        {
+            action = Some((a, task.clone(), name.clone()));
+        }
+    }
+    (counts, action)
+}
+
+/// Forgets the pods that are gone; one that vanished while the job was active, had not ended and was not
+/// killed by the controller was evicted, and the first such with a `PodEvicted` policy triggers it.
+fn vanished_pods(
+    job: &Value,
+    pods: &[std::sync::Arc<Value>],
+    phase: &str,
+    mem: &mut JobMemory,
+) -> Option<Trigger> {
+    let job_name = name_of(job);
+    let present: BTreeSet<&str> = pods.iter().map(|p| name_of(p)).collect();
+    let vanished: Vec<String> = mem
+        .seen
+        .keys()
+        .filter(|n| !present.contains(n.as_str()))
+        .cloned()
+        .collect();
+    let mut action = None;
+    for name in vanished {
+        let last = mem.seen.remove(&name).unwrap_or_default();
+        let killed = mem.killed.remove(&name);
+        if !killed
+            && ACTIVE_PHASES.contains(&phase)
+            && last != "Succeeded"
+            && last != "Failed"
+            && action.is_none()
+        {
+            let task = name
+                .strip_prefix(&format!("{job_name}-"))
+                .and_then(|r| r.rsplit_once('-'))
+                .map(|(t, _)| t.to_string())
+                .unwrap_or_default();
+            if let Some(a) = policy_action(job, &task, "PodEvicted", None) {
+                action = Some((a, task, name.clone()));
+            }
+        }
+    }
+    action
+}
+
+/// The first task whose replicas have all succeeded for the first time, if it has a `TaskCompleted` policy.
+fn completed_task(job: &Value, counts: &Counts, mem: &mut JobMemory) -> Option<Trigger> {
+    for t in tasks(job) {
+        let task = t["name"].as_str().unwrap_or_default();
+        let done = counts
+            .by_task
+            .get(task)
+            .and_then(|m| m.get("Succeeded"))
+            .copied()
+            .unwrap_or(0);
+        let replicas = int(t.get("replicas"));
+        if replicas > 0
+            && done == replicas
+            && mem.completed_tasks.insert(task.to_string())
+            && let Some(a) = policy_action(job, task, "TaskCompleted", None)
+        {
+            return Some((a, task.to_string(), String::new()));
+        }
+    }
+    None
+}
+
+/// The job's status with this pass's transition and pod counters written in (a condition per new phase,
+/// `runningDuration` once it ends); stored only when it changed.
+fn write_job_status(
+    core: &mut Core,
+    key: &ObjectKey,
+    job: &Value,
+    mut status: Value,
+    step: &Transition,
+    counts: &Counts,
+    mem: &mut JobMemory,
+) {
+    let now = format_time(core.now);
+    if step.phase != step.from {
+        status["state"] = json!({"phase": step.phase, "lastTransitionTime": now});
+        if !step.reason.is_empty() {
+            status["state"]["reason"] = json!(step.reason);
+        }
+        let conds = status
+            .as_object_mut()
+            .expect("status object")
+            .entry("conditions")
+            .or_insert_with(|| json!([]));
+        if let Value::Array(list) = conds {
+            list.push(json!({"status": step.phase, "lastTransitionTime": now}));
+        }
+        if step.phase == "Running" {
+            mem.running_since = Some(core.now);
+        }
+        if is_terminal(&step.phase)
+            && let Some(since) = mem.running_since
+        {
+            status["runningDuration"] =
+                json!(go_duration(core.now.duration_since(since).as_secs()));
+        }
+    }
+    status["minAvailable"] = json!(int(job.at("/spec/minAvailable")));
+    status["version"] = json!(step.version);
+    status["retryCount"] = json!(step.retry);
+    for (k, v) in [
+        ("pending", counts.pending),
+        ("running", counts.running),
+        ("succeeded", counts.succeeded),
+        ("failed", counts.failed),
+        ("terminating", counts.terminating),
+        ("unknown", counts.unknown),
+    ] {
+        if v > 0 {
+            status[k] = json!(v);
+        } else if let Some(o) = status.as_object_mut() {
+            o.remove(k);
+        }
+    }
+    let by_task: Map<String, Value> = counts
+        .by_task
+        .iter()
+        .map(|(t, m)| (t.clone(), json!({"phase": m})))
+        .collect();
+    if by_task.is_empty() {
+        if let Some(o) = status.as_object_mut() {
+            o.remove("taskStatusCount");
+        }
+    } else {
+        status["taskStatusCount"] = Value::Object(by_task);
+    }
+    if job.get("status") != Some(&status) {
+        core.update_internal(key, |j| j["status"] = status.clone());
+    }
+}
+
+/// PodGroup counters, and completion: worked out on a copy of the group's status alone, and written only
+/// when they change (most reconciles change nothing there).
+fn write_podgroup_status(core: &mut Core, pg_key: &ObjectKey, counts: &Counts, terminal: bool) {
+    let Some(pg) = core.store.get(pg_key).cloned() else {
+        return;
+    };
+    let current = pg.get("status");
+    let mut pg_status = current
+        .filter(|s| s.is_object())
+        .cloned()
+        .unwrap_or_else(|| json!({"phase": "Pending"}));
+    for (k, v) in [
+        ("running", counts.running),
+        ("succeeded", counts.succeeded),
+        ("failed", counts.failed),
+    ] {
+        if v > 0 {
+            pg_status[k] = json!(v);
+        } else if let Some(o) = pg_status.as_object_mut() {
+            o.remove(k);
+        }
+    }
+    if terminal {
+        pg_status["phase"] = json!("Completed");
+    }
+    if current != Some(&pg_status) {
+        core.update_internal(pg_key, |pg| pg["status"] = pg_status);
+    }
+}
+
 impl Model {
-    /// Brings a job (and its PodGroup, plugin objects and pods) in line with its spec and its pods.
+    /// Brings a job (and its PodGroup, plugin objects and pods) in line with its spec and its pods, in
+    /// the order of Volcano's job controller: observe the pods, execute a command or a policy's action,
+    /// move the phase, stop or create pods, then write the job's and the PodGroup's status.
     pub(super) fn reconcile_job(&mut self, core: &mut Core, key: &ObjectKey) {
         let Some(job) = core.store.get(key).cloned() else {
             self.jobs.remove(key);
@@ -177,156 +491,102 @@ impl Model {
                 uid: uid.clone(),
                 ..Default::default()
             });
-        let now = format_time(core.now);
-        let mut status = job
-            .get("status")
-            .cloned()
-            .filter(Value::is_object)
-            .unwrap_or_else(|| json!({}));
-        let mut phase = status
+        let status = self.status_or_initiate(core, &job);
+        let phase = status
             .at("/state/phase")
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
-        let deleting = job.at("/metadata/deletionTimestamp").is_some();
-        let job_name = name_of(&job).to_string();
-        let ns = key.namespace.clone();
-        let min_available = int(job.at("/spec/minAvailable"));
-        let total_replicas: i64 = tasks(&job).iter().map(|t| int(t.get("replicas"))).sum();
+        let pods = self.owned_pods(core, key, &uid);
+        let look = Look {
+            job: &job,
+            ns: &key.namespace,
+            pods: &pods,
+            deleting: job.at("/metadata/deletionTimestamp").is_some(),
+        };
 
-        if phase.is_empty() {
-            self.initiate(core, &job);
-            phase = "Pending".into();
-            status = json!({
-                "state": {"phase": "Pending", "lastTransitionTime": now},
-                "minAvailable": min_available,
-                "version": 0, "retryCount": 0,
-                "conditions": [{"status": "Pending", "lastTransitionTime": now}],
-                "controlledResources": self.controlled_resources(&job),
-            });
+        let (counts, mut trigger) = count_pods(&job, &pods, &mut mem);
+        let evicted = vanished_pods(&job, &pods, &phase, &mut mem);
+        trigger = trigger.or(evicted);
+        if trigger.is_none() {
+            trigger = completed_task(&job, &counts, &mut mem);
         }
+        let command = self.next_command(key).filter(|_| !look.deleting);
 
-        // Pods and what happened to them since the last look.
+        let mut step = Transition::from_status(&phase, &status);
+        self.execute_action(
+            core,
+            &look,
+            &mut mem,
+            command.as_deref(),
+            trigger,
+            &mut step,
+        );
+        if look.deleting && !matches!(step.phase.as_str(), "Terminating" | "Terminated") {
+            step.phase = "Terminating".into();
+        }
+        step.follow_pods(&job, &counts);
+        self.stop_pods(core, &look, &mut mem, &mut step);
+
+        let pg_key = core.key_of(core.ids.podgroups, look.ns, &podgroup_name(&job));
+        self.create_pods_if_enqueued(core, &look, &pg_key, &step);
+        write_job_status(core, key, &job, status, &step, &counts, &mut mem);
+        write_podgroup_status(core, &pg_key, &counts, is_terminal(&step.phase));
+        self.schedule_ttl(core, key, &job, &step.phase, &mut mem);
+        self.jobs.insert(key.clone(), mem);
+    }
+
+    /// The job's status; a job seen for the first time (no phase yet) gets its PodGroup and plugin objects
+    /// and starts `Pending`.
+    fn status_or_initiate(&mut self, core: &mut Core, job: &Value) -> Value {
+        let status = job
+            .get("status")
+            .cloned()
+            .filter(Value::is_object)
+            .unwrap_or_else(|| json!({}));
+        if status
+            .at("/state/phase")
+            .and_then(Value::as_str)
+            .is_some_and(|p| !p.is_empty())
+        {
+            return status;
+        }
+        self.initiate(core, job);
+        let now = format_time(core.now);
+        json!({
+            "state": {"phase": "Pending", "lastTransitionTime": now},
+            "minAvailable": int(job.at("/spec/minAvailable")),
+            "version": 0, "retryCount": 0,
+            "conditions": [{"status": "Pending", "lastTransitionTime": now}],
+            "controlledResources": self.controlled_resources(job),
+        })
+    }
+
+    /// The pods of this incarnation of the job (owner uid `uid`), shared with the store (read only here:
+    /// copying every pod on every look was most of a pass).
+    fn owned_pods(&self, core: &Core, key: &ObjectKey, uid: &str) -> Vec<std::sync::Arc<Value>> {
         let pt = core.registry.get(core.ids.pods);
-        let pod_names = self.pods_of(key);
-        // Shared with the store (read only here): copying every pod on every look was most of it.
-        let pods: Vec<std::sync::Arc<Value>> = pod_names
+        self.pods_of(key)
             .iter()
             .filter_map(|n| {
                 core.store
-                    .get(&ObjectKey::new(pt.storage, ns.clone(), n.clone()))
+                    .get(&ObjectKey::new(
+                        pt.storage,
+                        key.namespace.clone(),
+                        n.clone(),
+                    ))
                     .cloned()
             })
             .filter(|p| {
                 p.at("/metadata/ownerReferences/0/uid")
                     .and_then(Value::as_str)
-                    == Some(uid.as_str())
+                    == Some(uid)
             })
-            .collect();
-        let mut counts = Counts::default();
-        let mut action: Option<(String, String, String)> = None; // (action, task, pod)
-        let present: BTreeSet<String> = pods.iter().map(|p| name_of(p).to_string()).collect();
-        for pod in &pods {
-            let name = name_of(pod).to_string();
-            let task = pod
-                .at("/metadata/labels/volcano.sh~1task-spec")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
-            let pod_phase = pod
-                .at("/status/phase")
-                .and_then(Value::as_str)
-                .unwrap_or("Pending")
-                .to_string();
-            let terminating = pod.at("/metadata/deletionTimestamp").is_some();
-            let bucket = if terminating && pod_phase != "Succeeded" && pod_phase != "Failed" {
-                "Terminating"
-            } else {
-                pod_phase.as_str()
-            };
-            match bucket {
-                "Pending" => counts.pending += 1,
-                "Running" => counts.running += 1,
-                "Succeeded" => counts.succeeded += 1,
-                "Failed" => counts.failed += 1,
-                "Terminating" => counts.terminating += 1,
-                _ => counts.unknown += 1,
-            }
-            *counts
-                .by_task
-                .entry(task.clone())
-                .or_default()
-                .entry(pod_phase.clone())
-                .or_insert(0) += 1;
-            let before = mem.seen.insert(name.clone(), pod_phase.clone());
-            if pod_phase == "Failed" && before.as_deref() != Some("Failed") && action.is_none() {
-                let code = pod
-                    .at("/status/containerStatuses")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|c| c.at("/state/terminated/exitCode").and_then(Value::as_i64))
-                    .find(|c| *c != 0);
-                if let Some(a) = policy_action(&job, &task, "PodFailed", code) {
-                    action = Some((a, task.clone(), name.clone()));
-                }
-            }
-            if pod_phase == "Pending"
-                && before.is_none()
-                && action.is_none()
-                && let Some(a) = policy_action(&job, &task, "PodPending", None)
-            {
-                action = Some((a, task.clone(), name.clone()));
-            }
-        }
-        let vanished: Vec<String> = mem
-            .seen
-            .keys()
-            .filter(|n| !present.contains(*n))
-            .cloned()
-            .collect();
-        for name in vanished {
-            let last = mem.seen.remove(&name).unwrap_or_default();
-            let killed = mem.killed.remove(&name);
-            if !killed
-                && ACTIVE_PHASES.contains(&phase.as_str())
-                && last != "Succeeded"
-                && last != "Failed"
-                && action.is_none()
-            {
-                let task = name
-                    .strip_prefix(&format!("{job_name}-"))
-                    .and_then(|r| r.rsplit_once('-'))
-                    .map(|(t, _)| t.to_string())
-                    .unwrap_or_default();
-                if let Some(a) = policy_action(&job, &task, "PodEvicted", None) {
-                    action = Some((a, task, name.clone()));
-                }
-            }
-        }
-        if action.is_none() {
-            for t in tasks(&job) {
-                let task = t["name"].as_str().unwrap_or_default();
-                let done = counts
-                    .by_task
-                    .get(task)
-                    .and_then(|m| m.get("Succeeded"))
-                    .copied()
-                    .unwrap_or(0);
-                let replicas = int(t.get("replicas"));
-                if replicas > 0
-                    && done == replicas
-                    && mem.completed_tasks.insert(task.to_string())
-                    && let Some(a) = policy_action(&job, task, "TaskCompleted", None)
-                {
-                    action = Some((a, task.to_string(), String::new()));
-                    break;
-                }
-            }
-        }
+            .collect()
+    }
 
-        // A Command's action, one per look (the next one is looked at in the next pass), before the
-        // policies: as in Volcano, the request that carries an action executes it whatever the event.
+    /// A Command's action, one per look (the next one is looked at in the next pass).
+    fn next_command(&mut self, key: &ObjectKey) -> Option<String> {
         let command = self.commands.get_mut(key).and_then(|q| q.pop_front());
         match self.commands.get(key) {
             Some(q) if q.is_empty() => {
@@ -337,17 +597,24 @@ impl Model {
             }
             None => {}
         }
-        let command = command.filter(|_| !deleting);
+        command
+    }
 
-        // Policy actions.
-        let mut retry = int(status.get("retryCount"));
-        let mut version = int(status.get("version"));
-        let mut new_phase = phase.clone();
-        let mut reason = String::new();
+    /// Executes a command's action or else a policy's, while the job is active: as in Volcano, the request
+    /// that carries an action executes it whatever the event. `ResumeJob` takes an aborted job back.
+    fn execute_action(
+        &mut self,
+        core: &mut Core,
+        look: &Look,
+        mem: &mut JobMemory,
+        command: Option<&str>,
+        trigger: Option<Trigger>,
+        step: &mut Transition,
+    ) {
+        let active = ACTIVE_PHASES.contains(&step.from.as_str());
         let by_command = command
-            .as_deref()
             .filter(|a| {
-                ACTIVE_PHASES.contains(&phase.as_str())
+                active
                     && matches!(
                         *a,
                         "AbortJob" | "TerminateJob" | "CompleteJob" | "RestartJob"
@@ -355,61 +622,67 @@ impl Model {
             })
             .map(|a| (a.to_string(), String::new(), String::new(), "command"));
         let chosen = by_command.or_else(|| {
-            action
-                .filter(|_| ACTIVE_PHASES.contains(&phase.as_str()) && !deleting)
+            trigger
+                .filter(|_| active && !look.deleting)
                 .map(|(a, task, pod)| (a, task, pod, "policy"))
         });
-        if command.as_deref() == Some("ResumeJob")
-            && matches!(phase.as_str(), "Aborting" | "Aborted")
-        {
+        if command == Some("ResumeJob") && matches!(step.from.as_str(), "Aborting" | "Aborted") {
             // An aborted job starts again as after a restart (its attempts count it).
-            new_phase = "Restarting".into();
-            reason = "ResumeJob by command".into();
-            retry += 1;
-            for p in &pods {
-                self.kill(core, &mut mem, &ns, name_of(p));
+            step.phase = "Restarting".into();
+            step.reason = "ResumeJob by command".into();
+            step.retry += 1;
+            for p in look.pods {
+                self.kill(core, mem, look.ns, name_of(p));
             }
         }
-        if let Some((a, task, pod, source)) = chosen {
-            self.event(
-                core,
-                &job,
-                "Normal",
-                "ExecuteAction",
-                &format!("Start to execute action {a} "),
-                "vc-controller-manager",
-            );
-            reason = format!("{a} by {source}");
-            match a.as_str() {
-                "AbortJob" => new_phase = "Aborting".into(),
-                "TerminateJob" => new_phase = "Terminating".into(),
-                "CompleteJob" => new_phase = "Completing".into(),
-                "RestartJob" => {
-                    new_phase = "Restarting".into();
-                    retry += 1;
-                    for p in &pods {
-                        self.kill(core, &mut mem, &ns, name_of(p));
-                    }
+        let Some((a, task, pod, source)) = chosen else {
+            return;
+        };
+        self.event(
+            core,
+            look.job,
+            "Normal",
+            "ExecuteAction",
+            &format!("Start to execute action {a} "),
+            "vc-controller-manager",
+        );
+        step.reason = format!("{a} by {source}");
+        match a.as_str() {
+            "AbortJob" => step.phase = "Aborting".into(),
+            "TerminateJob" => step.phase = "Terminating".into(),
+            "CompleteJob" => step.phase = "Completing".into(),
+            "RestartJob" => {
+                step.phase = "Restarting".into();
+                step.retry += 1;
+                for p in look.pods {
+                    self.kill(core, mem, look.ns, name_of(p));
                 }
-                "RestartTask" => {
-                    for p in pods.iter().filter(|p| {
-                        p.at("/metadata/labels/volcano.sh~1task-spec")
-                            .and_then(Value::as_str)
-                            == Some(task.as_str())
-                    }) {
-                        self.kill(core, &mut mem, &ns, name_of(p));
-                    }
-                }
-                "RestartPod" if !pod.is_empty() => self.kill(core, &mut mem, &ns, &pod),
-                _ => {}
             }
+            "RestartTask" => {
+                for p in look.pods.iter().filter(|p| {
+                    p.at("/metadata/labels/volcano.sh~1task-spec")
+                        .and_then(Value::as_str)
+                        == Some(task.as_str())
+                }) {
+                    self.kill(core, mem, look.ns, name_of(p));
+                }
+            }
+            "RestartPod" if !pod.is_empty() => self.kill(core, mem, look.ns, &pod),
+            _ => {}
         }
-        if deleting && !matches!(new_phase.as_str(), "Terminating" | "Terminated") {
-            new_phase = "Terminating".into();
-        }
+    }
 
-        // The state machine.
-        let active: Vec<&Value> = pods
+    /// Phases that stop pods, and the ones that follow when they are gone: a restart starts the gang
+    /// again (a new version, the PodGroup back to Pending) until `maxRetry`.
+    fn stop_pods(
+        &mut self,
+        core: &mut Core,
+        look: &Look,
+        mem: &mut JobMemory,
+        step: &mut Transition,
+    ) {
+        let active: Vec<&Value> = look
+            .pods
             .iter()
             .map(|p| &**p)
             .filter(|p| {
@@ -419,52 +692,13 @@ impl Model {
                 )
             })
             .collect();
-        match new_phase.as_str() {
-            "Pending"
-                if min_available <= counts.running + counts.succeeded + counts.failed
-                    && total_replicas > 0 =>
-            {
-                new_phase = "Running".into();
-            }
-            "Running" => {
-                let min_success = job.at("/spec/minSuccess").and_then(Value::as_i64);
-                if min_success.is_some_and(|m| counts.succeeded >= m) {
-                    new_phase = "Completed".into();
-                } else if total_replicas > 0 && counts.succeeded + counts.failed == total_replicas {
-                    let mut failed_task = false;
-                    for t in tasks(&job) {
-                        if let Some(tm) = t.get("minAvailable").and_then(Value::as_i64) {
-                            let ok = counts
-                                .by_task
-                                .get(t["name"].as_str().unwrap_or_default())
-                                .and_then(|m| m.get("Succeeded"))
-                                .copied()
-                                .unwrap_or(0);
-                            if ok < tm {
-                                failed_task = true;
-                            }
-                        }
-                    }
-                    new_phase = if failed_task
-                        || min_success.is_some_and(|m| counts.succeeded < m)
-                        || counts.succeeded < min_available
-                    {
-                        "Failed".into()
-                    } else {
-                        "Completed".into()
-                    };
-                }
-            }
-            _ => {}
-        }
-        // Phases that stop pods, and the ones that follow when they are gone.
-        match new_phase.as_str() {
+        match step.phase.as_str() {
             "Aborting" | "Terminating" | "Completing" => {
                 for p in &active {
-                    self.kill(core, &mut mem, &ns, name_of(p));
+                    self.kill(core, mem, look.ns, name_of(p));
                 }
-                if active.is_empty() && !deleting {
-                    new_phase = match new_phase.as_str() {
+                if active.is_empty() && !look.deleting {
+                    step.phase = match step.phase.as_str() {
                         "Aborting" => "Aborted",
                         "Terminating" => "Terminated",
                         _ => "Completed",
@@ -472,133 +706,67 @@ impl Model {
                     .into();
                 }
             }
-            "Restarting" if pods.is_empty() => {
-                let max_retry = job
+            "Restarting" if look.pods.is_empty() => {
+                let max_retry = look
+                    .job
                     .at("/spec/maxRetry")
                     .and_then(Value::as_i64)
                     .unwrap_or(3);
-                if retry >= max_retry {
-                    new_phase = "Failed".into();
-                    reason = format!("retried {retry} times, maxRetry is {max_retry}");
+                if step.retry >= max_retry {
+                    step.phase = "Failed".into();
+                    step.reason = format!("retried {} times, maxRetry is {max_retry}", step.retry);
                 } else {
-                    new_phase = "Pending".into();
-                    version += 1;
-                    let pg_key = core.key_of(core.ids.podgroups, &ns, &podgroup_name(&job));
+                    step.phase = "Pending".into();
+                    step.version += 1;
+                    let pg_key = core.key_of(core.ids.podgroups, look.ns, &podgroup_name(look.job));
                     core.update_internal(&pg_key, |pg| {
                         pg["status"] = json!({"phase": "Pending"});
                     });
                 }
             }
-            "Completed" | "Failed" | "Terminated" | "Aborted" => {
+            phase if is_terminal(phase) => {
                 for p in &active {
-                    self.kill(core, &mut mem, &ns, name_of(p));
+                    self.kill(core, mem, look.ns, name_of(p));
                 }
             }
             _ => {}
         }
+    }
 
-        // Pods for an enqueued gang.
-        let pg_key = core.key_of(core.ids.podgroups, &ns, &podgroup_name(&job));
-        let pg_phase = core.store.get(&pg_key).and_then(|pg| {
+    /// Pods for an enqueued gang: an active job whose PodGroup the scheduler let in gets the replicas it
+    /// lacks.
+    fn create_pods_if_enqueued(
+        &mut self,
+        core: &mut Core,
+        look: &Look,
+        pg_key: &ObjectKey,
+        step: &Transition,
+    ) {
+        let pg_phase = core.store.get(pg_key).and_then(|pg| {
             pg.at("/status/phase")
                 .and_then(Value::as_str)
                 .map(String::from)
         });
-        if ACTIVE_PHASES.contains(&new_phase.as_str())
-            && !deleting
+        if ACTIVE_PHASES.contains(&step.phase.as_str())
+            && !look.deleting
             && matches!(pg_phase.as_deref(), Some("Inqueue" | "Running"))
         {
-            self.create_missing_pods(core, &job, &present, version);
+            let present: BTreeSet<String> =
+                look.pods.iter().map(|p| name_of(p).to_string()).collect();
+            self.create_missing_pods(core, look.job, &present, step.version);
         }
+    }
 
-        // Status.
-        let terminal = matches!(
-            new_phase.as_str(),
-            "Completed" | "Failed" | "Terminated" | "Aborted"
-        );
-        if new_phase != phase {
-            status["state"] = json!({"phase": new_phase, "lastTransitionTime": now});
-            if !reason.is_empty() {
-                status["state"]["reason"] = json!(reason);
-            }
-            let conds = status
-                .as_object_mut()
-                .expect("status object")
-                .entry("conditions")
-                .or_insert_with(|| json!([]));
-            if let Value::Array(list) = conds {
-                list.push(json!({"status": new_phase, "lastTransitionTime": now}));
-            }
-            if new_phase == "Running" {
-                mem.running_since = Some(core.now);
-            }
-            if terminal && let Some(since) = mem.running_since {
-                status["runningDuration"] =
-                    json!(go_duration(core.now.duration_since(since).as_secs()));
-            }
-        }
-        status["minAvailable"] = json!(min_available);
-        status["version"] = json!(version);
-        status["retryCount"] = json!(retry);
-        for (k, v) in [
-            ("pending", counts.pending),
-            ("running", counts.running),
-            ("succeeded", counts.succeeded),
-            ("failed", counts.failed),
-            ("terminating", counts.terminating),
-            ("unknown", counts.unknown),
-        ] {
-            if v > 0 {
-                status[k] = json!(v);
-            } else if let Some(o) = status.as_object_mut() {
-                o.remove(k);
-            }
-        }
-        let by_task: Map<String, Value> = counts
-            .by_task
-            .iter()
-            .map(|(t, m)| (t.clone(), json!({"phase": m})))
-            .collect();
-        if by_task.is_empty() {
-            if let Some(o) = status.as_object_mut() {
-                o.remove("taskStatusCount");
-            }
-        } else {
-            status["taskStatusCount"] = Value::Object(by_task);
-        }
-        if job.get("status") != Some(&status) {
-            core.update_internal(key, |j| j["status"] = status.clone());
-        }
-
-        // PodGroup counters, and completion: worked out on a copy of the group's status alone, and
-        // written only when they change (most reconciles change nothing there).
-        if let Some(pg) = core.store.get(&pg_key).cloned() {
-            let current = pg.get("status");
-            let mut pg_status = current
-                .filter(|s| s.is_object())
-                .cloned()
-                .unwrap_or_else(|| json!({"phase": "Pending"}));
-            for (k, v) in [
-                ("running", counts.running),
-                ("succeeded", counts.succeeded),
-                ("failed", counts.failed),
-            ] {
-                if v > 0 {
-                    pg_status[k] = json!(v);
-                } else if let Some(o) = pg_status.as_object_mut() {
-                    o.remove(k);
-                }
-            }
-            if terminal {
-                pg_status["phase"] = json!("Completed");
-            }
-            if current != Some(&pg_status) {
-                core.update_internal(&pg_key, |pg| pg["status"] = pg_status);
-            }
-        }
-
-        // TTL after finishing.
-        if ttl_applies(&new_phase)
+    /// `ttlSecondsAfterFinished`: a timer, set once, that deletes the job that long after it finished.
+    fn schedule_ttl(
+        &mut self,
+        core: &Core,
+        key: &ObjectKey,
+        job: &Value,
+        phase: &str,
+        mem: &mut JobMemory,
+    ) {
+        if ttl_applies(phase)
             && !mem.ttl_set
             && let Some(ttl) = job
                 .at("/spec/ttlSecondsAfterFinished")
@@ -613,11 +781,10 @@ impl Model {
                 at,
                 Timer::JobTtl {
                     key: key.clone(),
-                    uid: uid.clone(),
+                    uid: mem.uid.clone(),
                 },
             );
         }
-        self.jobs.insert(key.clone(), mem);
     }
 
     fn kill(&mut self, core: &mut Core, mem: &mut JobMemory, ns: &str, pod: &str) {
@@ -784,36 +951,7 @@ impl Model {
         let task_name = task["name"].as_str().unwrap_or_default();
         let name = pod_name(job_name, task_name, index);
         let template = task.get("template").cloned().unwrap_or_else(|| json!({}));
-        let mut labels = template
-            .at("/metadata/labels")
-            .cloned()
-            .filter(Value::is_object)
-            .unwrap_or_else(|| json!({}));
-        let mut annotations = template
-            .at("/metadata/annotations")
-            .cloned()
-            .filter(Value::is_object)
-            .unwrap_or_else(|| json!({}));
-        for (k, v) in [
-            ("volcano.sh/task-spec", task_name.to_string()),
-            ("scheduling.k8s.io/group-name", podgroup_name(job)),
-            ("volcano.sh/job-name", job_name.to_string()),
-            ("volcano.sh/queue-name", queue.to_string()),
-            ("volcano.sh/job-version", version.to_string()),
-            ("volcano.sh/template-uid", format!("{job_name}-{task_name}")),
-            ("volcano.sh/task-index", index.to_string()),
-        ] {
-            annotations[k] = json!(v);
-        }
-        for (k, v) in [
-            ("volcano.sh/job-name", job_name.to_string()),
-            ("volcano.sh/task-spec", task_name.to_string()),
-            ("volcano.sh/job-namespace", ns.to_string()),
-            ("volcano.sh/queue-name", queue.to_string()),
-            ("volcano.sh/task-index", index.to_string()),
-        ] {
-            labels[k] = json!(v);
-        }
+        let (labels, annotations) = pod_labels(job, &template, task_name, index, queue, version);
         let mut spec = template
             .get("spec")
             .cloned()
@@ -834,72 +972,130 @@ impl Model {
             extra_env.push(json!({"name": "VK_TASK_INDEX", "value": index.to_string()}));
             extra_env.push(json!({"name": "VC_TASK_INDEX", "value": index.to_string()}));
         }
-        let svc = has_plugin(job, "svc");
-        let cm_name = format!("{job_name}-svc");
-        if svc {
-            if spec
-                .get("hostname")
-                .and_then(Value::as_str)
-                .is_none_or(str::is_empty)
-            {
-                spec["hostname"] = json!(name);
-            }
-            if spec
-                .get("subdomain")
-                .and_then(Value::as_str)
-                .is_none_or(str::is_empty)
-            {
-                spec["subdomain"] = json!(job_name);
-            }
-            for t in all_tasks {
-                for var in [
-                    format!("VC_{}_HOSTS", env_key(t)),
-                    format!("VC_{}_NUM", env_key(t)),
-                ] {
-                    extra_env.push(json!({"name": var, "valueFrom": {"configMapKeyRef": {"name": cm_name, "key": var}}}));
-                }
-            }
-            let volumes = spec
-                .as_object_mut()
-                .expect("spec object")
-                .entry("volumes")
-                .or_insert_with(|| json!([]));
-            if let Value::Array(v) = volumes {
-                v.push(json!({"name": cm_name, "configMap": {"name": cm_name}}));
-            }
-        }
-        for field in ["containers", "initContainers"] {
-            if let Some(Value::Array(list)) = spec.get_mut(field) {
-                for c in list.iter_mut().filter(|c| c.is_object()) {
-                    if !extra_env.is_empty() {
-                        let env = c
-                            .as_object_mut()
-                            .expect("object")
-                            .entry("env")
-                            .or_insert_with(|| json!([]));
-                        if let Value::Array(env) = env {
-                            env.extend(extra_env.iter().cloned());
-                        }
-                    }
-                    if svc {
-                        let mounts = c
-                            .as_object_mut()
-                            .expect("object")
-                            .entry("volumeMounts")
-                            .or_insert_with(|| json!([]));
-                        if let Value::Array(m) = mounts {
-                            m.push(json!({"name": cm_name, "mountPath": "/etc/volcano"}));
-                        }
-                    }
-                }
-            }
-        }
+        let svc_map = has_plugin(job, "svc").then(|| {
+            extra_env.extend(svc_plugin(&mut spec, &name, job_name, all_tasks));
+            format!("{job_name}-svc")
+        });
+        into_containers(&mut spec, &extra_env, svc_map.as_deref());
         json!({
             "metadata": {"name": name, "namespace": ns, "labels": labels, "annotations": annotations,
                          "ownerReferences": controller_ref(job)},
             "spec": spec,
             "status": {"phase": "Pending"},
         })
+    }
+}
+
+/// The template's labels and annotations with the ones Volcano's job controller adds to every pod.
+fn pod_labels(
+    job: &Value,
+    template: &Value,
+    task_name: &str,
+    index: i64,
+    queue: &str,
+    version: i64,
+) -> (Value, Value) {
+    let ns = crate::sim::api::namespace_of(job);
+    let job_name = name_of(job);
+    let mut labels = template
+        .at("/metadata/labels")
+        .cloned()
+        .filter(Value::is_object)
+        .unwrap_or_else(|| json!({}));
+    let mut annotations = template
+        .at("/metadata/annotations")
+        .cloned()
+        .filter(Value::is_object)
+        .unwrap_or_else(|| json!({}));
+    for (k, v) in [
+        ("volcano.sh/task-spec", task_name.to_string()),
+        ("scheduling.k8s.io/group-name", podgroup_name(job)),
+        ("volcano.sh/job-name", job_name.to_string()),
+        ("volcano.sh/queue-name", queue.to_string()),
+        ("volcano.sh/job-version", version.to_string()),
+        ("volcano.sh/template-uid", format!("{job_name}-{task_name}")),
+        ("volcano.sh/task-index", index.to_string()),
+    ] {
+        annotations[k] = json!(v);
+    }
+    for (k, v) in [
+        ("volcano.sh/job-name", job_name.to_string()),
+        ("volcano.sh/task-spec", task_name.to_string()),
+        ("volcano.sh/job-namespace", ns.to_string()),
+        ("volcano.sh/queue-name", queue.to_string()),
+        ("volcano.sh/task-index", index.to_string()),
+    ] {
+        labels[k] = json!(v);
+    }
+    (labels, annotations)
+}
+
+/// The svc plugin's part of a pod: its hostname and subdomain (unless the template sets them) and the
+/// hosts ConfigMap as a volume; returns the environment variables that read each task's hosts from it.
+fn svc_plugin(spec: &mut Value, name: &str, job_name: &str, all_tasks: &[String]) -> Vec<Value> {
+    let cm_name = format!("{job_name}-svc");
+    if spec
+        .get("hostname")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
+        spec["hostname"] = json!(name);
+    }
+    if spec
+        .get("subdomain")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
+        spec["subdomain"] = json!(job_name);
+    }
+    let mut env = Vec::new();
+    for t in all_tasks {
+        for var in [
+            format!("VC_{}_HOSTS", env_key(t)),
+            format!("VC_{}_NUM", env_key(t)),
+        ] {
+            env.push(json!({"name": var, "valueFrom": {"configMapKeyRef": {"name": cm_name, "key": var}}}));
+        }
+    }
+    let volumes = spec
+        .as_object_mut()
+        .expect("spec object")
+        .entry("volumes")
+        .or_insert_with(|| json!([]));
+    if let Value::Array(v) = volumes {
+        v.push(json!({"name": cm_name, "configMap": {"name": cm_name}}));
+    }
+    env
+}
+
+/// Adds `extra_env` to every container and init container, and mounts the svc plugin's ConfigMap
+/// `svc_map` at `/etc/volcano` when there is one.
+fn into_containers(spec: &mut Value, extra_env: &[Value], svc_map: Option<&str>) {
+    for field in ["containers", "initContainers"] {
+        if let Some(Value::Array(list)) = spec.get_mut(field) {
+            for c in list.iter_mut().filter(|c| c.is_object()) {
+                if !extra_env.is_empty() {
+                    let env = c
+                        .as_object_mut()
+                        .expect("object")
+                        .entry("env")
+                        .or_insert_with(|| json!([]));
+                    if let Value::Array(env) = env {
+                        env.extend(extra_env.iter().cloned());
+                    }
+                }
+                if let Some(cm_name) = svc_map {
+                    let mounts = c
+                        .as_object_mut()
+                        .expect("object")
+                        .entry("volumeMounts")
+                        .or_insert_with(|| json!([]));
+                    if let Value::Array(m) = mounts {
+                        m.push(json!({"name": cm_name, "mountPath": "/etc/volcano"}));
+                    }
+                }
+            }
+        }
     }
 }
 
