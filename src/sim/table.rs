@@ -139,312 +139,21 @@ fn partial(obj: &Value) -> Value {
     json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj.get("metadata").cloned().unwrap_or(json!({}))})
 }
 
-fn columns_and_cells(t: &ResourceType, obj: &Value, now: Timestamp) -> (Vec<Value>, Vec<Value>) {
+/// The columns and one row's cells, as the API server prints objects of type `t`.
+fn columns_and_cells(t: &ResourceType, obj: &Value, now: Timestamp) -> Row {
     let name = json!(s(obj, "/metadata/name"));
     match t.builtin {
-        Some(Builtin::Pod) => {
-            let statuses = obj
-                .at("/status/containerStatuses")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
-            let total = obj
-                .at("/spec/containers")
-                .and_then(Value::as_array)
-                .map_or(0, Vec::len);
-            let ready = statuses
-                .iter()
-                .filter(|c| c.get("ready").and_then(Value::as_bool) == Some(true))
-                .count();
-            let restarts: i64 = statuses
-                .iter()
-                .filter_map(|c| c.get("restartCount").and_then(Value::as_i64))
-                .sum();
-            let ip = obj
-                .at("/status/podIP")
-                .and_then(Value::as_str)
-                .unwrap_or("<none>");
-            let node = obj
-                .at("/spec/nodeName")
-                .and_then(Value::as_str)
-                .unwrap_or("<none>");
-            (
-                vec![
-                    col("Name", "string", 0, "Name of the pod"),
-                    col(
-                        "Ready",
-                        "string",
-                        0,
-                        "The aggregate readiness state of this pod for accepting traffic.",
-                    ),
-                    col(
-                        "Status",
-                        "string",
-                        0,
-                        "The aggregate status of the containers in this pod.",
-                    ),
-                    col(
-                        "Restarts",
-                        "string",
-                        0,
-                        "The number of times the containers in this pod have been restarted.",
-                    ),
-                    col("Age", "string", 0, "Time since the pod was created."),
-                    col("IP", "string", 1, "IP address allocated to the pod."),
-                    col(
-                        "Node",
-                        "string",
-                        1,
-                        "Name of the node where the pod is scheduled.",
-                    ),
-                    col(
-                        "Nominated Node",
-                        "string",
-                        1,
-                        "Name of the node where the pod is nominated.",
-                    ),
-                    col("Readiness Gates", "string", 1, "Pod readiness gates."),
-                ],
-                vec![
-                    name,
-                    json!(format!("{ready}/{total}")),
-                    json!(pod_status(obj)),
-                    json!(restarts.to_string()),
-                    json!(age(obj, now)),
-                    json!(ip),
-                    json!(node),
-                    json!("<none>"),
-                    json!("<none>"),
-                ],
-            )
-        }
-        Some(Builtin::Node) => {
-            let ready = obj
-                .at("/status/conditions")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True");
-            let mut status = if ready {
-                "Ready".to_string()
-            } else {
-                "NotReady".to_string()
-            };
-            if obj.at("/spec/unschedulable").and_then(Value::as_bool) == Some(true) {
-                status.push_str(",SchedulingDisabled");
-            }
-            let ip = obj
-                .at("/status/addresses")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .find(|a| a["type"] == "InternalIP")
-                .and_then(|a| a["address"].as_str())
-                .unwrap_or("<none>");
-            (
-                vec![
-                    col("Name", "string", 0, "Name of the node"),
-                    col("Status", "string", 0, "The status of the node"),
-                    col("Roles", "string", 0, "The roles of the node"),
-                    col("Age", "string", 0, "Time since the node was created."),
-                    col("Version", "string", 0, "Kubelet version"),
-                    col("Internal-IP", "string", 1, "Internal IP"),
-                    col("External-IP", "string", 1, "External IP"),
-                    col("OS-Image", "string", 1, "OS image"),
-                    col("Kernel-Version", "string", 1, "Kernel version"),
-                    col("Container-Runtime", "string", 1, "Container runtime"),
-                ],
-                vec![
-                    name,
-                    json!(status),
-                    json!("<none>"),
-                    json!(age(obj, now)),
-                    json!(s(obj, "/status/nodeInfo/kubeletVersion")),
-                    json!(ip),
-                    json!("<none>"),
-                    json!(s(obj, "/status/nodeInfo/osImage")),
-                    json!(s(obj, "/status/nodeInfo/kernelVersion")),
-                    json!(s(obj, "/status/nodeInfo/containerRuntimeVersion")),
-                ],
-            )
-        }
-        Some(Builtin::Namespace) => (
-            vec![
-                col("Name", "string", 0, "Name"),
-                col("Status", "string", 0, "The status of the namespace"),
-                col("Age", "string", 0, "Age"),
-            ],
-            vec![name, json!(s(obj, "/status/phase")), json!(age(obj, now))],
-        ),
-        Some(Builtin::Service) => {
-            let ports: Vec<String> = obj
-                .at("/spec/ports")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .map(|p| format!("{}/{}", p["port"], p["protocol"].as_str().unwrap_or("TCP")))
-                .collect();
-            let ports = if ports.is_empty() {
-                "<none>".to_string()
-            } else {
-                ports.join(",")
-            };
-            let selector: Vec<String> = obj
-                .at("/spec/selector")
-                .and_then(Value::as_object)
-                .into_iter()
-                .flatten()
-                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
-                .collect();
-            (
-                vec![
-                    col("Name", "string", 0, "Name"),
-                    col("Type", "string", 0, "Type"),
-                    col("Cluster-IP", "string", 0, "Cluster IP"),
-                    col("External-IP", "string", 0, "External IP"),
-                    col("Port(s)", "string", 0, "Ports"),
-                    col("Age", "string", 0, "Age"),
-                    col("Selector", "string", 1, "Selector"),
-                ],
-                vec![
-                    name,
-                    json!(s(obj, "/spec/type")),
-                    json!(s(obj, "/spec/clusterIP")),
-                    json!("<none>"),
-                    json!(ports),
-                    json!(age(obj, now)),
-                    json!(if selector.is_empty() {
-                        "<none>".to_string()
-                    } else {
-                        selector.join(",")
-                    }),
-                ],
-            )
-        }
-        Some(Builtin::ConfigMap) | Some(Builtin::Secret) => {
-            let data = ["data", "binaryData"]
-                .iter()
-                .filter_map(|f| obj.get(*f).and_then(Value::as_object))
-                .map(|m| m.len())
-                .sum::<usize>();
-            if t.builtin == Some(Builtin::Secret) {
-                (
-                    vec![
-                        col("Name", "string", 0, "Name"),
-                        col("Type", "string", 0, "Type"),
-                        col("Data", "string", 0, "Data"),
-                        col("Age", "string", 0, "Age"),
-                    ],
-                    vec![
-                        name,
-                        json!(obj.get("type").and_then(Value::as_str).unwrap_or("Opaque")),
-                        json!(data.to_string()),
-                        json!(age(obj, now)),
-                    ],
-                )
-            } else {
-                (
-                    vec![
-                        col("Name", "string", 0, "Name"),
-                        col("Data", "string", 0, "Data"),
-                        col("Age", "string", 0, "Age"),
-                    ],
-                    vec![name, json!(data.to_string()), json!(age(obj, now))],
-                )
-            }
-        }
-        Some(Builtin::Event) => {
-            let last = obj
-                .get("lastTimestamp")
-                .and_then(Value::as_str)
-                .and_then(|t| t.parse::<Timestamp>().ok())
-                .map(|t| human_duration(now.duration_since(t)))
-                .unwrap_or_else(|| "<unknown>".into());
-            let object = format!(
-                "{}/{}",
-                s(obj, "/involvedObject/kind").to_lowercase(),
-                s(obj, "/involvedObject/name")
-            );
-            (
-                vec![
-                    col("Last Seen", "string", 0, "Last seen"),
-                    col("Type", "string", 0, "Type"),
-                    col("Reason", "string", 0, "Reason"),
-                    col("Object", "string", 0, "Object"),
-                    col("Message", "string", 0, "Message"),
-                    col("Name", "string", 1, "Name"),
-                ],
-                vec![
-                    json!(last),
-                    json!(s(obj, "/type")),
-                    json!(s(obj, "/reason")),
-                    json!(object),
-                    json!(s(obj, "/message")),
-                    name,
-                ],
-            )
-        }
-        Some(Builtin::EventV1) => (
-            vec![
-                col("Name", "string", 0, "Name"),
-                col("Type", "string", 0, "Type"),
-                col("Reason", "string", 0, "Reason"),
-                col("Note", "string", 0, "Note"),
-                col("Age", "string", 0, "Age"),
-            ],
-            vec![
-                name,
-                json!(s(obj, "/type")),
-                json!(s(obj, "/reason")),
-                json!(s(obj, "/note")),
-                json!(age(obj, now)),
-            ],
-        ),
-        Some(Builtin::Lease) => (
-            vec![
-                col("Name", "string", 0, "Name"),
-                col("Holder", "string", 0, "Holder"),
-                col("Age", "string", 0, "Age"),
-            ],
-            vec![
-                name,
-                json!(s(obj, "/spec/holderIdentity")),
-                json!(age(obj, now)),
-            ],
-        ),
-        Some(Builtin::NetworkPolicy) => {
-            let sel: Vec<String> = obj
-                .at("/spec/podSelector/matchLabels")
-                .and_then(Value::as_object)
-                .into_iter()
-                .flatten()
-                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
-                .collect();
-            (
-                vec![
-                    col("Name", "string", 0, "Name"),
-                    col("Pod-Selector", "string", 0, "Pod selector"),
-                    col("Age", "string", 0, "Age"),
-                ],
-                vec![
-                    name,
-                    json!(if sel.is_empty() {
-                        "<none>".to_string()
-                    } else {
-                        sel.join(",")
-                    }),
-                    json!(age(obj, now)),
-                ],
-            )
-        }
-        Some(Builtin::CustomResourceDefinition) => (
-            vec![
-                col("Name", "string", 0, "Name"),
-                col("Created At", "date", 0, "Created"),
-            ],
-            vec![name, json!(s(obj, "/metadata/creationTimestamp"))],
-        ),
-        // The deploy manifests' kinds: name and age, as kubectl prints any object it has no columns for.
+        Some(Builtin::Pod) => pod_row(obj, name, now),
+        Some(Builtin::Node) => node_row(obj, name, now),
+        Some(Builtin::Namespace) => namespace_row(obj, name, now),
+        Some(Builtin::Service) => service_row(obj, name, now),
+        Some(Builtin::ConfigMap) => data_row(obj, name, now, false),
+        Some(Builtin::Secret) => data_row(obj, name, now, true),
+        Some(Builtin::Event) => event_row(obj, name, now),
+        Some(Builtin::EventV1) => event_v1_row(obj, name, now),
+        Some(Builtin::Lease) => lease_row(obj, name, now),
+        Some(Builtin::NetworkPolicy) => network_policy_row(obj, name, now),
+        Some(Builtin::CustomResourceDefinition) => crd_row(obj, name),
         Some(
             Builtin::ServiceAccount
             | Builtin::Role
@@ -454,43 +163,384 @@ fn columns_and_cells(t: &ResourceType, obj: &Value, now: Timestamp) -> (Vec<Valu
             | Builtin::Deployment
             | Builtin::PodDisruptionBudget
             | Builtin::EndpointSlice,
-        ) => (
-            vec![
-                col("Name", "string", 0, "Name"),
-                col("Age", "string", 0, "Age"),
-            ],
-            vec![name, json!(age(obj, now))],
-        ),
-        None => {
-            let mut cols = vec![col(
-                "Name",
+        ) => name_age_row(obj, name, now),
+        None => custom_row(t, obj, name, now),
+    }
+}
+
+/// A Table's column definitions and one row's cells.
+type Row = (Vec<Value>, Vec<Value>);
+
+/// Pod: READY, STATUS, RESTARTS, AGE, and the wide columns (IP, NODE, ...).
+fn pod_row(obj: &Value, name: Value, now: Timestamp) -> Row {
+    let statuses = obj
+        .at("/status/containerStatuses")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let total = obj
+        .at("/spec/containers")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    let ready = statuses
+        .iter()
+        .filter(|c| c.get("ready").and_then(Value::as_bool) == Some(true))
+        .count();
+    let restarts: i64 = statuses
+        .iter()
+        .filter_map(|c| c.get("restartCount").and_then(Value::as_i64))
+        .sum();
+    let ip = obj
+        .at("/status/podIP")
+        .and_then(Value::as_str)
+        .unwrap_or("<none>");
+    let node = obj
+        .at("/spec/nodeName")
+        .and_then(Value::as_str)
+        .unwrap_or("<none>");
+    (
+        vec![
+            col("Name", "string", 0, "Name of the pod"),
+            col(
+                "Ready",
                 "string",
                 0,
-                "Name must be unique within a namespace.",
-            )];
-            let mut cells = vec![name];
-            if t.printer_columns.is_empty() {
-                cols.push(col("Age", "date", 0, "CreationTimestamp"));
-                cells.push(json!(age(obj, now)));
-            }
-            for c in &t.printer_columns {
-                let mut d = col(&c.name, &c.ty, c.priority, &c.description);
-                d["format"] = json!(c.format);
-                cols.push(d);
-                let cell = json_path(obj, &c.json_path).cloned().unwrap_or(Value::Null);
-                // The API server prints date columns as ages, as kubectl shows them.
-                let cell = match (&cell, c.ty.as_str()) {
-                    (Value::String(t), "date") => match t.parse::<Timestamp>() {
-                        Ok(t) => json!(human_duration(now.duration_since(t))),
-                        Err(_) => cell,
-                    },
-                    _ => cell,
-                };
-                cells.push(cell);
-            }
-            (cols, cells)
-        }
+                "The aggregate readiness state of this pod for accepting traffic.",
+            ),
+            col(
+                "Status",
+                "string",
+                0,
+                "The aggregate status of the containers in this pod.",
+            ),
+            col(
+                "Restarts",
+                "string",
+                0,
+                "The number of times the containers in this pod have been restarted.",
+            ),
+            col("Age", "string", 0, "Time since the pod was created."),
+            col("IP", "string", 1, "IP address allocated to the pod."),
+            col(
+                "Node",
+                "string",
+                1,
+                "Name of the node where the pod is scheduled.",
+            ),
+            col(
+                "Nominated Node",
+                "string",
+                1,
+                "Name of the node where the pod is nominated.",
+            ),
+            col("Readiness Gates", "string", 1, "Pod readiness gates."),
+        ],
+        vec![
+            name,
+            json!(format!("{ready}/{total}")),
+            json!(pod_status(obj)),
+            json!(restarts.to_string()),
+            json!(age(obj, now)),
+            json!(ip),
+            json!(node),
+            json!("<none>"),
+            json!("<none>"),
+        ],
+    )
+}
+
+/// Node: STATUS (with `SchedulingDisabled` when cordoned), ROLES, AGE, VERSION and the wide columns.
+fn node_row(obj: &Value, name: Value, now: Timestamp) -> Row {
+    let ready = obj
+        .at("/status/conditions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True");
+    let mut status = if ready {
+        "Ready".to_string()
+    } else {
+        "NotReady".to_string()
+    };
+    if obj.at("/spec/unschedulable").and_then(Value::as_bool) == Some(true) {
+        status.push_str(",SchedulingDisabled");
     }
+    let ip = obj
+        .at("/status/addresses")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .find(|a| a["type"] == "InternalIP")
+        .and_then(|a| a["address"].as_str())
+        .unwrap_or("<none>");
+    (
+        vec![
+            col("Name", "string", 0, "Name of the node"),
+            col("Status", "string", 0, "The status of the node"),
+            col("Roles", "string", 0, "The roles of the node"),
+            col("Age", "string", 0, "Time since the node was created."),
+            col("Version", "string", 0, "Kubelet version"),
+            col("Internal-IP", "string", 1, "Internal IP"),
+            col("External-IP", "string", 1, "External IP"),
+            col("OS-Image", "string", 1, "OS image"),
+            col("Kernel-Version", "string", 1, "Kernel version"),
+            col("Container-Runtime", "string", 1, "Container runtime"),
+        ],
+        vec![
+            name,
+            json!(status),
+            json!("<none>"),
+            json!(age(obj, now)),
+            json!(s(obj, "/status/nodeInfo/kubeletVersion")),
+            json!(ip),
+            json!("<none>"),
+            json!(s(obj, "/status/nodeInfo/osImage")),
+            json!(s(obj, "/status/nodeInfo/kernelVersion")),
+            json!(s(obj, "/status/nodeInfo/containerRuntimeVersion")),
+        ],
+    )
+}
+
+/// Namespace: STATUS, AGE.
+fn namespace_row(obj: &Value, name: Value, now: Timestamp) -> Row {
+    (
+        vec![
+            col("Name", "string", 0, "Name"),
+            col("Status", "string", 0, "The status of the namespace"),
+            col("Age", "string", 0, "Age"),
+        ],
+        vec![name, json!(s(obj, "/status/phase")), json!(age(obj, now))],
+    )
+}
+
+/// Service: TYPE, CLUSTER-IP, EXTERNAL-IP, PORT(S), AGE, and SELECTOR when wide.
+fn service_row(obj: &Value, name: Value, now: Timestamp) -> Row {
+    let ports: Vec<String> = obj
+        .at("/spec/ports")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|p| format!("{}/{}", p["port"], p["protocol"].as_str().unwrap_or("TCP")))
+        .collect();
+    let ports = if ports.is_empty() {
+        "<none>".to_string()
+    } else {
+        ports.join(",")
+    };
+    let selector: Vec<String> = obj
+        .at("/spec/selector")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+        .collect();
+    (
+        vec![
+            col("Name", "string", 0, "Name"),
+            col("Type", "string", 0, "Type"),
+            col("Cluster-IP", "string", 0, "Cluster IP"),
+            col("External-IP", "string", 0, "External IP"),
+            col("Port(s)", "string", 0, "Ports"),
+            col("Age", "string", 0, "Age"),
+            col("Selector", "string", 1, "Selector"),
+        ],
+        vec![
+            name,
+            json!(s(obj, "/spec/type")),
+            json!(s(obj, "/spec/clusterIP")),
+            json!("<none>"),
+            json!(ports),
+            json!(age(obj, now)),
+            json!(if selector.is_empty() {
+                "<none>".to_string()
+            } else {
+                selector.join(",")
+            }),
+        ],
+    )
+}
+
+/// ConfigMap and Secret: how many keys, and a Secret's TYPE.
+fn data_row(obj: &Value, name: Value, now: Timestamp, secret: bool) -> Row {
+    let data = ["data", "binaryData"]
+        .iter()
+        .filter_map(|f| obj.get(*f).and_then(Value::as_object))
+        .map(|m| m.len())
+        .sum::<usize>();
+    if secret {
+        (
+            vec![
+                col("Name", "string", 0, "Name"),
+                col("Type", "string", 0, "Type"),
+                col("Data", "string", 0, "Data"),
+                col("Age", "string", 0, "Age"),
+            ],
+            vec![
+                name,
+                json!(obj.get("type").and_then(Value::as_str).unwrap_or("Opaque")),
+                json!(data.to_string()),
+                json!(age(obj, now)),
+            ],
+        )
+    } else {
+        (
+            vec![
+                col("Name", "string", 0, "Name"),
+                col("Data", "string", 0, "Data"),
+                col("Age", "string", 0, "Age"),
+            ],
+            vec![name, json!(data.to_string()), json!(age(obj, now))],
+        )
+    }
+}
+
+/// Core Event: LAST SEEN, TYPE, REASON, OBJECT, MESSAGE.
+fn event_row(obj: &Value, name: Value, now: Timestamp) -> Row {
+    let last = obj
+        .get("lastTimestamp")
+        .and_then(Value::as_str)
+        .and_then(|t| t.parse::<Timestamp>().ok())
+        .map(|t| human_duration(now.duration_since(t)))
+        .unwrap_or_else(|| "<unknown>".into());
+    let object = format!(
+        "{}/{}",
+        s(obj, "/involvedObject/kind").to_lowercase(),
+        s(obj, "/involvedObject/name")
+    );
+    (
+        vec![
+            col("Last Seen", "string", 0, "Last seen"),
+            col("Type", "string", 0, "Type"),
+            col("Reason", "string", 0, "Reason"),
+            col("Object", "string", 0, "Object"),
+            col("Message", "string", 0, "Message"),
+            col("Name", "string", 1, "Name"),
+        ],
+        vec![
+            json!(last),
+            json!(s(obj, "/type")),
+            json!(s(obj, "/reason")),
+            json!(object),
+            json!(s(obj, "/message")),
+            name,
+        ],
+    )
+}
+
+/// `events.k8s.io/v1` Event: TYPE, REASON, NOTE, AGE.
+fn event_v1_row(obj: &Value, name: Value, now: Timestamp) -> Row {
+    (
+        vec![
+            col("Name", "string", 0, "Name"),
+            col("Type", "string", 0, "Type"),
+            col("Reason", "string", 0, "Reason"),
+            col("Note", "string", 0, "Note"),
+            col("Age", "string", 0, "Age"),
+        ],
+        vec![
+            name,
+            json!(s(obj, "/type")),
+            json!(s(obj, "/reason")),
+            json!(s(obj, "/note")),
+            json!(age(obj, now)),
+        ],
+    )
+}
+
+/// Lease: HOLDER, AGE.
+fn lease_row(obj: &Value, name: Value, now: Timestamp) -> Row {
+    (
+        vec![
+            col("Name", "string", 0, "Name"),
+            col("Holder", "string", 0, "Holder"),
+            col("Age", "string", 0, "Age"),
+        ],
+        vec![
+            name,
+            json!(s(obj, "/spec/holderIdentity")),
+            json!(age(obj, now)),
+        ],
+    )
+}
+
+/// NetworkPolicy: POD-SELECTOR, AGE.
+fn network_policy_row(obj: &Value, name: Value, now: Timestamp) -> Row {
+    let sel: Vec<String> = obj
+        .at("/spec/podSelector/matchLabels")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+        .collect();
+    (
+        vec![
+            col("Name", "string", 0, "Name"),
+            col("Pod-Selector", "string", 0, "Pod selector"),
+            col("Age", "string", 0, "Age"),
+        ],
+        vec![
+            name,
+            json!(if sel.is_empty() {
+                "<none>".to_string()
+            } else {
+                sel.join(",")
+            }),
+            json!(age(obj, now)),
+        ],
+    )
+}
+
+/// CustomResourceDefinition: CREATED AT.
+fn crd_row(obj: &Value, name: Value) -> Row {
+    (
+        vec![
+            col("Name", "string", 0, "Name"),
+            col("Created At", "date", 0, "Created"),
+        ],
+        vec![name, json!(s(obj, "/metadata/creationTimestamp"))],
+    )
+}
+
+/// The deploy manifests' kinds: name and age, as kubectl prints any object it has no columns for.
+fn name_age_row(obj: &Value, name: Value, now: Timestamp) -> Row {
+    (
+        vec![
+            col("Name", "string", 0, "Name"),
+            col("Age", "string", 0, "Age"),
+        ],
+        vec![name, json!(age(obj, now))],
+    )
+}
+
+/// A custom resource: NAME and its CRD's `additionalPrinterColumns` (AGE when it has none).
+fn custom_row(t: &ResourceType, obj: &Value, name: Value, now: Timestamp) -> Row {
+    let mut cols = vec![col(
+        "Name",
+        "string",
+        0,
+        "Name must be unique within a namespace.",
+    )];
+    let mut cells = vec![name];
+    if t.printer_columns.is_empty() {
+        cols.push(col("Age", "date", 0, "CreationTimestamp"));
+        cells.push(json!(age(obj, now)));
+    }
+    for c in &t.printer_columns {
+        let mut d = col(&c.name, &c.ty, c.priority, &c.description);
+        d["format"] = json!(c.format);
+        cols.push(d);
+        let cell = json_path(obj, &c.json_path).cloned().unwrap_or(Value::Null);
+        // The API server prints date columns as ages, as kubectl shows them.
+        let cell = match (&cell, c.ty.as_str()) {
+            (Value::String(t), "date") => match t.parse::<Timestamp>() {
+                Ok(t) => json!(human_duration(now.duration_since(t))),
+                Err(_) => cell,
+            },
+            _ => cell,
+        };
+        cells.push(cell);
+    }
+    (cols, cells)
 }
 
 /// A Table of `objects` of type `t`. `include_object` is `None`, `Metadata` (default) or `Object`.
