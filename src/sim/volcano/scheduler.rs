@@ -166,6 +166,48 @@ impl Model {
         let epoch = self.epoch;
         let full = self.scanned_epoch != epoch || !overdue.is_empty();
         self.scanned_epoch = epoch;
+        let candidates = self.candidates(core, full, &overdue);
+        if candidates.is_empty() && self.bare_fresh.is_empty() && !full {
+            return;
+        }
+        let mut session = self.open_session(core, full, overdue);
+        // Proportion: the queues are served lowest share first, each in its job order. Without it,
+        // every queue's gangs in one order (one lane).
+        let mut by_queue: BTreeMap<String, VecDeque<(u64, ObjectKey, String)>> = BTreeMap::new();
+        for (seq, key, queue) in candidates {
+            let lane = if self.config.proportion {
+                queue.clone()
+            } else {
+                String::new()
+            };
+            by_queue
+                .entry(lane)
+                .or_default()
+                .push_back((seq, key, queue));
+        }
+        while let Some((seq, gkey, queue)) =
+            next_candidate(&mut by_queue, &session.shares, &session.queues)
+        {
+            let Some(pg) = core.store.get(&gkey).cloned() else {
+                self.forget_group(&gkey);
+                continue;
+            };
+            self.gang_turn(core, &mut session, seq, &gkey, queue, &pg);
+        }
+        self.schedule_bare_pods(core, full);
+    }
+
+    /// The gangs this pass looks at (all waiting ones, or those that changed), in Volcano's job order:
+    /// past the sla waiting time first (the earlier deadline first), then by creation, and among gangs
+    /// created in the same second by their id (the PodGroup's namespace and name), not by when the
+    /// scheduler first saw them: the API server keeps creation times to the second, and the scheduler's
+    /// cache has no other order.
+    fn candidates(
+        &mut self,
+        core: &Core,
+        full: bool,
+        overdue: &BTreeMap<u64, jiff::Timestamp>,
+    ) -> Vec<(u64, ObjectKey, String)> {
         let mut candidates: Vec<(u64, ObjectKey, String)> = if full {
             self.pending_groups
                 .iter()
@@ -182,10 +224,6 @@ impl Model {
                 .collect()
         };
         self.fresh_groups.clear();
-        // Volcano's job order: past the sla waiting time first (the earlier deadline first), then by
-        // creation, and among gangs created in the same second by their id (the PodGroup's namespace and
-        // name), not by when the scheduler first saw them: the API server keeps creation times to the
-        // second, and the scheduler's cache has no other order.
         let created = |key: &ObjectKey| {
             core.store
                 .get(key)
@@ -201,14 +239,17 @@ impl Model {
                 key.name.clone(),
             )
         });
-        // What gangs past their waiting time hold in this pass without being bound (sla: pipelined).
-        let mut held = Held {
-            extra: vec![Resources::default(); self.nodes.len()],
-            placing: Vec::new(),
-        };
-        if candidates.is_empty() && self.bare_fresh.is_empty() && !full {
-            return;
-        }
+        candidates
+    }
+
+    /// The session's view at its start: the queues, what the enqueued gangs reserve, and (with
+    /// proportion) each queue's deserved share.
+    fn open_session(
+        &self,
+        core: &Core,
+        full: bool,
+        overdue: BTreeMap<u64, jiff::Timestamp>,
+    ) -> Session {
         let queues = self.load_queues(core);
         let mut reserved: HashMap<String, Resources> = HashMap::new();
         let mut reserved_total = Resources::default();
@@ -216,165 +257,182 @@ impl Model {
             reserved.entry(q.clone()).or_default().add(min);
             reserved_total.add(min);
         }
-        let mut blocked: BTreeSet<String> = BTreeSet::new();
-        // The nodes' idle capacity changes only when something is allocated: worked out once per change,
-        // not once per waiting gang.
-        let mut idle_nodes: Option<Resources> = None;
-        // Proportion: each queue's deserved share for this session; the queues are served lowest share
-        // first, each in its job order.
-        // Without it, every queue's gangs in one order (one lane).
-        let mut shares = if self.config.proportion {
+        let shares = if self.config.proportion {
             self.queue_shares(&queues)
         } else {
             BTreeMap::new()
         };
-        let mut by_queue: BTreeMap<String, VecDeque<(u64, ObjectKey, String)>> = BTreeMap::new();
-        for (seq, key, queue) in candidates {
-            let lane = if self.config.proportion {
-                queue.clone()
-            } else {
-                String::new()
-            };
-            by_queue
-                .entry(lane)
-                .or_default()
-                .push_back((seq, key, queue));
+        Session {
+            full,
+            overdue,
+            queues,
+            reserved,
+            reserved_total,
+            blocked: BTreeSet::new(),
+            idle_nodes: None,
+            shares,
+            held: Held {
+                extra: vec![Resources::default(); self.nodes.len()],
+                placing: Vec::new(),
+            },
         }
-        while let Some((seq, gkey, queue)) = next_candidate(&mut by_queue, &shares, &queues) {
-            let Some(pg) = core.store.get(&gkey).cloned() else {
-                self.forget_group(&gkey);
-                continue;
-            };
-            let info = queues.get(&queue);
-            let fifo = info.is_some_and(|q| q.fifo);
-            // In a fifo queue nothing overtakes a gang that is still waiting.
-            if fifo
-                && !full
-                && self
-                    .pending_groups
-                    .range(..seq)
-                    .any(|(_, (_, q))| *q == queue)
-            {
-                blocked.insert(queue.clone());
+    }
+
+    /// One waiting gang's turn: a Pending gang is enqueued or told why not (the enqueue action), an
+    /// enqueued one gets its pods placed (the allocate action).
+    fn gang_turn(
+        &mut self,
+        core: &mut Core,
+        s: &mut Session,
+        seq: u64,
+        gkey: &ObjectKey,
+        queue: String,
+        pg: &Value,
+    ) {
+        let fifo = s.queues.get(&queue).is_some_and(|q| q.fifo);
+        // In a fifo queue nothing overtakes a gang that is still waiting.
+        if fifo
+            && !s.full
+            && self
+                .pending_groups
+                .range(..seq)
+                .any(|(_, (_, q))| *q == queue)
+        {
+            s.blocked.insert(queue.clone());
+        }
+        let phase = pg
+            .at("/status/phase")
+            .and_then(Value::as_str)
+            .unwrap_or("Pending")
+            .to_string();
+        match phase.as_str() {
+            "Pending" => self.enqueue(core, s, seq, gkey, queue, pg),
+            // The allocate action skips a queue that holds what it deserves (proportion).
+            "Inqueue" | "Running" if s.shares.get(&queue).is_some_and(QueueShare::overused) => {
+                if fifo {
+                    s.blocked.insert(queue);
+                }
             }
-            let phase = pg
-                .at("/status/phase")
-                .and_then(Value::as_str)
-                .unwrap_or("Pending")
-                .to_string();
-            match phase.as_str() {
-                "Pending" => {
-                    let min = Resources::from_json(pg.at("/spec/minResources"));
-                    let min_member = pg
-                        .at("/spec/minMember")
-                        .and_then(Value::as_i64)
-                        .unwrap_or(1);
-                    let why = if blocked.contains(&queue) {
-                        Some(format!("waiting behind earlier jobs in fifo queue {queue}"))
-                    } else {
-                        match info {
-                            None => Some(format!("queue {queue} does not exist")),
-                            Some(q) if q.state != "Open" => {
-                                Some(format!("queue {queue} is {}", q.state))
-                            }
-                            Some(q) => {
-                                let mut used = self
-                                    .queue_alloc
-                                    .get(&queue)
-                                    .map(without_pods)
-                                    .unwrap_or_default();
-                                used.add(&without_pods(
-                                    reserved.get(&queue).unwrap_or(&Resources::default()),
-                                ));
-                                used.add(&without_pods(&min));
-                                let over_cap = q.capability.as_ref().map(|cap| {
-                                    used.0
-                                        .iter()
-                                        .filter(|(k, v)| cap.0.contains_key(*k) && **v > cap.get(k))
-                                        .map(|(k, _)| k.clone())
-                                        .collect::<Vec<_>>()
-                                });
-                                let mut idle = idle_nodes
-                                    .get_or_insert_with(|| {
-                                        self.cluster_idle().scaled(self.config.overcommit_factor)
-                                    })
-                                    .clone();
-                                idle.sub(&reserved_total);
-                                let short = without_pods(&min).shortfall(&idle);
-                                match over_cap {
-                                    Some(over) if !over.is_empty() => Some(format!(
-                                        "queue resource quota insufficient: {}",
-                                        over.join(", ")
-                                    )),
-                                    // The sla plugin lets a gang past its waiting time in at once.
-                                    _ if !short.is_empty() && !overdue.contains_key(&seq) => {
-                                        Some(format!(
-                                            "resource in cluster is overused: insufficient {}",
-                                            short.join(", ")
-                                        ))
-                                    }
-                                    _ => None,
-                                }
+            "Inqueue" | "Running" => {
+                s.idle_nodes = None;
+                let outcome =
+                    self.allocate(core, gkey, pg, &mut s.held, s.overdue.contains_key(&seq));
+                if let Some(share) = s.shares.get_mut(&queue) {
+                    share.allocated = self
+                        .queue_alloc
+                        .get(&queue)
+                        .map(without_pods)
+                        .unwrap_or_default();
+                }
+                match outcome {
+                    Allocation::Waiting => {}
+                    Allocation::Done => {
+                        if let Some((q, min)) = self.inqueue.remove(gkey) {
+                            s.reserved_total.sub(&min);
+                            if let Some(r) = s.reserved.get_mut(&q) {
+                                r.sub(&min);
                             }
                         }
-                    };
-                    match why {
-                        None => {
-                            self.set_group_status(core, &gkey, Some("Inqueue"), None);
-                            reserved.entry(queue.clone()).or_default().add(&min);
-                            reserved_total.add(&min);
-                            self.inqueue.insert(gkey.clone(), (queue, min));
-                        }
-                        Some(reason) => {
-                            let message = format!(
-                                "{min_member}/0 tasks in gang unschedulable: pod group is not ready, {min_member} minAvailable. Origin reason is: {reason}"
-                            );
-                            self.unschedulable(core, &gkey, &pg, &message);
-                            if fifo {
-                                blocked.insert(queue);
-                            }
+                        self.forget_group(gkey);
+                    }
+                    Allocation::Failed => {
+                        if fifo {
+                            s.blocked.insert(queue);
                         }
                     }
                 }
-                // The allocate action skips a queue that holds what it deserves (proportion).
-                "Inqueue" | "Running" if shares.get(&queue).is_some_and(QueueShare::overused) => {
-                    if fifo {
-                        blocked.insert(queue);
-                    }
+            }
+            _ => self.forget_group(gkey),
+        }
+    }
+
+    /// The enqueue action: a Pending gang goes Inqueue and reserves its `minResources`, or carries an
+    /// `Unschedulable` condition saying why not (and blocks its queue when that is fifo).
+    fn enqueue(
+        &mut self,
+        core: &mut Core,
+        s: &mut Session,
+        seq: u64,
+        gkey: &ObjectKey,
+        queue: String,
+        pg: &Value,
+    ) {
+        let min = Resources::from_json(pg.at("/spec/minResources"));
+        let min_member = pg
+            .at("/spec/minMember")
+            .and_then(Value::as_i64)
+            .unwrap_or(1);
+        match self.enqueue_refusal(s, seq, &queue, &min) {
+            None => {
+                self.set_group_status(core, gkey, Some("Inqueue"), None);
+                s.reserved.entry(queue.clone()).or_default().add(&min);
+                s.reserved_total.add(&min);
+                self.inqueue.insert(gkey.clone(), (queue, min));
+            }
+            Some(reason) => {
+                let message = format!(
+                    "{min_member}/0 tasks in gang unschedulable: pod group is not ready, {min_member} minAvailable. Origin reason is: {reason}"
+                );
+                self.unschedulable(core, gkey, pg, &message);
+                if s.queues.get(&queue).is_some_and(|q| q.fifo) {
+                    s.blocked.insert(queue);
                 }
-                "Inqueue" | "Running" => {
-                    idle_nodes = None;
-                    let outcome =
-                        self.allocate(core, &gkey, &pg, &mut held, overdue.contains_key(&seq));
-                    if let Some(s) = shares.get_mut(&queue) {
-                        s.allocated = self
-                            .queue_alloc
-                            .get(&queue)
-                            .map(without_pods)
-                            .unwrap_or_default();
-                    }
-                    match outcome {
-                        Allocation::Waiting => {}
-                        Allocation::Done => {
-                            if let Some((q, min)) = self.inqueue.remove(&gkey) {
-                                reserved_total.sub(&min);
-                                if let Some(r) = reserved.get_mut(&q) {
-                                    r.sub(&min);
-                                }
-                            }
-                            self.forget_group(&gkey);
-                        }
-                        Allocation::Failed => {
-                            if fifo {
-                                blocked.insert(queue);
-                            }
-                        }
-                    }
-                }
-                _ => self.forget_group(&gkey),
             }
         }
-        self.schedule_bare_pods(core, full);
+    }
+
+    /// Why a gang needing `min` may not be enqueued now, if it may not: its fifo queue is blocked, the
+    /// queue is missing or closed, over its capability, or the cluster's idle capacity (times the
+    /// over-commit factor, less what enqueued gangs reserve) is short.
+    fn enqueue_refusal(
+        &self,
+        s: &mut Session,
+        seq: u64,
+        queue: &str,
+        min: &Resources,
+    ) -> Option<String> {
+        if s.blocked.contains(queue) {
+            return Some(format!("waiting behind earlier jobs in fifo queue {queue}"));
+        }
+        let q = match s.queues.get(queue) {
+            None => return Some(format!("queue {queue} does not exist")),
+            Some(q) if q.state != "Open" => return Some(format!("queue {queue} is {}", q.state)),
+            Some(q) => q,
+        };
+        let mut used = self
+            .queue_alloc
+            .get(queue)
+            .map(without_pods)
+            .unwrap_or_default();
+        used.add(&without_pods(
+            s.reserved.get(queue).unwrap_or(&Resources::default()),
+        ));
+        used.add(&without_pods(min));
+        let over_cap = q.capability.as_ref().map(|cap| {
+            used.0
+                .iter()
+                .filter(|(k, v)| cap.0.contains_key(*k) && **v > cap.get(k))
+                .map(|(k, _)| k.clone())
+                .collect::<Vec<_>>()
+        });
+        let mut idle = s
+            .idle_nodes
+            .get_or_insert_with(|| self.cluster_idle().scaled(self.config.overcommit_factor))
+            .clone();
+        idle.sub(&s.reserved_total);
+        let short = without_pods(min).shortfall(&idle);
+        match over_cap {
+            Some(over) if !over.is_empty() => Some(format!(
+                "queue resource quota insufficient: {}",
+                over.join(", ")
+            )),
+            // The sla plugin lets a gang past its waiting time in at once.
+            _ if !short.is_empty() && !s.overdue.contains_key(&seq) => Some(format!(
+                "resource in cluster is overused: insufficient {}",
+                short.join(", ")
+            )),
+            _ => None,
+        }
     }
 
     /// Proportion's inputs for this session: every queue with bound pods or waiting gangs, what it holds
@@ -479,17 +537,57 @@ impl Model {
             return Allocation::Done;
         };
         let jkey = core.key_of(core.ids.jobs, &gkey.namespace, &job_name);
+        let gang = self.gang_pods(core, gkey, &jkey);
+        let min_member = pg
+            .at("/spec/minMember")
+            .and_then(Value::as_i64)
+            .unwrap_or(1);
+        if !gang.gated.is_empty() {
+            // Pod scheduling readiness (Volcano since v1.11, volcano-sh/volcano#3658): a gated pod is not
+            // allocated, and a gang that needs it waits whole until its gates are removed, without
+            // counting as a scheduling failure. Kubernetes tells it by the pod's condition.
+            let now = format_time(core.now);
+            for key in &gang.gated {
+                core.update_internal(key, |p| pod_gated(p, &now));
+            }
+            if gang.active_bound + (gang.unbound.len() as i64) < min_member {
+                return Allocation::Waiting;
+            }
+        }
+        if gang.unbound.is_empty() {
+            return if gang.active_bound > 0 {
+                Allocation::Done
+            } else {
+                Allocation::Waiting
+            };
+        }
+        let trial = self.place(&gang.unbound, held);
+        if gang.active_bound + trial.placements.len() as i64 >= min_member {
+            return self.bind_gang(core, gkey, pg, &gang, trial);
+        }
+        self.gang_unschedulable(core, gkey, pg, &gang, &trial, min_member);
+        if pipelined {
+            held.extra = trial.extra;
+            held.placing = trial.placing;
+        }
+        Allocation::Failed
+    }
+
+    /// The job's pods as the allocate action sees them: bound (and not failed), gated, or to place.
+    fn gang_pods(&self, core: &Core, gkey: &ObjectKey, jkey: &ObjectKey) -> GangPods {
         let pt = core.registry.get(core.ids.pods);
-        let mut unbound = Vec::new();
-        let mut gated = Vec::new();
-        let mut active_bound = 0i64;
-        let mut total = 0usize;
-        for name in self.pods_of(&jkey) {
+        let mut gang = GangPods {
+            unbound: Vec::new(),
+            gated: Vec::new(),
+            active_bound: 0,
+            total: 0,
+        };
+        for name in self.pods_of(jkey) {
             let key = ObjectKey::new(pt.storage, gkey.namespace.clone(), name.clone());
             let Some(pod) = core.store.get(&key) else {
                 continue;
             };
-            total += 1;
+            gang.total += 1;
             if pod.at("/metadata/deletionTimestamp").is_some() {
                 continue;
             }
@@ -503,105 +601,118 @@ impl Model {
                 .unwrap_or("Pending");
             if bound {
                 if phase != "Failed" {
-                    active_bound += 1;
+                    gang.active_bound += 1;
                 }
             } else if is_gated(pod) {
-                gated.push(key);
+                gang.gated.push(key);
             } else {
-                unbound.push((key, (**pod).clone()));
+                gang.unbound.push((key, (**pod).clone()));
             }
         }
-        if !gated.is_empty() {
-            // Pod scheduling readiness (Volcano since v1.11, volcano-sh/volcano#3658): a gated pod is not
-            // allocated, and a gang that needs it waits whole until its gates are removed, without
-            // counting as a scheduling failure. Kubernetes tells it by the pod's condition.
-            let now = format_time(core.now);
-            for key in &gated {
-                core.update_internal(key, |p| pod_gated(p, &now));
-            }
-            if active_bound + (unbound.len() as i64)
-                < pg.at("/spec/minMember")
-                    .and_then(Value::as_i64)
-                    .unwrap_or(1)
-            {
-                return Allocation::Waiting;
-            }
-        }
-        if unbound.is_empty() {
-            return if active_bound > 0 {
-                Allocation::Done
-            } else {
-                Allocation::Waiting
-            };
-        }
-        unbound.sort_by_key(|(k, _)| pod_order(&k.name));
-        let min_member = pg
-            .at("/spec/minMember")
-            .and_then(Value::as_i64)
-            .unwrap_or(1);
-        let mut extra = held.extra.clone();
-        let mut placing: Vec<Vec<Resident>> = held.placing.clone();
-        let mut placements = Vec::new();
-        let mut first_failure: Option<(String, Vec<Misfit>)> = None;
-        for (key, pod) in &unbound {
+        gang.unbound.sort_by_key(|(k, _)| pod_order(&k.name));
+        gang
+    }
+
+    /// Where each pod would go, in pod order, on the least loaded node that fits beside what `held`
+    /// holds and the pods placed before it.
+    fn place(&self, unbound: &[(ObjectKey, Value)], held: &Held) -> Trial {
+        let mut trial = Trial {
+            extra: held.extra.clone(),
+            placing: held.placing.clone(),
+            placements: Vec::new(),
+            first_failure: None,
+        };
+        for (key, pod) in unbound {
             let req = pod_requests(&pod["spec"]);
-            let incoming = self.resident(pod, &placing);
-            match self.pick_node(&pod["spec"], &req, &extra, incoming.as_ref(), &placing) {
+            let incoming = self.resident(pod, &trial.placing);
+            match self.pick_node(
+                &pod["spec"],
+                &req,
+                &trial.extra,
+                incoming.as_ref(),
+                &trial.placing,
+            ) {
                 Ok(i) => {
-                    extra[i].add(&req);
+                    trial.extra[i].add(&req);
                     if let Some(r) = incoming {
-                        placing.resize_with(self.nodes.len(), Vec::new);
-                        placing[i].push(r);
+                        trial.placing.resize_with(self.nodes.len(), Vec::new);
+                        trial.placing[i].push(r);
                     }
-                    placements.push((key.clone(), i));
+                    trial.placements.push((key.clone(), i));
                 }
                 Err(why) => {
-                    if first_failure.is_none() {
-                        first_failure = Some((key.name.clone(), why));
+                    if trial.first_failure.is_none() {
+                        trial.first_failure = Some((key.name.clone(), why));
                     }
                 }
             }
         }
+        trial
+    }
+
+    /// Enough of the gang fits: binds what was placed (the PodGroup goes Running); a pod left over is
+    /// told why it did not fit.
+    fn bind_gang(
+        &mut self,
+        core: &mut Core,
+        gkey: &ObjectKey,
+        pg: &Value,
+        gang: &GangPods,
+        trial: Trial,
+    ) -> Allocation {
         let now = format_time(core.now);
-        if active_bound + placements.len() as i64 >= min_member {
-            let placed: BTreeSet<ObjectKey> = placements.iter().map(|(k, _)| k.clone()).collect();
-            for (key, node) in placements {
-                self.bind(core, &key, node, "volcano");
-            }
-            if pg.at("/status/phase").and_then(Value::as_str) == Some("Inqueue") {
-                self.set_group_status(
-                    core,
-                    gkey,
-                    Some("Running"),
-                    Some(("Scheduled", "tasks in gang are ready to be scheduled", "")),
-                );
-                self.event(
-                    core,
-                    pg,
-                    "Normal",
-                    "Scheduled",
-                    "pod group is ready",
-                    "volcano",
-                );
-            }
-            let mut left = false;
-            for (key, pod) in unbound.iter().filter(|(k, _)| !placed.contains(k)) {
-                left = true;
-                let msg = first_failure
-                    .as_ref()
-                    .map(|(_, w)| unavailable_message(self.node_count(), w))
-                    .unwrap_or_default();
-                core.update_internal(key, |p| pod_unschedulable(p, &msg, &now));
-                self.event(core, pod, "Warning", "FailedScheduling", &msg, "volcano");
-            }
-            return if left {
-                Allocation::Failed
-            } else {
-                Allocation::Done
-            };
+        let placed: BTreeSet<ObjectKey> = trial.placements.iter().map(|(k, _)| k.clone()).collect();
+        for (key, node) in trial.placements {
+            self.bind(core, &key, node, "volcano");
         }
-        let pending = unbound.len();
-        let schedulable = placements.len();
+        if pg.at("/status/phase").and_then(Value::as_str) == Some("Inqueue") {
+            self.set_group_status(
+                core,
+                gkey,
+                Some("Running"),
+                Some(("Scheduled", "tasks in gang are ready to be scheduled", "")),
+            );
+            self.event(
+                core,
+                pg,
+                "Normal",
+                "Scheduled",
+                "pod group is ready",
+                "volcano",
+            );
+        }
+        let mut left = false;
+        for (key, pod) in gang.unbound.iter().filter(|(k, _)| !placed.contains(k)) {
+            left = true;
+            let msg = trial
+                .first_failure
+                .as_ref()
+                .map(|(_, w)| unavailable_message(self.node_count(), w))
+                .unwrap_or_default();
+            core.update_internal(key, |p| pod_unschedulable(p, &msg, &now));
+            self.event(core, pod, "Warning", "FailedScheduling", &msg, "volcano");
+        }
+        if left {
+            Allocation::Failed
+        } else {
+            Allocation::Done
+        }
+    }
+
+    /// Too little of the gang fits: nothing is bound, and the pods and the PodGroup say why, in Volcano's
+    /// words.
+    fn gang_unschedulable(
+        &mut self,
+        core: &mut Core,
+        gkey: &ObjectKey,
+        pg: &Value,
+        gang: &GangPods,
+        trial: &Trial,
+        min_member: i64,
+    ) {
+        let now = format_time(core.now);
+        let pending = gang.unbound.len();
+        let schedulable = trial.placements.len();
         let mut hist = Vec::new();
         if schedulable > 0 {
             hist.push(format!("{schedulable} Schedulable"));
@@ -610,24 +721,20 @@ impl Model {
             hist.push(format!("{} Unschedulable", pending - schedulable));
         }
         let mut message = format!(
-            "{pending}/{total} tasks in gang unschedulable: pod group is not ready, {pending} Pending, {min_member} minAvailable; Pending: {}",
+            "{pending}/{} tasks in gang unschedulable: pod group is not ready, {pending} Pending, {min_member} minAvailable; Pending: {}",
+            gang.total,
             hist.join(", ")
         );
-        if let Some((pod, why)) = &first_failure {
+        if let Some((pod, why)) = &trial.first_failure {
             message.push_str(&format!(
                 ". Origin reason is {pod}: {}",
                 unavailable_message(self.node_count(), why)
             ));
         }
-        for (key, _) in &unbound {
+        for (key, _) in &gang.unbound {
             core.update_internal(key, |p| pod_unschedulable(p, &message, &now));
         }
         self.unschedulable(core, gkey, pg, &message);
-        if pipelined {
-            held.extra = extra;
-            held.placing = placing;
-        }
-        Allocation::Failed
     }
 
     fn schedule_bare_pods(&mut self, core: &mut Core, full: bool) {
@@ -690,6 +797,48 @@ fn next_candidate(
 
 /// Resources locked in a pass for gangs that are not bound yet, node by node, and the pods placed there
 /// (for anti-affinity).
+/// What one scheduling pass knows of the cluster and changes as it goes through the waiting gangs.
+struct Session {
+    /// Every waiting gang is looked at, not only those that changed.
+    full: bool,
+    /// Gangs past their sla waiting time (by their order), with the deadline.
+    overdue: BTreeMap<u64, jiff::Timestamp>,
+    queues: HashMap<String, QueueInfo>,
+    /// The `minResources` of the enqueued gangs, per queue and in all.
+    reserved: HashMap<String, Resources>,
+    reserved_total: Resources,
+    /// Fifo queues with a gang still waiting: nothing behind it is enqueued or allocated.
+    blocked: BTreeSet<String>,
+    /// The nodes' idle capacity changes only when something is allocated: worked out once per change,
+    /// not once per waiting gang.
+    idle_nodes: Option<Resources>,
+    /// Proportion: each queue's deserved share for this session (empty without it).
+    shares: BTreeMap<String, QueueShare>,
+    /// What gangs past their waiting time hold in this pass without being bound (sla: pipelined).
+    held: Held,
+}
+
+/// A gang's pods as the allocate action sees them.
+struct GangPods {
+    /// Not bound, not gated, not being deleted: what the pass tries to place, in pod order.
+    unbound: Vec<(ObjectKey, Value)>,
+    /// Waiting for their scheduling gates to be removed.
+    gated: Vec<ObjectKey>,
+    /// Bound and not failed.
+    active_bound: i64,
+    /// Every pod of the job that exists (for the message).
+    total: usize,
+}
+
+/// Where a gang's pods would go: the resources and residents per node with them, each placed pod's
+/// node, and the first pod that fit nowhere with why.
+struct Trial {
+    extra: Vec<Resources>,
+    placing: Vec<Vec<Resident>>,
+    placements: Vec<(ObjectKey, usize)>,
+    first_failure: Option<(String, Vec<Misfit>)>,
+}
+
 struct Held {
     extra: Vec<Resources>,
     placing: Vec<Vec<Resident>>,
