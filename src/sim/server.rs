@@ -584,13 +584,22 @@ pub(crate) async fn handle(
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_string();
-    let aggregated = accept.contains("apidiscovery.k8s.io")
-        && accept.split(',').next().is_some_and(|a| a.contains("v=v2"));
     if !matches!(route, Route::Resource(_))
         && let Some(e) = shared.faults.unavailable_now()
     {
         return error_response(&e);
     }
+    let Route::Resource(p) = route else {
+        return discovery_response(&shared, route, &accept, uri.path());
+    };
+    resource_request(&shared, &method, &p, &params, &headers, body).await
+}
+
+/// The paths that are not resources: version, the simulator's clock, health, OpenAPI and discovery
+/// (aggregated when the client asks for `apidiscovery.k8s.io` v2 first).
+fn discovery_response(shared: &Shared, route: Route, accept: &str, path: &str) -> Response {
+    let aggregated = accept.contains("apidiscovery.k8s.io")
+        && accept.split(',').next().is_some_and(|a| a.contains("v=v2"));
     match route {
         Route::Version => json_response(200, &discovery::version()),
         Route::Clock => json_response(
@@ -614,7 +623,7 @@ pub(crate) async fn handle(
         Route::OpenApi(g, v) => {
             match shared.read(|c| discovery::openapi_v3_group_version(&c.core.registry, &g, &v)) {
                 Some(doc) => json_response(200, &doc),
-                None => error_response(&ApiError::no_route(uri.path())),
+                None => error_response(&ApiError::no_route(path)),
             }
         }
         Route::Api if aggregated => {
@@ -640,34 +649,45 @@ pub(crate) async fn handle(
         ),
         Route::Group(g) => match shared.read(|c| discovery::api_group(&c.core.registry, &g)) {
             Some(v) => json_response(200, &v),
-            None => error_response(&ApiError::no_route(uri.path())),
+            None => error_response(&ApiError::no_route(path)),
         },
         Route::GroupVersion(g, v) => {
             match shared.read(|c| discovery::api_resource_list(&c.core.registry, &g, &v)) {
                 Some(v) => json_response(200, &v),
-                None => error_response(&ApiError::no_route(uri.path())),
+                None => error_response(&ApiError::no_route(path)),
             }
         }
-        Route::Resource(p) => {
-            let verb = verb_of(&method, &p, &params);
-            shared.count_request(request_kind(verb, &p));
-            let decision = shared
-                .faults
-                .decide(verb, &p.plural, &p.group, p.sub.as_deref());
-            if !decision.latency.is_zero() {
-                tokio::select! {
-                    _ = tokio::time::sleep(decision.latency) => {}
-                    _ = shared.shutdown.cancelled() => return error_response(&ApiError::unavailable("shutting down", None)),
-                }
-            }
-            if let Some(e) = &decision.error {
-                return error_response(e);
-            }
-            match resource(&shared, &method, &p, &params, &headers, body, &decision) {
-                Ok(r) => r,
-                Err(e) => error_response(&e),
-            }
+        // Served by `resource_request`; not routed here.
+        Route::Resource(_) => error_response(&ApiError::no_route(path)),
+    }
+}
+
+/// A request on a resource: counted, then delayed or failed as the fault plan decides, then served.
+async fn resource_request(
+    shared: &Arc<Shared>,
+    method: &Method,
+    p: &ResourcePath,
+    params: &Params,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Response {
+    let verb = verb_of(method, p, params);
+    shared.count_request(request_kind(verb, p));
+    let decision = shared
+        .faults
+        .decide(verb, &p.plural, &p.group, p.sub.as_deref());
+    if !decision.latency.is_zero() {
+        tokio::select! {
+            _ = tokio::time::sleep(decision.latency) => {}
+            _ = shared.shutdown.cancelled() => return error_response(&ApiError::unavailable("shutting down", None)),
         }
+    }
+    if let Some(e) = &decision.error {
+        return error_response(e);
+    }
+    match resource(shared, method, p, params, headers, body, &decision) {
+        Ok(r) => r,
+        Err(e) => error_response(&e),
     }
 }
 
@@ -795,21 +815,7 @@ fn resource(
         ("GET", None) if params.flag("watch") => {
             start_watch(shared, id, &t, p.namespace.clone(), params, r, decision)
         }
-        ("GET", None) => {
-            let opts = params.list_options(&t)?;
-            let (page, now) = shared.with(|c| {
-                c.core
-                    .list(id, p.namespace.as_deref(), &opts)
-                    .map(|pg| (pg, c.core.now))
-            })?;
-            Ok(list_response(
-                &t,
-                &page,
-                r,
-                now,
-                params.get("includeObject").unwrap_or("Metadata"),
-            ))
-        }
+        ("GET", None) => list(shared, id, &t, p, params, r),
         ("POST", None) => {
             if t.namespaced && p.namespace.is_none() {
                 return Err(ApiError::method_not_allowed(format!(
@@ -829,21 +835,7 @@ fn resource(
             Ok(answer(200, w))
         }
         ("PATCH", Some(name)) => {
-            let ct = headers
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default();
-            let kind = PatchKind::from_content_type(ct).ok_or_else(|| {
-                ApiError::unsupported_media_type(
-                    ct,
-                    &[
-                        "application/json-patch+json",
-                        "application/merge-patch+json",
-                        "application/apply-patch+yaml",
-                        "application/strategic-merge-patch+json",
-                    ],
-                )
-            })?;
+            let kind = patch_kind(headers)?;
             let opts = params.write_options();
             let w = shared.write(|c| c.core.patch(id, &ns, name, kind, &body, sub, &opts))?;
             let code = if w.0.created { 201 } else { 200 };
@@ -852,43 +844,102 @@ fn resource(
         ("DELETE", Some(name)) => {
             let opts = delete_options(params, &body)?;
             let d = shared.with(|c| c.core.delete(id, &ns, name, &opts))?;
-            Ok(match d {
-                Deleted::Pending(o) => written(200, &o, None),
-                Deleted::Gone(o) => json_response(
-                    200,
-                    &json!({
-                        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                        "details": {"name": name_of(&o), "group": t.group, "kind": t.plural, "uid": o.at("/metadata/uid")}
-                    }),
-                ),
-            })
+            Ok(deleted_response(&t, d))
         }
-        ("DELETE", None) => {
-            let list = params.list_options(&t)?;
-            let opts = delete_options(params, &body)?;
-            let (items, rv) = shared.with(|c| {
-                c.core
-                    .delete_collection(id, p.namespace.as_deref(), &list, &opts)
-                    .map(|i| (i, c.core.store.resource_version()))
-            })?;
-            let page = ListPage {
-                items,
-                resource_version: rv,
-                continue_token: None,
-            };
-            // A JSON list needs no clock (only tables print ages).
-            Ok(list_response(
-                &t,
-                &page,
-                Repr::Json,
-                jiff::Timestamp::UNIX_EPOCH,
-                "Object",
-            ))
-        }
+        ("DELETE", None) => delete_collection(shared, id, &t, p, params, &body),
         _ => Err(ApiError::method_not_allowed(format!(
             "the server does not allow this method on the requested resource ({method})"
         ))),
     }
+}
+
+/// A list, or a Table of it when asked for one.
+fn list(
+    shared: &Shared,
+    id: ResId,
+    t: &ResourceType,
+    p: &ResourcePath,
+    params: &Params,
+    r: Repr,
+) -> Result<Response, ApiError> {
+    let opts = params.list_options(t)?;
+    let (page, now) = shared.with(|c| {
+        c.core
+            .list(id, p.namespace.as_deref(), &opts)
+            .map(|pg| (pg, c.core.now))
+    })?;
+    Ok(list_response(
+        t,
+        &page,
+        r,
+        now,
+        params.get("includeObject").unwrap_or("Metadata"),
+    ))
+}
+
+/// The patch kind a PATCH request's content type names; another type is 415 with the four accepted.
+fn patch_kind(headers: &HeaderMap) -> Result<PatchKind, ApiError> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    PatchKind::from_content_type(ct).ok_or_else(|| {
+        ApiError::unsupported_media_type(
+            ct,
+            &[
+                "application/json-patch+json",
+                "application/merge-patch+json",
+                "application/apply-patch+yaml",
+                "application/strategic-merge-patch+json",
+            ],
+        )
+    })
+}
+
+/// The answer to a DELETE: the object while finalizers or a grace period keep it, else a Success
+/// Status naming it.
+fn deleted_response(t: &ResourceType, d: Deleted) -> Response {
+    match d {
+        Deleted::Pending(o) => written(200, &o, None),
+        Deleted::Gone(o) => json_response(
+            200,
+            &json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                "details": {"name": name_of(&o), "group": t.group, "kind": t.plural, "uid": o.at("/metadata/uid")}
+            }),
+        ),
+    }
+}
+
+/// `DELETE` on a collection: the objects it deleted, as a JSON list.
+fn delete_collection(
+    shared: &Shared,
+    id: ResId,
+    t: &ResourceType,
+    p: &ResourcePath,
+    params: &Params,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let list = params.list_options(t)?;
+    let opts = delete_options(params, body)?;
+    let (items, rv) = shared.with(|c| {
+        c.core
+            .delete_collection(id, p.namespace.as_deref(), &list, &opts)
+            .map(|i| (i, c.core.store.resource_version()))
+    })?;
+    let page = ListPage {
+        items,
+        resource_version: rv,
+        continue_token: None,
+    };
+    // A JSON list needs no clock (only tables print ages).
+    Ok(list_response(
+        t,
+        &page,
+        Repr::Json,
+        jiff::Timestamp::UNIX_EPOCH,
+        "Object",
+    ))
 }
 
 // ----- evictions -----
@@ -1296,6 +1347,8 @@ impl WatchState {
     }
 }
 
+/// Answers a watch: the initial events (a list, or "gone" for a version too old), then the history
+/// as it grows, bookmarks, and the faults the plan asks for, until the timeout.
 fn start_watch(
     shared: &Arc<Shared>,
     id: ResId,
@@ -1306,22 +1359,7 @@ fn start_watch(
     decision: &super::faults::Decision,
 ) -> Result<Response, ApiError> {
     let opts = params.list_options(t)?;
-    let bookmarks = params.flag("allowWatchBookmarks");
-    let send_initial = params.flag("sendInitialEvents");
-    let rv_param = params.get("resourceVersion").unwrap_or_default();
-    // As the API server: an integer, 0 or less for the server's own timeout.
-    let timeout = match params.get("timeoutSeconds") {
-        None => shared.settings.watch_timeout,
-        Some(raw) => match raw.parse::<i64>() {
-            Ok(n) if n > 0 => Duration::from_secs(n.unsigned_abs()),
-            Ok(_) => shared.settings.watch_timeout,
-            Err(_) => {
-                return Err(ApiError::bad_request(format!(
-                    "timeoutSeconds: Invalid value: {raw:?}: not an integer"
-                )));
-            }
-        },
-    };
+    let timeout = watch_timeout(shared, params)?;
     let spec = WatchSpec {
         storage: t.storage,
         kind: t.kind.clone(),
@@ -1329,46 +1367,14 @@ fn start_watch(
         namespace: namespace.clone(),
         label: opts.label.clone(),
         field: opts.field.clone(),
-        bookmarks,
+        bookmarks: params.flag("allowWatchBookmarks"),
         repr: if repr == Repr::Metadata {
             Repr::Metadata
         } else {
             Repr::Json
         },
     };
-    let mut pending = VecDeque::new();
-    let mut done = false;
-    let pos = if rv_param.is_empty() || rv_param == "0" || send_initial {
-        let page = shared.with(|c| {
-            c.core.list(
-                id,
-                namespace.as_deref(),
-                &ListOptions {
-                    limit: None,
-                    continue_token: None,
-                    ..opts.clone()
-                },
-            )
-        })?;
-        for obj in &page.items {
-            pending.push_back((spec.encode("ADDED", obj), true));
-        }
-        if send_initial && bookmarks {
-            pending.push_back((spec.bookmark(page.resource_version, true), false));
-        }
-        page.resource_version
-    } else {
-        let rv: u64 = rv_param.parse().map_err(|_| {
-            ApiError::bad_request(format!("invalid resource version: {rv_param:?}"))
-        })?;
-        let oldest = shared.read(|c| c.core.store.watchable_from(t.storage));
-        if rv < oldest {
-            let e = ApiError::expired(format!("too old resource version: {rv} ({})", oldest + 1));
-            pending.push_back((gone_event(&e), false));
-            done = true;
-        }
-        rv
-    };
+    let (pos, pending, done) = watch_start(shared, id, t, params, &opts, &spec)?;
     let now = tokio::time::Instant::now();
     let mut rx = shared.subscribe_res(t.storage);
     rx.mark_unchanged();
@@ -1393,70 +1399,140 @@ fn start_watch(
         done,
         bookmark_every: shared.settings.bookmark_interval,
     };
-    let stream = futures::stream::unfold(state, |mut st| async move {
-        loop {
-            if let Some((bytes, is_event)) = st.pending.pop_front() {
-                if is_event {
-                    if st.cut_after_events.is_some_and(|n| st.sent >= n) {
-                        st.done = true;
-                        st.pending.clear();
-                        st.cut_after_events = None;
-                        tokio::time::sleep(FLUSH_BEFORE_CUT).await;
-                        return Some((
-                            Err(std::io::Error::other("watch cut by the fault plan")),
-                            st,
-                        ));
-                    }
-                    st.lost += st.lose;
-                    if st.lost >= 1.0 {
-                        st.lost -= 1.0;
-                        continue;
-                    }
-                    st.sent += 1;
-                }
-                return Some((Ok::<Bytes, std::io::Error>(bytes), st));
-            }
-            if st.done {
-                return None;
-            }
-            st.pull();
-            if !st.pending.is_empty() {
-                continue;
-            }
-            let cut_at = st.cut_at;
-            let bookmark = st.spec.bookmarks;
-            tokio::select! {
-                _ = st.shared.shutdown.cancelled() => return None,
-                _ = tokio::time::sleep_until(st.deadline) => return None,
-                _ = async { match cut_at { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {
-                    st.done = true;
-                    tokio::time::sleep(FLUSH_BEFORE_CUT).await;
-                    return Some((Err(std::io::Error::other("watch cut by the fault plan")), st));
-                }
-                r = st.rx.changed() => if r.is_err() { return None },
-                _ = st.cuts.changed() => {
-                    st.done = true;
-                    tokio::time::sleep(FLUSH_BEFORE_CUT).await;
-                    return Some((Err(std::io::Error::other("watch cut")), st));
-                }
-                _ = tokio::time::sleep(st.bookmark_every), if bookmark => {
-                    // Caught up first (a quiet kind's watch is not woken by other kinds' changes), so
-                    // the bookmark names the current version, after any event of its own kind.
-                    st.pull();
-                    if !st.done {
-                        let rv = st.pos;
-                        st.pending.push_back((st.spec.bookmark(rv, false), false));
-                    }
-                }
-            }
-        }
-    });
+    let stream = futures::stream::unfold(state, WatchState::next_chunk);
     Ok(Response::builder()
         .status(200)
         .header(header::CONTENT_TYPE, "application/json")
         .header(header::CACHE_CONTROL, "no-cache, private")
         .body(Body::from_stream(stream))
         .unwrap_or_else(|_| Response::new(Body::empty())))
+}
+
+/// `timeoutSeconds` as the API server reads it: an integer, 0 or less for the server's own timeout.
+fn watch_timeout(shared: &Shared, params: &Params) -> Result<Duration, ApiError> {
+    Ok(match params.get("timeoutSeconds") {
+        None => shared.settings.watch_timeout,
+        Some(raw) => match raw.parse::<i64>() {
+            Ok(n) if n > 0 => Duration::from_secs(n.unsigned_abs()),
+            Ok(_) => shared.settings.watch_timeout,
+            Err(_) => {
+                return Err(ApiError::bad_request(format!(
+                    "timeoutSeconds: Invalid value: {raw:?}: not an integer"
+                )));
+            }
+        },
+    })
+}
+
+/// Where a watch starts: from a list (no version, "0", or `sendInitialEvents`: every object as ADDED, then
+/// the initial-events-end bookmark when asked for), else from the version given, with a "gone" event when
+/// the history no longer reaches back to it. Returns the version, the first events and whether that is all.
+fn watch_start(
+    shared: &Arc<Shared>,
+    id: ResId,
+    t: &ResourceType,
+    params: &Params,
+    opts: &ListOptions,
+    spec: &WatchSpec,
+) -> Result<(u64, VecDeque<(Bytes, bool)>, bool), ApiError> {
+    let send_initial = params.flag("sendInitialEvents");
+    let rv_param = params.get("resourceVersion").unwrap_or_default();
+    let mut pending = VecDeque::new();
+    if rv_param.is_empty() || rv_param == "0" || send_initial {
+        let page = shared.with(|c| {
+            c.core.list(
+                id,
+                spec.namespace.as_deref(),
+                &ListOptions {
+                    limit: None,
+                    continue_token: None,
+                    ..opts.clone()
+                },
+            )
+        })?;
+        for obj in &page.items {
+            pending.push_back((spec.encode("ADDED", obj), true));
+        }
+        if send_initial && spec.bookmarks {
+            pending.push_back((spec.bookmark(page.resource_version, true), false));
+        }
+        return Ok((page.resource_version, pending, false));
+    }
+    let rv: u64 = rv_param
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv_param:?}")))?;
+    let oldest = shared.read(|c| c.core.store.watchable_from(t.storage));
+    let mut done = false;
+    if rv < oldest {
+        let e = ApiError::expired(format!("too old resource version: {rv} ({})", oldest + 1));
+        pending.push_back((gone_event(&e), false));
+        done = true;
+    }
+    Ok((rv, pending, done))
+}
+
+impl WatchState {
+    /// The watch's next chunk of the response body: a pending event (unless the fault plan drops it
+    /// or cuts the watch there), else what the history gained; waits for a change, a cut, the next
+    /// bookmark or the timeout. `None` ends the response.
+    async fn next_chunk(mut self) -> Option<(Result<Bytes, std::io::Error>, Self)> {
+        loop {
+            if let Some((bytes, is_event)) = self.pending.pop_front() {
+                if is_event {
+                    if self.cut_after_events.is_some_and(|n| self.sent >= n) {
+                        self.done = true;
+                        self.pending.clear();
+                        self.cut_after_events = None;
+                        tokio::time::sleep(FLUSH_BEFORE_CUT).await;
+                        return Some((
+                            Err(std::io::Error::other("watch cut by the fault plan")),
+                            self,
+                        ));
+                    }
+                    self.lost += self.lose;
+                    if self.lost >= 1.0 {
+                        self.lost -= 1.0;
+                        continue;
+                    }
+                    self.sent += 1;
+                }
+                return Some((Ok::<Bytes, std::io::Error>(bytes), self));
+            }
+            if self.done {
+                return None;
+            }
+            self.pull();
+            if !self.pending.is_empty() {
+                continue;
+            }
+            let cut_at = self.cut_at;
+            let bookmark = self.spec.bookmarks;
+            tokio::select! {
+                _ = self.shared.shutdown.cancelled() => return None,
+                _ = tokio::time::sleep_until(self.deadline) => return None,
+                _ = async { match cut_at { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {
+                    self.done = true;
+                    tokio::time::sleep(FLUSH_BEFORE_CUT).await;
+                    return Some((Err(std::io::Error::other("watch cut by the fault plan")), self));
+                }
+                r = self.rx.changed() => if r.is_err() { return None },
+                _ = self.cuts.changed() => {
+                    self.done = true;
+                    tokio::time::sleep(FLUSH_BEFORE_CUT).await;
+                    return Some((Err(std::io::Error::other("watch cut")), self));
+                }
+                _ = tokio::time::sleep(self.bookmark_every), if bookmark => {
+                    // Caught up first (a quiet kind's watch is not woken by other kinds' changes), so
+                    // the bookmark names the current version, after any event of its own kind.
+                    self.pull();
+                    if !self.done {
+                        let rv = self.pos;
+                        self.pending.push_back((self.spec.bookmark(rv, false), false));
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
