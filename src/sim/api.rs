@@ -925,54 +925,10 @@ impl Core {
         opts: &WriteOptions,
     ) -> Result<Written, ApiError> {
         Self::set_type_meta(t, &mut new)?;
-        // Server-owned metadata stays as it was.
         let no_meta = Map::new();
         let old_meta = meta(old).unwrap_or(&no_meta);
-        {
-            let m = meta_mut(&mut new);
-            for k in [
-                "uid",
-                "creationTimestamp",
-                "deletionTimestamp",
-                "deletionGracePeriodSeconds",
-                "generation",
-                "name",
-                "namespace",
-                "resourceVersion",
-                "managedFields",
-            ] {
-                match old_meta.get(k) {
-                    Some(v) => m.insert(k.into(), v.clone()),
-                    None => m.remove(k),
-                };
-            }
-        }
-        match sub {
-            Subresource::Main if t.status_subresource => match old.get("status") {
-                Some(s) => new["status"] = s.clone(),
-                None => {
-                    if let Some(o) = new.as_object_mut() {
-                        o.remove("status");
-                    }
-                }
-            },
-            Subresource::Status => {
-                if !t.status_subresource {
-                    return Err(ApiError::no_route(&format!("{}/status", t.plural)));
-                }
-                let status = new.get("status").cloned();
-                new = (**old).clone();
-                match status {
-                    Some(s) => new["status"] = s,
-                    None => {
-                        if let Some(o) = new.as_object_mut() {
-                            o.remove("status");
-                        }
-                    }
-                }
-            }
-            Subresource::Main => {}
-        }
+        keep_server_metadata(old_meta, &mut new);
+        let new = through_subresource(t, old, new, sub)?;
         let (mut new, warnings) = self.prepare(t, Some(old), new, sub, opts)?;
         if spec_changed(t, &new, old) {
             let generation = old_meta
@@ -990,16 +946,7 @@ impl Core {
             });
         }
         if let Some(manager) = opts.field_manager.as_deref().filter(|m| !m.is_empty()) {
-            let now = format_time(self.now);
-            let entry = json!({"manager": manager, "operation": "Update", "apiVersion": t.api_version(),
-                               "time": now, "fieldsType": "FieldsV1", "fieldsV1": {},
-                               "subresource": if sub == Subresource::Status { "status" } else { "" }});
-            let m = meta_mut(&mut new);
-            let list = m.entry("managedFields").or_insert_with(|| json!([]));
-            if let Value::Array(list) = list {
-                list.retain(|e| e.get("manager").and_then(Value::as_str) != Some(manager));
-                list.push(entry);
-            }
+            record_update_manager(&mut new, t, manager, sub, self.now);
         }
         if opts.dry_run {
             return Ok(Written {
@@ -1122,25 +1069,7 @@ impl Core {
         let is_namespace = key.res == self.registry.get(self.ids.namespaces).storage;
         let deleting = meta(&old).is_some_and(|m| m.contains_key("deletionTimestamp"));
         if deleting {
-            // A second delete can only shorten a pod's grace period to zero.
-            if is_pod && grace == Some(0) && finalizers(&old).is_empty() {
-                return Deleted::Gone(self.store.remove(key).expect("exists"));
-            }
-            // As the API server does for an object its finalizers hold: a later delete asking for
-            // foreground propagation adds the finalizer that has the dependents removed first.
-            let mut fins = finalizers(&old);
-            let has_dependents =
-                meta_str(&old, "uid").is_some_and(|u| !self.store.dependents_of(u).is_empty());
-            if propagation == Some(Propagation::Foreground)
-                && has_dependents
-                && !fins.iter().any(|f| f == FOREGROUND_FINALIZER)
-            {
-                fins.push(FOREGROUND_FINALIZER.to_string());
-                let mut obj = (*old).clone();
-                meta_mut(&mut obj).insert("finalizers".into(), json!(fins));
-                return Deleted::Pending(self.store.put(key.clone(), obj));
-            }
-            return Deleted::Pending(old);
+            return self.delete_again(key, old, propagation, grace, is_pod);
         }
         let now = format_time(self.now);
         if is_namespace {
@@ -1151,16 +1080,8 @@ impl Core {
             return Deleted::Pending(self.store.put(key.clone(), obj));
         }
         let propagation = propagation.unwrap_or(Propagation::Background);
-        if propagation == Propagation::Orphan
-            && let Some(uid) = meta_str(&old, "uid").map(String::from)
-        {
-            for dep in self.store.dependents_of(&uid) {
-                self.update_internal(&dep, |d| {
-                    if let Some(Value::Array(refs)) = d.pointer_mut("/metadata/ownerReferences") {
-                        refs.retain(|r| r.get("uid").and_then(Value::as_str) != Some(uid.as_str()));
-                    }
-                });
-            }
+        if propagation == Propagation::Orphan {
+            self.orphan_dependents(&old);
         }
         // The object is copied only when it stays (marked for deletion): one that goes at once is
         // removed as it is.
@@ -1181,33 +1102,15 @@ impl Core {
             }
             obj
         };
-        if is_pod {
-            let bound = old
-                .at("/spec/nodeName")
-                .and_then(Value::as_str)
-                .is_some_and(|n| !n.is_empty());
-            let phase = old
-                .at("/status/phase")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            let terminal = phase == "Succeeded" || phase == "Failed";
-            let grace = grace
-                .or_else(|| {
-                    old.at("/spec/terminationGracePeriodSeconds")
-                        .and_then(Value::as_i64)
-                })
-                .unwrap_or(30)
-                .max(0);
-            if bound && !terminal && grace > 0 {
-                let mut obj = marked();
-                let at = self
-                    .now
-                    .saturating_add(SignedDuration::from_secs(grace))
-                    .unwrap_or(self.now);
-                meta_mut(&mut obj).insert("deletionTimestamp".into(), json!(format_time(at)));
-                meta_mut(&mut obj).insert("deletionGracePeriodSeconds".into(), json!(grace));
-                return Deleted::Pending(self.store.put(key.clone(), obj));
-            }
+        if is_pod && let Some(grace) = pod_grace_period(&old, grace) {
+            let mut obj = marked();
+            let at = self
+                .now
+                .saturating_add(SignedDuration::from_secs(grace))
+                .unwrap_or(self.now);
+            meta_mut(&mut obj).insert("deletionTimestamp".into(), json!(format_time(at)));
+            meta_mut(&mut obj).insert("deletionGracePeriodSeconds".into(), json!(grace));
+            return Deleted::Pending(self.store.put(key.clone(), obj));
         }
         if !fins.is_empty() {
             let mut obj = marked();
@@ -1216,6 +1119,50 @@ impl Core {
             return Deleted::Pending(self.store.put(key.clone(), obj));
         }
         Deleted::Gone(self.store.remove(key).expect("exists"))
+    }
+
+    /// A delete of an object already marked for deletion: it can only shorten a pod's grace period to
+    /// zero, or add the foreground finalizer.
+    fn delete_again(
+        &mut self,
+        key: &ObjectKey,
+        old: Arc<Value>,
+        propagation: Option<Propagation>,
+        grace: Option<i64>,
+        is_pod: bool,
+    ) -> Deleted {
+        if is_pod && grace == Some(0) && finalizers(&old).is_empty() {
+            return Deleted::Gone(self.store.remove(key).expect("exists"));
+        }
+        // As the API server does for an object its finalizers hold: a later delete asking for
+        // foreground propagation adds the finalizer that has the dependents removed first.
+        let mut fins = finalizers(&old);
+        let has_dependents =
+            meta_str(&old, "uid").is_some_and(|u| !self.store.dependents_of(u).is_empty());
+        if propagation == Some(Propagation::Foreground)
+            && has_dependents
+            && !fins.iter().any(|f| f == FOREGROUND_FINALIZER)
+        {
+            fins.push(FOREGROUND_FINALIZER.to_string());
+            let mut obj = (*old).clone();
+            meta_mut(&mut obj).insert("finalizers".into(), json!(fins));
+            return Deleted::Pending(self.store.put(key.clone(), obj));
+        }
+        Deleted::Pending(old)
+    }
+
+    /// Orphan propagation: the dependents of `old` lose their owner reference to it and stay.
+    fn orphan_dependents(&mut self, old: &Value) {
+        let Some(uid) = meta_str(old, "uid").map(String::from) else {
+            return;
+        };
+        for dep in self.store.dependents_of(&uid) {
+            self.update_internal(&dep, |d| {
+                if let Some(Value::Array(refs)) = d.pointer_mut("/metadata/ownerReferences") {
+                    refs.retain(|r| r.get("uid").and_then(Value::as_str) != Some(uid.as_str()));
+                }
+            });
+        }
     }
 
     // ----- writes by the simulated controllers -----
@@ -1309,6 +1256,106 @@ impl Core {
             let key = self.key_of(self.ids.events, &ns, name_of(&stored));
             self.event_index.insert(dedup, key);
         }
+    }
+}
+
+/// The grace period a pod's deletion waits for: the one asked for, else the pod's own, else 30 s; none
+/// for a pod that is not bound, has ended, or is given zero.
+fn pod_grace_period(pod: &Value, grace: Option<i64>) -> Option<i64> {
+    let bound = pod
+        .at("/spec/nodeName")
+        .and_then(Value::as_str)
+        .is_some_and(|n| !n.is_empty());
+    let phase = pod
+        .at("/status/phase")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let terminal = phase == "Succeeded" || phase == "Failed";
+    let grace = grace
+        .or_else(|| {
+            pod.at("/spec/terminationGracePeriodSeconds")
+                .and_then(Value::as_i64)
+        })
+        .unwrap_or(30)
+        .max(0);
+    (bound && !terminal && grace > 0).then_some(grace)
+}
+
+/// An update leaves the server-owned metadata as it was: whatever the client sent for it is replaced.
+fn keep_server_metadata(old_meta: &Map<String, Value>, new: &mut Value) {
+    let m = meta_mut(new);
+    for k in [
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "generation",
+        "name",
+        "namespace",
+        "resourceVersion",
+        "managedFields",
+    ] {
+        match old_meta.get(k) {
+            Some(v) => m.insert(k.into(), v.clone()),
+            None => m.remove(k),
+        };
+    }
+}
+
+/// With a status subresource, an update of the main resource keeps the old status, and an update of
+/// `/status` changes nothing but the status.
+fn through_subresource(
+    t: &ResourceType,
+    old: &Value,
+    mut new: Value,
+    sub: Subresource,
+) -> Result<Value, ApiError> {
+    match sub {
+        Subresource::Main if t.status_subresource => match old.get("status") {
+            Some(s) => new["status"] = s.clone(),
+            None => {
+                if let Some(o) = new.as_object_mut() {
+                    o.remove("status");
+                }
+            }
+        },
+        Subresource::Status => {
+            if !t.status_subresource {
+                return Err(ApiError::no_route(&format!("{}/status", t.plural)));
+            }
+            let status = new.get("status").cloned();
+            new = old.clone();
+            match status {
+                Some(s) => new["status"] = s,
+                None => {
+                    if let Some(o) = new.as_object_mut() {
+                        o.remove("status");
+                    }
+                }
+            }
+        }
+        Subresource::Main => {}
+    }
+    Ok(new)
+}
+
+/// The `managedFields` entry of an Update by `manager`, replacing its earlier one.
+fn record_update_manager(
+    new: &mut Value,
+    t: &ResourceType,
+    manager: &str,
+    sub: Subresource,
+    now: Timestamp,
+) {
+    let now = format_time(now);
+    let entry = json!({"manager": manager, "operation": "Update", "apiVersion": t.api_version(),
+                       "time": now, "fieldsType": "FieldsV1", "fieldsV1": {},
+                       "subresource": if sub == Subresource::Status { "status" } else { "" }});
+    let m = meta_mut(new);
+    let list = m.entry("managedFields").or_insert_with(|| json!([]));
+    if let Value::Array(list) = list {
+        list.retain(|e| e.get("manager").and_then(Value::as_str) != Some(manager));
+        list.push(entry);
     }
 }
 
