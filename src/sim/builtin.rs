@@ -221,103 +221,15 @@ pub fn validate(kind: Builtin, old: Option<&Value>, obj: &Value) -> Vec<FieldErr
     let mut errs = Vec::new();
     match kind {
         Builtin::Pod => validate_pod(old, obj, &mut errs),
-        Builtin::ConfigMap | Builtin::Secret => {
-            let mut size = 0usize;
-            for field in ["data", "binaryData", "stringData"] {
-                if let Some(Value::Object(m)) = obj.get(field) {
-                    for (k, v) in m {
-                        size += v.as_str().map_or(0, str::len);
-                        let ok = !k.is_empty()
-                            && k.chars()
-                                .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c));
-                        if !ok || k == "." || k == ".." {
-                            errs.push(FieldError::invalid(
-                                format!("{field}[{k}]"),
-                                &json!(k),
-                                CONFIG_KEY_MSG,
-                            ));
-                        }
-                    }
-                }
-            }
-            if size > 1 << 20 {
-                errs.push(FieldError {
-                    field: String::new(),
-                    kind: super::error::FieldErrorKind::TooLong { max: 1 << 20 },
-                });
-            }
-        }
+        Builtin::ConfigMap | Builtin::Secret => validate_data(obj, &mut errs),
         Builtin::Event => {
             if obj.at("/involvedObject/name").is_none() && obj.at("/involvedObject/kind").is_none()
             {
                 errs.push(FieldError::required("involvedObject", ""));
             }
         }
-        Builtin::EventV1 => {
-            for field in [
-                "eventTime",
-                "reportingController",
-                "reportingInstance",
-                "action",
-                "reason",
-                "type",
-            ] {
-                if obj
-                    .get(field)
-                    .is_none_or(|v| v.is_null() || v.as_str() == Some(""))
-                {
-                    errs.push(FieldError::required(field, ""));
-                }
-            }
-        }
-        Builtin::EndpointSlice => {
-            let ty = obj.get("addressType").and_then(Value::as_str);
-            match ty {
-                Some("IPv4" | "IPv6" | "FQDN") => {}
-                Some(t) => errs.push(FieldError::invalid(
-                    "addressType",
-                    &json!(t),
-                    "supported values: \"FQDN\", \"IPv4\", \"IPv6\"",
-                )),
-                None => errs.push(FieldError::required("addressType", "")),
-            }
-            if let Some(old) = old
-                && old.get("addressType") != obj.get("addressType")
-            {
-                errs.push(FieldError::invalid(
-                    "addressType",
-                    obj.get("addressType").unwrap_or(&Value::Null),
-                    "field is immutable",
-                ));
-            }
-            for (i, e) in obj
-                .get("endpoints")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .enumerate()
-            {
-                let n = e
-                    .get("addresses")
-                    .and_then(Value::as_array)
-                    .map_or(0, Vec::len);
-                if !(1..=100).contains(&n) {
-                    errs.push(FieldError::required(
-                        format!("endpoints[{i}].addresses"),
-                        "must contain at least 1 address",
-                    ));
-                }
-                if let Some(h) = e.get("hostname").and_then(Value::as_str) {
-                    for m in super::names::dns1123_label(h) {
-                        errs.push(FieldError::invalid(
-                            format!("endpoints[{i}].hostname"),
-                            &json!(h),
-                            m,
-                        ));
-                    }
-                }
-            }
-        }
+        Builtin::EventV1 => validate_event_v1(obj, &mut errs),
+        Builtin::EndpointSlice => validate_endpoint_slice(old, obj, &mut errs),
         Builtin::Lease
         | Builtin::ServiceAccount
         | Builtin::Role
@@ -330,29 +242,130 @@ pub fn validate(kind: Builtin, old: Option<&Value>, obj: &Value) -> Vec<FieldErr
         | Builtin::Namespace
         | Builtin::Node
         | Builtin::Service => {}
-        Builtin::CustomResourceDefinition => {
-            let name = obj
-                .at("/metadata/name")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            let plural = obj
-                .at("/spec/names/plural")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            let group = obj
-                .at("/spec/group")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            if name != format!("{plural}.{group}") {
+        Builtin::CustomResourceDefinition => validate_crd(obj, &mut errs),
+    }
+    errs
+}
+
+/// ConfigMap and Secret: valid keys, and at most 1 MiB of data.
+fn validate_data(obj: &Value, errs: &mut Vec<FieldError>) {
+    let mut size = 0usize;
+    for field in ["data", "binaryData", "stringData"] {
+        if let Some(Value::Object(m)) = obj.get(field) {
+            for (k, v) in m {
+                size += v.as_str().map_or(0, str::len);
+                let ok = !k.is_empty()
+                    && k.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c));
+                if !ok || k == "." || k == ".." {
+                    errs.push(FieldError::invalid(
+                        format!("{field}[{k}]"),
+                        &json!(k),
+                        CONFIG_KEY_MSG,
+                    ));
+                }
+            }
+        }
+    }
+    if size > 1 << 20 {
+        errs.push(FieldError {
+            field: String::new(),
+            kind: super::error::FieldErrorKind::TooLong { max: 1 << 20 },
+        });
+    }
+}
+
+/// `events.k8s.io/v1` Event: the fields that API requires.
+fn validate_event_v1(obj: &Value, errs: &mut Vec<FieldError>) {
+    for field in [
+        "eventTime",
+        "reportingController",
+        "reportingInstance",
+        "action",
+        "reason",
+        "type",
+    ] {
+        if obj
+            .get(field)
+            .is_none_or(|v| v.is_null() || v.as_str() == Some(""))
+        {
+            errs.push(FieldError::required(field, ""));
+        }
+    }
+}
+
+/// EndpointSlice: a known, immutable address type; 1 to 100 addresses and a DNS label hostname per
+/// endpoint.
+fn validate_endpoint_slice(old: Option<&Value>, obj: &Value, errs: &mut Vec<FieldError>) {
+    let ty = obj.get("addressType").and_then(Value::as_str);
+    match ty {
+        Some("IPv4" | "IPv6" | "FQDN") => {}
+        Some(t) => errs.push(FieldError::invalid(
+            "addressType",
+            &json!(t),
+            "supported values: \"FQDN\", \"IPv4\", \"IPv6\"",
+        )),
+        None => errs.push(FieldError::required("addressType", "")),
+    }
+    if let Some(old) = old
+        && old.get("addressType") != obj.get("addressType")
+    {
+        errs.push(FieldError::invalid(
+            "addressType",
+            obj.get("addressType").unwrap_or(&Value::Null),
+            "field is immutable",
+        ));
+    }
+    for (i, e) in obj
+        .get("endpoints")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let n = e
+            .get("addresses")
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len);
+        if !(1..=100).contains(&n) {
+            errs.push(FieldError::required(
+                format!("endpoints[{i}].addresses"),
+                "must contain at least 1 address",
+            ));
+        }
+        if let Some(h) = e.get("hostname").and_then(Value::as_str) {
+            for m in super::names::dns1123_label(h) {
                 errs.push(FieldError::invalid(
-                    "metadata.name",
-                    &json!(name),
-                    "must be spec.names.plural+\".\"+spec.group",
+                    format!("endpoints[{i}].hostname"),
+                    &json!(h),
+                    m,
                 ));
             }
         }
     }
-    errs
+}
+
+/// CustomResourceDefinition: its name is `<plural>.<group>`.
+fn validate_crd(obj: &Value, errs: &mut Vec<FieldError>) {
+    let name = obj
+        .at("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let plural = obj
+        .at("/spec/names/plural")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let group = obj
+        .at("/spec/group")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if name != format!("{plural}.{group}") {
+        errs.push(FieldError::invalid(
+            "metadata.name",
+            &json!(name),
+            "must be spec.names.plural+\".\"+spec.group",
+        ));
+    }
 }
 
 /// The checks of a pod spec on create (containers with names and images, hostname and subdomain),

@@ -539,21 +539,9 @@ impl Registry {
             .and_then(Value::as_array)
             .filter(|v| !v.is_empty())
             .ok_or_else(|| CrdError::Invalid("spec.versions: Required value".into()))?;
-        let storage_version = versions
-            .iter()
-            .find(|v| v.get("storage").and_then(Value::as_bool) == Some(true))
-            .or(versions.first())
-            .and_then(|v| v.get("name").and_then(Value::as_str))
-            .map(String::from)
-            .unwrap_or_default();
         let mut ids = Vec::new();
         let mut storage_id = None;
-        // Register the storage version first so the others can point at it.
-        let mut ordered: Vec<&Value> = versions.iter().collect();
-        ordered.sort_by_key(|v| {
-            v.get("name").and_then(Value::as_str) != Some(storage_version.as_str())
-        });
-        for v in ordered {
+        for v in storage_first(versions) {
             if v.get("served").and_then(Value::as_bool) == Some(false) {
                 continue;
             }
@@ -562,42 +550,7 @@ impl Registry {
                 .get("schema")
                 .and_then(|s| s.get("openAPIV3Schema"))
                 .map(|s| Arc::new(Schema::from_json(s)));
-            let printer_columns = v
-                .get("additionalPrinterColumns")
-                .and_then(Value::as_array)
-                .map(|cols| {
-                    cols.iter()
-                        .map(|c| PrinterColumn {
-                            name: c
-                                .get("name")
-                                .and_then(Value::as_str)
-                                .unwrap_or_default()
-                                .to_string(),
-                            ty: c
-                                .get("type")
-                                .and_then(Value::as_str)
-                                .unwrap_or("string")
-                                .to_string(),
-                            format: c
-                                .get("format")
-                                .and_then(Value::as_str)
-                                .unwrap_or_default()
-                                .to_string(),
-                            description: c
-                                .get("description")
-                                .and_then(Value::as_str)
-                                .unwrap_or_default()
-                                .to_string(),
-                            priority: c.get("priority").and_then(Value::as_i64).unwrap_or(0),
-                            json_path: c
-                                .get("jsonPath")
-                                .and_then(Value::as_str)
-                                .unwrap_or_default()
-                                .to_string(),
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
+            let printer_columns = printer_columns(v);
             let status_subresource = v
                 .get("subresources")
                 .and_then(|s| s.get("status"))
@@ -689,6 +642,61 @@ impl Registry {
     pub fn is_empty(&self) -> bool {
         self.types.is_empty()
     }
+}
+
+/// A CRD version's `additionalPrinterColumns`, with the API server's defaults (type `string`, priority 0).
+fn printer_columns(v: &Value) -> Vec<PrinterColumn> {
+    v.get("additionalPrinterColumns")
+        .and_then(Value::as_array)
+        .map(|cols| {
+            cols.iter()
+                .map(|c| PrinterColumn {
+                    name: c
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string(),
+                    ty: c
+                        .get("type")
+                        .and_then(Value::as_str)
+                        .unwrap_or("string")
+                        .to_string(),
+                    format: c
+                        .get("format")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string(),
+                    description: c
+                        .get("description")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string(),
+                    priority: c.get("priority").and_then(Value::as_i64).unwrap_or(0),
+                    json_path: c
+                        .get("jsonPath")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A CRD's versions with the storage version first (the one marked `storage`, else the first), so the
+/// others can point at it once registered.
+fn storage_first(versions: &[Value]) -> Vec<&Value> {
+    let storage_version = versions
+        .iter()
+        .find(|v| v.get("storage").and_then(Value::as_bool) == Some(true))
+        .or(versions.first())
+        .and_then(|v| v.get("name").and_then(Value::as_str))
+        .map(String::from)
+        .unwrap_or_default();
+    let mut ordered: Vec<&Value> = versions.iter().collect();
+    ordered
+        .sort_by_key(|v| v.get("name").and_then(Value::as_str) != Some(storage_version.as_str()));
+    ordered
 }
 
 #[cfg(test)]

@@ -345,6 +345,47 @@ pub fn validate_job(job: &Value, queues: &BTreeMap<String, String>) -> Result<()
         }
     }
     let mut msg = String::new();
+    let (total_replicas, has_deps) = check_tasks(job_name, tasks, &mut msg);
+    let job_errs = names::qualified_name(job_name);
+    if !job_errs.is_empty() {
+        msg.push_str(&format!(
+            "create job with name {job_name} validate failed {}",
+            go_list(&job_errs)
+        ));
+    }
+    if total_replicas < int(spec.get("minAvailable")).unwrap_or(0) {
+        msg.push_str(" job 'minAvailable' should not be greater than total replicas in tasks;");
+    }
+    if let Some(e) = validate_policies(spec.get("policies"), "spec.policies") {
+        msg.push_str(&e);
+    }
+    if let Some(Value::Object(plugins)) = spec.get("plugins") {
+        for name in plugins.keys() {
+            if !KNOWN_PLUGINS.contains(&name.as_str()) {
+                msg.push_str(&format!(" unable to find job plugin: {name};"));
+            }
+        }
+    }
+    if let Some(Value::Array(volumes)) = spec.get("volumes") {
+        check_volumes(volumes, &mut msg);
+    }
+    check_queue(&spec, queues, &mut msg);
+    if has_deps && !is_dag(job) {
+        msg.push_str(
+            " job has dependencies between tasks, but doesn't form a directed acyclic graph(DAG);",
+        );
+    }
+    let msg = msg.trim();
+    if msg.is_empty() {
+        Ok(())
+    } else {
+        Err(msg.to_string())
+    }
+}
+
+/// Each task's checks, in Volcano's words, added to `msg` (a duplicated name stops there); returns the
+/// total replicas and whether any task depends on another.
+fn check_tasks(job_name: &str, tasks: &[Value], msg: &mut String) -> (i64, bool) {
     let mut names = BTreeSet::new();
     let mut total_replicas = 0i64;
     let mut has_deps = false;
@@ -392,56 +433,44 @@ pub fn validate_job(job: &Value, queues: &BTreeMap<String, String>) -> Result<()
         }
         msg.push_str(&validate_template(task, index));
     }
-    let job_errs = names::qualified_name(job_name);
-    if !job_errs.is_empty() {
-        msg.push_str(&format!(
-            "create job with name {job_name} validate failed {}",
-            go_list(&job_errs)
-        ));
-    }
-    if total_replicas < int(spec.get("minAvailable")).unwrap_or(0) {
-        msg.push_str(" job 'minAvailable' should not be greater than total replicas in tasks;");
-    }
-    if let Some(e) = validate_policies(spec.get("policies"), "spec.policies") {
-        msg.push_str(&e);
-    }
-    if let Some(Value::Object(plugins)) = spec.get("plugins") {
-        for name in plugins.keys() {
-            if !KNOWN_PLUGINS.contains(&name.as_str()) {
-                msg.push_str(&format!(" unable to find job plugin: {name};"));
-            }
+    (total_replicas, has_deps)
+}
+
+/// The job's volumes: each needs a mount path, unique, and either a claim to create or an existing
+/// claim's name, not both. The first problem is added to `msg`.
+fn check_volumes(volumes: &[Value], msg: &mut String) {
+    let mut mounts = BTreeSet::new();
+    for v in volumes {
+        let mount = v
+            .get("mountPath")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let claim_name = v
+            .get("volumeClaimName")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let claim = v.get("volumeClaim");
+        if mount.is_empty() {
+            msg.push_str(" mountPath is required;");
+            break;
+        }
+        if !mounts.insert(mount.to_string()) {
+            msg.push_str(&format!(" duplicated mountPath: {mount};"));
+            break;
+        }
+        if claim.is_none() && claim_name.is_empty() {
+            msg.push_str(" either VolumeClaim or VolumeClaimName must be specified;");
+            break;
+        }
+        if !claim_name.is_empty() && claim.is_some() {
+            msg.push_str("conflict: If you want to use an existing PVC, just specify VolumeClaimName.If you want to create a new PVC, you do not need to specify VolumeClaimName");
+            break;
         }
     }
-    if let Some(Value::Array(volumes)) = spec.get("volumes") {
-        let mut mounts = BTreeSet::new();
-        for v in volumes {
-            let mount = v
-                .get("mountPath")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            let claim_name = v
-                .get("volumeClaimName")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            let claim = v.get("volumeClaim");
-            if mount.is_empty() {
-                msg.push_str(" mountPath is required;");
-                break;
-            }
-            if !mounts.insert(mount.to_string()) {
-                msg.push_str(&format!(" duplicated mountPath: {mount};"));
-                break;
-            }
-            if claim.is_none() && claim_name.is_empty() {
-                msg.push_str(" either VolumeClaim or VolumeClaimName must be specified;");
-                break;
-            }
-            if !claim_name.is_empty() && claim.is_some() {
-                msg.push_str("conflict: If you want to use an existing PVC, just specify VolumeClaimName.If you want to create a new PVC, you do not need to specify VolumeClaimName");
-                break;
-            }
-        }
-    }
+}
+
+/// The job's queue must exist and be `Open`.
+fn check_queue(spec: &Value, queues: &BTreeMap<String, String>, msg: &mut String) {
     let queue = spec
         .get("queue")
         .and_then(Value::as_str)
@@ -454,17 +483,6 @@ pub fn validate_job(job: &Value, queues: &BTreeMap<String, String>) -> Result<()
             " can only submit job to queue with state `Open`, queue `{queue}` status is `{state}`;"
         )),
         Some(_) => {}
-    }
-    if has_deps && !is_dag(job) {
-        msg.push_str(
-            " job has dependencies between tasks, but doesn't form a directed acyclic graph(DAG);",
-        );
-    }
-    let msg = msg.trim();
-    if msg.is_empty() {
-        Ok(())
-    } else {
-        Err(msg.to_string())
     }
 }
 

@@ -128,7 +128,36 @@ pub fn plan(
     if let Some(wrapped) = crate::pipeline::plugins::output_files::unwrap(&argv) {
         return plan(wrapped.argv, &[], image, default_run);
     }
-    let script_statements: Vec<Vec<String>> = match argv.first() {
+    let mut run = Run {
+        saw_unknown: argv.is_empty(),
+        ..Run::default()
+    };
+    if argv.is_empty() {
+        run.lines
+            .push((Duration::ZERO, format!("[sim] {image} (image entrypoint)")));
+    }
+    for stmt in script_statements(&argv) {
+        if !run.statement(command_words(&stmt)) {
+            break;
+        }
+    }
+    let duration = if run.forever {
+        None
+    } else if !run.saw_sleep && run.saw_unknown && run.exit_code == 0 {
+        Some(run.elapsed.saturating_add(default_run))
+    } else {
+        Some(run.elapsed)
+    };
+    ContainerPlan {
+        duration,
+        exit_code: run.exit_code,
+        lines: run.lines,
+    }
+}
+
+/// The statements a container runs, each as words: a shell's `-c` script split up, else the argv itself.
+fn script_statements(argv: &[String]) -> Vec<Vec<String>> {
+    match argv.first() {
         None => Vec::new(),
         Some(first) if SHELLS.contains(&basename(first)) => {
             let script = argv
@@ -140,65 +169,79 @@ pub fn plan(
                 .and_then(|i| argv.get(i + 2));
             match script {
                 Some(s) => statements(s).iter().map(|s| words(s)).collect(),
-                None => vec![argv.clone()],
+                None => vec![argv.to_vec()],
             }
         }
-        Some(_) => vec![argv.clone()],
-    };
-    let mut elapsed = Duration::ZERO;
-    let mut forever = false;
-    let mut saw_sleep = false;
-    let mut saw_unknown = argv.is_empty();
-    let mut exit_code = 0;
-    let mut lines = Vec::new();
-    if argv.is_empty() {
-        lines.push((Duration::ZERO, format!("[sim] {image} (image entrypoint)")));
+        Some(_) => vec![argv.to_vec()],
     }
-    'statements: for stmt in script_statements {
-        let mut w: &[String] = &stmt;
-        // Leading variable assignments and `exec` do not change what runs.
-        while let Some(first) = w.first() {
-            if first == "exec"
-                || (first.contains('=') && !first.starts_with('=') && !first.starts_with('-'))
-            {
-                w = &w[1..];
-            } else {
-                break;
-            }
+}
+
+/// A statement's words from the command on: leading variable assignments and `exec` do not change what
+/// runs.
+fn command_words(stmt: &[String]) -> &[String] {
+    let mut w = stmt;
+    while let Some(first) = w.first() {
+        if first == "exec"
+            || (first.contains('=') && !first.starts_with('=') && !first.starts_with('-'))
+        {
+            w = &w[1..];
+        } else {
+            break;
         }
-        let Some(cmd) = w.first() else { continue };
+    }
+    w
+}
+
+/// What the statements run so far have shown: time taken, output, and how the container ends.
+#[derive(Default)]
+struct Run {
+    elapsed: Duration,
+    forever: bool,
+    saw_sleep: bool,
+    saw_unknown: bool,
+    exit_code: i32,
+    lines: Vec<(Duration, String)>,
+}
+
+impl Run {
+    /// Runs one statement (its words from the command on); false when the script stops there (`exit`,
+    /// `false`, an endless or invalid `sleep`).
+    fn statement(&mut self, w: &[String]) -> bool {
+        let Some(cmd) = w.first() else {
+            return true;
+        };
         match basename(cmd) {
             "sleep" => {
-                saw_sleep = true;
+                self.saw_sleep = true;
                 match w.get(1).and_then(|a| sleep_duration(a)) {
-                    Some(Some(d)) => elapsed = elapsed.saturating_add(d),
+                    Some(Some(d)) => self.elapsed = self.elapsed.saturating_add(d),
                     Some(None) => {
-                        forever = true;
-                        break 'statements;
+                        self.forever = true;
+                        return false;
                     }
                     None => {
-                        lines.push((
-                            elapsed,
+                        self.lines.push((
+                            self.elapsed,
                             format!(
                                 "sleep: invalid time interval '{}'",
                                 w.get(1).map_or("", |s| s)
                             ),
                         ));
-                        exit_code = 1;
-                        break 'statements;
+                        self.exit_code = 1;
+                        return false;
                     }
                 }
             }
             "exit" => {
-                exit_code = w
+                self.exit_code = w
                     .get(1)
                     .and_then(|c| c.parse::<i32>().ok())
                     .map_or(0, |c| c & 0xff);
-                break 'statements;
+                return false;
             }
             "false" => {
-                exit_code = 1;
-                break 'statements;
+                self.exit_code = 1;
+                return false;
             }
             "true" | ":" | "set" | "cd" | "export" => {}
             "echo" | "printf" => {
@@ -207,28 +250,18 @@ pub fn plan(
                     .map(String::as_str)
                     .skip_while(|a| matches!(*a, "-n" | "-e" | "-E"))
                     .collect();
-                lines.push((
-                    elapsed,
+                self.lines.push((
+                    self.elapsed,
                     text.join(" ").replace("\\n", "").trim_end().to_string(),
                 ));
             }
             _ => {
-                saw_unknown = true;
-                lines.push((elapsed, format!("[sim] {}", w.join(" "))));
+                self.saw_unknown = true;
+                self.lines
+                    .push((self.elapsed, format!("[sim] {}", w.join(" "))));
             }
         }
-    }
-    let duration = if forever {
-        None
-    } else if !saw_sleep && saw_unknown && exit_code == 0 {
-        Some(elapsed.saturating_add(default_run))
-    } else {
-        Some(elapsed)
-    };
-    ContainerPlan {
-        duration,
-        exit_code,
-        lines,
+        true
     }
 }
 

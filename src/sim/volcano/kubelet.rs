@@ -193,7 +193,6 @@ impl Model {
         let Some(pod) = self.live(core, key, uid) else {
             return;
         };
-        let now = format_time(core.now);
         let marker = self.config.image_pull_failure_marker.clone();
         if let Some(bad) = containers(&pod, "initContainers")
             .iter()
@@ -203,81 +202,15 @@ impl Model {
             })
         {
             let image = bad["image"].as_str().unwrap_or_default().to_string();
-            let message = format!(
-                "rpc error: code = NotFound desc = failed to pull and unpack image \"{image}\": failed to resolve reference \"{image}\": {image}: not found"
-            );
-            core.update_internal(key, |p| {
-                p["status"]["startTime"] = json!(now);
-                for field in ["initContainerStatuses", "containerStatuses"] {
-                    if let Some(Value::Array(list)) = p["status"].get_mut(field) {
-                        for cs in list {
-                            if cs["image"].as_str() == Some(image.as_str()) {
-                                cs["state"] = json!({"waiting": {"reason": "ErrImagePull", "message": message}});
-                            }
-                        }
-                    }
-                }
-            });
-            self.event(
-                core,
-                &pod,
-                "Normal",
-                "Pulling",
-                &format!("Pulling image \"{image}\""),
-                "kubelet",
-            );
-            self.event(
-                core,
-                &pod,
-                "Warning",
-                "Failed",
-                &format!("Failed to pull image \"{image}\": {message}"),
-                "kubelet",
-            );
-            self.event(
-                core,
-                &pod,
-                "Warning",
-                "Failed",
-                "Error: ErrImagePull",
-                "kubelet",
-            );
-            let at = after(core.now, Duration::from_secs(10));
-            self.timer(
-                at,
-                Timer::ImagePullBackOff {
-                    key: key.clone(),
-                    uid: uid.to_string(),
-                },
-            );
+            self.image_pull_failed(core, key, uid, &pod, &image);
             return;
         }
-        // Init containers run one after another; their time adds up before the main containers start.
-        let mut t = core.now;
-        let mut init_statuses = Vec::new();
-        let mut failed_init = None;
-        for c in containers(&pod, "initContainers") {
-            // Init containers are set-up steps: only an explicit `sleep` makes them take time.
-            let p = container_plan(c, Duration::ZERO);
-            let Some(d) = p.duration else {
-                failed_init = Some((c["name"].clone(), None));
-                break;
-            };
-            let started = t;
-            t = after(t, d);
-            let reason = if p.exit_code == 0 {
-                "Completed"
-            } else {
-                "Error"
-            };
-            init_statuses.push(json!({"name": c["name"], "image": c["image"], "imageID": format!("sim://{}", c["image"].as_str().unwrap_or_default()),
-                "containerID": container_id(uid, c["name"].as_str().unwrap_or_default(), 1), "ready": true, "restartCount": 0, "started": false,
-                "state": {"terminated": {"exitCode": p.exit_code, "reason": reason, "startedAt": format_time(started), "finishedAt": format_time(t)}}}));
-            if p.exit_code != 0 {
-                failed_init = Some((c["name"].clone(), Some(p.exit_code)));
-                break;
-            }
-        }
+        let now = format_time(core.now);
+        let InitRun {
+            ended: t,
+            statuses: init_statuses,
+            failed: failed_init,
+        } = run_init_containers(&pod, uid, core.now);
         core.update_internal(key, |p| {
             p["status"]["startTime"] = json!(now);
             if !init_statuses.is_empty() {
@@ -307,6 +240,67 @@ impl Model {
         self.timer(
             t,
             Timer::MainStart {
+                key: key.clone(),
+                uid: uid.to_string(),
+            },
+        );
+    }
+
+    /// An image marked to fail its pull: the container waits in `ErrImagePull` with containerd's message,
+    /// the kubelet's events are recorded, and the back-off follows ten seconds later.
+    fn image_pull_failed(
+        &mut self,
+        core: &mut Core,
+        key: &ObjectKey,
+        uid: &str,
+        pod: &Value,
+        image: &str,
+    ) {
+        let now = format_time(core.now);
+        let message = format!(
+            "rpc error: code = NotFound desc = failed to pull and unpack image \"{image}\": failed to resolve reference \"{image}\": {image}: not found"
+        );
+        core.update_internal(key, |p| {
+            p["status"]["startTime"] = json!(now);
+            for field in ["initContainerStatuses", "containerStatuses"] {
+                if let Some(Value::Array(list)) = p["status"].get_mut(field) {
+                    for cs in list {
+                        if cs["image"].as_str() == Some(image) {
+                            cs["state"] =
+                                json!({"waiting": {"reason": "ErrImagePull", "message": message}});
+                        }
+                    }
+                }
+            }
+        });
+        self.event(
+            core,
+            pod,
+            "Normal",
+            "Pulling",
+            &format!("Pulling image \"{image}\""),
+            "kubelet",
+        );
+        self.event(
+            core,
+            pod,
+            "Warning",
+            "Failed",
+            &format!("Failed to pull image \"{image}\": {message}"),
+            "kubelet",
+        );
+        self.event(
+            core,
+            pod,
+            "Warning",
+            "Failed",
+            "Error: ErrImagePull",
+            "kubelet",
+        );
+        let at = after(core.now, Duration::from_secs(10));
+        self.timer(
+            at,
+            Timer::ImagePullBackOff {
                 key: key.clone(),
                 uid: uid.to_string(),
             },
@@ -696,4 +690,48 @@ pub fn pod_log(
         out.push('\n');
     }
     Ok(out)
+}
+
+/// Init containers run one after another from `start`; their time adds up before the main containers
+/// start. Returns when the last one ended, their statuses, and the first that failed (its name, and its
+/// exit code unless its command could not run).
+fn run_init_containers(pod: &Value, uid: &str, start: Timestamp) -> InitRun {
+    let mut t = start;
+    let mut init_statuses = Vec::new();
+    let mut failed_init = None;
+    for c in containers(pod, "initContainers") {
+        // Init containers are set-up steps: only an explicit `sleep` makes them take time.
+        let p = container_plan(c, Duration::ZERO);
+        let Some(d) = p.duration else {
+            failed_init = Some((c["name"].clone(), None));
+            break;
+        };
+        let started = t;
+        t = after(t, d);
+        let reason = if p.exit_code == 0 {
+            "Completed"
+        } else {
+            "Error"
+        };
+        init_statuses.push(json!({"name": c["name"], "image": c["image"], "imageID": format!("sim://{}", c["image"].as_str().unwrap_or_default()),
+            "containerID": container_id(uid, c["name"].as_str().unwrap_or_default(), 1), "ready": true, "restartCount": 0, "started": false,
+            "state": {"terminated": {"exitCode": p.exit_code, "reason": reason, "startedAt": format_time(started), "finishedAt": format_time(t)}}}));
+        if p.exit_code != 0 {
+            failed_init = Some((c["name"].clone(), Some(p.exit_code)));
+            break;
+        }
+    }
+    InitRun {
+        ended: t,
+        statuses: init_statuses,
+        failed: failed_init,
+    }
+}
+
+/// How a pod's init containers ran: see [`run_init_containers`].
+struct InitRun {
+    ended: Timestamp,
+    statuses: Vec<Value>,
+    /// The first that failed: its name, and its exit code unless its command could not run.
+    failed: Option<(Value, Option<i32>)>,
 }
