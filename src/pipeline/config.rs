@@ -606,52 +606,92 @@ impl ProxyConfig {
 
 impl PipelineConfig {
     /// Checks what serde cannot: values Kubernetes or Volcano would reject or silently change. Called
-    /// once at start, so a bad configuration stops the process instead of failing every job.
+    /// once at start, so a bad configuration stops the process instead of failing every job. The first
+    /// bad value is the error, section by section.
     pub fn validate(&self) -> Result<(), PipelineConfigError> {
-        let err = |key: &str, reason: String| PipelineConfigError {
-            key: format!("pipeline.{key}"),
-            reason,
-        };
+        self.check_names()?;
+        self.check_storage()?;
+        self.check_scheduling()?;
+        self.check_multi_node()?;
+        self.check_network()?;
+        if !names::is_dns1123_subdomain(&self.kata.runtime_class_name) {
+            return Err(invalid(
+                "kata.runtime_class_name",
+                "must be a RuntimeClass name".into(),
+            ));
+        }
+        if self.accounting.period < SignedDuration::from_secs(1) {
+            return Err(invalid(
+                "accounting.period",
+                "must be at least one second".into(),
+            ));
+        }
+        self.check_whole_nodes()?;
+        if let Some(bad) = self
+            .expiry
+            .warn_before
+            .iter()
+            .find(|d| d.is_negative() || d.is_zero())
+        {
+            return Err(invalid(
+                "expiry.warn_before",
+                format!("{bad} is not a positive duration"),
+            ));
+        }
+        if let Err((key, reason)) = self.public_ip.validate() {
+            return Err(invalid(key, reason.into()));
+        }
+        Ok(())
+    }
+
+    /// The Task plugin, the annotation prefix, the cluster domain and the namespaces: names Kubernetes
+    /// must accept.
+    fn check_names(&self) -> Result<(), PipelineConfigError> {
         if !self.plugins.task {
-            return Err(err(
+            return Err(invalid(
                 "plugins.task",
                 "the Task plugin builds the container and cannot be switched off".into(),
             ));
         }
         let prefix = self.annotation_prefix.strip_suffix('/').ok_or_else(|| {
-            err(
+            invalid(
                 "annotation_prefix",
                 "must end with '/', like `ucloud.dk/`".into(),
             )
         })?;
         if !names::is_dns1123_subdomain(prefix) {
-            return Err(err(
+            return Err(invalid(
                 "annotation_prefix",
                 format!("`{prefix}` is not a DNS subdomain"),
             ));
         }
         if !names::is_dns1123_subdomain(&self.cluster_domain) {
-            return Err(err("cluster_domain", "must be a DNS subdomain".into()));
+            return Err(invalid("cluster_domain", "must be a DNS subdomain".into()));
         }
         if !names::is_dns1123_label(&self.namespace.name) {
-            return Err(err("namespace.name", "must be a DNS-1123 label".into()));
+            return Err(invalid("namespace.name", "must be a DNS-1123 label".into()));
         }
         let p = &self.namespace.prefix;
         if p.len() > 20 || !(p.is_empty() || names::is_dns1123_label(p.trim_end_matches('-'))) {
-            return Err(err(
+            return Err(invalid(
                 "namespace.prefix",
                 "must be at most 20 lowercase letters, digits and '-', starting with a letter or digit"
                     .into(),
             ));
         }
+        Ok(())
+    }
+
+    /// `[pipeline.storage]`: the claim's name, the owner claim's size and access modes, the subfolder.
+    fn check_storage(&self) -> Result<(), PipelineConfigError> {
         if self.storage.claim_name.is_empty()
             || !names::is_dns1123_subdomain(&self.storage.claim_name)
         {
-            return Err(err("storage.claim_name", "must be a PVC name".into()));
+            return Err(invalid("storage.claim_name", "must be a PVC name".into()));
         }
         if let Some(claim) = &self.storage.owner_claim {
             if !names::is_quantity(&claim.size) {
-                return Err(err(
+                return Err(invalid(
                     "storage.owner_claim.size",
                     format!("`{}` is not a quantity", claim.size),
                 ));
@@ -668,18 +708,23 @@ impl PipelineConfig {
                     .iter()
                     .any(|m| !MODES.contains(&m.as_str()))
             {
-                return Err(err(
+                return Err(invalid(
                     "storage.owner_claim.access_modes",
                     format!("must be some of {MODES:?}"),
                 ));
             }
         }
         if self.storage.subfolder.split('/').any(|c| c == "..") {
-            return Err(err("storage.subfolder", "must not contain `..`".into()));
+            return Err(invalid("storage.subfolder", "must not contain `..`".into()));
         }
+        Ok(())
+    }
+
+    /// `[pipeline.scheduling]`: what Volcano would reject or silently change.
+    fn check_scheduling(&self) -> Result<(), PipelineConfigError> {
         let s = &self.scheduling;
         if s.max_retry < 1 {
-            return Err(err(
+            return Err(invalid(
                 "scheduling.max_retry",
                 format!(
                     "{} is not allowed: Volcano turns 0 into 3; use 1 for a single attempt",
@@ -688,23 +733,26 @@ impl PipelineConfig {
             ));
         }
         if s.sla_waiting_time.is_some_and(|d| d.is_negative()) {
-            return Err(err(
+            return Err(invalid(
                 "scheduling.sla_waiting_time",
                 "must not be negative: it is how long a job waits before Volcano reserves for it"
                     .into(),
             ));
         }
         if s.scheduler_name.is_empty() || s.scheduler_name.len() > 63 {
-            return Err(err(
+            return Err(invalid(
                 "scheduling.scheduler_name",
                 "must be 1 to 63 characters".into(),
             ));
         }
         if !names::is_dns1123_subdomain(&s.queue) {
-            return Err(err("scheduling.queue", "must be a DNS subdomain".into()));
+            return Err(invalid(
+                "scheduling.queue",
+                "must be a DNS subdomain".into(),
+            ));
         }
         if s.project_queue_weight < 1 {
-            return Err(err(
+            return Err(invalid(
                 "scheduling.project_queue_weight",
                 "must be at least 1".into(),
             ));
@@ -712,25 +760,30 @@ impl PipelineConfig {
         if let Some(label) = &s.node_selector_label
             && !names::is_qualified_name(label)
         {
-            return Err(err(
+            return Err(invalid(
                 "scheduling.node_selector_label",
                 "must be a label key".into(),
             ));
         }
         for (category, value) in &s.node_selector_by_category {
             if !names::is_label_value(value) {
-                return Err(err(
+                return Err(invalid(
                     &format!("scheduling.node_selector_by_category.{category}"),
                     "must be a label value".into(),
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// `[pipeline.multi_node]`: a pinned init image and quantities.
+    fn check_multi_node(&self) -> Result<(), PipelineConfigError> {
         let m = &self.multi_node;
         let reference = m.init_image.rsplit('/').next().unwrap_or_default();
         if !(m.init_image.contains('@') || reference.contains(':'))
             || reference.ends_with(":latest")
         {
-            return Err(err(
+            return Err(invalid(
                 "multi_node.init_image",
                 "must be pinned by a tag other than `latest` or by a digest".into(),
             ));
@@ -740,12 +793,23 @@ impl PipelineConfig {
             ("multi_node.init_memory", &m.init_memory),
         ] {
             if !names::is_quantity(value) {
-                return Err(err(key, format!("`{value}` is not a Kubernetes quantity")));
+                return Err(invalid(
+                    key,
+                    format!("`{value}` is not a Kubernetes quantity"),
+                ));
             }
         }
+        Ok(())
+    }
+
+    /// `[pipeline.network_limit]` and `[pipeline.network_policy]`: quantities, CIDRs, the proxy's namespace.
+    fn check_network(&self) -> Result<(), PipelineConfigError> {
         for (key, value) in self.network_limit.values() {
             if !names::is_quantity(value) {
-                return Err(err(&key, format!("`{value}` is not a Kubernetes quantity")));
+                return Err(invalid(
+                    &key,
+                    format!("`{value}` is not a Kubernetes quantity"),
+                ));
             }
         }
         let n = &self.network_policy;
@@ -755,30 +819,23 @@ impl PipelineConfig {
             ("network_policy.extra_egress_cidrs", &n.extra_egress_cidrs),
         ] {
             if let Some(bad) = list.iter().find(|c| !names::is_cidr(c)) {
-                return Err(err(key, format!("`{bad}` is not a CIDR")));
+                return Err(invalid(key, format!("`{bad}` is not a CIDR")));
             }
         }
         if !names::is_dns1123_label(&n.proxy_namespace) {
-            return Err(err(
+            return Err(invalid(
                 "network_policy.proxy_namespace",
                 "must be a namespace name".into(),
             ));
         }
-        if !names::is_dns1123_subdomain(&self.kata.runtime_class_name) {
-            return Err(err(
-                "kata.runtime_class_name",
-                "must be a RuntimeClass name".into(),
-            ));
-        }
-        if self.accounting.period < SignedDuration::from_secs(1) {
-            return Err(err(
-                "accounting.period",
-                "must be at least one second".into(),
-            ));
-        }
+        Ok(())
+    }
+
+    /// `[pipeline.whole_nodes]`: limits of at least one, and each product entry.
+    fn check_whole_nodes(&self) -> Result<(), PipelineConfigError> {
         let w = &self.whole_nodes;
         if w.max_per_owner == Some(0) {
-            return Err(err(
+            return Err(invalid(
                 "whole_nodes.max_per_owner",
                 "must be at least 1 (to offer no whole nodes, list no products)".into(),
             ));
@@ -786,39 +843,33 @@ impl PipelineConfig {
         for (key, entry) in &w.products {
             let at = |field: &str| format!("whole_nodes.products.{key}.{field}");
             if entry.product.trim().is_empty() || entry.product.len() > 255 {
-                return Err(err(
+                return Err(invalid(
                     &at("product"),
                     "must be a product id of 1 to 255 characters".into(),
                 ));
             }
             if entry.cpu == 0 {
-                return Err(err(
+                return Err(invalid(
                     &at("cpu"),
                     "must be at least 1: a whole node has CPUs".into(),
                 ));
             }
             if entry.max_per_owner == Some(0) {
-                return Err(err(
+                return Err(invalid(
                     &at("max_per_owner"),
                     "must be at least 1 (to offer no whole nodes of it, remove the entry)".into(),
                 ));
             }
         }
-        if let Some(bad) = self
-            .expiry
-            .warn_before
-            .iter()
-            .find(|d| d.is_negative() || d.is_zero())
-        {
-            return Err(err(
-                "expiry.warn_before",
-                format!("{bad} is not a positive duration"),
-            ));
-        }
-        if let Err((key, reason)) = self.public_ip.validate() {
-            return Err(err(key, reason.into()));
-        }
         Ok(())
+    }
+}
+
+/// A `[pipeline]` error at `key` (under `pipeline.`).
+fn invalid(key: &str, reason: String) -> PipelineConfigError {
+    PipelineConfigError {
+        key: format!("pipeline.{key}"),
+        reason,
     }
 }
 
