@@ -184,6 +184,17 @@ impl std::fmt::Debug for Broker {
     }
 }
 
+/// What ops reads of the connection for readiness and metrics.
+impl crate::ops::BrokerConnection for Broker {
+    fn is_connected(&self) -> bool {
+        Broker::is_connected(self)
+    }
+
+    fn reconnects(&self) -> u64 {
+        Broker::reconnects(self)
+    }
+}
+
 impl Broker {
     /// Connects, declares (or in passive mode checks) the topology, and starts the supervisor.
     ///

@@ -76,7 +76,7 @@ pub mod headers {
     /// (see `consumer::DEAD_LETTER_HEADERS_MAX`): `name (N bytes)`, comma-separated, largest first.
     pub const DROPPED_HEADERS: &str = "x-volcano-runner-dropped-headers";
     /// W3C trace context, read from inbound messages and carried onto outbound ones.
-    pub const TRACEPARENT: &str = "traceparent";
+    pub const TRACEPARENT: &str = crate::ops::trace::HEADER;
     /// Set by quorum queues on redeliveries: how often the message was delivered before.
     pub const DELIVERY_COUNT_QUORUM: &str = "x-delivery-count";
 }

@@ -61,6 +61,20 @@ pub enum PublishError {
 }
 
 impl PublishError {
+    /// A fixed word for why the publish failed: the `reason` label of the failure metric.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Invalid(_) => "invalid",
+            Self::Unroutable { .. } => "unroutable",
+            Self::ExchangeNotFound { .. } => "exchange_not_found",
+            Self::Nacked => "nacked",
+            Self::ConfirmTimeout(_) => "confirm_timeout",
+            Self::Channel(_) => "channel",
+            Self::GaveUp { .. } => "gave_up",
+            Self::Shutdown => "shutdown",
+        }
+    }
+
     /// Whether the same message may be confirmed if tried again later (then nack the delivery that caused
     /// it with requeue); otherwise it will keep failing and needs a person.
     pub fn is_retryable(&self) -> bool {
@@ -160,7 +174,11 @@ impl Publisher {
             )
             .await;
         if let Some(metrics) = &self.metrics {
-            metrics.published(&message.type_name, started.elapsed(), result.as_ref().err());
+            metrics.published(
+                &message.type_name,
+                started.elapsed(),
+                result.as_ref().err().map(PublishError::reason),
+            );
         }
         result
     }

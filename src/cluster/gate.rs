@@ -302,6 +302,27 @@ async fn drive_until<K, S>(
     }
 }
 
+/// Reports the submission gate (pause switch, capacity) as it changes, until `shutdown`.
+pub async fn follow_gate(
+    mut gate: tokio::sync::watch::Receiver<GateState>,
+    metrics: crate::ops::Metrics,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    loop {
+        {
+            let state = gate.borrow_and_update();
+            metrics.set_paused(state.pause.as_ref().is_some_and(|p| p.paused));
+            metrics.set_gate_open(state.accepts_submissions());
+            metrics.set_capacity(state.active_jobs.map(|a| a as u64), state.max_active_jobs);
+        }
+        tokio::select! {
+            changed = gate.changed() => if changed.is_err() { return },
+            () = &mut shutdown => return,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

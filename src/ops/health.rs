@@ -15,7 +15,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Metrics;
-use crate::broker::Broker;
 
 /// The outcome of one check: `Err` says why it fails, in words for the `/readyz` body.
 pub type CheckResult = Result<(), String>;
@@ -110,10 +109,19 @@ impl Drop for RunningGuard {
     }
 }
 
+/// What readiness and the metrics read of the broker connection. [`crate::broker::Broker`] implements it:
+/// ops sits below the broker (the broker reports into [`super::Metrics`]), so it names no broker type.
+pub trait BrokerConnection: Send + Sync + 'static {
+    /// Whether a connection is up right now.
+    fn is_connected(&self) -> bool;
+    /// How often the connection was re-established since start.
+    fn reconnects(&self) -> u64;
+}
+
 /// Where the broker goes once connected (see [`Readiness::expect_broker`]).
 #[derive(Clone)]
 pub struct BrokerSlot {
-    slot: Arc<std::sync::OnceLock<Broker>>,
+    slot: Arc<std::sync::OnceLock<Arc<dyn BrokerConnection>>>,
 }
 
 impl std::fmt::Debug for BrokerSlot {
@@ -126,8 +134,8 @@ impl std::fmt::Debug for BrokerSlot {
 
 impl BrokerSlot {
     /// The check follows `broker` from now on (a second fill is ignored).
-    pub fn fill(&self, broker: Broker) {
-        let _ = self.slot.set(broker);
+    pub fn fill(&self, broker: impl BrokerConnection) {
+        let _ = self.slot.set(Arc::new(broker));
     }
 }
 
@@ -165,7 +173,7 @@ impl ClusterCheck {
 
 enum Check {
     /// Filled once the broker is connected for the first time; until then, not ready.
-    Broker(Arc<std::sync::OnceLock<Broker>>),
+    Broker(Arc<std::sync::OnceLock<Arc<dyn BrokerConnection>>>),
     Cluster(ClusterCheck),
     Flag(ReadyFlag),
     Condition(Condition),
@@ -300,7 +308,7 @@ impl Readiness {
     }
 
     /// Ready only while the AMQP connection is up.
-    pub fn add_broker(&self, broker: Broker) {
+    pub fn add_broker(&self, broker: impl BrokerConnection) {
         self.expect_broker().fill(broker);
     }
 
@@ -366,7 +374,7 @@ impl Readiness {
         }
         // Without a broker check (a process that consumes nothing) consumers are not held to one.
         let broker_up = checks.iter().all(|c| match c.as_ref() {
-            Check::Broker(slot) => slot.get().is_some_and(Broker::is_connected),
+            Check::Broker(slot) => slot.get().is_some_and(|b| b.is_connected()),
             _ => true,
         });
         for check in checks {

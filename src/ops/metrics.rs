@@ -49,7 +49,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::broker::Broker;
+use super::health::BrokerConnection;
 use crate::messages::MessageType;
 
 /// The prefix of every metric name.
@@ -509,18 +509,14 @@ impl Metrics {
     }
 
     /// A publish through an instrumented [`Publisher`](crate::broker::Publisher) ended: confirmed after
-    /// `elapsed`, or failed with `error`. `type_name` is the AMQP `type` (`volcano_runner.v1.JobEvent`).
-    pub fn published(
-        &self,
-        type_name: &str,
-        elapsed: Duration,
-        error: Option<&crate::broker::PublishError>,
-    ) {
+    /// `elapsed`, or failed for `failure` (a fixed word: `PublishError::reason`). `type_name` is the AMQP
+    /// `type` (`volcano_runner.v1.JobEvent`).
+    pub fn published(&self, type_name: &str, elapsed: Duration, failure: Option<&'static str>) {
         let message_type =
             MessageType::from_amqp_type(type_name).map_or("unknown", MessageType::name);
-        match error {
+        match failure {
             None => self.event_published(message_type, elapsed),
-            Some(e) => self.event_publish_failed(message_type, publish_failure(e)),
+            Some(reason) => self.event_publish_failed(message_type, reason),
         }
     }
 
@@ -552,56 +548,20 @@ impl Metrics {
     }
 
     /// Reports the broker connection's state and reconnect count, read at every scrape.
-    pub fn watch_broker(&self, broker: Broker) {
+    pub fn watch_broker(&self, broker: impl BrokerConnection) {
         *self
             .inner
             .broker
             .broker
             .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(broker);
-    }
-}
-
-/// A fixed word for why a publish failed (the `reason` label).
-fn publish_failure(e: &crate::broker::PublishError) -> &'static str {
-    use crate::broker::PublishError as E;
-    match e {
-        E::Invalid(_) => "invalid",
-        E::Unroutable { .. } => "unroutable",
-        E::ExchangeNotFound { .. } => "exchange_not_found",
-        E::Nacked => "nacked",
-        E::ConfirmTimeout(_) => "confirm_timeout",
-        E::Channel(_) => "channel",
-        E::GaveUp { .. } => "gave_up",
-        E::Shutdown => "shutdown",
-    }
-}
-
-/// Reports the submission gate (pause switch, capacity) as it changes, until `shutdown`.
-pub async fn follow_gate(
-    mut gate: tokio::sync::watch::Receiver<crate::cluster::GateState>,
-    metrics: Metrics,
-    shutdown: impl std::future::Future<Output = ()>,
-) {
-    tokio::pin!(shutdown);
-    loop {
-        {
-            let state = gate.borrow_and_update();
-            metrics.set_paused(state.pause.as_ref().is_some_and(|p| p.paused));
-            metrics.set_gate_open(state.accepts_submissions());
-            metrics.set_capacity(state.active_jobs.map(|a| a as u64), state.max_active_jobs);
-        }
-        tokio::select! {
-            changed = gate.changed() => if changed.is_err() { return },
-            () = &mut shutdown => return,
-        }
+            .unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(broker));
     }
 }
 
 /// The broker's own counters, read at scrape time so they are never stale or double-counted.
 #[derive(Default)]
 struct BrokerSource {
-    broker: Mutex<Option<Broker>>,
+    broker: Mutex<Option<Arc<dyn BrokerConnection>>>,
 }
 
 impl std::fmt::Debug for BrokerSource {

@@ -5,9 +5,15 @@
 //! [`Metrics`] handle, put their work in spans made by [`trace`], and register what readiness means
 //! for them with [`Readiness`]; [`OpsServer`] serves it all over HTTP for Prometheus and the kubelet.
 //!
+//! Ops sits below the parts it observes: the broker and the cluster layer report into it, and it names
+//! neither. What readiness and the metrics read of the broker connection is the [`BrokerConnection`]
+//! trait (the broker implements it); the submission gate's state is reported by
+//! `cluster::gate::follow_gate`; a publish failure arrives as its fixed reason word.
+//!
 //! # Layout
 //! - [`metrics`]: [`Metrics`], the process's Prometheus registry behind a cheap-to-clone handle.
-//! - [`health`]: [`Readiness`] and its checks (broker connected, cluster reachable, consumers running).
+//! - [`health`]: [`Readiness`] and its checks (broker connected, cluster reachable, consumers running),
+//!   and [`BrokerConnection`], what they read of the broker.
 //! - [`server`]: [`OpsServer`], `/metrics`, `/healthz` and `/readyz`.
 //! - [`telemetry`]: the tracing subscriber (JSON or human-readable, env filter), writing through the
 //!   [`redact`] scrubber so that no secret reaches a log line.
@@ -32,7 +38,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use health::{BrokerSlot, Condition, Readiness, ReadyFlag, RunningGuard};
+pub use health::{BrokerConnection, BrokerSlot, Condition, Readiness, ReadyFlag, RunningGuard};
 pub use kube::{ApiCall, CallRecorder, KubeCallLayer};
 pub use metrics::Metrics;
 pub use redact::Redactor;

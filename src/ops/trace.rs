@@ -23,8 +23,8 @@ use std::fmt;
 /// `ucloud.dk/` by default).
 pub const ANNOTATION: &str = "traceparent";
 
-/// The AMQP header (and HTTP header) name.
-pub const HEADER: &str = crate::broker::headers::TRACEPARENT;
+/// The AMQP header (and HTTP header) name, as W3C Trace Context names it.
+pub const HEADER: &str = "traceparent";
 
 /// The flag bit that says the caller recorded its span (W3C `sampled`).
 const SAMPLED: u8 = 0x01;

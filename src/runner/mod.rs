@@ -226,7 +226,7 @@ impl Runner {
             switch,
             background.clone(),
         ));
-        tasks.spawn(crate::ops::metrics::follow_gate(
+        tasks.spawn(crate::cluster::gate::follow_gate(
             self.handler.gate.subscribe(),
             self.ops.metrics.clone(),
             background.clone().cancelled_owned(),
