@@ -85,10 +85,6 @@ impl Plugin for ConnectToJob {
     }
 
     fn build(&self, cx: &Context<'_>, draft: &mut Draft) -> Result<(), PipelineError> {
-        let own = |labels| LabelSelector {
-            match_labels: Some(labels),
-            match_expressions: None,
-        };
         let mut peers = vec![
             // The job's own pods (same namespace).
             NetworkPolicyPeer {
@@ -108,125 +104,152 @@ impl Plugin for ConnectToJob {
                 ..NetworkPolicyPeer::default()
             },
         ];
-
-        let mut hostnames: BTreeMap<&str, &str> = BTreeMap::new();
-        for peer in &cx.peers {
-            let field = peer.origin.field("peer");
-            let (peer_id, hostname) = (peer.value.job_id.as_str(), peer.value.hostname.as_str());
-            let label = cx.keys.peer_label(peer_id);
-            if !names::is_dns1123_label(peer_id) || !names::is_qualified_name(&label) {
-                return Err(PipelineError::invalid(
-                    format!("{field}.jobId"),
-                    "is not a job id",
-                ));
-            }
-            if peer_id == cx.job_id {
-                return Err(PipelineError::invalid(
-                    format!("{field}.jobId"),
-                    "a job cannot be its own peer",
-                ));
-            }
-            if !crate::validate::names::is_peer_hostname(hostname) {
-                return Err(PipelineError::invalid(
-                    format!("{field}.hostname"),
-                    "must be lowercase letters, digits and '-', start with a letter, and not start with `j-`",
-                ));
-            }
-            match hostnames.insert(hostname, peer_id) {
-                Some(other) if other != peer_id => {
-                    return Err(PipelineError::invalid(
-                        format!("{field}.hostname"),
-                        format!("`{hostname}` already names peer {other}"),
-                    ));
-                }
-                Some(_) => continue,
-                None => {}
-            }
-            draft.label_pods(&label, "true");
-            peers.push(NetworkPolicyPeer {
-                pod_selector: Some(own(BTreeMap::from([(
-                    LABEL_JOB_NAME.to_owned(),
-                    names::vcjob_name(peer_id),
-                )]))),
-                ..NetworkPolicyPeer::default()
-            });
-        }
+        let hostnames = connect_peers(cx, draft, &mut peers)?;
         if !hostnames.is_empty() {
-            let service = peers_service_name(cx.job_id);
-            draft.annotate(
-                &cx.keys.peers,
-                hostnames
-                    .iter()
-                    .map(|(hostname, id)| format!("{hostname}={id}"))
-                    .collect::<Vec<_>>()
-                    .join(","),
-            );
-            draft
-                .pod
-                .scheduling_gates
-                .get_or_insert_default()
-                .push(PodSchedulingGate {
-                    name: cx.keys.peers_gate(),
-                });
-            draft
-                .pod
-                .dns_config
-                .get_or_insert_default()
-                .searches
-                .get_or_insert_default()
-                .push(peers_domain(
-                    cx.job_id,
-                    &cx.placement.namespace,
-                    &cx.pipeline().cluster_domain,
-                ));
-            draft.companions.push(Companion::Service(Box::new(Service {
-                metadata: ObjectMeta {
-                    name: Some(service),
-                    labels: Some(BTreeMap::from([(
-                        format!("{}peers-of", cx.keys.prefix),
-                        cx.job_id.to_owned(),
-                    )])),
-                    ..ObjectMeta::default()
-                },
-                // Headless and without a selector: its endpoints are the peers, written by the monitor,
-                // and DNS answers each by its hostname. No ports: a peer is reached on any.
-                spec: Some(ServiceSpec {
-                    cluster_ip: Some("None".to_owned()),
-                    ..ServiceSpec::default()
-                }),
-                status: None,
-            })));
-        }
-
-        let mut ingress = vec![NetworkPolicyIngressRule {
-            from: Some(peers.clone()),
-            ports: None,
-        }];
-        let mut egress = vec![NetworkPolicyEgressRule {
-            to: Some(peers),
-            ports: None,
-        }];
-        if !cx.placement.per_owner {
-            let config = &cx.pipeline().network_policy;
-            ingress.extend(baseline_ingress(config));
-            egress.extend(baseline_egress(config));
+            name_peers(cx, draft, &hostnames);
         }
         // First among the companions: the sooner it exists, the shorter the window without it.
-        draft.companions.insert(
-            0,
-            Companion::NetworkPolicy(Box::new(NetworkPolicy {
-                metadata: ObjectMeta {
-                    name: Some(policy_name(cx.job_id)),
-                    ..ObjectMeta::default()
-                },
-                spec: Some(NetworkPolicySpec {
-                    pod_selector: Some(own(job_selector(cx))),
-                    policy_types: Some(vec!["Ingress".to_owned(), "Egress".to_owned()]),
-                    ingress: Some(ingress),
-                    egress: Some(egress),
-                }),
-            })),
-        );
+        draft.companions.insert(0, job_policy(cx, peers));
         Ok(())
     }
+}
+
+/// A selector of the pods with these labels.
+fn own(labels: BTreeMap<String, String>) -> LabelSelector {
+    LabelSelector {
+        match_labels: Some(labels),
+        match_expressions: None,
+    }
+}
+
+/// Checks each peer the submission names, labels the pods as reaching it and adds its pods to `peers`;
+/// returns the peers by hostname (one hostname names one peer; a peer named twice under the same
+/// hostname counts once).
+fn connect_peers<'c>(
+    cx: &'c Context<'_>,
+    draft: &mut Draft,
+    peers: &mut Vec<NetworkPolicyPeer>,
+) -> Result<BTreeMap<&'c str, &'c str>, PipelineError> {
+    let mut hostnames: BTreeMap<&str, &str> = BTreeMap::new();
+    for peer in &cx.peers {
+        let field = peer.origin.field("peer");
+        let (peer_id, hostname) = (peer.value.job_id.as_str(), peer.value.hostname.as_str());
+        let label = cx.keys.peer_label(peer_id);
+        if !names::is_dns1123_label(peer_id) || !names::is_qualified_name(&label) {
+            return Err(PipelineError::invalid(
+                format!("{field}.jobId"),
+                "is not a job id",
+            ));
+        }
+        if peer_id == cx.job_id {
+            return Err(PipelineError::invalid(
+                format!("{field}.jobId"),
+                "a job cannot be its own peer",
+            ));
+        }
+        if !crate::validate::names::is_peer_hostname(hostname) {
+            return Err(PipelineError::invalid(
+                format!("{field}.hostname"),
+                "must be lowercase letters, digits and '-', start with a letter, and not start with `j-`",
+            ));
+        }
+        match hostnames.insert(hostname, peer_id) {
+            Some(other) if other != peer_id => {
+                return Err(PipelineError::invalid(
+                    format!("{field}.hostname"),
+                    format!("`{hostname}` already names peer {other}"),
+                ));
+            }
+            Some(_) => continue,
+            None => {}
+        }
+        draft.label_pods(&label, "true");
+        peers.push(NetworkPolicyPeer {
+            pod_selector: Some(own(BTreeMap::from([(
+                LABEL_JOB_NAME.to_owned(),
+                names::vcjob_name(peer_id),
+            )]))),
+            ..NetworkPolicyPeer::default()
+        });
+    }
+    Ok(hostnames)
+}
+
+/// The peers by hostname: recorded on the job, the pods gated until the monitor has written the peers'
+/// endpoints, searching the peers' domain, and the headless Service whose endpoints those are.
+fn name_peers(cx: &Context<'_>, draft: &mut Draft, hostnames: &BTreeMap<&str, &str>) {
+    let service = peers_service_name(cx.job_id);
+    draft.annotate(
+        &cx.keys.peers,
+        hostnames
+            .iter()
+            .map(|(hostname, id)| format!("{hostname}={id}"))
+            .collect::<Vec<_>>()
+            .join(","),
+    );
+    draft
+        .pod
+        .scheduling_gates
+        .get_or_insert_default()
+        .push(PodSchedulingGate {
+            name: cx.keys.peers_gate(),
+        });
+    draft
+        .pod
+        .dns_config
+        .get_or_insert_default()
+        .searches
+        .get_or_insert_default()
+        .push(peers_domain(
+            cx.job_id,
+            &cx.placement.namespace,
+            &cx.pipeline().cluster_domain,
+        ));
+    draft.companions.push(Companion::Service(Box::new(Service {
+        metadata: ObjectMeta {
+            name: Some(service),
+            labels: Some(BTreeMap::from([(
+                format!("{}peers-of", cx.keys.prefix),
+                cx.job_id.to_owned(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        // Headless and without a selector: its endpoints are the peers, written by the monitor,
+        // and DNS answers each by its hostname. No ports: a peer is reached on any.
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".to_owned()),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    })));
+}
+
+/// The job's NetworkPolicy: in from and out to `peers` (its own pods and its peers'), plus the
+/// baseline rules when the namespace is shared (a per-owner namespace has its own baseline policies).
+fn job_policy(cx: &Context<'_>, peers: Vec<NetworkPolicyPeer>) -> Companion {
+    let mut ingress = vec![NetworkPolicyIngressRule {
+        from: Some(peers.clone()),
+        ports: None,
+    }];
+    let mut egress = vec![NetworkPolicyEgressRule {
+        to: Some(peers),
+        ports: None,
+    }];
+    if !cx.placement.per_owner {
+        let config = &cx.pipeline().network_policy;
+        ingress.extend(baseline_ingress(config));
+        egress.extend(baseline_egress(config));
+    }
+    Companion::NetworkPolicy(Box::new(NetworkPolicy {
+        metadata: ObjectMeta {
+            name: Some(policy_name(cx.job_id)),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(own(job_selector(cx))),
+            policy_types: Some(vec!["Ingress".to_owned(), "Egress".to_owned()]),
+            ingress: Some(ingress),
+            egress: Some(egress),
+        }),
+    }))
 }

@@ -201,6 +201,47 @@ fn attach(
             format!("is too long for the public IP's Service name {name} (at most 63 characters)"),
         ));
     }
+    let (ports, policy_ports) = open_ports(field, ip, config.max_ports)?;
+    let service = Service {
+        metadata: ObjectMeta {
+            name: Some(name),
+            annotations: Some(BTreeMap::from([(
+                config.address_annotation.clone(),
+                address.to_string(),
+            )])),
+            labels: Some(BTreeMap::from([(
+                format!("{}networkIp", cx.keys.prefix),
+                ip.id.clone(),
+            )]))
+            .filter(|_| names::is_label_value(&ip.id)),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ServiceSpec {
+            type_: Some("LoadBalancer".to_owned()),
+            load_balancer_class: config.load_balancer_class.clone(),
+            external_traffic_policy: Some("Local".to_owned()),
+            ip_families: Some(vec![
+                if address.is_ipv4() { "IPv4" } else { "IPv6" }.to_owned(),
+            ]),
+            ports: Some(ports),
+            selector: Some(BTreeMap::from([(
+                LABEL_JOB_NAME.to_owned(),
+                cx.vcjob_name.clone(),
+            )])),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    };
+    Ok((service, from_anywhere(address, policy_ports)))
+}
+
+/// The ports an IP opens, each range checked (a protocol, 1 to 65535, start to end, at most
+/// `max_ports`): one Service port per port and protocol, and one policy port per range.
+fn open_ports(
+    field: &str,
+    ip: &NetworkIpValue,
+    max_ports: u32,
+) -> Result<(Vec<ServicePort>, Vec<NetworkPolicyPort>), PipelineError> {
     let mut ports: BTreeMap<(&str, i32), ServicePort> = BTreeMap::new();
     let mut policy_ports = Vec::new();
     for (j, range) in ip.open_ports.iter().enumerate() {
@@ -230,13 +271,13 @@ fn attach(
                 format!("end {end} is before start {start}"),
             ));
         }
-        if end - start >= i32::try_from(config.max_ports).unwrap_or(i32::MAX) {
+        if end - start >= i32::try_from(max_ports).unwrap_or(i32::MAX) {
             return Err(PipelineError::invalid(
                 range_field,
                 format!(
                     "{} ports; this cluster opens at most {} per job (pipeline.public_ip.max_ports)",
                     end - start + 1,
-                    config.max_ports
+                    max_ports
                 ),
             ));
         }
@@ -255,42 +296,17 @@ fn attach(
             end_port: (end > start).then_some(end),
         });
     }
-    let service = Service {
-        metadata: ObjectMeta {
-            name: Some(name),
-            annotations: Some(BTreeMap::from([(
-                config.address_annotation.clone(),
-                address.to_string(),
-            )])),
-            labels: Some(BTreeMap::from([(
-                format!("{}networkIp", cx.keys.prefix),
-                ip.id.clone(),
-            )]))
-            .filter(|_| names::is_label_value(&ip.id)),
-            ..ObjectMeta::default()
-        },
-        spec: Some(ServiceSpec {
-            type_: Some("LoadBalancer".to_owned()),
-            load_balancer_class: config.load_balancer_class.clone(),
-            external_traffic_policy: Some("Local".to_owned()),
-            ip_families: Some(vec![
-                if address.is_ipv4() { "IPv4" } else { "IPv6" }.to_owned(),
-            ]),
-            ports: Some(ports.into_values().collect()),
-            selector: Some(BTreeMap::from([(
-                LABEL_JOB_NAME.to_owned(),
-                cx.vcjob_name.clone(),
-            )])),
-            ..ServiceSpec::default()
-        }),
-        status: None,
-    };
+    Ok((ports.into_values().collect(), policy_ports))
+}
+
+/// The policy rule that lets traffic to `ports` in from anywhere (IPv4 or IPv6, as the address is).
+fn from_anywhere(address: IpAddr, ports: Vec<NetworkPolicyPort>) -> NetworkPolicyIngressRule {
     let anywhere = if address.is_ipv4() {
         "0.0.0.0/0"
     } else {
         "::/0"
     };
-    let rule = NetworkPolicyIngressRule {
+    NetworkPolicyIngressRule {
         from: Some(vec![NetworkPolicyPeer {
             ip_block: Some(IPBlock {
                 cidr: anywhere.to_owned(),
@@ -298,9 +314,8 @@ fn attach(
             }),
             ..NetworkPolicyPeer::default()
         }]),
-        ports: Some(policy_ports),
-    };
-    Ok((service, rule))
+        ports: Some(ports),
+    }
 }
 
 /// Lets the public IPs' traffic through the job's policies: a rule of the job's own policy

@@ -61,158 +61,183 @@ impl Plugin for Task {
     }
 
     fn build(&self, cx: &Context<'_>, draft: &mut Draft) -> Result<(), PipelineError> {
-        let scheduling = &cx.pipeline().scheduling;
-        if scheduling.max_retry < 1 {
-            return Err(PipelineError::config(
-                "scheduling.max_retry",
-                "must be at least 1: Volcano turns 0 into 3",
-            ));
-        }
-        let spec = &mut draft.spec;
-        spec.scheduler_name = Some(scheduling.scheduler_name.clone());
-        spec.min_available = Some(cx.replicas_i32());
-        spec.queue = Some(cx.placement.queue.clone());
-        spec.max_retry = Some(scheduling.max_retry);
-        spec.priority_class_name = scheduling.priority_class_name.clone();
-        if let Some(wait) = scheduling.sla_waiting_time {
-            // A Go duration, as the `sla` plugin parses it.
-            draft.meta.annotations.get_or_insert_default().insert(
-                SLA_WAITING_TIME.to_owned(),
-                format!("{}s", wait.as_secs().max(0)),
-            );
-        }
-        spec.policies = [
-            (PolicyEvent::PodFailed, scheduling.on_pod_failed),
-            (PolicyEvent::PodEvicted, scheduling.on_pod_evicted),
-        ]
-        .into_iter()
-        .filter_map(|(event, choice)| {
-            choice
-                .action()
-                .map(|action| LifecyclePolicy::on(event, action))
-        })
-        .collect();
-        // env: VC_TASK_INDEX (the rank); svc: hostnames `j-<id>-job-<rank>.j-<id>` through a headless
-        // Service, published before the pods are ready so ranks that start together resolve each other.
-        spec.plugins = BTreeMap::from([
-            ("env".to_owned(), Vec::new()),
-            (
-                "svc".to_owned(),
-                vec!["--publish-not-ready-addresses=true".to_owned()],
-            ),
-        ]);
-
-        if cx.app.image.trim().is_empty() {
-            return Err(PipelineError::invalid(
-                "application.image",
-                "must not be empty",
-            ));
-        }
-        draft.user.image = Some(cx.app.image.clone());
-        draft.user.image_pull_policy = Some("IfNotPresent".to_owned());
-        draft.user.resources = resources(cx.product);
+        gang(cx, draft)?;
+        user_container(cx, draft)?;
         if cx.job.exclusive_nodes {
-            // A whole node is charged as a whole node: a product the operator has not priced for that
-            // is refused, so nobody holds a node for the price of a slice of it.
-            let product = cx.product;
-            let entry = cx
-                .pipeline()
-                .whole_nodes
-                .entry(&product.id, &product.category)
-                .ok_or_else(|| {
-                    PipelineError::invalid(
-                        "exclusiveNodes",
-                        format!(
-                            "whole nodes are not offered for product {} (category {}): the operator \
-                             has set no whole-node charge for it in [pipeline.whole_nodes.products]",
-                            product.id, product.category
-                        ),
-                    )
-                })?;
-            let charge = serde_json::to_string(&entry.charge()).map_err(|e| {
-                PipelineError::config(
-                    "whole_nodes.products",
-                    format!("the charge cannot be written: {e}"),
-                )
-            })?;
-            draft
-                .meta
-                .annotations
-                .get_or_insert_default()
-                .insert(cx.keys.whole_node_charge.clone(), charge);
-            draft.pod.affinity = Some(exclusive_affinity());
-            // Alone on the node, the rank may use all of its CPU and memory: the requests (the product,
-            // what is charged and what the scheduler places by) stay, the CPU and memory limits go.
-            if let Some(resources) = draft.user.resources.as_mut()
-                && let Some(limits) = resources.limits.as_mut()
-            {
-                limits.remove("cpu");
-                limits.remove("memory");
-                if limits.is_empty() {
-                    resources.limits = None;
-                }
-            }
-            let flag = (cx.keys.exclusive_nodes.clone(), "true".to_owned());
-            draft
-                .meta
-                .annotations
-                .get_or_insert_default()
-                .insert(flag.0.clone(), flag.1.clone());
-            draft
-                .pod_meta
-                .labels
-                .get_or_insert_default()
-                .insert(flag.0, flag.1);
+            whole_nodes(cx, draft)?;
         }
-
-        if !scheduling.tolerations.is_empty() {
-            draft.pod.tolerations = Some(
-                scheduling
-                    .tolerations
-                    .iter()
-                    .map(|t| Toleration {
-                        key: Some(t.key.clone()),
-                        operator: Some(t.operator.clone()),
-                        value: t.value.clone(),
-                        effect: Some(t.effect.clone()),
-                        toleration_seconds: None,
-                    })
-                    .collect(),
-            );
-        }
-        if cx.job.exclusive_nodes || scheduling.sla_waiting_time.is_some() {
-            // The monitor may reserve nodes for this gang (`[monitor] reserve_nodes`) by tainting them
-            // `<prefix>reserved=<jobId>:NoSchedule`: its ranks tolerate their own job's reservation
-            // only, so no other job lands on a node reserved for this one.
-            draft
-                .pod
-                .tolerations
-                .get_or_insert_default()
-                .push(reservation_toleration(&cx.keys, &cx.job.job_id));
-            // Says so on the job: a job rendered before the toleration came with a waiting time has
-            // the waiting time without it, and nodes reserved for it would hold it back for good.
-            draft
-                .meta
-                .annotations
-                .get_or_insert_default()
-                .insert(cx.keys.reservable.clone(), "true".to_owned());
-        }
-        if let Some(label) = &scheduling.node_selector_label {
-            let category = &cx.product.category;
-            let value = scheduling
-                .node_selector_by_category
-                .get(category)
-                .unwrap_or(category);
-            if !names::is_label_value(value) || value.is_empty() {
-                return Err(PipelineError::invalid(
-                    "product.category",
-                    format!("`{value}` cannot select nodes: it is not a label value"),
-                ));
-            }
-            draft.pod.node_selector = Some(BTreeMap::from([(label.clone(), value.clone())]));
-        }
-        Ok(())
+        placement(cx, draft)
     }
+}
+
+/// The gang: scheduler, `minAvailable` (all ranks or none), queue, retries, priority, the sla waiting
+/// time, the lifecycle policies and the `env` and `svc` job plugins.
+fn gang(cx: &Context<'_>, draft: &mut Draft) -> Result<(), PipelineError> {
+    let scheduling = &cx.pipeline().scheduling;
+    if scheduling.max_retry < 1 {
+        return Err(PipelineError::config(
+            "scheduling.max_retry",
+            "must be at least 1: Volcano turns 0 into 3",
+        ));
+    }
+    let spec = &mut draft.spec;
+    spec.scheduler_name = Some(scheduling.scheduler_name.clone());
+    spec.min_available = Some(cx.replicas_i32());
+    spec.queue = Some(cx.placement.queue.clone());
+    spec.max_retry = Some(scheduling.max_retry);
+    spec.priority_class_name = scheduling.priority_class_name.clone();
+    if let Some(wait) = scheduling.sla_waiting_time {
+        // A Go duration, as the `sla` plugin parses it.
+        draft.meta.annotations.get_or_insert_default().insert(
+            SLA_WAITING_TIME.to_owned(),
+            format!("{}s", wait.as_secs().max(0)),
+        );
+    }
+    spec.policies = [
+        (PolicyEvent::PodFailed, scheduling.on_pod_failed),
+        (PolicyEvent::PodEvicted, scheduling.on_pod_evicted),
+    ]
+    .into_iter()
+    .filter_map(|(event, choice)| {
+        choice
+            .action()
+            .map(|action| LifecyclePolicy::on(event, action))
+    })
+    .collect();
+    // env: VC_TASK_INDEX (the rank); svc: hostnames `j-<id>-job-<rank>.j-<id>` through a headless
+    // Service, published before the pods are ready so ranks that start together resolve each other.
+    spec.plugins = BTreeMap::from([
+        ("env".to_owned(), Vec::new()),
+        (
+            "svc".to_owned(),
+            vec!["--publish-not-ready-addresses=true".to_owned()],
+        ),
+    ]);
+    Ok(())
+}
+
+/// The user's container: its image, pulled if not present, and the product's resources.
+fn user_container(cx: &Context<'_>, draft: &mut Draft) -> Result<(), PipelineError> {
+    if cx.app.image.trim().is_empty() {
+        return Err(PipelineError::invalid(
+            "application.image",
+            "must not be empty",
+        ));
+    }
+    draft.user.image = Some(cx.app.image.clone());
+    draft.user.image_pull_policy = Some("IfNotPresent".to_owned());
+    draft.user.resources = resources(cx.product);
+    Ok(())
+}
+
+/// Whole nodes: the charge of one node (a product without one is refused), the anti-affinity that
+/// keeps each rank alone on its node, and no CPU or memory limit.
+fn whole_nodes(cx: &Context<'_>, draft: &mut Draft) -> Result<(), PipelineError> {
+    // A whole node is charged as a whole node: a product the operator has not priced for that
+    // is refused, so nobody holds a node for the price of a slice of it.
+    let product = cx.product;
+    let entry = cx
+        .pipeline()
+        .whole_nodes
+        .entry(&product.id, &product.category)
+        .ok_or_else(|| {
+            PipelineError::invalid(
+                "exclusiveNodes",
+                format!(
+                    "whole nodes are not offered for product {} (category {}): the operator \
+                     has set no whole-node charge for it in [pipeline.whole_nodes.products]",
+                    product.id, product.category
+                ),
+            )
+        })?;
+    let charge = serde_json::to_string(&entry.charge()).map_err(|e| {
+        PipelineError::config(
+            "whole_nodes.products",
+            format!("the charge cannot be written: {e}"),
+        )
+    })?;
+    draft
+        .meta
+        .annotations
+        .get_or_insert_default()
+        .insert(cx.keys.whole_node_charge.clone(), charge);
+    draft.pod.affinity = Some(exclusive_affinity());
+    // Alone on the node, the rank may use all of its CPU and memory: the requests (the product,
+    // what is charged and what the scheduler places by) stay, the CPU and memory limits go.
+    if let Some(resources) = draft.user.resources.as_mut()
+        && let Some(limits) = resources.limits.as_mut()
+    {
+        limits.remove("cpu");
+        limits.remove("memory");
+        if limits.is_empty() {
+            resources.limits = None;
+        }
+    }
+    let flag = (cx.keys.exclusive_nodes.clone(), "true".to_owned());
+    draft
+        .meta
+        .annotations
+        .get_or_insert_default()
+        .insert(flag.0.clone(), flag.1.clone());
+    draft
+        .pod_meta
+        .labels
+        .get_or_insert_default()
+        .insert(flag.0, flag.1);
+    Ok(())
+}
+
+/// Where the ranks may run: the configured tolerations, their own reservation's toleration when the
+/// monitor may reserve nodes for the job, and the node selector by product category.
+fn placement(cx: &Context<'_>, draft: &mut Draft) -> Result<(), PipelineError> {
+    let scheduling = &cx.pipeline().scheduling;
+    if !scheduling.tolerations.is_empty() {
+        draft.pod.tolerations = Some(
+            scheduling
+                .tolerations
+                .iter()
+                .map(|t| Toleration {
+                    key: Some(t.key.clone()),
+                    operator: Some(t.operator.clone()),
+                    value: t.value.clone(),
+                    effect: Some(t.effect.clone()),
+                    toleration_seconds: None,
+                })
+                .collect(),
+        );
+    }
+    if cx.job.exclusive_nodes || scheduling.sla_waiting_time.is_some() {
+        // The monitor may reserve nodes for this gang (`[monitor] reserve_nodes`) by tainting them
+        // `<prefix>reserved=<jobId>:NoSchedule`: its ranks tolerate their own job's reservation
+        // only, so no other job lands on a node reserved for this one.
+        draft
+            .pod
+            .tolerations
+            .get_or_insert_default()
+            .push(reservation_toleration(&cx.keys, &cx.job.job_id));
+        // Says so on the job: a job rendered before the toleration came with a waiting time has
+        // the waiting time without it, and nodes reserved for it would hold it back for good.
+        draft
+            .meta
+            .annotations
+            .get_or_insert_default()
+            .insert(cx.keys.reservable.clone(), "true".to_owned());
+    }
+    if let Some(label) = &scheduling.node_selector_label {
+        let category = &cx.product.category;
+        let value = scheduling
+            .node_selector_by_category
+            .get(category)
+            .unwrap_or(category);
+        if !names::is_label_value(value) || value.is_empty() {
+            return Err(PipelineError::invalid(
+                "product.category",
+                format!("`{value}` cannot select nodes: it is not a label value"),
+            ));
+        }
+        draft.pod.node_selector = Some(BTreeMap::from([(label.clone(), value.clone())]));
+    }
+    Ok(())
 }
 
 /// Each rank alone on its node: no pod of any Volcano job (its own gang's other ranks included) on the
