@@ -17,6 +17,10 @@
 //! - [`pause`], [`capacity`], [`gate`]: the pause switch, the count of active jobs, and the combined
 //!   "may take submissions" watch the submit consumer follows.
 //! - [`lease`]: [`ShardLeases`], the Lease-based split of the monitoring duty.
+//! - [`jobs`]: [`jobs::JobStore`], finding, patching and ending VolcanoJobs by job id: used by the
+//!   runner's handlers and by the session issuer, which is why it lives here, below both.
+//! - [`whole_nodes`]: the whole nodes each owner holds (kept by the job store's watch), against the
+//!   `[pipeline.whole_nodes]` limits.
 //! - [`volcano`]: Rust types that mirror the Volcano CRDs (owned by the pipeline).
 
 pub mod apply;
@@ -25,6 +29,7 @@ pub mod client;
 pub mod end;
 pub mod error;
 pub mod gate;
+pub mod jobs;
 pub mod labels;
 pub mod lease;
 pub mod maintenance;
@@ -35,6 +40,7 @@ pub mod records;
 pub mod retry;
 pub mod tombstone;
 pub mod view;
+pub mod whole_nodes;
 
 use std::time::Duration;
 

@@ -15,8 +15,8 @@
 //!   [`handle::reject`].
 //! - [`plan`]: the pipeline's desired objects as the applier's steps, with the runner's decorations
 //!   (cleanup finalizer, `acceptedBy`, trace context).
-//! - [`jobs`]: finding, patching and deleting VolcanoJobs by job id.
-//! - [`whole_nodes`]: the whole nodes each owner holds, against `[pipeline.whole_nodes]` limits.
+//! - Finding, patching and ending VolcanoJobs by job id is [`crate::cluster::jobs`]; the whole nodes each
+//!   owner holds, [`crate::cluster::whole_nodes`] (the session issuer needs the job store too).
 //! - [`events`]: the events the runner publishes (pure; their ids are [`crate::durable::ids`]).
 //! - [`service`]: [`service::Service`], the runner with its broker connection, shard leases and monitor:
 //!   what `volcano-runner run` runs.
@@ -24,10 +24,8 @@
 pub mod consume;
 pub mod events;
 pub mod handle;
-pub mod jobs;
 pub mod plan;
 pub mod service;
-pub mod whole_nodes;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -124,7 +122,11 @@ impl Runner {
             windows_clock: Arc::new(crate::monitor::SystemClock),
             runner_keys: RunnerKeys::new(&keys),
             keys,
-            jobs: jobs::JobStore::new(client.clone(), &config),
+            jobs: crate::cluster::jobs::JobStore::new(
+                client.clone(),
+                &config.pipeline,
+                &config.cluster,
+            ),
             tombstones: Tombstones::new(client.clone(), &config.cluster),
             pending_extensions: crate::cluster::PendingExtensions::new(
                 client.clone(),

@@ -30,6 +30,7 @@ use super::record::{SessionRecord, SessionStore};
 use super::token::{self, Hash};
 use crate::broker::{Broker, DeadLetterReason, Delivery, QueueConsumer};
 use crate::cluster::ClusterError;
+use crate::cluster::jobs::{JobStore, annotation, is_over};
 use crate::config::Config;
 use crate::durable::AnnotationKeys;
 use crate::durable::annotations::parse_millis;
@@ -37,7 +38,6 @@ use crate::messages::v1::{
     OpenSession, OpenedSession, SessionRefusal, SessionReply, session_reply::Result as Outcome,
 };
 use crate::messages::{self, Format, MessageType};
-use crate::runner::jobs::{JobStore, annotation, is_over};
 use crate::volcano::VolcanoJob;
 
 /// Why a request gets no session: a machine reason and words.
@@ -143,7 +143,7 @@ impl Issuer {
     ) -> Self {
         Self {
             broker,
-            jobs: JobStore::new(client.clone(), &config),
+            jobs: JobStore::new(client.clone(), &config.pipeline, &config.cluster),
             store: SessionStore::new(client, &config.cluster),
             keys: config.pipeline.keys().into_owned(),
             config,

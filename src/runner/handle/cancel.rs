@@ -28,9 +28,9 @@ use crate::validate;
 use crate::volcano::VolcanoJob;
 
 use super::super::events;
-use super::super::jobs::{annotation, is_over};
 use super::reject::{self, Subject};
 use super::{Handler, Message, Settle};
+use crate::cluster::jobs::{annotation, is_over};
 use crate::durable::ids;
 
 /// Attempts at the guarded write before the message is requeued.

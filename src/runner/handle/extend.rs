@@ -28,9 +28,9 @@ use crate::pipeline::plugins::expiry::{self, ExtendError, Extension};
 use crate::validate::{self, ErrorKind};
 
 use super::super::events::{self, Extended, reasons};
-use super::super::jobs::is_over;
 use super::reject::{self, Subject};
 use super::{Handler, Message, Settle};
+use crate::cluster::jobs::is_over;
 use crate::durable::ids;
 
 /// Attempts at the guarded write before the message is requeued.

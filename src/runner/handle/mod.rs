@@ -30,8 +30,8 @@ use crate::durable::AnnotationKeys;
 use crate::messages::v1::JobEvent;
 use crate::messages::{Format, Inbound, decode_inbound};
 
-use super::jobs::JobStore;
 use super::plan::RunnerKeys;
+use crate::cluster::jobs::JobStore;
 use crate::ops::trace::TraceParent;
 
 /// How to settle a delivery once it has been handled.

@@ -32,11 +32,11 @@ use crate::validate;
 use crate::volcano::VolcanoJob;
 
 use super::super::events;
-use super::super::jobs::{annotation, is_over};
 use super::super::plan::{self, Decorations};
-use super::super::whole_nodes::{self, Hold, Ledger, Owner};
 use super::reject::{self, Subject};
 use super::{Handler, Message, Settle};
+use crate::cluster::jobs::{annotation, is_over};
+use crate::cluster::whole_nodes::{self, Hold, Ledger, Owner};
 use crate::durable::ids;
 
 /// How often a resourceVersion-guarded write is tried again after a conflict before the message is

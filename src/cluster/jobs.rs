@@ -1,5 +1,6 @@
-//! The runner's own reads and writes of VolcanoJobs: find a job by its id, change its annotations with
-//! optimistic concurrency, end it (Volcano's `TerminateJob` command; the job is kept, never deleted).
+//! Reads and writes of VolcanoJobs by job id, for the runner's handlers and the session issuer: find a
+//! job by its id, change its annotations with optimistic concurrency, end it (Volcano's `TerminateJob`
+//! command; the job is kept, never deleted).
 //! (Creating a job is the [`crate::cluster::Applier`]'s business.)
 //!
 //! A cancel or an extension names only the job id, and with per-owner namespaces the namespace is not
@@ -23,10 +24,9 @@ use kube::runtime::watcher;
 use crate::cluster::labels::FIELD_MANAGER;
 use crate::cluster::view::{WatchView, has_name};
 use crate::cluster::{ClusterError, KubeResultExt, RetryPolicy};
-use crate::config::Config;
 use crate::durable::AnnotationKeys;
-use crate::pipeline::NamespaceMode;
 use crate::pipeline::names::{self, MANAGED_BY, MANAGED_BY_LABEL};
+use crate::pipeline::{NamespaceMode, PipelineConfig};
 use crate::volcano::VolcanoJob;
 
 use super::whole_nodes::{Hold, Ledger};
@@ -59,14 +59,17 @@ impl std::fmt::Debug for JobStore {
 }
 
 impl JobStore {
-    /// The store for the pipeline's placement rules.
-    pub fn new(client: kube::Client, config: &Config) -> Self {
-        let pipeline = &config.pipeline;
+    /// The store for the pipeline's placement rules, retrying as `[cluster]` says.
+    pub fn new(
+        client: kube::Client,
+        pipeline: &PipelineConfig,
+        cluster: &super::ClusterConfig,
+    ) -> Self {
         let per_owner =
             pipeline.plugins.fair_share && pipeline.namespace.mode == NamespaceMode::PerOwner;
         Self {
             client,
-            retry: RetryPolicy::from_config(&config.cluster),
+            retry: RetryPolicy::from_config(cluster),
             single_namespace: (!per_owner).then(|| pipeline.namespace.name.clone()),
             names: WatchView::default(),
             keys: pipeline.keys().into_owned(),
