@@ -1281,141 +1281,18 @@ impl Cache {
         changed
     }
 
+    /// The forecast of the waiting gangs ([`crate::forecast`]) from what the watches show: the
+    /// snapshot read from the cache, the replay, then the nodes to reserve and what the record of
+    /// expectations adds.
     fn replay(
         &mut self,
         nodes: &[Node],
         keys: &AnnotationKeys,
         now: Timestamp,
     ) -> FastMap<GroupKey, Arc<Estimate>> {
-        let index: FastMap<&str, usize> = nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.name.as_str(), i))
-            .collect();
-        let mut running = Vec::new();
-        for (jkey, pods) in &self.pods {
-            let Some(gkey) = self.group_of_job.get(jkey) else {
-                continue;
-            };
-            let Some(group) = self.groups.get(gkey) else {
-                continue;
-            };
-            if self.waiting.filed.contains_key(gkey) {
-                continue;
-            }
-            let (_, per_rank) = inputs::gang(&group.value);
-            let whole = self
-                .jobs
-                .get(jkey)
-                .is_some_and(|j| inputs::exclusive(&j.value, keys));
-            let ranks: Vec<(usize, Resources)> = pods
-                .iter()
-                .filter(|p| {
-                    !matches!(
-                        p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                        Some("Succeeded" | "Failed")
-                    )
-                })
-                .filter_map(|p| {
-                    let i = *index.get(p.node.as_deref()?)?;
-                    Some((
-                        i,
-                        if whole {
-                            nodes[i].allocatable
-                        } else {
-                            per_rank
-                        },
-                    ))
-                })
-                .collect();
-            if ranks.is_empty() {
-                continue;
-            }
-            let ends_by = self
-                .jobs
-                .get(jkey)
-                .and_then(|j| inputs::deadline(&j.value, keys, now));
-            running.push(Running { ranks, ends_by });
-        }
-        let mut order: Vec<(&WaitKey, &GroupKey)> = self
-            .waiting
-            .filed
-            .iter()
-            .map(|(g, (_, w))| (w, g))
-            .collect();
-        order.sort_unstable();
-        let pending: Vec<_> = order
-            .iter()
-            .filter_map(|(_, g)| {
-                let pg = &self.groups.get(*g)?.value;
-                let job = job_of_group(pg).and_then(|k| self.jobs.get(&k).map(|e| &*e.value));
-                // The monitor does not watch Queues: every queue is taken as Volcano's default
-                // (`traverse`), which lets later jobs start in gaps.
-                Some((
-                    (*g).clone(),
-                    inputs::pending_gang(pg, job, keys, false, self.reserve_nodes),
-                ))
-            })
-            .collect();
-        let (groups, gangs): (Vec<GroupKey>, Vec<_>) = pending.into_iter().unzip();
-        // A gang is held back by a window while the maintenance gate holds it (the monitor lifts the
-        // gate only when it starts with no window in the way), or while it does not tolerate one not
-        // over whose taint is on a node (the monitor adds a toleration only then). The windows' taints
-        // are read as the decisions read them: from the nodes' watch.
-        let gate = keys.maintenance_gate();
-        let taint_prefix = keys.maintenance_taint();
-        let windows_now = self
-            .maintenance_windows
-            .as_deref()
-            .map_or(&[][..], Vec::as_slice);
-        let tainted = |w: &crate::cluster::Window| self.maintenance_tainted.contains(&w.id);
-        let (held, kept_off): (Vec<bool>, Vec<Vec<usize>>) = groups
-            .iter()
-            .map(|g| {
-                let Some(jkey) = self.groups.get(g).and_then(|pg| job_of_group(&pg.value)) else {
-                    return (false, Vec::new());
-                };
-                let created_held = self.jobs.get(&jkey).is_some_and(|j| {
-                    j.value
-                        .metadata
-                        .annotations
-                        .as_ref()
-                        .is_some_and(|a| a.contains_key(&keys.maintenance_held))
-                });
-                let pods = self.pods.get(&jkey).map_or(&[][..], Vec::as_slice);
-                let gate_holds = super::maintenance::held_back(
-                    created_held,
-                    pods.is_empty(),
-                    pods.iter().any(|p| {
-                        p.gates
-                            .as_ref()
-                            .is_some_and(|g| g.iter().any(|g| g.name == gate))
-                    }),
-                );
-                let tolerated = |w: &crate::cluster::Window| {
-                    !pods.is_empty()
-                        && pods.iter().filter(|p| p.node.is_none()).all(|p| {
-                            super::maintenance::tolerates(
-                                &p.to_pod(&jkey.name),
-                                &taint_prefix,
-                                &w.id,
-                            )
-                        })
-                };
-                super::maintenance::replay_hold(windows_now, gate_holds, tainted, tolerated, now)
-            })
-            .unzip();
-        let maintenance = forecast::Maintenance {
-            windows: windows_now.to_vec(),
-            holds: windows_now
-                .iter()
-                .map(|w| super::maintenance::holds_anyone(w, tainted))
-                .collect(),
-            held,
-            kept_off,
-            // Every running job here is the runner's.
-            spared: Vec::new(),
-        };
+        let running = self.running(nodes, keys, now);
+        let (groups, gangs) = self.pending_gangs(keys);
+        let maintenance = self.window_holds(&groups, keys, now);
         let replay = forecast::replay_with(
             nodes,
             &running,
@@ -1469,6 +1346,154 @@ impl Cache {
             .zip(estimates)
             .map(|(g, e)| (g, Arc::new(e)))
             .collect()
+    }
+
+    /// The running jobs the replay frees resources from: every job's ranks on their nodes (all of a
+    /// node for a whole-node job), with its deadline.
+    fn running(&self, nodes: &[Node], keys: &AnnotationKeys, now: Timestamp) -> Vec<Running> {
+        let index: FastMap<&str, usize> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.as_str(), i))
+            .collect();
+        let mut running = Vec::new();
+        for (jkey, pods) in &self.pods {
+            let Some(gkey) = self.group_of_job.get(jkey) else {
+                continue;
+            };
+            let Some(group) = self.groups.get(gkey) else {
+                continue;
+            };
+            if self.waiting.filed.contains_key(gkey) {
+                continue;
+            }
+            let (_, per_rank) = inputs::gang(&group.value);
+            let whole = self
+                .jobs
+                .get(jkey)
+                .is_some_and(|j| inputs::exclusive(&j.value, keys));
+            let ranks: Vec<(usize, Resources)> = pods
+                .iter()
+                .filter(|p| {
+                    !matches!(
+                        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                        Some("Succeeded" | "Failed")
+                    )
+                })
+                .filter_map(|p| {
+                    let i = *index.get(p.node.as_deref()?)?;
+                    Some((
+                        i,
+                        if whole {
+                            nodes[i].allocatable
+                        } else {
+                            per_rank
+                        },
+                    ))
+                })
+                .collect();
+            if ranks.is_empty() {
+                continue;
+            }
+            let ends_by = self
+                .jobs
+                .get(jkey)
+                .and_then(|j| inputs::deadline(&j.value, keys, now));
+            running.push(Running { ranks, ends_by });
+        }
+        running
+    }
+
+    /// The waiting gangs in the scheduler's list order, with their PodGroups' keys.
+    fn pending_gangs(&self, keys: &AnnotationKeys) -> (Vec<GroupKey>, Vec<forecast::Pending>) {
+        let mut order: Vec<(&WaitKey, &GroupKey)> = self
+            .waiting
+            .filed
+            .iter()
+            .map(|(g, (_, w))| (w, g))
+            .collect();
+        order.sort_unstable();
+        let pending: Vec<_> = order
+            .iter()
+            .filter_map(|(_, g)| {
+                let pg = &self.groups.get(*g)?.value;
+                let job = job_of_group(pg).and_then(|k| self.jobs.get(&k).map(|e| &*e.value));
+                // The monitor does not watch Queues: every queue is taken as Volcano's default
+                // (`traverse`), which lets later jobs start in gaps.
+                Some((
+                    (*g).clone(),
+                    inputs::pending_gang(pg, job, keys, false, self.reserve_nodes),
+                ))
+            })
+            .collect();
+        pending.into_iter().unzip()
+    }
+
+    /// The maintenance windows as the replay sees them, and which waiting gangs (`groups`) they hold.
+    fn window_holds(
+        &self,
+        groups: &[GroupKey],
+        keys: &AnnotationKeys,
+        now: Timestamp,
+    ) -> forecast::Maintenance {
+        // A gang is held back by a window while the maintenance gate holds it (the monitor lifts the
+        // gate only when it starts with no window in the way), or while it does not tolerate one not
+        // over whose taint is on a node (the monitor adds a toleration only then). The windows' taints
+        // are read as the decisions read them: from the nodes' watch.
+        let gate = keys.maintenance_gate();
+        let taint_prefix = keys.maintenance_taint();
+        let windows_now = self
+            .maintenance_windows
+            .as_deref()
+            .map_or(&[][..], Vec::as_slice);
+        let tainted = |w: &crate::cluster::Window| self.maintenance_tainted.contains(&w.id);
+        let (held, kept_off): (Vec<bool>, Vec<Vec<usize>>) = groups
+            .iter()
+            .map(|g| {
+                let Some(jkey) = self.groups.get(g).and_then(|pg| job_of_group(&pg.value)) else {
+                    return (false, Vec::new());
+                };
+                let created_held = self.jobs.get(&jkey).is_some_and(|j| {
+                    j.value
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .is_some_and(|a| a.contains_key(&keys.maintenance_held))
+                });
+                let pods = self.pods.get(&jkey).map_or(&[][..], Vec::as_slice);
+                let gate_holds = super::maintenance::held_back(
+                    created_held,
+                    pods.is_empty(),
+                    pods.iter().any(|p| {
+                        p.gates
+                            .as_ref()
+                            .is_some_and(|g| g.iter().any(|g| g.name == gate))
+                    }),
+                );
+                let tolerated = |w: &crate::cluster::Window| {
+                    !pods.is_empty()
+                        && pods.iter().filter(|p| p.node.is_none()).all(|p| {
+                            super::maintenance::tolerates(
+                                &p.to_pod(&jkey.name),
+                                &taint_prefix,
+                                &w.id,
+                            )
+                        })
+                };
+                super::maintenance::replay_hold(windows_now, gate_holds, tainted, tolerated, now)
+            })
+            .unzip();
+        forecast::Maintenance {
+            windows: windows_now.to_vec(),
+            holds: windows_now
+                .iter()
+                .map(|w| super::maintenance::holds_anyone(w, tainted))
+                .collect(),
+            held,
+            kept_off,
+            // Every running job here is the runner's.
+            spared: Vec::new(),
+        }
     }
 }
 

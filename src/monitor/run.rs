@@ -276,6 +276,33 @@ impl Streams {
         }
     }
 
+    /// The reconciliation's metadata lists are in: compared with the cache, or, when they failed,
+    /// every watch starts over with a full list.
+    fn listed(
+        &mut self,
+        watches: &Watches,
+        state: &mut Loop,
+        listed: Result<[Listed; 3], kube::Error>,
+    ) {
+        match listed {
+            Ok(lists) => state.verified(lists),
+            Err(e) => {
+                tracing::warn!(error = %e, "Listing for the reconciliation failed; every watch starts over with a full list.");
+                self.start_over(watches, state, &ALL_KINDS);
+            }
+        }
+    }
+
+    /// The suspects' grace is over: the watch of a kind that did not explain its differences missed
+    /// something, and starts over.
+    fn judge(&mut self, watches: &Watches, state: &mut Loop, reporter: &Reporter<'_>) {
+        let missed = state.judge_suspects();
+        if !missed.is_empty() {
+            missed.iter().for_each(|kind| reporter.restarted(*kind));
+            self.start_over(watches, state, &missed);
+        }
+    }
+
     /// The watches of `kinds` start over with a full list, and a pass waits for those lists.
     fn start_over(&mut self, watches: &Watches, state: &mut Loop, kinds: &[Kind]) {
         for kind in kinds {
@@ -396,11 +423,7 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
     let mut streams = Streams::start(&watches);
     let mut state = Loop::new(exec, &mc);
     let mut verifying: Option<Verifying> = None;
-    let mut resync = tokio::time::interval_at(
-        Instant::now() + mc.reconcile_interval,
-        mc.reconcile_interval,
-    );
-    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut resync = resync_timer(mc.reconcile_interval);
     let mut shards = m.shards.clone();
     let mut held = shards.borrow_and_update().held().clone();
     let mut workers: FuturesUnordered<Work> = FuturesUnordered::new();
@@ -437,32 +460,14 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
                 streams.nodes_forbidden = state.on_node_watch(item);
             }
             () = sleep(wake) => state.fire(clock.now(), Instant::now()),
-            _ = resync.tick() => {
-                if state.pass.is_some() || state.suspects_due.is_some() {
-                    // Still listing, or still giving the watches their moment: the next tick comes soon.
-                    tracing::debug!("The previous reconciliation is still going; this one is skipped.");
-                } else {
-                    verifying = Some(watches.verify());
-                    state.begin_verify();
-                }
-            }
+            _ = resync.tick() => if let Some(lists) = state.resync(&watches) {
+                verifying = Some(lists);
+            },
             listed = async { verifying.as_mut().expect("guarded").await }, if verifying.is_some() => {
                 verifying = None;
-                match listed {
-                    Ok(lists) => state.verified(lists),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "Listing for the reconciliation failed; every watch starts over with a full list.");
-                        streams.start_over(&watches, &mut state, &ALL_KINDS);
-                    }
-                }
+                streams.listed(&watches, &mut state, listed);
             }
-            () = sleep_until(state.suspects_due) => {
-                let missed = state.judge_suspects();
-                if !missed.is_empty() {
-                    missed.iter().for_each(|kind| reporter.restarted(*kind));
-                    streams.start_over(&watches, &mut state, &missed);
-                }
-            }
+            () = sleep_until(state.suspects_due) => streams.judge(&watches, &mut state, &reporter),
             () = &mut follow_windows => {}
             changed = windows.changed(), if windows_open => {
                 windows_open = changed.is_ok();
@@ -485,6 +490,14 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
         }
     }
     drain(state, workers).await;
+}
+
+/// The full reconciliation's timer: every `interval`, the first one `interval` from now; a tick
+/// missed (a long pass) is not made up for.
+fn resync_timer(interval: Duration) -> tokio::time::Interval {
+    let mut resync = tokio::time::interval_at(Instant::now() + interval, interval);
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    resync
 }
 
 /// Each step is safe to interrupt; gives the jobs in hand (and a round of node writes) a moment to
@@ -633,6 +646,17 @@ impl Loop {
             .store(true, std::sync::atomic::Ordering::Relaxed);
         self.list_done(Awaited::Nodes);
         true
+    }
+
+    /// The reconciliation's timer: its metadata lists, unless the previous one is still going (still
+    /// listing, or still giving the watches their moment: the next tick comes soon).
+    fn resync(&mut self, watches: &Watches) -> Option<Verifying> {
+        if self.pass.is_some() || self.suspects_due.is_some() {
+            tracing::debug!("The previous reconciliation is still going; this one is skipped.");
+            return None;
+        }
+        self.begin_verify();
+        Some(watches.verify())
     }
 
     /// A window scheduled or cancelled changes what every running job is due, and every estimate.
