@@ -109,7 +109,7 @@ fn ticks(c: &mut Criterion) {
 }
 
 fn estimates(c: &mut Criterion) {
-    use volcano_runner::monitor::estimate::{Node, Pending, Resources, Running, estimate};
+    use volcano_runner::forecast::{Node, Pending, Resources, Running, estimate};
     let now = Timestamp::from_second(1_800_000_000).unwrap();
     let res = |cpu: u64, gpu: u64| Resources {
         cpu_milli: cpu * 1000,

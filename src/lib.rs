@@ -13,6 +13,8 @@
 //! - [`cluster`]: Kubernetes access: the client, and the applier that creates desired objects in order.
 //! - [`broker`]: RabbitMQ through lapin: topology, consumers, confirmed publishing, reconnects.
 //! - [`runner`]: consumes submissions, cancels and extensions and applies them.
+//! - [`forecast`]: what Volcano's scheduler will do with the waiting jobs (start times, bounds, nodes to
+//!   reserve): pure functions over a snapshot, shaped like the scheduler; below the monitor.
 //! - [`monitor`]: watches jobs: lifecycle events, expiry, accounting ticks, proxy events.
 //! - [`ops`]: metrics, health and readiness, logs with secrets removed, W3C trace context.
 //! - [`proxy`]: the proxy-sync role: the route table of the interactive jobs, kept from the proxy events
@@ -32,6 +34,7 @@ pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod durable;
+pub mod forecast;
 pub mod messages;
 pub mod monitor;
 pub mod ops;

@@ -14,7 +14,7 @@
 //!   removes the cancelled window's node taints itself, as the monitor would.
 //! - `dead-letters list|show|requeue|drop` reads and settles the dead-letter queue over AMQP alone
 //!   ([`super::dead_letters`]); it needs no cluster.
-//! - `queue` lists the jobs waiting to start with their estimated start ([`crate::monitor::forecast`]),
+//! - `queue` lists the jobs waiting to start with their estimated start ([`crate::monitor::inputs`]),
 //!   from one list each of nodes, pods, PodGroups and managed jobs (an operator's occasional look; the
 //!   runners themselves never list pods cluster-wide).
 
@@ -36,7 +36,7 @@ use crate::cluster::lease::{COMPONENT_MEMBER, COMPONENT_SHARD};
 use crate::cluster::{ClusterError, MaintenanceWindows, PauseState, PauseSwitch, Window};
 use crate::config::Config;
 use crate::durable::AnnotationKeys;
-use crate::monitor::forecast::{ClusterView, QueueEntry, Replaying, forecast_with};
+use crate::monitor::inputs::{ClusterView, QueueEntry, Replaying, forecast_with};
 use crate::volcano::{PodGroup, Queue, VolcanoJob};
 
 #[derive(Debug, clap::Args)]

@@ -13,101 +13,16 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
-use super::estimate::{self, Estimate, Node, Resources, Running};
 use super::observe::Disruption;
-use super::{forecast, observe};
+use super::{inputs, observe};
 use crate::durable::AnnotationKeys;
+use crate::forecast::{self, Estimate, Node, Resources, Running};
 use crate::volcano::{
     JobPhase, JobSpec, JobStatus, LABEL_JOB_NAME, LABEL_TASK_INDEX, PodGroup, TaskSpec, VolcanoJob,
 };
 use jiff::Timestamp;
 
-/// Maps hashed quickly (foldhash, with a random seed per map): the monitor looks keys up tens of
-/// thousands of times per reconciliation, and SipHash was a tenth of a pass.
-pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
-/// See [`FastMap`].
-pub type FastSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
-
-/// A VolcanoJob by namespace and name (and, as [`ObjectKey`], any namespaced object).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct JobKey {
-    /// Shared, not owned: a job's key is held by several maps at once (the cache's jobs, pods, groups and
-    /// disruptions, the loop's queues and timers), and a clone is a count, not two allocations.
-    pub namespace: Arc<str>,
-    pub name: Arc<str>,
-}
-
-/// A pod or PodGroup by namespace and name.
-pub type ObjectKey = JobKey;
-
-/// A namespace and name, however held: lets the maps keyed by [`JobKey`] be searched with borrowed
-/// strings (the reconciliation looks up every listed object, and building an owned key for each was
-/// two allocations apiece).
-pub trait KeyParts {
-    fn parts(&self) -> (&str, &str);
-}
-
-impl KeyParts for JobKey {
-    fn parts(&self) -> (&str, &str) {
-        (&self.namespace, &self.name)
-    }
-}
-
-impl KeyParts for (&str, &str) {
-    fn parts(&self) -> (&str, &str) {
-        (self.0, self.1)
-    }
-}
-
-impl std::hash::Hash for dyn KeyParts + '_ {
-    /// As `JobKey`'s derived hash: its two fields in order.
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        let (namespace, name) = self.parts();
-        namespace.hash(state);
-        name.hash(state);
-    }
-}
-
-impl PartialEq for dyn KeyParts + '_ {
-    fn eq(&self, other: &Self) -> bool {
-        self.parts() == other.parts()
-    }
-}
-
-impl Eq for dyn KeyParts + '_ {}
-
-impl<'a> std::borrow::Borrow<dyn KeyParts + 'a> for JobKey {
-    fn borrow(&self) -> &(dyn KeyParts + 'a) {
-        self
-    }
-}
-
-impl JobKey {
-    pub fn of(meta: &ObjectMeta) -> Self {
-        Self::new(
-            meta.namespace.as_deref().unwrap_or_default(),
-            meta.name.as_deref().unwrap_or_default(),
-        )
-    }
-
-    pub fn new(namespace: &str, name: &str) -> Self {
-        Self {
-            namespace: namespace.into(),
-            name: name.into(),
-        }
-    }
-
-    /// The job id (`j-<jobId>`), when the name has that shape.
-    pub fn job_id(&self) -> Option<&str> {
-        crate::pipeline::names::job_id_from_vcjob_name(&self.name)
-    }
-}
-
-impl std::fmt::Display for JobKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
+pub use super::keys::{FastMap, FastSet, JobKey, KeyParts, ObjectKey, job_of_group, job_of_pod};
 
 /// The resource traits of a slim read type from the full type it stands for, so that its watch and lists
 /// ask the API for that kind while only the fields the monitor reads are deserialized.
@@ -358,7 +273,7 @@ impl WatchedNode {
     /// The node as the estimates take it; `None` when it is cordoned. `reservation_key`: the taint
     /// that reserves it for a job ([`super::reserve::taint_key`]).
     pub fn to_node(&self, reservation_key: &str) -> Option<Node> {
-        forecast::node(
+        inputs::node(
             self.metadata.name.as_deref().unwrap_or_default(),
             self.spec
                 .as_ref()
@@ -685,29 +600,6 @@ fn slot(kind: Kind) -> usize {
     }
 }
 
-/// The job a pod belongs to (Volcano's job-name label).
-pub fn job_of_pod(pod: &Pod) -> Option<JobKey> {
-    let name = pod.metadata.labels.as_ref()?.get(LABEL_JOB_NAME)?;
-    Some(JobKey::new(
-        pod.metadata.namespace.as_deref().unwrap_or_default(),
-        name,
-    ))
-}
-
-/// The job a PodGroup belongs to (its controlling Volcano Job).
-pub fn job_of_group(pg: &PodGroup) -> Option<JobKey> {
-    let owner = pg
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.kind == "Job" && o.api_version.starts_with("batch.volcano.sh/"))?;
-    Some(JobKey::new(
-        pg.metadata.namespace.as_deref().unwrap_or_default(),
-        &owner.name,
-    ))
-}
-
 impl Cache {
     pub fn new() -> Self {
         Self::default()
@@ -730,14 +622,14 @@ impl Cache {
     }
 
     /// The scheduler runs Volcano's `proportion` plugin (`[monitor] proportion`): while jobs of more than
-    /// one queue wait or run, estimates are expectations ([`estimate::across_queues`]).
+    /// one queue wait or run, estimates are expectations ([`forecast::across_queues`]).
     pub fn with_proportion(mut self, proportion: bool) -> Self {
         self.proportion = proportion;
         self
     }
 
     /// A job is taken to start this long after the replay frees its resources (`[monitor]
-    /// start_margin`: the time the scheduler takes to place it, see [`estimate::replay_with`]).
+    /// start_margin`: the time the scheduler takes to place it, see [`forecast::replay_with`]).
     pub fn with_start_margin(mut self, start_margin: jiff::SignedDuration) -> Self {
         self.start_margin = start_margin;
         self
@@ -1318,7 +1210,7 @@ impl Cache {
     }
 
     /// The maintenance windows the next [`Cache::estimate_starts`] replays: they cut running jobs and
-    /// hold back gated ones ([`super::estimate_windows`]).
+    /// hold back gated ones ([`crate::forecast::windows`]).
     pub fn set_maintenance_windows(&mut self, windows: Option<crate::cluster::Windows>) {
         self.maintenance_windows = windows;
     }
@@ -1389,12 +1281,76 @@ impl Cache {
         changed
     }
 
+    /// The forecast of the waiting gangs ([`crate::forecast`]) from what the watches show: the
+    /// snapshot read from the cache, the replay, then the nodes to reserve and what the record of
+    /// expectations adds.
     fn replay(
         &mut self,
         nodes: &[Node],
         keys: &AnnotationKeys,
         now: Timestamp,
     ) -> FastMap<GroupKey, Arc<Estimate>> {
+        let running = self.running(nodes, keys, now);
+        let (groups, gangs) = self.pending_gangs(keys);
+        let maintenance = self.window_holds(&groups, keys, now);
+        let replay = forecast::replay_with(
+            nodes,
+            &running,
+            &gangs,
+            &maintenance,
+            self.start_margin,
+            now,
+        );
+        if self.reserve_nodes {
+            self.reservations = Reservations {
+                reserving: gangs.iter().filter_map(|p| p.reserves.clone()).collect(),
+                reserve_now: replay
+                    .reserve_now
+                    .iter()
+                    .filter_map(|(g, on)| {
+                        Some((
+                            gangs[*g].reserves.clone()?,
+                            on.iter().map(|n| nodes[*n].name.clone()).collect(),
+                        ))
+                    })
+                    .collect(),
+            };
+        }
+        let mut estimates = replay.estimates;
+        if self.proportion {
+            let in_use = observe::queues_in_use(self.groups.values().map(|g| &*g.value));
+            forecast::across_queues(&mut estimates, in_use);
+        }
+        if self.expectations_kept > 0 {
+            for e in &mut estimates {
+                if let Estimate::At {
+                    basis,
+                    bound: false,
+                    record,
+                    ..
+                } = e
+                {
+                    basis.push_str(&format!(
+                        "; of such expectations made since this runner started, {} of {} held",
+                        self.expectations_held, self.expectations_kept
+                    ));
+                    *record = Some(forecast::ExpectationRecord {
+                        held: self.expectations_held,
+                        made: self.expectations_kept,
+                    });
+                }
+            }
+        }
+        groups
+            .into_iter()
+            .zip(estimates)
+            .map(|(g, e)| (g, Arc::new(e)))
+            .collect()
+    }
+
+    /// The running jobs the replay frees resources from: every job's ranks on their nodes (all of a
+    /// node for a whole-node job), with its deadline.
+    fn running(&self, nodes: &[Node], keys: &AnnotationKeys, now: Timestamp) -> Vec<Running> {
         let index: FastMap<&str, usize> = nodes
             .iter()
             .enumerate()
@@ -1411,11 +1367,11 @@ impl Cache {
             if self.waiting.filed.contains_key(gkey) {
                 continue;
             }
-            let (_, per_rank) = forecast::gang(&group.value);
+            let (_, per_rank) = inputs::gang(&group.value);
             let whole = self
                 .jobs
                 .get(jkey)
-                .is_some_and(|j| forecast::exclusive(&j.value, keys));
+                .is_some_and(|j| inputs::exclusive(&j.value, keys));
             let ranks: Vec<(usize, Resources)> = pods
                 .iter()
                 .filter(|p| {
@@ -1442,9 +1398,14 @@ impl Cache {
             let ends_by = self
                 .jobs
                 .get(jkey)
-                .and_then(|j| forecast::deadline(&j.value, keys, now));
+                .and_then(|j| inputs::deadline(&j.value, keys, now));
             running.push(Running { ranks, ends_by });
         }
+        running
+    }
+
+    /// The waiting gangs in the scheduler's list order, with their PodGroups' keys.
+    fn pending_gangs(&self, keys: &AnnotationKeys) -> (Vec<GroupKey>, Vec<forecast::Pending>) {
         let mut order: Vec<(&WaitKey, &GroupKey)> = self
             .waiting
             .filed
@@ -1461,11 +1422,20 @@ impl Cache {
                 // (`traverse`), which lets later jobs start in gaps.
                 Some((
                     (*g).clone(),
-                    forecast::pending_gang(pg, job, keys, false, self.reserve_nodes),
+                    inputs::pending_gang(pg, job, keys, false, self.reserve_nodes),
                 ))
             })
             .collect();
-        let (groups, gangs): (Vec<GroupKey>, Vec<_>) = pending.into_iter().unzip();
+        pending.into_iter().unzip()
+    }
+
+    /// The maintenance windows as the replay sees them, and which waiting gangs (`groups`) they hold.
+    fn window_holds(
+        &self,
+        groups: &[GroupKey],
+        keys: &AnnotationKeys,
+        now: Timestamp,
+    ) -> forecast::Maintenance {
         // A gang is held back by a window while the maintenance gate holds it (the monitor lifts the
         // gate only when it starts with no window in the way), or while it does not tolerate one not
         // over whose taint is on a node (the monitor adds a toleration only then). The windows' taints
@@ -1513,7 +1483,7 @@ impl Cache {
                 super::maintenance::replay_hold(windows_now, gate_holds, tainted, tolerated, now)
             })
             .unzip();
-        let maintenance = estimate::Maintenance {
+        forecast::Maintenance {
             windows: windows_now.to_vec(),
             holds: windows_now
                 .iter()
@@ -1523,60 +1493,7 @@ impl Cache {
             kept_off,
             // Every running job here is the runner's.
             spared: Vec::new(),
-        };
-        let replay = estimate::replay_with(
-            nodes,
-            &running,
-            &gangs,
-            &maintenance,
-            self.start_margin,
-            now,
-        );
-        if self.reserve_nodes {
-            self.reservations = Reservations {
-                reserving: gangs.iter().filter_map(|p| p.reserves.clone()).collect(),
-                reserve_now: replay
-                    .reserve_now
-                    .iter()
-                    .filter_map(|(g, on)| {
-                        Some((
-                            gangs[*g].reserves.clone()?,
-                            on.iter().map(|n| nodes[*n].name.clone()).collect(),
-                        ))
-                    })
-                    .collect(),
-            };
         }
-        let mut estimates = replay.estimates;
-        if self.proportion {
-            let in_use = observe::queues_in_use(self.groups.values().map(|g| &*g.value));
-            estimate::across_queues(&mut estimates, in_use);
-        }
-        if self.expectations_kept > 0 {
-            for e in &mut estimates {
-                if let Estimate::At {
-                    basis,
-                    bound: false,
-                    record,
-                    ..
-                } = e
-                {
-                    basis.push_str(&format!(
-                        "; of such expectations made since this runner started, {} of {} held",
-                        self.expectations_held, self.expectations_kept
-                    ));
-                    *record = Some(estimate::ExpectationRecord {
-                        held: self.expectations_held,
-                        made: self.expectations_kept,
-                    });
-                }
-            }
-        }
-        groups
-            .into_iter()
-            .zip(estimates)
-            .map(|(g, e)| (g, Arc::new(e)))
-            .collect()
     }
 }
 
@@ -2280,7 +2197,7 @@ mod tests {
         };
         assert_eq!(
             record,
-            Some(estimate::ExpectationRecord { held: 0, made: 1 })
+            Some(forecast::ExpectationRecord { held: 0, made: 1 })
         );
     }
 }

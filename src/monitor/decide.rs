@@ -37,7 +37,6 @@ use std::sync::Arc;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{Pod, Toleration};
 
-use super::estimate::Estimate;
 use super::events;
 use super::observe::{self, Disruption, PendingInput, PullFailure, RankView};
 use super::peers::{self, PeerSeen, PeerView};
@@ -47,6 +46,7 @@ use crate::config::Config;
 use crate::durable::AnnotationKeys;
 use crate::durable::annotations::format_millis;
 use crate::durable::history;
+use crate::forecast::Estimate;
 use crate::pipeline::hooks::{
     self, FactsError, HookPlan, JobFacts, Outbound, PluginFailure, TerminationCause,
 };
@@ -267,180 +267,361 @@ fn earliest(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
     }
 }
 
-/// The decision for a job that exists (see the module documentation for the order).
-pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, FactsError> {
-    let job = obs.job;
-    let facts = JobFacts::read(job, &s.keys, &s.config.pipeline)?;
-    let record = Record::read(job, &s.keys);
-    let deleting = job.metadata.deletion_timestamp.as_ref().map(|t| t.0);
-    let finalized = job
-        .metadata
-        .finalizers
-        .iter()
-        .flatten()
-        .any(|f| *f == s.finalizer);
+/// What every step reads of the job first: its facts, its persisted record, and whether it is being
+/// deleted and still carries our finalizer.
+#[derive(Debug)]
+pub struct Seen {
+    pub facts: JobFacts,
+    pub record: Record,
+    pub deleting: Option<Timestamp>,
+    pub finalized: bool,
+}
 
-    // 1. Everything is published. The job stays, without pods and companions, as the record that its
-    //    submission was carried out, until the retention has passed; then it goes.
-    if let Published::Ended(_) = record.published {
-        if deleting.is_none() && crate::cluster::end::has_ttl(job) {
-            // Kept by Volcano: ended (by Volcano, or by our TerminateJob now), then deleted by its
-            // garbage collector `ttlSecondsAfterFinished` after. Nothing holds that deletion: the
-            // finalizer goes now, with the companions, so the job never shows as `Terminating`.
-            if !crate::cluster::end::is_ending(job) {
-                // Asked again at the next look if Volcano has not taken it by then (the same Command
-                // name: AlreadyExists while it waits).
-                return Ok(Step::Act(Action {
-                    what: "release",
-                    delete: true,
-                    next_check: now.checked_add(s.cleanup_grace).ok(),
-                    ..Action::default()
-                }));
-            }
-            if finalized {
-                return Ok(Step::Act(Action {
-                    what: "finish",
-                    companions: true,
-                    remove_finalizer: true,
-                    ..Action::default()
-                }));
-            }
-            return Ok(Step::Wait { next_check: None });
+impl Seen {
+    pub fn read(job: &VolcanoJob, s: &Settings) -> Result<Self, FactsError> {
+        Ok(Self {
+            facts: JobFacts::read(job, &s.keys, &s.config.pipeline)?,
+            record: Record::read(job, &s.keys),
+            deleting: job.metadata.deletion_timestamp.as_ref().map(|t| t.0),
+            finalized: job
+                .metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| *f == s.finalizer),
+        })
+    }
+}
+
+/// How far the job's ranks have come, for the steps of a job whose end is not decided yet.
+#[derive(Debug)]
+pub struct Progress {
+    pub ranks: Vec<RankView>,
+    pub phase: JobPhase,
+    /// Its start as persisted, else as its pods show it.
+    pub started: Option<Timestamp>,
+    /// Every rank's program has ended.
+    pub all_ended: bool,
+}
+
+impl Progress {
+    pub fn of(obs: &Observed<'_>, facts: &JobFacts) -> Self {
+        let ranks = observe::ranks(&facts.job_id, obs.pods);
+        let all_ended = observe::all_ranks_ended(&ranks, facts.replicas);
+        Self {
+            phase: obs.job.phase(),
+            started: facts.start.or_else(|| hooks::pods_started_at(obs.pods)),
+            ranks,
+            all_ended,
         }
-        if deleting.is_none() {
-            return Ok(Step::Act(Action {
-                what: "release",
-                release: true,
-                again: true,
-                ..Action::default()
-            }));
-        }
-        let ended = record
-            .outcome
+    }
+}
+
+/// The deadlines of a job that has not started: the image-pull grace and the queue timeout.
+#[derive(Debug)]
+pub struct Waits {
+    /// Not started, and RUNNING never published.
+    pub never_started: bool,
+    pub pull: Option<PullFailure>,
+    pub pull_deadline: Option<Timestamp>,
+    pub queue_deadline: Option<Timestamp>,
+    pub created: Option<Timestamp>,
+}
+
+impl Waits {
+    pub fn of(obs: &Observed<'_>, s: &Settings, seen: &Seen, progress: &Progress) -> Self {
+        let never_started =
+            seen.record.published == Published::Queued && progress.started.is_none();
+        let pull = never_started
+            .then(|| observe::pull_failure(obs.pods))
+            .flatten();
+        let pull_deadline = pull
             .as_ref()
-            .map(Outcome::ended)
-            .or(deleting)
-            .unwrap_or(now);
-        let keep_until = ended.checked_add(s.retention).unwrap_or(ended);
-        if finalized && now < keep_until {
-            return Ok(Step::Wait {
-                next_check: Some(keep_until),
-            });
+            .map(|p| p.since.checked_add(s.image_pull_grace).unwrap_or(p.since));
+        let created = obs.job.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let queue_deadline = match (s.queue_timeout, created, never_started) {
+            (Some(t), Some(c), true) => Some(c.checked_add(t).unwrap_or(c)),
+            _ => None,
+        };
+        Self {
+            never_started,
+            pull,
+            pull_deadline,
+            queue_deadline,
+            created,
         }
-        if finalized {
-            return Ok(Step::Act(Action {
-                what: "finish",
-                remove_finalizer: true,
-                ..Action::default()
-            }));
-        }
-        return Ok(Step::Wait { next_check: None });
+    }
+
+    /// The earliest of these deadlines and `other`.
+    fn next_check(&self, other: Option<Timestamp>) -> Option<Timestamp> {
+        earliest(earliest(self.pull_deadline, self.queue_deadline), other)
+    }
+}
+
+/// The decision for a job that exists (see the module documentation for the order): each numbered
+/// step is a function of its own, tried in that order until one applies.
+pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, FactsError> {
+    let seen = Seen::read(obs.job, s)?;
+    // 1. Everything is published.
+    if let Published::Ended(_) = seen.record.published {
+        return Ok(after_the_end(obs, s, &seen, now));
     }
     // 2. The end is decided: publish it.
-    if let Some(outcome) = &record.outcome {
-        if let Some(until) = awaiting_queued(obs, &record, s, now) {
-            return Ok(Step::Wait {
-                next_check: Some(until),
-            });
-        }
-        return Ok(Step::Act(publish_end(
-            obs, s, &facts, &record, outcome, now,
-        )?));
+    if let Some(outcome) = &seen.record.outcome {
+        return publish_outcome(obs, s, &seen, outcome, now);
     }
-
-    let ranks = observe::ranks(&facts.job_id, obs.pods);
-    let phase = job.phase();
-    let started = facts.start.or_else(|| hooks::pods_started_at(obs.pods));
-
-    // 3. Asked to end (or being deleted): close by the recorded cause once the pods have stopped.
-    if let Some(deleted_at) = crate::cluster::end::terminated_at(job, &s.keys) {
-        // The API server keeps a transition time to the second, the request to the millisecond: a
-        // phase of the request's own second may be the request's doing, so only an earlier second
-        // counts as finished before it.
-        let asked_in_second = deleted_at
-            .round(
-                jiff::TimestampRound::new()
-                    .smallest(jiff::Unit::Second)
-                    .mode(jiff::RoundMode::Trunc),
-            )
-            .unwrap_or(deleted_at);
-        let finished_before =
-            phase.is_finished() && phase_time(job).is_some_and(|t| t < asked_in_second);
-        if !finished_before {
-            let grace_end = deleted_at
-                .checked_add(s.cleanup_grace)
-                .unwrap_or(deleted_at);
-            // Until Volcano takes the TerminateJob command, the pods it will stop may not have
-            // started: wait for it as for the pods, within the same grace.
-            let volcano_acting = deleting.is_some() || phase.is_ending();
-            if (observe::any_running(obs.pods) || !volcano_acting) && now < grace_end {
-                return Ok(Step::Wait {
-                    next_check: Some(grace_end),
-                });
-            }
-            let cut = annotation(job, &s.keys.maintenance_cut)
-                .and_then(crate::durable::annotations::parse_millis);
-            let outcome = by_cause(&facts, &record, &ranks, started, deleted_at, cut);
-            return Ok(record_step(s, &facts, outcome, &ranks, None));
-        }
-    }
-
-    // 4. Finished.
-    let all_ended = observe::all_ranks_ended(&ranks, facts.replicas);
-    let settled = all_ended
-        && observe::last_finish(&ranks)
-            .and_then(|t| t.checked_add(s.cleanup_grace).ok())
-            .is_some_and(|t| now >= t);
-    if phase.is_finished() || settled {
-        let outcome = natural(job, &facts, &ranks, started, to_blame(obs, s), now);
-        let cause = match outcome.state {
-            Terminal::Success => "completed",
-            _ => "failed",
-        };
-        let whole = phase.is_finished() && all_ended;
-        if !whole
-            && phase.is_finished()
-            && let Some(until) = lag_wait(job, now)
-        {
-            // Volcano finished the job, the pods' watch has not delivered every rank's end yet.
-            return Ok(Step::Wait {
-                next_check: Some(until),
-            });
-        }
-        let mut step = record_step(s, &facts, outcome, &ranks, Some(cause));
-        if let Step::Record { fresh, .. } = &mut step {
-            *fresh = !whole;
-        }
+    let progress = Progress::of(obs, &seen.facts);
+    // 3. Asked to end (or being deleted).
+    if let Some(step) = asked_to_end(obs, s, &seen, &progress, now) {
         return Ok(step);
     }
-
-    let never_started = record.published == Published::Queued && started.is_none();
-    let pull = never_started
-        .then(|| observe::pull_failure(obs.pods))
-        .flatten();
-    let pull_deadline = pull
-        .as_ref()
-        .map(|p| p.since.checked_add(s.image_pull_grace).unwrap_or(p.since));
-    let created = job.metadata.creation_timestamp.as_ref().map(|t| t.0);
-    let queue_deadline = match (s.queue_timeout, created, never_started) {
-        (Some(t), Some(c), true) => Some(c.checked_add(t).unwrap_or(c)),
-        _ => None,
-    };
-
+    // 4. Finished.
+    if let Some(step) = finished(obs, s, &seen, &progress, now) {
+        return Ok(step);
+    }
+    let waits = Waits::of(obs, s, &seen, &progress);
     // 4b. Peers run together.
     let peers = peers::view(obs.peers, &s.keys);
     if !peers.is_empty()
-        && let Some(step) = peer_step(obs, s, &facts, &record, &peers, never_started, now)
+        && let Some(step) = peer_step(
+            obs,
+            s,
+            &seen.facts,
+            &seen.record,
+            &peers,
+            waits.never_started,
+            now,
+        )
     {
         return Ok(step);
     }
+    // 4c. A maintenance window holds back a job that has not started.
+    let hold = match maintenance_hold(obs, s, &seen.facts, waits.never_started, now) {
+        Ok(hold) => hold,
+        Err(step) => return Ok(step),
+    };
+    // 5. The image cannot be pulled. 6. Waited in the queue for too long.
+    if let Some(step) = image_pull(s, &seen.facts, &waits, now)
+        .or_else(|| queue_timeout(obs, s, &seen.facts, &waits, &progress.phase, now))
+    {
+        return Ok(step);
+    }
+    // 7. Started: RUNNING, once.
+    if let Some(step) = start(obs, s, &seen, &progress, now)? {
+        return Ok(step);
+    }
+    // 8. Running: ticks, expiry, proxy.
+    if seen.record.published == Published::Running {
+        return running(obs, s, &seen, &progress, now);
+    }
+    // 9. Pending.
+    Ok(pending_status(obs, s, &seen, &waits, &hold, &peers, now))
+}
 
-    // 4c. A maintenance window holds back a job that has not started (see [`super::maintenance`]):
-    //     by its gate, or by the windows' node taints; it is let go (the gate lifted, its waiting pods
-    //     made to tolerate every window not in its way) only just in time, when the replay expects it
-    //     to start now ([`super::maintenance::decide_pending`]). The gate also goes from the
-    //     pods of a job that started before (a restart's new pods), which tolerate every window: a
-    //     running job is cut by a window, not held. Nothing is let go before the windows are known.
+/// Step 1: everything is published. The job stays, without pods and companions, as the record that
+/// its submission was carried out, until the retention has passed; then it goes.
+pub fn after_the_end(obs: &Observed<'_>, s: &Settings, seen: &Seen, now: Timestamp) -> Step {
+    let job = obs.job;
+    let Seen {
+        record,
+        deleting,
+        finalized,
+        ..
+    } = seen;
+    if deleting.is_none() && crate::cluster::end::has_ttl(job) {
+        // Kept by Volcano: ended (by Volcano, or by our TerminateJob now), then deleted by its
+        // garbage collector `ttlSecondsAfterFinished` after. Nothing holds that deletion: the
+        // finalizer goes now, with the companions, so the job never shows as `Terminating`.
+        if !crate::cluster::end::is_ending(job) {
+            // Asked again at the next look if Volcano has not taken it by then (the same Command
+            // name: AlreadyExists while it waits).
+            return Step::Act(Action {
+                what: "release",
+                delete: true,
+                next_check: now.checked_add(s.cleanup_grace).ok(),
+                ..Action::default()
+            });
+        }
+        if *finalized {
+            return Step::Act(Action {
+                what: "finish",
+                companions: true,
+                remove_finalizer: true,
+                ..Action::default()
+            });
+        }
+        return Step::Wait { next_check: None };
+    }
+    if deleting.is_none() {
+        return Step::Act(Action {
+            what: "release",
+            release: true,
+            again: true,
+            ..Action::default()
+        });
+    }
+    let ended = record
+        .outcome
+        .as_ref()
+        .map(Outcome::ended)
+        .or(*deleting)
+        .unwrap_or(now);
+    let keep_until = ended.checked_add(s.retention).unwrap_or(ended);
+    if *finalized && now < keep_until {
+        return Step::Wait {
+            next_check: Some(keep_until),
+        };
+    }
+    if *finalized {
+        return Step::Act(Action {
+            what: "finish",
+            remove_finalizer: true,
+            ..Action::default()
+        });
+    }
+    Step::Wait { next_check: None }
+}
+
+/// Step 2: the end is decided; publish it (once the job's QUEUED may have gone out).
+pub fn publish_outcome(
+    obs: &Observed<'_>,
+    s: &Settings,
+    seen: &Seen,
+    outcome: &Outcome,
+    now: Timestamp,
+) -> Result<Step, FactsError> {
+    if let Some(until) = awaiting_queued(obs, &seen.record, s, now) {
+        return Ok(Step::Wait {
+            next_check: Some(until),
+        });
+    }
+    Ok(Step::Act(publish_end(
+        obs,
+        s,
+        &seen.facts,
+        &seen.record,
+        outcome,
+        now,
+    )?))
+}
+
+/// Step 3: asked to end (or being deleted): close by the recorded cause once the pods have stopped.
+pub fn asked_to_end(
+    obs: &Observed<'_>,
+    s: &Settings,
+    seen: &Seen,
+    progress: &Progress,
+    now: Timestamp,
+) -> Option<Step> {
+    let job = obs.job;
+    let deleted_at = crate::cluster::end::terminated_at(job, &s.keys)?;
+    // The API server keeps a transition time to the second, the request to the millisecond: a
+    // phase of the request's own second may be the request's doing, so only an earlier second
+    // counts as finished before it.
+    let asked_in_second = deleted_at
+        .round(
+            jiff::TimestampRound::new()
+                .smallest(jiff::Unit::Second)
+                .mode(jiff::RoundMode::Trunc),
+        )
+        .unwrap_or(deleted_at);
+    let phase = &progress.phase;
+    let finished_before =
+        phase.is_finished() && phase_time(job).is_some_and(|t| t < asked_in_second);
+    if finished_before {
+        return None;
+    }
+    let grace_end = deleted_at
+        .checked_add(s.cleanup_grace)
+        .unwrap_or(deleted_at);
+    // Until Volcano takes the TerminateJob command, the pods it will stop may not have
+    // started: wait for it as for the pods, within the same grace.
+    let volcano_acting = seen.deleting.is_some() || phase.is_ending();
+    if (observe::any_running(obs.pods) || !volcano_acting) && now < grace_end {
+        return Some(Step::Wait {
+            next_check: Some(grace_end),
+        });
+    }
+    let cut = annotation(job, &s.keys.maintenance_cut)
+        .and_then(crate::durable::annotations::parse_millis);
+    let outcome = by_cause(
+        &seen.facts,
+        &seen.record,
+        &progress.ranks,
+        progress.started,
+        deleted_at,
+        cut,
+    );
+    Some(record_step(s, &seen.facts, outcome, &progress.ranks, None))
+}
+
+/// Step 4: Volcano finished the job, or every rank's program ended `cleanup_grace` ago.
+pub fn finished(
+    obs: &Observed<'_>,
+    s: &Settings,
+    seen: &Seen,
+    progress: &Progress,
+    now: Timestamp,
+) -> Option<Step> {
+    let job = obs.job;
+    let Progress {
+        ranks,
+        phase,
+        started,
+        all_ended,
+    } = progress;
+    let settled = *all_ended
+        && observe::last_finish(ranks)
+            .and_then(|t| t.checked_add(s.cleanup_grace).ok())
+            .is_some_and(|t| now >= t);
+    if !phase.is_finished() && !settled {
+        return None;
+    }
+    let outcome = natural(job, &seen.facts, ranks, *started, to_blame(obs, s), now);
+    let cause = match outcome.state {
+        Terminal::Success => "completed",
+        _ => "failed",
+    };
+    let whole = phase.is_finished() && *all_ended;
+    if !whole
+        && phase.is_finished()
+        && let Some(until) = lag_wait(job, now)
+    {
+        // Volcano finished the job, the pods' watch has not delivered every rank's end yet.
+        return Some(Step::Wait {
+            next_check: Some(until),
+        });
+    }
+    let mut step = record_step(s, &seen.facts, outcome, ranks, Some(cause));
+    if let Step::Record { fresh, .. } = &mut step {
+        *fresh = !whole;
+    }
+    Some(step)
+}
+
+/// What the maintenance windows decide for a job that has not started ([`maintenance_hold`]): the
+/// window it waits for, when to look again, and the windows whose taints keep it off their nodes.
+#[derive(Debug, Default)]
+pub struct Hold<'a> {
+    pub waiting: Option<super::maintenance::Waiting<'a>>,
+    pub release_check: Option<Timestamp>,
+    pub kept_off: Vec<&'a Window>,
+}
+
+/// Step 4c: a maintenance window holds back a job that has not started (see [`super::maintenance`]):
+/// by its gate, or by the windows' node taints; it is let go (the gate lifted, its waiting pods made to
+/// tolerate every window not in its way) only just in time, when the replay expects it to start now
+/// ([`super::maintenance::decide_pending`]). The gate also goes from the pods of a job that started
+/// before (a restart's new pods), which tolerate every window: a running job is cut by a window, not
+/// held. Nothing is let go before the windows are known. `Err`: the step to take now (let go, or wait
+/// for the windows).
+pub fn maintenance_hold<'a>(
+    obs: &Observed<'a>,
+    s: &Settings,
+    facts: &JobFacts,
+    never_started: bool,
+    now: Timestamp,
+) -> Result<Hold<'a>, Step> {
     let maintenance_gated = peers::gated_pods(obs.pods, &s.keys.maintenance_gate());
     let taint_prefix = s.keys.maintenance_taint();
     let tolerated = |w: &Window| super::maintenance::job_tolerates(obs.pods, &taint_prefix, &w.id);
@@ -448,81 +629,23 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     // write them, keep a pod off the nodes.
     let tainted = |w: &Window| obs.maintenance_tainted.is_some_and(|t| t.contains(&w.id));
     let mut release = true;
-    let mut release_check = None;
-    let mut kept_off = Vec::new();
-    let (waiting_for_window, tolerate) = match obs.maintenance {
+    let mut hold = Hold::default();
+    let tolerate = match obs.maintenance {
         Some(windows) if never_started => {
-            let created_held = annotation(job, &s.keys.maintenance_held).is_some();
-            let gated = super::maintenance::held_back(
-                created_held,
-                obs.pods.is_empty(),
-                !maintenance_gated.is_empty(),
-            );
-            // When the replay places it: the start it tells is `[monitor] start_margin` later (the
-            // time the scheduler takes to place it), and a job is let go when it is placed.
-            let margin = s.start_margin;
-            let expected = match obs.estimate {
-                Some(Estimate::At { start, .. }) => {
-                    Some(start.checked_sub(margin).unwrap_or(*start))
-                }
-                _ => None,
-            };
-            let d = super::maintenance::decide_pending(
-                windows,
-                gated,
-                obs.maintenance_taints,
-                tolerated,
-                tainted,
-                // Judged from when it is placed: its allocation runs from the margin after, so the
-                // margin counts with it (a window right after its end is in its way).
-                facts.max_time.map(|m| m.checked_add(margin).unwrap_or(m)),
-                expected,
-                now,
-            );
-            // Held by a window whose taint is not on a node yet: not told so until it is (the nodes'
-            // watch decides every job again then); meanwhile it is decided as any waiting job (image
-            // pull, queue timeout, its statuses).
-            release = d.release;
-            release_check = d.next_check;
-            kept_off = d.kept_off;
-            // Every rank placed, none on a window of some nodes: that window does not concern it.
-            let placed_elsewhere = |w: &Window| {
-                !w.all_nodes()
-                    && !obs.pods.is_empty()
-                    && obs.pods.iter().all(|p| {
-                        p.spec
-                            .as_ref()
-                            .and_then(|s| s.node_name.as_deref())
-                            .is_some_and(|n| !w.covers(n))
-                    })
-            };
-            let waiting = d.waiting.filter(
-                |wt| !matches!(wt, super::maintenance::Waiting::NotHeld(w) if placed_elsewhere(w)),
-            );
-            // Its estimate is being made (a job just queued): not let go of a window before it is
-            // known whether it starts now; decided again with it.
-            let live = windows
-                .iter()
-                .any(|w| w.end > now && super::maintenance::holds_anyone(w, tainted));
-            let mut tolerate = d.tolerate;
-            if obs.estimate_pending && live {
-                release = false;
-                tolerate.clear();
-            }
-            (waiting, tolerate)
+            let pending = pending_hold(obs, s, facts, windows, !maintenance_gated.is_empty(), now);
+            release = pending.release;
+            hold = pending.hold;
+            pending.tolerate
         }
-        Some(windows) => (
-            None,
-            windows
-                .iter()
-                .filter(|w| w.end > now && tainted(w) && !tolerated(w))
-                .collect(),
-        ),
-        _ => (None, Vec::new()),
+        Some(windows) => windows
+            .iter()
+            .filter(|w| w.end > now && tainted(w) && !tolerated(w))
+            .collect(),
+        _ => Vec::new(),
     };
     if obs.maintenance.is_none() && never_started && !maintenance_gated.is_empty() {
         // Decided again as soon as the windows are listed.
-        return Ok(Step::Wait { next_check: None });
+        return Err(Step::Wait { next_check: None });
     }
     let ungate =
         (obs.maintenance.is_some() && !maintenance_gated.is_empty() && release).then(|| {
@@ -534,27 +657,11 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
                     .collect::<Vec<_>>(),
             )
         });
-    let tolerate = (!tolerate.is_empty())
-        .then(|| {
-            let pods: Vec<String> = super::maintenance::unbound(obs.pods)
-                .filter(|p| {
-                    tolerate
-                        .iter()
-                        .any(|w| !super::maintenance::tolerates(p, &taint_prefix, &w.id))
-                })
-                .filter_map(|p| p.metadata.name.clone())
-                .collect();
-            let tolerations = tolerate
-                .iter()
-                .map(|w| super::maintenance::toleration(&taint_prefix, &w.id))
-                .collect();
-            (tolerations, pods)
-        })
-        .filter(|(_, pods)| !pods.is_empty());
+    let tolerate = tolerations(obs.pods, &taint_prefix, &tolerate);
     if ungate.is_some() || tolerate.is_some() {
         // Not decided again at once: the pods' watch shows them without the gate, with the
         // tolerations.
-        return Ok(Step::Act(Action {
+        return Err(Step::Act(Action {
             what: if ungate.is_some() {
                 "ungate"
             } else {
@@ -565,50 +672,178 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
             ..Action::default()
         }));
     }
+    Ok(hold)
+}
 
-    // 5. The image cannot be pulled.
-    if let (Some(failure), Some(deadline)) = (&pull, pull_deadline)
-        && now >= deadline
-    {
-        let outcome = Outcome {
-            state: Terminal::Failure,
-            reason: "image_pull".into(),
-            status: format!(
-                "Unable to pull the container image {} for {}: {}",
-                failure.image,
-                human(s.image_pull_grace),
-                failure.message
-            ),
-            started_at: None,
-            ended_at: deadline.as_millisecond(),
-            exit_codes: Vec::new(),
-            log_tails: Vec::new(),
-        };
-        return Ok(record_step(s, &facts, outcome, &[], Some("image_pull")));
+/// [`maintenance_hold`] for a job that has not started: whether it is let go now, what holds it, and
+/// the windows its waiting pods must tolerate.
+struct PendingHold<'a> {
+    release: bool,
+    hold: Hold<'a>,
+    tolerate: Vec<&'a Window>,
+}
+
+fn pending_hold<'a>(
+    obs: &Observed<'a>,
+    s: &Settings,
+    facts: &JobFacts,
+    windows: &'a [Window],
+    any_gated: bool,
+    now: Timestamp,
+) -> PendingHold<'a> {
+    let taint_prefix = s.keys.maintenance_taint();
+    let tolerated = |w: &Window| super::maintenance::job_tolerates(obs.pods, &taint_prefix, &w.id);
+    let tainted = |w: &Window| obs.maintenance_tainted.is_some_and(|t| t.contains(&w.id));
+    let created_held = annotation(obs.job, &s.keys.maintenance_held).is_some();
+    let gated = super::maintenance::held_back(created_held, obs.pods.is_empty(), any_gated);
+    // When the replay places it: the start it tells is `[monitor] start_margin` later (the
+    // time the scheduler takes to place it), and a job is let go when it is placed.
+    let margin = s.start_margin;
+    let expected = match obs.estimate {
+        Some(Estimate::At { start, .. }) => Some(start.checked_sub(margin).unwrap_or(*start)),
+        _ => None,
+    };
+    let d = super::maintenance::decide_pending(
+        windows,
+        gated,
+        obs.maintenance_taints,
+        tolerated,
+        tainted,
+        // Judged from when it is placed: its allocation runs from the margin after, so the
+        // margin counts with it (a window right after its end is in its way).
+        facts.max_time.map(|m| m.checked_add(margin).unwrap_or(m)),
+        expected,
+        now,
+    );
+    // Held by a window whose taint is not on a node yet: not told so until it is (the nodes'
+    // watch decides every job again then); meanwhile it is decided as any waiting job (image
+    // pull, queue timeout, its statuses).
+    let mut release = d.release;
+    // Every rank placed, none on a window of some nodes: that window does not concern it.
+    let placed_elsewhere = |w: &Window| {
+        !w.all_nodes()
+            && !obs.pods.is_empty()
+            && obs.pods.iter().all(|p| {
+                p.spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_deref())
+                    .is_some_and(|n| !w.covers(n))
+            })
+    };
+    let waiting = d
+        .waiting
+        .filter(|wt| !matches!(wt, super::maintenance::Waiting::NotHeld(w) if placed_elsewhere(w)));
+    // Its estimate is being made (a job just queued): not let go of a window before it is
+    // known whether it starts now; decided again with it.
+    let live = windows
+        .iter()
+        .any(|w| w.end > now && super::maintenance::holds_anyone(w, tainted));
+    let mut tolerate = d.tolerate;
+    if obs.estimate_pending && live {
+        release = false;
+        tolerate.clear();
     }
-
-    // 6. Waited in the queue for too long.
-    if let Some(deadline) = queue_deadline
-        && now >= deadline
-        && phase == JobPhase::Pending
-    {
-        let why = pending(obs, &facts, None).text;
-        let outcome = Outcome {
-            state: Terminal::Failure,
-            reason: "queue_timeout".into(),
-            status: format!(
-                "The job was not scheduled within {}: {why}",
-                human(s.queue_timeout.unwrap_or_default())
-            ),
-            started_at: None,
-            ended_at: deadline.as_millisecond(),
-            exit_codes: Vec::new(),
-            log_tails: Vec::new(),
-        };
-        return Ok(record_step(s, &facts, outcome, &[], Some("queue_timeout")));
+    PendingHold {
+        release,
+        hold: Hold {
+            waiting,
+            release_check: d.next_check,
+            kept_off: d.kept_off,
+        },
+        tolerate,
     }
+}
 
-    // 7. Started: RUNNING, once.
+/// The tolerations of the windows `tolerate` for the job's waiting pods that lack one of them.
+fn tolerations(
+    pods: &[Pod],
+    taint_prefix: &str,
+    tolerate: &[&Window],
+) -> Option<(Vec<Toleration>, Vec<String>)> {
+    if tolerate.is_empty() {
+        return None;
+    }
+    let names: Vec<String> = super::maintenance::unbound(pods)
+        .filter(|p| {
+            tolerate
+                .iter()
+                .any(|w| !super::maintenance::tolerates(p, taint_prefix, &w.id))
+        })
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    let tolerations = tolerate
+        .iter()
+        .map(|w| super::maintenance::toleration(taint_prefix, &w.id))
+        .collect();
+    (!names.is_empty()).then_some((tolerations, names))
+}
+
+/// Step 5: the image cannot be pulled for longer than `image_pull_grace`.
+pub fn image_pull(s: &Settings, facts: &JobFacts, waits: &Waits, now: Timestamp) -> Option<Step> {
+    let (Some(failure), Some(deadline)) = (&waits.pull, waits.pull_deadline) else {
+        return None;
+    };
+    if now < deadline {
+        return None;
+    }
+    let outcome = Outcome {
+        state: Terminal::Failure,
+        reason: "image_pull".into(),
+        status: format!(
+            "Unable to pull the container image {} for {}: {}",
+            failure.image,
+            human(s.image_pull_grace),
+            failure.message
+        ),
+        started_at: None,
+        ended_at: deadline.as_millisecond(),
+        exit_codes: Vec::new(),
+        log_tails: Vec::new(),
+    };
+    Some(record_step(s, facts, outcome, &[], Some("image_pull")))
+}
+
+/// Step 6: waited in the queue for longer than `queue_timeout`.
+pub fn queue_timeout(
+    obs: &Observed<'_>,
+    s: &Settings,
+    facts: &JobFacts,
+    waits: &Waits,
+    phase: &JobPhase,
+    now: Timestamp,
+) -> Option<Step> {
+    let deadline = waits.queue_deadline?;
+    if now < deadline || *phase != JobPhase::Pending {
+        return None;
+    }
+    let why = pending(obs, facts, None).text;
+    let outcome = Outcome {
+        state: Terminal::Failure,
+        reason: "queue_timeout".into(),
+        status: format!(
+            "The job was not scheduled within {}: {why}",
+            human(s.queue_timeout.unwrap_or_default())
+        ),
+        started_at: None,
+        ended_at: deadline.as_millisecond(),
+        exit_codes: Vec::new(),
+        log_tails: Vec::new(),
+    };
+    Some(record_step(s, facts, outcome, &[], Some("queue_timeout")))
+}
+
+/// Step 7: started, RUNNING not yet published: the start hooks (jobStart, expiry, proxy create) and
+/// RUNNING.
+pub fn start(
+    obs: &Observed<'_>,
+    s: &Settings,
+    seen: &Seen,
+    progress: &Progress,
+    now: Timestamp,
+) -> Result<Option<Step>, FactsError> {
+    let job = obs.job;
+    let Seen { facts, record, .. } = seen;
+    let phase = &progress.phase;
     let running_phase = matches!(
         phase,
         JobPhase::Running
@@ -617,202 +852,267 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
             | JobPhase::Terminating
             | JobPhase::Aborting
     );
-    if record.published == Published::Queued
-        && (phase == JobPhase::Running || (running_phase && started.is_some()))
+    if record.published != Published::Queued
+        || !(*phase == JobPhase::Running || (running_phase && progress.started.is_some()))
     {
-        if let Some(until) = awaiting_queued(obs, &record, s, now) {
-            return Ok(Step::Wait {
-                next_check: Some(until),
-            });
-        }
-        let plan = hooks::on_start(&s.config.pipeline, job, obs.pods, now)?;
-        let start = facts
-            .start
-            .or_else(|| {
-                plan.set
-                    .get(&s.keys.job_start)
-                    .and_then(|v| crate::durable::annotations::parse_millis(v))
-            })
-            .unwrap_or(now);
-        let expiry = facts.expiry.or_else(|| {
-            plan.set
-                .get(&s.keys.expiry)
-                .and_then(|v| crate::durable::annotations::parse_millis(v))
+        return Ok(None);
+    }
+    if let Some(until) = awaiting_queued(obs, record, s, now) {
+        return Ok(Some(Step::Wait {
+            next_check: Some(until),
+        }));
+    }
+    let plan = hooks::on_start(&s.config.pipeline, job, obs.pods, now)?;
+    let planned = |key: &str| {
+        plan.set
+            .get(key)
+            .and_then(|v| crate::durable::annotations::parse_millis(v))
+    };
+    let start = facts
+        .start
+        .or_else(|| planned(&s.keys.job_start))
+        .unwrap_or(now);
+    let expiry = facts.expiry.or_else(|| planned(&s.keys.expiry));
+    let mut action = Action::from_plan("start", plan);
+    action.publish.insert(
+        0,
+        Outbound::Lifecycle(events::running(&facts.job_id, start, expiry, &s.runner_id)),
+    );
+    action
+        .publish
+        .splice(0..0, queued_first(obs, facts, record, s));
+    action.set.insert(
+        s.keys.lifecycle_state.clone(),
+        Published::Running.as_str().into(),
+    );
+    action.again = true;
+    // The start is every rank's container start as the view has it. A view in which a rank has not
+    // started yet (the pods' watch behind the job's) waits for the watch a moment, then is read
+    // afresh.
+    let lagging = facts.start.is_none()
+        && !(0..facts.replicas).all(|r| {
+            progress
+                .ranks
+                .iter()
+                .any(|v| v.rank == r && v.started_at.is_some())
         });
-        let mut action = Action::from_plan("start", plan);
-        action.publish.insert(
-            0,
-            Outbound::Lifecycle(events::running(&facts.job_id, start, expiry, &s.runner_id)),
-        );
-        action
-            .publish
-            .splice(0..0, queued_first(obs, &facts, &record, s));
-        action.set.insert(
-            s.keys.lifecycle_state.clone(),
-            Published::Running.as_str().into(),
-        );
-        action.again = true;
-        // The start is every rank's container start as the view has it. A view in which a rank has not
-        // started yet (the pods' watch behind the job's) waits for the watch a moment, then is read
-        // afresh.
-        let lagging = facts.start.is_none()
-            && !(0..facts.replicas)
-                .all(|r| ranks.iter().any(|v| v.rank == r && v.started_at.is_some()));
-        if lagging && let Some(until) = lag_wait(job, now) {
-            return Ok(Step::Wait {
-                next_check: Some(until),
-            });
-        }
-        action.fresh = lagging;
-        return Ok(Step::Act(action));
+    if lagging && let Some(until) = lag_wait(job, now) {
+        return Ok(Some(Step::Wait {
+            next_check: Some(until),
+        }));
     }
+    action.fresh = lagging;
+    Ok(Some(Step::Act(action)))
+}
 
-    // 8. Running: ticks, expiry, proxy.
-    if record.published == Published::Running {
-        if all_ended {
-            // Volcano has not caught up yet; the final tick will cover the time until the end.
-            return Ok(Step::Wait {
-                next_check: observe::last_finish(&ranks)
-                    .and_then(|t| t.checked_add(s.cleanup_grace).ok()),
-            });
-        }
-        if let Some(step) = restart_step(obs, s, &facts.job_id, now) {
-            return Ok(step);
-        }
-        // A maintenance window: ended at its start (decided once, durable), warned ahead of it.
-        let mut maintenance_warning = None;
-        let mut maintenance_check = None;
-        if let Some(step) = maintenance_end(obs, s, &facts, started, now) {
-            return Ok(step);
-        }
-        if let Some(window) = super::maintenance::cutting(
-            obs.maintenance.unwrap_or_default(),
-            obs.pods,
-            facts.expiry,
-            now,
-        ) {
-            match super::maintenance::decide(
-                &facts.job_id,
-                window,
-                started,
-                annotation(job, &s.keys.maintenance_warned),
-                s.maintenance_warn_before,
-                now,
-            ) {
-                super::maintenance::Decision::End { .. } => {
-                    unreachable!("maintenance_end decides an end")
-                }
-                super::maintenance::Decision::Warn { window, mut event } => {
-                    event.runner_id = s.runner_id.clone();
-                    maintenance_warning = Some((*event, super::maintenance::warned_token(window)));
-                    maintenance_check = Some(window.start);
-                }
-                super::maintenance::Decision::Wait { next_check } => {
-                    maintenance_check = Some(next_check);
-                }
-            }
-        }
-        // Never decide past the expiry, even when looking late (after a failover): the job is charged up
-        // to its expiry at most, and ticks past it are never published.
-        // Nor past what the view proves: ticks are charged only up to an instant the pods were seen
-        // running at (a lagging watch must never let a tick run past the real end).
-        let horizon = facts.expiry.map_or(now, |e| now.min(e));
-        let horizon = obs.fresh_at.map_or(horizon, |t| horizon.min(t));
-        let plan = hooks::on_monitoring(&s.config.pipeline, job, obs.pods, horizon)?;
-        let next_check = earliest(plan.next_check, maintenance_check);
-        let mut action = Action::from_plan("monitor", plan);
-        action.next_check = next_check;
-        if let Some((event, token)) = maintenance_warning {
-            action.publish.push(Outbound::Lifecycle(event));
-            action.set.insert(s.keys.maintenance_warned.clone(), token);
-        }
-        action.fresh = action
-            .publish
-            .iter()
-            .any(|o| matches!(o, Outbound::Accounting(_)));
-        if action.is_empty() {
-            for failure in &action.failures {
-                tracing::warn!(job = %facts.job_id, plugin = %failure.plugin, error = %failure.error, "A monitoring hook failed.");
-            }
-            return Ok(Step::Wait { next_check });
-        }
-        return Ok(Step::Act(action));
+/// Step 8: running: the monitoring hooks (accounting ticks, expiry warnings and deletion, proxy
+/// updates), a restart's disruption, a maintenance window's end and warning.
+pub fn running(
+    obs: &Observed<'_>,
+    s: &Settings,
+    seen: &Seen,
+    progress: &Progress,
+    now: Timestamp,
+) -> Result<Step, FactsError> {
+    let facts = &seen.facts;
+    if progress.all_ended {
+        // Volcano has not caught up yet; the final tick will cover the time until the end.
+        return Ok(Step::Wait {
+            next_check: observe::last_finish(&progress.ranks)
+                .and_then(|t| t.checked_add(s.cleanup_grace).ok()),
+        });
     }
+    if let Some(step) = restart_step(obs, s, &facts.job_id, now) {
+        return Ok(step);
+    }
+    // A maintenance window: ended at its start (decided once, durable), warned ahead of it.
+    if let Some(step) = maintenance_end(obs, s, facts, progress.started, now) {
+        return Ok(step);
+    }
+    let (maintenance_warning, maintenance_check) =
+        maintenance_warning(obs, s, facts, progress.started, now);
+    // Never decide past the expiry, even when looking late (after a failover): the job is charged up
+    // to its expiry at most, and ticks past it are never published.
+    // Nor past what the view proves: ticks are charged only up to an instant the pods were seen
+    // running at (a lagging watch must never let a tick run past the real end).
+    let horizon = facts.expiry.map_or(now, |e| now.min(e));
+    let horizon = obs.fresh_at.map_or(horizon, |t| horizon.min(t));
+    let plan = hooks::on_monitoring(&s.config.pipeline, obs.job, obs.pods, horizon)?;
+    let next_check = earliest(plan.next_check, maintenance_check);
+    let mut action = Action::from_plan("monitor", plan);
+    action.next_check = next_check;
+    if let Some((event, token)) = maintenance_warning {
+        action.publish.push(Outbound::Lifecycle(event));
+        action.set.insert(s.keys.maintenance_warned.clone(), token);
+    }
+    action.fresh = action
+        .publish
+        .iter()
+        .any(|o| matches!(o, Outbound::Accounting(_)));
+    if action.is_empty() {
+        for failure in &action.failures {
+            tracing::warn!(job = %facts.job_id, plugin = %failure.plugin, error = %failure.error, "A monitoring hook failed.");
+        }
+        return Ok(Step::Wait { next_check });
+    }
+    Ok(Step::Act(action))
+}
 
-    // 9. Pending. Held back by a maintenance window: told at once, once per window, and looked at
-    //    again at its end. Queued before the window was scheduled (not held): told once what the
-    //    window will do to it, and its statuses go on.
-    if let Some(super::maintenance::Waiting::NotHeld(window)) = waiting_for_window {
-        let token = super::maintenance::warned_token(window);
-        if annotation(job, &s.keys.maintenance_told) != Some(token.as_str()) {
-            if let Some(until) = awaiting_queued(obs, &record, s, now) {
-                return Ok(Step::Wait {
-                    next_check: earliest(
-                        Some(until),
-                        earliest(earliest(pull_deadline, queue_deadline), release_check),
-                    ),
-                });
-            }
-            let created = job.metadata.creation_timestamp.as_ref().map(|t| t.0);
-            let mut event =
-                super::maintenance::Waiting::NotHeld(window).event(&facts.job_id, created);
+/// A running job's warning of the maintenance window that will cut it (the event and the token
+/// persisted with it), and when to look again for it.
+#[allow(clippy::type_complexity)]
+fn maintenance_warning(
+    obs: &Observed<'_>,
+    s: &Settings,
+    facts: &JobFacts,
+    started: Option<Timestamp>,
+    now: Timestamp,
+) -> (
+    Option<(crate::messages::v1::JobEvent, String)>,
+    Option<Timestamp>,
+) {
+    let Some(window) = super::maintenance::cutting(
+        obs.maintenance.unwrap_or_default(),
+        obs.pods,
+        facts.expiry,
+        now,
+    ) else {
+        return (None, None);
+    };
+    match super::maintenance::decide(
+        &facts.job_id,
+        window,
+        started,
+        annotation(obs.job, &s.keys.maintenance_warned),
+        s.maintenance_warn_before,
+        now,
+    ) {
+        super::maintenance::Decision::End { .. } => {
+            unreachable!("maintenance_end decides an end")
+        }
+        super::maintenance::Decision::Warn { window, mut event } => {
             event.runner_id = s.runner_id.clone();
-            let mut publish: Vec<Outbound> =
-                queued_first(obs, &facts, &record, s).into_iter().collect();
-            publish.push(Outbound::Lifecycle(event));
-            return Ok(Step::Act(Action {
-                what: "status",
-                publish,
-                set: BTreeMap::from([(s.keys.maintenance_told.clone(), token)]),
-                again: true,
-                ..Action::default()
-            }));
+            (
+                Some((*event, super::maintenance::warned_token(window))),
+                Some(window.start),
+            )
         }
+        super::maintenance::Decision::Wait { next_check } => (None, Some(next_check)),
     }
-    if let Some(waiting @ super::maintenance::Waiting::Held(_)) = waiting_for_window {
-        return Ok(maintenance_status(
-            obs,
-            s,
-            &facts,
-            &record,
-            waiting,
-            earliest(earliest(pull_deadline, queue_deadline), release_check),
-            now,
-        ));
+}
+
+/// Step 9: pending. Held back by a maintenance window: told at once, once per window, and looked at
+/// again at its end. Queued before the window was scheduled (not held): told once what the window will
+/// do to it, and its statuses go on. Otherwise a status event when the plain-language reason (or the
+/// estimate, enough to tell) changed.
+pub fn pending_status(
+    obs: &Observed<'_>,
+    s: &Settings,
+    seen: &Seen,
+    waits: &Waits,
+    hold: &Hold<'_>,
+    peers: &[PeerView],
+    now: Timestamp,
+) -> Step {
+    let next_check = waits.next_check(hold.release_check);
+    if let Some(super::maintenance::Waiting::NotHeld(window)) = hold.waiting
+        && let Some(step) = window_told(obs, s, seen, window, next_check, now)
+    {
+        return step;
     }
-    //    Otherwise, tell the user why, once per reason, once the job has waited `pending_status_after`
-    //    (a job that starts at once has no reason worth an event, nor a write).
+    if let Some(waiting @ super::maintenance::Waiting::Held(_)) = hold.waiting {
+        return maintenance_status(obs, s, &seen.facts, &seen.record, waiting, next_check, now);
+    }
+    if let Some(step) = status_not_yet(obs, s, seen, waits, next_check, now) {
+        return step;
+    }
+    let reason = pending_reason(obs, seen, waits, hold, peers);
+    status_event(obs, s, seen, reason, next_check, now)
+}
+
+/// A job queued before a window was scheduled, which the window will concern: told once what the
+/// window will do to it.
+fn window_told(
+    obs: &Observed<'_>,
+    s: &Settings,
+    seen: &Seen,
+    window: &Window,
+    next_check: Option<Timestamp>,
+    now: Timestamp,
+) -> Option<Step> {
+    let token = super::maintenance::warned_token(window);
+    if annotation(obs.job, &s.keys.maintenance_told) == Some(token.as_str()) {
+        return None;
+    }
+    if let Some(until) = awaiting_queued(obs, &seen.record, s, now) {
+        return Some(Step::Wait {
+            next_check: earliest(Some(until), next_check),
+        });
+    }
+    let created = obs.job.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let mut event = super::maintenance::Waiting::NotHeld(window).event(&seen.facts.job_id, created);
+    event.runner_id = s.runner_id.clone();
+    let mut publish: Vec<Outbound> = queued_first(obs, &seen.facts, &seen.record, s)
+        .into_iter()
+        .collect();
+    publish.push(Outbound::Lifecycle(event));
+    Some(Step::Act(Action {
+        what: "status",
+        publish,
+        set: BTreeMap::from([(s.keys.maintenance_told.clone(), token)]),
+        again: true,
+        ..Action::default()
+    }))
+}
+
+/// No status yet: the job has waited less than `pending_status_after` (a job that starts at once has
+/// no reason worth an event, nor a write), or its estimate is being made (decided again with it).
+fn status_not_yet(
+    obs: &Observed<'_>,
+    s: &Settings,
+    seen: &Seen,
+    waits: &Waits,
+    next_check: Option<Timestamp>,
+    now: Timestamp,
+) -> Option<Step> {
     let never = matches!(obs.estimate, Some(Estimate::Never { .. }));
-    if let Some(created) = created
-        && record.status_hash.is_none()
+    if let Some(created) = waits.created
+        && seen.record.status_hash.is_none()
         && !never
     {
         let tell_at = created
             .checked_add(s.pending_status_after)
             .unwrap_or(created);
         if now < tell_at {
-            return Ok(Step::Wait {
-                next_check: earliest(
-                    Some(tell_at),
-                    earliest(earliest(pull_deadline, queue_deadline), release_check),
-                ),
+            return Some(Step::Wait {
+                next_check: earliest(Some(tell_at), next_check),
             });
         }
     }
-    if obs.estimate_pending {
-        // Decided again as soon as the estimate is made.
-        return Ok(Step::Wait {
-            next_check: earliest(earliest(pull_deadline, queue_deadline), release_check),
-        });
-    }
-    let mut reason = pending(obs, &facts, pull.as_ref().zip(pull_deadline));
-    if let Some(peer) = peers::waiting_for(&peers) {
+    obs.estimate_pending.then_some(Step::Wait { next_check })
+}
+
+/// Why the job waits, in plain language: the scheduler's reason, or its peer; with the windows that
+/// keep it off their nodes and whether it can ever start.
+fn pending_reason(
+    obs: &Observed<'_>,
+    seen: &Seen,
+    waits: &Waits,
+    hold: &Hold<'_>,
+    peers: &[PeerView],
+) -> observe::PendingReason {
+    let mut reason = pending(
+        obs,
+        &seen.facts,
+        waits.pull.as_ref().zip(waits.pull_deadline),
+    );
+    if let Some(peer) = peers::waiting_for(peers) {
         // Its pods are gated until the peer runs: that is why it waits, whatever else holds.
         reason.reason = peers::WAITING_REASON;
         reason.text = format!("The job waits for its peer {} to start", peer.named());
         reason.since = None;
     }
-    if let Some(text) = super::maintenance::kept_off_text(&kept_off) {
+    if let Some(text) = super::maintenance::kept_off_text(&hold.kept_off) {
         // Kept off a window's nodes by its taint, not held: it may start on others.
         reason.text.push_str(&format!("; {text}"));
     }
@@ -821,26 +1121,43 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
             .text
             .push_str(&format!("; it can never start on this cluster: {why}"));
     }
-    let plain = events::status_hash(None, reason.reason, &reason.text);
-    // `<chained>/<plain>[/<estimate told>]`.
+    reason
+}
+
+/// What a job was last told, as persisted: `<chained>/<plain>[/<estimate told>]`.
+fn last_told(record: &Record) -> (Option<&str>, Option<&str>, &str) {
     let mut told = record.status_hash.as_deref().map(|v| v.splitn(3, '/'));
     let previous = told.as_mut().and_then(Iterator::next);
     let last_plain = told.as_mut().and_then(Iterator::next);
     let last_estimate = told.as_mut().and_then(Iterator::next).unwrap_or("");
+    (previous, last_plain, last_estimate)
+}
+
+/// The status event of a waiting job, when its reason or its estimate changed enough to tell.
+fn status_event(
+    obs: &Observed<'_>,
+    s: &Settings,
+    seen: &Seen,
+    mut reason: observe::PendingReason,
+    next_check: Option<Timestamp>,
+    now: Timestamp,
+) -> Step {
+    let Seen { facts, record, .. } = seen;
+    let plain = events::status_hash(None, reason.reason, &reason.text);
+    let (previous, last_plain, last_estimate) = last_told(record);
     // An estimate not known right now (the nodes not yet seen) leaves what was told standing.
     let estimate = obs
         .estimate
         .map_or_else(|| last_estimate.to_owned(), estimate_token);
-    let next_check = earliest(earliest(pull_deadline, queue_deadline), release_check);
     if last_plain == Some(plain.as_str())
         && !estimate_moved(last_estimate, &estimate, now, s.estimate_tolerance)
     {
-        return Ok(Step::Wait { next_check });
+        return Step::Wait { next_check };
     }
-    if let Some(until) = awaiting_queued(obs, &record, s, now) {
-        return Ok(Step::Wait {
+    if let Some(until) = awaiting_queued(obs, record, s, now) {
+        return Step::Wait {
             next_check: earliest(Some(until), next_check),
-        });
+        };
     }
     if let Some(e) = obs.estimate {
         tell_estimate(&mut reason.details, e);
@@ -850,6 +1167,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     // later one tells a change since the last status (a queue position, an estimate, a rank that
     // started, another reason), which the monitor decides on as soon as it sees it: it carries the
     // time it was seen, never the job's creation.
+    let created = obs.job.metadata.creation_timestamp.as_ref().map(|t| t.0);
     let at = if record.status_hash.is_some() {
         now
     } else {
@@ -858,15 +1176,9 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     // The id is a function of everything the event says: its text, every detail (the estimate, its
     // basis, the position) and its time, so two runners that see the job differently (or at different
     // times) publish two ids, never one id with two contents.
-    let content = format!(
-        "{}\n{}\n{}",
-        reason.text,
-        crate::durable::ids::body_fingerprint16(&prost::Message::encode_to_vec(&reason.details)),
-        at.as_millisecond()
-    );
-    let chained = events::status_hash(previous, reason.reason, &content);
+    let chained = events::status_hash(previous, reason.reason, &status_content(&reason, at));
     let event = events::status(&facts.job_id, &chained, &reason, at, &s.runner_id);
-    let mut publish: Vec<Outbound> = queued_first(obs, &facts, &record, s).into_iter().collect();
+    let mut publish: Vec<Outbound> = queued_first(obs, facts, record, s).into_iter().collect();
     publish.push(Outbound::Lifecycle(event));
     // Counted when this event tells it (an estimate not known now leaves what was told standing).
     let estimate = if obs.estimate.is_some() {
@@ -874,12 +1186,49 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     } else {
         estimate
     };
-    let value = if estimate.is_empty() {
+    let log = status_log(obs, s, &reason, now);
+    Step::Act(Action {
+        what: "status",
+        publish,
+        set: BTreeMap::from([
+            (
+                s.keys.status_hash.clone(),
+                told_value(&chained, &plain, &estimate),
+            ),
+            (s.keys.status_log.clone(), log),
+        ]),
+        next_check,
+        ..Action::default()
+    })
+}
+
+/// What a status's id is made of: its text, every detail, its time.
+fn status_content(reason: &observe::PendingReason, at: Timestamp) -> String {
+    format!(
+        "{}\n{}\n{}",
+        reason.text,
+        crate::durable::ids::body_fingerprint16(&prost::Message::encode_to_vec(&reason.details)),
+        at.as_millisecond()
+    )
+}
+
+/// The persisted status hash: `<chained>/<plain>[/<estimate told>]`.
+fn told_value(chained: &str, plain: &str, estimate: &str) -> String {
+    if estimate.is_empty() {
         format!("{chained}/{plain}")
     } else {
         format!("{chained}/{plain}/{estimate}")
-    };
-    let log = history::append_status(
+    }
+}
+
+/// The job's status log for people ([`history`]) with this status appended.
+fn status_log(
+    obs: &Observed<'_>,
+    s: &Settings,
+    reason: &observe::PendingReason,
+    now: Timestamp,
+) -> String {
+    history::append_status(
         annotation(obs.job, &s.keys.status_log),
         history::StatusEntry {
             at: now.as_millisecond(),
@@ -894,17 +1243,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
                 .map(|t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000),
             estimate_basis: reason.details.estimate_basis.clone(),
         },
-    );
-    Ok(Step::Act(Action {
-        what: "status",
-        publish,
-        set: BTreeMap::from([
-            (s.keys.status_hash.clone(), value),
-            (s.keys.status_log.clone(), log),
-        ]),
-        next_check,
-        ..Action::default()
-    }))
+    )
 }
 
 /// The status of a job held back by a maintenance window (see [`super::maintenance::Waiting`]), told
@@ -913,7 +1252,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
 /// next one (after the window) is told as a change. While it is held, a replayed start later than the
 /// window's end (the replay keeps a held gang out of every window in its way and counts what runs after
 /// it) is told as a change of that status, under the rule every estimate is told by
-/// ([`crate::monitor::estimate::tell_again`]): rarely.
+/// ([`super::telling::tell_again`]): rarely.
 fn maintenance_status(
     obs: &Observed<'_>,
     s: &Settings,
@@ -927,76 +1266,30 @@ fn maintenance_status(
     let next_check = earliest(Some(window.end), other_check);
     let text = waiting.text();
     let plain = events::status_hash(None, super::maintenance::REASON, &text);
-    let mut told = record.status_hash.as_deref().map(|v| v.splitn(3, '/'));
-    let previous = told.as_mut().and_then(Iterator::next);
-    let last_plain = told.as_mut().and_then(Iterator::next);
-    let last_estimate = told.as_mut().and_then(Iterator::next).unwrap_or("");
+    let (previous, last_plain, last_estimate) = last_told(record);
     let held = matches!(waiting, super::maintenance::Waiting::Held(_));
-    let queue = obs.job.spec.queue.clone().unwrap_or_default();
-    let mut details = crate::messages::v1::PendingDetails {
-        queue: queue.clone(),
-        ..Default::default()
+    let mut reason = observe::PendingReason {
+        reason: super::maintenance::REASON,
+        text,
+        details: crate::messages::v1::PendingDetails {
+            queue: obs.job.spec.queue.clone().unwrap_or_default(),
+            ..Default::default()
+        },
+        since: None,
     };
     let (event, chained, estimate_told) = if last_plain == Some(plain.as_str()) {
-        // Told for this window: only a replayed start that moved is news. The replay keeps a held gang
-        // out of the window, so what it says is never before the window's end; an estimate made before
-        // the hold was known counts as the window's end.
+        // Told for this window: only a replayed start that moved is news.
         if !held {
             return Step::Wait { next_check };
         }
-        // (The replay tells a start `[monitor] start_margin` after it places the gang: at the window's
-        // end it says the end plus the margin, which is no news.)
-        let margin = s.start_margin;
-        let held_until = window.end.checked_add(margin).unwrap_or(window.end);
-        let replayed = match obs.estimate {
-            Some(e @ Estimate::At { start, .. }) if *start > held_until => Some(e),
-            Some(Estimate::At { .. }) => None,
-            _ => return Step::Wait { next_check },
-        };
-        let end_token = format!("at:{}", window.end.as_millisecond());
-        let token = replayed.map_or_else(|| end_token.clone(), estimate_token);
-        let last = if last_estimate.is_empty() {
-            end_token
-        } else {
-            last_estimate.to_owned()
-        };
-        if !estimate_moved(&last, &token, now, s.estimate_tolerance) {
-            return Step::Wait { next_check };
-        }
-        if let Some(until) = awaiting_queued(obs, record, s, now) {
-            return Step::Wait {
-                next_check: earliest(Some(until), next_check),
-            };
-        }
-        match replayed {
-            Some(e) => tell_estimate(&mut details, e),
-            None => {
-                details.estimated_start_at =
-                    Some(crate::pipeline::hooks::proto_timestamp(window.end));
-                details.estimate_basis = format!(
-                    "held back by the maintenance window {} until its end",
-                    window.id
-                );
+        match held_start_moved(obs, s, facts, record, window, &mut reason, now) {
+            Ok((event, chained, token)) => (event, chained, count_told(last_estimate, &token)),
+            Err(until) => {
+                return Step::Wait {
+                    next_check: earliest(until, next_check),
+                };
             }
         }
-        let reason = observe::PendingReason {
-            reason: super::maintenance::REASON,
-            text: text.clone(),
-            details: details.clone(),
-            since: None,
-        };
-        // Its id is a function of everything it says, as every status's.
-        let content = format!(
-            "{}\n{}\n{}",
-            reason.text,
-            crate::durable::ids::body_fingerprint16(&prost::Message::encode_to_vec(
-                &reason.details
-            )),
-            now.as_millisecond()
-        );
-        let chained = events::status_hash(previous, reason.reason, &content);
-        let event = events::status(&facts.job_id, &chained, &reason, now, &s.runner_id);
-        (event, chained, count_told(last_estimate, &token))
     } else {
         if let Some(until) = awaiting_queued(obs, record, s, now) {
             return Step::Wait {
@@ -1009,13 +1302,9 @@ fn maintenance_status(
         if held {
             // The window's end, the earliest the hold lets it start: the same from every runner. A
             // later replayed start follows as a change.
-            details.estimated_start_at = Some(crate::pipeline::hooks::proto_timestamp(window.end));
-            details.estimate_basis = format!(
-                "held back by the maintenance window {} until its end",
-                window.id
-            );
+            held_until_end(&mut reason.details, window);
         }
-        event.pending = Some(Box::new(details.clone()));
+        event.pending = Some(Box::new(reason.details.clone()));
         let chained = events::status_hash(previous, super::maintenance::REASON, &event.event_id);
         let token = if held {
             count_told(
@@ -1029,36 +1318,75 @@ fn maintenance_status(
     };
     let mut publish: Vec<Outbound> = queued_first(obs, facts, record, s).into_iter().collect();
     publish.push(Outbound::Lifecycle(event));
-    let log = history::append_status(
-        annotation(obs.job, &s.keys.status_log),
-        history::StatusEntry {
-            at: now.as_millisecond(),
-            reason: super::maintenance::REASON.to_owned(),
-            text,
-            queue,
-            jobs_ahead: None,
-            estimated_start_at: details
-                .estimated_start_at
-                .as_ref()
-                .map(|t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000),
-            estimate_basis: details.estimate_basis.clone(),
-        },
-    );
-    let value = if estimate_told.is_empty() {
-        format!("{chained}/{plain}")
-    } else {
-        format!("{chained}/{plain}/{estimate_told}")
-    };
+    let log = status_log(obs, s, &reason, now);
     Step::Act(Action {
         what: "status",
         publish,
         set: BTreeMap::from([
-            (s.keys.status_hash.clone(), value),
+            (
+                s.keys.status_hash.clone(),
+                told_value(&chained, &plain, &estimate_told),
+            ),
             (s.keys.status_log.clone(), log),
         ]),
         next_check,
         ..Action::default()
     })
+}
+
+/// The estimate of a job held until a window's end: the window's end, and why.
+fn held_until_end(details: &mut crate::messages::v1::PendingDetails, window: &Window) {
+    details.estimated_start_at = Some(crate::pipeline::hooks::proto_timestamp(window.end));
+    details.estimate_basis = format!(
+        "held back by the maintenance window {} until its end",
+        window.id
+    );
+}
+
+/// A held job already told of its window: the status that tells a replayed start that moved enough
+/// (the event, its chained hash, the estimate's token), into `reason`. The replay keeps a held gang out
+/// of the window, so what it says is never before the window's end; an estimate made before the hold
+/// was known counts as the window's end. `Err`: nothing to tell now (`Some`: not before then).
+#[allow(clippy::type_complexity)]
+fn held_start_moved(
+    obs: &Observed<'_>,
+    s: &Settings,
+    facts: &JobFacts,
+    record: &Record,
+    window: &Window,
+    reason: &mut observe::PendingReason,
+    now: Timestamp,
+) -> Result<(crate::messages::v1::JobEvent, String, String), Option<Timestamp>> {
+    let (previous, _, last_estimate) = last_told(record);
+    // (The replay tells a start `[monitor] start_margin` after it places the gang: at the window's
+    // end it says the end plus the margin, which is no news.)
+    let held_until = window.end.checked_add(s.start_margin).unwrap_or(window.end);
+    let replayed = match obs.estimate {
+        Some(e @ Estimate::At { start, .. }) if *start > held_until => Some(e),
+        Some(Estimate::At { .. }) => None,
+        _ => return Err(None),
+    };
+    let end_token = format!("at:{}", window.end.as_millisecond());
+    let token = replayed.map_or_else(|| end_token.clone(), estimate_token);
+    let last = if last_estimate.is_empty() {
+        end_token
+    } else {
+        last_estimate.to_owned()
+    };
+    if !estimate_moved(&last, &token, now, s.estimate_tolerance) {
+        return Err(None);
+    }
+    if let Some(until) = awaiting_queued(obs, record, s, now) {
+        return Err(Some(until));
+    }
+    match replayed {
+        Some(e) => tell_estimate(&mut reason.details, e),
+        None => held_until_end(&mut reason.details, window),
+    }
+    // Its id is a function of everything it says, as every status's.
+    let chained = events::status_hash(previous, reason.reason, &status_content(reason, now));
+    let event = events::status(&facts.job_id, &chained, reason, now, &s.runner_id);
+    Ok((event, chained, token))
 }
 
 /// The end of a running job for a maintenance window: once the window has begun, or once it was
@@ -1414,7 +1742,7 @@ fn estimate_token(e: &Estimate) -> String {
 
 /// A told estimate as persisted: `at:<epoch ms>[:<times told>]` or `by:...` (an estimate told before
 /// the count was kept counts as told once). `None`: `never`, `unbounded` or nothing.
-fn told_estimate(token: &str) -> Option<crate::monitor::estimate::Told> {
+fn told_estimate(token: &str) -> Option<super::telling::Told> {
     let mut parts = token.split(':');
     let bound = match parts.next()? {
         "by" => true,
@@ -1423,7 +1751,7 @@ fn told_estimate(token: &str) -> Option<crate::monitor::estimate::Told> {
     };
     let start = Timestamp::from_millisecond(parts.next()?.parse::<i64>().ok()?).ok()?;
     let times = parts.next().map_or(Some(1), |n| n.parse::<u32>().ok())?;
-    Some(crate::monitor::estimate::Told {
+    Some(super::telling::Told {
         start,
         bound,
         times,
@@ -1432,7 +1760,7 @@ fn told_estimate(token: &str) -> Option<crate::monitor::estimate::Told> {
 
 /// The token of an estimate told now (`fresh`, as [`estimate_token`] makes it) after `last`: a time
 /// carries how many estimates the job has heard, this one included, for the tolerance that grows with
-/// them ([`crate::monitor::estimate::tell_again`]).
+/// them ([`super::telling::tell_again`]).
 fn count_told(last: &str, fresh: &str) -> String {
     if told_estimate(fresh).is_none() {
         return fresh.to_owned();
@@ -1441,16 +1769,14 @@ fn count_told(last: &str, fresh: &str) -> String {
     format!("{fresh}:{times}")
 }
 
-/// Whether the estimate changed enough to tell ([`crate::monitor::estimate::tell_again`]: a bound
+/// Whether the estimate changed enough to tell ([`super::telling::tell_again`]: a bound
 /// later, or a move past a tolerance that grows with the distance and doubles with every estimate told,
 /// at least `tolerance`), or is a different kind of answer: an expectation that became a bound (a
 /// whole-node gang whose nodes were just reserved) is told even at the same time, since the job may
 /// now count on it, and a bound that became an expectation since the promise is withdrawn.
 fn estimate_moved(told: &str, fresh: &str, now: Timestamp, tolerance: SignedDuration) -> bool {
     match (told_estimate(told), told_estimate(fresh)) {
-        (Some(a), Some(b)) => {
-            crate::monitor::estimate::tell_again(a, b.start, b.bound, now, tolerance)
-        }
+        (Some(a), Some(b)) => super::telling::tell_again(a, b.start, b.bound, now, tolerance),
         _ => told != fresh,
     }
 }
@@ -1787,29 +2113,7 @@ fn natural(
             "aborted".to_owned(),
             format!("Volcano aborted the job{}", volcano_words()),
         )
-    } else if let Some(first) = failed.first() {
-        let t = first
-            .terminated
-            .as_ref()
-            .map(|t| (t.code, t.reason.clone()));
-        let (code, why) = t.unwrap_or((1, None));
-        let mut status = format!("Rank {} exited with code {code}", first.rank);
-        if let Some(why) = why.filter(|w| w == "OOMKilled") {
-            status.push_str(&format!(" ({why}: out of memory)"));
-        }
-        if failed.len() > 1 {
-            let others: Vec<String> = failed[1..]
-                .iter()
-                .filter_map(|r| {
-                    Some(format!(
-                        "rank {} with {}",
-                        r.rank,
-                        r.terminated.as_ref()?.code
-                    ))
-                })
-                .collect();
-            status.push_str(&format!("; then {}", others.join(", ")));
-        }
+    } else if let Some(status) = failed_ranks(&failed) {
         (Terminal::Failure, "exit_code".to_owned(), status)
     } else if matches!(phase, JobPhase::Failed | JobPhase::Terminated)
         && let Some(why) = disrupted
@@ -1860,6 +2164,35 @@ fn natural(
         exit_codes: codes,
         log_tails: Vec::new(),
     }
+}
+
+/// The status of a job whose ranks exited with an error, `failed` in the order they ended: the first,
+/// then the others. `None`: none did.
+fn failed_ranks(failed: &[&RankView]) -> Option<String> {
+    let first = failed.first()?;
+    let t = first
+        .terminated
+        .as_ref()
+        .map(|t| (t.code, t.reason.clone()));
+    let (code, why) = t.unwrap_or((1, None));
+    let mut status = format!("Rank {} exited with code {code}", first.rank);
+    if let Some(why) = why.filter(|w| w == "OOMKilled") {
+        status.push_str(&format!(" ({why}: out of memory)"));
+    }
+    if failed.len() > 1 {
+        let others: Vec<String> = failed[1..]
+            .iter()
+            .filter_map(|r| {
+                Some(format!(
+                    "rank {} with {}",
+                    r.rank,
+                    r.terminated.as_ref()?.code
+                ))
+            })
+            .collect();
+        status.push_str(&format!("; then {}", others.join(", ")));
+    }
+    Some(status)
 }
 
 fn exit_codes(ranks: &[RankView]) -> Vec<RankCode> {
@@ -3252,7 +3585,7 @@ mod tests {
                 start: ts(600),
                 basis: "expected".into(),
                 bound: false,
-                record: Some(crate::monitor::estimate::ExpectationRecord { held: 41, made: 43 }),
+                record: Some(crate::forecast::ExpectationRecord { held: 41, made: 43 }),
             },
         );
         assert!(!details.estimate_is_bound);
@@ -3267,7 +3600,7 @@ mod tests {
                 start: ts(600),
                 basis: "by then at the latest".into(),
                 bound: true,
-                record: Some(crate::monitor::estimate::ExpectationRecord { held: 1, made: 2 }),
+                record: Some(crate::forecast::ExpectationRecord { held: 1, made: 2 }),
             },
         );
         assert!(details.estimate_is_bound);

@@ -91,6 +91,28 @@ pub struct Executor {
     pub(crate) tainted: watch::Sender<Arc<BTreeSet<String>>>,
 }
 
+/// The job and its pods a decision is taken on, and whether (and when) they were read afresh.
+struct View {
+    job: Arc<VolcanoJob>,
+    pods: Arc<Vec<Pod>>,
+    fresh: bool,
+    /// When the view was last read afresh (an instant taken just before the read).
+    fresh_at: Option<Timestamp>,
+}
+
+/// What this runner knows besides the job, read once when [`Executor::handle`] begins.
+struct Known {
+    queued_confirmed: bool,
+    windows: Option<Arc<Vec<crate::cluster::Window>>>,
+    tainted: Arc<BTreeSet<String>>,
+}
+
+/// What a round of [`Executor::handle`] ends with: decide again, or done until the instant given.
+enum Round {
+    Again,
+    Done(Option<Timestamp>),
+}
+
 impl Executor {
     /// Everything from the monitor's parts and configuration.
     pub fn new(
@@ -138,20 +160,23 @@ impl Executor {
 
     /// Decides and acts for one job until it needs nothing more for now.
     pub async fn handle(&self, snap: Snapshot) -> Handled {
-        let mut job = snap.job.clone();
-        let mut pods = snap.pods.clone();
-        let mut fresh = false;
-        // When the view was last read afresh (an instant taken just before the read).
-        let mut fresh_at: Option<Timestamp> = None;
+        let mut view = View {
+            job: snap.job.clone(),
+            pods: snap.pods.clone(),
+            fresh: false,
+            fresh_at: None,
+        };
         // Ids confirmed during this call: after a conflict the same decision comes again, and its
         // messages (same ids, same content) need not go out twice.
         let mut confirmed: HashSet<String> = HashSet::new();
         let mut done = Vec::new();
         let mut settled = false;
         let job_id = snap.key.job_id().unwrap_or_default().to_owned();
-        let queued_confirmed = self.confirmed_queued.contains(&job_id);
-        let windows = self.maintenance.borrow().clone();
-        let tainted = self.tainted.borrow().clone();
+        let known = Known {
+            queued_confirmed: self.confirmed_queued.contains(&job_id),
+            windows: self.maintenance.borrow().clone(),
+            tainted: self.tainted.borrow().clone(),
+        };
         // Begun before the first look at the shard, and held until the last write: a shard handed to
         // another runner is released only once this has ended, so the new holder reads what was written.
         let _duty = self.begin_duty(&job_id);
@@ -161,151 +186,189 @@ impl Executor {
                     return Ok(None);
                 }
                 let now = self.clock.now();
-                if job.retries() > snap.job.retries() {
+                if view.job.retries() > snap.job.retries() {
                     // Volcano restarted the job since the snapshot was taken: what the watch saw take
                     // its pod away is in the cache, not in the snapshot. Decide it again from there.
                     return Ok(Some(now));
                 }
-                let obs = Observed {
-                    job: &job,
-                    pods: &pods,
-                    podgroup: snap.podgroup.as_deref(),
-                    jobs_ahead: snap.jobs_ahead,
-                    estimate: snap.estimate.as_deref(),
-                    estimate_pending: snap.estimate_pending,
-                    disruption: snap.disruption.as_ref().map(|(g, d)| (*g, d)),
-                    fresh_at,
-                    queued_confirmed,
-                    maintenance: windows.as_deref().map(Vec::as_slice),
-                    maintenance_taints: !self
-                        .taints_refused
-                        .load(std::sync::atomic::Ordering::Relaxed),
-                    maintenance_tainted: Some(&tainted),
-                    peers: &snap.peers,
-                };
-                let step = decide::decide(&obs, &self.settings, now)?;
-                if step.needs_fresh_view() && !fresh && step.fresh_pods_suffice() {
-                    let at = self.clock.now();
-                    pods = self.fresh_pods(&job).await?;
-                    fresh = true;
-                    fresh_at = Some(at);
+                let step = self.decide(&snap, &view, &known, now)?;
+                if step.needs_fresh_view() && !view.fresh {
+                    if step.fresh_pods_suffice() {
+                        let at = self.clock.now();
+                        view.pods = self.fresh_pods(&view.job).await?;
+                        view.fresh = true;
+                        view.fresh_at = Some(at);
+                    } else if !self.reread(&mut view, now).await? {
+                        return Ok(None);
+                    }
                     continue;
                 }
-                if step.needs_fresh_view() && !fresh {
-                    match self.fresh_view(&job).await? {
-                        Some((j, p)) => {
-                            job = j;
-                            pods = p;
-                            fresh = true;
-                            fresh_at = Some(now);
-                            continue;
-                        }
-                        None => return Ok(None),
-                    }
-                }
-                match step {
+                let rounds = match step {
                     Step::Wait { next_check } => {
-                        settled = !fresh && done.is_empty();
+                        settled = !view.fresh && done.is_empty();
                         return Ok(next_check);
                     }
                     Step::Record {
-                        mut outcome,
-                        logs,
-                        mut set,
-                        ..
+                        outcome, logs, set, ..
                     } => {
-                        // A deleted job's pods may be gone: the tails read before the deletion fill in.
-                        let prefix = &self.settings.keys.prefix;
-                        let kept = end_tails::decode(job.metadata.annotations.as_ref(), prefix);
-                        let mut remove = BTreeSet::new();
-                        if !kept.is_empty() {
-                            remove.insert(end_tails::key(prefix));
-                        }
-                        outcome.log_tails =
-                            end_tails::merge(self.tails(&snap.key.namespace, &logs).await, kept);
-                        set.insert(self.settings.keys.outcome.clone(), outcome.to_annotation());
                         done.push("record");
-                        match self.patch(&job, &set, &remove).await {
-                            Ok(Some(new)) => job = new,
-                            Ok(None) => return Ok(None),
-                            Err(e) if e.is_conflict() => {
-                                // Changed under us: read the job and its pods again, and decide again.
-                                let at = self.clock.now();
-                                match self.fresh_view(&job).await? {
-                                    Some((j, p)) => {
-                                        job = j;
-                                        pods = p;
-                                        fresh = true;
-                                        fresh_at = Some(at);
-                                    }
-                                    None => return Ok(None),
-                                }
-                            }
-                            Err(e) => return Err(e.into()),
-                        }
+                        self.record(&snap.key.namespace, &mut view, outcome, &logs, set)
+                            .await?
                     }
-                    Step::Act(mut action) => {
-                        // The tails of the ranks the command is about to stop; not for a job whose
-                        // outcome (with its tails) is recorded already.
-                        let recorded = job
-                            .metadata
-                            .annotations
-                            .as_ref()
-                            .is_some_and(|a| a.contains_key(&self.settings.keys.outcome));
-                        if action.delete && !action.release && !recorded {
-                            self.keep_end_tails(&snap.key.namespace, &job, &pods, &mut action)
-                                .await;
-                        }
-                        for failure in &action.failures {
-                            tracing::warn!(job = %job_id, plugin = %failure.plugin, error = %failure.error, "A hook failed; the other plugins' actions stand.");
-                        }
+                    Step::Act(action) => {
                         done.push(action.what);
-                        match self.act(&job, &pods, &action, &mut confirmed).await? {
-                            Acted::Settled(new) => {
-                                if let Some(new) = new {
-                                    job = new;
-                                }
-                                if !action.again {
-                                    return Ok(action.next_check);
-                                }
-                            }
-                            Acted::Gone => return Ok(None),
-                            Acted::Conflict => {
-                                // Changed under us: read the job and its pods again, and decide again.
-                                let at = self.clock.now();
-                                match self.fresh_view(&job).await? {
-                                    Some((j, p)) => {
-                                        job = j;
-                                        pods = p;
-                                        fresh = true;
-                                        fresh_at = Some(at);
-                                    }
-                                    None => return Ok(None),
-                                }
-                            }
-                        }
+                        self.act_step(
+                            &snap.key.namespace,
+                            &job_id,
+                            &mut view,
+                            action,
+                            &mut confirmed,
+                        )
+                        .await?
                     }
+                };
+                if let Round::Done(next_check) = rounds {
+                    return Ok(next_check);
                 }
             }
             Err(HandleError::Unsettled)
         }
         .await;
-        match result {
-            Ok(next_check) => Handled {
-                job: Some(job),
-                next_check,
-                error: None,
-                done,
-                settled,
-            },
-            Err(error) => Handled {
-                job: Some(job),
-                next_check: None,
-                error: Some(error),
-                done,
-                settled: false,
-            },
+        let (next_check, error) = match result {
+            Ok(next_check) => (next_check, None),
+            Err(error) => {
+                settled = false;
+                (None, Some(error))
+            }
+        };
+        Handled {
+            job: Some(view.job),
+            next_check,
+            error,
+            done,
+            settled,
         }
+    }
+
+    /// The decision on `view`, with what the snapshot and this runner know besides.
+    fn decide(
+        &self,
+        snap: &Snapshot,
+        view: &View,
+        known: &Known,
+        now: Timestamp,
+    ) -> Result<Step, FactsError> {
+        let obs = Observed {
+            job: &view.job,
+            pods: &view.pods,
+            podgroup: snap.podgroup.as_deref(),
+            jobs_ahead: snap.jobs_ahead,
+            estimate: snap.estimate.as_deref(),
+            estimate_pending: snap.estimate_pending,
+            disruption: snap.disruption.as_ref().map(|(g, d)| (*g, d)),
+            fresh_at: view.fresh_at,
+            queued_confirmed: known.queued_confirmed,
+            maintenance: known.windows.as_deref().map(Vec::as_slice),
+            maintenance_taints: !self
+                .taints_refused
+                .load(std::sync::atomic::Ordering::Relaxed),
+            maintenance_tainted: Some(&known.tainted),
+            peers: &snap.peers,
+        };
+        decide::decide(&obs, &self.settings, now)
+    }
+
+    /// Reads the job and its pods again (changed under us, or a step that needs a view read just
+    /// now), as of `at`. `false`: the job is gone.
+    async fn reread(&self, view: &mut View, at: Timestamp) -> Result<bool, HandleError> {
+        match self.fresh_view(&view.job).await? {
+            Some((j, p)) => {
+                view.job = j;
+                view.pods = p;
+                view.fresh = true;
+                view.fresh_at = Some(at);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Records the outcome with the rank's log tails (a deleted job's pods may be gone: the tails
+    /// read before the deletion fill in).
+    async fn record(
+        &self,
+        namespace: &str,
+        view: &mut View,
+        mut outcome: super::record::Outcome,
+        logs: &[(u32, String)],
+        mut set: BTreeMap<String, String>,
+    ) -> Result<Round, HandleError> {
+        let prefix = &self.settings.keys.prefix;
+        let kept = end_tails::decode(view.job.metadata.annotations.as_ref(), prefix);
+        let mut remove = BTreeSet::new();
+        if !kept.is_empty() {
+            remove.insert(end_tails::key(prefix));
+        }
+        outcome.log_tails = end_tails::merge(self.tails(namespace, logs).await, kept);
+        set.insert(self.settings.keys.outcome.clone(), outcome.to_annotation());
+        match self.patch(&view.job, &set, &remove).await {
+            Ok(Some(new)) => view.job = new,
+            Ok(None) => return Ok(Round::Done(None)),
+            Err(e) if e.is_conflict() => {
+                // Changed under us: read the job and its pods again, and decide again.
+                let at = self.clock.now();
+                if !self.reread(view, at).await? {
+                    return Ok(Round::Done(None));
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+        Ok(Round::Again)
+    }
+
+    /// Carries an action out; decides again after a conflict, or when the action asks to.
+    async fn act_step(
+        &self,
+        namespace: &str,
+        job_id: &str,
+        view: &mut View,
+        mut action: Action,
+        confirmed: &mut HashSet<String>,
+    ) -> Result<Round, HandleError> {
+        // The tails of the ranks the command is about to stop; not for a job whose outcome (with its
+        // tails) is recorded already.
+        let recorded = view
+            .job
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(&self.settings.keys.outcome));
+        if action.delete && !action.release && !recorded {
+            self.keep_end_tails(namespace, &view.job, &view.pods, &mut action)
+                .await;
+        }
+        for failure in &action.failures {
+            tracing::warn!(job = %job_id, plugin = %failure.plugin, error = %failure.error, "A hook failed; the other plugins' actions stand.");
+        }
+        match self.act(&view.job, &view.pods, &action, confirmed).await? {
+            Acted::Settled(new) => {
+                if let Some(new) = new {
+                    view.job = new;
+                }
+                if !action.again {
+                    return Ok(Round::Done(action.next_check));
+                }
+            }
+            Acted::Gone => return Ok(Round::Done(None)),
+            Acted::Conflict => {
+                // Changed under us: read the job and its pods again, and decide again.
+                let at = self.clock.now();
+                if !self.reread(view, at).await? {
+                    return Ok(Round::Done(None));
+                }
+            }
+        }
+        Ok(Round::Again)
     }
 
     /// Publishes the end of a job that vanished; nothing can be persisted.

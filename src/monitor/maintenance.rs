@@ -29,7 +29,7 @@
 //!   expecting it to start now: [`decide_pending`]).
 //!
 //! Either way the monitor tells the job once per window until when it waits ([`Waiting::Held`]; a later
-//! start the replay of [`super::estimate_windows`] expects is told as a change). What holds a job
+//! start the replay of [`crate::forecast::windows`] expects is told as a change). What holds a job
 //! without the gate is a window's taint on the nodes as the nodes' watch shows it, whoever wrote it;
 //! a window whose taint is on no node where this runner may not write it (the node patch refused)
 //! cannot hold it: it is told once what the window will do to it ([`Waiting::NotHeld`]). A window of
@@ -277,17 +277,7 @@ pub fn tainted_windows<'a>(
         .collect()
 }
 
-/// One node's new taints, when the maintenance windows call for a change.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TaintChange {
-    /// The index of the node in the list planned for.
-    pub node: usize,
-    /// Its whole new list: its other taints as they were, and the maintenance taint if a window covers
-    /// it.
-    pub taints: Vec<Taint>,
-    /// The window whose id the taint carries now (for the log); empty once none does.
-    pub windows: Vec<String>,
-}
+pub use super::reserve::TaintChange;
 
 /// The window whose id a node's maintenance taint carries: the earliest-starting (then least id) window
 /// not over at `now` that covers the node. A job that ends before it starts ends before every later
@@ -379,7 +369,7 @@ pub fn pending<'a>(
 /// How long before the start the replay expects a job is released (its gate lifted, a window's
 /// toleration added): the interval the start-time estimates are made again at, so a job the replay
 /// says starts now is let go by the decision that follows the replay.
-pub const RELEASE_AHEAD: SignedDuration = super::run::ESTIMATE_EVERY;
+pub const RELEASE_AHEAD: SignedDuration = super::timers::ESTIMATE_EVERY;
 
 /// What [`decide_pending`] decides for a job that has not started.
 #[derive(Debug, Clone, PartialEq)]

@@ -10,11 +10,11 @@
 //! - [`observe`]: ranks, exit codes, start and end times, image pull failures, pending reasons.
 //! - [`decide`]: the pure decision per job: observed objects + now → [`decide::Step`].
 //! - [`events`]: the lifecycle events and their deterministic ids.
-//! - [`cache`]: the watched objects, kept small.
+//! - [`cache`]: the watched objects, kept small; [`keys`]: the keys and fast maps its users share.
 //! - [`peers`]: peers run together: the gate, their addresses, their ends.
-//! - [`estimate`]: start-time estimates for pending jobs, by replaying the placement forward in time;
-//!   [`estimate_windows`]: the maintenance windows in that replay.
-//! - [`forecast`]: the estimate's inputs read from the listed nodes, pods, PodGroups and jobs.
+//! - [`inputs`]: the forecast's snapshot ([`crate::forecast`], which replays the scheduler) read from
+//!   the listed nodes, pods, PodGroups and jobs; [`telling`]: when a waiting job hears its estimate
+//!   again.
 //! - [`reserve`]: nodes reserved by a taint for a whole-node or large gang past its waiting time.
 //! - [`timers`]: deadlines by job (in the clock's time) and retry backoff (in real time).
 //! - [`execute`]: carries a step out: publish (confirmed), then patch (resourceVersion), then delete.
@@ -29,11 +29,10 @@ pub mod cache;
 pub mod clock;
 pub mod decide;
 pub mod end_tails;
-pub mod estimate;
-pub mod estimate_windows;
 pub mod events;
 pub mod execute;
-pub mod forecast;
+pub mod inputs;
+pub mod keys;
 pub mod lag;
 pub mod listing;
 pub mod maintenance;
@@ -43,6 +42,7 @@ pub mod queued;
 pub mod record;
 pub mod reserve;
 pub mod run;
+pub mod telling;
 pub mod timers;
 pub mod verify;
 

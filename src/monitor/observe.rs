@@ -350,27 +350,13 @@ pub fn pending_reason(input: PendingInput<'_>) -> PendingReason {
             .find(|c| c.type_ == "Unschedulable" && c.status == "True")
     });
     if let Some(cond) = unschedulable {
-        let message = cond.message.clone().unwrap_or_default();
-        let (blocked, of) = gang_counts(&message).unwrap_or((input.replicas, input.replicas));
-        let blocked = blocked.min(input.replicas).max(1);
-        let total = if of == 0 {
-            input.replicas
-        } else {
-            of.min(input.replicas).max(blocked)
-        };
-        details.unschedulable_pods = blocked;
-        details.total_pods = total.max(input.replicas);
-        details.message = message.clone();
-        let pods = if details.total_pods == 1 {
-            "pod"
-        } else {
-            "pods"
-        };
-        let mut text = format!(
-            "waiting for resources: {blocked} of {} {pods} need {} each",
-            details.total_pods,
-            needs(&message, input.product)
-        );
+        let mut text = String::new();
+        let (blocked, total) = unschedulable_counts(&input, cond, &mut details);
+        let pods = if total == 1 { "pod" } else { "pods" };
+        text.push_str(&format!(
+            "waiting for resources: {blocked} of {total} {pods} need {} each",
+            needs(&details.message, input.product)
+        ));
         ahead(&mut text);
         return PendingReason {
             reason: "unschedulable",
@@ -384,42 +370,7 @@ pub fn pending_reason(input: PendingInput<'_>) -> PendingReason {
         .and_then(|pg| pg.status.as_ref())
         .and_then(|s| s.phase.clone());
     match phase {
-        Some(PodGroupPhase::Inqueue | PodGroupPhase::Running) => {
-            let running = input
-                .pods
-                .iter()
-                .filter_map(user_container)
-                .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
-                .count();
-            PendingReason {
-                reason: "starting",
-                text: format!(
-                    "starting: resources are reserved, {running} of {} pods running",
-                    input.replicas
-                ),
-                details,
-                // Starting since its gang was scheduled (the condition's transition), not since the
-                // job was created.
-                since: input
-                    .podgroup
-                    .and_then(|pg| {
-                        pg.status
-                            .as_ref()?
-                            .conditions
-                            .iter()
-                            .rev()
-                            .find(|c| c.type_ == "Scheduled" && c.status == "True")?
-                            .last_transition_time
-                            .as_ref()
-                    })
-                    .or_else(|| {
-                        input
-                            .podgroup
-                            .and_then(|pg| pg.metadata.creation_timestamp.as_ref())
-                    })
-                    .map(|t| t.0),
-            }
-        }
+        Some(PodGroupPhase::Inqueue | PodGroupPhase::Running) => starting(&input, details),
         _ => {
             let mut text = format!("waiting in queue {queue}");
             ahead(&mut text);
@@ -433,6 +384,65 @@ pub fn pending_reason(input: PendingInput<'_>) -> PendingReason {
                     .map(|t| t.0),
             }
         }
+    }
+}
+
+/// The pods of the gang the scheduler could not place, and of how many, from its unschedulable
+/// condition (Volcano's `N/M tasks in gang unschedulable`), into `details`.
+fn unschedulable_counts(
+    input: &PendingInput<'_>,
+    cond: &crate::volcano::PodGroupCondition,
+    details: &mut PendingDetails,
+) -> (u32, u32) {
+    let message = cond.message.clone().unwrap_or_default();
+    let (blocked, of) = gang_counts(&message).unwrap_or((input.replicas, input.replicas));
+    let blocked = blocked.min(input.replicas).max(1);
+    let total = if of == 0 {
+        input.replicas
+    } else {
+        of.min(input.replicas).max(blocked)
+    };
+    details.unschedulable_pods = blocked;
+    details.total_pods = total.max(input.replicas);
+    details.message = message;
+    (blocked, details.total_pods)
+}
+
+/// A gang the scheduler has placed whose pods are starting.
+fn starting(input: &PendingInput<'_>, details: PendingDetails) -> PendingReason {
+    let running = input
+        .pods
+        .iter()
+        .filter_map(user_container)
+        .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+        .count();
+    PendingReason {
+        reason: "starting",
+        text: format!(
+            "starting: resources are reserved, {running} of {} pods running",
+            input.replicas
+        ),
+        details,
+        // Starting since its gang was scheduled (the condition's transition), not since the
+        // job was created.
+        since: input
+            .podgroup
+            .and_then(|pg| {
+                pg.status
+                    .as_ref()?
+                    .conditions
+                    .iter()
+                    .rev()
+                    .find(|c| c.type_ == "Scheduled" && c.status == "True")?
+                    .last_transition_time
+                    .as_ref()
+            })
+            .or_else(|| {
+                input
+                    .podgroup
+                    .and_then(|pg| pg.metadata.creation_timestamp.as_ref())
+            })
+            .map(|t| t.0),
     }
 }
 

@@ -29,7 +29,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::cache::FastSet;
+use super::keys::FastSet;
 
 /// The annotation (after the prefix) the submit path writes once its QUEUED is confirmed.
 pub const ANNOTATION: &str = "queuedConfirmed";

@@ -3,7 +3,7 @@
 //!
 //! Why: Volcano's `sla` plugin keeps, for a gang past its `sla-waiting-time`, only the idle resources it
 //! can place ranks on in a session. A whole-node rank needs a node nobody uses, and a large rank (more
-//! than half of some resource of a node it fits on, [`super::estimate::needs_reservation`]) needs most
+//! than half of some resource of a node it fits on, [`crate::forecast::needs_reservation`]) needs most
 //! of a node: the room it waits for appears only once most of what runs there has ended, so smaller
 //! jobs keep landing on the nodes that are about to have it, and the gang can wait for ever. Volcano's
 //! `elect` and `reserve` actions, which locked nodes for a starving job, were removed in v1.1 (the `sla`
@@ -14,7 +14,7 @@
 //!
 //! How: once such a gang with a waiting time is past it, does not fit, and no gang past its waiting
 //! time ahead of it in the `sla` order still waits (a reservation must not take what that order gives a
-//! gang ahead, whose bound was told before), the replay ([`super::estimate::replay`]) gives it the nodes
+//! gang ahead, whose bound was told before), the replay ([`crate::forecast::replay`]) gives it the nodes
 //! that first have room for one of its ranks (untouched, for whole nodes), enough for all of its ranks
 //! (a node counts for as many as it holds empty), reserved for no other gang, whose holders all have a
 //! time limit; and the monitor taints each with `<prefix>reserved=<jobId>:NoSchedule`. Every rank of a
@@ -55,6 +55,20 @@ pub fn reserved_for(taints: &[Taint], key: &str) -> Option<String> {
         .iter()
         .find(|t| t.key == key && t.effect == EFFECT)
         .map(|t| t.value.clone().unwrap_or_default())
+}
+
+/// One node's new taints when the maintenance windows call for a change (planned by
+/// `maintenance::plan_taints`). Kept here, with the other node-taint types, so that this file needs
+/// nothing of the maintenance windows and the windows build on it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaintChange {
+    /// The index of the node in the list planned for.
+    pub node: usize,
+    /// Its whole new list: its other taints as they were, and the maintenance taint if a window covers
+    /// it.
+    pub taints: Vec<Taint>,
+    /// The window whose id the taint carries now (for the log); empty once none does.
+    pub windows: Vec<String>,
 }
 
 /// A node's taints as last seen, with the version a write must match.
@@ -160,7 +174,7 @@ pub fn plan(
 pub fn with_maintenance(
     mut changes: Vec<Change>,
     nodes: &[NodeTaints],
-    maintenance: Vec<super::maintenance::TaintChange>,
+    maintenance: Vec<TaintChange>,
 ) -> Vec<Change> {
     for m in maintenance {
         let Some(node) = nodes.get(m.node) else {

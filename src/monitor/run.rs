@@ -38,10 +38,10 @@ use super::cache::{
     WatchedPod,
 };
 use super::decide::Settings;
-use super::estimate::Node;
 use super::execute::{Executor, Handled};
-use super::timers::{Backoff, Deadlines};
+use super::timers::{Backoff, Deadlines, ESTIMATE_EVERY};
 use super::verify::{self, Listed, Suspect};
+use crate::forecast::Node;
 use crate::volcano::{LABEL_JOB_NAME, PodGroup, VolcanoJob};
 
 /// How long a difference between the API and the cache may stay unexplained before the watch of that
@@ -156,11 +156,6 @@ struct Loop {
 /// an RBAC rollout is not taken for good, and one that lasts costs one refused write a minute.
 const TAINTS_RETRY: jiff::SignedDuration = jiff::SignedDuration::from_secs(60);
 
-/// How often the start-time estimates are made again while things change: often enough that a job
-/// is told its estimate with its first status event, seldom enough that a busy cluster does not replay
-/// the queue on every event.
-pub(crate) const ESTIMATE_EVERY: jiff::SignedDuration = jiff::SignedDuration::from_secs(2);
-
 /// The earlier of two instants, either of which may be unset.
 fn earliest_of(a: Option<jiff::Timestamp>, b: Option<jiff::Timestamp>) -> Option<jiff::Timestamp> {
     match (a, b) {
@@ -173,13 +168,225 @@ fn earliest_of(a: Option<jiff::Timestamp>, b: Option<jiff::Timestamp>) -> Option
 const WATCH_PAGE: u32 = 100;
 
 /// Runs the monitor until `shutdown`. See the module documentation.
-pub async fn run(m: Monitor, shutdown: CancellationToken) {
-    let settings = Settings::new(m.config.clone(), m.runner_id.clone());
-    let mc = m.config.monitor.clone();
-    // The maintenance windows: the runner's watch of their ConfigMaps when it shares this process, else
-    // one of the monitor's own, polled by the loop below (not spawned: it stops with the monitor,
-    // however the monitor stops). Every decision reads them from here.
-    let (mut windows, follow_windows) = match m.windows.clone() {
+/// A kind's watch: a stream of its events, restarted with a full list when it ends.
+type Watch<K> = BoxStream<'static, Result<Event<K>, watcher::Error>>;
+
+/// How the monitor's watches start (and start over): the APIs, their selectors and pages.
+struct Watches {
+    client: kube::Client,
+    jobs_api: Api<WatchedJob>,
+    pods_api: Api<WatchedPod>,
+    groups_api: Api<PodGroup>,
+    selector: String,
+    pod_selector: String,
+    paged: watcher::Config,
+}
+
+impl Watches {
+    fn new(client: kube::Client, selector: String) -> Self {
+        Self {
+            jobs_api: Api::all(client.clone()),
+            pods_api: Api::all(client.clone()),
+            groups_api: Api::all(client.clone()),
+            client,
+            // Only pods of Volcano jobs: the cache keeps no other, and the reconciliation's list must
+            // match it.
+            pod_selector: format!("{selector},{LABEL_JOB_NAME}"),
+            selector,
+            // Pages of a hundred, not kube's five hundred: a runner's peak memory is its full cache plus
+            // the page being read when a watch starts over, and a fifth of the page costs only more
+            // round trips on a start.
+            paged: watcher::Config::default().page_size(WATCH_PAGE),
+        }
+    }
+
+    fn jobs(&self) -> Watch<WatchedJob> {
+        let managed = self.paged.clone().labels(&self.selector);
+        watcher::watcher(self.jobs_api.clone(), managed)
+            .default_backoff()
+            .boxed()
+    }
+
+    fn pods(&self) -> Watch<WatchedPod> {
+        let managed = self.paged.clone().labels(&self.pod_selector);
+        watcher::watcher(self.pods_api.clone(), managed)
+            .default_backoff()
+            .boxed()
+    }
+
+    fn groups(&self) -> Watch<PodGroup> {
+        watcher::watcher(self.groups_api.clone(), self.paged.clone())
+            .default_backoff()
+            .boxed()
+    }
+
+    /// The nodes, for the start-time estimates of waiting jobs: a few hundred objects that rarely
+    /// change.
+    fn nodes(&self) -> Watch<WatchedNode> {
+        let api: Api<WatchedNode> = Api::all(self.client.clone());
+        watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed()
+    }
+
+    /// The metadata lists of a reconciliation. One kind after another, not the three at once: a pass
+    /// holds one page in memory instead of three, and its CPU is the same (the pass is not urgent; the
+    /// watches are what react).
+    fn verify(&self) -> Verifying {
+        let client = self.client.clone();
+        let urls = [
+            self.jobs_api.resource_url().to_owned(),
+            self.pods_api.resource_url().to_owned(),
+            self.groups_api.resource_url().to_owned(),
+        ];
+        let selectors = [
+            Some(self.selector.clone()),
+            Some(self.pod_selector.clone()),
+            None,
+        ];
+        Box::pin(async move {
+            let [jobs, pods, groups] = &urls;
+            let [sj, sp, sg] = &selectors;
+            let j = verify::list_versions(&client, jobs, sj.as_deref()).await?;
+            let p = verify::list_versions(&client, pods, sp.as_deref()).await?;
+            let g = verify::list_versions(&client, groups, sg.as_deref()).await?;
+            Ok([j, p, g])
+        })
+    }
+}
+
+/// The running watches.
+struct Streams {
+    jobs: Watch<WatchedJob>,
+    pods: Watch<WatchedPod>,
+    groups: Watch<PodGroup>,
+    nodes: Watch<WatchedNode>,
+    /// The node watch ended for good (this runner may not watch nodes).
+    nodes_forbidden: bool,
+}
+
+impl Streams {
+    fn start(watches: &Watches) -> Self {
+        Self {
+            jobs: watches.jobs(),
+            pods: watches.pods(),
+            groups: watches.groups(),
+            nodes: watches.nodes(),
+            nodes_forbidden: false,
+        }
+    }
+
+    /// The reconciliation's metadata lists are in: compared with the cache, or, when they failed,
+    /// every watch starts over with a full list.
+    fn listed(
+        &mut self,
+        watches: &Watches,
+        state: &mut Loop,
+        listed: Result<[Listed; 3], kube::Error>,
+    ) {
+        match listed {
+            Ok(lists) => state.verified(lists),
+            Err(e) => {
+                tracing::warn!(error = %e, "Listing for the reconciliation failed; every watch starts over with a full list.");
+                self.start_over(watches, state, &ALL_KINDS);
+            }
+        }
+    }
+
+    /// The suspects' grace is over: the watch of a kind that did not explain its differences missed
+    /// something, and starts over.
+    fn judge(&mut self, watches: &Watches, state: &mut Loop, reporter: &Reporter<'_>) {
+        let missed = state.judge_suspects();
+        if !missed.is_empty() {
+            missed.iter().for_each(|kind| reporter.restarted(*kind));
+            self.start_over(watches, state, &missed);
+        }
+    }
+
+    /// The watches of `kinds` start over with a full list, and a pass waits for those lists.
+    fn start_over(&mut self, watches: &Watches, state: &mut Loop, kinds: &[Kind]) {
+        for kind in kinds {
+            match kind {
+                Kind::Jobs => self.jobs = watches.jobs(),
+                Kind::Pods => self.pods = watches.pods(),
+                Kind::Groups => self.groups = watches.groups(),
+            }
+        }
+        state.begin_pass(kinds);
+    }
+}
+
+/// Where the loop reports: watch restarts, shards held, passes.
+struct Reporter<'a> {
+    metrics: Option<crate::ops::Metrics>,
+    shards: u32,
+    reports: &'a tokio::sync::watch::Sender<PassReport>,
+}
+
+impl Reporter<'_> {
+    fn shards(&self, held: &std::collections::BTreeSet<u32>) {
+        if let Some(metrics) = &self.metrics {
+            metrics.set_lease_shards(held.len(), self.shards);
+        }
+    }
+
+    fn restarted(&self, kind: Kind) {
+        if let Some(metrics) = &self.metrics {
+            metrics.watch_restarted(watch_name(kind));
+        }
+    }
+
+    fn pass(&self, report: PassReport) {
+        if let Some(metrics) = &self.metrics {
+            metrics.set_monitored_jobs(report.owned);
+            metrics.set_accounting_lag(report.accounting_lag);
+        }
+        self.reports.send_replace(report);
+    }
+
+    /// A watch's item: its event, or `None` when it failed (logged; it restarts by itself) or ended
+    /// (`*ended` set: the caller starts it over).
+    fn watched<K>(
+        &self,
+        kind: Kind,
+        item: Option<Result<Event<K>, watcher::Error>>,
+        ended: &mut bool,
+    ) -> Option<Event<K>> {
+        match item {
+            Some(Ok(event)) => Some(event),
+            Some(Err(e)) => {
+                self.restarted(kind);
+                match kind {
+                    Kind::Jobs => {
+                        tracing::warn!(error = %e, "The VolcanoJob watch failed; it restarts by itself.")
+                    }
+                    Kind::Pods => {
+                        tracing::warn!(error = %e, "The pod watch failed; it restarts by itself.")
+                    }
+                    Kind::Groups => {
+                        tracing::warn!(error = %e, "The PodGroup watch failed; it restarts by itself.")
+                    }
+                }
+                None
+            }
+            None => {
+                *ended = true;
+                None
+            }
+        }
+    }
+}
+
+/// The maintenance windows: the runner's watch of their ConfigMaps when it shares this process, else
+/// one of the monitor's own, polled by the loop (not spawned: it stops with the monitor, however the
+/// monitor stops). Every decision reads them from the receiver.
+fn windows_source(
+    m: &Monitor,
+) -> (
+    tokio::sync::watch::Receiver<Option<crate::cluster::Windows>>,
+    impl Future<Output = ()> + use<>,
+) {
+    match m.windows.clone() {
         Some(windows) => (
             windows,
             futures::future::Either::Left(std::future::pending()),
@@ -194,7 +401,13 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
             );
             (windows, futures::future::Either::Right(follow))
         }
-    };
+    }
+}
+
+pub async fn run(m: Monitor, shutdown: CancellationToken) {
+    let settings = Settings::new(m.config.clone(), m.runner_id.clone());
+    let mc = m.config.monitor.clone();
+    let (mut windows, follow_windows) = windows_source(&m);
     let mut follow_windows = std::pin::pin!(follow_windows);
     let mut windows_open = true;
     let exec = Arc::new(Executor::new(
@@ -206,236 +419,61 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
         m.confirmed_queued.clone(),
         windows.clone(),
     ));
-    let selector = m.config.cluster.managed_selector.clone();
-    let jobs_api: Api<WatchedJob> = Api::all(m.client.clone());
-    let pods_api: Api<WatchedPod> = Api::all(m.client.clone());
-    let groups_api: Api<PodGroup> = Api::all(m.client.clone());
-    // Pages of a hundred, not kube's five hundred: a runner's peak memory is its full cache plus the
-    // page being read when a watch starts over, and a fifth of the page costs only more round trips on
-    // a start.
-    let paged = watcher::Config::default().page_size(WATCH_PAGE);
-    let managed = paged.clone().labels(&selector);
-    let start_jobs = || {
-        watcher::watcher(jobs_api.clone(), managed.clone())
-            .default_backoff()
-            .boxed()
-    };
-    // Only pods of Volcano jobs: the cache keeps no other, and the reconciliation's list must match it.
-    let pod_selector = format!("{selector},{LABEL_JOB_NAME}");
-    let managed_pods = paged.clone().labels(&pod_selector);
-    let start_pods = || {
-        watcher::watcher(pods_api.clone(), managed_pods.clone())
-            .default_backoff()
-            .boxed()
-    };
-    let start_groups = || {
-        watcher::watcher(groups_api.clone(), paged.clone())
-            .default_backoff()
-            .boxed()
-    };
-    // The nodes, for the start-time estimates of waiting jobs: a few hundred objects that rarely change.
-    let nodes_api: Api<WatchedNode> = Api::all(m.client.clone());
-    let mut nodes: BoxStream<'_, Result<Event<WatchedNode>, watcher::Error>> =
-        watcher::watcher(nodes_api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
-    let mut nodes_forbidden = false;
-    let mut jobs: BoxStream<'_, Result<Event<WatchedJob>, watcher::Error>> = start_jobs();
-    let mut pods: BoxStream<'_, Result<Event<WatchedPod>, watcher::Error>> = start_pods();
-    let mut groups: BoxStream<'_, Result<Event<PodGroup>, watcher::Error>> = start_groups();
-
-    let mut state = Loop {
-        exec: exec.clone(),
-        cache: Cache::with_replicas_key(exec.settings.keys.replicas.clone())
-            .with_peers_key(exec.settings.keys.peers.clone())
-            .with_reserve_nodes(mc.reserve_nodes)
-            .with_proportion(mc.proportion)
-            .with_start_margin(exec.settings.start_margin),
-        ready: VecDeque::new(),
-        queued: FastSet::default(),
-        busy: FastSet::default(),
-        dirty: FastSet::default(),
-        gone: FastMap::default(),
-        checks: Deadlines::new(),
-        retries: Deadlines::new(),
-        backoff: Backoff::new(mc.retry_min_delay, mc.retry_max_delay),
-        pass: None,
-        passes: 0,
-        max_concurrent: mc.max_concurrent.max(1),
-        settled: FastMap::default(),
-        suspects: Vec::new(),
-        suspects_due: None,
-        nodes: Default::default(),
-        nodes_listing: None,
-        estimates_stale: true,
-        estimated_at: None,
-        listing_shards: Default::default(),
-        held_back: FastSet::default(),
-        node_taints: Default::default(),
-        node_taints_listing: None,
-        reservation_key: super::reserve::taint_key(&exec.settings.keys),
-        reserving: None,
-        taints_due: None,
-        taints_refused_seen: false,
-        taints_retry_at: None,
-    };
-    state.begin_pass(&ALL_KINDS);
-    // The first pass also waits for the nodes, so that a waiting job's first status carries its
-    // estimate instead of a second status following with it.
-    if let Some(pass) = &mut state.pass {
-        pass.lists_pending.insert(Awaited::Nodes);
-    }
-    let start_verify = || -> Verifying {
-        let client = m.client.clone();
-        let urls = [
-            jobs_api.resource_url().to_owned(),
-            pods_api.resource_url().to_owned(),
-            groups_api.resource_url().to_owned(),
-        ];
-        let selectors = [Some(selector.clone()), Some(pod_selector.clone()), None];
-        // One kind after another, not the three at once: a pass holds one page in memory instead of
-        // three, and its CPU is the same (the pass is not urgent; the watches are what react).
-        Box::pin(async move {
-            let [jobs, pods, groups] = &urls;
-            let [sj, sp, sg] = &selectors;
-            let j = verify::list_versions(&client, jobs, sj.as_deref()).await?;
-            let p = verify::list_versions(&client, pods, sp.as_deref()).await?;
-            let g = verify::list_versions(&client, groups, sg.as_deref()).await?;
-            Ok([j, p, g])
-        })
-    };
+    let watches = Watches::new(m.client.clone(), m.config.cluster.managed_selector.clone());
+    let mut streams = Streams::start(&watches);
+    let mut state = Loop::new(exec, &mc);
     let mut verifying: Option<Verifying> = None;
-    let mut resync = tokio::time::interval_at(
-        Instant::now() + mc.reconcile_interval,
-        mc.reconcile_interval,
-    );
-    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut resync = resync_timer(mc.reconcile_interval);
     let mut shards = m.shards.clone();
     let mut held = shards.borrow_and_update().held().clone();
     let mut workers: FuturesUnordered<Work> = FuturesUnordered::new();
     let clock = m.clock.clone();
-
-    let metrics = m.metrics.clone();
-    let report_shards = |held: &std::collections::BTreeSet<u32>| {
-        if let Some(metrics) = &metrics {
-            metrics.set_lease_shards(held.len(), m.config.cluster.lease.shards);
-        }
+    let reporter = Reporter {
+        metrics: m.metrics.clone(),
+        shards: m.config.cluster.lease.shards,
+        reports: &m.reports,
     };
-    let restarted = |kind: Kind| {
-        if let Some(metrics) = &metrics {
-            metrics.watch_restarted(watch_name(kind));
-        }
-    };
-    // The watches of `kinds` start over with a full list, and a pass waits for those lists.
-    macro_rules! start_over {
-        ($kinds:expr) => {{
-            let kinds: &[Kind] = $kinds;
-            for kind in kinds {
-                match kind {
-                    Kind::Jobs => jobs = start_jobs(),
-                    Kind::Pods => pods = start_pods(),
-                    Kind::Groups => groups = start_groups(),
-                }
-            }
-            state.begin_pass(kinds);
-        }};
-    }
-    report_shards(&held);
-
+    reporter.shards(&held);
     loop {
         state.dispatch(&mut workers);
         if let Some(report) = state.finish_pass() {
-            if let Some(metrics) = &metrics {
-                metrics.set_monitored_jobs(report.owned);
-                metrics.set_accounting_lag(report.accounting_lag);
-            }
-            m.reports.send_replace(report);
+            reporter.pass(report);
         }
         let wake = state.next_wake(clock.as_ref(), m.poll);
+        let mut ended = false;
         tokio::select! {
             () = shutdown.cancelled() => break,
             Some((key, handled, fingerprint)) = workers.next(), if !workers.is_empty() => state.finished(key, handled, fingerprint),
-            event = jobs.next() => match event {
-                Some(Ok(event)) => state.on_job(event),
-                Some(Err(e)) => {
-                    restarted(Kind::Jobs);
-                    tracing::warn!(error = %e, "The VolcanoJob watch failed; it restarts by itself.");
-                }
-                None => jobs = start_jobs(),
-            },
-            event = pods.next() => match event {
-                Some(Ok(event)) => state.on_pod(event),
-                Some(Err(e)) => {
-                    restarted(Kind::Pods);
-                    tracing::warn!(error = %e, "The pod watch failed; it restarts by itself.");
-                }
-                None => pods = start_pods(),
-            },
-            event = groups.next() => match event {
-                Some(Ok(event)) => state.on_group(event),
-                Some(Err(e)) => {
-                    restarted(Kind::Groups);
-                    tracing::warn!(error = %e, "The PodGroup watch failed; it restarts by itself.");
-                }
-                None => groups = start_groups(),
-            },
-            event = nodes.next(), if !nodes_forbidden => match event {
-                Some(Ok(event)) => state.on_node(event),
-                Some(Err(e)) if forbidden(&e) => {
-                    nodes_forbidden = true;
-                    // Nor the windows' taints: without the nodes, none would be seen written.
-                    state.exec.taints_refused.store(true, std::sync::atomic::Ordering::Relaxed);
-                    state.list_done(Awaited::Nodes);
-                    tracing::warn!(error = %e, "This runner may not list and watch nodes: waiting jobs get no start-time estimate. Grant list and watch on nodes to its ClusterRole (deploy/base/clusterrole.yaml does).");
-                }
-                Some(Err(e)) => tracing::warn!(error = %e, "The node watch failed; it restarts by itself."),
-                None => {
-                    nodes_forbidden = true;
-                    state.exec.taints_refused.store(true, std::sync::atomic::Ordering::Relaxed);
-                    state.list_done(Awaited::Nodes);
-                }
-            },
-            () = sleep(wake) => state.fire(clock.now(), Instant::now()),
-            _ = resync.tick() => {
-                if state.pass.is_some() || state.suspects_due.is_some() {
-                    // Still listing, or still giving the watches their moment: the next tick comes soon.
-                    tracing::debug!("The previous reconciliation is still going; this one is skipped.");
-                } else {
-                    verifying = Some(start_verify());
-                    state.begin_verify();
-                }
+            item = streams.jobs.next() => {
+                if let Some(event) = reporter.watched(Kind::Jobs, item, &mut ended) { state.on_job(event) }
+                if ended { streams.jobs = watches.jobs() }
             }
+            item = streams.pods.next() => {
+                if let Some(event) = reporter.watched(Kind::Pods, item, &mut ended) { state.on_pod(event) }
+                if ended { streams.pods = watches.pods() }
+            }
+            item = streams.groups.next() => {
+                if let Some(event) = reporter.watched(Kind::Groups, item, &mut ended) { state.on_group(event) }
+                if ended { streams.groups = watches.groups() }
+            }
+            item = streams.nodes.next(), if !streams.nodes_forbidden => {
+                streams.nodes_forbidden = state.on_node_watch(item);
+            }
+            () = sleep(wake) => state.fire(clock.now(), Instant::now()),
+            _ = resync.tick() => if let Some(lists) = state.resync(&watches) {
+                verifying = Some(lists);
+            },
             listed = async { verifying.as_mut().expect("guarded").await }, if verifying.is_some() => {
                 verifying = None;
-                match listed {
-                    Ok(lists) => state.verified(lists),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "Listing for the reconciliation failed; every watch starts over with a full list.");
-                        start_over!(&ALL_KINDS);
-                    }
-                }
+                streams.listed(&watches, &mut state, listed);
             }
-            () = sleep_until(state.suspects_due) => {
-                let missed = state.judge_suspects();
-                if !missed.is_empty() {
-                    missed.iter().for_each(|kind| restarted(*kind));
-                    start_over!(&missed);
-                }
-            }
+            () = sleep_until(state.suspects_due) => streams.judge(&watches, &mut state, &reporter),
             () = &mut follow_windows => {}
             changed = windows.changed(), if windows_open => {
-                if changed.is_err() {
-                    windows_open = false;
-                } else {
+                windows_open = changed.is_ok();
+                if windows_open {
                     windows.borrow_and_update();
-                    // A window scheduled or cancelled changes what every running job is due, and
-                    // every estimate.
-                    state.settled.clear();
-                    state.estimates_stale = true;
-                    let keys: Vec<JobKey> = state.cache.fingerprints().map(|(k, _)| k.clone()).collect();
-                    for key in keys {
-                        state.enqueue(key);
-                    }
+                    state.windows_changed();
                 }
             }
             changed = shards.changed() => {
@@ -444,22 +482,27 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
                     break;
                 }
                 let now_held = shards.borrow_and_update().held().clone();
-                state.listing_shards.extend(now_held.difference(&held));
-                state.listing_shards.retain(|s| now_held.contains(s));
-                let gained = now_held.difference(&held).count() > 0;
-                held = now_held;
-                report_shards(&held);
-                // Another runner may have acted on a job meanwhile; decide every job afresh.
-                state.settled.clear();
-                if gained {
-                    tracing::info!(shards = ?held, "Gained shards: reconciling every job.");
+                if state.shards_changed(&mut held, now_held, &reporter) {
                     verifying = None;
-                    start_over!(&ALL_KINDS);
+                    streams.start_over(&watches, &mut state, &ALL_KINDS);
                 }
             }
         }
     }
-    // Each step is safe to interrupt; give the jobs in hand a moment to finish theirs.
+    drain(state, workers).await;
+}
+
+/// The full reconciliation's timer: every `interval`, the first one `interval` from now; a tick
+/// missed (a long pass) is not made up for.
+fn resync_timer(interval: Duration) -> tokio::time::Interval {
+    let mut resync = tokio::time::interval_at(Instant::now() + interval, interval);
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    resync
+}
+
+/// Each step is safe to interrupt; gives the jobs in hand (and a round of node writes) a moment to
+/// finish theirs.
+async fn drain(mut state: Loop, mut workers: FuturesUnordered<Work>) {
     let reserving = state.reserving.take();
     let drain = async {
         while workers.next().await.is_some() {}
@@ -534,6 +577,119 @@ impl Pass {
 }
 
 impl Loop {
+    /// The loop's state at the start: the first pass waits for every kind's list, and for the nodes,
+    /// so that a waiting job's first status carries its estimate instead of a second status following
+    /// with it.
+    fn new(exec: Arc<Executor>, mc: &super::MonitorConfig) -> Self {
+        let mut state = Loop {
+            cache: Cache::with_replicas_key(exec.settings.keys.replicas.clone())
+                .with_peers_key(exec.settings.keys.peers.clone())
+                .with_reserve_nodes(mc.reserve_nodes)
+                .with_proportion(mc.proportion)
+                .with_start_margin(exec.settings.start_margin),
+            ready: VecDeque::new(),
+            queued: FastSet::default(),
+            busy: FastSet::default(),
+            dirty: FastSet::default(),
+            gone: FastMap::default(),
+            checks: Deadlines::new(),
+            retries: Deadlines::new(),
+            backoff: Backoff::new(mc.retry_min_delay, mc.retry_max_delay),
+            pass: None,
+            passes: 0,
+            max_concurrent: mc.max_concurrent.max(1),
+            settled: FastMap::default(),
+            suspects: Vec::new(),
+            suspects_due: None,
+            nodes: Default::default(),
+            nodes_listing: None,
+            estimates_stale: true,
+            estimated_at: None,
+            listing_shards: Default::default(),
+            held_back: FastSet::default(),
+            node_taints: Default::default(),
+            node_taints_listing: None,
+            reservation_key: super::reserve::taint_key(&exec.settings.keys),
+            reserving: None,
+            taints_due: None,
+            taints_refused_seen: false,
+            taints_retry_at: None,
+            exec,
+        };
+        state.begin_pass(&ALL_KINDS);
+        if let Some(pass) = &mut state.pass {
+            pass.lists_pending.insert(Awaited::Nodes);
+        }
+        state
+    }
+
+    /// An item of the node watch. Returns whether the watch is over for good: this runner may not
+    /// watch nodes (then it gets no estimates, and writes no windows' taints: without the nodes, none
+    /// would be seen written).
+    fn on_node_watch(&mut self, item: Option<Result<Event<WatchedNode>, watcher::Error>>) -> bool {
+        match item {
+            Some(Ok(event)) => {
+                self.on_node(event);
+                return false;
+            }
+            Some(Err(e)) if forbidden(&e) => {
+                tracing::warn!(error = %e, "This runner may not list and watch nodes: waiting jobs get no start-time estimate. Grant list and watch on nodes to its ClusterRole (deploy/base/clusterrole.yaml does).");
+            }
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "The node watch failed; it restarts by itself.");
+                return false;
+            }
+            None => {}
+        }
+        self.exec
+            .taints_refused
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.list_done(Awaited::Nodes);
+        true
+    }
+
+    /// The reconciliation's timer: its metadata lists, unless the previous one is still going (still
+    /// listing, or still giving the watches their moment: the next tick comes soon).
+    fn resync(&mut self, watches: &Watches) -> Option<Verifying> {
+        if self.pass.is_some() || self.suspects_due.is_some() {
+            tracing::debug!("The previous reconciliation is still going; this one is skipped.");
+            return None;
+        }
+        self.begin_verify();
+        Some(watches.verify())
+    }
+
+    /// A window scheduled or cancelled changes what every running job is due, and every estimate.
+    fn windows_changed(&mut self) {
+        self.settled.clear();
+        self.estimates_stale = true;
+        let keys: Vec<JobKey> = self.cache.fingerprints().map(|(k, _)| k.clone()).collect();
+        for key in keys {
+            self.enqueue(key);
+        }
+    }
+
+    /// The shards held changed to `now_held`: another runner may have acted on a job meanwhile, so
+    /// every job is decided afresh. Returns whether shards were gained: then every watch starts over
+    /// (the jobs of a gained shard wait for those lists).
+    fn shards_changed(
+        &mut self,
+        held: &mut std::collections::BTreeSet<u32>,
+        now_held: std::collections::BTreeSet<u32>,
+        reporter: &Reporter<'_>,
+    ) -> bool {
+        self.listing_shards.extend(now_held.difference(held));
+        self.listing_shards.retain(|s| now_held.contains(s));
+        let gained = now_held.difference(held).count() > 0;
+        *held = now_held;
+        reporter.shards(held);
+        self.settled.clear();
+        if gained {
+            tracing::info!(shards = ?held, "Gained shards: reconciling every job.");
+        }
+        gained
+    }
+
     fn enqueue(&mut self, key: JobKey) {
         if self.busy.contains(&key) {
             self.dirty.insert(key);

@@ -7,6 +7,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::hash::Hash;
 use std::time::Duration;
 
+/// How often the start-time estimates are made again while things change: often enough that a job
+/// is told its estimate with its first status event, seldom enough that a busy cluster does not replay
+/// the queue on every event.
+pub const ESTIMATE_EVERY: jiff::SignedDuration = jiff::SignedDuration::from_secs(2);
+
 /// At most one instant per key.
 #[derive(Debug)]
 pub struct Deadlines<K, T> {

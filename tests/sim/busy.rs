@@ -19,14 +19,14 @@ use kube::Api;
 use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use volcano_runner::durable::AnnotationKeys;
-use volcano_runner::monitor::estimate::{Told, tell_again};
+use volcano_runner::monitor::telling::{Told, tell_again};
 use volcano_runner::pipeline::plugins::task::{exclusive_affinity, reservation_toleration};
 use volcano_runner::volcano::PodGroup;
 
 use crate::busy_workload::{QUEUES, Spec, nodes, recipe};
 use crate::estimates::{percentile, queue_entries_replaying, reserve_nodes};
 use crate::sim_support::{jobs, namespace, queue, start_with};
-use volcano_runner::monitor::forecast::Replaying;
+use volcano_runner::monitor::inputs::Replaying;
 
 const NS: &str = "busy";
 /// 93 jobs in three waves (at 0, 10 and 20 minutes), from a recipe varied by `seed`: the recipe, one

@@ -16,10 +16,10 @@ use kube::Api;
 use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use volcano_runner::durable::AnnotationKeys;
-use volcano_runner::monitor::estimate::{Told, tell_again};
-use volcano_runner::monitor::forecast::{
+use volcano_runner::monitor::inputs::{
     ClusterView, QueueEntry, Replaying, forecast, forecast_with, reservations,
 };
+use volcano_runner::monitor::telling::{Told, tell_again};
 use volcano_runner::sim::NodeSpec;
 use volcano_runner::volcano::{PodGroup, Queue, VolcanoJob};
 

@@ -1,14 +1,14 @@
-//! Maintenance windows in the start-time replay ([`super::estimate`]): what they take away, and when.
+//! Maintenance windows in the start-time replay ([`super::session`]): what they take away, and when.
 //! Pure, like the replay.
 //!
 //! The replay follows what the runner and the scheduler do with a window
-//! ([`super::maintenance`], docs/ops.md "Maintenance windows"):
+//! (`monitor::maintenance`, docs/ops.md "Maintenance windows"):
 //! - a job that runs when a window covering one of its nodes (or every node) begins is ended at the
-//!   window's start ([`super::maintenance::cutting`]): a running job, and a gang the replay starts, hold
+//!   window's start (`monitor::maintenance::cutting`): a running job, and a gang the replay starts, hold
 //!   their resources until the window's start at the latest, and a job without a time limit that a
 //!   window will cut gets an end;
 //! - a gang held back whole by a window (its pods gated `<prefix>maintenance`, or not tolerating a
-//!   window of every node not over whose taint is on a node: [`super::maintenance::replay_hold`])
+//!   window of every node not over whose taint is on a node: `monitor::maintenance::replay_hold`)
 //!   starts only at an instant when no window is in the way of its time allocation, whatever nodes the
 //!   window names (a window of some nodes whose taint is on no node holds nobody), since that is when
 //!   the monitor lifts the gate or adds the toleration; the ends of the windows are the instants it is
@@ -22,15 +22,15 @@
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::estimate::{Node, Resources};
 use crate::cluster::Window;
+use crate::forecast::snapshot::{Node, Resources};
 
 /// The maintenance windows the replay looks at, and which waiting gangs they hold back.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Maintenance {
     /// The windows as the monitor's watch has them; those over are ignored.
     pub windows: Vec<Window>,
-    /// Per window (same order): it holds a held gang back ([`super::maintenance::holds_anyone`]: a
+    /// Per window (same order): it holds a held gang back (`monitor::maintenance::holds_anyone`: a
     /// window of some nodes whose taint is on no node holds nobody, though it still cuts what runs on
     /// its nodes). Missing entries count as holding.
     pub holds: Vec<bool>,
@@ -49,7 +49,7 @@ pub struct Maintenance {
 impl Maintenance {
     /// When running job `i`, holding `ranks`, ends at the latest ([`Self::end_of`], unless it is
     /// spared).
-    pub(super) fn end_of_running(
+    pub(crate) fn end_of_running(
         &self,
         i: usize,
         nodes: &[Node],
@@ -64,13 +64,13 @@ impl Maintenance {
     }
 
     /// Whether waiting gang `i` is held back by a window.
-    pub(super) fn is_held(&self, i: usize) -> bool {
+    pub(crate) fn is_held(&self, i: usize) -> bool {
         self.held.get(i).copied().unwrap_or(false)
     }
 
     /// The window that keeps held gang `i`, with time allocation `runs_for`, from starting at `at`:
     /// the one the monitor would name (`None`: it may start).
-    pub(super) fn holding(
+    pub(crate) fn holding(
         &self,
         i: usize,
         at: Timestamp,
@@ -92,7 +92,7 @@ impl Maintenance {
     /// The nodes (by index in `nodes`) gang `i`, with time allocation `runs_for`, is kept off at `at`
     /// by the windows of `kept_off` in the way then, with the earliest-ending of them (for the basis);
     /// `None`: none is in the way.
-    pub(super) fn off_nodes(
+    pub(crate) fn off_nodes(
         &self,
         i: usize,
         at: Timestamp,
@@ -120,7 +120,7 @@ impl Maintenance {
     /// When a job holding `ranks` from `from` on, that would end at `ends_by` (`None`: never), ends at
     /// the latest: at the start of the earliest window not over that covers one of its nodes and
     /// begins before its end (never before `from`). `None`: it holds its resources for good.
-    pub(super) fn end_of(
+    pub(crate) fn end_of(
         &self,
         nodes: &[Node],
         ranks: &[(usize, Resources)],
@@ -146,7 +146,7 @@ impl Maintenance {
     }
 
     /// The earliest end of a window after `after`: an instant a held gang may be let go.
-    pub(super) fn next_end(&self, after: Timestamp) -> Option<Timestamp> {
+    pub(crate) fn next_end(&self, after: Timestamp) -> Option<Timestamp> {
         self.windows
             .iter()
             .map(|w| w.end)
@@ -158,7 +158,8 @@ impl Maintenance {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::monitor::estimate::{Estimate, Pending, Running, estimate, estimate_with};
+    use crate::forecast::session::{Estimate, estimate, estimate_with};
+    use crate::forecast::snapshot::{Pending, Running};
 
     fn t(s: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + s).unwrap()

@@ -1,6 +1,6 @@
 //! From what the cluster shows to start-time estimates: the waiting PodGroups of every queue, what each
 //! of their ranks asks for and how long they may run, the nodes, and what holds each node until when.
-//! Pure: the caller lists the objects and gives `now`; [`super::estimate`] does the replay.
+//! Pure: the caller lists the objects and gives `now`; [`crate::forecast`] does the replay.
 //!
 //! What counts, and why:
 //! - **Nodes**: every node not cordoned (`spec.unschedulable`), with its `status.allocatable` CPU,
@@ -24,12 +24,12 @@ use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::Serialize;
 
-use super::cache::{JobKey, job_of_group};
-use super::estimate::{self, Estimate, Node, Pending, Resources, Running};
+use super::keys::{JobKey, job_of_group};
 use super::observe;
 use super::reserve::{self, Change, NodeTaints};
 use crate::durable::AnnotationKeys;
 use crate::durable::annotations::parse_millis;
+use crate::forecast::{self, Estimate, Node, Pending, Resources, Running};
 use crate::quantity::parse_milli;
 use crate::volcano::{LABEL_JOB_NAME, PodGroup, Queue, VolcanoJob};
 
@@ -210,7 +210,7 @@ struct Inputs<'a> {
     running: Vec<Running>,
     waiting: Vec<&'a PodGroup>,
     pending: Vec<Pending>,
-    maintenance: estimate::Maintenance,
+    maintenance: forecast::Maintenance,
 }
 
 /// The waiting jobs of every queue with their estimates, queue by queue in queue order.
@@ -241,13 +241,13 @@ pub struct Replaying {
     /// `[monitor] reserve_nodes`.
     pub reserve_nodes: bool,
     /// `[monitor] proportion`: while jobs of more than one queue wait or run, no estimate is a bound
-    /// ([`estimate::across_queues`]).
+    /// ([`forecast::across_queues`]).
     pub proportion: bool,
     /// `[monitor] start_margin`: a job is taken to start this long after its resources are free.
     pub start_margin: jiff::SignedDuration,
 }
 
-/// [`forecast`] with the maintenance windows in the replay ([`super::estimate_windows`]): `admin queue`
+/// [`forecast`] with the maintenance windows in the replay ([`crate::forecast::windows`]): `admin queue`
 /// tells what the monitor tells.
 pub fn forecast_with(
     view: ClusterView<'_>,
@@ -263,7 +263,7 @@ pub fn forecast_with(
         pending,
         maintenance,
     } = inputs(view, windows, keys, now, replaying.reserve_nodes);
-    let mut estimates = estimate::replay_with(
+    let mut estimates = forecast::replay_with(
         &nodes,
         &running,
         &pending,
@@ -273,7 +273,7 @@ pub fn forecast_with(
     )
     .estimates;
     if replaying.proportion {
-        estimate::across_queues(&mut estimates, observe::queues_in_use(view.groups.iter()));
+        forecast::across_queues(&mut estimates, observe::queues_in_use(view.groups.iter()));
     }
     entries(&waiting, &pending, &estimates)
 }
@@ -288,7 +288,7 @@ pub fn reservations(view: ClusterView<'_>, keys: &AnnotationKeys, now: Timestamp
         maintenance,
         ..
     } = inputs(view, &[], keys, now, true);
-    let replay = estimate::replay_with(
+    let replay = forecast::replay_with(
         &nodes,
         &running,
         &pending,
@@ -325,9 +325,42 @@ fn inputs<'a>(
     now: Timestamp,
     reserve_nodes: bool,
 ) -> Inputs<'a> {
+    let nodes = listed_nodes(view, keys);
+    let jobs: HashMap<JobKey, &VolcanoJob> = view
+        .jobs
+        .iter()
+        .map(|j| (JobKey::of(&j.metadata), j))
+        .collect();
+    let waiting = waiting_groups(view);
+    let (running, spared) = holders(view, &nodes, &jobs, &waiting, keys, now);
+    let fifo: std::collections::HashSet<&str> = view
+        .queues
+        .iter()
+        .filter(|q| q.spec.dequeue_strategy.as_deref() == Some("fifo"))
+        .filter_map(|q| q.metadata.name.as_deref())
+        .collect();
+    let pending: Vec<Pending> = waiting
+        .iter()
+        .map(|pg| {
+            let job = job_of_group(pg).and_then(|k| jobs.get(&k).copied());
+            let in_fifo = fifo.contains(observe::queue_of(pg).as_str());
+            pending_gang(pg, job, keys, in_fifo, reserve_nodes)
+        })
+        .collect();
+    let maintenance = listed_maintenance(view, &jobs, &waiting, spared, windows, keys, now);
+    Inputs {
+        nodes,
+        running,
+        waiting,
+        pending,
+        maintenance,
+    }
+}
+
+/// The listed nodes jobs can be placed on, with the gang each is reserved for.
+fn listed_nodes(view: ClusterView<'_>, keys: &AnnotationKeys) -> Vec<Node> {
     let taint = reserve::taint_key(keys);
-    let nodes: Vec<Node> = view
-        .nodes
+    view.nodes
         .iter()
         .filter_map(|n| {
             node(
@@ -346,18 +379,11 @@ fn inputs<'a>(
                 ),
             )
         })
-        .collect();
-    let node_index: HashMap<&str, usize> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (n.name.as_str(), i))
-        .collect();
-    let jobs: HashMap<JobKey, &VolcanoJob> = view
-        .jobs
-        .iter()
-        .map(|j| (JobKey::of(&j.metadata), j))
-        .collect();
+        .collect()
+}
 
+/// The waiting PodGroups in the scheduler's list order: created first.
+fn waiting_groups<'a>(view: ClusterView<'a>) -> Vec<&'a PodGroup> {
     let mut waiting: Vec<&PodGroup> = view
         .groups
         .iter()
@@ -370,10 +396,26 @@ fn inputs<'a>(
             pg.metadata.name.clone(),
         )
     });
+    waiting
+}
+
+/// What holds each node: pods grouped by their Volcano job (or alone), with the job's deadline; and
+/// for each, whether it is not volcano-runner's (no window ends what it does not run).
+fn holders(
+    view: ClusterView<'_>,
+    nodes: &[Node],
+    jobs: &HashMap<JobKey, &VolcanoJob>,
+    waiting: &[&PodGroup],
+    keys: &AnnotationKeys,
+    now: Timestamp,
+) -> (Vec<Running>, Vec<bool>) {
+    let node_index: HashMap<&str, usize> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.name.as_str(), i))
+        .collect();
     let waiting_jobs: std::collections::HashSet<JobKey> =
         waiting.iter().filter_map(|pg| job_of_group(pg)).collect();
-
-    // What holds each node: pods grouped by their Volcano job (or alone), with the job's deadline.
     let mut holders: BTreeMap<(String, String), Running> = BTreeMap::new();
     let mut managed_ids: std::collections::HashSet<(String, String)> =
         std::collections::HashSet::new();
@@ -418,22 +460,19 @@ fn inputs<'a>(
     }
     // No window ends what volcano-runner does not run.
     let spared: Vec<bool> = holders.keys().map(|id| !managed_ids.contains(id)).collect();
-    let running: Vec<Running> = holders.into_values().collect();
+    (holders.into_values().collect(), spared)
+}
 
-    let fifo: std::collections::HashSet<&str> = view
-        .queues
-        .iter()
-        .filter(|q| q.spec.dequeue_strategy.as_deref() == Some("fifo"))
-        .filter_map(|q| q.metadata.name.as_deref())
-        .collect();
-    let pending: Vec<Pending> = waiting
-        .iter()
-        .map(|pg| {
-            let job = job_of_group(pg).and_then(|k| jobs.get(&k).copied());
-            let in_fifo = fifo.contains(observe::queue_of(pg).as_str());
-            pending_gang(pg, job, keys, in_fifo, reserve_nodes)
-        })
-        .collect();
+/// The maintenance windows as the replay sees them, from the listing.
+fn listed_maintenance(
+    view: ClusterView<'_>,
+    jobs: &HashMap<JobKey, &VolcanoJob>,
+    waiting: &[&PodGroup],
+    spared: Vec<bool>,
+    windows: &[crate::cluster::Window],
+    keys: &AnnotationKeys,
+    now: Timestamp,
+) -> forecast::Maintenance {
     // The windows whose taint is on a node, read as the monitor reads them: a job that does not
     // tolerate one is held by it, and a window of some nodes whose taint is on no node holds nobody.
     let tainted = super::maintenance::tainted_windows(
@@ -452,7 +491,7 @@ fn inputs<'a>(
                 })
         })
         .unzip();
-    let maintenance = estimate::Maintenance {
+    forecast::Maintenance {
         windows: windows.to_vec(),
         holds: windows
             .iter()
@@ -461,13 +500,6 @@ fn inputs<'a>(
         held,
         kept_off,
         spared,
-    };
-    Inputs {
-        nodes,
-        running,
-        waiting,
-        pending,
-        maintenance,
     }
 }
 
@@ -593,7 +625,7 @@ pub fn gang(pg: &PodGroup) -> (u32, Resources) {
 /// `maxTime` is the gang's time allocation; without one it holds what it gets for good); `fifo`: its
 /// queue's `dequeueStrategy` is `fifo`; `reserve_nodes`: `[monitor] reserve_nodes`, so that a gang
 /// whose ranks tolerate their own job's reservation may get nodes reserved ([`Pending::reserves`]: its
-/// job id; the replay reserves only for one that [`estimate::needs_reservation`]). Its ranks tolerate
+/// job id; the replay reserves only for one that [`forecast::needs_reservation`]). Its ranks tolerate
 /// it when its job says so (`reservable`, written by the pipeline's Task plugin with the toleration, for
 /// a job with a `sla-waiting-time` or whole nodes; a whole-node job rendered before the marker came
 /// had the toleration already): a job rendered earlier with a waiting time but no toleration is not

@@ -1,0 +1,3 @@
+//! The scheduler's actions the forecast follows, named as Volcano names them.
+
+pub mod allocate;

@@ -1,0 +1,159 @@
+//! When a waiting job hears its start-time estimate again: a bound that moves later at once, anything
+//! else only past a tolerance that grows with the start's distance and with each estimate told, so a
+//! person hears a handful while the job waits (docs/estimates.md).
+
+use jiff::{SignedDuration, Timestamp};
+
+/// How much later than what it was told a job's start must move before it is told again: less is noise
+/// of the replay (a job ahead that fits now is placed at the instant of each replay), more is news.
+pub const LATER_SLACK: SignedDuration = SignedDuration::from_secs(10);
+
+/// How much earlier than what it was told a start `distance` away must move before the job is told
+/// again: a minute for a start ten minutes away, an hour for one a day away, growing as a power of the
+/// distance between them (`60 s × (distance / 600 s)^0.824`), and never less than `floor`
+/// (`[monitor] estimate_tolerance`). A person does not plan around a start a day away to the minute.
+pub fn telling_tolerance(distance: SignedDuration, floor: SignedDuration) -> SignedDuration {
+    // ln(3600 / 60) / ln(86400 / 600): the exponent that joins the two points.
+    const EXPONENT: f64 = 0.824;
+    let secs = distance.as_secs_f64().max(0.0);
+    let grown = 60.0 * (secs / 600.0).powf(EXPONENT);
+    let grown = SignedDuration::try_from_secs_f64(grown.min(1e9)).unwrap_or(SignedDuration::ZERO);
+    grown.max(floor)
+}
+
+/// What a waiting job was last told: the estimated start, whether it was a bound, and how many
+/// estimate events it has heard while it waits (that one included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Told {
+    pub start: Timestamp,
+    pub bound: bool,
+    pub times: u32,
+}
+
+/// The most times the telling tolerance is doubled (from the seventh event on: 64 times, an hour for a
+/// start ten minutes away), so that a move far past anything foreseen is still told.
+const MAX_DOUBLINGS: u32 = 6;
+
+/// Whether a job that was last `told` should hear the fresh estimate (`start`, a bound or not), at
+/// `now`. The tolerance is [`telling_tolerance`] of the distance to the fresh start, doubled for every
+/// estimate the job has heard after the first, so that a job hears a handful of them while it waits:
+/// - a kind changed: a bound become an expectation (the promise is withdrawn) or the reverse (it may
+///   now count on it), even at the same time;
+/// - a bound moved later by more than [`LATER_SLACK`]: the promise no longer holds, and the person
+///   must know, however often told;
+/// - an expectation whose told start has gone by, when the fresh start is more than the (undoubled)
+///   tolerance of its distance away: what the person was told is over, and the new start is news
+///   however often told (not one a moment from now: a replay that keeps placing it now is noise);
+/// - an expectation moved later, or either moved earlier, by more than the tolerance. An expectation
+///   is not a promise: it moves with what ends early and with the queues' order, and a person plans by
+///   it only to the tolerance of its distance; each move told makes the next one need twice as much.
+pub fn tell_again(
+    told: Told,
+    start: Timestamp,
+    bound: bool,
+    now: Timestamp,
+    floor: SignedDuration,
+) -> bool {
+    if told.bound != bound {
+        return true;
+    }
+    if bound && start > told.start {
+        return start.duration_since(told.start) > LATER_SLACK;
+    }
+    // What it was told has gone by: it is stale, whatever the count (a doubled tolerance of a start
+    // far away would keep a start in the past for hours). Told again when the fresh start is more than
+    // the tolerance of its distance away, not for a replay that puts it a moment from now.
+    if told.start <= now && start > now {
+        let distance = start.duration_since(now);
+        return distance > telling_tolerance(distance, floor);
+    }
+    let doublings = told.times.saturating_sub(1).min(MAX_DOUBLINGS);
+    let tolerance = telling_tolerance(start.duration_since(now), floor)
+        .checked_mul(1 << doublings)
+        .unwrap_or(SignedDuration::MAX);
+    start.duration_since(told.start).abs() > tolerance
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + s).unwrap()
+    }
+
+    #[test]
+    fn a_start_that_moves_earlier_is_told_only_past_a_tolerance_growing_with_its_distance() {
+        let minute = SignedDuration::from_secs(60);
+        let tol = |secs: i64| telling_tolerance(SignedDuration::from_secs(secs), minute).as_secs();
+        assert_eq!(tol(60), 60, "never under the floor");
+        assert_eq!(tol(600), 60, "a minute for ten minutes away");
+        assert!(
+            (3500..=3700).contains(&tol(86_400)),
+            "an hour for a day: {}",
+            tol(86_400)
+        );
+        assert!(tol(3600) > 60 && tol(3600) < 3600 / 4, "{}", tol(3600));
+        let by = |s: i64| Told {
+            start: t(s),
+            bound: true,
+            times: 1,
+        };
+        let again = |told: Told, s: i64| tell_again(told, t(s), told.bound, t(0), minute);
+        // Ten minutes away: two minutes earlier is news, thirty seconds is not.
+        assert!(again(by(720), 600));
+        assert!(!again(by(630), 600));
+        // A day away: half an hour earlier is not news, two hours are.
+        assert!(!again(by(86_400 + 1800), 86_400));
+        assert!(again(by(86_400 + 7200), 86_400));
+        // A bound later is told past a few seconds, however far away and however often told.
+        assert!(again(by(86_400), 86_400 + 11));
+        assert!(again(
+            Told {
+                times: 9,
+                ..by(600)
+            },
+            611
+        ));
+        assert!(!again(by(600), 605));
+        assert!(!again(by(600), 600));
+    }
+
+    #[test]
+    fn an_expectation_is_told_again_past_a_tolerance_that_doubles_with_each_one_told() {
+        let minute = SignedDuration::from_secs(60);
+        let at = |s: i64, times: u32| Told {
+            start: t(s),
+            bound: false,
+            times,
+        };
+        let again = |told: Told, s: i64| tell_again(told, t(s), false, t(0), minute);
+        // The first told, ten minutes away: a minute either way is the tolerance.
+        assert!(!again(at(600, 1), 650), "later within the tolerance");
+        assert!(again(at(600, 1), 670), "later past it");
+        assert!(!again(at(650, 1), 600));
+        assert!(again(at(670, 1), 600));
+        // After the third: four times as much (some five minutes).
+        assert!(!again(at(600, 3), 830));
+        assert!(again(at(600, 3), 1000));
+        assert!(!again(at(850, 3), 620));
+        // However many were told, a change of kind is told at once: a promise withdrawn or made.
+        assert!(tell_again(at(600, 50), t(600), true, t(0), minute));
+        let by = Told {
+            bound: true,
+            ..at(600, 50)
+        };
+        assert!(tell_again(by, t(600), false, t(0), minute));
+        // And the doubling stops at 64 times (an hour for a start ten minutes away), not at an overflow.
+        assert!(!again(at(600 + 3800, u32::MAX), 600));
+        assert!(again(at(600 + 3900, u32::MAX), 600));
+        assert!(again(at(600 + 3900, 7), 600));
+        // An expectation that has gone by is told again once the start is later, whatever the count.
+        let late = |told: Told, s: i64| tell_again(told, t(s), false, t(700), minute);
+        assert!(
+            late(at(600, 8), 2400),
+            "its start is past and the new one far later"
+        );
+        assert!(!late(at(600, 8), 730), "a moment from now: noise");
+    }
+}
