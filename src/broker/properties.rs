@@ -53,7 +53,10 @@ pub fn invalid_properties_reason(names: &[String]) -> super::DeadLetterReason {
     } else {
         names.join(", ")
     };
-    let field = names.first().cloned().unwrap_or_else(|| "properties".into());
+    let field = names
+        .first()
+        .cloned()
+        .unwrap_or_else(|| "properties".into());
     super::DeadLetterReason::new(
         INVALID_PROPERTY,
         format!(
@@ -112,7 +115,11 @@ mod tests {
         let reason = invalid_properties_reason(&names);
         assert_eq!(reason.code, INVALID_PROPERTY);
         assert_eq!(reason.field.as_deref(), Some("type"));
-        assert!(reason.message.contains("type, headers"), "{}", reason.message);
+        assert!(
+            reason.message.contains("type, headers"),
+            "{}",
+            reason.message
+        );
         assert_eq!(invalid_properties(&BasicProperties::default()), None);
     }
 

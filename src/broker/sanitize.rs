@@ -93,13 +93,7 @@ fn method_args(class: u16, method: u16) -> Option<&'static [Arg]> {
         (30, 10) => &[ShortStr("realm"), Bits],
         (30, 11) => &[Short],
         // exchange
-        (40, 10) => &[
-            Short,
-            ShortStr("exchange"),
-            ShortStr("type"),
-            Bits,
-            Table,
-        ],
+        (40, 10) => &[Short, ShortStr("exchange"), ShortStr("type"), Bits, Table],
         (40, 11) | (40, 21) | (40, 31) | (40, 51) => &[],
         (40, 20) => &[Short, ShortStr("exchange"), Bits],
         (40, 30) | (40, 40) => &[
@@ -144,12 +138,7 @@ fn method_args(class: u16, method: u16) -> Option<&'static [Arg]> {
         ],
         (60, 21) | (60, 31) => &[ShortStr("consumer_tag")],
         (60, 30) => &[ShortStr("consumer_tag"), Bits],
-        (60, 40) => &[
-            Short,
-            ShortStr("exchange"),
-            ShortStr("routing_key"),
-            Bits,
-        ],
+        (60, 40) => &[Short, ShortStr("exchange"), ShortStr("routing_key"), Bits],
         (60, 50) => &[
             Short,
             ShortStr("reply_text"),
@@ -260,7 +249,10 @@ impl Cursor<'_> {
 
     fn u16(&mut self) -> Result<u16, Malformed> {
         let r = self.take(2)?;
-        Ok(u16::from_be_bytes([self.bytes[r.start], self.bytes[r.start + 1]]))
+        Ok(u16::from_be_bytes([
+            self.bytes[r.start],
+            self.bytes[r.start + 1],
+        ]))
     }
 
     fn u32(&mut self) -> Result<u32, Malformed> {
@@ -712,8 +704,12 @@ impl Sanitizer {
             Vec::new()
         };
         // connection.tune: the server's frame_max.
-        if frame.len() == FRAME_HEAD + 12 + 1 && frame[0] == FRAME_METHOD && frame[7..11] == [0, 10, 0, 30] {
-            self.server_frame_max = u32::from_be_bytes([frame[13], frame[14], frame[15], frame[16]]);
+        if frame.len() == FRAME_HEAD + 12 + 1
+            && frame[0] == FRAME_METHOD
+            && frame[7..11] == [0, 10, 0, 30]
+        {
+            self.server_frame_max =
+                u32::from_be_bytes([frame[13], frame[14], frame[15], frame[16]]);
         }
         match repair_frame_inner(&frame, &carried, self.frame_max()) {
             Some((repair, announces)) => {
@@ -885,7 +881,13 @@ pub mod encode {
     }
 
     /// `basic.deliver` with the given consumer tag, exchange and routing key bytes.
-    pub fn deliver(channel: u16, tag: &[u8], delivery_tag: u64, exchange: &[u8], key: &[u8]) -> Vec<u8> {
+    pub fn deliver(
+        channel: u16,
+        tag: &[u8],
+        delivery_tag: u64,
+        exchange: &[u8],
+        key: &[u8],
+    ) -> Vec<u8> {
         let mut args = Vec::new();
         short_str(&mut args, tag);
         args.extend_from_slice(&delivery_tag.to_be_bytes());
@@ -952,7 +954,11 @@ mod tests {
     #[test]
     fn valid_frames_pass_byte_for_byte() {
         let mut stream = deliver(1, b"ctag", 7, b"jobs", b"submit");
-        stream.extend(content_header(1, 3, &submission(b"volcano_runner.v1.SubmitJob")));
+        stream.extend(content_header(
+            1,
+            3,
+            &submission(b"volcano_runner.v1.SubmitJob"),
+        ));
         stream.extend(frame(FRAME_BODY, 1, b"{}\n"));
         stream.extend(frame(FRAME_HEARTBEAT, 0, b""));
         assert_eq!(sanitized(&stream), stream);
@@ -1067,7 +1073,10 @@ mod tests {
         let parsed = parse(&sanitized(&content_header(1, 0, &p))).expect("parseable");
         let props = header_of(&parsed);
         assert_eq!(marker(props).as_deref(), Some("reply_to"));
-        assert_eq!(props.content_type().as_ref().unwrap().as_str(), "application/json");
+        assert_eq!(
+            props.content_type().as_ref().unwrap().as_str(),
+            "application/json"
+        );
         assert_eq!(*props.delivery_mode(), Some(2));
     }
 
@@ -1093,7 +1102,10 @@ mod tests {
         }
         // Another channel's message is not marked; this channel's next one is, once.
         assert_eq!(marker(header_of(&frames[1])), None);
-        assert_eq!(marker(header_of(&frames[2])).as_deref(), Some("routing_key"));
+        assert_eq!(
+            marker(header_of(&frames[2])).as_deref(),
+            Some("routing_key")
+        );
         assert_eq!(marker(header_of(&frames[3])), None);
     }
 
@@ -1130,7 +1142,14 @@ mod tests {
         let Repair::Rewritten(out) = repair_frame(&raw, &[], None) else {
             panic!("not rewritten")
         };
-        assert!(header_of(&parse(&out).unwrap()).headers().as_ref().unwrap().inner().contains_key("big"));
+        assert!(
+            header_of(&parse(&out).unwrap())
+                .headers()
+                .as_ref()
+                .unwrap()
+                .inner()
+                .contains_key("big")
+        );
     }
 
     #[test]
@@ -1188,7 +1207,8 @@ mod tests {
     }
 
     fn utf8(s: &Option<Vec<u8>>) -> bool {
-        s.as_ref().is_none_or(|s| std::str::from_utf8(&s[..s.len().min(255)]).is_ok())
+        s.as_ref()
+            .is_none_or(|s| std::str::from_utf8(&s[..s.len().min(255)]).is_ok())
     }
 
     proptest! {

@@ -74,7 +74,10 @@ impl RawPublisher {
     }
 
     async fn send(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).await.expect("write to RabbitMQ");
+        self.stream
+            .write_all(bytes)
+            .await
+            .expect("write to RabbitMQ");
     }
 
     async fn read_frame(&mut self) -> Frame {

@@ -67,10 +67,7 @@ async fn twenty_valid_and_the_poison_among_them(label: &str, runners: usize) {
 
     let type_bytes = b"volcano_runner.v1.Submit\xc3Job".to_vec();
     let poisons = vec![
-        (
-            "type",
-            poison("poison-type", |p| p.kind = Some(type_bytes)),
-        ),
+        ("type", poison("poison-type", |p| p.kind = Some(type_bytes))),
         (
             "message_id",
             poison("poison-message-id", |p| {
@@ -157,10 +154,14 @@ async fn twenty_valid_and_the_poison_among_them(label: &str, runners: usize) {
             .collect();
         assert_eq!(failed.len(), 1, "{j}: one FAILURE");
         let event = failed[0].event.as_ref().expect("a JobEvent");
-        assert_eq!(event.reason.as_deref(), Some("invalid_property"), "{event:?}");
+        assert_eq!(event.reason, "invalid_property", "{event:?}");
     }
     // Created once each, nothing else.
-    assert_eq!(h.vcjobs().await.len(), valid.len(), "one VolcanoJob per valid submission");
+    assert_eq!(
+        h.vcjobs().await.len(),
+        valid.len(),
+        "one VolcanoJob per valid submission"
+    );
 
     // The poison ones, and only they, are dead-lettered, each once, naming the property.
     let dead = h.dead_letters().await;
@@ -178,7 +179,9 @@ async fn twenty_valid_and_the_poison_among_them(label: &str, runners: usize) {
     }
     assert_eq!(dead.len(), poisons.len(), "{reasons:?}");
     for (property, (job, ..)) in &poisons {
-        let (field, error) = reasons.get(job).unwrap_or_else(|| panic!("{job} dead-lettered"));
+        let (field, error) = reasons
+            .get(job)
+            .unwrap_or_else(|| panic!("{job} dead-lettered"));
         assert_eq!(field, property, "{job}: {error}");
         assert!(error.contains("not UTF-8"), "{error}");
     }

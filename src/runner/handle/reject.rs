@@ -69,7 +69,11 @@ pub async fn undecodable(handler: &Handler, message: &Message<'_>, error: &Decod
 /// them): its `type` or ids may have been altered to be readable, so nothing is done with it. It is
 /// dead-lettered with `invalid_property`, and a job id readable in its body gets a FAILURE (or, for a
 /// cancel or extension, a status event) like any undecodable message.
-pub async fn invalid_properties(handler: &Handler, message: &Message<'_>, names: &[String]) -> Settle {
+pub async fn invalid_properties(
+    handler: &Handler,
+    message: &Message<'_>,
+    names: &[String],
+) -> Settle {
     let format = message
         .content_type
         .and_then(|ct| Format::from_content_type(ct).ok())
