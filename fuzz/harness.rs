@@ -19,6 +19,7 @@ use http_body_util::BodyExt;
 use lapin::types::FieldTable;
 use serde_json::Value;
 use tower::ServiceExt;
+use volcano_runner::broker::sanitize::{self, Repair, Sanitizer, encode};
 use volcano_runner::broker::{consumer, properties};
 use volcano_runner::config::Config;
 use volcano_runner::durable::ids;
@@ -38,6 +39,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("submit_job", submit_job),
     ("control_message", control_message),
     ("amqp_delivery", amqp_delivery),
+    ("amqp_frames", amqp_frames),
     ("traceparent", traceparent),
     ("config_toml", config_toml),
     ("sim_selector", sim_selector),
@@ -161,6 +163,88 @@ pub fn seeds(root: &Path) -> BTreeMap<&'static str, BTreeMap<String, Vec<u8>>> {
                 prefixed(selector, &json),
             );
         }
+    }
+
+    // Frames as RabbitMQ sends them: one frame (the first byte picks a method or a content header),
+    // valid or with short strings that are not UTF-8, and a stream of them (first byte 128 and up).
+    let payload = |frame: Vec<u8>| frame[7..frame.len() - 1].to_vec();
+    let submit = |kind: &[u8], headers: Vec<u8>| encode::RawProperties {
+        content_type: Some(b"application/json".to_vec()),
+        headers: Some(headers),
+        delivery_mode: Some(2),
+        message_id: Some(b"4817.1".to_vec()),
+        timestamp: Some(1_767_225_600),
+        kind: Some(kind.to_vec()),
+        ..encode::RawProperties::default()
+    };
+    let mut traceparent = Vec::new();
+    encode::table(
+        &mut traceparent,
+        &[(
+            b"traceparent",
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )],
+    );
+    let mut bad_name = Vec::new();
+    encode::table(&mut bad_name, &[(b"x-\xc3(", b"v"), (b"ok", b"\xff")]);
+    let valid = encode::content_header(
+        1,
+        2,
+        &submit(b"volcano_runner.v1.SubmitJob", traceparent.clone()),
+    );
+    let bad_type = encode::content_header(
+        1,
+        2,
+        &submit(b"volcano_runner.v1.Submit\xc3Job", traceparent),
+    );
+    let bad_header =
+        encode::content_header(1, 2, &submit(b"volcano_runner.v1.SubmitJob", bad_name));
+    let deliver = encode::deliver(1, b"amq.ctag-1", 1, b"volcano-runner.jobs", b"submit");
+    let bad_deliver = encode::deliver(1, b"amq.ctag-1", 2, b"volcano-runner.jobs", b"sub\xffmit");
+    let mut close = 404u16.to_be_bytes().to_vec();
+    encode::short_str(&mut close, b"NOT_FOUND - no queue 'q\xfe'");
+    close.extend_from_slice(&[0, 60, 0, 40]);
+    let close = encode::method(1, 20, 40, &close);
+    for (name, frame) in [
+        ("deliver", deliver.clone()),
+        ("deliver-bad-routing-key", bad_deliver.clone()),
+        ("channel-close-bad-text", close),
+    ] {
+        add(
+            "amqp_frames",
+            format!("method.{name}"),
+            prefixed(0, &payload(frame)),
+        );
+    }
+    for (name, frame) in [
+        ("submit", valid.clone()),
+        ("bad-type", bad_type.clone()),
+        ("bad-header-name", bad_header.clone()),
+    ] {
+        add(
+            "amqp_frames",
+            format!("header.{name}"),
+            prefixed(1, &payload(frame)),
+        );
+    }
+    let body = encode::frame(3, 1, b"{}");
+    let stream = [
+        deliver,
+        valid,
+        body.clone(),
+        bad_deliver,
+        bad_type,
+        body.clone(),
+        bad_header,
+        body,
+    ]
+    .concat();
+    for piece in [1u8, 7, 64] {
+        add(
+            "amqp_frames",
+            format!("stream.{piece}"),
+            prefixed(127 + piece, &stream),
+        );
     }
 
     for (name, value) in [
@@ -416,12 +500,40 @@ pub fn control_message(data: &[u8]) {
 
 /// A delivery as it comes off the wire: the content header's property list (flags, then content type,
 /// headers table, delivery mode, ..., timestamp, type, ...; the AMQP encoding lapin parses), followed by
-/// the body. Then what the runner reads from it: the delivery count, the headers a dead-letter copy keeps,
-/// the trace context, and the body decoded by the `type` and `content_type` properties, then validated.
+/// the body. The property list goes through the connection's sanitizer first, as on a real connection:
+/// whatever bytes it carries, what the sanitizer hands on parses (and a list lapin parses as it is passes
+/// unchanged). Then what the runner reads from it: the properties the sanitizer found not UTF-8 and the
+/// reason they give, the delivery count, the headers a dead-letter copy keeps, the trace context, and the
+/// body decoded by the `type` and `content_type` properties, then validated.
 pub fn amqp_delivery(data: &[u8]) {
-    let Ok((body, props)) = lapin::protocol::basic::parse_properties(data) else {
+    let as_sent = lapin::protocol::basic::parse_properties(data);
+    let Some((list, used)) = sanitize::repair_properties(data, &[]) else {
+        // Shorter than its flags say: no broker sends that, and lapin refuses it as well.
+        assert!(
+            as_sent.is_err(),
+            "lapin parses what the sanitizer found cut short"
+        );
         return;
     };
+    let body = &data[used..];
+    let (rest, props) = lapin::protocol::basic::parse_properties(&list[..])
+        .expect("what the sanitizer hands on parses");
+    assert!(
+        rest.is_empty(),
+        "the property list ends where the sanitizer says"
+    );
+    if as_sent.is_ok() {
+        assert_eq!(
+            &list[..],
+            &data[..used],
+            "a parseable list passes unchanged"
+        );
+    }
+    if let Some(names) = properties::invalid_properties(&props) {
+        let reason = properties::invalid_properties_reason(&names);
+        assert_eq!(reason.code, properties::INVALID_PROPERTY);
+        assert!(reason.field.is_some());
+    }
     let _ = properties::delivery_count(&props);
     // What a dead-letter copy keeps of the headers: within its budget, and all of them when they fit.
     let table = props.headers().clone().unwrap_or_default();
@@ -465,6 +577,60 @@ pub fn amqp_delivery(data: &[u8]) {
             }
         }
     }
+}
+
+/// Whether amq-protocol (lapin's parser) parses `bytes` as exactly one frame.
+fn amq_parses(bytes: &[u8]) -> bool {
+    matches!(amq_protocol::frame::parse_frame(bytes), Ok((rest, _)) if rest.is_empty())
+}
+
+/// Raw frames from the server, as the connection's sanitizer sees them before lapin. The first byte
+/// picks how: below 128, the rest is one frame's type (method or content header, by the lowest bit of
+/// the first byte), channel 1 and payload, and
+/// - a frame amq-protocol parses as it is passes unchanged ([`Repair::Clean`]);
+/// - a frame the sanitizer rewrites, amq-protocol parses; a frame amq-protocol refuses is rewritten or
+///   left to lapin as one the sanitizer does not know ([`Repair::Unknown`]), never called clean;
+/// - a frame the sanitizer does not know, amq-protocol refuses too (the sanitizer knows every method and
+///   the whole content header grammar amq-protocol parses, so nothing parseable escapes it).
+///
+/// From 128 on, the rest is a byte stream, fed to the incremental [`Sanitizer`] whole and in pieces of
+/// `first - 127` bytes: the output must not depend on how the bytes arrived.
+pub fn amqp_frames(data: &[u8]) {
+    let Some((&first, rest)) = data.split_first() else {
+        return;
+    };
+    if first < 128 {
+        let kind = 1 + (first & 1);
+        let raw = encode::frame(kind, 1, rest);
+        let parses = amq_parses(&raw);
+        match sanitize::repair_frame(&raw, &[], Some(sanitize::MAX_INSPECTED_FRAME)) {
+            Repair::Clean => assert!(parses, "called clean, refused by amq-protocol"),
+            Repair::Rewritten(out) => {
+                assert!(!parses, "a parseable frame was rewritten");
+                assert!(amq_parses(&out), "amq-protocol refuses a rewritten frame");
+            }
+            Repair::Unknown => assert!(
+                !parses,
+                "amq-protocol parses a frame the sanitizer does not know"
+            ),
+        }
+        return;
+    }
+    let piece = usize::from(first - 127);
+    let mut whole = Sanitizer::new(0);
+    let mut at_once = Vec::new();
+    whole.push(rest, &mut at_once);
+    whole.finish(&mut at_once);
+    let mut pieces = Sanitizer::new(0);
+    let mut in_pieces = Vec::new();
+    for chunk in rest.chunks(piece) {
+        pieces.push(chunk, &mut in_pieces);
+    }
+    pieces.finish(&mut in_pieces);
+    assert_eq!(
+        at_once, in_pieces,
+        "the output depends on how the input arrived"
+    );
 }
 
 /// A `traceparent` header value (any bytes, read as the consumer reads a header: lossily as UTF-8)

@@ -423,19 +423,30 @@ type Events = std::pin::Pin<Box<dyn Stream<Item = Event> + Send>>;
 /// server's value, or messages with large headers stop the runner's connection again.
 pub const DEFAULT_FRAME_MAX: u32 = 1024 * 1024;
 
+/// Opens an AMQP connection to `url` the way every connection of this program is opened: with the
+/// runner's frame size (see [`DEFAULT_FRAME_MAX`]) and the inbound frames sanitized, so that bytes a
+/// publisher put in a short string cannot make lapin drop it (see [`super::sanitize`]).
+pub async fn open_connection(
+    url: &str,
+    properties: ConnectionProperties,
+) -> Result<Connection, lapin::Error> {
+    match url.parse::<lapin::uri::AMQPUri>() {
+        Ok(mut uri) => {
+            uri.query.frame_max = uri.query.frame_max.or(Some(DEFAULT_FRAME_MAX));
+            super::transport::connect(uri, properties).await
+        }
+        // The configuration check refuses such a URL; lapin names the problem if one gets here.
+        Err(_) => Connection::connect(url, properties).await,
+    }
+}
+
 /// One attempt: connect and put the topology in place.
 async fn open(shared: &Shared) -> Result<(Connection, Events), BrokerError> {
     let properties = ConnectionProperties::default()
         .with_connection_name(shared.config.connection_name.as_str().into());
-    let connection = match shared.config.url.expose().parse::<lapin::uri::AMQPUri>() {
-        Ok(mut uri) => {
-            uri.query.frame_max = uri.query.frame_max.or(Some(DEFAULT_FRAME_MAX));
-            Connection::connect_uri(uri, properties).await
-        }
-        // The configuration check refuses such a URL; lapin names the problem if one gets here.
-        Err(_) => Connection::connect(shared.config.url.expose(), properties).await,
-    }
-    .map_err(|e| BrokerError::connect(&e, &shared.config))?;
+    let connection = open_connection(shared.config.url.expose(), properties)
+        .await
+        .map_err(|e| BrokerError::connect(&e, &shared.config))?;
     // Listen before anything else can fail, so no error event is missed.
     let events: Events = Box::pin(connection.events_listener());
     shared

@@ -667,6 +667,13 @@ impl Delivery {
         properties::traceparent(&self.inner.properties)
     }
 
+    /// The properties that arrived with bytes that are not UTF-8 (rewritten by the connection's sanitizer,
+    /// see [`super::sanitize`]); `None` when the message arrived as sent. A consumer must not act on such
+    /// a message: dead-letter it with [`properties::invalid_properties_reason`].
+    pub fn invalid_properties(&self) -> Option<Vec<String>> {
+        properties::invalid_properties(&self.inner.properties)
+    }
+
     /// A header as text, when it is a string.
     pub fn header_str(&self, name: &str) -> Option<String> {
         properties::header_str(&self.inner.properties, name)

@@ -19,6 +19,8 @@
 //!   for `volcano-runner admin dead-letters`.
 //! - [`properties`]: reading an inbound message's properties and headers (delivery count, trace context),
 //!   pure functions of what lapin parsed.
+//! - [`sanitize`] and [`transport`]: the socket under lapin, whose inbound frames are rewritten so that
+//!   a short string that is not UTF-8 cannot make lapin drop the connection.
 //! - [`follow`]: [`EventsFollower`], a temporary queue on the events and proxy exchanges for
 //!   `volcano-runner events`.
 
@@ -29,7 +31,9 @@ pub mod follow;
 pub mod outbound;
 pub mod properties;
 pub mod publisher;
+pub mod sanitize;
 pub mod topology;
+pub mod transport;
 
 use std::time::Duration;
 

@@ -27,6 +27,46 @@ pub fn as_text(value: &AMQPValue) -> Option<String> {
     }
 }
 
+/// The reason code of a message some of whose AMQP properties were not UTF-8.
+pub const INVALID_PROPERTY: &str = "invalid_property";
+
+/// The properties of a delivery that arrived with bytes that are not UTF-8 where AMQP has short strings
+/// (`type`, `message_id`, `headers` for a header name, `routing_key`, ...), as the connection's
+/// sanitizer named them (see [`super::sanitize`]); `None` for a delivery that arrived as sent.
+pub fn invalid_properties(properties: &BasicProperties) -> Option<Vec<String>> {
+    let names = header_str(properties, super::sanitize::INVALID_HEADER)?;
+    Some(
+        names
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    )
+}
+
+/// The dead-letter reason of a delivery whose properties `names` were not UTF-8: the runner cannot trust
+/// what it would read from them, so it does not act on the message.
+pub fn invalid_properties_reason(names: &[String]) -> super::DeadLetterReason {
+    let list = if names.is_empty() {
+        "its properties".to_owned()
+    } else {
+        names.join(", ")
+    };
+    let field = names
+        .first()
+        .cloned()
+        .unwrap_or_else(|| "properties".into());
+    super::DeadLetterReason::new(
+        INVALID_PROPERTY,
+        format!(
+            "{field}: the AMQP property {list} carried bytes that are not UTF-8 (AMQP short strings and \
+             header names must be UTF-8); invalid bytes were shown as '?' and the message was not acted on"
+        ),
+    )
+    .with_field(field)
+}
+
 /// How often a quorum queue delivered the message before (`x-delivery-count`), from any integer type;
 /// absent (or not a count) on the first delivery and on classic queues.
 pub fn delivery_count(properties: &BasicProperties) -> Option<u64> {
@@ -62,6 +102,25 @@ mod tests {
         let mut table = FieldTable::default();
         table.insert(ShortString::from(name), value);
         BasicProperties::default().with_headers(table)
+    }
+
+    #[test]
+    fn the_sanitizers_marker_names_the_properties() {
+        let marked = with_header(
+            crate::broker::sanitize::INVALID_HEADER,
+            AMQPValue::LongString("type,headers".into()),
+        );
+        let names = invalid_properties(&marked).unwrap();
+        assert_eq!(names, ["type", "headers"]);
+        let reason = invalid_properties_reason(&names);
+        assert_eq!(reason.code, INVALID_PROPERTY);
+        assert_eq!(reason.field.as_deref(), Some("type"));
+        assert!(
+            reason.message.contains("type, headers"),
+            "{}",
+            reason.message
+        );
+        assert_eq!(invalid_properties(&BasicProperties::default()), None);
     }
 
     #[test]

@@ -9,6 +9,8 @@ mod busy_workload;
 mod harness;
 #[path = "../common/rabbit.rs"]
 mod rabbit;
+#[path = "../common/raw_amqp.rs"]
+mod raw_amqp;
 
 mod bad_input;
 mod bench;
@@ -21,6 +23,7 @@ mod exactly_once;
 mod faults;
 mod gate;
 mod hostile;
+mod invalid_utf8;
 mod peers;
 mod public_ip;
 mod scale;

@@ -226,6 +226,7 @@ pub async fn pending_pass(h: &Handler) -> Result<PendingReport, ClusterError> {
             from_submit_queue: false,
             traceparent: record.traceparent.as_deref().and_then(TraceParent::parse),
             sent_at: record.sent_at,
+            invalid_properties: None,
         };
         let settled = match apply_recorded(h, &m, &request).await {
             Some(settle) => settle,

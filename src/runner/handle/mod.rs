@@ -92,6 +92,9 @@ pub struct Message<'a> {
     pub traceparent: Option<TraceParent>,
     /// The `timestamp` property (seconds), when the publisher set one.
     pub sent_at: Option<Timestamp>,
+    /// The properties that arrived with bytes that are not UTF-8 (see `broker::sanitize`): such a
+    /// message is rejected before anything is read from it.
+    pub invalid_properties: Option<Vec<String>>,
 }
 
 impl<'a> Message<'a> {
@@ -109,6 +112,7 @@ impl<'a> Message<'a> {
             sent_at: delivery
                 .timestamp()
                 .and_then(|s| Timestamp::from_second(i64::try_from(s).ok()?).ok()),
+            invalid_properties: delivery.invalid_properties(),
         }
     }
 }
@@ -154,6 +158,9 @@ impl std::fmt::Debug for Handler {
 impl Handler {
     /// Handles one message and says how to settle it.
     pub async fn handle(&self, message: &Message<'_>) -> Settle {
+        if let Some(names) = &message.invalid_properties {
+            return reject::invalid_properties(self, message, names).await;
+        }
         match decode_inbound(message.type_name, message.content_type, message.body) {
             Err(e) => reject::undecodable(self, message, &e).await,
             // The queue a message arrived on decides what it may be, not its type: a submission on the

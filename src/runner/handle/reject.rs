@@ -65,6 +65,43 @@ pub async fn undecodable(handler: &Handler, message: &Message<'_>, error: &Decod
     .await
 }
 
+/// A message some of whose AMQP properties were not UTF-8 (`names`, as the connection's sanitizer found
+/// them): its `type` or ids may have been altered to be readable, so nothing is done with it. It is
+/// dead-lettered with `invalid_property`, and a job id readable in its body gets a FAILURE (or, for a
+/// cancel or extension, a status event) like any undecodable message.
+pub async fn invalid_properties(
+    handler: &Handler,
+    message: &Message<'_>,
+    names: &[String],
+) -> Settle {
+    let format = message
+        .content_type
+        .and_then(|ct| Format::from_content_type(ct).ok())
+        .unwrap_or(Format::Json);
+    let job_id = peek_job_id(format, message.body);
+    let is_submission = match message.type_name.and_then(MessageType::from_amqp_type) {
+        Some(MessageType::SubmitJob) => true,
+        Some(MessageType::CancelJob | MessageType::ExtendJob) => false,
+        _ => message.from_submit_queue,
+    };
+    let reason = crate::broker::properties::invalid_properties_reason(names);
+    let problem = Problem {
+        code: reason.code,
+        text: reason.message,
+        field: reason.field,
+    };
+    let fingerprint16 = ids::body_fingerprint16(message.body);
+    reject(
+        handler,
+        message,
+        job_id.as_deref(),
+        is_submission,
+        &fingerprint16,
+        problem,
+    )
+    .await
+}
+
 /// Dead-letter code of a message whose effect the cluster refuses for good.
 pub const CLUSTER_REJECTED: &str = "cluster_rejected";
 
