@@ -256,7 +256,14 @@ async fn route(
             .get(header::ORIGIN)
             .and_then(|o| o.to_str().ok())
             .unwrap_or("none");
-        warn!(job_id = %job_id, rank, bridge = kind.name(), origin, reason, "Session bridge refused: the request comes from another origin.");
+        warn!(
+            job_id = %job_id,
+            rank,
+            bridge = kind.name(),
+            origin = ?origin,
+            reason,
+            "Session bridge refused: the request comes from another origin."
+        );
         return (
             StatusCode::FORBIDDEN,
             format!("refused ({reason}): a bridge opens only from its rank's own pages (Origin {origin:?})\n"),

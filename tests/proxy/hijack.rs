@@ -297,6 +297,8 @@ async fn chromium_a_co_tenant_page_cannot_open_a_victims_bridges_and_the_victims
     let (t, b) = (s.host("ht"), s.host("hb"));
     let terminal = s.session("ht", SessionKind::Terminal, None).await;
     let vnc = s.session("ht", SessionKind::Vnc, None).await;
+    // B's own web session, which its owner hands out as a link.
+    let lure = s.session("hb", SessionKind::Web, None).await;
     let mut chrome = Chrome::start(&s.naming.domain, s.caddy.http_port).await;
     let ws = |path: &str| format!("ws://{t}:{}{path}", s.caddy.http_port);
 
@@ -321,8 +323,14 @@ async fn chromium_a_co_tenant_page_cannot_open_a_victims_bridges_and_the_victims
         "the victim's own desktop: {own}"
     );
 
-    // The victim visits job B's page; its script tries T's bridges with the victim's cookies.
-    chrome.goto(&chrome.url(&b, "/")).await;
+    // B's owner hands the victim a session URL of B (a link to their notebook, say); B's page's
+    // script tries T's bridges with the victim's cookies.
+    chrome.goto(&chrome.url(&b, &session_path(&lure))).await;
+    let title = chrome.eval("document.title").await;
+    assert!(
+        title.as_str().is_some_and(|t| t.contains("hb")),
+        "job B's page: {title}"
+    );
     let origin = chrome.eval("location.origin").await;
     assert_eq!(origin, chrome.origin(&b).as_str());
     for path in [TERMINAL_PATH, VNC_PATH, LOGS_PATH] {
@@ -519,8 +527,10 @@ async fn cookie_tossing_from_a_co_tenant_page_leaves_the_victims_pages_answering
         .await;
     assert_eq!(chrome.fetch_status("/deep/er/page").await, 200);
 
-    // The attacker's page, in the victim's browser.
-    chrome.goto(&chrome.url(&attacker, "/")).await;
+    // The attacker's page, in the victim's browser (through a session URL the attacker handed out).
+    chrome
+        .goto(&chrome.url(&attacker, &session_path(&attacker_session)))
+        .await;
     let forged = token::generate().unwrap();
     let script = format!(
         r#"(() => {{
