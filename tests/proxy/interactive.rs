@@ -122,6 +122,11 @@ async fn open(addr: SocketAddr, w: &World, job_id: &str, rank: u32, path: &str) 
     request
         .headers_mut()
         .insert(http::header::HOST, host.parse().unwrap());
+    // As a browser on the rank's own page names it.
+    request.headers_mut().insert(
+        http::header::ORIGIN,
+        format!("http://{host}").parse().unwrap(),
+    );
     let (socket, _) = tokio::time::timeout(PATIENCE, tokio_tungstenite::connect_async(request))
         .await
         .expect("the bridge answers")

@@ -414,7 +414,11 @@ async fn a_session_opens_its_rank_and_kind_and_nothing_else_until_it_expires_or_
     assert_eq!(
         header(&headers, "set-cookie"),
         Some(
-            format!("ucloud-compute-session={id}; Path=/; HttpOnly; SameSite=Lax; Secure").as_str()
+            // Under https: the web kind's own cookie, bound to this host.
+            format!(
+                "__Host-ucloud-compute-session-web={id}; Path=/; HttpOnly; SameSite=Lax; Secure"
+            )
+            .as_str()
         )
     );
     assert_eq!(header(&headers, "location"), Some("/"));
@@ -1098,7 +1102,7 @@ async fn a_terminal_application_gets_a_shell_through_caddy_behind_its_session_an
         // A browser names the page that opens the socket: the terminal's own.
         headers.insert(
             http::header::ORIGIN,
-            format!("http://{host}:{port}").parse().unwrap(),
+            format!("http://{host}").parse().unwrap(),
         );
         tokio_tungstenite::connect_async(request)
     };
