@@ -139,6 +139,7 @@ async fn run() {
                 domain: "cloud.sdu.dk".into(),
             },
             secure: true,
+            allowed_origins: Vec::new(),
             clock: Arc::new(jiff::Timestamp::now),
             metrics: None,
         },

@@ -19,6 +19,7 @@ use crate::ops::Ops;
 use crate::proxy::bridge::{BridgeContext, Bridges};
 use crate::proxy::{HostNaming, ProxySync};
 use crate::sessions::check::{CheckSettings, SessionCheck};
+use crate::sessions::origin::OriginPolicy;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -91,28 +92,6 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
         node_id,
         Some(table_ready),
     );
-    let bridges = if config.proxy_sync.bridge_listen.is_empty() {
-        None
-    } else {
-        let bridges = Bridges::bind(
-            &config.proxy_sync.bridge_listen,
-            BridgeContext {
-                routes: sync.routes(),
-                naming: HostNaming {
-                    prefix: config.pipeline.proxy.prefix.clone(),
-                    domain: config.pipeline.proxy.domain.clone(),
-                },
-                client: sync.client.clone(),
-                connect_timeout: config.proxy_sync.connect_timeout,
-                lifecycle_key: config.pipeline.keys().lifecycle_state.clone(),
-            },
-        )
-        .await
-        .map_err(|e| CliError::Other(e.to_string()))?;
-        info!(listen = %bridges.local_addr().map_err(|e| CliError::Other(e.to_string()))?, "Serving the session bridges (VNC, terminal, logs).");
-        let serving = tokio::spawn(bridges.run(shutdown.clone()));
-        Some(serving)
-    };
     let check = match sessions_ready {
         Some(ready) => Some(
             SessionCheck::start(
@@ -125,6 +104,7 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
                         domain: config.pipeline.proxy.domain.clone(),
                     },
                     secure: config.sessions.scheme == "https",
+                    allowed_origins: config.sessions.allowed_origins.clone(),
                     clock: std::sync::Arc::new(jiff::Timestamp::now),
                     metrics: Some(ops.metrics.clone()),
                 },
@@ -141,6 +121,35 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
             })?,
         ),
         None => None,
+    };
+    let bridges = if config.proxy_sync.bridge_listen.is_empty() {
+        None
+    } else {
+        let bridges = Bridges::bind(
+            &config.proxy_sync.bridge_listen,
+            BridgeContext {
+                routes: sync.routes(),
+                naming: HostNaming {
+                    prefix: config.pipeline.proxy.prefix.clone(),
+                    domain: config.pipeline.proxy.domain.clone(),
+                },
+                client: sync.client.clone(),
+                connect_timeout: config.proxy_sync.connect_timeout,
+                lifecycle_key: config.pipeline.keys().lifecycle_state.clone(),
+                origins: OriginPolicy::new(
+                    config.sessions.scheme == "https",
+                    &config.sessions.allowed_origins,
+                ),
+                // With a session check in this process, every bridge ends with the session that
+                // opened it.
+                sessions: check.as_ref().map(|c| c.authz.clone()),
+            },
+        )
+        .await
+        .map_err(|e| CliError::Other(e.to_string()))?;
+        info!(listen = %bridges.local_addr().map_err(|e| CliError::Other(e.to_string()))?, "Serving the session bridges (VNC, terminal, logs).");
+        let serving = tokio::spawn(bridges.run(shutdown.clone()));
+        Some(serving)
     };
     let result = sync.run(shutdown.clone()).await;
     shutdown.cancel();

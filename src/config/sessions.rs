@@ -24,6 +24,10 @@ pub struct SessionsConfig {
     pub sweep_batch: u32,
     /// How many session requests may be in flight to one runner.
     pub prefetch: u16,
+    /// Origins besides each rank's own (`<scheme>://<rank host>`) whose pages may use a session: open
+    /// a bridge's WebSocket, send a state-changing request, fetch with credentials. The orchestrator's
+    /// web frontend, if it talks to the jobs from its pages (`https://cloud.sdu.dk`). Empty by default.
+    pub allowed_origins: Vec<String>,
 }
 
 mod duration {
@@ -39,6 +43,7 @@ impl Default for SessionsConfig {
             sweep_interval: Duration::from_secs(60),
             sweep_batch: 500,
             prefetch: 32,
+            allowed_origins: Vec::new(),
         }
     }
 }
@@ -76,6 +81,18 @@ impl SessionsConfig {
         if self.sweep_batch == 0 {
             return Err(invalid("sweep_batch", "must be at least 1"));
         }
+        for (i, origin) in self.allowed_origins.iter().enumerate() {
+            let normalized = crate::sessions::origin::normalize(origin);
+            if normalized.is_none() {
+                return Err(invalid(
+                    &format!("allowed_origins[{i}]"),
+                    &format!(
+                        "{origin:?} is not an origin: write scheme://host[:port] as a browser sends it \
+                         (\"https://cloud.sdu.dk\"), with no path, and never \"null\""
+                    ),
+                ));
+            }
+        }
         if self.prefetch == 0 {
             return Err(invalid(
                 "prefetch",
@@ -98,5 +115,16 @@ mod tests {
         let c: SessionsConfig = toml::from_str("max_lifetime = \"1h\"").unwrap();
         assert_eq!(c.check().unwrap_err().key, "sessions.max_lifetime");
         assert!(toml::from_str::<SessionsConfig>("lifetime = \"1h\"").is_err());
+        let c: SessionsConfig =
+            toml::from_str("allowed_origins = [\"https://cloud.sdu.dk\", \"null\"]").unwrap();
+        let e = c.check().unwrap_err();
+        assert_eq!(e.key, "sessions.allowed_origins[1]");
+        assert!(e.reason.contains("never \"null\""), "{e}");
+        let c: SessionsConfig =
+            toml::from_str("allowed_origins = [\"https://cloud.sdu.dk/app\"]").unwrap();
+        assert_eq!(c.check().unwrap_err().key, "sessions.allowed_origins[0]");
+        let c: SessionsConfig =
+            toml::from_str("allowed_origins = [\"https://cloud.sdu.dk\"]").unwrap();
+        c.check().unwrap();
     }
 }

@@ -13,8 +13,16 @@
 //! `<prefix><jobId>-<rank>.<domain>`, or a public domain of the job: rank 0). A host that is not routed
 //! gets 404 and nothing is opened. A terminal-only job's ranks (port 0) have the terminal and the logs,
 //! and no VNC server. Every bridge is closed (code 1000, reason `job <id> ended`) when the
-//! job's routes go (its `REMOVE`) or its rank moves to another pod. The bridges trust the session check
-//! the proxy made: they listen where only the proxy reaches them (loopback in the pod, NetworkPolicy).
+//! job's routes go (its `REMOVE`) or its rank moves to another pod.
+//!
+//! The bridges listen where only the proxy reaches them (loopback in the pod, NetworkPolicy), after
+//! the session check; they still judge where an upgrade comes from themselves
+//! ([`crate::sessions::origin`]: `Origin` must be the rank's own or a listed one, so that another
+//! job's page, same-site to this one, cannot open them with the user's cookie), and, with the check in
+//! the same process, they follow the session that opened them: the check names it
+//! (`X-Volcano-Runner-Session`, its record's name), a bridge without a live session of its job is
+//! refused, and an open bridge is closed (code 1000, reason `the session expired` or `the session was
+//! revoked`) when its session expires or its record is deleted.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -39,6 +47,10 @@ use super::sync::Routes;
 use super::table::{Backend, HostNaming};
 use crate::cli::logs::{Line, RankReader};
 use crate::pipeline::names::USER_CONTAINER;
+use crate::sessions::authz::Authz;
+use crate::sessions::origin::{Fetch, OriginPolicy};
+use crate::sessions::server::HEADER_SESSION;
+use crate::sessions::token::Hash;
 use crate::ws::{self, ServerSocket};
 
 /// The paths served.
@@ -55,6 +67,10 @@ pub const SHELL: [&str; 3] = [
 
 /// How long a terminal whose shell ended waits for its job's `REMOVE`, to say why it closes.
 const SHELL_EXIT_GRACE: Duration = Duration::from_secs(2);
+
+/// How often an open bridge looks at its session (its expiry is read on the check's clock, which tests
+/// drive): a session's end closes its bridges within this.
+const SESSION_POLL: Duration = Duration::from_millis(250);
 
 /// How long a followed log line is held so that a line of another rank with an earlier time, read a
 /// moment later, is sent before it.
@@ -82,6 +98,12 @@ pub struct BridgeContext {
     /// `<prefix>lifecycleState` under the configured prefix: the logs bridge ends when the monitor has
     /// recorded the job's end.
     pub lifecycle_key: String,
+    /// The origins whose pages may open a bridge (each rank's own and `[sessions] allowed_origins`).
+    pub origins: OriginPolicy,
+    /// The session check of this process, when it runs one: each bridge then needs a live session of
+    /// its job (named by the check) and ends with it. `None`: the bridges trust the proxy's check
+    /// alone and end with the job.
+    pub sessions: Option<Arc<Authz>>,
 }
 
 /// The bridges' listener; [`Bridges::run`] serves until shutdown.
@@ -224,6 +246,56 @@ async fn route(
         )
             .into_response();
     };
+    let method = request.method().as_str().to_owned();
+    let judged = context
+        .origins
+        .judge(&host, &Fetch::from_headers(&method, request.headers()));
+    if let Err(reason) = judged {
+        let origin = request
+            .headers()
+            .get(header::ORIGIN)
+            .and_then(|o| o.to_str().ok())
+            .unwrap_or("none");
+        warn!(
+            job_id = %job_id,
+            rank,
+            bridge = kind.name(),
+            origin = ?origin,
+            reason,
+            "Session bridge refused: the request comes from another origin."
+        );
+        return (
+            StatusCode::FORBIDDEN,
+            format!("refused ({reason}): a bridge opens only from its rank's own pages (Origin {origin:?})\n"),
+        )
+            .into_response();
+    }
+    let session = match &context.sessions {
+        None => None,
+        Some(authz) => {
+            let named = request
+                .headers()
+                .get(HEADER_SESSION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("session-"))
+                .and_then(Hash::from_hex);
+            let live = named.and_then(|hash| authz.record(&hash)).filter(|r| {
+                !r.is_expired(authz.now())
+                    && r.job_id == job_id
+                    && (matches!(kind, Kind::Logs) || r.rank == rank)
+            });
+            match live {
+                Some(record) => Some((authz.clone(), record.hash, record.expires_at)),
+                None => {
+                    return (
+                        StatusCode::FORBIDDEN,
+                        "refused: no live session of this job opens this bridge\n",
+                    )
+                        .into_response();
+                }
+            }
+        }
+    };
     // noVNC asks for the `binary` subprotocol; others ask for none.
     let accepted = match ws::accept(&mut request, &[], &["binary"]) {
         Ok(a) => a,
@@ -235,7 +307,7 @@ async fn route(
         let Some(socket) = accepted.socket().await else {
             return;
         };
-        let ended = tokio::spawn(job_ended(context.routes.clone(), job_id.clone(), rank, backend, stop));
+        let ended = tokio::spawn(ended(context.routes.clone(), job_id.clone(), rank, backend, session, stop));
         let outcome = match kind {
             Kind::Vnc => vnc(socket, backend, context.connect_timeout, ended).await,
             Kind::Terminal => terminal(socket, &context.client, backend, ended).await,
@@ -263,13 +335,15 @@ impl Kind {
     }
 }
 
-/// Resolves when the job's rank is no longer routed to `backend` (its job ended, or the rank moved), or
-/// at shutdown, with the close reason to send.
-async fn job_ended(
+/// Resolves when the job's rank is no longer routed to `backend` (its job ended, or the rank moved),
+/// when the session that opened the bridge expires or is deleted, or at shutdown, with the close
+/// reason to send.
+async fn ended(
     routes: Routes,
     job_id: String,
     rank: u32,
     backend: Backend,
+    session: Option<(Arc<Authz>, Hash, jiff::Timestamp)>,
     stop: CancellationToken,
 ) -> String {
     let mut changes = routes.subscribe();
@@ -282,11 +356,22 @@ async fn job_ended(
             }
             Some(_) => {}
         }
+        if let Some((authz, hash, expires_at_opened)) = &session {
+            // A record swept after its expiry is an expired session, not a revoked one.
+            let expires_at = authz.record(hash).map(|r| r.expires_at);
+            if authz.now() >= expires_at.unwrap_or(*expires_at_opened) {
+                return "the session expired".to_owned();
+            }
+            if expires_at.is_none() {
+                return "the session was revoked".to_owned();
+            }
+        }
         tokio::select! {
             () = stop.cancelled() => return "the proxy instance is shutting down".to_owned(),
             changed = changes.changed() => if changed.is_err() {
                 return "the proxy instance is shutting down".to_owned();
             },
+            () = tokio::time::sleep(SESSION_POLL), if session.is_some() => {}
         }
     }
 }

@@ -8,8 +8,8 @@
 //! 1. the session check when `authz_url` is set: Caddy's `forward_auth` (a `reverse_proxy` to the authz
 //!    endpoint with the method rewritten to GET and the URI to the endpoint's path, the original URI in
 //!    `X-Forwarded-Uri` and the host in `X-Forwarded-Host`, the cookie as sent); a 2xx answer lets the
-//!    request on with the answer's `X-Volcano-Runner-Job` and `-Rank`, any other answer (401, 403, the
-//!    session's 302) goes to the client as it is;
+//!    request on with the answer's `X-Volcano-Runner-Job`, `-Rank` and `-Session`, any other answer
+//!    (401, 403, the session's 302) goes to the client as it is;
 //! 2. paths under `/.volcano-runner/` to `bridge_url` when it is set;
 //! 3. everything else to the rank's pod IP and port. WebSocket upgrades pass through `reverse_proxy`.
 //!    A bridges-only rank (a terminal-only job, port 0) has no pod port: everything else is answered
@@ -75,10 +75,14 @@ fn forward_auth(authz: &Upstream) -> Value {
             json!([format!("{{http.reverse_proxy.header.{name}}}")]),
         )
     };
-    let copied: serde_json::Map<String, Value> =
-        [copy("X-Volcano-Runner-Job"), copy("X-Volcano-Runner-Rank")]
-            .into_iter()
-            .collect();
+    let copied: serde_json::Map<String, Value> = [
+        copy("X-Volcano-Runner-Job"),
+        copy("X-Volcano-Runner-Rank"),
+        // The bridges follow the session the check names (crate::proxy::bridge).
+        copy("X-Volcano-Runner-Session"),
+    ]
+    .into_iter()
+    .collect();
     json!({
         "handler": "reverse_proxy",
         "upstreams": [{"dial": authz.authority()}],

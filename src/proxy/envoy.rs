@@ -155,8 +155,15 @@ fn http_filters(settings: &EnvoySettings) -> Vec<Value> {
                         "allowed_upstream_headers": {"patterns": [{"prefix": "x-volcano-runner-"}]},
                     },
                 },
-                // Host, method and path always go to the check; the session is in the cookie.
-                "allowed_headers": {"patterns": [{"exact": "cookie"}]},
+                // Host, method and path always go to the check; the session is in the cookie, and
+                // where the request comes from in the rest (crate::sessions::origin).
+                "allowed_headers": {"patterns": [
+                    {"exact": "cookie"},
+                    {"exact": "origin"},
+                    {"prefix": "sec-fetch-"},
+                    {"exact": "sec-websocket-key"},
+                    {"exact": "upgrade"},
+                ]},
                 // A check that cannot be made refuses the request.
                 "failure_mode_allow": false,
             },

@@ -3,9 +3,12 @@
 //! request.
 //!
 //! The request's original host (`X-Forwarded-Host`, else `Host`) must be a routed host: a rank host
-//! `<prefix><jobId>-<rank>.<domain>` or one of a job's public domains (rank 0). The session comes from
-//! the `ucloud-compute-session` cookie and must be of that job, live (not expired; its job routed, so not
-//! ended), and match:
+//! `<prefix><jobId>-<rank>.<domain>` or one of a job's public domains (rank 0). Where the request comes
+//! from must be acceptable ([`super::origin`]: a WebSocket or a state-changing method from the rank's
+//! own origin or a listed one, nothing but top-level navigations from other pages). The session comes
+//! from the session cookies (every cookie [`super::is_session_cookie`] names, all of them looked at: a
+//! cookie another page of the site planted beside the user's own cannot hide it) and one of them must
+//! be of that job, live (not expired; its job routed, so not ended), and match:
 //!
 //! | original path | session needed |
 //! | --- | --- |
@@ -24,18 +27,15 @@ use std::sync::{Arc, RwLock};
 
 use jiff::Timestamp;
 
+use super::origin::{Fetch, OriginPolicy};
 use super::record::{SessionRecord, name_for};
 use super::token::{self, Hash};
-use super::{COOKIE, Kind, RESERVED_PREFIX, SESSION_PATH};
+use super::{COOKIE, Kind, RESERVED_PREFIX, SESSION_PATH, is_session_cookie};
 use crate::cluster::view::WatchView;
 use crate::proxy::{HostNaming, Routes};
 
 /// The session records by ConfigMap name, kept by a watch (`None`: a record that does not read).
 pub type Sessions = WatchView<Option<SessionRecord>>;
-
-/// How many `ucloud-compute-session` cookies of one request are looked at (a browser sends one per
-/// matching path and domain; more is an attempt to make the check slow).
-const MAX_COOKIES: usize = 4;
 
 /// What the request wants, from its original path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,15 +74,25 @@ type HostIndex = Arc<HashMap<String, (String, u32)>>;
 /// The answer to one check.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    /// 200: let it through, to this job and rank.
-    Allow { job_id: String, rank: u32 },
-    /// 302 to `location` with the session cookie set to the id.
-    SetCookie { id: String, location: &'static str },
+    /// 200: let it through, to this job and rank, under the session of this hash (the bridges
+    /// follow it, to close what it opened when it ends).
+    Allow {
+        job_id: String,
+        rank: u32,
+        session: Hash,
+    },
+    /// 302 to `location` with the cookie of the session's kind set to the id.
+    SetCookie {
+        id: String,
+        kind: Kind,
+        location: &'static str,
+    },
     /// 401: no session cookie.
     NoSession,
     /// 403, with the reason for the metrics and the debug log (never with the id): a fixed word,
-    /// `sessions_not_listed`, `no_route`, `no_token`, `invalid_session_url`, `unknown_or_expired`,
-    /// `other_job` or `other_rank_or_kind`.
+    /// `sessions_not_listed`, `no_route`, where the request comes from (`foreign_origin`,
+    /// `no_origin`, `framed`, `cross_origin_subresource`), `no_token`, `invalid_session_url`,
+    /// `unknown_or_expired`, `other_job` or `other_rank_or_kind`.
     Deny(&'static str),
 }
 
@@ -110,6 +120,7 @@ pub struct Authz {
     /// The host index and the route table version it was built from.
     hosts: RwLock<(Option<u64>, HostIndex)>,
     clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
+    origins: OriginPolicy,
 }
 
 impl Authz {
@@ -128,7 +139,28 @@ impl Authz {
             naming,
             hosts: RwLock::new((None, Arc::default())),
             clock,
+            origins: OriginPolicy::default(),
         }
+    }
+
+    /// Judges where requests come from by `origins` (by default: https rank hosts, nothing listed).
+    pub fn with_origins(mut self, origins: OriginPolicy) -> Self {
+        self.origins = origins;
+        self
+    }
+
+    /// The time by the check's clock.
+    pub fn now(&self) -> Timestamp {
+        (self.clock)()
+    }
+
+    /// The record of the session whose id hashes to `hash`, expired or not, while it is stored.
+    pub fn record(&self, hash: &Hash) -> Option<SessionRecord> {
+        let key = (name_for(hash), self.namespace.clone());
+        self.sessions
+            .read(|all| all.get(&key).cloned().flatten())
+            .flatten()
+            .filter(|r| r.hash.constant_time_eq(hash))
     }
 
     /// Whether the session records have been listed (before that, every check is refused).
@@ -166,21 +198,19 @@ impl Authz {
         if !token::well_formed(id) {
             return None;
         }
-        let hash = Hash::of(id);
-        let key = (name_for(&hash), self.namespace.clone());
-        self.sessions
-            .read(|all| all.get(&key).cloned().flatten())
-            .flatten()
-            .filter(|r| r.hash.constant_time_eq(&hash) && !r.is_expired(now))
+        self.record(&Hash::of(id)).filter(|r| !r.is_expired(now))
     }
 
-    /// Checks one request: its original host, original path (with query) and `Cookie` header values.
+    /// Checks one request: its original host, original path (with query), `Cookie` header values, and
+    /// what the browser says of where it comes from.
     pub fn check<'a>(
         &self,
         host: &str,
         path: &str,
         cookies: impl IntoIterator<Item = &'a str>,
+        fetch: &Fetch<'_>,
     ) -> Decision {
+        let original_host = host.trim();
         let host = normalize_host(host);
         let wants = Wants::of(path);
         if !self.synced() {
@@ -189,6 +219,9 @@ impl Authz {
         let Some((job_id, rank)) = self.route(&host) else {
             return Decision::Deny("no_route");
         };
+        if let Err(reason) = self.origins.judge(original_host, fetch) {
+            return Decision::Deny(reason);
+        }
         let now = (self.clock)();
         if wants == Wants::Session {
             let Some(id) = query_param(path, "token") else {
@@ -197,17 +230,19 @@ impl Authz {
             return match self.session(id, now) {
                 Some(r) if r.job_id == job_id && r.rank == rank => Decision::SetCookie {
                     id: id.to_owned(),
+                    kind: r.kind,
                     location: r.kind.landing_path(),
                 },
                 _ => Decision::Deny("invalid_session_url"),
             };
         }
-        let ids: Vec<&str> = cookies
+        // Every session cookie is looked at: the header's size is bounded by the endpoint, and an id
+        // that is not well formed costs a length check.
+        let mut ids = cookies
             .into_iter()
-            .flat_map(|header| cookie_values(header, COOKIE))
-            .take(MAX_COOKIES)
-            .collect();
-        if ids.is_empty() {
+            .flat_map(|header| session_cookie_values(header, COOKIE))
+            .peekable();
+        if ids.peek().is_none() {
             return Decision::NoSession;
         }
         let mut reason = "unknown_or_expired";
@@ -225,7 +260,11 @@ impl Authz {
                 Wants::Session => false,
             };
             if fits {
-                return Decision::Allow { job_id, rank };
+                return Decision::Allow {
+                    job_id,
+                    rank,
+                    session: r.hash,
+                };
             }
             reason = "other_rank_or_kind";
         }
@@ -254,11 +293,11 @@ fn query_param<'a>(path: &'a str, name: &str) -> Option<&'a str> {
         .map(|(_, v)| v)
 }
 
-/// The values of cookie `name` in one `Cookie` header.
-fn cookie_values<'a>(header: &'a str, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+/// The values of the session cookies of base name `base` in one `Cookie` header.
+fn session_cookie_values<'a>(header: &'a str, base: &'a str) -> impl Iterator<Item = &'a str> + 'a {
     header.split(';').filter_map(move |pair| {
         let (k, v) = pair.split_once('=')?;
-        (k.trim() == name).then(|| v.trim().trim_matches('"'))
+        is_session_cookie(base, k.trim()).then(|| v.trim().trim_matches('"'))
     })
 }
 
@@ -299,11 +338,12 @@ mod tests {
         );
         assert_eq!(query_param("/x?a=1&token=abc#f", "token"), Some("abc"));
         assert_eq!(query_param("/x?tokens=abc", "token"), None);
-        let values: Vec<&str> = cookie_values(
-            "a=1; ucloud-compute-session=xyz; b=2; ucloud-compute-session=\"q\"",
+        let values: Vec<&str> = session_cookie_values(
+            "a=1; ucloud-compute-session=xyz; b=2; __Host-ucloud-compute-session-web=\"q\"; \
+             ucloud-compute-sessions=no; ucloud-compute-session-terminal=t",
             COOKIE,
         )
         .collect();
-        assert_eq!(values, vec!["xyz", "q"]);
+        assert_eq!(values, vec!["xyz", "q", "t"]);
     }
 }

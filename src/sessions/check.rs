@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use super::authz::{Authz, Sessions};
+use super::origin::OriginPolicy;
 use super::record::{SessionRecord, selector};
 use super::server::AuthzServer;
 use crate::config::ProxySyncConfig;
@@ -35,8 +36,11 @@ pub struct CheckSettings {
     /// The runner's namespace, where the records are.
     pub namespace: String,
     pub naming: HostNaming,
-    /// `[sessions] scheme` is `https`: cookies are `Secure`.
+    /// `[sessions] scheme` is `https`: cookies are `Secure` with the `__Host-` prefix, and a rank's own
+    /// origin is `https://<host>`.
     pub secure: bool,
+    /// `[sessions] allowed_origins`: the origins besides each rank's own that may use its sessions.
+    pub allowed_origins: Vec<String>,
     pub clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
     /// Where every answer is counted (`authz_checks_total`); `None`: not counted.
     pub metrics: Option<Metrics>,
@@ -54,13 +58,19 @@ impl SessionCheck {
     ) -> std::io::Result<SessionCheck> {
         let sessions = Sessions::default();
         let api = kube::Api::namespaced(client, &settings.namespace);
-        let authz = Arc::new(Authz::new(
-            sessions.clone(),
-            settings.namespace.clone(),
-            routes,
-            settings.naming,
-            settings.clock,
-        ));
+        let authz = Arc::new(
+            Authz::new(
+                sessions.clone(),
+                settings.namespace.clone(),
+                routes,
+                settings.naming,
+                settings.clock,
+            )
+            .with_origins(OriginPolicy::new(
+                settings.secure,
+                &settings.allowed_origins,
+            )),
+        );
         let server = AuthzServer::bind(
             &config.authz_listen,
             authz.clone(),

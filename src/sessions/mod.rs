@@ -17,14 +17,47 @@
 pub mod authz;
 pub mod check;
 pub mod issuer;
+pub mod origin;
 pub mod record;
 pub mod server;
 pub mod token;
 
 use crate::messages::v1::SessionKind;
 
-/// The session cookie, as the original named it.
+/// The base name of every session cookie, as the original named it. Each kind has a cookie of its own
+/// ([`cookie_name`]), so that the web, VNC and terminal sessions of one rank live side by side in one
+/// browser; [`is_session_cookie`] tells all of them apart from the application's cookies.
 pub const COOKIE: &str = "ucloud-compute-session";
+
+/// The prefix that binds a cookie to the exact host that set it, over https only: a page on another
+/// host of the same site cannot set, replace or shadow it (RFC 6265bis, "cookie prefixes").
+pub const HOST_PREFIX: &str = "__Host-";
+
+/// Whether a cookie named `name` is a session cookie of base name `base`: after an optional `__Host-`
+/// prefix (matched without regard to case, as browsers match it), the name is `base` or starts with
+/// `base` followed by `-`. The check reads every such cookie, and the proxy removes every such cookie
+/// before the pod: one rule for both, so that a cookie the check may read never reaches a job.
+pub fn is_session_cookie(base: &str, name: &str) -> bool {
+    let name = match name.get(..HOST_PREFIX.len()) {
+        Some(prefix) if prefix.eq_ignore_ascii_case(HOST_PREFIX) => &name[HOST_PREFIX.len()..],
+        _ => name,
+    };
+    match name.strip_prefix(base) {
+        Some(rest) => rest.is_empty() || rest.starts_with('-'),
+        None => false,
+    }
+}
+
+/// The cookie a session of `kind` is kept in: `ucloud-compute-session-<kind>`, with the `__Host-`
+/// prefix when the session URLs are https (`secure`; a browser keeps a `__Host-` cookie only from a
+/// secure origin).
+pub fn cookie_name(kind: Kind, secure: bool) -> String {
+    format!(
+        "{}{COOKIE}-{}",
+        if secure { HOST_PREFIX } else { "" },
+        kind.as_str()
+    )
+}
 
 /// The paths under every rank host that belong to volcano-runner, not to the application.
 pub const RESERVED_PREFIX: &str = "/.volcano-runner/";
@@ -93,5 +126,48 @@ pub fn offered_kinds(annotation: Option<&str>) -> Vec<Kind> {
             .filter_map(|k| Kind::parse(k.trim()))
             .collect(),
         None => vec![Kind::Web],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_cookies_are_the_base_name_or_a_dash_suffix_with_an_optional_host_prefix() {
+        for name in [
+            "ucloud-compute-session",
+            "ucloud-compute-session-web",
+            "ucloud-compute-session-terminal",
+            "ucloud-compute-session-",
+            "__Host-ucloud-compute-session-vnc",
+            "__host-ucloud-compute-session",
+            "__HOST-ucloud-compute-session-x-y",
+        ] {
+            assert!(is_session_cookie(COOKIE, name), "{name}");
+        }
+        for name in [
+            "ucloud-compute-sessions",
+            "ucloud-compute-session_web",
+            "theme",
+            "",
+            "__Host-",
+            "__Secure-ucloud-compute-session",
+            "x-ucloud-compute-session",
+            "Ucloud-compute-session",
+            "__Host-__Host-ucloud-compute-session",
+        ] {
+            assert!(!is_session_cookie(COOKIE, name), "{name}");
+        }
+        for kind in Kind::ALL {
+            for secure in [false, true] {
+                assert!(is_session_cookie(COOKIE, &cookie_name(kind, secure)));
+            }
+        }
+        assert_eq!(
+            cookie_name(Kind::Terminal, true),
+            "__Host-ucloud-compute-session-terminal"
+        );
+        assert_eq!(cookie_name(Kind::Web, false), "ucloud-compute-session-web");
     }
 }

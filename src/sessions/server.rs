@@ -1,7 +1,11 @@
 //! The HTTP endpoint of the check (`[proxy_sync] authz_listen`), for Caddy's `forward_auth` and Envoy's
 //! `ext_authz` (HTTP service). Every request whose path starts with `/authz` is a check: the original host
 //! is `X-Forwarded-Host`, else `Host`; the original path `X-Forwarded-Uri`, else the request's path
-//! without `/authz`; the session the `Cookie` header's `ucloud-compute-session`. [`super::authz`] decides.
+//! without `/authz`; the original method `X-Forwarded-Method`, else the request's; the sessions the
+//! `Cookie` header's session cookies; where it comes from `Origin` and `Sec-Fetch-*`.
+//! [`super::authz`] decides. A 200 for a bridge's path names the session in `X-Volcano-Runner-Session`
+//! (its record's name: the hash, never the id), which the proxy copies onto the request to the bridges
+//! so that they close what the session opened when it ends.
 //!
 //! Bounded: a request head larger than `[proxy_sync] authz_max_header_bytes` is answered 431 by the
 //! HTTP parser before anything reads it, a head that takes longer than 10 s to arrive is dropped, and
@@ -23,8 +27,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use super::COOKIE;
-use super::authz::{Authz, Decision};
+use super::authz::{Authz, Decision, Wants};
+use super::cookie_name;
+use super::origin::Fetch;
+use super::record::name_for;
 use crate::ops::Metrics;
 
 /// The path prefix of checks.
@@ -33,6 +39,8 @@ pub const AUTHZ_PREFIX: &str = "/authz";
 pub const HEADER_JOB: &str = "x-volcano-runner-job";
 /// Response header: the rank a request is allowed to.
 pub const HEADER_RANK: &str = "x-volcano-runner-rank";
+/// Response header, on a bridge's path: the record name of the session that lets the request through.
+pub const HEADER_SESSION: &str = "x-volcano-runner-session";
 
 /// How long a client may take to send a request head.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -103,8 +111,14 @@ impl AuthzServer {
                 .header_read_timeout(HEADER_READ_TIMEOUT);
             connections.spawn(async move {
                 let service = service_fn(move |req: Request<Incoming>| {
-                    let response =
-                        answer(&authz, secure, metrics.as_ref(), req.uri(), req.headers());
+                    let response = answer(
+                        &authz,
+                        secure,
+                        metrics.as_ref(),
+                        req.method(),
+                        req.uri(),
+                        req.headers(),
+                    );
                     async move { Ok::<_, Infallible>(response) }
                 });
                 if let Err(e) = builder
@@ -128,6 +142,7 @@ fn answer(
     authz: &Authz,
     secure: bool,
     metrics: Option<&Metrics>,
+    method: &http::Method,
     uri: &http::Uri,
     headers: &HeaderMap,
 ) -> Response<Full<Bytes>> {
@@ -143,6 +158,19 @@ fn answer(
         .or_else(|| header_text(headers, header::HOST.as_str()))
         .or_else(|| uri.host())
         .unwrap_or_default();
+    // Caddy forwards the host without its port and keeps the original `Host` (with it) on the check;
+    // the port is part of the origin a browser sends, so it is taken from there when the names agree.
+    let host = match header_text(headers, header::HOST.as_str()) {
+        Some(authority)
+            if authority
+                .rsplit_once(':')
+                .map_or(authority, |(name, _)| name)
+                .eq_ignore_ascii_case(host.trim()) =>
+        {
+            authority
+        }
+        _ => host,
+    };
     let original_path = match header_text(headers, "x-forwarded-uri") {
         Some(p) => p.to_owned(),
         None => {
@@ -157,26 +185,36 @@ fn answer(
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok());
-    let decision = authz.check(host, &original_path, cookies);
+    let original_method =
+        header_text(headers, "x-forwarded-method").unwrap_or_else(|| method.as_str());
+    let fetch = Fetch::from_headers(original_method, headers);
+    let decision = authz.check(host, &original_path, cookies, &fetch);
     if let Some(metrics) = metrics {
         let (decision, reason) = decision.labels();
         metrics.authz_checked(decision, reason);
     }
     match decision {
-        Decision::Allow { job_id, rank } => {
+        Decision::Allow {
+            job_id,
+            rank,
+            session,
+        } => {
             let mut r = status(StatusCode::OK);
             if let Ok(v) = HeaderValue::from_str(&job_id) {
                 r.headers_mut().insert(HEADER_JOB, v);
             }
             r.headers_mut().insert(HEADER_RANK, HeaderValue::from(rank));
+            // Only the bridges follow the session; an application's pages never see its hash.
+            if Wants::of(&original_path) != Wants::Kind(super::Kind::Web)
+                && let Ok(v) = HeaderValue::from_str(&name_for(&session))
+            {
+                r.headers_mut().insert(HEADER_SESSION, v);
+            }
             r
         }
-        Decision::SetCookie { id, location } => {
+        Decision::SetCookie { id, kind, location } => {
             let mut r = status(StatusCode::FOUND);
-            let cookie = format!(
-                "{COOKIE}={id}; Path=/; HttpOnly; SameSite=Lax{}",
-                if secure { "; Secure" } else { "" }
-            );
+            let cookie = set_cookie(kind, &id, secure);
             if let Ok(v) = HeaderValue::from_str(&cookie) {
                 r.headers_mut().insert(header::SET_COOKIE, v);
             }
@@ -192,10 +230,39 @@ fn answer(
     }
 }
 
+/// The `Set-Cookie` of a session: one cookie per kind, so that the sessions of one rank do not replace
+/// each other; host-only, `HttpOnly`, `SameSite=Lax` (the session URL and links from the orchestrator
+/// are top-level navigations from another site, which `Strict` would send without it); under https
+/// `Secure` with the `__Host-` prefix, which no other host of the site can set or shadow.
+pub fn set_cookie(kind: super::Kind, id: &str, secure: bool) -> String {
+    format!(
+        "{}={id}; Path=/; HttpOnly; SameSite=Lax{}",
+        cookie_name(kind, secure),
+        if secure { "; Secure" } else { "" }
+    )
+}
+
 fn status(code: StatusCode) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::new()));
     *r.status_mut() = code;
     r.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kind_has_its_cookie_and_https_binds_it_to_the_host() {
+        assert_eq!(
+            set_cookie(super::super::Kind::Terminal, "ID", true),
+            "__Host-ucloud-compute-session-terminal=ID; Path=/; HttpOnly; SameSite=Lax; Secure"
+        );
+        assert_eq!(
+            set_cookie(super::super::Kind::Web, "ID", false),
+            "ucloud-compute-session-web=ID; Path=/; HttpOnly; SameSite=Lax"
+        );
+    }
 }

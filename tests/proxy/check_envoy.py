@@ -79,7 +79,7 @@ def main(directory):
                 "uri": http.server_uri.uri,
                 "cluster": http.server_uri.cluster,
                 "path_prefix": http.path_prefix,
-                "headers": [p.exact for p in authz.allowed_headers.patterns],
+                "headers": [p.exact or f"prefix:{p.prefix}" for p in authz.allowed_headers.patterns],
                 "upstream_headers": [p.prefix for p in http.authorization_response.allowed_upstream_headers.patterns],
                 "failure_mode_allow": authz.failure_mode_allow,
             }

@@ -197,7 +197,7 @@ fn envoy_loads_the_session_check_and_the_bridge_routes() {
             "uri": "http://127.0.0.1:9901/authz",
             "cluster": envoy::AUTHZ_CLUSTER,
             "path_prefix": "/authz",
-            "headers": ["cookie"],
+            "headers": ["cookie", "origin", "prefix:sec-fetch-", "sec-websocket-key", "upgrade"],
             "upstream_headers": ["x-volcano-runner-"],
             "failure_mode_allow": false,
         })

@@ -23,7 +23,7 @@ type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 /// A VNC job with `replicas` ranks on port 5901.
-fn vnc_job(job_id: &str, replicas: u32, script: &str) -> SubmitJob {
+pub(crate) fn vnc_job(job_id: &str, replicas: u32, script: &str) -> SubmitJob {
     let mut job = web_job(job_id, replicas, script);
     if let Some(app) = job.application.as_mut() {
         app.application_type = ApplicationType::Vnc as i32;
@@ -100,6 +100,8 @@ async fn bridges(w: &World, sync: &Instance) -> (SocketAddr, CancellationToken) 
             client: w.client.clone(),
             connect_timeout: Duration::from_secs(5),
             lifecycle_key: w.keys.lifecycle_state.clone(),
+            origins: volcano_runner::sessions::origin::OriginPolicy::new(false, &[]),
+            sessions: None,
         },
     )
     .await
@@ -120,6 +122,11 @@ async fn open(addr: SocketAddr, w: &World, job_id: &str, rank: u32, path: &str) 
     request
         .headers_mut()
         .insert(http::header::HOST, host.parse().unwrap());
+    // As a browser on the rank's own page names it.
+    request.headers_mut().insert(
+        http::header::ORIGIN,
+        format!("http://{host}").parse().unwrap(),
+    );
     let (socket, _) = tokio::time::timeout(PATIENCE, tokio_tungstenite::connect_async(request))
         .await
         .expect("the bridge answers")

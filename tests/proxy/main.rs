@@ -12,8 +12,10 @@ mod monitor_support;
 mod rabbit;
 
 mod caddy;
+mod cdp;
 mod cli;
 mod envoy;
+mod hijack;
 mod interactive;
 mod live;
 mod measure;

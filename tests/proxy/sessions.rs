@@ -33,7 +33,7 @@ use crate::support::{self, Instance};
 // The pieces.
 
 /// A world with one runner's monitor holding every shard.
-async fn world(label: &str) -> (World, TestRunner) {
+pub(crate) async fn world(label: &str) -> (World, TestRunner) {
     let w = World::start(label, |_| {}, |_| {}).await;
     let runner = w.runner("runner-a").await;
     runner.holds(4).await;
@@ -41,7 +41,7 @@ async fn world(label: &str) -> (World, TestRunner) {
 }
 
 /// Submits web jobs and waits until each is routed (its CREATE published).
-async fn running(w: &mut World, jobs: &[(&str, u32)]) {
+pub(crate) async fn running(w: &mut World, jobs: &[(&str, u32)]) {
     for (id, replicas) in jobs {
         w.submit(&web_job(id, *replicas, "sleep 100000")).await;
     }
@@ -56,19 +56,19 @@ async fn running(w: &mut World, jobs: &[(&str, u32)]) {
     .await;
 }
 
-fn sim_clock(w: &World) -> Arc<dyn Fn() -> jiff::Timestamp + Send + Sync> {
+pub(crate) fn sim_clock(w: &World) -> Arc<dyn Fn() -> jiff::Timestamp + Send + Sync> {
     let sim = w.sim.clone();
     Arc::new(move || sim.now())
 }
 
 /// A runner's session issuer, on a connection of its own (so it can be killed).
-struct RunningIssuer {
+pub(crate) struct RunningIssuer {
     issuer: Issuer,
     broker: Broker,
     task: JoinHandle<()>,
 }
 
-async fn issuer(w: &World) -> RunningIssuer {
+pub(crate) async fn issuer(w: &World) -> RunningIssuer {
     let mut config = w.config.broker.clone();
     config.connection_name = "session-issuer".into();
     let broker = Broker::connect(config, CancellationToken::new())
@@ -96,7 +96,7 @@ async fn issuer(w: &World) -> RunningIssuer {
 
 impl RunningIssuer {
     /// A crash: the task stops where it is and the connection goes.
-    async fn kill(self) {
+    pub(crate) async fn kill(self) {
         self.task.abort();
         let _ = self.task.await;
         self.broker.close().await;
@@ -120,6 +120,7 @@ async fn proxy(w: &World, name: &str) -> (Instance, SessionCheck, CancellationTo
                 domain: w.config.pipeline.proxy.domain.clone(),
             },
             secure: true,
+            allowed_origins: Vec::new(),
             clock: sim_clock(w),
             metrics: None,
         },
@@ -144,7 +145,7 @@ async fn proxy(w: &World, name: &str) -> (Instance, SessionCheck, CancellationTo
 }
 
 /// The orchestrator's side: requests with direct reply-to.
-struct Requester {
+pub(crate) struct Requester {
     connection: lapin::Connection,
     channel: lapin::Channel,
     replies: lapin::Consumer,
@@ -152,7 +153,7 @@ struct Requester {
     answered: std::collections::BTreeSet<String>,
 }
 
-async fn requester(w: &World) -> Requester {
+pub(crate) async fn requester(w: &World) -> Requester {
     let (connection, channel) = w.vhost.raw().await;
     let replies = channel
         .basic_consume(
@@ -231,7 +232,7 @@ impl Requester {
     }
 
     /// Asks for a session and returns the reply (checking the correlation id).
-    async fn open(
+    pub(crate) async fn open(
         &mut self,
         w: &World,
         job_id: &str,
@@ -270,13 +271,13 @@ impl Requester {
         reply
     }
 
-    async fn close(self) {
+    pub(crate) async fn close(self) {
         let _ = self.connection.close(200, "done".into()).await;
     }
 }
 
 /// The session id of an opened reply, after checking its URL.
-fn token_of(reply: &SessionReply, host: &str) -> String {
+pub(crate) fn token_of(reply: &SessionReply, host: &str) -> String {
     let Some(Outcome::Opened(opened)) = &reply.result else {
         panic!("no session: {reply:?}");
     };
@@ -350,7 +351,7 @@ async fn ask(
 
 /// Waits until the check knows a session just issued (its watch brings the record a moment after the
 /// reply): until its session URL answers 302.
-async fn until_known(check: &SessionCheck, host: &str, id: &str) {
+pub(crate) async fn until_known(check: &SessionCheck, host: &str, id: &str) {
     let path = format!("/.volcano-runner/session?token={id}");
     let wait = async {
         while ask(check, host, &path, None).await.0 != 302 {
@@ -413,7 +414,11 @@ async fn a_session_opens_its_rank_and_kind_and_nothing_else_until_it_expires_or_
     assert_eq!(
         header(&headers, "set-cookie"),
         Some(
-            format!("ucloud-compute-session={id}; Path=/; HttpOnly; SameSite=Lax; Secure").as_str()
+            // Under https: the web kind's own cookie, bound to this host.
+            format!(
+                "__Host-ucloud-compute-session-web={id}; Path=/; HttpOnly; SameSite=Lax; Secure"
+            )
+            .as_str()
         )
     );
     assert_eq!(header(&headers, "location"), Some("/"));
@@ -834,6 +839,7 @@ async fn chromium_opens_each_rank_through_caddy_with_its_session_and_nothing_wit
                 domain: w.config.pipeline.proxy.domain.clone(),
             },
             secure: false,
+            allowed_origins: Vec::new(),
             clock: sim_clock(&w),
             metrics: None,
         },
@@ -985,6 +991,7 @@ async fn a_terminal_application_gets_a_shell_through_caddy_behind_its_session_an
             namespace: w.config.cluster.namespace.clone(),
             naming: naming.clone(),
             secure: false,
+            allowed_origins: Vec::new(),
             clock: sim_clock(&w),
             metrics: Some(metrics.clone()),
         },
@@ -1005,6 +1012,9 @@ async fn a_terminal_application_gets_a_shell_through_caddy_behind_its_session_an
             client: w.client.clone(),
             connect_timeout: Duration::from_secs(5),
             lifecycle_key: w.keys.lifecycle_state.clone(),
+            origins: volcano_runner::sessions::origin::OriginPolicy::new(false, &[]),
+            // As proxy-sync runs them beside its check: each bridge follows its session.
+            sessions: Some(check.authz.clone()),
         },
     )
     .await
@@ -1060,7 +1070,7 @@ async fn a_terminal_application_gets_a_shell_through_caddy_behind_its_session_an
         .and_then(|c| c.split(';').next())
         .expect("the session cookie")
         .to_owned();
-    assert_eq!(cookie, format!("{COOKIE}={id}"));
+    assert_eq!(cookie, format!("{COOKIE}-terminal={id}"));
 
     // Nothing but the bridges: `/` is refused with the terminal's session and without one.
     let web = get(port, &host, "/", &[("Cookie", &cookie)]).await;
@@ -1089,6 +1099,11 @@ async fn a_terminal_application_gets_a_shell_through_caddy_behind_its_session_an
         let headers = request.headers_mut();
         headers.insert(http::header::HOST, host.parse().unwrap());
         headers.insert(http::header::COOKIE, cookie.parse().unwrap());
+        // A browser names the page that opens the socket: the terminal's own.
+        headers.insert(
+            http::header::ORIGIN,
+            format!("http://{host}").parse().unwrap(),
+        );
         tokio_tungstenite::connect_async(request)
     };
     let (mut socket, answer) = tokio::time::timeout(PATIENCE, open_terminal())
