@@ -1322,4 +1322,158 @@ mod tests {
         }
         assert_eq!(next, jobs.len(), "every job started");
     }
+
+    /// One snapshot for the property below: `slots` ranks fit on each of the nodes, every running job
+    /// holds whole slots on nodes with room (with its deadline in seconds), and every waiting gang is
+    /// one rank past its `sla-waiting-time` (so it is told a bound), with its allocation in seconds.
+    #[derive(Debug, Clone)]
+    struct Case {
+        nodes: usize,
+        slots: u64,
+        running: Vec<(usize, u64, i64)>,
+        waiting: Vec<i64>,
+        /// Per running job then per waiting gang: the share of its time it really runs (0 to 1).
+        early: Vec<f64>,
+    }
+
+    fn any_case() -> impl proptest::strategy::Strategy<Value = Case> {
+        use proptest::prelude::*;
+        (1usize..4, 2u64..4)
+            .prop_flat_map(|(nodes, slots)| {
+                (
+                    Just(nodes),
+                    Just(slots),
+                    proptest::collection::vec((0..nodes, 1..=slots, 1i64..120), 0..8),
+                    proptest::collection::vec(1i64..120, 1..10),
+                    proptest::collection::vec(0.0f64..=1.0, 20),
+                )
+            })
+            .prop_map(|(nodes, slots, running, waiting, early)| Case {
+                nodes,
+                slots,
+                running,
+                waiting,
+                early,
+            })
+    }
+
+    /// What really happens to a snapshot, replayed: running jobs and started gangs end early (at the
+    /// case's share of their time), and at every second the scheduler (the forecast's own session,
+    /// on what then runs and waits, with the deadlines it knows) starts what it places then. The start
+    /// of each gang, in seconds from the snapshot.
+    fn replayed_starts(case: &Case, cluster: &[Node], rank: Resources) -> Vec<i64> {
+        let mut early = case.early.iter().copied().cycle();
+        // (ranks, deadline told to the forecast, real end)
+        let mut running: Vec<(Vec<(usize, Resources)>, i64, i64)> = Vec::new();
+        let mut free: Vec<Resources> = cluster.iter().map(|n| n.allocatable).collect();
+        for &(node, ranks, secs) in &case.running {
+            let mut held = Vec::new();
+            for _ in 0..ranks {
+                if rank.fits_in(&free[node]) {
+                    rank.take_from(&mut free[node]);
+                    held.push((node, rank));
+                }
+            }
+            let end = (secs as f64 * early.next().unwrap_or(1.0)).floor() as i64;
+            if !held.is_empty() {
+                running.push((held, secs, end));
+            }
+        }
+        let mut waiting: Vec<usize> = (0..case.waiting.len()).collect();
+        let mut starts = vec![i64::MAX; case.waiting.len()];
+        for second in 0..10_000i64 {
+            running.retain(|(ranks, _, end)| *end > second || {
+                ranks.iter().for_each(|(n, r)| r.give_back(&mut free[*n]));
+                false
+            });
+            if waiting.is_empty() {
+                break;
+            }
+            let snapshot: Vec<Running> = running
+                .iter()
+                .map(|(ranks, deadline, _)| Running {
+                    ranks: ranks.clone(),
+                    ends_by: Some(t(*deadline)),
+                })
+                .collect();
+            let gangs: Vec<Pending> = waiting.iter().map(|&i| gang(case, i, rank)).collect();
+            let told = estimate(cluster, &snapshot, &gangs, t(second));
+            let mut still = Vec::new();
+            for (k, &i) in waiting.iter().enumerate() {
+                if !matches!(told[k], Estimate::At { start, .. } if start <= t(second)) {
+                    still.push(i);
+                    continue;
+                }
+                let access = Access {
+                    reserved: &[],
+                    me: k,
+                    own_only: false,
+                    off: None,
+                };
+                let placed = place(&gangs[k], &mut free, cluster, access)
+                    .expect("the session places what it starts now");
+                let runs = case.waiting[i];
+                let end = second + ((runs as f64) * early.next().unwrap_or(1.0)).floor() as i64;
+                running.push((placed, second + runs, end.max(second + 1)));
+                starts[i] = second;
+            }
+            waiting = still;
+        }
+        starts
+    }
+
+    fn gang(case: &Case, i: usize, rank: Resources) -> Pending {
+        Pending {
+            reserved_from: Some(t(-1)),
+            ..pending(&format!("g{i}"), 1, rank, case.waiting[i])
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+
+        /// The forecast never tells a bound that the replay of the same snapshot breaks: no gang told
+        /// "by B at the latest" starts after B when every job ends at its deadline or earlier.
+        #[test]
+        fn a_bound_is_never_broken_by_jobs_that_end_early(case in any_case()) {
+            let rank = res(2, 0);
+            let cluster: Vec<Node> = (0..case.nodes)
+                .map(|i| Node {
+                    name: format!("n{i}"),
+                    allocatable: rank.times(case.slots as u32),
+                    reserved_for: None,
+                })
+                .collect();
+            // The snapshot as the forecast sees it: every running job to its deadline.
+            let mut free: Vec<Resources> = cluster.iter().map(|n| n.allocatable).collect();
+            let mut running = Vec::new();
+            for &(node, ranks, secs) in &case.running {
+                let mut held = Vec::new();
+                for _ in 0..ranks {
+                    if rank.fits_in(&free[node]) {
+                        rank.take_from(&mut free[node]);
+                        held.push((node, rank));
+                    }
+                }
+                if !held.is_empty() {
+                    running.push(Running { ranks: held, ends_by: Some(t(secs)) });
+                }
+            }
+            let gangs: Vec<Pending> = (0..case.waiting.len()).map(|i| gang(&case, i, rank)).collect();
+            let told = estimate(&cluster, &running, &gangs, t(0));
+            let starts = replayed_starts(&case, &cluster, rank);
+            for (i, e) in told.iter().enumerate() {
+                let Estimate::At { start, bound, .. } = e else {
+                    proptest::prop_assert!(false, "gang {i} got no start: {e:?}");
+                    continue;
+                };
+                proptest::prop_assert!(*bound, "gang {i} is past its waiting time: {e:?}");
+                proptest::prop_assert!(
+                    t(starts[i]) <= *start,
+                    "gang {i} started at {} after its bound {start}: {case:?}",
+                    starts[i]
+                );
+            }
+        }
+    }
 }
