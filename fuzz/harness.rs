@@ -581,7 +581,7 @@ pub fn amqp_delivery(data: &[u8]) {
 
 /// Whether amq-protocol (lapin's parser) parses `bytes` as exactly one frame.
 fn amq_parses(bytes: &[u8]) -> bool {
-    matches!(amq_protocol::frame::parse_frame(bytes), Ok((rest, _)) if rest.is_empty())
+    matches!(amq_protocol::frame::parse_frame(bytes), Ok(([], _)))
 }
 
 /// Raw frames from the server, as the connection's sanitizer sees them before lapin. The first byte

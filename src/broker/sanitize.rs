@@ -910,7 +910,7 @@ mod tests {
 
     fn parse(bytes: &[u8]) -> Option<AMQPFrame> {
         match parse_frame(bytes) {
-            Ok((rest, frame)) if rest.is_empty() => Some(frame),
+            Ok(([], frame)) => Some(frame),
             _ => None,
         }
     }

@@ -194,8 +194,13 @@ impl Issuer {
         let reply_format = format.clone().unwrap_or(Format::Json);
         let reply_to = delivery.reply_to().map(str::to_owned);
         let correlation_id = delivery.correlation_id().map(str::to_owned);
+        // Properties that arrived not UTF-8 (shown with '?'): the request is not acted on.
+        let marked = delivery
+            .invalid_properties()
+            .map(|names| crate::broker::properties::invalid_properties_reason(&names));
         let decoded = format
             .map_err(|e| reason_of(&e))
+            .and_then(|format| marked.map_or(Ok(format), Err))
             .and_then(|format| {
                 match delivery.type_name() {
                     Some(t) if t != MessageType::OpenSession.amqp_type() => {
