@@ -536,7 +536,8 @@ async fn cookie_tossing_from_a_co_tenant_page_leaves_the_victims_pages_answering
         r#"(() => {{
             const names = ['{COOKIE}', '{COOKIE}-web', '{COOKIE}-terminal'];
             const values = [{attacker_session:?}, {forged:?}];
-            const paths = ['/deep/er/page', '/deep/er', '/deep', '/'];
+            // Five paths longer than the user's own cookie's `/`: sent before it to /deep/er/page.
+            const paths = ['/deep/er/page', '/deep/er/', '/deep/er', '/deep/', '/deep', '/'];
             let n = 0;
             for (const name of names) for (const path of paths) for (const value of values) {{
                 document.cookie = `${{name}}=${{value}}; domain={domain}; path=${{path}}`;
@@ -546,20 +547,32 @@ async fn cookie_tossing_from_a_co_tenant_page_leaves_the_victims_pages_answering
         }})()"#,
         domain = s.naming.domain,
     );
-    assert_eq!(chrome.eval(&script).await, 24);
+    assert_eq!(chrome.eval(&script).await, 36);
 
-    // The victim's page, root and deep: the browser sends the planted cookies first.
-    chrome.goto(&chrome.url(&victim, "/deep/er/page")).await;
-    let sent = chrome
-        .eval("fetch('/deep/er/page').then(r => r.status)")
-        .await;
-    assert_eq!(sent, 200, "the victim's deep page after the tossing");
+    let planted = chrome.eval("document.cookie").await;
+    assert_eq!(
+        planted
+            .as_str()
+            .map(|c| c.matches("ucloud-compute-session").count()),
+        Some(3),
+        "the planted cookies of path / (one per name): {planted}"
+    );
+
+    // The victim's pages, root and deep: the browser sends the planted cookies with them, those of
+    // the longer paths first.
+    chrome.goto(&chrome.url(&victim, "/")).await;
     let title = chrome.eval("document.title").await;
     assert!(
         title.as_str().is_some_and(|t| t.contains("tv")),
         "the victim's page: {title}"
     );
-    for path in ["/", "/deep", "/deep/er", "/deep/er/page/more"] {
+    for path in [
+        "/deep/er/page",
+        "/deep/er/page/more",
+        "/deep/er",
+        "/deep",
+        "/",
+    ] {
         assert_eq!(chrome.fetch_status(path).await, 200, "{path}");
     }
     drop(chrome);
