@@ -3,6 +3,18 @@
 //! is `X-Forwarded-Host`, else `Host`; the original path `X-Forwarded-Uri`, else the request's path
 //! without `/authz`; the session the `Cookie` header's `ucloud-compute-session`. [`super::authz`] decides.
 //!
+//! A 200 also tells the proxy what to send on (docs/proxy.md, "Every request checked"):
+//! - [`HEADER_UPSTREAM`]: the rank's pod (`ip:port`), or [`UPSTREAM_NONE`] for a bridges-only rank. Caddy
+//!   dials it per request, so its configuration never changes with the jobs and a job starting or ending
+//!   reloads nothing (Caddy 2.6 closes every open WebSocket on a reload).
+//! - [`HEADER_COOKIE`]: the request's cookies without the session cookies, for Caddy to send on as the
+//!   `Cookie`; and for Envoy the same as `cookie` (which `ext_authz` puts in place of the request's), or,
+//!   when nothing is left, `x-envoy-auth-headers-to-remove: cookie`. The session id never reaches a pod.
+//!   A request that goes to the bridges (proxy-sync's own) keeps its cookies.
+//!
+//! A host that is not routed (an ended job's) is answered 404, so a proxy in front says so to the user
+//! whether or not it knows the host itself.
+//!
 //! Bounded: a request head larger than `[proxy_sync] authz_max_header_bytes` is answered 431 by the
 //! HTTP parser before anything reads it, a head that takes longer than 10 s to arrive is dropped, and
 //! the check itself is a few map lookups, so a flood of bad sessions is answered as fast as good ones.
@@ -23,8 +35,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use super::COOKIE;
-use super::authz::{Authz, Decision};
+use super::authz::{Authz, Decision, Wants};
+use super::{COOKIE, Kind};
 use crate::ops::Metrics;
 
 /// The path prefix of checks.
@@ -33,6 +45,18 @@ pub const AUTHZ_PREFIX: &str = "/authz";
 pub const HEADER_JOB: &str = "x-volcano-runner-job";
 /// Response header: the rank a request is allowed to.
 pub const HEADER_RANK: &str = "x-volcano-runner-rank";
+
+/// Response header: where the allowed request goes, `ip:port` or [`UPSTREAM_NONE`].
+pub const HEADER_UPSTREAM: &str = "x-volcano-runner-upstream";
+/// [`HEADER_UPSTREAM`] of a bridges-only rank: its other paths are answered 404 by the proxy.
+pub const UPSTREAM_NONE: &str = "none";
+/// Response header: the request's cookies without the session cookies (possibly empty).
+pub const HEADER_COOKIE: &str = "x-volcano-runner-cookie";
+/// Response header: the request headers Envoy's `ext_authz` (HTTP service) removes before the upstream.
+pub const ENVOY_REMOVE: &str = "x-envoy-auth-headers-to-remove";
+/// The body of the 404 for a host that is not routed.
+pub const NOT_ROUTED: &str =
+    "No interactive job is routed at this address (the job may have ended).\n";
 
 /// How long a client may take to send a request head.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -45,6 +69,9 @@ pub struct AuthzServer {
     max_header_bytes: usize,
     /// Where each answer is counted (`authz_checks_total`), if anywhere.
     metrics: Option<Metrics>,
+    /// The proxy sends the bridge paths to proxy-sync's bridges (`bridge_url` is set): those requests
+    /// keep their cookies; every other one loses its session cookies.
+    bridges: bool,
 }
 
 impl AuthzServer {
@@ -62,7 +89,15 @@ impl AuthzServer {
             secure,
             max_header_bytes: max_header_bytes.max(8192),
             metrics: None,
+            bridges: false,
         })
+    }
+
+    /// Whether the proxy sends bridge paths to proxy-sync's bridges (`bridge_url` set); without them
+    /// those paths go to the pod and lose their session cookies like any other.
+    pub fn with_bridges(mut self, bridges: bool) -> Self {
+        self.bridges = bridges;
+        self
     }
 
     /// Counts every answer in `metrics` (`authz_checks_total`, by decision and reason).
@@ -96,6 +131,7 @@ impl AuthzServer {
             };
             let _ = stream.set_nodelay(true);
             let (authz, secure, metrics) = (self.authz.clone(), self.secure, self.metrics.clone());
+            let bridges = self.bridges;
             let mut builder = http1::Builder::new();
             builder
                 .max_buf_size(self.max_header_bytes)
@@ -103,8 +139,13 @@ impl AuthzServer {
                 .header_read_timeout(HEADER_READ_TIMEOUT);
             connections.spawn(async move {
                 let service = service_fn(move |req: Request<Incoming>| {
-                    let response =
-                        answer(&authz, secure, metrics.as_ref(), req.uri(), req.headers());
+                    let response = answer(
+                        &authz,
+                        Answering { secure, bridges },
+                        metrics.as_ref(),
+                        req.uri(),
+                        req.headers(),
+                    );
                     async move { Ok::<_, Infallible>(response) }
                 });
                 if let Err(e) = builder
@@ -123,20 +164,20 @@ fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-/// Answers one request.
-fn answer(
-    authz: &Authz,
-    secure: bool,
-    metrics: Option<&Metrics>,
-    uri: &http::Uri,
-    headers: &HeaderMap,
-) -> Response<Full<Bytes>> {
-    let path = uri.path();
-    let Some(rest) = path.strip_prefix(AUTHZ_PREFIX) else {
-        return status(StatusCode::NOT_FOUND);
-    };
+/// How answers are made, besides the check itself.
+#[derive(Debug, Clone, Copy)]
+pub struct Answering {
+    /// Session cookies get the `Secure` attribute.
+    pub secure: bool,
+    /// Bridge paths go to proxy-sync's bridges (see [`AuthzServer::with_bridges`]).
+    pub bridges: bool,
+}
+
+/// The original host and path (with query) of a check request; `None`: not a check (404).
+pub fn original(uri: &http::Uri, headers: &HeaderMap) -> Option<(String, String)> {
+    let rest = uri.path().strip_prefix(AUTHZ_PREFIX)?;
     if !(rest.is_empty() || rest.starts_with('/')) {
-        return status(StatusCode::NOT_FOUND);
+        return None;
     }
     let host = header_text(headers, "x-forwarded-host")
         .map(|h| h.split(',').next().unwrap_or_default())
@@ -153,6 +194,49 @@ fn answer(
             }
         }
     };
+    Some((host.to_owned(), original_path))
+}
+
+/// Whether a cookie name is a session cookie's: the name, without an optional `__Host-` prefix, is
+/// [`COOKIE`] or starts with it and `-` (one cookie per kind). Those, and only those, stay in the proxy.
+pub fn is_session_cookie_name(name: &str) -> bool {
+    let name = name.strip_prefix("__Host-").unwrap_or(name);
+    name.strip_prefix(COOKIE)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('-'))
+}
+
+/// The `Cookie` headers of a request without the session cookies, as one `Cookie` value (`a=1; b=2`;
+/// empty when nothing is left). Every other cookie passes as it was sent.
+pub fn application_cookies(headers: &HeaderMap) -> String {
+    let mut kept: Vec<&str> = Vec::new();
+    for value in headers.get_all(header::COOKIE) {
+        let Ok(value) = value.to_str() else { continue };
+        for pair in value.split(';') {
+            let pair = pair.trim();
+            if pair.is_empty() {
+                continue;
+            }
+            let name = pair.split_once('=').map_or(pair, |(n, _)| n).trim();
+            if !is_session_cookie_name(name) {
+                kept.push(pair);
+            }
+        }
+    }
+    kept.join("; ")
+}
+
+/// Answers one request.
+pub fn answer(
+    authz: &Authz,
+    how: Answering,
+    metrics: Option<&Metrics>,
+    uri: &http::Uri,
+    headers: &HeaderMap,
+) -> Response<Full<Bytes>> {
+    let Some((host, original_path)) = original(uri, headers) else {
+        return status(StatusCode::NOT_FOUND);
+    };
+    let host = host.as_str();
     let cookies = headers
         .get_all(header::COOKIE)
         .iter()
@@ -164,18 +248,45 @@ fn answer(
     }
     match decision {
         Decision::Allow { job_id, rank } => {
+            // The table may have changed since the check read it: a job that ended in between is gone.
+            let Some(backend) = authz.backend(host) else {
+                return not_routed();
+            };
             let mut r = status(StatusCode::OK);
+            let h = r.headers_mut();
             if let Ok(v) = HeaderValue::from_str(&job_id) {
-                r.headers_mut().insert(HEADER_JOB, v);
+                h.insert(HEADER_JOB, v);
             }
-            r.headers_mut().insert(HEADER_RANK, HeaderValue::from(rank));
+            h.insert(HEADER_RANK, HeaderValue::from(rank));
+            let upstream = if backend.bridges_only() {
+                HeaderValue::from_static(UPSTREAM_NONE)
+            } else {
+                HeaderValue::from_str(&backend.to_string()).expect("an address is a header value")
+            };
+            h.insert(HEADER_UPSTREAM, upstream);
+            // Cookie values are visible ASCII (the parser gave them as text), so they stay a valid value.
+            let kept = application_cookies(headers);
+            let kept = HeaderValue::from_str(&kept).unwrap_or(HeaderValue::from_static(""));
+            h.insert(HEADER_COOKIE, kept.clone());
+            let to_bridge = how.bridges
+                && matches!(
+                    Wants::of(&original_path),
+                    Wants::Logs | Wants::Kind(Kind::Vnc | Kind::Terminal)
+                );
+            if !to_bridge {
+                if kept.is_empty() {
+                    h.insert(ENVOY_REMOVE, HeaderValue::from_static("cookie"));
+                } else {
+                    h.insert(header::COOKIE, kept);
+                }
+            }
             r
         }
         Decision::SetCookie { id, location } => {
             let mut r = status(StatusCode::FOUND);
             let cookie = format!(
                 "{COOKIE}={id}; Path=/; HttpOnly; SameSite=Lax{}",
-                if secure { "; Secure" } else { "" }
+                if how.secure { "; Secure" } else { "" }
             );
             if let Ok(v) = HeaderValue::from_str(&cookie) {
                 r.headers_mut().insert(header::SET_COOKIE, v);
@@ -185,11 +296,25 @@ fn answer(
             r
         }
         Decision::NoSession => status(StatusCode::UNAUTHORIZED),
+        Decision::Deny("no_route") => {
+            debug!(%host, reason = "no_route", "Request refused by the session check.");
+            not_routed()
+        }
         Decision::Deny(reason) => {
             debug!(%host, reason, "Request refused by the session check.");
             status(StatusCode::FORBIDDEN)
         }
     }
+}
+
+fn not_routed() -> Response<Full<Bytes>> {
+    let mut r = status(StatusCode::NOT_FOUND);
+    *r.body_mut() = Full::new(Bytes::from_static(NOT_ROUTED.as_bytes()));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
 }
 
 fn status(code: StatusCode) -> Response<Full<Bytes>> {
@@ -198,4 +323,56 @@ fn status(code: StatusCode) -> Response<Full<Bytes>> {
     r.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_cookies_are_the_base_name_its_kinds_and_their_host_prefixed_forms() {
+        for name in [
+            "ucloud-compute-session",
+            "ucloud-compute-session-web",
+            "ucloud-compute-session-terminal",
+            "__Host-ucloud-compute-session",
+            "__Host-ucloud-compute-session-vnc",
+        ] {
+            assert!(is_session_cookie_name(name), "{name}");
+        }
+        for name in [
+            "ucloud-compute-sessions",
+            "ucloud-compute-sessionx",
+            "my-ucloud-compute-session",
+            "__Secure-ucloud-compute-session",
+            "_xsrf",
+            "",
+        ] {
+            assert!(!is_session_cookie_name(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn only_the_session_cookies_are_taken_out_of_every_cookie_header() {
+        let mut h = HeaderMap::new();
+        h.append(
+            header::COOKIE,
+            HeaderValue::from_static("_xsrf=2|a|b; ucloud-compute-session=S1;username-app=\"x=y\""),
+        );
+        h.append(
+            header::COOKIE,
+            HeaderValue::from_static("__Host-ucloud-compute-session-web=S2; theme=dark; ;flag"),
+        );
+        assert_eq!(
+            application_cookies(&h),
+            "_xsrf=2|a|b; username-app=\"x=y\"; theme=dark; flag"
+        );
+        let mut only = HeaderMap::new();
+        only.insert(
+            header::COOKIE,
+            HeaderValue::from_static("ucloud-compute-session=S1"),
+        );
+        assert_eq!(application_cookies(&only), "");
+        assert_eq!(application_cookies(&HeaderMap::new()), "");
+    }
 }

@@ -24,14 +24,14 @@ use crate::monitor_support::{World, web_job};
 use crate::support::{self, cancel};
 use crate::sync::{expected, published, replicas, run_jobs};
 
-const DOMAIN: &str = "cloud.sdu.dk";
+pub(crate) const DOMAIN: &str = "cloud.sdu.dk";
 
-fn host(job: &str, rank: u32) -> String {
+pub(crate) fn host(job: &str, rank: u32) -> String {
     format!("app-{job}-{rank}.{DOMAIN}")
 }
 
 /// A job's event with its ranks at `addrs` (CREATE at sequence 1, REMOVE at 2).
-fn event(job: &str, addrs: &[std::net::SocketAddr], remove: bool) -> ProxyEvent {
+pub(crate) fn event(job: &str, addrs: &[std::net::SocketAddr], remove: bool) -> ProxyEvent {
     ProxyEvent {
         event_id: format!("{job}/proxy/{}", if remove { "remove" } else { "create" }),
         job_id: job.into(),
@@ -73,7 +73,7 @@ async fn behind(
     .await
 }
 
-async fn publish(w: &World, e: &ProxyEvent) {
+pub(crate) async fn publish(w: &World, e: &ProxyEvent) {
     let broker = Broker::connect(w.config.broker.clone(), CancellationToken::new())
         .await
         .expect("RabbitMQ");

@@ -17,6 +17,7 @@ mod envoy;
 mod interactive;
 mod live;
 mod measure;
+mod per_request;
 mod sessions;
 mod support;
 mod sync;
