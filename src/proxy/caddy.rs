@@ -42,9 +42,7 @@ use serde_json::{Value, json};
 
 use super::table::Route;
 use crate::config::proxy_sync::Upstream;
-use crate::sessions::server::{
-    HEADER_COOKIE, HEADER_JOB, HEADER_RANK, HEADER_UPSTREAM, UPSTREAM_NONE,
-};
+use crate::sessions::server::UPSTREAM_NONE;
 
 /// The name of the HTTP server in Caddy's configuration.
 pub const SERVER: &str = "volcano-runner";
@@ -54,6 +52,12 @@ pub const BRIDGE_PREFIX: &str = "/.volcano-runner/";
 pub const NO_POD: &str = "404 (bridges only)";
 /// The answer to a path of a bridges-only host that is not a bridge's.
 const NO_INTERFACE: &str = "This job has no web interface: only its terminal and its logs are served here, under /.volcano-runner/.\n";
+/// The check's answer headers ([`crate::sessions::server`]) as Caddy names them: its placeholders for an
+/// answer's headers are keyed by the canonical form of the name, so these must be written so.
+const HEADER_JOB: &str = "X-Volcano-Runner-Job";
+const HEADER_RANK: &str = "X-Volcano-Runner-Rank";
+const HEADER_UPSTREAM: &str = "X-Volcano-Runner-Upstream";
+const HEADER_COOKIE: &str = "X-Volcano-Runner-Cookie";
 /// The headers the check's 200 sets on the request: never taken from the client.
 pub const CHECK_HEADERS: [&str; 4] = [HEADER_JOB, HEADER_RANK, HEADER_UPSTREAM, HEADER_COOKIE];
 /// How long one admin API call may take (a `/load` of 10,000 routes included).
@@ -484,12 +488,33 @@ mod tests {
         let pod = steps.last().unwrap();
         assert_eq!(
             pod["handle"][0]["upstreams"][0]["dial"],
-            "{http.request.header.x-volcano-runner-upstream}"
+            "{http.request.header.X-Volcano-Runner-Upstream}"
         );
         // Without the bridges, the same less their step.
         let (plain, plain_id) = config(&routes(), &settings(true, false));
         assert_eq!(steps.len(), self::steps(&plain).len() + 1);
         assert_ne!(id, plain_id, "the marker follows the content");
+    }
+
+    #[test]
+    fn the_copied_headers_are_the_checks_in_canonical_form() {
+        use crate::sessions::server as check;
+        let canonical = |h: &str| {
+            h.split('-')
+                .map(|w| w[..1].to_ascii_uppercase() + &w[1..])
+                .collect::<Vec<_>>()
+                .join("-")
+        };
+        assert_eq!(
+            CHECK_HEADERS.to_vec(),
+            [
+                check::HEADER_JOB,
+                check::HEADER_RANK,
+                check::HEADER_UPSTREAM,
+                check::HEADER_COOKIE
+            ]
+            .map(canonical)
+        );
     }
 
     /// Without the check, one route per host, straight to its pod (and a change is a new configuration).

@@ -212,6 +212,9 @@ async fn an_open_websocket_of_one_job_stays_open_while_twenty_others_start_and_e
     socket.echo(b"hello before").await.expect("the echo");
 
     let before = caddy.admin.config().await.expect("Caddy's configuration");
+    instance
+        .until_written("job A's Envoy route", |h| h.contains_key(&host("wa", 0)))
+        .await;
     let lds = instance.envoy_dir.join(envoy::LDS_FILE);
     let listener = file_state(&lds);
     let cluster_a = written_cluster(&instance.envoy_dir, &envoy::cluster_name("wa", 0))
@@ -458,10 +461,7 @@ async fn a_reply_goes_only_where_replies_belong() {
     channel
         .queue_declare(
             mine.into(),
-            lapin::options::QueueDeclareOptions {
-                exclusive: true,
-                ..Default::default()
-            },
+            lapin::options::QueueDeclareOptions::default(),
             Default::default(),
         )
         .await
