@@ -196,13 +196,16 @@ pub fn route_configuration(routes: &[Route], settings: &EnvoySettings) -> Value 
                     "direct_response": {"status": 404, "body": {"inline_string": NO_INTERFACE}},
                 }));
             } else {
-                to.push(json!({
+                let mut pod = json!({
                     "match": {"prefix": "/"},
                     // No timeout: notebooks long-poll, and WebSockets stay open for the session.
                     "route": {"cluster": cluster_name(&r.job_id, r.rank), "timeout": "0s"},
-                    // What the check told Caddy (Envoy routes by these files) is nothing for the pod.
-                    "request_headers_to_remove": [HEADER_UPSTREAM, HEADER_COOKIE],
-                }));
+                });
+                if settings.authz.is_some() {
+                    // What the check tells Caddy (Envoy routes by these files) is nothing for the pod.
+                    pod["request_headers_to_remove"] = json!([HEADER_UPSTREAM, HEADER_COOKIE]);
+                }
+                to.push(pod);
             }
             json!({
                 "name": r.host,
