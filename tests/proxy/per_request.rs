@@ -115,6 +115,18 @@ async fn until_known(caddy: &Caddy, host: &str, id: &str) {
         .expect("the check learns of the session");
 }
 
+/// `GET /` of `host` through Caddy until it answers `status` (within patience), the last answer.
+async fn until_status(caddy: &Caddy, host: &str, status: u16) -> crate::live::Answer {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let answer = get(caddy.http_port, host, "/", &[]).await;
+        if answer.status == status || tokio::time::Instant::now() > deadline {
+            return answer;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// An upgraded connection through the proxy to a pod that echoes what it gets after the 101.
 struct Upgraded {
     reader: BufReader<TcpStream>,
@@ -226,7 +238,9 @@ async fn an_open_websocket_of_one_job_stays_open_while_twenty_others_start_and_e
         instance
             .until("the job routed", |t| t.job(&job).is_some())
             .await;
-        let routed = get(caddy.http_port, &host(&job, 0), "/", &[]).await;
+        // Routed through Caddy as soon as the check has it (a proxy that reloads takes longer: waited
+        // for, so that what is tested is the connection of job A, not the timing).
+        let routed = until_status(&caddy, &host(&job, 0), 401).await;
         assert_eq!(
             routed.status, 401,
             "{job} is routed, asks for a session: {routed:?}"
@@ -243,7 +257,7 @@ async fn an_open_websocket_of_one_job_stays_open_while_twenty_others_start_and_e
         instance
             .until("the job gone", |t| t.job(&job).is_none())
             .await;
-        let gone = get(caddy.http_port, &host(&job, 0), "/", &[]).await;
+        let gone = until_status(&caddy, &host(&job, 0), 404).await;
         assert_eq!(gone.status, 404, "{job} has ended: {gone:?}");
         assert!(gone.body.contains("No interactive job"), "{gone:?}");
         instance
