@@ -20,12 +20,22 @@ use lapin::types::FieldTable;
 use serde_json::Value;
 use tower::ServiceExt;
 use volcano_runner::broker::sanitize::{self, Repair, Sanitizer, encode};
+use volcano_runner::broker::OutboundEvent;
 use volcano_runner::broker::{consumer, properties};
 use volcano_runner::config::Config;
 use volcano_runner::durable::ids;
+use volcano_runner::messages::v1::{OpenSession, ProxyEvent};
 use volcano_runner::messages::{self, AnyMessage, Format, Inbound, MessageType, v1::SubmitJob};
 use volcano_runner::ops::TraceContext;
 use volcano_runner::ops::trace::{TraceParent, annotation_key};
+use volcano_runner::proxy::caddy::{self, CaddySettings};
+use volcano_runner::proxy::envoy::{self, EnvoySettings};
+use volcano_runner::proxy::{Applied, HostNaming, JobUpdate, RouteTable, Routes};
+use volcano_runner::sessions::Kind;
+use volcano_runner::sessions::authz::{Authz, Sessions};
+use volcano_runner::sessions::record::{SessionRecord, name_for};
+use volcano_runner::sessions::server::{self as authz_server, Answering};
+use volcano_runner::sessions::token::Hash;
 use volcano_runner::sim::patch;
 use volcano_runner::sim::selector::{FieldSelector, LabelSelector};
 use volcano_runner::sim::{SimConfig, Simulator};
@@ -45,6 +55,9 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("sim_selector", sim_selector),
     ("sim_patch", sim_patch),
     ("sim_request", sim_request),
+    ("open_session", open_session),
+    ("proxy_event", proxy_event),
+    ("authz_request", authz_request),
 ];
 
 /// Before fuzzing: with `FUZZ_WRITE_SEEDS=<dir>` in the environment, writes the seeds of `target` (made
@@ -398,6 +411,57 @@ pub fn seeds(root: &Path) -> BTreeMap<&'static str, BTreeMap<String, Vec<u8>>> {
         ),
     ] {
         add("sim_request", name.to_owned(), text.as_bytes().to_vec());
+    }
+
+    // Session requests and proxy events: the examples in both encodings.
+    for (file_prefix, message_type, target) in [
+        ("open-session", MessageType::OpenSession, "open_session"),
+        ("proxy-event", MessageType::ProxyEvent, "proxy_event"),
+    ] {
+        for (stem, json) in sources(root, "schemas/examples", file_prefix, ".json") {
+            let message = messages::decode_any(message_type, Format::Json, &json)
+                .unwrap_or_else(|e| panic!("{stem}: {e}"));
+            let protobuf = message.encode(Format::Protobuf).expect("encodes");
+            add(target, format!("{stem}.json"), prefixed(0, &json));
+            add(target, format!("{stem}.pb"), prefixed(1, &protobuf));
+        }
+    }
+
+    // Checks as Caddy's forward_auth and Envoy's ext_authz send them, with the session of `AUTHZ_ID`.
+    let cookie = format!("_xsrf=2|a; ucloud-compute-session={AUTHZ_ID}; theme=dark");
+    for (name, text) in [
+        (
+            "caddy-web",
+            format!(
+                "GET /authz\nhost: 127.0.0.1:9901\nx-forwarded-host: app-f1-0.cloud.sdu.dk\nx-forwarded-uri: /lab?x=1\nx-forwarded-method: GET\ncookie: {cookie}"
+            ),
+        ),
+        (
+            "envoy-terminal",
+            format!(
+                "GET /authz/.volcano-runner/terminal\nhost: app-f1-1.cloud.sdu.dk:8080\ncookie: {cookie}"
+            ),
+        ),
+        (
+            "session-url",
+            format!(
+                "GET /authz\nx-forwarded-host: App-F1-0.Cloud.Sdu.Dk.\nx-forwarded-uri: /.volcano-runner/session?token={AUTHZ_ID}"
+            ),
+        ),
+        (
+            "logs-host-prefixed",
+            format!(
+                "GET /authz/.volcano-runner/logs?follow=1\nhost: app-f1-0.cloud.sdu.dk\ncookie: __Host-ucloud-compute-session-web={AUTHZ_ID}\ncookie: a=b"
+            ),
+        ),
+        (
+            "not-routed",
+            "GET /authz/\nhost: app-gone-0.cloud.sdu.dk\ncookie: ucloud-compute-session=x"
+                .to_owned(),
+        ),
+        ("not-a-check", "GET /authzz\nhost: x".to_owned()),
+    ] {
+        add("authz_request", name.to_owned(), text.into_bytes());
     }
     seeds
 }
@@ -859,4 +923,206 @@ pub fn sim_request(data: &[u8]) {
             *slot = None;
         }
     });
+}
+
+/// An OpenSession body, JSON or protobuf (the first byte picks), through what the runner's issuer does
+/// before it reads the cluster: decode (and the job id a refusal names), validation, the kind; a valid
+/// request encodes again in both formats.
+pub fn open_session(data: &[u8]) {
+    let Some((_, format, body)) = format_and_body(data) else {
+        return;
+    };
+    let request: OpenSession = match messages::decode(format, body) {
+        Ok(request) => request,
+        Err(e) => {
+            let _ = (e.to_string(), e.field(), e.reason());
+            let _ = messages::peek_job_id(format, body);
+            return;
+        }
+    };
+    match validate::open_session(&request) {
+        Err(e) => {
+            let _ = (e.to_string(), e.field(), e.reason());
+        }
+        Ok(()) => {
+            assert!(Kind::from_proto(request.kind).is_some(), "a valid kind");
+            for format in [Format::Json, Format::Protobuf] {
+                messages::encode(format, &request).expect("a valid request encodes");
+            }
+        }
+    }
+}
+
+fn naming() -> HostNaming {
+    HostNaming {
+        prefix: "app-".into(),
+        domain: "cloud.sdu.dk".into(),
+    }
+}
+
+/// A ProxyEvent delivery as proxy-sync reads it (the first byte picks JSON or protobuf, as its
+/// `content_type`): decode by the AMQP properties, the contract's checks, then, for a valid event, the
+/// route table it goes into (beside a job already routed), applied twice (the second changes nothing),
+/// and the Envoy files and the Caddy configuration made from the table.
+pub fn proxy_event(data: &[u8]) {
+    let Some((_, format, body)) = format_and_body(data) else {
+        return;
+    };
+    let event = match OutboundEvent::decode(
+        Some(MessageType::ProxyEvent.amqp_type()),
+        Some(format.content_type()),
+        body,
+    ) {
+        Ok(OutboundEvent::Proxy(event)) => event,
+        Ok(other) => panic!("a ProxyEvent decoded as {}", other.type_name()),
+        Err(e) => {
+            let _ = (e.to_string(), e.field(), e.reason());
+            return;
+        }
+    };
+    let update = match JobUpdate::from_event(&event) {
+        Ok(update) => update,
+        Err(e) => {
+            let _ = (e.to_string(), e.field(), e.kind().code());
+            return;
+        }
+    };
+    let mut table = RouteTable::new();
+    table.apply(JobUpdate::from_event(&baseline_event()).expect("the baseline is valid"));
+    table.apply(update.clone());
+    assert_ne!(
+        table.apply(update),
+        Applied::Changed,
+        "the same event twice"
+    );
+    let naming = naming();
+    let routes = table.routes(&naming);
+    let envoy_settings = EnvoySettings {
+        dir: std::path::PathBuf::from("/nonexistent"),
+        listen_port: 8080,
+        connect_timeout_ms: 5000,
+        authz: volcano_runner::config::proxy_sync::Upstream::parse("http://127.0.0.1:9901/authz")
+            .ok(),
+        bridge: volcano_runner::config::proxy_sync::Upstream::parse("http://127.0.0.1:9902").ok(),
+    };
+    let files = envoy::render(&table, &naming, &envoy_settings);
+    let rds = files
+        .iter()
+        .find(|(name, _)| *name == envoy::RDS_FILE)
+        .map(|(_, v)| v.to_string())
+        .expect("routes are rendered");
+    for r in &routes {
+        assert!(
+            rds.contains(&format!("\"{}\"", r.host)),
+            "{} not in the routes",
+            r.host
+        );
+    }
+    let caddy_settings = CaddySettings {
+        admin: volcano_runner::config::proxy_sync::Upstream::parse("http://127.0.0.1:2019")
+            .expect("a URL"),
+        listen_port: 8080,
+        authz: None,
+        bridge: envoy_settings.bridge.clone(),
+    };
+    let (config, _) = caddy::config(&routes, &caddy_settings);
+    assert_eq!(caddy::live_hosts(&config).len(), routes.len());
+}
+
+/// A job routed in every table the targets build: rank 0 with a pod, rank 1 bridges only.
+fn baseline_event() -> ProxyEvent {
+    serde_json::from_value(serde_json::json!({
+        "eventId": "f1/proxy/create/1",
+        "jobId": "f1",
+        "action": "PROXY_ACTION_CREATE",
+        "targets": [
+            {"rank": 0, "podIp": "10.0.0.1", "port": 8888, "hostname": "j-f1-job-0.j-f1"},
+            {"rank": 1, "podIp": "10.0.0.2", "hostname": "j-f1-job-1.j-f1"},
+        ],
+        "timestamp": "2026-01-01T00:00:00Z",
+        "sequence": 1,
+    }))
+    .expect("the baseline event reads")
+}
+
+/// The id of the one live session of the check the `authz_request` target asks (web, job f1, rank 0).
+pub const AUTHZ_ID: &str = "fuzzfuzzfuzzfuzzfuzzfuzzfuzzfuzzfuzzfuzz-_0";
+
+thread_local! {
+    static AUTHZ: Authz = {
+        let mut table = RouteTable::new();
+        table.apply(JobUpdate::from_event(&baseline_event()).expect("the baseline is valid"));
+        let hash = Hash::of(AUTHZ_ID);
+        let record = SessionRecord {
+            hash,
+            job_id: "f1".into(),
+            rank: 0,
+            kind: Kind::Web,
+            issued_at: now(),
+            expires_at: now().checked_add(jiff::SignedDuration::from_hours(1)).expect("in range"),
+        };
+        let sessions = Sessions::listed(BTreeMap::from([(
+            (name_for(&hash), "volcano-runner".to_owned()),
+            Some(record),
+        )]));
+        Authz::new(
+            sessions,
+            "volcano-runner".into(),
+            Routes::from_table(table),
+            naming(),
+            std::sync::Arc::new(now),
+        )
+    };
+}
+
+/// A request to the session check (`/authz`), as Caddy's forward_auth or Envoy's ext_authz sends it: the
+/// request line (`METHOD /path?query`), then header lines. Its original host, path and cookies are read
+/// and decided against one routed job and one live session ([`AUTHZ_ID`]). The answer is a status the
+/// check gives, and an allowed request's cookies for the pod never hold a session cookie.
+pub fn authz_request(data: &[u8]) {
+    let Some(request) = parse_request(data) else {
+        return;
+    };
+    let (parts, _) = request.into_parts();
+    let _ = authz_server::original(&parts.uri, &parts.headers);
+    for bridges in [false, true] {
+        let answer = AUTHZ.with(|authz| {
+            authz_server::answer(
+                authz,
+                Answering {
+                    secure: bridges,
+                    bridges,
+                },
+                None,
+                &parts.method,
+                &parts.uri,
+                &parts.headers,
+            )
+        });
+        let status = answer.status().as_u16();
+        assert!(
+            [200, 302, 401, 403, 404].contains(&status),
+            "status {status}"
+        );
+        if status == 200 {
+            let h = answer.headers();
+            assert!(h.contains_key(authz_server::HEADER_UPSTREAM), "{h:?}");
+            for name in [authz_server::HEADER_COOKIE, "cookie"] {
+                for value in h.get_all(name) {
+                    let value = value.to_str().expect("cookies are text");
+                    for pair in value.split(';') {
+                        let cookie = pair.split_once('=').map_or(pair, |(n, _)| n).trim();
+                        assert!(
+                            !authz_server::is_session_cookie_name(cookie),
+                            "a session cookie for the pod: {value}"
+                        );
+                    }
+                }
+            }
+            assert!(
+                !h.contains_key("cookie") || !h.contains_key(authz_server::ENVOY_REMOVE),
+                "both keep and remove the cookie: {h:?}"
+            );
+        }
+    }
 }

@@ -76,9 +76,13 @@ pub enum Command {
 
 impl Command {
     /// Whether this is a client command, run by a person or a script against a broker or a cluster that
-    /// runners serve: its output is its answer, and log lines would only be noise around it.
+    /// runners serve: its output is its answer, and log lines would only be noise around it. `proxy-sync`
+    /// is a service (it runs in every proxy pod), so it logs like `run`: `[ops] log_filter`, INFO by default.
     pub fn is_client(&self) -> bool {
-        !matches!(self, Self::Run(_) | Self::Sim(_) | Self::Bench(_))
+        !matches!(
+            self,
+            Self::Run(_) | Self::Sim(_) | Self::Bench(_) | Self::ProxySync(_)
+        )
     }
 }
 

@@ -55,6 +55,18 @@ struct Inner<V> {
 }
 
 impl<V> WatchView<V> {
+    /// A view that has listed `objects` and follows no watch: for checks run without a cluster (the fuzz
+    /// targets, benchmarks of the check alone).
+    pub fn listed(objects: ByName<V>) -> Self {
+        Self {
+            inner: Arc::new(RwLock::new(Inner {
+                synced: true,
+                live: objects,
+                next: BTreeMap::new(),
+            })),
+        }
+    }
+
     /// `f` of the view, or `None` while it cannot answer (not listed yet, or since a watch error).
     pub fn read<R>(&self, f: impl FnOnce(&ByName<V>) -> R) -> Option<R> {
         let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());

@@ -1,19 +1,32 @@
-//! Caddy's configuration from the route table, pushed through Caddy's admin API (`[proxy_sync]
-//! caddy_admin`): the proxy that runs on these machines (Debian's `caddy`), for live end-to-end tests and
-//! for small installations. Caddy is never restarted: each change is one `POST /load` of the whole
-//! configuration, which Caddy applies in place (its listeners stay open).
+//! Caddy's configuration, pushed through Caddy's admin API (`[proxy_sync] caddy_admin`): the proxy that
+//! runs on these machines (Debian's `caddy`), for live end-to-end tests and for small installations.
+//! Caddy is never restarted: a configuration is one `POST /load`, which Caddy applies in place (its
+//! listeners stay open).
 //!
-//! One HTTP server, [`SERVER`], listening on `[proxy_sync] listen_port`, with one route per host name of
-//! the table (`<prefix><jobId>-<rank>.<domain>` and each public domain). Each route runs, in order:
-//! 1. the session check when `authz_url` is set: Caddy's `forward_auth` (a `reverse_proxy` to the authz
-//!    endpoint with the method rewritten to GET and the URI to the endpoint's path, the original URI in
-//!    `X-Forwarded-Uri` and the host in `X-Forwarded-Host`, the cookie as sent); a 2xx answer lets the
-//!    request on with the answer's `X-Volcano-Runner-Job`, `-Rank` and `-Session`, any other answer
-//!    (401, 403, the session's 302) goes to the client as it is;
-//! 2. paths under `/.volcano-runner/` to `bridge_url` when it is set;
-//! 3. everything else to the rank's pod IP and port. WebSocket upgrades pass through `reverse_proxy`.
-//!    A bridges-only rank (a terminal-only job, port 0) has no pod port: everything else is answered
-//!    404 by Caddy itself, so no path of its hosts but the bridges' reaches anything.
+//! **With the session check (`authz_url`), the configuration does not depend on the routes**: Caddy 2.6
+//! ends every upgraded connection (WebSocket) when it loads a configuration, so a configuration per route
+//! change would disconnect every open terminal, desktop and notebook kernel each time any job starts or
+//! ends. Instead one configuration serves every job, and the check, which already knows the route table,
+//! says per request where it goes. One HTTP server, [`SERVER`], on `[proxy_sync] listen_port`, whose
+//! routes run in order:
+//! 1. the headers the check answers with are deleted from the client's request ([`CHECK_HEADERS`]), so a
+//!    client cannot choose an upstream or a cookie: only the check's answer sets them;
+//! 2. the check, as Caddy's `forward_auth` expands: a `reverse_proxy` to the authz endpoint with the
+//!    method rewritten to GET and the URI to the endpoint's path (the original URI in `X-Forwarded-Uri`,
+//!    the host in `X-Forwarded-Host`, the method in `X-Forwarded-Method`, the cookie as sent). A 2xx
+//!    answer lets the request on with the answer's job, rank, session (on bridge paths), upstream and
+//!    application cookies copied onto it; any other answer (401, 403, 404 for a host not routed, the session's 302) goes to the
+//!    client as it is;
+//! 3. paths under `/.volcano-runner/` to `bridge_url` when it is set;
+//! 4. a bridges-only rank's other paths (upstream [`UPSTREAM_NONE`]): 404 from Caddy itself;
+//! 5. everything else to the upstream the check named (`reverse_proxy` dialing a placeholder), with the
+//!    `Cookie` replaced by the check's copy without the session cookies. WebSocket upgrades pass.
+//!
+//! A route change is then only a change of the check's table: nothing is pushed, nothing reloads.
+//!
+//! Without the check, there is nothing to ask per request: one route per host name of the table
+//! (`<prefix><jobId>-<rank>.<domain>` and each public domain) to its rank's pod, pushed again on every
+//! change (and so reloading Caddy). That is for tests and trusted networks only.
 //!
 //! The server carries an `@id` made from the content ([`marker`]): `GET /id/<marker>` answers only while
 //! Caddy runs exactly what was pushed, so a Caddy that was restarted (it starts empty: the pushed
@@ -29,6 +42,7 @@ use serde_json::{Value, json};
 
 use super::table::Route;
 use crate::config::proxy_sync::Upstream;
+use crate::sessions::server::UPSTREAM_NONE;
 
 /// The name of the HTTP server in Caddy's configuration.
 pub const SERVER: &str = "volcano-runner";
@@ -38,6 +52,22 @@ pub const BRIDGE_PREFIX: &str = "/.volcano-runner/";
 pub const NO_POD: &str = "404 (bridges only)";
 /// The answer to a path of a bridges-only host that is not a bridge's.
 const NO_INTERFACE: &str = "This job has no web interface: only its terminal and its logs are served here, under /.volcano-runner/.\n";
+/// The check's answer headers ([`crate::sessions::server`]) as Caddy names them: its placeholders for an
+/// answer's headers are keyed by the canonical form of the name, so these must be written so.
+const HEADER_JOB: &str = "X-Volcano-Runner-Job";
+const HEADER_RANK: &str = "X-Volcano-Runner-Rank";
+const HEADER_SESSION: &str = "X-Volcano-Runner-Session";
+const HEADER_UPSTREAM: &str = "X-Volcano-Runner-Upstream";
+const HEADER_COOKIE: &str = "X-Volcano-Runner-Cookie";
+/// The headers the check's 200 sets on the request: never taken from the client.
+pub const CHECK_HEADERS: [&str; 5] = [
+    HEADER_JOB,
+    HEADER_RANK,
+    // The bridges follow the session the check names (crate::proxy::bridge).
+    HEADER_SESSION,
+    HEADER_UPSTREAM,
+    HEADER_COOKIE,
+];
 /// How long one admin API call may take (a `/load` of 10,000 routes included).
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -75,14 +105,7 @@ fn forward_auth(authz: &Upstream) -> Value {
             json!([format!("{{http.reverse_proxy.header.{name}}}")]),
         )
     };
-    let copied: serde_json::Map<String, Value> = [
-        copy("X-Volcano-Runner-Job"),
-        copy("X-Volcano-Runner-Rank"),
-        // The bridges follow the session the check names (crate::proxy::bridge).
-        copy("X-Volcano-Runner-Session"),
-    ]
-    .into_iter()
-    .collect();
+    let copied: serde_json::Map<String, Value> = CHECK_HEADERS.into_iter().map(copy).collect();
     json!({
         "handler": "reverse_proxy",
         "upstreams": [{"dial": authz.authority()}],
@@ -103,11 +126,45 @@ fn forward_auth(authz: &Upstream) -> Value {
     })
 }
 
+/// The routes of the configuration with the check: the same whatever runs (see the module documentation).
+fn per_request(authz: &Upstream, s: &CaddySettings) -> Vec<Value> {
+    let mut steps = vec![
+        json!({"handle": [{"handler": "headers", "request": {"delete": CHECK_HEADERS}}]}),
+        json!({"handle": [forward_auth(authz)]}),
+    ];
+    if let Some(bridge) = &s.bridge {
+        steps.push(json!({
+            "match": [{"path": [format!("{BRIDGE_PREFIX}*")]}],
+            "handle": [reverse_proxy(&bridge.authority())],
+            "terminal": true,
+        }));
+    }
+    steps.push(json!({
+        "match": [{"header": {HEADER_UPSTREAM: [UPSTREAM_NONE]}}],
+        "handle": [{"handler": "static_response", "status_code": 404, "body": NO_INTERFACE}],
+        "terminal": true,
+    }));
+    // The session cookies stay here: the pod gets the application's cookies the check handed back, and
+    // no `Cookie` at all when there are none.
+    steps.push(json!({"handle": [{"handler": "headers", "request": {"delete": ["Cookie"]}}]}));
+    steps.push(json!({
+        "match": [{"not": [{"header": {HEADER_COOKIE: [""]}}]}],
+        "handle": [{"handler": "headers", "request": {"set": {
+            "Cookie": [format!("{{http.request.header.{HEADER_COOKIE}}}")],
+        }}}],
+    }));
+    steps.push(json!({"handle": [{
+        "handler": "reverse_proxy",
+        // A placeholder: evaluated per request, from the header the check's answer set.
+        "upstreams": [{"dial": format!("{{http.request.header.{HEADER_UPSTREAM}}}")}],
+        "headers": {"request": {"delete": [HEADER_UPSTREAM, HEADER_COOKIE]}},
+    }]}));
+    steps
+}
+
+/// One host's route, for the configuration without the check.
 fn route(r: &Route, s: &CaddySettings) -> Value {
     let mut steps = Vec::new();
-    if let Some(authz) = &s.authz {
-        steps.push(json!({"handle": [forward_auth(authz)]}));
-    }
     if let Some(bridge) = &s.bridge {
         steps.push(json!({
             "match": [{"path": [format!("{BRIDGE_PREFIX}*")]}],
@@ -131,22 +188,31 @@ fn route(r: &Route, s: &CaddySettings) -> Value {
     })
 }
 
-/// The whole configuration for `routes`, with its marker.
+/// Whether the configuration for `s` is the same whatever routes there are (the check is set).
+pub fn per_request_routing(s: &CaddySettings) -> bool {
+    s.authz.is_some()
+}
+
+/// The whole configuration for `routes`, with its marker. With the check, `routes` are not in it.
 pub fn config(routes: &[Route], s: &CaddySettings) -> (Value, String) {
-    let server = json!({
-        "listen": [format!(":{}", s.listen_port)],
-        // Plain HTTP: TLS ends in front of the proxy (the ingress), as with Envoy.
-        "automatic_https": {"disable": true},
-        "routes": routes
+    let routes = match &s.authz {
+        Some(authz) => per_request(authz, s),
+        None => routes
             .iter()
             .map(|r| route(r, s))
             // A host without a route (an ended job's) is told so, not answered with Caddy's empty 200.
             .chain([json!({"handle": [{
                 "handler": "static_response",
                 "status_code": 404,
-                "body": "No interactive job is routed at this address (the job may have ended).\n",
+                "body": crate::sessions::server::NOT_ROUTED,
             }]})])
-            .collect::<Vec<_>>(),
+            .collect(),
+    };
+    let server = json!({
+        "listen": [format!(":{}", s.listen_port)],
+        // Plain HTTP: TLS ends in front of the proxy (the ingress), as with Envoy.
+        "automatic_https": {"disable": true},
+        "routes": routes,
     });
     let mut config = json!({
         // Kept where it is: a /load without it would move the admin API to Caddy's default.
@@ -370,13 +436,101 @@ mod tests {
         ]
     }
 
+    fn steps(c: &Value) -> &Vec<Value> {
+        c["apps"]["http"]["servers"][SERVER]["routes"]
+            .as_array()
+            .unwrap()
+    }
+
+    /// With the check, the configuration is one and the same whatever runs: nothing to push (and no
+    /// reload) when jobs start or end. The client's copies of the check's headers go first; the check
+    /// comes before the bridges and the pod; the pod is dialled from the header the check set.
     #[test]
-    fn a_route_per_host_checked_first_then_bridge_then_pod() {
-        let (c, id) = config(&routes(), &settings(true, true));
+    fn with_the_check_the_configuration_does_not_change_with_the_routes() {
+        let s = settings(true, true);
+        let (c, id) = config(&routes(), &s);
+        assert!(per_request_routing(&s));
+        assert_eq!(config(&[], &s), (c.clone(), id.clone()));
+        assert_eq!(config(&routes()[..1], &s).1, id);
         let server = &c["apps"]["http"]["servers"][SERVER];
         assert_eq!(server["@id"], json!(id));
         assert_eq!(server["listen"], json!([":8080"]));
         assert_eq!(c["admin"]["listen"], "127.0.0.1:2019");
+        let text = c.to_string();
+        assert!(
+            !text.contains("10.0.0.1") && !text.contains("app-42"),
+            "{text}"
+        );
+        assert!(live_hosts(&c).is_empty());
+
+        let steps = steps(&c);
+        assert_eq!(
+            steps[0]["handle"][0]["request"]["delete"],
+            json!(CHECK_HEADERS),
+            "a client cannot choose the upstream or the cookie"
+        );
+        let auth = &steps[1]["handle"][0];
+        assert_eq!(auth["upstreams"][0]["dial"], "127.0.0.1:9901");
+        assert_eq!(auth["rewrite"], json!({"method": "GET", "uri": "/authz"}));
+        let copied = &auth["handle_response"][0]["routes"][0]["handle"][0]["request"]["set"];
+        for h in CHECK_HEADERS {
+            assert_eq!(
+                copied[h],
+                json!([format!("{{http.reverse_proxy.header.{h}}}")])
+            );
+        }
+        assert_eq!(steps[2]["match"][0]["path"], json!(["/.volcano-runner/*"]));
+        assert_eq!(
+            steps[2]["handle"][0]["upstreams"][0]["dial"],
+            "127.0.0.1:9902"
+        );
+        assert_eq!(
+            steps[3]["match"][0]["header"][HEADER_UPSTREAM],
+            json!([UPSTREAM_NONE])
+        );
+        assert_eq!(steps[3]["handle"][0]["status_code"], 404);
+        assert_eq!(
+            steps[4]["handle"][0]["request"]["delete"],
+            json!(["Cookie"])
+        );
+        let pod = steps.last().unwrap();
+        assert_eq!(
+            pod["handle"][0]["upstreams"][0]["dial"],
+            "{http.request.header.X-Volcano-Runner-Upstream}"
+        );
+        // Without the bridges, the same less their step.
+        let (plain, plain_id) = config(&routes(), &settings(true, false));
+        assert_eq!(steps.len(), self::steps(&plain).len() + 1);
+        assert_ne!(id, plain_id, "the marker follows the content");
+    }
+
+    #[test]
+    fn the_copied_headers_are_the_checks_in_canonical_form() {
+        use crate::sessions::server as check;
+        let canonical = |h: &str| {
+            h.split('-')
+                .map(|w| w[..1].to_ascii_uppercase() + &w[1..])
+                .collect::<Vec<_>>()
+                .join("-")
+        };
+        assert_eq!(
+            CHECK_HEADERS.to_vec(),
+            [
+                check::HEADER_JOB,
+                check::HEADER_RANK,
+                check::HEADER_UPSTREAM,
+                check::HEADER_COOKIE
+            ]
+            .map(canonical)
+        );
+    }
+
+    /// Without the check, one route per host, straight to its pod (and a change is a new configuration).
+    #[test]
+    fn without_the_check_a_route_per_host_then_bridge_then_pod() {
+        let s = settings(false, true);
+        assert!(!per_request_routing(&s));
+        let (c, id) = config(&routes(), &s);
         assert_eq!(
             live_hosts(&c).into_iter().collect::<Vec<_>>(),
             [
@@ -390,47 +544,39 @@ mod tests {
                 ),
             ]
         );
-        let steps = server["routes"][0]["handle"][0]["routes"]
-            .as_array()
-            .unwrap();
-        assert_eq!(steps.len(), 3);
-        let auth = &steps[0]["handle"][0];
-        assert_eq!(auth["upstreams"][0]["dial"], "127.0.0.1:9901");
-        assert_eq!(auth["rewrite"], json!({"method": "GET", "uri": "/authz"}));
-        assert_eq!(steps[1]["match"][0]["path"], json!(["/.volcano-runner/*"]));
+        let host_steps = steps(&c)[0]["handle"][0]["routes"].as_array().unwrap();
+        assert_eq!(host_steps.len(), 2);
         assert_eq!(
-            steps[1]["handle"][0]["upstreams"][0]["dial"],
-            "127.0.0.1:9902"
+            host_steps[0]["match"][0]["path"],
+            json!(["/.volcano-runner/*"])
         );
-        // Without authz and bridge: straight to the pod.
-        let (plain, plain_id) = config(&routes(), &settings(false, false));
-        let steps = plain["apps"]["http"]["servers"][SERVER]["routes"][0]["handle"][0]["routes"]
-            .as_array()
-            .unwrap();
-        assert_eq!(steps.len(), 1);
-        assert_ne!(id, plain_id, "the marker follows the content");
-        assert_eq!(config(&routes(), &settings(false, false)).1, plain_id);
+        assert_ne!(
+            config(&routes()[..1], &s).1,
+            id,
+            "the marker follows the routes"
+        );
+        assert_eq!(config(&routes(), &s).1, id);
     }
 
     #[test]
-    fn a_bridges_only_host_is_checked_then_bridged_and_answers_404_otherwise() {
+    fn without_the_check_a_bridges_only_host_is_bridged_and_answers_404_otherwise() {
         let mut routes = routes();
         routes[1].backend.port = 0;
-        let (c, _) = config(&routes, &settings(true, true));
+        let (c, _) = config(&routes, &settings(false, true));
         assert_eq!(
             live_hosts(&c)
                 .get("app-42-1.cloud.sdu.dk")
                 .map(String::as_str),
             Some(NO_POD)
         );
-        let steps = c["apps"]["http"]["servers"][SERVER]["routes"][1]["handle"][0]["routes"]
-            .as_array()
-            .unwrap();
-        assert_eq!(steps.len(), 3);
-        assert_eq!(steps[0]["handle"][0]["rewrite"]["uri"], "/authz");
-        assert_eq!(steps[1]["match"][0]["path"], json!(["/.volcano-runner/*"]));
-        assert_eq!(steps[2]["handle"][0]["handler"], "static_response");
-        assert_eq!(steps[2]["handle"][0]["status_code"], 404);
+        let host_steps = steps(&c)[1]["handle"][0]["routes"].as_array().unwrap();
+        assert_eq!(host_steps.len(), 2);
+        assert_eq!(
+            host_steps[0]["match"][0]["path"],
+            json!(["/.volcano-runner/*"])
+        );
+        assert_eq!(host_steps[1]["handle"][0]["handler"], "static_response");
+        assert_eq!(host_steps[1]["handle"][0]["status_code"], 404);
         let text = c.to_string();
         assert!(!text.contains("fd00::2"), "the pod is nowhere: {text}");
     }

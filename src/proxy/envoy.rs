@@ -18,8 +18,10 @@
 //!
 //! With `authz_url`, every request is first checked by Envoy's `ext_authz` filter (an HTTP service: the
 //! check is a request to `authz_url`'s path followed by the original path, with the original Host and
-//! the Cookie; a 200 lets it on with the answer's `x-volcano-runner-*` headers, anything else, the
-//! session's 302 included, goes to the client as it is). With `bridge_url`, paths under
+//! the Cookie; a 200 lets it on with the answer's `x-volcano-runner-*` headers and its `cookie`, the
+//! request's own without the session cookies, or without any cookie when the answer says
+//! `x-envoy-auth-headers-to-remove: cookie`; anything else, the session's 302 included, goes to the
+//! client as it is). With `bridge_url`, paths under
 //! `/.volcano-runner/` go to the bridges, after the check like everything else.
 //!
 //! Every file is written to a temporary file in the same directory and renamed over the old one, which
@@ -33,6 +35,7 @@ use serde_json::{Value, json};
 
 use super::table::{HostNaming, Route, RouteTable};
 use crate::config::proxy_sync::Upstream;
+use crate::sessions::server::{HEADER_COOKIE, HEADER_UPSTREAM};
 
 /// The name of the listener, the route configuration and the HTTP connection manager's stats.
 pub const ROUTE_CONFIG: &str = "volcano-runner-routes";
@@ -152,7 +155,13 @@ fn http_filters(settings: &EnvoySettings) -> Vec<Value> {
                     // The check's path is this followed by the original path and query.
                     "path_prefix": authz.path.trim_end_matches('/'),
                     "authorization_response": {
-                        "allowed_upstream_headers": {"patterns": [{"prefix": "x-volcano-runner-"}]},
+                        // The job and rank, and the request's cookies without the session cookies in
+                        // place of its own (or, with none left, `x-envoy-auth-headers-to-remove:
+                        // cookie`): the session id never reaches a pod.
+                        "allowed_upstream_headers": {"patterns": [
+                            {"prefix": "x-volcano-runner-"},
+                            {"exact": "cookie"},
+                        ]},
                     },
                 },
                 // Host, method and path always go to the check; the session is in the cookie, and
@@ -194,11 +203,16 @@ pub fn route_configuration(routes: &[Route], settings: &EnvoySettings) -> Value 
                     "direct_response": {"status": 404, "body": {"inline_string": NO_INTERFACE}},
                 }));
             } else {
-                to.push(json!({
+                let mut pod = json!({
                     "match": {"prefix": "/"},
                     // No timeout: notebooks long-poll, and WebSockets stay open for the session.
                     "route": {"cluster": cluster_name(&r.job_id, r.rank), "timeout": "0s"},
-                }));
+                });
+                if settings.authz.is_some() {
+                    // What the check tells Caddy (Envoy routes by these files) is nothing for the pod.
+                    pod["request_headers_to_remove"] = json!([HEADER_UPSTREAM, HEADER_COOKIE]);
+                }
+                to.push(pod);
             }
             json!({
                 "name": r.host,

@@ -345,7 +345,8 @@ impl ProxySync {
 struct Writer {
     settings: Option<EnvoySettings>,
     caddy: Option<(CaddyAdmin, CaddySettings)>,
-    /// The table version and the marker last pushed to Caddy.
+    /// The table version and the marker last pushed to Caddy (with the check, the marker never
+    /// changes after the first push, and nothing is pushed again unless Caddy lost it).
     caddy_pushed: Mutex<Option<(u64, String)>>,
     naming: HostNaming,
     node_id: String,
@@ -445,7 +446,17 @@ impl Writer {
         if !force && pushed.as_ref().is_some_and(|(v, _)| *v == version) {
             return Ok(());
         }
-        let (config, marker) = routes.read(|t| caddy::config(&t.routes(&self.naming), settings));
+        let (config, marker) = if caddy::per_request_routing(settings) {
+            // The same configuration whatever the routes: reading them would be wasted.
+            caddy::config(&[], settings)
+        } else {
+            routes.read(|t| caddy::config(&t.routes(&self.naming), settings))
+        };
+        if !force && pushed.as_ref().is_some_and(|(_, m)| *m == marker) {
+            // Nothing Caddy runs would change: no /load, so no reload and no WebSocket closed.
+            *self.caddy_pushed.lock().unwrap_or_else(|e| e.into_inner()) = Some((version, marker));
+            return Ok(());
+        }
         let began = std::time::Instant::now();
         admin.load(&config).await?;
         debug!(version, %marker, took = ?began.elapsed(), "Caddy configuration pushed.");

@@ -32,7 +32,7 @@ use super::record::{SessionRecord, name_for};
 use super::token::{self, Hash};
 use super::{COOKIE, Kind, RESERVED_PREFIX, SESSION_PATH, is_session_cookie};
 use crate::cluster::view::WatchView;
-use crate::proxy::{HostNaming, Routes};
+use crate::proxy::{Backend, HostNaming, Routes};
 
 /// The session records by ConfigMap name, kept by a watch (`None`: a record that does not read).
 pub type Sessions = WatchView<Option<SessionRecord>>;
@@ -68,8 +68,8 @@ impl Wants {
     }
 }
 
-/// Routed hosts: the job and rank each leads to.
-type HostIndex = Arc<HashMap<String, (String, u32)>>;
+/// Routed hosts: the job, rank and backend each leads to.
+type HostIndex = Arc<HashMap<String, (String, u32, Backend)>>;
 
 /// The answer to one check.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,6 +170,16 @@ impl Authz {
 
     /// The job and rank a host leads to, if it is routed.
     fn route(&self, host: &str) -> Option<(String, u32)> {
+        self.indexed(host).map(|(job, rank, _)| (job, rank))
+    }
+
+    /// Where a host's requests go (its rank's pod, or a bridges-only backend), if it is routed: what the
+    /// answer tells a proxy whose configuration has no per-job routes (Caddy, docs/proxy.md).
+    pub fn backend(&self, host: &str) -> Option<Backend> {
+        self.indexed(&normalize_host(host)).map(|(_, _, b)| b)
+    }
+
+    fn indexed(&self, host: &str) -> Option<(String, u32, Backend)> {
         let version = self.routes.version();
         let index = {
             let hosts = self.hosts.read().unwrap_or_else(|e| e.into_inner());
@@ -178,10 +188,10 @@ impl Authz {
         let index = match index {
             Some(index) => index,
             None => {
-                let built: HashMap<String, (String, u32)> = self.routes.read(|t| {
+                let built: HashMap<String, (String, u32, Backend)> = self.routes.read(|t| {
                     t.routes(&self.naming)
                         .into_iter()
-                        .map(|r| (r.host, (r.job_id, r.rank)))
+                        .map(|r| (r.host, (r.job_id, r.rank, r.backend)))
                         .collect()
                 });
                 let built = Arc::new(built);

@@ -78,7 +78,8 @@ impl SessionCheck {
             config.authz_max_header_bytes,
         )
         .await?
-        .counting(settings.metrics);
+        .counting(settings.metrics)
+        .with_bridges(!config.bridge_url.is_empty());
         let addr = server.local_addr()?;
         info!(listen = %addr, namespace = %settings.namespace, "Serving the session check (/authz).");
         let token = shutdown.clone();

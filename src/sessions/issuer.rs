@@ -12,7 +12,10 @@
 //!
 //! A request that does not decode or validate is dead-lettered with the reason, and, when it has a
 //! `reply_to`, answered with the refusal too. One without a `reply_to` is dead-lettered
-//! (`missing_reply_to`): nobody could receive its session. A cluster that does not answer within the
+//! (`missing_reply_to`): nobody could receive its session. One whose `reply_to` names a queue or exchange
+//! of the runners' own topology (the submit, control or session queue, the dead-letter queue or
+//! exchange, ...) is dead-lettered too (`forbidden_reply_to`) and answered nowhere: a reply carries a
+//! live session URL, and those queues are read by runners and operators, not by whoever asked. A cluster that does not answer within the
 //! retry budget returns the request to the queue.
 //!
 //! [`Issuer::sweep`] deletes the records of expired sessions and of ended jobs, a bounded page at a time.
@@ -28,7 +31,7 @@ use tracing::{debug, info, warn};
 use super::Kind;
 use super::record::{SessionRecord, SessionStore};
 use super::token::{self, Hash};
-use crate::broker::{Broker, DeadLetterReason, Delivery, QueueConsumer};
+use crate::broker::{Broker, BrokerConfig, DeadLetterReason, Delivery, QueueConsumer, Topology};
 use crate::cluster::ClusterError;
 use crate::cluster::jobs::{JobStore, annotation, is_over};
 use crate::config::Config;
@@ -122,6 +125,35 @@ pub fn decide(
     Ok(Grant { kind, job_expiry })
 }
 
+/// Why a `reply_to` is refused, if it is: it names a queue or an exchange of the runners' topology. Replies
+/// are published to the default exchange, so the name is a queue name; the exchanges are refused too, so
+/// that a queue an operator someday names like one cannot receive them either.
+pub fn forbidden_reply_to(reply_to: &str, broker: &BrokerConfig) -> Option<DeadLetterReason> {
+    let topology = Topology::from_config(broker);
+    let own = topology
+        .queues
+        .iter()
+        .map(|q| ("queue", q.name.as_str()))
+        .chain(
+            topology
+                .exchanges
+                .iter()
+                .map(|e| ("exchange", e.name.as_str())),
+        )
+        .find(|(_, name)| *name == reply_to)?;
+    Some(
+        DeadLetterReason::new(
+            "forbidden_reply_to",
+            format!(
+                "reply_to names the runners' own {} {:?}: a session reply goes only to the requester's \
+                 queue (its own, or amq.rabbitmq.reply-to)",
+                own.0, own.1
+            ),
+        )
+        .with_field("reply_to"),
+    )
+}
+
 /// Answers session requests and sweeps session records. Cheap to clone.
 #[derive(Clone)]
 pub struct Issuer {
@@ -193,6 +225,17 @@ impl Issuer {
             .unwrap_or(Ok(Format::Json));
         let reply_format = format.clone().unwrap_or(Format::Json);
         let reply_to = delivery.reply_to().map(str::to_owned);
+        if let Some(reason) = reply_to
+            .as_deref()
+            .and_then(|r| forbidden_reply_to(r, self.broker.config()))
+        {
+            // Not even a refusal goes there.
+            warn!(code = %reason.code, reason = %reason.message, "A session request names a runner queue as its reply_to; dead-lettering it.");
+            if let Err(e) = delivery.dead_letter(&reason).await {
+                warn!(error = %e, "Dead-lettering a session request failed.");
+            }
+            return;
+        }
         let correlation_id = delivery.correlation_id().map(str::to_owned);
         // Properties that arrived not UTF-8 (shown with '?'): the request is not acted on.
         let marked = delivery
@@ -432,5 +475,37 @@ fn reason_of(e: &messages::DecodeError) -> DeadLetterReason {
     match e.field() {
         Some(field) => reason.with_field(field),
         None => reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_to_naming_the_runners_topology_is_refused_with_the_field() {
+        let c = BrokerConfig::default();
+        for own in [
+            &c.submit_queue,
+            &c.control_queue,
+            &c.session_queue,
+            &c.dead_letter_queue,
+            &c.dead_letter_exchange,
+            &c.jobs_exchange,
+            &c.proxy_exchange,
+        ] {
+            let reason = forbidden_reply_to(own, &c).unwrap_or_else(|| panic!("{own} accepted"));
+            assert_eq!(reason.code, "forbidden_reply_to");
+            assert_eq!(reason.field.as_deref(), Some("reply_to"));
+            assert!(reason.message.contains(own.as_str()), "{}", reason.message);
+        }
+        for theirs in [
+            "amq.rabbitmq.reply-to",
+            "amq.gen-JzTY20BRgKO-HjmUJj0wLg",
+            "orchestrator.replies",
+            "",
+        ] {
+            assert!(forbidden_reply_to(theirs, &c).is_none(), "{theirs}");
+        }
     }
 }

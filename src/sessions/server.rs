@@ -7,6 +7,18 @@
 //! (its record's name: the hash, never the id), which the proxy copies onto the request to the bridges
 //! so that they close what the session opened when it ends.
 //!
+//! A 200 also tells the proxy what to send on (docs/proxy.md, "Every request checked"):
+//! - [`HEADER_UPSTREAM`]: the rank's pod (`ip:port`), or [`UPSTREAM_NONE`] for a bridges-only rank. Caddy
+//!   dials it per request, so its configuration never changes with the jobs and a job starting or ending
+//!   reloads nothing (Caddy 2.6 closes every open WebSocket on a reload).
+//! - [`HEADER_COOKIE`]: the request's cookies without the session cookies, for Caddy to send on as the
+//!   `Cookie`; and for Envoy the same as `cookie` (which `ext_authz` puts in place of the request's), or,
+//!   when nothing is left, `x-envoy-auth-headers-to-remove: cookie`. The session id never reaches a pod.
+//!   A request that goes to the bridges (proxy-sync's own) keeps its cookies.
+//!
+//! A host that is not routed (an ended job's) is answered 404, so a proxy in front says so to the user
+//! whether or not it knows the host itself.
+//!
 //! Bounded: a request head larger than `[proxy_sync] authz_max_header_bytes` is answered 431 by the
 //! HTTP parser before anything reads it, a head that takes longer than 10 s to arrive is dropped, and
 //! the check itself is a few map lookups, so a flood of bad sessions is answered as fast as good ones.
@@ -28,9 +40,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::authz::{Authz, Decision, Wants};
-use super::cookie_name;
 use super::origin::Fetch;
 use super::record::name_for;
+use super::{COOKIE, Kind, cookie_name, is_session_cookie};
 use crate::ops::Metrics;
 
 /// The path prefix of checks.
@@ -41,6 +53,18 @@ pub const HEADER_JOB: &str = "x-volcano-runner-job";
 pub const HEADER_RANK: &str = "x-volcano-runner-rank";
 /// Response header, on a bridge's path: the record name of the session that lets the request through.
 pub const HEADER_SESSION: &str = "x-volcano-runner-session";
+
+/// Response header: where the allowed request goes, `ip:port` or [`UPSTREAM_NONE`].
+pub const HEADER_UPSTREAM: &str = "x-volcano-runner-upstream";
+/// [`HEADER_UPSTREAM`] of a bridges-only rank: its other paths are answered 404 by the proxy.
+pub const UPSTREAM_NONE: &str = "none";
+/// Response header: the request's cookies without the session cookies (possibly empty).
+pub const HEADER_COOKIE: &str = "x-volcano-runner-cookie";
+/// Response header: the request headers Envoy's `ext_authz` (HTTP service) removes before the upstream.
+pub const ENVOY_REMOVE: &str = "x-envoy-auth-headers-to-remove";
+/// The body of the 404 for a host that is not routed.
+pub const NOT_ROUTED: &str =
+    "No interactive job is routed at this address (the job may have ended).\n";
 
 /// How long a client may take to send a request head.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -53,6 +77,9 @@ pub struct AuthzServer {
     max_header_bytes: usize,
     /// Where each answer is counted (`authz_checks_total`), if anywhere.
     metrics: Option<Metrics>,
+    /// The proxy sends the bridge paths to proxy-sync's bridges (`bridge_url` is set): those requests
+    /// keep their cookies; every other one loses its session cookies.
+    bridges: bool,
 }
 
 impl AuthzServer {
@@ -70,7 +97,15 @@ impl AuthzServer {
             secure,
             max_header_bytes: max_header_bytes.max(8192),
             metrics: None,
+            bridges: false,
         })
+    }
+
+    /// Whether the proxy sends bridge paths to proxy-sync's bridges (`bridge_url` set); without them
+    /// those paths go to the pod and lose their session cookies like any other.
+    pub fn with_bridges(mut self, bridges: bool) -> Self {
+        self.bridges = bridges;
+        self
     }
 
     /// Counts every answer in `metrics` (`authz_checks_total`, by decision and reason).
@@ -104,6 +139,7 @@ impl AuthzServer {
             };
             let _ = stream.set_nodelay(true);
             let (authz, secure, metrics) = (self.authz.clone(), self.secure, self.metrics.clone());
+            let bridges = self.bridges;
             let mut builder = http1::Builder::new();
             builder
                 .max_buf_size(self.max_header_bytes)
@@ -113,7 +149,7 @@ impl AuthzServer {
                 let service = service_fn(move |req: Request<Incoming>| {
                     let response = answer(
                         &authz,
-                        secure,
+                        Answering { secure, bridges },
                         metrics.as_ref(),
                         req.method(),
                         req.uri(),
@@ -137,27 +173,78 @@ fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-/// Answers one request.
-fn answer(
-    authz: &Authz,
-    secure: bool,
-    metrics: Option<&Metrics>,
-    method: &http::Method,
-    uri: &http::Uri,
-    headers: &HeaderMap,
-) -> Response<Full<Bytes>> {
-    let path = uri.path();
-    let Some(rest) = path.strip_prefix(AUTHZ_PREFIX) else {
-        return status(StatusCode::NOT_FOUND);
-    };
+/// How answers are made, besides the check itself.
+#[derive(Debug, Clone, Copy)]
+pub struct Answering {
+    /// Session cookies get the `Secure` attribute.
+    pub secure: bool,
+    /// Bridge paths go to proxy-sync's bridges (see [`AuthzServer::with_bridges`]).
+    pub bridges: bool,
+}
+
+/// The original host and path (with query) of a check request; `None`: not a check (404).
+pub fn original(uri: &http::Uri, headers: &HeaderMap) -> Option<(String, String)> {
+    let rest = uri.path().strip_prefix(AUTHZ_PREFIX)?;
     if !(rest.is_empty() || rest.starts_with('/')) {
-        return status(StatusCode::NOT_FOUND);
+        return None;
     }
     let host = header_text(headers, "x-forwarded-host")
         .map(|h| h.split(',').next().unwrap_or_default())
         .or_else(|| header_text(headers, header::HOST.as_str()))
         .or_else(|| uri.host())
         .unwrap_or_default();
+    let original_path = match header_text(headers, "x-forwarded-uri") {
+        Some(p) => p.to_owned(),
+        None => {
+            let rest = if rest.is_empty() { "/" } else { rest };
+            match uri.query() {
+                Some(q) => format!("{rest}?{q}"),
+                None => rest.to_owned(),
+            }
+        }
+    };
+    Some((host.to_owned(), original_path))
+}
+
+/// Whether a cookie name is a session cookie's ([`is_session_cookie`] with [`COOKIE`]). Those, and only
+/// those, stay in the proxy.
+pub fn is_session_cookie_name(name: &str) -> bool {
+    is_session_cookie(COOKIE, name)
+}
+
+/// The `Cookie` headers of a request without the session cookies, as one `Cookie` value (`a=1; b=2`;
+/// empty when nothing is left). Every other cookie passes as it was sent.
+pub fn application_cookies(headers: &HeaderMap) -> String {
+    let mut kept: Vec<&str> = Vec::new();
+    for value in headers.get_all(header::COOKIE) {
+        let Ok(value) = value.to_str() else { continue };
+        for pair in value.split(';') {
+            let pair = pair.trim();
+            if pair.is_empty() {
+                continue;
+            }
+            let name = pair.split_once('=').map_or(pair, |(n, _)| n).trim();
+            if !is_session_cookie_name(name) {
+                kept.push(pair);
+            }
+        }
+    }
+    kept.join("; ")
+}
+
+/// Answers one request.
+pub fn answer(
+    authz: &Authz,
+    how: Answering,
+    metrics: Option<&Metrics>,
+    method: &http::Method,
+    uri: &http::Uri,
+    headers: &HeaderMap,
+) -> Response<Full<Bytes>> {
+    let Some((host, original_path)) = original(uri, headers) else {
+        return status(StatusCode::NOT_FOUND);
+    };
+    let host = host.as_str();
     // Caddy forwards the host without its port and keeps the original `Host` (with it) on the check;
     // the port is part of the origin a browser sends, so it is taken from there when the names agree.
     let host = match header_text(headers, header::HOST.as_str()) {
@@ -170,16 +257,6 @@ fn answer(
             authority
         }
         _ => host,
-    };
-    let original_path = match header_text(headers, "x-forwarded-uri") {
-        Some(p) => p.to_owned(),
-        None => {
-            let rest = if rest.is_empty() { "/" } else { rest };
-            match uri.query() {
-                Some(q) => format!("{rest}?{q}"),
-                None => rest.to_owned(),
-            }
-        }
     };
     let cookies = headers
         .get_all(header::COOKIE)
@@ -199,22 +276,49 @@ fn answer(
             rank,
             session,
         } => {
+            // The table may have changed since the check read it: a job that ended in between is gone.
+            let Some(backend) = authz.backend(host) else {
+                return not_routed();
+            };
             let mut r = status(StatusCode::OK);
+            let h = r.headers_mut();
             if let Ok(v) = HeaderValue::from_str(&job_id) {
-                r.headers_mut().insert(HEADER_JOB, v);
+                h.insert(HEADER_JOB, v);
             }
-            r.headers_mut().insert(HEADER_RANK, HeaderValue::from(rank));
+            h.insert(HEADER_RANK, HeaderValue::from(rank));
             // Only the bridges follow the session; an application's pages never see its hash.
-            if Wants::of(&original_path) != Wants::Kind(super::Kind::Web)
+            if Wants::of(&original_path) != Wants::Kind(Kind::Web)
                 && let Ok(v) = HeaderValue::from_str(&name_for(&session))
             {
-                r.headers_mut().insert(HEADER_SESSION, v);
+                h.insert(HEADER_SESSION, v);
+            }
+            let upstream = if backend.bridges_only() {
+                HeaderValue::from_static(UPSTREAM_NONE)
+            } else {
+                HeaderValue::from_str(&backend.to_string()).expect("an address is a header value")
+            };
+            h.insert(HEADER_UPSTREAM, upstream);
+            // Cookie values are visible ASCII (the parser gave them as text), so they stay a valid value.
+            let kept = application_cookies(headers);
+            let kept = HeaderValue::from_str(&kept).unwrap_or(HeaderValue::from_static(""));
+            h.insert(HEADER_COOKIE, kept.clone());
+            let to_bridge = how.bridges
+                && matches!(
+                    Wants::of(&original_path),
+                    Wants::Logs | Wants::Kind(Kind::Vnc | Kind::Terminal)
+                );
+            if !to_bridge {
+                if kept.is_empty() {
+                    h.insert(ENVOY_REMOVE, HeaderValue::from_static("cookie"));
+                } else {
+                    h.insert(header::COOKIE, kept);
+                }
             }
             r
         }
         Decision::SetCookie { id, kind, location } => {
             let mut r = status(StatusCode::FOUND);
-            let cookie = set_cookie(kind, &id, secure);
+            let cookie = set_cookie(kind, &id, how.secure);
             if let Ok(v) = HeaderValue::from_str(&cookie) {
                 r.headers_mut().insert(header::SET_COOKIE, v);
             }
@@ -223,6 +327,10 @@ fn answer(
             r
         }
         Decision::NoSession => status(StatusCode::UNAUTHORIZED),
+        Decision::Deny("no_route") => {
+            debug!(%host, reason = "no_route", "Request refused by the session check.");
+            not_routed()
+        }
         Decision::Deny(reason) => {
             debug!(%host, reason, "Request refused by the session check.");
             status(StatusCode::FORBIDDEN)
@@ -234,12 +342,22 @@ fn answer(
 /// each other; host-only, `HttpOnly`, `SameSite=Lax` (the session URL and links from the orchestrator
 /// are top-level navigations from another site, which `Strict` would send without it); under https
 /// `Secure` with the `__Host-` prefix, which no other host of the site can set or shadow.
-pub fn set_cookie(kind: super::Kind, id: &str, secure: bool) -> String {
+pub fn set_cookie(kind: Kind, id: &str, secure: bool) -> String {
     format!(
         "{}={id}; Path=/; HttpOnly; SameSite=Lax{}",
         cookie_name(kind, secure),
         if secure { "; Secure" } else { "" }
     )
+}
+
+fn not_routed() -> Response<Full<Bytes>> {
+    let mut r = status(StatusCode::NOT_FOUND);
+    *r.body_mut() = Full::new(Bytes::from_static(NOT_ROUTED.as_bytes()));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
 }
 
 fn status(code: StatusCode) -> Response<Full<Bytes>> {
@@ -257,12 +375,59 @@ mod tests {
     #[test]
     fn each_kind_has_its_cookie_and_https_binds_it_to_the_host() {
         assert_eq!(
-            set_cookie(super::super::Kind::Terminal, "ID", true),
+            set_cookie(Kind::Terminal, "ID", true),
             "__Host-ucloud-compute-session-terminal=ID; Path=/; HttpOnly; SameSite=Lax; Secure"
         );
         assert_eq!(
-            set_cookie(super::super::Kind::Web, "ID", false),
+            set_cookie(Kind::Web, "ID", false),
             "ucloud-compute-session-web=ID; Path=/; HttpOnly; SameSite=Lax"
         );
+    }
+
+    #[test]
+    fn session_cookies_are_the_base_name_its_kinds_and_their_host_prefixed_forms() {
+        for name in [
+            "ucloud-compute-session",
+            "ucloud-compute-session-web",
+            "ucloud-compute-session-terminal",
+            "__Host-ucloud-compute-session",
+            "__Host-ucloud-compute-session-vnc",
+        ] {
+            assert!(is_session_cookie_name(name), "{name}");
+        }
+        for name in [
+            "ucloud-compute-sessions",
+            "ucloud-compute-sessionx",
+            "my-ucloud-compute-session",
+            "__Secure-ucloud-compute-session",
+            "_xsrf",
+            "",
+        ] {
+            assert!(!is_session_cookie_name(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn only_the_session_cookies_are_taken_out_of_every_cookie_header() {
+        let mut h = HeaderMap::new();
+        h.append(
+            header::COOKIE,
+            HeaderValue::from_static("_xsrf=2|a|b; ucloud-compute-session=S1;username-app=\"x=y\""),
+        );
+        h.append(
+            header::COOKIE,
+            HeaderValue::from_static("__Host-ucloud-compute-session-web=S2; theme=dark; ;flag"),
+        );
+        assert_eq!(
+            application_cookies(&h),
+            "_xsrf=2|a|b; username-app=\"x=y\"; theme=dark; flag"
+        );
+        let mut only = HeaderMap::new();
+        only.insert(
+            header::COOKIE,
+            HeaderValue::from_static("ucloud-compute-session=S1"),
+        );
+        assert_eq!(application_cookies(&only), "");
+        assert_eq!(application_cookies(&HeaderMap::new()), "");
     }
 }

@@ -75,7 +75,7 @@ fn check_type(object: &Value) -> Result<(), String> {
         }
         ("scheduling.volcano.sh/v1beta1", "Queue") => strict::<Queue>(object).map(drop),
         ("keda.sh/v1alpha1", "ScaledObject" | "TriggerAuthentication")
-        | ("monitoring.coreos.com/v1", "ServiceMonitor" | "PrometheusRule") => {
+        | ("monitoring.coreos.com/v1", "ServiceMonitor" | "PodMonitor" | "PrometheusRule") => {
             match object["spec"].is_object() {
                 true => Ok(()),
                 false => Err("no spec".into()),

@@ -181,6 +181,71 @@ fn a_metric_that_is_not_served_is_found() {
     assert!(served.contains("volcano_runner_messages_handled_total"));
 }
 
+/// proxy-sync in every proxy pod (deploy/proxy) is scraped too: the PodMonitor selects the proxy pods by
+/// their labels, in their namespace, on the proxy-sync container's metrics port, which the proxy's
+/// NetworkPolicy lets in.
+#[test]
+fn the_pod_monitor_scrapes_proxy_sync_in_every_proxy_pod() {
+    let kit = render("monitoring");
+    let proxy = render("proxy");
+    let monitor = find(&kit, "PodMonitor", "volcano-runner-proxy");
+    let deployment = find(&proxy, "Deployment", "volcano-runner-proxy");
+    let template = &deployment["spec"]["template"];
+    let selector = monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap();
+    assert!(!selector.is_empty());
+    for (key, value) in selector {
+        assert_eq!(
+            &template["metadata"]["labels"][key], value,
+            "the proxy pods lack label {key}"
+        );
+    }
+    let namespace = deployment["metadata"]["namespace"].as_str().unwrap();
+    assert!(
+        monitor["spec"]["namespaceSelector"]["matchNames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n == namespace)
+    );
+    let endpoint = &monitor["spec"]["podMetricsEndpoints"][0];
+    assert_eq!(endpoint["path"], "/metrics");
+    let containers = template["spec"]["containers"].as_array().unwrap();
+    let sync = containers
+        .iter()
+        .find(|c| c["name"] == "proxy-sync")
+        .expect("a proxy-sync container");
+    let port = sync["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == endpoint["port"])
+        .unwrap_or_else(|| panic!("proxy-sync has no port {}", endpoint["port"]));
+    let number = port["containerPort"].as_u64().unwrap();
+    // The port proxy-sync serves /metrics on (`[ops] listen` of the deployed configuration).
+    let deployed = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/base/config.toml"),
+    )
+    .unwrap();
+    let ops: toml::Value = toml::from_str(&deployed).unwrap();
+    let listen = ops["ops"]["listen"].as_str().unwrap();
+    assert!(
+        listen.ends_with(&format!(":{number}")),
+        "proxy-sync serves /metrics on {listen}, not {number}"
+    );
+    let policy = find(&proxy, "NetworkPolicy", "volcano-runner-proxy-sync");
+    assert!(
+        policy["spec"]["ingress"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|rule| rule["ports"].as_array().cloned().unwrap_or_default())
+            .any(|p| p["port"].as_u64() == Some(number)),
+        "the proxy's NetworkPolicy does not let Prometheus reach {number}"
+    );
+}
+
 #[test]
 fn the_service_monitor_finds_the_metrics_service() {
     let kit = render("monitoring");

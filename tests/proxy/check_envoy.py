@@ -80,7 +80,10 @@ def main(directory):
                 "cluster": http.server_uri.cluster,
                 "path_prefix": http.path_prefix,
                 "headers": [p.exact or f"prefix:{p.prefix}" for p in authz.allowed_headers.patterns],
-                "upstream_headers": [p.prefix for p in http.authorization_response.allowed_upstream_headers.patterns],
+                "upstream_headers": [
+                    f"prefix {p.prefix}" if p.prefix else f"exact {p.exact}"
+                    for p in http.authorization_response.allowed_upstream_headers.patterns
+                ],
                 "failure_mode_allow": authz.failure_mode_allow,
             }
     (routes,) = messages["rds.json"]
@@ -93,6 +96,14 @@ def main(directory):
         return route.route.cluster
 
     found["hosts"] = {vh.domains[0]: catch_all(vh.routes[-1]) for vh in routes.virtual_hosts}
+    # What each pod route removes from the request before the pod (the check's own headers).
+    removed = {
+        vh.domains[0]: list(vh.routes[-1].request_headers_to_remove)
+        for vh in routes.virtual_hosts
+        if vh.routes[-1].request_headers_to_remove
+    }
+    if removed:
+        found["removed_for_pod"] = removed
     bridged = {
         vh.domains[0]: r.route.cluster
         for vh in routes.virtual_hosts

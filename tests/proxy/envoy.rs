@@ -161,8 +161,9 @@ fn a_field_envoy_does_not_know_is_refused() {
 /// With `authz_url` and `bridge_url`: the ext_authz filter (an HTTP service at the authz URL, passing
 /// the cookie, refusing when the check cannot be made) comes before the router, every host sends
 /// `/.volcano-runner/` to the bridge cluster, and both clusters are there; a terminal-only job (port 0)
-/// has the bridge route, a 404 of Envoy's own for everything else and no cluster; Envoy's definitions
-/// load it.
+/// has the bridge route, a 404 of Envoy's own for everything else and no cluster; the check's answer
+/// replaces the request's cookie (or removes it) and its routing headers go no further than Envoy;
+/// Envoy's definitions load it.
 #[test]
 fn envoy_loads_the_session_check_and_the_bridge_routes() {
     let dir = temp_dir("authz");
@@ -198,8 +199,17 @@ fn envoy_loads_the_session_check_and_the_bridge_routes() {
             "cluster": envoy::AUTHZ_CLUSTER,
             "path_prefix": "/authz",
             "headers": ["cookie", "origin", "prefix:sec-fetch-", "sec-websocket-key", "upgrade"],
-            "upstream_headers": ["x-volcano-runner-"],
+            "upstream_headers": ["prefix x-volcano-runner-", "exact cookie"],
             "failure_mode_allow": false,
+        })
+    );
+    // The check's answer says where the request goes and which cookies pass: those stay in Envoy.
+    let removed = json!(["x-volcano-runner-upstream", "x-volcano-runner-cookie"]);
+    assert_eq!(
+        found["removed_for_pod"],
+        json!({
+            "app-42-0.cloud.sdu.dk": removed,
+            "app-42-1.cloud.sdu.dk": removed,
         })
     );
     assert_eq!(

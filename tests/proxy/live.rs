@@ -199,10 +199,15 @@ pub enum Role {
     Pod { job: String, rank: u32 },
     /// The bridges: names itself, the host and the path.
     Bridge,
-    /// The session check of the interface: 200 with the job's headers for the cookie `good`, the
-    /// session path answered with a 302 setting the cookie, 401 without a cookie, 403 otherwise.
-    Authz,
+    /// The session check of the interface: for a host in its table, 200 with the job's headers, the
+    /// host's upstream and the cookies without the session's for the cookie `good`, the session path
+    /// answered with a 302 setting the cookie, 401 without a cookie, 403 otherwise; 404 for a host not
+    /// in its table (the real check's answers, with a table the test keeps).
+    Authz(Upstreams),
 }
+
+/// The fake check's table: host → the upstream it names.
+pub type Upstreams = Arc<std::sync::Mutex<std::collections::BTreeMap<String, String>>>;
 
 /// A small HTTP/1.1 server on a loopback address.
 pub struct Server {
@@ -328,7 +333,7 @@ async fn serve(
                 String::new(),
                 format!("bridge {host} {}", req.target),
             ),
-            Role::Authz => authz(&req),
+            Role::Authz(upstreams) => authz(&req, upstreams),
         };
         let head = format!(
             "HTTP/1.1 {status}\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: {}\r\n{extra}\r\n",
@@ -341,7 +346,14 @@ async fn serve(
     Ok(())
 }
 
-fn authz(req: &Seen) -> (&'static str, String, String) {
+fn authz(req: &Seen, upstreams: &Upstreams) -> (&'static str, String, String) {
+    let host = req
+        .header("x-forwarded-host")
+        .or(req.header("host"))
+        .unwrap_or_default();
+    let Some(upstream) = upstreams.lock().unwrap().get(host).cloned() else {
+        return ("404 Not Found", String::new(), "not routed\n".into());
+    };
     let uri = req
         .header("x-forwarded-uri")
         .map(str::to_owned)
@@ -368,11 +380,23 @@ fn authz(req: &Seen) -> (&'static str, String, String) {
     });
     match cookie.as_deref() {
         None => ("401 Unauthorized", String::new(), "no session\n".into()),
-        Some("good") => (
-            "200 OK",
-            "X-Volcano-Runner-Job: checked\r\nX-Volcano-Runner-Rank: 0\r\n".into(),
-            String::new(),
-        ),
+        Some("good") => {
+            let kept: Vec<&str> = req
+                .header("cookie")
+                .unwrap_or_default()
+                .split(';')
+                .map(str::trim)
+                .filter(|p| !p.is_empty() && !p.starts_with(&format!("{COOKIE}=")))
+                .collect();
+            (
+                "200 OK",
+                format!(
+                    "X-Volcano-Runner-Job: checked\r\nX-Volcano-Runner-Rank: 0\r\nX-Volcano-Runner-Upstream: {upstream}\r\nX-Volcano-Runner-Cookie: {}\r\n",
+                    kept.join("; ")
+                ),
+                String::new(),
+            )
+        }
         Some(_) => ("403 Forbidden", String::new(), "wrong session\n".into()),
     }
 }

@@ -19,6 +19,7 @@ mod hijack;
 mod interactive;
 mod live;
 mod measure;
+mod per_request;
 mod sessions;
 mod support;
 mod sync;

@@ -540,8 +540,8 @@ async fn a_session_opens_its_rank_and_kind_and_nothing_else_until_it_expires_or_
     instance.until("sa gone", |t| t.job("sa").is_none()).await;
     assert_eq!(
         ask(&check, a0, "/", Some(&id)).await.0,
-        403,
-        "after the job ended"
+        404,
+        "after the job ended: its host is routed nowhere"
     );
     let (report, _) = issuer.issuer.sweep(None).await.expect("the sweep runs");
     assert!(report.deleted >= 2, "{report:?}");
@@ -858,9 +858,10 @@ async fn chromium_opens_each_rank_through_caddy_with_its_session_and_nothing_wit
             w.config.pipeline.proxy.prefix, w.config.pipeline.proxy.domain
         )
     };
-    caddy
-        .until("every rank in Caddy", |h| {
-            h.contains_key(&host("ba", 1)) && h.contains_key(&host("bb", 0))
+    // Caddy routes by the check's answer: a job is routed behind it once the table has it.
+    instance
+        .until("both jobs routed", |t| {
+            t.job("ba").is_some() && t.job("bb").is_some()
         })
         .await;
     let browser = Browser {
@@ -929,11 +930,7 @@ async fn chromium_opens_each_rank_through_caddy_with_its_session_and_nothing_wit
     for _ in 0..4 {
         w.advance(5);
     }
-    caddy
-        .until("ba gone", |h| {
-            !h.contains_key(&host("ba", 0)) && !h.contains_key(&host("ba", 1))
-        })
-        .await;
+    instance.until("ba gone", |t| t.job("ba").is_none()).await;
     let page = browser.open(&browser.url(&host("ba", 0), "/")).await;
     assert_eq!(page.statuses, [404], "{page:?}");
     assert!(!page.dom.contains("rank 0"), "{page:?}");
@@ -952,7 +949,7 @@ async fn chromium_opens_each_rank_through_caddy_with_its_session_and_nothing_wit
 /// desktop: `kind_not_offered`); through a running Caddy, whose every request proxy-sync's `/authz`
 /// checks and whose `/.volcano-runner/` paths go to proxy-sync's bridges, the URL sets the cookie and
 /// with it a WebSocket terminal runs a command in the rank's container and reads its output. The host
-/// leads nowhere else: Caddy's route for it has no pod, and `/` is refused. The terminal is closed when
+/// leads nowhere else: the check names no pod for it, and `/` is refused. The terminal is closed when
 /// the job is cancelled, and cannot be opened again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_terminal_application_gets_a_shell_through_caddy_behind_its_session_and_nothing_else() {
@@ -961,7 +958,6 @@ async fn a_terminal_application_gets_a_shell_through_caddy_behind_its_session_an
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
     use volcano_runner::proxy::bridge::{BridgeContext, Bridges};
-    use volcano_runner::proxy::caddy::NO_POD;
 
     use crate::interactive::terminal_job;
     use crate::live::{COOKIE, Caddy, free_port, get};
@@ -1032,11 +1028,8 @@ async fn a_terminal_application_gets_a_shell_through_caddy_behind_its_session_an
     })
     .await;
     let host = naming.rank_host("shell1", 0);
-    caddy
-        .until(
-            "the terminal job's host in Caddy, with no pod behind it",
-            |h| h.get(&host).map(String::as_str) == Some(NO_POD),
-        )
+    instance
+        .until("the terminal job routed", |t| t.job("shell1").is_some())
         .await;
 
     let issuer = issuer(&w).await;
@@ -1139,9 +1132,8 @@ async fn a_terminal_application_gets_a_shell_through_caddy_behind_its_session_an
         }
     }
 
-    // The job is cancelled: the terminal is closed, by the bridge (the job ended) or by Caddy, which
-    // closes upgraded connections when its configuration changes (2.6, docs/proxy.md), whichever
-    // reaches the client first; and it cannot be opened again.
+    // The job is cancelled: the terminal is closed by the bridge (the job ended; Caddy's configuration
+    // does not change with the jobs, so Caddy closes nothing), and it cannot be opened again.
     support::cancel(&w, &ns, "shell1").await;
     for _ in 0..4 {
         w.advance(5);
@@ -1157,12 +1149,11 @@ async fn a_terminal_application_gets_a_shell_through_caddy_behind_its_session_an
         }
     };
     assert!(
-        (close.code == CloseCode::Normal && close.reason.as_str() == "job shell1 ended")
-            || close.code == CloseCode::Away,
+        close.code == CloseCode::Normal && close.reason.as_str() == "job shell1 ended",
         "{close:?}"
     );
-    caddy
-        .until("the terminal job's host gone", |h| !h.contains_key(&host))
+    instance
+        .until("the terminal job gone", |t| t.job("shell1").is_none())
         .await;
     let again = open_terminal()
         .await
