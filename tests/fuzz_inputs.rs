@@ -110,9 +110,7 @@ fn mutated_amqp_inputs_keep_the_sanitizers_properties() {
             continue;
         }
         let mut inputs: Vec<Vec<u8>> = seeds[target].values().cloned().collect();
-        inputs.extend(
-            harness::files(&root().join("fuzz/regressions").join(target)).into_values(),
-        );
+        inputs.extend(harness::files(&root().join("fuzz/regressions").join(target)).into_values());
         let mut rng = fastrand::Rng::with_seed(41);
         for i in 0..count {
             let mut input = inputs[rng.usize(..inputs.len())].clone();
