@@ -93,3 +93,46 @@ fn every_seed_and_every_input_that_once_crashed_runs_without_a_panic() {
         }
     }
 }
+
+/// The AMQP targets on mutations of their seeds and regression inputs (bytes flipped, set to bytes that
+/// are not UTF-8, inserted, removed; lengths disturbed), without coverage guidance: a quick check in the
+/// suite that the sanitizer's properties hold beyond the seeds. `AMQP_MUTATIONS` sets how many per
+/// target (default 5,000), for a longer run where `scripts/fuzz` cannot build.
+#[test]
+fn mutated_amqp_inputs_keep_the_sanitizers_properties() {
+    let count: usize = std::env::var("AMQP_MUTATIONS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(5_000);
+    let seeds = harness::seeds(&root());
+    for (target, run) in harness::TARGETS {
+        if !target.starts_with("amqp_") {
+            continue;
+        }
+        let mut inputs: Vec<Vec<u8>> = seeds[target].values().cloned().collect();
+        inputs.extend(harness::files(&root().join("fuzz/regressions").join(target)).into_values());
+        let mut rng = fastrand::Rng::with_seed(41);
+        for i in 0..count {
+            let mut input = inputs[rng.usize(..inputs.len())].clone();
+            for _ in 0..rng.usize(1..6) {
+                if input.len() < 2 {
+                    break;
+                }
+                // Keep the first byte (it picks the mode) most of the time.
+                let at = rng.usize(1..input.len());
+                match rng.u8(..6) {
+                    0 => input[at] = rng.u8(..),
+                    1 => input[at] = rng.u8(0x80..),
+                    2 => input.insert(at, rng.u8(..)),
+                    3 => {
+                        input.remove(at);
+                    }
+                    4 => input[at] = input[at].wrapping_add(rng.u8(1..4)),
+                    _ => input[0] = rng.u8(..),
+                }
+            }
+            let outcome = std::panic::catch_unwind(|| run(&input));
+            assert!(outcome.is_ok(), "{target}: mutation {i} panics: {input:?}");
+        }
+    }
+}

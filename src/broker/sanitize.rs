@@ -713,8 +713,15 @@ impl Sanitizer {
         }
         match repair_frame_inner(&frame, &carried, self.frame_max()) {
             Some((repair, announces)) => {
-                if let Some(names) = announces.filter(|n| !n.is_empty()) {
-                    self.announced.insert(channel, names);
+                // A new message on the channel: what it announces replaces anything left over.
+                match announces {
+                    Some(names) if !names.is_empty() => {
+                        self.announced.insert(channel, names);
+                    }
+                    Some(_) => {
+                        self.announced.remove(&channel);
+                    }
+                    None => {}
                 }
                 match repair {
                     Repair::Rewritten(bytes) => {
