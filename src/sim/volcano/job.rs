@@ -566,6 +566,7 @@ impl Model {
         } else {
             status["taskStatusCount"] = Value::Object(by_task);
         }
+        super::svc::release_when_finished(core, &job, &new_phase, &mut status);
         if job.get("status") != Some(&status) {
             core.update_internal(key, |j| j["status"] = status.clone());
         }
