@@ -207,8 +207,31 @@ impl Broker {
         config: BrokerConfig,
         shutdown: CancellationToken,
     ) -> Result<Self, BrokerError> {
-        config.check()?;
         let topology = Topology::from_config(&config);
+        Self::connect_with(config, topology, shutdown).await
+    }
+
+    /// Connects without declaring or checking any topology: for a command that looks at a vhost as it
+    /// is (`admin status`, `admin dead-letters`), and says itself what is missing there, rather than
+    /// failing the connection on the first queue no runner has declared yet.
+    pub async fn connect_bare(
+        config: BrokerConfig,
+        shutdown: CancellationToken,
+    ) -> Result<Self, BrokerError> {
+        let nothing = Topology {
+            exchanges: Vec::new(),
+            queues: Vec::new(),
+            bindings: Vec::new(),
+        };
+        Self::connect_with(config, nothing, shutdown).await
+    }
+
+    async fn connect_with(
+        config: BrokerConfig,
+        topology: Topology,
+        shutdown: CancellationToken,
+    ) -> Result<Self, BrokerError> {
+        config.check()?;
         let (live, _) = watch::channel(Live {
             generation: 0,
             connection: None,

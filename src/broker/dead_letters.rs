@@ -1,12 +1,21 @@
 //! [`DeadLetterQueue`]: reading, requeueing and dropping dead letters over AMQP alone, for
 //! `volcano-runner admin dead-letters` (no management plugin needed).
 //!
-//! AMQP 0.9.1 cannot browse a queue, so a look takes the messages with `basic.get` and manual acks, holds
-//! them unacknowledged until the look is done, and returns the ones it leaves alone with one
-//! `basic.nack(multiple, requeue)`: they go back to the queue unchanged, in their order (a quorum queue
-//! serves returned messages first, in the order they were returned). Holding them all until the end is what
-//! keeps the look from seeing a message twice, and a command that dies half-way loses nothing: its channel
-//! closes and the broker returns what it held.
+//! AMQP 0.9.1 cannot browse a queue, so a look takes the messages one by one with `basic.get` and manual
+//! acks, as many as the queue held when the look began. A message the command leaves alone is put back
+//! as a copy at the tail (published to the queue itself, confirmed), and only then is the one taken
+//! acked. A pass over the whole queue thus leaves it as it was, in its order, and never sees a message
+//! twice (the copies are behind the last one it takes).
+//!
+//! Why not hand it back with `basic.nack(requeue)`: a quorum queue counts a returned message as
+//! delivered once more (`x-delivery-count`), and RabbitMQ 4 gives every quorum queue a delivery limit
+//! (20) after which the message is dropped: twenty looks would have lost the dead letters they looked
+//! at. A copy is a new message, delivered zero times. Its headers are the original's, without the
+//! broker's `x-delivery-count`, and with what `x-death` says also in the runner's own headers, so it
+//! reads the same whatever a broker makes of an `x-death` it did not write itself. A command that dies
+//! between the copy's confirm and the ack leaves that one message twice in the queue (runners drop
+//! the duplicate of a requeued message by its id); one that dies before loses nothing (its channel
+//! closes and the broker returns what it held).
 //!
 //! A requeued dead letter goes back where it came from (its original exchange and routing key) with its
 //! original body, properties and `message_id`, without the dead-letter headers, with a publisher confirm;
@@ -160,6 +169,42 @@ impl DeadLetter {
             .with_delivery_mode(2)
             .with_headers(kept)
     }
+
+    /// The properties of the copy that puts it back in the dead-letter queue: the original ones without
+    /// the broker's delivery count, and with what the broker's `x-death` says in the runner's own
+    /// headers where those are missing (the reading prefers them, and a requeue leaves them behind).
+    pub fn put_back_properties(&self) -> BasicProperties {
+        let mut table = FieldTable::default();
+        if let Some(headers) = self.properties.headers() {
+            for (name, value) in headers.inner() {
+                if name.as_str() != headers::DELIVERY_COUNT_QUORUM {
+                    table.insert(name.clone(), value.clone());
+                }
+            }
+        }
+        let mut fill = |name: &str, value: Option<&str>| {
+            if let Some(value) = value.filter(|v| !v.is_empty())
+                && !table.inner().contains_key(name)
+            {
+                table.insert(ShortString::from(name), AMQPValue::LongString(value.into()));
+            }
+        };
+        fill(headers::REASON, self.reason.as_deref());
+        fill(
+            headers::ORIGINAL_EXCHANGE,
+            self.original_exchange.as_deref(),
+        );
+        fill(
+            headers::ORIGINAL_ROUTING_KEY,
+            self.original_routing_key.as_deref(),
+        );
+        fill(headers::ORIGINAL_QUEUE, self.original_queue.as_deref());
+        fill(headers::DEAD_LETTERED_AT, self.dead_lettered_at.as_deref());
+        self.properties
+            .clone()
+            .with_delivery_mode(2)
+            .with_headers(table)
+    }
 }
 
 /// Which dead letters a command acts on.
@@ -227,7 +272,14 @@ pub struct Listing {
 pub enum DeadLetterQueueError {
     #[error(transparent)]
     Broker(#[from] BrokerError),
-    /// An AMQP operation on the queue failed (it does not exist, the channel was closed, ...).
+    /// The queue does not exist in the vhost: no runner has declared the topology there.
+    #[error(
+        "dead-letter queue `{queue}` does not exist in this vhost: no runner has declared the topology \
+         here (a runner declares it when it starts; with broker.passive, import \
+         deploy/rabbitmq/definitions.json)"
+    )]
+    Missing { queue: String },
+    /// An AMQP operation on the queue failed (the channel was closed, ...).
     #[error("dead-letter queue `{queue}`: {what} failed: {message}")]
     Amqp {
         queue: String,
@@ -263,7 +315,8 @@ impl DeadLetterQueue {
         let mut letters = Vec::new();
         let mut more = 0;
         let result = async {
-            while let Some((_, letter)) = scan.next().await? {
+            while let Some((tag, letter)) = scan.next().await? {
+                scan.put_back(tag, &letter).await?;
                 if filter.is_none_or(|f| f.matches(&letter)) {
                     if letters.len() < limit {
                         letters.push(letter);
@@ -299,6 +352,7 @@ impl DeadLetterQueue {
         let result = async {
             while let Some((tag, letter)) = scan.next().await? {
                 if !selection.matches(&letter) {
+                    scan.put_back(tag, &letter).await?;
                     continue;
                 }
                 let mut outcome = Settled {
@@ -315,7 +369,10 @@ impl DeadLetterQueue {
                         Err(e) => outcome.error = Some(e),
                     },
                     Action::Requeue => match requeue(&publisher, &letter).await {
-                        Err(e) => outcome.error = Some(e),
+                        Err(e) => {
+                            outcome.error = Some(e);
+                            scan.put_back(tag, &letter).await?;
+                        }
                         Ok(to) => {
                             outcome.to = Some(to);
                             match scan.ack(tag).await {
@@ -365,16 +422,17 @@ async fn requeue(publisher: &super::Publisher, letter: &DeadLetter) -> Result<St
     Ok(format!("{exchange}/{routing_key}"))
 }
 
-/// One pass over the queue: every message taken with `basic.get`, held unacknowledged until
-/// [`Scan::finish`] returns the ones not acked, in their order.
+/// One pass over the queue: every message taken with `basic.get`, then acked (settled) or put back as
+/// a copy at the tail ([`Scan::put_back`]) before the next is taken.
 struct Scan {
     channel: Channel,
     queue: String,
-    /// Messages ready when the pass began: it stops there, never chasing what arrives meanwhile.
+    /// Messages ready when the pass began: it stops there, never chasing what arrives meanwhile (nor its
+    /// own copies).
     depth: u32,
     taken: u32,
-    /// The delivery tags taken and not acked, returned together at the end.
-    held: std::collections::BTreeSet<u64>,
+    /// Publishes the copies that put messages back, with confirms.
+    publisher: super::Publisher,
 }
 
 impl Scan {
@@ -395,14 +453,20 @@ impl Scan {
                 },
                 FieldTable::default(),
             )
-            .await
-            .map_err(|e| amqp("a passive declare", e))?;
+            .await;
+        let declared = match declared {
+            Ok(declared) => declared,
+            Err(e) if super::topology::is_not_found(&e) => {
+                return Err(DeadLetterQueueError::Missing { queue: name });
+            }
+            Err(e) => return Err(amqp("a passive declare", e)),
+        };
         Ok(Self {
             channel,
             queue: name.clone(),
             depth: declared.message_count(),
             taken: 0,
-            held: std::collections::BTreeSet::new(),
+            publisher: queue.broker.publisher(),
         })
     }
 
@@ -429,74 +493,61 @@ impl Scan {
         self.taken += 1;
         let delivery = got.delivery;
         let tag = delivery.delivery_tag;
-        self.held.insert(tag);
         let letter = DeadLetter::read(self.taken as usize, delivery.properties, delivery.data);
         Ok(Some((tag, letter)))
     }
 
     /// Acks one message: it leaves the queue.
-    async fn ack(&mut self, tag: u64) -> Result<(), String> {
+    async fn ack(&self, tag: u64) -> Result<(), String> {
         self.channel
             .basic_ack(tag, BasicAckOptions { multiple: false })
             .await
-            .map_err(|e| e.to_string())?;
-        self.held.remove(&tag);
-        Ok(())
+            .map_err(|e| e.to_string())
     }
 
-    /// Returns every message not acked to the queue, in order, waits (a few seconds at most) until the
-    /// broker shows them ready again, and closes the channel.
-    async fn finish(self) {
-        // `multiple` from the highest tag held: every held tag below it comes back too (the acked ones
-        // are no longer outstanding), and naming a held tag keeps the broker from refusing it.
-        if let Some(&tag) = self.held.last() {
-            let returned = self
+    /// Puts a message the command leaves alone back, delivered zero times: a copy published to the
+    /// queue and confirmed, then the one taken acked. When the copy cannot be published, the message
+    /// is handed back as it is (`nack`, requeue: it counts one more delivery, but nothing is lost) and
+    /// the pass ends with the error.
+    async fn put_back(&self, tag: u64, letter: &DeadLetter) -> Result<(), DeadLetterQueueError> {
+        let published = self
+            .publisher
+            .publish_raw(
+                "",
+                &self.queue,
+                &letter.body,
+                letter.put_back_properties(),
+                true,
+            )
+            .await;
+        let failed = |what: &'static str, message: String| DeadLetterQueueError::Amqp {
+            queue: self.queue.clone(),
+            what,
+            message,
+        };
+        if let Err(e) = published {
+            let _ = self
                 .channel
                 .basic_nack(
                     tag,
                     BasicNackOptions {
-                        multiple: true,
+                        multiple: false,
                         requeue: true,
                     },
                 )
                 .await;
-            if returned.is_ok() {
-                self.until_ready(self.held.len()).await;
-            }
+            return Err(failed("putting a message back", e.to_string()));
         }
-        // Closing returns whatever is still held (the broker requeues a closed channel's unacked
-        // messages), so nothing is lost even if the nack did not go out.
+        self.ack(tag)
+            .await
+            .map_err(|e| failed("the ack of a message put back", e))
+    }
+
+    /// Closes the channel: a message still taken (after an error) goes back to the queue.
+    async fn finish(self) {
         let _ = self.channel.close(200, "dead letters read".into()).await;
     }
-
-    /// A quorum queue applies a return through its log, after the nack was sent: the next command (a
-    /// `list` right after a `requeue`) would not see those messages yet and stop short. Wait until at
-    /// least `returned` are ready, for [`RETURN_WAIT`] at most.
-    async fn until_ready(&self, returned: usize) {
-        let deadline = tokio::time::Instant::now() + RETURN_WAIT;
-        while tokio::time::Instant::now() < deadline {
-            let declared = self
-                .channel
-                .queue_declare(
-                    self.queue.as_str().into(),
-                    QueueDeclareOptions {
-                        passive: true,
-                        ..QueueDeclareOptions::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await;
-            match declared {
-                Ok(q) if q.message_count() as usize >= returned => return,
-                Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
-                Err(_) => return,
-            }
-        }
-    }
 }
-
-/// How long a command waits for the messages it returned to be ready again before it ends.
-const RETURN_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The latest entry of an `x-death` header (RabbitMQ puts the most recent first).
 fn latest_death(value: &AMQPValue) -> Option<Death> {

@@ -422,6 +422,16 @@ pub(crate) fn queue_arguments(q: &QueueSpec) -> FieldTable {
     table
 }
 
+/// Whether AMQP said that what was declared or used does not exist (404 NOT_FOUND: a passive declare
+/// of a queue or exchange that is not there).
+pub(crate) fn is_not_found(e: &lapin::Error) -> bool {
+    matches!(
+        e.kind(),
+        lapin::ErrorKind::ProtocolError(amqp)
+            if matches!(amqp.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND))
+    )
+}
+
 enum Failure {
     Missing,
     Error(TopologyError),

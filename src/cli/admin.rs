@@ -540,6 +540,9 @@ pub struct Status {
 #[serde(rename_all = "camelCase")]
 pub struct QueueDepth {
     pub name: String,
+    /// Whether the queue exists in the vhost (else no runner has declared the topology there; ready
+    /// and consumers are then 0).
+    pub exists: bool,
     /// Messages ready for delivery (not counting those delivered and unacknowledged).
     pub ready: u32,
     pub consumers: u32,
@@ -565,10 +568,14 @@ impl Status {
         out.push_str(&format!("active jobs:   {} ({cap})\n", self.active_jobs));
         out.push_str("queues:\n");
         for q in &self.queues {
-            out.push_str(&format!(
-                "  {:<32} {:>7} ready  {:>3} consumers\n",
-                q.name, q.ready, q.consumers
-            ));
+            if q.exists {
+                out.push_str(&format!(
+                    "  {:<32} {:>7} ready  {:>3} consumers\n",
+                    q.name, q.ready, q.consumers
+                ));
+            } else {
+                out.push_str(&format!("  {:<32} (missing)\n", q.name));
+            }
         }
         out.push_str("monitoring shards:\n");
         if self.shards.is_empty() && self.problems.is_empty() {
@@ -613,6 +620,14 @@ async fn status(
     let queues = queue_depths(config).await?;
     let shards = shard_holders(client, config).await?;
     let mut problems = problems(client, config).await?;
+    let missing: Vec<&str> = queues
+        .iter()
+        .filter(|q| !q.exists)
+        .map(|q| q.name.as_str())
+        .collect();
+    if !missing.is_empty() {
+        problems.push(missing_queues_problem(&missing, &config.broker));
+    }
     let now = jiff::Timestamp::now();
     let windows = match MaintenanceWindows::new(client.clone(), &config.cluster)
         .list()
@@ -705,6 +720,19 @@ async fn runner_problems(client: &kube::Client, config: &Config) -> Result<Vec<S
         .collect())
 }
 
+/// Queues that are not in the vhost: no runner has declared the topology there (none has started with
+/// this broker URL), or it is pre-provisioned and incomplete.
+fn missing_queues_problem(missing: &[&str], broker: &crate::broker::BrokerConfig) -> String {
+    format!(
+        "{} {} not exist in {}: no runner has declared the topology there. A runner declares it when it \
+         starts (is one running, with this broker URL?); with [broker] passive = true, import \
+         deploy/rabbitmq/definitions.json into the vhost",
+        missing.join(", "),
+        if missing.len() == 1 { "does" } else { "do" },
+        broker.endpoint()
+    )
+}
+
 /// Dead letters wait for a person: say how many and how to look.
 fn dead_letter_problem(queue: &str, ready: u32) -> String {
     format!(
@@ -774,26 +802,31 @@ async fn problems(client: &kube::Client, config: &Config) -> Result<Vec<String>,
     Ok(problems)
 }
 
-/// Passive declares of the runner's queues: exact counts now (the management API lags by seconds).
+/// Passive declares of the runner's queues: exact counts now (the management API lags by seconds), and
+/// which of them are missing.
 async fn queue_depths(config: &Config) -> Result<Vec<QueueDepth>, CliError> {
     let shutdown = CancellationToken::new();
-    // Passive: looking at a broker never creates anything on it.
-    let broker = super::client_broker(config, true, shutdown).await?;
-    let (_, channel) = broker
-        .channel()
-        .await
-        .map_err(|e| CliError::Other(format!("RabbitMQ: {e}")))?;
+    // Looking at a broker never creates anything on it, and takes the vhost as it is.
+    let broker = super::inspect_broker(config, shutdown).await?;
     let c = &config.broker;
     let mut depths = Vec::new();
     for name in [&c.submit_queue, &c.control_queue, &c.dead_letter_queue] {
-        let (ready, consumers) = super::pause_wait::depth(&channel, name).await?;
+        let read = super::pause_wait::depth(&broker, name).await;
+        let read = match read {
+            Ok(read) => read,
+            Err(e) => {
+                broker.close().await;
+                return Err(e);
+            }
+        };
+        let (ready, consumers) = read.unwrap_or_default();
         depths.push(QueueDepth {
             name: name.clone(),
+            exists: read.is_some(),
             ready,
             consumers,
         });
     }
-    let _ = channel.close(200, "status read".into()).await;
     broker.close().await;
     Ok(depths)
 }

@@ -73,18 +73,33 @@ impl Which {
 }
 
 pub async fn run(command: DeadLettersCommand, config: &Config) -> Result<ExitCode, CliError> {
-    // Passive: the command declares nothing, it only checks the topology is there.
-    let broker = super::client_broker(config, true, CancellationToken::new()).await?;
+    // The command declares nothing; a vhost without the dead-letter queue is told as such.
+    let broker = super::inspect_broker(config, CancellationToken::new()).await?;
     let queue = DeadLetterQueue::new(broker.clone());
+    let listing = matches!(command, DeadLettersCommand::List { .. });
     let result = execute(command, &queue).await;
     broker.close().await;
-    result
+    match result {
+        Ok(code) => Ok(code),
+        // No dead-letter queue in the vhost: nothing was ever dead-lettered there. A listing is an
+        // answer (none, and why); what looks for given dead letters did not find them (exit code 1).
+        Err(e @ DeadLetterQueueError::Missing { .. }) => {
+            if listing {
+                println!("no dead letters: {e}");
+                Ok(ExitCode::SUCCESS)
+            } else {
+                eprintln!("volcano-runner: {e}");
+                Ok(ExitCode::FAILURE)
+            }
+        }
+        Err(e) => Err(error(e)),
+    }
 }
 
 async fn execute(
     command: DeadLettersCommand,
     queue: &DeadLetterQueue,
-) -> Result<ExitCode, CliError> {
+) -> Result<ExitCode, DeadLetterQueueError> {
     match command {
         DeadLettersCommand::List {
             reason,
@@ -92,7 +107,7 @@ async fn execute(
             output,
         } => {
             let filter = reason.map(Selection::Reason);
-            let listing = queue.list(filter.as_ref(), limit).await.map_err(error)?;
+            let listing = queue.list(filter.as_ref(), limit).await?;
             match output {
                 Output::Json => println!("{}", json(&listing)),
                 Output::Text => print!("{}", list_text(&listing, filter.as_ref())),
@@ -101,10 +116,7 @@ async fn execute(
         }
         DeadLettersCommand::Show { id, output } => {
             let selection = Selection::Ids(vec![id.clone()]);
-            let listing = queue
-                .list(Some(&selection), usize::MAX)
-                .await
-                .map_err(error)?;
+            let listing = queue.list(Some(&selection), usize::MAX).await?;
             if listing.letters.is_empty() {
                 eprintln!(
                     "volcano-runner: no dead letter with message id {id:?} in {} ({} messages)",
@@ -135,9 +147,9 @@ async fn settle(
     queue: &DeadLetterQueue,
     which: &Which,
     action: Action,
-) -> Result<ExitCode, CliError> {
+) -> Result<ExitCode, DeadLetterQueueError> {
     let selection = which.selection();
-    let settled = queue.settle(&selection, action).await.map_err(error)?;
+    let settled = queue.settle(&selection, action).await?;
     let missing: Vec<&String> = match &selection {
         Selection::Ids(ids) => ids
             .iter()

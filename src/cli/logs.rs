@@ -277,7 +277,9 @@ async fn find_job(
 pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError> {
     let config = load_config(config, args.cluster.as_deref())?;
     let client = operator_client(&config).await?;
-    let (namespace, count, _) = find_job(&client, &args.job_id, args.namespace.as_deref()).await?;
+    let (namespace, count, job) =
+        find_job(&client, &args.job_id, args.namespace.as_deref()).await?;
+    let ended = has_ended(&job, &config.pipeline.keys().lifecycle_state);
     let ranks: Vec<u32> = match args.rank {
         Some(r) if r >= count => {
             return Err(CliError::Other(format!(
@@ -310,10 +312,16 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
             }
             (true, None) => ExitCode::SUCCESS,
             (false, None) => {
-                // Nothing to show at all: say so in the exit code too (1), as `kubectl logs` does.
+                // Nothing to show at all: say so in the exit code too (1), as `kubectl logs` does. An
+                // ended job's pods are gone for good: nothing would come to wait for.
+                let next = if ended {
+                    "the job has ended and its pods are gone: no log is left to show, nor to wait \
+                     for"
+                } else {
+                    "--follow waits for them"
+                };
                 eprintln!(
-                    "volcano-runner: no rank of job {} has a log to show (each says why above); \
-                     --follow waits for them",
+                    "volcano-runner: no rank of job {} has a log to show (each says why above); {next}",
                     args.job_id
                 );
                 ExitCode::FAILURE

@@ -111,6 +111,20 @@ pub async fn client_broker(
         .map_err(|e| CliError::Other(format!("RabbitMQ: {e}")))
 }
 
+/// The connection of a command that inspects a vhost as it is (`admin status`, `admin dead-letters`,
+/// `admin pause --wait`): like [`client_broker`], but it declares and checks nothing, so that on a vhost
+/// where no runner has declared the topology yet the command can say what is missing instead of failing.
+pub async fn inspect_broker(
+    config: &crate::config::Config,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> Result<crate::broker::Broker, CliError> {
+    let mut broker = config.broker.clone();
+    broker.startup_timeout = broker.startup_timeout.min(CLIENT_CONNECT_TIMEOUT);
+    crate::broker::Broker::connect_bare(broker, shutdown)
+        .await
+        .map_err(|e| CliError::Other(format!("RabbitMQ: {e}")))
+}
+
 /// Why a command could not do its job. Each message says what to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {

@@ -23,9 +23,18 @@ use crate::config::Config;
 /// How often the consumer count is read.
 const POLL: Duration = Duration::from_millis(500);
 
-/// A queue's ready messages and consumers, right now (a passive declare: exact, creates nothing).
-pub(super) async fn depth(channel: &lapin::Channel, queue: &str) -> Result<(u32, u32), CliError> {
-    let q = channel
+/// A queue's ready messages and consumers, right now (a passive declare: exact, creates nothing), or
+/// `None` when the queue does not exist (no runner has declared the topology in the vhost). Each read
+/// has a channel of its own: the broker closes the channel of a passive declare that finds nothing.
+pub(super) async fn depth(
+    broker: &crate::broker::Broker,
+    queue: &str,
+) -> Result<Option<(u32, u32)>, CliError> {
+    let (_, channel) = broker
+        .channel()
+        .await
+        .map_err(|e| CliError::Other(format!("RabbitMQ: {e}")))?;
+    let declared = channel
         .queue_declare(
             queue.into(),
             QueueDeclareOptions {
@@ -34,9 +43,14 @@ pub(super) async fn depth(channel: &lapin::Channel, queue: &str) -> Result<(u32,
             },
             FieldTable::default(),
         )
-        .await
-        .map_err(|e| CliError::Other(format!("queue {queue}: {e}")))?;
-    Ok((q.message_count(), q.consumer_count()))
+        .await;
+    let read = match declared {
+        Ok(q) => Ok(Some((q.message_count(), q.consumer_count()))),
+        Err(e) if crate::broker::topology::is_not_found(&e) => Ok(None),
+        Err(e) => Err(CliError::Other(format!("queue {queue}: {e}"))),
+    };
+    let _ = channel.close(200, "depth read".into()).await;
+    read
 }
 
 /// Runners whose member lease is live now (`None`: the leases cannot be read, e.g. no permission).
@@ -79,18 +93,22 @@ pub async fn wait(
     timeout: Duration,
 ) -> Result<(), CliError> {
     let shutdown = CancellationToken::new();
-    // Passive: waiting declares nothing.
-    let broker = super::client_broker(config, true, shutdown).await?;
-    let (_, channel) = broker
-        .channel()
-        .await
-        .map_err(|e| CliError::Other(format!("RabbitMQ: {e}")))?;
+    // Waiting declares nothing, and a vhost without the topology is an answer, not an error.
+    let broker = super::inspect_broker(config, shutdown).await?;
     let queue = config.broker.submit_queue.as_str();
     let started = Instant::now();
     let mut last: Option<(u32, Option<usize>)> = None;
     let result = loop {
-        let (ready, consumers) = match depth(&channel, queue).await {
-            Ok(read) => read,
+        let (ready, consumers) = match depth(&broker, queue).await {
+            Ok(Some(read)) => read,
+            Ok(None) => {
+                println!(
+                    "no runner takes submissions: the submit queue {queue} does not exist in {} (no \
+                     runner has declared the topology there)",
+                    config.broker.endpoint()
+                );
+                break Ok(());
+            }
             Err(e) => break Err(e),
         };
         if consumers == 0 {
@@ -120,7 +138,6 @@ pub async fn wait(
         }
         tokio::time::sleep(POLL).await;
     };
-    let _ = channel.close(200, "pause wait done".into()).await;
     broker.close().await;
     result
 }

@@ -70,10 +70,9 @@ pub(super) struct ServedOps {
 impl ServedOps {
     /// Binds `[ops] listen` (a port taken fails the start, naming it) and serves `ops` from now on.
     pub(super) async fn start(ops: &Ops, config: &crate::ops::OpsConfig) -> Result<Self, CliError> {
-        let server = ops
-            .bind(config)
-            .await
-            .map_err(|e| CliError::Other(format!("[ops] listen {}: {e}", config.listen)))?;
+        let server = ops.bind(config).await.map_err(|e| {
+            CliError::Other(format!("[ops] listen {}: {e}", config.listen_address()))
+        })?;
         let listen = server
             .local_addr()
             .map_err(|e| CliError::Other(e.to_string()))?;

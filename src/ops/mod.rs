@@ -79,7 +79,12 @@ impl Ops {
 
     /// Binds `[ops] listen` now, so a port in use fails the start; run the server with [`OpsServer::run`].
     pub async fn bind(&self, config: &OpsConfig) -> std::io::Result<OpsServer> {
-        OpsServer::bind(config.listen, self.metrics.clone(), self.readiness.clone()).await
+        OpsServer::bind(
+            config.listen_address(),
+            self.metrics.clone(),
+            self.readiness.clone(),
+        )
+        .await
     }
 }
 
@@ -93,10 +98,11 @@ mod duration {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OpsConfig {
-    /// Address of the HTTP endpoint that serves `/metrics`, `/healthz` and `/readyz`. Prometheus scrapes
-    /// it and the kubelet probes it, so in a pod it must listen on all interfaces; use `127.0.0.1:0` to
-    /// run several runners on one workstation.
-    pub listen: SocketAddr,
+    /// Address of the HTTP endpoint that serves `/metrics`, `/healthz` and `/readyz`. Unset: port 9090
+    /// on every interface inside a Kubernetes pod (where Prometheus scrapes it and the kubelet probes
+    /// it), on loopback elsewhere (see [`OpsConfig::listen_address`]). `127.0.0.1:0` runs several
+    /// runners on one workstation.
+    pub listen: Option<SocketAddr>,
     /// `human` (one readable line per event, for a terminal) or `json` (one JSON object per line with the
     /// span fields, for a log pipeline).
     pub log_format: LogFormat,
@@ -118,7 +124,7 @@ pub struct OpsConfig {
 impl Default for OpsConfig {
     fn default() -> Self {
         Self {
-            listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
+            listen: None,
             log_format: LogFormat::Human,
             log_filter: "info".to_owned(),
             cluster_check_timeout: Duration::from_millis(800),
@@ -127,7 +133,37 @@ impl Default for OpsConfig {
     }
 }
 
+/// The endpoint's port when `[ops] listen` is not set.
+pub const DEFAULT_PORT: u16 = 9090;
+
+/// Whether this process runs in a Kubernetes pod: the kubelet gives every container
+/// `KUBERNETES_SERVICE_HOST` (the same variable the kube client's in-cluster configuration reads).
+pub fn in_cluster() -> bool {
+    std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|v| !v.is_empty())
+}
+
+/// `[ops] listen` when set; otherwise [`DEFAULT_PORT`] on every interface in a pod, on loopback
+/// elsewhere.
+pub fn listen_address(configured: Option<SocketAddr>, in_cluster: bool) -> SocketAddr {
+    configured.unwrap_or_else(|| {
+        let ip = if in_cluster {
+            std::net::Ipv4Addr::UNSPECIFIED
+        } else {
+            std::net::Ipv4Addr::LOCALHOST
+        };
+        SocketAddr::from((ip, DEFAULT_PORT))
+    })
+}
+
 impl OpsConfig {
+    /// Where the endpoint listens. Without `[ops] listen`: in a pod on every interface, because
+    /// Prometheus and the kubelet reach it from outside the pod; anywhere else on loopback, because a
+    /// runner started by hand has no business on the network, and the port is often a local
+    /// Prometheus's own (which then meets a runner on its port from other machines).
+    pub fn listen_address(&self) -> SocketAddr {
+        listen_address(self.listen, in_cluster())
+    }
+
     /// Checks what serde cannot: the filter parses, the timeouts make sense. The error names the key.
     pub fn check(&self) -> Result<(), OpsConfigError> {
         let invalid = |key: &str, reason: String| OpsConfigError {
@@ -187,6 +223,15 @@ mod tests {
     }
 
     #[test]
+    fn unset_the_endpoint_is_on_every_interface_in_a_pod_and_on_loopback_elsewhere() {
+        assert_eq!(listen_address(None, true).to_string(), "0.0.0.0:9090");
+        assert_eq!(listen_address(None, false).to_string(), "127.0.0.1:9090");
+        let set = "192.0.2.1:8080".parse().ok();
+        assert_eq!(listen_address(set, true).to_string(), "192.0.2.1:8080");
+        assert_eq!(listen_address(set, false).to_string(), "192.0.2.1:8080");
+    }
+
+    #[test]
     fn values_parse_and_bad_ones_name_the_key() {
         let parsed: OpsConfig = toml::from_str(
             r#"
@@ -198,7 +243,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(parsed.log_format, LogFormat::Json);
-        assert_eq!(parsed.listen.port(), 0);
+        assert_eq!(parsed.listen.map(|l| l.port()), Some(0));
         assert_eq!(parsed.cluster_check_timeout, Duration::from_millis(300));
         parsed.check().unwrap();
 

@@ -79,10 +79,14 @@ where
             },
         )?);
     }
-    // lapin logs every returned (unroutable) message at WARN with its whole content; the publisher
-    // reports the same failure once, naming the exchange and routing key, and retries it.
+    // The AMQP client logs what the runner reports itself, in protocol terms and without saying what
+    // to fix: a refused login or a missing vhost as ERROR `Connection closed` frames before the runner's
+    // own message, a lost connection as IO errors before the supervisor's WARN, every returned
+    // (unroutable) message at WARN with its whole content before the publisher's error naming the
+    // exchange and routing key. The runner's lines say each once; `lapin=warn` in the filter brings
+    // the client's back.
     if !settings.filter.contains("lapin") {
-        filter = filter.add_directive("lapin::returned_messages=error".parse().map_err(
+        filter = filter.add_directive("lapin=off".parse().map_err(
             |e: tracing_subscriber::filter::ParseError| TelemetryError::Filter {
                 filter: settings.filter.clone(),
                 reason: e.to_string(),
@@ -292,10 +296,12 @@ mod tests {
     fn lapin_returned_message_dumps_are_kept_out_unless_asked_for() {
         let emit = || {
             tracing::warn!(target: "lapin::returned_messages", "Server returned us a message BODY");
+            tracing::error!(target: "lapin::channel", "Connection closed ACCESS_REFUSED");
             tracing::warn!(target: "volcano_runner::broker", "no queue receives messages");
         };
         let text = logged(LogFormat::Human, "info", Redactor::new(), emit);
         assert!(!text.contains("BODY"), "{text}");
+        assert!(!text.contains("ACCESS_REFUSED"), "{text}");
         assert!(text.contains("no queue receives messages"), "{text}");
         let text = logged(LogFormat::Human, "info,lapin=warn", Redactor::new(), emit);
         assert!(

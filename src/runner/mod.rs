@@ -154,8 +154,8 @@ impl Runner {
         })
     }
 
-    /// Judges maintenance windows by `clock` (the monitor's; the system clock by default) when it decides
-    /// whether a submission is created held back.
+    /// Takes every instant from `clock` (the monitor's; the system clock by default): the acceptance it
+    /// records on a job, a cancel's tombstone, whether a maintenance window holds a submission back.
     pub fn with_clock(mut self, clock: Arc<dyn crate::monitor::Clock>) -> Self {
         Arc::get_mut(&mut self.handler)
             .expect("the clock is set before the runner starts")
@@ -239,9 +239,11 @@ impl Runner {
         tasks.spawn(async move { jobs.follow(token.cancelled()).await });
         let tombstones = self.handler.tombstones.clone();
         let (interval, token) = (config.cluster.tombstone_sweep_interval, background.clone());
+        // Tombstones are written by the handler's clock: aged by the same one.
+        let clock = self.handler.windows_clock.clone();
         tasks.spawn(async move {
             tombstones
-                .run_sweeper(interval, jiff::Timestamp::now, token.cancelled())
+                .run_sweeper(interval, || clock.now(), token.cancelled())
                 .await;
         });
 

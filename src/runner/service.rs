@@ -100,7 +100,16 @@ impl Service {
         if self.config.cluster.lease.identity.is_none() {
             self.config.cluster.lease.identity = Some(self.runner_id.clone());
         }
-        let broker = Broker::connect(self.config.broker.clone(), shutdown.clone()).await?;
+        let broker = match Broker::connect(self.config.broker.clone(), shutdown.clone()).await {
+            Ok(broker) => broker,
+            // Stopped (SIGTERM, Ctrl-C) while RabbitMQ was still being tried: nothing was started,
+            // so nothing is left to finish. A stop that was asked for is not a failure.
+            Err(crate::broker::BrokerError::Shutdown) if shutdown.is_cancelled() => {
+                info!("Stopped before RabbitMQ was reached; nothing was consumed.");
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        };
         ops.metrics.watch_broker(broker.clone());
         broker_ready.fill(broker.clone());
         let config = Arc::new(self.config);
@@ -140,7 +149,10 @@ impl Service {
             let (leases, handle) = ShardLeases::new(self.client.clone(), &config.cluster);
             // What keeps this runner from its work goes on its member lease, for `admin status`.
             let route = runner.events_route();
-            let leases = leases.with_note(move || route.problem());
+            // Leases that cannot be written leave the jobs unmonitored: told at WARN and in /readyz.
+            let leases = leases
+                .with_note(move || route.problem())
+                .with_health(ops.readiness.condition("shard leases", ""));
             let token = shutdown.clone();
             duties.spawn(async move { leases.run(token.cancelled_owned()).await });
             let mut monitor = Monitor::new(

@@ -152,6 +152,8 @@ async fn declared(vhost: &TestVhost) -> Vec<String> {
     names
 }
 
+/// On a vhost where no runner has declared the topology, `admin status`, `admin dead-letters` and
+/// `admin pause --wait` answer, say what is missing, and declare nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_status_creates_nothing_on_the_broker_it_looks_at() {
     let vhost = TestVhost::new("cli-status-passive").await;
@@ -161,10 +163,91 @@ async fn admin_status_creates_nothing_on_the_broker_it_looks_at() {
         &vhost.amqp_url(),
         &["admin", "--cluster", &sim.url(), "status"],
     );
-    let stderr = text(&out.stderr);
-    // No runner has declared the topology on this vhost: status says so, and declares none itself.
-    assert!(!out.status.success(), "{}", text(&out.stdout));
-    assert!(stderr.contains("compute.jobs"), "{stderr}");
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    // No runner has declared the topology on this vhost: status shows what it can read, says what is
+    // missing (not the advice for broker.passive, which is off), and declares nothing itself.
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("pause switch:"), "{stdout}");
+    assert!(
+        stdout.contains("compute.jobs.submit") && stdout.contains("(missing)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "PROBLEM: compute.jobs.submit, compute.jobs.control, compute.jobs.dead do not exist"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("no runner has declared the topology"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("passive off") && !stderr.contains("passive off"));
+    assert_no_noise(&stderr);
+    let json = client(
+        &vhost.amqp_url(),
+        &["admin", "--cluster", &sim.url(), "status", "-o", "json"],
+    )
+    .0;
+    assert!(json.status.success(), "{}", text(&json.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(json["queues"][0]["exists"], false, "{json:#}");
+
+    // The dead letters: there are none, and why.
+    let (out, _) = client(&vhost.amqp_url(), &["admin", "dead-letters", "list"]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("no dead letters")
+            && stdout.contains("compute.jobs.dead")
+            && stdout.contains("does not exist"),
+        "{stdout}"
+    );
+    assert!(!stderr.contains("passive off"), "{stderr}");
+    // One dead letter asked for by id is not there (exit code 1), with the same reason.
+    let (out, _) = client(
+        &vhost.amqp_url(),
+        &["admin", "dead-letters", "show", "submit/1"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("does not exist"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // Pausing and waiting: no submit queue, so nothing takes submissions. (The switch lives in the
+    // runner's namespace, which a runner would have created.)
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+        kube::Api::all(sim.client().unwrap());
+    namespaces
+        .create(
+            &kube::api::PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": "volcano-runner"}}))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let (out, _) = client(
+        &vhost.amqp_url(),
+        &[
+            "admin",
+            "--cluster",
+            &sim.url(),
+            "pause",
+            "--wait",
+            "--timeout",
+            "5s",
+        ],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(
+            "no runner takes submissions: the submit queue compute.jobs.submit does not exist"
+        ),
+        "{stdout}"
+    );
     assert_no_noise(&stderr);
     assert_eq!(declared(&vhost).await, Vec::<String>::new());
 }

@@ -332,3 +332,75 @@ async fn a_message_past_its_delivery_limit_is_listed_from_x_death_and_requeued_t
     token.cancel();
     broker.close().await;
 }
+
+/// The delivery count the quorum queue gives a message (`x-delivery-count`, absent before the first
+/// redelivery).
+fn delivery_count(properties: &BasicProperties) -> i64 {
+    match properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get("x-delivery-count").cloned())
+    {
+        None => 0,
+        Some(AMQPValue::LongLongInt(n)) => n,
+        Some(AMQPValue::LongInt(n)) => i64::from(n),
+        Some(AMQPValue::LongUInt(n)) => i64::from(n),
+        Some(other) => panic!("x-delivery-count is {other:?}"),
+    }
+}
+
+/// Looking does not count as a delivery: on RabbitMQ 4 a quorum queue drops a message delivered more
+/// often than its delivery limit (20 by default), so every `list` or `show` that handed the dead letters
+/// back with a requeueing nack brought them one look closer to being lost. After many looks (and a
+/// `drop` of another one) the dead letters are still there, in their order, delivered zero times, and
+/// read as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn looking_at_dead_letters_does_not_count_as_delivering_them() {
+    let vhost = TestVhost::new("dlq-look").await;
+    let url = vhost.amqp_url();
+    let token = CancellationToken::new();
+    let broker = Broker::connect(vhost.config(), token.clone())
+        .await
+        .unwrap();
+    let mut why = FieldTable::default();
+    why.insert(
+        "x-volcano-runner-reason".into(),
+        AMQPValue::LongString("invalid_field".into()),
+    );
+    for id in ["submit/1", "submit/2", "submit/3"] {
+        vhost
+            .publish_raw(
+                "",
+                DEAD,
+                br#"{"jobId":"1"}"#,
+                properties(id).with_headers(why.clone()),
+            )
+            .await;
+    }
+    vhost.wait_ready(DEAD, 3).await;
+    for _ in 0..3 {
+        assert_eq!(listed_ids(&url), ["submit/1", "submit/2", "submit/3"]);
+    }
+    let (out, _) = client(&url, &["admin", "dead-letters", "show", "submit/2"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (out, _) = client(&url, &["admin", "dead-letters", "drop", "submit/3"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(listed_ids(&url), ["submit/1", "submit/2"]);
+    let (out, _) = client(
+        &url,
+        &["admin", "dead-letters", "list", "--reason", "invalid_field"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let left = vhost.drain(DEAD).await;
+    assert_eq!(left.len(), 2);
+    for message in &left {
+        assert_eq!(
+            delivery_count(&message.delivery.properties),
+            0,
+            "{:?} was counted as delivered by the looks",
+            message.delivery.properties.message_id()
+        );
+    }
+    token.cancel();
+    broker.close().await;
+}

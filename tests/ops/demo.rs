@@ -1,7 +1,8 @@
 //! `scripts/demo`, the README's first command, run as a reader runs it (with the binary this test run
-//! built, `DEMO_BIN`, instead of a second build): every example job runs to its end, the script says how
-//! to put the binary on the PATH, and it leaves the broker as it found it: its vhost is gone afterwards
-//! and no RabbitMQ plugin was turned on.
+//! built, `DEMO_BIN`, instead of a second build): every example job runs to its end, also while another
+//! `run --cluster sim` runs on the machine, the script says how to put the binary on the PATH, and it
+//! leaves the broker as it found it: its vhost is gone afterwards and no RabbitMQ plugin was turned on.
+//! Before a first (cold) build it says that the build takes minutes.
 
 use crate::ops_common;
 
@@ -17,6 +18,17 @@ async fn the_demo_runs_every_example_to_its_end_and_leaves_the_broker_as_it_was(
     let _ = std::fs::remove_dir_all(&dir);
     let shims = dir.join("shims");
     std::fs::create_dir_all(&shims).unwrap();
+    // Another `run --cluster sim` on the machine: a live process that left its simulator's address where
+    // every runner with an embedded simulator leaves it (the demo's TMPDIR is `dir`). `--cluster sim` is
+    // then ambiguous; the demo must find its own runner all the same.
+    let addresses = dir.join("volcano-runner-embedded-sim");
+    std::fs::create_dir_all(&addresses).unwrap();
+    let mut other_runner = Command::new("sleep").arg("600").spawn().unwrap();
+    std::fs::write(
+        addresses.join(format!("{}.url", other_runner.id())),
+        "http://127.0.0.1:9\n",
+    )
+    .unwrap();
     // Any call of rabbitmq-plugins is recorded (and refused): the demo must not change a broker's plugins.
     let calls = dir.join("plugin-calls");
     let shim = shims.join("rabbitmq-plugins");
@@ -53,6 +65,8 @@ async fn the_demo_runs_every_example_to_its_end_and_leaves_the_broker_as_it_was(
     })
     .await
     .unwrap();
+    let _ = other_runner.kill();
+    let _ = other_runner.wait();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let log = std::fs::read_to_string(dir.join("run/runner.log")).unwrap_or_default();
@@ -83,6 +97,65 @@ async fn the_demo_runs_every_example_to_its_end_and_leaves_the_broker_as_it_was(
     );
     let (status, _) = management("GET", &format!("/api/vhosts/{}", segment(&vhost)), None).await;
     assert_eq!(status, 404, "the demo's vhost is deleted at the end");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Before a cold build (no binary yet where cargo puts it) the demo says that it takes minutes, before
+/// cargo starts printing; a warm one goes on without the warning. `cargo` is a stand-in that answers
+/// `metadata` with the target directory and records `build` (and fails it, which ends the demo there).
+#[test]
+fn the_demo_warns_before_a_cold_build_that_it_takes_minutes() {
+    let dir = std::env::temp_dir().join(format!("vr-demo-cold-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (shims, target) = (dir.join("shims"), dir.join("target"));
+    std::fs::create_dir_all(&shims).unwrap();
+    std::fs::create_dir_all(&target).unwrap();
+    let cargo = shims.join("cargo");
+    std::fs::write(
+        &cargo,
+        format!(
+            "#!/bin/sh\ncase \"$1\" in\n  metadata) echo '{{\"target_directory\":\"{}\"}}' ;;\n  build) echo 'CARGO BUILD STARTS'; exit 1 ;;\nesac\n",
+            target.display()
+        ),
+    )
+    .unwrap();
+    Command::new("chmod")
+        .args(["755", cargo.to_str().unwrap()])
+        .status()
+        .unwrap();
+    let path = format!(
+        "{}:{}",
+        shims.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let run = || {
+        let out = Command::new(root().join("scripts/demo"))
+            .current_dir(root())
+            .env("PATH", &path)
+            .env_remove("DEMO_BIN")
+            .env("DEMO_DIR", dir.join("run"))
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "the stand-in build fails the demo");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let cold = run();
+    let warned = cold
+        .find("takes several minutes")
+        .unwrap_or_else(|| panic!("no warning before a cold build:\n{cold}"));
+    let built = cold.find("CARGO BUILD STARTS").expect("the build ran");
+    assert!(warned < built, "the warning comes first:\n{cold}");
+    // A binary already built: no warning.
+    std::fs::create_dir_all(target.join("debug")).unwrap();
+    let bin = target.join("debug/volcano-runner");
+    std::fs::write(&bin, "#!/bin/sh\n").unwrap();
+    Command::new("chmod")
+        .args(["755", bin.to_str().unwrap()])
+        .status()
+        .unwrap();
+    let warm = run();
+    assert!(warm.contains("CARGO BUILD STARTS"), "{warm}");
+    assert!(!warm.contains("takes several minutes"), "{warm}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

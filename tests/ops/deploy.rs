@@ -224,11 +224,14 @@ fn probes_ports_and_grace_period_match_the_configuration() {
         let pod = deployment.spec.unwrap().template.spec.unwrap();
         let container = &pod.containers[0];
         let port = container.ports.as_ref().unwrap()[0].clone();
-        assert_eq!(
-            port.container_port,
-            i32::from(config.ops.listen.port()),
-            "{dir}"
-        );
+        // Set in the manifests, not left to the detection of a pod: every interface, for the
+        // kubelet's probes and Prometheus.
+        let listen = config
+            .ops
+            .listen
+            .unwrap_or_else(|| panic!("{dir}: [ops] listen is set"));
+        assert!(listen.ip().is_unspecified(), "{dir}: {listen}");
+        assert_eq!(port.container_port, i32::from(listen.port()), "{dir}");
         let name = port.name.clone().unwrap();
         for (probe, path) in [
             (&container.liveness_probe, "/healthz"),

@@ -242,3 +242,51 @@ async fn consumers(fleet: &Fleet, queue: &str) -> u32 {
     let _ = connection.close(200, "done".into()).await;
     q.consumer_count()
 }
+
+/// `job` tells a job's history on one clock, the cluster's: the runner records the acceptance (QUEUED)
+/// by the same clock the monitor records RUNNING by. Here the simulator's clock runs three hours ahead
+/// of the wall clock (as it soon does at the demo's speed); by the wall clock, QUEUED read three hours
+/// before RUNNING.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_history_reads_on_the_clusters_clock() {
+    let mut fleet = Fleet::start("job-clock", Ops::new(), |_| {}).await;
+    fleet.sim.advance(Duration::from_secs(3 * 3600));
+    let before = fleet.sim.now();
+    fleet
+        .submit(&sleeping_job(
+            "jclk-1",
+            600,
+            Some(Duration::from_secs(3600)),
+        ))
+        .await;
+    fleet
+        .wait_state("jclk-1", JobState::Running, Some(Duration::from_secs(1)))
+        .await;
+    let json: Value = serde_json::from_str(&ok(&cli(&fleet, &["job", "jclk-1", "-o", "json"])))
+        .expect("job -o json is JSON");
+    let at = |state: &str| -> jiff::Timestamp {
+        json["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["state"] == state)
+            .unwrap_or_else(|| panic!("no {state} in the history: {json:#}"))["at"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let (queued, running) = (at("QUEUED"), at("RUNNING"));
+    assert!(
+        queued >= before,
+        "QUEUED at {queued} is on the wall clock, not the cluster's (at least {before}): {json:#}"
+    );
+    let accepted: jiff::Timestamp = json["acceptedAt"].as_str().unwrap().parse().unwrap();
+    assert!(accepted >= before, "{json:#}");
+    let gap = running.duration_since(queued);
+    assert!(
+        gap >= -jiff::SignedDuration::from_secs(1) && gap < jiff::SignedDuration::from_secs(600),
+        "QUEUED {queued} and RUNNING {running} are on one time line: {json:#}"
+    );
+    fleet.stop().await;
+}

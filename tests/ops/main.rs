@@ -19,5 +19,6 @@ mod rbac;
 mod readiness;
 mod readme;
 mod redaction_cli;
+mod run_cmd;
 mod status;
 mod unroutable;

@@ -50,7 +50,7 @@ async fn readiness_follows_the_broker_and_the_cluster() {
     let body = readyz_becomes(addr, 200, "the runner to start").await;
     assert_eq!(
         body,
-        "ok cluster\nok broker\nok submit consumer\nok control consumer\nok events routing\nok own namespace\n"
+        "ok cluster\nok broker\nok submit consumer\nok control consumer\nok events routing\nok own namespace\nok shard leases\n"
     );
 
     // Paused: still ready (the runner does what it was told, and a rollout must not stall on it), but

@@ -512,3 +512,60 @@ fn the_readme_simulator_lines_work_as_printed() {
     drop(shell);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// docs/ops.md's maintenance example cancels the window its `schedule` line creates: the id in the
+/// `cancel` line is the one `schedule` prints for that window (its start and a hash of start, end and
+/// nodes), worked out here as the command does, at an instant before the window.
+#[test]
+fn the_maintenance_example_cancels_the_window_it_schedules() {
+    use volcano_runner::cluster::Window;
+    use volcano_runner::cluster::maintenance::parse_time;
+    let ops = std::fs::read_to_string(root().join("docs/ops.md")).unwrap();
+    let commands = commands_in(&ops);
+    let words = |prefix: &str| -> Vec<Vec<String>> {
+        commands
+            .iter()
+            .filter(|c| c.starts_with(prefix))
+            .map(|c| shell_words(c))
+            .collect()
+    };
+    let flag = |words: &[String], name: &str| -> Option<String> {
+        let at = words.iter().position(|w| w == name)?;
+        words.get(at + 1).cloned()
+    };
+    // The scheduled windows with an absolute start (a relative one has no fixed id).
+    let now: jiff::Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+    let ids: Vec<String> = words("volcano-runner admin maintenance schedule")
+        .iter()
+        .filter_map(|w| {
+            let start = flag(w, "--start")?;
+            let end = flag(w, "--end")?;
+            if start.starts_with('+') || start == "now" {
+                return None;
+            }
+            let nodes = flag(w, "--nodes")
+                .map(|n| n.split(',').map(str::to_owned).collect())
+                .unwrap_or_default();
+            let window = Window::new(
+                parse_time("--start", &start, now).unwrap(),
+                parse_time("--end", &end, now).unwrap(),
+                nodes,
+                None,
+                "docs",
+                now,
+            )
+            .unwrap();
+            Some(window.id)
+        })
+        .collect();
+    assert!(!ids.is_empty(), "an absolute schedule line in docs/ops.md");
+    let cancels = words("volcano-runner admin maintenance cancel");
+    assert!(!cancels.is_empty(), "a cancel line in docs/ops.md");
+    for cancel in cancels {
+        let id = &cancel[4];
+        assert!(
+            ids.contains(id),
+            "docs/ops.md cancels {id}, which none of its schedule lines creates (they create {ids:?})"
+        );
+    }
+}

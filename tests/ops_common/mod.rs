@@ -270,7 +270,7 @@ pub async fn serve(
     ops: &volcano_runner::ops::Ops,
 ) -> (std::net::SocketAddr, tokio_util::sync::CancellationToken) {
     let config = volcano_runner::ops::OpsConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
+        listen: Some("127.0.0.1:0".parse().unwrap()),
         ..Default::default()
     };
     let server = ops.bind(&config).await.expect("the ops endpoint binds");

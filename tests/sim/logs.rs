@@ -308,3 +308,28 @@ async fn an_ended_jobs_logs_say_where_its_output_was_kept_and_follow_ends() {
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(said.contains(note), "{said}");
 }
+
+/// A job that has ended (here: cancelled while it waited, as the runner records it) and has no pods:
+/// nothing will ever come, so `logs` says so instead of pointing at `--follow`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_job_without_pods_is_not_told_to_wait_for_them() {
+    let (sim, client) = start_with(|_| {}).await;
+    namespace(&client, NS).await;
+    // 64 CPUs per rank: no node holds a rank, so no pod is ever created.
+    let mut job = gang_job("j-gone", NS, 2, "64", &["sh", "-c", "echo never"]);
+    job["metadata"]["annotations"] = serde_json::json!({"ucloud.dk/lifecycleState": "CANCELLED"});
+    jobs(&client, NS)
+        .create(&PostParams::default(), &dynamic(job))
+        .await
+        .unwrap();
+    sim.advance(Duration::from_secs(1));
+    let out = logs(&sim, &["gone"]);
+    assert_eq!(out.status.code(), Some(1), "nothing to show: exit 1");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("no rank of job gone has a log to show")
+            && said.contains("the job has ended and its pods are gone"),
+        "{said}"
+    );
+    assert!(!said.contains("--follow waits"), "{said}");
+}

@@ -1033,3 +1033,76 @@ async fn a_lost_node_takes_its_pods_with_it_and_takes_pods_again_when_it_comes_b
     assert_eq!(job_phase(&client, "lost", "hog").await, "Running");
     assert_eq!(bound_to("sim-node-2").await.len(), 1);
 }
+
+/// When a job finishes, Volcano's job controller kills it and the svc plugin's `OnJobDelete` deletes the
+/// job's Service, NetworkPolicy and hosts ConfigMap: an ended job kept for its TTL is kept without them.
+/// And the phase a failed rank leaves, as docs/monitor.md says: `Terminated` under a `PodFailed`
+/// `TerminateJob` policy (the runner's default), `Failed` without a policy, `Completed` for a success.
+#[tokio::test]
+async fn a_finished_job_loses_its_svc_plugin_objects_and_ends_in_the_phase_its_policy_gives() {
+    let (sim, client) = start().await;
+    namespace(&client, "fin").await;
+    let api = jobs(&client, "fin");
+    let mut terminated = gang_job("term", "fin", 2, "1", &["sh", "-c", "sleep 2; exit 3"]);
+    terminated["spec"]["policies"] = json!([{"event": "PodFailed", "action": "TerminateJob"}]);
+    for job in [
+        terminated,
+        gang_job("plain", "fin", 1, "1", &["sh", "-c", "sleep 2; exit 3"]),
+        gang_job("ok", "fin", 1, "1", &["sh", "-c", "sleep 2"]),
+        gang_job("long", "fin", 1, "1", &["sh", "-c", "sleep 600"]),
+    ] {
+        api.create(&PostParams::default(), &dynamic(job))
+            .await
+            .unwrap();
+    }
+    let services: Api<Service> = Api::namespaced(client.clone(), "fin");
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), "fin");
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "fin");
+    sim.advance(secs(1));
+    for name in ["term", "plain", "ok", "long"] {
+        assert!(services.get_opt(name).await.unwrap().is_some(), "{name}");
+        assert!(policies.get_opt(name).await.unwrap().is_some(), "{name}");
+        assert!(
+            maps.get_opt(&format!("{name}-svc"))
+                .await
+                .unwrap()
+                .is_some(),
+            "{name}"
+        );
+    }
+    for _ in 0..10 {
+        sim.advance(secs(1));
+    }
+    for (name, want) in [
+        ("term", "Terminated"),
+        ("plain", "Failed"),
+        ("ok", "Completed"),
+    ] {
+        let job = api.get(name).await.unwrap();
+        assert_eq!(phase(&job), want, "{name}");
+        assert!(
+            services.get_opt(name).await.unwrap().is_none(),
+            "{name}'s Service"
+        );
+        assert!(
+            policies.get_opt(name).await.unwrap().is_none(),
+            "{name}'s NetworkPolicy"
+        );
+        assert!(
+            maps.get_opt(&format!("{name}-svc"))
+                .await
+                .unwrap()
+                .is_none(),
+            "{name}'s ConfigMap"
+        );
+        assert_eq!(
+            job.data["status"]["controlledResources"],
+            json!({"plugin-env": "env"}),
+            "{name}"
+        );
+    }
+    // A job still running keeps them.
+    assert_eq!(job_phase(&client, "fin", "long").await, "Running");
+    assert!(services.get_opt("long").await.unwrap().is_some());
+    assert!(policies.get_opt("long").await.unwrap().is_some());
+}

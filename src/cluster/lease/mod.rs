@@ -300,6 +300,13 @@ pub struct ShardLeases {
     duties: Duties,
     /// What this runner says about itself on its member lease ([`RUNNER_PROBLEM`]).
     note: Option<Note>,
+    /// Shard lease writes failing (not losing a race: failing): since when, and the last error. The
+    /// member lease is left out: it says who is alive, not which jobs are monitored.
+    failing: Option<(Instant, String)>,
+    /// Whether the failing writes have been told (WARN, readiness), so they are told once.
+    told: bool,
+    /// Where the runner's readiness hears that its leases cannot be written.
+    health: Option<crate::ops::health::Condition>,
 }
 
 /// Says what keeps the runner from its work, or `None`.
@@ -338,8 +345,67 @@ impl ShardLeases {
             deadlines,
             duties,
             note: None,
+            failing: None,
+            told: false,
+            health: None,
         };
         (leases, LeaseHandle { rx, identity })
+    }
+
+    /// Reports into `condition` (a readiness check) whether the leases can be written: it fails once
+    /// writes have failed for a whole lease duration, when every shard this runner held has lapsed and
+    /// none can be taken, and is fine again at the next write that works.
+    pub fn with_health(mut self, condition: crate::ops::health::Condition) -> Self {
+        condition.set(Ok(()));
+        self.health = Some(condition);
+        self
+    }
+
+    /// A shard lease write failed (a race lost to another runner is not a failure).
+    fn write_failed(&mut self, error: &ClusterError) {
+        let since = self.failing.as_ref().map_or_else(Instant::now, |(t, _)| *t);
+        self.failing = Some((since, error.to_string()));
+    }
+
+    /// A shard lease write worked: whatever failed before is over.
+    fn write_worked(&mut self) {
+        self.failing = None;
+        if std::mem::take(&mut self.told) {
+            tracing::info!(
+                held = self.mine.len(),
+                shards = self.settings.shards,
+                "The shard leases can be written again."
+            );
+            if let Some(health) = &self.health {
+                health.set(Ok(()));
+            }
+        }
+    }
+
+    /// Says once, at WARN and in readiness, that the leases have not been writable for a whole lease
+    /// duration: by then whatever this runner held has lapsed, and the jobs of shards nobody holds are
+    /// not monitored. Below that a failure is a blip a renewal absorbs, and stays at DEBUG.
+    fn tell_failing(&mut self, now: Instant) {
+        let Some((since, error)) = &self.failing else {
+            return;
+        };
+        let failing_for = now.saturating_duration_since(*since);
+        if self.told || failing_for < self.settings.duration {
+            return;
+        }
+        self.told = true;
+        let why = format!(
+            "cannot write its shard leases for {}s ({error}): it holds {} of {} shards of the \
+             monitoring duty; the jobs of a shard nobody holds are not monitored (no RUNNING, ticks, \
+             expiry or end)",
+            failing_for.as_secs(),
+            self.mine.len(),
+            self.settings.shards
+        );
+        tracing::warn!("This runner {why}.");
+        if let Some(health) = &self.health {
+            health.set(Err(why));
+        }
     }
 
     /// From now on every renewal of this runner's member lease writes what `problem` says (in
@@ -523,6 +589,7 @@ impl ShardLeases {
             self.take(shard, lease, true).await;
         }
         self.gc_members(&leases, now).await;
+        self.tell_failing(Instant::now());
     }
 
     /// Releases the shards given up whose work has ended, or whose deadline has passed, and returns
@@ -582,12 +649,14 @@ impl ShardLeases {
         match result {
             Ok(()) => {
                 self.mine.insert(shard, self.settings.valid_until(started));
+                self.write_worked();
             }
             Err(e) if e.is_conflict() || e.is_already_exists() => {
                 self.mine.remove(&shard);
             }
             Err(e) => {
                 tracing::debug!(shard, error = %e, "Lease write failed; the shard lapses if this goes on.");
+                self.write_failed(&e);
             }
         }
     }

@@ -141,8 +141,11 @@ pub struct Handler {
     /// The maintenance windows, from the runner's watch of them (`None` until first listed): a
     /// submission a window is in the way of is created held back.
     pub maintenance: tokio::sync::watch::Receiver<Option<crate::cluster::Windows>>,
-    /// The clock a window is judged by: the monitor's (the simulator's, with the embedded simulator),
-    /// so that the submit path and the monitor, which lets a held job go, agree on what is in the way.
+    /// The runner's clock: the monitor's (the simulator's, with the embedded simulator), for every
+    /// instant the runner writes or judges by ([`Handler::now`]): a job's acceptance, a cancel's
+    /// tombstone, a window in the way. One clock with the monitor, so that a job's QUEUED and the
+    /// events after it read on one time line, and the submit path and the monitor, which lets a held
+    /// job go, agree on what is in the way.
     pub windows_clock: Arc<dyn crate::monitor::Clock>,
 }
 
@@ -202,8 +205,10 @@ impl Handler {
             })
     }
 
-    /// The current time (the wall clock; the simulator's clock only drives the cluster model).
+    /// The current time, by the monitor's clock: the wall clock in production, the simulator's with
+    /// the embedded simulator (whose clock may run many times faster). The wall clock here put a job's
+    /// acceptance (QUEUED) minutes away from its RUNNING at the demo's clock speed.
     pub fn now(&self) -> Timestamp {
-        Timestamp::now()
+        self.windows_clock.now()
     }
 }

@@ -16,6 +16,7 @@ mod proportion;
 mod scheduler;
 pub mod sla;
 pub mod storage;
+mod svc;
 
 pub use kubelet::pod_log as kubelet_log;
 
