@@ -10,13 +10,16 @@
 //!   (pure, no I/O), and their lifecycle hooks.
 //! - [`volcano`]: the Volcano CRD types (Job, PodGroup, Queue) that the pipeline renders and the cluster
 //!   layer, the monitor and the simulator read; below all of them, so the pipeline needs no cluster access.
-//! - [`cluster`]: Kubernetes access: the client, and the applier that creates desired objects in order.
+//! - [`cluster`]: Kubernetes access: the client, and the applier that creates desired objects in order;
+//!   the job store and the log-follow engine, shared from here by the runner and the session issuer,
+//!   and by the `logs` command and proxy-sync's logs bridge.
 //! - [`broker`]: RabbitMQ through lapin: topology, consumers, confirmed publishing, reconnects.
 //! - [`runner`]: consumes submissions, cancels and extensions and applies them.
 //! - [`forecast`]: what Volcano's scheduler will do with the waiting jobs (start times, bounds, nodes to
 //!   reserve): pure functions over a snapshot, shaped like the scheduler; below the monitor.
 //! - [`monitor`]: watches jobs: lifecycle events, expiry, accounting ticks, proxy events.
-//! - [`ops`]: metrics, health and readiness, logs with secrets removed, W3C trace context.
+//! - [`ops`]: metrics, health and readiness, logs with secrets removed, W3C trace context; below the
+//!   broker and the cluster layer, which report into it.
 //! - [`proxy`]: the proxy-sync role: the route table of the interactive jobs, kept from the proxy events
 //!   and the cluster, written as Envoy's dynamic configuration.
 //! - [`sessions`]: interactive sessions: ids opened by the runners on request, checked by proxy-sync on
@@ -26,6 +29,9 @@
 //! - [`alloc`]: the process's allocator (jemalloc) and why.
 //! - [`bench`]: the end-to-end load benchmark behind `volcano-runner bench`.
 //! - [`ws`]: the server side of a WebSocket handshake (the simulator's exec, the session bridges).
+//!
+//! No two of these modules import each other: a part two others need lives below both (the job store
+//! and the log-follow engine in [`cluster`]; [`ops`] names neither the broker nor the cluster).
 
 pub mod alloc;
 pub mod bench;

@@ -134,6 +134,31 @@ impl Report {
     /// The short table printed at the end of a run (also what the README shows).
     pub fn table(&self) -> String {
         let mut out = String::new();
+        self.write_setup(&mut out);
+        let _ = writeln!(
+            out,
+            "{:>7} | {:>7} | {:>9} | {:>8} | {:>6} | {:>6} | {:>8} | {:>6} | {:>21} | {:>21} | {:>15} | {:>13}",
+            "runners",
+            "monitor",
+            "rate",
+            "jobs/s",
+            "ends/s",
+            "ratio",
+            "API/job",
+            "dup/1k",
+            "created p50/p95/p99",
+            "QUEUED p50/p95/p99",
+            "CPU s/runner",
+            "peak RSS MiB"
+        );
+        for p in &self.phases {
+            write_phase_row(&mut out, p);
+        }
+        out
+    }
+
+    /// The machine, the workload and the measured limits, one line each.
+    fn write_setup(&self, out: &mut String) {
         let m = &self.machine;
         let _ = writeln!(
             out,
@@ -171,76 +196,61 @@ impl Report {
             }
             None => out.push_str("limits: not measured (--skip-limits)\n"),
         }
-        let _ = writeln!(
-            out,
-            "{:>7} | {:>7} | {:>9} | {:>8} | {:>6} | {:>6} | {:>8} | {:>6} | {:>21} | {:>21} | {:>15} | {:>13}",
-            "runners",
-            "monitor",
-            "rate",
-            "jobs/s",
-            "ends/s",
-            "ratio",
-            "API/job",
-            "dup/1k",
-            "created p50/p95/p99",
-            "QUEUED p50/p95/p99",
-            "CPU s/runner",
-            "peak RSS MiB"
-        );
-        for p in &self.phases {
-            let rate = p
-                .target_rate
-                .map_or("unpaced".into(), |r| format!("{r:.0}/s"));
-            let jobs = p
-                .sustained_jobs_per_s
-                .map_or("-".into(), |r| format!("{r:.0}"));
-            let ends = p.ended_jobs_per_s.map_or("-".into(), |r| format!("{r:.0}"));
-            let ratio = p
-                .ratio_to_smaller_limit
-                .map_or("-".into(), |r| format!("{:.0}%", r * 100.0));
-            let lat = |l: &Option<Latency>| {
-                l.map_or("-".into(), |l| {
-                    format!("{:.0}/{:.0}/{:.0} ms", l.p50_ms, l.p95_ms, l.p99_ms)
-                })
-            };
-            let cpu = p
-                .per_runner
-                .iter()
-                .map(|r| format!("{:.1}", r.cpu_s))
-                .collect::<Vec<_>>()
-                .join(" ");
-            let rss = p
-                .per_runner
-                .iter()
-                .map(|r| format!("{:.0}", r.peak_rss_mib))
-                .collect::<Vec<_>>()
-                .join(" ");
-            let incomplete = if p.complete {
-                String::new()
-            } else {
-                format!("  (incomplete: {} of {} QUEUED)", p.queued, p.published)
-            };
-            let _ = writeln!(
-                out,
-                "{:>7} | {:>7} | {:>9} | {:>8} | {:>6} | {:>6} | {:>8} | {:>6} | {:>21} | {:>21} | {:>15} | {:>13}{incomplete}",
-                p.runners,
-                if p.monitor { "on" } else { "off" },
-                rate,
-                jobs,
-                ends,
-                ratio,
-                p.api_requests_per_job
-                    .map_or("-".into(), |r| format!("{r:.1}")),
-                p.duplicates_per_1000_jobs
-                    .map_or("-".into(), |r| format!("{r:.1}")),
-                lat(&p.publish_to_created),
-                lat(&p.publish_to_queued),
-                cpu,
-                rss
-            );
-        }
-        out
     }
+}
+
+/// One phase's row of the table (marked when it did not complete).
+fn write_phase_row(out: &mut String, p: &Phase) {
+    let rate = p
+        .target_rate
+        .map_or("unpaced".into(), |r| format!("{r:.0}/s"));
+    let jobs = p
+        .sustained_jobs_per_s
+        .map_or("-".into(), |r| format!("{r:.0}"));
+    let ends = p.ended_jobs_per_s.map_or("-".into(), |r| format!("{r:.0}"));
+    let ratio = p
+        .ratio_to_smaller_limit
+        .map_or("-".into(), |r| format!("{:.0}%", r * 100.0));
+    let lat = |l: &Option<Latency>| {
+        l.map_or("-".into(), |l| {
+            format!("{:.0}/{:.0}/{:.0} ms", l.p50_ms, l.p95_ms, l.p99_ms)
+        })
+    };
+    let cpu = p
+        .per_runner
+        .iter()
+        .map(|r| format!("{:.1}", r.cpu_s))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let rss = p
+        .per_runner
+        .iter()
+        .map(|r| format!("{:.0}", r.peak_rss_mib))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let incomplete = if p.complete {
+        String::new()
+    } else {
+        format!("  (incomplete: {} of {} QUEUED)", p.queued, p.published)
+    };
+    let _ = writeln!(
+        out,
+        "{:>7} | {:>7} | {:>9} | {:>8} | {:>6} | {:>6} | {:>8} | {:>6} | {:>21} | {:>21} | {:>15} | {:>13}{incomplete}",
+        p.runners,
+        if p.monitor { "on" } else { "off" },
+        rate,
+        jobs,
+        ends,
+        ratio,
+        p.api_requests_per_job
+            .map_or("-".into(), |r| format!("{r:.1}")),
+        p.duplicates_per_1000_jobs
+            .map_or("-".into(), |r| format!("{r:.1}")),
+        lat(&p.publish_to_created),
+        lat(&p.publish_to_queued),
+        cpu,
+        rss
+    );
 }
 
 #[cfg(test)]

@@ -244,10 +244,6 @@ impl BrokerConfig {
     /// Checks what serde cannot: names fit AMQP, bounds are ordered, the URL parses. A bad value fails the
     /// start with the key and the reason, never a message later.
     pub fn check(&self) -> Result<(), BrokerConfigError> {
-        let invalid = |key: &str, reason: String| BrokerConfigError {
-            key: format!("broker.{key}"),
-            reason,
-        };
         self.url
             .expose()
             .parse::<lapin::uri::AMQPUri>()
@@ -258,6 +254,13 @@ impl BrokerConfig {
                     "is not an AMQP URL (amqp://user:password@host:port/vhost)".into(),
                 )
             })?;
+        self.check_names()?;
+        self.check_distinct()?;
+        self.check_limits()
+    }
+
+    /// Every name AMQP carries: not empty, and within what a short string holds.
+    fn check_names(&self) -> Result<(), BrokerConfigError> {
         let names = [
             ("jobs_exchange", &self.jobs_exchange),
             ("submit_routing_key", &self.submit_routing_key),
@@ -290,6 +293,11 @@ impl BrokerConfig {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// The queues and routing keys that must differ, so that each kind of message has its own way in.
+    fn check_distinct(&self) -> Result<(), BrokerConfigError> {
         if self.submit_queue == self.control_queue {
             return Err(invalid(
                 "control_queue",
@@ -323,6 +331,11 @@ impl BrokerConfig {
                 "must differ from cancel_routing_key and extend_routing_key".into(),
             ));
         }
+        Ok(())
+    }
+
+    /// Delivery limit, prefetches and durations: at least one, or longer than zero; reconnect delays in order.
+    fn check_limits(&self) -> Result<(), BrokerConfigError> {
         if self.delivery_limit == 0 || self.delivery_limit > i32::MAX as u32 {
             return Err(invalid(
                 "delivery_limit",
@@ -404,6 +417,14 @@ mod duration_text {
 pub struct BrokerConfigError {
     pub key: String,
     pub reason: String,
+}
+
+/// A `[broker]` error at `key` (under `broker.`).
+fn invalid(key: &str, reason: String) -> BrokerConfigError {
+    BrokerConfigError {
+        key: format!("broker.{key}"),
+        reason,
+    }
 }
 
 #[cfg(test)]

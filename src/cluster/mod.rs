@@ -19,6 +19,9 @@
 //! - [`lease`]: [`ShardLeases`], the Lease-based split of the monitoring duty.
 //! - [`jobs`]: [`jobs::JobStore`], finding, patching and ending VolcanoJobs by job id: used by the
 //!   runner's handlers and by the session issuer, which is why it lives here, below both.
+//! - [`logs`]: reading and following a job's logs rank by rank, the engine of `volcano-runner logs` and
+//!   of proxy-sync's logs bridge (below both, so the command line and the proxy need not import each
+//!   other).
 //! - [`whole_nodes`]: the whole nodes each owner holds (kept by the job store's watch), against the
 //!   `[pipeline.whole_nodes]` limits.
 //! - [`volcano`]: Rust types that mirror the Volcano CRDs (owned by the pipeline).
@@ -32,6 +35,7 @@ pub mod gate;
 pub mod jobs;
 pub mod labels;
 pub mod lease;
+pub mod logs;
 pub mod maintenance;
 pub mod namespaces;
 pub mod pause;

@@ -211,86 +211,19 @@ impl JobFacts {
             })?
             .to_owned();
         let empty = BTreeMap::new();
-        let annotations = vcjob.metadata.annotations.as_ref().unwrap_or(&empty);
-        let err = |key: &str, reason: &str| FactsError {
-            job: name.clone(),
-            key: key.to_owned(),
-            reason: reason.to_owned(),
+        let a = Annotations {
+            job: &name,
+            map: vcjob.metadata.annotations.as_ref().unwrap_or(&empty),
         };
-        let get = |key: &str| annotations.get(key).map(String::as_str);
-        let required = |key: &str| get(key).ok_or_else(|| err(key, "is missing"));
-        let number = |key: &str| -> Result<Option<u64>, FactsError> {
-            get(key)
-                .map(|v| {
-                    v.trim()
-                        .parse::<u64>()
-                        .map_err(|_| err(key, "is not a whole number"))
-                })
-                .transpose()
-        };
-        let small = |key: &str| -> Result<u32, FactsError> {
-            number(key)?
-                .map(|v| u32::try_from(v).map_err(|_| err(key, "is too large")))
-                .transpose()
-                .map(Option::unwrap_or_default)
-        };
-        let time = |key: &str| -> Result<Option<Timestamp>, FactsError> {
-            get(key)
-                .map(|v| parse_millis(v).ok_or_else(|| err(key, "is not epoch milliseconds")))
-                .transpose()
-        };
-        let millis = |key: &str| -> Result<Option<SignedDuration>, FactsError> {
-            number(key)?
-                .map(|v| {
-                    i64::try_from(v)
-                        .map(SignedDuration::from_millis)
-                        .map_err(|_| err(key, "is too large"))
-                })
-                .transpose()
-        };
-
-        let extensions = match get(&keys.extensions) {
+        let extensions = match a.get(&keys.extensions) {
             Some(v) => serde_json::from_str::<Vec<String>>(v)
-                .map_err(|_| err(&keys.extensions, "is not a JSON array of strings"))?,
+                .map_err(|_| a.err(&keys.extensions, "is not a JSON array of strings"))?,
             None => Vec::new(),
         };
-        let expiry_warned = get(&keys.expiry_warned)
-            .map(|v| {
-                let (expiry, before) = v
-                    .split_once('/')
-                    .ok_or_else(|| err(&keys.expiry_warned, "is not `<ms>/<s>`"))?;
-                let expiry = parse_millis(expiry)
-                    .ok_or_else(|| err(&keys.expiry_warned, "is not `<ms>/<s>`"))?;
-                let before: i64 = before
-                    .parse()
-                    .map_err(|_| err(&keys.expiry_warned, "is not `<ms>/<s>`"))?;
-                Ok(ExpiryWarned {
-                    expiry,
-                    before: SignedDuration::from_secs(before),
-                })
-            })
-            .transpose()?;
-        let proxy = match number(&keys.proxy_port)? {
-            Some(port) => Some(ProxyFacts {
-                port: u32::try_from(port).map_err(|_| err(&keys.proxy_port, "is too large"))?,
-                domains: get(&keys.proxy_domains)
-                    .map(|d| {
-                        d.split(',')
-                            .filter(|s| !s.is_empty())
-                            .map(str::to_owned)
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                generation: get(&keys.proxy_generation).map(str::to_owned),
-                sequence: match number(&keys.proxy_sequence)? {
-                    Some(n) => n,
-                    None => u64::from(get(&keys.proxy_generation).is_some()),
-                },
-            }),
-            None => None,
-        };
-        let replicas = match number(&keys.replicas)? {
-            Some(r) => u32::try_from(r).map_err(|_| err(&keys.replicas, "is too large"))?,
+        let expiry_warned = a.expiry_warned(&keys.expiry_warned)?;
+        let proxy = a.proxy(keys)?;
+        let replicas = match a.number(&keys.replicas)? {
+            Some(r) => u32::try_from(r).map_err(|_| a.err(&keys.replicas, "is too large"))?,
             None => vcjob
                 .spec
                 .tasks
@@ -298,17 +231,19 @@ impl JobFacts {
                 .map(|t| t.replicas.max(1) as u32)
                 .unwrap_or(1),
         };
-        let whole_node = get(&keys.whole_node_charge)
+        let whole_node = a
+            .get(&keys.whole_node_charge)
             .map(|v| {
                 serde_json::from_str(v).map_err(|_| {
-                    err(
+                    a.err(
                         &keys.whole_node_charge,
                         "is not a JSON {product, cpu, memoryGib, gpu}",
                     )
                 })
             })
             .transpose()?;
-        let accounting_period = millis(&keys.accounting_period)?
+        let accounting_period = a
+            .millis(&keys.accounting_period)?
             .filter(|p| p.is_positive())
             .unwrap_or(config.as_ref().accounting.period);
 
@@ -317,29 +252,29 @@ impl JobFacts {
             namespace: vcjob.metadata.namespace.clone().unwrap_or_default(),
             resource_version: vcjob.metadata.resource_version.clone(),
             owner: OwnerFacts {
-                user: required(&keys.owner_user)?.to_owned(),
-                project: get(&keys.owner_project).map(str::to_owned),
+                user: a.required(&keys.owner_user)?.to_owned(),
+                project: a.get(&keys.owner_project).map(str::to_owned),
             },
             product: ProductFacts {
-                id: required(&keys.product_id)?.to_owned(),
-                category: get(&keys.product_category).unwrap_or_default().to_owned(),
-                cpu: small(&keys.product_cpu)?,
-                memory_gib: small(&keys.product_memory_gib)?,
-                gpu: small(&keys.product_gpu)?,
+                id: a.required(&keys.product_id)?.to_owned(),
+                category: a.get(&keys.product_category).unwrap_or_default().to_owned(),
+                cpu: a.small(&keys.product_cpu)?,
+                memory_gib: a.small(&keys.product_memory_gib)?,
+                gpu: a.small(&keys.product_gpu)?,
             },
             replicas,
-            exclusive_nodes: get(&keys.exclusive_nodes) == Some("true"),
+            exclusive_nodes: a.get(&keys.exclusive_nodes) == Some("true"),
             whole_node,
-            max_time: millis(&keys.max_time)?,
-            start: time(&keys.job_start)?,
-            expiry: time(&keys.expiry)?,
+            max_time: a.millis(&keys.max_time)?,
+            start: a.time(&keys.job_start)?,
+            expiry: a.time(&keys.expiry)?,
             extensions,
             expiry_warned,
             accounting_period,
-            accounted_ticks: number(&keys.accounted_ticks)?.unwrap_or(0),
-            accounting_final: get(&keys.accounting_final) == Some("true"),
+            accounted_ticks: a.number(&keys.accounted_ticks)?.unwrap_or(0),
+            accounting_final: a.get(&keys.accounting_final) == Some("true"),
             proxy,
-            termination_cause: get(&keys.termination_cause).map(TerminationCause::parse),
+            termination_cause: a.get(&keys.termination_cause).map(TerminationCause::parse),
             name,
         })
     }
@@ -723,3 +658,106 @@ fn user_states(pods: &[Pod]) -> impl Iterator<Item = &k8s_openapi::api::core::v1
 }
 
 pub use crate::messages::proto_timestamp;
+
+/// A job's annotations as [`JobFacts::read`] parses them: a value's problem is an error naming the job
+/// and the key.
+struct Annotations<'a> {
+    job: &'a str,
+    map: &'a BTreeMap<String, String>,
+}
+
+impl<'a> Annotations<'a> {
+    fn err(&self, key: &str, reason: &str) -> FactsError {
+        FactsError {
+            job: self.job.to_owned(),
+            key: key.to_owned(),
+            reason: reason.to_owned(),
+        }
+    }
+
+    fn get(&self, key: &str) -> Option<&'a str> {
+        self.map.get(key).map(String::as_str)
+    }
+
+    fn required(&self, key: &str) -> Result<&'a str, FactsError> {
+        self.get(key).ok_or_else(|| self.err(key, "is missing"))
+    }
+
+    fn number(&self, key: &str) -> Result<Option<u64>, FactsError> {
+        self.get(key)
+            .map(|v| {
+                v.trim()
+                    .parse::<u64>()
+                    .map_err(|_| self.err(key, "is not a whole number"))
+            })
+            .transpose()
+    }
+
+    fn small(&self, key: &str) -> Result<u32, FactsError> {
+        self.number(key)?
+            .map(|v| u32::try_from(v).map_err(|_| self.err(key, "is too large")))
+            .transpose()
+            .map(Option::unwrap_or_default)
+    }
+
+    fn time(&self, key: &str) -> Result<Option<Timestamp>, FactsError> {
+        self.get(key)
+            .map(|v| parse_millis(v).ok_or_else(|| self.err(key, "is not epoch milliseconds")))
+            .transpose()
+    }
+
+    fn millis(&self, key: &str) -> Result<Option<SignedDuration>, FactsError> {
+        self.number(key)?
+            .map(|v| {
+                i64::try_from(v)
+                    .map(SignedDuration::from_millis)
+                    .map_err(|_| self.err(key, "is too large"))
+            })
+            .transpose()
+    }
+
+    /// The expiry warning already given: `<expiry ms>/<seconds before>`.
+    fn expiry_warned(&self, key: &str) -> Result<Option<ExpiryWarned>, FactsError> {
+        self.get(key)
+            .map(|v| {
+                let (expiry, before) = v
+                    .split_once('/')
+                    .ok_or_else(|| self.err(key, "is not `<ms>/<s>`"))?;
+                let expiry =
+                    parse_millis(expiry).ok_or_else(|| self.err(key, "is not `<ms>/<s>`"))?;
+                let before: i64 = before
+                    .parse()
+                    .map_err(|_| self.err(key, "is not `<ms>/<s>`"))?;
+                Ok(ExpiryWarned {
+                    expiry,
+                    before: SignedDuration::from_secs(before),
+                })
+            })
+            .transpose()
+    }
+
+    /// What the Proxy plugin published: its port, domains and the generation and sequence of the last
+    /// proxy event.
+    fn proxy(&self, keys: &AnnotationKeys) -> Result<Option<ProxyFacts>, FactsError> {
+        let Some(port) = self.number(&keys.proxy_port)? else {
+            return Ok(None);
+        };
+        Ok(Some(ProxyFacts {
+            port: u32::try_from(port).map_err(|_| self.err(&keys.proxy_port, "is too large"))?,
+            domains: self
+                .get(&keys.proxy_domains)
+                .map(|d| {
+                    d.split(',')
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            generation: self.get(&keys.proxy_generation).map(str::to_owned),
+            sequence: match self.number(&keys.proxy_sequence)? {
+                Some(n) => n,
+                None => u64::from(self.get(&keys.proxy_generation).is_some()),
+            },
+        }))
+    }
+}

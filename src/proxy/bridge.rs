@@ -45,7 +45,7 @@ use tracing::{info, warn};
 
 use super::sync::Routes;
 use super::table::{Backend, HostNaming};
-use crate::cli::logs::{Line, RankReader};
+use crate::cluster::logs::{Line, RankReader};
 use crate::pipeline::names::USER_CONTAINER;
 use crate::sessions::authz::Authz;
 use crate::sessions::origin::{Fetch, OriginPolicy};

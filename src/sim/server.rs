@@ -1347,6 +1347,10 @@ impl WatchState {
     }
 }
 
+/// Chunks of a watch's response waiting to be sent, each marked whether it is an event (the fault plan
+/// counts and drops events, never bookmarks or errors).
+type Pending = VecDeque<(Bytes, bool)>;
+
 /// Answers a watch: the initial events (a list, or "gone" for a version too old), then the history
 /// as it grows, bookmarks, and the faults the plan asks for, until the timeout.
 fn start_watch(
@@ -1434,7 +1438,7 @@ fn watch_start(
     params: &Params,
     opts: &ListOptions,
     spec: &WatchSpec,
-) -> Result<(u64, VecDeque<(Bytes, bool)>, bool), ApiError> {
+) -> Result<(u64, Pending, bool), ApiError> {
     let send_initial = params.flag("sendInitialEvents");
     let rv_param = params.get("resourceVersion").unwrap_or_default();
     let mut pending = VecDeque::new();
