@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::CliError;
 use super::run::{cancel_on_signal, load_config, operator_client};
-use crate::cluster::logs::{Line, RankReader, interleave};
+use crate::cluster::logs::{Line, RankReader, has_ended, interleave};
 use crate::pipeline::names::vcjob_name;
 use crate::validate::{self, names};
 use crate::volcano::VolcanoJob;
