@@ -1382,9 +1382,11 @@ mod tests {
         let mut waiting: Vec<usize> = (0..case.waiting.len()).collect();
         let mut starts = vec![i64::MAX; case.waiting.len()];
         for second in 0..10_000i64 {
-            running.retain(|(ranks, _, end)| *end > second || {
-                ranks.iter().for_each(|(n, r)| r.give_back(&mut free[*n]));
-                false
+            running.retain(|(ranks, _, end)| {
+                *end > second || {
+                    ranks.iter().for_each(|(n, r)| r.give_back(&mut free[*n]));
+                    false
+                }
             });
             if waiting.is_empty() {
                 break;
