@@ -1323,6 +1323,9 @@ mod tests {
         assert_eq!(next, jobs.len(), "every job started");
     }
 
+    /// What a job holds: `(node, resources)` per rank.
+    type Ranks = Vec<(usize, Resources)>;
+
     /// One snapshot for the property below: `slots` ranks fit on each of the nodes, every running job
     /// holds whole slots on nodes with room (with its deadline in seconds), and every waiting gang is
     /// one rank past its `sla-waiting-time` (so it is told a bound), with its allocation in seconds.
@@ -1364,7 +1367,7 @@ mod tests {
     fn replayed_starts(case: &Case, cluster: &[Node], rank: Resources) -> Vec<i64> {
         let mut early = case.early.iter().copied().cycle();
         // (ranks, deadline told to the forecast, real end)
-        let mut running: Vec<(Vec<(usize, Resources)>, i64, i64)> = Vec::new();
+        let mut running: Vec<(Ranks, i64, i64)> = Vec::new();
         let mut free: Vec<Resources> = cluster.iter().map(|n| n.allocatable).collect();
         for &(node, ranks, secs) in &case.running {
             let mut held = Vec::new();
@@ -1382,9 +1385,11 @@ mod tests {
         let mut waiting: Vec<usize> = (0..case.waiting.len()).collect();
         let mut starts = vec![i64::MAX; case.waiting.len()];
         for second in 0..10_000i64 {
-            running.retain(|(ranks, _, end)| *end > second || {
-                ranks.iter().for_each(|(n, r)| r.give_back(&mut free[*n]));
-                false
+            running.retain(|(ranks, _, end)| {
+                *end > second || {
+                    ranks.iter().for_each(|(n, r)| r.give_back(&mut free[*n]));
+                    false
+                }
             });
             if waiting.is_empty() {
                 break;

@@ -397,8 +397,8 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     }
     // 4c. A maintenance window holds back a job that has not started.
     let hold = match maintenance_hold(obs, s, &seen.facts, waits.never_started, now) {
-        Ok(hold) => hold,
-        Err(step) => return Ok(step),
+        Held::Waits(hold) => hold,
+        Held::Step(step) => return Ok(*step),
     };
     // 5. The image cannot be pulled. 6. Waited in the queue for too long.
     if let Some(step) = image_pull(s, &seen.facts, &waits, now)
@@ -613,15 +613,14 @@ pub struct Hold<'a> {
 /// tolerate every window not in its way) only just in time, when the replay expects it to start now
 /// ([`super::maintenance::decide_pending`]). The gate also goes from the pods of a job that started
 /// before (a restart's new pods), which tolerate every window: a running job is cut by a window, not
-/// held. Nothing is let go before the windows are known. `Err`: the step to take now (let go, or wait
-/// for the windows).
+/// held. Nothing is let go before the windows are known.
 pub fn maintenance_hold<'a>(
     obs: &Observed<'a>,
     s: &Settings,
     facts: &JobFacts,
     never_started: bool,
     now: Timestamp,
-) -> Result<Hold<'a>, Step> {
+) -> Held<'a> {
     let maintenance_gated = peers::gated_pods(obs.pods, &s.keys.maintenance_gate());
     let taint_prefix = s.keys.maintenance_taint();
     let tolerated = |w: &Window| super::maintenance::job_tolerates(obs.pods, &taint_prefix, &w.id);
@@ -645,7 +644,7 @@ pub fn maintenance_hold<'a>(
     };
     if obs.maintenance.is_none() && never_started && !maintenance_gated.is_empty() {
         // Decided again as soon as the windows are listed.
-        return Err(Step::Wait { next_check: None });
+        return Held::Step(Box::new(Step::Wait { next_check: None }));
     }
     let ungate =
         (obs.maintenance.is_some() && !maintenance_gated.is_empty() && release).then(|| {
@@ -661,7 +660,7 @@ pub fn maintenance_hold<'a>(
     if ungate.is_some() || tolerate.is_some() {
         // Not decided again at once: the pods' watch shows them without the gate, with the
         // tolerations.
-        return Err(Step::Act(Action {
+        return Held::Step(Box::new(Step::Act(Action {
             what: if ungate.is_some() {
                 "ungate"
             } else {
@@ -670,9 +669,17 @@ pub fn maintenance_hold<'a>(
             ungate,
             tolerate,
             ..Action::default()
-        }));
+        })));
     }
-    Ok(hold)
+    Held::Waits(hold)
+}
+
+/// What [`maintenance_hold`] decides: the job waits (as told by the [`Hold`]), or a step to take now
+/// (let go, or wait for the windows to be listed).
+#[derive(Debug)]
+pub enum Held<'a> {
+    Waits(Hold<'a>),
+    Step(Box<Step>),
 }
 
 /// [`maintenance_hold`] for a job that has not started: whether it is let go now, what holds it, and

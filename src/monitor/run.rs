@@ -404,21 +404,29 @@ fn windows_source(
     }
 }
 
+/// The executor the loop's workers carry steps out with.
+fn executor(
+    m: &Monitor,
+    windows: tokio::sync::watch::Receiver<Option<crate::cluster::Windows>>,
+) -> Arc<Executor> {
+    Arc::new(Executor::new(
+        m.client.clone(),
+        m.publisher.clone(),
+        Settings::new(m.config.clone(), m.runner_id.clone()),
+        m.clock.clone(),
+        m.shards.clone(),
+        m.confirmed_queued.clone(),
+        windows,
+    ))
+}
+
+/// The monitor's loop (see the module documentation): until `shutdown`, or until the leases are gone.
 pub async fn run(m: Monitor, shutdown: CancellationToken) {
-    let settings = Settings::new(m.config.clone(), m.runner_id.clone());
     let mc = m.config.monitor.clone();
     let (mut windows, follow_windows) = windows_source(&m);
     let mut follow_windows = std::pin::pin!(follow_windows);
     let mut windows_open = true;
-    let exec = Arc::new(Executor::new(
-        m.client.clone(),
-        m.publisher.clone(),
-        settings,
-        m.clock.clone(),
-        m.shards.clone(),
-        m.confirmed_queued.clone(),
-        windows.clone(),
-    ));
+    let exec = executor(&m, windows.clone());
     let watches = Watches::new(m.client.clone(), m.config.cluster.managed_selector.clone());
     let mut streams = Streams::start(&watches);
     let mut state = Loop::new(exec, &mc);
