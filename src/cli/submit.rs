@@ -74,7 +74,8 @@ fn read(path: &Path, config: &Config, no_validate: bool) -> Result<SubmitJob, St
     let format = Format::from_path(path).unwrap_or(Format::Json);
     let job: SubmitJob = decode(format, &bytes).map_err(|e| format!("not a SubmitJob: {e}"))?;
     if !no_validate {
-        validate::submit(&job, config).map_err(|e| format!("invalid: {e}"))?;
+        validate::submission(&job, config, jiff::Timestamp::now())
+            .map_err(|e| format!("invalid: {e}"))?;
     }
     Ok(job)
 }

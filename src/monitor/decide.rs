@@ -69,6 +69,8 @@ pub struct Settings {
     pub queued_confirmed: String,
     pub image_pull_grace: SignedDuration,
     pub queue_timeout: Option<SignedDuration>,
+    /// `[monitor] peer_missing_after` (see [`super::peers::never_comes`]).
+    pub peer_missing_after: SignedDuration,
     /// `[monitor] pending_status_after`.
     pub pending_status_after: SignedDuration,
     /// `[monitor] estimate_tolerance`.
@@ -98,6 +100,7 @@ impl Settings {
             runner_id: runner_id.into(),
             image_pull_grace: signed(m.image_pull_grace),
             queue_timeout: m.queue_timeout.map(signed),
+            peer_missing_after: signed(m.peer_missing_after),
             pending_status_after: signed(m.pending_status_after),
             estimate_tolerance: signed(m.estimate_tolerance),
             start_margin: SignedDuration::try_from(m.start_margin).unwrap_or(SignedDuration::ZERO),
@@ -448,7 +451,8 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     // write them, keep a pod off the nodes.
     let tainted = |w: &Window| obs.maintenance_tainted.is_some_and(|t| t.contains(&w.id));
     let mut release = true;
-    let mut release_check = None;
+    // A peer that does not exist is given up on at a deadline: decided again then.
+    let mut release_check = peers::missing_deadline(&peers, created, s.peer_missing_after);
     let mut kept_off = Vec::new();
     let (waiting_for_window, tolerate) = match obs.maintenance {
         Some(windows) if never_started => {
@@ -483,7 +487,7 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
             // watch decides every job again then); meanwhile it is decided as any waiting job (image
             // pull, queue timeout, its statuses).
             release = d.release;
-            release_check = d.next_check;
+            release_check = earliest(release_check, d.next_check);
             kept_off = d.kept_off;
             // Every rank placed, none on a window of some nodes: that window does not concern it.
             let placed_elsewhere = |w: &Window| {
@@ -782,6 +786,11 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     }
     //    Otherwise, tell the user why, once per reason, once the job has waited `pending_status_after`
     //    (a job that starts at once has no reason worth an event, nor a write).
+    let peer_estimate = peers::gated_estimate(&peers, obs.estimate);
+    let obs = &Observed {
+        estimate: peer_estimate.as_ref().or(obs.estimate),
+        ..*obs
+    };
     let never = matches!(obs.estimate, Some(Estimate::Never { .. }));
     if let Some(created) = created
         && record.status_hash.is_none()
@@ -1126,6 +1135,29 @@ fn peer_step(
     now: Timestamp,
 ) -> Option<Step> {
     let ended = peers::ended(peers);
+    let created = obs.job.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    if never_started
+        && let Some((reason, status)) = peers::never_comes(
+            &facts.job_id,
+            obs.peers,
+            peers,
+            &s.keys,
+            created,
+            s.peer_missing_after,
+            now,
+        )
+    {
+        let outcome = Outcome {
+            state: Terminal::Failure,
+            reason: reason.into(),
+            status,
+            started_at: None,
+            ended_at: now.as_millisecond(),
+            exit_codes: Vec::new(),
+            log_tails: Vec::new(),
+        };
+        return Some(record_step(s, facts, outcome, &[], Some(reason)));
+    }
     if never_started && let Some((peer, how, _)) = ended.first() {
         let outcome = Outcome {
             state: Terminal::Failure,

@@ -102,7 +102,8 @@ impl Runner {
         let prefix = &config.pipeline.annotation_prefix;
         let keys = AnnotationKeys::new(prefix);
         let retry = RetryPolicy::from_config(&config.cluster);
-        let applier = Applier::new(client.clone(), retry.clone(), keys.submission_hash.clone());
+        let applier = Applier::new(client.clone(), retry.clone(), keys.submission_hash.clone())
+            .with_end_marker(keys.outcome.clone());
         let (gate, gate_driver) = SubmitGate::new(client.clone(), &config.cluster);
         let submit_ready = ops.readiness.consumer_flag("submit consumer");
         let control_ready = ops.readiness.consumer_flag("control consumer");

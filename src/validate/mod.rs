@@ -19,11 +19,15 @@
 //!   definitions with unique names, known types, finite bounds with min <= max, enumerations with options;
 //!   environment variable names as Kubernetes accepts them ([`names::is_env_var_name`]); every parameter the
 //!   invocation or environment templates use is declared, and `boolFlag` uses boolean parameters only.
-//! - `parameters`: every value belongs to a declared parameter and has the variant of its type
-//!   (text → `text`, textarea → `textarea`, integer → `integer`, floating point → `floatingPoint`
-//!   (finite), boolean → `boolean`, enumeration → `enumeration` naming an option, input file and input
+//! - `parameters`: every value belongs to a declared parameter and has a variant its type takes
+//!   (text and textarea → `text` or `textarea`, integer → `integer`, floating point → `floatingPoint`
+//!   (finite) or `integer`, boolean → `boolean`, enumeration → `enumeration` (or `text`) naming an
+//!   option by its name or, as the original took it, by its value (`-O3`), input file and input
 //!   directory → `file`, peer → `peer`, license server → `licenseServer`, ingress → `ingress`, network
 //!   IP → `networkIp`); numbers lie within the declared min/max; every non-optional parameter has a value.
+//!   Which variant a type takes and how an option is found are the Parameter plugin's rules
+//!   ([`crate::pipeline::plugins::parameter::accepts`], [`crate::pipeline::plugins::parameter::option`]),
+//!   used here as they are: one place.
 //! - Storage paths (file values, `outputFolder`, `openedFile`) are absolute, name something below the
 //!   root, and have no `.` or `..` component.
 //! - `openedFile` lies inside a folder the job mounts: an input file or folder, or the output folder.
@@ -174,6 +178,50 @@ impl std::error::Error for ValidationError {}
 /// ```
 pub fn submit<'a>(job: &SubmitJob, rules: impl Into<Rules<'a>>) -> Result<(), ValidationError> {
     submit::check(job, &rules.into())
+}
+
+/// Why a runner refuses a submission on its own, before the cluster is asked: a rule of the message
+/// ([`submit`]), or something rendering it refuses (a public IP under `attach = "refuse"` or without
+/// open ports, whole nodes without a configured charge, ...). Display is `<field>: <message>`, the words
+/// the runner's FAILURE event and dead letter carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub field: String,
+    pub message: String,
+    /// The reason code the runner gives it (`invalid_field`, `not_offered`, ...).
+    pub reason: &'static str,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+/// Everything a runner configured with `config` refuses of a submission on its own: [`submit`], then
+/// rendering ([`crate::pipeline::render`]), the two checks its submit path makes, in that order, before
+/// it asks the cluster anything. `validate` and `submit` call this, so neither says ok to what a runner
+/// dead-letters. What only the cluster can tell (a peer's owner or end, whole-node limits) is the
+/// runner's alone.
+pub fn submission(
+    job: &SubmitJob,
+    config: &crate::config::Config,
+    now: jiff::Timestamp,
+) -> Result<(), Refusal> {
+    submit(job, config).map_err(|e| Refusal {
+        field: e.field().to_owned(),
+        message: e.message().to_owned(),
+        reason: e.reason(),
+    })?;
+    crate::pipeline::render(job, config, now)
+        .map(|_| ())
+        .map_err(|e| Refusal {
+            field: e.field(),
+            message: e.message().to_owned(),
+            reason: e.code(),
+        })
 }
 
 /// What validation takes from the runner's configuration: the replica limit and the license server ids

@@ -23,6 +23,7 @@ mod gate;
 mod hostile;
 mod peers;
 mod public_ip;
+mod refusals;
 mod scale;
 mod shutdown;
 mod sim_clock;
