@@ -3,7 +3,7 @@
 //! Decodes and validates message files exactly as a runner would, and prints `<file>: ok` or
 //! `<file>: <field>: <what is wrong>` for each. The exit code is 0 when every file is valid, 1 when any is
 //! not. A submission is checked as a runner with the configuration (`--config`, `VOLCANO_RUNNER_*`)
-//! checks it before it asks the cluster anything ([`crate::validate::submission`]): the message's rules
+//! checks it before it asks the cluster anything ([`crate::runner::refusal::submission`]): the message's rules
 //! with `limits.max_replicas` and the `licenses` table, then rendering with the pipeline's settings (a
 //! public IP under `attach = "refuse"`, whole nodes without a configured charge, ...), so `validate` never
 //! says `ok` to what a runner refuses on its own. What only the cluster can tell (a peer's owner, the
@@ -77,7 +77,8 @@ fn check(file: &Path, args: &Args, config: &Config) -> Result<(), String> {
     match &message {
         // What the runner refuses, rendering included.
         messages::AnyMessage::SubmitJob(job) => {
-            validate::submission(job, config, jiff::Timestamp::now()).map_err(|e| e.to_string())
+            crate::runner::refusal::submission(job, config, jiff::Timestamp::now())
+                .map_err(|e| e.to_string())
         }
         other => validate::message(other, config).map_err(|e| e.to_string()),
     }

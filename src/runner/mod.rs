@@ -26,6 +26,7 @@ pub mod events;
 pub mod handle;
 pub mod jobs;
 pub mod plan;
+pub mod refusal;
 pub mod service;
 pub mod whole_nodes;
 

@@ -180,50 +180,6 @@ pub fn submit<'a>(job: &SubmitJob, rules: impl Into<Rules<'a>>) -> Result<(), Va
     submit::check(job, &rules.into())
 }
 
-/// Why a runner refuses a submission on its own, before the cluster is asked: a rule of the message
-/// ([`submit`]), or something rendering it refuses (a public IP under `attach = "refuse"` or without
-/// open ports, whole nodes without a configured charge, ...). Display is `<field>: <message>`, the words
-/// the runner's FAILURE event and dead letter carry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    pub field: String,
-    pub message: String,
-    /// The reason code the runner gives it (`invalid_field`, `not_offered`, ...).
-    pub reason: &'static str,
-}
-
-impl fmt::Display for Refusal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.message)
-    }
-}
-
-impl std::error::Error for Refusal {}
-
-/// Everything a runner configured with `config` refuses of a submission on its own: [`submit`], then
-/// rendering ([`crate::pipeline::render`]), the two checks its submit path makes, in that order, before
-/// it asks the cluster anything. `validate` and `submit` call this, so neither says ok to what a runner
-/// dead-letters. What only the cluster can tell (a peer's owner or end, whole-node limits) is the
-/// runner's alone.
-pub fn submission(
-    job: &SubmitJob,
-    config: &crate::config::Config,
-    now: jiff::Timestamp,
-) -> Result<(), Refusal> {
-    submit(job, config).map_err(|e| Refusal {
-        field: e.field().to_owned(),
-        message: e.message().to_owned(),
-        reason: e.reason(),
-    })?;
-    crate::pipeline::render(job, config, now)
-        .map(|_| ())
-        .map_err(|e| Refusal {
-            field: e.field(),
-            message: e.message().to_owned(),
-            reason: e.code(),
-        })
-}
-
 /// What validation takes from the runner's configuration: the replica limit and the license server ids
 /// (`[limits]`, `[licenses]`). The whole configuration converts into it, so callers pass `&config`.
 #[derive(Debug, Clone, Default)]

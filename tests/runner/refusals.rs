@@ -1,6 +1,6 @@
 //! `validate --config` refuses exactly what the runner refuses (issue 41, point 5): every reason a
 //! runner refuses a submission on its own, before it asks the cluster anything, is driven through the
-//! library check `validate` and `submit` use ([`volcano_runner::validate::submission`]) and through a
+//! library check `validate` and `submit` use ([`volcano_runner::runner::refusal::submission`]) and through a
 //! real runner with the same configuration, and the verdicts are compared: accepted by both (the job
 //! QUEUED), or refused by both with the same reason and the same words.
 
@@ -151,7 +151,7 @@ async fn validate_refuses_exactly_what_the_runner_refuses() {
         let ran = runner_verdicts(&h, &format!("runner-{attach:?}"), config.clone(), &jobs).await;
         for job in &jobs {
             let checked =
-                volcano_runner::validate::submission(job, &config, jiff::Timestamp::now());
+                volcano_runner::runner::refusal::submission(job, &config, jiff::Timestamp::now());
             let by_runner = &ran[&job.job_id];
             match (&checked, by_runner) {
                 (Ok(()), Ok(())) => accepted += 1,
