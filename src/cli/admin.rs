@@ -104,7 +104,7 @@ pub enum MaintenanceCommand {
         /// As `--start`, relative to now.
         #[arg(long)]
         end: String,
-        /// Only these nodes (`n1,n2`); without it, every node.
+        /// Only these nodes (`n1,n2`); without it, every node. An empty list (`--nodes ""`) is refused.
         #[arg(long, value_delimiter = ',')]
         nodes: Vec<String>,
         /// Why, shown to the users whose jobs it ends and in `admin status`.
@@ -191,11 +191,7 @@ async fn maintenance(
                 |e: crate::cluster::maintenance::WindowError| CliError::Other(e.to_string());
             let start = parse_time("--start", &start, now).map_err(invalid)?;
             let end = parse_time("--end", &end, now).map_err(invalid)?;
-            let nodes = nodes
-                .into_iter()
-                .map(|n| n.trim().to_owned())
-                .filter(|n| !n.is_empty())
-                .collect();
+            let nodes = crate::cluster::maintenance::node_list(&nodes).map_err(invalid)?;
             let window =
                 Window::new(start, end, nodes, Some(reason), &operator(), now).map_err(invalid)?;
             let created = windows.schedule(&window).await.map_err(cluster_error)?;
@@ -225,7 +221,7 @@ async fn maintenance(
             }
             for name in broken {
                 eprintln!(
-                    "ConfigMap {name} is labelled as a maintenance window but cannot be read as one; runners ignore it"
+                    "ConfigMap {name} is labelled as a maintenance window but is not a valid one; runners ignore it"
                 );
             }
         }
@@ -633,7 +629,14 @@ async fn status(
         .list()
         .await
     {
-        Ok((windows, _)) => windows,
+        Ok((windows, broken)) => {
+            for b in broken {
+                problems.push(format!(
+                    "ConfigMap {b} is labelled as a maintenance window but is not a valid one; runners ignore it: fix or delete it"
+                ));
+            }
+            windows
+        }
         Err(e) => {
             problems.push(format!("could not list the maintenance windows: {e}"));
             Vec::new()

@@ -13,7 +13,6 @@ use crate::broker::Outbound;
 use crate::config::Config;
 use crate::messages::v1::SubmitJob;
 use crate::messages::{Format, decode};
-use crate::validate;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -74,7 +73,8 @@ fn read(path: &Path, config: &Config, no_validate: bool) -> Result<SubmitJob, St
     let format = Format::from_path(path).unwrap_or(Format::Json);
     let job: SubmitJob = decode(format, &bytes).map_err(|e| format!("not a SubmitJob: {e}"))?;
     if !no_validate {
-        validate::submit(&job, config).map_err(|e| format!("invalid: {e}"))?;
+        crate::runner::refusal::submission(&job, config, jiff::Timestamp::now())
+            .map_err(|e| format!("invalid: {e}"))?;
     }
     Ok(job)
 }

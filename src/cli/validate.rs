@@ -2,10 +2,12 @@
 //!
 //! Decodes and validates message files exactly as a runner would, and prints `<file>: ok` or
 //! `<file>: <field>: <what is wrong>` for each. The exit code is 0 when every file is valid, 1 when any is
-//! not. Validation uses the configuration (`--config`, `VOLCANO_RUNNER_*`) for `limits.max_replicas` and
-//! the `licenses` table, exactly as a runner (and `submit`) with that configuration would: a license
-//! server the configuration does not name is unknown, so `validate` never says `ok` to what a runner
-//! refuses.
+//! not. A submission is checked as a runner with the configuration (`--config`, `VOLCANO_RUNNER_*`)
+//! checks it before it asks the cluster anything ([`crate::runner::refusal::submission`]): the message's rules
+//! with `limits.max_replicas` and the `licenses` table, then rendering with the pipeline's settings (a
+//! public IP under `attach = "refuse"`, whole nodes without a configured charge, ...), so `validate` never
+//! says `ok` to what a runner refuses on its own. What only the cluster can tell (a peer's owner, the
+//! whole-node limits) is left to the runner.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -72,5 +74,12 @@ fn check(file: &Path, args: &Args, config: &Config) -> Result<(), String> {
         })?;
     let bytes = std::fs::read(file).map_err(|e| format!("cannot read: {e}"))?;
     let message = messages::decode_any(message_type, format, &bytes).map_err(|e| e.to_string())?;
-    validate::message(&message, config).map_err(|e| e.to_string())
+    match &message {
+        // What the runner refuses, rendering included.
+        messages::AnyMessage::SubmitJob(job) => {
+            crate::runner::refusal::submission(job, config, jiff::Timestamp::now())
+                .map_err(|e| e.to_string())
+        }
+        other => validate::message(other, config).map_err(|e| e.to_string()),
+    }
 }

@@ -304,6 +304,9 @@ pub struct Applier {
     retry: RetryPolicy,
     namespaces: NamespaceCache,
     fingerprint_annotation: String,
+    /// An annotation whose presence on the primary says the job has ended (the pipeline's
+    /// `<prefix>outcome`, written before its end is acted on): see [`Applier::with_end_marker`].
+    end_marker: Option<String>,
 }
 
 /// Why one step stopped the plan, before rollback.
@@ -352,7 +355,16 @@ impl Applier {
             retry,
             namespaces: NamespaceCache::new(),
             fingerprint_annotation: fingerprint_annotation.into(),
+            end_marker: None,
         }
+    }
+
+    /// Takes a primary carrying annotation `key` for ended, whatever Volcano's phase says yet: the end is
+    /// recorded there before the job is terminated and its companions deleted, and a companion created
+    /// after that deletion would stay, owned by the kept job, for its whole retention.
+    pub fn with_end_marker(mut self, key: impl Into<String>) -> Self {
+        self.end_marker = Some(key.into());
+        self
     }
 
     /// The namespaces this applier knows to exist.
@@ -403,6 +415,7 @@ impl Applier {
         created: &mut Vec<Created>,
     ) -> Result<ApplyOutcome, StepError> {
         let mut primary: Option<(ObjectMeta, OwnerReference)> = None;
+        let mut primary_step: Option<&Step> = None;
         let mut primary_existed = false;
         let mut reused = Vec::new();
         for step in plan {
@@ -420,7 +433,9 @@ impl Applier {
                     if existed && ended {
                         // This submission's job, ended (terminated or finished, kept until its TTL, or
                         // deleted by an older runner): nothing more to create, and its companions, deleted
-                        // at its end, must not come back.
+                        // at its end, must not come back. One that did (an earlier attempt's create that
+                        // landed after the end) goes now.
+                        self.sweep_companions(plan, &object, budget).await;
                         return Ok(ApplyOutcome {
                             primary: object,
                             primary_existed: true,
@@ -449,6 +464,7 @@ impl Applier {
                         )
                     })?;
                     primary = Some((object, owner));
+                    primary_step = Some(step);
                 }
                 Role::Companion => {
                     // check_plan guarantees the primary came first.
@@ -472,6 +488,26 @@ impl Applier {
             }
         }
         let (primary, _) = primary.unwrap_or_else(|| unreachable!("check_plan requires a primary"));
+        if primary_existed
+            && !created.is_empty()
+            && let Some(step) = primary_step
+            && self.ended_meanwhile(step, budget).await?
+        {
+            // An earlier delivery's job, which ended (and had its companions deleted) while this attempt
+            // created some again: they go, so that an ended job never regains a companion.
+            let undone = std::mem::take(created);
+            let rollback = self.rollback(undone).await;
+            if let Some((key, e)) = rollback.failed.into_iter().next() {
+                return Err(StepError::Cluster(key, e));
+            }
+            return Ok(ApplyOutcome {
+                primary,
+                primary_existed: true,
+                primary_ended: true,
+                created: Vec::new(),
+                reused,
+            });
+        }
         Ok(ApplyOutcome {
             primary,
             primary_existed,
@@ -496,7 +532,7 @@ impl Applier {
             Err(_) => {}
         }
         let found = self.get_existing(step, key, budget, true).await?;
-        let ended = has_ended(&found);
+        let ended = has_ended(&found, self.end_marker.as_deref());
         let existing = found.metadata;
         let theirs = annotation(&existing, &self.fingerprint_annotation);
         if theirs != Some(fingerprint) {
@@ -650,6 +686,60 @@ impl Applier {
         }
     }
 
+    /// Whether the primary, adopted from an earlier delivery, has ended since it was read (one read,
+    /// after this attempt's companion creates: an end recorded before a create has landed by then).
+    async fn ended_meanwhile(&self, step: &Step, budget: &Budget<'_>) -> Result<bool, StepError> {
+        let key = step.key();
+        match self.get_existing(step, &key, budget, true).await {
+            Ok(found) => Ok(has_ended(&found, self.end_marker.as_deref())),
+            // Gone: deleted, its companions with it (the garbage collector follows their references).
+            Err(StepError::Cluster(_, e)) if e.is_conflict() => Ok(true),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes the plan's companions found owned by the ended primary `owner` (best effort: a leftover
+    /// that stays is deleted by the next delivery, or with the job at its TTL).
+    async fn sweep_companions(&self, plan: &[Step], owner: &ObjectMeta, budget: &Budget<'_>) {
+        let Some(uid) = owner.uid.as_deref() else {
+            return;
+        };
+        for step in plan.iter().filter(|s| s.role == Role::Companion) {
+            let key = step.key();
+            let api = self.api(step, &key);
+            let op = format!("get {key}");
+            let found = budget
+                .run(&op, || async {
+                    api.get_opt(&key.name).await.classify(|| op.clone())
+                })
+                .await;
+            let Ok(Some(found)) = found else { continue };
+            let owned = found
+                .metadata
+                .owner_references
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .any(|r| r.uid == uid);
+            if !owned || found.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let item = Created {
+                key: key.clone(),
+                resource: step.resource.clone(),
+                uid: found.metadata.uid.clone(),
+            };
+            match delete_created(&self.client, budget, &item).await {
+                Ok(()) => {
+                    tracing::info!(object = %key, "Deleted a companion of an ended job, created after its end.")
+                }
+                Err(e) => {
+                    tracing::warn!(object = %key, error = %e, "Could not delete a companion of an ended job.")
+                }
+            }
+        }
+    }
+
     /// Deletes what this attempt created, newest first. Each delete is conditional on the uid we
     /// created, so an object someone else has made since is never touched.
     async fn rollback(&self, created: Vec<Created>) -> Rollback {
@@ -786,8 +876,10 @@ pub fn owner_reference(resource: &ApiResource, primary: &ObjectMeta) -> Option<O
 /// Whether an existing primary has ended: being deleted (an older runner's release, or Volcano's TTL), or
 /// in a phase Volcano gives a job it is ending or has finished (a `TerminateJob` command leaves it
 /// `Terminating`, then `Terminated`, and keeps it until its `ttlSecondsAfterFinished`).
-fn has_ended(object: &DynamicObject) -> bool {
+/// With `end_marker`, an annotation that records the end comes first (see [`Applier::with_end_marker`]).
+fn has_ended(object: &DynamicObject, end_marker: Option<&str>) -> bool {
     object.metadata.deletion_timestamp.is_some()
+        || end_marker.is_some_and(|k| annotation(&object.metadata, k).is_some())
         || object.data["status"]["state"]["phase"]
             .as_str()
             .is_some_and(|p| crate::volcano::JobPhase::from(p).is_ending())

@@ -67,6 +67,11 @@ pub enum WindowError {
     InThePast { end: Timestamp },
     #[error("node name {0:?} is empty or not a Kubernetes name")]
     BadNode(String),
+    /// `--nodes ""` (an empty shell variable): not "every node", which is said by leaving `--nodes` out.
+    #[error(
+        "--nodes: the node list is empty or has an empty entry ({0:?}); name the nodes (`n1,n2`), or leave --nodes out to take every node away"
+    )]
+    EmptyNodes(String),
 }
 
 impl WindowError {
@@ -100,6 +105,37 @@ pub fn parse_time(
     t.parse::<Timestamp>().map_err(|_| bad())
 }
 
+/// The nodes of `--nodes` as clap splits them at commas: no flag (`[]`) is every node; an empty list or
+/// an empty entry (`--nodes ""`, `--nodes "n1,,n2"`) is refused, never read as every node.
+pub fn node_list(given: &[String]) -> Result<BTreeSet<String>, WindowError> {
+    let mut nodes = BTreeSet::new();
+    for n in given {
+        let n = n.trim();
+        if n.is_empty() {
+            return Err(WindowError::EmptyNodes(given.join(",")));
+        }
+        nodes.insert(n.to_owned());
+    }
+    Ok(nodes)
+}
+
+/// The rules every window obeys, whoever wrote it (the CLI, or an operator's hand-written ConfigMap):
+/// it ends after it starts, and names nodes by Kubernetes names.
+fn check(start: Timestamp, end: Timestamp, nodes: &BTreeSet<String>) -> Result<(), WindowError> {
+    if end <= start {
+        return Err(WindowError::EndsBeforeStart { start, end });
+    }
+    for n in nodes {
+        let name_like = n.len() <= 253
+            && n.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+        if n.is_empty() || !name_like {
+            return Err(WindowError::BadNode(n.clone()));
+        }
+    }
+    Ok(())
+}
+
 impl Window {
     /// A window as an operator asks for it. Its id is a function of its start, end and nodes, so the
     /// same request twice is the same window. A start in the past is moved to `now`: what ran before
@@ -112,20 +148,9 @@ impl Window {
         by: &str,
         now: Timestamp,
     ) -> Result<Self, WindowError> {
-        if end <= start {
-            return Err(WindowError::EndsBeforeStart { start, end });
-        }
+        check(start, end, &nodes)?;
         if end <= now {
             return Err(WindowError::InThePast { end });
-        }
-        for n in &nodes {
-            let name_like = n.len() <= 253
-                && n.bytes().all(|b| {
-                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.'
-                });
-            if n.is_empty() || !name_like {
-                return Err(WindowError::BadNode(n.clone()));
-            }
         }
         let start = start.max(now);
         let mut hash = Sha256::new();
@@ -192,29 +217,47 @@ impl Window {
         text
     }
 
-    /// Reads a window from its ConfigMap; `None` when it is not one (no id, unreadable times). A window
-    /// an operator broke by hand is left out rather than guessed at, and `admin maintenance list` says
-    /// so.
+    /// Reads a window from its ConfigMap; `None` when it is not one. See [`Window::read_configmap`].
     pub fn from_configmap(cm: &ConfigMap) -> Option<Self> {
-        let id = cm.metadata.labels.as_ref()?.get(LABEL_ID)?.clone();
-        let data = cm.data.as_ref()?;
+        Self::read_configmap(cm).ok()
+    }
+
+    /// Reads a window from its ConfigMap, checked as strictly as `admin maintenance schedule` checks
+    /// one (it ends after it starts, its nodes are Kubernetes names, an empty entry is no node): a
+    /// window an operator wrote or broke by hand is left out rather than guessed at, and the error says
+    /// why (`admin maintenance list` and `admin status` print it, a runner logs it). An empty `nodes` is
+    /// every node, as the CLI writes it.
+    pub fn read_configmap(cm: &ConfigMap) -> Result<Self, String> {
+        let id = cm
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_ID))
+            .filter(|id| !id.trim().is_empty())
+            .ok_or_else(|| format!("no {LABEL_ID} label"))?
+            .clone();
+        let data = cm.data.as_ref().ok_or("no data")?;
         let text = |k: &str| {
             data.get(k)
                 .map(|v| v.trim().to_owned())
                 .filter(|v| !v.is_empty())
         };
-        let start: Timestamp = text(KEY_START)?.parse().ok()?;
-        let end: Timestamp = text(KEY_END)?.parse().ok()?;
-        let nodes = text(KEY_NODES)
-            .map(|v| {
-                v.split(',')
-                    .map(str::trim)
-                    .filter(|n| !n.is_empty())
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default();
-        Some(Self {
+        let time = |k: &str| -> Result<Timestamp, String> {
+            let v = text(k).ok_or_else(|| format!("no `{k}`"))?;
+            v.parse()
+                .map_err(|_| format!("`{k}` {v:?} is not an RFC 3339 time"))
+        };
+        let start = time(KEY_START)?;
+        let end = time(KEY_END)?;
+        let nodes = match text(KEY_NODES) {
+            None => BTreeSet::new(),
+            Some(v) => {
+                let given: Vec<String> = v.split(',').map(str::to_owned).collect();
+                node_list(&given).map_err(|_| format!("`nodes` {v:?} has an empty entry"))?
+            }
+        };
+        check(start, end, &nodes).map_err(|e| e.to_string())?;
+        Ok(Self {
             id,
             start,
             end,
@@ -305,17 +348,20 @@ impl MaintenanceWindows {
         self.records.create(WHAT, &cm).await
     }
 
-    /// Every window, earliest start first, with the names of ConfigMaps that carry the label but could
-    /// not be read as a window.
+    /// Every window, earliest start first, with the ConfigMaps that carry the label but are not a valid
+    /// window: `<name> (<why>)`.
     pub async fn list(&self) -> Result<(Vec<Window>, Vec<String>), ClusterError> {
         let params = ListParams::default().labels(&selector());
         let list = self.records.list("maintenance windows", &params).await?;
         let mut windows = Vec::new();
         let mut broken = Vec::new();
         for cm in &list.items {
-            match Window::from_configmap(cm) {
-                Some(w) => windows.push(w),
-                None => broken.push(cm.metadata.name.clone().unwrap_or_default()),
+            match Window::read_configmap(cm) {
+                Ok(w) => windows.push(w),
+                Err(why) => broken.push(format!(
+                    "{} ({why})",
+                    cm.metadata.name.clone().unwrap_or_default()
+                )),
             }
         }
         windows.sort_by(|a, b| (a.start, &a.id).cmp(&(b.start, &b.id)));
@@ -372,7 +418,7 @@ pub async fn follow(
                     Some(Ok(event)) => match event {
                         Event::Init => listing = Some(BTreeMap::new()),
                         Event::InitApply(cm) => {
-                            if let (Some(l), Some(w)) = (listing.as_mut(), Window::from_configmap(&cm)) {
+                            if let (Some(l), Some(w)) = (listing.as_mut(), readable(&cm)) {
                                 l.insert(cm.metadata.name.clone().unwrap_or_default(), w);
                             }
                         }
@@ -382,7 +428,7 @@ pub async fn follow(
                         }
                         Event::Apply(cm) => {
                             let name = cm.metadata.name.clone().unwrap_or_default();
-                            match Window::from_configmap(&cm) {
+                            match readable(&cm) {
                                 Some(w) => known.insert(name, w),
                                 None => known.remove(&name),
                             };
@@ -399,6 +445,20 @@ pub async fn follow(
             }
         }
     }
+}
+
+/// The window a ConfigMap holds; `None`, with a warning naming it and why, when it is not a valid one
+/// (it is then no window at all: nothing is held back or cut for it).
+fn readable(cm: &ConfigMap) -> Option<Window> {
+    Window::read_configmap(cm)
+        .inspect_err(|why| {
+            tracing::warn!(
+                configmap = cm.metadata.name.as_deref().unwrap_or_default(),
+                why,
+                "A ConfigMap labelled as a maintenance window is not a valid one; it is ignored (fix or delete it)."
+            );
+        })
+        .ok()
 }
 
 #[cfg(test)]
@@ -503,5 +563,62 @@ mod tests {
         ));
         // Begun already: it starts now, nothing is ended or charged retroactively.
         assert_eq!(w("2026-12-01T05:00:00Z", "2026-12-01T07:00:00Z"), Ok(now));
+    }
+
+    /// `--nodes ""` (an empty shell variable) is not every node; leaving the flag out is.
+    #[test]
+    fn an_empty_node_list_is_refused() {
+        assert_eq!(node_list(&[]), Ok(BTreeSet::new()));
+        assert!(matches!(
+            node_list(&[String::new()]),
+            Err(WindowError::EmptyNodes(_))
+        ));
+        assert!(matches!(
+            node_list(&["n1".into(), " ".into()]),
+            Err(WindowError::EmptyNodes(_))
+        ));
+        assert_eq!(
+            node_list(&["n1".into(), " n2".into()]).unwrap(),
+            BTreeSet::from(["n1".to_owned(), "n2".to_owned()])
+        );
+    }
+
+    /// A hand-written window is held to the CLI's rules: one that ends before it starts, or names a node
+    /// that cannot be one, is no window, and says why.
+    #[test]
+    fn a_hand_written_window_is_checked_as_the_cli_checks_one() {
+        let now = ts("2026-12-01T06:00:00Z");
+        let good = Window::new(
+            ts("2026-12-01T08:00:00Z"),
+            ts("2026-12-01T10:00:00Z"),
+            BTreeSet::new(),
+            None,
+            "a",
+            now,
+        )
+        .unwrap();
+        let edit = |key: &str, value: &str| {
+            let mut cm = good.to_configmap("ns");
+            cm.data
+                .as_mut()
+                .unwrap()
+                .insert(key.to_owned(), value.to_owned());
+            Window::read_configmap(&cm)
+        };
+        assert_eq!(edit(KEY_NODES, "").unwrap(), good, "empty: every node");
+        let inverted = edit(KEY_END, "2026-12-01T07:00:00Z").unwrap_err();
+        assert!(inverted.contains("ends"), "{inverted}");
+        assert!(edit(KEY_START, "2026-12-01T10:00:00Z").is_err(), "empty");
+        assert!(
+            edit(KEY_NODES, "n1,,n2")
+                .unwrap_err()
+                .contains("empty entry")
+        );
+        assert!(edit(KEY_NODES, "Node_1").unwrap_err().contains("Node_1"));
+        assert!(
+            edit(KEY_START, "tomorrow")
+                .unwrap_err()
+                .contains("RFC 3339")
+        );
     }
 }

@@ -40,6 +40,11 @@ pub struct MonitorConfig {
     /// job is held back by a maintenance window too.
     #[serde(with = "duration::optional")]
     pub queue_timeout: Option<Duration>,
+    /// A job that has not started, one of whose peers (ConnectToJob) does not exist this long after the
+    /// job's creation, ends as FAILURE `peer_missing`: a peer may be submitted after the job that names
+    /// it, but a job would otherwise wait for a peer that never comes for good (and hold its place).
+    #[serde(with = "duration::required")]
+    pub peer_missing_after: Duration,
     /// How long a job waits in the queue before the monitor tells its user why (a status event with the
     /// pending reason, and one more each time the reason changes). Most jobs start within seconds: their
     /// passing reasons (scheduling, pulling the image) would be events nobody reads and an API write
@@ -115,6 +120,7 @@ impl Default for MonitorConfig {
             reconcile_interval: Duration::from_secs(60),
             image_pull_grace: Duration::from_secs(300),
             queue_timeout: None,
+            peer_missing_after: Duration::from_secs(3600),
             pending_status_after: Duration::from_secs(5),
             estimate_tolerance: Duration::from_secs(60),
             start_margin: Duration::from_secs(10),
@@ -156,6 +162,12 @@ impl MonitorConfig {
             return Err(invalid(
                 "queue_timeout",
                 "0 would fail every job at once; leave it unset for no limit",
+            ));
+        }
+        if self.peer_missing_after.is_zero() {
+            return Err(invalid(
+                "peer_missing_after",
+                "0 would fail every job whose peer is submitted after it; give the peer time to come",
             ));
         }
         if self.log_tail_total_bytes > 128 * 1024 {

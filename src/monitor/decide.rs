@@ -69,6 +69,8 @@ pub struct Settings {
     pub queued_confirmed: String,
     pub image_pull_grace: SignedDuration,
     pub queue_timeout: Option<SignedDuration>,
+    /// `[monitor] peer_missing_after` (see [`super::peers::never_comes`]).
+    pub peer_missing_after: SignedDuration,
     /// `[monitor] pending_status_after`.
     pub pending_status_after: SignedDuration,
     /// `[monitor] estimate_tolerance`.
@@ -98,6 +100,7 @@ impl Settings {
             runner_id: runner_id.into(),
             image_pull_grace: signed(m.image_pull_grace),
             queue_timeout: m.queue_timeout.map(signed),
+            peer_missing_after: signed(m.peer_missing_after),
             pending_status_after: signed(m.pending_status_after),
             estimate_tolerance: signed(m.estimate_tolerance),
             start_margin: SignedDuration::try_from(m.start_margin).unwrap_or(SignedDuration::ZERO),
@@ -1021,7 +1024,9 @@ pub fn pending_status(
     peers: &[PeerView],
     now: Timestamp,
 ) -> Step {
-    let next_check = waits.next_check(hold.release_check);
+    // A peer that does not exist is given up on at a deadline: decided again then.
+    let peer_check = peers::missing_deadline(peers, waits.created, s.peer_missing_after);
+    let next_check = waits.next_check(earliest(hold.release_check, peer_check));
     if let Some(super::maintenance::Waiting::NotHeld(window)) = hold.waiting
         && let Some(step) = window_told(obs, s, seen, window, next_check, now)
     {
@@ -1030,6 +1035,12 @@ pub fn pending_status(
     if let Some(waiting @ super::maintenance::Waiting::Held(_)) = hold.waiting {
         return maintenance_status(obs, s, &seen.facts, &seen.record, waiting, next_check, now);
     }
+    // A job waiting for its peer is told so, not the replay's start (which does not know the gate).
+    let peer_estimate = peers::gated_estimate(peers, obs.estimate);
+    let obs = &Observed {
+        estimate: peer_estimate.as_ref().or(obs.estimate),
+        ..*obs
+    };
     if let Some(step) = status_not_yet(obs, s, seen, waits, next_check, now) {
         return step;
     }
@@ -1461,6 +1472,29 @@ fn peer_step(
     now: Timestamp,
 ) -> Option<Step> {
     let ended = peers::ended(peers);
+    let created = obs.job.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    if never_started
+        && let Some((reason, status)) = peers::never_comes(
+            &facts.job_id,
+            obs.peers,
+            peers,
+            &s.keys,
+            created,
+            s.peer_missing_after,
+            now,
+        )
+    {
+        let outcome = Outcome {
+            state: Terminal::Failure,
+            reason: reason.into(),
+            status,
+            started_at: None,
+            ended_at: now.as_millisecond(),
+            exit_codes: Vec::new(),
+            log_tails: Vec::new(),
+        };
+        return Some(record_step(s, facts, outcome, &[], Some(reason)));
+    }
     if never_started && let Some((peer, how, _)) = ended.first() {
         let outcome = Outcome {
             state: Terminal::Failure,

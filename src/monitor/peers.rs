@@ -31,6 +31,105 @@ pub const WAITING_REASON: &str = "waiting_for_peer";
 /// Reason of the status event (and of the end of a job that never started) when a peer ends.
 pub const ENDED_REASON: &str = "peer_ended";
 
+/// Reason of the end of a job that has not started when a peer it names has not come within
+/// `[monitor] peer_missing_after` of its creation.
+pub const MISSING_REASON: &str = "peer_missing";
+/// Reason of the refusal of a submission (or the end of a job that has not started) whose peers name it
+/// back: each would wait for the other to run, for good.
+pub const CYCLE_REASON: &str = "peer_cycle";
+
+/// The peer job ids a job names, from its `<prefix>peers` annotation (`<hostname>=<jobId>,...`).
+pub fn named_by(job: &VolcanoJob, keys: &AnnotationKeys) -> Vec<String> {
+    job.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(&keys.peers))
+        .map(|v| {
+            crate::pipeline::plugins::connect_to_job::parse_peers(v)
+                .into_iter()
+                .map(|(_, id)| id.to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Why a job that has not started never will for its peers, if so: `(reason, status)`.
+///
+/// - A peer that waits itself and names this job as its peer (a cycle the submit check could not see:
+///   both submitted at once): each waits for the other to run. Told at once.
+/// - A peer that does not exist (never submitted, or gone) once the job has waited `wait` since its
+///   creation: a peer may be submitted after the job that names it, but not never.
+pub fn never_comes(
+    job_id: &str,
+    seen: &[PeerSeen],
+    peers: &[PeerView],
+    keys: &AnnotationKeys,
+    created: Option<jiff::Timestamp>,
+    wait: jiff::SignedDuration,
+    now: jiff::Timestamp,
+) -> Option<(&'static str, String)> {
+    for (p, s) in peers.iter().zip(seen) {
+        if p.state == PeerState::Waiting
+            && let Some(job) = &s.job
+            && named_by(job, keys).iter().any(|id| id == job_id)
+        {
+            return Some((
+                CYCLE_REASON,
+                format!(
+                    "The job did not start: its peer {} names this job as its peer, and each would wait                      for the other to run; submit one of them without the other as its peer",
+                    p.named()
+                ),
+            ));
+        }
+    }
+    let missing = peers.iter().find(|p| p.state == PeerState::Missing)?;
+    let deadline = missing_deadline(peers, created, wait)?;
+    (now >= deadline).then(|| {
+        (
+            MISSING_REASON,
+            format!(
+                "The job did not start: its peer {} does not exist, and it was waited for {}                  (`[monitor] peer_missing_after`); submit the peer, then this job again",
+                missing.named(),
+                crate::pipeline::plugins::expiry::human(wait)
+            ),
+        )
+    })
+}
+
+/// When a job whose peer does not exist gives up on it (its creation plus `wait`); `None` while every
+/// peer exists.
+pub fn missing_deadline(
+    peers: &[PeerView],
+    created: Option<jiff::Timestamp>,
+    wait: jiff::SignedDuration,
+) -> Option<jiff::Timestamp> {
+    let created = created?;
+    peers
+        .iter()
+        .any(|p| p.state == PeerState::Missing)
+        .then(|| created.checked_add(wait).unwrap_or(created))
+}
+
+/// The estimate a job waiting for its peer is told instead of the replay's: the replay sees its
+/// resources, not its gate, and "its resources are free now" would be false. A job that can never fit
+/// is still told so.
+pub fn gated_estimate(
+    peers: &[PeerView],
+    estimate: Option<&crate::forecast::Estimate>,
+) -> Option<crate::forecast::Estimate> {
+    use crate::forecast::Estimate;
+    let peer = waiting_for(peers)?;
+    match estimate? {
+        Estimate::Never { .. } => None,
+        Estimate::At { .. } | Estimate::Unbounded { .. } => Some(Estimate::Unbounded {
+            why: format!(
+                "it waits for its peer {} to start: it starts only once its peer runs, whatever is free",
+                peer.named()
+            ),
+        }),
+    }
+}
+
 /// One peer of a job as the watches show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerView {
@@ -237,6 +336,96 @@ mod tests {
             job_id: id.into(),
             state,
         }
+    }
+
+    fn waiting_job(id: &str, names: &str) -> Arc<VolcanoJob> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+                "metadata": {"name": format!("j-{id}"), "namespace": "ns",
+                             "annotations": {"ucloud.dk/peers": names}},
+                "spec": {"tasks": []},
+                "status": {"state": {"phase": "Pending"}}
+            }))
+            .unwrap(),
+        )
+    }
+
+    /// A waiting peer that names the job back is a cycle, told at once; a peer that does not exist is
+    /// given up on at the job's creation plus the wait, not before; the estimate says it waits.
+    #[test]
+    fn peers_that_never_come() {
+        use super::crate::forecast::Estimate;
+        let keys = AnnotationKeys::new("ucloud.dk/");
+        let t = |s: &str| s.parse::<jiff::Timestamp>().unwrap();
+        let wait = jiff::SignedDuration::from_mins(60);
+        let created = Some(t("2026-12-01T06:00:00Z"));
+        let seen = vec![PeerSeen {
+            hostname: "b".into(),
+            job_id: "b".into(),
+            job: Some(waiting_job("b", "a=a")),
+            rank0_address: None,
+        }];
+        let peers = view(&seen, &keys);
+        let (reason, status) = never_comes(
+            "a",
+            &seen,
+            &peers,
+            &keys,
+            created,
+            wait,
+            t("2026-12-01T06:00:01Z"),
+        )
+        .unwrap();
+        assert_eq!(reason, CYCLE_REASON);
+        assert!(status.contains("job b (b) names this job"), "{status}");
+        // The same peer naming another job: no cycle, just waiting.
+        let other = vec![PeerSeen {
+            job: Some(waiting_job("b", "x=c")),
+            ..seen[0].clone()
+        }];
+        let now = t("2026-12-02T06:00:00Z");
+        assert_eq!(
+            never_comes("a", &other, &view(&other, &keys), &keys, created, wait, now),
+            None
+        );
+
+        let missing = vec![PeerSeen {
+            job: None,
+            ..seen[0].clone()
+        }];
+        let peers = view(&missing, &keys);
+        let deadline = missing_deadline(&peers, created, wait).unwrap();
+        assert_eq!(deadline, t("2026-12-01T07:00:00Z"));
+        let before = deadline
+            .checked_sub(jiff::SignedDuration::from_secs(1))
+            .unwrap();
+        assert_eq!(
+            never_comes("a", &missing, &peers, &keys, created, wait, before),
+            None
+        );
+        let (reason, status) =
+            never_comes("a", &missing, &peers, &keys, created, wait, deadline).unwrap();
+        assert_eq!(reason, MISSING_REASON);
+        assert!(status.contains("job b (b) does not exist"), "{status}");
+
+        let free_now = Estimate::At {
+            start: deadline,
+            basis: "its resources are free now".into(),
+            bound: false,
+            record: None,
+        };
+        match gated_estimate(&peers, Some(&free_now)) {
+            Some(Estimate::Unbounded { why }) => {
+                assert!(why.starts_with("it waits for its peer job b (b)"), "{why}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let never = Estimate::Never {
+            why: "too big".into(),
+        };
+        assert_eq!(gated_estimate(&peers, Some(&never)), None);
+        assert_eq!(gated_estimate(&[], Some(&free_now)), None);
     }
 
     #[test]

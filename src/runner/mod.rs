@@ -25,6 +25,7 @@ pub mod consume;
 pub mod events;
 pub mod handle;
 pub mod plan;
+pub mod refusal;
 pub mod service;
 
 use std::sync::Arc;
@@ -100,7 +101,8 @@ impl Runner {
         let prefix = &config.pipeline.annotation_prefix;
         let keys = AnnotationKeys::new(prefix);
         let retry = RetryPolicy::from_config(&config.cluster);
-        let applier = Applier::new(client.clone(), retry.clone(), keys.submission_hash.clone());
+        let applier = Applier::new(client.clone(), retry.clone(), keys.submission_hash.clone())
+            .with_end_marker(keys.outcome.clone());
         let (gate, gate_driver) = SubmitGate::new(client.clone(), &config.cluster);
         let submit_ready = ops.readiness.consumer_flag("submit consumer");
         let control_ready = ops.readiness.consumer_flag("control consumer");

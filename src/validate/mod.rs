@@ -19,11 +19,15 @@
 //!   definitions with unique names, known types, finite bounds with min <= max, enumerations with options;
 //!   environment variable names as Kubernetes accepts them ([`names::is_env_var_name`]); every parameter the
 //!   invocation or environment templates use is declared, and `boolFlag` uses boolean parameters only.
-//! - `parameters`: every value belongs to a declared parameter and has the variant of its type
-//!   (text → `text`, textarea → `textarea`, integer → `integer`, floating point → `floatingPoint`
-//!   (finite), boolean → `boolean`, enumeration → `enumeration` naming an option, input file and input
+//! - `parameters`: every value belongs to a declared parameter and has a variant its type takes
+//!   (text and textarea → `text` or `textarea`, integer → `integer`, floating point → `floatingPoint`
+//!   (finite) or `integer`, boolean → `boolean`, enumeration → `enumeration` (or `text`) naming an
+//!   option by its name or, as the original took it, by its value (`-O3`), input file and input
 //!   directory → `file`, peer → `peer`, license server → `licenseServer`, ingress → `ingress`, network
 //!   IP → `networkIp`); numbers lie within the declared min/max; every non-optional parameter has a value.
+//!   Which variant a type takes and how an option is found are the Parameter plugin's rules
+//!   ([`crate::pipeline::plugins::parameter::accepts`], [`crate::pipeline::plugins::parameter::option`]),
+//!   used here as they are: one place.
 //! - Storage paths (file values, `outputFolder`, `openedFile`) are absolute, name something below the
 //!   root, and have no `.` or `..` component.
 //! - `openedFile` lies inside a folder the job mounts: an input file or folder, or the output folder.

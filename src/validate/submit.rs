@@ -431,13 +431,19 @@ impl Values<'_> {
         definition: &ParameterDefinition,
         value: &parameter_value::Value,
     ) -> Check {
+        use crate::pipeline::plugins::parameter as rules;
         use ParameterType as T;
         use parameter_value::Value as V;
-        match (parameter_type(definition), value) {
-            (T::Text, V::Text(_)) | (T::Textarea, V::Textarea(_)) | (T::Boolean, V::Boolean(_)) => {
-                Ok(())
-            }
-            (T::Integer, V::Integer(i)) => {
+        let kind = parameter_type(definition);
+        if !rules::accepts(kind, value) {
+            return Err(ValidationError::new(
+                ErrorKind::WrongParameterType,
+                field,
+                format!("expected {}, got {}", type_name(kind), describe(value)),
+            ));
+        }
+        match (kind, value) {
+            (T::Integer | T::FloatingPoint, V::Integer(i)) => {
                 within_bounds(field, *i as f64, &i.to_string(), definition)
             }
             (T::FloatingPoint, V::FloatingPoint(f)) => {
@@ -449,8 +455,8 @@ impl Values<'_> {
                 }
                 within_bounds(field, *f, &f.to_string(), definition)
             }
-            (T::Enumeration, V::Enumeration(name)) => {
-                if definition.options.iter().any(|o| &o.name == name) {
+            (T::Enumeration, V::Enumeration(name) | V::Text(name)) => {
+                if rules::option(definition, name).is_some() {
                     return Ok(());
                 }
                 let options: Vec<String> =
@@ -458,22 +464,18 @@ impl Values<'_> {
                 Err(ValidationError::invalid(
                     field,
                     format!(
-                        "{} is not an option; expected one of {}",
+                        "{} is not an option; expected one of {} (or an option's value)",
                         quoted(name),
                         options.join(", ")
                     ),
                 ))
             }
-            (T::InputFile | T::InputDirectory, V::File(f)) => file(field, f),
-            (T::Peer, V::Peer(p)) => peer(field, p),
-            (T::LicenseServer, V::LicenseServer(l)) => self.license(field, l),
-            (T::Ingress, V::Ingress(i)) => ingress(field, i),
-            (T::NetworkIp, V::NetworkIp(n)) => network_ip(field, n),
-            (kind, value) => Err(ValidationError::new(
-                ErrorKind::WrongParameterType,
-                field,
-                format!("expected {}, got {}", type_name(kind), describe(value)),
-            )),
+            (_, V::File(f)) => file(field, f),
+            (_, V::Peer(p)) => peer(field, p),
+            (_, V::LicenseServer(l)) => self.license(field, l),
+            (_, V::Ingress(i)) => ingress(field, i),
+            (_, V::NetworkIp(n)) => network_ip(field, n),
+            _ => Ok(()),
         }
     }
 

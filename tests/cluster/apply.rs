@@ -494,3 +494,127 @@ async fn concurrent_first_jobs_of_an_owner_create_its_namespace_once() {
     );
     assert_eq!(delta("create jobs.batch.volcano.sh"), 16, "{after:?}");
 }
+
+/// The annotation that records a job's end (the pipeline's `<prefix>outcome`), as the runner configures
+/// its applier.
+const OUTCOME: &str = "ucloud.dk/outcome";
+
+/// Ends the job as the monitor does: its end recorded on it, then its companions deleted (the job is
+/// kept, its phase not ending yet: Volcano takes the terminate command in its own time).
+async fn end_as_the_monitor_does(env: &Env, ns: &str) {
+    jobs(&env.client, ns)
+        .patch(
+            "j-1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!(
+                {"metadata": {"annotations": {OUTCOME: "{\"state\":\"CANCELLED\"}"}}}
+            )),
+        )
+        .await
+        .unwrap();
+    let services: Api<Service> = Api::namespaced(env.client.clone(), ns);
+    let configmaps: Api<ConfigMap> = Api::namespaced(env.client.clone(), ns);
+    for deleted in [
+        services
+            .delete("j-1-web", &DeleteParams::default())
+            .await
+            .err(),
+        configmaps
+            .delete("j-1-etc", &DeleteParams::default())
+            .await
+            .err(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        assert!(
+            matches!(&deleted, kube::Error::Api(s) if s.code == 404),
+            "{deleted}"
+        );
+    }
+}
+
+/// An ended job never regains a companion, whatever is redelivered and whoever was killed when (issue
+/// 41, point 6):
+/// - a redelivery that adopts the job (its first runner killed after the create) and creates its
+///   companions slowly, while the job ends and its companions are deleted, removes what it created
+///   after the end, and says the job has ended;
+/// - a redelivery after the end, its phase not ending yet, creates nothing;
+/// - a companion an earlier attempt's create left after the end (it landed late) goes with the next
+///   redelivery.
+///
+/// On main each of the three left a companion owned by the kept job, for its whole retention.
+#[tokio::test]
+async fn an_ended_job_never_regains_a_companion() {
+    let env = start().await;
+    let marked = || applier(&env).with_end_marker(OUTCOME);
+    let services: Api<Service> = Api::namespaced(env.client.clone(), "alice");
+    let configmaps: Api<ConfigMap> = Api::namespaced(env.client.clone(), "alice");
+    // The first runner created the job and was killed before its companions.
+    let partial = [
+        namespace_step("alice"),
+        baseline_policy("alice"),
+        vcjob("alice", "j-1", "sha256:a"),
+    ];
+    let first = marked().apply(&partial).await.unwrap();
+    let uid = first.primary.uid.clone().unwrap();
+
+    // The redelivery's creates are slow; the job ends while they are under way.
+    env.sim.faults().add_rule(FaultRule {
+        resource: "services".into(),
+        verb: "create".into(),
+        latency_ms: 1500,
+        ..FaultRule::default()
+    });
+    let redelivery = tokio::spawn({
+        let applier = marked();
+        async move { applier.apply(&full_plan("alice", "sha256:a")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    end_as_the_monitor_does(&env, "alice").await;
+    let outcome = redelivery.await.unwrap().unwrap();
+    env.sim.faults().clear();
+    assert!(outcome.primary_existed);
+    assert!(outcome.primary_ended, "{outcome:?}");
+    assert!(!exists(&services, "j-1-web").await, "the Service came back");
+    assert!(
+        !exists(&configmaps, "j-1-etc").await,
+        "the ConfigMap came back"
+    );
+
+    // Redelivered again after the end: nothing is created.
+    let again = marked()
+        .apply(&full_plan("alice", "sha256:a"))
+        .await
+        .unwrap();
+    assert!(again.primary_ended && again.created.is_empty(), "{again:?}");
+    assert!(!exists(&services, "j-1-web").await);
+    assert!(!exists(&configmaps, "j-1-etc").await);
+
+    // A create an earlier attempt sent before it was killed lands after the end: the next delivery
+    // removes it.
+    let late: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "j-1-etc", "namespace": "alice", "ownerReferences": [{
+            "apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": "j-1",
+            "uid": uid, "controller": true}]},
+        "data": {"hostnames.txt": "j-1-job-0.j-1\n"}
+    }))
+    .unwrap();
+    configmaps
+        .create(&kube::api::PostParams::default(), &late)
+        .await
+        .unwrap();
+    let swept = marked()
+        .apply(&full_plan("alice", "sha256:a"))
+        .await
+        .unwrap();
+    assert!(swept.primary_ended);
+    assert!(
+        !exists(&configmaps, "j-1-etc").await,
+        "the late companion stays"
+    );
+    assert!(
+        exists(&jobs(&env.client, "alice"), "j-1").await,
+        "the job is kept"
+    );
+}

@@ -464,3 +464,102 @@ fn logs_refuses_a_job_id_or_namespace_that_is_not_a_name() {
         assert!(!stderr.contains("cannot reach"), "{args:?}: {stderr}");
     }
 }
+
+/// `validate --config` refuses what the runner with that configuration refuses when it renders the job
+/// (issue 41, point 5): a public IP under `attach = "refuse"` is refused with the runner's words, and
+/// with `attach = "load-balancer"` one without open ports is; whole nodes without a configured charge
+/// are refused; an enumeration given by its option's value (`slant` for `Slant`, as the original took
+/// `-O3`) is ok. On main `validate` said ok to the first three and refused the last.
+#[test]
+fn validate_refuses_what_rendering_refuses_and_takes_an_option_by_value() {
+    use messages::v1::{
+        NetworkIpValue, ParameterValue, PortRange, Protocol, ResourceValue, parameter_value,
+        resource_value,
+    };
+    let dir = scratch("render");
+    let json = std::fs::read(root().join("schemas/examples/submit-job.figlet.json")).unwrap();
+    let figlet: messages::v1::SubmitJob = messages::decode(Format::Json, &json).unwrap();
+    let write = |name: &str, job: &messages::v1::SubmitJob| {
+        let path = dir.join(format!("submit-job.{name}.json"));
+        std::fs::write(&path, messages::encode(Format::Json, job).unwrap()).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let with_ip = |ports: Vec<PortRange>| {
+        let mut job = figlet.clone();
+        job.resources.push(ResourceValue {
+            value: Some(resource_value::Value::NetworkIp(NetworkIpValue {
+                id: "ip-7".into(),
+                ip_address: "203.0.113.7".into(),
+                open_ports: ports,
+            })),
+        });
+        job
+    };
+    let ip = write(
+        "ip",
+        &with_ip(vec![PortRange {
+            start: 22,
+            end: 22,
+            protocol: Protocol::Tcp as i32,
+        }]),
+    );
+    let no_ports = write("no-ports", &with_ip(Vec::new()));
+    let mut whole = figlet.clone();
+    whole.exclusive_nodes = true;
+    let whole = write("whole", &whole);
+    let mut by_value = figlet.clone();
+    by_value.parameters.insert(
+        "font".into(),
+        ParameterValue {
+            value: Some(parameter_value::Value::Enumeration("slant".into())),
+        },
+    );
+    let by_value = write("by-value", &by_value);
+    let refuse = dir.join("refuse.toml");
+    std::fs::write(&refuse, "").unwrap();
+    let lb = dir.join("lb.toml");
+    std::fs::write(&lb, "[pipeline.public_ip]\nattach = \"load-balancer\"\n").unwrap();
+
+    let run = |config: &std::path::Path, file: &str| {
+        let out = volcano_runner(
+            &["validate", "--config", config.to_str().unwrap(), file],
+            &[],
+        );
+        (out.status.code(), stdout(&out))
+    };
+    let (code, text) = run(&refuse, &ip);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.starts_with(&format!(
+            "{ip}: resources[0].networkIp: public IPs are not offered on this cluster"
+        )),
+        "{text}"
+    );
+    let (code, text) = run(&lb, &ip);
+    assert_eq!(
+        (code, text.trim_end()),
+        (Some(0), format!("{ip}: ok").as_str())
+    );
+    let (code, text) = run(&lb, &no_ports);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.starts_with(&format!(
+            "{no_ports}: resources[0].networkIp.openPorts: a public IP needs at least one open port"
+        )),
+        "{text}"
+    );
+    let (code, text) = run(&refuse, &whole);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.starts_with(&format!(
+            "{whole}: exclusiveNodes: whole nodes are not offered for product"
+        )),
+        "{text}"
+    );
+    let (code, text) = run(&refuse, &by_value);
+    assert_eq!(
+        (code, text.trim_end()),
+        (Some(0), format!("{by_value}: ok").as_str())
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

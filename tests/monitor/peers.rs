@@ -542,3 +542,116 @@ async fn a_job_whose_peer_ends_before_it_starts_fails() {
     a.stop().await;
     w.close().await;
 }
+
+/// Peers that never come end (issue 41, points 2 and 7):
+/// - two jobs naming each other, both created (submitted at once, so neither submission could see the
+///   other's), each wait for the other to run: they end, `FAILURE` `peer_cycle` (or `peer_ended` for
+///   the second, once the first has ended), none left waiting;
+/// - a job whose peer is never submitted is told it waits for its peer, its estimate saying so (not
+///   "its resources are free now"), and ends `FAILURE` `peer_missing` at `[monitor] peer_missing_after`
+///   from its creation, not before.
+///
+/// On main both pairs waited for ever, and the waiting job was told its resources were free now.
+#[tokio::test]
+async fn peers_that_never_come_end_the_jobs_waiting_for_them() {
+    let mut w = World::start(
+        "mon-peers-never",
+        |c| c.monitor.peer_missing_after = Duration::from_secs(40),
+        |_| {},
+    )
+    .await;
+    let a = w.runner("runner-a").await;
+    a.holds(4).await;
+    w.submit(&with_peer(job("cy-a", "sleep 3600"), "b", "cy-b"))
+        .await;
+    w.submit(&with_peer(job("cy-b", "sleep 3600"), "a", "cy-a"))
+        .await;
+    w.submit(&with_peer(job("mp-app", "sleep 3600"), "db", "mp-db"))
+        .await;
+    let failure = |s: &Seen, id: &str| {
+        s.of(id)
+            .lifecycle
+            .into_iter()
+            .find(|e| e.state == volcano_runner::messages::v1::JobState::Failure as i32)
+    };
+    for _ in 0..15 {
+        w.advance(1);
+        w.settle(Duration::from_millis(80)).await;
+    }
+    w.until("the ring ended", |s| {
+        failure(s, "cy-a").is_some() && failure(s, "cy-b").is_some()
+    })
+    .await;
+    let reasons: Vec<String> = ["cy-a", "cy-b"]
+        .iter()
+        .map(|id| failure(&w.seen, id).unwrap().reason)
+        .collect();
+    assert!(
+        reasons.iter().any(|r| r == "peer_cycle")
+            && reasons
+                .iter()
+                .all(|r| r == "peer_cycle" || r == "peer_ended"),
+        "{reasons:?}"
+    );
+    let cycle = failure(&w.seen, "cy-a")
+        .filter(|e| e.reason == "peer_cycle")
+        .or_else(|| failure(&w.seen, "cy-b"))
+        .unwrap();
+    assert!(
+        cycle.status.contains("names this job as its peer"),
+        "{}",
+        cycle.status
+    );
+
+    // The job whose peer never comes: told it waits for its peer, and its estimate says so.
+    w.until("the waiting status", |s| {
+        s.of("mp-app")
+            .lifecycle
+            .iter()
+            .any(|e| e.reason == "waiting_for_peer" && e.pending.is_some())
+    })
+    .await;
+    let waiting = statuses(&w, "mp-app", "waiting_for_peer");
+    let pending = waiting.last().unwrap().pending.clone().unwrap();
+    assert!(
+        pending
+            .estimate_basis
+            .starts_with("it waits for its peer job mp-db (db) to start"),
+        "{pending:?}"
+    );
+    assert_eq!(pending.estimated_start_at, None, "{pending:?}");
+    assert!(failure(&w.seen, "mp-app").is_none(), "not before its time");
+    for _ in 0..40 {
+        if failure(&w.seen, "mp-app").is_some() {
+            break;
+        }
+        w.advance(1);
+        w.settle(Duration::from_millis(80)).await;
+    }
+    w.until("peer_missing", |s| failure(s, "mp-app").is_some())
+        .await;
+    let missing = failure(&w.seen, "mp-app").unwrap();
+    assert_eq!(missing.reason, "peer_missing");
+    assert!(
+        missing
+            .status
+            .contains("its peer job mp-db (db) does not exist"),
+        "{}",
+        missing.status
+    );
+    let created = w
+        .vcjob(&w.namespace_of(&job("mp-app", "sleep 3600")), "mp-app")
+        .and_then(|j| {
+            j.pointer("/metadata/creationTimestamp")
+                .and_then(|t| t.as_str().map(str::to_owned))
+        })
+        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+        .unwrap();
+    let ended = missing.ended_at.map(|t| t.seconds).unwrap();
+    assert!(
+        ended >= created.as_second() + 40,
+        "ended at {ended}, created at {created}"
+    );
+    a.stop().await;
+    w.close().await;
+}

@@ -16,6 +16,12 @@
 //! - It forwards SIGTERM, SIGINT and SIGHUP to the application, waits for it, waits for the copy to drain,
 //!   and exits with the application's exit code (128 + the signal's number when a signal ended it, as the
 //!   container runtime reports it). A failure stays a failure; a SIGTERM reaches the application.
+//! - The job ends when the application ends, whatever it left in the background (`jupyter ... &`,
+//!   `tail -f ... &`): such a process holds the output's pipe open, so the copy would never see its end
+//!   and the job would run (and be charged) until that process ended. The copy is given
+//!   [`DRAIN_SECONDS`] to take in what is still in the pipe, then stopped; the file then holds all the
+//!   application wrote (output the left-behind process writes later is not kept), and the container's
+//!   end stops that process as it stops any.
 //! - If the FIFO or the file cannot be created (a read-only output folder), the application runs as if
 //!   unwrapped, with a line on stderr saying why.
 //! - Each attempt of a restarted job (node loss, eviction) starts the files anew.
@@ -115,10 +121,19 @@ while kill -0 "$a" 2>/dev/null; do
   wait "$a"
   code=$?
 done
-wait "$t" "$w"
+( "$b" sleep 2; kill "$t" ) </dev/null >/dev/null 2>&1 &
+k=$!
+wait "$t" 2>/dev/null
+kill "$k" 2>/dev/null
+wait "$k" 2>/dev/null
+wait "$w"
 "$b" rm -f "$p" "$q"
 exit "$code"
 "#;
+
+/// How long the copy may still drain the pipe once the application has ended while something it left
+/// behind holds the pipe open (the `sleep 2` of [`WRAPPER`]). Without one, it ends at once.
+pub const DRAIN_SECONDS: u32 = 2;
 
 /// The marker for a bound.
 pub fn cut_marker(max: u64) -> String {
@@ -310,6 +325,11 @@ mod tests {
     }
 
     #[test]
+    fn the_drain_bound_is_the_wrappers() {
+        assert!(WRAPPER.contains(&format!("\"$b\" sleep {DRAIN_SECONDS}; kill \"$t\"")));
+    }
+
+    #[test]
     fn the_wrapper_is_posix_and_uses_only_busybox_tools() {
         for bashism in ["[[", "function ", "$'", "local ", "pipefail", "<(", "&>"] {
             assert!(!WRAPPER.contains(bashism), "{bashism}");
@@ -448,6 +468,51 @@ mod tests {
             let out = child.wait_with_output().unwrap();
             assert_eq!(out.status.code(), Some(7));
             assert_eq!(file(&dir, 0), "ready\ngot-term\n");
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+
+        /// A program that leaves a process behind (`jupyter ... &`, `tail -f ... &`) ends when it
+        /// ends, with its own exit code and its output whole in the file: the copy does not wait for
+        /// the process left behind, which holds the output's pipe open. On main the wrapper waited for
+        /// it (600 s here).
+        #[test]
+        fn a_program_that_leaves_a_process_behind_ends_with_its_output_whole() {
+            let dir = scratch();
+            let pid_file = dir.join("left.pid");
+            let script = format!(
+                "sleep 600 & echo $! > {}; seq 1 2000; echo done; exit 4",
+                pid_file.display()
+            );
+            let mut child = wrapped(&dir, 1_000_000, 0, &["/bin/sh", "-c", &script])
+                .spawn()
+                .unwrap();
+            let started = Instant::now();
+            let status = loop {
+                if let Some(status) = child.try_wait().unwrap() {
+                    break Some(status);
+                }
+                if started.elapsed() > Duration::from_secs(20) {
+                    break None;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            let left = std::fs::read_to_string(&pid_file).unwrap_or_default();
+            let _ = Command::new("kill").arg(left.trim()).status();
+            let Some(status) = status else {
+                let _ = child.kill();
+                panic!("the job did not end with its program: it waits for what the program left");
+            };
+            assert_eq!(status.code(), Some(4));
+            let mut expected: String = (1..=2000).map(|i| format!("{i}\n")).collect();
+            expected.push_str("done\n");
+            assert_eq!(file(&dir, 0), expected);
+            let out = child.wait_with_output().unwrap();
+            assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
+            assert_eq!(
+                String::from_utf8_lossy(&out.stderr),
+                "",
+                "nothing of the wrapper's"
+            );
             std::fs::remove_dir_all(dir).unwrap();
         }
 

@@ -278,6 +278,43 @@ impl Arguments for JobArguments<'_> {
     }
 }
 
+/// Whether a value of this variant can stand for a parameter of type `declared`: its own variant, and
+/// the original's leniencies (text for a textarea and back, an integer for a floating point number, an
+/// enumeration's choice given as text). The one rule `validate` (so the runner, which validates first)
+/// and this plugin apply, so that neither takes what the other refuses.
+pub fn accepts(declared: ParameterType, value: &Value) -> bool {
+    use ParameterType as T;
+    matches!(
+        (declared, value),
+        (T::Text | T::Textarea, Value::Text(_) | Value::Textarea(_))
+            | (T::Integer, Value::Integer(_))
+            | (
+                T::FloatingPoint,
+                Value::FloatingPoint(_) | Value::Integer(_)
+            )
+            | (T::Boolean, Value::Boolean(_))
+            | (T::Enumeration, Value::Enumeration(_) | Value::Text(_))
+            | (T::InputFile | T::InputDirectory, Value::File(_))
+            | (T::Peer, Value::Peer(_))
+            | (T::LicenseServer, Value::LicenseServer(_))
+            | (T::Ingress, Value::Ingress(_))
+            | (T::NetworkIp, Value::NetworkIp(_))
+    )
+}
+
+/// The option of an enumeration that `choice` names: by its name, else by its value, as the original
+/// took it (`-O3` for the option `O3` whose value is `-O3`).
+pub fn option<'a>(
+    definition: &'a ParameterDefinition,
+    choice: &str,
+) -> Option<&'a crate::messages::v1::EnumOption> {
+    definition
+        .options
+        .iter()
+        .find(|o| o.name == choice)
+        .or_else(|| definition.options.iter().find(|o| o.value == choice))
+}
+
 /// The argument a value becomes, by the parameter's declared type.
 pub fn argument(
     name: &str,
@@ -317,11 +354,7 @@ pub fn argument(
                 .unwrap_or_else(|| "false".into()),
         }),
         (ParameterType::Enumeration, Value::Enumeration(choice) | Value::Text(choice)) => {
-            definition
-                .options
-                .iter()
-                .find(|o| &o.name == choice)
-                .or_else(|| definition.options.iter().find(|o| &o.value == choice))
+            option(definition, choice)
                 .map(|o| o.value.clone())
                 .ok_or_else(|| {
                     TemplateError::param(name, format!("`{choice}` is not one of the options"))

@@ -349,6 +349,60 @@ async fn foreign_peer(
                 PEER_ENDED,
             )));
         }
+        if let Some(ring) = names_back(h, peer_id, &peer, &job.job_id).await? {
+            return Ok(Some((
+                field,
+                format!(
+                    "job {peer_id} waits for this job in turn ({ring}): peers wait for each other to \
+                     run, so neither would start; submit this job without it as peer"
+                ),
+                crate::monitor::peers::CYCLE_REASON,
+            )));
+        }
+    }
+    Ok(None)
+}
+
+/// How deep [`names_back`] follows peers of peers: rings longer than this are ended by the monitor's
+/// `peer_missing_after` or `queue_timeout` instead.
+const RING_DEPTH: usize = 8;
+
+/// The ring `peer -> ... -> job_id` when `peer`, or a peer of its peers (existing jobs, their `peers`
+/// annotations), names the job being submitted: `job a -> job b -> this job`.
+async fn names_back(
+    h: &Handler,
+    peer_id: &str,
+    peer: &VolcanoJob,
+    job_id: &str,
+) -> Result<Option<String>, crate::cluster::ClusterError> {
+    use crate::monitor::peers::named_by;
+    let mut frontier: Vec<(Vec<String>, Vec<String>)> =
+        vec![(vec![peer_id.to_owned()], named_by(peer, &h.keys))];
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..RING_DEPTH {
+        let mut next = Vec::new();
+        for (path, named) in frontier {
+            for id in named {
+                if id == job_id {
+                    let ring: Vec<String> = path.iter().map(|p| format!("job {p}")).collect();
+                    return Ok(Some(format!("{} -> this job", ring.join(" -> "))));
+                }
+                if !seen.insert(id.clone()) {
+                    continue;
+                }
+                if let Some(found) = h.jobs.find(&id).await?
+                    && !is_over(&found, &h.keys)
+                {
+                    let mut path = path.clone();
+                    path.push(id);
+                    next.push((path, named_by(&found, &h.keys)));
+                }
+            }
+        }
+        if next.is_empty() {
+            break;
+        }
+        frontier = next;
     }
     Ok(None)
 }
