@@ -296,6 +296,7 @@ async fn caddy_load_and_route_latency() {
             namespace: w.config.cluster.namespace.clone(),
             naming: naming.clone(),
             secure: false,
+            allowed_origins: Vec::new(),
             clock: Arc::new(jiff::Timestamp::now),
             metrics: None,
         },

@@ -67,6 +67,7 @@ async fn checked(
                 domain: crate::caddy::DOMAIN.into(),
             },
             secure: false,
+            allowed_origins: Vec::new(),
             clock: sim_clock(w),
             metrics: None,
         },
@@ -136,7 +137,7 @@ impl Upgraded {
     async fn open(port: u16, host: &str, path: &str, cookie: &str) -> (u16, Option<Self>) {
         let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
         let request = format!(
-            "GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nCookie: {cookie}\r\n\r\n"
+            "GET {path} HTTP/1.1\r\nHost: {host}\r\nOrigin: http://{host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nCookie: {cookie}\r\n\r\n"
         );
         stream.write_all(request.as_bytes()).await.unwrap();
         let mut reader = BufReader::new(stream);
