@@ -355,7 +355,7 @@ mod tests {
     /// given up on at the job's creation plus the wait, not before; the estimate says it waits.
     #[test]
     fn peers_that_never_come() {
-        use super::crate::forecast::Estimate;
+        use crate::forecast::Estimate;
         let keys = AnnotationKeys::new("ucloud.dk/");
         let t = |s: &str| s.parse::<jiff::Timestamp>().unwrap();
         let wait = jiff::SignedDuration::from_mins(60);
