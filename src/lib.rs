@@ -22,6 +22,8 @@
 //!   broker and the cluster layer, which report into it.
 //! - [`proxy`]: the proxy-sync role: the route table of the interactive jobs, kept from the proxy events
 //!   and the cluster, written as Envoy's dynamic configuration.
+//! - [`routes`]: the route table of the running interactive jobs, below the proxy-sync role that keeps it
+//!   and the session check that reads it.
 //! - [`sessions`]: interactive sessions: ids opened by the runners on request, checked by proxy-sync on
 //!   every request through the proxy.
 //! - [`sim`]: the cluster simulator, a Kubernetes API server with a Volcano model.
@@ -47,6 +49,7 @@ pub mod ops;
 pub mod pipeline;
 pub mod proxy;
 pub mod quantity;
+pub mod routes;
 pub mod runner;
 pub mod secret;
 pub mod sessions;

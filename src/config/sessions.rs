@@ -82,7 +82,7 @@ impl SessionsConfig {
             return Err(invalid("sweep_batch", "must be at least 1"));
         }
         for (i, origin) in self.allowed_origins.iter().enumerate() {
-            let normalized = crate::sessions::origin::normalize(origin);
+            let normalized = crate::validate::names::normalize_origin(origin);
             if normalized.is_none() {
                 return Err(invalid(
                     &format!("allowed_origins[{i}]"),

@@ -43,7 +43,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::sync::Routes;
+use crate::routes::Routes;
 use super::table::{Backend, HostNaming};
 use crate::cluster::logs::{Line, RankReader};
 use crate::pipeline::names::USER_CONTAINER;

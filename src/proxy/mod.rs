@@ -3,7 +3,8 @@
 //! them as Envoy's dynamic configuration and, when configured, to Caddy through its admin API. docs/proxy.md describes the role for operators.
 //!
 //! # Layout
-//! - [`table`]: [`RouteTable`], the routes by job, and the rule that orders updates (pure).
+//! - [`table`]: [`RouteTable`], the routes by job (in [`crate::routes`], below the session check that
+//!   reads it too).
 //! - [`snapshot`]: the routes of the running interactive jobs, read from the cluster.
 //! - [`envoy`]: the Envoy files (listener, routes, clusters, bootstrap), written atomically.
 //! - [`caddy`]: Caddy's configuration, pushed through its admin API.
@@ -17,8 +18,10 @@ pub mod caddy;
 pub mod envoy;
 pub mod snapshot;
 pub mod sync;
-pub mod table;
 
 pub use crate::config::ProxySyncConfig;
-pub use sync::{ProxySync, ProxySyncError, Routes};
-pub use table::{Applied, Backend, HostNaming, JobRoutes, JobUpdate, Route, RouteTable, Stamp};
+pub use sync::{ProxySync, ProxySyncError};
+pub use crate::routes::table;
+pub use crate::routes::{
+    Applied, Backend, HostNaming, JobRoutes, JobUpdate, Route, RouteTable, Routes, Stamp,
+};

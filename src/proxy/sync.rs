@@ -25,7 +25,8 @@ use tracing::{debug, info, warn};
 use super::caddy::{self, CaddyAdmin, CaddyError, CaddySettings};
 use super::envoy::{self, EnvoySettings, WriteError};
 use super::snapshot;
-use super::table::{Applied, HostNaming, JobUpdate, RouteTable};
+pub use crate::routes::Routes;
+use crate::routes::table::{Applied, HostNaming, JobUpdate, RouteTable};
 use crate::broker::consumer::Source;
 use crate::broker::{
     Broker, BrokerError, DeadLetterReason, Delivery, OutboundEvent, QueueConsumer,
@@ -36,63 +37,6 @@ use crate::config::proxy_sync::Upstream;
 use crate::durable::AnnotationKeys;
 use crate::ops::health::Condition;
 use crate::pipeline::PipelineConfig;
-
-/// The table, shared between the loop (which changes it) and readers (the Envoy writer, tests). Cheap
-/// to clone. The lock is never held across an await.
-#[derive(Debug, Clone)]
-pub struct Routes {
-    table: Arc<RwLock<RouteTable>>,
-    version: Arc<watch::Sender<u64>>,
-}
-
-impl Default for Routes {
-    fn default() -> Self {
-        Self {
-            table: Arc::default(),
-            version: Arc::new(watch::channel(0).0),
-        }
-    }
-}
-
-impl Routes {
-    /// Routes holding `table`, for a check or a benchmark without a running instance.
-    pub fn from_table(table: RouteTable) -> Self {
-        Self {
-            table: Arc::new(RwLock::new(table)),
-            version: Arc::new(watch::channel(0).0),
-        }
-    }
-
-    /// Reads the table.
-    pub fn read<R>(&self, f: impl FnOnce(&RouteTable) -> R) -> R {
-        f(&self.table.read().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    /// The table's version: one more with every change.
-    pub fn version(&self) -> u64 {
-        *self.version.borrow()
-    }
-
-    /// A receiver that changes whenever the table does.
-    pub fn subscribe(&self) -> watch::Receiver<u64> {
-        self.version.subscribe()
-    }
-
-    fn change<R>(&self, f: impl FnOnce(&mut RouteTable) -> (R, bool)) -> R {
-        let (result, changed) = f(&mut self.table.write().unwrap_or_else(|e| e.into_inner()));
-        if changed {
-            self.version.send_modify(|v| *v += 1);
-        }
-        result
-    }
-
-    pub(crate) fn apply(&self, update: JobUpdate) -> Applied {
-        self.change(|t| {
-            let applied = t.apply(update);
-            (applied, applied == Applied::Changed)
-        })
-    }
-}
 
 /// Why the loop stopped.
 #[derive(Debug, thiserror::Error)]
@@ -401,7 +345,7 @@ impl Writer {
             return Ok(());
         };
         let _one_at_a_time = self.lock.lock().await;
-        let version = *routes.version.borrow();
+        let version = routes.version();
         if *self.written.lock().unwrap_or_else(|e| e.into_inner()) == Some(version) {
             return Ok(());
         }
@@ -437,7 +381,7 @@ impl Writer {
             return Ok(());
         };
         let _one_at_a_time = self.lock.lock().await;
-        let version = *routes.version.borrow();
+        let version = routes.version();
         let pushed = self
             .caddy_pushed
             .lock()

@@ -32,7 +32,7 @@ use super::record::{SessionRecord, name_for};
 use super::token::{self, Hash};
 use super::{COOKIE, Kind, RESERVED_PREFIX, SESSION_PATH, is_session_cookie};
 use crate::cluster::view::WatchView;
-use crate::proxy::{Backend, HostNaming, Routes};
+use crate::routes::{Backend, HostNaming, Routes};
 
 /// The session records by ConfigMap name, kept by a watch (`None`: a record that does not read).
 pub type Sessions = WatchView<Option<SessionRecord>>;

@@ -20,7 +20,7 @@ use super::server::AuthzServer;
 use crate::config::ProxySyncConfig;
 use crate::ops::Metrics;
 use crate::ops::health::Condition;
-use crate::proxy::{HostNaming, Routes};
+use crate::routes::{HostNaming, Routes};
 
 /// A running session check.
 pub struct SessionCheck {

@@ -9,7 +9,7 @@
 //!   from the job's durable state (its VolcanoJob and annotations), stores the session and answers on
 //!   the request's `reply_to` with its `correlation_id`.
 //! - [`authz`]: proxy-sync's side. The check of every request through the proxy, answered from memory:
-//!   the session records kept by one watch and the route table ([`crate::proxy::Routes`]).
+//!   the session records kept by one watch and the route table ([`crate::routes::Routes`]).
 //! - [`server`]: the HTTP endpoint of that check (`[proxy_sync] authz_listen`).
 //!
 //! docs/proxy.md ("Sessions") describes the whole for operators, with the threat model.

@@ -26,7 +26,7 @@
 //!   directory → `file`, peer → `peer`, license server → `licenseServer`, ingress → `ingress`, network
 //!   IP → `networkIp`); numbers lie within the declared min/max; every non-optional parameter has a value.
 //!   Which variant a type takes and how an option is found are the Parameter plugin's rules
-//!   ([`crate::pipeline::plugins::parameter::accepts`], [`crate::pipeline::plugins::parameter::option`]),
+//!   ([`parameters::accepts`], [`parameters::option`]),
 //!   used here as they are: one place.
 //! - Storage paths (file values, `outputFolder`, `openedFile`) are absolute, name something below the
 //!   root, and have no `.` or `..` component.
@@ -48,6 +48,7 @@
 pub mod image;
 pub mod names;
 mod outbound;
+pub mod parameters;
 mod sessions;
 mod submit;
 pub mod text;

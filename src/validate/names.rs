@@ -44,6 +44,37 @@ pub fn is_env_var_name(s: &str) -> bool {
     }
 }
 
+/// An origin as browsers serialize it, lower-case and without the scheme's default port:
+/// `https://host[:port]`. `None` for `null`, another scheme, or anything with a path, user or query.
+pub fn normalize_origin(origin: &str) -> Option<String> {
+    let origin = origin.trim();
+    let (scheme, rest) = origin.split_once("://")?;
+    let scheme = scheme.to_ascii_lowercase();
+    let default_port = match scheme.as_str() {
+        "https" => "443",
+        "http" => "80",
+        _ => return None,
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.is_empty() || rest.contains(['/', '?', '#', '@', ' ', ',']) {
+        return None;
+    }
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((h, p)) if !p.contains(']') => (h, Some(p)),
+        _ => (rest, None),
+    };
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    if host.is_empty() {
+        return None;
+    }
+    match port {
+        Some(p) if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) => None,
+        Some(p) if p.trim_start_matches('0') == default_port => Some(format!("{scheme}://{host}")),
+        Some(p) => Some(format!("{scheme}://{host}:{}", p.trim_start_matches('0'))),
+        None => Some(format!("{scheme}://{host}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -431,7 +431,7 @@ impl Values<'_> {
         definition: &ParameterDefinition,
         value: &parameter_value::Value,
     ) -> Check {
-        use crate::pipeline::plugins::parameter as rules;
+        use super::parameters as rules;
         use ParameterType as T;
         use parameter_value::Value as V;
         let kind = parameter_type(definition);
