@@ -43,10 +43,10 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::routes::Routes;
 use super::table::{Backend, HostNaming};
 use crate::cluster::logs::{Line, RankReader};
 use crate::pipeline::names::USER_CONTAINER;
+use crate::routes::Routes;
 use crate::sessions::authz::Authz;
 use crate::sessions::origin::{Fetch, OriginPolicy};
 use crate::sessions::server::HEADER_SESSION;

@@ -20,8 +20,8 @@ pub mod snapshot;
 pub mod sync;
 
 pub use crate::config::ProxySyncConfig;
-pub use sync::{ProxySync, ProxySyncError};
 pub use crate::routes::table;
 pub use crate::routes::{
     Applied, Backend, HostNaming, JobRoutes, JobUpdate, Route, RouteTable, Routes, Stamp,
 };
+pub use sync::{ProxySync, ProxySyncError};

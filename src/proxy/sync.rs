@@ -15,7 +15,7 @@
 //!
 //! A message that is not a valid `ProxyEvent` goes to the dead-letter queue with the reason.
 
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -25,8 +25,6 @@ use tracing::{debug, info, warn};
 use super::caddy::{self, CaddyAdmin, CaddyError, CaddySettings};
 use super::envoy::{self, EnvoySettings, WriteError};
 use super::snapshot;
-pub use crate::routes::Routes;
-use crate::routes::table::{Applied, HostNaming, JobUpdate, RouteTable};
 use crate::broker::consumer::Source;
 use crate::broker::{
     Broker, BrokerError, DeadLetterReason, Delivery, OutboundEvent, QueueConsumer,
@@ -37,6 +35,8 @@ use crate::config::proxy_sync::Upstream;
 use crate::durable::AnnotationKeys;
 use crate::ops::health::Condition;
 use crate::pipeline::PipelineConfig;
+pub use crate::routes::Routes;
+use crate::routes::table::{HostNaming, JobUpdate};
 
 /// Why the loop stopped.
 #[derive(Debug, thiserror::Error)]
@@ -474,6 +474,7 @@ impl Writer {
 mod tests {
     use super::*;
     use crate::messages::v1::{ProxyAction, ProxyEvent, ProxyTarget};
+    use crate::routes::table::Applied;
     use std::sync::atomic::Ordering;
 
     fn update(job: &str) -> JobUpdate {

@@ -275,47 +275,16 @@ pub fn answer(
             job_id,
             rank,
             session,
-        } => {
-            // The table may have changed since the check read it: a job that ended in between is gone.
-            let Some(backend) = authz.backend(host) else {
-                return not_routed();
-            };
-            let mut r = status(StatusCode::OK);
-            let h = r.headers_mut();
-            if let Ok(v) = HeaderValue::from_str(&job_id) {
-                h.insert(HEADER_JOB, v);
-            }
-            h.insert(HEADER_RANK, HeaderValue::from(rank));
-            // Only the bridges follow the session; an application's pages never see its hash.
-            if Wants::of(&original_path) != Wants::Kind(Kind::Web)
-                && let Ok(v) = HeaderValue::from_str(&name_for(&session))
-            {
-                h.insert(HEADER_SESSION, v);
-            }
-            let upstream = if backend.bridges_only() {
-                HeaderValue::from_static(UPSTREAM_NONE)
-            } else {
-                HeaderValue::from_str(&backend.to_string()).expect("an address is a header value")
-            };
-            h.insert(HEADER_UPSTREAM, upstream);
-            // Cookie values are visible ASCII (the parser gave them as text), so they stay a valid value.
-            let kept = application_cookies(headers);
-            let kept = HeaderValue::from_str(&kept).unwrap_or(HeaderValue::from_static(""));
-            h.insert(HEADER_COOKIE, kept.clone());
-            let to_bridge = how.bridges
-                && matches!(
-                    Wants::of(&original_path),
-                    Wants::Logs | Wants::Kind(Kind::Vnc | Kind::Terminal)
-                );
-            if !to_bridge {
-                if kept.is_empty() {
-                    h.insert(ENVOY_REMOVE, HeaderValue::from_static("cookie"));
-                } else {
-                    h.insert(header::COOKIE, kept);
-                }
-            }
-            r
-        }
+        } => allowed(
+            authz,
+            how,
+            host,
+            &original_path,
+            headers,
+            &job_id,
+            rank,
+            &session,
+        ),
         Decision::SetCookie { id, kind, location } => {
             let mut r = status(StatusCode::FOUND);
             let cookie = set_cookie(kind, &id, how.secure);
@@ -336,6 +305,60 @@ pub fn answer(
             status(StatusCode::FORBIDDEN)
         }
     }
+}
+
+/// The 200 of an allowed request: the job, rank and (on a bridge's path) session for the proxy, where the
+/// request goes, and its cookies without the session cookies; a host no longer routed is 404.
+#[allow(clippy::too_many_arguments)]
+fn allowed(
+    authz: &Authz,
+    how: Answering,
+    host: &str,
+    original_path: &str,
+    headers: &HeaderMap,
+    job_id: &str,
+    rank: u32,
+    session: &super::token::Hash,
+) -> Response<Full<Bytes>> {
+    // The table may have changed since the check read it: a job that ended in between is gone.
+    let Some(backend) = authz.backend(host) else {
+        return not_routed();
+    };
+    let mut r = status(StatusCode::OK);
+    let h = r.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(job_id) {
+        h.insert(HEADER_JOB, v);
+    }
+    h.insert(HEADER_RANK, HeaderValue::from(rank));
+    // Only the bridges follow the session; an application's pages never see its hash.
+    if Wants::of(original_path) != Wants::Kind(Kind::Web)
+        && let Ok(v) = HeaderValue::from_str(&name_for(session))
+    {
+        h.insert(HEADER_SESSION, v);
+    }
+    let upstream = if backend.bridges_only() {
+        HeaderValue::from_static(UPSTREAM_NONE)
+    } else {
+        HeaderValue::from_str(&backend.to_string()).expect("an address is a header value")
+    };
+    h.insert(HEADER_UPSTREAM, upstream);
+    // Cookie values are visible ASCII (the parser gave them as text), so they stay a valid value.
+    let kept = application_cookies(headers);
+    let kept = HeaderValue::from_str(&kept).unwrap_or(HeaderValue::from_static(""));
+    h.insert(HEADER_COOKIE, kept.clone());
+    let to_bridge = how.bridges
+        && matches!(
+            Wants::of(original_path),
+            Wants::Logs | Wants::Kind(Kind::Vnc | Kind::Terminal)
+        );
+    if !to_bridge {
+        if kept.is_empty() {
+            h.insert(ENVOY_REMOVE, HeaderValue::from_static("cookie"));
+        } else {
+            h.insert(header::COOKIE, kept);
+        }
+    }
+    r
 }
 
 /// The `Set-Cookie` of a session: one cookie per kind, so that the sessions of one rank do not replace

@@ -31,10 +31,7 @@ pub fn accepts(declared: ParameterType, value: &Value) -> bool {
 
 /// The option of an enumeration that `choice` names: by its name, else by its value, as the original
 /// took it (`-O3` for the option `O3` whose value is `-O3`).
-pub fn option<'a>(
-    definition: &'a ParameterDefinition,
-    choice: &str,
-) -> Option<&'a EnumOption> {
+pub fn option<'a>(definition: &'a ParameterDefinition, choice: &str) -> Option<&'a EnumOption> {
     definition
         .options
         .iter()

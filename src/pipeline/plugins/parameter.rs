@@ -30,11 +30,11 @@ use crate::messages::v1::{
     invocation_parameter::Kind, parameter_value::Value,
 };
 use crate::pipeline::LicenseServer;
-use crate::validate::parameters::option;
 use crate::pipeline::PipelineError;
 use crate::pipeline::context::Context;
 use crate::pipeline::draft::Draft;
 use crate::pipeline::plugins::file_mount::MountPlan;
+use crate::validate::parameters::option;
 
 /// The environment variable that tells an interactive application which file to open.
 pub const OPEN_WITH_FILE_ENV: &str = "UCLOUD_OPEN_WITH_FILE";
