@@ -41,17 +41,13 @@
 //! keeps what it can place before any gang behind it is tried.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashSet};
 
 use jiff::{SignedDuration, Timestamp};
 
 use crate::cluster::Window;
-use crate::forecast::actions::allocate::{place, place_some};
-use crate::forecast::plugins::gang::{gang_fits, never};
-use crate::forecast::plugins::nodeorder::roomiest;
-use crate::forecast::plugins::overcommit::admissible;
-use crate::forecast::plugins::predicates::Access;
-use crate::forecast::plugins::sla::{Room, choose_nodes, needs_reservation_in};
+use crate::forecast::plugins::gang::never;
+use crate::forecast::plugins::sla::needs_reservation_in;
 use crate::forecast::snapshot::{
     Node, Pending, Resources, Running, largest_node, node_ranks, node_types,
 };
@@ -132,409 +128,342 @@ pub fn replay_with(
     start_margin: SignedDuration,
     now: Timestamp,
 ) -> Replay {
-    let mut free: Vec<Resources> = nodes.iter().map(|n| n.allocatable).collect();
-    let types = node_types(nodes);
-    let largest = largest_node(&types);
-    // What each job holds (running first, then pending ones as they are placed) and when it ends.
-    let mut holdings: Vec<Vec<(usize, Resources)>> =
-        Vec::with_capacity(running.len() + pending.len());
-    let mut ends: BinaryHeap<Reverse<End>> = BinaryHeap::new();
-    // Jobs that hold resources without an end.
-    let mut forever = 0usize;
-    // When each node is untouched at the latest (the last end of what holds it; `MAX`: never), for the
-    // choice of nodes to reserve.
-    let mut busy_until: Vec<Timestamp> = vec![Timestamp::MIN; nodes.len()];
-    for (r, job) in running.iter().enumerate() {
-        // A window that cuts it ends it at the window's start at the latest.
-        let end = maintenance.end_of_running(r, nodes, &job.ranks, now, job.ends_by);
-        for (node, r) in &job.ranks {
-            if let Some(b) = busy_until.get_mut(*node) {
-                *b = (*b).max(end.unwrap_or(Timestamp::MAX));
-            }
-            if let Some(f) = free.get_mut(*node) {
-                // A node overcommitted by what the cluster reports counts as full, not negative.
-                f.cpu_milli = f.cpu_milli.saturating_sub(r.cpu_milli);
-                f.memory_mib = f.memory_mib.saturating_sub(r.memory_mib);
-                f.gpu = f.gpu.saturating_sub(r.gpu);
-            }
+    let mut session = Session::open(nodes, running, pending, maintenance, start_margin, now);
+    loop {
+        session.allocate();
+        if session.left == 0 {
+            break;
         }
-        match end {
-            Some(at) => {
-                let holding = holdings.len();
-                holdings.push(job.ranks.clone());
-                ends.push(Reverse(End {
-                    at: at.max(now),
-                    holding,
-                }));
-            }
-            None => forever += 1,
+        if !session.advance() {
+            break;
         }
     }
-    let running_with_end = ends.len();
-    let mut total = free.iter().fold(Resources::default(), |mut t, f| {
-        f.give_back(&mut t);
-        t
-    });
-    let mut out: Vec<Option<Estimate>> = vec![None; pending.len()];
-    // The gangs still waiting in the replay, in the scheduler's list order.
-    let mut waiting: Vec<usize> = Vec::with_capacity(pending.len());
-    // Gangs that never fit still take part in admission: once admitted (past their waiting time, at the
-    // latest), what they ask for counts against every later gang's admission for as long as they wait.
-    let mut unfit: Vec<usize> = Vec::new();
-    // (Kept in the order for as long as they wait: admitted, one also blocks a `fifo` queue.)
-    for (i, job) in pending.iter().enumerate() {
-        match never(job, &types, &largest) {
-            Some(why) => {
-                out[i] = Some(Estimate::Never { why });
-                unfit.push(i);
+    session.close()
+}
+
+/// The replay's state from one scheduling session to the next (Volcano's `framework.Session`, kept
+/// open across the replay): the snapshot it starts from, what is free and held, and what each gang
+/// has been told so far. The `allocate` action runs on it ([`crate::forecast::actions::allocate`]).
+pub(crate) struct Session<'a> {
+    pub(crate) nodes: &'a [Node],
+    pub(crate) running: &'a [Running],
+    pub(crate) pending: &'a [Pending],
+    pub(crate) maintenance: &'a Maintenance,
+    pub(crate) start_margin: SignedDuration,
+    pub(crate) now: Timestamp,
+    pub(crate) free: Vec<Resources>,
+    /// What each job holds (running first, then pending ones as they are placed) and when it ends.
+    pub(crate) holdings: Vec<Vec<(usize, Resources)>>,
+    pub(crate) ends: BinaryHeap<Reverse<End>>,
+    /// Jobs that hold resources without an end.
+    pub(crate) forever: usize,
+    /// When each node is untouched at the latest (the last end of what holds it; `MAX`: never), for
+    /// the choice of nodes to reserve.
+    pub(crate) busy_until: Vec<Timestamp>,
+    pub(crate) running_with_end: usize,
+    pub(crate) total: Resources,
+    pub(crate) out: Vec<Option<Estimate>>,
+    /// The gangs still waiting in the replay, in the scheduler's list order.
+    pub(crate) waiting: Vec<usize>,
+    /// Gangs that never fit still take part in admission: once admitted (past their waiting time, at
+    /// the latest), what they ask for counts against every later gang's admission for as long as they
+    /// wait. (Kept in the order for as long as they wait: admitted, one also blocks a `fifo` queue.)
+    pub(crate) unfit: Vec<usize>,
+    /// Gangs still waiting in the replay, and entries of `order` that started since it was last cut
+    /// down: cut when they are half of it, not after every session (that cost O(waiting) per session).
+    pub(crate) left: usize,
+    pub(crate) stale: usize,
+    pub(crate) cursor: Timestamp,
+    pub(crate) released_running: usize,
+    pub(crate) started: usize,
+    pub(crate) order: Vec<(u8, Timestamp, usize)>,
+    pub(crate) rebuild: bool,
+    pub(crate) failed: HashSet<(u64, u64, u64, u32, bool)>,
+    /// Every instant a waiting time runs out, in order, and the next one to come.
+    pub(crate) reserves: Vec<Timestamp>,
+    pub(crate) next_reserve: usize,
+    pub(crate) locked: Vec<(usize, Resources)>,
+    pub(crate) blocked: Vec<&'a str>,
+    /// Admitted gangs (Volcano's `enqueue` action) and what they ask for together.
+    pub(crate) inqueue: Vec<bool>,
+    pub(crate) admitted: Resources,
+    /// The window that held each gang back when it was last tried (for its basis).
+    pub(crate) held_by: Vec<Option<&'a Window>>,
+    /// Gangs not admitted yet: while there are some, a session past its depth still admits.
+    pub(crate) to_admit: usize,
+    /// Reserved nodes: for which waiting gang (index into `pending`). A node reserved for a job that
+    /// no longer waits is free (the monitor removes its taint at its next pass).
+    pub(crate) reserved: Vec<Option<usize>>,
+    /// Whether each gang needs nodes reserved for a bound.
+    pub(crate) needs: Vec<bool>,
+    pub(crate) bound_of: Vec<bool>,
+    pub(crate) reserve_now: Vec<(usize, Vec<usize>)>,
+    /// The rank shapes of the gangs ahead in the session that could not start: a gang placed now on
+    /// a node one of them could use starts in a gap (backfill), which that gang may claim first if
+    /// early ends let it fit sooner.
+    pub(crate) waits_ahead: Vec<Resources>,
+    // What one session keeps while it runs (set again at its start, see `allocate`).
+    pub(crate) any_reserved: bool,
+    /// A gang past its waiting time ahead of this one in the session still waits: a gang reserves
+    /// nodes only when none does, so that its reservation never takes what the `sla` order gives a
+    /// gang ahead of it (whose bound was told before the reservation was made).
+    pub(crate) overdue_ahead: bool,
+    pub(crate) roomiest: Resources,
+    pub(crate) placed_now: bool,
+    pub(crate) locked_total: Resources,
+    /// Gangs in a row (not past their waiting time) that could not start in this session.
+    pub(crate) misses: usize,
+}
+
+impl<'a> Session<'a> {
+    /// Opens the replay on the snapshot: what runs holds its nodes until it ends, the gangs that can
+    /// never run are told so, the admitted gangs and the nodes reserved for gangs as they are now.
+    fn open(
+        nodes: &'a [Node],
+        running: &'a [Running],
+        pending: &'a [Pending],
+        maintenance: &'a Maintenance,
+        start_margin: SignedDuration,
+        now: Timestamp,
+    ) -> Self {
+        let types = node_types(nodes);
+        let largest = largest_node(&types);
+        let mut s = Session {
+            nodes,
+            running,
+            pending,
+            maintenance,
+            start_margin,
+            now,
+            free: nodes.iter().map(|n| n.allocatable).collect(),
+            holdings: Vec::with_capacity(running.len() + pending.len()),
+            ends: BinaryHeap::new(),
+            forever: 0,
+            busy_until: vec![Timestamp::MIN; nodes.len()],
+            running_with_end: 0,
+            total: Resources::default(),
+            out: vec![None; pending.len()],
+            waiting: Vec::with_capacity(pending.len()),
+            unfit: Vec::new(),
+            left: 0,
+            stale: 0,
+            cursor: now,
+            released_running: 0,
+            started: 0,
+            order: Vec::new(),
+            rebuild: true,
+            failed: HashSet::new(),
+            reserves: Vec::new(),
+            next_reserve: 0,
+            locked: Vec::new(),
+            blocked: Vec::new(),
+            inqueue: Vec::new(),
+            admitted: Resources::default(),
+            held_by: vec![None; pending.len()],
+            to_admit: 0,
+            reserved: Vec::new(),
+            needs: Vec::new(),
+            bound_of: Vec::new(),
+            reserve_now: Vec::new(),
+            waits_ahead: Vec::new(),
+            any_reserved: false,
+            overdue_ahead: false,
+            roomiest: Resources::default(),
+            placed_now: false,
+            locked_total: Resources::default(),
+            misses: 0,
+        };
+        s.hold_running();
+        s.sort_out_never(&types, &largest);
+        s.enqueued_now();
+        s.reserved_now(&types);
+        s
+    }
+
+    /// What runs holds its nodes until its deadline, or a window that cuts it.
+    fn hold_running(&mut self) {
+        let (nodes, now) = (self.nodes, self.now);
+        for (r, job) in self.running.iter().enumerate() {
+            // A window that cuts it ends it at the window's start at the latest.
+            let end = self
+                .maintenance
+                .end_of_running(r, nodes, &job.ranks, now, job.ends_by);
+            for (node, r) in &job.ranks {
+                if let Some(b) = self.busy_until.get_mut(*node) {
+                    *b = (*b).max(end.unwrap_or(Timestamp::MAX));
+                }
+                if let Some(f) = self.free.get_mut(*node) {
+                    // A node overcommitted by what the cluster reports counts as full, not negative.
+                    f.cpu_milli = f.cpu_milli.saturating_sub(r.cpu_milli);
+                    f.memory_mib = f.memory_mib.saturating_sub(r.memory_mib);
+                    f.gpu = f.gpu.saturating_sub(r.gpu);
+                }
             }
-            None => waiting.push(i),
+            match end {
+                Some(at) => {
+                    let holding = self.holdings.len();
+                    self.holdings.push(job.ranks.clone());
+                    self.ends.push(Reverse(End {
+                        at: at.max(now),
+                        holding,
+                    }));
+                }
+                None => self.forever += 1,
+            }
         }
+        self.running_with_end = self.ends.len();
+        self.total = self.free.iter().fold(Resources::default(), |mut t, f| {
+            f.give_back(&mut t);
+            t
+        });
     }
-    // Gangs still waiting in the replay, and entries of `order` that started since it was last cut
-    // down: cut when they are half of it, not after every session (that cost O(waiting) per session).
-    let mut left = waiting.len();
-    let mut stale = 0usize;
-    let mut cursor = now;
-    let mut released_running = 0usize;
-    let mut started = 0usize;
-    let mut order: Vec<(u8, Timestamp, usize)> = Vec::with_capacity(waiting.len());
-    let mut rebuild = true;
-    let mut failed: std::collections::HashSet<(u64, u64, u64, u32, bool)> =
-        std::collections::HashSet::new();
-    // Every instant a waiting time runs out, in order, and the next one to come.
-    let mut reserves: Vec<Timestamp> = pending.iter().filter_map(|p| p.reserved_from).collect();
-    reserves.sort_unstable();
-    let mut next_reserve = 0usize;
-    let mut locked: Vec<(usize, Resources)> = Vec::new();
-    let mut blocked: Vec<&str> = Vec::new();
-    // Admitted gangs (Volcano's `enqueue` action) and what they ask for together.
-    let mut inqueue: Vec<bool> = pending.iter().map(|p| p.inqueue).collect();
-    let mut admitted = Resources::default();
-    for (i, job) in pending.iter().enumerate() {
-        if inqueue[i] {
-            job.minimum().give_back(&mut admitted);
+
+    /// The gangs that can never run here (the `gang` plugin) are told so; the others wait.
+    fn sort_out_never(&mut self, types: &[(Resources, u64)], largest: &Resources) {
+        for (i, job) in self.pending.iter().enumerate() {
+            match never(job, types, largest) {
+                Some(why) => {
+                    self.out[i] = Some(Estimate::Never { why });
+                    self.unfit.push(i);
+                }
+                None => self.waiting.push(i),
+            }
         }
+        self.left = self.waiting.len();
+        self.order = Vec::with_capacity(self.waiting.len());
+        self.reserves = self
+            .pending
+            .iter()
+            .filter_map(|p| p.reserved_from)
+            .collect();
+        self.reserves.sort_unstable();
     }
-    // The window that held each gang back when it was last tried (for its basis).
-    let mut held_by: Vec<Option<&Window>> = vec![None; pending.len()];
-    // Gangs not admitted yet: while there are some, a session past its depth still admits.
-    let mut to_admit = inqueue.iter().filter(|admitted| !**admitted).count();
-    // Reserved nodes: for which waiting gang (index into `pending`). A node reserved for a job that no
-    // longer waits is free (the monitor removes its taint at its next pass).
-    let mut reserved: Vec<Option<usize>> = nodes
-        .iter()
-        .map(|n| {
-            let id = n.reserved_for.as_deref()?;
-            pending
-                .iter()
-                .position(|p| p.reserves.as_deref() == Some(id))
-        })
-        .collect();
-    // Whether each gang needs nodes reserved for a bound, and how many of its ranks the nodes reserved
-    // for it hold.
-    let needs: Vec<bool> = pending
-        .iter()
-        .map(|p| needs_reservation_in(p, &types))
-        .collect();
-    let held_ranks = |reserved: &[Option<usize>], i: usize| -> u64 {
-        reserved
+
+    /// The gangs admitted already (Volcano's `enqueue` action), and what they ask for together.
+    fn enqueued_now(&mut self) {
+        self.inqueue = self.pending.iter().map(|p| p.inqueue).collect();
+        for (i, job) in self.pending.iter().enumerate() {
+            if self.inqueue[i] {
+                job.minimum().give_back(&mut self.admitted);
+            }
+        }
+        self.to_admit = self.inqueue.iter().filter(|admitted| !**admitted).count();
+    }
+
+    /// The nodes reserved for gangs now (their taints), and which gangs that makes a bound's.
+    fn reserved_now(&mut self, types: &[(Resources, u64)]) {
+        let (nodes, pending) = (self.nodes, self.pending);
+        self.reserved = nodes
+            .iter()
+            .map(|n| {
+                let id = n.reserved_for.as_deref()?;
+                pending
+                    .iter()
+                    .position(|p| p.reserves.as_deref() == Some(id))
+            })
+            .collect();
+        self.needs = pending
+            .iter()
+            .map(|p| needs_reservation_in(p, types))
+            .collect();
+        // What the taints give each gang now, counted in one pass over the nodes.
+        let mut held_at_start = vec![0u64; pending.len()];
+        for (n, g) in self.reserved.iter().enumerate() {
+            if let Some(i) = *g {
+                held_at_start[i] =
+                    held_at_start[i].saturating_add(node_ranks(&pending[i], &nodes[n]));
+            }
+        }
+        self.bound_of = pending
+            .iter()
+            .enumerate()
+            .map(|(i, p)| p.bound(self.needs[i], held_at_start[i]))
+            .collect();
+    }
+
+    /// How many of gang `i`'s ranks the nodes reserved for it hold.
+    pub(crate) fn held_ranks(&self, i: usize) -> u64 {
+        self.reserved
             .iter()
             .enumerate()
             .filter(|(_, g)| **g == Some(i))
-            .map(|(n, _)| node_ranks(&pending[i], &nodes[n]))
+            .map(|(n, _)| node_ranks(&self.pending[i], &self.nodes[n]))
             .fold(0u64, u64::saturating_add)
-    };
-    // What the taints give each gang now, counted in one pass over the nodes.
-    let mut held_at_start = vec![0u64; pending.len()];
-    for (n, g) in reserved.iter().enumerate() {
-        if let Some(i) = *g {
-            held_at_start[i] = held_at_start[i].saturating_add(node_ranks(&pending[i], &nodes[n]));
-        }
     }
-    let bound_of: Vec<bool> = pending
-        .iter()
-        .enumerate()
-        .map(|(i, p)| p.bound(needs[i], held_at_start[i]))
-        .collect();
-    let mut reserve_now: Vec<(usize, Vec<usize>)> = Vec::new();
-    let mut waits_ahead: Vec<Resources> = Vec::new();
-    loop {
-        // One scheduling session at `cursor`, as the scheduler's `allocate` action runs it: gangs past
-        // their waiting time first (the earlier deadline first), then the others in list order; each gang
-        // that fits whole starts; one that does not lets the gangs behind it try (backfill), unless its
-        // queue is `fifo`; one past its waiting time keeps the ranks it could place for the rest of the
-        // session (the `sla` plugin's pipelining).
-        if rebuild {
-            // The order changes only when a waiting time runs out: sorted again then, not every session.
-            order.clear();
-            waiting.retain(|&i| out[i].is_none());
-            stale = 0;
-            order.extend(
-                waiting
+
+    /// What gang `i`, placed at the cursor on `placement`, is told: the basis, whether it is a bound,
+    /// and when it starts.
+    pub(crate) fn tell(
+        &self,
+        i: usize,
+        holds: bool,
+        placement: &[(usize, Resources)],
+        off: &Option<(Vec<bool>, &Window)>,
+    ) -> (String, bool, Timestamp) {
+        let job = &self.pending[i];
+        let (nodes, cursor) = (self.nodes, self.cursor);
+        // (Looked at only for a gang that would otherwise be told a bound.)
+        let passes = self.bound_of[i]
+            && !holds
+            && placement.iter().any(|(n, _)| {
+                self.waits_ahead
                     .iter()
-                    .chain(&unfit)
-                    .map(|&i| match pending[i].reserved_from {
-                        Some(at) if at <= cursor => (0, at, i),
-                        _ => (1, Timestamp::MAX, i),
-                    }),
-            );
-            order.sort_unstable();
-        }
-        blocked.clear();
-        failed.clear();
-        let mut any_reserved = reserved.iter().any(Option::is_some);
-        // A gang past its waiting time ahead of this one in the session still waits: a gang reserves
-        // nodes only when none does, so that its reservation never takes what the `sla` order
-        // gives a gang ahead of it (whose bound was told before the reservation was made).
-        let mut overdue_ahead = false;
-        // The rank shapes of the gangs ahead in the session that could not start: a gang placed now on
-        // a node one of them could use starts in a gap (backfill), which that gang may claim first if
-        // early ends let it fit sooner.
-        waits_ahead.clear();
-        let mut roomiest = roomiest(&free);
-        let mut placed_now = false;
-        let mut locked_total = Resources::default();
-        // Gangs in a row (not past their waiting time) that could not start in this session.
-        let mut misses = 0usize;
-        for &(overdue, _, i) in &order {
-            let job = &pending[i];
-            if matches!(out[i], Some(Estimate::At { .. })) {
-                continue;
-            }
-            let deep = overdue != 0 && misses >= BACKFILL_DEPTH;
-            if deep && (to_admit == 0 || inqueue[i]) {
-                if to_admit == 0 {
-                    break;
-                }
-                continue;
-            }
-            if job.fifo && blocked.contains(&job.queue.as_str()) {
-                overdue_ahead |= overdue == 0;
-                continue;
-            }
-            // Admission: what it asks for must fit in the idle resources times the over-commit factor,
-            // less what the admitted gangs that wait ask for; one past its waiting time is admitted
-            // whatever that says (the `sla` plugin).
-            if !inqueue[i] {
-                let mut idle = total;
-                locked_total.give_back(&mut idle);
-                if overdue == 0 || admissible(&job.minimum(), &idle, &admitted) {
-                    inqueue[i] = true;
-                    to_admit -= 1;
-                    job.minimum().give_back(&mut admitted);
-                } else {
-                    if job.fifo {
-                        blocked.push(&job.queue);
-                    }
-                    continue;
-                }
-            }
-            if deep {
-                continue;
-            }
-            if matches!(out[i], Some(Estimate::Never { .. })) {
-                if job.fifo {
-                    blocked.push(&job.queue);
-                }
-                continue;
-            }
-            // Held back by a window in the way of its allocation now: its pods are gated, the scheduler
-            // does not see them.
-            // (Its allocation runs from when it starts: `start_margin` after it is placed.)
-            let runs_from = cursor.checked_add(start_margin).unwrap_or(cursor);
-            if let Some(w) = maintenance.holding(i, runs_from, job.runs_for) {
-                held_by[i] = Some(w);
-                continue;
-            }
-            // Kept off the nodes of a window of some nodes in its way (its taint): placed elsewhere.
-            let off = maintenance.off_nodes(i, runs_from, job.runs_for, nodes);
-            // What is free only shrinks within a session: a gang of a size that did not fit fails again,
-            // and counting its room over every node again is what would make a session cost O(nodes)
-            // per waiting gang.
-            let shape = (
-                job.per_rank.cpu_milli,
-                job.per_rank.memory_mib,
-                job.per_rank.gpu,
-                job.replicas,
-                job.exclusive,
-            );
-            let holds = job.reserves.is_some() && reserved.contains(&Some(i));
-            let access = Access {
-                reserved: &reserved,
-                me: i,
-                own_only: holds,
-                off: off.as_ref().map(|(o, _)| o.as_slice()),
-            };
-            // A gang with nodes of its own (or any gang while some are reserved, or one kept off some
-            // nodes) is no shape like another's: its nodes differ.
-            let shared = !holds && !any_reserved && off.is_none();
-            let placement = if job.per_rank.fits_in(&roomiest)
-                && job.per_rank.times(job.replicas).fits_in(&total)
-                && (job.replicas == 1
-                    || (!(shared && failed.contains(&shape))
-                        && gang_fits(job, &free, nodes, access)))
-            {
-                place(job, &mut free, nodes, access)
-            } else {
-                None
-            };
-            if placement.is_none() && job.replicas > 1 && shared {
-                failed.insert(shape);
-            }
-            let Some(placement) = placement else {
-                if !waits_ahead.contains(&job.per_rank) {
-                    waits_ahead.push(job.per_rank);
-                }
-                if overdue != 0 {
-                    misses += 1;
-                }
-                if overdue == 0 && job.reserves.is_some() && needs[i] && !overdue_ahead {
-                    let want = u64::from(job.replicas).saturating_sub(held_ranks(&reserved, i));
-                    if want > 0 {
-                        let room = Room {
-                            free: &free,
-                            nodes,
-                            reserved: &reserved,
-                            busy_until: &busy_until,
-                            ends: &ends,
-                            holdings: &holdings,
-                        };
-                        let chosen = choose_nodes(job, want, room, cursor);
-                        if !chosen.is_empty() {
-                            for n in &chosen {
-                                reserved[*n] = Some(i);
-                            }
-                            any_reserved = true;
-                            if cursor == now {
-                                reserve_now.push((i, chosen));
-                            }
-                        }
-                    }
-                }
-                if overdue == 0 {
-                    overdue_ahead = true;
-                    let access = Access {
-                        reserved: &reserved,
-                        me: i,
-                        own_only: job.reserves.is_some() && reserved.contains(&Some(i)),
-                        off: off.as_ref().map(|(o, _)| o.as_slice()),
-                    };
-                    for (node, held) in place_some(job, &mut free, nodes, access) {
-                        held.take_from(&mut total);
-                        held.give_back(&mut locked_total);
-                        locked.push((node, held));
-                    }
-                    roomiest = self::roomiest(&free);
-                }
-                if job.fifo {
-                    blocked.push(&job.queue);
-                }
-                continue;
-            };
-            placed_now = true;
-            misses = 0;
-            left -= 1;
-            stale += 1;
-            for (_, r) in &placement {
-                r.take_from(&mut total);
-            }
-            let minimum = job.minimum();
-            admitted.cpu_milli = admitted.cpu_milli.saturating_sub(minimum.cpu_milli);
-            admitted.memory_mib = admitted.memory_mib.saturating_sub(minimum.memory_mib);
-            admitted.gpu = admitted.gpu.saturating_sub(minimum.gpu);
-            // (Looked at only for a gang that would otherwise be told a bound.)
-            let passes = bound_of[i]
-                && !holds
-                && placement.iter().any(|(n, _)| {
-                    waits_ahead
-                        .iter()
-                        .any(|r| r.fits_in(&nodes[*n].allocatable))
-                });
-            let bound = bound_of[i] && !passes;
-            // Placed at `cursor`, it starts once the job controller and the scheduler have placed its
-            // pods: told `start_margin` later, and it runs its allocation from then.
-            let starts = cursor.checked_add(start_margin).unwrap_or(cursor);
-            let promise = match (bound, bound_of[i]) {
-                (true, _) => Promise::Bound,
-                (false, true) => Promise::InAGap,
-                (false, false) => Promise::Expected,
-            };
-            let mut basis = basis(
-                (cursor, starts),
-                now,
-                released_running,
-                running.len(),
-                started,
-                promise,
-            );
-            if !bound_of[i] && needs[i] && job.reserved_from.is_some() && cursor > now {
-                basis.push_str(
-                    "; it needs most of a node, or several ranks at once, which smaller jobs can \
-                     keep filling while no nodes are reserved for it",
-                );
-            }
-            if let Some(w) = held_by[i] {
-                basis.push_str(&format!(
-                    "; held back by the maintenance window {} until {}",
-                    w.id, w.end
-                ));
-            }
-            if let Some((_, w)) = &off {
-                basis.push_str(&format!(
-                    "; not on the nodes of the maintenance window {} before {}",
-                    w.id, w.end
-                ));
-            }
-            if job.reserves.is_some() {
-                for r in reserved.iter_mut().filter(|g| **g == Some(i)) {
-                    *r = None;
-                }
-            }
-            // Until its allocation runs out, or a window cuts it.
-            let ends_by = job
-                .runs_for
-                .map(|d| starts.checked_add(d).unwrap_or(Timestamp::MAX));
-            let end = maintenance.end_of(nodes, &placement, starts, ends_by);
-            for (node, _) in &placement {
-                busy_until[*node] = busy_until[*node].max(end.unwrap_or(Timestamp::MAX));
-            }
-            out[i] = Some(Estimate::At {
-                start: starts,
-                basis,
-                bound,
-                record: None,
+                    .any(|r| r.fits_in(&nodes[*n].allocatable))
             });
-            started += 1;
-            match end {
-                Some(at) => {
-                    let holding = holdings.len();
-                    holdings.push(placement);
-                    ends.push(Reverse(End { at, holding }));
-                }
-                None => forever += 1,
-            }
+        let bound = self.bound_of[i] && !passes;
+        // Placed at `cursor`, it starts once the job controller and the scheduler have placed its
+        // pods: told `start_margin` later, and it runs its allocation from then.
+        let starts = cursor.checked_add(self.start_margin).unwrap_or(cursor);
+        let promise = match (bound, self.bound_of[i]) {
+            (true, _) => Promise::Bound,
+            (false, true) => Promise::InAGap,
+            (false, false) => Promise::Expected,
+        };
+        let mut basis = basis(
+            (cursor, starts),
+            self.now,
+            self.released_running,
+            self.running.len(),
+            self.started,
+            promise,
+        );
+        if !self.bound_of[i] && self.needs[i] && job.reserved_from.is_some() && cursor > self.now {
+            basis.push_str(
+                "; it needs most of a node, or several ranks at once, which smaller jobs can \
+                 keep filling while no nodes are reserved for it",
+            );
         }
-        for (node, held) in locked.drain(..) {
-            held.give_back(&mut free[node]);
-            held.give_back(&mut total);
+        if let Some(w) = self.held_by[i] {
+            basis.push_str(&format!(
+                "; held back by the maintenance window {} until {}",
+                w.id, w.end
+            ));
         }
-        if placed_now && stale * 2 > order.len() {
-            order.retain(|&(_, _, i)| !matches!(out[i], Some(Estimate::At { .. })));
-            stale = 0;
+        if let Some((_, w)) = off {
+            basis.push_str(&format!(
+                "; not on the nodes of the maintenance window {} before {}",
+                w.id, w.end
+            ));
         }
-        if left == 0 {
-            break;
+        (basis, bound, starts)
+    }
+
+    /// Moves the cursor to the next session that can differ: when resources come back, or when a
+    /// waiting gang's waiting time runs out (it goes first and keeps what it can place). False when
+    /// nothing more comes.
+    fn advance(&mut self) -> bool {
+        let cursor = self.cursor;
+        while self
+            .reserves
+            .get(self.next_reserve)
+            .is_some_and(|at| *at <= cursor)
+        {
+            self.next_reserve += 1;
         }
-        // The next session that can differ: when resources come back, or when a waiting gang's waiting
-        // time runs out (it goes first and keeps what it can place).
-        while reserves.get(next_reserve).is_some_and(|at| *at <= cursor) {
-            next_reserve += 1;
-        }
-        let next_reserve_at = reserves.get(next_reserve).copied();
-        let next_end = ends.peek().map(|Reverse(e)| e.at);
+        let next_reserve_at = self.reserves.get(self.next_reserve).copied();
+        let next_end = self.ends.peek().map(|Reverse(e)| e.at);
         // A window's end lets the gangs it held back go.
-        let next_end = match (next_end, maintenance.next_end(cursor)) {
+        let next_end = match (next_end, self.maintenance.next_end(cursor)) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
@@ -542,37 +471,43 @@ pub fn replay_with(
             (Some(a), Some(b)) => a.min(b),
             (Some(a), None) => a,
             (None, Some(b)) => b,
-            (None, None) => break,
+            (None, None) => return false,
         };
-        cursor = cursor.max(next);
-        rebuild = next_reserve_at.is_some_and(|at| at <= cursor);
+        self.cursor = self.cursor.max(next);
+        self.rebuild = next_reserve_at.is_some_and(|at| at <= self.cursor);
         // Everything that comes back at that instant comes back together, as a session finds it.
-        while let Some(Reverse(end)) = ends.peek()
-            && end.at <= cursor
+        while let Some(Reverse(end)) = self.ends.peek()
+            && end.at <= self.cursor
         {
             let holding = end.holding;
-            ends.pop();
-            for (node, r) in &holdings[holding] {
-                r.give_back(&mut free[*node]);
-                r.give_back(&mut total);
+            self.ends.pop();
+            for (node, r) in &self.holdings[holding] {
+                r.give_back(&mut self.free[*node]);
+                r.give_back(&mut self.total);
             }
-            if holding < running_with_end {
-                released_running += 1;
+            if holding < self.running_with_end {
+                self.released_running += 1;
             }
         }
+        true
     }
-    // What is still waiting when nothing more comes back waits for something without a time limit.
-    let why = format!(
-        "{} running job(s) without a time limit hold the resources it needs",
-        forever.max(1)
-    );
-    let estimates = out
-        .into_iter()
-        .map(|e| e.unwrap_or_else(|| Estimate::Unbounded { why: why.clone() }))
-        .collect();
-    Replay {
-        estimates,
-        reserve_now,
+
+    /// The answer: what is still waiting when nothing more comes back waits for something without a
+    /// time limit.
+    fn close(self) -> Replay {
+        let why = format!(
+            "{} running job(s) without a time limit hold the resources it needs",
+            self.forever.max(1)
+        );
+        let estimates = self
+            .out
+            .into_iter()
+            .map(|e| e.unwrap_or_else(|| Estimate::Unbounded { why: why.clone() }))
+            .collect();
+        Replay {
+            estimates,
+            reserve_now: self.reserve_now,
+        }
     }
 }
 
@@ -643,6 +578,8 @@ fn basis(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::forecast::actions::allocate::place;
+    use crate::forecast::plugins::predicates::Access;
     use crate::forecast::{across_queues, needs_reservation};
 
     fn t(s: i64) -> Timestamp {

@@ -518,6 +518,7 @@ mod tests {
             [
                 check::HEADER_JOB,
                 check::HEADER_RANK,
+                check::HEADER_SESSION,
                 check::HEADER_UPSTREAM,
                 check::HEADER_COOKIE
             ]

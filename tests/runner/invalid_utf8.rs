@@ -206,3 +206,8 @@ async fn short_strings_that_are_not_utf8_cost_no_other_message_anything() {
 async fn short_strings_that_are_not_utf8_cost_nothing_with_three_runners() {
     twenty_valid_and_the_poison_among_them("utf8-three", 3).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_strings_that_are_not_utf8_cost_nothing_with_ten_runners() {
+    twenty_valid_and_the_poison_among_them("utf8-ten", 10).await;
+}
