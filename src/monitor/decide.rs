@@ -1459,6 +1459,37 @@ fn maintenance_end(
     }))
 }
 
+/// The end of a job that has not started and whose peer will never run: a peer that names it back (a
+/// ring of two submitted at once), or one still missing `[monitor] peer_missing_after` after its creation.
+fn peer_never_comes(
+    obs: &Observed<'_>,
+    s: &Settings,
+    facts: &JobFacts,
+    peers: &[PeerView],
+    now: Timestamp,
+) -> Option<Step> {
+    let created = obs.job.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let (reason, status) = peers::never_comes(
+        &facts.job_id,
+        obs.peers,
+        peers,
+        &s.keys,
+        created,
+        s.peer_missing_after,
+        now,
+    )?;
+    let outcome = Outcome {
+        state: Terminal::Failure,
+        reason: reason.into(),
+        status,
+        started_at: None,
+        ended_at: now.as_millisecond(),
+        exit_codes: Vec::new(),
+        log_tails: Vec::new(),
+    };
+    Some(record_step(s, facts, outcome, &[], Some(reason)))
+}
+
 /// What the job's peers call for (see [`super::peers`]), if anything: the end of a job whose peer ended
 /// before it started, its pods let go once every peer runs (after their addresses are written), the
 /// addresses kept right while it runs, and a peer's end told once.
@@ -1471,30 +1502,10 @@ fn peer_step(
     never_started: bool,
     now: Timestamp,
 ) -> Option<Step> {
-    let ended = peers::ended(peers);
-    let created = obs.job.metadata.creation_timestamp.as_ref().map(|t| t.0);
-    if never_started
-        && let Some((reason, status)) = peers::never_comes(
-            &facts.job_id,
-            obs.peers,
-            peers,
-            &s.keys,
-            created,
-            s.peer_missing_after,
-            now,
-        )
-    {
-        let outcome = Outcome {
-            state: Terminal::Failure,
-            reason: reason.into(),
-            status,
-            started_at: None,
-            ended_at: now.as_millisecond(),
-            exit_codes: Vec::new(),
-            log_tails: Vec::new(),
-        };
-        return Some(record_step(s, facts, outcome, &[], Some(reason)));
+    if never_started && let Some(step) = peer_never_comes(obs, s, facts, peers, now) {
+        return Some(step);
     }
+    let ended = peers::ended(peers);
     if never_started && let Some((peer, how, _)) = ended.first() {
         let outcome = Outcome {
             state: Terminal::Failure,

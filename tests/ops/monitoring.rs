@@ -223,13 +223,15 @@ fn the_pod_monitor_scrapes_proxy_sync_in_every_proxy_pod() {
         .find(|p| p["name"] == endpoint["port"])
         .unwrap_or_else(|| panic!("proxy-sync has no port {}", endpoint["port"]));
     let number = port["containerPort"].as_u64().unwrap();
-    // The port proxy-sync serves /metrics on (`[ops] listen` of the deployed configuration).
-    let deployed = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/base/config.toml"),
-    )
-    .unwrap();
-    let ops: toml::Value = toml::from_str(&deployed).unwrap();
-    let listen = ops["ops"]["listen"].as_str().unwrap();
+    // The port proxy-sync serves /metrics on: `[ops] listen`, which the container sets through its
+    // environment (unset in the configuration, it would be loopback outside a pod).
+    let listen = sync["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == "VOLCANO_RUNNER_OPS__LISTEN")
+        .and_then(|e| e["value"].as_str())
+        .expect("proxy-sync's container sets VOLCANO_RUNNER_OPS__LISTEN");
     assert!(
         listen.ends_with(&format!(":{number}")),
         "proxy-sync serves /metrics on {listen}, not {number}"

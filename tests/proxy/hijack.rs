@@ -125,10 +125,10 @@ impl Stage {
         .await
         .expect("the bridges bind");
         let bridges = tokio::spawn(bridges.run(shutdown.clone()));
-        let hosts: Vec<String> = all.iter().map(|id| naming.rank_host(id, 0)).collect();
-        caddy
-            .until("every job in Caddy", |h| {
-                hosts.iter().all(|host| h.contains_key(host))
+        // Caddy routes by the check's answer: a job is routed behind it once the table has it.
+        instance
+            .until("every job routed", |t| {
+                all.iter().all(|id| t.job(id).is_some())
             })
             .await;
         let issuer = issuer(&w).await;
