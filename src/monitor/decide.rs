@@ -796,20 +796,16 @@ pub fn image_pull(s: &Settings, facts: &JobFacts, waits: &Waits, now: Timestamp)
     if now < deadline {
         return None;
     }
-    let outcome = Outcome {
-        state: Terminal::Failure,
-        reason: "image_pull".into(),
-        status: format!(
+    let outcome = Outcome::never_started(
+        "image_pull",
+        format!(
             "Unable to pull the container image {} for {}: {}",
             failure.image,
             human(s.image_pull_grace),
             failure.message
         ),
-        started_at: None,
-        ended_at: deadline.as_millisecond(),
-        exit_codes: Vec::new(),
-        log_tails: Vec::new(),
-    };
+        deadline,
+    );
     Some(record_step(s, facts, outcome, &[], Some("image_pull")))
 }
 
@@ -827,18 +823,14 @@ pub fn queue_timeout(
         return None;
     }
     let why = pending(obs, facts, None).text;
-    let outcome = Outcome {
-        state: Terminal::Failure,
-        reason: "queue_timeout".into(),
-        status: format!(
+    let outcome = Outcome::never_started(
+        "queue_timeout",
+        format!(
             "The job was not scheduled within {}: {why}",
             human(s.queue_timeout.unwrap_or_default())
         ),
-        started_at: None,
-        ended_at: deadline.as_millisecond(),
-        exit_codes: Vec::new(),
-        log_tails: Vec::new(),
-    };
+        deadline,
+    );
     Some(record_step(s, facts, outcome, &[], Some("queue_timeout")))
 }
 
@@ -1478,15 +1470,7 @@ fn peer_never_comes(
         s.peer_missing_after,
         now,
     )?;
-    let outcome = Outcome {
-        state: Terminal::Failure,
-        reason: reason.into(),
-        status,
-        started_at: None,
-        ended_at: now.as_millisecond(),
-        exit_codes: Vec::new(),
-        log_tails: Vec::new(),
-    };
+    let outcome = Outcome::never_started(reason, status, now);
     Some(record_step(s, facts, outcome, &[], Some(reason)))
 }
 
@@ -1507,18 +1491,14 @@ fn peer_step(
     }
     let ended = peers::ended(peers);
     if never_started && let Some((peer, how, _)) = ended.first() {
-        let outcome = Outcome {
-            state: Terminal::Failure,
-            reason: peers::ENDED_REASON.into(),
-            status: format!(
+        let outcome = Outcome::never_started(
+            peers::ENDED_REASON,
+            format!(
                 "The job did not start: its peer {} {how}, and a job runs only while its peer runs",
                 peer.named()
             ),
-            started_at: None,
-            ended_at: now.as_millisecond(),
-            exit_codes: Vec::new(),
-            log_tails: Vec::new(),
-        };
+            now,
+        );
         return Some(record_step(
             s,
             facts,

@@ -120,6 +120,20 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// The failure of a job that never started (an image that cannot be pulled, a queue timeout, a
+    /// peer that never comes): nothing ran, so no start, exit codes or log tails.
+    pub fn never_started(reason: &str, status: String, ended: Timestamp) -> Self {
+        Self {
+            state: Terminal::Failure,
+            reason: reason.into(),
+            status,
+            started_at: None,
+            ended_at: ended.as_millisecond(),
+            exit_codes: Vec::new(),
+            log_tails: Vec::new(),
+        }
+    }
+
     pub fn ended(&self) -> Timestamp {
         Timestamp::from_millisecond(self.ended_at).unwrap_or(Timestamp::UNIX_EPOCH)
     }

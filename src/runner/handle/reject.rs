@@ -35,34 +35,12 @@ struct Problem {
 
 /// A message that could not be decoded.
 pub async fn undecodable(handler: &Handler, message: &Message<'_>, error: &DecodeError) -> Settle {
-    // The content type may be the problem; JSON is then the only format worth a guess.
-    let format = message
-        .content_type
-        .and_then(|ct| Format::from_content_type(ct).ok())
-        .unwrap_or(Format::Json);
-    let job_id = peek_job_id(format, message.body);
-    // A cancel or extension is reported without FAILURE; anything that is not one of the two (a
-    // submission, an unknown or outbound type) counts as what its queue carries.
-    let is_submission = match message.type_name.and_then(MessageType::from_amqp_type) {
-        Some(MessageType::SubmitJob) => true,
-        Some(MessageType::CancelJob | MessageType::ExtendJob) => false,
-        _ => message.from_submit_queue,
-    };
     let problem = Problem {
         code: error.reason().to_owned(),
         text: error.to_string(),
         field: error.field().map(str::to_owned),
     };
-    let fingerprint16 = ids::body_fingerprint16(message.body);
-    reject(
-        handler,
-        message,
-        job_id.as_deref(),
-        is_submission,
-        &fingerprint16,
-        problem,
-    )
-    .await
+    unreadable(handler, message, problem).await
 }
 
 /// A message some of whose AMQP properties were not UTF-8 (`names`, as the connection's sanitizer found
@@ -74,6 +52,20 @@ pub async fn invalid_properties(
     message: &Message<'_>,
     names: &[String],
 ) -> Settle {
+    let reason = crate::broker::properties::invalid_properties_reason(names);
+    let problem = Problem {
+        code: reason.code,
+        text: reason.message,
+        field: reason.field,
+    };
+    unreadable(handler, message, problem).await
+}
+
+/// A message that could not be read as what it claims to be: its job id is peeked from the body (the
+/// content type may be the problem; JSON is then the only format worth a guess), and what it is taken
+/// to be decides the event. A cancel or extension is reported without FAILURE; anything that is not
+/// one of the two (a submission, an unknown or outbound type) counts as what its queue carries.
+async fn unreadable(handler: &Handler, message: &Message<'_>, problem: Problem) -> Settle {
     let format = message
         .content_type
         .and_then(|ct| Format::from_content_type(ct).ok())
@@ -83,12 +75,6 @@ pub async fn invalid_properties(
         Some(MessageType::SubmitJob) => true,
         Some(MessageType::CancelJob | MessageType::ExtendJob) => false,
         _ => message.from_submit_queue,
-    };
-    let reason = crate::broker::properties::invalid_properties_reason(names);
-    let problem = Problem {
-        code: reason.code,
-        text: reason.message,
-        field: reason.field,
     };
     let fingerprint16 = ids::body_fingerprint16(message.body);
     reject(
