@@ -453,15 +453,14 @@ pub async fn get(port: u16, host: &str, path: &str, extra: &[(&str, &str)]) -> A
     }
 }
 
-/// Opens a WebSocket through the proxy (`Upgrade: websocket` on `path` of `host`), sends `payload`
-/// after the 101 and returns the status and what came back.
-pub async fn websocket_echo(
+/// Sends a WebSocket upgrade through the proxy (`Upgrade: websocket` on `path` of `host`, with `extra`
+/// headers) and reads the answer's head: its status and the connection, positioned after the head.
+pub async fn upgrade_head(
     port: u16,
     host: &str,
     path: &str,
     extra: &[(&str, &str)],
-    payload: &[u8],
-) -> (u16, Vec<u8>) {
+) -> (u16, BufReader<TcpStream>) {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     let mut request = format!(
         "GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
@@ -486,6 +485,19 @@ pub async fn websocket_echo(
             break;
         }
     }
+    (status, reader)
+}
+
+/// Opens a WebSocket through the proxy ([`upgrade_head`]), sends `payload` after the 101 and returns
+/// the status and what came back.
+pub async fn websocket_echo(
+    port: u16,
+    host: &str,
+    path: &str,
+    extra: &[(&str, &str)],
+    payload: &[u8],
+) -> (u16, Vec<u8>) {
+    let (status, mut reader) = upgrade_head(port, host, path, extra).await;
     if status != 101 {
         return (status, Vec::new());
     }

@@ -14,7 +14,7 @@ use lapin::BasicProperties;
 use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, ShortString};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use volcano_runner::messages::v1::OpenSession;
@@ -28,7 +28,7 @@ use volcano_runner::sessions::record::{SessionRecord, SessionStore};
 use volcano_runner::sessions::token::{self, Hash};
 
 use crate::caddy::{event, host, publish};
-use crate::live::{COOKIE, Caddy, Role, Server, free_port, get};
+use crate::live::{COOKIE, Caddy, Role, Server, free_port, get, upgrade_head};
 use crate::monitor_support::{PATIENCE, World};
 use crate::support::{self, Instance};
 
@@ -135,26 +135,9 @@ struct Upgraded {
 
 impl Upgraded {
     async fn open(port: u16, host: &str, path: &str, cookie: &str) -> (u16, Option<Self>) {
-        let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-        let request = format!(
-            "GET {path} HTTP/1.1\r\nHost: {host}\r\nOrigin: http://{host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nCookie: {cookie}\r\n\r\n"
-        );
-        stream.write_all(request.as_bytes()).await.unwrap();
-        let mut reader = BufReader::new(stream);
-        let mut status_line = String::new();
-        reader.read_line(&mut status_line).await.unwrap();
-        let status: u16 = status_line
-            .split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("an HTTP answer: {status_line:?}"));
-        loop {
-            let mut h = String::new();
-            reader.read_line(&mut h).await.unwrap();
-            if h.trim_end().is_empty() {
-                break;
-            }
-        }
+        let origin = format!("http://{host}");
+        let (status, reader) =
+            upgrade_head(port, host, path, &[("Origin", &origin), ("Cookie", cookie)]).await;
         (status, (status == 101).then_some(Self { reader }))
     }
 
