@@ -275,16 +275,14 @@ pub fn answer(
             job_id,
             rank,
             session,
-        } => allowed(
-            authz,
-            how,
-            host,
-            &original_path,
-            headers,
-            &job_id,
-            rank,
-            &session,
-        ),
+        } => {
+            let request = Checked {
+                host,
+                original_path: &original_path,
+                headers,
+            };
+            allowed(authz, how, &request, &job_id, rank, &session)
+        }
         Decision::SetCookie { id, kind, location } => {
             let mut r = status(StatusCode::FOUND);
             let cookie = set_cookie(kind, &id, how.secure);
@@ -307,19 +305,28 @@ pub fn answer(
     }
 }
 
+/// The request a check is about: its original host and path, and its headers.
+struct Checked<'a> {
+    host: &'a str,
+    original_path: &'a str,
+    headers: &'a HeaderMap,
+}
+
 /// The 200 of an allowed request: the job, rank and (on a bridge's path) session for the proxy, where the
 /// request goes, and its cookies without the session cookies; a host no longer routed is 404.
-#[allow(clippy::too_many_arguments)]
 fn allowed(
     authz: &Authz,
     how: Answering,
-    host: &str,
-    original_path: &str,
-    headers: &HeaderMap,
+    request: &Checked<'_>,
     job_id: &str,
     rank: u32,
     session: &super::token::Hash,
 ) -> Response<Full<Bytes>> {
+    let Checked {
+        host,
+        original_path,
+        headers,
+    } = *request;
     // The table may have changed since the check read it: a job that ended in between is gone.
     let Some(backend) = authz.backend(host) else {
         return not_routed();
