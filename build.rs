@@ -25,6 +25,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Boxed: present on terminal events only, and inline it would make every JobEvent (and the
         // enums that carry one) larger for all the others.
         .boxed(".volcano_runner.v1.JobEvent.output")
+        .boxed(".volcano_runner.v1.JobEvent.trace")
         // Boxed for the same reason: present on status events of waiting jobs only.
         .boxed(".volcano_runner.v1.JobEvent.pending")
         .extern_path(".google.protobuf", "::pbjson_types")

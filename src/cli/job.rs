@@ -135,6 +135,9 @@ pub struct JobView {
     pub ranks: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub application: Option<String>,
+    /// Where the system calls of a traced job are recorded (`SubmitJob.traced`, `[pipeline.traced]`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub traced: Option<Traced>,
     /// When the runner accepted the submission and created the job.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accepted_at: Option<Timestamp>,
@@ -186,6 +189,18 @@ pub struct Product {
     pub gpu: Option<u32>,
     /// Each rank has a node to itself (and is charged a whole node).
     pub exclusive_nodes: bool,
+}
+
+/// A traced job's trace.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Traced {
+    /// Why it is traced: the submission asked, or the operator traces its product or project.
+    pub why: String,
+    /// The trace folder and every rank's file, as storage paths, and the bound per file.
+    pub folder: String,
+    pub files: Vec<String>,
+    pub max_bytes: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -396,6 +411,7 @@ pub fn view(job: &VolcanoJob, keys: &AnnotationKeys) -> Option<JobView> {
         },
         ranks,
         application: text(&keys.application),
+        traced: traced(job, &keys.prefix, ranks),
         accepted_at,
         accepted_by,
         history,
@@ -421,6 +437,20 @@ pub fn view(job: &VolcanoJob, keys: &AnnotationKeys) -> Option<JobView> {
             released_at: crate::cluster::end::terminated_at(job, keys),
             kept_until: kept_until(job),
         },
+    })
+}
+
+/// A traced job's trace, from its annotations.
+fn traced(job: &VolcanoJob, prefix: &str, ranks: u32) -> Option<Traced> {
+    use crate::pipeline::plugins::traced;
+    let annotations = job.metadata.annotations.as_ref();
+    let why = traced::reason(annotations, prefix)?;
+    let kept = traced::location(annotations, prefix, ranks)?;
+    Some(Traced {
+        why,
+        folder: kept.folder,
+        files: kept.files,
+        max_bytes: kept.max_bytes,
     })
 }
 
@@ -502,6 +532,18 @@ impl JobView {
         line("Ranks:", self.ranks.to_string());
         if let Some(app) = &self.application {
             line("Application:", app.clone());
+        }
+        if let Some(t) = &self.traced {
+            line(
+                "Traced:",
+                format!(
+                    "yes ({}): every rank's system calls in {} (the first {} bytes of each: {})",
+                    t.why,
+                    t.folder,
+                    t.max_bytes,
+                    t.files.join(", ")
+                ),
+            );
         }
         line(
             "Accepted:",

@@ -876,10 +876,9 @@ pub fn start(
         .unwrap_or(now);
     let expiry = facts.expiry.or_else(|| planned(&s.keys.expiry));
     let mut action = Action::from_plan("start", plan);
-    action.publish.insert(
-        0,
-        Outbound::Lifecycle(events::running(&facts.job_id, start, expiry, &s.runner_id)),
-    );
+    let mut running = events::running(&facts.job_id, start, expiry, &s.runner_id);
+    running.trace = trace_of(obs, s, facts);
+    action.publish.insert(0, Outbound::Lifecycle(running));
     action
         .publish
         .splice(0..0, queued_first(obs, facts, record, s));
@@ -1979,6 +1978,21 @@ fn queued_first(
     )))
 }
 
+/// Where a traced job's system calls are recorded, for its RUNNING and terminal events (a traced job
+/// says so in its events); `None` for a job that is not traced.
+fn trace_of(
+    obs: &Observed<'_>,
+    s: &Settings,
+    facts: &JobFacts,
+) -> Option<Box<crate::messages::v1::KeptTrace>> {
+    crate::pipeline::plugins::traced::location(
+        obs.job.metadata.annotations.as_ref(),
+        &s.keys.prefix,
+        facts.replicas,
+    )
+    .map(Box::new)
+}
+
 /// Step 2: the final ticks, the proxy remove and the terminal event, then the terminal state.
 fn publish_end(
     obs: &Observed<'_>,
@@ -2010,12 +2024,9 @@ fn publish_end(
     if record.published == Published::Queued
         && let Some(start) = outcome.started().or(facts.start)
     {
-        action.publish.push(Outbound::Lifecycle(events::running(
-            &facts.job_id,
-            start,
-            expiry,
-            &s.runner_id,
-        )));
+        let mut running = events::running(&facts.job_id, start, expiry, &s.runner_id);
+        running.trace = trace_of(obs, s, facts);
+        action.publish.push(Outbound::Lifecycle(running));
     }
     action.failures.extend(completion.failures.iter().cloned());
     action.failures.extend(cleanup.failures.iter().cloned());
@@ -2028,6 +2039,7 @@ fn publish_end(
         facts.replicas,
     )
     .map(Box::new);
+    terminal.trace = trace_of(obs, s, facts);
     action.publish.push(Outbound::Lifecycle(terminal));
     action.set = completion.set.clone();
     action.remove = completion.remove.clone();

@@ -36,6 +36,8 @@ pub struct Draft {
     pub user: Container,
     /// Init containers, in order.
     pub init: Vec<Container>,
+    /// Containers that run beside the user's (a traced job's tracer), after it in the pod.
+    pub sidecars: Vec<Container>,
     /// The project's queue, when declared (FairShare).
     pub queue: Option<Queue>,
     /// The owner's namespace, when declared (FairShare).
@@ -93,6 +95,7 @@ impl Draft {
                 ..Container::default()
             },
             init: Vec::new(),
+            sidecars: Vec::new(),
             queue: None,
             namespace: None,
             companions: Vec::new(),
@@ -196,6 +199,7 @@ impl Draft {
     pub fn finish(self, cx: &Context<'_>) -> DesiredJob {
         let mut pod = self.pod;
         pod.containers = vec![self.user];
+        pod.containers.extend(self.sidecars);
         if !self.init.is_empty() {
             pod.init_containers = Some(self.init);
         }

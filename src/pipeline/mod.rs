@@ -74,6 +74,8 @@ pub struct PipelineConfig {
     pub whole_nodes: WholeNodesConfig,
     /// Every rank's output kept in the job's output folder (FileMount plugin).
     pub output: plugins::output_files::OutputConfig,
+    /// Jobs whose system calls are recorded besides those that ask, and how (FileMount plugin).
+    pub traced: plugins::traced::TracedConfig,
     /// The annotation keys for `annotation_prefix`, built once (every render and hook needs them).
     #[serde(skip)]
     keys: KeyCache,
@@ -114,6 +116,7 @@ impl Default for PipelineConfig {
             public_ip: Default::default(),
             whole_nodes: WholeNodesConfig::default(),
             output: plugins::output_files::OutputConfig::default(),
+            traced: plugins::traced::TracedConfig::default(),
             keys: KeyCache::default(),
         }
     }

@@ -10,6 +10,7 @@
 //!   mount point: the Parameter plugin asks the same [`MountPlan`].
 //! - Paths with `..` are refused (they would escape the storage subfolder).
 //! - With an output folder, every rank's output is also kept there ([`super::output_files`]).
+//! - A traced job gets its tracer ([`super::traced`]), after the output wrapper.
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaimVolumeSource, Volume, VolumeMount};
 
@@ -181,7 +182,7 @@ impl Plugin for FileMount {
     fn build(&self, cx: &Context<'_>, draft: &mut Draft) -> Result<(), PipelineError> {
         let plan = &cx.mounts;
         if plan.is_empty() {
-            return Ok(());
+            return super::traced::build(cx, draft);
         }
         for m in plan.output.iter().chain(&plan.mounts) {
             draft.mount(VolumeMount {
@@ -200,7 +201,8 @@ impl Plugin for FileMount {
             }),
             ..Volume::default()
         });
-        super::output_files::build(cx, draft)
+        super::output_files::build(cx, draft)?;
+        super::traced::build(cx, draft)
     }
 }
 

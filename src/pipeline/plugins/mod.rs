@@ -22,6 +22,7 @@ pub mod parameter;
 pub mod proxy;
 pub mod shared_memory;
 pub mod task;
+pub mod traced;
 
 use std::fmt;
 

@@ -189,7 +189,26 @@ pub fn build(cx: &Context<'_>, draft: &mut Draft) -> Result<(), PipelineError> {
     // application's argv keeps exactly the escaping the Parameter plugin gave it.
     command.extend(argv);
     draft.user.command = Some(command);
+    ensure_busybox(cx, draft);
+    let annotations = draft.meta.annotations.get_or_insert_default();
+    annotations.insert(
+        format!("{}{FOLDER_ANNOTATION}", cx.keys.prefix),
+        output.path.clone(),
+    );
+    annotations.insert(
+        format!("{}{MAX_BYTES_ANNOTATION}", cx.keys.prefix),
+        config.max_bytes.to_string(),
+    );
+    Ok(())
+}
 
+/// Adds the init container that copies busybox to [`HELPER_DIR`], once (a traced job's gate and tracer
+/// run on it too, with or without the output files).
+pub fn ensure_busybox(cx: &Context<'_>, draft: &mut Draft) {
+    if draft.init.iter().any(|c| c.name == INIT_CONTAINER) {
+        return;
+    }
+    let config = &cx.pipeline().output;
     draft.add_helper(Helper {
         name: INIT_CONTAINER,
         image: config.helper_image.clone(),
@@ -206,16 +225,6 @@ pub fn build(cx: &Context<'_>, draft: &mut Draft) -> Result<(), PipelineError> {
         volume: VOLUME,
         mount_path: HELPER_DIR,
     });
-    let annotations = draft.meta.annotations.get_or_insert_default();
-    annotations.insert(
-        format!("{}{FOLDER_ANNOTATION}", cx.keys.prefix),
-        output.path.clone(),
-    );
-    annotations.insert(
-        format!("{}{MAX_BYTES_ANNOTATION}", cx.keys.prefix),
-        config.max_bytes.to_string(),
-    );
-    Ok(())
 }
 
 /// A wrapped command, taken apart.

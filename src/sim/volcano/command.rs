@@ -128,6 +128,18 @@ pub fn plan(
     if let Some(wrapped) = crate::pipeline::plugins::output_files::unwrap(&argv) {
         return plan(wrapped.argv, &[], image, default_run);
     }
+    // A traced job's gate (pipeline::plugins::traced) runs the application's argv; its tracer runs
+    // until the pod's other containers have ended (the kubelet ends it then).
+    if let Some(argv) = crate::pipeline::plugins::traced::ungate(&argv) {
+        return plan(argv, &[], image, default_run);
+    }
+    if crate::pipeline::plugins::traced::is_tracer(&argv) {
+        return ContainerPlan {
+            duration: None,
+            exit_code: 0,
+            lines: Vec::new(),
+        };
+    }
     let mut run = Run {
         saw_unknown: argv.is_empty(),
         ..Run::default()

@@ -432,6 +432,7 @@ impl Model {
             } else {
                 cs["state"] = json!({"terminated": terminated});
             }
+            end_tracers(list, &ended);
             all_done = list.iter().all(|c| c.at("/state/terminated").is_some());
             all_ok = list.iter().all(|c| c.at("/state/terminated/exitCode").and_then(Value::as_i64) == Some(0));
             set_condition(pod, json!({"type": "Ready", "status": "False", "reason": if all_done { "PodCompleted" } else { "ContainersNotReady" }, "lastProbeTime": null, "lastTransitionTime": now}));
@@ -690,6 +691,30 @@ pub fn pod_log(
         out.push('\n');
     }
     Ok(out)
+}
+
+/// A traced job's tracer ([`crate::pipeline::plugins::traced`]) ends when the last traced process has
+/// ended: once every other container of the pod has terminated, a running tracer terminates too, with
+/// exit code 0, at the same moment.
+fn end_tracers(list: &mut [Value], ended: &str) {
+    use crate::pipeline::plugins::traced::TRACER_CONTAINER;
+    let others_done = list
+        .iter()
+        .filter(|c| c["name"] != TRACER_CONTAINER)
+        .all(|c| c.at("/state/terminated").is_some());
+    if !others_done {
+        return;
+    }
+    for c in list
+        .iter_mut()
+        .filter(|c| c["name"] == TRACER_CONTAINER && c.at("/state/running").is_some())
+    {
+        let started = c.at("/state/running/startedAt").cloned();
+        c["ready"] = json!(false);
+        c["started"] = json!(false);
+        c["state"] = json!({"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": started,
+            "finishedAt": ended, "containerID": c["containerID"].clone()}});
+    }
 }
 
 /// Init containers run one after another from `start`; their time adds up before the main containers
