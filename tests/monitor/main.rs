@@ -16,4 +16,5 @@ mod output_files;
 mod peers;
 mod refund;
 mod starve;
+mod traced;
 mod whole_nodes;

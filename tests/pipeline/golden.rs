@@ -726,6 +726,63 @@ fn case_14_output_folder() {
     check("case_14_output_folder", json!({"mount": work}));
 }
 
+/// Traced (issue 44, new): a traced job's pod shares its process namespace with the tracer, which alone
+/// has CAP_SYS_PTRACE and mounts the trace folder read-write; the job sees its trace read-only at
+/// `/work/trace`, its command runs behind the gate inside the output wrapper. The golden file is the
+/// whole rendered VolcanoJob. Without an output folder (and no operator folder) it is refused naming
+/// `traced`.
+#[test]
+fn case_33_traced_new() {
+    use volcano_runner::pipeline::plugins::{output_files, traced};
+    let mut job = case("case_33_traced_new");
+    let desired = render(&job, &reference());
+    let rendered = vcjob_json(&desired);
+    let spec = at(&rendered, "/spec/tasks/0/template/spec");
+    assert_eq!(spec["shareProcessNamespace"], true);
+    let user = &spec["containers"][0];
+    let tracer = &spec["containers"][1];
+    assert_eq!(tracer["name"], traced::TRACER_CONTAINER);
+    assert_eq!(
+        tracer["securityContext"]["capabilities"],
+        json!({"drop": ["ALL"], "add": ["SYS_PTRACE"]})
+    );
+    assert_eq!(
+        tracer["volumeMounts"][1],
+        json!({"name": "data", "mountPath": traced::TRACE_MOUNT, "readOnly": false,
+               "subPath": "home/alice/Jobs/Figlet/44/trace"})
+    );
+    assert!(
+        user["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": "data", "mountPath": "/work/trace", "readOnly": true,
+                              "subPath": "home/alice/Jobs/Figlet/44/trace"}))
+    );
+    let command: Vec<String> = serde_json::from_value(user["command"].clone()).unwrap();
+    let wrapped = output_files::unwrap(&command).expect("the output wrapper is outermost");
+    let argv = traced::ungate(wrapped.argv).expect("the gate is inside it");
+    assert_eq!(argv, ["figlet".to_owned(), "Hello, World!".to_owned()]);
+    assert_eq!(
+        rendered["metadata"]["annotations"]["ucloud.dk/traceFolder"],
+        "/home/alice/Jobs/Figlet/44/trace"
+    );
+    check("case_33_traced_new", rendered.clone());
+
+    job.output_folder = None;
+    let refused = render_err(&job, &reference()).to_string();
+    assert!(refused.starts_with("traced: "), "{refused}");
+    assert!(refused.contains("outputFolder"), "{refused}");
+    job.traced = false;
+    let plain = vcjob_json(&render(&job, &reference()));
+    assert_eq!(
+        at(&plain, "/spec/tasks/0/template/spec/containers")
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
 /// Case 15: environment templates; `$(VAR)` for `env`; an empty result is left out.
 #[test]
 fn case_15_environment() {
