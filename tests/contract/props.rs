@@ -394,6 +394,8 @@ fn submit_job() -> impl Strategy<Value = v1::SubmitJob> {
                     resources,
                     output_folder,
                     submitted_at,
+                    // Any bool: it varies with the draw.
+                    traced: opened_file.is_some(),
                     opened_file,
                     exclusive_nodes,
                 }
@@ -475,6 +477,7 @@ fn job_event() -> impl Strategy<Value = v1::JobEvent> {
             option::of(timestamp()),
             0i64..=i64::MAX,
             option::of(kept_output()),
+            option::of(kept_trace()),
         ),
     )
         .prop_map(
@@ -483,7 +486,8 @@ fn job_event() -> impl Strategy<Value = v1::JobEvent> {
                 (exit_codes, pending, expires_at, ts),
                 rest,
             )| {
-                let (runner_id, log_tails, started_at, ended_at, refundable_ms, output) = rest;
+                let (runner_id, log_tails, started_at, ended_at, refundable_ms, output, trace) =
+                    rest;
                 v1::JobEvent {
                     event_id,
                     job_id,
@@ -500,9 +504,21 @@ fn job_event() -> impl Strategy<Value = v1::JobEvent> {
                     ended_at,
                     refundable_ms,
                     output: output.map(Box::new),
+                    trace: trace.map(Box::new),
                 }
             },
         )
+}
+
+/// Where a traced job's trace is (JobEvent field 16).
+fn kept_trace() -> impl Strategy<Value = v1::KeptTrace> {
+    (some_text(), vec(some_text(), 1..3), any::<u64>()).prop_map(|(folder, files, max_bytes)| {
+        v1::KeptTrace {
+            folder,
+            files,
+            max_bytes,
+        }
+    })
 }
 
 /// Where a job's output was kept (JobEvent field 14).

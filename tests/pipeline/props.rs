@@ -445,6 +445,8 @@ fn job_strategy() -> impl Strategy<Value = SubmitJob> {
                     opened_file: None,
                     // Any generated bool will do: it varies with the draw.
                     exclusive_nodes: ingress,
+                    // A traced job needs its output folder; tracing has its own tests.
+                    traced: false,
                 }
             },
         )
