@@ -56,10 +56,15 @@ async fn a_traced_job_runs_beside_its_tracer_which_ends_with_it_and_its_events_s
     names_the_trace(&w.seen.event("t1/RUNNING").unwrap().clone(), "t1", 2, max);
 
     let pod = w.pod(&ns, "j-t1-job-1").expect("rank 1's pod");
-    assert_eq!(pod.pointer("/spec/shareProcessNamespace"), Some(&Value::Bool(true)));
+    assert_eq!(
+        pod.pointer("/spec/shareProcessNamespace"),
+        Some(&Value::Bool(true))
+    );
     let tracer = container(&pod, traced::TRACER_CONTAINER);
     assert_eq!(
-        tracer.pointer("/securityContext/capabilities/add/0").and_then(Value::as_str),
+        tracer
+            .pointer("/securityContext/capabilities/add/0")
+            .and_then(Value::as_str),
         Some("SYS_PTRACE")
     );
     let user = container(&pod, "user-job");

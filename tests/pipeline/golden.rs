@@ -751,13 +751,10 @@ fn case_33_traced_new() {
         json!({"name": "data", "mountPath": traced::TRACE_MOUNT, "readOnly": false,
                "subPath": "home/alice/Jobs/Figlet/44/trace"})
     );
-    assert!(
-        user["volumeMounts"]
-            .as_array()
-            .unwrap()
-            .contains(&json!({"name": "data", "mountPath": "/work/trace", "readOnly": true,
-                              "subPath": "home/alice/Jobs/Figlet/44/trace"}))
-    );
+    assert!(user["volumeMounts"].as_array().unwrap().contains(
+        &json!({"name": "data", "mountPath": "/work/trace", "readOnly": true,
+                              "subPath": "home/alice/Jobs/Figlet/44/trace"})
+    ));
     let command: Vec<String> = serde_json::from_value(user["command"].clone()).unwrap();
     let wrapped = output_files::unwrap(&command).expect("the output wrapper is outermost");
     let argv = traced::ungate(wrapped.argv).expect("the gate is inside it");

@@ -485,9 +485,17 @@ mod tests {
         assert_eq!(ungate(&command), Some(&["python".to_owned()][..]));
         command[3] = "echo".into();
         assert_eq!(ungate(&command), None);
-        let tracer: Vec<String> = ["/b", "sh", "-c", TRACER, TRACER_NAME, "/b", "/usr/bin/strace"]
-            .map(String::from)
-            .to_vec();
+        let tracer: Vec<String> = [
+            "/b",
+            "sh",
+            "-c",
+            TRACER,
+            TRACER_NAME,
+            "/b",
+            "/usr/bin/strace",
+        ]
+        .map(String::from)
+        .to_vec();
         assert!(is_tracer(&tracer));
         assert!(!is_tracer(&tracer[..3]));
     }
@@ -515,14 +523,20 @@ mod tests {
     #[test]
     fn the_location_names_every_ranks_trace() {
         let annotations = BTreeMap::from([
-            ("p/traceFolder".to_owned(), "/home/a/Jobs/1/trace".to_owned()),
+            (
+                "p/traceFolder".to_owned(),
+                "/home/a/Jobs/1/trace".to_owned(),
+            ),
             ("p/traceMaxBytes".to_owned(), "100".to_owned()),
         ]);
         let kept = location(Some(&annotations), "p/", 2).unwrap();
         assert_eq!(kept.folder, "/home/a/Jobs/1/trace");
         assert_eq!(
             kept.files,
-            ["/home/a/Jobs/1/trace/trace-0.txt", "/home/a/Jobs/1/trace/trace-1.txt"]
+            [
+                "/home/a/Jobs/1/trace/trace-0.txt",
+                "/home/a/Jobs/1/trace/trace-1.txt"
+            ]
         );
         assert_eq!(kept.max_bytes, 100);
         assert!(location(Some(&BTreeMap::new()), "p/", 2).is_none());
@@ -705,7 +719,9 @@ mod tests {
                 "the open of the staged file:\n{trace}"
             );
             assert!(
-                trace.contains(&format!("sin_port=htons({port}), sin_addr=inet_addr(\"127.0.0.1\")")),
+                trace.contains(&format!(
+                    "sin_port=htons({port}), sin_addr=inet_addr(\"127.0.0.1\")"
+                )),
                 "the connect:\n{trace}"
             );
             assert!(
@@ -713,7 +729,9 @@ mod tests {
                 "{trace}"
             );
             assert!(
-                ["clone(", "fork(", "vfork("].iter().any(|f| trace.contains(f)),
+                ["clone(", "fork(", "vfork("]
+                    .iter()
+                    .any(|f| trace.contains(f)),
                 "a fork:\n{trace}"
             );
             assert!(
@@ -745,8 +763,15 @@ mod tests {
             let trace = pod.trace();
             assert_names_the_work(&trace, &pod, port);
             // The application itself was started traced: its exec is in the trace.
-            assert!(trace.contains("execve(\"/usr/bin/busybox\", [\"/usr/bin/busybox\", \"sh\", \"-c\""), "{trace}");
-            assert!(trace.trim_end().ends_with("+++ exited with 3 +++"), "{trace}");
+            assert!(
+                trace
+                    .contains("execve(\"/usr/bin/busybox\", [\"/usr/bin/busybox\", \"sh\", \"-c\""),
+                "{trace}"
+            );
+            assert!(
+                trace.trim_end().ends_with("+++ exited with 3 +++"),
+                "{trace}"
+            );
             // Nothing of the handshake is left.
             assert!(!pod.dir.join("helper/trace-pid").exists());
         }
@@ -814,13 +839,19 @@ mod tests {
             assert!(wait(&mut tracer, "the tracer").success());
             let trace = pod.trace();
             assert_names_the_work(&trace, &pod, port);
-            assert!(trace.contains("--- SIGTERM"), "the cancel's signal:\n{trace}");
+            assert!(
+                trace.contains("--- SIGTERM"),
+                "the cancel's signal:\n{trace}"
+            );
             let last = pod.work().join("last-words.txt").display().to_string();
             assert!(
                 trace.contains(&format!("\"{last}\", O_WRONLY|O_CREAT|O_TRUNC")),
                 "what it did on SIGTERM:\n{trace}"
             );
-            assert!(trace.trim_end().ends_with("+++ exited with 143 +++"), "{trace}");
+            assert!(
+                trace.trim_end().ends_with("+++ exited with 143 +++"),
+                "{trace}"
+            );
         }
 
         /// An expiry of a job that ignores SIGTERM: at the end of the grace period every process of the
@@ -858,7 +889,9 @@ mod tests {
             let count = pod.work().join("count.txt").display().to_string();
             let opened = trace
                 .lines()
-                .filter(|l| l.contains(&format!("openat(AT_FDCWD, \"{count}\"")) && l.contains(") = "))
+                .filter(|l| {
+                    l.contains(&format!("openat(AT_FDCWD, \"{count}\"")) && l.contains(") = ")
+                })
                 .count();
             assert!(written > 10, "the job ran a while ({written} writes)");
             assert!(
@@ -879,7 +912,11 @@ mod tests {
             assert!(wait(&mut tracer, "the tracer").success());
             let trace = pod.trace();
             let marker = format!("\n{}\n", cut_marker(4096));
-            assert!(trace.ends_with(&marker), "{}", &trace[trace.len().saturating_sub(300)..]);
+            assert!(
+                trace.ends_with(&marker),
+                "{}",
+                &trace[trace.len().saturating_sub(300)..]
+            );
             assert_eq!(trace.len(), 4096 + marker.len());
         }
 
