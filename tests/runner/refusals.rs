@@ -61,7 +61,16 @@ fn table(attach: PublicIpAttach) -> Vec<SubmitJob> {
     no_replicas.replicas = 0;
     let mut two_ranks_ip = with_ip(&id("ip-ranks"), vec![tcp(22)]);
     two_ranks_ip.replicas = 2;
+    // Traced without an output folder for its trace (and no operator folder), and with one.
+    let mut traced_nowhere = figlet(&id("traced-nowhere"));
+    traced_nowhere.traced = true;
+    traced_nowhere.output_folder = None;
+    let mut traced = figlet(&id("traced"));
+    traced.traced = true;
+    traced.output_folder = Some(format!("/home/alice/Jobs/{}", traced.job_id));
     vec![
+        traced_nowhere,
+        traced,
         // A public IP: `not_offered` under the default `attach = "refuse"`, accepted with a way.
         with_ip(&id("ip"), vec![tcp(22)]),
         // A public IP without open ports (the load balancer would be refused by Kubernetes).
@@ -190,6 +199,18 @@ async fn validate_refuses_exactly_what_the_runner_refuses() {
         expect("enum-text", None);
         expect("enum-unknown", Some("invalid_field"));
         expect("whole-nodes", Some("invalid_field"));
+        expect("traced-nowhere", Some("invalid_field"));
+        expect("traced", None);
+        let tag = if attach == PublicIpAttach::Refuse {
+            "rf"
+        } else {
+            "lb"
+        };
+        let (_, status) = ran[&format!("{tag}-traced-nowhere")].clone().unwrap_err();
+        assert!(
+            status.contains("traced: a traced job needs an outputFolder"),
+            "the refusal names the field: {status}"
+        );
         if attach == PublicIpAttach::Refuse {
             expect("ip", Some("not_offered"));
             expect("ip-no-ports", Some("not_offered"));
