@@ -542,6 +542,95 @@ mod tests {
         assert!(location(Some(&BTreeMap::new()), "p/", 2).is_none());
     }
 
+    /// The example traced submission rendered with `pipeline`.
+    fn rendered(
+        job: &crate::messages::v1::SubmitJob,
+        pipeline: &crate::pipeline::PipelineConfig,
+    ) -> Result<k8s_openapi::api::core::v1::PodSpec, PipelineError> {
+        let licenses = BTreeMap::new();
+        let settings = crate::pipeline::Settings {
+            pipeline,
+            licenses: &licenses,
+        };
+        let desired = crate::pipeline::render(job, settings, jiff::Timestamp::UNIX_EPOCH)?;
+        Ok(desired.vcjob.spec.tasks[0].template.spec.clone().unwrap())
+    }
+
+    fn example() -> crate::messages::v1::SubmitJob {
+        serde_json::from_str(include_str!(
+            "../../../schemas/examples/submit-job.traced.json"
+        ))
+        .unwrap()
+    }
+
+    /// With the operator's folder, the trace goes to `<folder>/<jobId>`, which only the tracer mounts:
+    /// the job's container has no mount of it, and a job without an output folder is traced too.
+    #[test]
+    fn the_operators_folder_is_mounted_by_the_tracer_alone() {
+        let mut pipeline = crate::pipeline::PipelineConfig::default();
+        pipeline.traced.folder = "/audit/traces/".into();
+        let mut job = example();
+        job.output_folder = None;
+        let pod = rendered(&job, &pipeline).unwrap();
+        let user = &pod.containers[0];
+        let tracer = &pod.containers[1];
+        assert_eq!(tracer.name, TRACER_CONTAINER);
+        assert!(
+            user.volume_mounts
+                .iter()
+                .flatten()
+                .all(|m| m.name != DATA_VOLUME),
+            "{:?}",
+            user.volume_mounts
+        );
+        let trace = &tracer.volume_mounts.as_ref().unwrap()[1];
+        assert_eq!(trace.sub_path.as_deref(), Some("audit/traces/4821"));
+        assert_eq!(trace.read_only, Some(false));
+        assert_eq!(
+            pod.volumes
+                .iter()
+                .flatten()
+                .filter(|v| v.name == DATA_VOLUME)
+                .count(),
+            1
+        );
+        assert_eq!(pod.share_process_namespace, Some(true));
+    }
+
+    /// The operator traces every job of a product (by category) or project, whatever the submission
+    /// says; other jobs are not traced.
+    #[test]
+    fn the_operator_traces_listed_products_and_projects() {
+        let mut job = example();
+        job.traced = false;
+        let mut pipeline = crate::pipeline::PipelineConfig::default();
+        assert_eq!(rendered(&job, &pipeline).unwrap().containers.len(), 1);
+        pipeline.traced.products = vec!["u1-standard".into()];
+        assert_eq!(rendered(&job, &pipeline).unwrap().containers.len(), 2);
+        pipeline.traced.products.clear();
+        pipeline.traced.projects = vec!["registry-study".into()];
+        assert_eq!(rendered(&job, &pipeline).unwrap().containers.len(), 2);
+        job.output_folder = None;
+        let refused = rendered(&job, &pipeline).unwrap_err().to_string();
+        assert!(
+            refused.starts_with("traced (by [pipeline.traced]): "),
+            "{refused}"
+        );
+    }
+
+    #[test]
+    fn an_application_without_a_command_is_refused_naming_traced() {
+        let mut job = example();
+        job.application.as_mut().unwrap().invocation.clear();
+        let refused = rendered(&job, &crate::pipeline::PipelineConfig::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refused.starts_with("traced: the application has no command"),
+            "{refused}"
+        );
+    }
+
     /// The gate and the tracer run for real, as in the pod: Debian's static busybox runs both scripts,
     /// Debian's strace traces, and the job runs in a mount namespace of its own where the trace folder
     /// is a read-only bind mount over its read-write output folder, as the pod's `/work/trace` is.
