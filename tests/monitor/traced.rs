@@ -42,7 +42,15 @@ fn container<'a>(pod: &'a Value, name: &str) -> &'a Value {
 
 #[tokio::test]
 async fn a_traced_job_runs_beside_its_tracer_which_ends_with_it_and_its_events_say_so() {
-    let mut w = World::start("traced-success", |_| {}, |_| {}).await;
+    let dir = std::env::temp_dir().join(format!("vr-storage-traced-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut w = World::start(
+        "traced-success",
+        |_| {},
+        |s| s.storage_dir = Some(dir.clone()),
+    )
+    .await;
     let runner = w.runner("runner-a").await;
     runner.holds(4).await;
     let mut job = traced_job("t1", "echo computing; sleep 30; echo done");
@@ -91,6 +99,14 @@ async fn a_traced_job_runs_beside_its_tracer_which_ends_with_it_and_its_events_s
         .await;
     let success = w.seen.event("t1/SUCCESS").unwrap().clone();
     names_the_trace(&success, "t1", 2, max);
+    // The output wrapper around the gate still keeps every rank's output.
+    for name in ["stdout.txt", "stdout-1.txt"] {
+        assert_eq!(
+            std::fs::read_to_string(dir.join("cephfs/home/alice/Jobs/t1").join(name)).unwrap(),
+            "computing\ndone\n",
+            "{name}"
+        );
+    }
     // The job ended with its program (30 s), not with a tracer left running.
     let started = ms(&success.started_at);
     let ended = ms(&success.ended_at);
@@ -112,6 +128,7 @@ async fn a_traced_job_runs_beside_its_tracer_which_ends_with_it_and_its_events_s
     );
     runner.stop().await;
     w.close().await;
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// The operator traces every job of a project, whatever the submission says; CANCELLED names the trace.
