@@ -69,7 +69,8 @@ pub struct TracedConfig {
     /// job's container does not even mount it. Empty: `<outputFolder>/trace/`, mounted read-only in the
     /// job's container.
     pub folder: String,
-    /// The tracer's image: `strace` at `strace`, pinned by tag or digest.
+    /// The tracer's image: `strace` at `strace`, pinned by tag or digest. The default is the one
+    /// `deploy/images/tracer/Dockerfile` builds, under the tag its comment gives.
     pub image: String,
     /// Where `strace` is in that image.
     pub strace: String,
@@ -93,7 +94,7 @@ impl Default for TracedConfig {
             projects: Vec::new(),
             mechanism: Mechanism::Strace,
             folder: String::new(),
-            image: "registry.example.org/volcano-runner/strace:6.1".into(),
+            image: "volcano-runner-tracer:6.1".into(),
             strace: "/usr/bin/strace".into(),
             max_bytes: 256 * 1024 * 1024,
             string_bytes: 256,
