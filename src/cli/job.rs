@@ -135,6 +135,10 @@ pub struct JobView {
     pub ranks: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub application: Option<String>,
+    /// Why the job is sealed (`submission`, `product:<p>`, `project:<p>`), when it is
+    /// ([`crate::pipeline::sealed`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sealed: Option<String>,
     /// When the runner accepted the submission and created the job.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accepted_at: Option<Timestamp>,
@@ -396,6 +400,7 @@ pub fn view(job: &VolcanoJob, keys: &AnnotationKeys) -> Option<JobView> {
         },
         ranks,
         application: text(&keys.application),
+        sealed: text(&keys.sealed),
         accepted_at,
         accepted_by,
         history,
@@ -502,6 +507,10 @@ impl JobView {
         line("Ranks:", self.ranks.to_string());
         if let Some(app) = &self.application {
             line("Application:", app.clone());
+        }
+        if let Some(why) = &self.sealed {
+            let why = crate::pipeline::sealed::Why::parse(why);
+            line("Network:", crate::pipeline::sealed::describe(&why));
         }
         line(
             "Accepted:",

@@ -253,7 +253,12 @@ async fn queued(h: &Handler, m: &Message<'_>, job_id: &str, meta: &ObjectMeta) -
         .as_ref()
         .and_then(|a| a.get(&h.runner_keys.accepted_by))
         .map_or(h.runner_id.as_str(), String::as_str);
-    let event = events::queued(job_id, created_at, accepted_by);
+    let mut event = events::queued(job_id, created_at, accepted_by);
+    crate::pipeline::sealed::tell_queued(
+        &mut event.status,
+        meta.annotations.as_ref(),
+        &h.runner_keys.sealed,
+    );
     match h.publish(&event, m.traceparent.as_ref()).await {
         Ok(()) => {
             // Confirmed: in the events queues ahead of anything the monitor publishes from now on.
