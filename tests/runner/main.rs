@@ -27,6 +27,7 @@ mod invalid_utf8;
 mod peers;
 mod public_ip;
 mod refusals;
+mod sealed;
 mod scale;
 mod shutdown;
 mod sim_clock;
