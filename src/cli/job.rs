@@ -759,6 +759,32 @@ mod tests {
     }
 
     #[test]
+    fn a_sealed_job_says_so_and_why() {
+        let k = AnnotationKeys::new("ucloud.dk/");
+        let sealed = view(
+            &job(&[
+                (&k.owner_user, "carol".into()),
+                (&k.sealed, "project:registry-study".into()),
+            ]),
+            &k,
+        )
+        .unwrap();
+        assert_eq!(sealed.sealed.as_deref(), Some("project:registry-study"));
+        assert!(
+            sealed.text().contains(
+                "Network:      sealed (the operator seals every job of project registry-study): no network beyond its own ranks\n"
+            ),
+            "{}",
+            sealed.text()
+        );
+        let json = serde_json::to_value(&sealed).unwrap();
+        assert_eq!(json["sealed"], "project:registry-study");
+        let open = view(&job(&[(&k.owner_user, "carol".into())]), &k).unwrap();
+        assert!(!open.text().contains("Network:"));
+        assert!(serde_json::to_value(&open).unwrap().get("sealed").is_none());
+    }
+
+    #[test]
     fn an_ended_job_reads_as_its_whole_story() {
         let k = AnnotationKeys::new("ucloud.dk/");
         let outcome = Outcome {

@@ -327,3 +327,73 @@ pub fn baseline_selector(pipeline: &PipelineConfig) -> LabelSelector {
         }]),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::messages::v1::{Owner, Product};
+
+    fn job(sealed: bool, project: Option<&str>) -> SubmitJob {
+        SubmitJob {
+            sealed,
+            owner: Some(Owner {
+                user: "carol".into(),
+                project: project.map(String::from),
+            }),
+            product: Some(Product {
+                id: "u1-standard-4".into(),
+                category: "u1-standard".into(),
+                ..Product::default()
+            }),
+            ..SubmitJob::default()
+        }
+    }
+
+    #[test]
+    fn the_submission_then_the_product_then_the_project_seal() {
+        let none = SealedConfig::default();
+        assert_eq!(why(&job(false, Some("p")), &none), None);
+        assert_eq!(why(&job(true, None), &none), Some(Why::Submission));
+        let config = SealedConfig {
+            products: vec!["u1-standard".into()],
+            projects: vec!["p".into()],
+            allow_proxy: false,
+        };
+        assert_eq!(why(&job(true, Some("p")), &config), Some(Why::Submission));
+        assert_eq!(
+            why(&job(false, Some("p")), &config),
+            Some(Why::Product("u1-standard".into()))
+        );
+        let projects = SealedConfig {
+            projects: vec!["p".into()],
+            ..SealedConfig::default()
+        };
+        assert_eq!(
+            why(&job(false, Some("p")), &projects),
+            Some(Why::Project("p".into()))
+        );
+        assert_eq!(why(&job(false, Some("q")), &projects), None);
+        assert_eq!(why(&job(false, None), &projects), None);
+    }
+
+    #[test]
+    fn the_annotation_reads_back_and_queued_says_it() {
+        for w in [
+            Why::Submission,
+            Why::Product("u1-gpu".into()),
+            Why::Project("p".into()),
+        ] {
+            assert_eq!(Why::parse(&w.annotation()), w);
+        }
+        let key = "ucloud.dk/sealed";
+        let mut status = "Queued: waiting".to_owned();
+        tell_queued(&mut status, None, key);
+        assert_eq!(status, "Queued: waiting");
+        let annotations = BTreeMap::from([(key.to_owned(), "product:u1-gpu".to_owned())]);
+        tell_queued(&mut status, Some(&annotations), key);
+        assert_eq!(
+            status,
+            "Queued: waiting; the job is sealed (the operator seals every job of product u1-gpu): no network beyond its own ranks"
+        );
+    }
+}
