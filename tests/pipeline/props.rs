@@ -445,6 +445,8 @@ fn job_strategy() -> impl Strategy<Value = SubmitJob> {
                     opened_file: None,
                     // Any generated bool will do: it varies with the draw.
                     exclusive_nodes: ingress,
+                    // Not sealed: a sealed job with a peer, a link or a license is refused.
+                    sealed: false,
                 }
             },
         )
