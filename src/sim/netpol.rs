@@ -368,6 +368,40 @@ pub fn cidr_contains(cidr: &str, ip: IpAddr) -> Option<bool> {
     }
 }
 
+/// Whether `pod` may open no connection at all: some policy isolates its egress and no policy that does
+/// has a single egress rule (a sealed job of one rank). The simulator enforces exactly this case for real:
+/// what exec runs in such a pod gets a network namespace of its own, with nothing in it
+/// ([`super::exec`]). Anything more open is only evaluated.
+pub fn egress_closed(policies: &[&Value], pod: &PodEnd<'_>) -> bool {
+    let selecting: Vec<&Value> = policies
+        .iter()
+        .copied()
+        .filter(|p| selects(p, pod, Direction::Egress))
+        .collect();
+    !selecting.is_empty()
+        && selecting.iter().all(|p| {
+            p.at("/spec/egress")
+                .and_then(Value::as_array)
+                .is_none_or(Vec::is_empty)
+        })
+}
+
+/// [`egress_closed`] for a stored pod (false when it does not exist).
+pub(crate) fn pod_egress_closed(core: &super::api::Core, namespace: &str, name: &str) -> bool {
+    let Ok(resolved) = resolve(core, &Peer::pod(namespace, name)) else {
+        return false;
+    };
+    let Some(pod) = resolved.end().pod else {
+        return false;
+    };
+    let policies: Vec<&Value> = core
+        .store
+        .list(core.ids.networkpolicies, Some(namespace), None)
+        .map(|p| &**p)
+        .collect();
+    egress_closed(&policies, &pod)
+}
+
 /// One end of a connection a test asks the simulator about ([`super::SimHandle::connection`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Peer {
@@ -584,6 +618,25 @@ mod tests {
         let to = end("10.0.0.1", &a, &la);
         assert!(evaluate(&[&web], &address("1.1.1.1"), &to, 8080, Protocol::Tcp).allowed());
         assert!(!evaluate(&[&web], &address("1.1.1.1"), &to, 8081, Protocol::Tcp).allowed());
+    }
+
+    #[test]
+    fn egress_is_closed_only_when_isolated_without_any_rule() {
+        let (a, la) = (pod("x", json!({"job": "a"})), ns_labels("x"));
+        let me = PodEnd {
+            pod: &a,
+            namespace_labels: Some(&la),
+        };
+        assert!(!egress_closed(&[], &me), "not isolated");
+        let none = policy("x", "none", json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"], "egress": []}));
+        assert!(egress_closed(&[&none], &me));
+        let ranks = policy("x", "ranks", json!({"podSelector": {"matchLabels": {"job": "a"}}, "policyTypes": ["Egress"],
+            "egress": [{"to": [{"podSelector": {"matchLabels": {"job": "a"}}}]}]}));
+        assert!(!egress_closed(&[&none, &ranks], &me), "its ranks are open");
+        let ingress_only = policy("x", "in", json!({"podSelector": {}, "policyTypes": ["Ingress"]}));
+        assert!(!egress_closed(&[&ingress_only], &me));
+        let elsewhere = policy("y", "none", json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": []}));
+        assert!(!egress_closed(&[&elsewhere], &me), "another namespace's policy");
     }
 
     #[test]

@@ -302,3 +302,75 @@ async fn a_sealed_submission_that_would_open_the_job_is_refused() {
     assert!(dead.len() >= 4, "{} dead letters", dead.len());
     runner.stop().await;
 }
+
+/// Runs `script` with bash in the pod (exec through the simulator, a real process on this machine):
+/// `(exit code, stderr)`.
+async fn exec(h: &Harness, namespace: &str, pod: &str, script: &str) -> (i32, String) {
+    use tokio::io::AsyncReadExt;
+    let mut process = Api::<Pod>::namespaced(h.client.clone(), namespace)
+        .exec(
+            pod,
+            ["bash", "-c", script],
+            &kube::api::AttachParams::default()
+                .stdout(false)
+                .stderr(true),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("exec into {pod}: {e}"));
+    let mut err = String::new();
+    let mut stderr = process.stderr().unwrap();
+    let status = process.take_status().unwrap();
+    stderr.read_to_string(&mut err).await.unwrap();
+    let status = status.await.expect("a closing status");
+    let code = match status.status.as_deref() {
+        Some("Success") => 0,
+        _ => status
+            .details
+            .and_then(|d| d.causes)
+            .and_then(|c| c.first().and_then(|c| c.message.clone()))
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(-1),
+    };
+    (code, err)
+}
+
+/// For real, where the simulator can: a process run (exec) in a one-rank sealed job's pod cannot connect
+/// to an "internet" address on loopback (it has a network namespace of its own, with nothing in it),
+/// while the same command in an ordinary job's pod connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sealed_pods_process_cannot_connect_for_real() {
+    let h = Harness::new("sealed-exec").await;
+    let runner = h.start("runner-a");
+    h.submit(&sealed("alone", 1)).await;
+    h.submit(&figlet("ordinary")).await;
+    h.wait_events("both queued", |e| {
+        ["alone/QUEUED", "ordinary/QUEUED"]
+            .iter()
+            .all(|id| e.iter().any(|c| c.message_id == *id))
+    })
+    .await;
+    h.sim.advance(Duration::from_secs(5));
+    let namespace = h
+        .vcjob("alone")
+        .await
+        .unwrap()
+        .metadata
+        .namespace
+        .unwrap();
+    let internet = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = internet.local_addr().unwrap().port();
+    let script = format!("echo hello >/dev/tcp/127.0.0.1/{port}");
+
+    let (code, err) = exec(&h, &namespace, &names::pod_name("ordinary", 0), &script).await;
+    assert_eq!(code, 0, "the ordinary pod connects: {err}");
+    let (socket, _) = tokio::time::timeout(Duration::from_secs(10), internet.accept())
+        .await
+        .expect("the connection arrives")
+        .unwrap();
+    drop(socket);
+
+    let (code, err) = exec(&h, &namespace, &names::pod_name("alone", 0), &script).await;
+    assert_ne!(code, 0, "the sealed pod cannot connect");
+    assert!(err.contains("Network is unreachable"), "{err}");
+    runner.stop().await;
+}
