@@ -111,10 +111,7 @@ impl Why {
 
 /// What a sealed job is told it is, in its events and `job <id>`.
 pub fn describe(why: &Why) -> String {
-    format!(
-        "sealed ({}): no network beyond its own ranks",
-        why.words()
-    )
+    format!("sealed ({}): no network beyond its own ranks", why.words())
 }
 
 /// Says in a QUEUED status that the job is sealed, when its annotations (`key` is `<prefix>sealed`) say
@@ -131,14 +128,13 @@ pub fn why(job: &SubmitJob, config: &SealedConfig) -> Option<Why> {
     if job.sealed {
         return Some(Why::Submission);
     }
-    if let Some(product) = job.product.as_ref() {
-        if let Some(p) = config
+    if let Some(product) = job.product.as_ref()
+        && let Some(p) = config
             .products
             .iter()
             .find(|p| **p == product.id || **p == product.category)
-        {
-            return Some(Why::Product(p.clone()));
-        }
+    {
+        return Some(Why::Product(p.clone()));
     }
     let project = job.owner.as_ref().and_then(|o| o.project.as_deref())?;
     config
@@ -170,9 +166,10 @@ pub fn seal(cx: &Context<'_>, draft: &mut Draft, why: &Why) -> Result<(), Pipeli
     draft
         .companions
         .retain(|c| !matches!(c, Companion::NetworkPolicy(_)));
-    draft
-        .companions
-        .insert(0, Companion::NetworkPolicy(Box::new(policy(cx, proxy_port))));
+    draft.companions.insert(
+        0,
+        Companion::NetworkPolicy(Box::new(policy(cx, proxy_port))),
+    );
     Ok(())
 }
 
@@ -197,9 +194,11 @@ fn refuse_openings(cx: &Context<'_>, why: &Why) -> Result<(), PipelineError> {
     if let Some(link) = cx.ingresses.first() {
         return refuse(link.origin.field("ingress"), "a public link");
     }
-    let license = cx.job.parameters.iter().find(|(_, p)| {
-        matches!(p.value, Some(parameter_value::Value::LicenseServer(_)))
-    });
+    let license = cx
+        .job
+        .parameters
+        .iter()
+        .find(|(_, p)| matches!(p.value, Some(parameter_value::Value::LicenseServer(_))));
     if let Some((name, _)) = license {
         return refuse(
             format!("parameters.{name}.licenseServer"),
@@ -301,7 +300,10 @@ fn policy(cx: &Context<'_>, proxy_port: Option<i32>) -> NetworkPolicy {
     NetworkPolicy {
         metadata: ObjectMeta {
             name: Some(policy_name(cx.job_id)),
-            labels: Some(BTreeMap::from([(cx.keys.sealed.clone(), "true".to_owned())])),
+            labels: Some(BTreeMap::from([(
+                cx.keys.sealed.clone(),
+                "true".to_owned(),
+            )])),
             ..ObjectMeta::default()
         },
         spec: Some(NetworkPolicySpec {

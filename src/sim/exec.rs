@@ -97,12 +97,7 @@ struct Prepared {
 }
 
 /// The container's environment, the scratch directory and the pod's name, checked to be running.
-fn prepare(
-    shared: &Shared,
-    ns: &str,
-    name: &str,
-    req: &ExecRequest,
-) -> Result<Prepared, ApiError> {
+fn prepare(shared: &Shared, ns: &str, name: &str, req: &ExecRequest) -> Result<Prepared, ApiError> {
     shared.with(|c| {
         let pod = c.core.get(c.core.ids.pods, ns, name)?;
         let containers = pod

@@ -85,8 +85,7 @@ impl PodEnd<'_> {
             .filter_map(|c| c.get("ports")?.as_array())
             .flatten()
             .find(|p| {
-                p.get("name").and_then(Value::as_str) == Some(name)
-                    && proto_of(p) == Some(protocol)
+                p.get("name").and_then(Value::as_str) == Some(name) && proto_of(p) == Some(protocol)
             })
             .and_then(|p| u16::try_from(p.get("containerPort")?.as_u64()?).ok())
     }
@@ -275,7 +274,9 @@ fn allows(
         let peers_ok = match rule.get(peers_key).and_then(Value::as_array) {
             None => true,
             Some(peers) if peers.is_empty() => true,
-            Some(peers) => peers.iter().any(|peer| peer_matches(peer, namespace, other)),
+            Some(peers) => peers
+                .iter()
+                .any(|peer| peer_matches(peer, namespace, other)),
         };
         peers_ok && ports_match(rule.get("ports"), connection)
     })
@@ -325,10 +326,12 @@ fn ports_match(ports: Option<&Value>, connection: &Connection<'_>) -> bool {
                 let end = p.get("endPort").and_then(Value::as_u64).unwrap_or(start);
                 (start..=end).contains(&u64::from(connection.port))
             }
-            Some(Value::String(name)) => connection
-                .destination
-                .and_then(|d| d.named_port(name, connection.protocol))
-                == Some(connection.port),
+            Some(Value::String(name)) => {
+                connection
+                    .destination
+                    .and_then(|d| d.named_port(name, connection.protocol))
+                    == Some(connection.port)
+            }
             Some(_) => false,
         }
     })
@@ -337,7 +340,10 @@ fn ports_match(ports: Option<&Value>, connection: &Connection<'_>) -> bool {
 /// Whether `ip` is in the block's `cidr` and in none of its `except`.
 fn in_block(block: &Value, ip: IpAddr) -> bool {
     let inside = |cidr: &str| cidr_contains(cidr, ip).unwrap_or(false);
-    let cidr = block.get("cidr").and_then(Value::as_str).unwrap_or_default();
+    let cidr = block
+        .get("cidr")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     inside(cidr)
         && !block
             .get("except")
@@ -528,7 +534,13 @@ mod tests {
     #[test]
     fn without_policies_everything_connects() {
         let (a, la) = (pod("x", json!({"app": "a"})), ns_labels("x"));
-        let v = evaluate(&[], &end("10.0.0.1", &a, &la), &address("8.8.8.8"), 53, Protocol::Udp);
+        let v = evaluate(
+            &[],
+            &end("10.0.0.1", &a, &la),
+            &address("8.8.8.8"),
+            53,
+            Protocol::Udp,
+        );
         assert!(v.allowed());
         assert_eq!(v.egress, Side::Open);
         assert_eq!(v.ingress, Side::Open);
@@ -536,73 +548,214 @@ mod tests {
 
     #[test]
     fn an_isolating_policy_without_rules_denies_both_directions() {
-        let deny = policy("x", "deny", json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"], "egress": []}));
+        let deny = policy(
+            "x",
+            "deny",
+            json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"], "egress": []}),
+        );
         let (a, la) = (pod("x", json!({"app": "a"})), ns_labels("x"));
         let (b, lb) = (pod("y", json!({"app": "b"})), ns_labels("y"));
-        let out = evaluate(&[&deny], &end("10.0.0.1", &a, &la), &end("10.0.1.1", &b, &lb), 80, Protocol::Tcp);
+        let out = evaluate(
+            &[&deny],
+            &end("10.0.0.1", &a, &la),
+            &end("10.0.1.1", &b, &lb),
+            80,
+            Protocol::Tcp,
+        );
         assert!(!out.allowed());
         assert_eq!(out.egress, Side::Denied(vec!["x/deny".into()]));
         assert_eq!(out.ingress, Side::Open);
-        let back = evaluate(&[&deny], &end("10.0.1.1", &b, &lb), &end("10.0.0.1", &a, &la), 80, Protocol::Tcp);
+        let back = evaluate(
+            &[&deny],
+            &end("10.0.1.1", &b, &lb),
+            &end("10.0.0.1", &a, &la),
+            80,
+            Protocol::Tcp,
+        );
         assert!(!back.allowed());
         assert_eq!(back.ingress, Side::Denied(vec!["x/deny".into()]));
         // An address that is no pod is never isolated.
-        let v = evaluate(&[&deny], &address("1.2.3.4"), &address("5.6.7.8"), 80, Protocol::Tcp);
+        let v = evaluate(
+            &[&deny],
+            &address("1.2.3.4"),
+            &address("5.6.7.8"),
+            80,
+            Protocol::Tcp,
+        );
         assert!(v.allowed());
     }
 
     #[test]
     fn policies_add_up_and_policy_types_default_from_the_sections() {
-        let ingress_only = policy("x", "in", json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "b"}}}]}]}));
+        let ingress_only = policy(
+            "x",
+            "in",
+            json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "b"}}}]}]}),
+        );
         let (a, la) = (pod("x", json!({"app": "a"})), ns_labels("x"));
         // No egress section and no policyTypes: egress is not isolated.
-        assert!(evaluate(&[&ingress_only], &end("10.0.0.1", &a, &la), &address("1.1.1.1"), 443, Protocol::Tcp).allowed());
+        assert!(
+            evaluate(
+                &[&ingress_only],
+                &end("10.0.0.1", &a, &la),
+                &address("1.1.1.1"),
+                443,
+                Protocol::Tcp
+            )
+            .allowed()
+        );
         let (b, lb) = (pod("x", json!({"app": "b"})), ns_labels("x"));
         let (c, lc) = (pod("x", json!({"app": "c"})), ns_labels("x"));
-        assert!(evaluate(&[&ingress_only], &end("10.0.0.2", &b, &lb), &end("10.0.0.1", &a, &la), 1, Protocol::Tcp).allowed());
-        assert!(!evaluate(&[&ingress_only], &end("10.0.0.3", &c, &lc), &end("10.0.0.1", &a, &la), 1, Protocol::Tcp).allowed());
-        let also_c = policy("x", "c", json!({"podSelector": {"matchLabels": {"app": "a"}}, "ingress": [{"from": [{"podSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["c"]}]}}]}]}));
-        let v = evaluate(&[&ingress_only, &also_c], &end("10.0.0.3", &c, &lc), &end("10.0.0.1", &a, &la), 1, Protocol::Tcp);
+        assert!(
+            evaluate(
+                &[&ingress_only],
+                &end("10.0.0.2", &b, &lb),
+                &end("10.0.0.1", &a, &la),
+                1,
+                Protocol::Tcp
+            )
+            .allowed()
+        );
+        assert!(
+            !evaluate(
+                &[&ingress_only],
+                &end("10.0.0.3", &c, &lc),
+                &end("10.0.0.1", &a, &la),
+                1,
+                Protocol::Tcp
+            )
+            .allowed()
+        );
+        let also_c = policy(
+            "x",
+            "c",
+            json!({"podSelector": {"matchLabels": {"app": "a"}}, "ingress": [{"from": [{"podSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["c"]}]}}]}]}),
+        );
+        let v = evaluate(
+            &[&ingress_only, &also_c],
+            &end("10.0.0.3", &c, &lc),
+            &end("10.0.0.1", &a, &la),
+            1,
+            Protocol::Tcp,
+        );
         assert!(v.allowed());
         assert_eq!(v.ingress, Side::Allowed(vec!["x/c".into()]));
     }
 
     #[test]
     fn pod_selectors_alone_stay_in_the_policy_namespace_and_namespace_selectors_reach_out() {
-        let same_ns = policy("x", "p", json!({"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "proxy"}}}]}]}));
+        let same_ns = policy(
+            "x",
+            "p",
+            json!({"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "proxy"}}}]}]}),
+        );
         let (a, la) = (pod("x", json!({})), ns_labels("x"));
         let (proxy, lp) = (pod("proxy", json!({"app": "proxy"})), ns_labels("proxy"));
         let from_proxy = end("10.0.9.9", &proxy, &lp);
-        assert!(!evaluate(&[&same_ns], &from_proxy, &end("10.0.0.1", &a, &la), 80, Protocol::Tcp).allowed());
-        let both = policy("x", "q", json!({"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{"from": [{
+        assert!(
+            !evaluate(
+                &[&same_ns],
+                &from_proxy,
+                &end("10.0.0.1", &a, &la),
+                80,
+                Protocol::Tcp
+            )
+            .allowed()
+        );
+        let both = policy(
+            "x",
+            "q",
+            json!({"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{"from": [{
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "proxy"}},
-            "podSelector": {"matchLabels": {"app": "proxy"}}}]}]}));
-        assert!(evaluate(&[&both], &from_proxy, &end("10.0.0.1", &a, &la), 80, Protocol::Tcp).allowed());
+            "podSelector": {"matchLabels": {"app": "proxy"}}}]}]}),
+        );
+        assert!(
+            evaluate(
+                &[&both],
+                &from_proxy,
+                &end("10.0.0.1", &a, &la),
+                80,
+                Protocol::Tcp
+            )
+            .allowed()
+        );
         let (other, lo) = (pod("proxy", json!({"app": "other"})), ns_labels("proxy"));
-        assert!(!evaluate(&[&both], &end("10.0.9.8", &other, &lo), &end("10.0.0.1", &a, &la), 80, Protocol::Tcp).allowed());
-        let any_in_ns = policy("x", "r", json!({"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{"from": [{
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "proxy"}}}]}]}));
-        assert!(evaluate(&[&any_in_ns], &end("10.0.9.8", &other, &lo), &end("10.0.0.1", &a, &la), 80, Protocol::Tcp).allowed());
+        assert!(
+            !evaluate(
+                &[&both],
+                &end("10.0.9.8", &other, &lo),
+                &end("10.0.0.1", &a, &la),
+                80,
+                Protocol::Tcp
+            )
+            .allowed()
+        );
+        let any_in_ns = policy(
+            "x",
+            "r",
+            json!({"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{"from": [{
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "proxy"}}}]}]}),
+        );
+        assert!(
+            evaluate(
+                &[&any_in_ns],
+                &end("10.0.9.8", &other, &lo),
+                &end("10.0.0.1", &a, &la),
+                80,
+                Protocol::Tcp
+            )
+            .allowed()
+        );
         // A selector that excludes a label (the baseline excludes sealed pods).
-        let not_sealed = policy("x", "s", json!({"podSelector": {"matchExpressions": [{"key": "sealed", "operator": "DoesNotExist"}]}, "policyTypes": ["Egress"], "egress": []}));
+        let not_sealed = policy(
+            "x",
+            "s",
+            json!({"podSelector": {"matchExpressions": [{"key": "sealed", "operator": "DoesNotExist"}]}, "policyTypes": ["Egress"], "egress": []}),
+        );
         let (s, ls) = (pod("x", json!({"sealed": "true"})), ns_labels("x"));
-        assert!(evaluate(&[&not_sealed], &end("10.0.0.5", &s, &ls), &address("1.1.1.1"), 80, Protocol::Tcp).allowed());
-        assert!(!evaluate(&[&not_sealed], &end("10.0.0.1", &a, &la), &address("1.1.1.1"), 80, Protocol::Tcp).allowed());
+        assert!(
+            evaluate(
+                &[&not_sealed],
+                &end("10.0.0.5", &s, &ls),
+                &address("1.1.1.1"),
+                80,
+                Protocol::Tcp
+            )
+            .allowed()
+        );
+        assert!(
+            !evaluate(
+                &[&not_sealed],
+                &end("10.0.0.1", &a, &la),
+                &address("1.1.1.1"),
+                80,
+                Protocol::Tcp
+            )
+            .allowed()
+        );
     }
 
     #[test]
     fn ip_blocks_ports_and_protocols() {
-        let out = policy("x", "out", json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [
+        let out = policy(
+            "x",
+            "out",
+            json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [
             {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]},
             {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/8", "192.168.0.0/16"]}}]},
-            {"to": [{"ipBlock": {"cidr": "10.1.0.0/16"}}], "ports": [{"port": 8000, "endPort": 8010}]}]}));
+            {"to": [{"ipBlock": {"cidr": "10.1.0.0/16"}}], "ports": [{"port": 8000, "endPort": 8010}]}]}),
+        );
         let (a, la) = (pod("x", json!({})), ns_labels("x"));
         let from = end("10.0.0.1", &a, &la);
-        let ok = |to: &str, port, proto| evaluate(&[&out], &from, &address(to), port, proto).allowed();
+        let ok =
+            |to: &str, port, proto| evaluate(&[&out], &from, &address(to), port, proto).allowed();
         assert!(ok("10.96.0.10", 53, Protocol::Udp), "DNS anywhere");
         assert!(!ok("10.96.0.10", 54, Protocol::Udp));
         assert!(!ok("10.96.0.10", 53, Protocol::Sctp));
-        assert!(ok("127.0.0.1", 443, Protocol::Tcp), "outside the private ranges");
+        assert!(
+            ok("127.0.0.1", 443, Protocol::Tcp),
+            "outside the private ranges"
+        );
         assert!(!ok("10.2.3.4", 443, Protocol::Tcp), "excepted");
         assert!(!ok("192.168.1.1", 22, Protocol::Tcp), "excepted");
         assert!(ok("10.1.2.3", 8005, Protocol::Tcp), "a port range");
@@ -613,7 +766,11 @@ mod tests {
 
     #[test]
     fn named_ports_are_the_destination_pods() {
-        let web = policy("x", "web", json!({"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{"ports": [{"port": "web"}]}]}));
+        let web = policy(
+            "x",
+            "web",
+            json!({"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{"ports": [{"port": "web"}]}]}),
+        );
         let (a, la) = (pod("x", json!({})), ns_labels("x"));
         let to = end("10.0.0.1", &a, &la);
         assert!(evaluate(&[&web], &address("1.1.1.1"), &to, 8080, Protocol::Tcp).allowed());
@@ -628,15 +785,34 @@ mod tests {
             namespace_labels: Some(&la),
         };
         assert!(!egress_closed(&[], &me), "not isolated");
-        let none = policy("x", "none", json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"], "egress": []}));
+        let none = policy(
+            "x",
+            "none",
+            json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"], "egress": []}),
+        );
         assert!(egress_closed(&[&none], &me));
-        let ranks = policy("x", "ranks", json!({"podSelector": {"matchLabels": {"job": "a"}}, "policyTypes": ["Egress"],
-            "egress": [{"to": [{"podSelector": {"matchLabels": {"job": "a"}}}]}]}));
+        let ranks = policy(
+            "x",
+            "ranks",
+            json!({"podSelector": {"matchLabels": {"job": "a"}}, "policyTypes": ["Egress"],
+            "egress": [{"to": [{"podSelector": {"matchLabels": {"job": "a"}}}]}]}),
+        );
         assert!(!egress_closed(&[&none, &ranks], &me), "its ranks are open");
-        let ingress_only = policy("x", "in", json!({"podSelector": {}, "policyTypes": ["Ingress"]}));
+        let ingress_only = policy(
+            "x",
+            "in",
+            json!({"podSelector": {}, "policyTypes": ["Ingress"]}),
+        );
         assert!(!egress_closed(&[&ingress_only], &me));
-        let elsewhere = policy("y", "none", json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": []}));
-        assert!(!egress_closed(&[&elsewhere], &me), "another namespace's policy");
+        let elsewhere = policy(
+            "y",
+            "none",
+            json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": []}),
+        );
+        assert!(
+            !egress_closed(&[&elsewhere], &me),
+            "another namespace's policy"
+        );
     }
 
     #[test]

@@ -296,7 +296,9 @@ async fn the_rbac_grants_exactly_what_the_runner_uses() {
     .patch(
         "ucloud-baseline",
         &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(serde_json::json!({"spec": {"podSelector": {"matchExpressions": null}}})),
+        &kube::api::Patch::Merge(
+            serde_json::json!({"spec": {"podSelector": {"matchExpressions": null}}}),
+        ),
     )
     .await
     .expect("the baseline as an older runner wrote it");

@@ -58,7 +58,10 @@ fn a_sealed_job_talks_to_its_own_ranks_only() {
     assert_eq!(own.len(), 1, "{policies:#?}");
     let spec = &own[0]["spec"];
     let ranks = json!([{"podSelector": {"matchLabels": {"volcano.sh/job-name": "j-77"}}}]);
-    assert_eq!(spec["podSelector"], json!({"matchLabels": {"volcano.sh/job-name": "j-77"}}));
+    assert_eq!(
+        spec["podSelector"],
+        json!({"matchLabels": {"volcano.sh/job-name": "j-77"}})
+    );
     assert_eq!(spec["policyTypes"], json!(["Ingress", "Egress"]));
     assert_eq!(spec["ingress"], json!([{"from": ranks}]));
     assert_eq!(spec["egress"], json!([{"to": ranks}]));
@@ -73,7 +76,10 @@ fn a_sealed_job_talks_to_its_own_ranks_only() {
     );
 
     let job = vcjob(&objects);
-    assert_eq!(at(job, "/metadata/annotations/ucloud.dk~1sealed"), "submission");
+    assert_eq!(
+        at(job, "/metadata/annotations/ucloud.dk~1sealed"),
+        "submission"
+    );
     let template = at(job, "/spec/tasks/0/template");
     assert_eq!(at(template, "/metadata/labels/ucloud.dk~1sealed"), "true");
     let pod = &template["spec"];
@@ -120,7 +126,10 @@ fn a_single_rank_sealed_job_has_no_way_out() {
     open.sealed = false;
     let objects = objects_of(&open);
     let job = vcjob(&objects);
-    assert_eq!(at(job, "/metadata/annotations/ucloud.dk~1sealed"), &Value::Null);
+    assert_eq!(
+        at(job, "/metadata/annotations/ucloud.dk~1sealed"),
+        &Value::Null
+    );
     let own = of_kind(&objects, "NetworkPolicy")
         .into_iter()
         .find(|p| p["metadata"]["name"] == "policy-77")
@@ -144,7 +153,10 @@ fn the_sealed_policy_needs_neither_the_owner_namespace_nor_connect_to_job() {
     let policies = of_kind(&shared, "NetworkPolicy");
     assert_eq!(policies.len(), 1, "{policies:#?}");
     let text = policies[0]["spec"].to_string();
-    assert!(!text.contains("ipBlock") && !text.contains("53") && !text.contains("namespaceSelector"), "{text}");
+    assert!(
+        !text.contains("ipBlock") && !text.contains("53") && !text.contains("namespaceSelector"),
+        "{text}"
+    );
 
     let mut off = defaults();
     off.pipeline.plugins.connect_to_job = false;
@@ -183,7 +195,10 @@ fn what_would_open_a_sealed_job_is_refused_naming_the_field() {
         &attaching,
     );
     assert_eq!(e.field(), "resources[0].networkIp");
-    assert!(e.message().contains("a sealed job cannot have a public IP"), "{e}");
+    assert!(
+        e.message().contains("a sealed job cannot have a public IP"),
+        "{e}"
+    );
     assert!(e.message().contains("the submission asks for it"), "{e}");
 
     let peer = PeerValue {
@@ -212,7 +227,9 @@ fn what_would_open_a_sealed_job_is_refused_naming_the_field() {
     licensed.parameters.retain(|_, p| {
         !matches!(
             p.value,
-            Some(volcano_runner::messages::v1::parameter_value::Value::Peer(_))
+            Some(volcano_runner::messages::v1::parameter_value::Value::Peer(
+                _
+            ))
         )
     });
     licensed.sealed = true;
@@ -238,7 +255,10 @@ fn the_operator_may_let_the_proxy_reach_a_sealed_interface() {
         .unwrap();
     let ingress = own["spec"]["ingress"].as_array().unwrap();
     assert_eq!(ingress.len(), 2, "{ingress:#?}");
-    assert_eq!(ingress[1]["ports"], json!([{"port": 8888, "protocol": "TCP"}]));
+    assert_eq!(
+        ingress[1]["ports"],
+        json!([{"port": 8888, "protocol": "TCP"}])
+    );
     assert_eq!(
         ingress[1]["from"][0]["namespaceSelector"],
         json!({"matchLabels": {"kubernetes.io/metadata.name": "volcano-runner"}})
@@ -273,7 +293,10 @@ fn the_operator_seals_products_and_projects() {
             &with_resource(open.clone(), resource_value::Value::Peer(peer)),
             &config,
         );
-        assert!(e.message().contains("the operator seals every job of"), "{e}");
+        assert!(
+            e.message().contains("the operator seals every job of"),
+            "{e}"
+        );
     }
     let mut other = defaults();
     other.pipeline.sealed.projects = vec!["another-project".into()];

@@ -143,7 +143,11 @@ async fn a_sealed_rank_reaches_its_own_ranks_and_nothing_else() {
         .find(|c| c.message_id == "open/QUEUED")
         .and_then(|c| c.event.clone())
         .unwrap();
-    assert!(!open_queued.status.contains("sealed"), "{}", open_queued.status);
+    assert!(
+        !open_queued.status.contains("sealed"),
+        "{}",
+        open_queued.status
+    );
     // The pods start (and get their addresses).
     h.sim.advance(Duration::from_secs(5));
 
@@ -275,7 +279,11 @@ async fn a_sealed_submission_that_would_open_the_job_is_refused() {
     for (job_id, field, words) in [
         ("with-ip", "resources[0].networkIp", "a public IP"),
         ("with-peer", "resources[0].peer", "a peer"),
-        ("with-license", "parameters.license.licenseServer", "a license server"),
+        (
+            "with-license",
+            "parameters.license.licenseServer",
+            "a license server",
+        ),
         ("by-operator", "resources[0].peer", "a peer"),
     ] {
         let event = refusal(&h, job_id).await;
@@ -350,13 +358,7 @@ async fn a_sealed_pods_process_cannot_connect_for_real() {
     })
     .await;
     h.sim.advance(Duration::from_secs(5));
-    let namespace = h
-        .vcjob("alone")
-        .await
-        .unwrap()
-        .metadata
-        .namespace
-        .unwrap();
+    let namespace = h.vcjob("alone").await.unwrap().metadata.namespace.unwrap();
     let internet = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = internet.local_addr().unwrap().port();
     let script = format!("echo hello >/dev/tcp/127.0.0.1/{port}");

@@ -80,7 +80,9 @@ impl Plugin for FairShare {
                     spec: Some(NetworkPolicySpec {
                         // Every pod but the sealed ones: policies add up, so a baseline that
                         // selected a sealed pod would open it to DNS and the internet.
-                        pod_selector: Some(crate::pipeline::sealed::baseline_selector(cx.pipeline())),
+                        pod_selector: Some(crate::pipeline::sealed::baseline_selector(
+                            cx.pipeline(),
+                        )),
                         policy_types: Some(vec!["Ingress".to_owned(), "Egress".to_owned()]),
                         ingress: Some(baseline_ingress(policy_config)),
                         egress: Some(baseline_egress(policy_config)),
