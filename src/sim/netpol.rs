@@ -17,7 +17,8 @@
 //!   pod, with `protocol` (default TCP); without `port`, every port of that protocol.
 //!
 //! An `ipBlock` is matched against pod addresses too (most network plugins do; the API leaves it to them).
-//! Pure: the caller ([`super::SimHandle::connection`]) looks the objects up.
+//! [`evaluate`] is pure; [`connection`] looks the objects up for it, for [`super::SimHandle::connection`]
+//! and for `GET /sim/v1/connection?from=<ns>/<pod>|<ip>&to=...&port=<n>&protocol=TCP`.
 
 use std::net::IpAddr;
 
@@ -425,6 +426,69 @@ impl Peer {
             name: name.to_owned(),
         }
     }
+
+    /// `<namespace>/<pod>` or an IP address, as `GET /sim/v1/connection` takes them.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if let Ok(ip) = text.parse::<IpAddr>() {
+            return Ok(Self::Address(ip));
+        }
+        match text.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Ok(Self::pod(ns, name))
+            }
+            _ => Err(format!(
+                "{text:?} is neither <namespace>/<pod> nor an IP address"
+            )),
+        }
+    }
+}
+
+impl Side {
+    fn to_json(&self) -> Value {
+        match self {
+            Self::Open => serde_json::json!({"isolated": false}),
+            Self::Allowed(p) => serde_json::json!({"isolated": true, "allowedBy": p}),
+            Self::Denied(p) => serde_json::json!({"isolated": true, "isolatedBy": p}),
+        }
+    }
+}
+
+impl Verdict {
+    /// The answer of `GET /sim/v1/connection`.
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "allowed": self.allowed(),
+            "egress": self.egress.to_json(),
+            "ingress": self.ingress.to_json(),
+            "verdict": self.to_string(),
+        })
+    }
+}
+
+/// `GET /sim/v1/connection?from=<ns>/<pod>|<ip>&to=...&port=<n>[&protocol=TCP|UDP|SCTP]`: the verdict as
+/// JSON, or a 400 naming the parameter.
+pub(crate) fn answer(
+    core: &super::api::Core,
+    get: impl Fn(&str) -> Option<String>,
+) -> Result<Value, super::ApiError> {
+    let bad = |name: &str, why: String| super::ApiError::bad_request(format!("{name}: {why}"));
+    let peer = |name: &str| {
+        let text = get(name).ok_or_else(|| bad(name, "is required".into()))?;
+        Peer::parse(&text).map_err(|e| bad(name, e))
+    };
+    let (from, to) = (peer("from")?, peer("to")?);
+    let port = get("port")
+        .ok_or_else(|| bad("port", "is required".into()))?
+        .parse::<u16>()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| bad("port", "must be a port number (1 to 65535)".into()))?;
+    let protocol = match get("protocol") {
+        None => Protocol::Tcp,
+        Some(p) => Protocol::parse(&p)
+            .ok_or_else(|| bad("protocol", format!("{p:?} is not TCP, UDP or SCTP")))?,
+    };
+    connection(core, &from, &to, port, protocol).map(|v| v.to_json())
 }
 
 /// A peer's objects, looked up in the store.
@@ -813,6 +877,22 @@ mod tests {
             !egress_closed(&[&elsewhere], &me),
             "another namespace's policy"
         );
+    }
+
+    #[test]
+    fn peers_parse_as_the_endpoint_takes_them() {
+        assert_eq!(Peer::parse("ns/pod-0"), Ok(Peer::pod("ns", "pod-0")));
+        assert_eq!(
+            Peer::parse("10.96.0.10"),
+            Ok(Peer::Address("10.96.0.10".parse().unwrap()))
+        );
+        assert_eq!(
+            Peer::parse("::1"),
+            Ok(Peer::Address("::1".parse().unwrap()))
+        );
+        for bad in ["pod", "/pod", "ns/", "a/b/c", ""] {
+            assert!(Peer::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -194,6 +194,37 @@ async fn a_sealed_rank_reaches_its_own_ranks_and_nothing_else() {
         "denied by the job's own policy: {verdict}"
     );
 
+    // The same question over HTTP, as a tool that is not Rust asks it; bad parameters are named.
+    let ask = |query: String| {
+        let client = h.client.clone();
+        async move {
+            let request = http::Request::get(format!("/sim/v1/connection?{query}"))
+                .body(Vec::new())
+                .unwrap();
+            client.request_text(request).await
+        }
+    };
+    let s0_name = names::pod_name("sealed", 0);
+    let answer: serde_json::Value = serde_json::from_str(
+        &ask(format!(
+            "from={namespace}/{s0_name}&to=10.96.0.10&port=53&protocol=UDP"
+        ))
+        .await
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(answer["allowed"], false, "{answer}");
+    assert_eq!(
+        answer["egress"]["isolatedBy"],
+        serde_json::json!([format!("{namespace}/policy-sealed")]),
+        "{answer}"
+    );
+    let error = ask(format!("from={namespace}/{s0_name}&to=somewhere&port=53"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("to: \"somewhere\" is neither"), "{error}");
+
     // The open job of the same owner: DNS, the internet and its peer; the proxy reaches it.
     assert!(may(&h, &open0, &dns, 53), "open -> DNS");
     assert!(may(&h, &open0, &internet, 443), "open -> internet");
