@@ -243,6 +243,26 @@ async fn a_sealed_rank_reaches_its_own_ranks_and_nothing_else() {
         serde_json::json!({"matchExpressions": [{"key": "ucloud.dk/sealed", "operator": "DoesNotExist"}]})
     );
     assert_eq!(spec["egress"].as_array().map(Vec::len), Some(2));
+
+    // A job of the same owner that names the sealed job as its peer could never reach it: refused.
+    let reaching = with_resource(
+        figlet("reaching"),
+        resource_value::Value::Peer(PeerValue {
+            hostname: "vault".into(),
+            job_id: "sealed".into(),
+        }),
+    );
+    h.submit(&reaching).await;
+    let event = refusal(&h, "reaching").await;
+    assert_eq!(event.reason, "invalid_field");
+    assert!(
+        event
+            .status
+            .starts_with("resources[0].peer.jobId: job sealed is sealed"),
+        "{}",
+        event.status
+    );
+    assert!(h.vcjob("reaching").await.is_none());
     runner.stop().await;
 }
 
@@ -270,7 +290,12 @@ async fn a_sealed_submission_that_would_open_the_job_is_refused() {
     let mut config = h.config.clone();
     config.pipeline.sealed.products = vec!["u1-standard".into()];
     let runner = h.start_with("runner-a", config, false);
-    h.submit(&figlet("peer-target")).await;
+    // Not sealed: a product the operator does not seal.
+    let mut target = figlet("peer-target");
+    let product = target.product.as_mut().unwrap();
+    product.id = "u2-standard-1".into();
+    product.category = "u2-standard".into();
+    h.submit(&target).await;
     h.wait_events("the peer queued", |e| {
         e.iter().any(|c| c.message_id == "peer-target/QUEUED")
     })
