@@ -138,6 +138,10 @@ pub struct JobView {
     /// Where the system calls of a traced job are recorded (`SubmitJob.traced`, `[pipeline.traced]`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub traced: Option<Traced>,
+    /// Why the job is sealed (`submission`, `product:<p>`, `project:<p>`), when it is
+    /// ([`crate::pipeline::sealed`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sealed: Option<String>,
     /// When the runner accepted the submission and created the job.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub accepted_at: Option<Timestamp>,
@@ -412,6 +416,7 @@ pub fn view(job: &VolcanoJob, keys: &AnnotationKeys) -> Option<JobView> {
         ranks,
         application: text(&keys.application),
         traced: traced(job, &keys.prefix, ranks),
+        sealed: text(&keys.sealed),
         accepted_at,
         accepted_by,
         history,
@@ -544,6 +549,10 @@ impl JobView {
                     t.files.join(", ")
                 ),
             );
+        }
+        if let Some(why) = &self.sealed {
+            let why = crate::pipeline::sealed::Why::parse(why);
+            line("Network:", crate::pipeline::sealed::describe(&why));
         }
         line(
             "Accepted:",
@@ -789,6 +798,32 @@ mod tests {
                 .collect(),
         );
         job
+    }
+
+    #[test]
+    fn a_sealed_job_says_so_and_why() {
+        let k = AnnotationKeys::new("ucloud.dk/");
+        let sealed = view(
+            &job(&[
+                (&k.owner_user, "carol".into()),
+                (&k.sealed, "project:registry-study".into()),
+            ]),
+            &k,
+        )
+        .unwrap();
+        assert_eq!(sealed.sealed.as_deref(), Some("project:registry-study"));
+        assert!(
+            sealed.text().contains(
+                "Network:      sealed (the operator seals every job of project registry-study): no network beyond its own ranks\n"
+            ),
+            "{}",
+            sealed.text()
+        );
+        let json = serde_json::to_value(&sealed).unwrap();
+        assert_eq!(json["sealed"], "project:registry-study");
+        let open = view(&job(&[(&k.owner_user, "carol".into())]), &k).unwrap();
+        assert!(!open.text().contains("Network:"));
+        assert!(serde_json::to_value(&open).unwrap().get("sealed").is_none());
     }
 
     #[test]

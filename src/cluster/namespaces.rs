@@ -122,7 +122,8 @@ impl NamespaceCache {
     }
 
     /// Makes sure `object` exists: creates it unless it is known or already there. Any existing object of
-    /// that name is accepted as it is (a namespace's labels, a baseline policy someone tuned by hand).
+    /// that name is accepted as it is (a namespace's labels, a baseline policy someone tuned by hand), but
+    /// for a NetworkPolicy's pod selector, which is made the runner's (see [`adopt_selector`]).
     pub async fn ensure(
         &self,
         client: &kube::Client,
@@ -155,7 +156,10 @@ impl NamespaceCache {
             .await;
         let outcome = match created {
             Ok(_) => Ensured::Created,
-            Err(e) if e.is_already_exists() => Ensured::Existed,
+            Err(e) if e.is_already_exists() => {
+                adopt_selector(&api, budget, &key, object).await?;
+                Ensured::Existed
+            }
             Err(e) => return Err(e),
         };
         self.known.insert(key.clone());
@@ -180,6 +184,73 @@ impl NamespaceCache {
     pub fn insert(&self, key: ObjectKey) {
         self.known.insert(key);
     }
+}
+
+/// An existing NetworkPolicy whose `spec.podSelector` is not the desired one gets it (a merge patch; its
+/// rules stay as they are): the baseline's selector keeps sealed pods out of it (policies add up, so a
+/// baseline written before sealing existed, selecting every pod, would give a sealed pod DNS and the
+/// internet). Read once per namespace and runner, when the policy first turns out to exist; written only
+/// when it differs.
+async fn adopt_selector(
+    api: &Api<DynamicObject>,
+    budget: &Budget<'_>,
+    key: &ObjectKey,
+    object: &DynamicObject,
+) -> Result<(), ClusterError> {
+    let Some(selector) = object
+        .data
+        .get("spec")
+        .and_then(|s| s.get("podSelector"))
+        .filter(|_| key.kind == "NetworkPolicy")
+    else {
+        return Ok(());
+    };
+    let op = format!("get {key}");
+    let existing = budget
+        .run(&op, || async {
+            api.get(&key.name).await.classify(|| op.clone())
+        })
+        .await?;
+    let current = existing.data.get("spec").and_then(|s| s.get("podSelector"));
+    if current.map(normal_selector) == Some(normal_selector(selector)) {
+        return Ok(());
+    }
+    // A merge patch merges objects: what the desired selector lacks is set to null (removed), so that a
+    // hand-made matchLabels does not stay beside it.
+    let mut replace = serde_json::json!({"matchLabels": null, "matchExpressions": null});
+    if let (Some(r), Some(desired)) = (replace.as_object_mut(), selector.as_object()) {
+        r.extend(desired.clone());
+    }
+    let body = serde_json::json!({"spec": {"podSelector": replace}});
+    let params = kube::api::PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..kube::api::PatchParams::default()
+    };
+    let op = format!("patch {key} spec.podSelector");
+    budget
+        .run(&op, || async {
+            api.patch(&key.name, &params, &kube::api::Patch::Merge(&body))
+                .await
+                .classify(|| op.clone())
+        })
+        .await?;
+    Ok(())
+}
+
+/// A label selector without its empty parts (`{}` and `{"matchLabels": {}}` select the same pods).
+fn normal_selector(selector: &serde_json::Value) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    for key in ["matchLabels", "matchExpressions"] {
+        let value = selector.get(key).filter(|v| match v {
+            serde_json::Value::Object(o) => !o.is_empty(),
+            serde_json::Value::Array(a) => !a.is_empty(),
+            _ => false,
+        });
+        if let Some(v) = value {
+            out.insert(key.to_owned(), v.clone());
+        }
+    }
+    serde_json::Value::Object(out)
 }
 
 #[cfg(test)]

@@ -50,6 +50,7 @@
 //! | `maintenanceWarned` | monitor | `<window id>/<start ms>` of the last maintenance window the running job was warned of |
 //! | `maintenanceCut` | monitor | the instant (ms) a maintenance window ended the job at; its final tick ends there |
 //! | `maintenanceTold` | monitor | `<window id>/<start ms>` of the last maintenance window a job queued before it was told it could not be held back for |
+//! | `sealed` | core, at create (sealed jobs only) | why the job is sealed: `submission`, `product:<id or category>` or `project:<id>`; also a label on the pods (`true`), which keeps them out of the namespace's baseline policy ([`crate::pipeline::sealed`]) |
 //! | `maintenanceHeld` | runner, at create | the id of the maintenance window the job was created held back by (its pods carry the gate [`AnnotationKeys::maintenance_gate`]) |
 //!
 //! Every VolcanoJob the runner creates carries the finalizer [`AnnotationKeys::cleanup_finalizer`]
@@ -79,6 +80,8 @@ pub struct AnnotationKeys {
     pub product_gpu: String,
     /// `<prefix>replicas` (see the table above).
     pub replicas: String,
+    /// `<prefix>sealed` (see the table above).
+    pub sealed: String,
     /// `<prefix>exclusiveNodes` (see the table above).
     pub exclusive_nodes: String,
     /// `<prefix>wholeNodeCharge` (see the table above).
@@ -178,6 +181,7 @@ impl AnnotationKeys {
             product_memory_gib: k("productMemoryGib"),
             product_gpu: k("productGpu"),
             replicas: k("replicas"),
+            sealed: k("sealed"),
             exclusive_nodes: k("exclusiveNodes"),
             whole_node_charge: k("wholeNodeCharge"),
             application: k("application"),

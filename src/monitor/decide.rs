@@ -1971,11 +1971,13 @@ fn queued_first(
         .as_ref()
         .and_then(|a| a.get(&s.accepted_by))
         .map_or(s.runner_id.as_str(), String::as_str);
-    Some(Outbound::Lifecycle(crate::durable::queued_event(
-        &facts.job_id,
-        created,
-        accepted_by,
-    )))
+    let mut event = crate::durable::queued_event(&facts.job_id, created, accepted_by);
+    crate::pipeline::sealed::tell_queued(
+        &mut event.status,
+        job.metadata.annotations.as_ref(),
+        &s.keys.sealed,
+    );
+    Some(Outbound::Lifecycle(event))
 }
 
 /// Where a traced job's system calls are recorded, for its RUNNING and terminal events (a traced job

@@ -641,6 +641,9 @@ impl PipelineConfig {
         if let Err((key, reason)) = self.public_ip.validate() {
             return Err(invalid(key, reason.into()));
         }
+        if let Err((key, reason)) = self.sealed.validate() {
+            return Err(invalid(key, reason.into()));
+        }
         Ok(())
     }
 

@@ -18,6 +18,7 @@ pub mod desired;
 pub mod hooks;
 pub mod names;
 pub mod plugins;
+pub mod sealed;
 
 pub mod context;
 pub mod draft;
@@ -76,6 +77,8 @@ pub struct PipelineConfig {
     pub output: plugins::output_files::OutputConfig,
     /// Jobs whose system calls are recorded besides those that ask, and how (FileMount plugin).
     pub traced: plugins::traced::TracedConfig,
+    /// Which jobs the operator seals, and whether the proxy may reach them ([`sealed`]).
+    pub sealed: sealed::SealedConfig,
     /// The annotation keys for `annotation_prefix`, built once (every render and hook needs them).
     #[serde(skip)]
     keys: KeyCache,
@@ -117,6 +120,7 @@ impl Default for PipelineConfig {
             whole_nodes: WholeNodesConfig::default(),
             output: plugins::output_files::OutputConfig::default(),
             traced: plugins::traced::TracedConfig::default(),
+            sealed: sealed::SealedConfig::default(),
             keys: KeyCache::default(),
         }
     }
@@ -253,11 +257,15 @@ pub fn render<'a>(
 ) -> Result<DesiredJob, PipelineError> {
     let settings = settings.into();
     let cx = context::Context::new(job, settings, now)?;
+    let sealed = sealed::check(&cx)?;
     let mut draft = draft::Draft::new(&cx);
     for plugin in REGISTRY {
         if settings.pipeline.plugins.is_on(plugin.id()) {
             plugin.build(&cx, &mut draft)?;
         }
+    }
+    if let Some(why) = &sealed {
+        sealed::seal(&cx, &mut draft, why)?;
     }
     // A public IP is attached or refused, never dropped: with the NetworkIp plugin off nothing attaches it.
     if let Some(first) = cx.network_ips.first()

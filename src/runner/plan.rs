@@ -25,6 +25,8 @@ pub struct RunnerKeys {
     /// Annotation `<prefix>queuedConfirmed` ([`crate::monitor::queued::ANNOTATION`]): written once the
     /// broker confirmed the job's QUEUED, so that whoever monitors the job sends no copy of it.
     pub queued_confirmed: String,
+    /// Annotation `<prefix>sealed`: the job is sealed, which its QUEUED says.
+    pub sealed: String,
 }
 
 impl RunnerKeys {
@@ -34,6 +36,7 @@ impl RunnerKeys {
             cleanup_finalizer: keys.cleanup_finalizer(),
             accepted_by: keys.accepted_by.clone(),
             queued_confirmed: crate::monitor::queued::annotation_key(&keys.prefix),
+            sealed: keys.sealed.clone(),
         }
     }
 }

@@ -10,6 +10,10 @@
 //! messages are ignored. The session ends when the command does (its exit code in the Status), when the
 //! client goes (the process is killed), or when the pod ends (killed, with a Failure Status saying so).
 //! The simulator is a development tool bound to loopback; docs/sim.md says so.
+//!
+//! A pod whose NetworkPolicies let it open no connection at all (a sealed job of one rank) runs the
+//! command in a network namespace of its own, empty, so its connections fail for real; any other pod's
+//! commands share this machine's network (policies are only evaluated, [`super::netpol`]).
 
 use std::process::Stdio;
 use std::sync::Arc;
@@ -83,13 +87,17 @@ impl ExecRequest {
     }
 }
 
+/// What an exec runs in: the container's environment, the pod's scratch directory, and whether the pod's
+/// NetworkPolicies close every way out ([`super::netpol::egress_closed`]: then the command gets an empty
+/// network namespace of its own, so a connection really fails).
+struct Prepared {
+    env: Vec<(String, String)>,
+    target: ExecTarget,
+    no_network: bool,
+}
+
 /// The container's environment, the scratch directory and the pod's name, checked to be running.
-fn prepare(
-    shared: &Shared,
-    ns: &str,
-    name: &str,
-    req: &ExecRequest,
-) -> Result<(Vec<(String, String)>, ExecTarget), ApiError> {
+fn prepare(shared: &Shared, ns: &str, name: &str, req: &ExecRequest) -> Result<Prepared, ApiError> {
     shared.with(|c| {
         let pod = c.core.get(c.core.ids.pods, ns, name)?;
         let containers = pod
@@ -155,8 +163,31 @@ fn prepare(
                 env.push((k.to_owned(), v.to_owned()));
             }
         }
-        Ok((env, target))
+        let no_network = super::netpol::pod_egress_closed(&c.core, ns, name);
+        Ok(Prepared {
+            env,
+            target,
+            no_network,
+        })
     })
+}
+
+/// The command line that runs `command`, in a network namespace of its own (nothing in it but a loopback
+/// that is down) when `no_network`: `unshare --net`, with a user namespace too unless the simulator runs
+/// as root (creating a network namespace takes CAP_SYS_ADMIN). Without `unshare` the exec fails rather
+/// than run the command with the network open.
+fn command_line(command: &[String], no_network: bool) -> Vec<String> {
+    if !no_network {
+        return command.to_vec();
+    }
+    let mut line = vec!["unshare".to_owned(), "--net".to_owned()];
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        line.push("--map-root-user".to_owned());
+    }
+    line.push("--".to_owned());
+    line.extend(command.iter().cloned());
+    line
 }
 
 /// `GET|POST /api/v1/namespaces/{ns}/pods/{name}/exec`.
@@ -175,7 +206,7 @@ pub(crate) async fn handle(
         Ok(a) => a,
         Err(e) => return error_response(&ApiError::bad_request(e.to_string())),
     };
-    let (env, target) = match prepare(&shared, &ns, &name, &exec) {
+    let prepared = match prepare(&shared, &ns, &name, &exec) {
         Ok(x) => x,
         Err(e) => return error_response(&e),
     };
@@ -183,7 +214,7 @@ pub(crate) async fn handle(
     let response = accepted.response();
     tokio::spawn(async move {
         if let Some(socket) = accepted.socket().await {
-            run(socket, exec, env, target, v5).await;
+            run(socket, exec, prepared, v5).await;
         }
     });
     response
@@ -225,19 +256,20 @@ async fn read_opt<R: tokio::io::AsyncRead + Unpin>(
     }
 }
 
-async fn run<S>(
-    ws: WebSocketStream<S>,
-    exec: ExecRequest,
-    env: Vec<(String, String)>,
-    target: ExecTarget,
-    v5: bool,
-) where
+async fn run<S>(ws: WebSocketStream<S>, exec: ExecRequest, prepared: Prepared, v5: bool)
+where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
+    let Prepared {
+        env,
+        target,
+        no_network,
+    } = prepared;
     let (mut tx, mut rx) = ws.split();
     let piped = |on: bool| if on { Stdio::piped() } else { Stdio::null() };
-    let spawned = tokio::process::Command::new(&exec.command[0])
-        .args(&exec.command[1..])
+    let line = command_line(&exec.command, no_network);
+    let spawned = tokio::process::Command::new(&line[0])
+        .args(&line[1..])
         .current_dir(&target.dir)
         .env_clear()
         .envs(env)

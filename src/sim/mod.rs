@@ -22,6 +22,7 @@ pub mod faults;
 pub mod interactive;
 pub mod json;
 pub mod names;
+pub mod netpol;
 pub mod patch;
 pub mod quantity;
 pub mod registry;
@@ -578,6 +579,20 @@ impl SimHandle {
             let id = c.core.registry.lookup(group, version, plural)?;
             c.core.get(id, namespace, name).ok().map(|o| (*o).clone())
         })
+    }
+
+    /// Whether the cluster's NetworkPolicies, as a network plugin that enforces them would apply them,
+    /// let `from` open a connection to `to` on `port`/`protocol` (see [`netpol`]). The simulator runs no
+    /// pod network, so this is the question a test asks instead of connecting.
+    pub fn connection(
+        &self,
+        from: &netpol::Peer,
+        to: &netpol::Peer,
+        port: u16,
+        protocol: netpol::Protocol,
+    ) -> Result<netpol::Verdict, ApiError> {
+        self.shared
+            .read(|c| netpol::connection(&c.core, from, to, port, protocol))
     }
 
     /// The latest resourceVersion.

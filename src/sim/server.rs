@@ -479,6 +479,9 @@ enum Route {
     /// `GET /sim/v1/clock`: the simulated time and its speed, so a runner pointed at this simulator by
     /// URL uses its clock rather than the wall clock.
     Clock,
+    /// `GET /sim/v1/connection`: whether the NetworkPolicies let one pod or address connect to another
+    /// ([`super::netpol`]).
+    Connection,
     Health,
     Api,
     Apis,
@@ -519,6 +522,7 @@ fn parse_route(path: &str) -> Option<Route> {
     match segs.as_slice() {
         ["version"] => Some(Route::Version),
         ["sim", "v1", "clock"] => Some(Route::Clock),
+        ["sim", "v1", "connection"] => Some(Route::Connection),
         ["openapi", "v2"] => Some(Route::OpenApiV2),
         ["openapi", "v3"] => Some(Route::OpenApiRoot),
         ["openapi", "v3", "api", v] => Some(Route::OpenApi(String::new(), v.to_string())),
@@ -589,6 +593,13 @@ pub(crate) async fn handle(
     {
         return error_response(&e);
     }
+    if matches!(route, Route::Connection) {
+        let get = |k: &str| params.get(k).map(str::to_owned);
+        return match shared.read(|c| super::netpol::answer(&c.core, get)) {
+            Ok(v) => json_response(200, &v),
+            Err(e) => error_response(&e),
+        };
+    }
     let Route::Resource(p) = route else {
         return discovery_response(&shared, route, &accept, uri.path());
     };
@@ -610,6 +621,8 @@ fn discovery_response(shared: &Shared, route: Route, accept: &str, path: &str) -
             }),
         ),
         Route::Health => respond(200, "text/plain", b"ok".to_vec()),
+        // Answered by `handle`, which has the query.
+        Route::Connection => error_response(&ApiError::no_route(path)),
         Route::OpenApiV2 if accept.contains("protobuf") => respond(
             200,
             "application/octet-stream",

@@ -382,6 +382,8 @@ fn submit_job() -> impl Strategy<Value = v1::SubmitJob> {
                 let (output_folder, submitted_at, opened_file, exclusive_nodes) = rest;
                 // A whole-node job needs a time limit (schema and validation).
                 let exclusive_nodes = exclusive_nodes && time.is_some();
+                // Varies with the draw, so both values travel through the codecs.
+                let sealed = job_id.len() % 2 == 0;
                 v1::SubmitJob {
                     job_id,
                     owner: Some(owner),
@@ -398,6 +400,7 @@ fn submit_job() -> impl Strategy<Value = v1::SubmitJob> {
                     traced: opened_file.is_some(),
                     opened_file,
                     exclusive_nodes,
+                    sealed,
                 }
             },
         )

@@ -286,6 +286,30 @@ async fn the_rbac_grants_exactly_what_the_runner_uses() {
     fleet
         .wait_until("the sweep", |f| saw(f, "delete", "configmaps", true))
         .await;
+
+    // An owner namespace whose baseline was written before sealed jobs existed (selecting every pod): the
+    // new runner, meeting it on its first job there, reads it and gives it the runner's pod selector.
+    kube::Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(
+        fleet.admin.clone(),
+        &job_namespace,
+    )
+    .patch(
+        "ucloud-baseline",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(
+            serde_json::json!({"spec": {"podSelector": {"matchExpressions": null}}}),
+        ),
+    )
+    .await
+    .expect("the baseline as an older runner wrote it");
+    fleet.submit(&sleeping_job("rbac-9", 60, None)).await;
+    fleet.wait_state("rbac-9", JobState::Queued, None).await;
+    assert!(saw(
+        &fleet,
+        "patch",
+        "networkpolicies.networking.k8s.io",
+        false
+    ));
     fleet.stop().await;
 
     let calls = distinct(&fleet.recorder.calls());

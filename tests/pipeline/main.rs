@@ -9,3 +9,4 @@ mod pipeline_support;
 mod golden;
 mod props;
 mod public_ip;
+mod sealed;

@@ -447,6 +447,8 @@ fn job_strategy() -> impl Strategy<Value = SubmitJob> {
                     exclusive_nodes: ingress,
                     // A traced job needs its output folder; tracing has its own tests.
                     traced: false,
+                    // Not sealed: a sealed job with a peer, a link or a license is refused.
+                    sealed: false,
                 }
             },
         )

@@ -28,6 +28,7 @@ mod peers;
 mod public_ip;
 mod refusals;
 mod scale;
+mod sealed;
 mod shutdown;
 mod sim_clock;
 mod submit;

@@ -5,7 +5,8 @@
 //!   `<prefix>p-<project>-<hash>`: readable, DNS-safe, and distinct for distinct owners (see
 //!   [`crate::pipeline::names::owner_scoped_name`]). The namespace is declared with the job, labelled,
 //!   with the owner's exact name as an annotation, and with its baseline NetworkPolicy: no ingress except
-//!   from the proxy, egress only to DNS and to the internet outside private ranges (both configurable).
+//!   from the proxy, egress only to DNS and to the internet outside private ranges (both configurable),
+//!   for every pod but a sealed job's ([`crate::pipeline::sealed`]).
 //!   Jobs add their own rules on top (ConnectToJob). Volcano's fair share tells owners apart by namespace.
 //! - With `scheduling.queue_per_project`, a project's jobs go to its own Volcano queue, declared with the
 //!   job (Volcano admits jobs only to existing, Open queues).
@@ -77,7 +78,11 @@ impl Plugin for FairShare {
                         ..ObjectMeta::default()
                     },
                     spec: Some(NetworkPolicySpec {
-                        pod_selector: Some(LabelSelector::default()),
+                        // Every pod but the sealed ones: policies add up, so a baseline that
+                        // selected a sealed pod would open it to DNS and the internet.
+                        pod_selector: Some(crate::pipeline::sealed::baseline_selector(
+                            cx.pipeline(),
+                        )),
                         policy_types: Some(vec!["Ingress".to_owned(), "Egress".to_owned()]),
                         ingress: Some(baseline_ingress(policy_config)),
                         egress: Some(baseline_egress(policy_config)),

@@ -253,7 +253,12 @@ async fn queued(h: &Handler, m: &Message<'_>, job_id: &str, meta: &ObjectMeta) -
         .as_ref()
         .and_then(|a| a.get(&h.runner_keys.accepted_by))
         .map_or(h.runner_id.as_str(), String::as_str);
-    let event = events::queued(job_id, created_at, accepted_by);
+    let mut event = events::queued(job_id, created_at, accepted_by);
+    crate::pipeline::sealed::tell_queued(
+        &mut event.status,
+        meta.annotations.as_ref(),
+        &h.runner_keys.sealed,
+    );
     match h.publish(&event, m.traceparent.as_ref()).await {
         Ok(()) => {
             // Confirmed: in the events queues ahead of anything the monitor publishes from now on.
@@ -285,7 +290,7 @@ async fn record_queued_confirmed(h: &Handler, job_id: &str, meta: &ObjectMeta) {
     }
 }
 
-/// The first peer that is not this owner's job, or has ended: `(field, what is wrong, reason)`. A peer
+/// The first peer that is not this owner's job, is sealed, or has ended: `(field, what is wrong, reason)`. A peer
 /// belongs to the same owner when it has the same project (a project's job) or, for a personal job, the
 /// same user and no project; names are compared exactly (`Alice` is not `alice`).
 async fn foreign_peer(
@@ -334,6 +339,16 @@ async fn foreign_peer(
                 field,
                 format!(
                     "job {peer_id} belongs to another owner; a peer must be a job of the same user or project"
+                ),
+                "invalid_field",
+            )));
+        }
+        // A sealed job admits nothing from outside it: a job that names it could never reach it.
+        if annotation(&peer, &h.keys.sealed).is_some() {
+            return Ok(Some((
+                field,
+                format!(
+                    "job {peer_id} is sealed: nothing outside it may reach it, so it cannot be a peer"
                 ),
                 "invalid_field",
             )));
