@@ -419,10 +419,7 @@ mod tests {
     #[test]
     fn the_table_shows_each_phase_and_what_is_missing() {
         let table = report().table();
-        let row = table
-            .lines()
-            .rfind(|l| l.contains(" | "))
-            .unwrap();
+        let row = table.lines().rfind(|l| l.contains(" | ")).unwrap();
         assert!(row.contains("unpaced"), "{row}");
         assert!(row.contains("1250"), "{row}");
         assert!(row.contains("50%"), "{row}");

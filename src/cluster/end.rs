@@ -153,8 +153,7 @@ pub async fn delete_companions(
 /// EndpointSlice. A batch job has neither, so its end costs no delete, and its finalizer can go in the
 /// write that records its end.
 pub fn deletes_companions_at_end(job: &VolcanoJob, keys: &AnnotationKeys) -> bool {
-    has_peers(job, keys)
-        || recorded_companions(job, keys).any(|(kind, _)| kind != "NetworkPolicy")
+    has_peers(job, keys) || recorded_companions(job, keys).any(|(kind, _)| kind != "NetworkPolicy")
 }
 
 /// The `(kind, name)` of each companion named at create. Only a job kept by a TTL carries the names,

@@ -3213,11 +3213,10 @@ mod tests {
     fn a_finished_batch_job_loses_its_finalizer_in_the_write_that_records_its_end() {
         let s = settings(|_| {});
         let mut job = job_with_ttl(&s);
-        job.metadata
-            .annotations
-            .as_mut()
-            .unwrap()
-            .insert(s.keys.companions.clone(), "NetworkPolicy/policy-4817".into());
+        job.metadata.annotations.as_mut().unwrap().insert(
+            s.keys.companions.clone(),
+            "NetworkPolicy/policy-4817".into(),
+        );
         let mut world = World::default();
         queued_recorded(&mut job, &s);
         set_phase(&mut job, JobPhase::Running, 6);
@@ -3261,7 +3260,10 @@ mod tests {
         assert_eq!(end.event_id, "4817/EXPIRED");
         assert_eq!(end.ended_at.unwrap().seconds, START + 3600);
         assert_eq!(world.commands, 1);
-        assert!(!world.companions_deleted, "none to delete: its NetworkPolicy goes at the TTL");
+        assert!(
+            !world.companions_deleted,
+            "none to delete: its NetworkPolicy goes at the TTL"
+        );
         assert_eq!(job.metadata.finalizers, Some(Vec::new()));
         assert_eq!(world.finish_writes, 0, "in the write of its end");
         assert!(job.metadata.deletion_timestamp.is_none());

@@ -468,10 +468,7 @@ impl Executor {
         let mut unfinalize = action.remove_finalizer;
         if !action.set.is_empty() || !action.remove.is_empty() {
             let together = unfinalize && !action.delete && !action.release && !action.companions;
-            match self
-                .patch(job, &action.set, &action.remove, together)
-                .await
-            {
+            match self.patch(job, &action.set, &action.remove, together).await {
                 Ok(Some(new)) => current = Some(new),
                 Ok(None) => return Ok(Acted::Gone),
                 Err(e) if e.is_conflict() => return Ok(Acted::Conflict),
@@ -740,7 +737,9 @@ impl Executor {
                 if let (Some(rest), Value::Array(ops)) = (&finalizers, &mut ops) {
                     let seen = job.metadata.finalizers.clone().unwrap_or_default();
                     ops.push(json!({"op": "test", "path": "/metadata/finalizers", "value": seen}));
-                    ops.push(json!({"op": "replace", "path": "/metadata/finalizers", "value": rest}));
+                    ops.push(
+                        json!({"op": "replace", "path": "/metadata/finalizers", "value": rest}),
+                    );
                 }
                 self.write_json_patch(job, &ops).await
             }

@@ -319,21 +319,33 @@ mod tests {
 
         let mine = crate::cluster::shard_of("a", 2);
         let theirs = 1 - mine;
-        let other = (0..).map(|i| format!("o{i}")).find(|id| crate::cluster::shard_of(id, 2) == theirs).unwrap();
+        let other = (0..)
+            .map(|i| format!("o{i}"))
+            .find(|id| crate::cluster::shard_of(id, 2) == theirs)
+            .unwrap();
         let held = HeldShards::for_tests(2, BTreeSet::from([mine]), until);
         let (tx, rx) = watch::channel(held.clone());
         confirmed.attach(rx);
-        assert!(!confirmed.carry(&other, "ns", "j-other"), "another runner's shard");
+        assert!(
+            !confirmed.carry(&other, "ns", "j-other"),
+            "another runner's shard"
+        );
         assert!(!held.busy(theirs));
         assert!(confirmed.carry("a", "ns", "j-a"));
         assert!(confirmed.is_carried("a") && confirmed.contains("a"));
         assert!(held.busy(mine), "the shard waits for the record");
-        assert!(confirmed.released(false).is_empty(), "its shard is still held");
+        assert!(
+            confirmed.released(false).is_empty(),
+            "its shard is still held"
+        );
 
         tx.send_replace(held.now_holding(BTreeSet::new()));
         let released = confirmed.released(false);
         assert_eq!(released.len(), 1);
-        assert_eq!((released[0].namespace.as_str(), released[0].name.as_str()), ("ns", "j-a"));
+        assert_eq!(
+            (released[0].namespace.as_str(), released[0].name.as_str()),
+            ("ns", "j-a")
+        );
         assert!(!confirmed.is_carried("a"));
         assert!(confirmed.contains("a"), "still known to be confirmed");
         assert!(held.busy(mine), "until the record is written");

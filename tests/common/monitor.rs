@@ -574,9 +574,9 @@ impl World {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         };
-        tokio::time::timeout(PATIENCE, collected)
-            .await
-            .expect("its NetworkPolicy goes with it (the garbage collector, by its ownerReference)");
+        tokio::time::timeout(PATIENCE, collected).await.expect(
+            "its NetworkPolicy goes with it (the garbage collector, by its ownerReference)",
+        );
     }
 
     /// The Services and NetworkPolicies the runner created beside the job `name` (by their label) that

@@ -192,7 +192,10 @@ async fn holds_every_shard(h: &Harness, runner: &str, shards: usize) {
                 .items
                 .iter()
                 .filter(|l| {
-                    l.metadata.name.as_deref().is_some_and(|n| n.contains("-shard-"))
+                    l.metadata
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| n.contains("-shard-"))
                         && l.spec.as_ref().and_then(|s| s.holder_identity.as_deref())
                             == Some(runner)
                 })

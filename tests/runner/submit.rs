@@ -440,10 +440,21 @@ async fn a_submission_to_a_monitoring_runner_costs_three_requests() {
 
     let by_kind = per_job_requests(&before, &after);
     let total: u64 = by_kind.values().sum();
-    assert!(total <= 3 * N, "{total} requests for {N} submissions: {by_kind:?}");
-    assert_eq!(by_kind.get("create jobs.batch.volcano.sh"), Some(&N), "{by_kind:?}");
+    assert!(
+        total <= 3 * N,
+        "{total} requests for {N} submissions: {by_kind:?}"
+    );
+    assert_eq!(
+        by_kind.get("create jobs.batch.volcano.sh"),
+        Some(&N),
+        "{by_kind:?}"
+    );
     assert_eq!(by_kind.get("get configmaps"), Some(&N), "{by_kind:?}");
-    assert_eq!(by_kind.get("patch jobs.batch.volcano.sh"), None, "{by_kind:?}");
+    assert_eq!(
+        by_kind.get("patch jobs.batch.volcano.sh"),
+        None,
+        "{by_kind:?}"
+    );
 }
 
 /// Waits until every job in `jobs` has its `state` event.
@@ -492,8 +503,13 @@ async fn a_monitored_job_costs_at_most_six_requests_over_its_life() {
             own_lists += 1;
             let listed = vcjobs.list(&ListParams::default()).await.unwrap();
             let held = listed.items.iter().any(|j| {
-                jobs.iter().any(|id| j.metadata.name.as_deref() == Some(&format!("j-{id}")))
-                    && j.metadata.finalizers.iter().flatten().any(|f| *f == finalizer)
+                jobs.iter()
+                    .any(|id| j.metadata.name.as_deref() == Some(&format!("j-{id}")))
+                    && j.metadata
+                        .finalizers
+                        .iter()
+                        .flatten()
+                        .any(|f| *f == finalizer)
             });
             if !held {
                 return after;
@@ -529,21 +545,26 @@ async fn a_monitored_job_costs_at_most_six_requests_over_its_life() {
         jobs.len(),
         "kept with the ended jobs until their TTL"
     );
-    h.sim.advance(h.config.cluster.ended_job_retention + std::time::Duration::from_secs(60));
-    crate::rabbit::within("the jobs and their NetworkPolicies collected at the TTL", async {
-        loop {
-            let left = policies.list(&ListParams::default()).await.unwrap();
-            let jobs_left = vcjobs.list(&ListParams::default()).await.unwrap();
-            if !left.items.iter().any(named)
-                && !jobs_left.items.iter().any(|j| {
-                    jobs.iter().any(|id| j.metadata.name.as_deref() == Some(&format!("j-{id}")))
-                })
-            {
-                return;
+    h.sim
+        .advance(h.config.cluster.ended_job_retention + std::time::Duration::from_secs(60));
+    crate::rabbit::within(
+        "the jobs and their NetworkPolicies collected at the TTL",
+        async {
+            loop {
+                let left = policies.list(&ListParams::default()).await.unwrap();
+                let jobs_left = vcjobs.list(&ListParams::default()).await.unwrap();
+                if !left.items.iter().any(named)
+                    && !jobs_left.items.iter().any(|j| {
+                        jobs.iter()
+                            .any(|id| j.metadata.name.as_deref() == Some(&format!("j-{id}")))
+                    })
+                {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
-    })
+        },
+    )
     .await;
     runner.stop().await;
 }
