@@ -1996,9 +1996,10 @@ fn publish_end(
         let start = facts.start.or(outcome.started())?;
         start.checked_add(facts.max_time?).ok()
     });
-    // A job kept by its TTL is ended and loses its companions in the next step (1). One created without
-    // it (by an older runner) is released right after the terminal state is persisted: if it is being
-    // deleted already, it still has its companions, which only a foreground deletion removes before the
+    // A job kept by its TTL is ended and loses its companions in the next step (1), or its finalizer in
+    // this write when it has none to lose ([`finishes_with_the_end`]). One created without it (by an
+    // older runner) is released right after the terminal state is persisted: if it is being deleted
+    // already, it still has its companions, which only a foreground deletion removes before the
     // record ends.
     let mut action = Action {
         what: "end",
