@@ -154,7 +154,59 @@ impl Report {
         for p in &self.phases {
             write_phase_row(&mut out, p);
         }
+        self.write_monitoring_cost(&mut out);
+        for p in &self.phases {
+            write_requests_by_kind(&mut out, p);
+        }
         out
+    }
+
+    /// What the monitoring duty costs the consuming side: per runner count and rate run both ways, the
+    /// QUEUED rate with monitoring over the rate without it, against the goals (80% for one runner, 60%
+    /// for more, unpaced).
+    pub fn monitoring_ratios(&self) -> Vec<MonitoringRatio> {
+        self.phases
+            .iter()
+            .filter(|on| on.monitor)
+            .filter_map(|on| {
+                let off = self.phases.iter().find(|off| {
+                    !off.monitor && off.runners == on.runners && off.target_rate == on.target_rate
+                })?;
+                let ratio = on.sustained_jobs_per_s? / off.sustained_jobs_per_s?;
+                Some(MonitoringRatio {
+                    runners: on.runners,
+                    target_rate: on.target_rate,
+                    ratio,
+                    goal: if on.runners == 1 { 0.8 } else { 0.6 },
+                })
+            })
+            .collect()
+    }
+
+    fn write_monitoring_cost(&self, out: &mut String) {
+        let ratios = self.monitoring_ratios();
+        if ratios.is_empty() {
+            return;
+        }
+        out.push_str("monitored / unmonitored QUEUED rate:\n");
+        for r in ratios {
+            let rate = r
+                .target_rate
+                .map_or("unpaced".into(), |t| format!("{t:.0}/s"));
+            let met = match (r.target_rate, r.ratio >= r.goal) {
+                (Some(_), _) => "",
+                (None, true) => " (goal met)",
+                (None, false) => " (goal NOT met)",
+            };
+            let _ = writeln!(
+                out,
+                "  {} runner{} {rate}: {:.0}% (goal >= {:.0}% unpaced){met}",
+                r.runners,
+                if r.runners == 1 { "" } else { "s" },
+                r.ratio * 100.0,
+                r.goal * 100.0,
+            );
+        }
     }
 
     /// The machine, the workload and the measured limits, one line each.
@@ -253,6 +305,40 @@ fn write_phase_row(out: &mut String, p: &Phase) {
     );
 }
 
+/// The monitored phase's QUEUED rate over the unmonitored one's, for one runner count and rate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MonitoringRatio {
+    pub runners: usize,
+    pub target_rate: Option<f64>,
+    pub ratio: f64,
+    /// What the issue asks for unpaced: 0.8 for one runner, 0.6 for more.
+    pub goal: f64,
+}
+
+/// A phase's API requests per job, by `<verb> <resource>`, largest first: where the requests go.
+fn write_requests_by_kind(out: &mut String, p: &Phase) {
+    let jobs = if p.monitor { p.ended } else { p.queued };
+    if jobs == 0 || p.api_requests_by_kind.is_empty() {
+        return;
+    }
+    let mut kinds: Vec<(&String, &u64)> = p.api_requests_by_kind.iter().collect();
+    kinds.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    let rate = p
+        .target_rate
+        .map_or("unpaced".into(), |r| format!("{r:.0}/s"));
+    let list = kinds
+        .iter()
+        .map(|(kind, n)| format!("{kind} {:.2}", **n as f64 / jobs as f64))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let _ = writeln!(
+        out,
+        "API requests per job, {} runner(s), monitor {}, {rate}: {list}",
+        p.runners,
+        if p.monitor { "on" } else { "off" },
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,7 +419,7 @@ mod tests {
     #[test]
     fn the_table_shows_each_phase_and_what_is_missing() {
         let table = report().table();
-        let row = table.lines().last().unwrap();
+        let row = table.lines().rfind(|l| l.contains(" | ")).unwrap();
         assert!(row.contains("unpaced"), "{row}");
         assert!(row.contains("1250"), "{row}");
         assert!(row.contains("50%"), "{row}");
@@ -372,5 +458,54 @@ mod tests {
         assert_eq!(phase["duplicates_per_1000_jobs"], 7.0);
         assert_eq!(phase["harness_cpu_s"], 4.0);
         assert_eq!(phase["broker_cpu_s"], 1.5);
+    }
+
+    #[test]
+    fn the_table_says_what_monitoring_costs_and_where_the_requests_go() {
+        let on = report().phases[0].clone();
+        let off = Phase {
+            monitor: false,
+            sustained_jobs_per_s: Some(1600.0),
+            queued: 1000,
+            api_requests_by_kind: std::collections::BTreeMap::from([
+                ("create jobs.batch.volcano.sh".to_owned(), 1000),
+                ("get configmaps".to_owned(), 1000),
+                ("patch jobs.batch.volcano.sh".to_owned(), 500),
+            ]),
+            ..on.clone()
+        };
+        let three_on = Phase {
+            runners: 3,
+            sustained_jobs_per_s: Some(700.0),
+            ..on.clone()
+        };
+        let three_off = Phase {
+            runners: 3,
+            ..off.clone()
+        };
+        let report = Report {
+            phases: vec![off, on, three_off, three_on],
+            ..report()
+        };
+        let ratios = report.monitoring_ratios();
+        assert_eq!(ratios.len(), 2);
+        assert!((ratios[0].ratio - 1250.0 / 1600.0).abs() < 1e-9);
+        assert_eq!(ratios[0].goal, 0.8);
+        assert_eq!((ratios[1].runners, ratios[1].goal), (3, 0.6));
+        let table = report.table();
+        assert!(
+            table.contains("1 runner unpaced: 78% (goal >= 80% unpaced) (goal NOT met)"),
+            "{table}"
+        );
+        assert!(
+            table.contains("3 runners unpaced: 44% (goal >= 60% unpaced) (goal NOT met)"),
+            "{table}"
+        );
+        assert!(
+            table.contains(
+                "monitor off, unpaced: create jobs.batch.volcano.sh 1.00, get configmaps 1.00, patch jobs.batch.volcano.sh 0.50"
+            ),
+            "{table}"
+        );
     }
 }

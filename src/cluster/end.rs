@@ -7,15 +7,18 @@
 //!   collector deletes `ttlSecondsAfterFinished` later. `TerminateJob`, not `AbortJob`: an `Aborted` job
 //!   is resumable, and the garbage collector never counts its TTL. The Command's name is a function of
 //!   the job's, so a cancel redelivered before Volcano took the Command meets AlreadyExists (done).
-//! - [`delete_companions`]: the objects the runner created beside the job (its Services, among them a
-//!   public IP's LoadBalancer, its NetworkPolicy, its peers' EndpointSlice) are owned by the job and
-//!   would live as long as the kept job (the retention, 24 h): they are deleted at the end instead.
+//! - [`delete_companions`]: the objects the runner created beside the job that hold something or are
+//!   found by others (its Services, among them a public IP's LoadBalancer, its peers' EndpointSlice)
+//!   are owned by the job and would live as long as the kept job (the retention, 24 h): they are deleted
+//!   at the end instead. Its NetworkPolicy is not: it selects only the job's own pods, which are gone, so
+//!   it holds nothing and is left to the garbage collector, which deletes it with the job at the TTL
+//!   (through its ownerReference). That spares a delete per job, the one companion a batch job has
+//!   ([`deletes_companions_at_end`] says whether a job has any companion to delete).
 //! - [`terminated_at`], [`has_ttl`]: what the job itself says about its end, for the readers that
 //!   used to look at the deletion timestamp.
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
 use kube::core::Resource;
 use serde::de::DeserializeOwned;
@@ -107,10 +110,11 @@ pub async fn terminate(
     }
 }
 
-/// Deletes the objects the runner created beside `job` and the peers' EndpointSlice the monitor wrote:
-/// the Services and NetworkPolicies named in its `<prefix>companions` (recorded at its create), and the
-/// EndpointSlice of its peers Service when it has peers. Gone already is fine. The names are the job's
-/// own (they carry its id), and the job ends once.
+/// Deletes the objects the runner created beside `job` that must not outlive its end, and the peers'
+/// EndpointSlice the monitor wrote: the Services named in its `<prefix>companions` (recorded at its
+/// create), and the EndpointSlice of its peers Service when it has peers. Gone already is fine. The
+/// names are the job's own (they carry its id), and the job ends once. Its NetworkPolicy is left to the
+/// garbage collector (see the module documentation).
 pub async fn delete_companions(
     client: &kube::Client,
     retry: &RetryPolicy,
@@ -119,28 +123,14 @@ pub async fn delete_companions(
 ) -> Result<(), ClusterError> {
     let ns = job.metadata.namespace.as_deref().unwrap_or_default();
     let name = job.metadata.name.as_deref().unwrap_or_default();
-    // Named at create: one delete each, no list. Only a job kept by a TTL carries the names, and
-    // only such a job is released this way: one an older runner created without a TTL is deleted in
-    // the foreground, its companions with it.
-    let recorded = job
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(&keys.companions));
-    for (kind, object) in recorded
-        .into_iter()
-        .flat_map(|list| list.split(','))
-        .filter_map(|c| c.split_once('/'))
-    {
+    for (kind, object) in recorded_companions(job, keys) {
         match kind {
             "Service" => {
                 let api: Api<Service> = Api::namespaced(client.clone(), ns);
                 delete_one(retry, &api, ns, object).await?;
             }
-            "NetworkPolicy" => {
-                let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
-                delete_one(retry, &api, ns, object).await?;
-            }
+            // Holds nothing once the job's pods are gone: deleted with the job at its TTL.
+            "NetworkPolicy" => {}
             other => tracing::warn!(
                 job = %name,
                 kind = other,
@@ -149,17 +139,44 @@ pub async fn delete_companions(
             ),
         }
     }
-    let has_peers = job
-        .metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key(&keys.peers));
-    if has_peers && let Some(job_id) = crate::pipeline::names::job_id_from_vcjob_name(name) {
+    if has_peers(job, keys)
+        && let Some(job_id) = crate::pipeline::names::job_id_from_vcjob_name(name)
+    {
         let slice = crate::pipeline::plugins::connect_to_job::peers_service_name(job_id);
         let api: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
         delete_one(retry, &api, ns, &slice).await?;
     }
     Ok(())
+}
+
+/// Whether [`delete_companions`] has anything to delete for `job`: a Service of its own or a peers'
+/// EndpointSlice. A batch job has neither, so its end costs no delete, and its finalizer can go in the
+/// write that records its end.
+pub fn deletes_companions_at_end(job: &VolcanoJob, keys: &AnnotationKeys) -> bool {
+    has_peers(job, keys) || recorded_companions(job, keys).any(|(kind, _)| kind != "NetworkPolicy")
+}
+
+/// The `(kind, name)` of each companion named at create. Only a job kept by a TTL carries the names,
+/// and only such a job is released this way: one an older runner created without a TTL is deleted in
+/// the foreground, its companions with it.
+fn recorded_companions<'a>(
+    job: &'a VolcanoJob,
+    keys: &AnnotationKeys,
+) -> impl Iterator<Item = (&'a str, &'a str)> {
+    job.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(&keys.companions))
+        .into_iter()
+        .flat_map(|list| list.split(','))
+        .filter_map(|c| c.split_once('/'))
+}
+
+fn has_peers(job: &VolcanoJob, keys: &AnnotationKeys) -> bool {
+    job.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(&keys.peers))
 }
 
 /// Deletes `name`; gone already is done.

@@ -2012,9 +2012,10 @@ fn publish_end(
         let start = facts.start.or(outcome.started())?;
         start.checked_add(facts.max_time?).ok()
     });
-    // A job kept by its TTL is ended and loses its companions in the next step (1). One created without
-    // it (by an older runner) is released right after the terminal state is persisted: if it is being
-    // deleted already, it still has its companions, which only a foreground deletion removes before the
+    // A job kept by its TTL is ended and loses its companions in the next step (1), or its finalizer in
+    // this write when it has none to lose ([`finishes_with_the_end`]). One created without it (by an
+    // older runner) is released right after the terminal state is persisted: if it is being deleted
+    // already, it still has its companions, which only a foreground deletion removes before the
     // record ends.
     let mut action = Action {
         what: "end",
@@ -2049,7 +2050,25 @@ fn publish_end(
         s.keys.lifecycle_state.clone(),
         outcome.state.as_str().to_owned(),
     );
+    action.remove_finalizer = finishes_with_the_end(obs.job, s);
     Ok(action)
+}
+
+/// Whether the finalizer can go in the write that records the end, instead of a write of its own
+/// after it (step 1): once the end is published, nothing is left for it to hold when the job is kept by
+/// its TTL, Volcano has taken the job's end in hand (no `TerminateJob` to send first), and no companion
+/// must be deleted before it goes. A batch job's end is then one write, not two.
+fn finishes_with_the_end(job: &VolcanoJob, s: &Settings) -> bool {
+    job.metadata.deletion_timestamp.is_none()
+        && crate::cluster::end::has_ttl(job)
+        && crate::cluster::end::is_ending(job)
+        && !crate::cluster::end::deletes_companions_at_end(job, &s.keys)
+        && job
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| *f == s.finalizer)
 }
 
 /// The outcome of a job that was deleted (or vanished), by the cause its deleter recorded (W11).
@@ -2552,6 +2571,8 @@ mod tests {
         /// TerminateJob commands sent.
         commands: u32,
         companions_deleted: bool,
+        /// Actions that removed the finalizer without recording anything (a write of their own).
+        finish_writes: u32,
         /// Gone: deleted, and the finalizer removed.
         gone: bool,
         next_check: Option<Timestamp>,
@@ -2626,6 +2647,9 @@ mod tests {
                         world.companions_deleted = true;
                     }
                     if action.remove_finalizer {
+                        if action.set.is_empty() && action.remove.is_empty() {
+                            world.finish_writes += 1;
+                        }
                         job.metadata.finalizers = Some(Vec::new());
                         world.gone = job.metadata.deletion_timestamp.is_some();
                         return;
@@ -3167,6 +3191,11 @@ mod tests {
     fn a_finished_job_with_a_ttl_loses_its_finalizer_and_companions_at_the_end_not_the_retention() {
         let s = settings(|_| {});
         let mut job = job_with_ttl(&s);
+        // A Service of its own (a public IP's, say) must go at the end; its NetworkPolicy need not.
+        job.metadata.annotations.as_mut().unwrap().insert(
+            s.keys.companions.clone(),
+            "NetworkPolicy/policy-4817,Service/j-4817-ip".into(),
+        );
         let mut world = World::default();
         queued_recorded(&mut job, &s);
         set_phase(&mut job, JobPhase::Running, 6);
@@ -3177,6 +3206,7 @@ mod tests {
         drive(&s, &mut job, &pods, ts(200), &mut world);
         assert_eq!(lifecycle(&world).pop().unwrap().event_id, "4817/SUCCESS");
         assert!(world.companions_deleted, "its companions go at the end");
+        assert_eq!(world.finish_writes, 1, "the finalizer after them");
         assert_eq!(job.metadata.finalizers, Some(Vec::new()), "unfinalized now");
         assert!(
             job.metadata.deletion_timestamp.is_none() && !world.deleted,
@@ -3190,6 +3220,34 @@ mod tests {
             world.next_check, None,
             "nothing to wait for: the TTL ends it"
         );
+    }
+
+    /// A batch job kept by its TTL has no companion to delete (its NetworkPolicy goes with the job at
+    /// the TTL): the write that records its end removes the finalizer too, no write of its own after.
+    #[test]
+    fn a_finished_batch_job_loses_its_finalizer_in_the_write_that_records_its_end() {
+        let s = settings(|_| {});
+        let mut job = job_with_ttl(&s);
+        job.metadata.annotations.as_mut().unwrap().insert(
+            s.keys.companions.clone(),
+            "NetworkPolicy/policy-4817".into(),
+        );
+        let mut world = World::default();
+        queued_recorded(&mut job, &s);
+        set_phase(&mut job, JobPhase::Running, 6);
+        let pods = vec![pod("4817", 0, running(5))];
+        drive(&s, &mut job, &pods, ts(20), &mut world);
+        set_phase(&mut job, JobPhase::Completed, 151);
+        let pods = vec![pod("4817", 0, exited(0, 5, 150))];
+        drive(&s, &mut job, &pods, ts(200), &mut world);
+        assert_eq!(lifecycle(&world).pop().unwrap().event_id, "4817/SUCCESS");
+        assert_eq!(job.metadata.finalizers, Some(Vec::new()), "unfinalized");
+        assert!(!world.companions_deleted, "nothing deleted");
+        assert_eq!(world.finish_writes, 0, "no write after the end's");
+        assert_eq!(world.commands, 0);
+        let published = world.published.len();
+        drive(&s, &mut job, &pods, ts(200 + 24 * 3600), &mut world);
+        assert_eq!(world.published.len(), published, "nothing more to do");
     }
 
     #[test]
@@ -3217,8 +3275,12 @@ mod tests {
         assert_eq!(end.event_id, "4817/EXPIRED");
         assert_eq!(end.ended_at.unwrap().seconds, START + 3600);
         assert_eq!(world.commands, 1);
-        assert!(world.companions_deleted);
+        assert!(
+            !world.companions_deleted,
+            "none to delete: its NetworkPolicy goes at the TTL"
+        );
         assert_eq!(job.metadata.finalizers, Some(Vec::new()));
+        assert_eq!(world.finish_writes, 0, "in the write of its end");
         assert!(job.metadata.deletion_timestamp.is_none());
     }
 

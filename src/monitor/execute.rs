@@ -311,7 +311,7 @@ impl Executor {
         }
         outcome.log_tails = end_tails::merge(self.tails(namespace, logs).await, kept);
         set.insert(self.settings.keys.outcome.clone(), outcome.to_annotation());
-        match self.patch(&view.job, &set, &remove).await {
+        match self.patch(&view.job, &set, &remove, false).await {
             Ok(Some(new)) => view.job = new,
             Ok(None) => return Ok(Round::Done(None)),
             Err(e) if e.is_conflict() => {
@@ -381,11 +381,13 @@ impl Executor {
         .to_owned();
         let mut done = Vec::new();
         let _duty = self.begin_duty(&job_id);
+        // Nothing can be written on a job that is gone.
+        let queued_confirmed = self.confirmed_queued.contains(&job_id);
+        self.confirmed_queued.carried_done(&job_id);
         let result = async {
             if !self.owns(&job_id) {
                 return Ok(());
             }
-            let queued_confirmed = self.confirmed_queued.contains(&job_id);
             if let Some(action) =
                 decide::decide_gone(&job, &pods, &self.settings, now, queued_confirmed)?
             {
@@ -461,13 +463,18 @@ impl Executor {
             self.publish(&publish, traceparent.as_deref()).await?;
             confirmed.extend(publish.iter().map(|m| message_id(m).to_owned()));
         }
+        // The finalizer goes in the same write when nothing is to happen between the two (the end of a
+        // batch job that Volcano has finished: see `decide::publish_end`).
+        let mut unfinalize = action.remove_finalizer;
         if !action.set.is_empty() || !action.remove.is_empty() {
-            match self.patch(job, &action.set, &action.remove).await {
+            let together = unfinalize && !action.delete && !action.release && !action.companions;
+            match self.patch(job, &action.set, &action.remove, together).await {
                 Ok(Some(new)) => current = Some(new),
                 Ok(None) => return Ok(Acted::Gone),
                 Err(e) if e.is_conflict() => return Ok(Acted::Conflict),
                 Err(e) => return Err(e.into()),
             }
+            unfinalize &= !together;
         }
         let mut latest = current.clone().unwrap_or_else(|| job.clone());
         if action.delete && !action.release {
@@ -491,7 +498,7 @@ impl Executor {
             )
             .await?;
         }
-        if action.remove_finalizer {
+        if unfinalize {
             match self.unfinalize(&latest).await {
                 Ok(Some(new)) => current = Some(new),
                 Ok(None) => return Ok(Acted::Gone),
@@ -702,16 +709,77 @@ impl Executor {
     /// extension, another runner's record) is an annotation, so a change to any of them fails the patch
     /// (422) and the decision is made again. A status update by Volcano does not: guarding with the
     /// resourceVersion would turn each of those into a conflict, a read and a second write.
+    ///
+    /// `unfinalize`: our finalizer goes in the same write (tested too: the finalizers as seen).
     async fn patch(
         &self,
         job: &VolcanoJob,
         set: &BTreeMap<String, String>,
         remove: &BTreeSet<String>,
+        unfinalize: bool,
     ) -> Result<Option<Arc<VolcanoJob>>, ClusterError> {
-        match guarded_annotation_patch(job, set, remove) {
-            Some(ops) => self.write_json_patch(job, &ops).await,
-            None => self.patch_by_version(job, set, remove).await,
+        let finalizers = unfinalize.then(|| self.finalizers_without_ours(job));
+        let carried = self.carried_record(job);
+        let with_record;
+        let set = match &carried {
+            Some((_, key)) => {
+                with_record = {
+                    let mut set = set.clone();
+                    set.insert(key.clone(), "true".to_owned());
+                    set
+                };
+                &with_record
+            }
+            None => set,
+        };
+        let written = match guarded_annotation_patch(job, set, remove) {
+            Some(mut ops) => {
+                if let (Some(rest), Value::Array(ops)) = (&finalizers, &mut ops) {
+                    let seen = job.metadata.finalizers.clone().unwrap_or_default();
+                    ops.push(json!({"op": "test", "path": "/metadata/finalizers", "value": seen}));
+                    ops.push(
+                        json!({"op": "replace", "path": "/metadata/finalizers", "value": rest}),
+                    );
+                }
+                self.write_json_patch(job, &ops).await
+            }
+            None => self.patch_by_version(job, set, remove, finalizers).await,
+        };
+        if let (Some((job_id, _)), Ok(_)) = (&carried, &written) {
+            self.confirmed_queued.carried_done(job_id);
         }
+        written
+    }
+
+    /// The job id and the annotation key of the record of a confirmed QUEUED that this write is to
+    /// carry (see [`ConfirmedQueued::carry`]): the submit path left it to the monitor's first write.
+    fn carried_record(&self, job: &VolcanoJob) -> Option<(String, String)> {
+        let name = job.metadata.name.as_deref()?;
+        let job_id = crate::pipeline::names::job_id_from_vcjob_name(name)?;
+        let key = &self.settings.queued_confirmed;
+        let recorded = job
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(key));
+        if recorded {
+            self.confirmed_queued.carried_done(job_id);
+            return None;
+        }
+        self.confirmed_queued
+            .is_carried(job_id)
+            .then(|| (job_id.to_owned(), key.clone()))
+    }
+
+    /// The job's finalizers without our cleanup finalizer (other finalizers stay).
+    fn finalizers_without_ours(&self, job: &VolcanoJob) -> Vec<String> {
+        job.metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .filter(|f| **f != self.settings.finalizer)
+            .cloned()
+            .collect()
     }
 
     /// A JSON patch (see [`Executor::patch`]): a failed `test` comes back as a conflict. Sent as a raw
@@ -789,6 +857,7 @@ impl Executor {
         job: &VolcanoJob,
         set: &BTreeMap<String, String>,
         remove: &BTreeSet<String>,
+        finalizers: Option<Vec<String>>,
     ) -> Result<Option<Arc<VolcanoJob>>, ClusterError> {
         let mut annotations = serde_json::Map::new();
         for key in remove {
@@ -797,22 +866,19 @@ impl Executor {
         for (key, value) in set {
             annotations.insert(key.clone(), Value::String(value.clone()));
         }
-        let body = json!({"metadata": {
+        let mut body = json!({"metadata": {
             "annotations": annotations,
             "resourceVersion": job.metadata.resource_version,
         }});
+        if let Some(rest) = finalizers {
+            body["metadata"]["finalizers"] = json!(rest);
+        }
         self.write(job, body).await
     }
 
     /// Removes our finalizer, guarded by the resourceVersion (other finalizers stay).
     async fn unfinalize(&self, job: &VolcanoJob) -> Result<Option<Arc<VolcanoJob>>, ClusterError> {
-        let rest: Vec<&String> = job
-            .metadata
-            .finalizers
-            .iter()
-            .flatten()
-            .filter(|f| **f != self.settings.finalizer)
-            .collect();
+        let rest = self.finalizers_without_ours(job);
         let body = json!({"metadata": {
             "finalizers": rest,
             "resourceVersion": job.metadata.resource_version,

@@ -16,20 +16,32 @@
 //! job another one submitted, or a job evicted from here sends the copy, as every runner did before.
 //! Never the other way round: a job is recorded only once its QUEUED is confirmed.
 //!
-//! What lasts is on the job: after the confirm, the submit path writes the annotation
-//! `<prefix>queuedConfirmed` ([`ANNOTATION`]) on the VolcanoJob, one merge patch per job. Any runner that
+//! What lasts is on the job: the annotation `<prefix>queuedConfirmed` ([`ANNOTATION`]). Any runner that
 //! monitors the job (another one, or this one after a restart) then knows that QUEUED is in the queues
 //! and sends no copy. Until it is there, the monitor holds back its first event of the job, at most
-//! [`GRACE`] after the job's creation: the submit path normally writes it milliseconds after the create,
-//! so the monitor's first event waits for the watch to deliver it, and a copy goes out only when the
-//! submitting runner died between its create and its write (its redelivered submission then also
-//! publishes QUEUED once more: at-least-once under faults, once without them).
+//! [`GRACE`] after the job's creation: a copy goes out only when the submitting runner died between its
+//! create and the write (its redelivered submission then also publishes QUEUED once more:
+//! at-least-once under faults, once without them).
+//!
+//! **Who writes it.** When another runner monitors the job (or none does yet), the submit path writes
+//! it after the confirm, one merge patch. When this runner holds the job's shard, the record rides on
+//! the monitor's first write of the job, which comes anyway (its RUNNING, a pending status, its end):
+//! the submit path hands the job over with [`ConfirmedQueued::carry`], which costs no request. Until
+//! that write, the job's shard is kept from being handed over (a [`Duty`] of it is held): when the
+//! shard leaves this runner (a hand-over, a graceful stop), [`ConfirmedQueued::write_on_handover`]
+//! writes the record of every job still carried, then lets the shard go, so the next holder reads it
+//! (`tests/runner/events_once.rs`). A runner killed meanwhile leaves its carried jobs without the record:
+//! their next holder sends the copy, as for a kill between the create and the submit path's write.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::watch;
+
 use super::keys::FastSet;
+use crate::cluster::HeldShards;
+use crate::cluster::lease::Duty;
 
 /// The annotation (after the prefix) the submit path writes once its QUEUED is confirmed.
 pub const ANNOTATION: &str = "queuedConfirmed";
@@ -55,6 +67,23 @@ pub const CAPACITY: usize = 65_536;
 #[derive(Clone)]
 pub struct ConfirmedQueued {
     inner: Arc<Mutex<Newest>>,
+    carried: Arc<Mutex<Carried>>,
+}
+
+/// Jobs whose record is left to this runner's monitor, and the shards that tell whether it may be.
+#[derive(Default)]
+struct Carried {
+    /// This runner's shards (`None`: it does not monitor, so nothing is carried).
+    shards: Option<watch::Receiver<HeldShards>>,
+    jobs: HashMap<Arc<str>, CarriedJob>,
+}
+
+/// A job whose record the monitor's first write will carry, and the duty that keeps its shard here
+/// until then.
+struct CarriedJob {
+    namespace: String,
+    name: String,
+    _duty: Duty,
 }
 
 struct Newest {
@@ -89,6 +118,7 @@ impl ConfirmedQueued {
                 order: VecDeque::new(),
                 ids: FastSet::default(),
             })),
+            carried: Arc::default(),
         }
     }
 
@@ -115,7 +145,116 @@ impl ConfirmedQueued {
 
     /// Whether `job_id`'s QUEUED was confirmed in this process (and is still remembered).
     pub fn contains(&self, job_id: &str) -> bool {
-        self.lock().ids.contains(job_id)
+        // One lock at a time: `carry` takes the carried jobs' lock, then the newest ids'.
+        let remembered = self.lock().ids.contains(job_id);
+        remembered || self.is_carried(job_id)
+    }
+
+    fn carried(&self) -> std::sync::MutexGuard<'_, Carried> {
+        self.carried.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This runner monitors the jobs of `shards`: from now on [`ConfirmedQueued::carry`] can leave the
+    /// record of a job of theirs to the monitor.
+    pub fn attach(&self, shards: watch::Receiver<HeldShards>) {
+        self.carried().shards = Some(shards);
+    }
+
+    /// Leaves the record of `job_id`'s confirmed QUEUED (its job `namespace/name`) to this runner's
+    /// monitor, when this runner holds the job's shard: `true`, and the submit path writes nothing.
+    /// `false`: the submit path writes it. Call only after the confirm, for a job that has not ended
+    /// (the monitor writes an ended job no more).
+    pub fn carry(&self, job_id: &str, namespace: &str, name: &str) -> bool {
+        let mut carried = self.carried();
+        let Some(shards) = &carried.shards else {
+            return false;
+        };
+        let held = shards.borrow().clone();
+        // Begun before the look at the shard (see `Duties`): either the shard is seen gone here, or its
+        // hand-over waits for this duty, and [`ConfirmedQueued::write_on_handover`] writes the record.
+        let duty = held.begin_duty(job_id);
+        if !held.owns(job_id) {
+            return false;
+        }
+        self.record(job_id);
+        carried.jobs.insert(
+            job_id.into(),
+            CarriedJob {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                _duty: duty,
+            },
+        );
+        true
+    }
+
+    /// Whether the monitor's next write of `job_id` is to carry its record.
+    pub fn is_carried(&self, job_id: &str) -> bool {
+        self.carried().jobs.contains_key(job_id)
+    }
+
+    /// The record of `job_id` is on the job (written, or not needed any more: the job is gone): its
+    /// shard is free to go.
+    pub fn carried_done(&self, job_id: &str) {
+        self.carried().jobs.remove(job_id);
+    }
+
+    /// The carried jobs of the shards this runner no longer holds (all of them when `all`).
+    fn released(&self, all: bool) -> Vec<CarriedJob> {
+        let mut carried = self.carried();
+        let held = match &carried.shards {
+            Some(shards) if !all => shards.borrow().clone(),
+            _ => return carried.jobs.drain().map(|(_, job)| job).collect(),
+        };
+        let gone: Vec<Arc<str>> = carried
+            .jobs
+            .keys()
+            .filter(|id| !held.owns(id))
+            .cloned()
+            .collect();
+        gone.iter()
+            .filter_map(|id| carried.jobs.remove(id))
+            .collect()
+    }
+
+    /// Whenever a shard leaves this runner (handed over, lapsed, or given back at a stop), writes the
+    /// record `key` on each job of it still carried, then lets the shard go; until the shards' sender
+    /// is gone (the leases have stopped). One attempt per job: a record not written only costs a copy of
+    /// QUEUED from the next holder.
+    pub async fn write_on_handover(self, client: kube::Client, key: String) {
+        let Some(mut shards) = self.carried().shards.clone() else {
+            return;
+        };
+        loop {
+            let stopped = shards.changed().await.is_err();
+            // All at once: the shards wait for them, within their deadline.
+            let released = self.released(stopped);
+            futures::future::join_all(released.iter().map(|job| write_record(&client, job, &key)))
+                .await;
+            if stopped {
+                return;
+            }
+        }
+    }
+}
+
+/// Writes `key` on the carried job (a merge patch); a job that is gone needs none.
+async fn write_record(client: &kube::Client, job: &CarriedJob, key: &str) {
+    use kube::api::{Api, Patch, PatchParams};
+    let api: Api<crate::volcano::VolcanoJob> = Api::namespaced(client.clone(), &job.namespace);
+    let params = PatchParams {
+        field_manager: Some(crate::cluster::labels::FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    let patch = serde_json::json!({"metadata": {"annotations": {key: "true"}}});
+    match api.patch(&job.name, &params, &Patch::Merge(&patch)).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => tracing::warn!(
+            job = %job.name,
+            error = %e,
+            "Could not record on a job handed over that its QUEUED was confirmed; its next monitor will send a copy of QUEUED."
+        ),
     }
 }
 
@@ -166,5 +305,56 @@ mod tests {
         }
         let said = format!("the newest {grouped} such jobs");
         assert!(docs.contains(&said), "docs/monitor.md should say {said:?}");
+    }
+
+    /// The record of a job of a shard held here is left to the monitor, and keeps the shard from being
+    /// handed over until it is written; a job of another runner's shard, or with no monitor here, is
+    /// the submit path's to write.
+    #[tokio::test]
+    async fn a_job_of_a_shard_held_here_is_carried_until_its_shard_goes() {
+        use std::collections::BTreeSet;
+        let until = tokio::time::Instant::now() + Duration::from_secs(60);
+        let confirmed = ConfirmedQueued::default();
+        assert!(!confirmed.carry("a", "ns", "j-a"), "no monitor here");
+
+        let mine = crate::cluster::shard_of("a", 2);
+        let theirs = 1 - mine;
+        let other = (0..)
+            .map(|i| format!("o{i}"))
+            .find(|id| crate::cluster::shard_of(id, 2) == theirs)
+            .unwrap();
+        let held = HeldShards::for_tests(2, BTreeSet::from([mine]), until);
+        let (tx, rx) = watch::channel(held.clone());
+        confirmed.attach(rx);
+        assert!(
+            !confirmed.carry(&other, "ns", "j-other"),
+            "another runner's shard"
+        );
+        assert!(!held.busy(theirs));
+        assert!(confirmed.carry("a", "ns", "j-a"));
+        assert!(confirmed.is_carried("a") && confirmed.contains("a"));
+        assert!(held.busy(mine), "the shard waits for the record");
+        assert!(
+            confirmed.released(false).is_empty(),
+            "its shard is still held"
+        );
+
+        tx.send_replace(held.now_holding(BTreeSet::new()));
+        let released = confirmed.released(false);
+        assert_eq!(released.len(), 1);
+        assert_eq!(
+            (released[0].namespace.as_str(), released[0].name.as_str()),
+            ("ns", "j-a")
+        );
+        assert!(!confirmed.is_carried("a"));
+        assert!(confirmed.contains("a"), "still known to be confirmed");
+        assert!(held.busy(mine), "until the record is written");
+        drop(released);
+        assert!(!held.busy(mine));
+
+        tx.send_replace(held.now_holding(BTreeSet::from([mine])));
+        assert!(confirmed.carry("a", "ns", "j-a"));
+        confirmed.carried_done("a");
+        assert!(!held.busy(mine), "written by the monitor");
     }
 }

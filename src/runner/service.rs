@@ -155,6 +155,12 @@ impl Service {
                 .with_health(ops.readiness.condition("shard leases", ""));
             let token = shutdown.clone();
             duties.spawn(async move { leases.run(token.cancelled_owned()).await });
+            // The record of a confirmed QUEUED of a job of this runner's shards rides on the monitor's
+            // first write of it; a shard that leaves first gets its records written before it goes.
+            let confirmed = runner.confirmed_queued();
+            confirmed.attach(handle.subscribe());
+            let key = crate::monitor::queued::annotation_key(&config.pipeline.annotation_prefix);
+            duties.spawn(confirmed.write_on_handover(self.client.clone(), key));
             let mut monitor = Monitor::new(
                 self.client.clone(),
                 broker.publisher().with_metrics(ops.metrics.clone()),

@@ -502,9 +502,9 @@ impl World {
     /// After its end is published: the VolcanoJob stays as the record of its submission, as Volcano keeps
     /// a finished job: not being deleted (no deletionTimestamp: `kubectl get vcjob` shows no
     /// `Terminating`), in a finished phase, without our cleanup finalizer (nothing holds the TTL's
-    /// deletion), and without its companions; its running pods are gone. Once `ended_job_retention`
+    /// deletion), and without its Services; its running pods are gone. Once `ended_job_retention`
     /// (its `ttlSecondsAfterFinished`) has passed in simulated time, Volcano's garbage collector
-    /// deletes it.
+    /// deletes it, and the garbage collector its NetworkPolicy (owned by the job).
     pub async fn released_then_gone(&mut self, namespace: &str, job_id: &str) {
         let name = format!("j-{job_id}");
         let finalizer = self.keys.cleanup_finalizer();
@@ -528,8 +528,13 @@ impl World {
                             Some("Succeeded" | "Failed")
                         )
                     });
-                let companions = self.companions(namespace, &name).await;
-                if kept && !pod_runs && companions.is_empty() {
+                let services = self
+                    .companions(namespace, &name)
+                    .await
+                    .into_iter()
+                    .filter(|c| c.starts_with("Service/"))
+                    .count();
+                if kept && !pod_runs && services == 0 {
                     return;
                 }
                 // Pods that still run take their termination grace period, in simulated time.
@@ -564,6 +569,14 @@ impl World {
         tokio::time::timeout(PATIENCE, gone)
             .await
             .expect("the record goes once the retention (its TTL) has passed");
+        let collected = async {
+            while !self.companions(namespace, &name).await.is_empty() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::time::timeout(PATIENCE, collected).await.expect(
+            "its NetworkPolicy goes with it (the garbage collector, by its ownerReference)",
+        );
     }
 
     /// The Services and NetworkPolicies the runner created beside the job `name` (by their label) that

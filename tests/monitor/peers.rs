@@ -328,10 +328,11 @@ async fn a_job_waits_for_its_peer_and_starts_after_it() {
 }
 
 /// A job with a peer has companions beside it (its headless peers Service, its own NetworkPolicy) and the
-/// peers' EndpointSlice the monitor writes. When it ends they are deleted, while the job itself is kept
-/// (finished, not being deleted) as the record of its submission until its TTL. On main they went with a
-/// foreground deletion of the job, which the cleanup finalizer then held, `Terminating`, for the
-/// retention.
+/// peers' EndpointSlice the monitor writes. When it ends the Service and the EndpointSlice are deleted,
+/// while the job itself is kept (finished, not being deleted) as the record of its submission until its
+/// TTL, with its NetworkPolicy (which holds nothing once its pods are gone), which the garbage collector
+/// deletes with it. On main they went with a foreground deletion of the job, which the cleanup
+/// finalizer then held, `Terminating`, for the retention.
 #[tokio::test]
 async fn an_ended_jobs_companions_go_at_its_end_while_the_job_is_kept() {
     let mut w = World::start("mon-peers-companions", |_| {}, |_| {}).await;
@@ -361,15 +362,16 @@ async fn an_ended_jobs_companions_go_at_its_end_while_the_job_is_kept() {
     }
     w.until("SUCCESS", |s| s.event("co-app/SUCCESS").is_some())
         .await;
+    let policy_only = vec!["NetworkPolicy/policy-co-app".to_owned()];
     for _ in 0..100 {
-        if w.companions(&ns, "j-co-app").await.is_empty()
+        if w.companions(&ns, "j-co-app").await == policy_only
             && slices.get_opt("j-co-app-peers").await.unwrap().is_none()
         {
             break;
         }
         w.settle(Duration::from_millis(50)).await;
     }
-    assert_eq!(w.companions(&ns, "j-co-app").await, Vec::<String>::new());
+    assert_eq!(w.companions(&ns, "j-co-app").await, policy_only);
     assert!(
         slices.get_opt("j-co-app-peers").await.unwrap().is_none(),
         "the peers' EndpointSlice is deleted at the end"

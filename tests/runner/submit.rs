@@ -358,3 +358,213 @@ async fn a_submission_in_steady_state_costs_its_creates_one_read_and_one_patch()
         );
     }
 }
+
+/// The requests of the simulator's counts between `before` and `after` that a job costs: every kind but
+/// the runner's periodic ones (its leases, its watches), which do not grow with the jobs.
+fn per_job_requests(
+    before: &std::collections::BTreeMap<String, u64>,
+    after: &std::collections::BTreeMap<String, u64>,
+) -> std::collections::BTreeMap<String, u64> {
+    after
+        .iter()
+        .filter(|(kind, _)| !kind.contains(" leases.") && !kind.starts_with("watch "))
+        .map(|(kind, n)| (kind.clone(), n - before.get(kind).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+/// A runner with the monitoring duty on one shard, started and holding it, with a warm-up job QUEUED
+/// (so that its watches have listed).
+async fn monitoring_runner(
+    h: &Harness,
+    config: volcano_runner::config::Config,
+) -> harness::RunnerHandle {
+    let runner = h.start_with("runner-a", config, true);
+    h.submit(&figlet("warm-up")).await;
+    h.wait_events("QUEUED of warm-up", |e| {
+        e.iter().any(|c| c.message_id == "warm-up/QUEUED")
+    })
+    .await;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(h.client.clone(), &h.config.cluster.namespace);
+    crate::rabbit::within("runner-a holds the shard", async {
+        loop {
+            let held = leases.list(&ListParams::default()).await.unwrap();
+            if held.items.iter().any(|l| {
+                l.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.ends_with("-shard-0"))
+                    && l.spec.as_ref().and_then(|s| s.holder_identity.as_deref())
+                        == Some("runner-a")
+            }) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    runner
+}
+
+/// One shard, and no pending status for as long as a test runs: a status is a write of its own.
+fn one_shard(h: &Harness) -> volcano_runner::config::Config {
+    let mut config = h.config.clone();
+    config.cluster.lease.shards = 1;
+    config.monitor.pending_status_after = std::time::Duration::from_secs(3600);
+    config
+}
+
+/// A submission to a runner that monitors its job costs three requests: its two creates and the
+/// tombstone read that decides. The record that its QUEUED was confirmed (`queuedConfirmed`) is not a
+/// write of its own: it rides on the monitor's first write of the job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submission_to_a_monitoring_runner_costs_three_requests() {
+    let h = Harness::new("submit-requests-monitored").await;
+    let runner = monitoring_runner(&h, one_shard(&h)).await;
+
+    const N: u64 = 20;
+    let before = h.sim.request_counts();
+    for n in 0..N {
+        h.submit(&figlet(&format!("steady-{n}"))).await;
+    }
+    h.wait_events("QUEUED of every job", |e| {
+        (0..N).all(|n| {
+            e.iter()
+                .any(|c| c.message_id == format!("steady-{n}/QUEUED"))
+        })
+    })
+    .await;
+    let after = h.sim.request_counts();
+    runner.stop().await;
+
+    let by_kind = per_job_requests(&before, &after);
+    let total: u64 = by_kind.values().sum();
+    assert!(
+        total <= 3 * N,
+        "{total} requests for {N} submissions: {by_kind:?}"
+    );
+    assert_eq!(
+        by_kind.get("create jobs.batch.volcano.sh"),
+        Some(&N),
+        "{by_kind:?}"
+    );
+    assert_eq!(by_kind.get("get configmaps"), Some(&N), "{by_kind:?}");
+    assert_eq!(
+        by_kind.get("patch jobs.batch.volcano.sh"),
+        None,
+        "{by_kind:?}"
+    );
+}
+
+/// Waits until every job in `jobs` has its `state` event.
+async fn wait_until(h: &Harness, jobs: &[String], state: &str) {
+    h.wait_events(&format!("{state} of every job"), |e| {
+        jobs.iter()
+            .all(|j| e.iter().any(|c| c.message_id == format!("{j}/{state}")))
+    })
+    .await;
+}
+
+/// A monitored job costs at most six requests over its whole life, from its submission to the end of
+/// its retention: three to submit it, the record of its start (with the record that its QUEUED was
+/// confirmed), the record of its outcome, and the record of its end (with the removal of the
+/// finalizer). Its NetworkPolicy is not deleted by a request: the garbage collector deletes it with the
+/// job at the job's TTL, through its ownerReference, as Kubernetes does.
+///
+/// The simulator's clock runs at real speed here, as the monitor's does (a clock moved by hand, ahead of
+/// the monitor's, makes it read every view afresh), and every job runs for 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_monitored_job_costs_at_most_six_requests_over_its_life() {
+    let sim = volcano_runner::sim::SimConfig {
+        clock_speed: 1.0,
+        default_run: std::time::Duration::from_secs(2),
+        ..volcano_runner::sim::SimConfig::for_tests()
+    };
+    let h = Harness::with_sim("job-life-requests", sim).await;
+    let runner = monitoring_runner(&h, one_shard(&h)).await;
+    wait_until(&h, &["warm-up".to_owned()], "SUCCESS").await;
+
+    const N: u64 = 10;
+    let jobs: Vec<String> = (0..N).map(|n| format!("life-{n}")).collect();
+    let before = h.sim.request_counts();
+    for job in &jobs {
+        h.submit(&figlet(job)).await;
+    }
+    wait_until(&h, &jobs, "SUCCESS").await;
+    // The end's write follows the terminal event's confirm: wait until no job holds the finalizer,
+    // counting the test's own reads out.
+    let vcjobs: Api<volcano_runner::volcano::VolcanoJob> = Api::all(h.client.clone());
+    let finalizer = AnnotationKeys::new(&h.config.pipeline.annotation_prefix).cleanup_finalizer();
+    let mut own_lists = 0;
+    let after = crate::rabbit::within("every job's end written", async {
+        loop {
+            let after = h.sim.request_counts();
+            own_lists += 1;
+            let listed = vcjobs.list(&ListParams::default()).await.unwrap();
+            let held = listed.items.iter().any(|j| {
+                jobs.iter()
+                    .any(|id| j.metadata.name.as_deref() == Some(&format!("j-{id}")))
+                    && j.metadata
+                        .finalizers
+                        .iter()
+                        .flatten()
+                        .any(|f| *f == finalizer)
+            });
+            if !held {
+                return after;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+
+    let mut by_kind = per_job_requests(&before, &after);
+    // The lists above before the last one are in the counts.
+    if let Some(lists) = by_kind.get_mut("list jobs.batch.volcano.sh") {
+        *lists -= own_lists - 1;
+    }
+    by_kind.retain(|_, n| *n > 0);
+    let total: u64 = by_kind.values().sum();
+    assert!(total <= 6 * N, "{total} requests for {N} jobs: {by_kind:?}");
+    assert!(
+        !by_kind.contains_key("delete networkpolicies.networking.k8s.io"),
+        "{by_kind:?}"
+    );
+
+    // At the TTL the garbage collector deletes the job and, through its ownerReference, its
+    // NetworkPolicy.
+    let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> = Api::all(h.client.clone());
+    let named = |p: &k8s_openapi::api::networking::v1::NetworkPolicy| {
+        jobs.iter()
+            .any(|id| p.metadata.name.as_deref() == Some(&format!("policy-{id}")))
+    };
+    let kept = policies.list(&ListParams::default()).await.unwrap();
+    assert_eq!(
+        kept.items.iter().filter(|p| named(p)).count(),
+        jobs.len(),
+        "kept with the ended jobs until their TTL"
+    );
+    h.sim
+        .advance(h.config.cluster.ended_job_retention + std::time::Duration::from_secs(60));
+    crate::rabbit::within(
+        "the jobs and their NetworkPolicies collected at the TTL",
+        async {
+            loop {
+                let left = policies.list(&ListParams::default()).await.unwrap();
+                let jobs_left = vcjobs.list(&ListParams::default()).await.unwrap();
+                if !left.items.iter().any(named)
+                    && !jobs_left.items.iter().any(|j| {
+                        jobs.iter()
+                            .any(|id| j.metadata.name.as_deref() == Some(&format!("j-{id}")))
+                    })
+                {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        },
+    )
+    .await;
+    runner.stop().await;
+}

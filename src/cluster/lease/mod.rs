@@ -168,6 +168,34 @@ impl PartialEq for HeldShards {
 impl Eq for HeldShards {}
 
 impl HeldShards {
+    /// `held` of `shards` shards, each until `until`, with no work in progress: for the tests of what
+    /// depends on the shards held.
+    #[cfg(test)]
+    pub(crate) fn for_tests(shards: u32, held: BTreeSet<u32>, until: Instant) -> Self {
+        let deadlines = held.iter().map(|s| (*s, until)).collect();
+        Self {
+            shards,
+            held,
+            deadlines: Arc::new(Mutex::new(deadlines)),
+            duties: Duties::default(),
+        }
+    }
+
+    /// Whether work on a job of `shard` is in progress (a duty not dropped yet).
+    #[cfg(test)]
+    pub(crate) fn busy(&self, shard: u32) -> bool {
+        !self.duties.busy(&BTreeSet::from([shard])).is_empty()
+    }
+
+    /// The same shards with `held` held now, sharing the work in progress (as the leases publish it).
+    #[cfg(test)]
+    pub(crate) fn now_holding(&self, held: BTreeSet<u32>) -> Self {
+        Self {
+            held,
+            ..self.clone()
+        }
+    }
+
     /// The total number of shards.
     pub fn shards(&self) -> u32 {
         self.shards

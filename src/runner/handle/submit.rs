@@ -78,7 +78,7 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
                 // This submission's job has ended (it is kept as the record of the submission for
                 // `ended_job_retention`): never again. Its QUEUED is published again, the same message:
                 // the monitor published it before any other event of the job, so it comes first.
-                return queued(h, m, job_id, &existing.metadata).await;
+                return queued(h, m, job_id, &existing.metadata, Ended::Yes).await;
             }
             true
         }
@@ -179,7 +179,7 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
     }
     if outcome.primary_ended {
         // Ended between the lookup and the create: as above.
-        return queued(h, m, job_id, &outcome.primary).await;
+        return queued(h, m, job_id, &outcome.primary, Ended::Yes).await;
     }
 
     // A cancel may have come in while we created the job.
@@ -200,7 +200,15 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         reused = outcome.reused.len(),
         "Accepted a job."
     );
-    queued(h, m, job_id, &outcome.primary).await
+    queued(h, m, job_id, &outcome.primary, Ended::No).await
+}
+
+/// Whether the job of a QUEUED has ended: the monitor writes an ended job no more, so the record of
+/// its confirmed QUEUED cannot ride on a write of the monitor's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    Yes,
+    No,
 }
 
 /// How long a submission waits for the runner's first list of the maintenance windows before it goes
@@ -243,7 +251,13 @@ fn hold_back(
 
 /// Publishes the job's QUEUED and settles. Built from the job as it exists (created now or by an
 /// earlier delivery), so every delivery, and the monitor, publish the same message.
-async fn queued(h: &Handler, m: &Message<'_>, job_id: &str, meta: &ObjectMeta) -> Settle {
+async fn queued(
+    h: &Handler,
+    m: &Message<'_>,
+    job_id: &str,
+    meta: &ObjectMeta,
+    ended: Ended,
+) -> Settle {
     let created_at = meta
         .creation_timestamp
         .as_ref()
@@ -263,7 +277,7 @@ async fn queued(h: &Handler, m: &Message<'_>, job_id: &str, meta: &ObjectMeta) -
         Ok(()) => {
             // Confirmed: in the events queues ahead of anything the monitor publishes from now on.
             h.confirmed_queued.record(job_id);
-            record_queued_confirmed(h, job_id, meta).await;
+            record_queued_confirmed(h, job_id, meta, ended).await;
             Settle::Ack
         }
         Err(e) => Settle::publish(&e),
@@ -276,13 +290,22 @@ pub const PEER_ENDED: &str = "peer_ended";
 /// Writes `<prefix>queuedConfirmed` on the job (once: not when it is there already), so that whichever
 /// runner monitors it knows that its QUEUED is in the queues and sends no copy (see
 /// [`crate::monitor::queued`]). One attempt: without it the monitor sends a copy, which is always safe.
-async fn record_queued_confirmed(h: &Handler, job_id: &str, meta: &ObjectMeta) {
+/// When this runner monitors the job, the record rides on its monitor's first write of the job
+/// instead: no request here.
+async fn record_queued_confirmed(h: &Handler, job_id: &str, meta: &ObjectMeta, ended: Ended) {
     let key = &h.runner_keys.queued_confirmed;
     if meta
         .annotations
         .as_ref()
         .is_some_and(|a| a.contains_key(key))
     {
+        return;
+    }
+    let (namespace, name) = (
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
+    );
+    if ended == Ended::No && h.confirmed_queued.carry(job_id, namespace, name) {
         return;
     }
     if let Err(e) = h.jobs.annotate_once(meta, key, "true").await {
