@@ -21,6 +21,8 @@
 //!    the cause), W11.
 //! 4. Volcano finished the job (or every rank's program ended `cleanup_grace` ago): record SUCCESS when
 //!    every rank exited 0, else FAILURE with every exit code (W9: never "Failed becomes SUCCESS").
+//! 4d. A booked job's pods are gated until its booked start: wait for it, then lift the gate
+//!    ([`booked_start`], docs/bookings.md).
 //! 5. Not started, the image cannot be pulled for longer than `image_pull_grace`: record FAILURE.
 //! 6. Not started, waiting longer than `queue_timeout`: record FAILURE with the pending reason.
 //! 7. Started, RUNNING not yet published: the start hooks (jobStart, expiry, proxy create) and RUNNING.
@@ -403,6 +405,10 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
         Held::Waits(hold) => hold,
         Held::Step(step) => return Ok(*step),
     };
+    // 4d. A booked job waits for its booked start.
+    if let Some(step) = booked_start(obs, s, now) {
+        return Ok(step);
+    }
     // 5. The image cannot be pulled. 6. Waited in the queue for too long.
     if let Some(step) = image_pull(s, &seen.facts, &waits, now)
         .or_else(|| queue_timeout(obs, s, &seen.facts, &waits, &progress.phase, now))
@@ -675,6 +681,39 @@ pub fn maintenance_hold<'a>(
         })));
     }
     Held::Waits(hold)
+}
+
+/// Step 4d: the pods of a booked job carry the gate `<prefix>booking` until the booked start
+/// (`<prefix>bookedStart`), when it goes: the capacity set aside for them is free by then (the booking
+/// counted everything that runs past it, and its taints kept the rest off), so they are placed at once.
+/// Until then the job only waits: no queue timeout and no pending status, since it is not waiting for
+/// room but for its time.
+pub fn booked_start(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Option<Step> {
+    let gate = s.keys.booking_gate();
+    let gated = peers::gated_pods(obs.pods, &gate);
+    if gated.is_empty() {
+        return None;
+    }
+    let start = annotation(obs.job, &s.keys.booked_start)
+        .and_then(crate::durable::annotations::parse_millis);
+    if let Some(start) = start
+        && now < start
+    {
+        return Some(Step::Wait {
+            next_check: Some(start),
+        });
+    }
+    Some(Step::Act(Action {
+        what: "ungate",
+        ungate: Some((
+            gate,
+            gated
+                .iter()
+                .filter_map(|p| p.metadata.name.clone())
+                .collect(),
+        )),
+        ..Action::default()
+    }))
 }
 
 /// What [`maintenance_hold`] decides: the job waits (as told by the [`Hold`]), or a step to take now

@@ -73,6 +73,7 @@ pub fn terminal(
         pending: None,
         refundable_ms: 0,
         output: None,
+        booking: None,
     }
 }
 

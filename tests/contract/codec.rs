@@ -121,6 +121,10 @@ fn example_ids_follow_the_runtime_scheme() {
                         .and_then(|a| a.parse::<i32>().ok())
                         .unwrap_or_else(|| panic!("{name}: {}", e.event_id));
                     assert_eq!(e.event_id, ids::refund(&e.job_id, attempt), "{name}");
+                } else if state == v1::JobState::Unspecified && e.reason == "booked" {
+                    let start = e.booking.as_ref().and_then(|b| b.start_at).unwrap();
+                    let ms = start.seconds * 1000 + i64::from(start.nanos) / 1_000_000;
+                    assert_eq!(e.event_id, ids::booked(&e.job_id, ms), "{name}");
                 } else if state == v1::JobState::Unspecified {
                     let hash = e
                         .event_id

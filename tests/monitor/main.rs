@@ -8,6 +8,7 @@ mod monitor_support;
 #[path = "../common/rabbit.rs"]
 mod rabbit;
 
+mod bookings;
 mod disruption;
 mod failover;
 mod lifecycle;
