@@ -382,6 +382,15 @@ fn submit_job() -> impl Strategy<Value = v1::SubmitJob> {
                 let (output_folder, submitted_at, opened_file, exclusive_nodes) = rest;
                 // A whole-node job needs a time limit (schema and validation).
                 let exclusive_nodes = exclusive_nodes && time.is_some();
+                // A booked start needs a time limit and no whole nodes (validation); drawn from the
+                // submission time, which is a valid timestamp.
+                let start_window = submitted_at
+                    .clone()
+                    .filter(|_| time.is_some() && !exclusive_nodes && job_name.is_some())
+                    .map(|t| v1::StartWindow {
+                        earliest: Some(t),
+                        latest: Some(t),
+                    });
                 v1::SubmitJob {
                     job_id,
                     owner: Some(owner),
@@ -396,6 +405,7 @@ fn submit_job() -> impl Strategy<Value = v1::SubmitJob> {
                     submitted_at,
                     opened_file,
                     exclusive_nodes,
+                    start_window,
                 }
             },
         )
@@ -484,6 +494,18 @@ fn job_event() -> impl Strategy<Value = v1::JobEvent> {
                 rest,
             )| {
                 let (runner_id, log_tails, started_at, ended_at, refundable_ms, output) = rest;
+                // A booking's answer, drawn from the times: both ends, and a refusal's window.
+                let booking = started_at.clone().map(|start| {
+                    Box::new(v1::BookingDetails {
+                        start_at: Some(start.clone()),
+                        end_at: ended_at.clone(),
+                        nodes: vec!["n1".into()],
+                        earliest_window: ended_at.clone().map(|end| v1::BookedWindow {
+                            earliest: Some(start),
+                            latest: Some(end),
+                        }),
+                    })
+                });
                 v1::JobEvent {
                     event_id,
                     job_id,
@@ -500,6 +522,7 @@ fn job_event() -> impl Strategy<Value = v1::JobEvent> {
                     ended_at,
                     refundable_ms,
                     output: output.map(Box::new),
+                    booking,
                 }
             },
         )

@@ -84,17 +84,30 @@ async fn steps(w: &mut World, n: usize) {
     }
 }
 
-/// `node -> taint keys` of the bookings' taints.
+/// `(node, booking label)` of every booked node, each of which carries the bookings' taint too.
 async fn booking_taints(w: &World) -> Vec<(String, String)> {
     let prefix = format!("{}booked-", w.keys.prefix);
+    let taint = format!("{}booked", w.keys.prefix);
     let nodes: kube::Api<Node> = kube::Api::all(w.client.clone());
     let mut out = Vec::new();
     for n in nodes.list(&Default::default()).await.unwrap().items {
-        for t in n.spec.and_then(|s| s.taints).unwrap_or_default() {
-            if t.key.starts_with(&prefix) {
-                out.push((n.metadata.name.clone().unwrap_or_default(), t.key.clone()));
-            }
-        }
+        let name = n.metadata.name.clone().unwrap_or_default();
+        let labels: Vec<String> = n
+            .metadata
+            .labels
+            .clone()
+            .unwrap_or_default()
+            .into_keys()
+            .filter(|k| k.starts_with(&prefix))
+            .collect();
+        let tainted = n
+            .spec
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t.key == taint && t.effect == "NoSchedule");
+        assert_eq!(tainted, !labels.is_empty(), "{name}: {labels:?}");
+        out.extend(labels.into_iter().map(|l| (name.clone(), l)));
     }
     out.sort();
     out
@@ -591,7 +604,9 @@ async fn a_lost_node_moves_a_booking_and_a_forced_window_cancels_one() {
     assert_eq!(
         w.pod(&ns, "j-lost-a-job-0")
             .and_then(|p| p.pointer("/spec/nodeName")?.as_str().map(str::to_owned)),
-        Some(new_node)
+        Some(new_node),
+        "{}",
+        w.dump().await
     );
     consumer.stop().await;
     runner.stop().await;

@@ -4,11 +4,12 @@
 //! booking the last capacity at the same instant cannot both win: the second's write conflicts, it
 //! reads again, and decides against the first's booking (refused, with the next window).
 //!
-//! What a booking sets aside is kept off by node taints: every node a booking has a rank on carries
-//! `<prefix>booked-<jobId>=<start ms>-<end ms>:NoSchedule` until the booking's end, and only the booked job's
-//! pods tolerate it (the submit path renders the toleration). A waiting job is therefore never placed
-//! on a booked node, whatever its allocation; running jobs stay (they were counted until their expiry
-//! when the booking was decided). The taints are written from the record alone ([`Bookings::sync_taints`]),
+//! What a booking sets aside is kept by node marks: every node a booking has a rank on carries the
+//! taint `<prefix>booked=<latest end ms>:NoSchedule` until its bookings' end, which only booked jobs
+//! tolerate, and the label `<prefix>booked-<jobId>=yes` per booking, which the booked job's pods select
+//! (the submit path renders the toleration and the selector). A waiting job is therefore never placed
+//! on a booked node, whatever its allocation, and a booked job only on its own booked nodes; running
+//! jobs stay (they were counted until their expiry when the booking was decided). The taints are written from the record alone ([`Bookings::sync_taints`]),
 //! so whoever writes next puts right what a runner killed half-way left.
 //!
 //! The decision reads the cluster afresh each time (nodes, bound pods, the managed jobs' expiries):
@@ -134,28 +135,32 @@ impl BookingsConfig {
     }
 }
 
-/// The taint key of one booking on its nodes, `<prefix>booked-<jobId>`.
-pub fn taint_key(keys: &AnnotationKeys, job_id: &str) -> String {
+/// The taint on every booked node, `<prefix>booked`, valued with the latest end of its bookings (ms):
+/// only booked jobs tolerate it, so no other job is placed there, and the forecast reads from it until
+/// when.
+pub fn taint_key(keys: &AnnotationKeys) -> String {
+    format!("{}booked", keys.prefix)
+}
+
+/// The label that marks a booking's nodes, `<prefix>booked-<jobId>=yes`: the booked job's pods select
+/// it (`nodeSelector`), so they go only where their own room is set aside. A label, not a node name,
+/// because a booking moved to other nodes moves its labels, while a job's pod template cannot change.
+pub fn label_key(keys: &AnnotationKeys, job_id: &str) -> String {
     format!("{}booked-{job_id}", keys.prefix)
 }
 
-/// The value of a booking's taint, `<start ms>-<end ms>`: what the forecast reads from the nodes, so
-/// that a waiting job is estimated to start on a booked node only after the booking's end.
-pub fn taint_value(b: &Booking) -> String {
-    format!("{}-{}", b.start.as_millisecond(), b.end.as_millisecond())
+/// The value of [`label_key`].
+pub const LABEL_VALUE: &str = "yes";
+
+/// Until when a node is booked, from its taint.
+pub fn booked_until(keys: &AnnotationKeys, taints: &[Taint]) -> Option<Timestamp> {
+    let key = taint_key(keys);
+    let t = taints.iter().find(|t| t.key == key)?;
+    parse_millis(t.value.as_deref()?)
 }
 
-/// The end of the booking a taint stands for, from its value.
-pub fn taint_end(keys: &AnnotationKeys, taint: &Taint) -> Option<Timestamp> {
-    if !is_booking_taint(keys, &taint.key) {
-        return None;
-    }
-    let (_, end) = taint.value.as_deref()?.split_once('-')?;
-    parse_millis(end)
-}
-
-/// Whether `key` is a booking's taint.
-fn is_booking_taint(keys: &AnnotationKeys, key: &str) -> bool {
+/// Whether `key` is a booking's label.
+fn is_booking_label(keys: &AnnotationKeys, key: &str) -> bool {
     key.starts_with(&format!("{}booked-", keys.prefix))
 }
 
@@ -565,10 +570,11 @@ impl Bookings {
         })
     }
 
-    /// Puts on every node the taints of the bookings it has ranks of (not over at `now`), and takes
-    /// off those of bookings that are over or gone. Each node is written conditional on the version
-    /// listed; after a conflict the nodes are listed again (a list, not a get: the runner's grant on
-    /// nodes is list, watch and patch).
+    /// Marks every node as the bookings not over at `now` want it: the taint [`taint_key`] while any
+    /// booking has a rank there, the label [`label_key`] of each such booking; and takes off what a
+    /// booking over or gone left. Each node is written conditional on the version listed; after a
+    /// conflict the nodes are listed again (a list, not a get: the runner's grant on nodes is list,
+    /// watch and patch).
     pub async fn sync_taints(&self, all: &[Booking], now: Timestamp) -> Result<(), ClusterError> {
         let api: Api<Node> = Api::all(self.client.clone());
         let params = PatchParams {
@@ -582,14 +588,12 @@ impl Bookings {
                 .classify(|| "list nodes (booking taints)".to_owned())?;
             let mut conflicted = false;
             for node in &nodes.items {
-                let Some(taints) = wanted_taints(node, all, &self.keys, now) else {
+                let Some(mut patch) = wanted_marks(node, all, &self.keys, now) else {
                     continue;
                 };
                 let name = node.metadata.name.clone().unwrap_or_default();
-                let patch = serde_json::json!({
-                    "metadata": {"resourceVersion": node.metadata.resource_version},
-                    "spec": {"taints": taints},
-                });
+                patch["metadata"]["resourceVersion"] =
+                    serde_json::json!(node.metadata.resource_version);
                 match api
                     .patch(&name, &params, &Patch::Merge(&patch))
                     .await
@@ -612,47 +616,65 @@ impl Bookings {
     }
 }
 
-/// The node's taints with the bookings' as `all` wants them; `None` when they are so already.
-fn wanted_taints(
+/// The merge patch that marks `node` as `all` wants it (its taints whole, its booking labels set or
+/// removed); `None` when it is so already.
+fn wanted_marks(
     node: &Node,
     all: &[Booking],
     keys: &AnnotationKeys,
     now: Timestamp,
-) -> Option<Vec<Taint>> {
+) -> Option<serde_json::Value> {
     let name = node.metadata.name.as_deref().unwrap_or_default();
+    let mine: Vec<&Booking> = all
+        .iter()
+        .filter(|b| b.end > now && b.ranks.iter().any(|r| r.node == name))
+        .collect();
     let taints = node
         .spec
         .as_ref()
         .and_then(|s| s.taints.clone())
         .unwrap_or_default();
-    let wanted: BTreeMap<String, String> = all
+    let key = taint_key(keys);
+    let wanted_taint = mine
         .iter()
-        .filter(|b| b.end > now && b.ranks.iter().any(|r| r.node == name))
-        .map(|b| (taint_key(keys, &b.job_id), taint_value(b)))
-        .collect();
-    let have: BTreeMap<String, String> = taints
+        .map(|b| b.end)
+        .max()
+        .map(|end| end.as_millisecond().to_string());
+    let have_taint = taints
         .iter()
-        .filter(|t| is_booking_taint(keys, &t.key))
-        .map(|t| (t.key.clone(), t.value.clone().unwrap_or_default()))
+        .find(|t| t.key == key)
+        .map(|t| t.value.clone().unwrap_or_default());
+    let wanted_labels: BTreeSet<String> = mine.iter().map(|b| label_key(keys, &b.job_id)).collect();
+    let have_labels: BTreeSet<String> = node
+        .metadata
+        .labels
+        .iter()
+        .flatten()
+        .filter(|(k, _)| is_booking_label(keys, k))
+        .map(|(k, _)| k.clone())
         .collect();
-    if have == wanted {
+    if wanted_taint == have_taint && wanted_labels == have_labels {
         return None;
     }
-    let mut out: Vec<Taint> = taints
-        .into_iter()
-        .filter(|t| !is_booking_taint(keys, &t.key))
-        .collect();
-    out.extend(wanted.into_iter().map(|(key, value)| Taint {
-        key,
+    let mut out: Vec<Taint> = taints.into_iter().filter(|t| t.key != key).collect();
+    out.extend(wanted_taint.map(|value| Taint {
+        key: key.clone(),
         value: Some(value),
         effect: TAINT_EFFECT.to_owned(),
         time_added: None,
     }));
-    Some(out)
+    let mut labels = serde_json::Map::new();
+    for gone in have_labels.difference(&wanted_labels) {
+        labels.insert(gone.clone(), serde_json::Value::Null);
+    }
+    for new in &wanted_labels {
+        labels.insert(new.clone(), serde_json::json!(LABEL_VALUE));
+    }
+    Some(serde_json::json!({"metadata": {"labels": labels}, "spec": {"taints": out}}))
 }
 
 /// A node a booked job could be placed on: schedulable, and without a taint that keeps new pods off
-/// other than bookings' (a booked job tolerates only its own booking's taint).
+/// but the bookings'.
 fn bookable(node: &Node, keys: &AnnotationKeys) -> Option<NodeRoom> {
     let spec = node.spec.as_ref();
     if spec.and_then(|s| s.unschedulable).unwrap_or(false) {
@@ -663,7 +685,7 @@ fn bookable(node: &Node, keys: &AnnotationKeys) -> Option<NodeRoom> {
         .into_iter()
         .flatten()
         .any(|t| {
-            (t.effect == "NoSchedule" || t.effect == "NoExecute") && !is_booking_taint(keys, &t.key)
+            (t.effect == "NoSchedule" || t.effect == "NoExecute") && t.key != taint_key(keys)
         });
     if blocked {
         return None;
@@ -904,9 +926,10 @@ mod tests {
         assert!(under_window(&all, &w, at(5000)).is_empty(), "over by then");
     }
 
-    /// Only the bookings' taints change, and only when they differ from what the record wants.
+    /// Only the bookings' taint and labels change, and only when they differ from what the record
+    /// wants; a booking over takes both off.
     #[test]
-    fn taints_follow_the_record() {
+    fn marks_follow_the_record() {
         let keys = AnnotationKeys::new("ucloud.dk/");
         let mut node = Node::default();
         node.metadata.name = Some("n1".into());
@@ -920,14 +943,36 @@ mod tests {
             ..Default::default()
         });
         let now = Timestamp::from_second(0).unwrap();
-        let all = [booking("b", "n1", 1000)];
-        let taints = wanted_taints(&node, &all, &keys, now).expect("a change");
-        let keys_of: Vec<&str> = taints.iter().map(|t| t.key.as_str()).collect();
-        assert_eq!(keys_of, ["ucloud.dk/maintenance", "ucloud.dk/booked-b"]);
-        node.spec.as_mut().unwrap().taints = Some(taints);
-        assert_eq!(wanted_taints(&node, &all, &keys, now), None);
-        let over = Timestamp::from_second(5000).unwrap();
-        let taints = wanted_taints(&node, &all, &keys, over).expect("the booking is over");
-        assert_eq!(taints.len(), 1);
+        let all = [booking("b", "n1", 1000), booking("c", "n1", 2000)];
+        let patch = wanted_marks(&node, &all, &keys, now).expect("a change");
+        assert_eq!(
+            patch["spec"]["taints"],
+            serde_json::json!([
+                {"key": "ucloud.dk/maintenance", "value": "w", "effect": "NoSchedule"},
+                {"key": "ucloud.dk/booked", "value": "5600000", "effect": "NoSchedule"},
+            ])
+        );
+        assert_eq!(
+            patch["metadata"]["labels"],
+            serde_json::json!({"ucloud.dk/booked-b": "yes", "ucloud.dk/booked-c": "yes"})
+        );
+        let patched: Node = {
+            let mut n = serde_json::to_value(&node).unwrap();
+            n["spec"]["taints"] = patch["spec"]["taints"].clone();
+            n["metadata"]["labels"] = patch["metadata"]["labels"].clone();
+            serde_json::from_value(n).unwrap()
+        };
+        assert_eq!(wanted_marks(&patched, &all, &keys, now), None);
+        assert_eq!(
+            booked_until(&keys, patched.spec.as_ref().unwrap().taints.as_ref().unwrap()),
+            Some(Timestamp::from_second(5600).unwrap())
+        );
+        let over = Timestamp::from_second(9000).unwrap();
+        let patch = wanted_marks(&patched, &all, &keys, over).expect("the bookings are over");
+        assert_eq!(patch["spec"]["taints"].as_array().unwrap().len(), 1);
+        assert_eq!(
+            patch["metadata"]["labels"],
+            serde_json::json!({"ucloud.dk/booked-b": null, "ucloud.dk/booked-c": null})
+        );
     }
 }

@@ -71,13 +71,27 @@ pub async fn book(h: &Handler, request: &Request) -> Result<Answer, crate::clust
     h.bookings.book(request, || h.now()).await
 }
 
-/// Gates the job's pods until the booked start (`<prefix>booking`), lets them onto their booked nodes
-/// (the toleration of the booking's taint), and records the start for the monitor that lifts the gate.
-pub fn hold_until_start(vcjob: &mut VolcanoJob, keys: &AnnotationKeys, booking: &Booking) {
+/// Gates the job's pods until the booked start (`<prefix>booking`), lets them onto booked nodes (the
+/// toleration of the bookings' taint) and only onto its own (the selector of its booking's label), and
+/// records the start for the monitor that lifts the gate.
+/// Its `sla-waiting-time` runs out at the start (rounded up to the second, counted from now, just before
+/// its PodGroup is created): Volcano's `sla` plugin then admits it to its queue at once and tries it
+/// first, so that jobs waiting in the queue since before it, which hold the queue's admission, cannot
+/// keep it from the room set aside for it.
+pub fn hold_until_start(
+    vcjob: &mut VolcanoJob,
+    keys: &AnnotationKeys,
+    booking: &Booking,
+    now: Timestamp,
+) {
     let gate = keys.booking_gate();
-    let taint = bookings::taint_key(keys, &booking.job_id);
+    let taint = bookings::taint_key(keys);
+    let label = bookings::label_key(keys, &booking.job_id);
     for task in &mut vcjob.spec.tasks {
         let spec = task.template.spec.get_or_insert_default();
+        spec.node_selector
+            .get_or_insert_default()
+            .insert(label.clone(), bookings::LABEL_VALUE.to_owned());
         let gates = spec.scheduling_gates.get_or_insert_default();
         if !gates.iter().any(|g| g.name == gate) {
             gates.push(PodSchedulingGate { name: gate.clone() });
@@ -89,9 +103,15 @@ pub fn hold_until_start(vcjob: &mut VolcanoJob, keys: &AnnotationKeys, booking: 
             ..Toleration::default()
         });
     }
-    vcjob.metadata.annotations.get_or_insert_default().insert(
+    let annotations = vcjob.metadata.annotations.get_or_insert_default();
+    annotations.insert(
         keys.booked_start.clone(),
         booking.start.as_millisecond().to_string(),
+    );
+    let wait_ms = booking.start.duration_since(now).as_millis().max(0);
+    annotations.insert(
+        crate::pipeline::plugins::task::SLA_WAITING_TIME.to_owned(),
+        format!("{}s", (wait_ms + 999) / 1000),
     );
 }
 

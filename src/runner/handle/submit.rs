@@ -246,7 +246,7 @@ async fn booking(
             Err(super::booking::refuse(h, m, &job.job_id, fingerprint16, &why, earliest).await)
         }
         Ok(Answer::Booked(b)) => {
-            super::booking::hold_until_start(vcjob, &h.keys, &b);
+            super::booking::hold_until_start(vcjob, &h.keys, &b, h.now());
             Ok(Some(b))
         }
     }
