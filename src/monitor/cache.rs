@@ -5,7 +5,7 @@
 //! reads (pod specs, task templates, managed fields), so a runner can hold tens of thousands of jobs.
 //! The cache is owned by the monitor's loop alone; workers get cheap [`Snapshot`]s (`Arc`s).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Pod, PodSchedulingGate, PodSpec, PodStatus, Toleration};
@@ -520,6 +520,8 @@ pub struct Cache {
     maintenance_windows: Option<crate::cluster::Windows>,
     /// See [`Cache::set_maintenance_tainted`].
     maintenance_tainted: Arc<BTreeSet<String>>,
+    /// See [`Cache::set_booked_nodes`].
+    booked_nodes: BTreeMap<String, Timestamp>,
     /// `[monitor] reserve_nodes` (see [`Cache::with_reserve_nodes`]).
     reserve_nodes: bool,
     /// `[monitor] proportion` (see [`Cache::with_proportion`]).
@@ -1223,6 +1225,12 @@ impl Cache {
         self.maintenance_tainted = tainted;
     }
 
+    /// The booked nodes and until when (their `<prefix>booked` taints, docs/bookings.md): the replay
+    /// holds what is free on them until then ([`inputs::booked_holds`]).
+    pub fn set_booked_nodes(&mut self, booked: BTreeMap<String, Timestamp>) {
+        self.booked_nodes = booked;
+    }
+
     /// Estimates the start of every waiting PodGroup (any workload's: they all go ahead of someone) on
     /// `nodes`, from what the cache holds: the pods of the jobs volcano-runner runs, bound to their nodes
     /// and held until each job's deadline, and the waiting gangs in the scheduler's order. Pods of other
@@ -1401,6 +1409,8 @@ impl Cache {
                 .and_then(|j| inputs::deadline(&j.value, keys, now));
             running.push(Running { ranks, ends_by });
         }
+        let held = inputs::booked_holds(nodes, &running, &self.booked_nodes, now);
+        running.extend(held);
         running
     }
 

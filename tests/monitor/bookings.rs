@@ -119,7 +119,8 @@ fn ts(t: &Option<pbjson_types::Timestamp>) -> jiff::Timestamp {
 }
 
 /// A running job holds n1 for an hour. A booking at half an hour gets n2 (the only room then), and n2
-/// carries its taint; a job that would fit on n2 now, and one without a time limit, are kept off it.
+/// carries its taint; a job that would fit on n2 now, and one without a time limit, are kept off it,
+/// and the first is told an estimate that counts the booking (not before the running job's end).
 /// At the booked start the booked job is released and RUNNING within the start margin; the others
 /// still wait.
 #[tokio::test]
@@ -176,6 +177,28 @@ async fn a_booked_job_starts_at_its_time_on_capacity_nothing_else_took() {
     })
     .await;
     steps(&mut w, 5).await;
+    // Its estimate counts the booking: not the booked node free now, but the running job's node at its
+    // time limit.
+    let run_expiry = ts(&w.seen.event("bk-run/RUNNING").unwrap().expires_at);
+    w.until("the waiting job's estimate", |s| {
+        s.of("bk-batch")
+            .lifecycle
+            .iter()
+            .any(|e| e.pending.as_ref().is_some_and(|p| p.estimated_start_at.is_some()))
+    })
+    .await;
+    let told = w
+        .seen
+        .of("bk-batch")
+        .lifecycle
+        .iter()
+        .filter_map(|e| e.pending.as_ref()?.estimated_start_at)
+        .next_back()
+        .unwrap();
+    assert!(
+        ts(&Some(told)) >= run_expiry,
+        "told {told:?}, before the running job's end {run_expiry}: the booked node counted as free"
+    );
     for id in ["bk-1", "bk-batch", "bk-forever"] {
         assert!(
             w.seen.event(&format!("{id}/RUNNING")).is_none(),
