@@ -1299,7 +1299,7 @@ impl Cache {
         now: Timestamp,
     ) -> FastMap<GroupKey, Arc<Estimate>> {
         let running = self.running(nodes, keys, now);
-        let (groups, gangs) = self.pending_gangs(keys);
+        let (groups, gangs) = self.pending_gangs(keys, now);
         let maintenance = self.window_holds(&groups, keys, now);
         let replay = forecast::replay_with(
             nodes,
@@ -1415,7 +1415,11 @@ impl Cache {
     }
 
     /// The waiting gangs in the scheduler's list order, with their PodGroups' keys.
-    fn pending_gangs(&self, keys: &AnnotationKeys) -> (Vec<GroupKey>, Vec<forecast::Pending>) {
+    fn pending_gangs(
+        &self,
+        keys: &AnnotationKeys,
+        now: Timestamp,
+    ) -> (Vec<GroupKey>, Vec<forecast::Pending>) {
         let mut order: Vec<(&WaitKey, &GroupKey)> = self
             .waiting
             .filed
@@ -1428,6 +1432,10 @@ impl Cache {
             .filter_map(|(_, g)| {
                 let pg = &self.groups.get(*g)?.value;
                 let job = job_of_group(pg).and_then(|k| self.jobs.get(&k).map(|e| &*e.value));
+                // A booked job waits for its start, not for room (its booking holds its nodes).
+                if inputs::booked_later(job, keys, now) {
+                    return None;
+                }
                 // The monitor does not watch Queues: every queue is taken as Volcano's default
                 // (`traverse`), which lets later jobs start in gaps.
                 Some((

@@ -694,7 +694,12 @@ pub fn booked_start(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Option<
         .and_then(crate::durable::annotations::parse_millis)?;
     let gate = s.keys.booking_gate();
     let gated = peers::gated_pods(obs.pods, &gate);
-    if now < start && obs.pods.iter().all(|p| gated.iter().any(|g| std::ptr::eq(*g, p))) {
+    if now < start
+        && obs
+            .pods
+            .iter()
+            .all(|p| gated.iter().any(|g| std::ptr::eq(*g, p)))
+    {
         // Its pods may not exist yet (Volcano creates them once its queue admits it, at the start).
         return Some(Step::Wait {
             next_check: Some(start),

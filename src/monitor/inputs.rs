@@ -331,7 +331,12 @@ fn inputs<'a>(
         .iter()
         .map(|j| (JobKey::of(&j.metadata), j))
         .collect();
-    let waiting = waiting_groups(view);
+    let mut waiting = waiting_groups(view);
+    // A booked job waits for its start, not for room: its room is the booked nodes' hold below.
+    waiting.retain(|pg| {
+        let job = job_of_group(pg).and_then(|k| jobs.get(&k).copied());
+        !booked_later(job, keys, now)
+    });
     let (mut running, mut spared) = holders(view, &nodes, &jobs, &waiting, keys, now);
     let booked = booked_nodes(
         view.nodes.iter().map(|n| {
@@ -479,6 +484,14 @@ fn holders(
     (holders.into_values().collect(), spared)
 }
 
+/// Whether `job` is a booked job before its booked start (`<prefix>bookedStart`): it is not placed
+/// before then, so the replay leaves it out (what it will use is held by its booking).
+pub fn booked_later(job: Option<&VolcanoJob>, keys: &AnnotationKeys, now: Timestamp) -> bool {
+    job.and_then(|j| j.metadata.annotations.as_ref()?.get(&keys.booked_start))
+        .and_then(|v| parse_millis(v))
+        .is_some_and(|start| start > now)
+}
+
 /// Until when each booked node is booked (docs/bookings.md), from its taint `<prefix>booked`.
 pub fn booked_nodes<'a>(
     nodes: impl Iterator<Item = (&'a str, &'a [k8s_openapi::api::core::v1::Taint])>,
@@ -509,7 +522,11 @@ pub fn booked_holds(
             continue;
         };
         let mut free = node.allocatable;
-        for (_, r) in running.iter().flat_map(|j| &j.ranks).filter(|(n, _)| *n == i) {
+        for (_, r) in running
+            .iter()
+            .flat_map(|j| &j.ranks)
+            .filter(|(n, _)| *n == i)
+        {
             free.cpu_milli = free.cpu_milli.saturating_sub(r.cpu_milli);
             free.memory_mib = free.memory_mib.saturating_sub(r.memory_mib);
             free.gpu = free.gpu.saturating_sub(r.gpu);

@@ -181,10 +181,11 @@ async fn a_booked_job_starts_at_its_time_on_capacity_nothing_else_took() {
     // time limit.
     let run_expiry = ts(&w.seen.event("bk-run/RUNNING").unwrap().expires_at);
     w.until("the waiting job's estimate", |s| {
-        s.of("bk-batch")
-            .lifecycle
-            .iter()
-            .any(|e| e.pending.as_ref().is_some_and(|p| p.estimated_start_at.is_some()))
+        s.of("bk-batch").lifecycle.iter().any(|e| {
+            e.pending
+                .as_ref()
+                .is_some_and(|p| p.estimated_start_at.is_some())
+        })
     })
     .await;
     let told = w

@@ -684,9 +684,7 @@ fn bookable(node: &Node, keys: &AnnotationKeys) -> Option<NodeRoom> {
         .and_then(|s| s.taints.as_ref())
         .into_iter()
         .flatten()
-        .any(|t| {
-            (t.effect == "NoSchedule" || t.effect == "NoExecute") && t.key != taint_key(keys)
-        });
+        .any(|t| (t.effect == "NoSchedule" || t.effect == "NoExecute") && t.key != taint_key(keys));
     if blocked {
         return None;
     }
@@ -964,7 +962,10 @@ mod tests {
         };
         assert_eq!(wanted_marks(&patched, &all, &keys, now), None);
         assert_eq!(
-            booked_until(&keys, patched.spec.as_ref().unwrap().taints.as_ref().unwrap()),
+            booked_until(
+                &keys,
+                patched.spec.as_ref().unwrap().taints.as_ref().unwrap()
+            ),
             Some(Timestamp::from_second(5600).unwrap())
         );
         let over = Timestamp::from_second(9000).unwrap();
