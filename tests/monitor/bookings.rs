@@ -647,3 +647,183 @@ async fn publish(w: &World, message: volcano_runner::broker::Outbound) {
     broker.publisher().publish(&message).await.unwrap();
     broker.close().await;
 }
+
+/// One run of the busy workload of issue 32 (six nodes of different shapes, three waves of 30 jobs ten
+/// minutes apart) for 70 simulated minutes, with 100 single-rank sessions (2 CPU, 10 minutes) booked at
+/// its start for four instants 15 minutes apart, or without them. Returns what the figure needs.
+async fn busy_run(with_bookings: bool) -> Figures {
+    use crate::busy_workload::{nodes, recipe};
+    let label = if with_bookings { "book-measure" } else { "book-measure-0" };
+    let mut w = World::start(
+        label,
+        |c| {
+            c.bookings.max_share_per_owner = 0.5;
+            c.bookings.check_interval = Duration::from_secs(1);
+            c.pipeline.whole_nodes.products.insert(
+                "u1-standard".into(),
+                toml::from_str("product = \"u1-standard-node\"\ncpu = 16\nmemory_gib = 64").unwrap(),
+            );
+        },
+        |s| s.nodes = nodes(),
+    )
+    .await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let consumer = w.consumer("runner-a").await;
+    let t0 = w.sim.now();
+    let workload: Vec<_> = recipe(0)
+        .into_iter()
+        .filter(|s| !s.job_id().contains('-'))
+        .collect();
+    let submission = |s: &crate::busy_workload::Spec| {
+        let mut j = sized(s.job_id(), s.cpu, s.limit_s.unwrap(), &format!("sleep {}", s.runs_s));
+        let p = j.product.as_mut().unwrap();
+        p.memory_gib = s.memory_gib;
+        p.gpu = s.gpu;
+        p.category = if s.gpu > 0 { "u1-gpu" } else { "u1-standard" }.into();
+        j.replicas = s.ranks;
+        j.exclusive_nodes = s.whole_nodes;
+        j
+    };
+    let starts: Vec<jiff::Timestamp> = (0..4)
+        .map(|k| t0 + jiff::SignedDuration::from_mins(10 + 15 * k))
+        .collect();
+    let mut booked = Vec::new();
+    // Every 15 s, and every second around each booked start (where the runner's pace matters: the
+    // simulated clock does not wait for it).
+    let mut instants: Vec<i64> = (0..70 * 4).map(|q| q * 15).collect();
+    for at in &starts {
+        let from = at.duration_since(t0).as_secs();
+        instants.extend(from - 5..from + 20);
+    }
+    instants.sort();
+    instants.dedup();
+    for second in instants {
+        let slow = starts.iter().any(|at| {
+            let d = at.duration_since(t0).as_secs() - second;
+            (-20..=5).contains(&d)
+        });
+        let minute = second;
+        if minute % 600 == 0 && minute <= 1200 {
+            for s in workload.iter().filter(|s| s.arrives_s == minute) {
+                w.publish_submit(&submission(s)).await;
+            }
+        }
+        if minute == 0 && with_bookings {
+            for i in 0..100 {
+                let at = starts[i % 4];
+                let id = format!("sess-{i:03}");
+                let mut s = sized(&id, 2, 600, "sleep 100000");
+                s.owner.as_mut().unwrap().project = Some(format!("class-{}", i % 4));
+                w.publish_submit(&booked_at(s, at, at)).await;
+                booked.push((id, at));
+            }
+        }
+        w.advance_to_ms((t0 + jiff::SignedDuration::from_secs(second)).as_millisecond());
+        w.settle(Duration::from_millis(if slow { 250 } else { 40 })).await;
+        if second == 0 && with_bookings {
+            // Every booking answered before the clock moves on (100 at once conflict on the record:
+            // some go back to the queue and come again).
+            for _ in 0..300 {
+                if booked.iter().all(|(id, _)| answer(&w.seen, id).is_some()) {
+                    break;
+                }
+                w.settle(Duration::from_millis(500)).await;
+            }
+        }
+    }
+    let end = w.sim.now();
+    w.settle(Duration::from_secs(3)).await;
+    for (id, _) in &booked {
+        match answer(&w.seen, id) {
+            Some(e) if e.reason != "booked" => println!("refused {id}: {}", e.status),
+            None => println!("unanswered {id}: {:?}", summary(&w.seen.of(id))),
+            _ => {}
+        }
+    }
+    let margin = jiff::SignedDuration::try_from(w.config.monitor.start_margin).unwrap();
+    let mut figures = Figures::default();
+    for (id, at) in &booked {
+        match answer(&w.seen, id).map(|e| e.reason.as_str()) {
+            Some("booked") => figures.booked += 1,
+            _ => continue,
+        }
+        let started = w
+            .seen
+            .event(&format!("{id}/RUNNING"))
+            .map(|e| ts(&e.started_at));
+        if started.is_some_and(|s| s >= *at && s <= *at + margin) {
+            figures.in_margin += 1;
+        }
+    }
+    let cpu_s = |job_id: &str, cpu: u32, ranks: u32| {
+        let Some(start) = w.seen.event(&format!("{job_id}/RUNNING")) else {
+            return 0.0;
+        };
+        let start = ts(&start.started_at);
+        let stop = w
+            .seen
+            .of(job_id)
+            .lifecycle
+            .iter()
+            .find_map(|e| e.ended_at.map(|t| ts(&Some(t))))
+            .unwrap_or(end)
+            .min(end);
+        stop.duration_since(start).as_secs_f64().max(0.0) * f64::from(cpu * ranks)
+    };
+    for s in &workload {
+        figures.busy_cpu_s += cpu_s(s.job_id(), s.cpu, s.ranks);
+        if w.seen.event(&format!("{}/RUNNING", s.job_id())).is_some() {
+            figures.busy_started += 1;
+        }
+    }
+    for (id, _) in &booked {
+        figures.booked_cpu_s += cpu_s(id, 2, 1);
+    }
+    let total_cpu: f64 = nodes().iter().map(|n| n.cpu.parse::<f64>().unwrap()).sum();
+    figures.capacity_cpu_s = total_cpu * end.duration_since(t0).as_secs_f64();
+    consumer.stop().await;
+    runner.stop().await;
+    w.close().await;
+    figures
+}
+
+#[derive(Debug, Default)]
+struct Figures {
+    booked: usize,
+    in_margin: usize,
+    busy_started: usize,
+    busy_cpu_s: f64,
+    booked_cpu_s: f64,
+    capacity_cpu_s: f64,
+}
+
+/// The figure of issue 43 (not a check: run by hand, `cargo test --test monitor
+/// measure_bookings_on_the_busy_workload -- --ignored --nocapture`): of 100 bookings on the busy
+/// workload, how many were booked and started within the start margin, and the cluster's utilisation
+/// with and without them (what the set-aside capacity costs the rest).
+#[tokio::test]
+#[ignore]
+async fn measure_bookings_on_the_busy_workload() {
+    let with = busy_run(true).await;
+    let without = busy_run(false).await;
+    let util = |f: &Figures| (f.busy_cpu_s + f.booked_cpu_s) / f.capacity_cpu_s * 100.0;
+    println!("with bookings:    {with:?}");
+    println!("without bookings: {without:?}");
+    println!(
+        "bookings: {} of 100 booked, {} of those started within the start margin ({:.0}%)",
+        with.booked,
+        with.in_margin,
+        100.0 * with.in_margin as f64 / with.booked.max(1) as f64
+    );
+    println!(
+        "utilisation over 70 min: {:.1}% with bookings (busy workload {:.1}%, sessions {:.1}%), {:.1}% without; \
+         busy workload jobs started: {} with, {} without",
+        util(&with),
+        with.busy_cpu_s / with.capacity_cpu_s * 100.0,
+        with.booked_cpu_s / with.capacity_cpu_s * 100.0,
+        util(&without),
+        with.busy_started,
+        without.busy_started
+    );
+}

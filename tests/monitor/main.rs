@@ -3,6 +3,8 @@
 //! One test binary per area: each binary links the whole dependency tree, so fewer binaries
 //! keep the build quick to link and small on disk.
 
+#[path = "../common/busy_workload.rs"]
+mod busy_workload;
 #[path = "../common/monitor.rs"]
 mod monitor_support;
 #[path = "../common/rabbit.rs"]
