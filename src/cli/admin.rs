@@ -404,17 +404,7 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
                 ),
                 Output::Text => {
                     print!("{}", queue_text(&entries));
-                    // Booked starts wait for their time, not in the queue: shown apart.
-                    let bookings = crate::cluster::Bookings::new(
-                        client.clone(),
-                        &config.cluster,
-                        &config.bookings,
-                        &AnnotationKeys::new(&config.pipeline.annotation_prefix),
-                    );
-                    match bookings.list().await {
-                        Ok(all) => print!("{}", bookings_text(&all, now)),
-                        Err(e) => eprintln!("volcano-runner: could not read the bookings ({e})"),
-                    }
+                    print_bookings(&client, &config, now).await;
                 }
             }
         }
@@ -471,6 +461,20 @@ async fn waiting_jobs(
                 .unwrap_or_default(),
         },
     ))
+}
+
+/// Booked starts wait for their time, not in the queue: `admin queue` shows them apart.
+async fn print_bookings(client: &kube::Client, config: &Config, now: jiff::Timestamp) {
+    let bookings = crate::cluster::Bookings::new(
+        client.clone(),
+        &config.cluster,
+        &config.bookings,
+        &AnnotationKeys::new(&config.pipeline.annotation_prefix),
+    );
+    match bookings.list().await {
+        Ok(all) => print!("{}", bookings_text(&all, now)),
+        Err(e) => eprintln!("volcano-runner: could not read the bookings ({e})"),
+    }
 }
 
 /// The bookings not over at `now`, by start: empty when there are none.

@@ -113,7 +113,7 @@ fn read(
     let format = Format::from_path(path).unwrap_or(Format::Json);
     let mut job: SubmitJob = decode(format, &bytes).map_err(|e| format!("not a SubmitJob: {e}"))?;
     if let Some(w) = window {
-        job.start_window = Some(w.clone());
+        job.start_window = Some(*w);
     }
     if !no_validate {
         crate::runner::refusal::submission(&job, config, jiff::Timestamp::now())

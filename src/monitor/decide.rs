@@ -21,7 +21,8 @@
 //!    the cause), W11.
 //! 4. Volcano finished the job (or every rank's program ended `cleanup_grace` ago): record SUCCESS when
 //!    every rank exited 0, else FAILURE with every exit code (W9: never "Failed becomes SUCCESS").
-//! 4c. A booked job's pods are gated until its booked start: wait for it, then lift the gate
+//!
+//!    (4c) A booked job's pods are gated until its booked start: wait for it, then lift the gate
 //!    ([`booked_start`], docs/bookings.md); only then do the maintenance windows judge it (4d).
 //! 5. Not started, the image cannot be pulled for longer than `image_pull_grace`: record FAILURE.
 //! 6. Not started, waiting longer than `queue_timeout`: record FAILURE with the pending reason.

@@ -385,7 +385,6 @@ fn submit_job() -> impl Strategy<Value = v1::SubmitJob> {
                 // A booked start needs a time limit and no whole nodes (validation); drawn from the
                 // submission time, which is a valid timestamp.
                 let start_window = submitted_at
-                    .clone()
                     .filter(|_| time.is_some() && !exclusive_nodes && job_name.is_some())
                     .map(|t| v1::StartWindow {
                         earliest: Some(t),
@@ -495,12 +494,12 @@ fn job_event() -> impl Strategy<Value = v1::JobEvent> {
             )| {
                 let (runner_id, log_tails, started_at, ended_at, refundable_ms, output) = rest;
                 // A booking's answer, drawn from the times: both ends, and a refusal's window.
-                let booking = started_at.clone().map(|start| {
+                let booking = started_at.map(|start| {
                     Box::new(v1::BookingDetails {
-                        start_at: Some(start.clone()),
-                        end_at: ended_at.clone(),
+                        start_at: Some(start),
+                        end_at: ended_at,
                         nodes: vec!["n1".into()],
-                        earliest_window: ended_at.clone().map(|end| v1::BookedWindow {
+                        earliest_window: ended_at.map(|end| v1::BookedWindow {
                             earliest: Some(start),
                             latest: Some(end),
                         }),

@@ -113,6 +113,20 @@ async fn booking_taints(w: &World) -> Vec<(String, String)> {
     out
 }
 
+/// The start last estimated for `job_id`, once one is told.
+async fn last_estimate(w: &mut World, job_id: &str) -> jiff::Timestamp {
+    let told = |s: &Seen| {
+        s.of(job_id)
+            .lifecycle
+            .iter()
+            .filter_map(|e| e.pending.as_ref()?.estimated_start_at)
+            .next_back()
+    };
+    w.until(&format!("{job_id}'s estimate"), |s| told(s).is_some())
+        .await;
+    ts(&told(&w.seen))
+}
+
 fn ts(t: &Option<pbjson_types::Timestamp>) -> jiff::Timestamp {
     let t = t.as_ref().expect("a time");
     jiff::Timestamp::new(t.seconds, t.nanos).unwrap()
@@ -180,25 +194,10 @@ async fn a_booked_job_starts_at_its_time_on_capacity_nothing_else_took() {
     // Its estimate counts the booking: not the booked node free now, but the running job's node at its
     // time limit.
     let run_expiry = ts(&w.seen.event("bk-run/RUNNING").unwrap().expires_at);
-    w.until("the waiting job's estimate", |s| {
-        s.of("bk-batch").lifecycle.iter().any(|e| {
-            e.pending
-                .as_ref()
-                .is_some_and(|p| p.estimated_start_at.is_some())
-        })
-    })
-    .await;
-    let told = w
-        .seen
-        .of("bk-batch")
-        .lifecycle
-        .iter()
-        .filter_map(|e| e.pending.as_ref()?.estimated_start_at)
-        .next_back()
-        .unwrap();
+    let told = last_estimate(&mut w, "bk-batch").await;
     assert!(
-        ts(&Some(told)) >= run_expiry,
-        "told {told:?}, before the running job's end {run_expiry}: the booked node counted as free"
+        told >= run_expiry,
+        "told {told}, before the running job's end {run_expiry}: the booked node counted as free"
     );
     for id in ["bk-1", "bk-batch", "bk-forever"] {
         assert!(
@@ -259,35 +258,7 @@ async fn thirty_sessions_booked_on_a_busy_cluster_all_start_at_their_time() {
     let runner = w.runner("runner-a").await;
     runner.holds(4).await;
     let consumer = w.consumer("runner-a").await;
-    let mut batch = Vec::new();
-    for i in 0..6 {
-        batch.push(sized(&format!("busy-{i}"), 8, 3600, "sleep 100000"));
-    }
-    for i in 0..3 {
-        let mut j = sized(&format!("forever-{i}"), 4, 3600, "sleep 100000");
-        j.time_allocation = None;
-        batch.push(j);
-    }
-    for j in &batch {
-        w.publish_submit(j).await;
-    }
-    steps(&mut w, 4).await;
-    w.until("the first batch running", |s| {
-        (0..6).all(|i| s.event(&format!("busy-{i}/RUNNING")).is_some())
-            && (0..3).all(|i| s.event(&format!("forever-{i}/RUNNING")).is_some())
-    })
-    .await;
-    let mut backlog = Vec::new();
-    for i in 0..8 {
-        let mut j = sized(&format!("later-{i}"), 8, 3600, "sleep 100000");
-        if i % 4 == 0 {
-            j.time_allocation = None;
-        }
-        backlog.push(j);
-    }
-    for j in &backlog {
-        w.publish_submit(j).await;
-    }
+    let (batch, backlog) = busy_cluster(&mut w).await;
 
     let t = w.sim.now() + jiff::SignedDuration::from_hours(2);
     let sessions: Vec<String> = (0..30).map(|i| format!("class-{i:02}")).collect();
@@ -352,6 +323,41 @@ async fn thirty_sessions_booked_on_a_busy_cluster_all_start_at_their_time() {
     w.close().await;
 }
 
+/// The busy cluster of the thirty sessions: six batch jobs of 8 CPU for an hour and three of 4 CPU
+/// without a limit, running; eight more batch jobs of 8 CPU (two without a limit) waiting behind them.
+async fn busy_cluster(w: &mut World) -> (Vec<SubmitJob>, Vec<SubmitJob>) {
+    let mut batch = Vec::new();
+    for i in 0..6 {
+        batch.push(sized(&format!("busy-{i}"), 8, 3600, "sleep 100000"));
+    }
+    for i in 0..3 {
+        let mut j = sized(&format!("forever-{i}"), 4, 3600, "sleep 100000");
+        j.time_allocation = None;
+        batch.push(j);
+    }
+    for j in &batch {
+        w.publish_submit(j).await;
+    }
+    steps(w, 4).await;
+    w.until("the first batch running", |s| {
+        (0..6).all(|i| s.event(&format!("busy-{i}/RUNNING")).is_some())
+            && (0..3).all(|i| s.event(&format!("forever-{i}/RUNNING")).is_some())
+    })
+    .await;
+    let mut backlog = Vec::new();
+    for i in 0..8 {
+        let mut j = sized(&format!("later-{i}"), 8, 3600, "sleep 100000");
+        if i % 4 == 0 {
+            j.time_allocation = None;
+        }
+        backlog.push(j);
+    }
+    for j in &backlog {
+        w.publish_submit(j).await;
+    }
+    (batch, backlog)
+}
+
 /// One node: two runners book it for the same hour at the same instant. Exactly one is booked; the
 /// other is refused with the window from the first's end, and booking that window succeeds. Cancelling
 /// a booking frees it at once: its taint goes, and the same hour books again.
@@ -383,7 +389,7 @@ async fn two_runners_never_promise_the_same_capacity_and_a_cancel_frees_it() {
     let next = lost
         .booking
         .as_ref()
-        .and_then(|b| b.earliest_window.clone())
+        .and_then(|b| b.earliest_window)
         .expect("the earliest window that could be booked");
     let won_end = ts(&won.booking.as_ref().unwrap().end_at);
     assert_eq!(ts(&next.earliest), won_end, "from the booked hour's end");
@@ -562,38 +568,7 @@ async fn a_lost_node_moves_a_booking_and_a_forced_window_cancels_one() {
     );
 
     // Forced over the second's node at T (the CLI refuses it without --force).
-    let now = w.sim.now();
-    let window = volcano_runner::cluster::Window::new(
-        t - jiff::SignedDuration::from_mins(10),
-        t + jiff::SignedDuration::from_mins(50),
-        [b_node.clone()].into(),
-        Some("firmware".into()),
-        "test@host",
-        now,
-    )
-    .unwrap();
-    let all = volcano_runner::cluster::Bookings::new(
-        w.client.clone(),
-        &w.config.cluster,
-        &w.config.bookings,
-        &w.keys,
-    )
-    .list()
-    .await
-    .unwrap();
-    let broken: Vec<&str> = volcano_runner::cluster::bookings::under_window(&all, &window, now)
-        .iter()
-        .map(|b| b.job_id.as_str())
-        .collect();
-    assert_eq!(
-        broken,
-        ["lost-b"],
-        "what the CLI refuses to schedule without --force"
-    );
-    volcano_runner::cluster::MaintenanceWindows::new(w.client.clone(), &w.config.cluster)
-        .schedule(&window)
-        .await
-        .unwrap();
+    force_window(&w, &b_node, t, "lost-b").await;
     let cancelled = format!("lost-b/booking/{}/cancelled", t.as_millisecond());
     w.until("the second booking cancelled", |s| {
         s.event(&cancelled).is_some()
@@ -637,6 +612,44 @@ async fn a_lost_node_moves_a_booking_and_a_forced_window_cancels_one() {
     w.close().await;
 }
 
+/// Schedules a maintenance window over `node` from ten minutes before `t` to fifty after, checking
+/// first that it breaks exactly the booking of `breaks` (what `admin maintenance schedule` refuses
+/// without `--force`).
+async fn force_window(w: &World, node: &str, t: jiff::Timestamp, breaks: &str) {
+    let now = w.sim.now();
+    let window = volcano_runner::cluster::Window::new(
+        t - jiff::SignedDuration::from_mins(10),
+        t + jiff::SignedDuration::from_mins(50),
+        [node.to_owned()].into(),
+        Some("firmware".into()),
+        "test@host",
+        now,
+    )
+    .unwrap();
+    let all = volcano_runner::cluster::Bookings::new(
+        w.client.clone(),
+        &w.config.cluster,
+        &w.config.bookings,
+        &w.keys,
+    )
+    .list()
+    .await
+    .unwrap();
+    let broken: Vec<&str> = volcano_runner::cluster::bookings::under_window(&all, &window, now)
+        .iter()
+        .map(|b| b.job_id.as_str())
+        .collect();
+    assert_eq!(
+        broken,
+        [breaks],
+        "what the CLI refuses to schedule without --force"
+    );
+    volcano_runner::cluster::MaintenanceWindows::new(w.client.clone(), &w.config.cluster)
+        .schedule(&window)
+        .await
+        .unwrap();
+}
+
 async fn publish(w: &World, message: volcano_runner::broker::Outbound) {
     let broker = volcano_runner::broker::Broker::connect(
         w.config.broker.clone(),
@@ -652,8 +665,11 @@ async fn publish(w: &World, message: volcano_runner::broker::Outbound) {
 /// minutes apart) for 70 simulated minutes, with 100 single-rank sessions (2 CPU, 10 minutes) booked at
 /// its start for four instants 15 minutes apart, or without them. Returns what the figure needs.
 async fn busy_run(with_bookings: bool) -> Figures {
-    use crate::busy_workload::{nodes, recipe};
-    let label = if with_bookings { "book-measure" } else { "book-measure-0" };
+    let label = if with_bookings {
+        "book-measure"
+    } else {
+        "book-measure-0"
+    };
     let mut w = World::start(
         label,
         |c| {
@@ -661,36 +677,74 @@ async fn busy_run(with_bookings: bool) -> Figures {
             c.bookings.check_interval = Duration::from_secs(1);
             c.pipeline.whole_nodes.products.insert(
                 "u1-standard".into(),
-                toml::from_str("product = \"u1-standard-node\"\ncpu = 16\nmemory_gib = 64").unwrap(),
+                toml::from_str("product = \"u1-standard-node\"\ncpu = 16\nmemory_gib = 64")
+                    .unwrap(),
             );
         },
-        |s| s.nodes = nodes(),
+        |s| s.nodes = crate::busy_workload::nodes(),
     )
     .await;
     let runner = w.runner("runner-a").await;
     runner.holds(4).await;
     let consumer = w.consumer("runner-a").await;
+    let run = drive_busy(&mut w, with_bookings).await;
+    for (id, _) in &run.booked {
+        match answer(&w.seen, id) {
+            Some(e) if e.reason != "booked" => println!("refused {id}: {}", e.status),
+            None => println!("unanswered {id}: {:?}", summary(&w.seen.of(id))),
+            _ => {}
+        }
+    }
+    let figures = figures_of(&w, &run);
+    consumer.stop().await;
+    runner.stop().await;
+    w.close().await;
+    figures
+}
+
+/// What [`drive_busy`] did.
+struct BusyRun {
+    t0: jiff::Timestamp,
+    end: jiff::Timestamp,
+    workload: Vec<crate::busy_workload::Spec>,
+    /// The sessions booked, with the start asked for.
+    booked: Vec<(String, jiff::Timestamp)>,
+}
+
+/// The busy workload as SubmitJobs.
+fn busy_submission(s: &crate::busy_workload::Spec) -> SubmitJob {
+    let mut j = sized(
+        s.job_id(),
+        s.cpu,
+        s.limit_s.unwrap(),
+        &format!("sleep {}", s.runs_s),
+    );
+    let p = j.product.as_mut().unwrap();
+    p.memory_gib = s.memory_gib;
+    p.gpu = s.gpu;
+    p.category = if s.gpu > 0 { "u1-gpu" } else { "u1-standard" }.into();
+    j.replicas = s.ranks;
+    j.exclusive_nodes = s.whole_nodes;
+    j
+}
+
+/// Submits the workload's waves and (with bookings) the 100 sessions at the start, and moves the clock
+/// for 70 minutes: every 15 s, and every second around each booked start (where the runner's pace
+/// matters: the simulated clock does not wait for it).
+async fn drive_busy(w: &mut World, with_bookings: bool) -> BusyRun {
     let t0 = w.sim.now();
-    let workload: Vec<_> = recipe(0)
+    let workload: Vec<_> = crate::busy_workload::recipe(0)
         .into_iter()
         .filter(|s| !s.job_id().contains('-'))
         .collect();
-    let submission = |s: &crate::busy_workload::Spec| {
-        let mut j = sized(s.job_id(), s.cpu, s.limit_s.unwrap(), &format!("sleep {}", s.runs_s));
-        let p = j.product.as_mut().unwrap();
-        p.memory_gib = s.memory_gib;
-        p.gpu = s.gpu;
-        p.category = if s.gpu > 0 { "u1-gpu" } else { "u1-standard" }.into();
-        j.replicas = s.ranks;
-        j.exclusive_nodes = s.whole_nodes;
-        j
-    };
     let starts: Vec<jiff::Timestamp> = (0..4)
         .map(|k| t0 + jiff::SignedDuration::from_mins(10 + 15 * k))
         .collect();
-    let mut booked = Vec::new();
-    // Every 15 s, and every second around each booked start (where the runner's pace matters: the
-    // simulated clock does not wait for it).
+    let near = |second: i64| {
+        starts
+            .iter()
+            .any(|at| (-20..=5).contains(&(at.duration_since(t0).as_secs() - second)))
+    };
     let mut instants: Vec<i64> = (0..70 * 4).map(|q| q * 15).collect();
     for at in &starts {
         let from = at.duration_since(t0).as_secs();
@@ -698,18 +752,12 @@ async fn busy_run(with_bookings: bool) -> Figures {
     }
     instants.sort();
     instants.dedup();
+    let mut booked = Vec::new();
     for second in instants {
-        let slow = starts.iter().any(|at| {
-            let d = at.duration_since(t0).as_secs() - second;
-            (-20..=5).contains(&d)
-        });
-        let minute = second;
-        if minute % 600 == 0 && minute <= 1200 {
-            for s in workload.iter().filter(|s| s.arrives_s == minute) {
-                w.publish_submit(&submission(s)).await;
-            }
+        for s in workload.iter().filter(|s| s.arrives_s == second) {
+            w.publish_submit(&busy_submission(s)).await;
         }
-        if minute == 0 && with_bookings {
+        if second == 0 && with_bookings {
             for i in 0..100 {
                 let at = starts[i % 4];
                 let id = format!("sess-{i:03}");
@@ -720,34 +768,37 @@ async fn busy_run(with_bookings: bool) -> Figures {
             }
         }
         w.advance_to_ms((t0 + jiff::SignedDuration::from_secs(second)).as_millisecond());
-        w.settle(Duration::from_millis(if slow { 250 } else { 40 })).await;
-        if second == 0 && with_bookings {
-            // Every booking answered before the clock moves on (100 at once conflict on the record:
-            // some go back to the queue and come again).
-            for _ in 0..300 {
-                if booked.iter().all(|(id, _)| answer(&w.seen, id).is_some()) {
-                    break;
-                }
-                w.settle(Duration::from_millis(500)).await;
+        w.settle(Duration::from_millis(if near(second) { 250 } else { 40 }))
+            .await;
+        // Every booking answered before the clock moves on (100 at once conflict on the record: some
+        // go back to the queue and come again).
+        for _ in 0..300 {
+            if booked.iter().all(|(id, _)| answer(&w.seen, id).is_some()) {
+                break;
             }
+            w.settle(Duration::from_millis(500)).await;
         }
     }
     let end = w.sim.now();
     w.settle(Duration::from_secs(3)).await;
-    for (id, _) in &booked {
-        match answer(&w.seen, id) {
-            Some(e) if e.reason != "booked" => println!("refused {id}: {}", e.status),
-            None => println!("unanswered {id}: {:?}", summary(&w.seen.of(id))),
-            _ => {}
-        }
+    BusyRun {
+        t0,
+        end,
+        workload,
+        booked,
     }
+}
+
+/// The figures of a run, from the events: bookings answered and started within the margin, and the
+/// CPU-seconds each kind of job ran within it.
+fn figures_of(w: &World, run: &BusyRun) -> Figures {
     let margin = jiff::SignedDuration::try_from(w.config.monitor.start_margin).unwrap();
     let mut figures = Figures::default();
-    for (id, at) in &booked {
-        match answer(&w.seen, id).map(|e| e.reason.as_str()) {
-            Some("booked") => figures.booked += 1,
-            _ => continue,
+    for (id, at) in &run.booked {
+        if answer(&w.seen, id).is_none_or(|e| e.reason != "booked") {
+            continue;
         }
+        figures.booked += 1;
         let started = w
             .seen
             .event(&format!("{id}/RUNNING"))
@@ -767,24 +818,24 @@ async fn busy_run(with_bookings: bool) -> Figures {
             .lifecycle
             .iter()
             .find_map(|e| e.ended_at.map(|t| ts(&Some(t))))
-            .unwrap_or(end)
-            .min(end);
+            .unwrap_or(run.end)
+            .min(run.end);
         stop.duration_since(start).as_secs_f64().max(0.0) * f64::from(cpu * ranks)
     };
-    for s in &workload {
+    for s in &run.workload {
         figures.busy_cpu_s += cpu_s(s.job_id(), s.cpu, s.ranks);
         if w.seen.event(&format!("{}/RUNNING", s.job_id())).is_some() {
             figures.busy_started += 1;
         }
     }
-    for (id, _) in &booked {
+    for (id, _) in &run.booked {
         figures.booked_cpu_s += cpu_s(id, 2, 1);
     }
-    let total_cpu: f64 = nodes().iter().map(|n| n.cpu.parse::<f64>().unwrap()).sum();
-    figures.capacity_cpu_s = total_cpu * end.duration_since(t0).as_secs_f64();
-    consumer.stop().await;
-    runner.stop().await;
-    w.close().await;
+    let total_cpu: f64 = crate::busy_workload::nodes()
+        .iter()
+        .map(|n| n.cpu.parse::<f64>().unwrap())
+        .sum();
+    figures.capacity_cpu_s = total_cpu * run.end.duration_since(run.t0).as_secs_f64();
     figures
 }
 

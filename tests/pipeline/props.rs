@@ -445,6 +445,8 @@ fn job_strategy() -> impl Strategy<Value = SubmitJob> {
                     opened_file: None,
                     // Any generated bool will do: it varies with the draw.
                     exclusive_nodes: ingress,
+                    // Rendering never reads it: a booking is the submit path's, after rendering.
+                    start_window: None,
                 }
             },
         )
