@@ -28,6 +28,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .boxed(".volcano_runner.v1.JobEvent.trace")
         // Boxed for the same reason: present on status events of waiting jobs only.
         .boxed(".volcano_runner.v1.JobEvent.pending")
+        // And this: present on the answers and news of bookings only.
+        .boxed(".volcano_runner.v1.JobEvent.booking")
         .extern_path(".google.protobuf", "::pbjson_types")
         .compile_protos(&protos, &["proto/"])?;
 

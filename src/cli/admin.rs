@@ -110,6 +110,10 @@ pub enum MaintenanceCommand {
         /// Why, shown to the users whose jobs it ends and in `admin status`.
         #[arg(long, default_value = "")]
         reason: String,
+        /// Schedule it even over booked starts (docs/bookings.md): the runners then move the bookings it
+        /// breaks to other room at the same start, or cancel them, and tell their users.
+        #[arg(long)]
+        force: bool,
     },
     /// Every window, with its id.
     List {
@@ -175,6 +179,7 @@ impl WindowView {
 async fn maintenance(
     command: MaintenanceCommand,
     windows: &MaintenanceWindows,
+    bookings: &crate::cluster::Bookings,
     client: &kube::Client,
     keys: &AnnotationKeys,
     now: jiff::Timestamp,
@@ -186,6 +191,7 @@ async fn maintenance(
             end,
             nodes,
             reason,
+            force,
         } => {
             let invalid =
                 |e: crate::cluster::maintenance::WindowError| CliError::Other(e.to_string());
@@ -194,6 +200,25 @@ async fn maintenance(
             let nodes = crate::cluster::maintenance::node_list(&nodes).map_err(invalid)?;
             let window =
                 Window::new(start, end, nodes, Some(reason), &operator(), now).map_err(invalid)?;
+            let all = bookings.list().await.map_err(cluster_error)?;
+            let broken = crate::cluster::bookings::under_window(&all, &window, now);
+            if !broken.is_empty() {
+                let names: Vec<String> = broken
+                    .iter()
+                    .map(|b| format!("{} (from {})", b.job_id, b.start))
+                    .collect();
+                if !force {
+                    return Err(CliError::Other(format!(
+                        "the window is over booked starts: {}; schedule it with --force to move or \
+                         cancel them (their users are told)",
+                        names.join(", ")
+                    )));
+                }
+                println!(
+                    "over booked starts (forced): {}; the runners move or cancel them and tell their users",
+                    names.join(", ")
+                );
+            }
             let created = windows.schedule(&window).await.map_err(cluster_error)?;
             let line = WindowView::of(&window, now).line();
             if created {
@@ -339,7 +364,13 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
         AdminCommand::Maintenance(command) => {
             let windows = MaintenanceWindows::new(client.clone(), &config.cluster);
             let keys = AnnotationKeys::new(&config.pipeline.annotation_prefix);
-            maintenance(command, &windows, &client, &keys, now).await?;
+            let bookings = crate::cluster::Bookings::new(
+                client.clone(),
+                &config.cluster,
+                &config.bookings,
+                &keys,
+            );
+            maintenance(command, &windows, &bookings, &client, &keys, now).await?;
         }
         AdminCommand::Queue { queue, output } => {
             // The windows as the monitor follows them: they cut running jobs and hold gated ones back.
@@ -371,7 +402,10 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
                     "{}",
                     serde_json::to_string_pretty(&entries).unwrap_or_default()
                 ),
-                Output::Text => print!("{}", queue_text(&entries)),
+                Output::Text => {
+                    print!("{}", queue_text(&entries));
+                    print_bookings(&client, &config, now).await;
+                }
             }
         }
         // Taken before the cluster client above; here only for completeness.
@@ -427,6 +461,47 @@ async fn waiting_jobs(
                 .unwrap_or_default(),
         },
     ))
+}
+
+/// Booked starts wait for their time, not in the queue: `admin queue` shows them apart.
+async fn print_bookings(client: &kube::Client, config: &Config, now: jiff::Timestamp) {
+    let bookings = crate::cluster::Bookings::new(
+        client.clone(),
+        &config.cluster,
+        &config.bookings,
+        &AnnotationKeys::new(&config.pipeline.annotation_prefix),
+    );
+    match bookings.list().await {
+        Ok(all) => print!("{}", bookings_text(&all, now)),
+        Err(e) => eprintln!("volcano-runner: could not read the bookings ({e})"),
+    }
+}
+
+/// The bookings not over at `now`, by start: empty when there are none.
+fn bookings_text(all: &[crate::cluster::bookings::Booking], now: jiff::Timestamp) -> String {
+    let mut live: Vec<_> = all.iter().filter(|b| b.end > now).collect();
+    if live.is_empty() {
+        return String::new();
+    }
+    live.sort_by_key(|b| (b.start, b.job_id.clone()));
+    let mut out = format!(
+        "\n{:<21} {:<21} {:<24} {:<20} {:>5}  NODES\n",
+        "BOOKED START", "SET ASIDE UNTIL", "JOB", "OWNER", "RANKS"
+    );
+    for b in live {
+        let mut nodes = b.nodes();
+        nodes.dedup();
+        out.push_str(&format!(
+            "{:<21} {:<21} {:<24} {:<20} {:>5}  {}\n",
+            b.start.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+            b.end.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+            b.job_id,
+            b.owner,
+            b.ranks.len(),
+            nodes.join(",")
+        ));
+    }
+    out
 }
 
 /// The waiting jobs as a table, the scheduler's message under each job it concerns.
@@ -886,6 +961,39 @@ fn natural(name: &str) -> (String, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `admin queue` lists the bookings not over, by start, after the waiting jobs.
+    #[test]
+    fn bookings_are_listed_by_start_until_they_are_over() {
+        use crate::cluster::bookings::{Amount, BookedRank, Booking};
+        let at = |s: i64| jiff::Timestamp::from_second(1_800_000_000 + s).unwrap();
+        let b = |id: &str, start: i64| Booking {
+            job_id: id.into(),
+            owner: "project class".into(),
+            fingerprint: "f".into(),
+            start: at(start),
+            end: at(start + 3600),
+            ranks: vec![
+                BookedRank {
+                    node: "n1".into(),
+                    amount: Amount::default(),
+                },
+                BookedRank {
+                    node: "n1".into(),
+                    amount: Amount::default(),
+                },
+            ],
+        };
+        let text = bookings_text(&[b("late", 7200), b("early", 0), b("over", -7200)], at(0));
+        let lines: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(
+            lines[1].contains("early") && lines[1].ends_with("2  n1"),
+            "{text}"
+        );
+        assert!(lines[2].contains("late"), "{text}");
+        assert_eq!(bookings_text(&[b("over", -7200)], at(0)), "");
+    }
 
     #[test]
     fn the_pause_line_says_who_and_why() {

@@ -22,11 +22,14 @@
 //! - [`logs`]: reading and following a job's logs rank by rank, the engine of `volcano-runner logs` and
 //!   of proxy-sync's logs bridge (below both, so the command line and the proxy need not import each
 //!   other).
+//! - [`bookings`]: [`Bookings`], booked starts: one record of every booking, changed by conditional
+//!   writes, and the node taints that keep the booked capacity free.
 //! - [`whole_nodes`]: the whole nodes each owner holds (kept by the job store's watch), against the
 //!   `[pipeline.whole_nodes]` limits.
 //! - [`volcano`]: Rust types that mirror the Volcano CRDs (owned by the pipeline).
 
 pub mod apply;
+pub mod bookings;
 pub mod capacity;
 pub mod client;
 pub mod end;
@@ -51,6 +54,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 pub use apply::{Applier, ApplyError, ApplyOutcome, ObjectKey, PlanError, Role, Rollback, Step};
+pub use bookings::{Bookings, BookingsConfig};
 pub use client::{ClusterTarget, connect, connect_url};
 pub use error::{ClusterError, ErrorClass, KubeResultExt};
 pub use gate::{CapacityPermit, GateDriver, GateState, SubmitGate};

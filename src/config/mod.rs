@@ -63,6 +63,8 @@ pub struct Config {
     pub proxy_sync: ProxySyncConfig,
     /// `[sessions]`: interactive sessions (their lifetime, URLs and sweep).
     pub sessions: SessionsConfig,
+    /// `[bookings]`: booked starts (how far ahead, how much of the cluster).
+    pub bookings: crate::cluster::BookingsConfig,
 }
 
 /// Bounds on submissions, checked by validation before anything reaches the cluster.
@@ -262,6 +264,9 @@ impl Config {
             .map_err(|e| invalid(e.key, e.reason))?;
         self.sessions
             .check()
+            .map_err(|e| invalid(e.key, e.reason))?;
+        self.bookings
+            .validate()
             .map_err(|e| invalid(e.key, e.reason))?;
         self.sim.validate().map_err(|e| match e {
             crate::sim::SimError::Config { key, reason } => ConfigError::Invalid { key, reason },

@@ -52,6 +52,7 @@
 //! | `maintenanceTold` | monitor | `<window id>/<start ms>` of the last maintenance window a job queued before it was told it could not be held back for |
 //! | `sealed` | core, at create (sealed jobs only) | why the job is sealed: `submission`, `product:<id or category>` or `project:<id>`; also a label on the pods (`true`), which keeps them out of the namespace's baseline policy ([`crate::pipeline::sealed`]) |
 //! | `maintenanceHeld` | runner, at create | the id of the maintenance window the job was created held back by (its pods carry the gate [`AnnotationKeys::maintenance_gate`]) |
+//! | `bookedStart` | runner, at create | the guaranteed start (ms) of a booked job, whose pods carry the gate [`AnnotationKeys::booking_gate`] until then (docs/bookings.md) |
 //!
 //! Every VolcanoJob the runner creates carries the finalizer [`AnnotationKeys::cleanup_finalizer`]
 //! (`<prefix>cleanup`): the job cannot vanish before the monitor has run its cleanup (final tick, proxy
@@ -164,6 +165,8 @@ pub struct AnnotationKeys {
     pub maintenance_told: String,
     /// `<prefix>reservable` (see the table above).
     pub reservable: String,
+    /// `<prefix>bookedStart` (see the table above).
+    pub booked_start: String,
 }
 
 impl AnnotationKeys {
@@ -223,6 +226,7 @@ impl AnnotationKeys {
             maintenance_held: k("maintenanceHeld"),
             maintenance_told: k("maintenanceTold"),
             reservable: k("reservable"),
+            booked_start: k("bookedStart"),
         }
     }
 
@@ -251,6 +255,13 @@ impl AnnotationKeys {
     /// removes the gate once no window is in the way.
     pub fn maintenance_gate(&self) -> String {
         format!("{}maintenance", self.prefix)
+    }
+
+    /// The scheduling gate on the pods of a booked job, `<prefix>booking`: the job exists from its
+    /// booking on (so that a redelivery, a cancel and `jobs` find it), but its pods may not take the
+    /// capacity set aside before the booked start, when the monitor removes the gate.
+    pub fn booking_gate(&self) -> String {
+        format!("{}booking", self.prefix)
     }
 }
 

@@ -83,6 +83,17 @@ pub fn maintenance_held(job_id: &str, window_id: &str, start_ms: i64, held: bool
     format!("{job_id}/maintenance/{window_id}/{start_ms}/{what}")
 }
 
+/// `<jobId>/booked/<start ms>`: the answer that a booking holds, with its guaranteed start; a booking
+/// moved to another start is told under the new start's id.
+pub fn booked(job_id: &str, start_ms: i64) -> String {
+    format!("{job_id}/booked/{start_ms}")
+}
+
+/// `<jobId>/booking/<start ms>/<what>`: news of the booking of that start (`cancelled`, `broken`).
+pub fn booking_news(job_id: &str, start_ms: i64, what: &str) -> String {
+    format!("{job_id}/booking/{start_ms}/{what}")
+}
+
 /// The state's name in ids: `QUEUED`, `RUNNING`, `SUCCESS`, `FAILURE`, `EXPIRED`, `CANCELLED`.
 pub fn state_name(state: JobState) -> &'static str {
     match state {

@@ -5,7 +5,7 @@
 //! reads (pod specs, task templates, managed fields), so a runner can hold tens of thousands of jobs.
 //! The cache is owned by the monitor's loop alone; workers get cheap [`Snapshot`]s (`Arc`s).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Pod, PodSchedulingGate, PodSpec, PodStatus, Toleration};
@@ -520,6 +520,8 @@ pub struct Cache {
     maintenance_windows: Option<crate::cluster::Windows>,
     /// See [`Cache::set_maintenance_tainted`].
     maintenance_tainted: Arc<BTreeSet<String>>,
+    /// See [`Cache::set_booked_nodes`].
+    booked_nodes: BTreeMap<String, Timestamp>,
     /// `[monitor] reserve_nodes` (see [`Cache::with_reserve_nodes`]).
     reserve_nodes: bool,
     /// `[monitor] proportion` (see [`Cache::with_proportion`]).
@@ -1223,6 +1225,12 @@ impl Cache {
         self.maintenance_tainted = tainted;
     }
 
+    /// The booked nodes and until when (their `<prefix>booked` taints, docs/bookings.md): the replay
+    /// holds what is free on them until then ([`inputs::booked_holds`]).
+    pub fn set_booked_nodes(&mut self, booked: BTreeMap<String, Timestamp>) {
+        self.booked_nodes = booked;
+    }
+
     /// Estimates the start of every waiting PodGroup (any workload's: they all go ahead of someone) on
     /// `nodes`, from what the cache holds: the pods of the jobs volcano-runner runs, bound to their nodes
     /// and held until each job's deadline, and the waiting gangs in the scheduler's order. Pods of other
@@ -1291,7 +1299,7 @@ impl Cache {
         now: Timestamp,
     ) -> FastMap<GroupKey, Arc<Estimate>> {
         let running = self.running(nodes, keys, now);
-        let (groups, gangs) = self.pending_gangs(keys);
+        let (groups, gangs) = self.pending_gangs(keys, now);
         let maintenance = self.window_holds(&groups, keys, now);
         let replay = forecast::replay_with(
             nodes,
@@ -1401,11 +1409,17 @@ impl Cache {
                 .and_then(|j| inputs::deadline(&j.value, keys, now));
             running.push(Running { ranks, ends_by });
         }
+        let held = inputs::booked_holds(nodes, &running, &self.booked_nodes, now);
+        running.extend(held);
         running
     }
 
     /// The waiting gangs in the scheduler's list order, with their PodGroups' keys.
-    fn pending_gangs(&self, keys: &AnnotationKeys) -> (Vec<GroupKey>, Vec<forecast::Pending>) {
+    fn pending_gangs(
+        &self,
+        keys: &AnnotationKeys,
+        now: Timestamp,
+    ) -> (Vec<GroupKey>, Vec<forecast::Pending>) {
         let mut order: Vec<(&WaitKey, &GroupKey)> = self
             .waiting
             .filed
@@ -1418,6 +1432,10 @@ impl Cache {
             .filter_map(|(_, g)| {
                 let pg = &self.groups.get(*g)?.value;
                 let job = job_of_group(pg).and_then(|k| self.jobs.get(&k).map(|e| &*e.value));
+                // A booked job waits for its start, not for room (its booking holds its nodes).
+                if inputs::booked_later(job, keys, now) {
+                    return None;
+                }
                 // The monitor does not watch Queues: every queue is taken as Volcano's default
                 // (`traverse`), which lets later jobs start in gaps.
                 Some((

@@ -21,6 +21,9 @@
 //!    the cause), W11.
 //! 4. Volcano finished the job (or every rank's program ended `cleanup_grace` ago): record SUCCESS when
 //!    every rank exited 0, else FAILURE with every exit code (W9: never "Failed becomes SUCCESS").
+//!
+//!    (4c) A booked job's pods are gated until its booked start: wait for it, then lift the gate
+//!    ([`booked_start`], docs/bookings.md); only then do the maintenance windows judge it (4d).
 //! 5. Not started, the image cannot be pulled for longer than `image_pull_grace`: record FAILURE.
 //! 6. Not started, waiting longer than `queue_timeout`: record FAILURE with the pending reason.
 //! 7. Started, RUNNING not yet published: the start hooks (jobStart, expiry, proxy create) and RUNNING.
@@ -398,7 +401,12 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     {
         return Ok(step);
     }
-    // 4c. A maintenance window holds back a job that has not started.
+    // 4c. A booked job waits for its booked start: before it, no maintenance window's toleration is
+    // given to its pods (the windows' rule judges a job from now, and a booked job starts later).
+    if let Some(step) = booked_start(obs, s, now) {
+        return Ok(step);
+    }
+    // 4d. A maintenance window holds back a job that has not started.
     let hold = match maintenance_hold(obs, s, &seen.facts, waits.never_started, now) {
         Held::Waits(hold) => hold,
         Held::Step(step) => return Ok(*step),
@@ -611,7 +619,7 @@ pub struct Hold<'a> {
     pub kept_off: Vec<&'a Window>,
 }
 
-/// Step 4c: a maintenance window holds back a job that has not started (see [`super::maintenance`]):
+/// Step 4d: a maintenance window holds back a job that has not started (see [`super::maintenance`]):
 /// by its gate, or by the windows' node taints; it is let go (the gate lifted, its waiting pods made to
 /// tolerate every window not in its way) only just in time, when the replay expects it to start now
 /// ([`super::maintenance::decide_pending`]). The gate also goes from the pods of a job that started
@@ -675,6 +683,43 @@ pub fn maintenance_hold<'a>(
         })));
     }
     Held::Waits(hold)
+}
+
+/// Step 4c: the pods of a booked job carry the gate `<prefix>booking` until the booked start
+/// (`<prefix>bookedStart`), when it goes: the capacity set aside for them is free by then (the booking
+/// counted everything that runs past it, and its taints kept the rest off), so they are placed at once.
+/// Until then the job only waits: no queue timeout and no pending status, since it is not waiting for
+/// room but for its time.
+pub fn booked_start(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Option<Step> {
+    let start = annotation(obs.job, &s.keys.booked_start)
+        .and_then(crate::durable::annotations::parse_millis)?;
+    let gate = s.keys.booking_gate();
+    let gated = peers::gated_pods(obs.pods, &gate);
+    if now < start
+        && obs
+            .pods
+            .iter()
+            .all(|p| gated.iter().any(|g| std::ptr::eq(*g, p)))
+    {
+        // Its pods may not exist yet (Volcano creates them once its queue admits it, at the start).
+        return Some(Step::Wait {
+            next_check: Some(start),
+        });
+    }
+    if gated.is_empty() {
+        return None;
+    }
+    Some(Step::Act(Action {
+        what: "ungate",
+        ungate: Some((
+            gate,
+            gated
+                .iter()
+                .filter_map(|p| p.metadata.name.clone())
+                .collect(),
+        )),
+        ..Action::default()
+    }))
 }
 
 /// What [`maintenance_hold`] decides: the job waits (as told by the [`Hold`]), or a step to take now

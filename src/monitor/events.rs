@@ -74,6 +74,7 @@ pub fn terminal(
         refundable_ms: 0,
         output: None,
         trace: None,
+        booking: None,
     }
 }
 

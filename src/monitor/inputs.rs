@@ -331,8 +331,29 @@ fn inputs<'a>(
         .iter()
         .map(|j| (JobKey::of(&j.metadata), j))
         .collect();
-    let waiting = waiting_groups(view);
-    let (running, spared) = holders(view, &nodes, &jobs, &waiting, keys, now);
+    let mut waiting = waiting_groups(view);
+    // A booked job waits for its start, not for room: its room is the booked nodes' hold below.
+    waiting.retain(|pg| {
+        let job = job_of_group(pg).and_then(|k| jobs.get(&k).copied());
+        !booked_later(job, keys, now)
+    });
+    let (mut running, mut spared) = holders(view, &nodes, &jobs, &waiting, keys, now);
+    let booked = booked_nodes(
+        view.nodes.iter().map(|n| {
+            (
+                n.metadata.name.as_deref().unwrap_or_default(),
+                n.spec
+                    .as_ref()
+                    .and_then(|s| s.taints.as_deref())
+                    .unwrap_or_default(),
+            )
+        }),
+        keys,
+    );
+    let held = booked_holds(&nodes, &running, &booked, now);
+    // No window ends a booking's hold.
+    spared.extend(held.iter().map(|_| true));
+    running.extend(held);
     let fifo: std::collections::HashSet<&str> = view
         .queues
         .iter()
@@ -461,6 +482,63 @@ fn holders(
     // No window ends what volcano-runner does not run.
     let spared: Vec<bool> = holders.keys().map(|id| !managed_ids.contains(id)).collect();
     (holders.into_values().collect(), spared)
+}
+
+/// Whether `job` is a booked job before its booked start (`<prefix>bookedStart`): it is not placed
+/// before then, so the replay leaves it out (what it will use is held by its booking).
+pub fn booked_later(job: Option<&VolcanoJob>, keys: &AnnotationKeys, now: Timestamp) -> bool {
+    job.and_then(|j| j.metadata.annotations.as_ref()?.get(&keys.booked_start))
+        .and_then(|v| parse_millis(v))
+        .is_some_and(|start| start > now)
+}
+
+/// Until when each booked node is booked (docs/bookings.md), from its taint `<prefix>booked`.
+pub fn booked_nodes<'a>(
+    nodes: impl Iterator<Item = (&'a str, &'a [k8s_openapi::api::core::v1::Taint])>,
+    keys: &AnnotationKeys,
+) -> BTreeMap<String, Timestamp> {
+    nodes
+        .filter_map(|(name, taints)| {
+            Some((
+                name.to_owned(),
+                crate::cluster::bookings::booked_until(keys, taints)?,
+            ))
+        })
+        .collect()
+}
+
+/// What the bookings hold, for the replay: a booked node's taint keeps every job that is not booked off
+/// it until the booking's end, so whatever is free on it now is held until then, as if a job ran there
+/// until that end. (Booked jobs wait for their start and are not estimated.)
+pub fn booked_holds(
+    nodes: &[Node],
+    running: &[Running],
+    booked: &BTreeMap<String, Timestamp>,
+    now: Timestamp,
+) -> Vec<Running> {
+    let mut out = Vec::new();
+    for (i, node) in nodes.iter().enumerate() {
+        let Some(until) = booked.get(&node.name).filter(|u| **u > now) else {
+            continue;
+        };
+        let mut free = node.allocatable;
+        for (_, r) in running
+            .iter()
+            .flat_map(|j| &j.ranks)
+            .filter(|(n, _)| *n == i)
+        {
+            free.cpu_milli = free.cpu_milli.saturating_sub(r.cpu_milli);
+            free.memory_mib = free.memory_mib.saturating_sub(r.memory_mib);
+            free.gpu = free.gpu.saturating_sub(r.gpu);
+        }
+        if free != Resources::default() {
+            out.push(Running {
+                ranks: vec![(i, free)],
+                ends_by: Some(*until),
+            });
+        }
+    }
+    out
 }
 
 /// The maintenance windows as the replay sees them, from the listing.
@@ -968,6 +1046,65 @@ mod tests {
 
     /// A job queued before the window (no gate) is held as the monitor holds it while the window's taint
     /// is on the nodes and its pods do not tolerate it; once they do, it may start.
+    /// A booked node is held, what is free on it, until its bookings' end; a node whose booking is over,
+    /// or not booked, is not.
+    #[test]
+    fn a_booked_node_holds_its_free_room_until_the_booking_ends() {
+        let keys = AnnotationKeys::new("ucloud.dk/");
+        let t = |s: i64| Timestamp::from_second(1_800_000_000 + s).unwrap();
+        let taint = |end: Timestamp| k8s_openapi::api::core::v1::Taint {
+            key: "ucloud.dk/booked".into(),
+            value: Some(end.as_millisecond().to_string()),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        };
+        let (on_n0, on_n1) = ([taint(t(3600))], [taint(t(-10))]);
+        let booked = booked_nodes(
+            [("n0", &on_n0[..]), ("n1", &on_n1[..]), ("n2", &[][..])].into_iter(),
+            &keys,
+        );
+        assert_eq!(booked.len(), 2);
+        let room = Resources {
+            cpu_milli: 16_000,
+            memory_mib: 65_536,
+            gpu: 0,
+        };
+        let nodes: Vec<Node> = ["n0", "n1", "n2"]
+            .iter()
+            .map(|n| Node {
+                name: (*n).into(),
+                allocatable: room,
+                reserved_for: None,
+            })
+            .collect();
+        let busy = Running {
+            ranks: vec![(
+                0,
+                Resources {
+                    cpu_milli: 4_000,
+                    memory_mib: 1_024,
+                    gpu: 0,
+                },
+            )],
+            ends_by: None,
+        };
+        let held = booked_holds(&nodes, &[busy], &booked, t(0));
+        assert_eq!(
+            held,
+            vec![Running {
+                ranks: vec![(
+                    0,
+                    Resources {
+                        cpu_milli: 12_000,
+                        memory_mib: 64_512,
+                        gpu: 0,
+                    }
+                )],
+                ends_by: Some(t(3600)),
+            }]
+        );
+    }
+
     #[test]
     fn a_queued_job_kept_off_by_a_windows_taint_is_estimated_after_it() {
         let mut tainted = node("a", "16", 0);

@@ -1042,6 +1042,12 @@ impl Loop {
             .set_maintenance_windows(self.exec.maintenance.borrow().clone());
         self.cache
             .set_maintenance_tainted(self.exec.tainted.borrow().clone());
+        self.cache.set_booked_nodes(super::inputs::booked_nodes(
+            self.node_taints
+                .values()
+                .map(|n| (n.name.as_str(), n.taints.as_slice())),
+            &self.exec.settings.keys,
+        ));
         let changed = self
             .cache
             .estimate_starts(&nodes, &self.exec.settings.keys, now);

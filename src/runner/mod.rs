@@ -120,6 +120,12 @@ impl Runner {
         });
         let (windows_tx, windows) = tokio::sync::watch::channel(None);
         let handler = Handler {
+            bookings: crate::cluster::Bookings::new(
+                client.clone(),
+                &config.cluster,
+                &config.bookings,
+                &keys,
+            ),
             maintenance: windows,
             windows_clock: Arc::new(crate::monitor::SystemClock),
             runner_keys: RunnerKeys::new(&keys),
@@ -267,6 +273,12 @@ impl Runner {
         let interval = config.cluster.pending_extension_interval;
         tasks.spawn(async move {
             handle::extend::run_pending(handler, interval, token.cancelled()).await;
+        });
+
+        let (handler, token) = (self.handler.clone(), background.clone());
+        let interval = config.bookings.check_interval;
+        tasks.spawn(async move {
+            handle::booking::run_tidy(handler, interval, token.cancelled()).await;
         });
 
         let progress = [consume::Progress::default(), consume::Progress::default()];

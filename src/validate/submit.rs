@@ -51,6 +51,7 @@ pub(super) fn check(job: &SubmitJob, config: &Rules<'_>) -> Check {
     if let Some(t) = &job.submitted_at {
         timestamp("submittedAt", t)?;
     }
+    start_window(job)?;
 
     let values = Values { config };
     for (name, value) in &job.parameters {
@@ -175,6 +176,47 @@ fn whole_nodes_need_a_time_limit(job: &SubmitJob) -> Check {
             ErrorKind::Missing,
             "timeAllocation",
             "a whole-node job (exclusiveNodes) needs a time limit: without one it would hold its nodes forever",
+        ));
+    }
+    Ok(())
+}
+
+/// A booked start sets capacity aside for `[start, start + timeAllocation)`: without a time limit there is
+/// no end to set it aside until, and a window that ends before it begins cannot be met. Whether the window
+/// lies in the past or too far ahead is the booking's answer (refused, with the earliest window), not a
+/// rule of the message: it depends on the clock, which validation does not read.
+fn start_window(job: &SubmitJob) -> Check {
+    let Some(window) = &job.start_window else {
+        return Ok(());
+    };
+    let earliest = window
+        .earliest
+        .as_ref()
+        .ok_or_else(|| ValidationError::missing("startWindow.earliest"))?;
+    let latest = window
+        .latest
+        .as_ref()
+        .ok_or_else(|| ValidationError::missing("startWindow.latest"))?;
+    timestamp("startWindow.earliest", earliest)?;
+    timestamp("startWindow.latest", latest)?;
+    if (latest.seconds, latest.nanos) < (earliest.seconds, earliest.nanos) {
+        return Err(ValidationError::invalid(
+            "startWindow.latest",
+            "the latest start is before the earliest: the window must be earliest <= latest",
+        ));
+    }
+    if job.exclusive_nodes {
+        return Err(ValidationError::invalid(
+            "startWindow",
+            "whole-node jobs (exclusiveNodes) cannot be booked: book the ranks by their product instead",
+        ));
+    }
+    if job.time_allocation.is_none() {
+        return Err(ValidationError::new(
+            ErrorKind::Missing,
+            "timeAllocation",
+            "a booked start (startWindow) needs a time limit: the capacity is set aside from the start \
+             until the allocation ends, and without one it would be set aside forever",
         ));
     }
     Ok(())
@@ -995,6 +1037,39 @@ mod tests {
         assert_eq!(submit(&job, &config()), Ok(()));
         job.exclusive_nodes = false;
         job.time_allocation = None;
+        assert_eq!(submit(&job, &config()), Ok(()));
+    }
+
+    /// A start window needs both ends in order and a time limit; each problem names its field.
+    #[test]
+    fn start_windows() {
+        use crate::messages::v1::StartWindow;
+        let at = |seconds| Some(pbjson_types::Timestamp { seconds, nanos: 0 });
+        let e = rejected("submit-job.booked.json", |j| {
+            j.start_window.as_mut().unwrap().latest = None;
+        });
+        assert_eq!(
+            (e.field(), e.reason()),
+            ("startWindow.latest", "missing_field")
+        );
+        let e = rejected("submit-job.booked.json", |j| {
+            j.start_window = Some(StartWindow {
+                earliest: at(2_000),
+                latest: at(1_000),
+            });
+        });
+        assert_eq!(
+            (e.field(), e.reason()),
+            ("startWindow.latest", "invalid_field")
+        );
+        let e = rejected("submit-job.booked.json", |j| j.time_allocation = None);
+        assert_eq!((e.field(), e.reason()), ("timeAllocation", "missing_field"));
+        assert!(e.message().contains("startWindow"), "{e}");
+        let e = rejected("submit-job.booked.json", |j| {
+            j.start_window.as_mut().unwrap().earliest = at(i64::MAX);
+        });
+        assert_eq!(e.field(), "startWindow.earliest");
+        let job = example("submit-job.booked.json");
         assert_eq!(submit(&job, &config()), Ok(()));
     }
 

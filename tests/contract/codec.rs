@@ -121,6 +121,10 @@ fn example_ids_follow_the_runtime_scheme() {
                         .and_then(|a| a.parse::<i32>().ok())
                         .unwrap_or_else(|| panic!("{name}: {}", e.event_id));
                     assert_eq!(e.event_id, ids::refund(&e.job_id, attempt), "{name}");
+                } else if state == v1::JobState::Unspecified && e.reason == "booked" {
+                    let start = e.booking.as_ref().and_then(|b| b.start_at).unwrap();
+                    let ms = start.seconds * 1000 + i64::from(start.nanos) / 1_000_000;
+                    assert_eq!(e.event_id, ids::booked(&e.job_id, ms), "{name}");
                 } else if state == v1::JobState::Unspecified {
                     let hash = e
                         .event_id
@@ -202,6 +206,26 @@ fn every_string_of_a_submission_is_bounded_in_schema_and_validation() {
     assert!(checked > 20, "only {checked} strings checked");
 }
 
+/// A booked start needs a time limit and no whole nodes, in the schema as in validation: the booked
+/// example without `timeAllocation`, or with `exclusiveNodes`, is refused by both.
+#[test]
+fn booked_starts_need_a_time_limit_and_no_whole_nodes_in_schema_and_validation() {
+    let config = test_config();
+    let schema = validator(MessageType::SubmitJob);
+    let example = read_json(&root().join("schemas/examples/submit-job.booked.json"));
+    assert!(example.get("startWindow").is_some());
+    let mut untimed = example.clone();
+    untimed.as_object_mut().unwrap().remove("timeAllocation");
+    let mut whole = example.clone();
+    whole["exclusiveNodes"] = Value::Bool(true);
+    for (bad, field) in [(untimed, "timeAllocation"), (whole, "startWindow")] {
+        assert!(!schema.is_valid(&bad), "{field}: the schema accepts it");
+        let job: v1::SubmitJob = serde_json::from_value(bad).unwrap();
+        let e = validate::submit(&job, &config).unwrap_err();
+        assert_eq!(e.field(), field, "{e}");
+    }
+}
+
 /// A whole-node job needs a time limit, in the schema as in validation: every example submission with
 /// `exclusiveNodes` and without `timeAllocation` is refused by both, naming `timeAllocation`; with its
 /// time limit, or without whole nodes, both accept it.
@@ -215,6 +239,8 @@ fn whole_nodes_need_a_time_limit_in_schema_and_validation() {
             continue;
         }
         let mut example = read_json(&path);
+        // Whole-node jobs cannot be booked (both refuse a start window with them).
+        example.as_object_mut().unwrap().remove("startWindow");
         example["exclusiveNodes"] = Value::Bool(true);
         example["timeAllocation"] = Value::String("3600s".into());
         let timed: v1::SubmitJob = serde_json::from_value(example.clone()).unwrap();

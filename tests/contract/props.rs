@@ -384,6 +384,14 @@ fn submit_job() -> impl Strategy<Value = v1::SubmitJob> {
                 let exclusive_nodes = exclusive_nodes && time.is_some();
                 // Varies with the draw, so both values travel through the codecs.
                 let sealed = job_id.len() % 2 == 0;
+                // A booked start needs a time limit and no whole nodes (validation); drawn from the
+                // submission time, which is a valid timestamp.
+                let start_window = submitted_at
+                    .filter(|_| time.is_some() && !exclusive_nodes && job_name.is_some())
+                    .map(|t| v1::StartWindow {
+                        earliest: Some(t),
+                        latest: Some(t),
+                    });
                 v1::SubmitJob {
                     job_id,
                     owner: Some(owner),
@@ -401,6 +409,7 @@ fn submit_job() -> impl Strategy<Value = v1::SubmitJob> {
                     opened_file,
                     exclusive_nodes,
                     sealed,
+                    start_window,
                 }
             },
         )
@@ -491,6 +500,18 @@ fn job_event() -> impl Strategy<Value = v1::JobEvent> {
             )| {
                 let (runner_id, log_tails, started_at, ended_at, refundable_ms, output, trace) =
                     rest;
+                // A booking's answer, drawn from the times: both ends, and a refusal's window.
+                let booking = started_at.map(|start| {
+                    Box::new(v1::BookingDetails {
+                        start_at: Some(start),
+                        end_at: ended_at,
+                        nodes: vec!["n1".into()],
+                        earliest_window: ended_at.map(|end| v1::BookedWindow {
+                            earliest: Some(start),
+                            latest: Some(end),
+                        }),
+                    })
+                });
                 v1::JobEvent {
                     event_id,
                     job_id,
@@ -508,6 +529,7 @@ fn job_event() -> impl Strategy<Value = v1::JobEvent> {
                     refundable_ms,
                     output: output.map(Box::new),
                     trace: trace.map(Box::new),
+                    booking,
                 }
             },
         )

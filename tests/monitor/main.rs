@@ -3,11 +3,14 @@
 //! One test binary per area: each binary links the whole dependency tree, so fewer binaries
 //! keep the build quick to link and small on disk.
 
+#[path = "../common/busy_workload.rs"]
+mod busy_workload;
 #[path = "../common/monitor.rs"]
 mod monitor_support;
 #[path = "../common/rabbit.rs"]
 mod rabbit;
 
+mod bookings;
 mod disruption;
 mod failover;
 mod lifecycle;

@@ -449,6 +449,8 @@ fn job_strategy() -> impl Strategy<Value = SubmitJob> {
                     traced: false,
                     // Not sealed: a sealed job with a peer, a link or a license is refused.
                     sealed: false,
+                    // Rendering never reads it: a booking is the submit path's, after rendering.
+                    start_window: None,
                 }
             },
         )

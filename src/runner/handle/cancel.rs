@@ -55,6 +55,10 @@ pub async fn handle(h: &Handler, m: &Message<'_>, cancel: &CancelJob) -> Settle 
         Ok(t) => t,
         Err(e) => return Settle::cluster(&e),
     };
+    // A booking is freed at once, before the job ends: its capacity can be booked again now.
+    if let Err(settle) = super::booking::cancel(h, m, job_id).await {
+        return settle;
+    }
     let mut job = match h.jobs.find(job_id).await {
         Ok(Some(job)) => job,
         Ok(None) => {

@@ -169,6 +169,15 @@ async fn apply(
                 max_time,
                 expiry,
             } => {
+                match into_booking(h, &job, expiry).await {
+                    Err(e) => return Some(Settle::cluster(&e)),
+                    Ok(Some(why)) => {
+                        let mut event = refuse(super::booking::BOOKED_CAPACITY);
+                        event.status = format!("Cannot extend job {job_id}: {why}");
+                        return Some(publish(h, m, &event).await);
+                    }
+                    Ok(None) => {}
+                }
                 let Some(patch) = plan.merge_patch() else {
                     return Some(Settle::Ack);
                 };
@@ -192,6 +201,41 @@ async fn apply(
     Some(Settle::Requeue {
         why: format!("the VolcanoJob of {job_id} kept changing while it was being extended"),
     })
+}
+
+/// Why extending the running `job` to `new_expiry` would run into a booking of its nodes' capacity
+/// (docs/bookings.md), if it would. A job that has not started has no nodes yet: its booked-node taints
+/// keep it off booked capacity whatever its allocation.
+async fn into_booking(
+    h: &Handler,
+    job: &crate::volcano::VolcanoJob,
+    new_expiry: Option<jiff::Timestamp>,
+) -> Result<Option<String>, ClusterError> {
+    let Some(new_expiry) = new_expiry else {
+        return Ok(None);
+    };
+    let Ok(facts) = JobFacts::read(job, &h.keys, &h.config.pipeline) else {
+        return Ok(None);
+    };
+    let Some(old_expiry) = facts.expiry else {
+        return Ok(None);
+    };
+    let all = h.bookings.list().await?;
+    if all.is_empty() {
+        return Ok(None);
+    }
+    let namespace = job.metadata.namespace.as_deref().unwrap_or_default();
+    let nodes = crate::cluster::bookings::nodes_of(&h.client, namespace, &facts.job_id).await?;
+    let found =
+        crate::cluster::bookings::in_the_way(&all, &facts.job_id, &nodes, old_expiry, new_expiry);
+    Ok(found.map(|b| {
+        format!(
+            "its node's capacity is booked from {} (job {}): it may run until then, at most {} longer",
+            b.start,
+            b.job_id,
+            crate::pipeline::plugins::expiry::human(b.start.duration_since(old_expiry))
+        )
+    }))
 }
 
 /// What one pass over the pending extensions did.

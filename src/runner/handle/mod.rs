@@ -10,6 +10,7 @@
 //! - [`reject`]: what cannot be read or is invalid → FAILURE (when the job id is known) and the
 //!   dead-letter queue.
 
+pub mod booking;
 pub mod cancel;
 pub mod extend;
 pub mod reject;
@@ -147,6 +148,9 @@ pub struct Handler {
     /// events after it read on one time line, and the submit path and the monitor, which lets a held
     /// job go, agree on what is in the way.
     pub windows_clock: Arc<dyn crate::monitor::Clock>,
+    /// The bookings' record: a submission with a start window is booked there, a cancel frees its
+    /// booking.
+    pub bookings: crate::cluster::Bookings,
 }
 
 impl std::fmt::Debug for Handler {

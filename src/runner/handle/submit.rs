@@ -122,6 +122,11 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         // job's way depends on when it starts (an extension, a monitoring gap), and a template's
         // toleration is on every pod ever made from it. The monitor adds them just in time.
     }
+    // A start window: booked before the job exists (refused: never created), or found again.
+    let booked = match booking(h, m, job, &fingerprint16, &mut desired.vcjob, exists).await {
+        Ok(booked) => booked,
+        Err(settle) => return settle,
+    };
     let decorations = Decorations {
         runner_id: &h.runner_id,
         traceparent: m.traceparent.as_ref(),
@@ -164,7 +169,15 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
     };
     let outcome = match h.applier.apply(&plan).await {
         Ok(outcome) => outcome,
-        Err(e) => return apply_failed(h, m, subject, &e).await,
+        Err(e) => {
+            let retried = matches!(&e, ApplyError::Cluster { source, .. } if source.is_retryable());
+            if booked.is_some() && !retried {
+                // Never created: what was set aside for it is free again. At worst (this fails too)
+                // it stays set aside until the booking's end.
+                let _ = h.bookings.cancel(job_id, h.now()).await;
+            }
+            return apply_failed(h, m, subject, &e).await;
+        }
     };
     commit(permit, &outcome);
     if let Some(mut ledger) = whole_nodes
@@ -200,7 +213,11 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         reused = outcome.reused.len(),
         "Accepted a job."
     );
-    queued(h, m, job_id, &outcome.primary, Ended::No).await
+    let settle = queued(h, m, job_id, &outcome.primary, Ended::No).await;
+    match (&settle, &booked) {
+        (Settle::Ack, Some(b)) => super::booking::tell_booked(h, m, b).await,
+        _ => settle,
+    }
 }
 
 /// Whether the job of a QUEUED has ended: the monitor writes an ended job no more, so the record of
@@ -209,6 +226,38 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
 enum Ended {
     Yes,
     No,
+}
+
+/// The booking of a submission with a start window: made now for a job that does not exist yet (its
+/// pods then wait for the booked start), found again for one that does (a redelivery). `Err` settles
+/// the delivery: a refusal (told), or a cluster problem.
+async fn booking(
+    h: &Handler,
+    m: &Message<'_>,
+    job: &SubmitJob,
+    fingerprint16: &str,
+    vcjob: &mut VolcanoJob,
+    exists: bool,
+) -> Result<Option<crate::cluster::bookings::Booking>, Settle> {
+    use crate::cluster::bookings::Answer;
+    let Some(request) = super::booking::request(job, vcjob, fingerprint16) else {
+        return Ok(None);
+    };
+    if exists {
+        let all = h.bookings.list().await.map_err(|e| Settle::cluster(&e))?;
+        return Ok(all.into_iter().find(|b| b.job_id == job.job_id));
+    }
+    match super::booking::book(h, &request).await {
+        Err(e) => Err(Settle::cluster(&e)),
+        // A message that reaches here is valid: acknowledged once the refusal is told.
+        Ok(Answer::Refused { why, earliest }) => {
+            Err(super::booking::refuse(h, m, &job.job_id, fingerprint16, &why, earliest).await)
+        }
+        Ok(Answer::Booked(b)) => {
+            super::booking::hold_until_start(vcjob, &h.keys, &b, h.now());
+            Ok(Some(b))
+        }
+    }
 }
 
 /// How long a submission waits for the runner's first list of the maintenance windows before it goes
