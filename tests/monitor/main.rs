@@ -9,6 +9,7 @@ mod monitor_support;
 mod rabbit;
 
 mod disruption;
+mod ended;
 mod failover;
 mod lifecycle;
 mod maintenance;
