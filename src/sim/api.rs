@@ -1420,6 +1420,39 @@ mod tests {
             .unwrap()
     }
 
+    /// The Events of `default`, by reason.
+    fn event_reasons(c: &Core) -> Vec<String> {
+        let page = c
+            .list(c.ids.events, Some("default"), &ListOptions::default())
+            .unwrap();
+        page.items
+            .iter()
+            .map(|e| e["reason"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn events_expire_an_hour_after_their_last_repeat() {
+        let mut c = core();
+        let x = create_cm(&mut c, "x").object;
+        let y = create_cm(&mut c, "y").object;
+        c.record_event(&x, "Normal", "Old", "once", "test");
+        c.record_event(&y, "Normal", "Repeated", "again and again", "test");
+        c.now = c.now.checked_add(jiff::SignedDuration::from_mins(50)).unwrap();
+        c.record_event(&y, "Normal", "Repeated", "again and again", "test");
+        c.now = c.now.checked_add(jiff::SignedDuration::from_mins(11)).unwrap();
+        c.record_event(&x, "Normal", "New", "later", "test");
+        let mut reasons = event_reasons(&c);
+        reasons.sort();
+        assert_eq!(reasons, ["New", "Repeated"], "61 min after it, the first one went");
+        c.now = c.now.checked_add(jiff::SignedDuration::from_mins(50)).unwrap();
+        c.record_event(&x, "Normal", "Newer", "later still", "test");
+        let mut reasons = event_reasons(&c);
+        reasons.sort();
+        assert_eq!(reasons, ["New", "Newer"], "an hour after its last repeat");
+        assert_eq!(c.event_index.len(), 2, "the index forgets them too");
+    }
+
     #[test]
     fn create_assigns_metadata_and_refuses_duplicates() {
         let mut c = core();
