@@ -136,25 +136,11 @@ impl Record {
     }
 
     /// The record as a watch event of type `ty`: its shared line when `ty` is its own type (nearly
-    /// always), else a new line (a watch with a selector sees an object that starts or stops matching as
-    /// ADDED or DELETED). An object that stops matching is sent as the API server's watch cache sends it:
-    /// its content before the change, at the change's version, so a client never sees the change that
-    /// took it out of its selection.
+    /// always), else a new line around the same object (a watch with a selector sees an object that
+    /// starts or stops matching as ADDED or DELETED).
     pub fn event_line(&self, ty: &str, metadata: bool) -> Bytes {
         if ty == self.kind.as_str() {
             return self.own_line(metadata).clone();
-        }
-        if ty == EventType::Deleted.as_str()
-            && let Some(prev) = &self.prev
-        {
-            let version = self.rv.to_string();
-            return watch_line(ty, 4096, |out| {
-                if metadata {
-                    write_partial_metadata(out, prev, Some(&version));
-                } else {
-                    let _ = serde_json::to_writer(out, &AtVersion(prev, Some(&version)));
-                }
-            });
         }
         let object = self.object_json(metadata);
         watch_line(ty, object.len(), |out| out.extend_from_slice(&object))
@@ -848,26 +834,6 @@ mod tests {
             let sent: Value = serde_json::from_slice(&r.object_json(false)).unwrap();
             assert_eq!(sent, r.sent_object());
             assert_eq!(sent["metadata"]["resourceVersion"], r.rv.to_string());
-        }
-    }
-
-    #[test]
-    fn an_object_that_stops_matching_is_sent_as_it_was_at_the_change_s_version() {
-        let mut s = Store::new(100, 1);
-        let key = ObjectKey::new(0, "ns", "o");
-        s.put(key.clone(), obj("o", "U", &[]));
-        s.put(key.clone(), obj("o", "U", &["P"]));
-        let changed = &s.history_after(0, 1, 10).unwrap()[0];
-        for metadata in [false, true] {
-            let line: Value =
-                serde_json::from_slice(&changed.event_line("DELETED", metadata)).unwrap();
-            assert_eq!(line["type"], "DELETED");
-            assert_eq!(line["object"]["metadata"]["resourceVersion"], "2");
-            assert_eq!(
-                line["object"]["metadata"]["ownerReferences"],
-                json!([]),
-                "the content before the change (a selector's watch never sees it): {line}"
-            );
         }
     }
 
