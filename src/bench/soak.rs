@@ -131,7 +131,10 @@ mod tests {
             harness_rss_mib: Some(812.4),
         };
         let line = sample.line();
-        assert!(line.starts_with("soak     30s queued    3000 ended    2000 dup   1"), "{line}");
+        assert!(
+            line.starts_with("soak     30s queued    3000 ended    2000 dup   1"),
+            "{line}"
+        );
         // 3 s of CPU over 3,000 jobs done (queued: more than ended).
         assert!(line.contains("r-1 rss 40.3 MiB cpu/job 1.00 ms"), "{line}");
         assert!(line.contains("r-2 rss - MiB cpu/job - ms"), "{line}");

@@ -1231,7 +1231,11 @@ mod tests {
         let mut headers = Vec::new();
         table(
             &mut headers,
-            &[(b"big", &big), (b"traceparent", traceparent), (b"bigger", &bigger)],
+            &[
+                (b"big", &big),
+                (b"traceparent", traceparent),
+                (b"bigger", &bigger),
+            ],
         );
         let p = RawProperties {
             headers: Some(headers),
@@ -1239,7 +1243,11 @@ mod tests {
             ..RawProperties::default()
         };
         let raw = content_header(1, 10, &p);
-        assert_eq!(repair_frame(&raw, &[], Some(raw.len())), Repair::Clean, "it fits");
+        assert_eq!(
+            repair_frame(&raw, &[], Some(raw.len())),
+            Repair::Clean,
+            "it fits"
+        );
         let limit = raw.len() - 1000;
         let Repair::Rewritten(out) = repair_frame(&raw, &[], Some(limit)) else {
             panic!("not rewritten")
@@ -1248,14 +1256,20 @@ mod tests {
         let parsed = parse(&out).expect("parseable");
         let props = header_of(&parsed);
         let kept = props.headers().as_ref().unwrap().inner();
-        assert!(kept.contains_key("traceparent") && kept.contains_key("big"), "{kept:?}");
+        assert!(
+            kept.contains_key("traceparent") && kept.contains_key("big"),
+            "{kept:?}"
+        );
         assert!(!kept.contains_key("bigger"));
         assert_eq!(
             kept.get(DROPPED_HEADER),
             Some(&AMQPValue::LongString("bigger (5012 bytes)".into()))
         );
         assert_eq!(marker(props), None, "nothing was invalid");
-        assert_eq!(props.content_type().as_ref().unwrap().as_str(), "application/json");
+        assert_eq!(
+            props.content_type().as_ref().unwrap().as_str(),
+            "application/json"
+        );
         // Smaller still: both large ones go, the largest named first.
         let Repair::Rewritten(out) = repair_frame(&raw, &[], Some(raw.len() - 6000)) else {
             panic!("not rewritten")
@@ -1264,7 +1278,9 @@ mod tests {
         let kept = header_of(&parsed).headers().clone().unwrap();
         assert_eq!(
             kept.inner().get(DROPPED_HEADER),
-            Some(&AMQPValue::LongString("bigger (5012 bytes), big (3009 bytes)".into()))
+            Some(&AMQPValue::LongString(
+                "bigger (5012 bytes), big (3009 bytes)".into()
+            ))
         );
         assert!(kept.inner().contains_key("traceparent"));
         // The stream does the same, with the size the client offered.

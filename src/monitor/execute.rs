@@ -917,7 +917,10 @@ impl Executor {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PatchParams::default()
         };
-        for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+        for pod in pods
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+        {
             let Some(name) = pod.metadata.name.as_deref() else {
                 continue;
             };

@@ -1286,7 +1286,11 @@ impl Core {
             let last = self
                 .store
                 .get(&key)
-                .and_then(|e| e.get("lastTimestamp").and_then(Value::as_str).map(str::to_owned))
+                .and_then(|e| {
+                    e.get("lastTimestamp")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                })
                 .and_then(|t| t.parse::<Timestamp>().ok());
             match last {
                 Some(last) if last.checked_add(EVENT_TTL).is_ok_and(|due| due > self.now) => {
@@ -1438,14 +1442,27 @@ mod tests {
         let y = create_cm(&mut c, "y").object;
         c.record_event(&x, "Normal", "Old", "once", "test");
         c.record_event(&y, "Normal", "Repeated", "again and again", "test");
-        c.now = c.now.checked_add(jiff::SignedDuration::from_mins(50)).unwrap();
+        c.now = c
+            .now
+            .checked_add(jiff::SignedDuration::from_mins(50))
+            .unwrap();
         c.record_event(&y, "Normal", "Repeated", "again and again", "test");
-        c.now = c.now.checked_add(jiff::SignedDuration::from_mins(11)).unwrap();
+        c.now = c
+            .now
+            .checked_add(jiff::SignedDuration::from_mins(11))
+            .unwrap();
         c.record_event(&x, "Normal", "New", "later", "test");
         let mut reasons = event_reasons(&c);
         reasons.sort();
-        assert_eq!(reasons, ["New", "Repeated"], "61 min after it, the first one went");
-        c.now = c.now.checked_add(jiff::SignedDuration::from_mins(50)).unwrap();
+        assert_eq!(
+            reasons,
+            ["New", "Repeated"],
+            "61 min after it, the first one went"
+        );
+        c.now = c
+            .now
+            .checked_add(jiff::SignedDuration::from_mins(50))
+            .unwrap();
         c.record_event(&x, "Normal", "Newer", "later still", "test");
         let mut reasons = event_reasons(&c);
         reasons.sort();

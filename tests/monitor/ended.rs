@@ -32,7 +32,10 @@ async fn until_labelled(w: &World, ns: &str, ids: &[&str]) {
         }
     };
     if tokio::time::timeout(PATIENCE, labelled).await.is_err() {
-        panic!("the ended jobs were not labelled ended:\n{}", w.dump().await);
+        panic!(
+            "the ended jobs were not labelled ended:\n{}",
+            w.dump().await
+        );
     }
 }
 
@@ -59,9 +62,17 @@ fn no_duplicates(w: &World) {
         .filter_map(|e| e.message_id.as_deref())
         .collect();
     ids.sort_unstable();
-    let mut twice: Vec<&str> = ids.windows(2).filter(|p| p[0] == p[1]).map(|p| p[0]).collect();
+    let mut twice: Vec<&str> = ids
+        .windows(2)
+        .filter(|p| p[0] == p[1])
+        .map(|p| p[0])
+        .collect();
     twice.dedup();
-    assert!(twice.is_empty(), "delivered more than once: {twice:?}\n{:#?}", summary(&w.seen));
+    assert!(
+        twice.is_empty(),
+        "delivered more than once: {twice:?}\n{:#?}",
+        summary(&w.seen)
+    );
 }
 
 /// Three jobs end (two successes, one a minute after the other, and a failure), one runs on. Once
@@ -102,7 +113,9 @@ async fn ended_jobs_leave_the_caches_and_a_relist_or_a_restart_tells_them_nothin
         s.event("e1/SUCCESS").is_some()
             && s.event("e2/FAILURE").is_some()
             && s.event("e3/SUCCESS").is_some()
-            && ["e1", "e2", "e3"].iter().all(|id| s.of(id).has_final_tick())
+            && ["e1", "e2", "e3"]
+                .iter()
+                .all(|id| s.of(id).has_final_tick())
     })
     .await;
     until_labelled(&w, &ns, &["e1", "e2", "e3"]).await;
@@ -125,7 +138,13 @@ async fn ended_jobs_leave_the_caches_and_a_relist_or_a_restart_tells_them_nothin
     w.sim.compact_history();
     w.sim.cut_watches();
     w.advance(1);
-    let relisted = pass_where(&runner, report.passes + 1, "a pass after the relist", |_| true).await;
+    let relisted = pass_where(
+        &runner,
+        report.passes + 1,
+        "a pass after the relist",
+        |_| true,
+    )
+    .await;
     assert_eq!((relisted.jobs, relisted.pods), (1, 1), "{relisted:?}");
     runner.stop().await;
 
@@ -139,8 +158,10 @@ async fn ended_jobs_leave_the_caches_and_a_relist_or_a_restart_tells_them_nothin
     );
     w.advance(60);
     w.advance(60);
-    w.until("the live job's next tick", |s| s.of("live").unique_ticks().len() >= 3)
-        .await;
+    w.until("the live job's next tick", |s| {
+        s.of("live").unique_ticks().len() >= 3
+    })
+    .await;
     w.settle(Duration::from_millis(500)).await;
     no_duplicates(&w);
     for (id, end) in [("e1", "SUCCESS"), ("e2", "FAILURE"), ("e3", "SUCCESS")] {
@@ -207,7 +228,11 @@ async fn a_runner_whose_cache_is_behind_tells_nothing_again_when_it_takes_an_end
         }
     };
     if tokio::time::timeout(PATIENCE, ended).await.is_err() {
-        panic!("{} did not end the job:\n{}", owner.identity, w.dump().await);
+        panic!(
+            "{} did not end the job:\n{}",
+            owner.identity,
+            w.dump().await
+        );
     }
     w.until("SUCCESS", |s| s.event("st1/SUCCESS").is_some())
         .await;
