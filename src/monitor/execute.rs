@@ -67,6 +67,19 @@ pub struct Handled {
     pub settled: bool,
 }
 
+impl Handled {
+    /// A try that failed before it decided anything: retried with backoff.
+    fn failed(error: HandleError) -> Self {
+        Self {
+            job: None,
+            next_check: None,
+            error: Some(error),
+            done: Vec::new(),
+            settled: false,
+        }
+    }
+}
+
 /// The writes of the monitor: publisher, API, and everything they need.
 pub struct Executor {
     pub(crate) client: kube::Client,
@@ -163,15 +176,7 @@ impl Executor {
         match self.peers_from_cluster(&snap).await {
             Ok(Some(peers)) => snap.peers = peers,
             Ok(None) => {}
-            Err(e) => {
-                return Handled {
-                    job: None,
-                    next_check: None,
-                    error: Some(e.into()),
-                    done: Vec::new(),
-                    settled: false,
-                };
-            }
+            Err(e) => return Handled::failed(e.into()),
         }
         let mut view = View {
             job: snap.job.clone(),
