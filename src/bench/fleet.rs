@@ -83,6 +83,14 @@ impl Fleet {
         Ok(fleet)
     }
 
+    /// Each runner's id and process id.
+    pub fn runners(&self) -> Vec<(String, u32)> {
+        self.runners
+            .iter()
+            .map(|(id, child)| (id.clone(), child.id()))
+            .collect()
+    }
+
     /// Fails if a runner has exited already (a bad configuration, say): its log says why.
     pub fn check_alive(&mut self, log_dir: &std::path::Path) -> Result<(), BenchError> {
         for (id, child) in &mut self.runners {
@@ -164,10 +172,27 @@ pub fn peak_rss_mib(pid: u32) -> Option<f64> {
     parse_vm_hwm(&status)
 }
 
+/// A process's resident memory now (`VmRSS`), in MiB.
+pub fn rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_status_kib(&status, "VmRSS:")
+}
+
+/// CPU seconds (user + system) a running process has used so far.
+pub fn cpu_seconds_of(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(stat_cpu_ticks(&stat)? as f64 / clock_ticks_per_second())
+}
+
 fn parse_vm_hwm(status: &str) -> Option<f64> {
+    parse_status_kib(status, "VmHWM:")
+}
+
+/// A `/proc/<pid>/status` line in kB, in MiB.
+fn parse_status_kib(status: &str, field: &str) -> Option<f64> {
     let kib: f64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .find_map(|l| l.strip_prefix(field))?
         .split_whitespace()
         .next()?
         .parse()

@@ -12,6 +12,7 @@ pub mod fleet;
 pub mod limits;
 pub mod observe;
 pub mod report;
+pub mod soak;
 pub mod stats;
 pub mod workload;
 
@@ -86,6 +87,10 @@ pub struct Options {
     pub phase_timeout: Duration,
     /// Skip the limit measurements (for a quick look at one phase).
     pub skip_limits: bool,
+    /// Soak mode: every so often during a phase, print each runner's RSS and CPU per job so far, and
+    /// this process's RSS (the simulator's, with the harness), so that a long run shows whether they
+    /// grow with the jobs submitted.
+    pub soak_every: Option<Duration>,
 }
 
 /// Runs the whole benchmark and returns its report.
@@ -334,6 +339,15 @@ async fn phase_on(
     // Dropping the fleet on an error below kills the runners.
     let mut fleet = Fleet::start(&spec, &format!("bench-{prefix}"), runners)?;
     wait_for_consumers(&connection, config, runners, &mut fleet, options).await?;
+    // Stopped with the phase (dropped at any return).
+    let _soak = options.soak_every.map(|every| {
+        let seen = soak::Seen {
+            queued: queued.clone(),
+            ended: ended.clone(),
+            deliveries: observers.deliveries.clone(),
+        };
+        soak::Reporter::start(every, fleet.runners(), seen)
+    });
 
     // The API requests of the phase: from when every runner consumes until the last job is done.
     let requests_before = sim.request_counts();
@@ -764,6 +778,7 @@ mod tests {
             log_dir: "/tmp".into(),
             phase_timeout: Duration::from_secs(1),
             skip_limits: false,
+            soak_every: None,
         };
         let a = phase_config(&options, "b1p1", 128);
         let b = phase_config(&options, "b1p2", 128);

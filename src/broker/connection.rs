@@ -436,15 +436,15 @@ type Events = std::pin::Pin<Box<dyn Stream<Item = Event> + Send>>;
 /// The largest AMQP frame the runner offers when the URL does not set `frame_max`; the connection uses
 /// the smaller of this and the server's `frame_max` (RabbitMQ's default is 128 KiB).
 ///
-/// A message's properties and headers travel in one frame, which is never split: a runner that offers
-/// less than the server accepts from publishers cannot read a message with large headers, and lapin then
-/// drops the whole connection on every delivery of it, taking every unsettled message of every channel
-/// with it (they come back redelivered, and count towards their delivery limit). Offering what the server
-/// allows means the runner reads every message the broker took from anyone; it costs lapin's buffers of 32
-/// frames each way (8 MiB a connection at RabbitMQ's default). 1 MiB bounds those buffers on a server
-/// configured with larger or unlimited frames. `?frame_max=` in the URL overrides it: set no less than the
-/// server's value, or messages with large headers stop the runner's connection again.
-pub const DEFAULT_FRAME_MAX: u32 = 1024 * 1024;
+/// Chosen for memory: lapin keeps buffers of 32 frames each way, 8 MiB a connection at RabbitMQ's 128 KiB
+/// (a sixth of an idle runner), 2 MiB at 32 KiB. What the runner publishes fits in it (a dead-letter
+/// copy keeps at most 16 KiB of the message's own headers). A message's properties and headers travel in
+/// one frame, which is never split, and RabbitMQ delivers a header frame larger than the connection's
+/// size as it is: the sanitizer under lapin leaves the largest headers of such a message out, naming
+/// them in `x-volcano-runner-dropped-headers` (see [`super::sanitize`]), so it is read and handled like
+/// any other (the runner reads `traceparent` alone), and lapin never drops the connection for it.
+/// `?frame_max=` in the URL overrides it.
+pub const DEFAULT_FRAME_MAX: u32 = 32 * 1024;
 
 /// Opens an AMQP connection to `url` the way every connection of this program is opened: with the
 /// runner's frame size (see [`DEFAULT_FRAME_MAX`]) and the inbound frames sanitized, so that bytes a

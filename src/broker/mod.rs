@@ -92,8 +92,8 @@ pub mod headers {
 pub struct BrokerConfig {
     /// The AMQP URL, with credentials and the vhost (`%2f` is the default vhost `/`). A secret because it
     /// carries the password; it is never logged. Query parameters such as `?heartbeat=30` are honoured;
-    /// without `?frame_max=` the runner takes the server's frame size, at most 1 MiB, so it can read every
-    /// message the broker accepted (see `connection::DEFAULT_FRAME_MAX`).
+    /// without `?frame_max=` the runner offers frames of 32 KiB (see `connection::DEFAULT_FRAME_MAX`; a
+    /// message with larger headers is still read, its largest headers left out).
     pub url: Secret,
     /// The name the connection carries in the management UI, so an operator can tell runners apart.
     pub connection_name: String,

@@ -30,6 +30,11 @@ use std::collections::HashMap;
 /// a dead-letter replay leaves it behind.
 pub const INVALID_HEADER: &str = "x-volcano-runner-invalid-utf8";
 
+/// The header a message whose headers were too large for the frames this client reads carries: the
+/// ones left out, `name (N bytes)`, largest first (the same header a dead-letter copy names its own
+/// left-out headers with).
+pub const DROPPED_HEADER: &str = super::headers::DROPPED_HEADERS;
+
 const FRAME_METHOD: u8 = 1;
 const FRAME_HEADER: u8 = 2;
 const FRAME_BODY: u8 = 3;
@@ -506,6 +511,55 @@ fn mark_properties(payload: &[u8], scan: &HeaderScan, names: &[&'static str]) ->
     out
 }
 
+/// The property list `props` with the largest entries of its header table left out until it takes at
+/// most `budget` bytes, and [`DROPPED_HEADER`] naming them, largest first, `name (N bytes)`. `None` when
+/// the table cannot be read, or leaving every entry out is not enough.
+fn shrink_headers(props: &[u8], scan: &HeaderScan, budget: usize) -> Option<Vec<u8>> {
+    let (start, end) = scan.headers?;
+    let mut table = props.get(start + 4..end)?.to_vec();
+    let mut entries = Vec::new();
+    let mut c = Cursor {
+        bytes: &mut table,
+        at: 0,
+    };
+    while c.at < c.bytes.len() {
+        let from = c.at;
+        c.short_str().ok()?;
+        c.value().ok()?;
+        entries.push((from, c.at));
+    }
+    let name = |(from, _): (usize, usize)| {
+        let len = usize::from(table[from]);
+        String::from_utf8_lossy(&table[from + 1..from + 1 + len]).into_owned()
+    };
+    let mut by_size: Vec<(usize, usize)> = entries.clone();
+    by_size.sort_by_key(|(from, to)| std::cmp::Reverse(to - from));
+    let outside = props.len() - (end - start) + 4;
+    let mut dropped: Vec<(usize, usize)> = Vec::new();
+    let mut kept_len = table.len();
+    loop {
+        let named: Vec<String> = dropped
+            .iter()
+            .map(|e| format!("{} ({} bytes)", name(*e), e.1 - e.0))
+            .collect();
+        let marker = entry(DROPPED_HEADER, &named.join(", "));
+        if !dropped.is_empty() && outside + kept_len + marker.len() <= budget {
+            let mut out = Vec::with_capacity(budget);
+            out.extend_from_slice(&props[..start]);
+            out.extend_from_slice(&((kept_len + marker.len()) as u32).to_be_bytes());
+            for e in entries.iter().filter(|e| !dropped.contains(e)) {
+                out.extend_from_slice(&table[e.0..e.1]);
+            }
+            out.extend_from_slice(&marker);
+            out.extend_from_slice(&props[end..]);
+            return Some(out);
+        }
+        let next = *by_size.get(dropped.len())?;
+        kept_len -= next.1 - next.0;
+        dropped.push(next);
+    }
+}
+
 fn assemble(kind: u8, channel: [u8; 2], payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(payload.len() + FRAME_HEAD + 1);
     out.push(kind);
@@ -559,8 +613,19 @@ fn repair_frame_inner(
             if scan.end != props.len() {
                 return None;
             }
+            let too_large = frame_max.is_some_and(|max| bytes.len() > max);
             if scan.rewritten.is_empty() && carried.is_empty() {
-                return Some((Repair::Clean, None));
+                if !too_large {
+                    return Some((Repair::Clean, None));
+                }
+                // Headers larger than the frames this client reads (the runner offers small frames,
+                // see `connection::DEFAULT_FRAME_MAX`): the largest go, named in a header, so the
+                // message is read and handled like any other (it reads `traceparent` alone).
+                let budget = frame_max? - (bytes.len() - props.len());
+                let shrunk = shrink_headers(props, &scan, budget)?;
+                let mut p = head.to_vec();
+                p.extend_from_slice(&shrunk);
+                return Some((Repair::Rewritten(assemble(FRAME_HEADER, channel, &p)), None));
             }
             let mut names = carried.to_vec();
             names.extend_from_slice(&scan.rewritten);
@@ -1157,6 +1222,72 @@ mod tests {
                 .inner()
                 .contains_key("big")
         );
+    }
+
+    #[test]
+    fn headers_too_large_for_the_frame_make_way_largest_first_and_are_named() {
+        let (big, bigger) = (vec![b'v'; 3000], vec![b'w'; 5000]);
+        let traceparent = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut headers = Vec::new();
+        table(
+            &mut headers,
+            &[
+                (b"big", &big),
+                (b"traceparent", traceparent),
+                (b"bigger", &bigger),
+            ],
+        );
+        let p = RawProperties {
+            headers: Some(headers),
+            content_type: Some(b"application/json".to_vec()),
+            ..RawProperties::default()
+        };
+        let raw = content_header(1, 10, &p);
+        assert_eq!(
+            repair_frame(&raw, &[], Some(raw.len())),
+            Repair::Clean,
+            "it fits"
+        );
+        let limit = raw.len() - 1000;
+        let Repair::Rewritten(out) = repair_frame(&raw, &[], Some(limit)) else {
+            panic!("not rewritten")
+        };
+        assert!(out.len() <= limit, "{} > {limit}", out.len());
+        let parsed = parse(&out).expect("parseable");
+        let props = header_of(&parsed);
+        let kept = props.headers().as_ref().unwrap().inner();
+        assert!(
+            kept.contains_key("traceparent") && kept.contains_key("big"),
+            "{kept:?}"
+        );
+        assert!(!kept.contains_key("bigger"));
+        assert_eq!(
+            kept.get(DROPPED_HEADER),
+            Some(&AMQPValue::LongString("bigger (5012 bytes)".into()))
+        );
+        assert_eq!(marker(props), None, "nothing was invalid");
+        assert_eq!(
+            props.content_type().as_ref().unwrap().as_str(),
+            "application/json"
+        );
+        // Smaller still: both large ones go, the largest named first.
+        let Repair::Rewritten(out) = repair_frame(&raw, &[], Some(raw.len() - 6000)) else {
+            panic!("not rewritten")
+        };
+        let parsed = parse(&out).expect("parseable");
+        let kept = header_of(&parsed).headers().clone().unwrap();
+        assert_eq!(
+            kept.inner().get(DROPPED_HEADER),
+            Some(&AMQPValue::LongString(
+                "bigger (5012 bytes), big (3009 bytes)".into()
+            ))
+        );
+        assert!(kept.inner().contains_key("traceparent"));
+        // The stream does the same, with the size the client offered.
+        let mut s = Sanitizer::new(u32::try_from(limit).unwrap());
+        let mut streamed = Vec::new();
+        s.push(&raw, &mut streamed);
+        assert!(streamed.len() <= limit && parse(&streamed).is_some());
     }
 
     #[test]

@@ -61,6 +61,10 @@ pub struct Args {
     /// Where the runners' logs go (default: a directory under the system's temporary directory).
     #[arg(long)]
     pub log_dir: Option<PathBuf>,
+    /// Soak mode: every this many seconds of a phase, print each runner's RSS and CPU per job so far
+    /// and this process's RSS (the simulator's), to see whether they grow with the jobs submitted.
+    #[arg(long)]
+    pub soak_every: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -125,6 +129,11 @@ fn options(args: &Args, config_file: Option<&Path>) -> Result<Options, CliError>
             "--runners: each runner count must be at least 1".into(),
         ));
     }
+    if args.soak_every == Some(0) {
+        return Err(CliError::Other(
+            "--soak-every must be at least 1 (seconds)".into(),
+        ));
+    }
     if args.max_in_flight == 0 {
         return Err(CliError::Other("--max-in-flight must be at least 1".into()));
     }
@@ -169,6 +178,7 @@ fn options(args: &Args, config_file: Option<&Path>) -> Result<Options, CliError>
         log_dir,
         phase_timeout: Duration::from_secs(args.phase_timeout),
         skip_limits: args.skip_limits,
+        soak_every: args.soak_every.map(Duration::from_secs),
     })
 }
 

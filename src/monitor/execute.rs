@@ -37,6 +37,9 @@ use crate::volcano::{LABEL_JOB_NAME, VolcanoJob};
 /// Decisions and writes for one job in one go, before the job is handed back to the loop.
 const MAX_ROUNDS: usize = 12;
 
+/// [`crate::cluster::labels::ENDED`] as a JSON pointer below the job (`/` escaped as `~1`).
+const ENDED_LABEL_PATH: &str = "/metadata/labels/volcano-runner~1ended";
+
 /// Why handling a job stopped early. The job is tried again later.
 #[derive(Debug, thiserror::Error)]
 pub enum HandleError {
@@ -65,6 +68,19 @@ pub struct Handled {
     /// The job's snapshot, as it was given, needed nothing until `next_check`: no read, no write. The
     /// same snapshot need not be decided again before then.
     pub settled: bool,
+}
+
+impl Handled {
+    /// A try that failed before it decided anything: retried with backoff.
+    fn failed(error: HandleError) -> Self {
+        Self {
+            job: None,
+            next_check: None,
+            error: Some(error),
+            done: Vec::new(),
+            settled: false,
+        }
+    }
 }
 
 /// The writes of the monitor: publisher, API, and everything they need.
@@ -159,7 +175,12 @@ impl Executor {
     }
 
     /// Decides and acts for one job until it needs nothing more for now.
-    pub async fn handle(&self, snap: Snapshot) -> Handled {
+    pub async fn handle(&self, mut snap: Snapshot) -> Handled {
+        match self.peers_from_cluster(&snap).await {
+            Ok(Some(peers)) => snap.peers = peers,
+            Ok(None) => {}
+            Err(e) => return Handled::failed(e.into()),
+        }
         let mut view = View {
             job: snap.job.clone(),
             pods: snap.pods.clone(),
@@ -391,6 +412,13 @@ impl Executor {
             if let Some(action) =
                 decide::decide_gone(&job, &pods, &self.settings, now, queued_confirmed)?
             {
+                // "Not in the watch" is not a fact: the job may have left it ended (labelled, in a
+                // write this cache never saw, by another runner), or a list may have missed it. Only
+                // the cluster says it is gone.
+                if let Some(there) = self.still_there(&job).await? {
+                    tracing::debug!(job = %job_id, ended = there, "Left the watch but still there: nothing to publish.");
+                    return Ok(());
+                }
                 done.push(action.what);
                 let traceparent = self.traceparent(&job);
                 self.publish(&action.publish, traceparent.as_deref())
@@ -406,6 +434,67 @@ impl Executor {
             done,
             settled: false,
         }
+    }
+
+    /// The peers of the snapshot's job with every peer the watches do not hold read from the cluster
+    /// (`None`: the watches hold them all). An ended peer has left the watches (its end recorded,
+    /// [`crate::cluster::labels::ENDED`]), and one that is not there may not have been created yet:
+    /// only the cluster tells them apart, and a peer's end must be decided from what it recorded.
+    async fn peers_from_cluster(
+        &self,
+        snap: &Snapshot,
+    ) -> Result<Option<Arc<Vec<super::peers::PeerSeen>>>, ClusterError> {
+        if snap.peers.iter().all(|p| p.job.is_some()) {
+            return Ok(None);
+        }
+        let api = self.jobs(&snap.key.namespace);
+        let mut peers = snap.peers.as_ref().clone();
+        for peer in peers.iter_mut().filter(|p| p.job.is_none()) {
+            let name = crate::pipeline::names::vcjob_name(&peer.job_id);
+            let op = format!("get jobs.batch.volcano.sh {}/{name}", snap.key.namespace);
+            let got = self
+                .retry
+                .run(&op, || async {
+                    api.get(&name).await.classify(|| op.clone())
+                })
+                .await;
+            peer.job = match got {
+                Ok(w) => Some(Arc::new(w.into_job())),
+                Err(e) if e.is_not_found() => None,
+                Err(e) => return Err(e),
+            };
+        }
+        Ok(Some(Arc::new(peers)))
+    }
+
+    /// Whether the job `last` (by name and uid) is still in the cluster, and if so whether its end is
+    /// recorded (`Some(true)`); `None` when it is gone (or another job took its name).
+    async fn still_there(&self, last: &VolcanoJob) -> Result<Option<bool>, ClusterError> {
+        let (ns, name) = names(last);
+        let api = self.jobs(ns);
+        let op = format!("get jobs.batch.volcano.sh {ns}/{name}");
+        let got = self
+            .retry
+            .run(&op, || async {
+                api.get(name).await.classify(|| op.clone())
+            })
+            .await;
+        let job = match got {
+            Ok(w) => w.into_job(),
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if job.metadata.uid != last.metadata.uid {
+            return Ok(None);
+        }
+        let labelled = job
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(crate::cluster::labels::ENDED));
+        let record = super::record::Record::read(&job, &self.settings.keys);
+        let published = matches!(record.published, super::record::Published::Ended(_));
+        Ok(Some(labelled || published))
     }
 
     async fn act(
@@ -468,6 +557,10 @@ impl Executor {
         let mut unfinalize = action.remove_finalizer;
         if !action.set.is_empty() || !action.remove.is_empty() {
             let together = unfinalize && !action.delete && !action.release && !action.companions;
+            if together {
+                // The pods before the write that ends the job's watch (as below).
+                self.mark_pods_ended(job, pods).await?;
+            }
             match self.patch(job, &action.set, &action.remove, together).await {
                 Ok(Some(new)) => current = Some(new),
                 Ok(None) => return Ok(Acted::Gone),
@@ -499,6 +592,10 @@ impl Executor {
             .await?;
         }
         if unfinalize {
+            // The pods first: a kill between the two leaves the job watched, and whoever decides it
+            // next marks them again (the same label); the other way round, pods would stay in every
+            // monitor's cache until the job's TTL.
+            self.mark_pods_ended(&latest, pods).await?;
             match self.unfinalize(&latest).await {
                 Ok(Some(new)) => current = Some(new),
                 Ok(None) => return Ok(Acted::Gone),
@@ -740,6 +837,8 @@ impl Executor {
                     ops.push(
                         json!({"op": "replace", "path": "/metadata/finalizers", "value": rest}),
                     );
+                    // The write that ends the job's watch (see `unfinalize`).
+                    ops.push(json!({"op": "add", "path": ENDED_LABEL_PATH, "value": "true"}));
                 }
                 self.write_json_patch(job, &ops).await
             }
@@ -872,18 +971,57 @@ impl Executor {
         }});
         if let Some(rest) = finalizers {
             body["metadata"]["finalizers"] = json!(rest);
+            body["metadata"]["labels"] = json!({crate::cluster::labels::ENDED: "true"});
         }
         self.write(job, body).await
     }
 
-    /// Removes our finalizer, guarded by the resourceVersion (other finalizers stay).
+    /// Removes our finalizer, guarded by the resourceVersion (other finalizers stay), and labels the job
+    /// ended: the same write takes it out of every monitor's watch (see [`crate::cluster::labels::ENDED`]).
     async fn unfinalize(&self, job: &VolcanoJob) -> Result<Option<Arc<VolcanoJob>>, ClusterError> {
         let rest = self.finalizers_without_ours(job);
         let body = json!({"metadata": {
             "finalizers": rest,
+            "labels": {crate::cluster::labels::ENDED: "true"},
             "resourceVersion": job.metadata.resource_version,
         }});
         self.write(job, body).await
+    }
+
+    /// Labels the job's finished pods ended (see [`crate::cluster::labels::ENDED`]), so they leave the
+    /// monitors' pod watches with their job: Volcano keeps a finished job's stopped pods until the job's
+    /// TTL. Pods being deleted leave by themselves and are not written; one gone already is no error.
+    async fn mark_pods_ended(&self, job: &VolcanoJob, pods: &[Pod]) -> Result<(), ClusterError> {
+        let (ns, _) = names(job);
+        let api: Api<WatchedPod> = Api::namespaced(self.client.clone(), ns);
+        let body = json!({"metadata": {"labels": {crate::cluster::labels::ENDED: "true"}}});
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        for pod in pods
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+        {
+            let Some(name) = pod.metadata.name.as_deref() else {
+                continue;
+            };
+            let op = format!("label pods {ns}/{name} ended");
+            let result = self
+                .retry
+                .run(&op, || async {
+                    api.patch(name, &params, &Patch::Merge(&body))
+                        .await
+                        .map(|_| ())
+                        .classify(|| op.clone())
+                })
+                .await;
+            match result {
+                Err(e) if !e.is_not_found() => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     async fn write(

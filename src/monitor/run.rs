@@ -56,6 +56,10 @@ pub struct PassReport {
     pub passes: u64,
     /// Jobs held in the cache at the end of the pass.
     pub jobs: usize,
+    /// Pods and PodGroups held in the cache at the end of the pass (with `jobs`: what a runner's memory
+    /// follows, the live jobs' objects and not the ended ones kept for the retention).
+    pub pods: usize,
+    pub groups: usize,
     /// Jobs of this runner's shards looked at in the pass.
     pub owned: usize,
     /// Of those, the jobs decided afresh; the others had not changed since their last decision.
@@ -183,7 +187,10 @@ struct Watches {
 }
 
 impl Watches {
-    fn new(client: kube::Client, selector: String) -> Self {
+    fn new(client: kube::Client, managed: &str) -> Self {
+        // Ended jobs and their finished pods are left out: what the monitor holds and lists grows with
+        // the live jobs, not with the jobs kept for the retention (see [`crate::cluster::labels::ENDED`]).
+        let selector = format!("{managed},!{}", crate::cluster::labels::ENDED);
         Self {
             jobs_api: Api::all(client.clone()),
             pods_api: Api::all(client.clone()),
@@ -427,7 +434,7 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
     let mut follow_windows = std::pin::pin!(follow_windows);
     let mut windows_open = true;
     let exec = executor(&m, windows.clone());
-    let watches = Watches::new(m.client.clone(), m.config.cluster.managed_selector.clone());
+    let watches = Watches::new(m.client.clone(), &m.config.cluster.managed_selector);
     let mut streams = Streams::start(&watches);
     let mut state = Loop::new(exec, &mc);
     let mut verifying: Option<Verifying> = None;
@@ -836,6 +843,8 @@ impl Loop {
         let report = PassReport {
             passes: self.passes,
             jobs: self.cache.len(),
+            pods: self.cache.count(Kind::Pods),
+            groups: self.cache.count(Kind::Groups),
             owned: pass.owned,
             decided: pass.decided,
             gone: pass.gone,

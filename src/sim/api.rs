@@ -157,7 +157,16 @@ pub struct Core {
     pub volcano_admission: bool,
     cluster_ip_seq: u32,
     event_index: HashMap<(String, String, String), ObjectKey>,
+    /// Events by their creation, to expire them [`EVENT_TTL`] after their last repeat.
+    event_expiry: std::collections::VecDeque<(Timestamp, EventDedup)>,
 }
+
+/// An event's involved uid, reason and message: a repeat of the same is counted on one Event.
+type EventDedup = (String, String, String);
+
+/// How long an Event is kept after its last repeat: the API server's `--event-ttl` default. Without it
+/// a long-running simulator grew by every job's events for ever.
+pub const EVENT_TTL: jiff::SignedDuration = jiff::SignedDuration::from_hours(1);
 
 fn meta(obj: &Value) -> Option<&Map<String, Value>> {
     obj.get("metadata").and_then(Value::as_object)
@@ -259,6 +268,7 @@ impl Core {
             volcano_admission: true,
             cluster_ip_seq: 10,
             event_index: HashMap::new(),
+            event_expiry: std::collections::VecDeque::new(),
         };
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
             core.create_internal(ids.namespaces, "", json!({"metadata": {"name": ns}}))
@@ -1210,6 +1220,7 @@ impl Core {
         message: &str,
         component: &str,
     ) {
+        self.expire_events();
         let uid = meta_str(involved, "uid").unwrap_or_default().to_string();
         let ns = match namespace_of(involved) {
             "" => "default".to_string(),
@@ -1254,7 +1265,42 @@ impl Core {
         });
         if let Ok(stored) = self.create_internal(self.ids.events, &ns, event) {
             let key = self.key_of(self.ids.events, &ns, name_of(&stored));
-            self.event_index.insert(dedup, key);
+            self.event_index.insert(dedup.clone(), key);
+            self.event_expiry.push_back((self.now, dedup));
+        }
+    }
+
+    /// Deletes the Events not repeated for [`EVENT_TTL`], as the API server lets them expire. Looked at
+    /// when an Event is recorded: the oldest first, and one repeated since is looked at again later.
+    fn expire_events(&mut self) {
+        while let Some((since, _)) = self.event_expiry.front() {
+            if since.checked_add(EVENT_TTL).is_ok_and(|due| due > self.now) {
+                return;
+            }
+            let Some((_, dedup)) = self.event_expiry.pop_front() else {
+                return;
+            };
+            let Some(key) = self.event_index.get(&dedup).cloned() else {
+                continue;
+            };
+            let last = self
+                .store
+                .get(&key)
+                .and_then(|e| {
+                    e.get("lastTimestamp")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                })
+                .and_then(|t| t.parse::<Timestamp>().ok());
+            match last {
+                Some(last) if last.checked_add(EVENT_TTL).is_ok_and(|due| due > self.now) => {
+                    self.event_expiry.push_back((last, dedup));
+                }
+                _ => {
+                    self.event_index.remove(&dedup);
+                    self.delete_key(&key, None, None);
+                }
+            }
         }
     }
 }
@@ -1376,6 +1422,52 @@ mod tests {
         let res = c.ids.configmaps;
         c.create(res, "default", cm(name), &WriteOptions::default())
             .unwrap()
+    }
+
+    /// The Events of `default`, by reason.
+    fn event_reasons(c: &Core) -> Vec<String> {
+        let page = c
+            .list(c.ids.events, Some("default"), &ListOptions::default())
+            .unwrap();
+        page.items
+            .iter()
+            .map(|e| e["reason"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn events_expire_an_hour_after_their_last_repeat() {
+        let mut c = core();
+        let x = create_cm(&mut c, "x").object;
+        let y = create_cm(&mut c, "y").object;
+        c.record_event(&x, "Normal", "Old", "once", "test");
+        c.record_event(&y, "Normal", "Repeated", "again and again", "test");
+        c.now = c
+            .now
+            .checked_add(jiff::SignedDuration::from_mins(50))
+            .unwrap();
+        c.record_event(&y, "Normal", "Repeated", "again and again", "test");
+        c.now = c
+            .now
+            .checked_add(jiff::SignedDuration::from_mins(11))
+            .unwrap();
+        c.record_event(&x, "Normal", "New", "later", "test");
+        let mut reasons = event_reasons(&c);
+        reasons.sort();
+        assert_eq!(
+            reasons,
+            ["New", "Repeated"],
+            "61 min after it, the first one went"
+        );
+        c.now = c
+            .now
+            .checked_add(jiff::SignedDuration::from_mins(50))
+            .unwrap();
+        c.record_event(&x, "Normal", "Newer", "later still", "test");
+        let mut reasons = event_reasons(&c);
+        reasons.sort();
+        assert_eq!(reasons, ["New", "Newer"], "an hour after its last repeat");
+        assert_eq!(c.event_index.len(), 2, "the index forgets them too");
     }
 
     #[test]

@@ -12,6 +12,7 @@ mod rabbit;
 
 mod bookings;
 mod disruption;
+mod ended;
 mod failover;
 mod lifecycle;
 mod maintenance;

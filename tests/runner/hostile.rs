@@ -84,10 +84,11 @@ async fn a_traceparent_that_splits_a_character_is_ignored_and_stops_nothing() {
     );
 }
 
-/// Headers larger than the 32 KiB frames the runner used to offer (RabbitMQ accepts up to its own
-/// `frame_max`, 128 KiB by default): a valid submission carrying one is handled once like any other; an
-/// invalid one is dead-lettered once, with its reason, its large header left out of the copy and named;
-/// and the submissions around them are each handled once, on the runner's one connection.
+/// Headers larger than the 32 KiB frames the runner offers (RabbitMQ accepts up to its own `frame_max`,
+/// 128 KiB by default, and delivers such a header frame whole): a valid submission carrying one is handled
+/// once like any other (the sanitizer leaves the large header out, its `traceparent` stays); an invalid one
+/// is dead-lettered once, with its reason, its large header left out of the copy and named; and the
+/// submissions around them are each handled once, on the runner's one connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn headers_larger_than_a_small_frame_are_read_and_stop_nothing() {
     let h = Harness::new("hostile-large-header").await;

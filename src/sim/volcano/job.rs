@@ -159,7 +159,7 @@ struct Counts {
 /// A policy's action with the task and pod whose event triggered it (`pod` empty for a task event).
 type Trigger = (String, String, String);
 
-/// The phases after which a job's pods are all stopped and its PodGroup is `Completed`.
+/// The phases after which a job's pods are all stopped.
 fn is_terminal(phase: &str) -> bool {
     matches!(phase, "Completed" | "Failed" | "Terminated" | "Aborted")
 }
@@ -439,12 +439,19 @@ fn write_job_status(
     }
 }
 
-/// PodGroup counters, and completion: worked out on a copy of the group's status alone, and written only
-/// when they change (most reconciles change nothing there).
-fn write_podgroup_status(core: &mut Core, pg_key: &ObjectKey, counts: &Counts, terminal: bool) {
+/// PodGroup counters: worked out on a copy of the group's status alone, and written only when they
+/// change (most reconciles change nothing there). A job that finished (`ended`: completed, failed or
+/// terminated) loses its PodGroup, as Volcano's `killJob` deletes it: a kept job's group would be
+/// watched and listed by every scheduler and monitor for the job's whole retention. An aborted job
+/// keeps it (a `ResumeJob` takes the job back).
+fn write_podgroup_status(core: &mut Core, pg_key: &ObjectKey, counts: &Counts, ended: bool) {
     let Some(pg) = core.store.get(pg_key).cloned() else {
         return;
     };
+    if ended {
+        core.delete_key(pg_key, None, None);
+        return;
+    }
     let current = pg.get("status");
     let mut pg_status = current
         .filter(|s| s.is_object())
@@ -460,9 +467,6 @@ fn write_podgroup_status(core: &mut Core, pg_key: &ObjectKey, counts: &Counts, t
         } else if let Some(o) = pg_status.as_object_mut() {
             o.remove(k);
         }
-    }
-    if terminal {
-        pg_status["phase"] = json!("Completed");
     }
     if current != Some(&pg_status) {
         core.update_internal(pg_key, |pg| pg["status"] = pg_status);
@@ -532,7 +536,7 @@ impl Model {
         let pg_key = core.key_of(core.ids.podgroups, look.ns, &podgroup_name(&job));
         self.create_pods_if_enqueued(core, &look, &pg_key, &step);
         write_job_status(core, key, &job, status, &step, &counts, &mut mem);
-        write_podgroup_status(core, &pg_key, &counts, is_terminal(&step.phase));
+        write_podgroup_status(core, &pg_key, &counts, ttl_applies(&step.phase));
         self.schedule_ttl(core, key, &job, &step.phase, &mut mem);
         self.jobs.insert(key.clone(), mem);
     }
