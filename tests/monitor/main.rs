@@ -10,6 +10,7 @@ mod rabbit;
 
 mod disruption;
 mod failover;
+mod fifo;
 mod lifecycle;
 mod maintenance;
 mod output_files;

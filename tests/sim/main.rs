@@ -14,6 +14,7 @@ mod busy;
 mod commands;
 mod estimates;
 mod exclusive;
+mod fifo;
 mod faults;
 mod interactive;
 mod kubectl;
