@@ -945,8 +945,10 @@ mod tests {
             reserved_from: sla.then(|| t(-60)),
             ..p
         };
+        // Ahead, a gang of two ranks without reserved nodes: an expectation (smaller jobs of other
+        // queues can keep filling what it waits for).
         let jobs = [
-            fifo(pending("first", 1, res(8, 0), 100), false),
+            fifo(pending("first", 2, res(8, 0), 100), true),
             fifo(pending("second", 1, res(8, 0), 100), true),
         ];
         let e = estimate(&nodes(1, 16, 0), &running, &jobs, t(0));
@@ -955,7 +957,8 @@ mod tests {
             Estimate::At { bound, .. } => *bound,
             other => panic!("{other:?}"),
         };
-        assert!(!told(&e[0]), "no sla wait: an expectation");
+        assert!(!told(&e[0]), "a gang without reserved nodes: an expectation");
+        assert_eq!(start(&e[1]), t(400), "after the gang: {e:?}");
         assert!(!told(&e[1]), "behind an expectation in fifo: {e:?}");
         let jobs = [
             fifo(pending("first", 1, res(8, 0), 100), true),

@@ -32,6 +32,19 @@ pub struct Told {
     pub was_bound: bool,
 }
 
+impl Told {
+    /// What a job was told after hearing `start` (a bound or not) when it was told `before` (`None`:
+    /// nothing yet): the count goes up, and that a bound was told is kept.
+    pub fn after(before: Option<Told>, start: Timestamp, bound: bool) -> Told {
+        Told {
+            start,
+            bound,
+            times: before.map_or(1, |b| b.times.saturating_add(1)),
+            was_bound: before.is_some_and(|b| b.bound || b.was_bound),
+        }
+    }
+}
+
 /// The most times the telling tolerance is doubled (from the seventh event on: 64 times, an hour for a
 /// start ten minutes away), so that a move far past anything foreseen is still told.
 const MAX_DOUBLINGS: u32 = 6;

@@ -317,11 +317,7 @@ async fn run(seed: u64) -> Outcome {
         .map(|(n, at)| {
             (
                 n.clone(),
-                Told {
-                    start: *at,
-                    bound: false,
-                    times: 1,
-                },
+                Told::after(None, *at, false),
             )
         })
         .collect();
@@ -361,11 +357,7 @@ async fn run(seed: u64) -> Outcome {
                 if tell {
                     last_told.insert(
                         name.clone(),
-                        Told {
-                            start: at,
-                            bound: false,
-                            times: before.map_or(1, |b| b.times + 1),
-                        },
+                        Told::after(before, at, false),
                     );
                     *tells.entry(name.clone()).or_default() += 1;
                     told.push((name.clone(), at));

@@ -19,6 +19,7 @@ mod faults;
 mod interactive;
 mod kubectl;
 mod logs;
+mod promise;
 mod queues;
 mod sla;
 mod starve;
