@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use volcano_runner::sim::{NodeSpec, SimHandle};
@@ -112,8 +112,8 @@ async fn a_fifo_queue_moves_on_when_its_head_ends_without_running() {
     );
 }
 
-/// With a generous over-commit both jobs of the fifo queue are admitted; the first (four CPUs) does not
-/// fit beside what runs, so the second (one CPU, admitted too) does not start either, although it fits.
+/// With a generous over-commit both jobs of the fifo queue are admitted in one session (the queue's
+/// capability raised once both wait); the first (four CPUs) does not fit beside what runs, so the second (one CPU, admitted too) does not start either, although it fits.
 /// It starts after the first, once the node is free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admitted_job_does_not_overtake_a_blocked_one_in_a_fifo_queue() {
@@ -121,8 +121,24 @@ async fn an_admitted_job_does_not_overtake_a_blocked_one_in_a_fifo_queue() {
     create(&client, "hog", "default", 1, "6").await;
     sim.advance(Duration::from_secs(1));
     assert_eq!(job_phase(&client, "hog").await, "Running");
+    // Kept out by the queue's capability while both are created, then let in: one session admits both.
+    let queues = Api::<DynamicObject>::all_with(client.clone(), &queue());
+    let capability = |cpu: &str| {
+        Patch::Merge(json!({"spec": {"capability": {"cpu": cpu, "memory": "64Gi"}}}))
+    };
+    queues
+        .patch("f", &PatchParams::default(), &capability("1"))
+        .await
+        .unwrap();
+    sim.advance(Duration::from_secs(1));
     create(&client, "big", "f", 1, "4").await;
     create(&client, "small", "f", 1, "1").await;
+    sim.advance(Duration::from_secs(1));
+    assert_eq!(job_phase(&client, "small").await, "Pending");
+    queues
+        .patch("f", &PatchParams::default(), &capability("16"))
+        .await
+        .unwrap();
     for _ in 0..5 {
         sim.advance(Duration::from_secs(1));
     }
@@ -135,13 +151,13 @@ async fn an_admitted_job_does_not_overtake_a_blocked_one_in_a_fifo_queue() {
         .iter()
         .filter(|g| g.data["status"]["phase"] == "Inqueue")
         .count();
-    assert_eq!(admitted, 2, "both fifo jobs are admitted");
     assert_eq!(job_phase(&client, "big").await, "Pending");
     assert_eq!(
         job_phase(&client, "small").await,
         "Pending",
         "an admitted job does not start before the blocked one ahead of it"
     );
+    assert_eq!(admitted, 2, "both fifo jobs are admitted");
     terminate(&client, "hog").await;
     for _ in 0..3 {
         sim.advance(Duration::from_secs(1));
