@@ -53,8 +53,8 @@ use crate::forecast::snapshot::{
 };
 use crate::forecast::windows::Maintenance;
 
-pub use crate::forecast::answer::{Estimate, ExpectationRecord};
 use crate::forecast::answer::LATER_ONLY;
+pub use crate::forecast::answer::{Estimate, ExpectationRecord};
 use crate::forecast::state::End;
 
 /// How many gangs in a row that cannot start a session tries before it stops looking for gaps (see
@@ -911,7 +911,13 @@ mod tests {
         };
         assert_eq!(*at, t(500));
         assert!(why.contains("queue_timeout"), "{why}");
-        let Estimate::At { start, bound, basis, .. } = &e[1] else {
+        let Estimate::At {
+            start,
+            bound,
+            basis,
+            ..
+        } = &e[1]
+        else {
             panic!("{e:?}")
         };
         assert_eq!(*start, t(1000), "after the running job, the one ahead gone");
@@ -957,7 +963,10 @@ mod tests {
             Estimate::At { bound, .. } => *bound,
             other => panic!("{other:?}"),
         };
-        assert!(!told(&e[0]), "a gang without reserved nodes: an expectation");
+        assert!(
+            !told(&e[0]),
+            "a gang without reserved nodes: an expectation"
+        );
         assert_eq!(start(&e[1]), t(400), "after the gang: {e:?}");
         assert!(!told(&e[1]), "behind an expectation in fifo: {e:?}");
         let jobs = [

@@ -54,7 +54,8 @@ impl<'a> Session<'a> {
             if matches!(
                 self.out[i],
                 Some(Estimate::At { .. } | Estimate::TimesOut { .. })
-            ) || self.gone[i] {
+            ) || self.gone[i]
+            {
                 continue;
             }
             self.gone[i] = true;

@@ -3425,18 +3425,44 @@ mod tests {
             record: None,
         };
         let seen = |pg, ahead| (&[][..], Some(pg), Some(ahead));
-        drive_seen(&s, &mut job, seen(&both, 3), Some(&bound), ts(5), &mut world);
+        drive_seen(
+            &s,
+            &mut job,
+            seen(&both, 3),
+            Some(&bound),
+            ts(5),
+            &mut world,
+        );
         assert_eq!(lifecycle(&world).len(), 1, "the first status");
         // The shortfall's wording flips, the jobs ahead count down, the estimate stays.
         for (k, pg) in [&memory, &both, &memory, &both].into_iter().enumerate() {
             let ahead = 2 - u32::try_from(k).unwrap().min(2);
-            drive_seen(&s, &mut job, seen(pg, ahead), Some(&bound), ts(6 + k as i64), &mut world);
+            drive_seen(
+                &s,
+                &mut job,
+                seen(pg, ahead),
+                Some(&bound),
+                ts(6 + k as i64),
+                &mut world,
+            );
         }
-        assert_eq!(lifecycle(&world).len(), 1, "no news: {:?}", lifecycle(&world));
+        assert_eq!(
+            lifecycle(&world).len(),
+            1,
+            "no news: {:?}",
+            lifecycle(&world)
+        );
         // Jobs of a second queue: the bound is withdrawn, told at once, and worded as what it is.
         let mut withdrawn = vec![bound.clone()];
         crate::forecast::across_queues(&mut withdrawn, 2);
-        drive_seen(&s, &mut job, seen(&memory, 0), Some(&withdrawn[0]), ts(20), &mut world);
+        drive_seen(
+            &s,
+            &mut job,
+            seen(&memory, 0),
+            Some(&withdrawn[0]),
+            ts(20),
+            &mut world,
+        );
         let told = lifecycle(&world);
         assert_eq!(told.len(), 2);
         let pending = told[1].pending.clone().unwrap();
@@ -3448,7 +3474,14 @@ mod tests {
             pending.estimate_basis
         );
         // The other queue's jobs are gone a moment later: the same bound again is not told.
-        drive_seen(&s, &mut job, seen(&memory, 0), Some(&bound), ts(21), &mut world);
+        drive_seen(
+            &s,
+            &mut job,
+            seen(&memory, 0),
+            Some(&bound),
+            ts(21),
+            &mut world,
+        );
         assert_eq!(lifecycle(&world).len(), 2, "no flip-flop");
     }
 

@@ -108,7 +108,10 @@ mod tests {
             f.on_event(Event::Apply(queue("b", Some("fifo")))),
             Seen::Changed
         );
-        assert_eq!(f.on_event(Event::Apply(queue("b", Some("fifo")))), Seen::Same);
+        assert_eq!(
+            f.on_event(Event::Apply(queue("b", Some("fifo")))),
+            Seen::Same
+        );
         assert_eq!(
             f.on_event(Event::Apply(queue("a", Some("traverse")))),
             Seen::Changed

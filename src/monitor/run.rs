@@ -688,8 +688,7 @@ impl Loop {
                 match self.fifo_queues.on_event(event) {
                     super::queues::Seen::Same => {}
                     seen => {
-                        self.cache
-                            .set_fifo_queues(self.fifo_queues.names().clone());
+                        self.cache.set_fifo_queues(self.fifo_queues.names().clone());
                         self.estimates_stale = true;
                         if seen == super::queues::Seen::Listed {
                             self.list_done(Awaited::Queues);

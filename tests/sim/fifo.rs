@@ -123,9 +123,8 @@ async fn an_admitted_job_does_not_overtake_a_blocked_one_in_a_fifo_queue() {
     assert_eq!(job_phase(&client, "hog").await, "Running");
     // Kept out by the queue's capability while both are created, then let in: one session admits both.
     let queues = Api::<DynamicObject>::all_with(client.clone(), &queue());
-    let capability = |cpu: &str| {
-        Patch::Merge(json!({"spec": {"capability": {"cpu": cpu, "memory": "64Gi"}}}))
-    };
+    let capability =
+        |cpu: &str| Patch::Merge(json!({"spec": {"capability": {"cpu": cpu, "memory": "64Gi"}}}));
     queues
         .patch("f", &PatchParams::default(), &capability("1"))
         .await

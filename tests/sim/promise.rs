@@ -143,8 +143,7 @@ fn vcjob(s: &Spec, sla: Option<&str>) -> DynamicObject {
     }
     if sla.is_some() || s.whole_nodes {
         annotations.insert("ucloud.dk/reservable".into(), json!("true"));
-        let toleration =
-            reservation_toleration(&AnnotationKeys::new("ucloud.dk/"), s.job_id());
+        let toleration = reservation_toleration(&AnnotationKeys::new("ucloud.dk/"), s.job_id());
         template["spec"]["tolerations"] = json!([serde_json::to_value(toleration).unwrap()]);
     }
     serde_json::from_value(json!({
@@ -238,7 +237,8 @@ async fn run(seed: u64, design: Design) -> Run {
     namespace(&client, NS).await;
     create_queues(&client, design).await;
     let workload = workload(seed);
-    let by_name: BTreeMap<&str, &Spec> = workload.iter().map(|(s, _)| (s.name.as_str(), s)).collect();
+    let by_name: BTreeMap<&str, &Spec> =
+        workload.iter().map(|(s, _)| (s.name.as_str(), s)).collect();
     let margin =
         SignedDuration::try_from(volcano_runner::config::MonitorConfig::default().start_margin)
             .unwrap();
@@ -283,7 +283,8 @@ async fn run(seed: u64, design: Design) -> Run {
                 let at: Timestamp = at.parse().unwrap();
                 let bound = e.estimate.bound;
                 let before = last.get(&name).copied();
-                if before.is_none_or(|b| tell_again(b, at, bound, now, SignedDuration::from_secs(60)))
+                if before
+                    .is_none_or(|b| tell_again(b, at, bound, now, SignedDuration::from_secs(60)))
                 {
                     last.insert(name.clone(), Told::after(before, at, bound));
                     out.told
@@ -332,7 +333,8 @@ fn figures(run: &Run, interactive_only: bool) -> Figures {
             if *bound {
                 f.told_bounds += 1;
                 if start > *at {
-                    f.broken.push(format!("{name}: bound {at} s, started {start} s"));
+                    f.broken
+                        .push(format!("{name}: bound {at} s, started {start} s"));
                 }
             } else {
                 f.expectations += 1;
@@ -384,7 +386,11 @@ async fn interactive_sessions_beside_a_batch_backlog_are_told_bounds_that_hold()
         run.interactive.len(),
         "every job started"
     );
-    assert!(live.waiting >= 10, "interactive jobs wait: {}", live.waiting);
+    assert!(
+        live.waiting >= 10,
+        "interactive jobs wait: {}",
+        live.waiting
+    );
     assert!(
         live.bound * 10 >= live.waiting * 8,
         "at least 80% of the waiting interactive jobs are told a bound: {} of {}",

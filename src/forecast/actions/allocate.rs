@@ -96,8 +96,12 @@ impl<'a> Session<'a> {
         }
         if self.placed_now && self.stale * 2 > self.order.len() {
             let out = &self.out;
-            self.order
-                .retain(|&(_, _, i)| !matches!(out[i], Some(Estimate::At { .. } | Estimate::TimesOut { .. })));
+            self.order.retain(|&(_, _, i)| {
+                !matches!(
+                    out[i],
+                    Some(Estimate::At { .. } | Estimate::TimesOut { .. })
+                )
+            });
             self.stale = 0;
         }
     }
@@ -124,9 +128,10 @@ impl<'a> Session<'a> {
         let pending: &'a [Pending] = self.pending;
         let job = &pending[i];
         if matches!(
-                self.out[i],
-                Some(Estimate::At { .. } | Estimate::TimesOut { .. })
-            ) || self.gone[i] {
+            self.out[i],
+            Some(Estimate::At { .. } | Estimate::TimesOut { .. })
+        ) || self.gone[i]
+        {
             return true;
         }
         let deep = overdue != 0 && self.misses >= BACKFILL_DEPTH;

@@ -556,7 +556,9 @@ impl Model {
         }
         // A gang whose job ended without running (failed by its runner, terminated, aborted): it no
         // longer waits, and what waits behind it in a fifo queue is tried at once, in a full pass.
-        if !matches!(phase, "Pending" | "Inqueue" | "Running") && self.group_order.contains_key(&r.key) {
+        if !matches!(phase, "Pending" | "Inqueue" | "Running")
+            && self.group_order.contains_key(&r.key)
+        {
             self.forget_group(&r.key);
             self.epoch += 1;
         }
