@@ -15,6 +15,7 @@ mod lifecycle;
 mod maintenance;
 mod output_files;
 mod peers;
+mod promise;
 mod refund;
 mod starve;
 mod whole_nodes;
