@@ -20,6 +20,9 @@ use volcano_runner::sim::NodeSpec;
 
 const QUEUE: &str = "volcano-runner-interactive";
 
+/// What a job was told while it waited: (estimate, bound) in seconds after the start.
+type Told = Vec<(i64, bool)>;
+
 fn sized(mut j: SubmitJob, cpu: u32, limit_s: i64) -> SubmitJob {
     j.product = Some(Product {
         id: format!("u1-standard-{cpu}"),
@@ -70,7 +73,7 @@ fn session(i: u32) -> SubmitJob {
 }
 
 /// What a job was told while it waited: (estimate, bound) in seconds after `t0`.
-fn told(w: &World, id: &str, t0: i64) -> Vec<(i64, bool)> {
+fn told(w: &World, id: &str, t0: i64) -> Told {
     w.seen
         .of(id)
         .lifecycle
@@ -155,7 +158,7 @@ async fn interactive_sessions_in_their_fifo_queue_are_told_bounds_that_hold() {
             break;
         }
     }
-    let report: BTreeMap<String, (Vec<(i64, bool)>, Option<i64>)> = ids
+    let report: BTreeMap<String, (Told, Option<i64>)> = ids
         .iter()
         .map(|id| (id.clone(), (told(&w, id, t0), started(&w, id, t0))))
         .collect();
