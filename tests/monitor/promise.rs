@@ -94,9 +94,11 @@ fn started(w: &World, id: &str, t0: i64) -> Option<i64> {
         .and_then(|e| e.started_at.as_ref().map(|t| t.seconds - t0))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn interactive_sessions_in_their_fifo_queue_are_told_bounds_that_hold() {
-    let mut w = World::start(
+/// Three 16-CPU nodes; the pipeline routes web jobs to the fifo queue `volcano-runner-interactive` (made
+/// here, as deploy/scheduling declares it) with a waiting time of 0 s; the monitor reserves nodes and
+/// knows the scheduler runs without `proportion`; whole nodes of `u1-standard` priced.
+async fn world() -> World {
+    let w = World::start(
         "mon-promise",
         |c| {
             c.pipeline.scheduling.interactive_queue = Some(QUEUE.into());
@@ -135,6 +137,12 @@ async fn interactive_sessions_in_their_fifo_queue_are_told_bounds_that_hold() {
         )
         .await
         .unwrap();
+    w
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interactive_sessions_in_their_fifo_queue_are_told_bounds_that_hold() {
+    let mut w = world().await;
     let runner = w.runner("runner-a").await;
     runner.holds(4).await;
     let t0 = w.sim.now().as_second();
@@ -153,8 +161,14 @@ async fn interactive_sessions_in_their_fifo_queue_are_told_bounds_that_hold() {
             w.submit(&sessions[(second / 20 - 1) as usize]).await;
         }
         w.advance(1);
-        w.settle(Duration::from_millis(30)).await;
-        if second > 400 && ids.iter().all(|id| started(&w, id, t0).is_some()) {
+        // Long enough for the monitor to keep up on a loaded machine: what it tells must not depend
+        // on how fast this machine is.
+        w.settle(Duration::from_millis(80)).await;
+        if second > 400
+            && sessions
+                .iter()
+                .all(|j| started(&w, &j.job_id, t0).is_some())
+        {
             break;
         }
     }
@@ -179,7 +193,8 @@ async fn interactive_sessions_in_their_fifo_queue_are_told_bounds_that_hold() {
     let mut broken = Vec::new();
     let mut tells: Vec<usize> = Vec::new();
     for (id, (told, started)) in &report {
-        let start = started.unwrap_or_else(|| panic!("{id} started"));
+        // Every session has started; a batch job that has not yet was told expectations only.
+        let start = started.unwrap_or(i64::MAX);
         if !told.is_empty() {
             tells.push(told.len());
         }
