@@ -142,6 +142,7 @@ fn estimates(c: &mut Criterion) {
             reserved_from: None,
             inqueue: true,
             reserves: None,
+            gives_up_at: None,
         })
         .collect();
     let mut group = c.benchmark_group("estimate");

@@ -30,6 +30,7 @@ pub mod plugins;
 pub mod session;
 pub mod snapshot;
 pub mod state;
+pub mod timeout;
 pub mod windows;
 
 pub use answer::{Estimate, ExpectationRecord};

@@ -53,6 +53,7 @@ use crate::forecast::snapshot::{
 };
 use crate::forecast::windows::Maintenance;
 
+use crate::forecast::answer::LATER_ONLY;
 pub use crate::forecast::answer::{Estimate, ExpectationRecord};
 use crate::forecast::state::End;
 
@@ -213,6 +214,14 @@ pub(crate) struct Session<'a> {
     pub(crate) locked_total: Resources,
     /// Gangs in a row (not past their waiting time) that could not start in this session.
     pub(crate) misses: usize,
+    /// Every gang's `[monitor] queue_timeout` deadline, in order, the next one to come, and the gangs
+    /// gone at theirs ([`crate::forecast::timeout`]).
+    pub(crate) gives_up: Vec<(Timestamp, usize)>,
+    pub(crate) next_give_up: usize,
+    pub(crate) gone: Vec<bool>,
+    /// The `fifo` queues in which a gang ahead started without a bound (or left at its deadline when
+    /// it could have started): what waits behind it there can be later than the replay foresees.
+    pub(crate) fifo_unbound: HashSet<&'a str>,
 }
 
 impl<'a> Session<'a> {
@@ -272,7 +281,12 @@ impl<'a> Session<'a> {
             placed_now: false,
             locked_total: Resources::default(),
             misses: 0,
+            gives_up: Vec::new(),
+            next_give_up: 0,
+            gone: Vec::new(),
+            fifo_unbound: HashSet::new(),
         };
+        s.deadlines();
         s.hold_running();
         s.sort_out_never(&types, &largest);
         s.enqueued_now();
@@ -410,12 +424,16 @@ impl<'a> Session<'a> {
                     .iter()
                     .any(|r| r.fits_in(&nodes[*n].allocatable))
             });
-        let bound = self.bound_of[i] && !passes;
+        // In a `fifo` queue it waits for every gang ahead of it there: one told no bound can start
+        // later than foreseen, and this one with it.
+        let behind = job.fifo && self.fifo_unbound.contains(job.queue.as_str());
+        let bound = self.bound_of[i] && !passes && !behind;
         // Placed at `cursor`, it starts once the job controller and the scheduler have placed its
         // pods: told `start_margin` later, and it runs its allocation from then.
         let starts = cursor.checked_add(self.start_margin).unwrap_or(cursor);
         let promise = match (bound, self.bound_of[i]) {
             (true, _) => Promise::Bound,
+            (false, true) if behind => Promise::BehindInFifo,
             (false, true) => Promise::InAGap,
             (false, false) => Promise::Expected,
         };
@@ -467,7 +485,12 @@ impl<'a> Session<'a> {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let next = match (next_end, next_reserve_at) {
+        // A deadline of `[monitor] queue_timeout` takes a gang out of the queue.
+        let next_reserve_at_or_deadline = match (next_reserve_at, self.next_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let next = match (next_end, next_reserve_at_or_deadline) {
             (Some(a), Some(b)) => a.min(b),
             (Some(a), None) => a,
             (None, Some(b)) => b,
@@ -525,7 +548,14 @@ enum Promise {
     InAGap,
     /// The scheduler does not reserve for it.
     Expected,
+    /// The scheduler reserves for it, but a gang ahead of it in its `fifo` queue has no bound
+    /// ([`BEHIND_IN_FIFO`]).
+    BehindInFifo,
 }
+
+/// Why a job the scheduler reserves for gets an expectation all the same in a `fifo` queue: it starts
+/// only after the gangs ahead of it there, and one of them has no bound.
+const BEHIND_IN_FIFO: &str = "it waits in a fifo queue behind a job whose start is not promised";
 
 /// The one-line basis of an estimate: the gang is placed at `placed` and told `start` (the start
 /// margin later).
@@ -539,9 +569,15 @@ fn basis(
 ) -> String {
     let bound = promise == Promise::Bound;
     let backfill = promise == Promise::InAGap;
+    let why_not = match promise {
+        Promise::InAGap => IN_A_GAP,
+        _ => BEHIND_IN_FIFO,
+    };
     if placed <= now {
         return match (start <= now, bound) {
-            _ if backfill => format!("its resources are free now, but {IN_A_GAP}"),
+            _ if backfill || promise == Promise::BehindInFifo => {
+                format!("its resources are free now, but {why_not}")
+            }
             (true, _) => "its resources are free now".to_owned(),
             (false, true) => format!(
                 "its resources are free now (by {start} at the latest: the time the scheduler takes to place it)"
@@ -558,13 +594,12 @@ fn basis(
     };
     if bound {
         format!(
-            "by {start} at the latest: {released} of {running} running jobs end by then at their time limits{ahead} \
-             (later only if a job of higher priority arrives or a node fails)"
+            "by {start} at the latest: {released} of {running} running jobs end by then at their time limits{ahead}{LATER_ONLY}"
         )
-    } else if backfill {
+    } else if backfill || promise == Promise::BehindInFifo {
         format!(
             "expected by {start}, not promised: {released} of {running} running jobs end by then at their time \
-             limits{ahead}, and {IN_A_GAP}"
+             limits{ahead}, and {why_not}"
         )
     } else {
         format!(
@@ -643,6 +678,7 @@ mod tests {
             reserved_from: None,
             inqueue: true,
             reserves: None,
+            gives_up_at: None,
         }
     }
 
@@ -789,6 +825,157 @@ mod tests {
             t(360),
             "after the job ahead, which takes the whole node"
         );
+    }
+
+    /// Every estimate's words follow its flag: a bound never reads "expected", an expectation never
+    /// "at the latest".
+    fn words_match(e: &[Estimate]) {
+        for e in e {
+            if let Estimate::At { bound, basis, .. } = e {
+                if *bound {
+                    assert!(!basis.contains("expected"), "a bound: {basis}");
+                } else {
+                    assert!(!basis.contains("at the latest"), "an expectation: {basis}");
+                }
+            }
+        }
+    }
+
+    /// A fifo queue whose head can never fit blocks it until the runner fails the head at its
+    /// `queue_timeout`: the small job behind it starts then (with the margin), told a bound, and the
+    /// head is told when it fails. Without the deadline the small job waits for good.
+    #[test]
+    fn a_fifo_queue_moves_on_at_its_heads_queue_timeout_and_the_job_behind_is_told_a_bound() {
+        let fifo = |p: Pending| Pending {
+            fifo: true,
+            reserved_from: Some(t(-60)),
+            ..p
+        };
+        let mut jobs = vec![
+            fifo(pending("head", 3, res(16, 0), 600)),
+            fifo(pending("small", 1, res(2, 0), 600)),
+        ];
+        let e = replay_with(
+            &nodes(2, 16, 0),
+            &[],
+            &jobs,
+            &Maintenance::default(),
+            SignedDuration::from_secs(10),
+            t(0),
+        )
+        .estimates;
+        assert!(matches!(e[0], Estimate::Never { .. }), "{e:?}");
+        assert!(matches!(e[1], Estimate::Unbounded { .. }), "{e:?}");
+        jobs[0].gives_up_at = Some(t(300));
+        jobs[1].gives_up_at = Some(t(3600));
+        let e = replay_with(
+            &nodes(2, 16, 0),
+            &[],
+            &jobs,
+            &Maintenance::default(),
+            SignedDuration::from_secs(10),
+            t(0),
+        )
+        .estimates;
+        assert!(matches!(e[0], Estimate::Never { .. }), "{e:?}");
+        let Estimate::At { start, bound, .. } = &e[1] else {
+            panic!("{e:?}")
+        };
+        assert_eq!(*start, t(310));
+        assert!(bound, "the head can never start before it is failed: {e:?}");
+        words_match(&e);
+    }
+
+    /// A job the replay starts only after its `queue_timeout` is told when it fails, never a start
+    /// after that; and a job behind one that leaves that way in a fifo queue is told no bound (the one
+    /// ahead could start early and hold what it was promised).
+    #[test]
+    fn a_job_that_times_out_first_is_told_so_and_nothing_behind_it_in_fifo_is_promised() {
+        let running = [Running {
+            ranks: vec![(0, res(16, 0))],
+            ends_by: Some(t(1000)),
+        }];
+        let fifo = |p: Pending| Pending {
+            fifo: true,
+            reserved_from: Some(t(-60)),
+            ..p
+        };
+        let mut jobs = vec![
+            fifo(pending("ahead", 1, res(16, 0), 600)),
+            fifo(pending("behind", 1, res(2, 0), 600)),
+        ];
+        jobs[0].gives_up_at = Some(t(500));
+        let e = estimate(&nodes(1, 16, 0), &running, &jobs, t(0));
+        let Estimate::TimesOut { at, why } = &e[0] else {
+            panic!("{e:?}")
+        };
+        assert_eq!(*at, t(500));
+        assert!(why.contains("queue_timeout"), "{why}");
+        let Estimate::At {
+            start,
+            bound,
+            basis,
+            ..
+        } = &e[1]
+        else {
+            panic!("{e:?}")
+        };
+        assert_eq!(*start, t(1000), "after the running job, the one ahead gone");
+        assert!(!bound, "{basis}");
+        assert!(basis.contains("fifo queue"), "{basis}");
+        words_match(&e);
+        // Placed at its deadline: the margin would start it after its failure.
+        jobs[0].gives_up_at = Some(t(1005));
+        let e = replay_with(
+            &nodes(1, 16, 0),
+            &running,
+            &jobs[..1],
+            &Maintenance::default(),
+            SignedDuration::from_secs(10),
+            t(0),
+        )
+        .estimates;
+        assert!(matches!(e[0], Estimate::TimesOut { .. }), "{e:?}");
+    }
+
+    /// In a fifo queue, a job behind a gang told only an expectation is told one too, in words that
+    /// say so; behind gangs told bounds it keeps its own.
+    #[test]
+    fn in_a_fifo_queue_a_bound_holds_only_behind_bounds() {
+        let running = [Running {
+            ranks: vec![(0, res(8, 0))],
+            ends_by: Some(t(300)),
+        }];
+        let fifo = |p: Pending, sla: bool| Pending {
+            fifo: true,
+            reserved_from: sla.then(|| t(-60)),
+            ..p
+        };
+        // Ahead, a gang of two ranks without reserved nodes: an expectation (smaller jobs of other
+        // queues can keep filling what it waits for).
+        let jobs = [
+            fifo(pending("first", 2, res(8, 0), 100), true),
+            fifo(pending("second", 1, res(8, 0), 100), true),
+        ];
+        let e = estimate(&nodes(1, 16, 0), &running, &jobs, t(0));
+        words_match(&e);
+        let told = |e: &Estimate| match e {
+            Estimate::At { bound, .. } => *bound,
+            other => panic!("{other:?}"),
+        };
+        assert!(
+            !told(&e[0]),
+            "a gang without reserved nodes: an expectation"
+        );
+        assert_eq!(start(&e[1]), t(400), "after the gang: {e:?}");
+        assert!(!told(&e[1]), "behind an expectation in fifo: {e:?}");
+        let jobs = [
+            fifo(pending("first", 1, res(8, 0), 100), true),
+            fifo(pending("second", 1, res(8, 0), 100), true),
+        ];
+        let e = estimate(&nodes(1, 16, 0), &running, &jobs, t(0));
+        assert!(told(&e[0]) && told(&e[1]), "{e:?}");
+        words_match(&e);
     }
 
     #[test]

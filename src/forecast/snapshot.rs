@@ -102,6 +102,11 @@ pub struct Pending {
     /// waiting time it is given the nodes that first have room for its ranks, and nothing else is
     /// placed on them until it starts. `None`: nodes are not reserved for it.
     pub reserves: Option<String>,
+    /// When the runner fails it if it has not started by then (its job's creation plus `[monitor]
+    /// queue_timeout`). The replay takes it out of the queue at that instant (a `fifo` queue behind it
+    /// moves on), and a gang the replay would start later is told that it will be failed, never a start
+    /// after its failure. `None`: no such deadline.
+    pub gives_up_at: Option<Timestamp>,
 }
 
 impl Pending {

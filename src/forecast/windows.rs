@@ -195,6 +195,7 @@ mod tests {
             reserved_from: None,
             inqueue: true,
             reserves: None,
+            gives_up_at: None,
         }
     }
 

@@ -528,6 +528,10 @@ pub struct Cache {
     proportion: bool,
     /// `[monitor] start_margin` (see [`Cache::with_start_margin`]).
     start_margin: jiff::SignedDuration,
+    /// The Volcano Queues whose `dequeueStrategy` is `fifo` (see [`Cache::set_fifo_queues`]).
+    fifo_queues: BTreeSet<String>,
+    /// `[monitor] queue_timeout` (see [`Cache::with_queue_timeout`]).
+    queue_timeout: Option<jiff::SignedDuration>,
     /// What the last [`Cache::estimate_starts`] found for the node reservations.
     reservations: Reservations,
 }
@@ -635,6 +639,18 @@ impl Cache {
     pub fn with_start_margin(mut self, start_margin: jiff::SignedDuration) -> Self {
         self.start_margin = start_margin;
         self
+    }
+
+    /// The runner fails a job that has not started this long after its creation (`[monitor]
+    /// queue_timeout`): the replay takes it out of its queue then ([`forecast::Pending::gives_up_at`]).
+    pub fn with_queue_timeout(mut self, queue_timeout: Option<jiff::SignedDuration>) -> Self {
+        self.queue_timeout = queue_timeout;
+        self
+    }
+
+    /// The Queues that are `fifo` now (from the monitor's Queue watch): the replay keeps their order.
+    pub fn set_fifo_queues(&mut self, fifo: BTreeSet<String>) {
+        self.fifo_queues = fifo;
     }
 
     /// The node reservations the last [`Cache::estimate_starts`] found.
@@ -1177,6 +1193,7 @@ impl Cache {
                 Estimate::At { start, .. } => start.as_second(),
                 Estimate::Never { .. } => i64::MIN,
                 Estimate::Unbounded { .. } => i64::MIN + 1,
+                Estimate::TimesOut { .. } => i64::MIN + 2,
             }),
         }
     }
@@ -1436,12 +1453,10 @@ impl Cache {
                 if inputs::booked_later(job, keys, now) {
                     return None;
                 }
-                // The monitor does not watch Queues: every queue is taken as Volcano's default
-                // (`traverse`), which lets later jobs start in gaps.
-                Some((
-                    (*g).clone(),
-                    inputs::pending_gang(pg, job, keys, false, self.reserve_nodes),
-                ))
+                let fifo = self.fifo_queues.contains(&observe::queue_of(pg));
+                let mut gang = inputs::pending_gang(pg, job, keys, fifo, self.reserve_nodes);
+                gang.gives_up_at = inputs::gives_up_at(job, self.queue_timeout);
+                Some(((*g).clone(), gang))
             })
             .collect();
         pending.into_iter().unzip()

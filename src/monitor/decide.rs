@@ -1197,7 +1197,9 @@ fn status_event(
     now: Timestamp,
 ) -> Step {
     let Seen { facts, record, .. } = seen;
-    let plain = events::status_hash(None, reason.reason, &reason.text);
+    // What the job is told again for: the reason's category, not its counts and wording.
+    let category = super::telling::reason_category(reason.reason, &reason.text);
+    let plain = events::status_hash(None, reason.reason, &category);
     let (previous, last_plain, last_estimate) = last_told(record);
     // An estimate not known right now (the nodes not yet seen) leaves what was told standing.
     let estimate = obs
@@ -1813,11 +1815,13 @@ fn estimate_token(e: &Estimate) -> String {
         Estimate::At { start, .. } => format!("at:{}", start.as_millisecond()),
         Estimate::Never { .. } => "never".to_owned(),
         Estimate::Unbounded { .. } => "unbounded".to_owned(),
+        Estimate::TimesOut { at, .. } => format!("fails:{}", at.as_millisecond()),
     }
 }
 
-/// A told estimate as persisted: `at:<epoch ms>[:<times told>]` or `by:...` (an estimate told before
-/// the count was kept counts as told once). `None`: `never`, `unbounded` or nothing.
+/// A told estimate as persisted: `at:<epoch ms>[:<times told>[:b]]` or `by:...` (an estimate told
+/// before the count was kept counts as told once; `b`: a bound was told before it). `None`: `never`,
+/// `unbounded`, `fails:...` or nothing.
 fn told_estimate(token: &str) -> Option<super::telling::Told> {
     let mut parts = token.split(':');
     let bound = match parts.next()? {
@@ -1827,10 +1831,12 @@ fn told_estimate(token: &str) -> Option<super::telling::Told> {
     };
     let start = Timestamp::from_millisecond(parts.next()?.parse::<i64>().ok()?).ok()?;
     let times = parts.next().map_or(Some(1), |n| n.parse::<u32>().ok())?;
+    let was_bound = parts.next() == Some("b");
     Some(super::telling::Told {
         start,
         bound,
         times,
+        was_bound,
     })
 }
 
@@ -1841,8 +1847,13 @@ fn count_told(last: &str, fresh: &str) -> String {
     if told_estimate(fresh).is_none() {
         return fresh.to_owned();
     }
-    let times = told_estimate(last).map_or(1, |t| t.times.saturating_add(1));
-    format!("{fresh}:{times}")
+    let last = told_estimate(last);
+    let times = last.map_or(1, |t| t.times.saturating_add(1));
+    if last.is_some_and(|t| t.bound || t.was_bound) {
+        format!("{fresh}:{times}:b")
+    } else {
+        format!("{fresh}:{times}")
+    }
 }
 
 /// Whether the estimate changed enough to tell ([`super::telling::tell_again`]: a bound
@@ -1879,7 +1890,9 @@ fn tell_estimate(details: &mut crate::messages::v1::PendingDetails, e: &Estimate
             details.never_fits = true;
             details.estimate_basis = why.clone();
         }
-        Estimate::Unbounded { why } => details.estimate_basis = why.clone(),
+        Estimate::Unbounded { why } | Estimate::TimesOut { why, .. } => {
+            details.estimate_basis = why.clone();
+        }
     }
 }
 
@@ -2466,8 +2479,13 @@ mod tests {
         );
         assert_eq!(
             count_told(&at("by", 600), &at("at", 700)),
-            times(at("at", 700), 2),
-            "a token persisted before the count was kept counts as told once"
+            format!("{}:b", times(at("at", 700), 2)),
+            "a token persisted before the count was kept counts as told once; a bound was told"
+        );
+        assert_eq!(
+            count_told(&format!("{}:b", times(at("at", 700), 2)), &at("at", 800)),
+            format!("{}:b", times(at("at", 800), 3)),
+            "that a bound was told is kept"
         );
         assert_eq!(count_told(&times(at("at", 600), 3), "never"), "never");
         assert_eq!(count_told("never", &at("by", 600)), times(at("by", 600), 1));
@@ -2638,12 +2656,24 @@ mod tests {
         now: Timestamp,
         world: &mut World,
     ) {
+        drive_seen(s, job, (pods, None, None), estimate, now, world);
+    }
+
+    /// [`drive_with`] with the job's PodGroup and its place in its queue.
+    fn drive_seen(
+        s: &Settings,
+        job: &mut VolcanoJob,
+        (pods, podgroup, jobs_ahead): (&[Pod], Option<&PodGroup>, Option<u32>),
+        estimate: Option<&Estimate>,
+        now: Timestamp,
+        world: &mut World,
+    ) {
         for _ in 0..20 {
             let obs = Observed {
                 job,
                 pods,
-                podgroup: None,
-                jobs_ahead: None,
+                podgroup,
+                jobs_ahead,
                 estimate,
                 estimate_pending: false,
                 disruption: None,
@@ -3471,6 +3501,109 @@ mod tests {
         assert_eq!(lifecycle(&world)[0].event_id, "4817/QUEUED");
         let first = lifecycle(&world)[1].event_id.clone();
         assert!(first.starts_with("4817/status/"), "{first}");
+    }
+
+    /// Told calmly: the jobs ahead and the scheduler's shortfall text change while the estimate stays:
+    /// no event. A bound withdrawn (jobs of another queue arrived) is told, in an expectation's words;
+    /// the bound that comes back at the same time is not told again (no flip-flopping).
+    #[test]
+    fn a_wiggling_reason_is_no_news_and_a_withdrawn_bound_reads_as_an_expectation() {
+        use crate::volcano::{PodGroupCondition, PodGroupPhase, PodGroupStatus};
+        let s = settings(|_| {});
+        let mut job = job(&s);
+        queued_recorded(&mut job, &s);
+        let mut world = World::default();
+        let group = |short: &str| {
+            let mut pg = PodGroup::default();
+            pg.spec.queue = Some("default".into());
+            pg.status = Some(PodGroupStatus {
+                phase: Some(PodGroupPhase::Pending),
+                conditions: vec![PodGroupCondition {
+                    type_: "Unschedulable".into(),
+                    status: "True".into(),
+                    message: Some(format!(
+                        "1/1 tasks in gang unschedulable: pod group is not ready, 1 Pending, 1 \
+                         minAvailable; Pending: 1 Unschedulable. Origin reason is j-job-0: 0/3 \
+                         nodes are unavailable: {short}."
+                    )),
+                    last_transition_time: Some(Time(ts(1))),
+                    ..PodGroupCondition::default()
+                }],
+                ..PodGroupStatus::default()
+            });
+            pg
+        };
+        let both = group("3 Insufficient cpu, 3 Insufficient memory");
+        let memory = group("3 Insufficient memory");
+        let bound = Estimate::At {
+            start: ts(600),
+            basis: format!(
+                "by {} at the latest: 1 of 2 running jobs end by then at their time limits{}",
+                ts(600),
+                crate::forecast::answer::LATER_ONLY
+            ),
+            bound: true,
+            record: None,
+        };
+        let seen = |pg, ahead| (&[][..], Some(pg), Some(ahead));
+        drive_seen(
+            &s,
+            &mut job,
+            seen(&both, 3),
+            Some(&bound),
+            ts(5),
+            &mut world,
+        );
+        assert_eq!(lifecycle(&world).len(), 1, "the first status");
+        // The shortfall's wording flips, the jobs ahead count down, the estimate stays.
+        for (k, pg) in [&memory, &both, &memory, &both].into_iter().enumerate() {
+            let ahead = 2 - u32::try_from(k).unwrap().min(2);
+            drive_seen(
+                &s,
+                &mut job,
+                seen(pg, ahead),
+                Some(&bound),
+                ts(6 + k as i64),
+                &mut world,
+            );
+        }
+        assert_eq!(
+            lifecycle(&world).len(),
+            1,
+            "no news: {:?}",
+            lifecycle(&world)
+        );
+        // Jobs of a second queue: the bound is withdrawn, told at once, and worded as what it is.
+        let mut withdrawn = vec![bound.clone()];
+        crate::forecast::across_queues(&mut withdrawn, 2);
+        drive_seen(
+            &s,
+            &mut job,
+            seen(&memory, 0),
+            Some(&withdrawn[0]),
+            ts(20),
+            &mut world,
+        );
+        let told = lifecycle(&world);
+        assert_eq!(told.len(), 2);
+        let pending = told[1].pending.clone().unwrap();
+        assert!(!pending.estimate_is_bound);
+        assert!(
+            pending.estimate_basis.starts_with("expected by ")
+                && !pending.estimate_basis.contains("at the latest"),
+            "{}",
+            pending.estimate_basis
+        );
+        // The other queue's jobs are gone a moment later: the same bound again is not told.
+        drive_seen(
+            &s,
+            &mut job,
+            seen(&memory, 0),
+            Some(&bound),
+            ts(21),
+            &mut world,
+        );
+        assert_eq!(lifecycle(&world).len(), 2, "no flip-flop");
     }
 
     /// A waiting job is told its estimated start with its status, again only when the estimate moves

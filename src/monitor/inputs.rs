@@ -134,6 +134,12 @@ impl From<&Estimate> for EstimateView {
                 bound: false,
                 basis: why.clone(),
             },
+            Estimate::TimesOut { why, .. } => Self {
+                kind: "timesOut",
+                start_at: None,
+                bound: false,
+                basis: why.clone(),
+            },
         }
     }
 }
@@ -745,7 +751,18 @@ pub fn pending_gang(
         runs_for: job
             .and_then(|j| millis_annotation(j, &keys.max_time))
             .map(SignedDuration::from_millis),
+        gives_up_at: None,
     }
+}
+
+/// When the runner fails a job of its own that has not started (`[monitor] queue_timeout` after its
+/// creation, as `decide` counts it): `None` without a timeout or for a PodGroup of another workload.
+pub fn gives_up_at(
+    job: Option<&VolcanoJob>,
+    queue_timeout: Option<SignedDuration>,
+) -> Option<Timestamp> {
+    let created = job?.metadata.creation_timestamp.as_ref()?.0;
+    created.checked_add(queue_timeout?).ok()
 }
 
 /// The annotation Volcano's `sla` plugin reads (on the PodGroup, where the job controller copies the

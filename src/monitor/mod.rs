@@ -39,6 +39,7 @@ pub mod maintenance;
 pub mod observe;
 pub mod peers;
 pub mod queued;
+pub mod queues;
 pub mod record;
 pub mod reserve;
 pub mod run;

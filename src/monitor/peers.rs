@@ -120,7 +120,7 @@ pub fn gated_estimate(
     use crate::forecast::Estimate;
     let peer = waiting_for(peers)?;
     match estimate? {
-        Estimate::Never { .. } => None,
+        Estimate::Never { .. } | Estimate::TimesOut { .. } => None,
         Estimate::At { .. } | Estimate::Unbounded { .. } => Some(Estimate::Unbounded {
             why: format!(
                 "it waits for its peer {} to start: it starts only once its peer runs, whatever is free",

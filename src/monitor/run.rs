@@ -42,7 +42,7 @@ use super::execute::{Executor, Handled};
 use super::timers::{Backoff, Deadlines, ESTIMATE_EVERY};
 use super::verify::{self, Listed, Suspect};
 use crate::forecast::Node;
-use crate::volcano::{LABEL_JOB_NAME, PodGroup, VolcanoJob};
+use crate::volcano::{LABEL_JOB_NAME, PodGroup, Queue, VolcanoJob};
 
 /// How long a difference between the API and the cache may stay unexplained before the watch of that
 /// kind is taken to have missed it. A healthy watch delivers a change within milliseconds; this leaves
@@ -86,6 +86,8 @@ enum Awaited {
     Metadata,
     /// The first list of nodes (the start-time estimates), awaited by the first pass only.
     Nodes,
+    /// The first list of Queues (which are `fifo`), likewise.
+    Queues,
 }
 
 /// A pass in progress.
@@ -125,6 +127,8 @@ struct Loop {
     nodes: std::collections::BTreeMap<String, Node>,
     /// The nodes of a full list in progress.
     nodes_listing: Option<std::collections::BTreeMap<String, Node>>,
+    /// The `fifo` Queues (from their own watch), for the start-time estimates.
+    fifo_queues: super::queues::FifoQueues,
     /// Something changed since the start-time estimates were made, and when they were.
     estimates_stale: bool,
     /// In the clock's time and in real time: due when either has moved on by [`ESTIMATE_EVERY`], so a
@@ -236,6 +240,14 @@ impl Watches {
             .boxed()
     }
 
+    /// The Volcano Queues, for which of them are `fifo` (a handful of objects).
+    fn queues(&self) -> Watch<Queue> {
+        let api: Api<Queue> = Api::all(self.client.clone());
+        watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed()
+    }
+
     /// The metadata lists of a reconciliation. One kind after another, not the three at once: a pass
     /// holds one page in memory instead of three, and its CPU is the same (the pass is not urgent; the
     /// watches are what react).
@@ -270,6 +282,9 @@ struct Streams {
     nodes: Watch<WatchedNode>,
     /// The node watch ended for good (this runner may not watch nodes).
     nodes_forbidden: bool,
+    queues: Watch<Queue>,
+    /// Likewise for the Queue watch.
+    queues_forbidden: bool,
 }
 
 impl Streams {
@@ -280,6 +295,8 @@ impl Streams {
             groups: watches.groups(),
             nodes: watches.nodes(),
             nodes_forbidden: false,
+            queues: watches.queues(),
+            queues_forbidden: false,
         }
     }
 
@@ -474,6 +491,9 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
             item = streams.nodes.next(), if !streams.nodes_forbidden => {
                 streams.nodes_forbidden = state.on_node_watch(item);
             }
+            item = streams.queues.next(), if !streams.queues_forbidden => {
+                streams.queues_forbidden = state.on_queue_watch(item);
+            }
             () = sleep(wake) => state.fire(clock.now(), Instant::now()),
             _ = resync.tick() => if let Some(lists) = state.resync(&watches) {
                 verifying = Some(lists);
@@ -601,7 +621,8 @@ impl Loop {
                 .with_peers_key(exec.settings.keys.peers.clone())
                 .with_reserve_nodes(mc.reserve_nodes)
                 .with_proportion(mc.proportion)
-                .with_start_margin(exec.settings.start_margin),
+                .with_start_margin(exec.settings.start_margin)
+                .with_queue_timeout(exec.settings.queue_timeout),
             ready: VecDeque::new(),
             queued: FastSet::default(),
             busy: FastSet::default(),
@@ -618,6 +639,7 @@ impl Loop {
             suspects_due: None,
             nodes: Default::default(),
             nodes_listing: None,
+            fifo_queues: Default::default(),
             estimates_stale: true,
             estimated_at: None,
             listing_shards: Default::default(),
@@ -634,6 +656,7 @@ impl Loop {
         state.begin_pass(&ALL_KINDS);
         if let Some(pass) = &mut state.pass {
             pass.lists_pending.insert(Awaited::Nodes);
+            pass.lists_pending.insert(Awaited::Queues);
         }
         state
     }
@@ -660,6 +683,37 @@ impl Loop {
             .taints_refused
             .store(true, std::sync::atomic::Ordering::Relaxed);
         self.list_done(Awaited::Nodes);
+        true
+    }
+
+    /// An item of the Queue watch. Returns whether the watch is over for good: this runner may not
+    /// watch Queues (then every queue is taken as `traverse`, and a bound told in a `fifo` queue can
+    /// break: it says so once).
+    fn on_queue_watch(&mut self, item: Option<Result<Event<Queue>, watcher::Error>>) -> bool {
+        match item {
+            Some(Ok(event)) => {
+                match self.fifo_queues.on_event(event) {
+                    super::queues::Seen::Same => {}
+                    seen => {
+                        self.cache.set_fifo_queues(self.fifo_queues.names().clone());
+                        self.estimates_stale = true;
+                        if seen == super::queues::Seen::Listed {
+                            self.list_done(Awaited::Queues);
+                        }
+                    }
+                }
+                return false;
+            }
+            Some(Err(e)) if forbidden(&e) => {
+                tracing::warn!(error = %e, "This runner may not list and watch Volcano Queues: every queue is taken as traverse, and estimates told in a fifo queue can be early. Grant list and watch on queues to its ClusterRole (deploy/base/clusterrole.yaml does).");
+            }
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "The Queue watch failed; it restarts by itself.");
+                return false;
+            }
+            None => {}
+        }
+        self.list_done(Awaited::Queues);
         true
     }
 

@@ -21,13 +21,28 @@ pub fn telling_tolerance(distance: SignedDuration, floor: SignedDuration) -> Sig
     grown.max(floor)
 }
 
-/// What a waiting job was last told: the estimated start, whether it was a bound, and how many
-/// estimate events it has heard while it waits (that one included).
+/// What a waiting job was last told: the estimated start, whether it was a bound, how many
+/// estimate events it has heard while it waits (that one included), and whether one before it was a
+/// bound (so a bound withdrawn once comes back only with news: no flip-flopping).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Told {
     pub start: Timestamp,
     pub bound: bool,
     pub times: u32,
+    pub was_bound: bool,
+}
+
+impl Told {
+    /// What a job was told after hearing `start` (a bound or not) when it was told `before` (`None`:
+    /// nothing yet): the count goes up, and that a bound was told is kept.
+    pub fn after(before: Option<Told>, start: Timestamp, bound: bool) -> Told {
+        Told {
+            start,
+            bound,
+            times: before.map_or(1, |b| b.times.saturating_add(1)),
+            was_bound: before.is_some_and(|b| b.bound || b.was_bound),
+        }
+    }
 }
 
 /// The most times the telling tolerance is doubled (from the seventh event on: 64 times, an hour for a
@@ -37,8 +52,11 @@ const MAX_DOUBLINGS: u32 = 6;
 /// Whether a job that was last `told` should hear the fresh estimate (`start`, a bound or not), at
 /// `now`. The tolerance is [`telling_tolerance`] of the distance to the fresh start, doubled for every
 /// estimate the job has heard after the first, so that a job hears a handful of them while it waits:
-/// - a kind changed: a bound become an expectation (the promise is withdrawn) or the reverse (it may
-///   now count on it), even at the same time;
+/// - a kind changed: a bound become an expectation (the promise is withdrawn: told at once, or the
+///   bound could break untold) or the reverse (it may now count on it), even at the same time; but a
+///   job told a bound before, then an expectation, hears a bound again only with a start it would be
+///   told anyway (hysteresis: a promise that comes and goes with each replay is no promise, and each
+///   withdrawal costs an event);
 /// - a bound moved later by more than [`LATER_SLACK`]: the promise no longer holds, and the person
 ///   must know, however often told;
 /// - an expectation whose told start has gone by, when the fresh start is more than the (undoubled)
@@ -55,6 +73,9 @@ pub fn tell_again(
     floor: SignedDuration,
 ) -> bool {
     if told.bound != bound {
+        if bound && told.was_bound {
+            return tell_again(told, start, false, now, floor);
+        }
         return true;
     }
     if bound && start > told.start {
@@ -74,8 +95,50 @@ pub fn tell_again(
     start.duration_since(told.start).abs() > tolerance
 }
 
+/// What of a waiting job's reason it is told again for: its category, not a count or a wording that
+/// wiggles. For the scheduler's reasons (`unschedulable`, `queued`) that is the reason itself and what
+/// the monitor adds to it (a window that keeps it off nodes, that it can never start), not the jobs
+/// ahead in its queue (they move with every job that starts) nor the scheduler's shortfall text (it
+/// alternates between "16 vCPU and 64 GiB memory" and "64 GiB memory" as nodes free and fill). Those
+/// are told with the next event that is told for a reason; any other reason is told whenever its text
+/// changes (a peer named, an image pull's deadline).
+pub fn reason_category(reason: &str, text: &str) -> String {
+    if !matches!(reason, "unschedulable" | "queued") {
+        return text.to_owned();
+    }
+    text.split("; ")
+        .skip(1)
+        .filter(|part| !part.contains(" ahead in queue "))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_scheduler_reasons_counts_and_shortfall_wording_are_no_news() {
+        let a = "waiting for resources: 1 of 1 pod need 16 vCPU and 64 GiB memory each; 3 jobs ahead in queue q";
+        let b = "waiting for resources: 1 of 1 pod need 64 GiB memory each; at least 1 job ahead in queue q";
+        assert_eq!(
+            reason_category("unschedulable", a),
+            reason_category("unschedulable", b)
+        );
+        let kept_off = format!("{b}; kept off the nodes of the maintenance window w until 12:00");
+        assert_ne!(
+            reason_category("unschedulable", a),
+            reason_category("unschedulable", &kept_off),
+            "what the monitor adds is news"
+        );
+        assert_eq!(
+            reason_category("queued", "waiting in queue q; 2 jobs ahead in queue q"),
+            reason_category("queued", "waiting in queue q")
+        );
+        assert_ne!(
+            reason_category("waiting_for_peer", "The job waits for its peer a to start"),
+            reason_category("waiting_for_peer", "The job waits for its peer b to start")
+        );
+    }
+
     use super::*;
 
     fn t(s: i64) -> Timestamp {
@@ -98,6 +161,7 @@ mod tests {
             start: t(s),
             bound: true,
             times: 1,
+            was_bound: false,
         };
         let again = |told: Told, s: i64| tell_again(told, t(s), told.bound, t(0), minute);
         // Ten minutes away: two minutes earlier is news, thirty seconds is not.
@@ -126,6 +190,7 @@ mod tests {
             start: t(s),
             bound: false,
             times,
+            was_bound: false,
         };
         let again = |told: Told, s: i64| tell_again(told, t(s), false, t(0), minute);
         // The first told, ten minutes away: a minute either way is the tolerance.
@@ -155,5 +220,34 @@ mod tests {
             "its start is past and the new one far later"
         );
         assert!(!late(at(600, 8), 730), "a moment from now: noise");
+    }
+
+    #[test]
+    fn a_bound_withdrawn_once_comes_back_only_with_news() {
+        let minute = SignedDuration::from_secs(60);
+        let withdrawn = Told {
+            start: t(600),
+            bound: false,
+            times: 2,
+            was_bound: true,
+        };
+        // The same start, or a little earlier, as a bound again: not told (it would flip back and forth
+        // with each replay).
+        assert!(!tell_again(withdrawn, t(600), true, t(0), minute));
+        assert!(!tell_again(withdrawn, t(560), true, t(0), minute));
+        // Much earlier: news, told (as the bound it now is).
+        assert!(tell_again(withdrawn, t(200), true, t(0), minute));
+        // Never told a bound: a bound is told at once.
+        let never_bound = Told {
+            was_bound: false,
+            ..withdrawn
+        };
+        assert!(tell_again(never_bound, t(600), true, t(0), minute));
+        // A bound withdrawn is told at once, however often it came and went.
+        let bound = Told {
+            bound: true,
+            ..withdrawn
+        };
+        assert!(tell_again(bound, t(600), false, t(0), minute));
     }
 }

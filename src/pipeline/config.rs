@@ -267,6 +267,15 @@ pub struct SchedulingConfig {
     /// (docs/estimates.md). Every rank then also tolerates its own job's node reservation
     /// (`[monitor] reserve_nodes`). Unset: neither is written.
     pub sla_waiting_time: Option<SignedDuration>,
+    /// The Volcano queue interactive jobs (web, VNC and terminal applications) go to instead of the
+    /// others' (and of their project's): a `fifo` one, first come first served, so that with their own
+    /// waiting time each is told a start it can count on (docs/estimates.md, *Interactive jobs: a
+    /// promise by design*). Must exist and be Open. Unset: they go where the others go.
+    pub interactive_queue: Option<String>,
+    /// The `sla-waiting-time` of interactive jobs, in place of `sla_waiting_time` (`0s`: the `sla`
+    /// plugin tries them before every job without a waiting time from their creation on). Unset:
+    /// `sla_waiting_time`.
+    pub interactive_sla_waiting_time: Option<SignedDuration>,
     /// Tolerations every job pod gets (UCloud: `sducloud=apps:NoSchedule`).
     pub tolerations: Vec<TolerationConfig>,
     /// Node label that selects nodes by product category (UCloud: `ucloud.dk/machine`); none means no
@@ -288,6 +297,8 @@ impl Default for SchedulingConfig {
             on_pod_evicted: PolicyChoice::RestartJob,
             priority_class_name: None,
             sla_waiting_time: None,
+            interactive_queue: None,
+            interactive_sla_waiting_time: None,
             tolerations: Vec::new(),
             node_selector_label: None,
             node_selector_by_category: BTreeMap::new(),
@@ -740,6 +751,25 @@ impl PipelineConfig {
                 "scheduling.sla_waiting_time",
                 "must not be negative: it is how long a job waits before Volcano reserves for it"
                     .into(),
+            ));
+        }
+        if s.interactive_sla_waiting_time
+            .is_some_and(|d| d.is_negative())
+        {
+            return Err(invalid(
+                "scheduling.interactive_sla_waiting_time",
+                "must not be negative: it is how long an interactive job waits before Volcano \
+                 reserves for it"
+                    .into(),
+            ));
+        }
+        if s.interactive_queue
+            .as_deref()
+            .is_some_and(|q| !names::is_dns1123_subdomain(q))
+        {
+            return Err(invalid(
+                "scheduling.interactive_queue",
+                "must be a DNS subdomain".into(),
             ));
         }
         if s.scheduler_name.is_empty() || s.scheduler_name.len() > 63 {

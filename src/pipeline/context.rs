@@ -171,7 +171,7 @@ impl<'a> Context<'a> {
             job_id: &job.job_id,
             vcjob_name: names::vcjob_name(&job.job_id),
             replicas: job.replicas,
-            placement: placement(owner, pipeline),
+            placement: placement(owner, pipeline, interactive(app)),
             mounts,
             files,
             peers,
@@ -210,9 +210,20 @@ fn check_job_id(job_id: &str, replicas: u32) -> Result<(), PipelineError> {
     Ok(())
 }
 
+/// Whether the application is used interactively (web, VNC, terminal): its user waits at the screen
+/// for it, so it goes to `[pipeline.scheduling] interactive_queue` when that is set.
+pub fn interactive(app: &crate::messages::v1::Application) -> bool {
+    use crate::messages::v1::ApplicationType;
+    matches!(
+        ApplicationType::try_from(app.application_type),
+        Ok(ApplicationType::Web | ApplicationType::Vnc | ApplicationType::Terminal)
+    )
+}
+
 /// FairShare's placement: the owner's namespace in per-owner mode, the project's queue when per-project
-/// queues are on. With the FairShare plugin off, every job goes to `namespace.name` and the default queue.
-fn placement(owner: &Owner, pipeline: &PipelineConfig) -> Placement {
+/// queues are on, the interactive queue for an interactive job when there is one. With the FairShare
+/// plugin off, every job goes to `namespace.name` and the default queue (or the interactive one).
+fn placement(owner: &Owner, pipeline: &PipelineConfig, interactive: bool) -> Placement {
     let fair_share = pipeline.plugins.fair_share;
     let per_owner = fair_share && pipeline.namespace.mode == NamespaceMode::PerOwner;
     let namespace = if per_owner {
@@ -221,7 +232,13 @@ fn placement(owner: &Owner, pipeline: &PipelineConfig) -> Placement {
         pipeline.namespace.name.clone()
     };
     let project = owner.project.as_deref().filter(|p| !p.is_empty());
+    let interactive_queue = pipeline
+        .scheduling
+        .interactive_queue
+        .clone()
+        .filter(|_| interactive);
     let (queue, project_queue) = match project {
+        _ if interactive_queue.is_some() => (interactive_queue.unwrap_or_default(), false),
         Some(project) if fair_share && pipeline.scheduling.queue_per_project => (
             names::owner_scoped_name(&pipeline.namespace.prefix, OwnerKind::Project, project),
             true,

@@ -2154,3 +2154,38 @@ fn sla_waiting_time_is_written_as_volcanos_job_annotation() {
         "{refused}"
     );
 }
+
+/// `[pipeline.scheduling] interactive_queue` and `interactive_sla_waiting_time`: a web, VNC or terminal
+/// job goes to the interactive queue with its own waiting time; a batch job where it went, with
+/// everyone's (docs/estimates.md, "Interactive jobs: a promise by design").
+#[test]
+fn interactive_jobs_go_to_their_own_queue_with_their_own_waiting_time() {
+    use volcano_runner::messages::v1::ApplicationType;
+    let mut config = defaults();
+    config.pipeline.scheduling.interactive_queue = Some("live".into());
+    config.pipeline.scheduling.interactive_sla_waiting_time = Some(jiff::SignedDuration::ZERO);
+    config.pipeline.scheduling.sla_waiting_time = Some(jiff::SignedDuration::from_mins(30));
+    let mut job = case("case_01_names");
+    let everyones = config.pipeline.scheduling.queue.clone();
+    for (kind, queue, wait) in [
+        (ApplicationType::Web, "live", "0s"),
+        (ApplicationType::Vnc, "live", "0s"),
+        (ApplicationType::Terminal, "live", "0s"),
+        (ApplicationType::Batch, everyones.as_str(), "1800s"),
+    ] {
+        job.application.as_mut().unwrap().application_type = kind as i32;
+        let vc = vcjob_json(&render(&job, &config));
+        assert_eq!(vc["spec"]["queue"], queue, "{kind:?}");
+        assert_eq!(
+            vc["metadata"]["annotations"]["sla-waiting-time"], wait,
+            "{kind:?}"
+        );
+    }
+    let config: volcano_runner::config::Config =
+        toml::from_str("[pipeline.scheduling]\ninteractive_queue = \"Not A Queue\"").unwrap();
+    let refused = config.pipeline.validate().unwrap_err().to_string();
+    assert!(
+        refused.contains("pipeline.scheduling.interactive_queue"),
+        "{refused}"
+    );
+}

@@ -235,14 +235,7 @@ async fn run(seed: u64, sla: Option<&str>, reserve: bool, proportion: bool) -> O
                     tell_again(before, at, bound, now, SignedDuration::from_secs(60))
                 });
                 if tell {
-                    last_told.insert(
-                        name.clone(),
-                        Told {
-                            start: at,
-                            bound,
-                            times: before.map_or(1, |b| b.times + 1),
-                        },
-                    );
+                    last_told.insert(name.clone(), Told::after(before, at, bound));
                     *tells.entry(name.clone()).or_default() += 1;
                     told.push((name, at_s, bound, second));
                 }

@@ -314,16 +314,7 @@ async fn run(seed: u64) -> Outcome {
     // What the monitor would have told each job last, how often, and every estimate it told.
     let mut last_told: BTreeMap<String, Told> = promised
         .iter()
-        .map(|(n, at)| {
-            (
-                n.clone(),
-                Told {
-                    start: *at,
-                    bound: false,
-                    times: 1,
-                },
-            )
-        })
+        .map(|(n, at)| (n.clone(), Told::after(None, *at, false)))
         .collect();
     let mut tells: BTreeMap<String, i64> = last_told.keys().map(|n| (n.clone(), 1)).collect();
     let mut told = promised.clone();
@@ -359,14 +350,7 @@ async fn run(seed: u64) -> Outcome {
                     tell_again(before, at, false, now, SignedDuration::from_secs(60))
                 });
                 if tell {
-                    last_told.insert(
-                        name.clone(),
-                        Told {
-                            start: at,
-                            bound: false,
-                            times: before.map_or(1, |b| b.times + 1),
-                        },
-                    );
+                    last_told.insert(name.clone(), Told::after(before, at, false));
                     *tells.entry(name.clone()).or_default() += 1;
                     told.push((name.clone(), at));
                 }

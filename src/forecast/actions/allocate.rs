@@ -83,6 +83,7 @@ impl<'a> Session<'a> {
         self.placed_now = false;
         self.locked_total = Resources::default();
         self.misses = 0;
+        self.give_up_due();
         for k in 0..self.order.len() {
             let (overdue, _, i) = self.order[k];
             if !self.try_gang(overdue, i) {
@@ -95,8 +96,12 @@ impl<'a> Session<'a> {
         }
         if self.placed_now && self.stale * 2 > self.order.len() {
             let out = &self.out;
-            self.order
-                .retain(|&(_, _, i)| !matches!(out[i], Some(Estimate::At { .. })));
+            self.order.retain(|&(_, _, i)| {
+                !matches!(
+                    out[i],
+                    Some(Estimate::At { .. } | Estimate::TimesOut { .. })
+                )
+            });
             self.stale = 0;
         }
     }
@@ -122,7 +127,11 @@ impl<'a> Session<'a> {
     fn try_gang(&mut self, overdue: u8, i: usize) -> bool {
         let pending: &'a [Pending] = self.pending;
         let job = &pending[i];
-        if matches!(self.out[i], Some(Estimate::At { .. })) {
+        if matches!(
+            self.out[i],
+            Some(Estimate::At { .. } | Estimate::TimesOut { .. })
+        ) || self.gone[i]
+        {
             return true;
         }
         let deep = overdue != 0 && self.misses >= BACKFILL_DEPTH;
@@ -313,6 +322,9 @@ impl<'a> Session<'a> {
         admitted.memory_mib = admitted.memory_mib.saturating_sub(minimum.memory_mib);
         admitted.gpu = admitted.gpu.saturating_sub(minimum.gpu);
         let (basis, bound, starts) = self.tell(i, holds, &placement, off);
+        if job.fifo && !bound {
+            self.fifo_unbound.insert(job.queue.as_str());
+        }
         if job.reserves.is_some() {
             for r in self.reserved.iter_mut().filter(|g| **g == Some(i)) {
                 *r = None;
@@ -326,11 +338,16 @@ impl<'a> Session<'a> {
         for (node, _) in &placement {
             self.busy_until[*node] = self.busy_until[*node].max(end.unwrap_or(Timestamp::MAX));
         }
-        self.out[i] = Some(Estimate::At {
-            start: starts,
-            basis,
-            bound,
-            record: None,
+        // Placed, but its pods would start after the runner fails it: told when it fails. (It still
+        // holds what it was placed on: the scheduler may bind it before the failure.)
+        self.out[i] = Some(match job.gives_up_at {
+            Some(at) if starts > at => crate::forecast::timeout::times_out(at, Some(starts)),
+            _ => Estimate::At {
+                start: starts,
+                basis,
+                bound,
+                record: None,
+            },
         });
         self.started += 1;
         match end {

@@ -1,6 +1,6 @@
 //! Volcano's `proportion` plugin: the queues' shares, and what they do to a bound.
 
-use crate::forecast::answer::Estimate;
+use crate::forecast::answer::{Estimate, as_expectation};
 
 /// Under Volcano's `proportion` plugin the scheduler serves the queue with the lowest share first and
 /// skips an overused one, so the replay's one order over all queues holds only while one queue has jobs
@@ -16,6 +16,7 @@ pub fn across_queues(estimates: &mut [Estimate], queues_in_use: usize) {
             && *bound
         {
             *bound = false;
+            *basis = as_expectation(basis);
             basis.push_str(&format!(
                 "; jobs of {queues_in_use} queues wait or run, and Volcano's proportion plugin may serve another queue first"
             ));

@@ -86,7 +86,7 @@ fn gang(cx: &Context<'_>, draft: &mut Draft) -> Result<(), PipelineError> {
     spec.queue = Some(cx.placement.queue.clone());
     spec.max_retry = Some(scheduling.max_retry);
     spec.priority_class_name = scheduling.priority_class_name.clone();
-    if let Some(wait) = scheduling.sla_waiting_time {
+    if let Some(wait) = sla_waiting_time(cx) {
         // A Go duration, as the `sla` plugin parses it.
         draft.meta.annotations.get_or_insert_default().insert(
             SLA_WAITING_TIME.to_owned(),
@@ -206,7 +206,7 @@ fn placement(cx: &Context<'_>, draft: &mut Draft) -> Result<(), PipelineError> {
                 .collect(),
         );
     }
-    if cx.job.exclusive_nodes || scheduling.sla_waiting_time.is_some() {
+    if cx.job.exclusive_nodes || sla_waiting_time(cx).is_some() {
         // The monitor may reserve nodes for this gang (`[monitor] reserve_nodes`) by tainting them
         // `<prefix>reserved=<jobId>:NoSchedule`: its ranks tolerate their own job's reservation
         // only, so no other job lands on a node reserved for this one.
@@ -279,6 +279,15 @@ pub fn reservation_toleration(keys: &AnnotationKeys, job_id: &str) -> Toleration
 /// The job annotation Volcano's `sla` scheduler plugin reads: how long the job may wait before the
 /// scheduler reserves for it.
 pub const SLA_WAITING_TIME: &str = "sla-waiting-time";
+
+/// The job's `sla-waiting-time`: an interactive job's own when one is set, else every job's.
+fn sla_waiting_time(cx: &Context<'_>) -> Option<jiff::SignedDuration> {
+    let scheduling = &cx.pipeline().scheduling;
+    scheduling
+        .interactive_sla_waiting_time
+        .filter(|_| crate::pipeline::context::interactive(cx.app))
+        .or(scheduling.sla_waiting_time)
+}
 
 /// The node label every kubelet sets to the node's name.
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";

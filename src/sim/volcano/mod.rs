@@ -554,6 +554,14 @@ impl Model {
         if phase != "Inqueue" {
             self.inqueue.remove(&r.key);
         }
+        // A gang whose job ended without running (failed by its runner, terminated, aborted): it no
+        // longer waits, and what waits behind it in a fifo queue is tried at once, in a full pass.
+        if !matches!(phase, "Pending" | "Inqueue" | "Running")
+            && self.group_order.contains_key(&r.key)
+        {
+            self.forget_group(&r.key);
+            self.epoch += 1;
+        }
         let phase_changed = r
             .prev
             .as_ref()

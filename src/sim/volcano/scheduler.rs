@@ -307,6 +307,9 @@ impl Model {
             .to_string();
         match phase.as_str() {
             "Pending" => self.enqueue(core, s, seq, gkey, queue, pg),
+            // Volcano's fifo blocks the queue for the rest of the session: an admitted gang behind a
+            // waiting one does not start either.
+            "Inqueue" | "Running" if fifo && s.blocked.contains(&queue) => {}
             // The allocate action skips a queue that holds what it deserves (proportion).
             "Inqueue" | "Running" if s.shares.get(&queue).is_some_and(QueueShare::overused) => {
                 if fifo {
