@@ -470,19 +470,8 @@ impl Executor {
     /// Whether the job `last` (by name and uid) is still in the cluster, and if so whether its end is
     /// recorded (`Some(true)`); `None` when it is gone (or another job took its name).
     async fn still_there(&self, last: &VolcanoJob) -> Result<Option<bool>, ClusterError> {
-        let (ns, name) = names(last);
-        let api = self.jobs(ns);
-        let op = format!("get jobs.batch.volcano.sh {ns}/{name}");
-        let got = self
-            .retry
-            .run(&op, || async {
-                api.get(name).await.classify(|| op.clone())
-            })
-            .await;
-        let job = match got {
-            Ok(w) => w.into_job(),
-            Err(e) if e.is_not_found() => return Ok(None),
-            Err(e) => return Err(e),
+        let Some(job) = self.read_job(last).await? else {
+            return Ok(None);
         };
         if job.metadata.uid != last.metadata.uid {
             return Ok(None);
@@ -1088,6 +1077,16 @@ impl Executor {
         &self,
         job: &VolcanoJob,
     ) -> Result<Option<(Arc<VolcanoJob>, Arc<Vec<Pod>>)>, HandleError> {
+        let Some(job) = self.read_job(job).await? else {
+            return Ok(None);
+        };
+        let job = Arc::new(job);
+        let pods = self.fresh_pods(&job).await?;
+        Ok(Some((job, pods)))
+    }
+
+    /// The job by its name as the API has it now (retried); `None`: no job of that name.
+    async fn read_job(&self, job: &VolcanoJob) -> Result<Option<VolcanoJob>, ClusterError> {
         let (ns, name) = names(job);
         let api = self.jobs(ns);
         let op = format!("get jobs.batch.volcano.sh {ns}/{name}");
@@ -1097,13 +1096,11 @@ impl Executor {
                 api.get(name).await.classify(|| op.clone())
             })
             .await;
-        let job = match got {
-            Ok(w) => Arc::new(w.into_job()),
-            Err(e) if e.is_not_found() => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-        let pods = self.fresh_pods(&job).await?;
-        Ok(Some((job, pods)))
+        match got {
+            Ok(w) => Ok(Some(w.into_job())),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// The job's pods, listed just now.

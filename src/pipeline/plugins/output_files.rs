@@ -273,20 +273,52 @@ pub fn location(
     prefix: &str,
     replicas: u32,
 ) -> Option<KeptOutput> {
-    let annotations = annotations?;
-    let folder = annotations.get(&format!("{prefix}{FOLDER_ANNOTATION}"))?;
-    let max_bytes = annotations
-        .get(&format!("{prefix}{MAX_BYTES_ANNOTATION}"))
-        .and_then(|m| m.parse().ok())
-        .unwrap_or_default();
-    let base = folder.trim_end_matches('/');
+    let kept = Kept::read(
+        annotations?,
+        prefix,
+        [FOLDER_ANNOTATION, MAX_BYTES_ANNOTATION],
+        replicas,
+        file_name,
+    )?;
     Some(KeptOutput {
-        folder: folder.clone(),
-        files: (0..replicas.max(1))
-            .map(|rank| format!("{base}/{}", file_name(rank)))
-            .collect(),
-        max_bytes,
+        folder: kept.folder,
+        files: kept.files,
+        max_bytes: kept.max_bytes,
     })
+}
+
+/// Files a job keeps per rank in one folder with one bound (its output, its trace), as its annotations
+/// record them: what the terminal event and `job <id>` name.
+pub(crate) struct Kept {
+    pub folder: String,
+    pub files: Vec<String>,
+    pub max_bytes: u64,
+}
+
+impl Kept {
+    /// `keys`: the annotations (under `prefix`) of the folder and of the bound; `None` without the
+    /// folder's.
+    pub(crate) fn read(
+        annotations: &BTreeMap<String, String>,
+        prefix: &str,
+        [folder_key, max_key]: [&str; 2],
+        replicas: u32,
+        name: fn(u32) -> String,
+    ) -> Option<Self> {
+        let folder = annotations.get(&format!("{prefix}{folder_key}"))?;
+        let max_bytes = annotations
+            .get(&format!("{prefix}{max_key}"))
+            .and_then(|m| m.parse().ok())
+            .unwrap_or_default();
+        let base = folder.trim_end_matches('/');
+        Some(Self {
+            folder: folder.clone(),
+            files: (0..replicas.max(1))
+                .map(|rank| format!("{base}/{}", name(rank)))
+                .collect(),
+            max_bytes,
+        })
+    }
 }
 
 #[cfg(test)]

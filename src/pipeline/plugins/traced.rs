@@ -458,19 +458,17 @@ pub fn location(
     prefix: &str,
     replicas: u32,
 ) -> Option<KeptTrace> {
-    let annotations = annotations?;
-    let folder = annotations.get(&format!("{prefix}{FOLDER_ANNOTATION}"))?;
-    let max_bytes = annotations
-        .get(&format!("{prefix}{MAX_BYTES_ANNOTATION}"))
-        .and_then(|m| m.parse().ok())
-        .unwrap_or_default();
-    let base = folder.trim_end_matches('/');
+    let kept = output_files::Kept::read(
+        annotations?,
+        prefix,
+        [FOLDER_ANNOTATION, MAX_BYTES_ANNOTATION],
+        replicas,
+        file_name,
+    )?;
     Some(KeptTrace {
-        folder: folder.clone(),
-        files: (0..replicas.max(1))
-            .map(|rank| format!("{base}/{}", file_name(rank)))
-            .collect(),
-        max_bytes,
+        folder: kept.folder,
+        files: kept.files,
+        max_bytes: kept.max_bytes,
     })
 }
 

@@ -252,14 +252,7 @@ pub async fn run_tidy(
     interval: std::time::Duration,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let mut shutdown = std::pin::pin!(shutdown);
-    let mut ticks = tokio::time::interval(interval.max(std::time::Duration::from_millis(100)));
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = &mut shutdown => return,
-            _ = ticks.tick() => {}
-        }
+    super::every(interval, shutdown, || async {
         match h.bookings.tidy(h.now()).await {
             Ok(fates) => {
                 for fate in fates {
@@ -270,7 +263,8 @@ pub async fn run_tidy(
                 tracing::warn!(error = %e, "The bookings could not be tidied; trying again later.");
             }
         }
-    }
+    })
+    .await;
 }
 
 /// A status event: the booking was moved to other room at the same start.

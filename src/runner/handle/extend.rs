@@ -331,14 +331,7 @@ pub async fn run_pending(
     interval: std::time::Duration,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let mut shutdown = std::pin::pin!(shutdown);
-    let mut ticks = tokio::time::interval(interval.max(std::time::Duration::from_millis(100)));
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = &mut shutdown => return,
-            _ = ticks.tick() => {}
-        }
+    super::every(interval, shutdown, || async {
         match pending_pass(&h).await {
             Ok(report) if report.answered + report.expired > 0 => info!(
                 answered = report.answered,
@@ -351,7 +344,8 @@ pub async fn run_pending(
                 warn!(error = %e, "The pass over pending extensions failed; trying again later.")
             }
         }
-    }
+    })
+    .await;
 }
 
 /// An extension past the longest time allocation is the request's fault, not the job's: the orchestrator

@@ -216,3 +216,26 @@ impl Handler {
         self.windows_clock.now()
     }
 }
+
+/// Runs `pass` every `interval` (at least 100 ms) until `shutdown` completes: the runner's periodic
+/// duties (pending extensions, bookings). A pass that overruns delays the next rather than bunching the
+/// missed ones; a pass logs its own failures and is simply tried again at the next tick.
+pub async fn every<F, Fut>(
+    interval: std::time::Duration,
+    shutdown: impl std::future::Future<Output = ()>,
+    mut pass: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut ticks = tokio::time::interval(interval.max(std::time::Duration::from_millis(100)));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => return,
+            _ = ticks.tick() => {}
+        }
+        pass().await;
+    }
+}
