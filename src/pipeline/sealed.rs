@@ -29,9 +29,7 @@ use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
     NetworkPolicyPort, NetworkPolicySpec,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    LabelSelector, LabelSelectorRequirement, ObjectMeta,
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Deserialize;
 
@@ -40,7 +38,7 @@ use super::desired::Companion;
 use super::draft::{Draft, job_selector};
 use super::plugins::connect_to_job::policy_name;
 use super::plugins::fair_share::baseline_ingress;
-use super::{PipelineConfig, PipelineError};
+use super::PipelineError;
 use crate::messages::v1::{SubmitJob, parameter_value};
 
 /// `[pipeline.sealed]`: which jobs the operator seals, and whether the proxy may reach a sealed job.
@@ -315,18 +313,6 @@ fn policy(cx: &Context<'_>, proxy_port: Option<i32>) -> NetworkPolicy {
             ingress: Some(ingress),
             egress: Some(egress),
         }),
-    }
-}
-
-/// The selector of the namespace-wide baseline policy: every pod but the sealed ones.
-pub fn baseline_selector(pipeline: &PipelineConfig) -> LabelSelector {
-    LabelSelector {
-        match_labels: None,
-        match_expressions: Some(vec![LabelSelectorRequirement {
-            key: pipeline.keys().sealed.clone(),
-            operator: "DoesNotExist".to_owned(),
-            values: None,
-        }]),
     }
 }
 

@@ -6,7 +6,7 @@
 //!   [`crate::pipeline::names::owner_scoped_name`]). The namespace is declared with the job, labelled,
 //!   with the owner's exact name as an annotation, and with its baseline NetworkPolicy: no ingress except
 //!   from the proxy, egress only to DNS and to the internet outside private ranges (both configurable),
-//!   for every pod but a sealed job's ([`crate::pipeline::sealed`]).
+//!   for every pod but a sealed job's ([`baseline_selector`]).
 //!   Jobs add their own rules on top (ConnectToJob). Volcano's fair share tells owners apart by namespace.
 //! - With `scheduling.queue_per_project`, a project's jobs go to its own Volcano queue, declared with the
 //!   job (Volcano admits jobs only to existing, Open queues).
@@ -24,7 +24,9 @@ use k8s_openapi::api::networking::v1::{
     NetworkPolicyPort, NetworkPolicySpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{Plugin, PluginId};
@@ -80,9 +82,7 @@ impl Plugin for FairShare {
                     spec: Some(NetworkPolicySpec {
                         // Every pod but the sealed ones: policies add up, so a baseline that
                         // selected a sealed pod would open it to DNS and the internet.
-                        pod_selector: Some(crate::pipeline::sealed::baseline_selector(
-                            cx.pipeline(),
-                        )),
+                        pod_selector: Some(baseline_selector(cx.pipeline())),
                         policy_types: Some(vec!["Ingress".to_owned(), "Egress".to_owned()]),
                         ingress: Some(baseline_ingress(policy_config)),
                         egress: Some(baseline_egress(policy_config)),
@@ -220,4 +220,18 @@ pub fn baseline_egress(config: &NetworkPolicyConfig) -> Vec<NetworkPolicyEgressR
         });
     }
     rules
+}
+
+/// The selector of the namespace-wide baseline policy: every pod but the sealed ones (labelled by
+/// [`crate::pipeline::sealed`]). Policies add up, so a baseline that selected a sealed pod would open it
+/// to DNS and the internet.
+pub fn baseline_selector(pipeline: &crate::pipeline::PipelineConfig) -> LabelSelector {
+    LabelSelector {
+        match_labels: None,
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: pipeline.keys().sealed.clone(),
+            operator: "DoesNotExist".to_owned(),
+            values: None,
+        }]),
+    }
 }
