@@ -33,12 +33,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Deserialize;
 
+use super::PipelineError;
 use super::context::Context;
 use super::desired::Companion;
 use super::draft::{Draft, job_selector};
 use super::plugins::connect_to_job::policy_name;
 use super::plugins::fair_share::baseline_ingress;
-use super::PipelineError;
 use crate::messages::v1::{SubmitJob, parameter_value};
 
 /// `[pipeline.sealed]`: which jobs the operator seals, and whether the proxy may reach a sealed job.
