@@ -851,32 +851,28 @@ mod tests {
             reserved_from: Some(t(-60)),
             ..p
         };
+        // Two nodes of 16 CPUs, nothing running, a start margin of 10 s.
+        let replay = |jobs: &[Pending]| {
+            replay_with(
+                &nodes(2, 16, 0),
+                &[],
+                jobs,
+                &Maintenance::default(),
+                SignedDuration::from_secs(10),
+                t(0),
+            )
+            .estimates
+        };
         let mut jobs = vec![
             fifo(pending("head", 3, res(16, 0), 600)),
             fifo(pending("small", 1, res(2, 0), 600)),
         ];
-        let e = replay_with(
-            &nodes(2, 16, 0),
-            &[],
-            &jobs,
-            &Maintenance::default(),
-            SignedDuration::from_secs(10),
-            t(0),
-        )
-        .estimates;
+        let e = replay(&jobs);
         assert!(matches!(e[0], Estimate::Never { .. }), "{e:?}");
         assert!(matches!(e[1], Estimate::Unbounded { .. }), "{e:?}");
         jobs[0].gives_up_at = Some(t(300));
         jobs[1].gives_up_at = Some(t(3600));
-        let e = replay_with(
-            &nodes(2, 16, 0),
-            &[],
-            &jobs,
-            &Maintenance::default(),
-            SignedDuration::from_secs(10),
-            t(0),
-        )
-        .estimates;
+        let e = replay(&jobs);
         assert!(matches!(e[0], Estimate::Never { .. }), "{e:?}");
         let Estimate::At { start, bound, .. } = &e[1] else {
             panic!("{e:?}")

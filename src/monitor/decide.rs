@@ -3255,6 +3255,20 @@ mod tests {
         assert!(world.gone);
     }
 
+    /// Drives `job` (4817) from QUEUED recorded through a run of one rank to its SUCCESS at 200 s.
+    fn run_to_success(s: &Settings, job: &mut VolcanoJob) -> (World, Vec<Pod>) {
+        let mut world = World::default();
+        queued_recorded(job, s);
+        set_phase(job, JobPhase::Running, 6);
+        let pods = vec![pod("4817", 0, running(5))];
+        drive(s, job, &pods, ts(20), &mut world);
+        set_phase(job, JobPhase::Completed, 151);
+        let pods = vec![pod("4817", 0, exited(0, 5, 150))];
+        drive(s, job, &pods, ts(200), &mut world);
+        assert_eq!(lifecycle(&world).pop().unwrap().event_id, "4817/SUCCESS");
+        (world, pods)
+    }
+
     /// A job as the runner now creates it: kept by Volcano's TTL after it finished.
     fn job_with_ttl(s: &Settings) -> VolcanoJob {
         let mut job = job(s);
@@ -3271,15 +3285,7 @@ mod tests {
             s.keys.companions.clone(),
             "NetworkPolicy/policy-4817,Service/j-4817-ip".into(),
         );
-        let mut world = World::default();
-        queued_recorded(&mut job, &s);
-        set_phase(&mut job, JobPhase::Running, 6);
-        let pods = vec![pod("4817", 0, running(5))];
-        drive(&s, &mut job, &pods, ts(20), &mut world);
-        set_phase(&mut job, JobPhase::Completed, 151);
-        let pods = vec![pod("4817", 0, exited(0, 5, 150))];
-        drive(&s, &mut job, &pods, ts(200), &mut world);
-        assert_eq!(lifecycle(&world).pop().unwrap().event_id, "4817/SUCCESS");
+        let (mut world, pods) = run_to_success(&s, &mut job);
         assert!(world.companions_deleted, "its companions go at the end");
         assert_eq!(world.finish_writes, 1, "the finalizer after them");
         assert_eq!(job.metadata.finalizers, Some(Vec::new()), "unfinalized now");
@@ -3307,15 +3313,7 @@ mod tests {
             s.keys.companions.clone(),
             "NetworkPolicy/policy-4817".into(),
         );
-        let mut world = World::default();
-        queued_recorded(&mut job, &s);
-        set_phase(&mut job, JobPhase::Running, 6);
-        let pods = vec![pod("4817", 0, running(5))];
-        drive(&s, &mut job, &pods, ts(20), &mut world);
-        set_phase(&mut job, JobPhase::Completed, 151);
-        let pods = vec![pod("4817", 0, exited(0, 5, 150))];
-        drive(&s, &mut job, &pods, ts(200), &mut world);
-        assert_eq!(lifecycle(&world).pop().unwrap().event_id, "4817/SUCCESS");
+        let (mut world, pods) = run_to_success(&s, &mut job);
         assert_eq!(job.metadata.finalizers, Some(Vec::new()), "unfinalized");
         assert!(!world.companions_deleted, "nothing deleted");
         assert_eq!(world.finish_writes, 0, "no write after the end's");

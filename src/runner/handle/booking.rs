@@ -323,16 +323,7 @@ async fn tell_fate(h: &Handler, fate: &Fate) {
         job_id: old.job_id.clone(),
         reason: Some(format!("its booking could not be kept: {why}")),
     };
-    let m = Message {
-        body: &[],
-        type_name: None,
-        content_type: None,
-        from_submit_queue: false,
-        traceparent: None,
-        sent_at: None,
-        invalid_properties: None,
-    };
-    let settle = super::cancel::handle(h, &m, &cancel).await;
+    let settle = super::cancel::handle(h, &Message::internal(None, None), &cancel).await;
     if settle != Settle::Ack {
         tracing::warn!(job_id = %old.job_id, ?settle, "The job of a cancelled booking was not cancelled.");
     }

@@ -263,15 +263,10 @@ pub async fn pending_pass(h: &Handler) -> Result<PendingReport, ClusterError> {
                 nanos: record.nanos,
             }),
         };
-        let m = Message {
-            body: &[],
-            type_name: None,
-            content_type: None,
-            from_submit_queue: false,
-            traceparent: record.traceparent.as_deref().and_then(TraceParent::parse),
-            sent_at: record.sent_at,
-            invalid_properties: None,
-        };
+        let m = Message::internal(
+            record.traceparent.as_deref().and_then(TraceParent::parse),
+            record.sent_at,
+        );
         let settled = match apply_recorded(h, &m, &request).await {
             Some(settle) => settle,
             None if record.is_expired(h.now()) => {

@@ -116,6 +116,20 @@ impl<'a> Message<'a> {
             invalid_properties: delivery.invalid_properties(),
         }
     }
+
+    /// A request the runner makes itself (a recorded extension applied later, the cancel of a booking
+    /// that cannot be kept): no body or properties to read, only the trace and send time it carries on.
+    pub fn internal(traceparent: Option<TraceParent>, sent_at: Option<Timestamp>) -> Self {
+        Self {
+            body: &[],
+            type_name: None,
+            content_type: None,
+            from_submit_queue: false,
+            traceparent,
+            sent_at,
+            invalid_properties: None,
+        }
+    }
 }
 
 /// Everything a handler needs, shared by all handlers of one runner.
