@@ -745,6 +745,27 @@ pub fn job(job_id: &str, script: &str) -> SubmitJob {
     job
 }
 
+/// [`job`] on a product of `cpu` CPUs (2 GiB each) with a time allocation of `limit_s` seconds: the
+/// jobs of the estimate and queue tests, sized to fill nodes.
+pub fn sized(job_id: &str, script: &str, cpu: u32, limit_s: i64) -> SubmitJob {
+    resized(job(job_id, script), cpu, limit_s)
+}
+
+/// `j` on a product of `cpu` CPUs (2 GiB each) with a time allocation of `limit_s` seconds.
+pub fn resized(mut j: SubmitJob, cpu: u32, limit_s: i64) -> SubmitJob {
+    j.product = Some(volcano_runner::messages::v1::Product {
+        id: format!("u1-standard-{cpu}"),
+        cpu,
+        memory_gib: 2 * cpu,
+        ..j.product.clone().unwrap()
+    });
+    j.time_allocation = Some(pbjson_types::Duration {
+        seconds: limit_s,
+        nanos: 0,
+    });
+    j
+}
+
 /// A web job with `replicas` ranks serving on port 8080.
 pub fn web_job(job_id: &str, replicas: u32, script: &str) -> SubmitJob {
     let mut job = job(job_id, script);

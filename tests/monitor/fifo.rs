@@ -12,28 +12,8 @@ use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use monitor_support::*;
 use serde_json::json;
-use volcano_runner::messages::v1::Product;
-use volcano_runner::sim::NodeSpec;
 
-fn sized(
-    id: &str,
-    script: &str,
-    cpu: u32,
-    limit_s: i64,
-) -> volcano_runner::messages::v1::SubmitJob {
-    let mut j = job(id, script);
-    j.product = Some(Product {
-        id: format!("u1-standard-{cpu}"),
-        cpu,
-        memory_gib: 2 * cpu,
-        ..j.product.clone().unwrap()
-    });
-    j.time_allocation = Some(pbjson_types::Duration {
-        seconds: limit_s,
-        nanos: 0,
-    });
-    j
-}
+use volcano_runner::sim::NodeSpec;
 
 /// What `id` was told while it waited: (estimate, bound) in seconds after `t0`.
 fn told(w: &World, id: &str, t0: i64) -> Vec<(i64, bool)> {

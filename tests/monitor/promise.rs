@@ -16,7 +16,7 @@ use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use monitor_support::*;
 use serde_json::json;
-use volcano_runner::messages::v1::{Product, SubmitJob};
+use volcano_runner::messages::v1::SubmitJob;
 use volcano_runner::sim::NodeSpec;
 
 const QUEUE: &str = "volcano-runner-interactive";
@@ -24,35 +24,21 @@ const QUEUE: &str = "volcano-runner-interactive";
 /// What a job was told while it waited: (estimate, bound) in seconds after the start.
 type Told = Vec<(i64, bool)>;
 
-fn sized(mut j: SubmitJob, cpu: u32, limit_s: i64) -> SubmitJob {
-    j.product = Some(Product {
-        id: format!("u1-standard-{cpu}"),
-        cpu,
-        memory_gib: 2 * cpu,
-        ..j.product.clone().unwrap()
-    });
-    j.time_allocation = Some(pbjson_types::Duration {
-        seconds: limit_s,
-        nanos: 0,
-    });
-    j
-}
-
 /// The batch backlog, at once: a gang of three 4-CPU ranks, a whole-node gang of two, two 12-CPU ranks
 /// and two 4-CPU ones, 10 to 20 minutes, ending at half of it.
 fn backlog() -> Vec<SubmitJob> {
-    let mut gang = sized(job("b-gang", "sleep 300"), 4, 600);
+    let mut gang = sized("b-gang", "sleep 300", 4, 600);
     gang.replicas = 3;
-    let mut whole = sized(job("b-whole", "sleep 450"), 8, 900);
+    let mut whole = sized("b-whole", "sleep 450", 8, 900);
     whole.replicas = 2;
     whole.exclusive_nodes = true;
     vec![
         gang,
         whole,
-        sized(job("b-wide-1", "sleep 600"), 12, 1200),
-        sized(job("b-wide-2", "sleep 450"), 12, 900),
-        sized(job("b-small-1", "sleep 300"), 4, 600),
-        sized(job("b-small-2", "sleep 600"), 4, 1200),
+        sized("b-wide-1", "sleep 600", 12, 1200),
+        sized("b-wide-2", "sleep 450", 12, 900),
+        sized("b-small-1", "sleep 300", 4, 600),
+        sized("b-small-2", "sleep 600", 4, 1200),
     ]
 }
 
@@ -66,7 +52,7 @@ fn session(i: u32) -> SubmitJob {
         1 => limit / 2,
         _ => limit,
     };
-    sized(
+    resized(
         web_job(&format!("live-{i:02}"), 1, &format!("sleep {runs}")),
         cpu,
         limit,

@@ -13,28 +13,8 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::ListParams;
 use monitor_support::*;
-use volcano_runner::messages::v1::Product;
-use volcano_runner::sim::NodeSpec;
 
-fn sized(
-    id: &str,
-    script: &str,
-    cpu: u32,
-    limit_s: i64,
-) -> volcano_runner::messages::v1::SubmitJob {
-    let mut j = job(id, script);
-    j.product = Some(Product {
-        id: format!("u1-standard-{cpu}"),
-        cpu,
-        memory_gib: 2 * cpu,
-        ..j.product.clone().unwrap()
-    });
-    j.time_allocation = Some(pbjson_types::Duration {
-        seconds: limit_s,
-        nanos: 0,
-    });
-    j
-}
+use volcano_runner::sim::NodeSpec;
 
 /// The nodes reserved now, by node: the value of their `ucloud.dk/reserved` taint.
 async fn reserved(client: &kube::Client) -> Vec<(String, String)> {
