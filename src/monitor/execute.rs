@@ -19,7 +19,6 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use super::Encoding;
 use super::cache::{Snapshot, WatchedJob, WatchedPod};
 use super::clock::Clock;
 use super::decide::{self, Action, Observed, Settings, Step};
@@ -30,6 +29,7 @@ use crate::broker::{self, BrokerConfig, PublishError, Publisher};
 use crate::cluster::labels::FIELD_MANAGER;
 use crate::cluster::lease::Duty;
 use crate::cluster::{ClusterError, HeldShards, KubeResultExt, RetryPolicy};
+use crate::config::monitor::Encoding;
 use crate::messages::Format;
 use crate::pipeline::hooks::{FactsError, Outbound};
 use crate::volcano::{LABEL_JOB_NAME, VolcanoJob};

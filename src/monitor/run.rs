@@ -28,19 +28,25 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::Monitor;
 use super::cache::{
     Cache, FastMap, FastSet, Fingerprint, JobKey, Kind, Snapshot, WatchedJob, WatchedNode,
     WatchedPod,
 };
+use super::clock::{Clock, SystemClock};
 use super::decide::Settings;
 use super::execute::{Executor, Handled};
+use super::queued::ConfirmedQueued;
 use super::timers::{Backoff, Deadlines, ESTIMATE_EVERY};
 use super::verify::{self, Listed, Suspect};
+use crate::broker::Publisher;
+use crate::cluster::HeldShards;
+use crate::config::Config;
+use crate::config::monitor::MonitorConfig;
 use crate::forecast::Node;
 use crate::volcano::{LABEL_JOB_NAME, PodGroup, Queue, VolcanoJob};
 
@@ -444,6 +450,94 @@ fn executor(
     ))
 }
 
+/// The monitoring duty of one runner. Build it with [`Monitor::new`], then [`Monitor::run`] it until
+/// shutdown; it acts only on jobs whose shard the runner holds.
+pub struct Monitor {
+    pub(crate) client: kube::Client,
+    pub(crate) publisher: Publisher,
+    pub(crate) config: Arc<Config>,
+    pub(crate) runner_id: String,
+    pub(crate) shards: watch::Receiver<HeldShards>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) poll: Duration,
+    pub(crate) reports: watch::Sender<PassReport>,
+    /// Where watch restarts, held shards and monitored jobs are reported (see [`Monitor::with_metrics`]).
+    pub(crate) metrics: Option<crate::ops::Metrics>,
+    /// See [`Monitor::with_confirmed_queued`].
+    pub(crate) confirmed_queued: ConfirmedQueued,
+    /// See [`Monitor::with_windows`].
+    pub(crate) windows: Option<watch::Receiver<Option<crate::cluster::Windows>>>,
+}
+
+impl Monitor {
+    /// The duty for the jobs of the shards in `shards` (from [`crate::cluster::LeaseHandle::subscribe`]).
+    /// `runner_id` goes into every event.
+    pub fn new(
+        client: kube::Client,
+        publisher: Publisher,
+        config: Arc<Config>,
+        runner_id: String,
+        shards: watch::Receiver<HeldShards>,
+    ) -> Self {
+        Self {
+            client,
+            publisher,
+            config,
+            runner_id,
+            shards,
+            clock: Arc::new(SystemClock),
+            poll: Duration::from_millis(100),
+            reports: watch::Sender::new(PassReport::default()),
+            metrics: None,
+            confirmed_queued: ConfirmedQueued::default(),
+            windows: None,
+        }
+    }
+
+    /// Reads the maintenance windows from `windows` (the runner's watch in the same process,
+    /// [`crate::runner::Runner::windows`]) instead of following their ConfigMaps itself.
+    pub fn with_windows(
+        mut self,
+        windows: watch::Receiver<Option<crate::cluster::Windows>>,
+    ) -> Self {
+        self.windows = Some(windows);
+        self
+    }
+
+    /// Sends no copy of a job's QUEUED before its first event when `confirmed` says that this process
+    /// (the runner's submit path, [`crate::runner::Runner::confirmed_queued`]) already had it confirmed.
+    /// Without it the monitor sends the copy for every job, which is always safe.
+    pub fn with_confirmed_queued(mut self, confirmed: ConfirmedQueued) -> Self {
+        self.confirmed_queued = confirmed;
+        self
+    }
+
+    /// Reports into `metrics`: watch restarts, the shards held, the jobs monitored.
+    pub fn with_metrics(mut self, metrics: crate::ops::Metrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Takes time from `clock` instead of the system clock. A clock that does not run by itself
+    /// ([`Clock::real_until`] is `None`) is looked at every `poll`.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>, poll: Duration) -> Self {
+        self.clock = clock;
+        self.poll = poll;
+        self
+    }
+
+    /// Reports of full reconciliation passes, for metrics, benchmarks and tests.
+    pub fn reports(&self) -> watch::Receiver<PassReport> {
+        self.reports.subscribe()
+    }
+
+    /// Runs until `shutdown` is cancelled; then stops taking new work, lets the jobs in hand finish
+    /// their current step (each step is safe to interrupt anyway), and returns.
+    pub async fn run(self, shutdown: CancellationToken) {
+        run(self, shutdown).await
+    }
+}
+
 /// The monitor's loop (see the module documentation): until `shutdown`, or until the leases are gone.
 pub async fn run(m: Monitor, shutdown: CancellationToken) {
     let mc = m.config.monitor.clone();
@@ -615,7 +709,7 @@ impl Loop {
     /// The loop's state at the start: the first pass waits for every kind's list, and for the nodes,
     /// so that a waiting job's first status carries its estimate instead of a second status following
     /// with it.
-    fn new(exec: Arc<Executor>, mc: &super::MonitorConfig) -> Self {
+    fn new(exec: Arc<Executor>, mc: &MonitorConfig) -> Self {
         let mut state = Loop {
             cache: Cache::with_replicas_key(exec.settings.keys.replicas.clone())
                 .with_peers_key(exec.settings.keys.peers.clone())
@@ -1394,7 +1488,7 @@ impl Loop {
 
     /// How long to sleep before a timer is due: the earliest check in the clock's time, or the earliest
     /// retry in real time. A clock that does not run by itself is looked at every `poll`.
-    fn next_wake(&self, clock: &dyn super::Clock, poll: Duration) -> Option<Duration> {
+    fn next_wake(&self, clock: &dyn Clock, poll: Duration) -> Option<Duration> {
         let check = self
             .checks
             .next()
