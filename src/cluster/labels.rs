@@ -15,11 +15,13 @@ pub const LEASE_GROUP: &str = "volcano-runner/lease-group";
 /// Annotation on a runner's member lease: what keeps the runner from its work, in words for an operator
 /// (absent when nothing), for `admin status` to show. Today: `no queue receives compute.events`.
 pub const RUNNER_PROBLEM: &str = "volcano-runner/problem";
-/// Label on a VolcanoJob (and its finished pods) once the monitor has nothing left to do for it: set in
-/// the write that removes the cleanup finalizer, the last of a job's end. The monitor's watches and
-/// lists exclude it (`!volcano-runner/ended`), so a job kept for `ended_job_retention` as the record of
-/// its submission costs a runner no memory and its reconciliation no list page; what is still read of
-/// ended jobs (a redelivered submission's check, `job`, `logs`, admin) reads them by name or without it.
+/// Label on a VolcanoJob once the monitor has nothing left to do for it: set in the write that removes
+/// the cleanup finalizer, the last of a job's end. The monitor's job watch and lists exclude it
+/// (`!volcano-runner/ended`), so a job kept for `ended_job_retention` as the record of its submission
+/// costs a runner no memory and its reconciliation no list page; what is still read of ended jobs (a
+/// redelivered submission's check, `job`, `logs`, admin) reads them by name or without it. Its finished
+/// pods are not labelled (a write per pod): the pod lists leave finished pods out by a field selector
+/// and the cache drops them with their job (see [`crate::monitor::live_pods`]).
 pub const ENDED: &str = "volcano-runner/ended";
 
 /// The field manager name used for every write, so `kubectl get -o yaml --show-managed-fields` shows who

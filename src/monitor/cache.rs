@@ -361,6 +361,15 @@ impl CachedPod {
     }
 }
 
+/// Whether a pod has finished (`Succeeded` or `Failed`): its phase never changes again, and the
+/// monitor's pod lists leave it out (see [`super::live_pods`]).
+pub fn pod_finished(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|p| p == "Succeeded" || p == "Failed")
+}
+
 /// Whether `new` is at least as recent as `old`. Resource versions are opaque, but every API server in
 /// practice uses increasing integers; when either does not parse, the newer arrival wins.
 pub fn is_newer(new: Option<&str>, old: Option<&str>) -> bool {
@@ -479,9 +488,13 @@ type GroupKey = ObjectKey;
 pub struct Cache {
     jobs: FastMap<JobKey, JobEntry>,
     pods: FastMap<JobKey, Vec<CachedPod>>,
-    /// `(namespace, pod)` → its job, the epoch it was last seen in and its version (the reconciliation
-    /// compares every pod's version each pass: one lookup, not a search of its job's ranks).
-    pod_index: FastMap<ObjectKey, (JobKey, u64, Rv)>,
+    /// `(namespace, pod)` → its job, the epoch it was last seen in, its version (the reconciliation
+    /// compares every pod's version each pass: one lookup, not a search of its job's ranks) and whether
+    /// it has finished (see [`pod_finished`]).
+    pod_index: FastMap<ObjectKey, (JobKey, u64, Rv, bool)>,
+    /// How many of the pods held have finished: the pod lists leave them out (see
+    /// [`super::live_pods`]), so the reconciliation compares the others only.
+    finished_pods: usize,
     groups: FastMap<GroupKey, Entry<Arc<PodGroup>>>,
     group_of_job: FastMap<JobKey, GroupKey>,
     /// The waiting PodGroups of each queue in queue order, kept up to date with every change, so that a
@@ -890,13 +903,26 @@ impl Cache {
         }
     }
 
-    /// A job was deleted: returns its last state and its pods.
+    /// A job was deleted, or left the job watch (its end recorded): returns its last state and its pods.
+    /// Its finished pods go with it: Volcano keeps them until the job's TTL, no list has them (see
+    /// [`super::live_pods`]) and no event may come for them before their deletion, so nothing else
+    /// would drop them. Pods not finished stay until their own deletion (a job deleted and created
+    /// again under its name may already have new ones).
     pub fn remove_job(&mut self, key: &JobKey) -> Option<(Arc<VolcanoJob>, Arc<Vec<Pod>>)> {
         let job = self.jobs.remove(key)?.value;
         self.index_peers(key, &job, false);
         self.redigest(Kind::Jobs, key, Some(rv_of(&job.metadata)), None);
         self.disruptions.remove(key);
-        Some((job, self.pods(key)))
+        let pods = self.pods(key);
+        let finished: Vec<&str> = pods
+            .iter()
+            .filter(|p| pod_finished(p))
+            .filter_map(|p| p.metadata.name.as_deref())
+            .collect();
+        for name in finished {
+            self.remove_pod(&key.namespace, name);
+        }
+        Some((job, pods))
     }
 
     /// A rank's pod is being taken away (`said`: its status says why) or was deleted. Kept when its job
@@ -937,19 +963,38 @@ impl Cache {
         self.touch(key);
     }
 
-    /// A pod from the watch or a list. Returns its job.
+    /// A pod from the watch or a list. Returns its job (`None`: not held).
+    ///
+    /// A finished pod is held only while its job is: one whose job is not held belongs to an ended job
+    /// (left the job watch, see [`crate::cluster::labels::ENDED`]), and it is dropped if held. (A job not
+    /// listed yet when its pod finished, as a monitor starts, reads its pods at its end: the decision
+    /// reads them afresh when Volcano's phase is ahead of the pods it holds.)
     pub fn apply_pod(&mut self, pod: Pod) -> Option<JobKey> {
         let key = job_of_pod(&pod)?;
         let name: Arc<str> = pod.metadata.name.as_deref().unwrap_or_default().into();
+        let finished = pod_finished(&pod);
+        if finished && !self.jobs.contains_key(&key) {
+            self.remove_pod(&key.namespace, &name);
+            return None;
+        }
         let epoch = self.epochs[1];
         let version = rv_of(&pod.metadata);
         let pkey = ObjectKey {
             namespace: key.namespace.clone(),
             name: name.clone(),
         };
-        let old = self.pod_index.get(&pkey).map(|(_, _, v)| *v);
-        self.redigest(Kind::Pods, &pkey, old, Some(version));
-        self.pod_index.insert(pkey, (key.clone(), epoch, version));
+        // The digest follows what the pod lists have: the pods not finished.
+        let old = self.pod_index.get(&pkey).map(|(_, _, v, f)| (*v, *f));
+        self.redigest(
+            Kind::Pods,
+            &pkey,
+            old.filter(|(_, f)| !f).map(|(v, _)| v),
+            (!finished).then_some(version),
+        );
+        let was_finished = old.is_some_and(|(_, f)| f);
+        self.finished_pods = self.finished_pods + usize::from(finished) - usize::from(was_finished);
+        self.pod_index
+            .insert(pkey, (key.clone(), epoch, version, finished));
         let pod = CachedPod::new(pod);
         let pods = self.pods.entry(key.clone()).or_default();
         let changed = match pods
@@ -978,8 +1023,12 @@ impl Cache {
     /// A pod was deleted. Returns its job.
     pub fn remove_pod(&mut self, namespace: &str, name: &str) -> Option<JobKey> {
         let pkey = ObjectKey::new(namespace, name);
-        let (key, _, version) = self.pod_index.remove(&pkey)?;
-        self.redigest(Kind::Pods, &pkey, Some(version), None);
+        let (key, _, version, finished) = self.pod_index.remove(&pkey)?;
+        if finished {
+            self.finished_pods -= 1;
+        } else {
+            self.redigest(Kind::Pods, &pkey, Some(version), None);
+        }
         if let Some(pods) = self.pods.get_mut(&key) {
             pods.retain(|p| p.metadata.name.as_deref() != Some(name));
             if pods.is_empty() {
@@ -1072,10 +1121,11 @@ impl Cache {
                     .collect()
             }
             Kind::Pods => {
+                // Finished pods are not listed (see [`super::live_pods`]): they stay with their job.
                 let stale: Vec<ObjectKey> = self
                     .pod_index
                     .iter()
-                    .filter(|(_, (_, e, _))| *e < epoch)
+                    .filter(|(_, (_, e, _, finished))| *e < epoch && !finished)
                     .map(|(k, _)| k.clone())
                     .collect();
                 let mut affected: Vec<JobKey> = stale
@@ -1114,8 +1164,17 @@ impl Cache {
             .collect()
     }
 
-    /// The cached version of one object of `kind` (pods and PodGroups by their own namespace and name).
+    /// The cached version of one object of `kind` (pods and PodGroups by their own namespace and name),
+    /// as a list of that kind would have it: a finished pod, which no pod list has, reads as not held.
     pub fn version(&self, kind: Kind, key: &JobKey) -> Option<Rv> {
+        if kind == Kind::Pods {
+            let parts: &dyn KeyParts = &(&*key.namespace, &*key.name);
+            return self
+                .pod_index
+                .get(parts)
+                .filter(|(_, _, _, finished)| !finished)
+                .map(|(_, _, rv, _)| *rv);
+        }
         self.version_of(kind, &key.namespace, &key.name)
     }
 
@@ -1124,7 +1183,7 @@ impl Cache {
         let key: &dyn KeyParts = &(namespace, name);
         let meta = match kind {
             Kind::Jobs => &self.jobs.get(key)?.value.metadata,
-            Kind::Pods => return self.pod_index.get(key).map(|(_, _, rv)| *rv),
+            Kind::Pods => return self.pod_index.get(key).map(|(_, _, rv, _)| *rv),
             Kind::Groups => &self.groups.get(key)?.value.metadata,
         };
         Some(meta.resource_version.as_deref().into())
@@ -1139,7 +1198,17 @@ impl Cache {
         }
     }
 
-    /// Every object of `kind` held, with its version.
+    /// How many objects of `kind` held a list of that kind would have: the pods not finished (see
+    /// [`super::live_pods`]).
+    pub fn listed_count(&self, kind: Kind) -> usize {
+        match kind {
+            Kind::Pods => self.pod_index.len() - self.finished_pods,
+            _ => self.count(kind),
+        }
+    }
+
+    /// Every object of `kind` held that a list of that kind would have (not the finished pods), with
+    /// its version.
     pub fn versions(&self, kind: Kind) -> Vec<(JobKey, Rv)> {
         let rv = |m: &ObjectMeta| Rv::from(m.resource_version.as_deref());
         match kind {
@@ -1151,7 +1220,8 @@ impl Cache {
             Kind::Pods => self
                 .pod_index
                 .iter()
-                .map(|(k, (_, _, v))| (k.clone(), *v))
+                .filter(|(_, (_, _, _, finished))| !finished)
+                .map(|(k, (_, _, v, _))| (k.clone(), *v))
                 .collect(),
             Kind::Groups => self
                 .groups
@@ -1820,6 +1890,61 @@ mod tests {
             name: "j-1".into(),
         };
         assert_eq!(c.pods(&key).len(), 1);
+    }
+
+    /// A pod of `job` at version `rv` in `phase`.
+    fn pod_in(job: &str, name: &str, rv: &str, phase: &str) -> Pod {
+        let mut p = pod("ns", job, name);
+        p.metadata.resource_version = Some(rv.into());
+        p.status = Some(PodStatus {
+            phase: Some(phase.into()),
+            ..PodStatus::default()
+        });
+        p
+    }
+
+    /// Finished pods (which the pod lists leave out, `super::live_pods`) are held while their job is:
+    /// the reconciliation does not expect them in its list, a relist keeps them, and they go with their
+    /// job; one whose job is not held is not taken in.
+    #[test]
+    fn finished_pods_are_held_with_their_job_and_not_expected_in_a_list() {
+        let mut c = Cache::new();
+        let key = JobKey::new("ns", "j-1");
+        c.apply_job(job("ns", "j-1", "1"));
+        c.apply_pod(pod_in("j-1", "j-1-job-0", "2", "Running"));
+        c.apply_pod(pod_in("j-1", "j-1-job-1", "3", "Running"));
+        c.apply_pod(pod_in("j-1", "j-1-job-0", "4", "Succeeded"));
+        assert_eq!(c.pods(&key).len(), 2, "its exit code is the job's to read");
+        assert_eq!((c.count(Kind::Pods), c.listed_count(Kind::Pods)), (2, 1));
+        assert_eq!(c.digest(Kind::Pods), recomputed(&c, Kind::Pods));
+        assert_eq!(c.versions(Kind::Pods).len(), 1);
+        let finished = JobKey::new("ns", "j-1-job-0");
+        assert_eq!(
+            c.version(Kind::Pods, &finished),
+            None,
+            "not expected listed"
+        );
+        assert_eq!(
+            c.version_of(Kind::Pods, "ns", "j-1-job-0"),
+            Some(Rv::parse("4"))
+        );
+
+        // A relist (which has the running pod only) keeps it.
+        c.init_start(Kind::Pods);
+        c.apply_pod(pod_in("j-1", "j-1-job-1", "3", "Running"));
+        c.init_done(Kind::Pods);
+        assert_eq!(c.pods(&key).len(), 2);
+
+        // The job leaves (its end recorded): its finished pod goes with it, the running one stays until
+        // its own deletion.
+        let (_, last_pods) = c.remove_job(&key).unwrap();
+        assert_eq!(last_pods.len(), 2, "the gone path sees them all");
+        assert_eq!(c.pods(&key).len(), 1);
+        assert_eq!((c.count(Kind::Pods), c.listed_count(Kind::Pods)), (1, 1));
+        // That one finishes afterwards: not taken in again.
+        assert_eq!(c.apply_pod(pod_in("j-1", "j-1-job-1", "6", "Failed")), None);
+        assert_eq!(c.count(Kind::Pods), 0);
+        assert_eq!(c.digest(Kind::Pods), 0);
     }
 
     /// The digest of what `versions` lists, computed afresh.

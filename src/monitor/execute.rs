@@ -546,10 +546,6 @@ impl Executor {
         let mut unfinalize = action.remove_finalizer;
         if !action.set.is_empty() || !action.remove.is_empty() {
             let together = unfinalize && !action.delete && !action.release && !action.companions;
-            if together {
-                // The pods before the write that ends the job's watch (as below).
-                self.mark_pods_ended(job, pods).await?;
-            }
             match self.patch(job, &action.set, &action.remove, together).await {
                 Ok(Some(new)) => current = Some(new),
                 Ok(None) => return Ok(Acted::Gone),
@@ -581,10 +577,6 @@ impl Executor {
             .await?;
         }
         if unfinalize {
-            // The pods first: a kill between the two leaves the job watched, and whoever decides it
-            // next marks them again (the same label); the other way round, pods would stay in every
-            // monitor's cache until the job's TTL.
-            self.mark_pods_ended(&latest, pods).await?;
             match self.unfinalize(&latest).await {
                 Ok(Some(new)) => current = Some(new),
                 Ok(None) => return Ok(Acted::Gone),
@@ -975,42 +967,6 @@ impl Executor {
             "resourceVersion": job.metadata.resource_version,
         }});
         self.write(job, body).await
-    }
-
-    /// Labels the job's finished pods ended (see [`crate::cluster::labels::ENDED`]), so they leave the
-    /// monitors' pod watches with their job: Volcano keeps a finished job's stopped pods until the job's
-    /// TTL. Pods being deleted leave by themselves and are not written; one gone already is no error.
-    async fn mark_pods_ended(&self, job: &VolcanoJob, pods: &[Pod]) -> Result<(), ClusterError> {
-        let (ns, _) = names(job);
-        let api: Api<WatchedPod> = Api::namespaced(self.client.clone(), ns);
-        let body = json!({"metadata": {"labels": {crate::cluster::labels::ENDED: "true"}}});
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PatchParams::default()
-        };
-        for pod in pods
-            .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-        {
-            let Some(name) = pod.metadata.name.as_deref() else {
-                continue;
-            };
-            let op = format!("label pods {ns}/{name} ended");
-            let result = self
-                .retry
-                .run(&op, || async {
-                    api.patch(name, &params, &Patch::Merge(&body))
-                        .await
-                        .map(|_| ())
-                        .classify(|| op.clone())
-                })
-                .await;
-            match result {
-                Err(e) if !e.is_not_found() => return Err(e),
-                _ => {}
-            }
-        }
-        Ok(())
     }
 
     async fn write(

@@ -18,6 +18,7 @@
 //! - [`reserve`]: nodes reserved by a taint for a whole-node or large gang past its waiting time.
 //! - [`timers`]: deadlines by job (in the clock's time) and retry backoff (in real time).
 //! - [`execute`]: carries a step out: publish (confirmed), then patch (resourceVersion), then delete.
+//! - [`live_pods`]: the pod watch, whose lists leave finished pods out and whose watch does not.
 //! - [`verify`]: the full reconciliation's check of the watches: metadata lists against the cache.
 //! - [`listing`]: reads a page of a metadata list for names and versions only, without a serde tree.
 //! - [`queued`]: the jobs whose QUEUED this process had confirmed (the monitor sends no copy of it).
@@ -35,6 +36,7 @@ pub mod inputs;
 pub mod keys;
 pub mod lag;
 pub mod listing;
+pub mod live_pods;
 pub mod maintenance;
 pub mod observe;
 pub mod peers;

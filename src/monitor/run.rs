@@ -35,7 +35,7 @@ use tracing::Instrument;
 
 use super::cache::{
     Cache, FastMap, FastSet, Fingerprint, JobKey, Kind, Snapshot, WatchedJob, WatchedNode,
-    WatchedPod,
+    WatchedPod, is_newer,
 };
 use super::clock::{Clock, SystemClock};
 use super::decide::Settings;
@@ -198,8 +198,9 @@ struct Watches {
 
 impl Watches {
     fn new(client: kube::Client, managed: &str) -> Self {
-        // Ended jobs and their finished pods are left out: what the monitor holds and lists grows with
-        // the live jobs, not with the jobs kept for the retention (see [`crate::cluster::labels::ENDED`]).
+        // Ended jobs are left out, and the pods' lists leave finished pods out (see
+        // [`super::live_pods`]): what the monitor holds and lists grows with the live jobs, not with
+        // the jobs kept for the retention (see [`crate::cluster::labels::ENDED`]).
         let selector = format!("{managed},!{}", crate::cluster::labels::ENDED);
         Self {
             jobs_api: Api::all(client.clone()),
@@ -224,9 +225,9 @@ impl Watches {
             .boxed()
     }
 
+    /// Its lists leave finished pods out, its watch does not (see [`super::live_pods`]).
     fn pods(&self) -> Watch<WatchedPod> {
-        let managed = self.paged.clone().labels(&self.pod_selector);
-        watcher::watcher(self.pods_api.clone(), managed)
+        super::live_pods::watch(self.pods_api.clone(), self.pod_selector.clone(), WATCH_PAGE)
             .default_backoff()
             .boxed()
     }
@@ -272,9 +273,11 @@ impl Watches {
         Box::pin(async move {
             let [jobs, pods, groups] = &urls;
             let [sj, sp, sg] = &selectors;
-            let j = verify::list_versions(&client, jobs, sj.as_deref()).await?;
-            let p = verify::list_versions(&client, pods, sp.as_deref()).await?;
-            let g = verify::list_versions(&client, groups, sg.as_deref()).await?;
+            let j = verify::list_versions(&client, jobs, sj.as_deref(), None).await?;
+            // The pods as the pod watch lists them: those not finished.
+            let unfinished = Some(super::live_pods::UNFINISHED);
+            let p = verify::list_versions(&client, pods, sp.as_deref(), unfinished).await?;
+            let g = verify::list_versions(&client, groups, sg.as_deref(), None).await?;
             Ok([j, p, g])
         })
     }
@@ -887,7 +890,7 @@ impl Loop {
             let suspects = verify::differences(
                 listed,
                 |ns, name| cache.version_of(kind, ns, name),
-                cache.count(kind),
+                cache.listed_count(kind),
                 cache.digest(kind),
                 || cache.versions(kind),
             );
@@ -1089,9 +1092,23 @@ impl Loop {
             Event::Delete(w) => {
                 let key = JobKey::of(&w.metadata);
                 let pods = self.cache.pods(&key);
-                self.cache.remove_job(&key);
+                // A job that left the watch (labelled ended) comes as it was *before* that write, at
+                // the write's version (an API server sends the content that still matched): the cached
+                // job, when a worker's answer put it there at that version, is the one that shows the
+                // end recorded, and spares the gone path a read (see `Executor::handle_gone`).
+                let job = match self.cache.remove_job(&key) {
+                    Some((cached, _))
+                        if is_newer(
+                            cached.metadata.resource_version.as_deref(),
+                            w.metadata.resource_version.as_deref(),
+                        ) =>
+                    {
+                        cached
+                    }
+                    _ => Arc::new(w.into_job()),
+                };
                 self.peer_changed(&key);
-                self.vanished(key, Arc::new(w.into_job()), pods);
+                self.vanished(key, job, pods);
             }
             Event::Init => self.cache.init_start(Kind::Jobs),
             Event::InitDone => {

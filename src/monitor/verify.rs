@@ -86,17 +86,21 @@ fn offset(at: usize) -> u32 {
 }
 
 /// Lists the metadata of every object under `url` (a collection URL as [`kube::Api::resource_url`]
-/// gives it) that matches `selector`, page by page.
+/// gives it) that matches `selector` and the field selector `fields`, page by page.
 pub async fn list_versions(
     client: &kube::Client,
     url: &str,
     selector: Option<&str>,
+    fields: Option<&str>,
 ) -> Result<Listed, kube::Error> {
     let request = kube::core::Request::new(url);
     let mut listed = Listed::default();
     let mut params = ListParams::default().limit(PAGE);
     if let Some(s) = selector {
         params = params.labels(s);
+    }
+    if let Some(f) = fields {
+        params = params.fields(f);
     }
     loop {
         let http = request

@@ -29,7 +29,7 @@ use super::faults::Faults;
 use super::patch::PatchKind;
 use super::registry::{Builtin, ResId, ResourceType};
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{EventType, Record, watch_line, write_partial_metadata};
+use super::store::{EventType, Record, stamped, watch_line, write_partial_metadata};
 use super::table;
 
 /// Settings the HTTP layer needs.
@@ -1246,7 +1246,17 @@ impl WatchSpec {
 
     /// A history record as an event of this watch: its encoding is shared with every other watch
     /// that sends it in the same form.
+    ///
+    /// An object that a change took out of this watch's selection is a `DELETED` event carrying the
+    /// object as it was before the change, at the change's version, as Kubernetes' watch cache sends it
+    /// (a client never sees the content that no longer matches).
     fn encode_record(&self, ty: &str, r: &Record) -> Bytes {
+        if ty == "DELETED"
+            && r.kind == EventType::Modified
+            && let Some(prev) = &r.prev
+        {
+            return self.encode(ty, &stamped(prev, &r.rv.to_string()));
+        }
         match self.repr {
             Repr::Metadata => r.event_line(ty, true),
             _ if r.object.get("apiVersion").and_then(Value::as_str)

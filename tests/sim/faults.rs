@@ -315,7 +315,7 @@ async fn the_reconciliations_metadata_lists_read_every_page_and_report_refusals(
         );
     }
     let url = api.resource_url().to_owned();
-    let listed = list_versions(&client, &url, None).await.unwrap();
+    let listed = list_versions(&client, &url, None, None).await.unwrap();
     assert_eq!(listed.len(), 1_100, "three pages of up to 500");
     let mut read = std::collections::BTreeSet::new();
     for v in listed.iter() {
@@ -332,7 +332,7 @@ async fn the_reconciliations_metadata_lists_read_every_page_and_report_refusals(
         error_403: 1.0,
         ..Default::default()
     });
-    let err = list_versions(&client, &url, None).await.unwrap_err();
+    let err = list_versions(&client, &url, None, None).await.unwrap_err();
     assert_eq!(
         (code(&err), status(&err).reason.as_str()),
         (403, "Forbidden")

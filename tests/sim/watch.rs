@@ -177,16 +177,25 @@ async fn watch_with_selector_sees_objects_leave_and_enter() {
         .await
         .unwrap()
         .boxed();
-    api.patch(
-        "a",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"labels": {"tier": "db"}}})),
-    )
-    .await
-    .unwrap();
-    assert!(
-        matches!(next(&mut stream).await.unwrap(), WatchEvent::Deleted(o) if o.name_any() == "a")
-    );
+    let left = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"tier": "db"}}, "data": {"k": "left"}})),
+        )
+        .await
+        .unwrap();
+    // As Kubernetes' watch cache sends it: the object as it was while it matched, at the version of the
+    // change that took it out (the watcher never sees the content it does not select).
+    match next(&mut stream).await.unwrap() {
+        WatchEvent::Deleted(o) => {
+            assert_eq!(o.name_any(), "a");
+            assert_eq!(o.labels()["tier"], "web", "{o:?}");
+            assert_eq!(o.data.as_ref().unwrap()["k"], "v", "{o:?}");
+            assert_eq!(o.resource_version(), left.resource_version());
+        }
+        other => panic!("{other:?}"),
+    }
     api.create(&PostParams::default(), &cm("ignored", "db"))
         .await
         .unwrap();
