@@ -13,6 +13,8 @@ use super::report::RunnerUsage;
 pub struct RunnerSpec {
     /// The program (`std::env::current_exe()`): the runner measured is the one that was built.
     pub program: PathBuf,
+    /// A command the runner's command line is given to (a profiler such as `valgrind`), or none.
+    pub wrap: Vec<String>,
     /// The configuration file the benchmark itself was given, if any.
     pub config_file: Option<PathBuf>,
     /// `VOLCANO_RUNNER_*` overrides: the phase's exchanges and queues, the in-flight limit, quiet logs.
@@ -34,7 +36,14 @@ pub struct Fleet {
 
 /// The command line and environment of runner `id`.
 fn runner_command(spec: &RunnerSpec, id: &str) -> Command {
-    let mut command = Command::new(&spec.program);
+    let mut command = match spec.wrap.split_first() {
+        Some((wrapper, args)) => {
+            let mut command = Command::new(wrapper);
+            command.args(args).arg(&spec.program);
+            command
+        }
+        None => Command::new(&spec.program),
+    };
     if let Some(file) = &spec.config_file {
         command.arg("--config").arg(file);
     }
@@ -286,6 +295,7 @@ mod tests {
     fn a_runner_runs_with_the_benchmarks_thread_count_whatever_this_process_has() {
         let spec = RunnerSpec {
             program: PathBuf::from("/bin/volcano-runner"),
+            wrap: Vec::new(),
             config_file: None,
             env: vec![("VOLCANO_RUNNER_OPS__LOG_FILTER".into(), "warn".into())],
             worker_threads: 3,

@@ -91,6 +91,8 @@ pub struct Options {
     /// this process's RSS (the simulator's, with the harness), so that a long run shows whether they
     /// grow with the jobs submitted.
     pub soak_every: Option<Duration>,
+    /// A command (and its arguments) each runner's command line is given to, such as a profiler.
+    pub runner_wrap: Vec<String>,
 }
 
 /// Runs the whole benchmark and returns its report.
@@ -327,6 +329,7 @@ async fn phase_on(
 
     let spec = RunnerSpec {
         program: options.program.clone(),
+        wrap: options.runner_wrap.clone(),
         config_file: options.config_file.clone(),
         env: runner_env(config),
         worker_threads: options.runner_threads,
@@ -779,6 +782,7 @@ mod tests {
             phase_timeout: Duration::from_secs(1),
             skip_limits: false,
             soak_every: None,
+            runner_wrap: Vec::new(),
         };
         let a = phase_config(&options, "b1p1", 128);
         let b = phase_config(&options, "b1p2", 128);

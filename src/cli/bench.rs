@@ -65,6 +65,11 @@ pub struct Args {
     /// and this process's RSS (the simulator's), to see whether they grow with the jobs submitted.
     #[arg(long)]
     pub soak_every: Option<u64>,
+    /// A command put before each runner's own command line, split at spaces, to profile the runners
+    /// where they run: `--runner-wrap "valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.%p"`
+    /// counts each runner's instructions per job (README, Performance).
+    #[arg(long)]
+    pub runner_wrap: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -179,6 +184,11 @@ fn options(args: &Args, config_file: Option<&Path>) -> Result<Options, CliError>
         phase_timeout: Duration::from_secs(args.phase_timeout),
         skip_limits: args.skip_limits,
         soak_every: args.soak_every.map(Duration::from_secs),
+        runner_wrap: args
+            .runner_wrap
+            .as_deref()
+            .map(|w| w.split_whitespace().map(str::to_owned).collect())
+            .unwrap_or_default(),
     })
 }
 
