@@ -61,8 +61,11 @@ impl Model {
             let Some(created) = core
                 .store
                 .get(&key)
-                .and_then(|pg| pg.at("/metadata/creationTimestamp").and_then(Value::as_str))
-                .and_then(|t| t.parse::<Timestamp>().ok())
+                .and_then(|pg| {
+                    pg.at("/metadata/creationTimestamp")
+                        .and_then(Value::as_str)
+                        .and_then(|t| t.parse::<Timestamp>().ok())
+                })
             else {
                 continue;
             };
