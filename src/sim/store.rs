@@ -400,10 +400,15 @@ pub struct Footprint {
 pub fn tree_bytes(v: &Value) -> usize {
     match v {
         Value::String(s) => s.capacity(),
-        Value::Array(a) => a.capacity() * std::mem::size_of::<Value>() + a.iter().map(tree_bytes).sum::<usize>(),
+        Value::Array(a) => {
+            a.capacity() * std::mem::size_of::<Value>() + a.iter().map(tree_bytes).sum::<usize>()
+        }
         Value::Object(m) => {
             let nodes = m.len().div_ceil(11).max(1);
-            nodes * 640 + m.iter().map(|(k, v)| k.capacity() + tree_bytes(v)).sum::<usize>()
+            nodes * 640
+                + m.iter()
+                    .map(|(k, v)| k.capacity() + tree_bytes(v))
+                    .sum::<usize>()
         }
         _ => 0,
     }
@@ -754,7 +759,8 @@ impl Store {
                 .is_some_and(|w| at.saturating_duration_since(r.at) > w)
         };
         while self.history.len() > self.history_cap
-            || (self.history.len() > HISTORY_FLOOR && self.history.front().is_some_and(|r| expired(r)))
+            || (self.history.len() > HISTORY_FLOOR
+                && self.history.front().is_some_and(|r| expired(r)))
         {
             if let Some(old) = self.history.pop_front() {
                 set(&mut self.dropped, old.key.res, old.rv);
@@ -1154,7 +1160,10 @@ mod tests {
         pod["spec"] = json!({"nodeName": "node-1", "containers": [{"name": "c", "env": [{"name": "A", "value": "1"}]}]});
         pod["status"] = json!({"phase": "Running"});
         let running = s.put(key.clone(), pod.clone());
-        assert!(matches!(s.entry(&key), Some(Entry::Tree(_))), "a running pod is a tree");
+        assert!(
+            matches!(s.entry(&key), Some(Entry::Tree(_))),
+            "a running pod is a tree"
+        );
         assert_eq!(s.footprint().kept, 0);
         let tree_bytes_running = s.footprint().object_bytes;
 

@@ -71,7 +71,13 @@ async fn an_ended_job_costs_the_simulator_a_few_kib_and_reads_back_whole() {
         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded")
     );
-    let terminated = pod.status.as_ref().unwrap().container_statuses.as_ref().unwrap()[0]
+    let terminated = pod
+        .status
+        .as_ref()
+        .unwrap()
+        .container_statuses
+        .as_ref()
+        .unwrap()[0]
         .state
         .as_ref()
         .unwrap()
@@ -116,7 +122,9 @@ async fn an_ended_job_costs_the_simulator_a_few_kib_and_reads_back_whole() {
     assert_eq!(labelled.items.len(), 1);
     let node = pod.spec.as_ref().unwrap().node_name.clone().unwrap();
     let on_node = pods
-        .list(&ListParams::default().fields(&format!("spec.nodeName={node},status.phase=Succeeded")))
+        .list(
+            &ListParams::default().fields(&format!("spec.nodeName={node},status.phase=Succeeded")),
+        )
         .await
         .unwrap();
     assert!(on_node.items.iter().any(|p| p.name_any() == "j-0-job-0"));
@@ -129,8 +137,20 @@ async fn an_ended_job_costs_the_simulator_a_few_kib_and_reads_back_whole() {
 
     // At the end of its TTL the job goes with its pod, and its Events an hour after their last repeat.
     sim.advance(Duration::from_secs(86_400 + 60));
-    assert!(api.list(&ListParams::default()).await.unwrap().items.is_empty());
-    assert!(pods.list(&ListParams::default()).await.unwrap().items.is_empty());
+    assert!(
+        api.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    assert!(
+        pods.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
     let gone = sim.footprint();
     assert_eq!(
         (gone.objects, gone.kept),
@@ -150,7 +170,10 @@ async fn a_watch_from_before_the_history_window_is_410_gone() {
     let cm = |name: String| -> ConfigMap {
         serde_json::from_value(json!({"metadata": {"name": name}, "data": {"k": "v"}})).unwrap()
     };
-    let old = api.create(&PostParams::default(), &cm("old".into())).await.unwrap();
+    let old = api
+        .create(&PostParams::default(), &cm("old".into()))
+        .await
+        .unwrap();
     // The change after `old` that a watch from its version would miss once it has left the window.
     api.create(&PostParams::default(), &cm("older".into()))
         .await

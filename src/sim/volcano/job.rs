@@ -574,12 +574,11 @@ impl Model {
         self.pods_of(key)
             .iter()
             .filter_map(|n| {
-                core.store
-                    .get(&ObjectKey::new(
-                        pt.storage,
-                        key.namespace.clone(),
-                        n.clone(),
-                    ))
+                core.store.get(&ObjectKey::new(
+                    pt.storage,
+                    key.namespace.clone(),
+                    n.clone(),
+                ))
             })
             .filter(|p| {
                 p.at("/metadata/ownerReferences/0/uid")
