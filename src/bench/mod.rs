@@ -348,6 +348,7 @@ async fn phase_on(
             queued: queued.clone(),
             ended: ended.clone(),
             deliveries: observers.deliveries.clone(),
+            store: Some(std::sync::Arc::new(sim.footprint_reader())),
         };
         soak::Reporter::start(every, fleet.runners(), seen)
     });

@@ -2,8 +2,14 @@
 //! resident memory and CPU per job so far, and this process's memory (the simulator runs in it, with the
 //! harness's observers). A runner whose memory follows the live jobs stays flat over a long phase; one
 //! that keeps something per job ever submitted rises in a straight line (issue 46's 13 KiB per job).
+//! The simulator's own figures follow: the objects its store holds (how many are ended ones kept as
+//! text) and about how many bytes they and its watch history take, so that what the simulator keeps per
+//! job can be told from what the harness does.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use crate::sim::store::Footprint;
 
 use super::fleet;
 use super::observe;
@@ -13,6 +19,8 @@ pub struct Seen {
     pub queued: observe::Seen,
     pub ended: observe::Seen,
     pub deliveries: observe::Deliveries,
+    /// Reads the simulator's store footprint (a walk over the store, under its lock).
+    pub store: Option<Arc<dyn Fn() -> Footprint + Send + Sync>>,
 }
 
 /// One runner's figures at one instant.
@@ -32,6 +40,7 @@ pub struct Sample {
     pub duplicates: usize,
     pub runners: Vec<RunnerSample>,
     pub harness_rss_mib: Option<f64>,
+    pub store: Option<Footprint>,
 }
 
 impl Sample {
@@ -58,6 +67,17 @@ impl Sample {
             .harness_rss_mib
             .map_or("-".into(), |m| format!("{m:.0}"));
         line.push_str(&format!(" | sim+harness rss {harness} MiB"));
+        if let Some(f) = &self.store {
+            let mib = |b: usize| b as f64 / (1024.0 * 1024.0);
+            line.push_str(&format!(
+                " | sim store {} objects ({} kept as text) {:.0} MiB, history {} changes {:.0} MiB",
+                f.objects,
+                f.kept,
+                mib(f.object_bytes),
+                f.history,
+                mib(f.history_bytes)
+            ));
+        }
         line
     }
 }
@@ -102,6 +122,7 @@ fn sample(started: Instant, runners: &[(String, u32)], seen: &Seen) -> Sample {
             })
             .collect(),
         harness_rss_mib: fleet::rss_mib(std::process::id()),
+        store: seen.store.as_ref().map(|read| read()),
     }
 }
 
@@ -129,6 +150,7 @@ mod tests {
                 },
             ],
             harness_rss_mib: Some(812.4),
+            store: None,
         };
         let line = sample.line();
         assert!(
@@ -139,6 +161,24 @@ mod tests {
         assert!(line.contains("r-1 rss 40.3 MiB cpu/job 1.00 ms"), "{line}");
         assert!(line.contains("r-2 rss - MiB cpu/job - ms"), "{line}");
         assert!(line.ends_with("sim+harness rss 812 MiB"), "{line}");
+        let with_store = Sample {
+            store: Some(Footprint {
+                objects: 30_000,
+                kept: 25_000,
+                object_bytes: 200 << 20,
+                history: 90_000,
+                history_bytes: 300 << 20,
+            }),
+            ..sample
+        };
+        assert!(
+            with_store.line().ends_with(
+                "sim+harness rss 812 MiB | sim store 30000 objects (25000 kept as text) 200 MiB, \
+                 history 90000 changes 300 MiB"
+            ),
+            "{}",
+            with_store.line()
+        );
     }
 
     #[test]

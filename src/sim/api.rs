@@ -17,7 +17,7 @@ use super::patch::{self, PatchError, PatchKind};
 use super::registry::{Builtin, Registry, ResId, ResourceType};
 use super::schema;
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{ObjectKey, Store};
+use super::store::{KeepRule, ObjectKey, Store};
 use super::volcano::admission;
 
 /// Resource ids the simulator itself needs.
@@ -270,6 +270,7 @@ impl Core {
             event_index: HashMap::new(),
             event_expiry: std::collections::VecDeque::new(),
         };
+        core.keep_ended_as_text();
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
             core.create_internal(ids.namespaces, "", json!({"metadata": {"name": ns}}))
                 .expect("fresh store has no namespaces");
@@ -281,6 +282,53 @@ impl Core {
                 .expect("fresh store has no CRDs");
         }
         core
+    }
+
+    /// What the store keeps as text rather than as trees: what a cluster keeps only to be read until
+    /// it is deleted, which is most of what it holds once it has run jobs for a while. A finished pod
+    /// (kept with its job, until the job's `ttlSecondsAfterFinished`), a VolcanoJob in a phase it does
+    /// not leave on its own, an Event (kept an hour), a NetworkPolicy (written once; the runner's for a
+    /// job stays until the garbage collector takes it with the job). Each is parsed again when read: by
+    /// a client's list or get, by its job's controller, by a label patch, by the policy evaluator.
+    fn keep_ended_as_text(&mut self) {
+        let fields = |core: &Core, id: ResId| core.registry.get(id).field_selectors.clone();
+        let rules = [
+            (
+                self.ids.pods,
+                KeepRule {
+                    when: Some(("/status/phase", &["Succeeded", "Failed"])),
+                    fields: fields(self, self.ids.pods),
+                },
+            ),
+            (
+                self.ids.jobs,
+                KeepRule {
+                    when: Some((
+                        "/status/state/phase",
+                        &["Completed", "Failed", "Terminated", "Aborted"],
+                    )),
+                    fields: fields(self, self.ids.jobs),
+                },
+            ),
+            (
+                self.ids.events,
+                KeepRule {
+                    when: None,
+                    fields: fields(self, self.ids.events),
+                },
+            ),
+            (
+                self.ids.networkpolicies,
+                KeepRule {
+                    when: None,
+                    fields: fields(self, self.ids.networkpolicies),
+                },
+            ),
+        ];
+        for (id, rule) in rules {
+            let storage = self.registry.get(id).storage;
+            self.store.keep_as_text(storage, rule);
+        }
     }
 
     fn key(&self, t: &ResourceType, ns: &str, name: &str) -> ObjectKey {
@@ -312,7 +360,6 @@ impl Core {
         let key = self.key(&t, ns, name);
         self.store
             .get(&key)
-            .cloned()
             .map(|o| self.present(&t, o))
             .ok_or_else(|| ApiError::not_found(&t.plural, &t.group, name))
     }
@@ -359,11 +406,11 @@ impl Core {
             Some(name) => self.store.named(t.storage, ns, name, after_ref),
             None => self.store.list(t.storage, ns, after_ref),
         };
-        for obj in candidates {
-            if !opts.label.matches_object(obj) {
+        for entry in candidates {
+            if !opts.label.matches_entry(entry) {
                 continue;
             }
-            if !opts.field.matches(obj) {
+            if !opts.field.matches_entry(entry) {
                 continue;
             }
             if let Some(l) = limit
@@ -373,7 +420,7 @@ impl Core {
                 continue_token = Some(format!("{rv}/{}/{}", namespace_of(last), name_of(last)));
                 break;
             }
-            items.push(self.present(&t, obj.clone()));
+            items.push(self.present(&t, entry.object()));
         }
         Ok(ListPage {
             items,
@@ -423,7 +470,7 @@ impl Core {
         let nst = self.registry.get(self.ids.namespaces);
         match self.store.get(&self.key(&nst, "", ns)) {
             None => Err(ApiError::not_found("namespaces", "", ns)),
-            Some(n) if meta(n).is_some_and(|m| m.contains_key("deletionTimestamp")) => {
+            Some(n) if meta(&n).is_some_and(|m| m.contains_key("deletionTimestamp")) => {
                 Err(ApiError::forbidden(
                     &t.plural,
                     &t.group,
@@ -539,12 +586,13 @@ impl Core {
         self.store
             .list(qt.storage, None, None)
             .map(|q| {
+                let q = q.object();
                 let state = q
                     .at("/status/state")
                     .and_then(Value::as_str)
                     .unwrap_or_default()
                     .to_string();
-                (name_of(q).to_string(), state)
+                (name_of(&q).to_string(), state)
             })
             .collect()
     }
@@ -633,7 +681,7 @@ impl Core {
                 .map(|b| ALPHABET[(b as usize * 7) % ALPHABET.len()] as char)
                 .collect();
             let name = format!("{prefix}{suffix}");
-            if self.store.get(&self.key(t, ns, &name)).is_none() {
+            if !self.store.contains(&self.key(t, ns, &name)) {
                 return name;
             }
         }
@@ -750,7 +798,7 @@ impl Core {
         }
         self.check_namespace(&t, ns, &name)?;
         let key = self.key(&t, ns, &name);
-        if self.store.get(&key).is_some() {
+        if self.store.contains(&key) {
             return Err(ApiError::already_exists(&t.plural, &t.group, &name));
         }
         let (mut obj, warnings) =
@@ -804,7 +852,6 @@ impl Core {
         let old = self
             .store
             .get(&key)
-            .cloned()
             .ok_or_else(|| ApiError::not_found(&t.plural, &t.group, name))?;
         if let Some(rv) = meta_str(&body, "resourceVersion").filter(|r| !r.is_empty())
             && Some(rv) != meta_str(&old, "resourceVersion")
@@ -878,7 +925,7 @@ impl Core {
             }
         }
         let key = self.key(&t, ns, name);
-        let Some(old) = self.store.get(&key).cloned() else {
+        let Some(old) = self.store.get(&key) else {
             if kind == PatchKind::Apply && sub == Subresource::Main {
                 let mut body = patch_value;
                 match meta_str(&body, "name") {
@@ -998,7 +1045,6 @@ impl Core {
         let old = self
             .store
             .get(&key)
-            .cloned()
             .ok_or_else(|| ApiError::not_found(&t.plural, &t.group, name))?;
         if let Some(uid) = &opts.precondition_uid
             && Some(uid.as_str()) != meta_str(&old, "uid")
@@ -1072,7 +1118,7 @@ impl Core {
         propagation: Option<Propagation>,
         grace: Option<i64>,
     ) -> Deleted {
-        let Some(old) = self.store.get(key).cloned() else {
+        let Some(old) = self.store.get(key) else {
             return Deleted::Gone(Arc::new(Value::Null));
         };
         let is_pod = key.res == self.registry.get(self.ids.pods).storage;
@@ -1189,7 +1235,7 @@ impl Core {
         let name = name_of(&obj).to_string();
         self.check_namespace(&t, ns, &name)?;
         let key = self.key(&t, ns, &name);
-        if self.store.get(&key).is_some() {
+        if self.store.contains(&key) {
             return Err(ApiError::already_exists(&t.plural, &t.group, &name));
         }
         self.stamp_new(&t, ns, &mut obj, None);
@@ -1202,7 +1248,7 @@ impl Core {
         key: &ObjectKey,
         f: impl FnOnce(&mut Value),
     ) -> Option<Arc<Value>> {
-        let old = self.store.get(key)?.clone();
+        let old = self.store.get(key)?;
         let mut new = (*old).clone();
         f(&mut new);
         if !differs(&old, &new) {
@@ -1229,7 +1275,7 @@ impl Core {
         let now = format_time(self.now);
         let dedup = (uid.clone(), reason.to_string(), message.to_string());
         if let Some(key) = self.event_index.get(&dedup).cloned()
-            && self.store.get(&key).is_some()
+            && self.store.contains(&key)
         {
             self.update_internal(&key, |e| {
                 let count = e.get("count").and_then(Value::as_i64).unwrap_or(1) + 1;
@@ -1271,8 +1317,9 @@ impl Core {
     }
 
     /// Deletes the Events not repeated for [`EVENT_TTL`], as the API server lets them expire. Looked at
-    /// when an Event is recorded: the oldest first, and one repeated since is looked at again later.
-    fn expire_events(&mut self) {
+    /// when an Event is recorded and when the clock moves: the oldest first, and one repeated since is
+    /// looked at again later.
+    pub fn expire_events(&mut self) {
         while let Some((since, _)) = self.event_expiry.front() {
             if since.checked_add(EVENT_TTL).is_ok_and(|due| due > self.now) {
                 return;

@@ -72,7 +72,7 @@ impl Gc {
                     if deleting(&r.object) && has_finalizer(&r.object, FOREGROUND_FINALIZER) {
                         if let Some(uid) = uid_of(&r.object) {
                             for dep in core.store.dependents_of(uid) {
-                                if core.store.get(&dep).is_some_and(|d| !deleting(d)) {
+                                if core.store.get(&dep).is_some_and(|d| !deleting(&d)) {
                                     core.delete_key(&dep, Some(Propagation::Background), None);
                                 }
                             }
@@ -89,7 +89,7 @@ impl Gc {
 
     /// Deletes an object whose owners are all gone.
     fn collect_if_orphaned(&self, core: &mut Core, key: &ObjectKey) {
-        let Some(obj) = core.store.get(key).cloned() else {
+        let Some(obj) = core.store.get(key) else {
             return;
         };
         let owners = owner_uids(&obj);
@@ -103,7 +103,7 @@ impl Gc {
 
     /// Removes the foreground finalizer once no dependents are left.
     fn finish_foreground(&self, core: &mut Core, key: &ObjectKey) {
-        let Some(obj) = core.store.get(key).cloned() else {
+        let Some(obj) = core.store.get(key) else {
             return;
         };
         if !deleting(&obj) || !has_finalizer(&obj, FOREGROUND_FINALIZER) {
@@ -140,8 +140,9 @@ impl Gc {
         for storage in Self::namespaced_storages(core) {
             let keys: Vec<ObjectKey> = core
                 .store
-                .list(storage, Some(ns), None)
-                .map(|o| ObjectKey::new(storage, ns, super::api::name_of(o)))
+                .names_in(storage, ns)
+                .into_iter()
+                .map(|name| ObjectKey::new(storage, ns, name))
                 .collect();
             for k in keys {
                 core.delete_key(&k, Some(Propagation::Background), None);
@@ -155,7 +156,7 @@ impl Gc {
             .all(|s| core.store.count(s, Some(ns)) == 0);
         if empty {
             let key = core.key_of(core.ids.namespaces, "", ns);
-            if core.store.get(&key).is_some_and(|n| deleting(n)) {
+            if core.store.get(&key).is_some_and(|n| deleting(&n)) {
                 core.store.remove(&key);
                 self.terminating_namespaces.remove(ns);
             }
@@ -193,8 +194,9 @@ impl Gc {
             for ns in core.store.namespaces_of(storage) {
                 let keys: Vec<ObjectKey> = core
                     .store
-                    .list(storage, Some(&ns), None)
-                    .map(|o| ObjectKey::new(storage, ns.clone(), super::api::name_of(o)))
+                    .names_in(storage, &ns)
+                    .into_iter()
+                    .map(|name| ObjectKey::new(storage, ns.clone(), name))
                     .collect();
                 for k in keys {
                     core.store.remove(&k);
@@ -250,6 +252,9 @@ impl Cluster {
         if until > self.core.now {
             self.core.now = until;
         }
+        // A quiet cluster lets its Events expire too (an API server's are leased in etcd).
+        self.core.expire_events();
+        self.settle();
     }
 
     /// When the model next needs to act on its own.

@@ -199,6 +199,14 @@ pub struct SimConfig {
     /// cache per resource, so a burst of pods does not expire a watch of nodes); a small value lets
     /// tests provoke it.
     pub watch_history: usize,
+    /// How long a change stays in the watch history (real time; the last 100 changes stay however old).
+    /// A real API server's watch cache keeps about the last 75 seconds of changes (etcd itself is
+    /// compacted every 5 minutes, which only reads from etcd see): a watch that falls further behind, or
+    /// resumes from an older version, gets 410 Gone and lists again. Without the window the simulator
+    /// kept `watch_history` changes (a hundred thousand) however old: at one job a second over an hour
+    /// of every job's history, each change with its object.
+    #[serde(deserialize_with = "duration")]
+    pub watch_window: Duration,
     /// How long a watch without `timeoutSeconds` stays open (a real API server ends watches after
     /// 30 to 60 minutes).
     #[serde(deserialize_with = "duration")]
@@ -235,6 +243,7 @@ impl Default for SimConfig {
             overcommit_factor: 1.2,
             proportion: false,
             watch_history: 100_000,
+            watch_window: Duration::from_secs(75),
             watch_timeout: Duration::from_secs(1800),
             bookmark_interval: Duration::from_secs(10),
             events: true,
@@ -439,6 +448,7 @@ fn assemble(
         config.model_config(),
     );
     cluster.core.volcano_admission = config.volcano_admission;
+    cluster.core.store.set_window(config.watch_window);
     let shutdown = CancellationToken::new();
     cluster
         .model
@@ -541,6 +551,18 @@ impl SimHandle {
         self.shared.with(|c| c.core.store.compact());
     }
 
+    /// What the simulator's object store holds (objects, those kept as text, the watch history) and
+    /// about how many bytes: a walk over the whole store, for tests and the benchmark's soak lines.
+    pub fn footprint(&self) -> store::Footprint {
+        self.shared.read(|c| c.core.store.footprint())
+    }
+
+    /// [`SimHandle::footprint`] for a task that outlives a borrow of the handle (the soak lines).
+    pub fn footprint_reader(&self) -> impl Fn() -> store::Footprint + Send + Sync + 'static {
+        let shared = self.shared.clone();
+        move || shared.read(|c| c.core.store.footprint())
+    }
+
     /// Drops every open watch connection at once; clients must resume (and may find their
     /// resourceVersion compacted away).
     pub fn cut_watches(&self) {
@@ -552,7 +574,7 @@ impl SimHandle {
     pub fn set_queue_state(&self, queue: &str, state: &str) -> Result<(), ApiError> {
         self.shared.with(|c| {
             let key = c.core.key_of(c.core.ids.queues, "", queue);
-            if c.core.store.get(&key).is_none() {
+            if !c.core.store.contains(&key) {
                 return Err(ApiError::not_found(
                     "queues",
                     "scheduling.volcano.sh",

@@ -401,11 +401,12 @@ pub(crate) fn pod_egress_closed(core: &super::api::Core, namespace: &str, name: 
     let Some(pod) = resolved.end().pod else {
         return false;
     };
-    let policies: Vec<&Value> = core
+    let stored: Vec<std::sync::Arc<Value>> = core
         .store
         .list(core.ids.networkpolicies, Some(namespace), None)
-        .map(|p| &**p)
+        .map(super::store::Entry::object)
         .collect();
+    let policies: Vec<&Value> = stored.iter().map(|p| &**p).collect();
     egress_closed(&policies, &pod)
 }
 
@@ -525,8 +526,8 @@ fn resolve(core: &super::api::Core, peer: &Peer) -> Result<Resolved, super::ApiE
         Peer::Address(ip) => core
             .store
             .list(ids.pods, None, None)
-            .find(|p| pod_ip(p) == Some(*ip))
-            .cloned(),
+            .map(super::store::Entry::object)
+            .find(|p| pod_ip(p) == Some(*ip)),
     };
     let namespace = pod.as_deref().and_then(|p| {
         let ns = p.at("/metadata/namespace")?.as_str()?;
@@ -549,11 +550,12 @@ pub(crate) fn connection(
     protocol: Protocol,
 ) -> Result<Verdict, super::ApiError> {
     let (from, to) = (resolve(core, from)?, resolve(core, to)?);
-    let policies: Vec<&Value> = core
+    let stored: Vec<std::sync::Arc<Value>> = core
         .store
         .list(core.ids.networkpolicies, None, None)
-        .map(|p| &**p)
+        .map(super::store::Entry::object)
         .collect();
+    let policies: Vec<&Value> = stored.iter().map(|p| &**p).collect();
     Ok(evaluate(&policies, &from.end(), &to.end(), port, protocol))
 }
 

@@ -5,6 +5,8 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
+use super::store::Entry;
+
 /// One requirement of a label selector.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Requirement {
@@ -161,9 +163,19 @@ impl LabelSelector {
             )
     }
 
+    /// Whether a stored object's labels satisfy every requirement, without parsing an object kept as
+    /// text.
+    pub fn matches_entry(&self, entry: &Entry) -> bool {
+        self.0.is_empty() || self.matches_by(|k| entry.label(k))
+    }
+
     /// Whether an object's `metadata.labels` satisfy every requirement.
     pub fn matches(&self, labels: Option<&serde_json::Map<String, Value>>) -> bool {
-        let get = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
+        self.matches_by(|k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str))
+    }
+
+    /// Whether the labels `get` reads satisfy every requirement.
+    fn matches_by<'a>(&self, get: impl Fn(&str) -> Option<&'a str>) -> bool {
         self.0.iter().all(|r| match r {
             Requirement::Equals(k, v) => get(k) == Some(v.as_str()),
             Requirement::NotEquals(k, v) => get(k) != Some(v.as_str()),
@@ -295,6 +307,13 @@ impl FieldSelector {
             };
             (actual == t.value) != t.negated
         })
+    }
+
+    /// Whether a stored object's fields satisfy every term, without parsing an object kept as text.
+    pub fn matches_entry(&self, entry: &Entry) -> bool {
+        self.0
+            .iter()
+            .all(|t| (entry.field(&t.field) == t.value) != t.negated)
     }
 
     /// The value an equality term pins `field` to, if any (to narrow a list to one namespace or name).

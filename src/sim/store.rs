@@ -1,11 +1,22 @@
 //! The object store: every object as JSON, one global increasing `resourceVersion`, a bounded history of
 //! changes for watches, and indices by uid and by owner for garbage collection.
 //!
-//! The store is synchronous and knows nothing of HTTP, validation or time; the API layer above it decides
-//! what to write.
+//! The store is synchronous and knows nothing of HTTP or validation; the API layer above it decides
+//! what to write. Of time it knows only how long its history of changes is kept (the API server's
+//! watch cache keeps a window of recent changes, not every change since it started).
+//!
+//! What it costs per object. A JSON tree (`serde_json::Value`) takes several times the object's text:
+//! every JSON object in it is a B-tree node of its own (about 640 bytes, however few its fields), so a
+//! pod of 5 KiB of JSON takes some 40 KiB as a tree. Objects that are only kept to be read until they
+//! are deleted (a finished pod, an ended VolcanoJob, an Event: the rules are the API layer's, see
+//! [`KeepRule`]) are therefore stored as their JSON text, with the labels and selectable fields lists
+//! and watches filter on, and parsed again only when read. A simulator that runs jobs for hours keeps
+//! every ended job for its `ttlSecondsAfterFinished` (a day), as an API server keeps them in etcd; kept
+//! as trees they made it grow by over 100 KiB per job.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use crate::sim::json::JsonPath;
 use axum::body::Bytes;
@@ -57,6 +68,8 @@ impl ObjectKey {
 #[derive(Debug)]
 pub struct Record {
     pub rv: u64,
+    /// When the change was made (the history keeps a window of time, see [`Store::set_window`]).
+    at: Instant,
     pub key: ObjectKey,
     pub kind: EventType,
     pub object: Arc<Value>,
@@ -221,7 +234,189 @@ pub fn write_partial_metadata(out: &mut Vec<u8>, obj: &Value, rv: Option<&str>) 
 }
 
 /// Per storage resource type: namespace → name → object.
-type Objects = BTreeMap<String, BTreeMap<String, Arc<Value>>>;
+type Objects = BTreeMap<String, BTreeMap<String, Entry>>;
+
+/// A stored object: a JSON tree while it may still change, or, once only kept to be read (see
+/// [`KeepRule`]), its JSON text.
+#[derive(Debug, Clone)]
+pub enum Entry {
+    Tree(Arc<Value>),
+    Kept(Arc<Kept>),
+}
+
+/// An object kept as its JSON text, with what lists and watches filter on: its labels and the values
+/// of its resource's selectable fields (as a field selector reads them: a missing field is empty).
+#[derive(Debug)]
+pub struct Kept {
+    json: Box<[u8]>,
+    labels: Box<[(Box<str>, Box<str>)]>,
+    fields: Box<[(Box<str>, Box<str>)]>,
+}
+
+/// Deeper than this, an object stays a tree: serde_json parses at most 128 levels, and a kept object
+/// must parse again.
+const MAX_KEPT_DEPTH: usize = 100;
+
+fn depth(v: &Value) -> usize {
+    match v {
+        Value::Object(m) => 1 + m.values().map(depth).max().unwrap_or(0),
+        Value::Array(a) => 1 + a.iter().map(depth).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// A field as a field selector reads it: a string as is, a missing field or null as empty, any other
+/// value as its JSON.
+pub fn field_text(obj: &Value, field: &str) -> String {
+    let mut cur = obj;
+    for seg in field.split('.') {
+        match cur.get(seg) {
+            Some(v) => cur = v,
+            None => return String::new(),
+        }
+    }
+    match cur {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+impl Kept {
+    fn new(json: &[u8], obj: &Value, fields: &[&'static str]) -> Kept {
+        let labels = obj
+            .get("metadata")
+            .and_then(|m| m.get("labels"))
+            .and_then(Value::as_object)
+            .map(|l| {
+                l.iter()
+                    .filter_map(|(k, v)| Some((k.as_str().into(), v.as_str()?.into())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let fields = fields
+            .iter()
+            .map(|f| ((*f).into(), field_text(obj, f).into_boxed_str()))
+            .collect();
+        Kept {
+            json: json.into(),
+            labels,
+            fields,
+        }
+    }
+
+    /// What it takes on the heap, about.
+    fn bytes(&self) -> usize {
+        let pairs = |p: &[(Box<str>, Box<str>)]| {
+            p.iter().map(|(k, v)| k.len() + v.len() + 32).sum::<usize>()
+        };
+        self.json.len() + pairs(&self.labels) + pairs(&self.fields) + 64
+    }
+}
+
+impl Entry {
+    /// The object as a JSON tree: shared when it is one, parsed again when kept as text.
+    pub fn object(&self) -> Arc<Value> {
+        match self {
+            Entry::Tree(v) => v.clone(),
+            Entry::Kept(k) => Arc::new(
+                serde_json::from_slice(&k.json).expect("a kept object is JSON the store wrote"),
+            ),
+        }
+    }
+
+    /// A label's value.
+    pub fn label(&self, key: &str) -> Option<&str> {
+        match self {
+            Entry::Tree(v) => v
+                .get("metadata")
+                .and_then(|m| m.get("labels"))
+                .and_then(|l| l.get(key))
+                .and_then(Value::as_str),
+            Entry::Kept(k) => k
+                .labels
+                .iter()
+                .find(|(name, _)| &**name == key)
+                .map(|(_, v)| &**v),
+        }
+    }
+
+    /// A field as a field selector reads it (`metadata.name`, `status.phase`, ...). A kept object
+    /// answers for its resource's selectable fields and its name and namespace.
+    pub fn field(&self, field: &str) -> String {
+        match self {
+            Entry::Tree(v) => field_text(v, field),
+            Entry::Kept(k) => k
+                .fields
+                .iter()
+                .find(|(name, _)| &**name == field)
+                .map(|(_, v)| v.to_string())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// When objects of one resource are kept as text rather than as trees: once they will only be read
+/// (and, rarely, relabelled) until deleted.
+#[derive(Debug, Clone)]
+pub struct KeepRule {
+    /// Kept when the field at this JSON pointer holds one of these values; always when `None`.
+    pub when: Option<(&'static str, &'static [&'static str])>,
+    /// The selectable fields lists and watches may filter them by (besides labels).
+    pub fields: Vec<&'static str>,
+}
+
+impl KeepRule {
+    fn applies(&self, obj: &Value) -> bool {
+        match self.when {
+            None => true,
+            Some((pointer, values)) => obj
+                .at(pointer)
+                .and_then(Value::as_str)
+                .is_some_and(|v| values.contains(&v)),
+        }
+    }
+}
+
+/// What the store holds, about (heap bytes estimated from the objects' shapes, not measured): for
+/// tests and the benchmark's soak lines.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Footprint {
+    /// Objects stored.
+    pub objects: usize,
+    /// Of them, kept as text.
+    pub kept: usize,
+    /// Bytes of the stored objects (trees and texts).
+    pub object_bytes: usize,
+    /// Changes in the watch history.
+    pub history: usize,
+    /// Bytes the history holds besides the stored objects: earlier versions' trees and written lines.
+    pub history_bytes: usize,
+}
+
+/// About what a JSON tree takes on the heap: a B-tree leaf per object (11 slots of key and value,
+/// 640 bytes in jemalloc's size classes) and one more per 11 fields, strings by their length, arrays
+/// by their slots.
+pub fn tree_bytes(v: &Value) -> usize {
+    match v {
+        Value::String(s) => s.capacity(),
+        Value::Array(a) => {
+            a.capacity() * std::mem::size_of::<Value>() + a.iter().map(tree_bytes).sum::<usize>()
+        }
+        Value::Object(m) => {
+            let nodes = m.len().div_ceil(11).max(1);
+            nodes * 640
+                + m.iter()
+                    .map(|(k, v)| k.capacity() + tree_bytes(v))
+                    .sum::<usize>()
+        }
+        _ => 0,
+    }
+}
+
+/// The changes the history keeps however old they are (a real API server's watch cache keeps at least
+/// 100 per resource): a simulator that is quiet for a while still lets watches resume.
+pub const HISTORY_FLOOR: usize = 100;
 
 /// The in-memory object store.
 #[derive(Debug)]
@@ -230,6 +425,11 @@ pub struct Store {
     rv: u64,
     history: VecDeque<Arc<Record>>,
     history_cap: usize,
+    /// How long a change stays in the history (besides the last [`HISTORY_FLOOR`]); `None` keeps up to
+    /// `history_cap` however old.
+    window: Option<Duration>,
+    /// Per resource: when its objects are kept as text.
+    rules: Vec<Option<KeepRule>>,
     /// The resourceVersion of the last `compact` (an etcd compaction): every watch from before it is
     /// gone, whatever its kind.
     compacted_all: u64,
@@ -287,6 +487,8 @@ impl Store {
             rv: 0,
             history: VecDeque::new(),
             history_cap: history_cap.max(1),
+            window: None,
+            rules: Vec::new(),
             compacted_all: 0,
             dropped: Vec::new(),
             last_change: Vec::new(),
@@ -303,6 +505,62 @@ impl Store {
             self.objects.resize_with(res + 1, BTreeMap::new);
         }
         &mut self.objects[res]
+    }
+
+    /// Keeps changes in the history for `window` (and at least the last [`HISTORY_FLOOR`]), as a
+    /// real API server's watch cache keeps the changes of the last 75 seconds or so: a watch that
+    /// resumes from an older version gets 410 Gone and lists again.
+    pub fn set_window(&mut self, window: Duration) {
+        self.window = Some(window);
+    }
+
+    /// Objects of `res` that `rule` applies to are kept as text from their next write on.
+    pub fn keep_as_text(&mut self, res: ResId, rule: KeepRule) {
+        if self.rules.len() <= res {
+            self.rules.resize(res + 1, None);
+        }
+        let mut rule = rule;
+        for f in ["metadata.name", "metadata.namespace"] {
+            if !rule.fields.contains(&f) {
+                rule.fields.push(f);
+            }
+        }
+        self.rules[res] = Some(rule);
+    }
+
+    /// What the store holds (a walk over every object: for tests and reports, not for hot paths).
+    pub fn footprint(&self) -> Footprint {
+        let mut f = Footprint::default();
+        let mut stored: HashSet<*const Value> = HashSet::new();
+        for names in self.objects.iter().flat_map(BTreeMap::values) {
+            for entry in names.values() {
+                f.objects += 1;
+                f.object_bytes += match entry {
+                    Entry::Tree(v) => {
+                        stored.insert(Arc::as_ptr(v));
+                        tree_bytes(v)
+                    }
+                    Entry::Kept(k) => {
+                        f.kept += 1;
+                        k.bytes()
+                    }
+                };
+            }
+        }
+        let mut counted: HashSet<*const Value> = HashSet::new();
+        for r in &self.history {
+            f.history += 1;
+            for v in std::iter::once(&r.object).chain(r.prev.as_ref()) {
+                let ptr = Arc::as_ptr(v);
+                if !stored.contains(&ptr) && counted.insert(ptr) {
+                    f.history_bytes += tree_bytes(v);
+                }
+            }
+            f.history_bytes += r.line.get().map_or(0, Bytes::len)
+                + r.metadata_line.get().map_or(0, Bytes::len)
+                + 128;
+        }
+        f
     }
 
     /// The latest resourceVersion.
@@ -346,8 +604,19 @@ impl Store {
         )
     }
 
-    /// The stored object, shared (watch history and lists hold the same `Arc`).
-    pub fn get(&self, key: &ObjectKey) -> Option<&Arc<Value>> {
+    /// The stored object: shared (watch history and lists hold the same `Arc`), or parsed from its
+    /// text when it is kept as text.
+    pub fn get(&self, key: &ObjectKey) -> Option<Arc<Value>> {
+        self.entry(key).map(Entry::object)
+    }
+
+    /// Whether an object is stored under `key`.
+    pub fn contains(&self, key: &ObjectKey) -> bool {
+        self.entry(key).is_some()
+    }
+
+    /// The stored entry (tree or text).
+    pub fn entry(&self, key: &ObjectKey) -> Option<&Entry> {
         self.objects
             .get(key.res)?
             .get(&key.namespace)?
@@ -364,7 +633,7 @@ impl Store {
         namespace: Option<&'a str>,
         name: &'a str,
         after: Option<(&'a str, &'a str)>,
-    ) -> Box<dyn Iterator<Item = &'a Arc<Value>> + 'a> {
+    ) -> Box<dyn Iterator<Item = &'a Entry> + 'a> {
         let Some(objects) = self.objects.get(res) else {
             return Box::new(std::iter::empty());
         };
@@ -396,7 +665,7 @@ impl Store {
         res: ResId,
         namespace: Option<&'a str>,
         after: Option<(&'a str, &'a str)>,
-    ) -> Box<dyn Iterator<Item = &'a Arc<Value>> + 'a> {
+    ) -> Box<dyn Iterator<Item = &'a Entry> + 'a> {
         let Some(objects) = self.objects.get(res) else {
             return Box::new(std::iter::empty());
         };
@@ -443,6 +712,15 @@ impl Store {
         }
     }
 
+    /// The names of the objects of one type in one namespace, in order.
+    pub fn names_in(&self, res: ResId, namespace: &str) -> Vec<String> {
+        self.objects
+            .get(res)
+            .and_then(|o| o.get(namespace))
+            .map(|names| names.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// Namespaces that hold objects of a type.
     pub fn namespaces_of(&self, res: ResId) -> Vec<String> {
         self.objects
@@ -457,9 +735,11 @@ impl Store {
         kind: EventType,
         object: Arc<Value>,
         prev: Option<Arc<Value>>,
-    ) {
+    ) -> Arc<Record> {
+        let at = Instant::now();
         let record = Arc::new(Record {
             rv: self.rv,
+            at,
             key,
             kind,
             object,
@@ -473,12 +753,20 @@ impl Store {
             self.touched.push(res);
         }
         self.changes.push(record.clone());
-        self.history.push_back(record);
-        while self.history.len() > self.history_cap {
+        self.history.push_back(record.clone());
+        let expired = |r: &Record| {
+            self.window
+                .is_some_and(|w| at.saturating_duration_since(r.at) > w)
+        };
+        while self.history.len() > self.history_cap
+            || (self.history.len() > HISTORY_FLOOR
+                && self.history.front().is_some_and(|r| expired(r)))
+        {
             if let Some(old) = self.history.pop_front() {
                 set(&mut self.dropped, old.key.res, old.rv);
             }
         }
+        record
     }
 
     fn index(&mut self, key: &ObjectKey, old: Option<&Value>, new: Option<&Value>) {
@@ -522,7 +810,9 @@ impl Store {
         }
     }
 
-    /// Writes an object (create or replace), giving it the next resourceVersion. Returns the stored object.
+    /// Writes an object (create or replace), giving it the next resourceVersion. Returns the stored
+    /// object (the tree, also when it is stored as text: the history holds the tree while it keeps the
+    /// change).
     pub fn put(&mut self, key: ObjectKey, mut object: Value) -> Arc<Value> {
         self.rv += 1;
         if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -533,14 +823,31 @@ impl Store {
             .slot(key.res)
             .entry(key.namespace.clone())
             .or_default()
-            .insert(key.name.clone(), object.clone());
+            .insert(key.name.clone(), Entry::Tree(object.clone()))
+            .map(|e| e.object());
         self.index(&key, old.as_deref(), Some(&object));
         let kind = if old.is_some() {
             EventType::Modified
         } else {
             EventType::Added
         };
-        self.record(key, kind, object.clone(), old);
+        let record = self.record(key, kind, object.clone(), old);
+        if let Some(Some(rule)) = self.rules.get(record.key.res)
+            && rule.applies(&object)
+            && depth(&object) <= MAX_KEPT_DEPTH
+        {
+            // The text is the one watches send (written once, shared with them).
+            let kept = Kept::new(&record.object_json(false), &object, &rule.fields);
+            let key = &record.key;
+            if let Some(slot) = self
+                .objects
+                .get_mut(key.res)
+                .and_then(|o| o.get_mut(&key.namespace))
+                .and_then(|n| n.get_mut(&key.name))
+            {
+                *slot = Entry::Kept(Arc::new(kept));
+            }
+        }
         object
     }
 
@@ -550,7 +857,7 @@ impl Store {
     pub fn remove(&mut self, key: &ObjectKey) -> Option<Arc<Value>> {
         let objects = self.objects.get_mut(key.res)?;
         let names = objects.get_mut(&key.namespace)?;
-        let old = names.remove(&key.name)?;
+        let old = names.remove(&key.name)?.object();
         if names.is_empty() {
             objects.remove(&key.namespace);
         }
@@ -698,8 +1005,8 @@ mod tests {
                 obj(name, &format!("{ns}{name}"), &[]),
             );
         }
-        let names = |it: Box<dyn Iterator<Item = &Arc<Value>> + '_>| {
-            it.map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
+        let names = |it: Box<dyn Iterator<Item = &Entry> + '_>| {
+            it.map(|o| o.object()["metadata"]["name"].as_str().unwrap().to_string())
                 .collect::<Vec<_>>()
         };
         assert_eq!(names(s.list(0, None, None)), vec!["y", "z", "x", "w"]);
@@ -717,8 +1024,8 @@ mod tests {
                 obj(name, &format!("{ns}{name}"), &[]),
             );
         }
-        let uids = |it: Box<dyn Iterator<Item = &Arc<Value>> + '_>| {
-            it.map(|o| o["metadata"]["uid"].as_str().unwrap().to_string())
+        let uids = |it: Box<dyn Iterator<Item = &Entry> + '_>| {
+            it.map(|o| o.object()["metadata"]["uid"].as_str().unwrap().to_string())
                 .collect::<Vec<_>>()
         };
         let filtered = |ns, after| {
@@ -835,6 +1142,83 @@ mod tests {
             assert_eq!(sent, r.sent_object());
             assert_eq!(sent["metadata"]["resourceVersion"], r.rv.to_string());
         }
+    }
+
+    #[test]
+    fn an_ended_object_is_kept_as_text_and_reads_back_the_same() {
+        let mut s = Store::new(100, 1);
+        s.keep_as_text(
+            0,
+            KeepRule {
+                when: Some(("/status/phase", &["Succeeded", "Failed"])),
+                fields: vec!["status.phase", "spec.nodeName"],
+            },
+        );
+        let key = ObjectKey::new(0, "ns", "p");
+        let mut pod = obj("p", "U", &["J"]);
+        pod["metadata"]["labels"] = json!({"app": "x", "n": "1"});
+        pod["spec"] = json!({"nodeName": "node-1", "containers": [{"name": "c", "env": [{"name": "A", "value": "1"}]}]});
+        pod["status"] = json!({"phase": "Running"});
+        let running = s.put(key.clone(), pod.clone());
+        assert!(
+            matches!(s.entry(&key), Some(Entry::Tree(_))),
+            "a running pod is a tree"
+        );
+        assert_eq!(s.footprint().kept, 0);
+        let tree_bytes_running = s.footprint().object_bytes;
+
+        pod["status"] = json!({"phase": "Succeeded", "containerStatuses": [{"name": "c", "state": {"terminated": {"exitCode": 0}}}]});
+        let written = s.put(key.clone(), pod.clone());
+        let Some(Entry::Kept(_)) = s.entry(&key) else {
+            panic!("a finished pod is kept as text")
+        };
+        // Read back: the same object, at its version, and what lists filter on answered without it.
+        assert_eq!(*s.get(&key).unwrap(), *written);
+        assert_eq!(s.get(&key).unwrap()["metadata"]["resourceVersion"], "2");
+        let entry = s.entry(&key).unwrap();
+        assert_eq!(entry.label("app"), Some("x"));
+        assert_eq!(entry.label("other"), None);
+        assert_eq!(entry.field("status.phase"), "Succeeded");
+        assert_eq!(entry.field("spec.nodeName"), "node-1");
+        assert_eq!(entry.field("metadata.name"), "p");
+        assert_eq!(entry.field("metadata.namespace"), "");
+        let listed: Vec<Arc<Value>> = s.list(0, Some("ns"), None).map(Entry::object).collect();
+        assert_eq!(listed, vec![written.clone()]);
+        // The indices still know it, and a removal sends the whole object.
+        assert_eq!(s.by_uid("U"), Some(&key));
+        assert_eq!(s.dependents_of("J"), vec![key.clone()]);
+        let f = s.footprint();
+        assert_eq!((f.objects, f.kept), (1, 1));
+        assert!(
+            f.object_bytes * 3 < tree_bytes_running,
+            "text {} against a tree of {tree_bytes_running}",
+            f.object_bytes
+        );
+        let last = s.remove(&key).unwrap();
+        assert_eq!(*last, *written);
+        assert!(s.by_uid("U").is_none());
+        drop(running);
+    }
+
+    #[test]
+    fn the_history_keeps_a_window_of_time_and_at_least_its_floor() {
+        let mut s = Store::new(100_000, 1);
+        s.set_window(Duration::from_millis(200));
+        let key = |i: usize| ObjectKey::new(0, "ns", format!("o{i}"));
+        s.put(key(0), obj("o0", "U0", &[]));
+        std::thread::sleep(Duration::from_millis(300));
+        for i in 1..HISTORY_FLOOR {
+            s.put(key(i), obj("o", &format!("U{i}"), &[]));
+        }
+        // The first change is older than the window, but the floor holds it until one more comes.
+        assert!(s.history_after(0, 0, 10).is_some());
+        s.put(key(HISTORY_FLOOR), obj("o", "last", &[]));
+        assert!(
+            s.history_after(0, 0, 10).is_none(),
+            "the first change left with the window"
+        );
+        assert!(s.history_after(0, 1, 10).is_some(), "the recent ones stay");
+        assert_eq!(s.footprint().history, HISTORY_FLOOR);
     }
 
     #[test]

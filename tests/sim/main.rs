@@ -21,6 +21,7 @@ mod kubectl;
 mod logs;
 mod promise;
 mod queues;
+mod retention;
 mod sla;
 mod starve;
 mod volcano;

@@ -445,7 +445,7 @@ fn write_job_status(
 /// watched and listed by every scheduler and monitor for the job's whole retention. An aborted job
 /// keeps it (a `ResumeJob` takes the job back).
 fn write_podgroup_status(core: &mut Core, pg_key: &ObjectKey, counts: &Counts, ended: bool) {
-    let Some(pg) = core.store.get(pg_key).cloned() else {
+    let Some(pg) = core.store.get(pg_key) else {
         return;
     };
     if ended {
@@ -478,7 +478,7 @@ impl Model {
     /// the order of Volcano's job controller: observe the pods, execute a command or a policy's action,
     /// move the phase, stop or create pods, then write the job's and the PodGroup's status.
     pub(super) fn reconcile_job(&mut self, core: &mut Core, key: &ObjectKey) {
-        let Some(job) = core.store.get(key).cloned() else {
+        let Some(job) = core.store.get(key) else {
             self.jobs.remove(key);
             self.commands.remove(key);
             return;
@@ -574,13 +574,11 @@ impl Model {
         self.pods_of(key)
             .iter()
             .filter_map(|n| {
-                core.store
-                    .get(&ObjectKey::new(
-                        pt.storage,
-                        key.namespace.clone(),
-                        n.clone(),
-                    ))
-                    .cloned()
+                core.store.get(&ObjectKey::new(
+                    pt.storage,
+                    key.namespace.clone(),
+                    n.clone(),
+                ))
             })
             .filter(|p| {
                 p.at("/metadata/ownerReferences/0/uid")

@@ -84,7 +84,7 @@ fn backoff(restarts: u32) -> Duration {
 impl Model {
     /// Binds a pod to a node: capacity is taken and the kubelet starts it after the start delay.
     pub(super) fn bind(&mut self, core: &mut Core, key: &ObjectKey, node: usize, scheduler: &str) {
-        let Some(pod) = core.store.get(key).cloned() else {
+        let Some(pod) = core.store.get(key) else {
             return;
         };
         let node_name = self.nodes[node].name.clone();
@@ -445,7 +445,7 @@ impl Model {
         if let Some(storage) = &self.config.storage_dir
             && let Some(pod) = core.store.get(key)
         {
-            super::storage::keep_output(storage, pod, self.config.default_run, core.now);
+            super::storage::keep_output(storage, &pod, self.config.default_run, core.now);
         }
         if restarts {
             let count = core

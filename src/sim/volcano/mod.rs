@@ -464,7 +464,7 @@ impl Model {
                             let queue = core
                                 .store
                                 .get(&gkey)
-                                .map(|pg| group_queue(pg))
+                                .map(|pg| group_queue(&pg))
                                 .unwrap_or_else(|| "default".into());
                             self.enqueue_group(gkey, queue);
                         }
@@ -597,7 +597,7 @@ impl Model {
     /// not uid, as in Volcano; a Command aimed at anything else is left alone.
     fn take_commands(&mut self, core: &mut Core) {
         for key in std::mem::take(&mut self.new_commands) {
-            let Some(cmd) = core.store.get(&key).cloned() else {
+            let Some(cmd) = core.store.get(&key) else {
                 continue;
             };
             let target = |field: &str| cmd.at(&format!("/target/{field}")).and_then(Value::as_str);
@@ -616,7 +616,7 @@ impl Model {
                 .to_string();
             core.delete_key(&key, None, None);
             let job_key = core.key_of(core.ids.jobs, &key.namespace, &job_name);
-            let Some(job) = core.store.get(&job_key).cloned() else {
+            let Some(job) = core.store.get(&job_key) else {
                 continue;
             };
             self.event(

@@ -53,7 +53,9 @@ impl Model {
         let qt = core.registry.get(core.ids.queues);
         core.store
             .list(qt.storage, None, None)
+            .map(crate::sim::store::Entry::object)
             .map(|q| {
+                let q: &Value = &q;
                 let cap = q
                     .at("/spec/capability")
                     .filter(|c| c.as_object().is_some_and(|m| !m.is_empty()));
@@ -93,7 +95,7 @@ impl Model {
         if core
             .store
             .get(key)
-            .is_none_or(|pg| group_status_holds(pg, phase, cond))
+            .is_none_or(|pg| group_status_holds(&pg, phase, cond))
         {
             return false;
         }
@@ -139,7 +141,7 @@ impl Model {
             self.event(core, pg, "Warning", "Unschedulable", message, "volcano");
             if let Some(job_name) = super::owner_job(pg) {
                 let jkey = core.key_of(core.ids.jobs, &gkey.namespace, &job_name);
-                if let Some(job) = core.store.get(&jkey).cloned() {
+                if let Some(job) = core.store.get(&jkey) {
                     let text = format!(
                         "PodGroup {}:{} unschedule,reason: {message}",
                         gkey.namespace, gkey.name
@@ -188,7 +190,7 @@ impl Model {
         while let Some((seq, gkey, queue)) =
             next_candidate(&mut by_queue, &session.shares, &session.queues)
         {
-            let Some(pg) = core.store.get(&gkey).cloned() else {
+            let Some(pg) = core.store.get(&gkey) else {
                 self.forget_group(&gkey);
                 continue;
             };
@@ -227,8 +229,11 @@ impl Model {
         let created = |key: &ObjectKey| {
             core.store
                 .get(key)
-                .and_then(|pg| pg.at("/metadata/creationTimestamp").and_then(Value::as_str))
-                .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                .and_then(|pg| {
+                    pg.at("/metadata/creationTimestamp")
+                        .and_then(Value::as_str)
+                        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                })
                 .map_or(i64::MAX, |t| t.as_second())
         };
         candidates.sort_by_cached_key(|(seq, key, _)| {
@@ -606,10 +611,10 @@ impl Model {
                 if phase != "Failed" {
                     gang.active_bound += 1;
                 }
-            } else if is_gated(pod) {
+            } else if is_gated(&pod) {
                 gang.gated.push(key);
             } else {
-                gang.unbound.push((key, (**pod).clone()));
+                gang.unbound.push((key, (*pod).clone()));
             }
         }
         gang.unbound.sort_by_key(|(k, _)| pod_order(&k.name));
@@ -748,7 +753,7 @@ impl Model {
         };
         self.bare_fresh.clear();
         for key in keys {
-            let Some(pod) = core.store.get(&key).cloned() else {
+            let Some(pod) = core.store.get(&key) else {
                 self.bare_pending.remove(&key);
                 continue;
             };

@@ -58,12 +58,11 @@ impl Model {
             let Some(seq) = self.group_order.get(&key) else {
                 continue;
             };
-            let Some(created) = core
-                .store
-                .get(&key)
-                .and_then(|pg| pg.at("/metadata/creationTimestamp").and_then(Value::as_str))
-                .and_then(|t| t.parse::<Timestamp>().ok())
-            else {
+            let Some(created) = core.store.get(&key).and_then(|pg| {
+                pg.at("/metadata/creationTimestamp")
+                    .and_then(Value::as_str)
+                    .and_then(|t| t.parse::<Timestamp>().ok())
+            }) else {
                 continue;
             };
             let Ok(deadline) = created.checked_add(*wait) else {
