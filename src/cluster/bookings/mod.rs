@@ -5,12 +5,15 @@
 //! reads again, and decides against the first's booking (refused, with the next window).
 //!
 //! What a booking sets aside is kept by node marks: every node a booking has a rank on carries the
-//! taint `<prefix>booked=<latest end ms>:NoSchedule` until its bookings' end, which only booked jobs
-//! tolerate, and the label `<prefix>booked-<jobId>=yes` per booking, which the booked job's pods select
-//! (the submit path renders the toleration and the selector). A waiting job is therefore never placed
-//! on a booked node, whatever its allocation, and a booked job only on its own booked nodes; running
-//! jobs stay (they were counted until their expiry when the booking was decided). The taints are written from the record alone ([`Bookings::sync_taints`]),
-//! so whoever writes next puts right what a runner killed half-way left.
+//! taint `<prefix>booked=<until>_<from>_<cutoff>:NoSchedule` ([`BookedTaint`]) until its bookings'
+//! end (or their jobs'), which booked jobs tolerate, and the label `<prefix>booked-<jobId>=yes` per
+//! booking, which the booked job's pods select (the submit path renders the toleration and the
+//! selector). A waiting job is placed on a booked node only when it is let on just in time
+//! ([`Bookings::admit_just_in_time`]: it ends before the node's first booked start), and a booked job
+//! only on its own booked nodes; running jobs stay (they were counted until their expiry when the
+//! booking was decided). The marks are written from the record alone ([`Bookings::sync_taints`]), so
+//! whoever writes next puts right what a runner killed half-way left; so is the news of what became of
+//! a booking ([`News`]), told by whoever finds it untold.
 //!
 //! The decision reads the cluster afresh each time (nodes, bound pods, the managed jobs' expiries):
 //! never a cache, because a cache behind by a second could promise capacity a pod has just taken.
@@ -23,7 +26,7 @@ use std::time::Duration;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Taint, Toleration};
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::ClusterConfig;
 use super::error::{ClusterError, KubeResultExt};
