@@ -27,13 +27,13 @@ pub struct Amount {
 }
 
 impl Amount {
-    fn fits_in(&self, free: &Amount) -> bool {
+    pub fn fits_in(&self, free: &Amount) -> bool {
         self.cpu_milli <= free.cpu_milli
             && self.memory_mib <= free.memory_mib
             && self.gpu <= free.gpu
     }
 
-    fn minus(&self, other: &Amount) -> Amount {
+    pub fn minus(&self, other: &Amount) -> Amount {
         Amount {
             cpu_milli: self.cpu_milli.saturating_sub(other.cpu_milli),
             memory_mib: self.memory_mib.saturating_sub(other.memory_mib),

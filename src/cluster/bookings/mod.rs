@@ -618,7 +618,8 @@ impl Bookings {
     /// Just in time, as for maintenance windows: the waiting pods of jobs whose allocation ends
     /// before a booked node's first booked start are let onto the node, by the toleration of its
     /// booked taint's value as it is now ([`BookedTaint::admits`]: placed by the cutoff, they end before
-    /// the start). A job without a time limit, a booked job, and a pod held by a scheduling gate are
+    /// the start), when they fit in what is free on it now (so they are placed at once, long before
+    /// the cutoff, even should the value not be moved on in time). A job without a time limit, a booked job, and a pod held by a scheduling gate are
     /// let onto no booked node; a pod is given at most [`JUST_IN_TIME_TOLERATIONS`] such tolerations
     /// over its wait (each lasts a step), so one that waits long does not grow without bound. Each
     /// pod is written conditional on the version listed; a conflict is left to the next pass.
@@ -628,21 +629,38 @@ impl Bookings {
             .list(&ListParams::default())
             .await
             .classify(|| "list nodes (booked admission)".to_owned())?;
-        let booked: Vec<BookedTaint> = nodes
+        let mut booked: Vec<(String, BookedTaint, Amount)> = nodes
             .items
             .iter()
-            .filter_map(|n| booked_taint(&self.keys, n.spec.as_ref()?.taints.as_deref()?))
-            .filter(|t| t.admits(SignedDuration::ZERO, self.step, now))
+            .filter_map(|n| {
+                let taint = booked_taint(&self.keys, n.spec.as_ref()?.taints.as_deref()?)?;
+                let room = amount_of(n.status.as_ref()?.allocatable.as_ref()?);
+                Some((n.metadata.name.clone()?, taint, room))
+            })
+            .filter(|(_, t, _)| t.admits(SignedDuration::ZERO, self.step, now))
             .collect();
         if booked.is_empty() {
             return Ok(0);
         }
         let pods = Api::<Pod>::all(self.client.clone())
-            .list(&ListParams::default().fields("spec.nodeName="))
+            .list(&ListParams::default())
             .await
             .classify(|| "list pods (booked admission)".to_owned())?;
-        if pods.items.is_empty() {
-            return Ok(0);
+        // What is free on each booked node now: a pod is let on only where it fits at once, so that it
+        // is placed well before the cutoff.
+        for pod in &pods.items {
+            let (Some(node), phase) = (
+                pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+                pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            ) else {
+                continue;
+            };
+            if matches!(phase, Some("Succeeded" | "Failed")) {
+                continue;
+            }
+            if let Some((_, _, room)) = booked.iter_mut().find(|(n, _, _)| n == node) {
+                *room = room.minus(&pod_requests(pod));
+            }
         }
         let selector = format!("{},!{}", self.managed_selector, super::labels::ENDED);
         let jobs = Api::<VolcanoJob>::all(self.client.clone())
@@ -667,7 +685,11 @@ impl Bookings {
             .collect();
         let key = taint_key(&self.keys);
         let mut let_on = 0;
-        for pod in &pods.items {
+        for pod in pods.items.iter().filter(|p| {
+            p.spec
+                .as_ref()
+                .is_some_and(|s| s.node_name.is_none())
+        }) {
             let job = pod
                 .metadata
                 .labels
@@ -679,7 +701,12 @@ impl Bookings {
             let Some(max_time) = job else {
                 continue;
             };
-            let Some(tolerations) = just_in_time(pod, &key, &booked, *max_time, self.step, now)
+            let fits: Vec<BookedTaint> = booked
+                .iter()
+                .filter(|(_, _, room)| pod_requests(pod).fits_in(room))
+                .map(|(_, t, _)| *t)
+                .collect();
+            let Some(tolerations) = just_in_time(pod, &key, &fits, *max_time, self.step, now)
             else {
                 continue;
             };
