@@ -733,6 +733,7 @@ async fn a_booked_job_that_ends_early_frees_its_capacity_then() {
 
     w.advance_to_ms(t.as_millisecond());
     w.settle(Duration::from_millis(300)).await;
+    steps(&mut w, 3).await;
     w.until("the booked session RUNNING", |s| {
         s.event("early/RUNNING").is_some()
     })
@@ -768,9 +769,9 @@ async fn a_booked_job_that_ends_early_frees_its_capacity_then() {
     w.close().await;
 }
 
-/// One node, booked for T two hours ahead. A job whose allocation (30 minutes) ends before T is let
-/// onto the booked node just in time and runs there; it never runs past T; the booked session still
-/// starts at T within the margin.
+/// One node of 8 CPU, 4 of them booked for T two hours ahead. A job whose allocation (30 minutes) ends
+/// before T is let onto the booked node just in time and runs there; it never runs past T; the booked
+/// session still starts at T within the margin.
 #[tokio::test]
 async fn a_job_that_ends_before_the_booked_start_runs_on_booked_capacity() {
     let mut w = World::start(
@@ -779,7 +780,12 @@ async fn a_job_that_ends_before_the_booked_start_runs_on_booked_capacity() {
             all_bookable(c);
             c.bookings.check_interval = Duration::from_millis(200);
         },
-        |s| small_nodes(s, 1),
+        // 8 CPU: the booked job's gang, admitted to its queue at once, reserves 4 of the cluster's
+        // idle capacity (Volcano's enqueue), and the short job must still be admitted.
+        |s| {
+            small_nodes(s, 1);
+            s.nodes[0].cpu = "8".into();
+        },
     )
     .await;
     let runner = w.runner("runner-a").await;
