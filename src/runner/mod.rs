@@ -278,7 +278,7 @@ impl Runner {
         let (handler, token) = (self.handler.clone(), background.clone());
         let interval = config.bookings.check_interval;
         tasks.spawn(async move {
-            handle::booking::run_tidy(handler, interval, token.cancelled()).await;
+            handle::fates::run_tidy(handler, interval, token.cancelled()).await;
         });
 
         let progress = [consume::Progress::default(), consume::Progress::default()];

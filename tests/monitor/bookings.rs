@@ -300,7 +300,8 @@ async fn thirty_sessions_booked_on_a_busy_cluster_all_start_at_their_time() {
             "{id} started {started}, booked {t}"
         );
     }
-    // No batch job that started after the bookings were made runs on a booked node.
+    // A batch job that started on a booked node after the bookings were made had a limit that ended
+    // it by T (the just-in-time rule); none without a limit did.
     let ns = w.namespace_of(&job("x", "true"));
     for j in batch.iter().chain(&backlog) {
         let Some(running) = w.seen.event(&format!("{}/RUNNING", j.job_id)) else {
@@ -312,10 +313,15 @@ async fn thirty_sessions_booked_on_a_busy_cluster_all_start_at_their_time() {
         let node = w
             .pod(&ns, &format!("j-{}-job-0", j.job_id))
             .and_then(|p| p.pointer("/spec/nodeName")?.as_str().map(str::to_owned));
+        if node.as_ref().is_none_or(|n| !booked_nodes.contains(n)) {
+            continue;
+        }
+        let limit = j.time_allocation.as_ref().map(|d| d.seconds);
         assert!(
-            node.as_ref().is_none_or(|n| !booked_nodes.contains(n)),
-            "{} started on booked node {node:?} ({booked_nodes:?})",
-            j.job_id
+            limit.is_some_and(|l| ms(&running.started_at) + l * 1000 <= t.as_millisecond()),
+            "{} started on booked node {node:?} at {} with limit {limit:?}, past {t}",
+            j.job_id,
+            ms(&running.started_at)
         );
     }
     consumer.stop().await;
@@ -612,6 +618,223 @@ async fn a_lost_node_moves_a_booking_and_a_forced_window_cancels_one() {
     w.close().await;
 }
 
+/// The bookings' record as the runners use it.
+fn record(w: &World) -> volcano_runner::cluster::Bookings {
+    volcano_runner::cluster::Bookings::new(
+        w.client.clone(),
+        &w.config.cluster,
+        &w.config.bookings,
+        &w.keys,
+    )
+}
+
+/// How often `event_id` was published.
+fn times(w: &World, event_id: &str) -> usize {
+    w.seen
+        .lifecycle
+        .iter()
+        .filter(|e| e.event_id == event_id)
+        .count()
+}
+
+/// One node, one session booked on it for T. A maintenance window is forced over the node at T, and
+/// a runner's tidy cancels the booking (no other room) and dies before it tells anyone or cancels the
+/// job. The news is in the record: another runner leaves it alone while the dead runner's claim
+/// lasts, then takes it over, tells the user once, cancels the job (charged nothing, so it is never
+/// released at T), and removes the news.
+#[tokio::test]
+async fn a_runner_killed_before_telling_a_broken_booking_leaves_it_to_the_next() {
+    let mut w = World::start(
+        "book-killed",
+        |c| {
+            all_bookable(c);
+            c.bookings.check_interval = Duration::from_millis(200);
+        },
+        |s| small_nodes(s, 1),
+    )
+    .await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let consumer = w.consumer("runner-a").await;
+    let t = w.sim.now() + jiff::SignedDuration::from_hours(1);
+    w.publish_submit(&booked_at(sized("killed", 4, 1800, "sleep 600"), t, t))
+        .await;
+    let a = answered(&mut w, "killed").await;
+    assert_eq!(a.reason, "booked", "{}", a.status);
+    // The consumer (whose tidy would tell) stops; the "runner" below tidies and dies at once.
+    consumer.stop().await;
+    force_window(&w, "n1", t, "killed").await;
+    let dying = record(&w);
+    let news = dying.tidy(w.sim.now(), "runner-dead").await.unwrap();
+    assert_eq!(news.len(), 1, "{news:?}");
+    drop(news);
+    assert!(dying.list().await.unwrap().is_empty(), "the booking went");
+    assert_eq!(dying.news().await.unwrap().len(), 1, "its news stays");
+
+    let cancelled = format!("killed/booking/{}/cancelled", t.as_millisecond());
+    let other = w.consumer("runner-b").await;
+    w.settle(Duration::from_secs(2)).await;
+    assert_eq!(times(&w, &cancelled), 0, "told while the teller's claim lasts");
+    w.advance(60);
+    w.until("the broken booking told", |s| s.event(&cancelled).is_some())
+        .await;
+    let event = w.seen.event(&cancelled).unwrap().clone();
+    assert_eq!(event.reason, "booking_cancelled");
+    assert_eq!(event.runner_id, "runner-b");
+    assert!(event.status.contains("firmware"), "{}", event.status);
+    steps(&mut w, 2).await;
+    w.until("the job CANCELLED", |s| s.event("killed/CANCELLED").is_some())
+        .await;
+    assert!(
+        w.seen
+            .event("killed/CANCELLED")
+            .unwrap()
+            .status
+            .contains("booking could not be kept"),
+        "{}",
+        w.seen.event("killed/CANCELLED").unwrap().status
+    );
+    steps(&mut w, 5).await;
+    w.settle(Duration::from_secs(1)).await;
+    assert_eq!(times(&w, &cancelled), 1, "told once");
+    assert!(record(&w).news().await.unwrap().is_empty(), "the news told is gone");
+    assert!(w.seen.of("killed").ticks.is_empty(), "charged nothing");
+    assert!(w.seen.event("killed/RUNNING").is_none(), "never released");
+    other.stop().await;
+    runner.stop().await;
+    w.close().await;
+}
+
+/// One node; a session booked for T that ends a minute after its start, with an hour's allocation. A
+/// job that waits for the node (it would run past T) does not start before T; once the session has
+/// ended, its booking's marks go with it and the waiting job starts, long before the booking's end.
+#[tokio::test]
+async fn a_booked_job_that_ends_early_frees_its_capacity_then() {
+    let mut w = World::start(
+        "book-early",
+        |c| {
+            all_bookable(c);
+            c.bookings.check_interval = Duration::from_millis(200);
+        },
+        |s| small_nodes(s, 1),
+    )
+    .await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let consumer = w.consumer("runner-a").await;
+    let t = w.sim.now() + jiff::SignedDuration::from_mins(5);
+    w.publish_submit(&booked_at(sized("early", 4, 3600, "sleep 60"), t, t))
+        .await;
+    let a = answered(&mut w, "early").await;
+    assert_eq!(a.reason, "booked", "{}", a.status);
+    w.publish_submit(&sized("waits", 4, 3600, "sleep 600")).await;
+    steps(&mut w, 3).await;
+    assert!(w.seen.event("waits/RUNNING").is_none(), "kept off the booked node");
+
+    w.advance_to_ms(t.as_millisecond());
+    w.settle(Duration::from_millis(300)).await;
+    steps(&mut w, 3).await;
+    w.until("the booked session RUNNING", |s| {
+        s.event("early/RUNNING").is_some()
+    })
+    .await;
+    for _ in 0..60 {
+        if w.seen.event("waits/RUNNING").is_some() {
+            break;
+        }
+        steps(&mut w, 1).await;
+    }
+    let ended = w
+        .seen
+        .of("early")
+        .lifecycle
+        .iter()
+        .find_map(|e| e.ended_at)
+        .map(|t| ts(&Some(t)))
+        .expect("the booked session ended");
+    let started = ts(&w
+        .seen
+        .event("waits/RUNNING")
+        .expect("the waiting job started once the booked one ended")
+        .started_at);
+    assert!(started >= ended, "started {started}, the session ended {ended}");
+    assert!(
+        started < t + jiff::SignedDuration::from_mins(5),
+        "started {started}: the booking ended early at {ended}, its end is {}",
+        t + jiff::SignedDuration::from_hours(1)
+    );
+    assert!(record(&w).list().await.unwrap().is_empty(), "the booking went");
+    consumer.stop().await;
+    runner.stop().await;
+    w.close().await;
+}
+
+/// One node of 8 CPU, 4 of them booked for T two hours ahead. A job whose allocation (30 minutes) ends
+/// before T is let onto the booked node just in time and runs there; it never runs past T; the booked
+/// session still starts at T within the margin.
+#[tokio::test]
+async fn a_job_that_ends_before_the_booked_start_runs_on_booked_capacity() {
+    let mut w = World::start(
+        "book-jit",
+        |c| {
+            all_bookable(c);
+            c.bookings.check_interval = Duration::from_millis(200);
+        },
+        // 8 CPU: the booked job's gang, admitted to its queue at once, reserves 4 of the cluster's
+        // idle capacity (Volcano's enqueue), and the short job must still be admitted.
+        |s| {
+            small_nodes(s, 1);
+            s.nodes[0].cpu = "8".into();
+        },
+    )
+    .await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let consumer = w.consumer("runner-a").await;
+    let t = w.sim.now() + jiff::SignedDuration::from_hours(2);
+    w.publish_submit(&booked_at(sized("jit-b", 4, 1800, "sleep 600"), t, t))
+        .await;
+    let a = answered(&mut w, "jit-b").await;
+    assert_eq!(a.reason, "booked", "{}", a.status);
+    let booked = w.sim.now();
+    w.publish_submit(&sized("short", 4, 1800, "sleep 60")).await;
+    for _ in 0..60 {
+        if w.seen.event("short/RUNNING").is_some() {
+            break;
+        }
+        steps(&mut w, 1).await;
+    }
+    let started = ts(&w
+        .seen
+        .event("short/RUNNING")
+        .unwrap_or_else(|| panic!("the short job never started on the booked node: {:?}", summary(&w.seen.of("short"))))
+        .started_at);
+    assert!(started >= booked, "started {started}");
+    assert!(
+        started + jiff::SignedDuration::from_secs(1800) <= t,
+        "started {started}: its allocation runs past the booked start {t}"
+    );
+    let ns = w.namespace_of(&job("x", "true"));
+    assert_eq!(
+        w.pod(&ns, "j-short-job-0")
+            .and_then(|p| p.pointer("/spec/nodeName")?.as_str().map(str::to_owned)),
+        Some("n1".to_owned())
+    );
+    w.advance_to_ms(t.as_millisecond());
+    w.settle(Duration::from_millis(300)).await;
+    steps(&mut w, 3).await;
+    w.until("the booked session RUNNING", |s| {
+        s.event("jit-b/RUNNING").is_some()
+    })
+    .await;
+    let margin = jiff::SignedDuration::try_from(w.config.monitor.start_margin).unwrap();
+    let session = ts(&w.seen.event("jit-b/RUNNING").unwrap().started_at);
+    assert!(session >= t && session <= t + margin, "started {session}, booked {t}");
+    consumer.stop().await;
+    runner.stop().await;
+    w.close().await;
+}
+
 /// Schedules a maintenance window over `node` from ten minutes before `t` to fifty after, checking
 /// first that it breaks exactly the booking of `breaks` (what `admin maintenance schedule` refuses
 /// without `--force`).
@@ -674,7 +897,9 @@ async fn busy_run(with_bookings: bool) -> Figures {
         label,
         |c| {
             c.bookings.max_share_per_owner = 0.5;
-            c.bookings.check_interval = Duration::from_secs(1);
+            // The simulated clock runs up to 375 times faster than the real one here: the booked
+            // taints' cutoff must move on within its step (60 simulated seconds).
+            c.bookings.check_interval = Duration::from_millis(100);
             c.pipeline.whole_nodes.products.insert(
                 "u1-standard".into(),
                 toml::from_str("product = \"u1-standard-node\"\ncpu = 16\nmemory_gib = 64")

@@ -9,7 +9,8 @@
 //! - every booking whose `[start, end)` overlaps the one asked for is subtracted whole from its nodes,
 //!   even where two of them never overlap each other;
 //! - a waiting job holds nothing: from the booking on, the booking's taint keeps it off the booked
-//!   nodes (docs/bookings.md);
+//!   nodes, but one let on just in time, which is placed by the taint's cutoff and ends before the
+//!   first booked start (docs/bookings.md); once placed, it is a holding like any other;
 //! - the operator's shares (`[bookings] max_share`, `max_share_per_owner`) bound the CPU and GPUs set
 //!   aside by the bookings overlapping the one asked for, added up.
 
@@ -26,13 +27,13 @@ pub struct Amount {
 }
 
 impl Amount {
-    fn fits_in(&self, free: &Amount) -> bool {
+    pub fn fits_in(&self, free: &Amount) -> bool {
         self.cpu_milli <= free.cpu_milli
             && self.memory_mib <= free.memory_mib
             && self.gpu <= free.gpu
     }
 
-    fn minus(&self, other: &Amount) -> Amount {
+    pub fn minus(&self, other: &Amount) -> Amount {
         Amount {
             cpu_milli: self.cpu_milli.saturating_sub(other.cpu_milli),
             memory_mib: self.memory_mib.saturating_sub(other.memory_mib),
@@ -111,7 +112,7 @@ impl Booking {
     }
 }
 
-mod millis {
+pub(super) mod millis {
     use jiff::Timestamp;
     use serde::{Deserialize, Deserializer, Serializer};
 

@@ -5,12 +5,15 @@
 //! reads again, and decides against the first's booking (refused, with the next window).
 //!
 //! What a booking sets aside is kept by node marks: every node a booking has a rank on carries the
-//! taint `<prefix>booked=<latest end ms>:NoSchedule` until its bookings' end, which only booked jobs
-//! tolerate, and the label `<prefix>booked-<jobId>=yes` per booking, which the booked job's pods select
-//! (the submit path renders the toleration and the selector). A waiting job is therefore never placed
-//! on a booked node, whatever its allocation, and a booked job only on its own booked nodes; running
-//! jobs stay (they were counted until their expiry when the booking was decided). The taints are written from the record alone ([`Bookings::sync_taints`]),
-//! so whoever writes next puts right what a runner killed half-way left.
+//! taint `<prefix>booked=<until>_<from>_<cutoff>:NoSchedule` ([`BookedTaint`]) until its bookings'
+//! end (or their jobs'), which booked jobs tolerate, and the label `<prefix>booked-<jobId>=yes` per
+//! booking, which the booked job's pods select (the submit path renders the toleration and the
+//! selector). A waiting job is placed on a booked node only when it is let on just in time
+//! ([`Bookings::admit_just_in_time`]: it ends before the node's first booked start), and a booked job
+//! only on its own booked nodes; running jobs stay (they were counted until their expiry when the
+//! booking was decided). The marks are written from the record alone ([`Bookings::sync_taints`]), so
+//! whoever writes next puts right what a runner killed half-way left; so is the news of what became of
+//! a booking ([`News`]), told by whoever finds it untold.
 //!
 //! The decision reads the cluster afresh each time (nodes, bound pods, the managed jobs' expiries):
 //! never a cache, because a cache behind by a second could promise capacity a pod has just taken.
@@ -21,9 +24,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Taint};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Taint, Toleration};
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::ClusterConfig;
 use super::error::{ClusterError, KubeResultExt};
@@ -39,6 +42,8 @@ pub use decide::{Amount, Answer, BookedRank, Booking, Holding, Limits, NodeRoom,
 pub const COMPONENT_BOOKINGS: &str = "bookings";
 /// The key of the ConfigMap's data that holds the bookings.
 const KEY_BOOKINGS: &str = "bookings";
+/// The key of the ConfigMap's data that holds the news not told yet ([`News`]).
+const KEY_NEWS: &str = "news";
 /// What the record is called in errors.
 const WHAT: &str = "bookings";
 /// How often the nodes are listed and written again after a conflict.
@@ -152,16 +157,97 @@ pub fn label_key(keys: &AnnotationKeys, job_id: &str) -> String {
 /// The value of [`label_key`].
 pub const LABEL_VALUE: &str = "yes";
 
-/// Until when a node is booked, from its taint.
-pub fn booked_until(keys: &AnnotationKeys, taints: &[Taint]) -> Option<Timestamp> {
+/// What a booked node's taint says, as its value `<until>_<from>_<cutoff>` (epoch ms each, a valid
+/// taint value): until when the node is booked (the latest end of its bookings: the forecast holds
+/// the node's free room until then), from when (the earliest start of its bookings not over), and until
+/// when a job let onto it just in time may still be placed ([`Bookings::admit_just_in_time`]). The
+/// cutoff moves on every [`Bookings`] admission step, and with it the value, so a toleration of an
+/// older value no longer lets a pod onto the node: a job let on is placed by the cutoff or not at all,
+/// and ends by its allocation after it, before `from`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BookedTaint {
+    pub until: Timestamp,
+    pub from: Timestamp,
+    pub cutoff: Timestamp,
+}
+
+impl BookedTaint {
+    /// The taint's value.
+    pub fn value(&self) -> String {
+        format!(
+            "{}_{}_{}",
+            self.until.as_millisecond(),
+            self.from.as_millisecond(),
+            self.cutoff.as_millisecond()
+        )
+    }
+
+    /// A value read back; a bare `<until>` (written by an older runner) admits nobody early.
+    pub fn parse(value: &str) -> Option<Self> {
+        let mut parts = value.split('_');
+        let until = parse_millis(parts.next()?)?;
+        let (from, cutoff) = match (parts.next(), parts.next(), parts.next()) {
+            (Some(f), Some(c), None) => (parse_millis(f)?, parse_millis(c)?),
+            (None, None, None) => (Timestamp::UNIX_EPOCH, Timestamp::UNIX_EPOCH),
+            _ => return None,
+        };
+        Some(Self {
+            until,
+            from,
+            cutoff,
+        })
+    }
+
+    /// Whether a job of allocation `max_time`, let onto the node now, ends before `from` even when it
+    /// is placed only at the cutoff, and the value is moved on only a `step` after it.
+    pub fn admits(&self, max_time: SignedDuration, step: SignedDuration, now: Timestamp) -> bool {
+        self.cutoff > now
+            && self
+                .cutoff
+                .checked_add(step)
+                .and_then(|t| t.checked_add(max_time))
+                .is_ok_and(|end| end <= self.from)
+    }
+}
+
+/// The booked taint of a node, read from its taints.
+pub fn booked_taint(keys: &AnnotationKeys, taints: &[Taint]) -> Option<BookedTaint> {
     let key = taint_key(keys);
     let t = taints.iter().find(|t| t.key == key)?;
-    parse_millis(t.value.as_deref()?)
+    BookedTaint::parse(t.value.as_deref()?)
+}
+
+/// Until when a node is booked, from its taint.
+pub fn booked_until(keys: &AnnotationKeys, taints: &[Taint]) -> Option<Timestamp> {
+    booked_taint(keys, taints).map(|t| t.until)
+}
+
+/// The next instant after `now` that is a whole multiple of `step` since the epoch: the cutoff of the
+/// booked taints' values, the same on every runner whose clock agrees.
+fn next_cutoff(now: Timestamp, step: SignedDuration) -> Timestamp {
+    let step_ms = step.as_millis().max(1);
+    let now_ms = i128::from(now.as_millisecond());
+    let next = (now_ms.div_euclid(step_ms) + 1) * step_ms;
+    i64::try_from(next)
+        .ok()
+        .and_then(|ms| Timestamp::from_millisecond(ms).ok())
+        .unwrap_or(Timestamp::MAX)
 }
 
 /// Whether `key` is a booking's label.
 fn is_booking_label(keys: &AnnotationKeys, key: &str) -> bool {
     key.starts_with(&format!("{}booked-", keys.prefix))
+}
+
+/// How often the booked taints' cutoff moves on ([`BookedTaint`]): four tidy passes (each runner's
+/// tidy writes the new value), at least a minute, so that a node's taint is written about once a
+/// minute at most, and a pod let onto booked capacity has a pass or two to be placed.
+pub fn admission_step(config: &BookingsConfig) -> SignedDuration {
+    let step = config
+        .check_interval
+        .saturating_mul(4)
+        .max(Duration::from_secs(60));
+    SignedDuration::try_from(step).unwrap_or(SignedDuration::MAX)
 }
 
 /// The bookings in a ConfigMap's data; a record that cannot be read counts as none but says so in the
@@ -173,14 +259,55 @@ fn read_record(cm: &ConfigMap) -> Result<Vec<Booking>, String> {
     serde_json::from_str(text).map_err(|e| format!("the bookings record is not readable: {e}"))
 }
 
+/// The news not told yet in a ConfigMap's data (none when the key is missing: a record written by an
+/// older runner).
+fn read_news(cm: &ConfigMap) -> Result<Vec<News>, String> {
+    let Some(text) = cm.data.as_ref().and_then(|d| d.get(KEY_NEWS)) else {
+        return Ok(Vec::new());
+    };
+    serde_json::from_str(text).map_err(|e| format!("the bookings' news is not readable: {e}"))
+}
+
 /// What a change of the record does.
 enum Change {
     /// Add (or keep, for a redelivery) this booking.
     Book(Request),
-    /// Remove the job's booking.
-    Cancel(String),
-    /// Drop what is over; move (or drop) what a lost node or a maintenance window broke.
-    Tidy,
+    /// Remove the job's booking; with a teller (an orchestrator's cancel), record the news that it was
+    /// freed, claimed by that runner, or claim such news left untold (a redelivered cancel).
+    Cancel { job_id: String, teller: Option<String> },
+    /// Drop what is over or whose job has ended; move (or drop) what a lost node or a maintenance window
+    /// broke, recording the news claimed by `teller`; claim the news whose teller's lease ran out.
+    Tidy { teller: String },
+    /// Remove news that has been told.
+    Told(Vec<NewsKey>),
+}
+
+/// What a booking's user is still to be told, kept in the record (`news`) from the write that decided
+/// it until the event is out: a runner that dies in between leaves it to the next [`Bookings::tidy`]
+/// of any runner once its claim is older than the lease, so the user is told even then. Every telling
+/// of one news is the same event (id, content and time come from here).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct News {
+    pub fate: Fate,
+    /// When it was decided: the event's time, whoever tells it.
+    #[serde(with = "decide::millis")]
+    pub at: Timestamp,
+    /// The runner telling it.
+    pub teller: String,
+    /// When that runner took it on: after [`Bookings::lease`] another may take it over.
+    #[serde(with = "decide::millis")]
+    pub claimed_at: Timestamp,
+}
+
+/// Which news: the job, the booked start (ms) and what became of it.
+pub type NewsKey = (String, i64, &'static str);
+
+impl News {
+    pub fn key(&self) -> NewsKey {
+        let old = self.fate.old();
+        (old.job_id.clone(), old.start.as_millisecond(), self.fate.what())
+    }
 }
 
 /// The cluster as a decision reads it.
@@ -233,12 +360,14 @@ impl Seen {
 enum Outcome {
     Nothing,
     Answer(Answer),
-    Fates(Vec<Fate>),
+    /// News this runner is to tell now.
+    Tell(Vec<News>),
 }
 
-/// What became of a booking whose room went (its node lost or cordoned, a maintenance window forced over
-/// it), found by [`Bookings::tidy`].
-#[derive(Debug, Clone, PartialEq)]
+/// What became of a booking: its room went (its node lost or cordoned, a maintenance window forced
+/// over it), found by [`Bookings::tidy`], or its job was cancelled.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
 pub enum Fate {
     /// Booked again at the same start, on other room.
     Moved {
@@ -246,8 +375,27 @@ pub enum Fate {
         new: Booking,
         why: String,
     },
-    /// No other room at its start: removed from the record.
+    /// No other room at its start: removed from the record (its job is to be cancelled).
     Cancelled { old: Booking, why: String },
+    /// Freed by a cancel of its job.
+    Freed { old: Booking },
+}
+
+impl Fate {
+    /// The booking as it was.
+    pub fn old(&self) -> &Booking {
+        match self {
+            Self::Moved { old, .. } | Self::Cancelled { old, .. } | Self::Freed { old } => old,
+        }
+    }
+
+    /// The last part of its event's id: `moved` or `cancelled`.
+    pub fn what(&self) -> &'static str {
+        match self {
+            Self::Moved { .. } => "moved",
+            Self::Cancelled { .. } | Self::Freed { .. } => "cancelled",
+        }
+    }
 }
 
 /// The bookings' record and the taints that keep its capacity free.
@@ -260,6 +408,8 @@ pub struct Bookings {
     managed_selector: String,
     limits: Limits,
     windows: super::MaintenanceWindows,
+    lease: SignedDuration,
+    step: SignedDuration,
 }
 
 impl std::fmt::Debug for Bookings {
@@ -268,6 +418,13 @@ impl std::fmt::Debug for Bookings {
             .field("name", &self.name)
             .finish_non_exhaustive()
     }
+}
+
+/// The record as read: the bookings and the news not told yet.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Record {
+    bookings: Vec<Booking>,
+    news: Vec<News>,
 }
 
 impl Bookings {
@@ -286,7 +443,25 @@ impl Bookings {
             managed_selector: cluster.managed_selector.clone(),
             limits: config.limits(),
             windows: super::MaintenanceWindows::new(client.clone(), cluster),
+            lease: Self::lease_of(config),
+            step: admission_step(config),
         }
+    }
+
+    /// How long a runner's claim on news lasts before another runner's tidy takes it over: three
+    /// tidy passes, at least 30 s, so that a live teller (a publish and perhaps a cancel) is never
+    /// overtaken, and a dead one is within a few passes.
+    fn lease_of(config: &BookingsConfig) -> SignedDuration {
+        let lease = config
+            .check_interval
+            .saturating_mul(3)
+            .max(Duration::from_secs(30));
+        SignedDuration::try_from(lease).unwrap_or(SignedDuration::MAX)
+    }
+
+    /// How often the booked taints' cutoff moves on ([`BookedTaint`]).
+    pub fn step(&self) -> SignedDuration {
+        self.step
     }
 
     /// Every booking, as the record holds it now.
@@ -295,6 +470,15 @@ impl Bookings {
         match cm {
             None => Ok(Vec::new()),
             Some(cm) => read_record(&cm).map_err(|m| self.unreadable(m)),
+        }
+    }
+
+    /// The news not told yet, as the record holds it now.
+    pub async fn news(&self) -> Result<Vec<News>, ClusterError> {
+        let cm = self.records.get(WHAT, &self.name).await?;
+        match cm {
+            None => Ok(Vec::new()),
+            Some(cm) => read_news(&cm).map_err(|m| self.unreadable(m)),
         }
     }
 
@@ -347,46 +531,232 @@ impl Bookings {
         ))
     }
 
-    /// Removes the job's booking, if it has one: its capacity is free at once (its taints go before
-    /// this returns). Returns the booking removed.
-    pub async fn cancel(
+    /// Removes the job's booking, if it has one, telling nobody (a booking taken back before it was
+    /// answered): its capacity is free at once (its taints go before this returns).
+    pub async fn cancel(&self, job_id: &str, now: Timestamp) -> Result<(), ClusterError> {
+        self.free(job_id, now, None).await.map(|_| ())
+    }
+
+    /// Removes the job's booking for an orchestrator's cancel, recording in the same write the news
+    /// that it was freed, claimed by `teller`, who tells it and then calls [`Bookings::told`]. A
+    /// redelivered cancel whose first delivery removed the booking but did not tell finds that news
+    /// and takes it on. Returns the news to tell, if any.
+    pub async fn cancel_and_tell(
         &self,
         job_id: &str,
         now: Timestamp,
-    ) -> Result<Option<Booking>, ClusterError> {
-        let before = self.list().await?;
-        let Some(found) = before.iter().find(|b| b.job_id == job_id).cloned() else {
+        teller: &str,
+    ) -> Result<Option<News>, ClusterError> {
+        self.free(job_id, now, Some(teller.to_owned())).await
+    }
+
+    async fn free(
+        &self,
+        job_id: &str,
+        now: Timestamp,
+        teller: Option<String>,
+    ) -> Result<Option<News>, ClusterError> {
+        // One read decides whether there is anything to change (most cancelled jobs were not booked).
+        let Some(cm) = self.records.get(WHAT, &self.name).await? else {
             return Ok(None);
         };
+        let mine = read_record(&cm)
+            .map_err(|m| self.unreadable(m))?
+            .iter()
+            .any(|b| b.job_id == job_id);
+        let untold = teller.is_some()
+            && read_news(&cm)
+                .map_err(|m| self.unreadable(m))?
+                .iter()
+                .any(|n| n.fate.old().job_id == job_id && matches!(n.fate, Fate::Freed { .. }));
+        if !mine && !untold {
+            return Ok(None);
+        }
         let op = self.records.op("cancel a booking in", WHAT, &self.name);
-        let change = Change::Cancel(job_id.to_owned());
-        let (_, all) = self
+        let change = Change::Cancel {
+            job_id: job_id.to_owned(),
+            teller,
+        };
+        let (outcome, all) = self
             .records
             .retry()
             .run(&op, || self.change_once(&change, now))
             .await?;
         self.sync_taints(&all, now).await?;
-        Ok(Some(found))
+        Ok(match outcome {
+            Outcome::Tell(mut news) => news.pop(),
+            _ => None,
+        })
     }
 
-    /// Drops the bookings that are over from the record, moves to other room at the same start (or
-    /// removes) those whose room went: a node gone or cordoned, a maintenance window over it (scheduled
-    /// with `--force`); then puts the nodes' taints right. Run by every runner every
+    /// Drops the bookings that are over, and those whose job has ended (their capacity is free from
+    /// then on, not only from their end), from the record; moves to other room at the same start (or
+    /// removes) those whose room went: a node gone or cordoned, a maintenance window over it
+    /// (scheduled with `--force`); then puts the nodes' taints right. Run by every runner every
     /// `[bookings] check_interval`, so that a booking's taints go at its end even when nobody books or
-    /// cancels, and what a runner killed half-way left is finished. Returns what became of the broken
-    /// bookings, for their users to be told; only the runner whose write took them returns them.
-    pub async fn tidy(&self, now: Timestamp) -> Result<Vec<Fate>, ClusterError> {
+    /// cancels, and what a runner killed half-way left is finished. Returns the news `teller` is to
+    /// tell (then [`Bookings::told`]): what became of the bookings broken now, recorded in the same
+    /// write that moved or removed them, and any news whose teller's claim is older than the lease (a
+    /// runner that died before it told).
+    pub async fn tidy(&self, now: Timestamp, teller: &str) -> Result<Vec<News>, ClusterError> {
         let op = self.records.op("tidy", WHAT, &self.name);
+        let change = Change::Tidy {
+            teller: teller.to_owned(),
+        };
         let (outcome, all) = self
             .records
             .retry()
-            .run(&op, || self.change_once(&Change::Tidy, now))
+            .run(&op, || self.change_once(&change, now))
             .await?;
         self.sync_taints(&all, now).await?;
         Ok(match outcome {
-            Outcome::Fates(fates) => fates,
+            Outcome::Tell(news) => news,
             _ => Vec::new(),
         })
+    }
+
+    /// Just in time, as for maintenance windows: the waiting pods of jobs whose allocation ends
+    /// before a booked node's first booked start are let onto the node, by the toleration of its
+    /// booked taint's value as it is now ([`BookedTaint::admits`]: placed by the cutoff, they end before
+    /// the start), when they fit in what is free on it now (so they are placed at once, long before
+    /// the cutoff, even should the value not be moved on in time). A job without a time limit, a booked job, and a pod held by a scheduling gate are
+    /// let onto no booked node; a pod is given at most [`JUST_IN_TIME_TOLERATIONS`] such tolerations
+    /// over its wait (each lasts a step), so one that waits long does not grow without bound. Each
+    /// pod is written conditional on the version listed; a conflict is left to the next pass.
+    /// Returns how many pods were let on.
+    pub async fn admit_just_in_time(&self, now: Timestamp) -> Result<usize, ClusterError> {
+        let nodes = Api::<Node>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .classify(|| "list nodes (booked admission)".to_owned())?;
+        let mut booked: Vec<(String, BookedTaint, Amount)> = nodes
+            .items
+            .iter()
+            .filter_map(|n| {
+                let taint = booked_taint(&self.keys, n.spec.as_ref()?.taints.as_deref()?)?;
+                let room = amount_of(n.status.as_ref()?.allocatable.as_ref()?);
+                Some((n.metadata.name.clone()?, taint, room))
+            })
+            .filter(|(_, t, _)| t.admits(SignedDuration::ZERO, self.step, now))
+            .collect();
+        if booked.is_empty() {
+            return Ok(0);
+        }
+        let pods = Api::<Pod>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .classify(|| "list pods (booked admission)".to_owned())?;
+        // What is free on each booked node now: a pod is let on only where it fits at once, so that it
+        // is placed well before the cutoff.
+        for pod in &pods.items {
+            let (Some(node), phase) = (
+                pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+                pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            ) else {
+                continue;
+            };
+            if matches!(phase, Some("Succeeded" | "Failed")) {
+                continue;
+            }
+            if let Some((_, _, room)) = booked.iter_mut().find(|(n, _, _)| n == node) {
+                *room = room.minus(&pod_requests(pod));
+            }
+        }
+        let selector = format!("{},!{}", self.managed_selector, super::labels::ENDED);
+        let jobs = Api::<VolcanoJob>::all(self.client.clone())
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .classify(|| "list jobs (booked admission)".to_owned())?;
+        let max_times: BTreeMap<(String, String), SignedDuration> = jobs
+            .items
+            .iter()
+            .filter(|j| !crate::cluster::jobs::is_over(j, &self.keys))
+            .filter_map(|j| {
+                let annotations = j.metadata.annotations.as_ref()?;
+                if annotations.contains_key(&self.keys.booked_start) {
+                    return None;
+                }
+                let ms = annotations.get(&self.keys.max_time)?.trim().parse().ok()?;
+                Some((
+                    (j.metadata.namespace.clone()?, j.metadata.name.clone()?),
+                    SignedDuration::from_millis(ms),
+                ))
+            })
+            .collect();
+        let key = taint_key(&self.keys);
+        let mut let_on = 0;
+        for pod in pods.items.iter().filter(|p| {
+            p.spec
+                .as_ref()
+                .is_some_and(|s| s.node_name.is_none())
+        }) {
+            let job = pod
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_JOB_NAME))
+                .and_then(|name| {
+                    max_times.get(&(pod.metadata.namespace.clone().unwrap_or_default(), name.clone()))
+                });
+            let Some(max_time) = job else {
+                continue;
+            };
+            let fits: Vec<BookedTaint> = booked
+                .iter()
+                .filter(|(_, _, room)| pod_requests(pod).fits_in(room))
+                .map(|(_, t, _)| *t)
+                .collect();
+            let Some(tolerations) = just_in_time(pod, &key, &fits, *max_time, self.step, now)
+            else {
+                continue;
+            };
+            if self.tolerate(pod, tolerations).await? {
+                let_on += 1;
+            }
+        }
+        Ok(let_on)
+    }
+
+    /// Adds `tolerations` to the pod's, conditional on the version listed. `false`: it changed or went
+    /// meanwhile (the next pass looks again).
+    async fn tolerate(&self, pod: &Pod, tolerations: Vec<Toleration>) -> Result<bool, ClusterError> {
+        let (Some(ns), Some(name)) = (
+            pod.metadata.namespace.as_deref(),
+            pod.metadata.name.as_deref(),
+        ) else {
+            return Ok(false);
+        };
+        let body = serde_json::json!({
+            "metadata": {"resourceVersion": pod.metadata.resource_version},
+            "spec": {"tolerations": tolerations},
+        });
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        match Api::<Pod>::namespaced(self.client.clone(), ns)
+            .patch(name, &params, &Patch::Merge(&body))
+            .await
+            .classify(|| format!("patch pods {ns}/{name} (booked admission)"))
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_conflict() || e.is_not_found() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes told news from the record.
+    pub async fn told(&self, news: &[News], now: Timestamp) -> Result<(), ClusterError> {
+        if news.is_empty() {
+            return Ok(());
+        }
+        let op = self.records.op("remove told news from", WHAT, &self.name);
+        let change = Change::Told(news.iter().map(News::key).collect());
+        self.records
+            .retry()
+            .run(&op, || self.change_once(&change, now))
+            .await?;
+        Ok(())
     }
 
     /// One read, decision and conditional write. A conflict (another runner wrote meanwhile) is an
@@ -402,42 +772,147 @@ impl Bookings {
             .get_opt(&self.name)
             .await
             .classify(|| self.records.op("get", WHAT, &self.name))?;
-        let mut all = match &cm {
-            Some(cm) => read_record(cm).map_err(|m| self.unreadable(m))?,
-            None => Vec::new(),
+        let before = match &cm {
+            Some(cm) => Record {
+                bookings: read_record(cm).map_err(|m| self.unreadable(m))?,
+                news: read_news(cm).map_err(|m| self.unreadable(m))?,
+            },
+            None => Record::default(),
         };
         let version = cm
             .as_ref()
             .and_then(|c| c.metadata.resource_version.clone());
-        let before = all.clone();
+        let mut record = before.clone();
         // What is over sets nothing aside any more.
-        all.retain(|b| b.end > now);
+        record.bookings.retain(|b| b.end > now);
         let outcome = match change {
-            Change::Cancel(job_id) => {
-                all.retain(|b| &b.job_id != job_id);
+            Change::Cancel { job_id, teller } => self.cancel_in(&mut record, job_id, teller, now),
+            Change::Tidy { teller } => self.tidy_in(&mut record, teller, now).await?,
+            Change::Told(keys) => {
+                record.news.retain(|n| !keys.contains(&n.key()));
                 Outcome::Nothing
             }
-            Change::Tidy => Outcome::Fates(self.rebook_broken(&mut all, now).await?),
             Change::Book(request) => {
-                if let Some(mine) = all
+                if let Some(mine) = record
+                    .bookings
                     .iter()
                     .find(|b| b.job_id == request.job_id && b.fingerprint == request.fingerprint)
                 {
-                    return Ok((Outcome::Answer(Answer::Booked(mine.clone())), all));
+                    return Ok((
+                        Outcome::Answer(Answer::Booked(mine.clone())),
+                        record.bookings,
+                    ));
                 }
                 let seen = self.read_cluster(now).await?;
-                let answer = decide::decide(request, seen.inputs(&all, self.limits, now));
+                let answer =
+                    decide::decide(request, seen.inputs(&record.bookings, self.limits, now));
                 if let Answer::Booked(b) = &answer {
-                    all.retain(|o| o.job_id != request.job_id);
-                    all.push(b.clone());
+                    record.bookings.retain(|o| o.job_id != request.job_id);
+                    record.bookings.push(b.clone());
                 }
                 Outcome::Answer(answer)
             }
         };
-        if all != before {
-            self.write(&all, version).await?;
+        if record != before {
+            self.write(&record, version).await?;
         }
-        Ok((outcome, all))
+        Ok((outcome, record.bookings))
+    }
+
+    /// [`Change::Cancel`] on the record read.
+    fn cancel_in(
+        &self,
+        record: &mut Record,
+        job_id: &str,
+        teller: &Option<String>,
+        now: Timestamp,
+    ) -> Outcome {
+        let removed = record.bookings.iter().position(|b| b.job_id == job_id);
+        let removed = removed.map(|i| record.bookings.remove(i));
+        let Some(teller) = teller else {
+            return Outcome::Nothing;
+        };
+        if let Some(old) = removed {
+            let news = News {
+                fate: Fate::Freed { old },
+                at: now,
+                teller: teller.clone(),
+                claimed_at: now,
+            };
+            record.news.push(news.clone());
+            return Outcome::Tell(vec![news]);
+        }
+        // Freed by an earlier delivery of this cancel that did not tell.
+        let left = record
+            .news
+            .iter_mut()
+            .find(|n| n.fate.old().job_id == job_id && matches!(n.fate, Fate::Freed { .. }));
+        match left {
+            Some(n) => {
+                n.teller = teller.clone();
+                n.claimed_at = now;
+                Outcome::Tell(vec![n.clone()])
+            }
+            None => Outcome::Nothing,
+        }
+    }
+
+    /// [`Change::Tidy`] on the record read.
+    async fn tidy_in(
+        &self,
+        record: &mut Record,
+        teller: &str,
+        now: Timestamp,
+    ) -> Result<Outcome, ClusterError> {
+        // A started booking whose job has ended sets nothing aside any more; nor does one whose job is
+        // gone a lease after the start (it was created when it was booked, but not listed at once).
+        if record.bookings.iter().any(|b| b.start <= now) {
+            let jobs = self.unlabelled_jobs().await?;
+            record.bookings.retain(|b| match jobs.get(&b.job_id) {
+                _ if b.start > now => true,
+                Some(over) => !over,
+                None => b.start + self.lease > now,
+            });
+        }
+        // A teller that has not removed its news within the lease is taken to be gone.
+        let mut tell = Vec::new();
+        for n in &mut record.news {
+            if n.claimed_at + self.lease <= now {
+                n.teller = teller.to_owned();
+                n.claimed_at = now;
+                tell.push(n.clone());
+            }
+        }
+        for fate in self.rebook_broken(&mut record.bookings, now).await? {
+            let news = News {
+                fate,
+                at: now,
+                teller: teller.to_owned(),
+                claimed_at: now,
+            };
+            record.news.push(news.clone());
+            tell.push(news);
+        }
+        Ok(Outcome::Tell(tell))
+    }
+
+    /// The jobs volcano-runner manages, but those kept for the retention after their end and labelled
+    /// so ([`crate::cluster::labels::ENDED`]): by id, whether each is over (its end recorded, not
+    /// labelled yet).
+    async fn unlabelled_jobs(&self) -> Result<BTreeMap<String, bool>, ClusterError> {
+        let selector = format!("{},!{}", self.managed_selector, super::labels::ENDED);
+        let jobs = Api::<VolcanoJob>::all(self.client.clone())
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .classify(|| "list jobs (bookings)".to_owned())?;
+        Ok(jobs
+            .items
+            .iter()
+            .filter_map(|j| {
+                let id = j.metadata.name.as_deref()?.strip_prefix("j-")?;
+                Some((id.to_owned(), crate::cluster::jobs::is_over(j, &self.keys)))
+            })
+            .collect())
     }
 
     /// Moves or removes, in `all`, the bookings not started whose room went.
@@ -482,10 +957,15 @@ impl Bookings {
     }
 
     /// Writes the record: a create when there was none, else a replace conditional on `version`.
-    async fn write(&self, all: &[Booking], version: Option<String>) -> Result<(), ClusterError> {
-        let mut sorted = all.to_vec();
+    async fn write(&self, record: &Record, version: Option<String>) -> Result<(), ClusterError> {
+        let mut sorted = record.bookings.clone();
         sorted.sort_by(|a, b| (a.start, &a.job_id).cmp(&(b.start, &b.job_id)));
         let text = serde_json::to_string(&sorted).unwrap_or_else(|_| "[]".into());
+        let mut data = BTreeMap::from([(KEY_BOOKINGS.to_owned(), text)]);
+        if !record.news.is_empty() {
+            let news = serde_json::to_string(&record.news).unwrap_or_else(|_| "[]".into());
+            data.insert(KEY_NEWS.to_owned(), news);
+        }
         let cm = ConfigMap {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
@@ -497,7 +977,7 @@ impl Bookings {
                 ])),
                 ..ObjectMeta::default()
             },
-            data: Some(BTreeMap::from([(KEY_BOOKINGS.to_owned(), text)])),
+            data: Some(data),
             ..ConfigMap::default()
         };
         let params = PostParams {
@@ -588,7 +1068,7 @@ impl Bookings {
                 .classify(|| "list nodes (booking taints)".to_owned())?;
             let mut conflicted = false;
             for node in &nodes.items {
-                let Some(mut patch) = wanted_marks(node, all, &self.keys, now) else {
+                let Some(mut patch) = wanted_marks(node, all, &self.keys, now, self.step) else {
                     continue;
                 };
                 let name = node.metadata.name.clone().unwrap_or_default();
@@ -616,6 +1096,50 @@ impl Bookings {
     }
 }
 
+/// How many tolerations of booked taints a waiting pod is given at most over its wait.
+pub const JUST_IN_TIME_TOLERATIONS: usize = 8;
+
+/// The pod's tolerations with those of the `booked` taints that admit it added (its whole list, for a
+/// merge patch); `None` when none is to be added: it is placed, gated, a booked job's (it tolerates
+/// every booked taint), has had its share, or tolerates every one that admits it already.
+fn just_in_time(
+    pod: &Pod,
+    key: &str,
+    booked: &[BookedTaint],
+    max_time: SignedDuration,
+    step: SignedDuration,
+    now: Timestamp,
+) -> Option<Vec<Toleration>> {
+    let spec = pod.spec.as_ref()?;
+    if spec.node_name.is_some() || spec.scheduling_gates.as_ref().is_some_and(|g| !g.is_empty()) {
+        return None;
+    }
+    let had = spec.tolerations.clone().unwrap_or_default();
+    let of_key = |t: &&Toleration| t.key.as_deref() == Some(key);
+    if had
+        .iter()
+        .filter(of_key)
+        .any(|t| t.operator.as_deref() == Some("Exists"))
+        || had.iter().filter(of_key).count() >= JUST_IN_TIME_TOLERATIONS
+    {
+        return None;
+    }
+    let mut out = had.clone();
+    for t in booked.iter().filter(|t| t.admits(max_time, step, now)) {
+        let toleration = Toleration {
+            key: Some(key.to_owned()),
+            operator: Some("Equal".to_owned()),
+            value: Some(t.value()),
+            effect: Some(TAINT_EFFECT.to_owned()),
+            toleration_seconds: None,
+        };
+        if !out.contains(&toleration) {
+            out.push(toleration);
+        }
+    }
+    (out.len() > had.len()).then_some(out)
+}
+
 /// The merge patch that marks `node` as `all` wants it (its taints whole, its booking labels set or
 /// removed); `None` when it is so already.
 fn wanted_marks(
@@ -623,6 +1147,7 @@ fn wanted_marks(
     all: &[Booking],
     keys: &AnnotationKeys,
     now: Timestamp,
+    step: SignedDuration,
 ) -> Option<serde_json::Value> {
     let name = node.metadata.name.as_deref().unwrap_or_default();
     let mine: Vec<&Booking> = all
@@ -635,11 +1160,14 @@ fn wanted_marks(
         .and_then(|s| s.taints.clone())
         .unwrap_or_default();
     let key = taint_key(keys);
-    let wanted_taint = mine
-        .iter()
-        .map(|b| b.end)
-        .max()
-        .map(|end| end.as_millisecond().to_string());
+    let wanted_taint = mine.iter().map(|b| b.end).max().map(|until| {
+        BookedTaint {
+            until,
+            from: mine.iter().map(|b| b.start).min().unwrap_or(until),
+            cutoff: next_cutoff(now, step),
+        }
+        .value()
+    });
     let have_taint = taints
         .iter()
         .find(|t| t.key == key)
@@ -924,6 +1452,31 @@ mod tests {
         assert!(under_window(&all, &w, at(5000)).is_empty(), "over by then");
     }
 
+    /// A job is let onto a booked node only if, placed as late as the cutoff, it ends before the
+    /// node's first booked start with a step to spare; not once the cutoff has passed; an older
+    /// runner's bare value admits nobody.
+    #[test]
+    fn the_taint_admits_what_ends_before_the_booked_start() {
+        let at = |s| Timestamp::from_second(s).unwrap();
+        let taint = BookedTaint {
+            until: at(9000),
+            from: at(5000),
+            cutoff: at(1060),
+        };
+        assert_eq!(BookedTaint::parse(&taint.value()), Some(taint));
+        let step = SignedDuration::from_secs(60);
+        let mins = SignedDuration::from_mins;
+        assert!(taint.admits(mins(60), step, at(1000)), "1060 + 60 + 3600 <= 5000");
+        assert!(!taint.admits(mins(65), step, at(1000)), "ends after the start");
+        assert!(!taint.admits(mins(1), step, at(1060)), "the cutoff has passed");
+        let old = BookedTaint::parse("9000000").unwrap();
+        assert_eq!(old.until, at(9000));
+        assert!(!old.admits(mins(1), step, at(1000)));
+        assert_eq!(BookedTaint::parse("1_2"), None);
+        assert_eq!(next_cutoff(at(1000), step), at(1020));
+        assert_eq!(next_cutoff(at(1020), step), at(1080));
+    }
+
     /// Only the bookings' taint and labels change, and only when they differ from what the record
     /// wants; a booking over takes both off.
     #[test]
@@ -942,12 +1495,13 @@ mod tests {
         });
         let now = Timestamp::from_second(0).unwrap();
         let all = [booking("b", "n1", 1000), booking("c", "n1", 2000)];
-        let patch = wanted_marks(&node, &all, &keys, now).expect("a change");
+        let step = SignedDuration::from_secs(60);
+        let patch = wanted_marks(&node, &all, &keys, now, step).expect("a change");
         assert_eq!(
             patch["spec"]["taints"],
             serde_json::json!([
                 {"key": "ucloud.dk/maintenance", "value": "w", "effect": "NoSchedule"},
-                {"key": "ucloud.dk/booked", "value": "5600000", "effect": "NoSchedule"},
+                {"key": "ucloud.dk/booked", "value": "5600000_1000000_60000", "effect": "NoSchedule"},
             ])
         );
         assert_eq!(
@@ -960,7 +1514,14 @@ mod tests {
             n["metadata"]["labels"] = patch["metadata"]["labels"].clone();
             serde_json::from_value(n).unwrap()
         };
-        assert_eq!(wanted_marks(&patched, &all, &keys, now), None);
+        assert_eq!(wanted_marks(&patched, &all, &keys, now, step), None);
+        // A step later the cutoff moves on, and with it the value (older tolerations match no more).
+        let later = wanted_marks(&patched, &all, &keys, Timestamp::from_second(61).unwrap(), step)
+            .expect("the cutoff moved");
+        assert_eq!(
+            later["spec"]["taints"][1]["value"],
+            serde_json::json!("5600000_1000000_120000")
+        );
         assert_eq!(
             booked_until(
                 &keys,
@@ -969,7 +1530,8 @@ mod tests {
             Some(Timestamp::from_second(5600).unwrap())
         );
         let over = Timestamp::from_second(9000).unwrap();
-        let patch = wanted_marks(&patched, &all, &keys, over).expect("the bookings are over");
+        let patch =
+            wanted_marks(&patched, &all, &keys, over, step).expect("the bookings are over");
         assert_eq!(patch["spec"]["taints"].as_array().unwrap().len(), 1);
         assert_eq!(
             patch["metadata"]["labels"],

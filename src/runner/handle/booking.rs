@@ -10,7 +10,7 @@ use tracing::info;
 
 use super::super::events;
 use super::{Handler, Message, Settle};
-use crate::cluster::bookings::{self, Amount, Answer, Booking, Fate, Request};
+use crate::cluster::bookings::{self, Amount, Answer, Booking, Fate, News, Request};
 use crate::durable::{AnnotationKeys, ids};
 use crate::messages::proto_timestamp;
 use crate::messages::v1::{BookedWindow, BookingDetails, JobEvent, JobState, SubmitJob};
@@ -215,116 +215,74 @@ pub async fn tell_booked(h: &Handler, m: &Message<'_>, booking: &Booking) -> Set
     }
 }
 
-/// Frees the job's booking (a cancel) and tells so: `<jobId>/booking/<start ms>/cancelled`.
+/// Frees the job's booking (a cancel) and tells so: `<jobId>/booking/<start ms>/cancelled`. The news
+/// is in the record from the write that freed the booking until it is told, so a runner that dies in
+/// between leaves it to the cancel's redelivery or to any runner's tidy.
 pub async fn cancel(h: &Handler, m: &Message<'_>, job_id: &str) -> Result<(), Settle> {
-    let removed = h
+    let news = h
         .bookings
-        .cancel(job_id, h.now())
+        .cancel_and_tell(job_id, h.now(), &h.runner_id)
         .await
         .map_err(|e| Settle::cluster(&e))?;
-    let Some(booking) = removed else {
+    let Some(news) = news else {
         return Ok(());
     };
-    let at = m.sent_at.unwrap_or_else(|| h.now());
-    let event = JobEvent {
-        event_id: ids::booking_news(job_id, booking.start.as_millisecond(), "cancelled"),
-        job_id: job_id.to_owned(),
-        state: JobState::Unspecified as i32,
-        status: format!(
-            "The booking for {} was cancelled with the job; its capacity is free again",
-            booking.start
-        ),
-        reason: BOOKING_CANCELLED.into(),
-        timestamp: Some(proto_timestamp(at)),
-        runner_id: h.runner_id.clone(),
-        booking: Some(Box::new(details(&booking))),
-        ..JobEvent::default()
-    };
+    let event = news_event(&news, &h.runner_id);
     h.publish(&event, m.traceparent.as_ref())
         .await
-        .map_err(|e| Settle::publish(&e))
-}
-
-/// Every `interval`, the bookings' record tidied ([`crate::cluster::Bookings::tidy`]): what is over
-/// dropped, the taints put right.
-pub async fn run_tidy(
-    h: std::sync::Arc<Handler>,
-    interval: std::time::Duration,
-    shutdown: impl std::future::Future<Output = ()>,
-) {
-    super::every(interval, shutdown, || async {
-        match h.bookings.tidy(h.now()).await {
-            Ok(fates) => {
-                for fate in fates {
-                    tell_fate(&h, &fate).await;
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "The bookings could not be tidied; trying again later.");
-            }
-        }
-    })
-    .await;
+        .map_err(|e| Settle::publish(&e))?;
+    if let Err(e) = h.bookings.told(&[news], h.now()).await {
+        // Told already: a later tidy tells it once more, the same event, after the lease.
+        tracing::warn!(job_id, error = %e, "A told booking's news could not be removed from the record.");
+    }
+    Ok(())
 }
 
 /// A status event: the booking was moved to other room at the same start.
 pub const BOOKING_MOVED: &str = "booking_moved";
 
-/// The event telling what became of a broken booking: `<jobId>/booking/<start ms>/moved` (reason
-/// `booking_moved`, the new nodes) or `.../cancelled` (reason `booking_cancelled`).
-pub fn fate_event(fate: &Fate, at: Timestamp, runner: &str) -> JobEvent {
-    let (old, what, reason, status, details) = match fate {
+/// The event telling what became of a booking: `<jobId>/booking/<start ms>/moved` (reason
+/// `booking_moved`, the new nodes) or `.../cancelled` (reason `booking_cancelled`: no other room, or
+/// its job cancelled). Its id, content and time come from the news alone, so every telling of one
+/// news is the same message.
+pub fn news_event(news: &News, runner: &str) -> JobEvent {
+    let (status, reason, details) = match &news.fate {
         Fate::Moved { old, new, why } => (
-            old,
-            "moved",
-            BOOKING_MOVED,
             format!(
                 "The booking for {} was moved to other nodes ({}): {why}; the start is the same",
                 old.start,
                 new.nodes().join(", ")
             ),
+            BOOKING_MOVED,
             details(new),
         ),
         Fate::Cancelled { old, why } => (
-            old,
-            "cancelled",
-            BOOKING_CANCELLED,
             format!(
                 "The booking for {} was cancelled: {why}; the job is cancelled and charged nothing",
                 old.start
             ),
+            BOOKING_CANCELLED,
+            details(old),
+        ),
+        Fate::Freed { old } => (
+            format!(
+                "The booking for {} was cancelled with the job; its capacity is free again",
+                old.start
+            ),
+            BOOKING_CANCELLED,
             details(old),
         ),
     };
+    let old = news.fate.old();
     JobEvent {
-        event_id: ids::booking_news(&old.job_id, old.start.as_millisecond(), what),
+        event_id: ids::booking_news(&old.job_id, old.start.as_millisecond(), news.fate.what()),
         job_id: old.job_id.clone(),
         state: JobState::Unspecified as i32,
         status,
         reason: reason.into(),
-        timestamp: Some(proto_timestamp(at)),
+        timestamp: Some(proto_timestamp(news.at)),
         runner_id: runner.to_owned(),
         booking: Some(Box::new(details)),
         ..JobEvent::default()
-    }
-}
-
-/// Tells the user what became of a broken booking; a cancelled one's job is cancelled (it never
-/// started: nothing was charged), as an orchestrator's cancel would, with the reason.
-async fn tell_fate(h: &Handler, fate: &Fate) {
-    let event = fate_event(fate, h.now(), &h.runner_id);
-    if let Err(e) = h.publish(&event, None).await {
-        tracing::warn!(event_id = %event.event_id, error = %e, "A booking's fate was not told.");
-    }
-    let Fate::Cancelled { old, why } = fate else {
-        return;
-    };
-    let cancel = crate::messages::v1::CancelJob {
-        job_id: old.job_id.clone(),
-        reason: Some(format!("its booking could not be kept: {why}")),
-    };
-    let settle = super::cancel::handle(h, &Message::internal(None, None), &cancel).await;
-    if settle != Settle::Ack {
-        tracing::warn!(job_id = %old.job_id, ?settle, "The job of a cancelled booking was not cancelled.");
     }
 }

@@ -11,6 +11,7 @@
 //!   dead-letter queue.
 
 pub mod booking;
+pub mod fates;
 pub mod cancel;
 pub mod extend;
 pub mod reject;

@@ -64,67 +64,13 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         Ok(Some(tombstone)) => return cancelled_before_start(h, m, &tombstone).await,
         Ok(None) => {}
     }
-    // A job of this id may exist: an earlier delivery of this submission (perhaps on a runner that died
-    // half-way: the apply below adopts it and creates what is missing), or another submission's. Read
-    // only when the jobs' watch knows one (or has not listed yet); one it has not seen yet answers the
-    // create with 409, and the applier compares it.
-    let exists = match h.jobs.find_if_known(job_id).await {
-        Err(e) => return Settle::cluster(&e),
-        Ok(Some(existing)) => {
-            if annotation(&existing, &h.keys.submission_hash) != Some(fingerprint.as_str()) {
-                return duplicate(h, m, job_id, &fingerprint16, &existing).await;
-            }
-            if is_over(&existing, &h.keys) {
-                // This submission's job has ended (it is kept as the record of the submission for
-                // `ended_job_retention`): never again. Its QUEUED is published again, the same message:
-                // the monitor published it before any other event of the job, so it comes first.
-                return queued(h, m, job_id, &existing.metadata, Ended::Yes).await;
-            }
-            true
-        }
-        Ok(None) => false,
+    let exists = match existing(h, m, job_id, &fingerprint, &fingerprint16).await {
+        Ok(exists) => exists,
+        Err(settle) => return settle,
     };
 
-    // A peer must be the same owner's job: its pods are let into this job's network and this job's into
-    // its (see the ConnectToJob plugin). And it must not have ended: peers run together.
-    if !exists {
-        match foreign_peer(h, job).await {
-            Err(e) => return Settle::cluster(&e),
-            Ok(Some((field, what, code))) => {
-                return reject::invalid(h, m, subject, &field, &what, code).await;
-            }
-            Ok(None) => {}
-        }
-    }
-
-    let mut desired = match pipeline::render(job, &*h.config, h.now()) {
-        Ok(desired) => desired,
-        Err(e) => {
-            return reject::invalid(h, m, subject, &e.field(), e.message(), e.code()).await;
-        }
-    };
-    // A maintenance window in the way of the job's time allocation: the job is created with its pods
-    // held back, accepted all the same (nothing waits in the queue for a window).
-    if !exists {
-        let Some(windows) = windows(h).await else {
-            return Settle::Requeue {
-                why: "the maintenance windows have not been listed yet".into(),
-            };
-        };
-        let max_time = pipeline::hooks::JobFacts::read(&desired.vcjob, &h.keys, &h.config.pipeline)
-            .ok()
-            .and_then(|f| f.max_time);
-        let now = h.windows_clock.now();
-        if let Some(window) = crate::cluster::maintenance::holding(&windows, now, max_time) {
-            hold_back(&mut desired.vcjob, &h.keys, window);
-        }
-        // No window's toleration is rendered into the pods' template: whether a window can be in the
-        // job's way depends on when it starts (an extension, a monitoring gap), and a template's
-        // toleration is on every pod ever made from it. The monitor adds them just in time.
-    }
-    // A start window: booked before the job exists (refused: never created), or found again.
-    let booked = match booking(h, m, job, &fingerprint16, &mut desired.vcjob, exists).await {
-        Ok(booked) => booked,
+    let (desired, booked) = match prepare(h, m, job, subject, exists).await {
+        Ok(prepared) => prepared,
         Err(settle) => return settle,
     };
     let decorations = Decorations {
@@ -141,31 +87,9 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         }
     };
 
-    // Whole nodes within the operator's limits, counted from the cluster. A job that exists already
-    // holds its nodes. The ledger stays locked until the job exists, so this runner's whole-node
-    // submissions are counted one at a time.
-    let mut whole_nodes = None;
-    if job.exclusive_nodes && !exists {
-        let mut ledger = h.jobs.lock_whole_nodes().await;
-        match whole_node_limit(h, job, &mut ledger).await {
-            Err(e) => return Settle::cluster(&e),
-            Ok(Some(why)) => return whole_node_refusal(h, m, job_id, &fingerprint16, why).await,
-            Ok(None) => whole_nodes = Some(ledger),
-        }
-    }
-
-    // A job that exists already holds its capacity.
-    let permit = if exists {
-        None
-    } else {
-        match reserve(h).await {
-            Some(permit) => Some(permit),
-            None => {
-                return Settle::Requeue {
-                    why: "no capacity for another active job within runner.capacity_wait".into(),
-                };
-            }
-        }
+    let (whole_nodes, permit) = match hold_capacity(h, m, job, &fingerprint16, exists).await {
+        Ok(held) => held,
+        Err(settle) => return settle,
     };
     let outcome = match h.applier.apply(&plan).await {
         Ok(outcome) => outcome,
@@ -195,6 +119,132 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         return queued(h, m, job_id, &outcome.primary, Ended::Yes).await;
     }
 
+    accepted(h, m, job_id, &outcome, booked.as_ref()).await
+}
+
+/// A job of this id may exist: an earlier delivery of this submission (perhaps on a runner that died
+/// half-way: the apply adopts it and creates what is missing), or another submission's. Read only when
+/// the jobs' watch knows one (or has not listed yet); one it has not seen yet answers the create with
+/// 409, and the applier compares it. `Err` settles the delivery: another submission's job, or this
+/// one's that has ended.
+async fn existing(
+    h: &Handler,
+    m: &Message<'_>,
+    job_id: &str,
+    fingerprint: &str,
+    fingerprint16: &str,
+) -> Result<bool, Settle> {
+    match h.jobs.find_if_known(job_id).await {
+        Err(e) => Err(Settle::cluster(&e)),
+        Ok(Some(existing)) => {
+            if annotation(&existing, &h.keys.submission_hash) != Some(fingerprint) {
+                return Err(duplicate(h, m, job_id, fingerprint16, &existing).await);
+            }
+            if is_over(&existing, &h.keys) {
+                // This submission's job has ended (it is kept as the record of the submission for
+                // `ended_job_retention`): never again. Its QUEUED is published again, the same message:
+                // the monitor published it before any other event of the job, so it comes first.
+                return Err(queued(h, m, job_id, &existing.metadata, Ended::Yes).await);
+            }
+            Ok(true)
+        }
+        Ok(None) => Ok(false),
+    }
+}
+
+/// The job's objects as they are to be created (its peers checked first): rendered, held back for a
+/// maintenance window in its way, and booked (or its booking found again) when it has a start window. `Err` settles the
+/// delivery: a refusal (told), or a wait for the windows' list or the cluster.
+async fn prepare(
+    h: &Handler,
+    m: &Message<'_>,
+    job: &SubmitJob,
+    subject: Subject<'_>,
+    exists: bool,
+) -> Result<(pipeline::DesiredJob, Option<crate::cluster::bookings::Booking>), Settle> {
+    // A peer must be the same owner's job: its pods are let into this job's network and this job's into
+    // its (see the ConnectToJob plugin). And it must not have ended: peers run together.
+    if !exists {
+        match foreign_peer(h, job).await {
+            Err(e) => return Err(Settle::cluster(&e)),
+            Ok(Some((field, what, code))) => {
+                return Err(reject::invalid(h, m, subject, &field, &what, code).await);
+            }
+            Ok(None) => {}
+        }
+    }
+    let mut desired = match pipeline::render(job, &*h.config, h.now()) {
+        Ok(desired) => desired,
+        Err(e) => {
+            return Err(reject::invalid(h, m, subject, &e.field(), e.message(), e.code()).await);
+        }
+    };
+    // A maintenance window in the way of the job's time allocation: the job is created with its pods
+    // held back, accepted all the same (nothing waits in the queue for a window).
+    if !exists {
+        let Some(windows) = windows(h).await else {
+            return Err(Settle::Requeue {
+                why: "the maintenance windows have not been listed yet".into(),
+            });
+        };
+        let max_time = pipeline::hooks::JobFacts::read(&desired.vcjob, &h.keys, &h.config.pipeline)
+            .ok()
+            .and_then(|f| f.max_time);
+        let now = h.windows_clock.now();
+        if let Some(window) = crate::cluster::maintenance::holding(&windows, now, max_time) {
+            hold_back(&mut desired.vcjob, &h.keys, window);
+        }
+        // No window's toleration is rendered into the pods' template: whether a window can be in the
+        // job's way depends on when it starts (an extension, a monitoring gap), and a template's
+        // toleration is on every pod ever made from it. The monitor adds them just in time.
+    }
+    // A start window: booked before the job exists (refused: never created), or found again.
+    let booked = booking(h, m, job, subject.fingerprint16, &mut desired.vcjob, exists).await?;
+    Ok((desired, booked))
+}
+
+/// Whole nodes within the operator's limits, counted from the cluster, and a permit of this runner's
+/// capacity for active jobs. A job that exists already holds both. The ledger stays locked until the
+/// job exists, so this runner's whole-node submissions are counted one at a time. `Err` settles the
+/// delivery: refused, or no capacity in time.
+async fn hold_capacity(
+    h: &Handler,
+    m: &Message<'_>,
+    job: &SubmitJob,
+    fingerprint16: &str,
+    exists: bool,
+) -> Result<(Option<tokio::sync::OwnedMutexGuard<Ledger>>, Option<CapacityPermit>), Settle> {
+    let mut whole_nodes = None;
+    if job.exclusive_nodes && !exists {
+        let mut ledger = h.jobs.lock_whole_nodes().await;
+        match whole_node_limit(h, job, &mut ledger).await {
+            Err(e) => return Err(Settle::cluster(&e)),
+            Ok(Some(why)) => {
+                return Err(whole_node_refusal(h, m, &job.job_id, fingerprint16, why).await);
+            }
+            Ok(None) => whole_nodes = Some(ledger),
+        }
+    }
+    if exists {
+        return Ok((whole_nodes, None));
+    }
+    match reserve(h).await {
+        Some(permit) => Ok((whole_nodes, Some(permit))),
+        None => Err(Settle::Requeue {
+            why: "no capacity for another active job within runner.capacity_wait".into(),
+        }),
+    }
+}
+
+/// After the create: a cancel that came in meanwhile wins; otherwise QUEUED, and for a booked job its
+/// `booked` answer after it.
+async fn accepted(
+    h: &Handler,
+    m: &Message<'_>,
+    job_id: &str,
+    outcome: &ApplyOutcome,
+    booked: Option<&crate::cluster::bookings::Booking>,
+) -> Settle {
     // A cancel may have come in while we created the job.
     match h.tombstones.check(job_id, h.now()).await {
         Err(e) => return Settle::cluster(&e),
@@ -214,11 +264,12 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         "Accepted a job."
     );
     let settle = queued(h, m, job_id, &outcome.primary, Ended::No).await;
-    match (&settle, &booked) {
+    match (&settle, booked) {
         (Settle::Ack, Some(b)) => super::booking::tell_booked(h, m, b).await,
         _ => settle,
     }
 }
+
 
 /// Whether the job of a QUEUED has ended: the monitor writes an ended job no more, so the record of
 /// its confirmed QUEUED cannot ride on a write of the monitor's.
