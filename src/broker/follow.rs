@@ -115,11 +115,19 @@ impl EventsFollower {
     }
 
     /// The next event; `None` after shutdown.
+    ///
+    /// Cancel-safe: callers wait for it under a timeout (`events --idle`, the tests' quiet periods), and a
+    /// timeout that ends the wait loses nothing. Once a delivery is taken nothing more is awaited here:
+    /// its ack goes out on a task of its own. Awaiting the ack here let a timeout firing during that
+    /// round trip drop an event that had been received and decoded, which a loaded machine made
+    /// happen (a SUCCESS or a final tick never seen although the runner had it confirmed).
     pub async fn next(&mut self) -> Option<FollowedEvent> {
         let delivery = self.consumer.recv().await?;
         let event = FollowedEvent::from_delivery(&delivery);
         // Nothing to redo for a viewer: a failed ack only means the queue is gone with its channel.
-        let _ = delivery.ack().await;
+        tokio::spawn(async move {
+            let _ = delivery.ack().await;
+        });
         Some(event)
     }
 

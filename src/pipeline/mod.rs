@@ -16,6 +16,7 @@
 pub mod config;
 pub mod desired;
 pub mod hooks;
+pub mod kept;
 pub mod names;
 pub mod plugins;
 pub mod sealed;

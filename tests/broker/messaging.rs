@@ -210,6 +210,48 @@ async fn unroutable_and_missing_exchange_are_errors_and_the_follower_sees_every_
     broker.close().await;
 }
 
+/// The follower is waited for under timeouts (`events --idle`, the monitor tests' quiet periods): a wait
+/// that times out must lose nothing. Every wait here is a zero timeout, which ends a wait the moment it
+/// is not ready at once; the 40 events still all arrive, each once.
+#[tokio::test]
+async fn a_follower_wait_that_times_out_loses_no_event() {
+    let vhost = TestVhost::new("follow-timeout").await;
+    let config = vhost.config();
+    let (broker, _shutdown) = connect(config.clone()).await;
+    let mut follower = within("follow", broker.follow_events())
+        .await
+        .expect("follower");
+    let events: Vec<Outbound> = (0..40)
+        .map(|i| {
+            let tick = AccountingTick {
+                tick_id: format!("job-1/{i}"),
+                job_id: "job-1".into(),
+                sequence: i,
+                ..AccountingTick::default()
+            };
+            Outbound::accounting(&tick, Format::Json, &config)
+        })
+        .collect();
+    within("publish", broker.publisher().publish_all(&events))
+        .await
+        .expect("confirmed");
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + rabbit::PATIENCE;
+    while seen.len() < events.len() && tokio::time::Instant::now() < deadline {
+        match tokio::time::timeout(Duration::ZERO, follower.next()).await {
+            Ok(Some(e)) => seen.push(e.message_id.unwrap_or_default()),
+            Ok(None) => panic!("the follower stopped"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    }
+    seen.sort();
+    let mut expected: Vec<String> = (0..40).map(|i| format!("job-1/{i}")).collect();
+    expected.sort();
+    assert_eq!(seen, expected, "every event, each once");
+    follower.close().await;
+    broker.close().await;
+}
+
 #[tokio::test]
 async fn the_control_consumer_receives_while_the_submit_prefetch_is_full() {
     let vhost = TestVhost::new("control").await;

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use monitor_support::*;
 use volcano_runner::messages::v1::{JobEvent, SubmitJob};
-use volcano_runner::pipeline::plugins::output_files::kept;
+use volcano_runner::pipeline::plugins::output_files::KEPT;
 
 /// A storage directory of its own for each test.
 fn storage(label: &str) -> PathBuf {
@@ -117,7 +117,7 @@ async fn a_failed_jobs_output_is_kept_and_bounded_with_a_marker() {
         .await;
     let whole = "0123456789\nout of cheese\n";
     let kept_text = file(&dir, "o2", "stdout.txt").expect("the file is written");
-    assert_eq!(kept_text.as_bytes(), kept(whole.as_bytes(), 20));
+    assert_eq!(kept_text.as_bytes(), KEPT.kept(whole.as_bytes(), 20));
     assert!(
         kept_text.starts_with("0123456789\nout of ch"),
         "{kept_text}"

@@ -10,7 +10,7 @@
 //! - The wrapper starts the application with its stdout and stderr into a FIFO, copies that stream both to
 //!   the container's own log (so `kubectl logs`, `volcano-runner logs` and the event tails still see
 //!   everything) and to the file, keeping the first `max_bytes` bytes and appending a marker line when it
-//!   cut ([`CUT_MARKER`]). The copy is unbuffered (busybox `tee` and `dd`, each read written at once), so
+//!   cut ([`KEPT`]'s marker). The copy is unbuffered (busybox `tee` and `dd`, each read written at once), so
 //!   the file holds what the application wrote even when the container is killed (SIGKILL after the grace
 //!   period); the marker is written at the moment of the cut.
 //! - It forwards SIGTERM, SIGINT and SIGHUP to the application, waits for it, waits for the copy to drain,
@@ -38,6 +38,7 @@ use crate::messages::v1::KeptOutput;
 use crate::pipeline::PipelineError;
 use crate::pipeline::context::Context;
 use crate::pipeline::draft::{Draft, Helper};
+use crate::pipeline::kept::PerRank;
 use crate::pipeline::plugins::file_mount::WORK;
 
 /// `[pipeline.output]`: the output files.
@@ -75,14 +76,15 @@ pub const VOLUME: &str = "volcano-runner-output";
 pub const HELPER_DIR: &str = "/.volcano-runner";
 /// `$0` of the wrapper: how the simulator (and a reader of the pod spec) recognises it.
 pub const WRAPPER_NAME: &str = "volcano-runner-output";
-/// The annotation (under the prefix) with the storage path of the output folder.
-pub const FOLDER_ANNOTATION: &str = "outputFolder";
-/// The annotation (under the prefix) with the bound, in bytes.
-pub const MAX_BYTES_ANNOTATION: &str = "outputMaxBytes";
 
-/// The marker line appended to a file that was cut; `{max}` is the bound in bytes.
-pub const CUT_MARKER: &str =
-    "[volcano-runner: output cut here: only the first {max} bytes of this rank's output are kept]";
+/// The output files: recorded in the annotations `outputFolder` and `outputMaxBytes` (under the prefix),
+/// cut with the marker `[volcano-runner: output cut here: ...]`.
+pub const KEPT: PerRank = PerRank {
+    what: "output",
+    folder_annotation: "outputFolder",
+    max_bytes_annotation: "outputMaxBytes",
+    file_name,
+};
 
 /// The wrapper, POSIX sh run by busybox. `$1` busybox (its folder holds the FIFOs), `$2` the folder,
 /// `$3` the bound, the rest the application's argv. It holds neither `$(` nor `$$`: Kubernetes expands
@@ -135,11 +137,6 @@ exit "$code"
 /// behind holds the pipe open (the `sleep 2` of [`WRAPPER`]). Without one, it ends at once.
 pub const DRAIN_SECONDS: u32 = 2;
 
-/// The marker for a bound.
-pub fn cut_marker(max: u64) -> String {
-    CUT_MARKER.replace("{max}", &max.to_string())
-}
-
 /// A rank's file name: `stdout.txt` for rank 0, `stdout-<rank>.txt` for the others.
 pub fn file_name(rank: u32) -> String {
     if rank == 0 {
@@ -190,14 +187,11 @@ pub fn build(cx: &Context<'_>, draft: &mut Draft) -> Result<(), PipelineError> {
     command.extend(argv);
     draft.user.command = Some(command);
     ensure_busybox(cx, draft);
-    let annotations = draft.meta.annotations.get_or_insert_default();
-    annotations.insert(
-        format!("{}{FOLDER_ANNOTATION}", cx.keys.prefix),
+    KEPT.annotate(
+        draft,
+        &cx.keys.prefix,
         output.path.clone(),
-    );
-    annotations.insert(
-        format!("{}{MAX_BYTES_ANNOTATION}", cx.keys.prefix),
-        config.max_bytes.to_string(),
+        config.max_bytes,
     );
     Ok(())
 }
@@ -254,18 +248,6 @@ pub fn unwrap(command: &[String]) -> Option<Wrapped<'_>> {
     }
 }
 
-/// What a rank's file holds for a whole output `log`: its first `max` bytes, and the marker line when
-/// that cut it. The wrapper's behaviour, for the simulator and the tests.
-pub fn kept(log: &[u8], max: u64) -> Vec<u8> {
-    let max_len = usize::try_from(max).unwrap_or(usize::MAX);
-    if log.len() <= max_len {
-        return log.to_vec();
-    }
-    let mut out = log[..max_len].to_vec();
-    out.extend_from_slice(format!("\n{}\n", cut_marker(max)).as_bytes());
-    out
-}
-
 /// Where a job's output was kept, from its annotations: the folder and every rank's file, as storage
 /// paths. `None` when the job keeps no output files.
 pub fn location(
@@ -273,52 +255,12 @@ pub fn location(
     prefix: &str,
     replicas: u32,
 ) -> Option<KeptOutput> {
-    let kept = Kept::read(
-        annotations?,
-        prefix,
-        [FOLDER_ANNOTATION, MAX_BYTES_ANNOTATION],
-        replicas,
-        file_name,
-    )?;
+    let kept = KEPT.location(annotations, prefix, replicas)?;
     Some(KeptOutput {
         folder: kept.folder,
         files: kept.files,
         max_bytes: kept.max_bytes,
     })
-}
-
-/// Files a job keeps per rank in one folder with one bound (its output, its trace), as its annotations
-/// record them: what the terminal event and `job <id>` name.
-pub(crate) struct Kept {
-    pub folder: String,
-    pub files: Vec<String>,
-    pub max_bytes: u64,
-}
-
-impl Kept {
-    /// `keys`: the annotations (under `prefix`) of the folder and of the bound; `None` without the
-    /// folder's.
-    pub(crate) fn read(
-        annotations: &BTreeMap<String, String>,
-        prefix: &str,
-        [folder_key, max_key]: [&str; 2],
-        replicas: u32,
-        name: fn(u32) -> String,
-    ) -> Option<Self> {
-        let folder = annotations.get(&format!("{prefix}{folder_key}"))?;
-        let max_bytes = annotations
-            .get(&format!("{prefix}{max_key}"))
-            .and_then(|m| m.parse().ok())
-            .unwrap_or_default();
-        let base = folder.trim_end_matches('/');
-        Some(Self {
-            folder: folder.clone(),
-            files: (0..replicas.max(1))
-                .map(|rank| format!("{base}/{}", name(rank)))
-                .collect(),
-            max_bytes,
-        })
-    }
 }
 
 #[cfg(test)]
@@ -358,11 +300,12 @@ mod tests {
     }
 
     #[test]
-    fn the_bound_keeps_the_start_and_says_where_it_cut() {
-        assert_eq!(kept(b"abc", 3), b"abc");
-        let cut = String::from_utf8(kept(b"abcdef", 3)).unwrap();
-        assert_eq!(cut, format!("abc\n{}\n", cut_marker(3)));
-        assert!(WRAPPER.contains(&cut_marker(3).replace("3", "%s").replace('\'', r#"'"'"'"#)));
+    fn the_wrapper_cuts_with_the_marker_of_the_output_files() {
+        let marker = KEPT
+            .cut_marker(3)
+            .replace("3", "%s")
+            .replace('\'', r#"'"'"'"#);
+        assert!(WRAPPER.contains(&marker), "{marker}");
     }
 
     #[test]
@@ -465,7 +408,7 @@ mod tests {
             let out = run(&dir, 10, 0, "echo 0123456789abcdef; echo more");
             assert_eq!(out.status.code(), Some(0));
             let whole = "0123456789abcdef\nmore\n";
-            assert_eq!(file(&dir, 0).as_bytes(), kept(whole.as_bytes(), 10));
+            assert_eq!(file(&dir, 0).as_bytes(), KEPT.kept(whole.as_bytes(), 10));
             assert_eq!(String::from_utf8_lossy(&out.stdout), whole);
             // Exactly at the bound: no marker.
             let out = run(&dir, 5, 0, "printf abcde");

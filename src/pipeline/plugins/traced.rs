@@ -16,7 +16,7 @@
 //! - The tracer runs `strace -f -tt -I4 -e trace=... -p <pid>`: it follows every fork, ignores the
 //!   SIGTERM of a cancel or an expiry (so it records the application's last calls and its end), and ends
 //!   when the last traced process has ended. Its output goes through a bound: the first `max_bytes`
-//!   bytes are kept, then a marker line ([`CUT_MARKER`]); the rest is read and dropped so the traced
+//!   bytes are kept, then a marker line ([`KEPT`]'s); the rest is read and dropped so the traced
 //!   processes never stall on a full pipe.
 //! - The trace is written line by line as the job runs (strace writes each line at once), so it is
 //!   complete at every end: a normal end, a cancel, an expiry, a runner killed meanwhile. After a kill at
@@ -42,6 +42,7 @@ use crate::messages::v1::KeptTrace;
 use crate::pipeline::PipelineError;
 use crate::pipeline::context::Context;
 use crate::pipeline::draft::Draft;
+use crate::pipeline::kept::PerRank;
 use crate::pipeline::plugins::file_mount::{VOLUME as DATA_VOLUME, WORK};
 use crate::pipeline::plugins::output_files::{self, HELPER_DIR};
 
@@ -117,17 +118,18 @@ pub const TRACE_MOUNT: &str = "/.volcano-runner-trace";
 pub const SUBFOLDER: &str = "trace";
 /// The annotation (under the prefix) saying why the job is traced.
 pub const TRACED_ANNOTATION: &str = "traced";
-/// The annotation (under the prefix) with the storage path of the trace folder.
-pub const FOLDER_ANNOTATION: &str = "traceFolder";
-/// The annotation (under the prefix) with the bound, in bytes.
-pub const MAX_BYTES_ANNOTATION: &str = "traceMaxBytes";
 /// The system calls recorded: strace's classes, and the kill family, so that a job that signals its
 /// tracer leaves that attempt in the trace.
 pub const CALLS: &str = "process,file,network,kill,tkill,tgkill";
 
-/// The marker line appended to a trace that was cut; `{max}` is the bound in bytes.
-pub const CUT_MARKER: &str =
-    "[volcano-runner: trace cut here: only the first {max} bytes of this rank's trace are kept]";
+/// The traces: recorded in the annotations `traceFolder` and `traceMaxBytes` (under the prefix), cut
+/// with the marker `[volcano-runner: trace cut here: ...]`.
+pub const KEPT: PerRank = PerRank {
+    what: "trace",
+    folder_annotation: "traceFolder",
+    max_bytes_annotation: "traceMaxBytes",
+    file_name,
+};
 
 /// The gate, POSIX sh run by busybox in the user's container. `$1` busybox (its folder is shared with
 /// the tracer), `$2` how many tenths of a second to wait for the tracer, the rest the application's
@@ -186,11 +188,6 @@ read -r pid <"$h/trace-pid"
   fi
 } >"$f"
 "#;
-
-/// The marker for a bound.
-pub fn cut_marker(max: u64) -> String {
-    CUT_MARKER.replace("{max}", &max.to_string())
-}
 
 /// A rank's trace file name.
 pub fn file_name(rank: u32) -> String {
@@ -407,11 +404,7 @@ pub fn build(cx: &Context<'_>, draft: &mut Draft) -> Result<(), PipelineError> {
     draft.pod.share_process_namespace = Some(true);
     let prefix = &cx.keys.prefix;
     draft.annotate(&format!("{prefix}{TRACED_ANNOTATION}"), why);
-    draft.annotate(&format!("{prefix}{FOLDER_ANNOTATION}"), folder);
-    draft.annotate(
-        &format!("{prefix}{MAX_BYTES_ANNOTATION}"),
-        config.max_bytes.to_string(),
-    );
+    KEPT.annotate(draft, prefix, folder, config.max_bytes);
     Ok(())
 }
 
@@ -432,18 +425,6 @@ pub fn ungate(command: &[String]) -> Option<&[String]> {
     }
 }
 
-/// What a rank's trace holds for a whole trace `log`: its first `max` bytes, and the marker line when
-/// that cut it. The tracer's bound, for the tests.
-pub fn kept(log: &[u8], max: u64) -> Vec<u8> {
-    let max_len = usize::try_from(max).unwrap_or(usize::MAX);
-    if log.len() <= max_len {
-        return log.to_vec();
-    }
-    let mut out = log[..max_len].to_vec();
-    out.extend_from_slice(format!("\n{}\n", cut_marker(max)).as_bytes());
-    out
-}
-
 /// Why a job is traced, from its annotations; `None` when it is not.
 pub fn reason(annotations: Option<&BTreeMap<String, String>>, prefix: &str) -> Option<String> {
     annotations?
@@ -458,13 +439,7 @@ pub fn location(
     prefix: &str,
     replicas: u32,
 ) -> Option<KeptTrace> {
-    let kept = output_files::Kept::read(
-        annotations?,
-        prefix,
-        [FOLDER_ANNOTATION, MAX_BYTES_ANNOTATION],
-        replicas,
-        file_name,
-    )?;
+    let kept = KEPT.location(annotations, prefix, replicas)?;
     Some(KeptTrace {
         folder: kept.folder,
         files: kept.files,
@@ -500,11 +475,12 @@ mod tests {
     }
 
     #[test]
-    fn the_bound_keeps_the_start_and_says_where_it_cut() {
-        assert_eq!(kept(b"abc", 3), b"abc");
-        let cut = String::from_utf8(kept(b"abcdef", 3)).unwrap();
-        assert_eq!(cut, format!("abc\n{}\n", cut_marker(3)));
-        assert!(TRACER.contains(&cut_marker(3).replace("3", "%s").replace('\'', r#"'"'"'"#)));
+    fn the_tracer_cuts_with_the_marker_of_the_traces() {
+        let marker = KEPT
+            .cut_marker(3)
+            .replace("3", "%s")
+            .replace('\'', r#"'"'"'"#);
+        assert!(TRACER.contains(&marker), "{marker}");
     }
 
     #[test]
@@ -999,7 +975,7 @@ mod tests {
             assert_eq!(wait(&mut job, "the job").code(), Some(5));
             assert!(wait(&mut tracer, "the tracer").success());
             let trace = pod.trace();
-            let marker = format!("\n{}\n", cut_marker(4096));
+            let marker = format!("\n{}\n", KEPT.cut_marker(4096));
             assert!(
                 trace.ends_with(&marker),
                 "{}",

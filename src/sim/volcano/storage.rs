@@ -94,7 +94,7 @@ pub fn keep_output(storage: &Path, pod: &Value, default_run: Duration, now: Time
         let written = path
             .parent()
             .map_or(Ok(()), std::fs::create_dir_all)
-            .and_then(|()| std::fs::write(&path, output_files::kept(log.as_bytes(), max)));
+            .and_then(|()| std::fs::write(&path, output_files::KEPT.kept(log.as_bytes(), max)));
         if let Err(e) = written {
             tracing::warn!(path = %path.display(), error = %e, "the simulator could not write a job's output file");
         }
