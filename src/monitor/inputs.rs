@@ -1005,7 +1005,7 @@ mod tests {
         // Later than the replay's start, or none: the start.
         for timeout in [Some(3600), None] {
             let e = replay(timeout);
-            assert_eq!((e.kind, e.fails_at), ("at", None), "{timeout:?}");
+            assert_eq!((e.kind, e.fails_at.as_deref()), ("at", None), "{timeout:?}");
             assert!(serde_json::to_value(&e).unwrap().get("failsAt").is_none());
         }
     }
