@@ -175,7 +175,13 @@ impl<'a> Context<'a> {
             job_id: &job.job_id,
             vcjob_name: names::vcjob_name(&job.job_id),
             replicas: job.replicas,
-            placement: placement(owner, pipeline, interactive(app)),
+            // A booked job waits, gated, for its start: at the head of a fifo queue it would hold
+            // every session behind it until then. It goes where the others go.
+            placement: placement(
+                owner,
+                pipeline,
+                interactive(app) && job.start_window.is_none(),
+            ),
             mounts,
             files,
             peers,
