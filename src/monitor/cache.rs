@@ -1350,7 +1350,8 @@ impl Cache {
             }
         }
         let waiting = &self.waiting.filed;
-        self.held_for_reservation.retain(|g| waiting.contains_key(g));
+        self.held_for_reservation
+            .retain(|g| waiting.contains_key(g));
     }
 
     /// The forecast of the waiting gangs ([`crate::forecast`]) from what the watches show: the

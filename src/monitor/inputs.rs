@@ -961,7 +961,8 @@ mod tests {
     fn a_job_failed_by_the_queue_timeout_before_it_could_start_is_shown_when() {
         let nodes = [node("a", "16", 0)];
         let mut waiting = job("j-wait", json!({"ucloud.dk/maxTime": "3600000"}));
-        waiting.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t(10)));
+        waiting.metadata.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t(10)));
         let jobs = [
             job(
                 "j-run",

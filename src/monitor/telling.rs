@@ -258,7 +258,10 @@ mod tests {
         // Two hours away: the tolerance is some six minutes; a quarter of the wait is half an hour.
         assert!(!again(false, 7200 + 1200), "twenty minutes later: not news");
         assert!(again(false, 7200 + 1900), "over half an hour later");
-        assert!(!again(false, 7200 - 3000), "fifty minutes earlier: not news");
+        assert!(
+            !again(false, 7200 - 3000),
+            "fifty minutes earlier: not news"
+        );
         assert!(again(false, 7200 - 3700), "over an hour earlier");
         // A bound: later past the slack, earlier past the tolerance of its distance.
         assert!(again(true, 7200 + 20));

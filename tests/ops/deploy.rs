@@ -573,7 +573,8 @@ fn the_volcano_queue_is_the_one_jobs_go_to() {
 fn the_scheduler_configuration_is_the_one_the_estimates_assume() {
     let objects = render("overlays/prod");
     let config = runner_config(&objects);
-    let map: ConfigMap = strict(find(&objects, "ConfigMap", "volcano-scheduler-configmap")).unwrap();
+    let map: ConfigMap =
+        strict(find(&objects, "ConfigMap", "volcano-scheduler-configmap")).unwrap();
     assert_eq!(map.metadata.namespace.as_deref(), Some("volcano-system"));
     let conf = &map.data.unwrap_or_default()["volcano-scheduler.conf"];
     let conf = yaml_docs(conf, std::path::Path::new("volcano-scheduler.conf"));
@@ -591,7 +592,14 @@ fn the_scheduler_configuration_is_the_one_the_estimates_assume() {
         .flat_map(|tier| tier["plugins"].as_array().unwrap())
         .map(|p| p["name"].as_str().unwrap())
         .collect();
-    for wanted in ["priority", "gang", "sla", "overcommit", "predicates", "nodeorder"] {
+    for wanted in [
+        "priority",
+        "gang",
+        "sla",
+        "overcommit",
+        "predicates",
+        "nodeorder",
+    ] {
         assert!(plugins.contains(&wanted), "{wanted} missing: {plugins:?}");
     }
     for unmodelled in ["drf", "binpack", "capacity"] {

@@ -2184,7 +2184,10 @@ fn interactive_jobs_go_to_their_own_queue_with_their_own_waiting_time() {
     // A booked one waits, gated, for its start: not at the head of the fifo queue.
     job.application.as_mut().unwrap().application_type = ApplicationType::Web as i32;
     job.start_window = Some(volcano_runner::messages::v1::StartWindow::default());
-    assert_eq!(vcjob_json(&render(&job, &config))["spec"]["queue"], everyones.as_str());
+    assert_eq!(
+        vcjob_json(&render(&job, &config))["spec"]["queue"],
+        everyones.as_str()
+    );
     // The defaults: the interactive queue deploy/scheduling declares, 0 s; "" switches them off.
     let scheduling = volcano_runner::pipeline::PipelineConfig::default().scheduling;
     assert_eq!(
