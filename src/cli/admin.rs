@@ -459,6 +459,10 @@ async fn waiting_jobs(
             proportion: config.monitor.proportion,
             start_margin: jiff::SignedDuration::try_from(config.monitor.start_margin)
                 .unwrap_or_default(),
+            queue_timeout: config
+                .monitor
+                .queue_timeout
+                .and_then(|d| jiff::SignedDuration::try_from(d).ok()),
         },
     ))
 }

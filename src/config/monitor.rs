@@ -103,14 +103,16 @@ pub struct MonitorConfig {
     /// pass it for ever and its estimate is a bound (docs/estimates.md); without it such a gang is told
     /// expectations. Uses `patch` on nodes, cluster-wide, which the base ClusterRole grants for the
     /// maintenance windows' taints. On by default: it acts only for jobs with a waiting time
-    /// (`[pipeline.scheduling] sla_waiting_time`, unset by default), and an operator who sets one asks
-    /// for bounds and no starvation; off trades them for the throughput of the nodes that drain.
+    /// (`[pipeline.scheduling] sla_waiting_time`, unset by default, and interactive jobs'
+    /// `interactive_sla_waiting_time`, 0 s by default), and a waiting time asks for bounds and no
+    /// starvation; off trades them for the throughput of the nodes that drain.
     pub reserve_nodes: bool,
-    /// Whether the Volcano scheduler runs its `proportion` plugin, as its default configuration does.
-    /// It serves the queue with the lowest share first, whatever a job's `sla-waiting-time`, so while jobs
-    /// of more than one queue wait or run no estimate is a bound: they are told as expectations
-    /// (docs/estimates.md, "Between queues"). Set it false only for a scheduler configured without
-    /// `proportion`.
+    /// Whether the Volcano scheduler runs its `proportion` plugin. It serves the queue with the lowest
+    /// share first, whatever a job's `sla-waiting-time`, so while jobs of more than one queue wait or
+    /// run no estimate is a bound: they are told as expectations (docs/estimates.md, "Between
+    /// queues"). Off by default, as the scheduler configuration deploy/scheduling ships
+    /// (`volcano-scheduler.yaml`: `sla` in, `proportion` out) has it; set it true for a scheduler
+    /// that keeps Volcano's default configuration, which has `proportion`.
     pub proportion: bool,
 }
 
@@ -134,7 +136,7 @@ impl Default for MonitorConfig {
             encoding: Encoding::Json,
             maintenance_warn_before: Duration::from_secs(3600),
             reserve_nodes: true,
-            proportion: true,
+            proportion: false,
         }
     }
 }

@@ -94,13 +94,18 @@ impl From<Resources> for RankResources {
     }
 }
 
-/// An [`Estimate`] as printed: `kind` is `at` (with `startAt`), `never` or `unbounded`.
+/// An [`Estimate`] as printed: `kind` is `at` (with `startAt`), `never`, `unbounded` or `timesOut`
+/// (with `failsAt`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EstimateView {
     pub kind: &'static str,
     /// RFC 3339; only for `at`.
     pub start_at: Option<String>,
+    /// RFC 3339; only for `timesOut`: when the runner fails the job (`[monitor] queue_timeout`),
+    /// before the replay can start it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fails_at: Option<String>,
     /// Only for `at`: `true` when the scheduler reserves for the job, so that `startAt` is a bound
     /// (it starts by then at the latest); `false` when it is what the replay expects.
     pub bound: bool,
@@ -119,24 +124,28 @@ impl From<&Estimate> for EstimateView {
             } => Self {
                 kind: "at",
                 start_at: Some(start.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
+                fails_at: None,
                 bound: *bound,
                 basis: basis.clone(),
             },
             Estimate::Never { why } => Self {
                 kind: "never",
                 start_at: None,
+                fails_at: None,
                 bound: false,
                 basis: why.clone(),
             },
             Estimate::Unbounded { why } => Self {
                 kind: "unbounded",
                 start_at: None,
+                fails_at: None,
                 bound: false,
                 basis: why.clone(),
             },
-            Estimate::TimesOut { why, .. } => Self {
+            Estimate::TimesOut { at, why } => Self {
                 kind: "timesOut",
                 start_at: None,
+                fails_at: Some(at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
                 bound: false,
                 basis: why.clone(),
             },
@@ -251,6 +260,10 @@ pub struct Replaying {
     pub proportion: bool,
     /// `[monitor] start_margin`: a job is taken to start this long after its resources are free.
     pub start_margin: jiff::SignedDuration,
+    /// `[monitor] queue_timeout`: a job of volcano-runner's that has not started this long after its
+    /// creation is failed by the runner; the replay takes it out of its queue then, and tells it so
+    /// (`timesOut`) rather than a start after its failure, as the monitor does.
+    pub queue_timeout: Option<jiff::SignedDuration>,
 }
 
 /// [`forecast`] with the maintenance windows in the replay ([`crate::forecast::windows`]): `admin queue`
@@ -268,7 +281,7 @@ pub fn forecast_with(
         waiting,
         pending,
         maintenance,
-    } = inputs(view, windows, keys, now, replaying.reserve_nodes);
+    } = inputs(view, windows, keys, now, replaying);
     let mut estimates = forecast::replay_with(
         &nodes,
         &running,
@@ -293,7 +306,16 @@ pub fn reservations(view: ClusterView<'_>, keys: &AnnotationKeys, now: Timestamp
         pending,
         maintenance,
         ..
-    } = inputs(view, &[], keys, now, true);
+    } = inputs(
+        view,
+        &[],
+        keys,
+        now,
+        Replaying {
+            reserve_nodes: true,
+            ..Replaying::default()
+        },
+    );
     let replay = forecast::replay_with(
         &nodes,
         &running,
@@ -329,7 +351,7 @@ fn inputs<'a>(
     windows: &[crate::cluster::Window],
     keys: &AnnotationKeys,
     now: Timestamp,
-    reserve_nodes: bool,
+    replaying: Replaying,
 ) -> Inputs<'a> {
     let nodes = listed_nodes(view, keys);
     let jobs: HashMap<JobKey, &VolcanoJob> = view
@@ -371,7 +393,9 @@ fn inputs<'a>(
         .map(|pg| {
             let job = job_of_group(pg).and_then(|k| jobs.get(&k).copied());
             let in_fifo = fifo.contains(observe::queue_of(pg).as_str());
-            pending_gang(pg, job, keys, in_fifo, reserve_nodes)
+            let mut gang = pending_gang(pg, job, keys, in_fifo, replaying.reserve_nodes);
+            gang.gives_up_at = gives_up_at(job, replaying.queue_timeout);
+            gang
         })
         .collect();
     let maintenance = listed_maintenance(view, &jobs, &waiting, spared, windows, keys, now);
@@ -929,6 +953,62 @@ mod tests {
             e.estimate.start_at.as_deref(),
             Some(t(600).strftime("%Y-%m-%dT%H:%M:%SZ").to_string().as_str())
         );
+    }
+
+    /// `admin queue` knows the runner's `[monitor] queue_timeout` as the monitor does: a job the replay
+    /// would start only after it is failed is shown `timesOut`, with when (`failsAt`), never that start.
+    #[test]
+    fn a_job_failed_by_the_queue_timeout_before_it_could_start_is_shown_when() {
+        let nodes = [node("a", "16", 0)];
+        let mut waiting = job("j-wait", json!({"ucloud.dk/maxTime": "3600000"}));
+        waiting.metadata.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t(10)));
+        let jobs = [
+            job(
+                "j-run",
+                json!({"ucloud.dk/expiry": (t(600).as_millisecond()).to_string()}),
+            ),
+            waiting,
+        ];
+        let groups = [
+            group("j-run", 0, "Running", 1, "16"),
+            group("j-wait", 10, "Inqueue", 1, "16"),
+        ];
+        let pods = [pod("j-run", "a", "16", "Running")];
+        let view = ClusterView {
+            nodes: &nodes,
+            pods: &pods,
+            groups: &groups,
+            jobs: &jobs,
+            queues: &[],
+        };
+        let replay = |queue_timeout: Option<i64>| {
+            forecast_with(
+                view,
+                &[],
+                &keys(),
+                t(100),
+                Replaying {
+                    queue_timeout: queue_timeout.map(SignedDuration::from_secs),
+                    ..Replaying::default()
+                },
+            )
+            .remove(0)
+            .estimate
+        };
+        let e = replay(Some(300));
+        assert_eq!(e.kind, "timesOut", "{e:?}");
+        assert_eq!(e.start_at, None);
+        let fails = t(310).strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+        assert_eq!(e.fails_at.as_deref(), Some(fails.as_str()));
+        assert!(e.basis.contains("queue_timeout"), "{}", e.basis);
+        assert_eq!(serde_json::to_value(&e).unwrap()["failsAt"], json!(fails));
+        // Later than the replay's start, or none: the start.
+        for timeout in [Some(3600), None] {
+            let e = replay(timeout);
+            assert_eq!((e.kind, e.fails_at.as_deref()), ("at", None), "{timeout:?}");
+            assert!(serde_json::to_value(&e).unwrap().get("failsAt").is_none());
+        }
     }
 
     #[test]

@@ -270,11 +270,14 @@ pub struct SchedulingConfig {
     /// The Volcano queue interactive jobs (web, VNC and terminal applications) go to instead of the
     /// others' (and of their project's): a `fifo` one, first come first served, so that with their own
     /// waiting time each is told a start it can count on (docs/estimates.md, *Interactive jobs: a
-    /// promise by design*). Must exist and be Open. Unset: they go where the others go.
+    /// promise by design*). Declared with the job when missing (FairShare), as deploy/scheduling
+    /// declares it. Default `volcano-runner-interactive`; `""` (unset): they go where the others go.
+    #[serde(deserialize_with = "empty_is_none")]
     pub interactive_queue: Option<String>,
-    /// The `sla-waiting-time` of interactive jobs, in place of `sla_waiting_time` (`0s`: the `sla`
-    /// plugin tries them before every job without a waiting time from their creation on). Unset:
-    /// `sla_waiting_time`.
+    /// The `sla-waiting-time` of interactive jobs, in place of `sla_waiting_time` (default `0s`: the
+    /// `sla` plugin, which deploy/scheduling's scheduler configuration runs, tries them before every
+    /// job without a waiting time from their creation on). `""` (unset): `sla_waiting_time`.
+    #[serde(deserialize_with = "empty_duration_is_none")]
     pub interactive_sla_waiting_time: Option<SignedDuration>,
     /// Tolerations every job pod gets (UCloud: `sducloud=apps:NoSchedule`).
     pub tolerations: Vec<TolerationConfig>,
@@ -283,6 +286,26 @@ pub struct SchedulingConfig {
     pub node_selector_label: Option<String>,
     /// Label value per product category; a category without an entry uses its own name.
     pub node_selector_by_category: BTreeMap<String, String>,
+}
+
+/// The interactive queue of the defaults: deploy/scheduling declares it (`fifo`), and the runner
+/// declares it with an interactive job when it is missing.
+pub const DEFAULT_INTERACTIVE_QUEUE: &str = "volcano-runner-interactive";
+
+/// `""` switches a key with a default off: TOML has no null, and an environment variable
+/// (`VOLCANO_RUNNER_PIPELINE__SCHEDULING__INTERACTIVE_QUEUE=`) can say no less than empty.
+fn empty_is_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.filter(|s| !s.is_empty()))
+}
+
+/// [`empty_is_none`] for a duration (`"0s"`, `"1m"`, ISO 8601).
+fn empty_duration_is_none<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<SignedDuration>, D::Error> {
+    match Option::<String>::deserialize(d)?.as_deref() {
+        None | Some("") => Ok(None),
+        Some(text) => text.parse().map(Some).map_err(serde::de::Error::custom),
+    }
 }
 
 impl Default for SchedulingConfig {
@@ -297,8 +320,8 @@ impl Default for SchedulingConfig {
             on_pod_evicted: PolicyChoice::RestartJob,
             priority_class_name: None,
             sla_waiting_time: None,
-            interactive_queue: None,
-            interactive_sla_waiting_time: None,
+            interactive_queue: Some(DEFAULT_INTERACTIVE_QUEUE.into()),
+            interactive_sla_waiting_time: Some(SignedDuration::ZERO),
             tolerations: Vec::new(),
             node_selector_label: None,
             node_selector_by_category: BTreeMap::new(),

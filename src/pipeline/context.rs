@@ -53,6 +53,10 @@ pub struct Placement {
     pub queue: String,
     /// Whether the queue is the project's own (declared and created on demand).
     pub project_queue: bool,
+    /// Whether the queue is `[pipeline.scheduling] interactive_queue` (declared and created on demand,
+    /// `fifo`, so that a deployment without it still runs interactive jobs and the monitor, which
+    /// watches the Queues, knows its order).
+    pub interactive_queue: bool,
 }
 
 /// The resolved input of one render.
@@ -171,7 +175,13 @@ impl<'a> Context<'a> {
             job_id: &job.job_id,
             vcjob_name: names::vcjob_name(&job.job_id),
             replicas: job.replicas,
-            placement: placement(owner, pipeline, interactive(app)),
+            // A booked job waits, gated, for its start: at the head of a fifo queue it would hold
+            // every session behind it until then. It goes where the others go.
+            placement: placement(
+                owner,
+                pipeline,
+                interactive(app) && job.start_window.is_none(),
+            ),
             mounts,
             files,
             peers,
@@ -237,8 +247,9 @@ fn placement(owner: &Owner, pipeline: &PipelineConfig, interactive: bool) -> Pla
         .interactive_queue
         .clone()
         .filter(|_| interactive);
+    let interactive = interactive_queue.is_some();
     let (queue, project_queue) = match project {
-        _ if interactive_queue.is_some() => (interactive_queue.unwrap_or_default(), false),
+        _ if interactive => (interactive_queue.unwrap_or_default(), false),
         Some(project) if fair_share && pipeline.scheduling.queue_per_project => (
             names::owner_scoped_name(&pipeline.namespace.prefix, OwnerKind::Project, project),
             true,
@@ -250,6 +261,7 @@ fn placement(owner: &Owner, pipeline: &PipelineConfig, interactive: bool) -> Pla
         per_owner,
         queue,
         project_queue,
+        interactive_queue: interactive,
     }
 }
 

@@ -2,8 +2,7 @@
 //! `fifo` queue `volcano-runner-interactive` with `interactive_sla_waiting_time = "0s"`, the monitor
 //! watches the Queues (so it knows that queue is fifo), reserves nodes, and is told the scheduler runs
 //! without `proportion`. A stream of sessions beside a batch backlog of gangs, whole-node gangs and
-//! wide ranks on three 16-CPU nodes: most sessions that wait are told a bound (the 80% is measured in
-//! `tests/sim/promise.rs`; see the assertion), no bound
+//! wide ranks on three 16-CPU nodes: at least 80% of the sessions that wait are told a bound, no bound
 //! breaks, and each waiting job hears a handful of estimates (docs/estimates.md, *Interactive jobs: a
 //! promise by design*).
 
@@ -143,6 +142,10 @@ async fn interactive_sessions_in_their_fifo_queue_are_told_bounds_that_hold() {
         .chain(&sessions)
         .map(|j| j.job_id.clone())
         .collect();
+    let settle_ms = std::env::var("PROMISE_SETTLE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(150);
     for second in 1..3600i64 {
         if second % 20 == 0 && second / 20 <= 16 {
             w.submit(&sessions[(second / 20 - 1) as usize]).await;
@@ -150,7 +153,8 @@ async fn interactive_sessions_in_their_fifo_queue_are_told_bounds_that_hold() {
         w.advance(1);
         // Long enough for the monitor to keep up on a loaded machine: what it tells must not depend
         // on how fast this machine is.
-        w.settle(Duration::from_millis(150)).await;
+        // (`PROMISE_SETTLE_MS` gives it less, to see how a loaded machine fares.)
+        w.settle(Duration::from_millis(settle_ms)).await;
         if second > 400
             && sessions
                 .iter()
@@ -198,14 +202,15 @@ async fn interactive_sessions_in_their_fifo_queue_are_told_bounds_that_hold() {
         waiting.len()
     );
     assert!(waiting.len() >= 5, "sessions wait: {waiting:?}");
-    // The 80% is measured without timing in `tests/sim/promise.rs` (the replay on the monitor's
-    // own inputs). Here, on a real monitor paced against the machine, a session that starts before the
-    // monitor's next pass is never told anything at all, which a loaded machine makes more likely: 7 to
-    // 12 of 12-13 were told a bound in the runs seen. At least half, and no bound broken, whatever the
-    // machine.
+    // At least 80% of the sessions that waited (were told anything) are told a bound. What made it
+    // depend on the machine (7 to 12 of 12-13 in runs paced at 30 to 150 ms per simulated second): a
+    // whole-node session was told an expectation by the replay that reserves its node, and its bound
+    // only by the next one, so one whose node emptied within that pass never heard it. The monitor
+    // now holds such a gang's estimate back until its nodes are reserved
+    // (`Cache::hold_back_while_reserving`).
     assert!(
-        bound * 2 >= waiting.len(),
-        "at least half of the waiting sessions are told a bound: {bound} of {}",
+        bound * 10 >= waiting.len() * 8,
+        "at least 80% of the waiting sessions are told a bound: {bound} of {}",
         waiting.len()
     );
     assert!(broken.is_empty(), "no bound broken: {broken:?}");

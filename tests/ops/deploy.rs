@@ -564,6 +564,71 @@ fn the_volcano_queue_is_the_one_jobs_go_to() {
     assert!(rendered["spec"].get("state").is_none_or(|s| s == "Open"));
 }
 
+/// The Volcano scheduler configuration the prod overlay ships is the one the start-time estimates are
+/// made for, and the runner's defaults agree with it (issue 45): `sla` in (a waiting time makes a bound,
+/// and booked starts need it), `proportion` out as `[monitor] proportion` says, the order and placement
+/// plugins the replay models and no others that reorder or place differently; the interactive queue the
+/// configuration names is a `fifo` Queue of the rendering, with a waiting time for its jobs.
+#[test]
+fn the_scheduler_configuration_is_the_one_the_estimates_assume() {
+    let objects = render("overlays/prod");
+    let config = runner_config(&objects);
+    let map: ConfigMap =
+        strict(find(&objects, "ConfigMap", "volcano-scheduler-configmap")).unwrap();
+    assert_eq!(map.metadata.namespace.as_deref(), Some("volcano-system"));
+    let conf = &map.data.unwrap_or_default()["volcano-scheduler.conf"];
+    let conf = yaml_docs(conf, std::path::Path::new("volcano-scheduler.conf"));
+    let actions: Vec<&str> = conf[0]["actions"]
+        .as_str()
+        .unwrap()
+        .split(',')
+        .map(str::trim)
+        .collect();
+    assert_eq!(actions, ["enqueue", "allocate", "backfill"]);
+    let plugins: Vec<&str> = conf[0]["tiers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|tier| tier["plugins"].as_array().unwrap())
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    for wanted in [
+        "priority",
+        "gang",
+        "sla",
+        "overcommit",
+        "predicates",
+        "nodeorder",
+    ] {
+        assert!(plugins.contains(&wanted), "{wanted} missing: {plugins:?}");
+    }
+    for unmodelled in ["drf", "binpack", "capacity"] {
+        assert!(!plugins.contains(&unmodelled), "{unmodelled}: {plugins:?}");
+    }
+    assert_eq!(
+        config.monitor.proportion,
+        plugins.contains(&"proportion"),
+        "[monitor] proportion says whether the scheduler runs proportion"
+    );
+    let scheduling = &config.pipeline.scheduling;
+    let interactive = scheduling
+        .interactive_queue
+        .as_deref()
+        .expect("interactive jobs have a queue of their own by default");
+    let queue: Queue = strict(find(&objects, "Queue", interactive)).unwrap();
+    assert_eq!(queue.spec.dequeue_strategy.as_deref(), Some("fifo"));
+    assert_eq!(
+        scheduling.interactive_sla_waiting_time,
+        Some(jiff::SignedDuration::ZERO),
+        "interactive jobs have a waiting time of their own"
+    );
+    let docs = std::fs::read_to_string(ops_common::root().join("docs/ops.md")).unwrap();
+    assert!(
+        docs.contains("volcano-scheduler-configmap") && docs.contains("proportion"),
+        "docs/ops.md tells the operator about the scheduler configuration"
+    );
+}
+
 /// The dev overlay: one runner on the embedded simulator, no KEDA and no Volcano objects, a RabbitMQ of
 /// its own that the runner's URL points at. The prod overlay: the base with a real image name.
 #[test]
@@ -720,6 +785,16 @@ async fn apply_to_simulator(dir: &str, objects: &[Value]) {
             .patch(name, &params, &Patch::Apply(crd))
             .await
             .unwrap_or_else(|e| panic!("CRD {name}: {e}"));
+    }
+    // Volcano's installation made its namespace (the scheduler's configuration goes there); the
+    // simulator, a cluster with Volcano in it, does not list it.
+    if objects
+        .iter()
+        .any(|o| o["metadata"]["namespace"] == "volcano-system")
+    {
+        volcano_runner::cluster::namespaces::create_if_missing(&client, "volcano-system")
+            .await
+            .unwrap();
     }
     let discovery = Discovery::new(client.clone()).run().await.unwrap();
     let mut ordered: Vec<&Value> = objects

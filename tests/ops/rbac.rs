@@ -118,7 +118,12 @@ async fn the_rbac_grants_exactly_what_the_runner_uses() {
         .await;
     fleet.wait_state("rbac-2", JobState::Running, small).await;
     fleet.wait_state("rbac-2", JobState::Expired, step).await;
-    fleet.submit(&sleeping_job("rbac-3", 3600, None)).await;
+    // An interactive one (a terminal): it goes to the interactive queue, which the runner declares.
+    let mut terminal = serde_json::to_value(sleeping_job("rbac-3", 3600, None)).unwrap();
+    terminal["application"]["applicationType"] = "APPLICATION_TYPE_TERMINAL".into();
+    fleet
+        .submit(&serde_json::from_value(terminal).unwrap())
+        .await;
     fleet.wait_state("rbac-3", JobState::Running, small).await;
     fleet.cancel("rbac-3").await;
     fleet.wait_state("rbac-3", JobState::Cancelled, step).await;

@@ -2181,6 +2181,29 @@ fn interactive_jobs_go_to_their_own_queue_with_their_own_waiting_time() {
             "{kind:?}"
         );
     }
+    // A booked one waits, gated, for its start: not at the head of the fifo queue.
+    job.application.as_mut().unwrap().application_type = ApplicationType::Web as i32;
+    job.start_window = Some(volcano_runner::messages::v1::StartWindow::default());
+    assert_eq!(
+        vcjob_json(&render(&job, &config))["spec"]["queue"],
+        everyones.as_str()
+    );
+    // The defaults: the interactive queue deploy/scheduling declares, 0 s; "" switches them off.
+    let scheduling = volcano_runner::pipeline::PipelineConfig::default().scheduling;
+    assert_eq!(
+        scheduling.interactive_queue.as_deref(),
+        Some("volcano-runner-interactive")
+    );
+    assert_eq!(
+        scheduling.interactive_sla_waiting_time,
+        Some(jiff::SignedDuration::ZERO)
+    );
+    let off: volcano_runner::config::Config = toml::from_str(
+        "[pipeline.scheduling]\ninteractive_queue = \"\"\ninteractive_sla_waiting_time = \"\"",
+    )
+    .unwrap();
+    assert_eq!(off.pipeline.scheduling.interactive_queue, None);
+    assert_eq!(off.pipeline.scheduling.interactive_sla_waiting_time, None);
     let config: volcano_runner::config::Config =
         toml::from_str("[pipeline.scheduling]\ninteractive_queue = \"Not A Queue\"").unwrap();
     let refused = config.pipeline.validate().unwrap_err().to_string();

@@ -205,6 +205,7 @@ async fn run(seed: u64, sla: Option<&str>, reserve: bool, proportion: bool) -> O
                 reserve_nodes: reserve,
                 proportion,
                 start_margin: margin,
+                queue_timeout: None,
             };
             for e in queue_entries_replaying(&client, now, replaying).await {
                 let name = e.job.clone().unwrap_or(e.pod_group.clone());

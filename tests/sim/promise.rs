@@ -246,6 +246,7 @@ async fn run(seed: u64, design: Design) -> Run {
         reserve_nodes: true,
         proportion: false,
         start_margin: margin,
+        queue_timeout: None,
     };
     let mut out = Run {
         interactive: workload

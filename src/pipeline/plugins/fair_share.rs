@@ -9,7 +9,8 @@
 //!   for every pod but a sealed job's ([`baseline_selector`]).
 //!   Jobs add their own rules on top (ConnectToJob). Volcano's fair share tells owners apart by namespace.
 //! - With `scheduling.queue_per_project`, a project's jobs go to its own Volcano queue, declared with the
-//!   job (Volcano admits jobs only to existing, Open queues).
+//!   job (Volcano admits jobs only to existing, Open queues). An interactive job goes to
+//!   `scheduling.interactive_queue` instead, declared with it too (`fifo`, [`interactive_queue`]).
 //! - A PVC is namespaced: with `storage.owner_claim` the storage claim is declared in every owner
 //!   namespace too; otherwise the operator provides it there.
 //! - In single mode every job goes to `namespace.name`, which the operator provides.
@@ -91,7 +92,9 @@ impl Plugin for FairShare {
                 persistent_volume_claims: claim.into_iter().collect(),
             });
         }
-        if cx.placement.project_queue {
+        if cx.placement.interactive_queue {
+            draft.queue = Some(interactive_queue(&cx.placement.queue));
+        } else if cx.placement.project_queue {
             draft.queue = Some(Queue {
                 metadata: ObjectMeta {
                     name: Some(cx.placement.queue.clone()),
@@ -108,6 +111,32 @@ impl Plugin for FairShare {
             });
         }
         Ok(())
+    }
+}
+
+/// `[pipeline.scheduling] interactive_queue`, declared with an interactive job as deploy/scheduling
+/// declares it: first come, first served (`fifo`), so that no session starts before one that arrived
+/// earlier and each is told a start it can count on (docs/estimates.md, *Interactive jobs: a promise by
+/// design*). Declared rather than left to the operator because Volcano refuses a job whose queue does
+/// not exist; one that exists (made otherwise by an operator) is left alone, and the monitor watches
+/// its `dequeueStrategy`.
+pub fn interactive_queue(name: &str) -> Queue {
+    Queue {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some(BTreeMap::from([(
+                MANAGED_BY_LABEL.to_owned(),
+                MANAGED_BY.to_owned(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        spec: QueueSpec {
+            weight: Some(1),
+            reclaimable: Some(true),
+            dequeue_strategy: Some("fifo".to_owned()),
+            ..QueueSpec::default()
+        },
+        status: None,
     }
 }
 
