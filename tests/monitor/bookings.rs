@@ -916,7 +916,28 @@ async fn busy_run(with_bookings: bool) -> Figures {
     for (id, _) in &run.booked {
         match answer(&w.seen, id) {
             Some(e) if e.reason != "booked" => println!("refused {id}: {}", e.status),
-            None => println!("unanswered {id}: {:?}", summary(&w.seen.of(id))),
+            None => {
+                let booking = record(&w)
+                    .list()
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .find(|b| &b.job_id == id);
+                let raw: Vec<&str> = w
+                    .raw
+                    .iter()
+                    .filter_map(|e| match &e.event {
+                        Ok(volcano_runner::broker::OutboundEvent::Job(j)) if &j.job_id == id => {
+                            Some(j.event_id.as_str())
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                println!(
+                    "unanswered {id}: {:?}; in the record: {booking:?}; raw: {raw:?}",
+                    summary(&w.seen.of(id))
+                )
+            }
             _ => {}
         }
     }
@@ -996,8 +1017,9 @@ async fn drive_busy(w: &mut World, with_bookings: bool) -> BusyRun {
         w.settle(Duration::from_millis(if near(second) { 250 } else { 40 }))
             .await;
         // Every booking answered before the clock moves on (100 at once conflict on the record: some
-        // go back to the queue and come again).
-        for _ in 0..300 {
+        // go back to the queue and come again); waited for at the first instant only, so that an
+        // answer that never comes is reported at the end rather than stalling every instant.
+        for _ in 0..if second == 0 { 300 } else { 0 } {
             if booked.iter().all(|(id, _)| answer(&w.seen, id).is_some()) {
                 break;
             }
