@@ -114,12 +114,18 @@ impl EventsFollower {
         Ok(Self { consumer })
     }
 
-    /// The next event; `None` after shutdown.
+    /// The next event; `None` after shutdown. Cancel-safe: a caller that stops waiting (a timeout
+    /// around this call, as `volcano-runner events --for` and the tests use) loses no event. Once the
+    /// delivery is taken from the consumer nothing is awaited here: its ack goes in the background.
+    /// (Awaited here, a timeout that fired during the ack dropped an event taken but not returned,
+    /// one of a hundred bookings' answers under load.)
     pub async fn next(&mut self) -> Option<FollowedEvent> {
         let delivery = self.consumer.recv().await?;
         let event = FollowedEvent::from_delivery(&delivery);
         // Nothing to redo for a viewer: a failed ack only means the queue is gone with its channel.
-        let _ = delivery.ack().await;
+        tokio::spawn(async move {
+            let _ = delivery.ack().await;
+        });
         Some(event)
     }
 
