@@ -410,6 +410,11 @@ pub struct Bookings {
     windows: super::MaintenanceWindows,
     lease: SignedDuration,
     step: SignedDuration,
+    /// Held by a booking of this runner from its read to its write: this runner's bookings are decided
+    /// one at a time, so a hundred submitted together do not conflict on the record with one another
+    /// (each conflict is a read of the whole cluster again; under load they ran out of deliveries).
+    /// Other runners' are kept apart by the conditional write, as before.
+    booking: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 impl std::fmt::Debug for Bookings {
@@ -445,6 +450,7 @@ impl Bookings {
             windows: super::MaintenanceWindows::new(client.clone(), cluster),
             lease: Self::lease_of(config),
             step: admission_step(config),
+            booking: std::sync::Arc::default(),
         }
     }
 
@@ -492,6 +498,7 @@ impl Bookings {
     ) -> Result<Answer, ClusterError> {
         let op = self.records.op("book", WHAT, &self.name);
         let change = Change::Book(request.clone());
+        let _one_at_a_time = self.booking.lock().await;
         for _ in 0..CHECK_ATTEMPTS {
             let (outcome, all) = self
                 .records
