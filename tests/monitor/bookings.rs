@@ -674,7 +674,11 @@ async fn a_runner_killed_before_telling_a_broken_booking_leaves_it_to_the_next()
     let cancelled = format!("killed/booking/{}/cancelled", t.as_millisecond());
     let other = w.consumer("runner-b").await;
     w.settle(Duration::from_secs(2)).await;
-    assert_eq!(times(&w, &cancelled), 0, "told while the teller's claim lasts");
+    assert_eq!(
+        times(&w, &cancelled),
+        0,
+        "told while the teller's claim lasts"
+    );
     w.advance(60);
     w.until("the broken booking told", |s| s.event(&cancelled).is_some())
         .await;
@@ -683,8 +687,10 @@ async fn a_runner_killed_before_telling_a_broken_booking_leaves_it_to_the_next()
     assert_eq!(event.runner_id, "runner-b");
     assert!(event.status.contains("firmware"), "{}", event.status);
     steps(&mut w, 2).await;
-    w.until("the job CANCELLED", |s| s.event("killed/CANCELLED").is_some())
-        .await;
+    w.until("the job CANCELLED", |s| {
+        s.event("killed/CANCELLED").is_some()
+    })
+    .await;
     assert!(
         w.seen
             .event("killed/CANCELLED")
@@ -697,7 +703,10 @@ async fn a_runner_killed_before_telling_a_broken_booking_leaves_it_to_the_next()
     steps(&mut w, 5).await;
     w.settle(Duration::from_secs(1)).await;
     assert_eq!(times(&w, &cancelled), 1, "told once");
-    assert!(record(&w).news().await.unwrap().is_empty(), "the news told is gone");
+    assert!(
+        record(&w).news().await.unwrap().is_empty(),
+        "the news told is gone"
+    );
     assert!(w.seen.of("killed").ticks.is_empty(), "charged nothing");
     assert!(w.seen.event("killed/RUNNING").is_none(), "never released");
     other.stop().await;
@@ -727,9 +736,13 @@ async fn a_booked_job_that_ends_early_frees_its_capacity_then() {
         .await;
     let a = answered(&mut w, "early").await;
     assert_eq!(a.reason, "booked", "{}", a.status);
-    w.publish_submit(&sized("waits", 4, 3600, "sleep 600")).await;
+    w.publish_submit(&sized("waits", 4, 3600, "sleep 600"))
+        .await;
     steps(&mut w, 3).await;
-    assert!(w.seen.event("waits/RUNNING").is_none(), "kept off the booked node");
+    assert!(
+        w.seen.event("waits/RUNNING").is_none(),
+        "kept off the booked node"
+    );
 
     w.advance_to_ms(t.as_millisecond());
     w.settle(Duration::from_millis(300)).await;
@@ -757,13 +770,19 @@ async fn a_booked_job_that_ends_early_frees_its_capacity_then() {
         .event("waits/RUNNING")
         .expect("the waiting job started once the booked one ended")
         .started_at);
-    assert!(started >= ended, "started {started}, the session ended {ended}");
+    assert!(
+        started >= ended,
+        "started {started}, the session ended {ended}"
+    );
     assert!(
         started < t + jiff::SignedDuration::from_mins(5),
         "started {started}: the booking ended early at {ended}, its end is {}",
         t + jiff::SignedDuration::from_hours(1)
     );
-    assert!(record(&w).list().await.unwrap().is_empty(), "the booking went");
+    assert!(
+        record(&w).list().await.unwrap().is_empty(),
+        "the booking went"
+    );
     consumer.stop().await;
     runner.stop().await;
     w.close().await;
@@ -807,7 +826,12 @@ async fn a_job_that_ends_before_the_booked_start_runs_on_booked_capacity() {
     let started = ts(&w
         .seen
         .event("short/RUNNING")
-        .unwrap_or_else(|| panic!("the short job never started on the booked node: {:?}", summary(&w.seen.of("short"))))
+        .unwrap_or_else(|| {
+            panic!(
+                "the short job never started on the booked node: {:?}",
+                summary(&w.seen.of("short"))
+            )
+        })
         .started_at);
     assert!(started >= booked, "started {started}");
     assert!(
@@ -829,7 +853,10 @@ async fn a_job_that_ends_before_the_booked_start_runs_on_booked_capacity() {
     .await;
     let margin = jiff::SignedDuration::try_from(w.config.monitor.start_margin).unwrap();
     let session = ts(&w.seen.event("jit-b/RUNNING").unwrap().started_at);
-    assert!(session >= t && session <= t + margin, "started {session}, booked {t}");
+    assert!(
+        session >= t && session <= t + margin,
+        "started {session}, booked {t}"
+    );
     consumer.stop().await;
     runner.stop().await;
     w.close().await;
@@ -916,7 +943,28 @@ async fn busy_run(with_bookings: bool) -> Figures {
     for (id, _) in &run.booked {
         match answer(&w.seen, id) {
             Some(e) if e.reason != "booked" => println!("refused {id}: {}", e.status),
-            None => println!("unanswered {id}: {:?}", summary(&w.seen.of(id))),
+            None => {
+                let booking = record(&w)
+                    .list()
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .find(|b| &b.job_id == id);
+                let raw: Vec<&str> = w
+                    .raw
+                    .iter()
+                    .filter_map(|e| match &e.event {
+                        Ok(volcano_runner::broker::OutboundEvent::Job(j)) if &j.job_id == id => {
+                            Some(j.event_id.as_str())
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                println!(
+                    "unanswered {id}: {:?}; in the record: {booking:?}; raw: {raw:?}",
+                    summary(&w.seen.of(id))
+                )
+            }
             _ => {}
         }
     }
@@ -996,8 +1044,9 @@ async fn drive_busy(w: &mut World, with_bookings: bool) -> BusyRun {
         w.settle(Duration::from_millis(if near(second) { 250 } else { 40 }))
             .await;
         // Every booking answered before the clock moves on (100 at once conflict on the record: some
-        // go back to the queue and come again).
-        for _ in 0..300 {
+        // go back to the queue and come again); waited for at the first instant only, so that an
+        // answer that never comes is reported at the end rather than stalling every instant.
+        for _ in 0..if second == 0 { 300 } else { 0 } {
             if booked.iter().all(|(id, _)| answer(&w.seen, id).is_some()) {
                 break;
             }

@@ -274,7 +274,10 @@ enum Change {
     Book(Request),
     /// Remove the job's booking; with a teller (an orchestrator's cancel), record the news that it was
     /// freed, claimed by that runner, or claim such news left untold (a redelivered cancel).
-    Cancel { job_id: String, teller: Option<String> },
+    Cancel {
+        job_id: String,
+        teller: Option<String>,
+    },
     /// Drop what is over or whose job has ended; move (or drop) what a lost node or a maintenance window
     /// broke, recording the news claimed by `teller`; claim the news whose teller's lease ran out.
     Tidy { teller: String },
@@ -306,7 +309,11 @@ pub type NewsKey = (String, i64, &'static str);
 impl News {
     pub fn key(&self) -> NewsKey {
         let old = self.fate.old();
-        (old.job_id.clone(), old.start.as_millisecond(), self.fate.what())
+        (
+            old.job_id.clone(),
+            old.start.as_millisecond(),
+            self.fate.what(),
+        )
     }
 }
 
@@ -410,6 +417,11 @@ pub struct Bookings {
     windows: super::MaintenanceWindows,
     lease: SignedDuration,
     step: SignedDuration,
+    /// Held by a booking of this runner from its read to its write: this runner's bookings are decided
+    /// one at a time, so a hundred submitted together do not conflict on the record with one another
+    /// (each conflict is a read of the whole cluster again; under load they ran out of deliveries).
+    /// Other runners' are kept apart by the conditional write, as before.
+    booking: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 impl std::fmt::Debug for Bookings {
@@ -445,6 +457,7 @@ impl Bookings {
             windows: super::MaintenanceWindows::new(client.clone(), cluster),
             lease: Self::lease_of(config),
             step: admission_step(config),
+            booking: std::sync::Arc::default(),
         }
     }
 
@@ -492,6 +505,7 @@ impl Bookings {
     ) -> Result<Answer, ClusterError> {
         let op = self.records.op("book", WHAT, &self.name);
         let change = Change::Book(request.clone());
+        let _one_at_a_time = self.booking.lock().await;
         for _ in 0..CHECK_ATTEMPTS {
             let (outcome, all) = self
                 .records
@@ -685,18 +699,21 @@ impl Bookings {
             .collect();
         let key = taint_key(&self.keys);
         let mut let_on = 0;
-        for pod in pods.items.iter().filter(|p| {
-            p.spec
-                .as_ref()
-                .is_some_and(|s| s.node_name.is_none())
-        }) {
+        for pod in pods
+            .items
+            .iter()
+            .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_none()))
+        {
             let job = pod
                 .metadata
                 .labels
                 .as_ref()
                 .and_then(|l| l.get(LABEL_JOB_NAME))
                 .and_then(|name| {
-                    max_times.get(&(pod.metadata.namespace.clone().unwrap_or_default(), name.clone()))
+                    max_times.get(&(
+                        pod.metadata.namespace.clone().unwrap_or_default(),
+                        name.clone(),
+                    ))
                 });
             let Some(max_time) = job else {
                 continue;
@@ -719,7 +736,11 @@ impl Bookings {
 
     /// Adds `tolerations` to the pod's, conditional on the version listed. `false`: it changed or went
     /// meanwhile (the next pass looks again).
-    async fn tolerate(&self, pod: &Pod, tolerations: Vec<Toleration>) -> Result<bool, ClusterError> {
+    async fn tolerate(
+        &self,
+        pod: &Pod,
+        tolerations: Vec<Toleration>,
+    ) -> Result<bool, ClusterError> {
         let (Some(ns), Some(name)) = (
             pod.metadata.namespace.as_deref(),
             pod.metadata.name.as_deref(),
@@ -1111,7 +1132,12 @@ fn just_in_time(
     now: Timestamp,
 ) -> Option<Vec<Toleration>> {
     let spec = pod.spec.as_ref()?;
-    if spec.node_name.is_some() || spec.scheduling_gates.as_ref().is_some_and(|g| !g.is_empty()) {
+    if spec.node_name.is_some()
+        || spec
+            .scheduling_gates
+            .as_ref()
+            .is_some_and(|g| !g.is_empty())
+    {
         return None;
     }
     let had = spec.tolerations.clone().unwrap_or_default();
@@ -1466,9 +1492,18 @@ mod tests {
         assert_eq!(BookedTaint::parse(&taint.value()), Some(taint));
         let step = SignedDuration::from_secs(60);
         let mins = SignedDuration::from_mins;
-        assert!(taint.admits(mins(60), step, at(1000)), "1060 + 60 + 3600 <= 5000");
-        assert!(!taint.admits(mins(65), step, at(1000)), "ends after the start");
-        assert!(!taint.admits(mins(1), step, at(1060)), "the cutoff has passed");
+        assert!(
+            taint.admits(mins(60), step, at(1000)),
+            "1060 + 60 + 3600 <= 5000"
+        );
+        assert!(
+            !taint.admits(mins(65), step, at(1000)),
+            "ends after the start"
+        );
+        assert!(
+            !taint.admits(mins(1), step, at(1060)),
+            "the cutoff has passed"
+        );
         let old = BookedTaint::parse("9000000").unwrap();
         assert_eq!(old.until, at(9000));
         assert!(!old.admits(mins(1), step, at(1000)));
@@ -1516,8 +1551,14 @@ mod tests {
         };
         assert_eq!(wanted_marks(&patched, &all, &keys, now, step), None);
         // A step later the cutoff moves on, and with it the value (older tolerations match no more).
-        let later = wanted_marks(&patched, &all, &keys, Timestamp::from_second(61).unwrap(), step)
-            .expect("the cutoff moved");
+        let later = wanted_marks(
+            &patched,
+            &all,
+            &keys,
+            Timestamp::from_second(61).unwrap(),
+            step,
+        )
+        .expect("the cutoff moved");
         assert_eq!(
             later["spec"]["taints"][1]["value"],
             serde_json::json!("5600000_1000000_120000")
@@ -1530,8 +1571,7 @@ mod tests {
             Some(Timestamp::from_second(5600).unwrap())
         );
         let over = Timestamp::from_second(9000).unwrap();
-        let patch =
-            wanted_marks(&patched, &all, &keys, over, step).expect("the bookings are over");
+        let patch = wanted_marks(&patched, &all, &keys, over, step).expect("the bookings are over");
         assert_eq!(patch["spec"]["taints"].as_array().unwrap().len(), 1);
         assert_eq!(
             patch["metadata"]["labels"],

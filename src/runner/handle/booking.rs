@@ -210,7 +210,10 @@ pub async fn tell_booked(h: &Handler, m: &Message<'_>, booking: &Booking) -> Set
     let at = m.sent_at.unwrap_or_else(|| h.now());
     let event = booked_event(booking, margin, at, &h.runner_id);
     match h.publish(&event, m.traceparent.as_ref()).await {
-        Ok(()) => Settle::Ack,
+        Ok(()) => {
+            info!(job_id = %booking.job_id, start = %booking.start, "Told a booking.");
+            Settle::Ack
+        }
         Err(e) => Settle::publish(&e),
     }
 }

@@ -11,9 +11,9 @@
 //!   dead-letter queue.
 
 pub mod booking;
-pub mod fates;
 pub mod cancel;
 pub mod extend;
+pub mod fates;
 pub mod reject;
 pub mod route;
 pub mod submit;

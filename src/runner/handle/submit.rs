@@ -161,7 +161,13 @@ async fn prepare(
     job: &SubmitJob,
     subject: Subject<'_>,
     exists: bool,
-) -> Result<(pipeline::DesiredJob, Option<crate::cluster::bookings::Booking>), Settle> {
+) -> Result<
+    (
+        pipeline::DesiredJob,
+        Option<crate::cluster::bookings::Booking>,
+    ),
+    Settle,
+> {
     // A peer must be the same owner's job: its pods are let into this job's network and this job's into
     // its (see the ConnectToJob plugin). And it must not have ended: peers run together.
     if !exists {
@@ -213,7 +219,13 @@ async fn hold_capacity(
     job: &SubmitJob,
     fingerprint16: &str,
     exists: bool,
-) -> Result<(Option<tokio::sync::OwnedMutexGuard<Ledger>>, Option<CapacityPermit>), Settle> {
+) -> Result<
+    (
+        Option<tokio::sync::OwnedMutexGuard<Ledger>>,
+        Option<CapacityPermit>,
+    ),
+    Settle,
+> {
     let mut whole_nodes = None;
     if job.exclusive_nodes && !exists {
         let mut ledger = h.jobs.lock_whole_nodes().await;
@@ -269,7 +281,6 @@ async fn accepted(
         _ => settle,
     }
 }
-
 
 /// Whether the job of a QUEUED has ended: the monitor writes an ended job no more, so the record of
 /// its confirmed QUEUED cannot ride on a write of the monitor's.
