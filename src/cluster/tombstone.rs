@@ -145,10 +145,10 @@ pub struct SweepReport {
 pub struct Tombstones {
     records: ConfigMapRecords,
     ttl: Duration,
-    /// The tombstones a watch of the runner's namespace has seen: a cache for the check before a
-    /// submission creates anything. It may lag behind a cancel; that check is only there to skip
-    /// needless work, and the authoritative check after the create ([`Tombstones::check`], a GET)
-    /// decides.
+    /// The tombstones a watch of the runner's namespace has seen, and those this runner recorded: a
+    /// cache for the check before a submission creates anything. It may lag behind another runner's
+    /// cancel; that check is only there to skip needless work, and the authoritative check after the
+    /// create ([`Tombstones::check`], a GET) decides.
     view: WatchView<Tombstone>,
 }
 
@@ -219,7 +219,8 @@ impl Tombstones {
         let tombstone = Tombstone::new(job_id, reason, now, self.ttl);
         let cm = tombstone.to_configmap(self.records.namespace());
         let name = name_for(job_id);
-        self.records
+        let recorded = self
+            .records
             .retry()
             .run(&self.records.op("record", WHAT, &name), || async {
                 if self.records.create_once(WHAT, &cm).await? {
@@ -228,7 +229,14 @@ impl Tombstones {
                     self.keep_or_replace(&name, &cm, now).await
                 }
             })
-            .await
+            .await?;
+        // A submission this runner handles next finds it in the view at once, without waiting for the
+        // watch: a late submission of a job this runner has cancelled creates nothing.
+        self.view.wrote(
+            (name, self.records.namespace().to_owned()),
+            recorded.clone(),
+        );
+        Ok(recorded)
     }
 
     /// An existing tombstone: returned if live, replaced if expired (conditional on its

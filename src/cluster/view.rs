@@ -73,6 +73,19 @@ impl<V> WatchView<V> {
         inner.synced.then(|| f(&inner.live))
     }
 
+    /// Puts in the view an object this process has just written, under `key` (`(name, namespace)`),
+    /// before its watch event arrives: a check right after its own write then answers from the write,
+    /// however late the watch is. The watch event, when it comes, brings the same object. A relist
+    /// under way keeps it too, in case its list was taken before the write.
+    pub fn wrote(&self, key: (String, String), value: V)
+    where
+        V: Clone,
+    {
+        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        inner.next.insert(key.clone(), value.clone());
+        inner.live.insert(key, value);
+    }
+
     /// Keeps the view with a watch of `api` (narrowed by `config`), keeping `keep(object)` of each,
     /// until `shutdown`. `what` names the watch in the log of a failure.
     pub async fn follow<K>(
@@ -141,6 +154,16 @@ mod tests {
         assert!(has_name(&view, "j-10"));
         assert!(!has_name(&view, "j-"));
         assert!(!has_name(&view, "j-2"));
+    }
+
+    #[test]
+    fn a_write_of_this_process_is_seen_before_its_watch_event() {
+        let view: WatchView<u32> = WatchView::listed(BTreeMap::new());
+        view.wrote(("t-1".into(), "ns".into()), 7);
+        assert_eq!(
+            view.read(|m| m.get(&("t-1".into(), "ns".into())).copied()),
+            Some(Some(7))
+        );
     }
 
     #[test]

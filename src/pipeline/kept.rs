@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 
 use super::draft::Draft;
+use crate::messages::v1::{KeptOutput, KeptTrace};
 
 /// One kind of file kept per rank.
 #[derive(Debug, Clone, Copy)]
@@ -35,6 +36,22 @@ pub struct Kept {
     pub max_bytes: u64,
 }
 
+/// The terminal event's records of the output files and of the traces hold the same three facts.
+macro_rules! from_kept {
+    ($($record:ty),*) => {$(
+        impl From<Kept> for $record {
+            fn from(k: Kept) -> Self {
+                Self {
+                    folder: k.folder,
+                    files: k.files,
+                    max_bytes: k.max_bytes,
+                }
+            }
+        }
+    )*};
+}
+from_kept!(KeptOutput, KeptTrace);
+
 impl PerRank {
     /// The marker line appended to a file that was cut at `max` bytes (the script that writes the files
     /// prints the same line).
@@ -43,6 +60,15 @@ impl PerRank {
         format!(
             "[volcano-runner: {what} cut here: only the first {max} bytes of this rank's {what} are kept]"
         )
+    }
+
+    /// The marker as the scripts print it: a `printf` format with the bound as `%s`, each `'` closed and
+    /// reopened inside the script's single quotes.
+    #[cfg(test)]
+    pub(crate) fn printed_marker(&self) -> String {
+        self.cut_marker(0)
+            .replace(" 0 ", " %s ")
+            .replace('\'', r#"'"'"'"#)
     }
 
     /// What a rank's file holds for everything the rank wrote (`log`): its first `max` bytes, and the

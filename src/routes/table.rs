@@ -327,7 +327,7 @@ impl RouteTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::messages::v1::ProxyTarget;
+    use crate::pipeline::plugins::proxy::target;
     use proptest::prelude::*;
 
     fn event(
@@ -342,15 +342,9 @@ mod tests {
             event_id: format!("{job}/proxy/x/{sequence}"),
             job_id: job.into(),
             action: action as i32,
-            targets: ips
-                .iter()
-                .enumerate()
-                .map(|(rank, ip)| ProxyTarget {
-                    rank: rank as u32,
-                    pod_ip: (*ip).into(),
-                    port: 8888,
-                    hostname: format!("j-{job}-job-{rank}.j-{job}"),
-                })
+            targets: (0..)
+                .zip(ips)
+                .map(|(rank, ip)| target(job, rank, *ip, 8888))
                 .collect(),
             domains: domains.iter().map(|d| (*d).to_owned()).collect(),
             timestamp: Some(pbjson_types::Timestamp {

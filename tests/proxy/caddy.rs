@@ -16,7 +16,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use volcano_runner::broker::{Broker, Outbound};
 use volcano_runner::messages::Format;
-use volcano_runner::messages::v1::{ProxyAction, ProxyEvent, ProxyTarget};
+use volcano_runner::messages::v1::{ProxyAction, ProxyEvent};
+use volcano_runner::pipeline::plugins::proxy::target;
 use volcano_runner::proxy::ProxySyncConfig;
 
 use crate::live::{Browser, COOKIE, Caddy, Role, Server, free_port, get, websocket_echo};
@@ -40,15 +41,9 @@ pub(crate) fn event(job: &str, addrs: &[std::net::SocketAddr], remove: bool) -> 
         } else {
             ProxyAction::Create
         } as i32,
-        targets: addrs
-            .iter()
-            .enumerate()
-            .map(|(rank, a)| ProxyTarget {
-                rank: rank as u32,
-                pod_ip: a.ip().to_string(),
-                port: u32::from(a.port()),
-                hostname: format!("j-{job}-job-{rank}.j-{job}"),
-            })
+        targets: (0..)
+            .zip(addrs)
+            .map(|(rank, a)| target(job, rank, a.ip().to_string(), u32::from(a.port())))
             .collect(),
         domains: vec![],
         timestamp: Some(pbjson_types::Timestamp {

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::{Value, json};
-use volcano_runner::messages::v1::{ProxyAction, ProxyEvent, ProxyTarget};
+use volcano_runner::messages::v1::{ProxyAction, ProxyEvent};
+use volcano_runner::pipeline::plugins::proxy::target;
 use volcano_runner::proxy::envoy::{self, EnvoySettings};
 use volcano_runner::proxy::{HostNaming, JobUpdate, RouteTable};
 
@@ -53,15 +54,9 @@ fn event(job: &str, ips: &[&str], domains: &[&str]) -> ProxyEvent {
         event_id: format!("{job}/proxy/create/x"),
         job_id: job.into(),
         action: ProxyAction::Create as i32,
-        targets: ips
-            .iter()
-            .enumerate()
-            .map(|(rank, ip)| ProxyTarget {
-                rank: rank as u32,
-                pod_ip: (*ip).into(),
-                port: 8888,
-                hostname: format!("j-{job}-job-{rank}.j-{job}"),
-            })
+        targets: (0..)
+            .zip(ips)
+            .map(|(rank, ip)| target(job, rank, *ip, 8888))
             .collect(),
         domains: domains.iter().map(|d| (*d).to_owned()).collect(),
         timestamp: Some(pbjson_types::Timestamp {

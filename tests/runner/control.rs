@@ -10,6 +10,7 @@ use harness::{Harness, figlet};
 use kube::api::{Api, Patch, PatchParams};
 use volcano_runner::durable::AnnotationKeys;
 use volcano_runner::messages::v1::JobState;
+use volcano_runner::sim::FaultRule;
 use volcano_runner::volcano::{JobPhase, VolcanoJob};
 
 fn keys() -> AnnotationKeys {
@@ -65,6 +66,60 @@ async fn a_cancel_before_its_submission_stops_it_from_starting() {
         "the late submission did not start"
     );
     assert!(events.iter().all(|c| c.message_id != "early-1/QUEUED"));
+}
+
+/// The same when the runner's watch of the tombstones is behind (here it loses every event; a loaded
+/// machine makes it late): the runner that recorded the tombstone knows it at once, so the late
+/// submission still creates nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_before_its_submission_stops_it_however_late_the_tombstone_watch() {
+    let h = Harness::new("cancel-first-blind").await;
+    h.sim.faults().add_rule(FaultRule {
+        resource: "configmaps".into(),
+        verb: "watch".into(),
+        watch_lose_events: 1.0,
+        ..FaultRule::default()
+    });
+    let runner = h.start("runner-a");
+    // The runner's ConfigMap watches (pause switch, maintenance windows, tombstones) have listed: its
+    // view of the tombstones answers, blind.
+    let deadline = tokio::time::Instant::now() + rabbit::PATIENCE;
+    while h
+        .sim
+        .request_counts()
+        .get("watch configmaps")
+        .copied()
+        .unwrap_or(0)
+        < 3
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the ConfigMap watches"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    h.cancel("blind-c", Some("changed my mind")).await;
+    h.wait_events("CANCELLED from the cancel", |e| {
+        e.iter().any(|c| c.message_id == "blind-c/CANCELLED")
+    })
+    .await;
+    h.submit(&figlet("blind-c")).await;
+    let events = h
+        .wait_events("CANCELLED again from the late submission", |e| {
+            e.iter()
+                .filter(|c| c.message_id == "blind-c/CANCELLED")
+                .count()
+                == 2
+        })
+        .await;
+    h.wait_queues_settled().await;
+    runner.stop().await;
+    assert!(
+        h.vcjob("blind-c").await.is_none(),
+        "the late submission created nothing"
+    );
+    assert!(events.iter().all(|c| c.message_id != "blind-c/QUEUED"));
 }
 
 /// Cancelling a job: the cause and the reason are written on the job before Volcano's TerminateJob command

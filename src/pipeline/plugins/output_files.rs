@@ -255,12 +255,7 @@ pub fn location(
     prefix: &str,
     replicas: u32,
 ) -> Option<KeptOutput> {
-    let kept = KEPT.location(annotations, prefix, replicas)?;
-    Some(KeptOutput {
-        folder: kept.folder,
-        files: kept.files,
-        max_bytes: kept.max_bytes,
-    })
+    KEPT.location(annotations, prefix, replicas).map(Into::into)
 }
 
 #[cfg(test)]
@@ -301,11 +296,7 @@ mod tests {
 
     #[test]
     fn the_wrapper_cuts_with_the_marker_of_the_output_files() {
-        let marker = KEPT
-            .cut_marker(3)
-            .replace("3", "%s")
-            .replace('\'', r#"'"'"'"#);
-        assert!(WRAPPER.contains(&marker), "{marker}");
+        assert!(WRAPPER.contains(&KEPT.printed_marker()));
     }
 
     #[test]

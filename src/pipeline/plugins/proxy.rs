@@ -200,14 +200,20 @@ pub fn targets(facts: &JobFacts, port: u32, pods: &[Pod]) -> Option<Vec<ProxyTar
                 .filter_map(|pod| pod.status.as_ref())
                 .filter(|status| status.phase.as_deref() == Some("Running"))
                 .find_map(|status| status.pod_ip.clone().filter(|ip| !ip.is_empty()))?;
-            Some(ProxyTarget {
-                rank,
-                pod_ip: ip,
-                port,
-                hostname: names::rank_hostname(&facts.job_id, rank),
-            })
+            Some(target(&facts.job_id, rank, ip, port))
         })
         .collect()
+}
+
+/// Rank `rank` of job `job_id` at `pod_ip:port`, with the rank's host name in the job's headless
+/// service (what a proxy may route by instead of the IP).
+pub fn target(job_id: &str, rank: u32, pod_ip: impl Into<String>, port: u32) -> ProxyTarget {
+    ProxyTarget {
+        rank,
+        pod_ip: pod_ip.into(),
+        port,
+        hostname: names::rank_hostname(job_id, rank),
+    }
 }
 
 /// A pod's rank: Volcano's task-index label, else the pod name's suffix.

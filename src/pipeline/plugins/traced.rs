@@ -439,12 +439,7 @@ pub fn location(
     prefix: &str,
     replicas: u32,
 ) -> Option<KeptTrace> {
-    let kept = KEPT.location(annotations, prefix, replicas)?;
-    Some(KeptTrace {
-        folder: kept.folder,
-        files: kept.files,
-        max_bytes: kept.max_bytes,
-    })
+    KEPT.location(annotations, prefix, replicas).map(Into::into)
 }
 
 #[cfg(test)]
@@ -476,11 +471,7 @@ mod tests {
 
     #[test]
     fn the_tracer_cuts_with_the_marker_of_the_traces() {
-        let marker = KEPT
-            .cut_marker(3)
-            .replace("3", "%s")
-            .replace('\'', r#"'"'"'"#);
-        assert!(TRACER.contains(&marker), "{marker}");
+        assert!(TRACER.contains(&KEPT.printed_marker()));
     }
 
     #[test]
