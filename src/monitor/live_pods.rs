@@ -154,19 +154,17 @@ impl Walker {
                         Some(Ok(WatchEvent::Bookmark(mark))) => {
                             *version = mark.metadata.resource_version;
                         }
+                        // 410 Gone: the version is too old to watch from; list again. Any other
+                        // error is reported and the watch goes on (it ends by itself if it cannot,
+                        // and is then sent again from the last version), as kube's watcher does: an
+                        // event that cannot be read is skipped, not read again for ever.
                         Some(Ok(WatchEvent::Error(status))) => {
-                            // 410 Gone: the version is too old to watch from; list again.
                             if status.code == 410 {
                                 self.state = State::Start;
-                            } else {
-                                *events = None;
                             }
                             return Err(Error::WatchError(status));
                         }
-                        Some(Err(e)) => {
-                            *events = None;
-                            return Err(Error::WatchFailed(e));
-                        }
+                        Some(Err(e)) => return Err(Error::WatchFailed(e)),
                     }
                 }
             }
