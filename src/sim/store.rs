@@ -512,7 +512,7 @@ impl Store {
     }
 
     /// Keeps changes in the history for `window` (and at least the last [`HISTORY_FLOOR`]), as a
-    /// real API server's watch cache keeps the changes of the last 75 seconds or so: a watch that
+    /// real cluster's etcd is compacted every 5 minutes: a watch that
     /// resumes from an older version gets 410 Gone and lists again.
     pub fn set_window(&mut self, window: Duration) {
         self.window = Some(window);
