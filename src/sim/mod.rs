@@ -200,11 +200,12 @@ pub struct SimConfig {
     /// tests provoke it.
     pub watch_history: usize,
     /// How long a change stays in the watch history (real time; the last 100 changes stay however old).
-    /// A real API server's watch cache keeps about the last 75 seconds of changes (etcd itself is
-    /// compacted every 5 minutes, which only reads from etcd see): a watch that falls further behind, or
-    /// resumes from an older version, gets 410 Gone and lists again. Without the window the simulator
-    /// kept `watch_history` changes (a hundred thousand) however old: at one job a second over an hour
-    /// of every job's history, each change with its object.
+    /// etcd is compacted every 5 minutes, and a real API server's watch cache keeps less (about the
+    /// last 75 seconds of changes): a watch that falls further behind, or resumes from an older version,
+    /// gets 410 Gone and lists again. The default is etcd's 5 minutes, the longest a real cluster
+    /// allows, so that a runner slowed down by a loaded machine is not sent to relist sooner than a real
+    /// cluster could. Without the window the simulator kept `watch_history` changes (a hundred thousand)
+    /// however old: at one job a second over an hour of every job's history, each change with its object.
     #[serde(deserialize_with = "duration")]
     pub watch_window: Duration,
     /// How long a watch without `timeoutSeconds` stays open (a real API server ends watches after
@@ -243,7 +244,7 @@ impl Default for SimConfig {
             overcommit_factor: 1.2,
             proportion: false,
             watch_history: 100_000,
-            watch_window: Duration::from_secs(75),
+            watch_window: Duration::from_secs(300),
             watch_timeout: Duration::from_secs(1800),
             bookmark_interval: Duration::from_secs(10),
             events: true,
