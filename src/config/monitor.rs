@@ -114,6 +114,16 @@ pub struct MonitorConfig {
     /// (`volcano-scheduler.yaml`: `sla` in, `proportion` out) has it; set it true for a scheduler
     /// that keeps Volcano's default configuration, which has `proportion`.
     pub proportion: bool,
+    /// How long a job's change waits before the job is decided: the API tells one change as a burst of
+    /// events (status, PodGroup, pod created, bound, started), and one decision on the last of them
+    /// replaces one per event. 0 decides on every event.
+    #[serde(with = "duration::required")]
+    pub coalesce: Duration,
+    /// While the runner in the same process has submissions in hand, how long a job's change may wait
+    /// before the job is decided instead: the submissions get the CPU first (the monitor tolerates lag,
+    /// docs/monitor.md). 0 never defers; a runner with cores of its own to spare may set it so.
+    #[serde(with = "duration::required")]
+    pub defer_under_load: Duration,
 }
 
 impl Default for MonitorConfig {
@@ -137,6 +147,8 @@ impl Default for MonitorConfig {
             maintenance_warn_before: Duration::from_secs(3600),
             reserve_nodes: true,
             proportion: false,
+            coalesce: Duration::from_millis(50),
+            defer_under_load: Duration::from_secs(1),
         }
     }
 }

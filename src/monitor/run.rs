@@ -55,6 +55,13 @@ use crate::volcano::{LABEL_JOB_NAME, PodGroup, Queue, VolcanoJob};
 /// room for a busy API server without letting a broken watch go unnoticed for long.
 pub const SUSPECT_GRACE: Duration = Duration::from_secs(3);
 
+/// How often a monitor that defers its work under load looks whether the load is over.
+const LOAD_POLL: Duration = Duration::from_millis(50);
+
+/// Whether the submit path of this process has submissions in hand now (see
+/// [`Monitor::with_submit_load`]).
+pub type SubmitLoad = Arc<dyn Fn() -> bool + Send + Sync>;
+
 /// What one full reconciliation pass did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PassReport {
@@ -111,7 +118,20 @@ struct Pass {
 struct Loop {
     exec: Arc<Executor>,
     cache: Cache,
-    ready: VecDeque<JobKey>,
+    /// Jobs to decide, with when each was queued (in that order): taken once [`Loop::hold`] has passed.
+    ready: VecDeque<(JobKey, Instant)>,
+    /// Whether this process's submit path is busy (then the jobs wait longer, `defer_under_load`).
+    submit_load: Option<SubmitLoad>,
+    /// `[monitor] coalesce`: how long a queued job waits before it is decided. The API tells one change
+    /// of a job as a burst of events (its status, its PodGroup, its pod created, bound and started, a
+    /// few milliseconds apart); one decision on the last of them, rather than one per event, is most of
+    /// what the monitor saves per job.
+    coalesce: Duration,
+    /// `[monitor] defer_under_load`: how long it waits instead while the submit path has submissions
+    /// in hand. Submitting is what the orchestrator waits for; the monitor tolerates lag (its decisions
+    /// are made from the latest state whenever they are made, and a deadline is due by the cluster's
+    /// clock, not by when it was looked at).
+    defer_under_load: Duration,
     queued: FastSet<JobKey>,
     busy: FastSet<JobKey>,
     dirty: FastSet<JobKey>,
@@ -470,6 +490,8 @@ pub struct Monitor {
     pub(crate) confirmed_queued: ConfirmedQueued,
     /// See [`Monitor::with_windows`].
     pub(crate) windows: Option<watch::Receiver<Option<crate::cluster::Windows>>>,
+    /// See [`Monitor::with_submit_load`].
+    pub(crate) submit_load: Option<SubmitLoad>,
 }
 
 impl Monitor {
@@ -494,6 +516,7 @@ impl Monitor {
             metrics: None,
             confirmed_queued: ConfirmedQueued::default(),
             windows: None,
+            submit_load: None,
         }
     }
 
@@ -512,6 +535,15 @@ impl Monitor {
     /// Without it the monitor sends the copy for every job, which is always safe.
     pub fn with_confirmed_queued(mut self, confirmed: ConfirmedQueued) -> Self {
         self.confirmed_queued = confirmed;
+        self
+    }
+
+    /// Lets the submissions of this process go first: while `busy` says the submit path has
+    /// submissions in hand, a job's changes wait up to `[monitor] defer_under_load` before the job is
+    /// decided (instead of `coalesce`), so that the runner's core goes to submitting and each job is
+    /// decided once on the changes of that while. Without it the monitor never defers.
+    pub fn with_submit_load(mut self, busy: SubmitLoad) -> Self {
+        self.submit_load = Some(busy);
         self
     }
 
@@ -551,6 +583,7 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
     let watches = Watches::new(m.client.clone(), &m.config.cluster.managed_selector);
     let mut streams = Streams::start(&watches);
     let mut state = Loop::new(exec, &mc);
+    state.submit_load = m.submit_load.clone();
     let mut verifying: Option<Verifying> = None;
     let mut resync = resync_timer(mc.reconcile_interval);
     let mut shards = m.shards.clone();
@@ -568,7 +601,7 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
         if let Some(report) = state.finish_pass() {
             reporter.pass(report);
         }
-        let wake = state.next_wake(clock.as_ref(), m.poll);
+        let wake = state.next_wake(clock.as_ref(), m.poll, workers.len());
         let mut ended = false;
         tokio::select! {
             () = shutdown.cancelled() => break,
@@ -721,6 +754,9 @@ impl Loop {
                 .with_start_margin(exec.settings.start_margin)
                 .with_queue_timeout(exec.settings.queue_timeout),
             ready: VecDeque::new(),
+            submit_load: None,
+            coalesce: mc.coalesce,
+            defer_under_load: mc.defer_under_load.max(mc.coalesce),
             queued: FastSet::default(),
             busy: FastSet::default(),
             dirty: FastSet::default(),
@@ -860,7 +896,16 @@ impl Loop {
         if self.busy.contains(&key) {
             self.dirty.insert(key);
         } else if self.queued.insert(key.clone()) {
-            self.ready.push_back(key);
+            self.ready.push_back((key, Instant::now()));
+        }
+    }
+
+    /// How long a queued job waits before it is decided: `defer_under_load` while this process's
+    /// submit path is busy, else `coalesce`.
+    fn hold(&self) -> Duration {
+        match &self.submit_load {
+            Some(busy) if self.defer_under_load > self.coalesce && busy() => self.defer_under_load,
+            _ => self.coalesce,
         }
     }
 
@@ -1385,8 +1430,13 @@ impl Loop {
         {
             self.estimate();
         }
+        let (now, hold) = (Instant::now(), self.hold());
         while workers.len() < self.max_concurrent {
-            let Some(key) = self.ready.pop_front() else {
+            // Queued in order: the first one not due yet is the earliest of those waiting.
+            if self.ready.front().is_none_or(|(_, at)| *at + hold > now) {
+                return;
+            }
+            let Some((key, _)) = self.ready.pop_front() else {
                 return;
             };
             self.queued.remove(&key);
@@ -1503,9 +1553,24 @@ impl Loop {
         }
     }
 
-    /// How long to sleep before a timer is due: the earliest check in the clock's time, or the earliest
-    /// retry in real time. A clock that does not run by itself is looked at every `poll`.
-    fn next_wake(&self, clock: &dyn Clock, poll: Duration) -> Option<Duration> {
+    /// How long to sleep before a timer is due: the earliest check in the clock's time, the earliest
+    /// retry in real time, or the first queued job's [`Loop::hold`] (when a worker is free to take it;
+    /// while the submit path is busy, looked at every [`LOAD_POLL`] to see whether it still is). A clock
+    /// that does not run by itself is looked at every `poll`.
+    fn next_wake(&self, clock: &dyn Clock, poll: Duration, working: usize) -> Option<Duration> {
+        let queued = self
+            .ready
+            .front()
+            .filter(|_| working < self.max_concurrent)
+            .map(|(_, at)| {
+                let hold = self.hold();
+                let due = (*at + hold).saturating_duration_since(Instant::now());
+                if hold > self.coalesce {
+                    due.min(LOAD_POLL)
+                } else {
+                    due
+                }
+            });
         let check = self
             .checks
             .next()
@@ -1521,7 +1586,10 @@ impl Loop {
         let taints = self
             .taints_due
             .map(|at| clock.real_until(at).unwrap_or(poll));
-        [check, retry, estimate, taints].into_iter().flatten().min()
+        [check, retry, estimate, taints, queued]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     fn fire(&mut self, now: jiff::Timestamp, instant: Instant) {

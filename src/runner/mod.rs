@@ -67,6 +67,9 @@ pub struct Runner {
     ops: crate::ops::Ops,
     /// Readiness of the two consume loops: down from construction until each loop runs.
     ready: [crate::ops::ReadyFlag; 2],
+    /// The submissions in hand (the submit loop's record), for readiness and for a monitor in the
+    /// same process ([`Runner::submit_load`]).
+    submitting: consume::Progress,
 }
 
 impl std::fmt::Debug for Runner {
@@ -159,6 +162,7 @@ impl Runner {
             stats: Arc::new(Stats::default()),
             ready: [submit_ready, control_ready],
             ops,
+            submitting: consume::Progress::default(),
         })
     }
 
@@ -186,6 +190,13 @@ impl Runner {
     /// ([`crate::monitor::Monitor::with_confirmed_queued`]): it then publishes no copy of their QUEUED.
     pub fn confirmed_queued(&self) -> crate::monitor::ConfirmedQueued {
         self.handler.confirmed_queued.clone()
+    }
+
+    /// Whether this runner has submissions in hand now, for a monitor in the same process
+    /// ([`crate::monitor::Monitor::with_submit_load`]): it lets them go first.
+    pub fn submit_load(&self) -> crate::monitor::run::SubmitLoad {
+        let submitting = self.submitting.clone();
+        Arc::new(move || submitting.in_hand() > 0)
     }
 
     /// Whether its events reach a queue, for what the runner says about itself on its member lease.
@@ -281,7 +292,7 @@ impl Runner {
             handle::fates::run_tidy(handler, interval, token.cancelled()).await;
         });
 
-        let progress = [consume::Progress::default(), consume::Progress::default()];
+        let progress = [self.submitting.clone(), consume::Progress::default()];
         for (flag, progress) in self.ready.iter().zip(&progress) {
             let (progress, limit) = (progress.clone(), config.runner.stall_after);
             flag.fail_when(move || progress.stalled(limit));

@@ -170,6 +170,7 @@ impl Service {
             )
             .with_metrics(ops.metrics.clone())
             .with_confirmed_queued(runner.confirmed_queued())
+            .with_submit_load(runner.submit_load())
             .with_windows(runner.windows());
             if let Some((clock, poll)) = self.monitor_clock {
                 monitor = monitor.with_clock(clock, poll);

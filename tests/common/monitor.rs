@@ -302,6 +302,15 @@ impl World {
 
     /// Starts a runner's monitoring duty named `identity`.
     pub async fn runner(&self, identity: &str) -> TestRunner {
+        self.runner_with(identity, |m| m).await
+    }
+
+    /// Like [`World::runner`], with the monitor changed by `f` before it runs.
+    pub async fn runner_with(
+        &self,
+        identity: &str,
+        f: impl FnOnce(Monitor) -> Monitor,
+    ) -> TestRunner {
         let mut config = (*self.config).clone();
         config.cluster.lease.identity = Some(identity.to_owned());
         let shutdown = CancellationToken::new();
@@ -320,6 +329,7 @@ impl World {
             Arc::new(SimClock(self.sim.clone())),
             Duration::from_millis(20),
         );
+        let monitor = f(monitor);
         let reports = monitor.reports();
         let stop = shutdown.clone();
         let leases_task = tokio::spawn(async move { leases.run(stop.cancelled_owned()).await });
