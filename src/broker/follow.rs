@@ -94,6 +94,9 @@ impl FollowedEvent {
 #[derive(Debug)]
 pub struct EventsFollower {
     consumer: QueueConsumer,
+    /// The acks of deliveries already returned, each on a task of its own (see [`Self::next`]); reaped as
+    /// they finish and awaited by [`Self::close`].
+    acks: tokio::task::JoinSet<()>,
 }
 
 impl EventsFollower {
@@ -111,7 +114,10 @@ impl EventsFollower {
             "events",
         )
         .await?;
-        Ok(Self { consumer })
+        Ok(Self {
+            consumer,
+            acks: tokio::task::JoinSet::new(),
+        })
     }
 
     /// The next event; `None` after shutdown.
@@ -124,8 +130,9 @@ impl EventsFollower {
     pub async fn next(&mut self) -> Option<FollowedEvent> {
         let delivery = self.consumer.recv().await?;
         let event = FollowedEvent::from_delivery(&delivery);
+        while self.acks.try_join_next().is_some() {}
         // Nothing to redo for a viewer: a failed ack only means the queue is gone with its channel.
-        tokio::spawn(async move {
+        self.acks.spawn(async move {
             let _ = delivery.ack().await;
         });
         Some(event)
@@ -137,7 +144,8 @@ impl EventsFollower {
     }
 
     /// Unbinds (the queue is deleted with its channel).
-    pub async fn close(self) {
+    pub async fn close(mut self) {
+        while self.acks.join_next().await.is_some() {}
         self.consumer.close().await;
     }
 }

@@ -24,6 +24,10 @@ pub struct Node {
     /// Third octet of the node's pod CIDR `10.244.<n>.0/24`.
     pub subnet: u8,
     used_ips: BTreeSet<u8>,
+    /// The last pod IP handed out: the next is the first free one after it, as the `host-local` IPAM most
+    /// CNIs use allocates, so an IP given back is not reused at once (a pod restarted on its node gets
+    /// another address, as on a real node).
+    last_ip: u8,
     /// The pods bound here, for inter-pod anti-affinity.
     pub residents: HashMap<ObjectKey, Resident>,
     /// How many of them carry anti-affinity terms.
@@ -109,6 +113,7 @@ impl Node {
             unschedulable: false,
             subnet,
             used_ips: BTreeSet::new(),
+            last_ip: 1,
             residents: HashMap::new(),
             guards: 0,
             lost: false,
@@ -283,9 +288,12 @@ impl Node {
         }
     }
 
-    /// Takes the lowest free pod IP on this node.
+    /// Takes the first free pod IP on this node after the last one handed out (wrapping round).
     pub fn take_ip(&mut self) -> Option<(u8, String)> {
-        let octet = (2..=254).find(|o| !self.used_ips.contains(o))?;
+        let octet = (self.last_ip.saturating_add(1).max(2)..=254)
+            .chain(2..=self.last_ip)
+            .find(|o| !self.used_ips.contains(o))?;
+        self.last_ip = octet;
         self.used_ips.insert(octet);
         Some((octet, format!("10.244.{}.{octet}", self.subnet)))
     }
@@ -417,14 +425,19 @@ mod tests {
     }
 
     #[test]
-    fn ips_are_reused() {
+    fn ips_are_handed_out_round_and_reused_only_after_the_rest() {
         let mut n = node(4);
         let (a, ip) = n.take_ip().unwrap();
         assert_eq!(ip, "10.244.1.2");
         let (b, _) = n.take_ip().unwrap();
         n.release_ip(a);
-        assert_eq!(n.take_ip().unwrap().0, a);
-        assert_ne!(a, b);
+        let (c, _) = n.take_ip().unwrap();
+        assert!(c != a && c != b, "a freed IP is not reused at once");
+        for _ in 0..250 {
+            n.take_ip().unwrap();
+        }
+        assert_eq!(n.take_ip().unwrap().0, a, "after a round, the freed one is");
+        assert!(n.take_ip().is_none(), "the /24 is full");
         assert_eq!(n.allocatable.get("nvidia.com/gpu"), 4000);
     }
 }
