@@ -704,18 +704,7 @@ impl Bookings {
             .iter()
             .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_none()))
         {
-            let job = pod
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(LABEL_JOB_NAME))
-                .and_then(|name| {
-                    max_times.get(&(
-                        pod.metadata.namespace.clone().unwrap_or_default(),
-                        name.clone(),
-                    ))
-                });
-            let Some(max_time) = job else {
+            let Some(max_time) = job_of(pod).and_then(|key| max_times.get(&key)) else {
                 continue;
             };
             let fits: Vec<BookedTaint> = booked
@@ -1252,6 +1241,15 @@ fn bookable(node: &Node, keys: &AnnotationKeys) -> Option<NodeRoom> {
 /// What every bound pod that has not ended holds, until its job's expiry: a job of ours that has
 /// started has one; one bound but not started yet holds until now plus its allocation; anything else
 /// (no limit, or not our job) for good.
+/// The (namespace, name) of the VolcanoJob a pod belongs to, by Volcano's job-name label.
+fn job_of(pod: &Pod) -> Option<(String, String)> {
+    let name = pod.metadata.labels.as_ref()?.get(LABEL_JOB_NAME)?;
+    Some((
+        pod.metadata.namespace.clone().unwrap_or_default(),
+        name.clone(),
+    ))
+}
+
 fn holdings(
     pods: &[Pod],
     jobs: &[VolcanoJob],
@@ -1279,17 +1277,7 @@ fn holdings(
         if matches!(phase, Some("Succeeded" | "Failed")) {
             continue;
         }
-        let job = pod
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(LABEL_JOB_NAME))
-            .and_then(|name| {
-                by_name.get(&(
-                    pod.metadata.namespace.clone().unwrap_or_default(),
-                    name.clone(),
-                ))
-            });
+        let job = job_of(pod).and_then(|key| by_name.get(&key));
         let annotation = |key: &str| {
             job.and_then(|j| j.metadata.annotations.as_ref())
                 .and_then(|a| a.get(key))
