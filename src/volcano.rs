@@ -41,6 +41,15 @@ pub const LABEL_QUEUE_NAME: &str = "volcano.sh/queue-name";
 /// attempt the pod runs in, counted from 0 (one more after each restart of the job).
 pub const ANNOTATION_JOB_VERSION: &str = "volcano.sh/job-version";
 
+/// The `(namespace, name)` of the VolcanoJob a pod belongs to, read from Volcano's job-name label (the
+/// pod's own namespace: Volcano creates a job's pods beside it). `None` for a pod without the label (not
+/// a Volcano job's). The one reading of it: the monitor keys its cache by it and the cluster's bookings
+/// match pods to their jobs by it, and neither room may import the other.
+pub fn job_of_pod(pod: &k8s_openapi::api::core::v1::Pod) -> Option<(&str, &str)> {
+    let name = pod.metadata.labels.as_ref()?.get(LABEL_JOB_NAME)?;
+    Some((pod.metadata.namespace.as_deref().unwrap_or_default(), name))
+}
+
 /// Declares a string enum that keeps unknown values, with serde as a plain string.
 macro_rules! string_enum {
     ($(#[$meta:meta])* pub enum $name:ident { $($(#[$vmeta:meta])* $variant:ident = $text:literal,)+ }) => {
@@ -703,6 +712,24 @@ impl VolcanoJob {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pods_job_is_its_job_name_label_in_its_own_namespace() {
+        let mut pod = k8s_openapi::api::core::v1::Pod::default();
+        pod.metadata.namespace = Some("ns-a".into());
+        pod.metadata.name = Some("j-1-job-0".into());
+        assert_eq!(job_of_pod(&pod), None, "no labels");
+        pod.metadata.labels = Some(BTreeMap::from([("app".into(), "x".into())]));
+        assert_eq!(job_of_pod(&pod), None, "not a Volcano job's pod");
+        pod.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(LABEL_JOB_NAME.into(), "j-1".into());
+        assert_eq!(job_of_pod(&pod), Some(("ns-a", "j-1")));
+        pod.metadata.namespace = None;
+        assert_eq!(job_of_pod(&pod), Some(("", "j-1")));
+    }
 
     #[test]
     fn job_round_trips_with_api_version_and_kind() {

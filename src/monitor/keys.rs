@@ -7,7 +7,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::volcano::{LABEL_JOB_NAME, PodGroup};
+use crate::volcano::PodGroup;
 
 /// Maps hashed quickly (foldhash, with a random seed per map): the monitor looks keys up tens of
 /// thousands of times per reconciliation, and SipHash was a tenth of a pass.
@@ -96,13 +96,10 @@ impl std::fmt::Display for JobKey {
     }
 }
 
-/// The job a pod belongs to (Volcano's job-name label).
+/// The job a pod belongs to (Volcano's job-name label, read by [`crate::volcano::job_of_pod`]).
 pub fn job_of_pod(pod: &Pod) -> Option<JobKey> {
-    let name = pod.metadata.labels.as_ref()?.get(LABEL_JOB_NAME)?;
-    Some(JobKey::new(
-        pod.metadata.namespace.as_deref().unwrap_or_default(),
-        name,
-    ))
+    let (namespace, name) = crate::volcano::job_of_pod(pod)?;
+    Some(JobKey::new(namespace, name))
 }
 
 /// The job a PodGroup belongs to (its controlling Volcano Job).

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Node;
 use monitor_support::*;
 use volcano_runner::messages::v1::{JobEvent, JobState, StartWindow, SubmitJob};
 
-/// Two nodes of 4 CPU and 16 GiB.
+/// `n` nodes of 4 CPU and 16 GiB, `n1` to `n<n>`.
 fn small_nodes(s: &mut volcano_runner::sim::SimConfig, n: usize) {
     s.nodes = (1..=n)
         .map(|i| volcano_runner::sim::NodeSpec {
@@ -33,6 +33,51 @@ fn small_nodes(s: &mut volcano_runner::sim::SimConfig, n: usize) {
 fn all_bookable(c: &mut volcano_runner::config::Config) {
     c.bookings.max_share = 1.0;
     c.bookings.max_share_per_owner = 1.0;
+}
+
+/// The world of a booking test: `nodes` nodes of 4 CPU and 16 GiB, every share bookable, the bookings'
+/// periodic pass every `check_interval` (`None`: the default).
+async fn booking_world(label: &str, nodes: usize, check_interval: Option<Duration>) -> World {
+    booking_world_with(label, nodes, check_interval, |_| {}, |_| {}).await
+}
+
+/// [`booking_world`], with the runner config changed further by `config` and the nodes by `shape`.
+async fn booking_world_with(
+    label: &str,
+    nodes: usize,
+    check_interval: Option<Duration>,
+    config: impl FnOnce(&mut volcano_runner::config::Config),
+    shape: impl FnOnce(&mut Vec<volcano_runner::sim::NodeSpec>),
+) -> World {
+    World::start(
+        label,
+        |c| {
+            all_bookable(c);
+            if let Some(interval) = check_interval {
+                c.bookings.check_interval = interval;
+            }
+            config(c);
+        },
+        |s| {
+            small_nodes(s, nodes);
+            shape(&mut s.nodes);
+        },
+    )
+    .await
+}
+
+/// Stops what [`runner_a`] started, then the world.
+async fn close(w: World, runner: TestRunner, consumer: TestConsumer) {
+    consumer.stop().await;
+    runner.stop().await;
+    w.close().await;
+}
+
+/// Starts the runner "runner-a": its monitor, once it holds all four shards, and its consumer.
+async fn runner_a(w: &World) -> (TestRunner, TestConsumer) {
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    (runner, w.consumer("runner-a").await)
 }
 
 /// A job of `cpu` CPUs (4 GiB each) with a time limit of `secs`, running `script`.
@@ -139,10 +184,8 @@ fn ts(t: &Option<pbjson_types::Timestamp>) -> jiff::Timestamp {
 /// still wait.
 #[tokio::test]
 async fn a_booked_job_starts_at_its_time_on_capacity_nothing_else_took() {
-    let mut w = World::start("book-start", all_bookable, |s| small_nodes(s, 2)).await;
-    let runner = w.runner("runner-a").await;
-    runner.holds(4).await;
-    let consumer = w.consumer("runner-a").await;
+    let mut w = booking_world("book-start", 2, None).await;
+    let (runner, consumer) = runner_a(&w).await;
     let ns = w.namespace_of(&job("x", "true"));
 
     w.publish_submit(&sized("bk-run", 4, 3600, "sleep 100000"))
@@ -229,9 +272,7 @@ async fn a_booked_job_starts_at_its_time_on_capacity_nothing_else_took() {
     for id in ["bk-batch", "bk-forever"] {
         assert!(w.seen.event(&format!("{id}/RUNNING")).is_none(), "{id}");
     }
-    consumer.stop().await;
-    runner.stop().await;
-    w.close().await;
+    close(w, runner, consumer).await;
 }
 
 /// Four nodes of 16 CPU, busy: six batch jobs of 8 CPU run for their hour, three jobs without a time
@@ -240,24 +281,25 @@ async fn a_booked_job_starts_at_its_time_on_capacity_nothing_else_took() {
 /// within the start margin of T, and no batch job started on a booked node while its booking stood.
 #[tokio::test]
 async fn thirty_sessions_booked_on_a_busy_cluster_all_start_at_their_time() {
-    let mut w = World::start(
+    let mut w = booking_world_with(
         "book-thirty",
+        4,
+        None,
         |c| {
+            // Half the cluster bookable (the default), all of that by one owner.
+            c.bookings.max_share = 0.5;
             c.bookings.max_share_per_owner = 0.5;
             c.runner.max_in_flight = 8;
         },
-        |s| {
-            small_nodes(s, 4);
-            for n in &mut s.nodes {
+        |nodes| {
+            for n in nodes {
                 n.cpu = "16".into();
                 n.memory = "128Gi".into();
             }
         },
     )
     .await;
-    let runner = w.runner("runner-a").await;
-    runner.holds(4).await;
-    let consumer = w.consumer("runner-a").await;
+    let (runner, consumer) = runner_a(&w).await;
     let (batch, backlog) = busy_cluster(&mut w).await;
 
     let t = w.sim.now() + jiff::SignedDuration::from_hours(2);
@@ -324,9 +366,7 @@ async fn thirty_sessions_booked_on_a_busy_cluster_all_start_at_their_time() {
             ms(&running.started_at)
         );
     }
-    consumer.stop().await;
-    runner.stop().await;
-    w.close().await;
+    close(w, runner, consumer).await;
 }
 
 /// The busy cluster of the thirty sessions: six batch jobs of 8 CPU for an hour and three of 4 CPU
@@ -369,7 +409,7 @@ async fn busy_cluster(w: &mut World) -> (Vec<SubmitJob>, Vec<SubmitJob>) {
 /// a booking frees it at once: its taint goes, and the same hour books again.
 #[tokio::test]
 async fn two_runners_never_promise_the_same_capacity_and_a_cancel_frees_it() {
-    let mut w = World::start("book-race", all_bookable, |s| small_nodes(s, 1)).await;
+    let mut w = booking_world("book-race", 1, None).await;
     let a = w.consumer("runner-a").await;
     let b = w.consumer("runner-b").await;
     let t = w.sim.now() + jiff::SignedDuration::from_hours(2);
@@ -456,10 +496,8 @@ async fn two_runners_never_promise_the_same_capacity_and_a_cancel_frees_it() {
 /// would run into the booking: refused with `booked_capacity`, naming the start, and nothing changes.
 #[tokio::test]
 async fn an_extension_into_a_booking_is_refused_with_a_reason() {
-    let mut w = World::start("book-extend", all_bookable, |s| small_nodes(s, 1)).await;
-    let runner = w.runner("runner-a").await;
-    runner.holds(4).await;
-    let consumer = w.consumer("runner-a").await;
+    let mut w = booking_world("book-extend", 1, None).await;
+    let (runner, consumer) = runner_a(&w).await;
     let ns = w.namespace_of(&job("x", "true"));
     w.publish_submit(&sized("ext-run", 4, 1800, "sleep 100000"))
         .await;
@@ -512,9 +550,7 @@ async fn an_extension_into_a_booking_is_refused_with_a_reason() {
         Some(expiry.as_millisecond().to_string().as_str()),
         "the expiry is unchanged"
     );
-    consumer.stop().await;
-    runner.stop().await;
-    w.close().await;
+    close(w, runner, consumer).await;
 }
 
 /// Three nodes of 4 CPU; two sessions booked for T take two of them. The first's node is lost: its
@@ -523,18 +559,8 @@ async fn an_extension_into_a_booking_is_refused_with_a_reason() {
 /// told, and its job CANCELLED without a charge. At T the moved session starts on its new node.
 #[tokio::test]
 async fn a_lost_node_moves_a_booking_and_a_forced_window_cancels_one() {
-    let mut w = World::start(
-        "book-broken",
-        |c| {
-            all_bookable(c);
-            c.bookings.check_interval = Duration::from_millis(200);
-        },
-        |s| small_nodes(s, 3),
-    )
-    .await;
-    let runner = w.runner("runner-a").await;
-    runner.holds(4).await;
-    let consumer = w.consumer("runner-a").await;
+    let mut w = booking_world("book-broken", 3, Some(Duration::from_millis(200))).await;
+    let (runner, consumer) = runner_a(&w).await;
     let ns = w.namespace_of(&job("x", "true"));
     let t = w.sim.now() + jiff::SignedDuration::from_hours(1);
     w.publish_submit(&booked_at(sized("lost-a", 4, 1800, "sleep 600"), t, t))
@@ -613,9 +639,7 @@ async fn a_lost_node_moves_a_booking_and_a_forced_window_cancels_one() {
         "{}",
         w.dump().await
     );
-    consumer.stop().await;
-    runner.stop().await;
-    w.close().await;
+    close(w, runner, consumer).await;
 }
 
 /// The bookings' record as the runners use it.
@@ -644,18 +668,8 @@ fn times(w: &World, event_id: &str) -> usize {
 /// released at T), and removes the news.
 #[tokio::test]
 async fn a_runner_killed_before_telling_a_broken_booking_leaves_it_to_the_next() {
-    let mut w = World::start(
-        "book-killed",
-        |c| {
-            all_bookable(c);
-            c.bookings.check_interval = Duration::from_millis(200);
-        },
-        |s| small_nodes(s, 1),
-    )
-    .await;
-    let runner = w.runner("runner-a").await;
-    runner.holds(4).await;
-    let consumer = w.consumer("runner-a").await;
+    let mut w = booking_world("book-killed", 1, Some(Duration::from_millis(200))).await;
+    let (runner, consumer) = runner_a(&w).await;
     let t = w.sim.now() + jiff::SignedDuration::from_hours(1);
     w.publish_submit(&booked_at(sized("killed", 4, 1800, "sleep 600"), t, t))
         .await;
@@ -719,18 +733,8 @@ async fn a_runner_killed_before_telling_a_broken_booking_leaves_it_to_the_next()
 /// ended, its booking's marks go with it and the waiting job starts, long before the booking's end.
 #[tokio::test]
 async fn a_booked_job_that_ends_early_frees_its_capacity_then() {
-    let mut w = World::start(
-        "book-early",
-        |c| {
-            all_bookable(c);
-            c.bookings.check_interval = Duration::from_millis(200);
-        },
-        |s| small_nodes(s, 1),
-    )
-    .await;
-    let runner = w.runner("runner-a").await;
-    runner.holds(4).await;
-    let consumer = w.consumer("runner-a").await;
+    let mut w = booking_world("book-early", 1, Some(Duration::from_millis(200))).await;
+    let (runner, consumer) = runner_a(&w).await;
     let t = w.sim.now() + jiff::SignedDuration::from_mins(5);
     w.publish_submit(&booked_at(sized("early", 4, 3600, "sleep 60"), t, t))
         .await;
@@ -783,9 +787,7 @@ async fn a_booked_job_that_ends_early_frees_its_capacity_then() {
         record(&w).list().await.unwrap().is_empty(),
         "the booking went"
     );
-    consumer.stop().await;
-    runner.stop().await;
-    w.close().await;
+    close(w, runner, consumer).await;
 }
 
 /// One node of 8 CPU, 4 of them booked for T two hours ahead. A job whose allocation (30 minutes) ends
@@ -793,23 +795,17 @@ async fn a_booked_job_that_ends_early_frees_its_capacity_then() {
 /// session still starts at T within the margin.
 #[tokio::test]
 async fn a_job_that_ends_before_the_booked_start_runs_on_booked_capacity() {
-    let mut w = World::start(
+    let mut w = booking_world_with(
         "book-jit",
-        |c| {
-            all_bookable(c);
-            c.bookings.check_interval = Duration::from_millis(200);
-        },
+        1,
+        Some(Duration::from_millis(200)),
+        |_| {},
         // 8 CPU: the booked job's gang, admitted to its queue at once, reserves 4 of the cluster's
         // idle capacity (Volcano's enqueue), and the short job must still be admitted.
-        |s| {
-            small_nodes(s, 1);
-            s.nodes[0].cpu = "8".into();
-        },
+        |nodes| nodes[0].cpu = "8".into(),
     )
     .await;
-    let runner = w.runner("runner-a").await;
-    runner.holds(4).await;
-    let consumer = w.consumer("runner-a").await;
+    let (runner, consumer) = runner_a(&w).await;
     let t = w.sim.now() + jiff::SignedDuration::from_hours(2);
     w.publish_submit(&booked_at(sized("jit-b", 4, 1800, "sleep 600"), t, t))
         .await;
@@ -857,9 +853,7 @@ async fn a_job_that_ends_before_the_booked_start_runs_on_booked_capacity() {
         session >= t && session <= t + margin,
         "started {session}, booked {t}"
     );
-    consumer.stop().await;
-    runner.stop().await;
-    w.close().await;
+    close(w, runner, consumer).await;
 }
 
 /// Schedules a maintenance window over `node` from ten minutes before `t` to fifty after, checking
@@ -876,15 +870,7 @@ async fn force_window(w: &World, node: &str, t: jiff::Timestamp, breaks: &str) {
         now,
     )
     .unwrap();
-    let all = volcano_runner::cluster::Bookings::new(
-        w.client.clone(),
-        &w.config.cluster,
-        &w.config.bookings,
-        &w.keys,
-    )
-    .list()
-    .await
-    .unwrap();
+    let all = record(w).list().await.unwrap();
     let broken: Vec<&str> = volcano_runner::cluster::bookings::under_window(&all, &window, now)
         .iter()
         .map(|b| b.job_id.as_str())
@@ -936,9 +922,7 @@ async fn busy_run(with_bookings: bool) -> Figures {
         |s| s.nodes = crate::busy_workload::nodes(),
     )
     .await;
-    let runner = w.runner("runner-a").await;
-    runner.holds(4).await;
-    let consumer = w.consumer("runner-a").await;
+    let (runner, consumer) = runner_a(&w).await;
     let run = drive_busy(&mut w, with_bookings).await;
     for (id, _) in &run.booked {
         match answer(&w.seen, id) {
@@ -969,9 +953,7 @@ async fn busy_run(with_bookings: bool) -> Figures {
         }
     }
     let figures = figures_of(&w, &run);
-    consumer.stop().await;
-    runner.stop().await;
-    w.close().await;
+    close(w, runner, consumer).await;
     figures
 }
 

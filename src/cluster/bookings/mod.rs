@@ -34,7 +34,7 @@ use super::labels::{COMPONENT, FIELD_MANAGER, MANAGED_BY, MANAGER};
 use super::records::ConfigMapRecords;
 use crate::durable::AnnotationKeys;
 use crate::durable::annotations::parse_millis;
-use crate::volcano::{LABEL_JOB_NAME, VolcanoJob};
+use crate::volcano::{LABEL_JOB_NAME, VolcanoJob, job_of_pod};
 
 pub use decide::{Amount, Answer, BookedRank, Booking, Holding, Limits, NodeRoom, Request};
 
@@ -1238,18 +1238,16 @@ fn bookable(node: &Node, keys: &AnnotationKeys) -> Option<NodeRoom> {
     })
 }
 
+/// The (namespace, name) of the VolcanoJob a pod belongs to, owned, as the maps of jobs below are keyed
+/// ([`crate::volcano::job_of_pod`] reads it).
+fn job_of(pod: &Pod) -> Option<(String, String)> {
+    let (namespace, name) = job_of_pod(pod)?;
+    Some((namespace.to_owned(), name.to_owned()))
+}
+
 /// What every bound pod that has not ended holds, until its job's expiry: a job of ours that has
 /// started has one; one bound but not started yet holds until now plus its allocation; anything else
 /// (no limit, or not our job) for good.
-/// The (namespace, name) of the VolcanoJob a pod belongs to, by Volcano's job-name label.
-fn job_of(pod: &Pod) -> Option<(String, String)> {
-    let name = pod.metadata.labels.as_ref()?.get(LABEL_JOB_NAME)?;
-    Some((
-        pod.metadata.namespace.clone().unwrap_or_default(),
-        name.clone(),
-    ))
-}
-
 fn holdings(
     pods: &[Pod],
     jobs: &[VolcanoJob],
