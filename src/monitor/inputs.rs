@@ -841,6 +841,22 @@ mod tests {
         Timestamp::from_second(1_800_000_000 + s).unwrap()
     }
 
+    /// The cluster of a test: these nodes, pods, groups and jobs, and no Volcano queues.
+    fn cluster_view<'a>(
+        nodes: &'a [KubeNode],
+        pods: &'a [Pod],
+        groups: &'a [PodGroup],
+        jobs: &'a [VolcanoJob],
+    ) -> ClusterView<'a> {
+        ClusterView {
+            nodes,
+            pods,
+            groups,
+            jobs,
+            queues: &[],
+        }
+    }
+
     fn node(name: &str, cpu: &str, gpus: u32) -> KubeNode {
         serde_json::from_value(json!({
             "metadata": {"name": name},
@@ -934,13 +950,7 @@ mod tests {
             // Ended: holds nothing.
             pod("j-old", "b", "16", "Succeeded"),
         ];
-        let view = ClusterView {
-            nodes: &nodes,
-            pods: &pods,
-            groups: &groups,
-            jobs: &jobs,
-            queues: &[],
-        };
+        let view = cluster_view(&nodes, &pods, &groups, &jobs);
         let out = forecast(view, &keys(), t(100), false);
         assert_eq!(out.len(), 1, "only the waiting group: {out:?}");
         let e = &out[0];
@@ -975,13 +985,7 @@ mod tests {
             group("j-wait", 10, "Inqueue", 1, "16"),
         ];
         let pods = [pod("j-run", "a", "16", "Running")];
-        let view = ClusterView {
-            nodes: &nodes,
-            pods: &pods,
-            groups: &groups,
-            jobs: &jobs,
-            queues: &[],
-        };
+        let view = cluster_view(&nodes, &pods, &groups, &jobs);
         let replay = |queue_timeout: Option<i64>| {
             forecast_with(
                 view,
@@ -1016,13 +1020,7 @@ mod tests {
         let nodes = [node("a", "16", 0)];
         let groups = [group("j-wait", 10, "Pending", 1, "16")];
         let pods = [pod("someone-else", "a", "8", "Running")];
-        let view = ClusterView {
-            nodes: &nodes,
-            pods: &pods,
-            groups: &groups,
-            jobs: &[],
-            queues: &[],
-        };
+        let view = cluster_view(&nodes, &pods, &groups, &[]);
         let out = forecast(view, &keys(), t(100), false);
         assert_eq!(out[0].estimate.kind, "unbounded", "{out:?}");
     }
@@ -1037,13 +1035,7 @@ mod tests {
             other,
             group("j-2", 20, "Pending", 1, "64"),
         ];
-        let view = ClusterView {
-            nodes: &nodes,
-            pods: &[],
-            groups: &groups,
-            jobs: &[],
-            queues: &[],
-        };
+        let view = cluster_view(&nodes, &[], &groups, &[]);
         let out = forecast(view, &keys(), t(100), false);
         let pos: Vec<(&str, u32, &str)> = out
             .iter()
@@ -1068,13 +1060,7 @@ mod tests {
             group("j-wait", 10, "Pending", 1, "16"),
         ];
         let pods = [pod("j-run", "a", "16", "Running")];
-        let view = ClusterView {
-            nodes: &nodes,
-            pods: &pods,
-            groups: &groups,
-            jobs: &jobs,
-            queues: &[],
-        };
+        let view = cluster_view(&nodes, &pods, &groups, &jobs);
         let out = forecast(view, &keys(), t(100), false);
         assert_eq!(
             out[0].estimate.start_at.as_deref(),
@@ -1105,13 +1091,7 @@ mod tests {
         jobs: &[VolcanoJob],
         windows: &[crate::cluster::Window],
     ) -> Option<String> {
-        let view = ClusterView {
-            nodes,
-            pods,
-            groups,
-            jobs,
-            queues: &[],
-        };
+        let view = cluster_view(nodes, pods, groups, jobs);
         forecast_with(view, windows, &keys(), t(100), Replaying::default())[0]
             .estimate
             .start_at
