@@ -55,12 +55,10 @@ use crate::volcano::{LABEL_JOB_NAME, PodGroup, Queue, VolcanoJob};
 /// room for a busy API server without letting a broken watch go unnoticed for long.
 pub const SUSPECT_GRACE: Duration = Duration::from_secs(3);
 
-/// How often a monitor that defers its work under load looks whether the load is over.
-const LOAD_POLL: Duration = Duration::from_millis(50);
-
-/// Whether the submit path of this process has submissions in hand now (see
-/// [`Monitor::with_submit_load`]).
-pub type SubmitLoad = Arc<dyn Fn() -> bool + Send + Sync>;
+/// Whether the submit path of this process has submissions in hand, told when that changes (see
+/// [`Monitor::with_submit_load`]): the loop wakes when the load is over instead of looking again and
+/// again whether it is.
+pub type SubmitLoad = tokio::sync::watch::Receiver<bool>;
 
 /// What one full reconciliation pass did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -584,6 +582,8 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
     let mut streams = Streams::start(&watches);
     let mut state = Loop::new(exec, &mc);
     state.submit_load = m.submit_load.clone();
+    // Its own receiver of the load, waited on below; the state's is read by `Loop::hold`.
+    let mut load = m.submit_load.clone();
     let mut verifying: Option<Verifying> = None;
     let mut resync = resync_timer(mc.reconcile_interval);
     let mut shards = m.shards.clone();
@@ -625,6 +625,10 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
                 streams.queues_forbidden = state.on_queue_watch(item);
             }
             () = sleep(wake) => state.fire(clock.now(), Instant::now()),
+            // The submit load changed: the next turn takes the jobs it no longer holds back.
+            changed = async { load.as_mut().expect("guarded").changed().await }, if load.is_some() => {
+                if changed.is_err() { load = None }
+            }
             _ = resync.tick() => if let Some(lists) = state.resync(&watches) {
                 verifying = Some(lists);
             },
@@ -904,7 +908,9 @@ impl Loop {
     /// submit path is busy, else `coalesce`.
     fn hold(&self) -> Duration {
         match &self.submit_load {
-            Some(busy) if self.defer_under_load > self.coalesce && busy() => self.defer_under_load,
+            Some(busy) if self.defer_under_load > self.coalesce && *busy.borrow() => {
+                self.defer_under_load
+            }
             _ => self.coalesce,
         }
     }
@@ -1555,22 +1561,14 @@ impl Loop {
 
     /// How long to sleep before a timer is due: the earliest check in the clock's time, the earliest
     /// retry in real time, or the first queued job's [`Loop::hold`] (when a worker is free to take it;
-    /// while the submit path is busy, looked at every [`LOAD_POLL`] to see whether it still is). A clock
-    /// that does not run by itself is looked at every `poll`.
+    /// a change of the submit load wakes the loop too, which then asks again). A clock that does not
+    /// run by itself is looked at every `poll`.
     fn next_wake(&self, clock: &dyn Clock, poll: Duration, working: usize) -> Option<Duration> {
         let queued = self
             .ready
             .front()
             .filter(|_| working < self.max_concurrent)
-            .map(|(_, at)| {
-                let hold = self.hold();
-                let due = (*at + hold).saturating_duration_since(Instant::now());
-                if hold > self.coalesce {
-                    due.min(LOAD_POLL)
-                } else {
-                    due
-                }
-            });
+            .map(|(_, at)| (*at + self.hold()).saturating_duration_since(Instant::now()));
         let check = self
             .checks
             .next()

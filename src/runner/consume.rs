@@ -117,11 +117,24 @@ pub struct Progress {
     in_hand: Arc<Mutex<InHand>>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct InHand {
     next: u64,
     /// Start of each message in hand, by a counter that grows with time: the first entry is the oldest.
     started: BTreeMap<u64, Instant>,
+    /// Whether any message is in hand, told when that changes (see [`Progress::busy`]). Written under
+    /// the same lock as `started`, so the two never disagree.
+    busy: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for InHand {
+    fn default() -> Self {
+        Self {
+            next: 0,
+            started: BTreeMap::new(),
+            busy: tokio::sync::watch::Sender::new(false),
+        }
+    }
 }
 
 impl Progress {
@@ -131,6 +144,9 @@ impl Progress {
         let id = in_hand.next;
         in_hand.next += 1;
         in_hand.started.insert(id, Instant::now());
+        in_hand
+            .busy
+            .send_if_modified(|busy| !std::mem::replace(busy, true));
         InHandGuard {
             progress: self.clone(),
             id,
@@ -144,6 +160,17 @@ impl Progress {
             .unwrap_or_else(|e| e.into_inner())
             .started
             .len()
+    }
+
+    /// Whether any message is in hand, as a watch that changes only when that does (the first message
+    /// taken, the last one settled): a monitor in the same process waits on it rather than asking
+    /// [`Progress::in_hand`] over and over.
+    pub fn busy(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.in_hand
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .busy
+            .subscribe()
     }
 
     /// How long the oldest message in hand has been there; `None` when there is none.
@@ -175,12 +202,17 @@ pub struct InHandGuard {
 
 impl Drop for InHandGuard {
     fn drop(&mut self) {
-        self.progress
+        let mut in_hand = self
+            .progress
             .in_hand
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .started
-            .remove(&self.id);
+            .unwrap_or_else(|e| e.into_inner());
+        in_hand.started.remove(&self.id);
+        if in_hand.started.is_empty() {
+            in_hand
+                .busy
+                .send_if_modified(|busy| std::mem::replace(busy, false));
+        }
     }
 }
 
@@ -528,5 +560,25 @@ mod tests {
         drop(second);
         assert_eq!(progress.in_hand(), 0);
         assert_eq!(progress.oldest(), None);
+    }
+
+    /// The busy watch tells the first message taken and the last one settled, nothing in between.
+    #[test]
+    fn busy_changes_only_when_the_first_message_is_taken_and_the_last_settled() {
+        let progress = Progress::default();
+        let mut busy = progress.busy();
+        assert!(!*busy.borrow_and_update());
+        let first = progress.begin();
+        assert!(busy.has_changed().unwrap(), "the first message taken");
+        assert!(*busy.borrow_and_update());
+        let second = progress.begin();
+        drop(first);
+        assert!(!busy.has_changed().unwrap(), "one still in hand: no news");
+        drop(second);
+        assert!(busy.has_changed().unwrap(), "the last one settled");
+        assert!(!*busy.borrow_and_update());
+        // A clone of the record shares the watch.
+        let _third = progress.clone().begin();
+        assert!(*busy.borrow_and_update());
     }
 }

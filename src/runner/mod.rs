@@ -192,11 +192,10 @@ impl Runner {
         self.handler.confirmed_queued.clone()
     }
 
-    /// Whether this runner has submissions in hand now, for a monitor in the same process
-    /// ([`crate::monitor::Monitor::with_submit_load`]): it lets them go first.
+    /// Whether this runner has submissions in hand, as a watch told when that changes, for a monitor in
+    /// the same process ([`crate::monitor::Monitor::with_submit_load`]): it lets them go first.
     pub fn submit_load(&self) -> crate::monitor::run::SubmitLoad {
-        let submitting = self.submitting.clone();
-        Arc::new(move || submitting.in_hand() > 0)
+        self.submitting.busy()
     }
 
     /// Whether its events reach a queue, for what the runner says about itself on its member lease.

@@ -4,8 +4,6 @@
 
 use crate::monitor_support;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use monitor_support::*;
@@ -20,12 +18,9 @@ async fn a_job_waits_while_submissions_are_in_hand_and_is_told_once_they_are_don
         |_| {},
     )
     .await;
-    let submitting = Arc::new(AtomicBool::new(true));
-    let busy = submitting.clone();
+    let (submitting, load) = tokio::sync::watch::channel(true);
     let runner = w
-        .runner_with("runner-a", move |m| {
-            m.with_submit_load(Arc::new(move || busy.load(Ordering::Relaxed)))
-        })
+        .runner_with("runner-a", move |m| m.with_submit_load(load))
         .await;
     runner.holds(4).await;
     let job = job("d1", "echo starting; sleep 150; echo done");
@@ -56,7 +51,7 @@ async fn a_job_waits_while_submissions_are_in_hand_and_is_told_once_they_are_don
         "the monitor tells nothing while submissions are in hand: {:?}",
         summary(&w.seen)
     );
-    submitting.store(false, Ordering::Relaxed);
+    submitting.send_replace(false);
     let told = tokio::time::Instant::now();
     w.until("RUNNING", |s| s.event("d1/RUNNING").is_some())
         .await;
