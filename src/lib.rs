@@ -10,6 +10,8 @@
 //!   (pure, no I/O), and their lifecycle hooks.
 //! - [`volcano`]: the Volcano CRD types (Job, PodGroup, Queue) that the pipeline renders and the cluster
 //!   layer, the monitor and the simulator read; below all of them, so the pipeline needs no cluster access.
+//! - [`interval`]: spans of time (what overlaps what, the earliest of two instants), below the bookings,
+//!   the maintenance windows and the forecast that share them.
 //! - [`cluster`]: Kubernetes access: the client, and the applier that creates desired objects in order;
 //!   the job store and the log-follow engine, shared from here by the runner and the session issuer,
 //!   and by the `logs` command and proxy-sync's logs bridge.
@@ -43,6 +45,7 @@ pub mod cluster;
 pub mod config;
 pub mod durable;
 pub mod forecast;
+pub mod interval;
 pub mod messages;
 pub mod monitor;
 pub mod ops;

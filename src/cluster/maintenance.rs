@@ -26,6 +26,7 @@ use super::ClusterConfig;
 use super::error::ClusterError;
 use super::labels::{COMPONENT, MANAGED_BY, MANAGER};
 use super::records::{ConfigMapRecords, Deleted};
+use crate::interval::Span;
 
 /// `app.kubernetes.io/component` of a maintenance window's ConfigMap.
 pub const COMPONENT_MAINTENANCE: &str = "maintenance-window";
@@ -190,16 +191,20 @@ impl Window {
         self.all_nodes() || self.nodes.contains(node)
     }
 
+    /// `[start, end)`.
+    pub fn span(&self) -> Span<Timestamp> {
+        Span::new(self.start, self.end)
+    }
+
     /// Whether `[from, until)` overlaps it.
     pub fn overlaps(&self, from: Timestamp, until: Timestamp) -> bool {
-        from < self.end && until > self.start
+        self.span().overlaps(&Span::new(from, until))
     }
 
     /// Whether a job that started at `now` with the time allocation `max_time` (`None`: no limit) would
     /// still run when it begins: the window is not over and starts before the allocation ends.
     pub fn in_the_way(&self, now: Timestamp, max_time: Option<SignedDuration>) -> bool {
-        let ends = max_time.and_then(|d| now.checked_add(d).ok());
-        now < self.end && ends.is_none_or(|e| e > self.start)
+        self.span().overlaps(&Span::lasting(now, max_time))
     }
 
     /// `from S to E on n1, n2: reason`, for events, logs and `admin status`.

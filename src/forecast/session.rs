@@ -52,6 +52,7 @@ use crate::forecast::snapshot::{
     Node, Pending, Resources, Running, largest_node, node_ranks, node_types,
 };
 use crate::forecast::windows::Maintenance;
+use crate::interval::earliest;
 
 use crate::forecast::answer::LATER_ONLY;
 pub use crate::forecast::answer::{Estimate, ExpectationRecord};
@@ -481,20 +482,11 @@ impl<'a> Session<'a> {
         let next_reserve_at = self.reserves.get(self.next_reserve).copied();
         let next_end = self.ends.peek().map(|Reverse(e)| e.at);
         // A window's end lets the gangs it held back go.
-        let next_end = match (next_end, self.maintenance.next_end(cursor)) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let next_end = earliest(next_end, self.maintenance.next_end(cursor));
         // A deadline of `[monitor] queue_timeout` takes a gang out of the queue.
-        let next_reserve_at_or_deadline = match (next_reserve_at, self.next_deadline()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let next = match (next_end, next_reserve_at_or_deadline) {
-            (Some(a), Some(b)) => a.min(b),
-            (Some(a), None) => a,
-            (None, Some(b)) => b,
-            (None, None) => return false,
+        let next_reserve_at_or_deadline = earliest(next_reserve_at, self.next_deadline());
+        let Some(next) = earliest(next_end, next_reserve_at_or_deadline) else {
+            return false;
         };
         self.cursor = self.cursor.max(next);
         self.rebuild = next_reserve_at.is_some_and(|at| at <= self.cursor);

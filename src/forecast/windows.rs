@@ -24,6 +24,7 @@ use jiff::{SignedDuration, Timestamp};
 
 use crate::cluster::Window;
 use crate::forecast::snapshot::{Node, Resources};
+use crate::interval::{Span, earliest};
 
 /// The maintenance windows the replay looks at, and which waiting gangs they hold back.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -127,10 +128,11 @@ impl Maintenance {
         from: Timestamp,
         ends_by: Option<Timestamp>,
     ) -> Option<Timestamp> {
+        let holds = Span::until(from, ends_by);
         let cut = self
             .windows
             .iter()
-            .filter(|w| w.end > from && ends_by.is_none_or(|e| w.start < e))
+            .filter(|w| w.span().overlaps(&holds))
             .filter(|w| {
                 w.all_nodes()
                     || ranks
@@ -139,10 +141,7 @@ impl Maintenance {
             })
             .map(|w| w.start.max(from))
             .min();
-        match (cut, ends_by) {
-            (Some(c), Some(e)) => Some(c.min(e)),
-            (c, e) => c.or(e),
-        }
+        earliest(cut, ends_by)
     }
 
     /// The earliest end of a window after `after`: an instant a held gang may be let go.

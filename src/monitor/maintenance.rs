@@ -44,6 +44,7 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{Pod, Taint, Toleration};
 
 use crate::cluster::Window;
+use crate::interval::Span;
 use crate::messages::proto_timestamp;
 use crate::messages::v1::{JobEvent, JobState};
 
@@ -72,8 +73,7 @@ pub fn cutting<'a>(
     let nodes = nodes_of(pods);
     windows
         .iter()
-        .filter(|w| w.end > now)
-        .filter(|w| expiry.is_none_or(|e| w.start < e))
+        .filter(|w| w.span().overlaps(&Span::until(now, expiry)))
         .filter(|w| w.all_nodes() || nodes.iter().any(|n| w.covers(n)))
         .min_by_key(|w| (w.start, w.id.clone()))
 }
@@ -473,10 +473,7 @@ fn pending_windows<'a>(
         waiting,
         tolerate,
         release,
-        next_check: match (release_check.filter(|_| later), comes_in_way) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        },
+        next_check: crate::interval::earliest(release_check.filter(|_| later), comes_in_way),
         kept_off: Vec::new(),
         until_tainted: false,
     };

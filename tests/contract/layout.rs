@@ -144,6 +144,9 @@ fn the_pipeline_renders_without_the_cluster_layer_and_the_monitor_without_the_ru
         ("validate", "config"),
         ("monitor", "runner"),
         ("volcano", "cluster"),
+        ("interval", "cluster"),
+        ("interval", "forecast"),
+        ("interval", "monitor"),
         ("durable", "pipeline"),
     ] {
         if let Some(path) = reachable(&graph, from).get(not) {

@@ -17,6 +17,8 @@
 use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 
+use crate::interval::Span;
+
 /// CPU in millicores, memory in MiB, GPUs: of a rank, or of what a node can hold.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -95,8 +97,13 @@ pub struct Booking {
 }
 
 impl Booking {
+    /// `[start, end)`: the time its capacity is set aside.
+    pub fn span(&self) -> Span<Timestamp> {
+        Span::new(self.start, self.end)
+    }
+
     fn overlaps(&self, start: Timestamp, end: Timestamp) -> bool {
-        self.start < end && start < self.end
+        self.span().overlaps(&Span::new(start, end))
     }
 
     /// Everything its ranks set aside.

@@ -34,6 +34,7 @@ use super::labels::{COMPONENT, FIELD_MANAGER, MANAGED_BY, MANAGER};
 use super::records::ConfigMapRecords;
 use crate::durable::AnnotationKeys;
 use crate::durable::annotations::parse_millis;
+use crate::interval::Span;
 use crate::volcano::{LABEL_JOB_NAME, VolcanoJob, job_of_pod};
 
 pub use decide::{Amount, Answer, BookedRank, Booking, Holding, Limits, NodeRoom, Request};
@@ -1368,7 +1369,7 @@ pub fn in_the_way<'a>(
 ) -> Option<&'a Booking> {
     all.iter()
         .filter(|b| b.job_id != job_id)
-        .filter(|b| b.start < new_expiry && old_expiry <= b.start)
+        .filter(|b| Span::new(old_expiry, new_expiry).contains(b.start))
         .filter(|b| b.ranks.iter().any(|r| nodes.contains(&r.node)))
         .min_by_key(|b| b.start)
 }
@@ -1381,7 +1382,7 @@ pub fn under_window<'a>(
     now: Timestamp,
 ) -> Vec<&'a Booking> {
     all.iter()
-        .filter(|b| b.end > now && window.overlaps(b.start, b.end))
+        .filter(|b| b.end > now && window.span().overlaps(&b.span()))
         .filter(|b| b.ranks.iter().any(|r| window.covers(&r.node)))
         .collect()
 }
