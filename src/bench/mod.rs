@@ -97,7 +97,7 @@ pub struct Options {
 
 /// Runs the whole benchmark and returns its report.
 pub async fn run(options: &Options) -> Result<Report, BenchError> {
-    let run_id = format!("b{:x}", jiff::Timestamp::now().as_second() % 0xff_ffff);
+    let run_id = run_id(jiff::Timestamp::now().as_second());
     let started_at = jiff::Timestamp::now().to_string();
     let machine = machine();
     let prefetch = prefetch_for(options.max_in_flight.saturating_mul(2));
@@ -155,6 +155,14 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
         limits,
         phases,
     })
+}
+
+/// The prefix of a run's names (its phases' exchanges and queues, its job ids): the second it started,
+/// which sorts the runs, and 32 random bits, so that two runs started in the same second against one
+/// broker do not share a phase's names (the second then found the first's exclusive observer queue
+/// locked, RESOURCE_LOCKED). Short: job ids and the objects named after them carry it.
+fn run_id(now_s: i64) -> String {
+    format!("b{:x}{:08x}", now_s % 0xff_ffff, fastrand::u32(..))
 }
 
 /// A prefetch count (AMQP's is 16 bits).
@@ -765,6 +773,28 @@ fn machine() -> Machine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs started in the same second get names of their own (two `bench` runs at once used to share
+    /// their phases' queues), still short and made of what a job id and a queue name may hold.
+    #[test]
+    fn run_ids_of_the_same_second_differ() {
+        let now = 1_800_000_000;
+        let ids: std::collections::BTreeSet<String> = (0..1000).map(|_| run_id(now)).collect();
+        assert_eq!(ids.len(), 1000, "{ids:?}");
+        for id in &ids {
+            assert!(id.len() <= 16, "{id}");
+            assert!(id.starts_with('b'), "{id}");
+            assert!(
+                id.chars()
+                    .all(|c| c.is_ascii_digit() || c.is_ascii_lowercase()),
+                "{id}"
+            );
+        }
+        assert!(
+            run_id(now + 1).starts_with(&format!("b{:x}", (now + 1) % 0xff_ffff)),
+            "led by the second"
+        );
+    }
 
     #[test]
     fn a_phase_has_names_of_its_own_and_runners_get_them() {
