@@ -123,28 +123,259 @@ struct Inner {
     registry: Registry,
     /// The standard process metrics, without the prefix.
     process: Registry,
+    deliveries: Deliveries,
+    kube: Kube,
+    gate: Gate,
+    monitoring: Monitoring,
+    events: Events,
+    checks: Checks,
+    broker: Arc<BrokerSource>,
+}
+
+/// The inbound messages: settled, how long they took, in hand now.
+struct Deliveries {
     messages: Family<MessageLabels, Counter>,
     handling: HistogramFamily<TypeLabel>,
     in_flight: Gauge,
+}
+
+impl Deliveries {
+    /// Registers them in `registry`, in the order of the exposition.
+    fn register(registry: &mut Registry) -> Self {
+        let messages = Family::<MessageLabels, Counter>::default();
+        registry.register(
+            "messages_handled",
+            "Inbound messages settled, by message type and what happened to them",
+            messages.clone(),
+        );
+        let handling: HistogramFamily<TypeLabel> =
+            Family::new_with_constructor(|| Histogram::new(HANDLING_BUCKETS));
+        registry.register_with_unit(
+            "message_handling",
+            "Time from delivery to settlement (ack, requeue or dead-letter), by message type",
+            Unit::Seconds,
+            handling.clone(),
+        );
+        let in_flight = Gauge::default();
+        registry.register(
+            "messages_in_flight",
+            "Deliveries being handled now",
+            in_flight.clone(),
+        );
+        Self {
+            messages,
+            handling,
+            in_flight,
+        }
+    }
+}
+
+/// The Kubernetes API requests.
+struct Kube {
     kube_requests: Family<KubeLabels, Counter>,
     kube_errors: Family<KubeErrorLabels, Counter>,
     kube_latency: HistogramFamily<KubeLabels>,
+}
+
+impl Kube {
+    /// Registers them in `registry`, in the order of the exposition.
+    fn register(registry: &mut Registry) -> Self {
+        let kube_requests = Family::<KubeLabels, Counter>::default();
+        registry.register(
+            "kube_requests",
+            "Kubernetes API requests, by RBAC verb and resource",
+            kube_requests.clone(),
+        );
+        let kube_errors = Family::<KubeErrorLabels, Counter>::default();
+        registry.register(
+            "kube_request_errors",
+            "Kubernetes API requests that failed, by verb, resource and error class",
+            kube_errors.clone(),
+        );
+        let kube_latency: HistogramFamily<KubeLabels> =
+            Family::new_with_constructor(|| Histogram::new(KUBE_BUCKETS));
+        registry.register_with_unit(
+            "kube_request_duration",
+            "Time until the API server's response headers (for a watch: until it started)",
+            Unit::Seconds,
+            kube_latency.clone(),
+        );
+        Self {
+            kube_requests,
+            kube_errors,
+            kube_latency,
+        }
+    }
+}
+
+/// The submission gate: the pause switch and the active-job cap.
+struct Gate {
     paused: Gauge,
     gate_open: Gauge,
     active_jobs: Family<NoLabels, Gauge>,
     active_jobs_limit: Family<NoLabels, Gauge>,
+}
+
+impl Gate {
+    /// Registers them in `registry`, in the order of the exposition.
+    fn register(registry: &mut Registry) -> Self {
+        let paused = Gauge::default();
+        registry.register(
+            "submissions_paused",
+            "1 while the cluster-wide pause switch is on",
+            paused.clone(),
+        );
+        let gate_open = Gauge::default();
+        registry.register(
+            "submission_gate_open",
+            "1 while this runner takes submissions (not paused and below the active-job cap)",
+            gate_open.clone(),
+        );
+        let active_jobs = Family::<NoLabels, Gauge>::default();
+        registry.register(
+            "active_jobs",
+            "Active VolcanoJobs managed by volcano-runner, as this runner counts them (absent when not \
+             counted: without a cap runners do not watch for it)",
+            active_jobs.clone(),
+        );
+        let active_jobs_limit = Family::<NoLabels, Gauge>::default();
+        registry.register(
+            "active_jobs_limit",
+            "The cluster-wide cap on active jobs (absent when there is none)",
+            active_jobs_limit.clone(),
+        );
+        Self {
+            paused,
+            gate_open,
+            active_jobs,
+            active_jobs_limit,
+        }
+    }
+}
+
+/// The monitoring duty: its jobs, its lag and its shards.
+struct Monitoring {
     monitored: Gauge,
     accounting_lag: Gauge<f64, std::sync::atomic::AtomicU64>,
     shards_held: Gauge,
     shards: Gauge,
+}
+
+impl Monitoring {
+    /// Registers them in `registry`, in the order of the exposition.
+    fn register(registry: &mut Registry) -> Self {
+        let monitored = Gauge::default();
+        registry.register(
+            "monitored_jobs",
+            "Jobs whose monitoring duty this runner holds (at the last full reconciliation pass)",
+            monitored.clone(),
+        );
+        let accounting_lag = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register_with_unit(
+            "accounting_lag",
+            "The longest time a running job's tick has been due (its end plus the settle delay) without \
+             being published, over the jobs this runner monitors (at the last full pass; 0: on time)",
+            Unit::Seconds,
+            accounting_lag.clone(),
+        );
+        let shards_held = Gauge::default();
+        registry.register(
+            "lease_shards_held",
+            "Monitoring shards whose lease this runner holds",
+            shards_held.clone(),
+        );
+        let shards = Gauge::default();
+        registry.register("lease_shards", "Monitoring shards in all", shards.clone());
+        Self {
+            monitored,
+            accounting_lag,
+            shards_held,
+            shards,
+        }
+    }
+}
+
+/// The outbound messages: confirmed, failed, waiting for a route.
+struct Events {
+    waiting_for_route: Gauge,
     published: Family<TypeLabel, Counter>,
     publish_failures: Family<FailureLabels, Counter>,
     confirm: HistogramFamily<TypeLabel>,
-    waiting_for_route: Gauge,
+}
+
+impl Events {
+    /// Registers them in `registry`, in the order of the exposition.
+    fn register(registry: &mut Registry) -> Self {
+        let waiting_for_route = Gauge::default();
+        registry.register(
+            "events_waiting_for_route",
+            "Events that no queue receives (nothing bound to the events exchange for them), published again \
+             until one does; the messages that caused them stay in hand",
+            waiting_for_route.clone(),
+        );
+        let published = Family::<TypeLabel, Counter>::default();
+        registry.register(
+            "events_published",
+            "Outbound messages the broker confirmed, by message type",
+            published.clone(),
+        );
+        let publish_failures = Family::<FailureLabels, Counter>::default();
+        registry.register(
+            "event_publish_failures",
+            "Outbound messages that could not be published after their retries",
+            publish_failures.clone(),
+        );
+        let confirm: HistogramFamily<TypeLabel> =
+            Family::new_with_constructor(|| Histogram::new(CONFIRM_BUCKETS));
+        registry.register_with_unit(
+            "event_confirm",
+            "Time from publishing an outbound message to the broker's confirm",
+            Unit::Seconds,
+            confirm.clone(),
+        );
+        Self {
+            waiting_for_route,
+            published,
+            publish_failures,
+            confirm,
+        }
+    }
+}
+
+/// The watches, the session checks and the readiness checks.
+struct Checks {
     watch_restarts: Family<WatchLabel, Counter>,
     authz_checks: Family<AuthzLabels, Counter>,
     ready: Family<CheckLabel, Gauge>,
-    broker: Arc<BrokerSource>,
+}
+
+impl Checks {
+    /// Registers them in `registry`, in the order of the exposition.
+    fn register(registry: &mut Registry) -> Self {
+        let watch_restarts = Family::<WatchLabel, Counter>::default();
+        registry.register(
+            "watch_restarts",
+            "Kubernetes watches that had to start over (an error, 410 Gone, a dropped stream)",
+            watch_restarts.clone(),
+        );
+        let authz_checks = Family::<AuthzLabels, Counter>::default();
+        registry.register(
+            "authz_checks",
+            "Session checks answered by proxy-sync's /authz, by decision and reason",
+            authz_checks.clone(),
+        );
+        let ready = Family::<CheckLabel, Gauge>::default();
+        registry.register(
+            "ready",
+            "The last outcome of each readiness check (1 ok, 0 failing)",
+            ready.clone(),
+        );
+        Self {
+            watch_restarts,
+            authz_checks,
+            ready,
+        }
+    }
 }
 
 /// The process's metrics. Cheap to clone; every clone reports into the same registry.
@@ -181,138 +412,12 @@ impl Metrics {
     /// A fresh registry with every metric registered (and at zero where that means something).
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix(PREFIX);
-        let messages = Family::<MessageLabels, Counter>::default();
-        registry.register(
-            "messages_handled",
-            "Inbound messages settled, by message type and what happened to them",
-            messages.clone(),
-        );
-        let handling: HistogramFamily<TypeLabel> =
-            Family::new_with_constructor(|| Histogram::new(HANDLING_BUCKETS));
-        registry.register_with_unit(
-            "message_handling",
-            "Time from delivery to settlement (ack, requeue or dead-letter), by message type",
-            Unit::Seconds,
-            handling.clone(),
-        );
-        let in_flight = Gauge::default();
-        registry.register(
-            "messages_in_flight",
-            "Deliveries being handled now",
-            in_flight.clone(),
-        );
-        let kube_requests = Family::<KubeLabels, Counter>::default();
-        registry.register(
-            "kube_requests",
-            "Kubernetes API requests, by RBAC verb and resource",
-            kube_requests.clone(),
-        );
-        let kube_errors = Family::<KubeErrorLabels, Counter>::default();
-        registry.register(
-            "kube_request_errors",
-            "Kubernetes API requests that failed, by verb, resource and error class",
-            kube_errors.clone(),
-        );
-        let kube_latency: HistogramFamily<KubeLabels> =
-            Family::new_with_constructor(|| Histogram::new(KUBE_BUCKETS));
-        registry.register_with_unit(
-            "kube_request_duration",
-            "Time until the API server's response headers (for a watch: until it started)",
-            Unit::Seconds,
-            kube_latency.clone(),
-        );
-        let paused = Gauge::default();
-        registry.register(
-            "submissions_paused",
-            "1 while the cluster-wide pause switch is on",
-            paused.clone(),
-        );
-        let gate_open = Gauge::default();
-        registry.register(
-            "submission_gate_open",
-            "1 while this runner takes submissions (not paused and below the active-job cap)",
-            gate_open.clone(),
-        );
-        let active_jobs = Family::<NoLabels, Gauge>::default();
-        registry.register(
-            "active_jobs",
-            "Active VolcanoJobs managed by volcano-runner, as this runner counts them (absent when not \
-             counted: without a cap runners do not watch for it)",
-            active_jobs.clone(),
-        );
-        let active_jobs_limit = Family::<NoLabels, Gauge>::default();
-        registry.register(
-            "active_jobs_limit",
-            "The cluster-wide cap on active jobs (absent when there is none)",
-            active_jobs_limit.clone(),
-        );
-        let monitored = Gauge::default();
-        registry.register(
-            "monitored_jobs",
-            "Jobs whose monitoring duty this runner holds (at the last full reconciliation pass)",
-            monitored.clone(),
-        );
-        let accounting_lag = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
-        registry.register_with_unit(
-            "accounting_lag",
-            "The longest time a running job's tick has been due (its end plus the settle delay) without \
-             being published, over the jobs this runner monitors (at the last full pass; 0: on time)",
-            Unit::Seconds,
-            accounting_lag.clone(),
-        );
-        let shards_held = Gauge::default();
-        registry.register(
-            "lease_shards_held",
-            "Monitoring shards whose lease this runner holds",
-            shards_held.clone(),
-        );
-        let shards = Gauge::default();
-        registry.register("lease_shards", "Monitoring shards in all", shards.clone());
-        let waiting_for_route = Gauge::default();
-        registry.register(
-            "events_waiting_for_route",
-            "Events that no queue receives (nothing bound to the events exchange for them), published again \
-             until one does; the messages that caused them stay in hand",
-            waiting_for_route.clone(),
-        );
-        let published = Family::<TypeLabel, Counter>::default();
-        registry.register(
-            "events_published",
-            "Outbound messages the broker confirmed, by message type",
-            published.clone(),
-        );
-        let publish_failures = Family::<FailureLabels, Counter>::default();
-        registry.register(
-            "event_publish_failures",
-            "Outbound messages that could not be published after their retries",
-            publish_failures.clone(),
-        );
-        let confirm: HistogramFamily<TypeLabel> =
-            Family::new_with_constructor(|| Histogram::new(CONFIRM_BUCKETS));
-        registry.register_with_unit(
-            "event_confirm",
-            "Time from publishing an outbound message to the broker's confirm",
-            Unit::Seconds,
-            confirm.clone(),
-        );
-        let watch_restarts = Family::<WatchLabel, Counter>::default();
-        registry.register(
-            "watch_restarts",
-            "Kubernetes watches that had to start over (an error, 410 Gone, a dropped stream)",
-            watch_restarts.clone(),
-        );
-        let authz_checks = Family::<AuthzLabels, Counter>::default();
-        registry.register(
-            "authz_checks",
-            "Session checks answered by proxy-sync's /authz, by decision and reason",
-            authz_checks.clone(),
-        );
-        let ready = Family::<CheckLabel, Gauge>::default();
-        registry.register(
-            "ready",
-            "The last outcome of each readiness check (1 ok, 0 failing)",
-            ready.clone(),
-        );
+        let deliveries = Deliveries::register(&mut registry);
+        let kube = Kube::register(&mut registry);
+        let gate = Gate::register(&mut registry);
+        let monitoring = Monitoring::register(&mut registry);
+        let events = Events::register(&mut registry);
+        let checks = Checks::register(&mut registry);
         registry.register(
             "build",
             "The running version",
@@ -327,27 +432,12 @@ impl Metrics {
             inner: Arc::new(Inner {
                 registry,
                 process,
-                messages,
-                handling,
-                in_flight,
-                kube_requests,
-                kube_errors,
-                kube_latency,
-                paused,
-                gate_open,
-                active_jobs,
-                active_jobs_limit,
-                monitored,
-                accounting_lag,
-                shards_held,
-                shards,
-                published,
-                publish_failures,
-                confirm,
-                waiting_for_route,
-                watch_restarts,
-                authz_checks,
-                ready,
+                deliveries,
+                kube,
+                gate,
+                monitoring,
+                events,
+                checks,
                 broker,
             }),
         }
@@ -373,6 +463,7 @@ impl Metrics {
         duration: Duration,
     ) {
         self.inner
+            .deliveries
             .messages
             .get_or_create(&MessageLabels {
                 r#type: message_type,
@@ -380,6 +471,7 @@ impl Metrics {
             })
             .inc();
         self.inner
+            .deliveries
             .handling
             .get_or_create(&TypeLabel {
                 r#type: message_type,
@@ -389,9 +481,9 @@ impl Metrics {
 
     /// Counts one delivery as in flight until the guard is dropped.
     pub fn in_flight(&self) -> InFlight {
-        self.inner.in_flight.inc();
+        self.inner.deliveries.in_flight.inc();
         InFlight {
-            gauge: self.inner.in_flight.clone(),
+            gauge: self.inner.deliveries.in_flight.clone(),
         }
     }
 
@@ -410,13 +502,15 @@ impl Metrics {
             verb,
             resource: resource.to_owned(),
         };
-        self.inner.kube_requests.get_or_create(&labels).inc();
+        self.inner.kube.kube_requests.get_or_create(&labels).inc();
         self.inner
+            .kube
             .kube_latency
             .get_or_create(&labels)
             .observe(duration.as_secs_f64());
         if let Some(error) = error {
             self.inner
+                .kube
                 .kube_errors
                 .get_or_create(&KubeErrorLabels {
                     verb,
@@ -429,12 +523,12 @@ impl Metrics {
 
     /// Whether the cluster-wide pause switch is on.
     pub fn set_paused(&self, paused: bool) {
-        self.inner.paused.set(i64::from(paused));
+        self.inner.gate.paused.set(i64::from(paused));
     }
 
     /// Whether this runner takes submissions now.
     pub fn set_gate_open(&self, open: bool) {
-        self.inner.gate_open.set(i64::from(open));
+        self.inner.gate.gate_open.set(i64::from(open));
     }
 
     /// The capacity view: active jobs counted (`None`: not counted, so absent rather than a made-up 0),
@@ -443,31 +537,34 @@ impl Metrics {
         match active {
             Some(active) => {
                 self.inner
+                    .gate
                     .active_jobs
                     .get_or_create(&NoLabels {})
                     .set(i64::try_from(active).unwrap_or(i64::MAX));
             }
-            None => self.inner.active_jobs.clear(),
+            None => self.inner.gate.active_jobs.clear(),
         }
         match limit {
             Some(limit) => {
                 self.inner
+                    .gate
                     .active_jobs_limit
                     .get_or_create(&NoLabels {})
                     .set(i64::from(limit));
             }
-            None => self.inner.active_jobs_limit.clear(),
+            None => self.inner.gate.active_jobs_limit.clear(),
         }
     }
 
     /// How far behind this runner's ticks are (see the module's table), at the last full pass.
     pub fn set_accounting_lag(&self, lag: Duration) {
-        self.inner.accounting_lag.set(lag.as_secs_f64());
+        self.inner.monitoring.accounting_lag.set(lag.as_secs_f64());
     }
 
     /// How many jobs this runner monitors (the jobs of the shards it holds, at the last full pass).
     pub fn set_monitored_jobs(&self, count: usize) {
         self.inner
+            .monitoring
             .monitored
             .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
@@ -475,9 +572,10 @@ impl Metrics {
     /// The shard leases this runner holds, of how many.
     pub fn set_lease_shards(&self, held: usize, total: u32) {
         self.inner
+            .monitoring
             .shards_held
             .set(i64::try_from(held).unwrap_or(i64::MAX));
-        self.inner.shards.set(i64::from(total));
+        self.inner.monitoring.shards.set(i64::from(total));
     }
 
     /// An outbound message was confirmed by the broker, `confirm` after it was published.
@@ -485,8 +583,9 @@ impl Metrics {
         let labels = TypeLabel {
             r#type: message_type,
         };
-        self.inner.published.get_or_create(&labels).inc();
+        self.inner.events.published.get_or_create(&labels).inc();
         self.inner
+            .events
             .confirm
             .get_or_create(&labels)
             .observe(confirm.as_secs_f64());
@@ -494,12 +593,13 @@ impl Metrics {
 
     /// One more (`1`) or one fewer (`-1`) event waits for a queue that receives it.
     pub fn waiting_for_route(&self, delta: i64) {
-        self.inner.waiting_for_route.inc_by(delta);
+        self.inner.events.waiting_for_route.inc_by(delta);
     }
 
     /// An outbound message could not be published (`reason`: a fixed word such as `timeout`, `unroutable`).
     pub fn event_publish_failed(&self, message_type: &'static str, reason: &'static str) {
         self.inner
+            .events
             .publish_failures
             .get_or_create(&FailureLabels {
                 r#type: message_type,
@@ -524,6 +624,7 @@ impl Metrics {
     /// [`crate::sessions::authz::Decision::labels`]).
     pub fn authz_checked(&self, decision: &'static str, reason: &'static str) {
         self.inner
+            .checks
             .authz_checks
             .get_or_create(&AuthzLabels { decision, reason })
             .inc();
@@ -532,6 +633,7 @@ impl Metrics {
     /// A Kubernetes watch (`jobs`, `pods`, `pause`, `capacity`, ...) had to start over.
     pub fn watch_restarted(&self, watch: &'static str) {
         self.inner
+            .checks
             .watch_restarts
             .get_or_create(&WatchLabel { watch })
             .inc();
@@ -540,6 +642,7 @@ impl Metrics {
     /// The outcome of a readiness check (set by [`Readiness`](super::Readiness) on every evaluation).
     pub fn set_ready(&self, check: &str, ok: bool) {
         self.inner
+            .checks
             .ready
             .get_or_create(&CheckLabel {
                 check: check.to_owned(),
