@@ -27,6 +27,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::CliError;
+use super::output::Output;
 use super::run::{cluster_error, load_config, operator_client};
 
 use crate::cluster::capacity::count_active;
@@ -308,13 +309,6 @@ async fn lift_taints(
         Some((_, e)) if applied.written == 0 => Err(e),
         _ => Ok(applied.written),
     }
-}
-
-/// How `status` is printed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Output {
-    Text,
-    Json,
 }
 
 pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError> {

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
 
 use super::CliError;
-use super::admin::Output;
+use super::output::Output;
 use crate::broker::dead_letters::{Action, DeadLetter, Listing, Selection, Settled};
 use crate::broker::{DeadLetterQueue, DeadLetterQueueError};
 use crate::config::Config;

@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::CliError;
+use super::output::Output;
 use super::run::cancel_on_signal;
 use crate::broker::{FollowedEvent, OutboundEvent};
 use crate::config::Config;
@@ -49,13 +50,6 @@ fn idle_seconds(text: &str) -> Result<f64, String> {
         ));
     }
     Ok(secs)
-}
-
-/// How messages are printed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Output {
-    Text,
-    Json,
 }
 
 pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError> {

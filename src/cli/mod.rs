@@ -8,6 +8,7 @@ pub mod events;
 pub mod extend;
 pub mod job;
 pub mod logs;
+pub mod output;
 pub mod pause_wait;
 pub mod proxy_sync;
 pub mod render;

@@ -31,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use super::error::{ClusterError, ErrorClass, KubeResultExt};
 use super::labels::FIELD_MANAGER;
 use super::namespaces::NamespaceCache;
+use super::object_key::ObjectKey;
 use super::retry::{Budget, RetryPolicy};
 
 /// What an object is to the job, which decides how it is created and whether a rollback removes it.
@@ -143,37 +144,6 @@ fn dynamic_object(value: serde_json::Value) -> Result<DynamicObject, PlanError> 
         metadata,
         data: serde_json::Value::Object(fields),
     })
-}
-
-/// The identity of an object: what it is and where.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ObjectKey {
-    pub api_version: String,
-    pub kind: String,
-    /// `None` for cluster-scoped objects (namespaces).
-    pub namespace: Option<String>,
-    pub name: String,
-}
-
-impl ObjectKey {
-    /// The key of `object`, a `resource`.
-    pub fn of(resource: &ApiResource, object: &DynamicObject) -> Self {
-        Self {
-            api_version: resource.api_version.clone(),
-            kind: resource.kind.clone(),
-            namespace: object.metadata.namespace.clone(),
-            name: object.metadata.name.clone().unwrap_or_default(),
-        }
-    }
-}
-
-impl fmt::Display for ObjectKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.namespace {
-            Some(ns) => write!(f, "{} {}/{}", self.kind, ns, self.name),
-            None => write!(f, "{} {}", self.kind, self.name),
-        }
-    }
 }
 
 /// What a successful apply did.

@@ -41,6 +41,7 @@ pub mod lease;
 pub mod logs;
 pub mod maintenance;
 pub mod namespaces;
+pub mod object_key;
 pub mod pause;
 pub mod pending_extension;
 pub mod records;
@@ -53,7 +54,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use apply::{Applier, ApplyError, ApplyOutcome, ObjectKey, PlanError, Role, Rollback, Step};
+pub use apply::{Applier, ApplyError, ApplyOutcome, PlanError, Role, Rollback, Step};
 pub use bookings::{Bookings, BookingsConfig};
 pub use client::{ClusterTarget, connect, connect_url};
 pub use error::{ClusterError, ErrorClass, KubeResultExt};
@@ -61,6 +62,7 @@ pub use gate::{CapacityPermit, GateDriver, GateState, SubmitGate};
 pub use lease::{HeldShards, LeaseHandle, ShardLeases, shard_of};
 pub use maintenance::{MaintenanceWindows, Window, Windows};
 pub use namespaces::NamespaceCache;
+pub use object_key::ObjectKey;
 pub use pause::{PauseState, PauseSwitch};
 pub use pending_extension::{PendingExtension, PendingExtensions};
 pub use records::ConfigMapRecords;

@@ -15,9 +15,9 @@ use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::ApiResource;
 
 use super::ClusterError;
-use super::apply::ObjectKey;
 use super::error::KubeResultExt;
 use super::labels::FIELD_MANAGER;
+use super::object_key::ObjectKey;
 use super::retry::Budget;
 
 /// The namespaces a runner needs before its first job: its own (tombstones, leases, the pause switch)
