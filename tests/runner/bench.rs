@@ -153,3 +153,48 @@ async fn bench_measures_limits_and_two_phases_and_cleans_up() {
     assert!(leftovers.is_empty(), "left behind: {leftovers:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Two runs started together against one broker (the same second, as two terminals or a CI matrix do)
+/// each get exchanges and queues of their own: both finish, and each accounts for its own submissions
+/// only. With run ids of the second alone they shared every name, and the second failed with
+/// RESOURCE_LOCKED on the first's exclusive observer queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_runs_started_together_each_use_names_of_their_own() {
+    let vhost = rabbit::TestVhost::new("bench-two").await;
+    let dir = std::env::temp_dir().join(format!("vr-bench-two-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |n: usize| {
+        let (dir, url) = (dir.clone(), vhost.amqp_url());
+        tokio::task::spawn_blocking(move || {
+            let out = dir.join(format!("results-{n}.json"));
+            let output = Command::new(env!("CARGO_BIN_EXE_volcano-runner"))
+                .args(["bench", "--submissions", "10", "--runners", "1"])
+                .args(["--no-monitor", "--skip-limits", "--max-in-flight", "4"])
+                .args(["--phase-timeout", "60", "--out"])
+                .arg(&out)
+                .arg("--log-dir")
+                .arg(dir.join(format!("logs-{n}")))
+                .env("VOLCANO_RUNNER_BROKER__URL", url)
+                .output()
+                .expect("volcano-runner bench runs");
+            (output, out)
+        })
+    };
+    let (first, second) = tokio::join!(run(1), run(2));
+    for (output, out) in [first.unwrap(), second.unwrap()] {
+        assert!(
+            output.status.success(),
+            "bench failed:\n{}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+        for p in report["phases"].as_array().unwrap() {
+            assert_eq!(p["published"], 10, "{p}");
+            assert_eq!(p["queued"], 10, "{p}");
+            assert_eq!(p["complete"], true, "{p}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
