@@ -30,11 +30,11 @@ use super::reserve::{self, Change, NodeTaints};
 use crate::durable::AnnotationKeys;
 use crate::durable::annotations::parse_millis;
 use crate::forecast::{self, Estimate, Node, Pending, Resources, Running};
-use crate::quantity::parse_milli;
+use crate::quantity::{container_requests, cpu_memory_gpu};
 use crate::volcano::{LABEL_JOB_NAME, PodGroup, Queue, VolcanoJob};
 
 /// The GPU resource name the products ask for.
-pub const GPU: &str = "nvidia.com/gpu";
+pub use crate::quantity::GPU;
 
 /// What the cluster shows, as listed.
 #[derive(Debug, Clone, Copy)]
@@ -155,17 +155,11 @@ impl From<&Estimate> for EstimateView {
 
 /// CPU in millicores, memory in MiB (rounded up), GPUs: of one quantity map.
 fn resources_of(map: &BTreeMap<String, Quantity>) -> Resources {
-    let milli = |name: &str| {
-        map.get(name)
-            .and_then(|q| parse_milli(&q.0))
-            .unwrap_or(0)
-            .max(0)
-    };
-    let mib = 1024 * 1024 * 1000;
+    let (cpu_milli, memory_mib, gpu) = cpu_memory_gpu(map);
     Resources {
-        cpu_milli: u64::try_from(milli("cpu")).unwrap_or(u64::MAX),
-        memory_mib: u64::try_from((milli("memory") + mib - 1) / mib).unwrap_or(u64::MAX),
-        gpu: u64::try_from((milli(GPU) + 999) / 1000).unwrap_or(u64::MAX),
+        cpu_milli,
+        memory_mib,
+        gpu,
     }
 }
 
@@ -175,17 +169,7 @@ fn pod_requests(pod: &Pod) -> Resources {
     let Some(spec) = &pod.spec else {
         return Resources::default();
     };
-    let of = |c: &k8s_openapi::api::core::v1::Container| {
-        let mut map = c
-            .resources
-            .as_ref()
-            .and_then(|r| r.limits.clone())
-            .unwrap_or_default();
-        if let Some(requests) = c.resources.as_ref().and_then(|r| r.requests.as_ref()) {
-            map.extend(requests.iter().map(|(k, v)| (k.clone(), v.clone())));
-        }
-        resources_of(&map)
-    };
+    let of = |c| resources_of(&container_requests(c));
     let mut total = Resources::default();
     for c in &spec.containers {
         let r = of(c);

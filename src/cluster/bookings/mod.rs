@@ -1305,17 +1305,11 @@ fn holdings(
 fn amount_of(
     map: &BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
 ) -> Amount {
-    let milli = |name: &str| {
-        map.get(name)
-            .and_then(|q| crate::quantity::parse_milli(&q.0))
-            .unwrap_or(0)
-            .max(0)
-    };
-    let mib: i128 = 1024 * 1024 * 1000;
+    let (cpu_milli, memory_mib, gpu) = crate::quantity::cpu_memory_gpu(map);
     Amount {
-        cpu_milli: u64::try_from(milli("cpu")).unwrap_or(u64::MAX),
-        memory_mib: u64::try_from((milli("memory") + mib - 1) / mib).unwrap_or(u64::MAX),
-        gpu: u64::try_from((milli("nvidia.com/gpu") + 999) / 1000).unwrap_or(u64::MAX),
+        cpu_milli,
+        memory_mib,
+        gpu,
     }
 }
 
@@ -1328,15 +1322,7 @@ fn pod_requests(pod: &Pod) -> Amount {
 pub fn pod_spec_requests(spec: &k8s_openapi::api::core::v1::PodSpec) -> Amount {
     let mut total = Amount::default();
     for c in &spec.containers {
-        let mut map = c
-            .resources
-            .as_ref()
-            .and_then(|r| r.limits.clone())
-            .unwrap_or_default();
-        if let Some(requests) = c.resources.as_ref().and_then(|r| r.requests.as_ref()) {
-            map.extend(requests.iter().map(|(k, v)| (k.clone(), v.clone())));
-        }
-        let a = amount_of(&map);
+        let a = amount_of(&crate::quantity::container_requests(c));
         total.cpu_milli += a.cpu_milli;
         total.memory_mib += a.memory_mib;
         total.gpu += a.gpu;
