@@ -265,6 +265,19 @@ pub struct OutcomeView {
     pub exit_codes: Vec<RankCode>,
 }
 
+impl OutcomeView {
+    fn of(o: &Outcome) -> Self {
+        Self {
+            state: o.state.as_str().to_owned(),
+            reason: o.reason.clone(),
+            status: o.status.clone(),
+            started_at: o.started(),
+            ended_at: o.ended(),
+            exit_codes: o.exit_codes.clone(),
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct VolcanoView {
@@ -292,7 +305,6 @@ pub fn view(job: &VolcanoJob, keys: &AnnotationKeys) -> Option<JobView> {
     let number = |k: &str| get(k).and_then(|v| v.trim().parse::<u64>().ok());
     let small = |k: &str| number(k).and_then(|v| u32::try_from(v).ok());
     let time = |k: &str| get(k).and_then(parse_millis);
-    let ms = |ms: i64| Timestamp::from_millisecond(ms).unwrap_or(Timestamp::UNIX_EPOCH);
 
     let record = Record::read(job, keys);
     let state = State::of(record.outcome.as_ref(), record.published);
@@ -300,90 +312,26 @@ pub fn view(job: &VolcanoJob, keys: &AnnotationKeys) -> Option<JobView> {
         time(&keys.accepted_at).or_else(|| job.metadata.creation_timestamp.as_ref().map(|t| t.0));
     let accepted_by = text(&keys.accepted_by);
     let started_at = time(&keys.job_start);
-    let waiting: Vec<Waiting> = history::read::<StatusEntry>(get(&keys.status_log))
-        .into_iter()
-        .map(|e| Waiting {
-            at: ms(e.at),
-            reason: e.reason,
-            text: e.text,
-            queue: e.queue,
-            jobs_ahead: e.jobs_ahead,
-            estimated_start_at: e.estimated_start_at.map(ms),
-            estimate_basis: e.estimate_basis,
-        })
-        .collect();
-    let restarts: Vec<Restart> = history::read::<RestartEntry>(get(&keys.restart_log))
-        .into_iter()
-        .map(|e| Restart {
-            attempt: e.attempt,
-            at: ms(e.at),
-            cause: e.cause,
-        })
-        .collect();
+    let waiting = waiting_of(get(&keys.status_log));
+    let restarts = restarts_of(get(&keys.restart_log));
     let period_ms = number(&keys.accounting_period);
     let ticks = number(&keys.accounted_ticks).unwrap_or(0);
     let final_tick = get(&keys.accounting_final) == Some("true");
-    let charged_ms = match (
+    let charged_ms = charged_ms(
         time(&keys.accounted_until),
         started_at,
         period_ms,
+        ticks,
         final_tick,
-    ) {
-        (Some(until), Some(start), _, _) => {
-            u64::try_from(until.as_millisecond() - start.as_millisecond()).unwrap_or(0)
-        }
-        // Written before `accountedUntil` was: every tick but the final one is a whole period.
-        (None, _, Some(period), false) => ticks * period,
-        _ => 0,
-    };
-    let outcome = record.outcome.as_ref().map(|o| OutcomeView {
-        state: o.state.as_str().to_owned(),
-        reason: o.reason.clone(),
-        status: o.status.clone(),
-        started_at: o.started(),
-        ended_at: o.ended(),
-        exit_codes: o.exit_codes.clone(),
-    });
-
-    let mut history = Vec::new();
-    if let Some(at) = accepted_at {
-        history.push(HistoryEntry {
-            at,
-            state: "QUEUED".into(),
-            text: match &accepted_by {
-                Some(by) => format!("accepted by runner {by}"),
-                None => "accepted".into(),
-            },
-        });
-    }
-    for w in &waiting {
-        history.push(HistoryEntry {
-            at: w.at,
-            state: "WAITING".into(),
-            text: w.text.clone(),
-        });
-    }
-    if let Some(at) = started_at {
-        history.push(HistoryEntry {
-            at,
-            state: "RUNNING".into(),
-            text: "started (its first rank's program began)".into(),
-        });
-    }
-    for r in &restarts {
-        history.push(HistoryEntry {
-            at: r.at,
-            state: "RESTARTING".into(),
-            text: format!("restarted after {} (attempt {})", r.cause, r.attempt),
-        });
-    }
-    if let Some(o) = &outcome {
-        history.push(HistoryEntry {
-            at: o.ended_at,
-            state: o.state.clone(),
-            text: format!("{} ({})", o.status, o.reason),
-        });
-    }
+    );
+    let outcome = record.outcome.as_ref().map(OutcomeView::of);
+    let history = history_of(
+        accepted_at.map(|at| (at, accepted_by.as_deref())),
+        &waiting,
+        started_at,
+        &restarts,
+        outcome.as_ref(),
+    );
 
     let extensions = get(&keys.extensions)
         .and_then(|v| serde_json::from_str::<Vec<String>>(v).ok())
@@ -443,6 +391,108 @@ pub fn view(job: &VolcanoJob, keys: &AnnotationKeys) -> Option<JobView> {
             kept_until: kept_until(job),
         },
     })
+}
+
+/// The run time charged: from the start to `accountedUntil`, or, on a record written before
+/// `accountedUntil` was, every tick but the final one as a whole period.
+fn charged_ms(
+    accounted_until: Option<Timestamp>,
+    started_at: Option<Timestamp>,
+    period_ms: Option<u64>,
+    ticks: u64,
+    final_tick: bool,
+) -> u64 {
+    match (accounted_until, started_at, period_ms, final_tick) {
+        (Some(until), Some(start), _, _) => {
+            u64::try_from(until.as_millisecond() - start.as_millisecond()).unwrap_or(0)
+        }
+        (None, _, Some(period), false) => ticks * period,
+        _ => 0,
+    }
+}
+
+/// The waiting history of a job's status log (its annotation's value).
+fn waiting_of(log: Option<&str>) -> Vec<Waiting> {
+    history::read::<StatusEntry>(log)
+        .into_iter()
+        .map(|e| Waiting {
+            at: at_ms(e.at),
+            reason: e.reason,
+            text: e.text,
+            queue: e.queue,
+            jobs_ahead: e.jobs_ahead,
+            estimated_start_at: e.estimated_start_at.map(at_ms),
+            estimate_basis: e.estimate_basis,
+        })
+        .collect()
+}
+
+/// The restarts of a job's restart log (its annotation's value).
+fn restarts_of(log: Option<&str>) -> Vec<Restart> {
+    history::read::<RestartEntry>(log)
+        .into_iter()
+        .map(|e| Restart {
+            attempt: e.attempt,
+            at: at_ms(e.at),
+            cause: e.cause,
+        })
+        .collect()
+}
+
+/// The instant of a log entry's milliseconds (the epoch when out of range).
+fn at_ms(ms: i64) -> Timestamp {
+    Timestamp::from_millisecond(ms).unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+/// The job's history in order of what happened: accepted (when, by which runner), each time it was
+/// told waiting, started, each restart, its outcome.
+fn history_of(
+    accepted: Option<(Timestamp, Option<&str>)>,
+    waiting: &[Waiting],
+    started_at: Option<Timestamp>,
+    restarts: &[Restart],
+    outcome: Option<&OutcomeView>,
+) -> Vec<HistoryEntry> {
+    let mut history = Vec::new();
+    if let Some((at, accepted_by)) = accepted {
+        history.push(HistoryEntry {
+            at,
+            state: "QUEUED".into(),
+            text: match accepted_by {
+                Some(by) => format!("accepted by runner {by}"),
+                None => "accepted".into(),
+            },
+        });
+    }
+    for w in waiting {
+        history.push(HistoryEntry {
+            at: w.at,
+            state: "WAITING".into(),
+            text: w.text.clone(),
+        });
+    }
+    if let Some(at) = started_at {
+        history.push(HistoryEntry {
+            at,
+            state: "RUNNING".into(),
+            text: "started (its first rank's program began)".into(),
+        });
+    }
+    for r in restarts {
+        history.push(HistoryEntry {
+            at: r.at,
+            state: "RESTARTING".into(),
+            text: format!("restarted after {} (attempt {})", r.cause, r.attempt),
+        });
+    }
+    if let Some(o) = outcome {
+        history.push(HistoryEntry {
+            at: o.ended_at,
+            state: o.state.clone(),
+            text: format!("{} ({})", o.status, o.reason),
+        });
+    }
+    history
 }
 
 /// A traced job's trace, from its annotations.
@@ -576,45 +626,8 @@ impl JobView {
         if !self.extensions.is_empty() {
             line("Extensions:", self.extensions.join(", "));
         }
-        let a = &self.accounting;
-        line(
-            "Charged:",
-            format!(
-                "{} tick{} ({}{}) = {} of run time",
-                a.ticks,
-                if a.ticks == 1 { "" } else { "s" },
-                a.period_ms
-                    .map_or_else(|| "-".into(), |p| format!("{} each", span(p))),
-                if a.final_tick {
-                    ", the last ending at the real end"
-                } else {
-                    ""
-                },
-                span(a.charged_ms)
-            ),
-        );
-        line(
-            "Volcano:",
-            format!(
-                "phase {}, {} restart{} of {} attempts{}{}",
-                self.volcano.phase,
-                self.volcano.retry_count,
-                if self.volcano.retry_count == 1 {
-                    ""
-                } else {
-                    "s"
-                },
-                self.volcano.max_attempts,
-                self.volcano
-                    .released_at
-                    .map(|at| format!("; pods released at {at}, the job kept as its record"))
-                    .unwrap_or_default(),
-                self.volcano
-                    .kept_until
-                    .map(|at| format!(" until {at}"))
-                    .unwrap_or_default()
-            ),
-        );
+        line("Charged:", self.charged_text());
+        line("Volcano:", self.volcano_text());
         if let Some(o) = &self.outcome {
             line(
                 "Outcome:",
@@ -644,7 +657,54 @@ impl JobView {
                 .unwrap_or_default();
             line("Stopped by:", format!("the runner ({cause}){reason}"));
         }
-        out.push_str("History:\n");
+        out.push_str(&self.history_text());
+        out
+    }
+
+    /// What the accounting charged: ticks, their period, the run time.
+    fn charged_text(&self) -> String {
+        let a = &self.accounting;
+        format!(
+            "{} tick{} ({}{}) = {} of run time",
+            a.ticks,
+            if a.ticks == 1 { "" } else { "s" },
+            a.period_ms
+                .map_or_else(|| "-".into(), |p| format!("{} each", span(p))),
+            if a.final_tick {
+                ", the last ending at the real end"
+            } else {
+                ""
+            },
+            span(a.charged_ms)
+        )
+    }
+
+    /// Volcano's view: phase, restarts, released and kept.
+    fn volcano_text(&self) -> String {
+        format!(
+            "phase {}, {} restart{} of {} attempts{}{}",
+            self.volcano.phase,
+            self.volcano.retry_count,
+            if self.volcano.retry_count == 1 {
+                ""
+            } else {
+                "s"
+            },
+            self.volcano.max_attempts,
+            self.volcano
+                .released_at
+                .map(|at| format!("; pods released at {at}, the job kept as its record"))
+                .unwrap_or_default(),
+            self.volcano
+                .kept_until
+                .map(|at| format!(" until {at}"))
+                .unwrap_or_default()
+        )
+    }
+
+    /// The history, then what the job was told while it waited.
+    fn history_text(&self) -> String {
+        let mut out = String::from("History:\n");
         for h in &self.history {
             out.push_str(&format!("  {}  {:<10} {}\n", h.at, h.state, h.text));
         }
