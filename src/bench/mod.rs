@@ -314,14 +314,7 @@ async fn phase_on(
     monitor: bool,
 ) -> Result<Phase, BenchError> {
     let workload = Workload::new(prefix, options.submissions, options.format);
-    let client = sim
-        .client()
-        .map_err(|e| BenchError::Cluster(e.to_string()))?;
-    for name in namespaces::runner_namespaces(&config.cluster, &config.pipeline) {
-        namespaces::create_if_missing(&client, &name)
-            .await
-            .map_err(|e| BenchError::Cluster(format!("create namespace {name}: {e}")))?;
-    }
+    create_namespaces(sim, config).await?;
     let connection = broker.raw().await?;
     let observers = observe::Observers::start(
         config,
@@ -335,16 +328,7 @@ async fn phase_on(
         observers.ended.clone(),
     );
 
-    let spec = RunnerSpec {
-        program: options.program.clone(),
-        wrap: options.runner_wrap.clone(),
-        config_file: options.config_file.clone(),
-        env: runner_env(config),
-        worker_threads: options.runner_threads,
-        cluster_url: sim.url(),
-        monitor,
-        log_dir: options.log_dir.clone(),
-    };
+    let spec = runner_spec(options, config, sim, monitor);
     let cpu_before = fleet::own_cpu_seconds();
     let broker_cpu_before = fleet::broker_cpu_seconds();
     // Dropping the fleet on an error below kills the runners.
@@ -403,22 +387,12 @@ async fn phase_on(
     }
     drop(observers);
 
-    let mut to_created = Vec::new();
-    let mut to_queued = Vec::new();
-    let mut completions = Vec::new();
-    let mut ends = Vec::new();
-    for (id, at) in &published_at {
-        if let Some(e) = ended.get(id) {
-            ends.push(e.saturating_duration_since(publish_started));
-        }
-        if let Some(c) = created.get(id) {
-            to_created.push(c.saturating_duration_since(*at));
-        }
-        if let Some(q) = queued.get(id) {
-            to_queued.push(q.saturating_duration_since(*at));
-            completions.push(q.saturating_duration_since(publish_started));
-        }
-    }
+    let Timings {
+        mut to_created,
+        mut to_queued,
+        mut completions,
+        mut ends,
+    } = Timings::of(&published_at, publish_started, &created, &queued, &ended);
     let _ = connection.close(200, "done".into()).await;
     let api_requests: u64 = api_requests_by_kind.values().sum();
     let jobs = if monitor {
@@ -457,6 +431,73 @@ async fn phase_on(
         harness_cpu_s,
         broker_cpu_s,
     })
+}
+
+/// The namespaces the runners create jobs in, created up front as an operator would.
+async fn create_namespaces(sim: &SimHandle, config: &Config) -> Result<(), BenchError> {
+    let client = sim
+        .client()
+        .map_err(|e| BenchError::Cluster(e.to_string()))?;
+    for name in namespaces::runner_namespaces(&config.cluster, &config.pipeline) {
+        namespaces::create_if_missing(&client, &name)
+            .await
+            .map_err(|e| BenchError::Cluster(format!("create namespace {name}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// How the phase's runner processes are started.
+fn runner_spec(options: &Options, config: &Config, sim: &SimHandle, monitor: bool) -> RunnerSpec {
+    RunnerSpec {
+        program: options.program.clone(),
+        wrap: options.runner_wrap.clone(),
+        config_file: options.config_file.clone(),
+        env: runner_env(config),
+        worker_threads: options.runner_threads,
+        cluster_url: sim.url(),
+        monitor,
+        log_dir: options.log_dir.clone(),
+    }
+}
+
+/// When the jobs of a phase were seen: created and QUEUED after their publication, QUEUED and ended
+/// after the phase's first publication.
+struct Timings {
+    to_created: Vec<Duration>,
+    to_queued: Vec<Duration>,
+    completions: Vec<Duration>,
+    ends: Vec<Duration>,
+}
+
+impl Timings {
+    fn of(
+        published_at: &HashMap<String, Instant>,
+        publish_started: Instant,
+        created: &observe::Seen,
+        queued: &observe::Seen,
+        ended: &observe::Seen,
+    ) -> Self {
+        let mut t = Timings {
+            to_created: Vec::new(),
+            to_queued: Vec::new(),
+            completions: Vec::new(),
+            ends: Vec::new(),
+        };
+        for (id, at) in published_at {
+            if let Some(e) = ended.get(id) {
+                t.ends.push(e.saturating_duration_since(publish_started));
+            }
+            if let Some(c) = created.get(id) {
+                t.to_created.push(c.saturating_duration_since(*at));
+            }
+            if let Some(q) = queued.get(id) {
+                t.to_queued.push(q.saturating_duration_since(*at));
+                t.completions
+                    .push(q.saturating_duration_since(publish_started));
+            }
+        }
+        t
+    }
 }
 
 /// How long each job runs in a phase with the monitoring duty.
