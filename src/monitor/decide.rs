@@ -70,6 +70,9 @@ pub struct Settings {
     pub accepted_by: String,
     /// `<prefix>queuedConfirmed`: the submit path had the job's QUEUED confirmed.
     pub queued_confirmed: String,
+    /// `<prefix>queuedBy`: with `monitor`, the job's monitor tells its QUEUED (see
+    /// [`crate::monitor::queued`]).
+    pub queued_by: String,
     pub image_pull_grace: SignedDuration,
     pub queue_timeout: Option<SignedDuration>,
     /// `[monitor] peer_missing_after` (see [`super::peers::never_comes`]).
@@ -99,6 +102,7 @@ impl Settings {
             finalizer: keys.cleanup_finalizer(),
             accepted_by: keys.accepted_by.clone(),
             queued_confirmed: super::queued::annotation_key(&keys.prefix),
+            queued_by: super::queued::queued_by_key(&keys.prefix),
             keys,
             runner_id: runner_id.into(),
             image_pull_grace: signed(m.image_pull_grace),
@@ -138,6 +142,10 @@ pub struct Observed<'a> {
     /// This process published the job's QUEUED and the broker confirmed it (see
     /// [`crate::monitor::queued`]): the monitor's first event of the job needs no copy of it before.
     pub queued_confirmed: bool,
+    /// This runner's view of the cancels has a tombstone of the job: a cancel overtook its submission,
+    /// and the runner that took the submission may be claiming the job to tell CANCELLED alone. Only
+    /// read for a job whose QUEUED is left to its monitor (see [`tell_queued`]).
+    pub cancel_seen: bool,
     /// The maintenance windows as this runner's watch has them (`None` until first listed: nothing is
     /// let go of a window's hold before the monitor knows the windows).
     pub maintenance: Option<&'a [Window]>,
@@ -228,6 +236,9 @@ pub struct Action {
     /// And add the tolerations `.0` (of maintenance windows' taints) to the pods `.1` that lack them, in
     /// the same write as the gate's removal when both concern a pod.
     pub tolerate: Option<(Vec<Toleration>, Vec<String>)>,
+    /// The job's QUEUED is published here, told by its monitor: once confirmed, the record of it rides
+    /// on the monitor's next write of the job ([`crate::monitor::ConfirmedQueued::told`]).
+    pub carry_queued: bool,
 }
 
 impl Action {
@@ -248,6 +259,7 @@ impl Action {
             peer_endpoints: None,
             ungate: None,
             tolerate: None,
+            carry_queued: false,
         }
     }
 
@@ -375,6 +387,10 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     // 2. The end is decided: publish it.
     if let Some(outcome) = &seen.record.outcome {
         return publish_outcome(obs, s, &seen, outcome, now);
+    }
+    // 2b. Its QUEUED is left to its monitor: told now, before anything else.
+    if let Some(step) = tell_queued(obs, s, &seen, now) {
+        return Ok(step);
     }
     let progress = Progress::of(obs, &seen.facts);
     // 3. Asked to end (or being deleted).
@@ -1954,6 +1970,7 @@ pub fn decide_gone(
         disruption: None,
         fresh_at: None,
         queued_confirmed,
+        cancel_seen: false,
         maintenance: Some(&[]),
         maintenance_taints: false,
         maintenance_tainted: None,
@@ -1972,7 +1989,10 @@ pub fn decide_gone(
 /// Until when the monitor holds back its first event of the job: while its QUEUED may still be on its
 /// way from the submit path, which records `<prefix>queuedConfirmed` on the job once the broker confirmed
 /// it (see [`crate::monitor::queued`]), at most [`super::queued::GRACE`] after the job's creation.
-/// `None`: go ahead (with a copy of QUEUED first when [`queued_first`] says so).
+/// `None`: go ahead (with a copy of QUEUED first when [`queued_first`] says so). A job whose QUEUED is
+/// left to its monitor waits for nothing (nobody else tells it), unless a cancel overtook its
+/// submission and no cause of its end is recorded yet: the runner that took the submission is then
+/// claiming it, to tell CANCELLED alone, and a QUEUED now could follow that CANCELLED.
 fn awaiting_queued(
     obs: &Observed<'_>,
     record: &Record,
@@ -1982,10 +2002,44 @@ fn awaiting_queued(
     if !needs_queued(obs, record, s) {
         return None;
     }
+    if left_to_monitor(obs, s)
+        && !(obs.cancel_seen && annotation(obs.job, &s.keys.termination_cause).is_none())
+    {
+        return None;
+    }
     let created = obs.job.metadata.creation_timestamp.as_ref()?.0;
     let grace = SignedDuration::try_from(super::queued::GRACE).unwrap_or(SignedDuration::ZERO);
     let until = created.checked_add(grace).unwrap_or(created);
     (now < until).then_some(until)
+}
+
+/// Whether the job was created with `<prefix>queuedBy: monitor`: its submitting runner did not hold its
+/// shard and left its QUEUED to whichever runner monitors it.
+fn left_to_monitor(obs: &Observed<'_>, s: &Settings) -> bool {
+    annotation(obs.job, &s.queued_by) == Some(super::queued::BY_MONITOR)
+}
+
+/// Step 2b: the job's QUEUED is left to its monitor and nothing says it went out: publish it now, the
+/// very message the submit path would have (see [`queued_first`]), without waiting for the job's first
+/// event; the record of it rides on the monitor's next write. Held back only while a cancel that
+/// overtook the submission may be claiming the job ([`awaiting_queued`]).
+fn tell_queued(obs: &Observed<'_>, s: &Settings, seen: &Seen, now: Timestamp) -> Option<Step> {
+    if !left_to_monitor(obs, s) {
+        return None;
+    }
+    if let Some(until) = awaiting_queued(obs, &seen.record, s, now) {
+        return Some(Step::Wait {
+            next_check: Some(until),
+        });
+    }
+    let queued = queued_first(obs, &seen.facts, &seen.record, s)?;
+    Some(Step::Act(Action {
+        what: "queued",
+        publish: vec![queued],
+        carry_queued: true,
+        again: true,
+        ..Action::default()
+    }))
 }
 
 /// Whether the monitor's first event of the job must be preceded by QUEUED, as far as anyone knows: no
@@ -2679,6 +2733,7 @@ mod tests {
                 disruption: None,
                 fresh_at: Some(now),
                 queued_confirmed: world.queued_confirmed,
+                cancel_seen: false,
                 maintenance: Some(&[]),
                 maintenance_taints: false,
                 maintenance_tainted: None,
@@ -2894,6 +2949,7 @@ mod tests {
                 disruption: Some((job.retries() - 1, d)),
                 fresh_at: Some(ts(now)),
                 queued_confirmed: false,
+                cancel_seen: false,
                 maintenance: Some(&[]),
                 maintenance_taints: false,
                 maintenance_tainted: None,
@@ -2971,6 +3027,7 @@ mod tests {
                     disruption,
                     fresh_at: None,
                     queued_confirmed: false,
+                    cancel_seen: false,
                     maintenance: Some(&[]),
                     maintenance_taints: false,
                     maintenance_tainted: None,
@@ -3704,6 +3761,7 @@ mod tests {
                 disruption: None,
                 fresh_at: None,
                 queued_confirmed: false,
+                cancel_seen: false,
                 maintenance: Some(&[]),
                 maintenance_taints: false,
                 maintenance_tainted: None,
@@ -3784,6 +3842,7 @@ mod tests {
                 disruption: None,
                 fresh_at: None,
                 queued_confirmed: false,
+                cancel_seen: false,
                 maintenance: Some(&[]),
                 maintenance_taints: false,
                 maintenance_tainted: None,
@@ -3818,6 +3877,7 @@ mod tests {
             disruption: None,
             fresh_at: None,
             queued_confirmed: false,
+            cancel_seen: false,
             maintenance: Some(&[]),
             maintenance_taints: false,
             maintenance_tainted: None,
@@ -3940,6 +4000,7 @@ mod tests {
                 disruption: None,
                 fresh_at: None,
                 queued_confirmed: true,
+                cancel_seen: false,
                 maintenance,
                 maintenance_taints: false,
                 maintenance_tainted: None,
@@ -4016,6 +4077,7 @@ mod tests {
             disruption: None,
             fresh_at: None,
             queued_confirmed: true,
+            cancel_seen: false,
             maintenance: Some(&later_windows),
             maintenance_taints: false,
             maintenance_tainted: None,
@@ -4081,6 +4143,7 @@ mod tests {
                 disruption: None,
                 fresh_at: None,
                 queued_confirmed: true,
+                cancel_seen: false,
                 maintenance: Some(windows),
                 maintenance_taints: true,
                 maintenance_tainted: Some(tainted),
@@ -4118,6 +4181,7 @@ mod tests {
             disruption: None,
             fresh_at: None,
             queued_confirmed: true,
+            cancel_seen: false,
             maintenance: Some(&later),
             maintenance_taints: true,
             maintenance_tainted: Some(&later_on_a_node),
@@ -4205,6 +4269,7 @@ mod tests {
                 disruption: None,
                 fresh_at: None,
                 queued_confirmed: true,
+                cancel_seen: false,
                 maintenance: Some(&windows),
                 maintenance_taints: false,
                 maintenance_tainted: None,
@@ -4303,6 +4368,7 @@ mod tests {
                 disruption: None,
                 fresh_at: None,
                 queued_confirmed: true,
+                cancel_seen: false,
                 maintenance: Some(&windows),
                 maintenance_taints: false,
                 maintenance_tainted: None,

@@ -361,7 +361,7 @@ async fn a_submission_in_steady_state_costs_its_creates_one_read_and_one_patch()
 
 /// The requests of the simulator's counts between `before` and `after` that a job costs: every kind but
 /// the runner's periodic ones (its leases, its watches), which do not grow with the jobs.
-fn per_job_requests(
+pub(crate) fn per_job_requests(
     before: &std::collections::BTreeMap<String, u64>,
     after: &std::collections::BTreeMap<String, u64>,
 ) -> std::collections::BTreeMap<String, u64> {
