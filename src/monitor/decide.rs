@@ -2693,8 +2693,11 @@ mod tests {
         /// Gone: deleted, and the finalizer removed.
         gone: bool,
         next_check: Option<Timestamp>,
-        /// What `Observed::queued_confirmed` says for every decision.
+        /// What `Observed::queued_confirmed` says for every decision (set, as the executor does, once
+        /// the monitor told QUEUED itself).
         queued_confirmed: bool,
+        /// What `Observed::cancel_seen` says for every decision.
+        cancel_seen: bool,
     }
 
     /// Decides and applies until the job waits, like `Executor::handle` (log tails are not read).
@@ -2733,7 +2736,7 @@ mod tests {
                 disruption: None,
                 fresh_at: Some(now),
                 queued_confirmed: world.queued_confirmed,
-                cancel_seen: false,
+                cancel_seen: world.cancel_seen,
                 maintenance: Some(&[]),
                 maintenance_taints: false,
                 maintenance_tainted: None,
@@ -2752,6 +2755,7 @@ mod tests {
                 }
                 Step::Act(action) => {
                     world.published.extend(action.publish.iter().cloned());
+                    world.queued_confirmed |= action.carry_queued;
                     let a = job.metadata.annotations.as_mut().unwrap();
                     a.extend(action.set.clone());
                     for k in &action.remove {
@@ -3198,6 +3202,93 @@ mod tests {
             };
             assert_eq!(ids(&world), queued(&["4817/FAILURE"]), "{case}");
         }
+    }
+
+    /// A job whose submitting runner left its QUEUED to its monitor (`queuedBy: monitor`: another
+    /// runner held its shard) is told QUEUED at once, not at its first event nor after the 10 s that
+    /// wait for a submit path's record, and once: the monitor carries the record. While a cancel that
+    /// overtook the submission is seen and the job records no cause of its end, QUEUED waits (at most
+    /// those 10 s): the submit path's claim (the terminal state CANCELLED) then leaves it untold, the
+    /// cancel handler's mark (a cause) lets it go first.
+    #[test]
+    fn a_job_left_to_its_monitor_is_told_queued_at_once_and_once() {
+        let s = settings(|_| {});
+        let left = || {
+            let mut job = self::job(&s);
+            job.metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(s.queued_by.clone(), "monitor".into());
+            job
+        };
+        let ids = |world: &World| -> Vec<String> {
+            lifecycle(world).into_iter().map(|e| e.event_id).collect()
+        };
+
+        // At once, alone; the next event (a status past `pending_status_after`) without a copy.
+        let mut job = left();
+        let mut world = World::default();
+        drive(&s, &mut job, &[], ts(1), &mut world);
+        assert_eq!(ids(&world), ["4817/QUEUED"]);
+        assert!(world.queued_confirmed, "its record carried");
+        drive(&s, &mut job, &[], ts(6), &mut world);
+        let told = ids(&world);
+        assert_eq!(told.len(), 2, "{told:?}");
+        assert!(told[1].starts_with("4817/status/"), "{told:?}");
+
+        // Started at once: QUEUED, then RUNNING, within the 10 s.
+        let mut job = left();
+        let mut world = World::default();
+        set_phase(&mut job, JobPhase::Running, 1);
+        let pods = [pod("4817", 0, running(1))];
+        drive(&s, &mut job, &pods, ts(2), &mut world);
+        assert_eq!(ids(&world), ["4817/QUEUED", "4817/RUNNING"]);
+
+        // Without the annotation the same job waits for the submit path's record.
+        let mut job = self::job(&s);
+        let mut world = World::default();
+        drive(&s, &mut job, &[], ts(1), &mut world);
+        assert!(world.published.is_empty());
+
+        // A cancel seen, no cause recorded: QUEUED waits for the claim, at most 10 s.
+        let mut job = left();
+        let mut world = World {
+            cancel_seen: true,
+            ..World::default()
+        };
+        drive(&s, &mut job, &[], ts(1), &mut world);
+        assert!(world.published.is_empty());
+        assert_eq!(world.next_check, Some(ts(10)));
+        // The submit path's claim: the cause and the terminal state, its CANCELLED told by it.
+        let mut claimed = job.clone();
+        let a = claimed.metadata.annotations.get_or_insert_default();
+        a.insert(s.keys.termination_cause.clone(), "cancelled".into());
+        a.insert(s.keys.termination_at.clone(), "2000".into());
+        a.insert(s.keys.lifecycle_state.clone(), "CANCELLED".into());
+        drive(&s, &mut claimed, &[], ts(3), &mut world);
+        assert!(
+            !ids(&world).contains(&"4817/QUEUED".to_owned()),
+            "{:?}",
+            ids(&world)
+        );
+        // The cancel handler's mark (a cause, no terminal state): QUEUED first.
+        let mut marked = job.clone();
+        let a = marked.metadata.annotations.get_or_insert_default();
+        a.insert(s.keys.termination_cause.clone(), "cancelled".into());
+        a.insert(s.keys.termination_at.clone(), "2000".into());
+        let mut world = World {
+            cancel_seen: true,
+            ..World::default()
+        };
+        drive(&s, &mut marked, &[], ts(3), &mut world);
+        assert_eq!(ids(&world).first().map(String::as_str), Some("4817/QUEUED"));
+        // Past the 10 s with the cancel still unclaimed: told.
+        let mut world = World {
+            cancel_seen: true,
+            ..World::default()
+        };
+        drive(&s, &mut job, &[], ts(10), &mut world);
+        assert_eq!(ids(&world).first().map(String::as_str), Some("4817/QUEUED"));
     }
 
     #[test]
