@@ -237,7 +237,7 @@ pub struct Action {
     /// the same write as the gate's removal when both concern a pod.
     pub tolerate: Option<(Vec<Toleration>, Vec<String>)>,
     /// The job's QUEUED is published here, told by its monitor: once confirmed, the record of it rides
-    /// on the monitor's next write of the job ([`crate::monitor::ConfirmedQueued::told`]).
+    /// on the monitor's next write of the job ([`crate::monitor::ConfirmedQueued::carry`]).
     pub carry_queued: bool,
 }
 

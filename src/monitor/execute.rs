@@ -565,10 +565,23 @@ impl Executor {
         }
         if action.carry_queued {
             // Confirmed: in the queues ahead of anything published from now on. Its record rides on
-            // the next write of the job (or is written before its shard goes).
+            // the next write of the job (or is written before its shard goes). A shard already on its
+            // way out (or no shards to carry it with: a monitor built without its runner) gets the
+            // record written now, while this handling's duty still keeps the shard here, so that the
+            // next holder reads it and tells nothing again.
             let (ns, name) = names(job);
-            if let Some(job_id) = crate::pipeline::names::job_id_from_vcjob_name(name) {
-                self.confirmed_queued.told(job_id, ns, name);
+            if let Some(job_id) = crate::pipeline::names::job_id_from_vcjob_name(name)
+                && !self.confirmed_queued.carry(job_id, ns, name)
+            {
+                self.confirmed_queued.record(job_id);
+                let set = BTreeMap::from([(self.settings.queued_confirmed.clone(), "true".into())]);
+                match self.patch(job, &set, &BTreeSet::new(), false).await {
+                    Ok(Some(new)) => current = Some(new),
+                    Ok(None) => return Ok(Acted::Gone),
+                    // Changed under us: decided again; the record is only a copy spared.
+                    Err(e) if e.is_conflict() => return Ok(Acted::Conflict),
+                    Err(e) => return Err(e.into()),
+                }
             }
         }
         // The finalizer goes in the same write when nothing is to happen between the two (the end of a

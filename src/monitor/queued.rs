@@ -40,7 +40,8 @@
 //! - another runner holds it: the job is created with `<prefix>queuedBy: monitor` ([`QUEUED_BY`],
 //!   [`BY_MONITOR`]) and the submit path publishes nothing; the job's monitor publishes the very same
 //!   QUEUED as soon as it sees the job without the record (not waiting for [`GRACE`] nor for its first
-//!   event), then carries the record to its first write as above ([`ConfirmedQueued::told`]). A
+//!   event), then carries the record to its first write as above ([`ConfirmedQueued::carry`]; when its shard
+//!   is already on its way out, it writes the record at once, before the shard goes). A
 //!   redelivered submission of such a job publishes nothing either. When the holder has gone by the
 //!   time the create has returned (the view again), the submit path publishes QUEUED and writes the
 //!   record after all, so that a job is never left waiting for a monitor that is not there;
@@ -184,15 +185,6 @@ impl ConfirmedQueued {
             .is_some_and(|shards| shards.borrow().owns(job_id))
     }
 
-    /// The monitor published `job_id`'s QUEUED itself (its submitting runner left it to the monitor)
-    /// and the broker confirmed it: remembered, and the record carried to the monitor's next write of
-    /// the job (`namespace/name`) as for [`ConfirmedQueued::carry`]. Without the shards attached
-    /// (a monitor built without its runner) it is only remembered: a later holder tells it again.
-    pub fn told(&self, job_id: &str, namespace: &str, name: &str) {
-        if !self.carry(job_id, namespace, name) {
-            self.record(job_id);
-        }
-    }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Newest> {
         // Nothing here can panic half-way through a change; a poisoned lock still holds a whole set.

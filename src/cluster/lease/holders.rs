@@ -26,14 +26,23 @@ use crate::cluster::view::WatchView;
 /// Who holds a job's shard, as far as [`ShardHolders`] knows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Holding {
-    /// The view cannot answer: not listed yet, since a watch error, or a lease held under this runner's
-    /// own name that its leases no longer count as held (a shard being handed over).
+    /// The view cannot answer: not listed yet, since a watch error, a lease held under this runner's
+    /// own name that its leases no longer count as held (a shard being handed over), or one that has
+    /// lapsed only lately (its holder overloaded or dead, and another runner may be taking it over).
     Unknown,
-    /// No lease, a released one (no holder), or one not renewed for its duration.
+    /// No lease, or one neither renewed nor released for [`STALE_AFTER`] lease durations: no runner
+    /// has monitored the shard's jobs for a while. (A lease released lately is being handed over: a
+    /// runner that joins takes it within a round.)
     Nobody,
     /// Another runner, whose lease is current.
     Other(String),
 }
+
+/// How many lease durations a holder's lease must have gone unrenewed before its shard counts as
+/// nobody's: a lease that lapsed lately is usually being taken over (a runner that could not renew in
+/// time under load, or one killed), and a job of it is better told the old way (its submit path writes
+/// the record) than left without the record to a monitor that takes it over a moment later.
+pub const STALE_AFTER: u32 = 3;
 
 /// A shard lease as the watch saw it.
 #[derive(Debug, Clone)]
@@ -158,8 +167,18 @@ fn seen(lease: &Lease, configured: Duration, at: Instant) -> Seen {
 
 /// Who holds a lease seen as `lease`, for the runner `me`, at `now` (this process's clock) and `wall`.
 fn judge(lease: &Seen, me: &str, now: Instant, wall: jiff::Timestamp) -> Holding {
+    let long_ago = jiff::SignedDuration::try_from(lease.duration * STALE_AFTER).unwrap_or_default();
+    // Written (renewed, or released: a release writes `renewTime` too) that long ago at least.
+    let abandoned = lease
+        .renewed
+        .and_then(|t| t.checked_add(long_ago).ok())
+        .is_none_or(|until| wall >= until);
     let Some(holder) = &lease.holder else {
-        return Holding::Nobody;
+        return if abandoned {
+            Holding::Nobody
+        } else {
+            Holding::Unknown
+        };
     };
     let seen_renewed = now.saturating_duration_since(lease.at) < lease.duration;
     let duration = jiff::SignedDuration::try_from(lease.duration).unwrap_or_default();
@@ -168,7 +187,11 @@ fn judge(lease: &Seen, me: &str, now: Instant, wall: jiff::Timestamp) -> Holding
         .and_then(|t| t.checked_add(duration).ok())
         .is_some_and(|until| wall < until);
     if !(seen_renewed && renewed_lately) {
-        return Holding::Nobody;
+        return if abandoned {
+            Holding::Nobody
+        } else {
+            Holding::Unknown
+        };
     }
     if holder == me {
         // Its leases count it as not held (or this would not be asked): being handed over.
@@ -201,15 +224,20 @@ mod tests {
         assert_eq!(judge(&fresh, "b", now, wall), Holding::Unknown);
         assert_eq!(
             judge(&lease(None, wall), "a", now, wall),
-            Holding::Nobody,
-            "released"
+            Holding::Unknown,
+            "released just now: being handed over"
         );
-        // Listed just now, but not renewed for its duration by its own record.
+        let long_released = lease(None, wall - jiff::SignedDuration::from_secs(31));
+        assert_eq!(judge(&long_released, "a", now, wall), Holding::Nobody);
+        // Listed just now, but not renewed for its duration by its own record: lapsed lately, so
+        // perhaps being taken over; abandoned after three durations.
         let stale = lease(Some("b"), wall - jiff::SignedDuration::from_secs(11));
-        assert_eq!(judge(&stale, "a", now, wall), Holding::Nobody);
+        assert_eq!(judge(&stale, "a", now, wall), Holding::Unknown);
+        let abandoned = lease(Some("b"), wall - jiff::SignedDuration::from_secs(31));
+        assert_eq!(judge(&abandoned, "a", now, wall), Holding::Nobody);
         // Renewed by its record, but this watch has seen no change for a whole duration.
         let later = now + Duration::from_secs(11);
         let wall_later = wall + jiff::SignedDuration::from_secs(1);
-        assert_eq!(judge(&fresh, "a", later, wall_later), Holding::Nobody);
+        assert_eq!(judge(&fresh, "a", later, wall_later), Holding::Unknown);
     }
 }
