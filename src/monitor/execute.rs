@@ -310,7 +310,9 @@ impl Executor {
             return false;
         };
         if known.queued_confirmed
-            || annotations.get(&self.settings.queued_by).map(String::as_str)
+            || annotations
+                .get(&self.settings.queued_by)
+                .map(String::as_str)
                 != Some(super::queued::BY_MONITOR)
             || annotations.contains_key(&self.settings.queued_confirmed)
         {

@@ -185,7 +185,6 @@ impl ConfirmedQueued {
             .is_some_and(|shards| shards.borrow().owns(job_id))
     }
 
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Newest> {
         // Nothing here can panic half-way through a change; a poisoned lock still holds a whole set.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())

@@ -182,7 +182,12 @@ impl Harness {
     }
 
     /// [`Harness::start_killable`] with its own configuration, and optionally the monitoring duty.
-    pub fn start_killable_with(&self, id: &str, mut config: Config, monitor: bool) -> KillableRunner {
+    pub fn start_killable_with(
+        &self,
+        id: &str,
+        mut config: Config,
+        monitor: bool,
+    ) -> KillableRunner {
         config.broker.connection_name = format!("runner-{id}");
         let service = Service {
             config,

@@ -269,7 +269,10 @@ async fn a_duplicate_submission_of_a_job_left_to_its_monitor_gets_no_second_queu
     for job in &left {
         let queued = format!("{job}/QUEUED");
         let n = events.iter().filter(|c| c.message_id == queued).count();
-        assert_eq!(n, 1, "{job}: QUEUED once, its duplicate submission told nothing");
+        assert_eq!(
+            n, 1,
+            "{job}: QUEUED once, its duplicate submission told nothing"
+        );
     }
 }
 
@@ -315,16 +318,14 @@ async fn a_monitor_killed_before_its_first_write_leaves_queued_to_the_next_holde
             "{job}: QUEUED first: {ids:?}"
         );
         let running = ids.iter().position(|i| *i == format!("{job}/RUNNING"));
-        let queued_after_kill = ids
-            .iter()
-            .skip(1)
-            .any(|i| *i == format!("{job}/QUEUED"));
+        let queued_after_kill = ids.iter().skip(1).any(|i| *i == format!("{job}/QUEUED"));
         if left.contains(job) {
             // Told by runner-m1, then again by runner-m2, before its RUNNING.
-            assert!(queued_after_kill, "{job}: told again by the next holder: {ids:?}");
-            let again = ids
-                .iter()
-                .rposition(|i| *i == format!("{job}/QUEUED"));
+            assert!(
+                queued_after_kill,
+                "{job}: told again by the next holder: {ids:?}"
+            );
+            let again = ids.iter().rposition(|i| *i == format!("{job}/QUEUED"));
             assert!(again < running, "{job}: before its RUNNING: {ids:?}");
         }
     }
