@@ -59,7 +59,7 @@ pub use bookings::{Bookings, BookingsConfig};
 pub use client::{ClusterTarget, connect, connect_url};
 pub use error::{ClusterError, ErrorClass, KubeResultExt};
 pub use gate::{CapacityPermit, GateDriver, GateState, SubmitGate};
-pub use lease::{HeldShards, LeaseHandle, ShardLeases, shard_of};
+pub use lease::{HeldShards, Holding, LeaseHandle, ShardHolders, ShardLeases, shard_of};
 pub use maintenance::{MaintenanceWindows, Window, Windows};
 pub use namespaces::NamespaceCache;
 pub use object_key::ObjectKey;

@@ -191,6 +191,18 @@ impl Tombstones {
         self.check(job_id, now).await
     }
 
+    /// Whether the watch's view has a live tombstone of `job_id`, without a request: `None` while the
+    /// view cannot answer (not listed yet, or since a watch error). For a check that only spares an
+    /// effect in the wrong order (a monitor's QUEUED after the CANCELLED of a cancel that overtook the
+    /// submission), never for one that must not miss a cancel.
+    pub fn seen(&self, job_id: &str, now: Timestamp) -> Option<bool> {
+        let name = name_for(job_id);
+        self.view.read(|live| {
+            live.get(&(name, self.records.namespace().to_owned()))
+                .is_some_and(|t| !t.is_expired(now))
+        })
+    }
+
     /// Keeps the view of [`Tombstones::check_cached`] with a watch of the tombstones (label selected)
     /// in the runner's namespace, until `shutdown`. A watch error makes the view unusable (every check
     /// then reads) until the watch has listed again.

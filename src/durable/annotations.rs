@@ -18,7 +18,8 @@
 //! | `acceptedAt` | core, at create | when the runner rendered the job |
 //! | `acceptedBy` | runner, at create | the runner that created the job (QUEUED carries it as `runnerId`) |
 //! | `companions` | runner, at create (jobs kept by a TTL) | the objects created beside the job, `<Kind>/<name>` comma separated: the monitor deletes them by name at the job's end, with no list |
-//! | `queuedConfirmed` | runner, once QUEUED is confirmed | `true`: the broker confirmed the job's QUEUED (the monitor sends no copy of it) |
+//! | `queuedBy` | runner, at create (only when another runner holds the job's shard) | `monitor`: the job's monitor tells its QUEUED, at once, and the submit path publishes none ([`crate::monitor::queued`]) |
+//! | `queuedConfirmed` | the monitor's first write of the job (or the runner at a shard's hand-over; the submit path itself for a booked job of another runner's shard, when its view of the leases cannot tell who monitors the job, or when the job's holder went away meanwhile) | `true`: the broker confirmed the job's QUEUED (a monitor sends no copy of it) |
 //! | `traceparent` | runner, at create | W3C trace context of the submission |
 //! | `maxTime` | Expiry, at create; extensions | the time allocation in ms; absent: never expires |
 //! | `jobStart` | start hook, once | when the job first ran |

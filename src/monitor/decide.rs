@@ -70,6 +70,9 @@ pub struct Settings {
     pub accepted_by: String,
     /// `<prefix>queuedConfirmed`: the submit path had the job's QUEUED confirmed.
     pub queued_confirmed: String,
+    /// `<prefix>queuedBy`: with `monitor`, the job's monitor tells its QUEUED (see
+    /// [`crate::monitor::queued`]).
+    pub queued_by: String,
     pub image_pull_grace: SignedDuration,
     pub queue_timeout: Option<SignedDuration>,
     /// `[monitor] peer_missing_after` (see [`super::peers::never_comes`]).
@@ -99,6 +102,7 @@ impl Settings {
             finalizer: keys.cleanup_finalizer(),
             accepted_by: keys.accepted_by.clone(),
             queued_confirmed: super::queued::annotation_key(&keys.prefix),
+            queued_by: super::queued::queued_by_key(&keys.prefix),
             keys,
             runner_id: runner_id.into(),
             image_pull_grace: signed(m.image_pull_grace),
@@ -138,6 +142,10 @@ pub struct Observed<'a> {
     /// This process published the job's QUEUED and the broker confirmed it (see
     /// [`crate::monitor::queued`]): the monitor's first event of the job needs no copy of it before.
     pub queued_confirmed: bool,
+    /// This runner's view of the cancels has a tombstone of the job: a cancel overtook its submission,
+    /// and the runner that took the submission may be claiming the job to tell CANCELLED alone. Only
+    /// read for a job whose QUEUED is left to its monitor (see [`tell_queued`]).
+    pub cancel_seen: bool,
     /// The maintenance windows as this runner's watch has them (`None` until first listed: nothing is
     /// let go of a window's hold before the monitor knows the windows).
     pub maintenance: Option<&'a [Window]>,
@@ -228,6 +236,9 @@ pub struct Action {
     /// And add the tolerations `.0` (of maintenance windows' taints) to the pods `.1` that lack them, in
     /// the same write as the gate's removal when both concern a pod.
     pub tolerate: Option<(Vec<Toleration>, Vec<String>)>,
+    /// The job's QUEUED is published here, told by its monitor: once confirmed, the record of it rides
+    /// on the monitor's next write of the job ([`crate::monitor::ConfirmedQueued::carry`]).
+    pub carry_queued: bool,
 }
 
 impl Action {
@@ -248,6 +259,7 @@ impl Action {
             peer_endpoints: None,
             ungate: None,
             tolerate: None,
+            carry_queued: false,
         }
     }
 
@@ -375,6 +387,10 @@ pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, 
     // 2. The end is decided: publish it.
     if let Some(outcome) = &seen.record.outcome {
         return publish_outcome(obs, s, &seen, outcome, now);
+    }
+    // 2b. Its QUEUED is left to its monitor: told now, before anything else.
+    if let Some(step) = tell_queued(obs, s, &seen, now) {
+        return Ok(step);
     }
     let progress = Progress::of(obs, &seen.facts);
     // 3. Asked to end (or being deleted).
@@ -1954,6 +1970,7 @@ pub fn decide_gone(
         disruption: None,
         fresh_at: None,
         queued_confirmed,
+        cancel_seen: false,
         maintenance: Some(&[]),
         maintenance_taints: false,
         maintenance_tainted: None,
@@ -1972,7 +1989,10 @@ pub fn decide_gone(
 /// Until when the monitor holds back its first event of the job: while its QUEUED may still be on its
 /// way from the submit path, which records `<prefix>queuedConfirmed` on the job once the broker confirmed
 /// it (see [`crate::monitor::queued`]), at most [`super::queued::GRACE`] after the job's creation.
-/// `None`: go ahead (with a copy of QUEUED first when [`queued_first`] says so).
+/// `None`: go ahead (with a copy of QUEUED first when [`queued_first`] says so). A job whose QUEUED is
+/// left to its monitor waits for nothing (nobody else tells it), unless a cancel overtook its
+/// submission and no cause of its end is recorded yet: the runner that took the submission is then
+/// claiming it, to tell CANCELLED alone, and a QUEUED now could follow that CANCELLED.
 fn awaiting_queued(
     obs: &Observed<'_>,
     record: &Record,
@@ -1982,10 +2002,44 @@ fn awaiting_queued(
     if !needs_queued(obs, record, s) {
         return None;
     }
+    if left_to_monitor(obs, s)
+        && !(obs.cancel_seen && annotation(obs.job, &s.keys.termination_cause).is_none())
+    {
+        return None;
+    }
     let created = obs.job.metadata.creation_timestamp.as_ref()?.0;
     let grace = SignedDuration::try_from(super::queued::GRACE).unwrap_or(SignedDuration::ZERO);
     let until = created.checked_add(grace).unwrap_or(created);
     (now < until).then_some(until)
+}
+
+/// Whether the job was created with `<prefix>queuedBy: monitor`: its submitting runner did not hold its
+/// shard and left its QUEUED to whichever runner monitors it.
+fn left_to_monitor(obs: &Observed<'_>, s: &Settings) -> bool {
+    annotation(obs.job, &s.queued_by) == Some(super::queued::BY_MONITOR)
+}
+
+/// Step 2b: the job's QUEUED is left to its monitor and nothing says it went out: publish it now, the
+/// very message the submit path would have (see [`queued_first`]), without waiting for the job's first
+/// event; the record of it rides on the monitor's next write. Held back only while a cancel that
+/// overtook the submission may be claiming the job ([`awaiting_queued`]).
+fn tell_queued(obs: &Observed<'_>, s: &Settings, seen: &Seen, now: Timestamp) -> Option<Step> {
+    if !left_to_monitor(obs, s) {
+        return None;
+    }
+    if let Some(until) = awaiting_queued(obs, &seen.record, s, now) {
+        return Some(Step::Wait {
+            next_check: Some(until),
+        });
+    }
+    let queued = queued_first(obs, &seen.facts, &seen.record, s)?;
+    Some(Step::Act(Action {
+        what: "queued",
+        publish: vec![queued],
+        carry_queued: true,
+        again: true,
+        ..Action::default()
+    }))
 }
 
 /// Whether the monitor's first event of the job must be preceded by QUEUED, as far as anyone knows: no
@@ -2639,8 +2693,11 @@ mod tests {
         /// Gone: deleted, and the finalizer removed.
         gone: bool,
         next_check: Option<Timestamp>,
-        /// What `Observed::queued_confirmed` says for every decision.
+        /// What `Observed::queued_confirmed` says for every decision (set, as the executor does, once
+        /// the monitor told QUEUED itself).
         queued_confirmed: bool,
+        /// What `Observed::cancel_seen` says for every decision.
+        cancel_seen: bool,
     }
 
     /// Decides and applies until the job waits, like `Executor::handle` (log tails are not read).
@@ -2679,6 +2736,7 @@ mod tests {
                 disruption: None,
                 fresh_at: Some(now),
                 queued_confirmed: world.queued_confirmed,
+                cancel_seen: world.cancel_seen,
                 maintenance: Some(&[]),
                 maintenance_taints: false,
                 maintenance_tainted: None,
@@ -2697,6 +2755,7 @@ mod tests {
                 }
                 Step::Act(action) => {
                     world.published.extend(action.publish.iter().cloned());
+                    world.queued_confirmed |= action.carry_queued;
                     let a = job.metadata.annotations.as_mut().unwrap();
                     a.extend(action.set.clone());
                     for k in &action.remove {
@@ -2894,6 +2953,7 @@ mod tests {
                 disruption: Some((job.retries() - 1, d)),
                 fresh_at: Some(ts(now)),
                 queued_confirmed: false,
+                cancel_seen: false,
                 maintenance: Some(&[]),
                 maintenance_taints: false,
                 maintenance_tainted: None,
@@ -2971,6 +3031,7 @@ mod tests {
                     disruption,
                     fresh_at: None,
                     queued_confirmed: false,
+                    cancel_seen: false,
                     maintenance: Some(&[]),
                     maintenance_taints: false,
                     maintenance_tainted: None,
@@ -3141,6 +3202,93 @@ mod tests {
             };
             assert_eq!(ids(&world), queued(&["4817/FAILURE"]), "{case}");
         }
+    }
+
+    /// A job whose submitting runner left its QUEUED to its monitor (`queuedBy: monitor`: another
+    /// runner held its shard) is told QUEUED at once, not at its first event nor after the 10 s that
+    /// wait for a submit path's record, and once: the monitor carries the record. While a cancel that
+    /// overtook the submission is seen and the job records no cause of its end, QUEUED waits (at most
+    /// those 10 s): the submit path's claim (the terminal state CANCELLED) then leaves it untold, the
+    /// cancel handler's mark (a cause) lets it go first.
+    #[test]
+    fn a_job_left_to_its_monitor_is_told_queued_at_once_and_once() {
+        let s = settings(|_| {});
+        let left = || {
+            let mut job = self::job(&s);
+            job.metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(s.queued_by.clone(), "monitor".into());
+            job
+        };
+        let ids = |world: &World| -> Vec<String> {
+            lifecycle(world).into_iter().map(|e| e.event_id).collect()
+        };
+
+        // At once, alone; the next event (a status past `pending_status_after`) without a copy.
+        let mut job = left();
+        let mut world = World::default();
+        drive(&s, &mut job, &[], ts(1), &mut world);
+        assert_eq!(ids(&world), ["4817/QUEUED"]);
+        assert!(world.queued_confirmed, "its record carried");
+        drive(&s, &mut job, &[], ts(6), &mut world);
+        let told = ids(&world);
+        assert_eq!(told.len(), 2, "{told:?}");
+        assert!(told[1].starts_with("4817/status/"), "{told:?}");
+
+        // Started at once: QUEUED, then RUNNING, within the 10 s.
+        let mut job = left();
+        let mut world = World::default();
+        set_phase(&mut job, JobPhase::Running, 1);
+        let pods = [pod("4817", 0, running(1))];
+        drive(&s, &mut job, &pods, ts(2), &mut world);
+        assert_eq!(ids(&world), ["4817/QUEUED", "4817/RUNNING"]);
+
+        // Without the annotation the same job waits for the submit path's record.
+        let mut job = self::job(&s);
+        let mut world = World::default();
+        drive(&s, &mut job, &[], ts(1), &mut world);
+        assert!(world.published.is_empty());
+
+        // A cancel seen, no cause recorded: QUEUED waits for the claim, at most 10 s.
+        let mut job = left();
+        let mut world = World {
+            cancel_seen: true,
+            ..World::default()
+        };
+        drive(&s, &mut job, &[], ts(1), &mut world);
+        assert!(world.published.is_empty());
+        assert_eq!(world.next_check, Some(ts(10)));
+        // The submit path's claim: the cause and the terminal state, its CANCELLED told by it.
+        let mut claimed = job.clone();
+        let a = claimed.metadata.annotations.get_or_insert_default();
+        a.insert(s.keys.termination_cause.clone(), "cancelled".into());
+        a.insert(s.keys.termination_at.clone(), "2000".into());
+        a.insert(s.keys.lifecycle_state.clone(), "CANCELLED".into());
+        drive(&s, &mut claimed, &[], ts(3), &mut world);
+        assert!(
+            !ids(&world).contains(&"4817/QUEUED".to_owned()),
+            "{:?}",
+            ids(&world)
+        );
+        // The cancel handler's mark (a cause, no terminal state): QUEUED first.
+        let mut marked = job.clone();
+        let a = marked.metadata.annotations.get_or_insert_default();
+        a.insert(s.keys.termination_cause.clone(), "cancelled".into());
+        a.insert(s.keys.termination_at.clone(), "2000".into());
+        let mut world = World {
+            cancel_seen: true,
+            ..World::default()
+        };
+        drive(&s, &mut marked, &[], ts(3), &mut world);
+        assert_eq!(ids(&world).first().map(String::as_str), Some("4817/QUEUED"));
+        // Past the 10 s with the cancel still unclaimed: told.
+        let mut world = World {
+            cancel_seen: true,
+            ..World::default()
+        };
+        drive(&s, &mut job, &[], ts(10), &mut world);
+        assert_eq!(ids(&world).first().map(String::as_str), Some("4817/QUEUED"));
     }
 
     #[test]
@@ -3704,6 +3852,7 @@ mod tests {
                 disruption: None,
                 fresh_at: None,
                 queued_confirmed: false,
+                cancel_seen: false,
                 maintenance: Some(&[]),
                 maintenance_taints: false,
                 maintenance_tainted: None,
@@ -3784,6 +3933,7 @@ mod tests {
                 disruption: None,
                 fresh_at: None,
                 queued_confirmed: false,
+                cancel_seen: false,
                 maintenance: Some(&[]),
                 maintenance_taints: false,
                 maintenance_tainted: None,
@@ -3818,6 +3968,7 @@ mod tests {
             disruption: None,
             fresh_at: None,
             queued_confirmed: false,
+            cancel_seen: false,
             maintenance: Some(&[]),
             maintenance_taints: false,
             maintenance_tainted: None,
@@ -3940,6 +4091,7 @@ mod tests {
                 disruption: None,
                 fresh_at: None,
                 queued_confirmed: true,
+                cancel_seen: false,
                 maintenance,
                 maintenance_taints: false,
                 maintenance_tainted: None,
@@ -4016,6 +4168,7 @@ mod tests {
             disruption: None,
             fresh_at: None,
             queued_confirmed: true,
+            cancel_seen: false,
             maintenance: Some(&later_windows),
             maintenance_taints: false,
             maintenance_tainted: None,
@@ -4081,6 +4234,7 @@ mod tests {
                 disruption: None,
                 fresh_at: None,
                 queued_confirmed: true,
+                cancel_seen: false,
                 maintenance: Some(windows),
                 maintenance_taints: true,
                 maintenance_tainted: Some(tainted),
@@ -4118,6 +4272,7 @@ mod tests {
             disruption: None,
             fresh_at: None,
             queued_confirmed: true,
+            cancel_seen: false,
             maintenance: Some(&later),
             maintenance_taints: true,
             maintenance_tainted: Some(&later_on_a_node),
@@ -4205,6 +4360,7 @@ mod tests {
                 disruption: None,
                 fresh_at: None,
                 queued_confirmed: true,
+                cancel_seen: false,
                 maintenance: Some(&windows),
                 maintenance_taints: false,
                 maintenance_tainted: None,
@@ -4303,6 +4459,7 @@ mod tests {
                 disruption: None,
                 fresh_at: None,
                 queued_confirmed: true,
+                cancel_seen: false,
                 maintenance: Some(&windows),
                 maintenance_taints: false,
                 maintenance_tainted: None,

@@ -193,7 +193,7 @@ impl Executor {
         let mut done = Vec::new();
         let mut settled = false;
         let job_id = snap.key.job_id().unwrap_or_default().to_owned();
-        let known = Known {
+        let mut known = Known {
             queued_confirmed: self.confirmed_queued.contains(&job_id),
             windows: self.maintenance.borrow().clone(),
             tainted: self.tainted.borrow().clone(),
@@ -207,6 +207,9 @@ impl Executor {
                     return Ok(None);
                 }
                 let now = self.clock.now();
+                // The monitor may have told the job's QUEUED itself in the round before.
+                known.queued_confirmed = known.queued_confirmed
+                    || (!done.is_empty() && self.confirmed_queued.contains(&job_id));
                 if view.job.retries() > snap.job.retries() {
                     // Volcano restarted the job since the snapshot was taken: what the watch saw take
                     // its pod away is in the cache, not in the snapshot. Decide it again from there.
@@ -289,6 +292,7 @@ impl Executor {
             disruption: snap.disruption.as_ref().map(|(g, d)| (*g, d)),
             fresh_at: view.fresh_at,
             queued_confirmed: known.queued_confirmed,
+            cancel_seen: self.cancel_seen(&view.job, known, now),
             maintenance: known.windows.as_deref().map(Vec::as_slice),
             maintenance_taints: !self
                 .taints_refused
@@ -297,6 +301,26 @@ impl Executor {
             peers: &snap.peers,
         };
         decide::decide(&obs, &self.settings, now)
+    }
+
+    /// Whether a cancel of the job is in this runner's view of the tombstones: asked only for a job
+    /// whose QUEUED is left to its monitor and not known to be told (see [`Observed::cancel_seen`]).
+    fn cancel_seen(&self, job: &VolcanoJob, known: &Known, now: Timestamp) -> bool {
+        let Some(annotations) = job.metadata.annotations.as_ref() else {
+            return false;
+        };
+        if known.queued_confirmed
+            || annotations
+                .get(&self.settings.queued_by)
+                .map(String::as_str)
+                != Some(super::queued::BY_MONITOR)
+            || annotations.contains_key(&self.settings.queued_confirmed)
+        {
+            return false;
+        }
+        let name = job.metadata.name.as_deref().unwrap_or_default();
+        crate::pipeline::names::job_id_from_vcjob_name(name)
+            .is_some_and(|job_id| self.confirmed_queued.cancel_seen(job_id, now))
     }
 
     /// Reads the job and its pods again (changed under us, or a step that needs a view read just
@@ -540,6 +564,27 @@ impl Executor {
             let traceparent = self.traceparent(job);
             self.publish(&publish, traceparent.as_deref()).await?;
             confirmed.extend(publish.iter().map(|m| message_id(m).to_owned()));
+        }
+        if action.carry_queued {
+            // Confirmed: in the queues ahead of anything published from now on. Its record rides on
+            // the next write of the job (or is written before its shard goes). A shard already on its
+            // way out (or no shards to carry it with: a monitor built without its runner) gets the
+            // record written now, while this handling's duty still keeps the shard here, so that the
+            // next holder reads it and tells nothing again.
+            let (ns, name) = names(job);
+            if let Some(job_id) = crate::pipeline::names::job_id_from_vcjob_name(name)
+                && !self.confirmed_queued.carry(job_id, ns, name)
+            {
+                self.confirmed_queued.record(job_id);
+                let set = BTreeMap::from([(self.settings.queued_confirmed.clone(), "true".into())]);
+                match self.patch(job, &set, &BTreeSet::new(), false).await {
+                    Ok(Some(new)) => current = Some(new),
+                    Ok(None) => return Ok(Acted::Gone),
+                    // Changed under us: decided again; the record is only a copy spared.
+                    Err(e) if e.is_conflict() => return Ok(Acted::Conflict),
+                    Err(e) => return Err(e.into()),
+                }
+            }
         }
         // The finalizer goes in the same write when nothing is to happen between the two (the end of a
         // batch job that Volcano has finished: see `decide::publish_end`).

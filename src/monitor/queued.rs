@@ -32,6 +32,29 @@
 //! writes the record of every job still carried, then lets the shard go, so the next holder reads it
 //! (`tests/runner/events_once.rs`). A runner killed meanwhile leaves its carried jobs without the record:
 //! their next holder sends the copy, as for a kill between the create and the submit path's write.
+//!
+//! **Who tells it.** The submit path decides at the create, from this runner's shards and its view of
+//! the other runners' leases ([`crate::cluster::ShardHolders`]):
+//! - this runner holds the job's shard: it publishes QUEUED and the record rides on its monitor's first
+//!   write (above);
+//! - another runner holds it: the job is created with `<prefix>queuedBy: monitor` ([`QUEUED_BY`],
+//!   [`BY_MONITOR`]) and the submit path publishes nothing; the job's monitor publishes the very same
+//!   QUEUED as soon as it sees the job without the record (not waiting for [`GRACE`] nor for its first
+//!   event), then carries the record to its first write as above ([`ConfirmedQueued::carry`]; when its shard
+//!   is already on its way out, it writes the record at once, before the shard goes). A
+//!   redelivered submission of such a job publishes nothing either. When the holder has gone by the
+//!   time the create has returned (the view again), the submit path publishes QUEUED and writes the
+//!   record after all, so that a job is never left waiting for a monitor that is not there;
+//! - nobody holds it (no runner monitors): the submit path publishes QUEUED and writes no record; a
+//!   monitor that takes the job over later sends its copy after [`GRACE`], a duplicate that only a
+//!   missing monitor causes;
+//! - the view cannot tell (not listed yet): as before, it publishes QUEUED and writes the record.
+//!
+//! That costs three requests per submission whoever monitors the job: the two creates and the
+//! tombstone read. A cancel that overtook the submission makes the submit path claim the job and tell
+//! CANCELLED alone; so the monitor holds a job's QUEUED back while this runner's view of the tombstones
+//! has one for it ([`ConfirmedQueued::cancel_seen`]) and the job records no cause of its end, at most
+//! [`GRACE`] after the job's creation.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -51,6 +74,19 @@ pub fn annotation_key(prefix: &str) -> String {
     format!("{prefix}{ANNOTATION}")
 }
 
+/// The annotation (after the prefix) that says who tells the job's QUEUED, written at the create: with
+/// [`BY_MONITOR`], the job's monitor does (its submitting runner did not hold the job's shard). Absent:
+/// the submitting runner publishes it.
+pub const QUEUED_BY: &str = "queuedBy";
+
+/// The value of [`QUEUED_BY`]: the job's monitor tells its QUEUED.
+pub const BY_MONITOR: &str = "monitor";
+
+/// The full key of [`QUEUED_BY`] under `prefix` (e.g. `ucloud.dk/queuedBy`).
+pub fn queued_by_key(prefix: &str) -> String {
+    format!("{prefix}{QUEUED_BY}")
+}
+
 /// How long after a job's creation the monitor waits for [`ANNOTATION`] before its first event of the
 /// job, then sends its own copy of QUEUED. The submit path writes it right after the create returns
 /// and the broker confirms; a runner killed in between is the only usual reason to run out of it.
@@ -68,6 +104,8 @@ pub const CAPACITY: usize = 65_536;
 pub struct ConfirmedQueued {
     inner: Arc<Mutex<Newest>>,
     carried: Arc<Mutex<Carried>>,
+    /// The submitting side's view of the cancels (tombstones), for [`ConfirmedQueued::cancel_seen`].
+    cancels: Option<crate::cluster::Tombstones>,
 }
 
 /// Jobs whose record is left to this runner's monitor, and the shards that tell whether it may be.
@@ -119,7 +157,32 @@ impl ConfirmedQueued {
                 ids: FastSet::default(),
             })),
             carried: Arc::default(),
+            cancels: None,
         }
+    }
+
+    /// Answers [`ConfirmedQueued::cancel_seen`] from `tombstones` (the runner's, followed by its watch).
+    pub fn with_cancels(mut self, tombstones: crate::cluster::Tombstones) -> Self {
+        self.cancels = Some(tombstones);
+        self
+    }
+
+    /// Whether this process's view of the tombstones has a live one of `job_id` (`false` when it has
+    /// none or cannot tell). Only spares a QUEUED told after the CANCELLED of a cancel that overtook the
+    /// submission (see the module documentation).
+    pub fn cancel_seen(&self, job_id: &str, now: jiff::Timestamp) -> bool {
+        self.cancels
+            .as_ref()
+            .and_then(|t| t.seen(job_id, now))
+            .unwrap_or(false)
+    }
+
+    /// Whether this runner's monitor holds the shard of `job_id` now (`false` without a monitor).
+    pub fn holds(&self, job_id: &str) -> bool {
+        self.carried()
+            .shards
+            .as_ref()
+            .is_some_and(|shards| shards.borrow().owns(job_id))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Newest> {

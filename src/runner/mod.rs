@@ -122,6 +122,7 @@ impl Runner {
                 .map(|why| format!("not taking submissions ({why}); they wait in the queue"))
         });
         let (windows_tx, windows) = tokio::sync::watch::channel(None);
+        let tombstones = Tombstones::new(client.clone(), &config.cluster);
         let handler = Handler {
             bookings: crate::cluster::Bookings::new(
                 client.clone(),
@@ -138,7 +139,9 @@ impl Runner {
                 &config.pipeline,
                 &config.cluster,
             ),
-            tombstones: Tombstones::new(client.clone(), &config.cluster),
+            confirmed_queued: crate::monitor::ConfirmedQueued::default()
+                .with_cancels(tombstones.clone()),
+            tombstones,
             pending_extensions: crate::cluster::PendingExtensions::new(
                 client.clone(),
                 &config.cluster,
@@ -147,8 +150,8 @@ impl Runner {
             gate,
             publisher: broker.publisher().with_metrics(ops.metrics.clone()),
             format: config.runner.output_format.into(),
-            confirmed_queued: crate::monitor::ConfirmedQueued::default(),
             events_route,
+            shard_holders: None,
             retry,
             client,
             runner_id,
@@ -172,6 +175,17 @@ impl Runner {
         Arc::get_mut(&mut self.handler)
             .expect("the clock is set before the runner starts")
             .windows_clock = clock;
+        self
+    }
+
+    /// Decides from `holders` (followed while the runner runs) who tells each new job's QUEUED: a job
+    /// whose shard another runner holds is left to that runner's monitor, and the submit path writes no
+    /// record of a confirm (see [`crate::monitor::queued`]). `identity` in the leases must be this
+    /// runner's own.
+    pub fn with_shard_holders(mut self, holders: crate::cluster::ShardHolders) -> Self {
+        Arc::get_mut(&mut self.handler)
+            .expect("the shard holders are set before the runner starts")
+            .shard_holders = Some(holders);
         self
     }
 
@@ -255,6 +269,10 @@ impl Runner {
         tasks.spawn(async move { tombstones.follow(token.cancelled()).await });
         let (jobs, token) = (self.handler.jobs.clone(), background.clone());
         tasks.spawn(async move { jobs.follow(token.cancelled()).await });
+        if let Some(holders) = self.handler.shard_holders.clone() {
+            let token = background.clone();
+            tasks.spawn(async move { holders.follow(token.cancelled()).await });
+        }
         let tombstones = self.handler.tombstones.clone();
         let (interval, token) = (config.cluster.tombstone_sweep_interval, background.clone());
         // Tombstones are written by the handler's clock: aged by the same one.

@@ -25,6 +25,9 @@ pub struct RunnerKeys {
     /// Annotation `<prefix>queuedConfirmed` ([`crate::monitor::queued::ANNOTATION`]): written once the
     /// broker confirmed the job's QUEUED, so that whoever monitors the job sends no copy of it.
     pub queued_confirmed: String,
+    /// Annotation `<prefix>queuedBy` ([`crate::monitor::queued::QUEUED_BY`]): `monitor` when the job's
+    /// monitor, not its submitting runner, tells its QUEUED.
+    pub queued_by: String,
     /// Annotation `<prefix>sealed`: the job is sealed, which its QUEUED says.
     pub sealed: String,
 }
@@ -36,6 +39,7 @@ impl RunnerKeys {
             cleanup_finalizer: keys.cleanup_finalizer(),
             accepted_by: keys.accepted_by.clone(),
             queued_confirmed: crate::monitor::queued::annotation_key(&keys.prefix),
+            queued_by: crate::monitor::queued::queued_by_key(&keys.prefix),
             sealed: keys.sealed.clone(),
         }
     }

@@ -123,6 +123,14 @@ impl Service {
         if let Some((clock, _)) = &self.monitor_clock {
             runner = runner.with_clock(clock.clone());
         }
+        // Who holds each shard: a job of another runner's shard gets its QUEUED from that runner's
+        // monitor, so submitting it costs no write of the record of its confirm.
+        let identity = config.cluster.lease.identity.clone().unwrap_or_default();
+        runner = runner.with_shard_holders(crate::cluster::ShardHolders::new(
+            self.client.clone(),
+            &config.cluster,
+            &identity,
+        ));
         let mut duties = tokio::task::JoinSet::new();
         // The runner's own namespace holds its leases, tombstones and pause switch: without it the
         // monitoring duty would never start, silently. Made sure of now, and again until it works.

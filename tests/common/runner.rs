@@ -178,13 +178,22 @@ impl Harness {
     /// A runner on a runtime of its own, so the test can kill it outright: every task dropped, its
     /// sockets closed, nothing acknowledged or cleaned up, as when a process is killed.
     pub fn start_killable(&self, id: &str) -> KillableRunner {
-        let mut config = self.config.clone();
+        self.start_killable_with(id, self.config.clone(), false)
+    }
+
+    /// [`Harness::start_killable`] with its own configuration, and optionally the monitoring duty.
+    pub fn start_killable_with(
+        &self,
+        id: &str,
+        mut config: Config,
+        monitor: bool,
+    ) -> KillableRunner {
         config.broker.connection_name = format!("runner-{id}");
         let service = Service {
             config,
             client: self.client.clone(),
             runner_id: id.to_owned(),
-            monitor: false,
+            monitor,
             monitor_clock: None,
         };
         let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -26,6 +26,7 @@ mod hostile;
 mod invalid_utf8;
 mod peers;
 mod public_ip;
+mod queued_by;
 mod refusals;
 mod scale;
 mod sealed;

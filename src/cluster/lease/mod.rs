@@ -33,6 +33,7 @@
 //! 2 s until the next round. A runner that shuts down cleanly releases its shards as soon as its work
 //! on them has ended.
 
+mod holders;
 mod plan;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -47,6 +48,7 @@ use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Precondit
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+pub use holders::{Holding, ShardHolders};
 pub use plan::shard_of;
 use plan::{Decision, Holder, Observations, decide_with};
 

@@ -166,6 +166,11 @@ pub struct Handler {
     /// The bookings' record: a submission with a start window is booked there, a cancel frees its
     /// booking.
     pub bookings: crate::cluster::Bookings,
+    /// Who holds each shard of the monitoring duty, from a watch of the shard leases: a job whose shard
+    /// another runner holds is created with its QUEUED left to that runner's monitor (see
+    /// [`crate::monitor::queued`]). `None` (a runner built without it): the submit path always tells
+    /// QUEUED and records the confirm itself, as before.
+    pub shard_holders: Option<crate::cluster::ShardHolders>,
 }
 
 impl std::fmt::Debug for Handler {

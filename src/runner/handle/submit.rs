@@ -1,6 +1,9 @@
 //! SubmitJob: validate → tombstone check → existing job? → render → whole-node limits → apply (with
 //! rollback) → tombstone check again → publish QUEUED → ack.
 //!
+//! QUEUED is published here unless another runner holds the job's shard: the job is then created with
+//! `<prefix>queuedBy: monitor` and that runner's monitor tells it (see [`crate::monitor::queued`]).
+//!
 //! Redelivery is the normal case, not an error: a job that exists with the same fingerprint is this
 //! submission, applied by an earlier delivery (perhaps on another runner that died before its ack, or in
 //! the middle of the apply): the apply adopts it, creates whatever it still lacks, and the same QUEUED
@@ -69,10 +72,29 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         Err(settle) => return settle,
     };
 
-    let (desired, booked) = match prepare(h, m, job, subject, exists).await {
+    let (mut desired, booked) = match prepare(h, m, job, subject, exists).await {
         Ok(prepared) => prepared,
         Err(settle) => return settle,
     };
+    // Another runner monitors the job: its monitor tells QUEUED (a booked job's `booked` answer, which
+    // the submit path tells after QUEUED, keeps both here).
+    if !exists
+        && booked.is_none()
+        && let Some(holders) = &h.shard_holders
+    {
+        holders.listed().await;
+    }
+    if !exists && booked.is_none() && another_monitors(h, job_id) {
+        desired
+            .vcjob
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(
+                h.runner_keys.queued_by.clone(),
+                crate::monitor::queued::BY_MONITOR.to_owned(),
+            );
+    }
     let decorations = Decorations {
         runner_id: &h.runner_id,
         traceparent: m.traceparent.as_ref(),
@@ -116,6 +138,9 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
     }
     if outcome.primary_ended {
         // Ended between the lookup and the create: as above.
+        if left_to_monitor(h, &outcome.primary) {
+            return Settle::Ack;
+        }
         return queued(h, m, job_id, &outcome.primary, Ended::Yes).await;
     }
 
@@ -143,7 +168,11 @@ async fn existing(
             if is_over(&existing, &h.keys) {
                 // This submission's job has ended (it is kept as the record of the submission for
                 // `ended_job_retention`): never again. Its QUEUED is published again, the same message:
-                // the monitor published it before any other event of the job, so it comes first.
+                // the monitor published it before any other event of the job, so it comes first. Not
+                // when its monitor told it: it did so before the end.
+                if left_to_monitor(h, &existing.metadata) {
+                    return Err(Settle::Ack);
+                }
                 return Err(queued(h, m, job_id, &existing.metadata, Ended::Yes).await);
             }
             Ok(true)
@@ -268,6 +297,20 @@ async fn accepted(
             };
         }
         Ok(None) => {}
+    }
+    // Created (by this delivery or an earlier one) for its monitor to tell QUEUED, and a monitor is
+    // there to tell it: nothing to publish. When its shard's holder has gone meanwhile, QUEUED is told
+    // here after all, with the record, so that the job does not wait for a monitor to come.
+    if left_to_monitor(h, &outcome.primary)
+        && (h.confirmed_queued.holds(job_id) || another_monitors(h, job_id))
+    {
+        info!(
+            job_id,
+            created = outcome.created.len(),
+            reused = outcome.reused.len(),
+            "Accepted a job; its monitor tells its QUEUED."
+        );
+        return Settle::Ack;
     }
     info!(
         job_id,
@@ -395,6 +438,32 @@ async fn queued(
     }
 }
 
+/// Whether another runner holds the shard of `job_id`, by its current lease as this runner's watch
+/// has it (and this runner does not hold it itself): that runner's monitor is to tell the job's QUEUED.
+/// `false` when the view cannot tell: the submit path then tells it, which is always safe.
+fn another_monitors(h: &Handler, job_id: &str) -> bool {
+    !h.confirmed_queued.holds(job_id)
+        && h.shard_holders
+            .as_ref()
+            .is_some_and(|v| matches!(v.holding(job_id), crate::cluster::Holding::Other(_)))
+}
+
+/// Whether no runner monitors `job_id` now, by this runner's view of the leases.
+fn nobody_monitors(h: &Handler, job_id: &str) -> bool {
+    !h.confirmed_queued.holds(job_id)
+        && h.shard_holders
+            .as_ref()
+            .is_some_and(|v| v.holding(job_id) == crate::cluster::Holding::Nobody)
+}
+
+/// Whether the job was created with `<prefix>queuedBy: monitor`: its monitor tells its QUEUED.
+fn left_to_monitor(h: &Handler, meta: &ObjectMeta) -> bool {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(&h.runner_keys.queued_by))
+        .is_some_and(|v| v == crate::monitor::queued::BY_MONITOR)
+}
+
 /// The reason of a submission refused because a peer of it has ended.
 pub const PEER_ENDED: &str = "peer_ended";
 
@@ -402,7 +471,7 @@ pub const PEER_ENDED: &str = "peer_ended";
 /// runner monitors it knows that its QUEUED is in the queues and sends no copy (see
 /// [`crate::monitor::queued`]). One attempt: without it the monitor sends a copy, which is always safe.
 /// When this runner monitors the job, the record rides on its monitor's first write of the job
-/// instead: no request here.
+/// instead: no request here; when no runner monitors it, nothing is written either.
 async fn record_queued_confirmed(h: &Handler, job_id: &str, meta: &ObjectMeta, ended: Ended) {
     let key = &h.runner_keys.queued_confirmed;
     if meta
@@ -417,6 +486,12 @@ async fn record_queued_confirmed(h: &Handler, job_id: &str, meta: &ObjectMeta, e
         meta.name.as_deref().unwrap_or_default(),
     );
     if ended == Ended::No && h.confirmed_queued.carry(job_id, namespace, name) {
+        return;
+    }
+    // No runner monitors the job: no monitor to spare a copy of QUEUED. One that takes the job over
+    // later sends its copy, a duplicate that only a missing monitor causes (docs/monitor.md). A job left
+    // to a monitor that has gone needs the record: its next monitor would tell QUEUED again at once.
+    if !left_to_monitor(h, meta) && nobody_monitors(h, job_id) {
         return;
     }
     if let Err(e) = h.jobs.annotate_once(meta, key, "true").await {

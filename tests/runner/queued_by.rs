@@ -1,0 +1,332 @@
+//! Who tells a job's QUEUED (docs/monitor.md, "Order of a job's events"): a runner that does not hold
+//! the job's shard creates the job with `<prefix>queuedBy: monitor` and publishes nothing; the shard's
+//! holder tells QUEUED at once and carries the record of it to its first write. A runner alone, with no
+//! monitor anywhere, tells QUEUED and writes no record. Either way a submission costs three requests:
+//! the two creates and the tombstone read.
+
+use crate::harness;
+use crate::rabbit;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use harness::{Captured, Harness, figlet};
+use kube::api::{Api, ListParams};
+use volcano_runner::config::Config;
+
+/// One shard, short leases (a killed holder's shard is taken within seconds), no pending status.
+fn one_shard(h: &Harness) -> Config {
+    let mut config = h.config.clone();
+    config.cluster.lease.shards = 1;
+    config.cluster.lease.duration = Duration::from_secs(3);
+    config.cluster.lease.renew_interval = Duration::from_millis(500);
+    config.cluster.lease.safety_margin = Duration::from_secs(1);
+    config.monitor.pending_status_after = Duration::from_secs(3600);
+    config
+}
+
+/// Waits until `runner` holds the shard (one shard).
+async fn holds_the_shard(h: &Harness, runner: &str) {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(h.client.clone(), &h.config.cluster.namespace);
+    rabbit::within(&format!("{runner} holds the shard"), async {
+        loop {
+            let listed = leases.list(&ListParams::default()).await.unwrap();
+            if listed.items.iter().any(|l| {
+                l.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.ends_with("-shard-0"))
+                    && l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) == Some(runner)
+            }) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+}
+
+/// Submits warm-up jobs until each of `runners` has accepted one: a runner's first job of an owner
+/// creates the owner's namespace and its baseline policy, once, which is not a submission's cost.
+async fn warm_up(h: &Harness, runners: &[&str]) {
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0..40 {
+        let job = format!("warm-up-{i}");
+        h.submit(&figlet(&job)).await;
+        wait_for(h, std::slice::from_ref(&job), "QUEUED").await;
+        let vcjob = h.vcjob(&job).await.expect("the warm-up job");
+        let annotations = vcjob.metadata.annotations.unwrap_or_default();
+        if let Some(by) = annotations.get("ucloud.dk/acceptedBy") {
+            seen.insert(by.clone());
+        }
+        if runners.iter().all(|r| seen.contains(*r)) {
+            h.wait_queues_settled().await;
+            return;
+        }
+    }
+    panic!("not every runner of {runners:?} took a warm-up job: {seen:?}");
+}
+
+/// Submits `jobs` and waits for their QUEUED and for the submit queue to settle (every delivery
+/// acknowledged, so every request of the submit path made), then returns the requests per kind made
+/// meanwhile (leases and watches left out).
+async fn submit_all(h: &Harness, jobs: &[String]) -> BTreeMap<String, u64> {
+    let before = h.sim.request_counts();
+    for job in jobs {
+        h.submit(&figlet(job)).await;
+    }
+    wait_for(h, jobs, "QUEUED").await;
+    h.wait_queues_settled().await;
+    // The management API's counts lag: let a write after the confirm land if there is one.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = h.sim.request_counts();
+    crate::submit::per_job_requests(&before, &after)
+}
+
+/// Three requests per submission, by verb: the job, its NetworkPolicy, the tombstone read; no write of
+/// the record of the confirmed QUEUED.
+fn three_per_submission(by_kind: &BTreeMap<String, u64>, n: u64) {
+    let total: u64 = by_kind.values().sum();
+    assert_eq!(
+        by_kind.get("create jobs.batch.volcano.sh"),
+        Some(&n),
+        "{by_kind:?}"
+    );
+    assert_eq!(
+        by_kind.get("create networkpolicies.networking.k8s.io"),
+        Some(&n),
+        "{by_kind:?}"
+    );
+    assert_eq!(by_kind.get("get configmaps"), Some(&n), "{by_kind:?}");
+    assert_eq!(
+        by_kind.get("patch jobs.batch.volcano.sh"),
+        None,
+        "no record written: {by_kind:?}"
+    );
+    assert!(
+        total <= 3 * n,
+        "{total} requests for {n} submissions: {by_kind:?}"
+    );
+}
+
+async fn wait_for(h: &Harness, jobs: &[String], state: &str) {
+    h.wait_events(&format!("{state} of every job"), |e| {
+        jobs.iter()
+            .all(|j| e.iter().any(|c| c.message_id == format!("{j}/{state}")))
+    })
+    .await;
+}
+
+/// Moves the simulator's clock until every job has `state`.
+async fn advance_until(h: &Harness, jobs: &[String], state: &str) {
+    let deadline = tokio::time::Instant::now() + rabbit::PATIENCE;
+    loop {
+        let events = h.events().await;
+        if jobs.iter().all(|j| {
+            events
+                .iter()
+                .any(|c| c.message_id == format!("{j}/{state}"))
+        }) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{state} for every job"
+        );
+        h.sim.advance(Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The lifecycle message ids of `job` in delivery order.
+fn lifecycle(events: &[Captured], job: &str) -> Vec<String> {
+    events
+        .iter()
+        .filter(|c| c.event.as_ref().is_some_and(|e| e.job_id == job))
+        .map(|c| c.message_id.clone())
+        .collect()
+}
+
+/// The jobs of `jobs` that runner `by` accepted, each checked to be left to its monitor (or not).
+async fn accepted_by(h: &Harness, jobs: &[String], by: &str) -> Vec<String> {
+    let mut accepted = Vec::new();
+    for job in jobs {
+        let vcjob = h.vcjob(job).await.expect("the VolcanoJob exists");
+        let annotations = vcjob.metadata.annotations.unwrap_or_default();
+        let left = annotations.get("ucloud.dk/queuedBy").map(String::as_str);
+        if annotations.get("ucloud.dk/acceptedBy").map(String::as_str) == Some(by) {
+            assert_eq!(left, Some("monitor"), "{job}: left to the shard's holder");
+            accepted.push(job.clone());
+        } else {
+            assert_eq!(left, None, "{job}: accepted by the shard's holder");
+        }
+    }
+    accepted
+}
+
+/// A `--no-monitor` runner beside a monitoring one: every submission costs three requests, whichever
+/// runner takes it, and every job's QUEUED goes out once, before its RUNNING and its end. Before, the
+/// runner that did not hold the shard wrote the record of its confirmed QUEUED itself, a fourth.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beside_a_monitoring_runner_a_submission_costs_three_requests_and_one_queued() {
+    let h = Harness::new("queued-by-beside").await;
+    let m = h.start_with("runner-m", one_shard(&h), true);
+    holds_the_shard(&h, "runner-m").await;
+    let a = h.start_with("runner-a", one_shard(&h), false);
+    h.wait_consumers(&h.config.broker.submit_queue, 2).await;
+    warm_up(&h, &["runner-m", "runner-a"]).await;
+
+    let jobs: Vec<String> = (0..16).map(|i| format!("b-{i}")).collect();
+    let by_kind = submit_all(&h, &jobs).await;
+    three_per_submission(&by_kind, jobs.len() as u64);
+    let left = accepted_by(&h, &jobs, "runner-a").await;
+    assert!(!left.is_empty(), "runner-a took some of the submissions");
+
+    advance_until(&h, &jobs, "SUCCESS").await;
+    h.wait_queues_settled().await;
+    // A late copy would have time to arrive.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    m.stop().await;
+    a.stop().await;
+
+    let events = h.events().await;
+    for job in &jobs {
+        let ids = lifecycle(&events, job);
+        let queued = format!("{job}/QUEUED");
+        assert_eq!(
+            ids.iter().filter(|id| **id == queued).count(),
+            1,
+            "{job}: QUEUED once: {ids:?}"
+        );
+        let at = |id: String| ids.iter().position(|i| *i == id);
+        let (q, r, e) = (
+            at(queued),
+            at(format!("{job}/RUNNING")),
+            at(format!("{job}/SUCCESS")),
+        );
+        assert!(
+            q == Some(0) && q < r && r < e,
+            "{job}: QUEUED, RUNNING, SUCCESS in order: {ids:?}"
+        );
+    }
+}
+
+/// A `--no-monitor` runner alone: nobody monitors the jobs, so nobody needs the record of their
+/// confirmed QUEUED: three requests per submission (four before), QUEUED once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_without_a_monitor_anywhere_costs_three_requests_per_submission() {
+    let h = Harness::new("queued-by-alone").await;
+    let a = h.start_with("runner-a", one_shard(&h), false);
+    h.wait_consumers(&h.config.broker.submit_queue, 1).await;
+    warm_up(&h, &["runner-a"]).await;
+
+    let jobs: Vec<String> = (0..12).map(|i| format!("a-{i}")).collect();
+    let by_kind = submit_all(&h, &jobs).await;
+    three_per_submission(&by_kind, jobs.len() as u64);
+    a.stop().await;
+
+    let events = h.events().await;
+    for job in &jobs {
+        let queued = format!("{job}/QUEUED");
+        let n = events.iter().filter(|c| c.message_id == queued).count();
+        assert_eq!(n, 1, "{job}: QUEUED once");
+    }
+    for job in &jobs {
+        let vcjob = h.vcjob(job).await.expect("the VolcanoJob exists");
+        let annotations = vcjob.metadata.annotations.unwrap_or_default();
+        assert_eq!(
+            annotations.get("ucloud.dk/queuedBy"),
+            None,
+            "{job}: not left to a monitor, with none there"
+        );
+    }
+}
+
+/// A submission delivered again (a duplicate, or a redelivery) of a job whose monitor tells its QUEUED
+/// publishes nothing: the monitor told it, once. Before, every delivery published QUEUED again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_submission_of_a_job_left_to_its_monitor_gets_no_second_queued() {
+    let h = Harness::new("queued-by-duplicate").await;
+    let m = h.start_with("runner-m", one_shard(&h), true);
+    holds_the_shard(&h, "runner-m").await;
+    let a = h.start_with("runner-a", one_shard(&h), false);
+    h.wait_consumers(&h.config.broker.submit_queue, 2).await;
+
+    let jobs: Vec<String> = (0..10).map(|i| format!("d-{i}")).collect();
+    submit_all(&h, &jobs).await;
+    let left = accepted_by(&h, &jobs, "runner-a").await;
+    assert!(!left.is_empty(), "runner-a took some of the submissions");
+    for job in &left {
+        h.submit(&figlet(job)).await;
+    }
+    h.wait_queues_settled().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    m.stop().await;
+    a.stop().await;
+
+    let events = h.events().await;
+    for job in &left {
+        let queued = format!("{job}/QUEUED");
+        let n = events.iter().filter(|c| c.message_id == queued).count();
+        assert_eq!(
+            n, 1,
+            "{job}: QUEUED once, its duplicate submission told nothing"
+        );
+    }
+}
+
+/// The monitoring runner killed (as `kill -9`: its runtime dropped, nothing released) after it told
+/// the QUEUED of the jobs left to it and before its first write of them, so the record of it is lost:
+/// the runner that takes the shard over tells QUEUED again, before anything else of each job, and the
+/// jobs run to their end. Every job's first event is its QUEUED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_monitor_killed_before_its_first_write_leaves_queued_to_the_next_holder() {
+    let h = Harness::new("queued-by-kill").await;
+    let m1 = h.start_killable_with("runner-m1", one_shard(&h), true);
+    holds_the_shard(&h, "runner-m1").await;
+    let a = h.start_with("runner-a", one_shard(&h), false);
+    h.wait_consumers(&h.config.broker.submit_queue, 2).await;
+
+    let jobs: Vec<String> = (0..8).map(|i| format!("k-{i}")).collect();
+    submit_all(&h, &jobs).await;
+    let left = accepted_by(&h, &jobs, "runner-a").await;
+    assert!(!left.is_empty(), "runner-a took some of the submissions");
+    for job in &left {
+        let vcjob = h.vcjob(job).await.expect("the job");
+        let annotations = vcjob.metadata.annotations.unwrap_or_default();
+        assert!(
+            !annotations.contains_key("ucloud.dk/queuedConfirmed"),
+            "{job}: no write of the monitor's yet"
+        );
+    }
+    m1.kill();
+
+    let m2 = h.start_with("runner-m2", one_shard(&h), true);
+    holds_the_shard(&h, "runner-m2").await;
+    advance_until(&h, &jobs, "SUCCESS").await;
+    h.wait_queues_settled().await;
+    m2.stop().await;
+    a.stop().await;
+
+    let events = h.events().await;
+    for job in &jobs {
+        let ids = lifecycle(&events, job);
+        assert_eq!(
+            ids.first(),
+            Some(&format!("{job}/QUEUED")),
+            "{job}: QUEUED first: {ids:?}"
+        );
+        let running = ids.iter().position(|i| *i == format!("{job}/RUNNING"));
+        let queued_after_kill = ids.iter().skip(1).any(|i| *i == format!("{job}/QUEUED"));
+        if left.contains(job) {
+            // Told by runner-m1, then again by runner-m2, before its RUNNING.
+            assert!(
+                queued_after_kill,
+                "{job}: told again by the next holder: {ids:?}"
+            );
+            let again = ids.iter().rposition(|i| *i == format!("{job}/QUEUED"));
+            assert!(again < running, "{job}: before its RUNNING: {ids:?}");
+        }
+    }
+}
