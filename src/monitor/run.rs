@@ -118,6 +118,11 @@ struct Loop {
     cache: Cache,
     /// Jobs to decide, with when each was queued (in that order): taken once [`Loop::hold`] has passed.
     ready: VecDeque<(JobKey, Instant)>,
+    /// Jobs whose QUEUED this monitor is to tell (left to it by a submitting runner that did not hold
+    /// the job's shard, see [`super::queued::BY_MONITOR`]) and has not told yet: taken after `coalesce`
+    /// even while the submit path is busy, since the job's user waits for that QUEUED as for the
+    /// submit path's own (one `defer_under_load` would be added to it on a busy runner).
+    urgent: VecDeque<(JobKey, Instant)>,
     /// Whether this process's submit path is busy (then the jobs wait longer, `defer_under_load`).
     submit_load: Option<SubmitLoad>,
     /// `[monitor] coalesce`: how long a queued job waits before it is decided. The API tells one change
@@ -758,6 +763,7 @@ impl Loop {
                 .with_start_margin(exec.settings.start_margin)
                 .with_queue_timeout(exec.settings.queue_timeout),
             ready: VecDeque::new(),
+            urgent: VecDeque::new(),
             submit_load: None,
             coalesce: mc.coalesce,
             defer_under_load: mc.defer_under_load.max(mc.coalesce),
@@ -900,8 +906,45 @@ impl Loop {
         if self.busy.contains(&key) {
             self.dirty.insert(key);
         } else if self.queued.insert(key.clone()) {
-            self.ready.push_back((key, Instant::now()));
+            if self.tells_queued(&key) {
+                self.urgent.push_back((key, Instant::now()));
+            } else {
+                self.ready.push_back((key, Instant::now()));
+            }
         }
+    }
+
+    /// Whether the job's QUEUED is left to this monitor and not told yet, as far as the cache and this
+    /// process know (the decision itself reads it again).
+    fn tells_queued(&self, key: &JobKey) -> bool {
+        let Some(job) = self.cache.job(key) else {
+            return false;
+        };
+        let Some(annotations) = job.metadata.annotations.as_ref() else {
+            return false;
+        };
+        let s = &self.exec.settings;
+        annotations.get(&s.queued_by).map(String::as_str) == Some(super::queued::BY_MONITOR)
+            && !annotations.contains_key(&s.queued_confirmed)
+            && key
+                .job_id()
+                .is_some_and(|id| !self.exec.confirmed_queued.contains(id))
+    }
+
+    /// The next job due to be decided: one whose QUEUED is to be told once `coalesce` has passed, else
+    /// the first of the others once `hold` has (each queue in the order its jobs came).
+    fn next_due(&mut self, now: Instant, hold: Duration) -> Option<JobKey> {
+        if self
+            .urgent
+            .front()
+            .is_some_and(|(_, at)| *at + self.coalesce <= now)
+        {
+            return self.urgent.pop_front().map(|(key, _)| key);
+        }
+        if self.ready.front().is_some_and(|(_, at)| *at + hold <= now) {
+            return self.ready.pop_front().map(|(key, _)| key);
+        }
+        None
     }
 
     /// How long a queued job waits before it is decided: `defer_under_load` while this process's
@@ -1439,10 +1482,7 @@ impl Loop {
         let (now, hold) = (Instant::now(), self.hold());
         while workers.len() < self.max_concurrent {
             // Queued in order: the first one not due yet is the earliest of those waiting.
-            if self.ready.front().is_none_or(|(_, at)| *at + hold > now) {
-                return;
-            }
-            let Some((key, _)) = self.ready.pop_front() else {
+            let Some(key) = self.next_due(now, hold) else {
                 return;
             };
             self.queued.remove(&key);
@@ -1564,11 +1604,15 @@ impl Loop {
     /// a change of the submit load wakes the loop too, which then asks again). A clock that does not
     /// run by itself is looked at every `poll`.
     fn next_wake(&self, clock: &dyn Clock, poll: Duration, working: usize) -> Option<Duration> {
-        let queued = self
-            .ready
-            .front()
+        let now = Instant::now();
+        let ready = self.ready.front().map(|(_, at)| *at + self.hold());
+        let urgent = self.urgent.front().map(|(_, at)| *at + self.coalesce);
+        let queued = ready
+            .into_iter()
+            .chain(urgent)
+            .min()
             .filter(|_| working < self.max_concurrent)
-            .map(|(_, at)| (*at + self.hold()).saturating_duration_since(Instant::now()));
+            .map(|at| at.saturating_duration_since(now));
         let check = self
             .checks
             .next()

@@ -405,30 +405,9 @@ impl World {
         job: &SubmitJob,
         edit: impl FnOnce(&mut volcano_runner::volcano::VolcanoJob),
     ) {
-        let mut desired =
-            volcano_runner::pipeline::render(job, &self.config, self.sim.now()).expect("renders");
-        edit(&mut desired.vcjob);
-        let steps = plan::build(
-            desired,
-            &self.keys,
-            &RunnerKeys::new(&self.keys),
-            Decorations {
-                runner_id: "test-runner",
-                traceparent: None,
-                finalizer: true,
-                retention: Some(self.config.cluster.ended_job_retention),
-            },
-        )
-        .expect("a plan");
-        let applier = Applier::new(
-            self.client.clone(),
-            RetryPolicy::from_config(&self.config.cluster),
-            self.keys.submission_hash.clone(),
-        );
-        let outcome = applier.apply(&steps).await.expect("the job is created");
+        let meta = self.create_edited(job, edit).await;
         // As the submit path goes on: QUEUED, confirmed, then the record of it on the job (the monitor
         // sends no copy of a QUEUED recorded as confirmed).
-        let meta = outcome.primary;
         let created = meta
             .creation_timestamp
             .as_ref()
@@ -457,6 +436,37 @@ impl World {
         )
         .await
         .expect("the record of QUEUED is written");
+    }
+
+    /// Creates the job as the runner's submit path does, and nothing more: no QUEUED, no record of it
+    /// (as a runner that leaves the job's QUEUED to its monitor, with `edit` adding the annotation).
+    pub async fn create_edited(
+        &self,
+        job: &SubmitJob,
+        edit: impl FnOnce(&mut volcano_runner::volcano::VolcanoJob),
+    ) -> kube::api::ObjectMeta {
+        let mut desired =
+            volcano_runner::pipeline::render(job, &self.config, self.sim.now()).expect("renders");
+        edit(&mut desired.vcjob);
+        let steps = plan::build(
+            desired,
+            &self.keys,
+            &RunnerKeys::new(&self.keys),
+            Decorations {
+                runner_id: "test-runner",
+                traceparent: None,
+                finalizer: true,
+                retention: Some(self.config.cluster.ended_job_retention),
+            },
+        )
+        .expect("a plan");
+        let applier = Applier::new(
+            self.client.clone(),
+            RetryPolicy::from_config(&self.config.cluster),
+            self.keys.submission_hash.clone(),
+        );
+        let outcome = applier.apply(&steps).await.expect("the job is created");
+        outcome.primary
     }
 
     /// The namespace the pipeline puts `job`'s objects in.

@@ -63,3 +63,46 @@ async fn a_job_waits_while_submissions_are_in_hand_and_is_told_once_they_are_don
     runner.stop().await;
     w.close().await;
 }
+
+/// A job whose QUEUED is left to its monitor (its submitting runner did not hold the job's shard) is
+/// not deferred behind the monitor's own submissions: its user waits for that QUEUED as for any
+/// submission's, so it is told after `coalesce`, however long `defer_under_load` is.
+#[tokio::test]
+async fn a_queued_left_to_the_monitor_is_told_while_submissions_are_in_hand() {
+    let mut w = World::start(
+        "mon-defer-queued",
+        |c| c.monitor.defer_under_load = Duration::from_secs(120),
+        |_| {},
+    )
+    .await;
+    let (_submitting, load) = tokio::sync::watch::channel(true);
+    let runner = w
+        .runner_with("runner-a", move |m| m.with_submit_load(load))
+        .await;
+    runner.holds(4).await;
+    let key = volcano_runner::monitor::queued::queued_by_key(&w.config.pipeline.annotation_prefix);
+    let job = job("d2", "echo starting; sleep 150; echo done");
+    // Created as a runner that does not hold the job's shard creates it: no QUEUED of its own.
+    w.create_edited(&job, |vcjob| {
+        vcjob.metadata.annotations.get_or_insert_default().insert(
+            key.clone(),
+            volcano_runner::monitor::queued::BY_MONITOR.into(),
+        );
+    })
+    .await;
+    let created = tokio::time::Instant::now();
+    w.until("QUEUED", |s| s.event("d2/QUEUED").is_some()).await;
+    assert!(
+        created.elapsed() < Duration::from_secs(20),
+        "told by its monitor without waiting for the submissions in hand: {:?}",
+        created.elapsed()
+    );
+    assert_eq!(
+        w.seen.of("d2").lifecycle.len(),
+        1,
+        "QUEUED once: {:?}",
+        summary(&w.seen)
+    );
+    runner.stop().await;
+    w.close().await;
+}
