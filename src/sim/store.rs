@@ -853,7 +853,7 @@ impl Store {
         };
         while self.history.len() > self.history_cap
             || (self.history.len() > HISTORY_FLOOR
-                && self.history.front().is_some_and(|r| expired(r)))
+                && self.history.front().is_some_and(&expired))
         {
             if let Some(old) = self.history.pop_front() {
                 self.fresh_from = self.fresh_from.saturating_sub(1);
