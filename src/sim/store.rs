@@ -852,8 +852,7 @@ impl Store {
                 .is_some_and(|w| at.saturating_duration_since(r.at()) > w)
         };
         while self.history.len() > self.history_cap
-            || (self.history.len() > HISTORY_FLOOR
-                && self.history.front().is_some_and(&expired))
+            || (self.history.len() > HISTORY_FLOOR && self.history.front().is_some_and(&expired))
         {
             if let Some(old) = self.history.pop_front() {
                 self.fresh_from = self.fresh_from.saturating_sub(1);
@@ -898,23 +897,27 @@ impl Store {
             None => (None, None, false),
             Some(p) if Arc::ptr_eq(p, &r.object) => (Some(now.clone()), None, false),
             Some(p) => {
-                let before = Selectable::of(p, fields);
-                if before == *now {
+                // The previous change's object is the one before this change when its version is
+                // the one the earlier tree carries: then what selectors read of it is known already.
+                let version = p.at("/metadata/resourceVersion").and_then(Value::as_str);
+                let previous = recent
+                    .as_ref()
+                    .filter(|last| version == Some(last.rv.to_string().as_str()));
+                let before = match previous {
+                    Some(last) => last.sel.clone(),
+                    None => share(Selectable::of(p, fields)),
+                };
+                if Arc::ptr_eq(&before, &now) || *before == *now {
                     (Some(now.clone()), None, false)
                 } else {
-                    // The previous change's object is the one before this change when its version
-                    // is the one the earlier tree carries.
-                    let version = p.at("/metadata/resourceVersion").and_then(Value::as_str);
-                    let (json, own) = match &recent {
-                        Some(last) if version == Some(last.rv.to_string().as_str()) => {
-                            (last.json.clone(), false)
-                        }
-                        _ => (
+                    let (json, own) = match previous {
+                        Some(last) => (last.json.clone(), false),
+                        None => (
                             Bytes::from(serde_json::to_vec(&**p).unwrap_or_default()),
                             true,
                         ),
                     };
-                    (Some(share(before)), Some(json), own)
+                    (Some(before), Some(json), own)
                 }
             }
         };
