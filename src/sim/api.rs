@@ -271,6 +271,11 @@ impl Core {
             event_expiry: std::collections::VecDeque::new(),
         };
         core.keep_ended_as_text();
+        for id in core.registry.served().collect::<Vec<_>>() {
+            let t = core.registry.get(id);
+            core.store
+                .set_selectable_fields(t.storage, &t.field_selectors);
+        }
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
             core.create_internal(ids.namespaces, "", json!({"metadata": {"name": ns}}))
                 .expect("fresh store has no namespaces");

@@ -8,7 +8,7 @@ use jiff::Timestamp;
 use serde_json::Value;
 
 use super::api::{Core, FOREGROUND_FINALIZER, Propagation};
-use super::store::{EventType, ObjectKey, Record, owner_uids, uid_of};
+use super::store::{Entry, EventType, ObjectKey, Record, owner_uids, uid_of};
 use super::volcano::{Model, ModelConfig};
 
 /// Upper bound on controller rounds per settle; reaching it means a controller keeps rewriting.
@@ -72,7 +72,7 @@ impl Gc {
                     if deleting(&r.object) && has_finalizer(&r.object, FOREGROUND_FINALIZER) {
                         if let Some(uid) = uid_of(&r.object) {
                             for dep in core.store.dependents_of(uid) {
-                                if core.store.get(&dep).is_some_and(|d| !deleting(&d)) {
+                                if core.store.entry(&dep).is_some_and(|d| !d.deleting()) {
                                     core.delete_key(&dep, Some(Propagation::Background), None);
                                 }
                             }
@@ -103,6 +103,11 @@ impl Gc {
 
     /// Removes the foreground finalizer once no dependents are left.
     fn finish_foreground(&self, core: &mut Core, key: &ObjectKey) {
+        // Asked of the owner of every object deleted (an ended job, kept as text, for each of its
+        // objects the svc plugin and the garbage collector delete): a look, not a parse.
+        if !core.store.entry(key).is_some_and(Entry::deleting) {
+            return;
+        }
         let Some(obj) = core.store.get(key) else {
             return;
         };

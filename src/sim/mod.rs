@@ -19,6 +19,7 @@ pub mod discovery;
 pub mod error;
 pub mod exec;
 pub mod faults;
+pub mod history;
 pub mod interactive;
 pub mod json;
 pub mod names;

@@ -175,7 +175,7 @@ impl LabelSelector {
     }
 
     /// Whether the labels `get` reads satisfy every requirement.
-    fn matches_by<'a>(&self, get: impl Fn(&str) -> Option<&'a str>) -> bool {
+    pub fn matches_by<'a>(&self, get: impl Fn(&str) -> Option<&'a str>) -> bool {
         self.0.iter().all(|r| match r {
             Requirement::Equals(k, v) => get(k) == Some(v.as_str()),
             Requirement::NotEquals(k, v) => get(k) != Some(v.as_str()),
@@ -314,6 +314,14 @@ impl FieldSelector {
         self.0
             .iter()
             .all(|t| (entry.field(&t.field) == t.value) != t.negated)
+    }
+
+    /// Whether the field values `get` reads (as a field selector reads them: a missing field is
+    /// empty) satisfy every term.
+    pub fn matches_by<'a>(&self, get: impl Fn(&str) -> &'a str) -> bool {
+        self.0
+            .iter()
+            .all(|t| (get(&t.field) == t.value) != t.negated)
     }
 
     /// The value an equality term pins `field` to, if any (to narrow a list to one namespace or name).

@@ -26,10 +26,11 @@ use super::cluster::Cluster;
 use super::discovery;
 use super::error::ApiError;
 use super::faults::Faults;
+use super::history::Change;
 use super::patch::PatchKind;
 use super::registry::{Builtin, ResId, ResourceType};
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{EventType, Record, stamped, watch_line, write_partial_metadata};
+use super::store::{EventType, Record, watch_line, write_partial_metadata};
 use super::table;
 
 /// Settings the HTTP layer needs.
@@ -1218,23 +1219,20 @@ struct WatchSpec {
 }
 
 impl WatchSpec {
-    fn matches(&self, obj: &Value) -> bool {
-        self.label.matches_object(obj) && self.field.matches(obj)
-    }
-
     /// The event type a history record becomes for this watch, if any.
-    fn event(&self, r: &Record) -> Option<&'static str> {
-        if r.key.res != self.storage {
+    fn event(&self, r: &Change) -> Option<&'static str> {
+        let key = r.key();
+        if key.res != self.storage {
             return None;
         }
         if let Some(ns) = &self.namespace
-            && &r.key.namespace != ns
+            && &key.namespace != ns
         {
             return None;
         }
-        let now = self.matches(&r.object);
-        let before = r.prev.as_ref().is_some_and(|p| self.matches(p));
-        match r.kind {
+        let now = r.matches_now(&self.label, &self.field);
+        let before = r.matched_before(&self.label, &self.field);
+        match r.kind() {
             EventType::Added if now => Some("ADDED"),
             EventType::Modified if now && before => Some("MODIFIED"),
             EventType::Modified if now => Some("ADDED"),
@@ -1250,20 +1248,16 @@ impl WatchSpec {
     /// An object that a change took out of this watch's selection is a `DELETED` event carrying the
     /// object as it was before the change, at the change's version, as Kubernetes' watch cache sends it
     /// (a client never sees the content that no longer matches).
-    fn encode_record(&self, ty: &str, r: &Record) -> Bytes {
+    fn encode_record(&self, ty: &str, r: &Change) -> Bytes {
         if ty == "DELETED"
-            && r.kind == EventType::Modified
-            && let Some(prev) = &r.prev
+            && r.kind() == EventType::Modified
+            && let Some(prev) = r.before_at_change()
         {
-            return self.encode(ty, &stamped(prev, &r.rv.to_string()));
+            return self.encode(ty, &prev);
         }
         match self.repr {
             Repr::Metadata => r.event_line(ty, true),
-            _ if r.object.get("apiVersion").and_then(Value::as_str)
-                == Some(self.api_version.as_str()) =>
-            {
-                r.event_line(ty, false)
-            }
+            _ if r.in_version(&self.api_version) => r.event_line(ty, false),
             _ => self.encode(ty, &r.sent_object()),
         }
     }
@@ -1360,7 +1354,7 @@ impl WatchState {
                     if let Some(ty) = spec.event(r) {
                         self.pending.push_back((spec.encode_record(ty, r), true));
                     }
-                    self.pos = r.rv;
+                    self.pos = r.rv();
                 }
                 if !full {
                     self.pos = self.pos.max(current);

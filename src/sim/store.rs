@@ -14,8 +14,9 @@
 //! every ended job for its `ttlSecondsAfterFinished` (a day), as an API server keeps them in etcd; kept
 //! as trees they made it grow by over 100 KiB per job.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use crate::sim::json::JsonPath;
@@ -23,6 +24,7 @@ use axum::body::Bytes;
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::Value;
 
+use super::history::{COMPACT_AFTER, Change, Compact, Selectable};
 use super::registry::ResId;
 
 /// What happened to an object, as a watch reports it.
@@ -63,8 +65,8 @@ impl ObjectKey {
     }
 }
 
-/// One entry of the watch history, shared (`Arc`) by the history, the controllers' queue and every
-/// watch that sends it.
+/// A change as it is made, shared (`Arc`) by the controllers' queue, the history (until it is
+/// compacted, see [`Change`]) and every watch that sends it.
 #[derive(Debug)]
 pub struct Record {
     pub rv: u64,
@@ -95,19 +97,47 @@ const LINE_HEAD_START: &[u8] = b"{\"type\":\"";
 const LINE_HEAD_END: &[u8] = b"\",\"object\":";
 const LINE_TAIL: &[u8] = b"}\n";
 
+/// The object in a watch line of type `ty` (a slice of it, not a copy).
+pub fn line_object(line: &Bytes, ty: &str) -> Bytes {
+    line.slice(line_head(ty)..line.len() - LINE_TAIL.len())
+}
+
+thread_local! {
+    /// Where watch lines are written before they are copied out at their exact size.
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A scratch buffer grown past this by a large object is let go after it (rather than held by the
+/// thread for good).
+const SCRATCH_KEEP: usize = 64 * 1024;
+
 /// One line of a watch stream, `{"type":ty,"object":...}` and a newline, with the object written by
-/// `write` in place (no copy).
+/// `write`. Written into a per-thread scratch buffer and copied out at its exact size: a line is kept
+/// with its change in the history, and a buffer sized by a guess (4 KiB for an object) and handed
+/// over as it was held a few KiB unused per change, more than the line itself for most objects.
 pub fn watch_line(ty: &str, capacity: usize, write: impl FnOnce(&mut Vec<u8>)) -> Bytes {
-    let mut out = Vec::with_capacity(capacity + line_head(ty) + LINE_TAIL.len());
-    out.extend_from_slice(LINE_HEAD_START);
-    out.extend_from_slice(ty.as_bytes());
-    out.extend_from_slice(LINE_HEAD_END);
-    write(&mut out);
-    out.extend_from_slice(LINE_TAIL);
-    Bytes::from(out)
+    SCRATCH.with_borrow_mut(|out| {
+        out.clear();
+        out.reserve(capacity + line_head(ty) + LINE_TAIL.len());
+        out.extend_from_slice(LINE_HEAD_START);
+        out.extend_from_slice(ty.as_bytes());
+        out.extend_from_slice(LINE_HEAD_END);
+        write(out);
+        out.extend_from_slice(LINE_TAIL);
+        let line = Bytes::copy_from_slice(out);
+        if out.capacity() > SCRATCH_KEEP {
+            *out = Vec::new();
+        }
+        line
+    })
 }
 
 impl Record {
+    /// When the change was made.
+    pub fn at(&self) -> Instant {
+        self.at
+    }
+
     /// The version the object is sent with when it differs from the one it holds: a DELETED record
     /// holds the removed object's last stored state (not a copy), whose `metadata.resourceVersion` is
     /// the one before the removal; what is sent says `rv` instead.
@@ -144,8 +174,7 @@ impl Record {
 
     /// The object (or its `PartialObjectMetadata`) as JSON: a slice of its watch line, not a copy.
     pub fn object_json(&self, metadata: bool) -> Bytes {
-        let line = self.own_line(metadata);
-        line.slice(line_head(self.kind.as_str())..line.len() - LINE_TAIL.len())
+        line_object(self.own_line(metadata), self.kind.as_str())
     }
 
     /// The record as a watch event of type `ty`: its shared line when `ty` is its own type (nearly
@@ -244,13 +273,22 @@ pub enum Entry {
     Kept(Arc<Kept>),
 }
 
-/// An object kept as its JSON text, with what lists and watches filter on: its labels and the values
-/// of its resource's selectable fields (as a field selector reads them: a missing field is empty).
+/// An object kept as its JSON text (the one its last change's watch line holds, shared with it), with
+/// what lists and watches filter on: its labels and the values of its resource's selectable fields.
 #[derive(Debug)]
 pub struct Kept {
-    json: Box<[u8]>,
-    labels: Box<[(Box<str>, Box<str>)]>,
-    fields: Box<[(Box<str>, Box<str>)]>,
+    json: Bytes,
+    sel: Arc<Selectable>,
+    /// Whether the object carries a `deletionTimestamp` (the garbage collector asks, of every owner
+    /// of every object it deletes).
+    deleting: bool,
+    /// The tree this text was written from or last parsed into, while anything else holds it (the
+    /// history's fresh change, a write in progress): a read then shares it rather than parsing the
+    /// text again. A patch of an ended job read it, and its write read it again for the change's
+    /// earlier version, and the job's controller once more: parsing kept objects was a quarter of
+    /// the benchmark process's instructions. Holds no tree of its own (a dead `Weak` costs the
+    /// tree's top value, 48 bytes, until the next read lets it go).
+    tree: Mutex<Weak<Value>>,
 }
 
 /// Deeper than this, an object stays a tree: serde_json parses at most 128 levels, and a kept object
@@ -283,45 +321,37 @@ pub fn field_text(obj: &Value, field: &str) -> String {
 }
 
 impl Kept {
-    fn new(json: &[u8], obj: &Value, fields: &[&'static str]) -> Kept {
-        let labels = obj
-            .get("metadata")
-            .and_then(|m| m.get("labels"))
-            .and_then(Value::as_object)
-            .map(|l| {
-                l.iter()
-                    .filter_map(|(k, v)| Some((k.as_str().into(), v.as_str()?.into())))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let fields = fields
-            .iter()
-            .map(|f| ((*f).into(), field_text(obj, f).into_boxed_str()))
-            .collect();
-        Kept {
-            json: json.into(),
-            labels,
-            fields,
-        }
-    }
-
     /// What it takes on the heap, about.
     fn bytes(&self) -> usize {
-        let pairs = |p: &[(Box<str>, Box<str>)]| {
-            p.iter().map(|(k, v)| k.len() + v.len() + 32).sum::<usize>()
-        };
-        self.json.len() + pairs(&self.labels) + pairs(&self.fields) + 64
+        self.json.len() + self.sel.bytes() + 64
     }
 }
 
 impl Entry {
-    /// The object as a JSON tree: shared when it is one, parsed again when kept as text.
+    /// The object as a JSON tree: shared when it is one; when kept as text, the tree it was last
+    /// read as while that is still held, else parsed again.
     pub fn object(&self) -> Arc<Value> {
         match self {
             Entry::Tree(v) => v.clone(),
-            Entry::Kept(k) => Arc::new(
-                serde_json::from_slice(&k.json).expect("a kept object is JSON the store wrote"),
-            ),
+            Entry::Kept(k) => {
+                let mut tree = k.tree.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some(t) = tree.upgrade() {
+                    return t;
+                }
+                let t = Arc::new(
+                    serde_json::from_slice(&k.json).expect("a kept object is JSON the store wrote"),
+                );
+                *tree = Arc::downgrade(&t);
+                t
+            }
+        }
+    }
+
+    /// Whether the object carries a `metadata.deletionTimestamp`, without parsing a kept one.
+    pub fn deleting(&self) -> bool {
+        match self {
+            Entry::Tree(v) => v.at("/metadata/deletionTimestamp").is_some(),
+            Entry::Kept(k) => k.deleting,
         }
     }
 
@@ -333,11 +363,7 @@ impl Entry {
                 .and_then(|m| m.get("labels"))
                 .and_then(|l| l.get(key))
                 .and_then(Value::as_str),
-            Entry::Kept(k) => k
-                .labels
-                .iter()
-                .find(|(name, _)| &**name == key)
-                .map(|(_, v)| &**v),
+            Entry::Kept(k) => k.sel.label(key),
         }
     }
 
@@ -346,12 +372,7 @@ impl Entry {
     pub fn field(&self, field: &str) -> String {
         match self {
             Entry::Tree(v) => field_text(v, field),
-            Entry::Kept(k) => k
-                .fields
-                .iter()
-                .find(|(name, _)| &**name == field)
-                .map(|(_, v)| v.to_string())
-                .unwrap_or_default(),
+            Entry::Kept(k) => k.sel.field(field).to_string(),
         }
     }
 }
@@ -427,7 +448,20 @@ const HISTORY_SAMPLE: usize = 16;
 pub struct Store {
     objects: Vec<Objects>,
     rv: u64,
-    history: VecDeque<Arc<Record>>,
+    history: VecDeque<Change>,
+    /// The index in `history` of its first change not yet compacted (the ones before it are).
+    fresh_from: usize,
+    /// How long a change stays whole in the history before it is compacted.
+    compact_after: Duration,
+    /// Per object whose last compacted change is still in the history: that change's version, its
+    /// object's JSON (a slice of its line) and what selectors read of it, which the object's next
+    /// change shares rather than keeping its own.
+    recent: HashMap<ObjectKey, Recent>,
+    /// Per resource: the selectable fields besides the name and namespace (what compacted changes
+    /// keep for field selectors).
+    fields: Vec<Vec<&'static str>>,
+    /// The latest change (a write's answer is its line).
+    last: Option<Arc<Record>>,
     history_cap: usize,
     /// How long a change stays in the history (besides the last [`HISTORY_FLOOR`]); `None` keeps up to
     /// `history_cap` however old.
@@ -453,6 +487,17 @@ pub struct Store {
     /// Owner uid → objects whose ownerReferences name it.
     dependents: HashMap<String, BTreeSet<ObjectKey>>,
 }
+
+/// An object's last compacted change (see [`Store::recent`]).
+#[derive(Debug)]
+struct Recent {
+    rv: u64,
+    json: Bytes,
+    sel: Arc<Selectable>,
+}
+
+/// The fields every object can be selected by.
+const NAME_FIELDS: [&str; 2] = ["metadata.name", "metadata.namespace"];
 
 /// `metadata.uid` of an object, if any.
 pub fn uid_of(obj: &Value) -> Option<&str> {
@@ -490,6 +535,11 @@ impl Store {
             objects: Vec::new(),
             rv: 0,
             history: VecDeque::new(),
+            fresh_from: 0,
+            compact_after: COMPACT_AFTER,
+            recent: HashMap::new(),
+            fields: Vec::new(),
+            last: None,
             history_cap: history_cap.max(1),
             window: None,
             rules: Vec::new(),
@@ -518,6 +568,26 @@ impl Store {
         self.window = Some(window);
     }
 
+    /// How long a change stays whole in the history before it is compacted ([`COMPACT_AFTER`]
+    /// unless set; tests compact at once with zero).
+    pub fn set_compact_after(&mut self, after: Duration) {
+        self.compact_after = after;
+    }
+
+    /// The fields objects of `res` can be selected by besides their name and namespace (what a
+    /// compacted change keeps for field selectors); none unless set.
+    pub fn set_selectable_fields(&mut self, res: ResId, fields: &[&'static str]) {
+        if self.fields.len() <= res {
+            self.fields.resize(res + 1, Vec::new());
+        }
+        let all = &mut self.fields[res];
+        for f in NAME_FIELDS.iter().chain(fields) {
+            if !all.contains(f) {
+                all.push(f);
+            }
+        }
+    }
+
     /// Objects of `res` that `rule` applies to are kept as text from their next write on.
     pub fn keep_as_text(&mut self, res: ResId, rule: KeepRule) {
         if self.rules.len() <= res {
@@ -536,6 +606,8 @@ impl Store {
     pub fn footprint(&self) -> Footprint {
         let mut f = Footprint::default();
         let mut stored: HashSet<*const Value> = HashSet::new();
+        // Texts kept for objects: a compacted change's line holds the same bytes.
+        let mut kept_texts: HashSet<*const u8> = HashSet::new();
         for names in self.objects.iter().flat_map(BTreeMap::values) {
             for entry in names.values() {
                 f.objects += 1;
@@ -546,6 +618,7 @@ impl Store {
                     }
                     Entry::Kept(k) => {
                         f.kept += 1;
+                        kept_texts.insert(k.json.as_ptr());
                         k.bytes()
                     }
                 };
@@ -556,16 +629,26 @@ impl Store {
         f.history = self.history.len();
         let mut counted: HashSet<*const Value> = HashSet::new();
         let mut sampled = 0;
-        for r in self.history.iter().step_by(HISTORY_SAMPLE) {
-            for v in std::iter::once(&r.object).chain(r.prev.as_ref()) {
-                let ptr = Arc::as_ptr(v);
-                if !stored.contains(&ptr) && counted.insert(ptr) {
-                    sampled += tree_bytes(v);
+        for change in self.history.iter().step_by(HISTORY_SAMPLE) {
+            match change {
+                Change::Fresh(r) => {
+                    for v in std::iter::once(&r.object).chain(r.prev.as_ref()) {
+                        let ptr = Arc::as_ptr(v);
+                        if !stored.contains(&ptr) && counted.insert(ptr) {
+                            sampled += tree_bytes(v);
+                        }
+                    }
+                    sampled += r.line.get().map_or(0, Bytes::len)
+                        + r.metadata_line.get().map_or(0, Bytes::len)
+                        + 128;
+                }
+                Change::Compact(c) => {
+                    // A line shared with a kept object is counted there; the earlier object's text
+                    // is its own only when it is not a slice of another change's line.
+                    let shared_line = kept_texts.contains(&c.object_json().as_ptr());
+                    sampled += c.bytes() - if shared_line { c.line.len() } else { 0 };
                 }
             }
-            sampled += r.line.get().map_or(0, Bytes::len)
-                + r.metadata_line.get().map_or(0, Bytes::len)
-                + 128;
         }
         f.history_bytes = sampled * HISTORY_SAMPLE;
         f
@@ -761,20 +844,94 @@ impl Store {
             self.touched.push(res);
         }
         self.changes.push(record.clone());
-        self.history.push_back(record.clone());
-        let expired = |r: &Record| {
+        self.compact_older_than(at);
+        self.history.push_back(Change::Fresh(record.clone()));
+        self.last = Some(record.clone());
+        let expired = |r: &Change| {
             self.window
-                .is_some_and(|w| at.saturating_duration_since(r.at) > w)
+                .is_some_and(|w| at.saturating_duration_since(r.at()) > w)
         };
         while self.history.len() > self.history_cap
-            || (self.history.len() > HISTORY_FLOOR
-                && self.history.front().is_some_and(|r| expired(r)))
+            || (self.history.len() > HISTORY_FLOOR && self.history.front().is_some_and(&expired))
         {
             if let Some(old) = self.history.pop_front() {
-                set(&mut self.dropped, old.key.res, old.rv);
+                self.fresh_from = self.fresh_from.saturating_sub(1);
+                set(&mut self.dropped, old.key().res, old.rv());
+                if self.recent.get(old.key()).is_some_and(|r| r.rv == old.rv()) {
+                    self.recent.remove(old.key());
+                }
             }
         }
         record
+    }
+
+    /// Compacts the history's changes made more than `compact_after` before `now`, oldest first.
+    fn compact_older_than(&mut self, now: Instant) {
+        while let Some(Change::Fresh(r)) = self.history.get(self.fresh_from) {
+            if now.saturating_duration_since(r.at) < self.compact_after {
+                break;
+            }
+            let r = r.clone();
+            let compact = self.compact_record(&r);
+            self.history[self.fresh_from] = Change::Compact(Arc::new(compact));
+            self.fresh_from += 1;
+        }
+    }
+
+    /// A change without its trees: its line, what selectors read of the object after and before it
+    /// (shared with the object's previous change when equal), and the object before it only when
+    /// what selectors read moved (then usually a slice of the previous change's line).
+    fn compact_record(&mut self, r: &Record) -> Compact {
+        let fields: &[&'static str] = self
+            .fields
+            .get(r.key.res)
+            .map_or(&NAME_FIELDS[..], Vec::as_slice);
+        let line = r.own_line(false).clone();
+        let recent = self.recent.remove(&r.key);
+        let share = |sel: Selectable| match &recent {
+            Some(last) if *last.sel == sel => last.sel.clone(),
+            _ => Arc::new(sel),
+        };
+        let now = share(Selectable::of(&r.object, fields));
+        let (before, prev_json, prev_own) = match &r.prev {
+            None => (None, None, false),
+            Some(p) if Arc::ptr_eq(p, &r.object) => (Some(now.clone()), None, false),
+            Some(p) => {
+                // The previous change's object is the one before this change when its version is
+                // the one the earlier tree carries: then what selectors read of it is known already.
+                let version = p.at("/metadata/resourceVersion").and_then(Value::as_str);
+                let previous = recent
+                    .as_ref()
+                    .filter(|last| version == Some(last.rv.to_string().as_str()));
+                let before = match previous {
+                    Some(last) => last.sel.clone(),
+                    None => share(Selectable::of(p, fields)),
+                };
+                if Arc::ptr_eq(&before, &now) || *before == *now {
+                    (Some(now.clone()), None, false)
+                } else {
+                    let (json, own) = match previous {
+                        Some(last) => (last.json.clone(), false),
+                        None => (
+                            Bytes::from(serde_json::to_vec(&**p).unwrap_or_default()),
+                            true,
+                        ),
+                    };
+                    (Some(before), Some(json), own)
+                }
+            }
+        };
+        if r.kind != EventType::Deleted {
+            self.recent.insert(
+                r.key.clone(),
+                Recent {
+                    rv: r.rv,
+                    json: line_object(&line, r.kind.as_str()),
+                    sel: now.clone(),
+                },
+            );
+        }
+        Compact::new(r, line, now, before, prev_json, prev_own)
     }
 
     fn index(&mut self, key: &ObjectKey, old: Option<&Value>, new: Option<&Value>) {
@@ -845,7 +1002,12 @@ impl Store {
             && depth(&object) <= MAX_KEPT_DEPTH
         {
             // The text is the one watches send (written once, shared with them).
-            let kept = Kept::new(&record.object_json(false), &object, &rule.fields);
+            let kept = Kept {
+                json: record.object_json(false),
+                sel: Arc::new(Selectable::of(&object, &rule.fields)),
+                deleting: object.at("/metadata/deletionTimestamp").is_some(),
+                tree: Mutex::new(Arc::downgrade(&object)),
+            };
             let key = &record.key;
             if let Some(slot) = self
                 .objects
@@ -900,7 +1062,7 @@ impl Store {
 
     /// The latest change.
     pub fn latest(&self) -> Option<&Arc<Record>> {
-        self.history.back()
+        self.last.as_ref()
     }
 
     /// Takes the changes made since the last call (for the controllers).
@@ -910,20 +1072,22 @@ impl Store {
 
     /// History records after `rv` (at most `max`, of any kind: the caller filters), or `None` when some
     /// of `res`'s are no longer retained (410 Gone); none when `res` has not changed since `rv`.
-    pub fn history_after(&self, res: ResId, rv: u64, max: usize) -> Option<Vec<Arc<Record>>> {
+    pub fn history_after(&self, res: ResId, rv: u64, max: usize) -> Option<Vec<Change>> {
         if rv < self.watchable_from(res) {
             return None;
         }
         if at(&self.last_change, res) <= rv {
             return Some(Vec::new());
         }
-        let start = self.history.partition_point(|r| r.rv <= rv);
+        let start = self.history.partition_point(|r| r.rv() <= rv);
         Some(self.history.iter().skip(start).take(max).cloned().collect())
     }
 
     /// Drops the whole history, as an etcd compaction does: watches from older versions get 410 Gone.
     pub fn compact(&mut self) {
         self.history.clear();
+        self.fresh_from = 0;
+        self.recent.clear();
         self.compacted_all = self.rv;
     }
 }
@@ -958,7 +1122,7 @@ mod tests {
         );
         let after = s.history_after(0, 2, 10).unwrap();
         assert_eq!(
-            after.iter().map(|r| r.rv).collect::<Vec<_>>(),
+            after.iter().map(|r| r.rv()).collect::<Vec<_>>(),
             vec![3, 4, 5]
         );
         s.compact();
@@ -994,7 +1158,10 @@ mod tests {
         s.put(ObjectKey::new(quiet, "ns", "q"), obj("q", "Q", &["P"]));
         assert_eq!(s.take_touched(), vec![quiet]);
         let after = s.history_after(quiet, 1, 10).unwrap();
-        assert_eq!(after.last().map(|r| (r.key.res, r.rv)), Some((quiet, 7)));
+        assert_eq!(
+            after.last().map(|r| (r.key().res, r.rv())),
+            Some((quiet, 7))
+        );
         // A compaction expires every watch from before it, whatever its kind.
         assert_eq!(s.compacted(), 4);
         s.compact();
@@ -1107,9 +1274,10 @@ mod tests {
         // A record that is not a removal is sent as stored.
         let put = &s.history_after(0, 0, 1).unwrap()[0];
         let sent: Value = serde_json::from_slice(&put.object_json(false)).unwrap();
-        assert_eq!(sent, *put.object);
+        assert_eq!(sent, put.sent_object());
+        assert_eq!(sent["metadata"]["resourceVersion"], "1");
         let partial: Value = serde_json::from_slice(&put.object_json(true)).unwrap();
-        assert_eq!(partial["metadata"], put.object["metadata"]);
+        assert_eq!(partial["metadata"], sent["metadata"]);
     }
 
     #[test]
@@ -1120,16 +1288,16 @@ mod tests {
         s.put(key.clone(), obj("o", "U", &["P"]));
         s.remove(&key);
         let records = s.history_after(0, 0, 10).unwrap();
-        let types: Vec<&str> = records.iter().map(|r| r.kind.as_str()).collect();
+        let types: Vec<&str> = records.iter().map(|r| r.kind().as_str()).collect();
         assert_eq!(types, ["ADDED", "MODIFIED", "DELETED"]);
         for r in &records {
             for metadata in [false, true] {
-                let own = r.event_line(r.kind.as_str(), metadata);
-                let again = r.event_line(r.kind.as_str(), metadata);
+                let own = r.event_line(r.kind().as_str(), metadata);
+                let again = r.event_line(r.kind().as_str(), metadata);
                 assert_eq!(own.as_ptr(), again.as_ptr(), "shared, not copied");
                 let line: Value = serde_json::from_slice(&own).unwrap();
                 assert!(own.ends_with(b"}\n"), "one line");
-                assert_eq!(line["type"], r.kind.as_str());
+                assert_eq!(line["type"], r.kind().as_str());
                 let object = r.object_json(metadata);
                 assert_eq!(
                     line["object"],
@@ -1148,7 +1316,7 @@ mod tests {
             }
             let sent: Value = serde_json::from_slice(&r.object_json(false)).unwrap();
             assert_eq!(sent, r.sent_object());
-            assert_eq!(sent["metadata"]["resourceVersion"], r.rv.to_string());
+            assert_eq!(sent["metadata"]["resourceVersion"], r.rv().to_string());
         }
     }
 
@@ -1182,6 +1350,11 @@ mod tests {
         };
         // Read back: the same object, at its version, and what lists filter on answered without it.
         assert_eq!(*s.get(&key).unwrap(), *written);
+        assert!(
+            Arc::ptr_eq(&s.get(&key).unwrap(), &written),
+            "while the written tree is held, a read shares it"
+        );
+        assert!(!s.entry(&key).unwrap().deleting());
         assert_eq!(s.get(&key).unwrap()["metadata"]["resourceVersion"], "2");
         let entry = s.entry(&key).unwrap();
         assert_eq!(entry.label("app"), Some("x"));
@@ -1202,10 +1375,31 @@ mod tests {
             "text {} against a tree of {tree_bytes_running}",
             f.object_bytes
         );
+        // Once nothing holds the tree (the history compacted the change), a read parses the text,
+        // and shares that tree while it is held.
+        s.set_compact_after(Duration::ZERO);
+        let other = ObjectKey::new(1, "ns", "other");
+        s.put(other.clone(), obj("other", "O", &[]));
+        s.put(other, obj("other", "O", &["P"]));
+        drop((running, listed, s.take_changes()));
+        let weak = Arc::downgrade(&written);
+        drop(written);
+        assert!(weak.upgrade().is_none(), "no tree held");
+        let parsed = s.get(&key).unwrap();
+        assert_eq!(parsed["status"]["phase"], "Succeeded");
+        assert!(Arc::ptr_eq(&s.get(&key).unwrap(), &parsed));
         let last = s.remove(&key).unwrap();
-        assert_eq!(*last, *written);
+        assert_eq!(*last, *parsed);
         assert!(s.by_uid("U").is_none());
-        drop(running);
+
+        // A kept object being deleted says so without being parsed.
+        let mut gone = obj("g", "G", &[]);
+        gone["status"] = json!({"phase": "Failed"});
+        gone["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        let gkey = ObjectKey::new(0, "ns", "g");
+        s.put(gkey.clone(), gone);
+        assert!(matches!(s.entry(&gkey), Some(Entry::Kept(_))));
+        assert!(s.entry(&gkey).unwrap().deleting());
     }
 
     #[test]
