@@ -18,7 +18,8 @@ use super::{inputs, observe};
 use crate::durable::AnnotationKeys;
 use crate::forecast::{self, Estimate, Node, Resources, Running};
 use crate::volcano::{
-    JobPhase, JobSpec, JobStatus, LABEL_JOB_NAME, LABEL_TASK_INDEX, PodGroup, TaskSpec, VolcanoJob,
+    JobPhase, JobSpec, JobStatus, LABEL_JOB_NAME, LABEL_TASK_INDEX, PodGroup, PodGroupSpec,
+    PodGroupStatus, TaskSpec, VolcanoJob,
 };
 use jiff::Timestamp;
 
@@ -57,7 +58,7 @@ macro_rules! reads_as {
 /// A VolcanoJob as read from the API: metadata, the few spec fields the monitor uses, and status.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct WatchedJob {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::slim::meta")]
     pub metadata: ObjectMeta,
     #[serde(default)]
     spec: SlimJobSpec,
@@ -119,7 +120,7 @@ reads_as!(WatchedJob, VolcanoJob);
 /// A Pod as read from the API: metadata and status, no spec.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct WatchedPod {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::slim::meta")]
     pub metadata: ObjectMeta,
     /// Of the spec only the node it is bound to (what holds a node, for the start-time estimates).
     #[serde(default)]
@@ -246,7 +247,7 @@ reads_as!(WatchedPod, Pod);
 /// lists its images and conditions too, tens of kilobytes the monitor never reads).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct WatchedNode {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::slim::meta")]
     pub metadata: ObjectMeta,
     #[serde(default)]
     spec: Option<SlimNodeSpec>,
@@ -299,6 +300,30 @@ impl WatchedNode {
 }
 
 reads_as!(WatchedNode, k8s_openapi::api::core::v1::Node);
+
+/// A PodGroup as read from the API: its spec and status whole (a few small fields) and its metadata
+/// without what the monitor never reads (see [`super::slim`]).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct WatchedGroup {
+    #[serde(default, deserialize_with = "super::slim::meta")]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    spec: PodGroupSpec,
+    #[serde(default)]
+    status: Option<PodGroupStatus>,
+}
+
+impl WatchedGroup {
+    pub fn into_group(self) -> PodGroup {
+        PodGroup {
+            metadata: self.metadata,
+            spec: self.spec,
+            status: self.status,
+        }
+    }
+}
+
+reads_as!(WatchedGroup, PodGroup);
 
 /// A pod as the cache holds it: a [`Pod`] without the spec (whose inline size alone is 1.4 KB, even
 /// empty) and without the labels map (a B-tree node of over half a kilobyte for two labels). Its job is

@@ -45,6 +45,7 @@ pub mod queues;
 pub mod record;
 pub mod reserve;
 pub mod run;
+pub mod slim;
 pub mod telling;
 pub mod timers;
 pub mod verify;
