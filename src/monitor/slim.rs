@@ -3,62 +3,361 @@
 //! Decoding watch events was most of a monitored runner's work (callgrind, issue 46: 63% of its
 //! instructions went to `serde_json` building whole objects). A skipped field is still read through
 //! (JSON has no lengths), but as `serde`'s `IgnoredAny`: nothing is allocated or converted for it. So
-//! what is decoded here is what costs: this module names it, field by field.
+//! what is decoded here is what costs, and this module names it, field by field.
 //!
-//! Of every object's metadata ([`meta`]): name, namespace, uid, resourceVersion, creation and deletion
-//! timestamps, labels, annotations, finalizers and owner references. Not `managedFields` (on a real API
-//! server a list of field sets per writer, each a JSON tree, often the largest part of a pod's
-//! metadata), `generation`, `generateName`, `selfLink` nor `deletionGracePeriodSeconds`: nothing in the
-//! monitor reads them.
+//! Of an object's metadata ([`meta`]): name, namespace, uid, resourceVersion, creation and deletion
+//! timestamps, and, as the kind needs them ([`Reads`]), labels, annotations, finalizers and owner
+//! references. Never `managedFields` (on a real API server a list of field sets per writer, each a JSON
+//! tree, often the largest part of an object's metadata), `generation`, `generateName`, `selfLink` nor
+//! `deletionGracePeriodSeconds`: nothing in the monitor reads them. Of a label or annotation map only
+//! the keys the kind's [`Reads`] names are kept; the others' values are skipped unread.
+//!
+//! Of a pod's status ([`pod_status`]): what [`super::cache::WatchedPod`] reads or keeps, no more.
 
 use std::collections::BTreeMap;
+use std::fmt;
+use std::marker::PhantomData;
 
+use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
+
+use crate::volcano::{ANNOTATION_JOB_VERSION, LABEL_JOB_NAME, LABEL_TASK_INDEX};
+
+/// Which parts of its metadata a kind's readers use.
+pub trait Reads {
+    /// Whether the label `key` is kept.
+    fn label(key: &str) -> bool;
+    /// Whether the annotation `key` is kept.
+    fn annotation(key: &str) -> bool;
+    /// Whether owner references and finalizers are kept.
+    const OWNERS_AND_FINALIZERS: bool;
+}
+
+/// Every label, annotation, owner and finalizer: VolcanoJobs (their annotations are the monitor's
+/// durable records, their finalizer its hold on the job) and Nodes.
+#[derive(Debug)]
+pub enum Whole {}
+
+impl Reads for Whole {
+    fn label(_: &str) -> bool {
+        true
+    }
+    fn annotation(_: &str) -> bool {
+        true
+    }
+    const OWNERS_AND_FINALIZERS: bool = true;
+}
+
+/// A pod: the two Volcano labels that say its job and rank, the annotation that says its job's attempt
+/// ([`super::cache::WatchedPod::attempt`]); no owners, no finalizers (the cache never kept them).
+#[derive(Debug)]
+pub enum PodReads {}
+
+impl Reads for PodReads {
+    fn label(key: &str) -> bool {
+        key == LABEL_JOB_NAME || key == LABEL_TASK_INDEX
+    }
+    fn annotation(key: &str) -> bool {
+        key == ANNOTATION_JOB_VERSION
+    }
+    const OWNERS_AND_FINALIZERS: bool = false;
+}
+
+/// A PodGroup: its owner (its job, [`super::keys::job_of_group`]); no labels, no annotations (Volcano
+/// copies the job's onto it: read there, not here).
+#[derive(Debug)]
+pub enum GroupReads {}
+
+impl Reads for GroupReads {
+    fn label(_: &str) -> bool {
+        false
+    }
+    fn annotation(_: &str) -> bool {
+        false
+    }
+    const OWNERS_AND_FINALIZERS: bool = true;
+}
 
 /// The metadata fields the monitor reads (see the module documentation).
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Meta {
+#[serde(rename_all = "camelCase", bound = "")]
+struct Meta<R: Reads> {
     #[serde(default)]
-    annotations: Option<BTreeMap<String, String>>,
+    annotations: Kept<AnnotationKeys<R>>,
     #[serde(default)]
     creation_timestamp: Option<Time>,
     #[serde(default)]
     deletion_timestamp: Option<Time>,
     #[serde(default)]
-    finalizers: Option<Vec<String>>,
+    finalizers: IfOwners<R, Vec<String>>,
     #[serde(default)]
-    labels: Option<BTreeMap<String, String>>,
+    labels: Kept<LabelKeys<R>>,
     #[serde(default)]
     name: Option<String>,
     #[serde(default)]
     namespace: Option<String>,
     #[serde(default)]
-    owner_references: Option<Vec<OwnerReference>>,
+    owner_references: IfOwners<R, Vec<OwnerReference>>,
     #[serde(default)]
     resource_version: Option<String>,
     #[serde(default)]
     uid: Option<String>,
 }
 
-/// Decodes an object's `metadata` with only the fields the monitor reads (a `deserialize_with` for
-/// the slim read types' `metadata`); `null` is empty metadata, as a missing one.
-pub fn meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
-    let Some(m) = Option::<Meta>::deserialize(d)? else {
+/// Decodes an object's `metadata` with only what `R` reads (a `deserialize_with` for the slim read
+/// types' `metadata`); `null` is empty metadata, as a missing one.
+pub fn meta<'de, R: Reads, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    let Some(m) = Option::<Meta<R>>::deserialize(d)? else {
         return Ok(ObjectMeta::default());
     };
     Ok(ObjectMeta {
-        annotations: m.annotations,
+        annotations: m.annotations.map,
         creation_timestamp: m.creation_timestamp,
         deletion_timestamp: m.deletion_timestamp,
-        finalizers: m.finalizers,
-        labels: m.labels,
+        finalizers: m.finalizers.value,
+        labels: m.labels.map,
         name: m.name,
         namespace: m.namespace,
-        owner_references: m.owner_references,
+        owner_references: m.owner_references.value,
         resource_version: m.resource_version,
         uid: m.uid,
         ..ObjectMeta::default()
     })
+}
+
+/// Which keys of a string map are kept.
+trait Keys {
+    fn keep(key: &str) -> bool;
+}
+
+struct LabelKeys<R>(PhantomData<R>);
+struct AnnotationKeys<R>(PhantomData<R>);
+
+impl<R: Reads> Keys for LabelKeys<R> {
+    fn keep(key: &str) -> bool {
+        R::label(key)
+    }
+}
+
+impl<R: Reads> Keys for AnnotationKeys<R> {
+    fn keep(key: &str) -> bool {
+        R::annotation(key)
+    }
+}
+
+/// A string map (labels, annotations) of which only the keys `K` keeps are decoded: the other values
+/// are skipped, no string made of them nor of their keys. `null` or missing: `None`.
+struct Kept<K> {
+    map: Option<BTreeMap<String, String>>,
+    keys: PhantomData<K>,
+}
+
+impl<K> Default for Kept<K> {
+    fn default() -> Self {
+        Self {
+            map: None,
+            keys: PhantomData,
+        }
+    }
+}
+
+impl<'de, K: Keys> Deserialize<'de> for Kept<K> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct MapVisitor<K>(PhantomData<K>);
+
+        impl<'de, K: Keys> Visitor<'de> for MapVisitor<K> {
+            type Value = Option<BTreeMap<String, String>>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a map of strings or null")
+            }
+
+            fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+
+            fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+                d.deserialize_map(self)
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut kept = BTreeMap::new();
+                while let Some(key) = map.next_key::<KeyIf<K>>()? {
+                    match key.0 {
+                        Some(key) => {
+                            kept.insert(key, map.next_value::<String>()?);
+                        }
+                        None => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(Some(kept))
+            }
+        }
+
+        let map = d.deserialize_option(MapVisitor::<K>(PhantomData))?;
+        Ok(Self {
+            map,
+            keys: PhantomData,
+        })
+    }
+}
+
+/// A map key, made a string only when `K` keeps it.
+struct KeyIf<K>(Option<String>, PhantomData<K>);
+
+impl<'de, K: Keys> Deserialize<'de> for KeyIf<K> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct KeyVisitor<K>(PhantomData<K>);
+
+        impl<K: Keys> Visitor<'_> for KeyVisitor<K> {
+            type Value = KeyIf<K>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string key")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<Self::Value, E> {
+                Ok(KeyIf(K::keep(key).then(|| key.to_owned()), PhantomData))
+            }
+        }
+
+        d.deserialize_str(KeyVisitor::<K>(PhantomData))
+    }
+}
+
+/// A field decoded only when `R` keeps owners and finalizers (skipped unread otherwise).
+struct IfOwners<R, T> {
+    value: Option<T>,
+    reads: PhantomData<R>,
+}
+
+impl<R, T> Default for IfOwners<R, T> {
+    fn default() -> Self {
+        Self {
+            value: None,
+            reads: PhantomData,
+        }
+    }
+}
+
+impl<'de, R: Reads, T: Deserialize<'de>> Deserialize<'de> for IfOwners<R, T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = if R::OWNERS_AND_FINALIZERS {
+            Option::<T>::deserialize(d)?
+        } else {
+            IgnoredAny::deserialize(d)?;
+            None
+        };
+        Ok(Self {
+            value,
+            reads: PhantomData,
+        })
+    }
+}
+
+/// A pod's status as the monitor reads it: its phase and why, where and since when it runs, its
+/// conditions (for why it is being taken away, [`super::observe::Disruption::said`]) and of each
+/// container its name, image and state, whether ready or started, and its restarts. Not its IPs beyond
+/// the first, its resource claims, nor a container's id, image id, last state, resources, user or mounts.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SlimPodStatus {
+    #[serde(default)]
+    conditions: Option<Vec<PodCondition>>,
+    #[serde(default)]
+    container_statuses: Option<Vec<SlimContainerStatus>>,
+    #[serde(default)]
+    ephemeral_container_statuses: Option<Vec<SlimContainerStatus>>,
+    #[serde(default, rename = "hostIP")]
+    host_ip: Option<String>,
+    #[serde(default)]
+    init_container_statuses: Option<Vec<SlimContainerStatus>>,
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    nominated_node_name: Option<String>,
+    #[serde(default)]
+    observed_generation: Option<i64>,
+    #[serde(default)]
+    phase: Option<String>,
+    #[serde(default, rename = "podIP")]
+    pod_ip: Option<String>,
+    #[serde(default)]
+    qos_class: Option<String>,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    resize: Option<String>,
+    #[serde(default)]
+    start_time: Option<Time>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SlimContainerStatus {
+    // Required by the API; `null` or missing reads as the default, as k8s-openapi reads them.
+    #[serde(default)]
+    image: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    ready: Option<bool>,
+    #[serde(default)]
+    restart_count: Option<i32>,
+    #[serde(default)]
+    started: Option<bool>,
+    #[serde(default)]
+    state: Option<ContainerState>,
+    #[serde(default)]
+    stop_signal: Option<String>,
+}
+
+impl From<SlimContainerStatus> for ContainerStatus {
+    fn from(c: SlimContainerStatus) -> Self {
+        ContainerStatus {
+            image: c.image.unwrap_or_default(),
+            name: c.name.unwrap_or_default(),
+            ready: c.ready.unwrap_or_default(),
+            restart_count: c.restart_count.unwrap_or_default(),
+            started: c.started,
+            state: c.state,
+            stop_signal: c.stop_signal,
+            ..ContainerStatus::default()
+        }
+    }
+}
+
+/// Decodes a pod's `status` with only what the monitor reads (see [`SlimPodStatus`]).
+pub fn pod_status<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PodStatus>, D::Error> {
+    let Some(s) = Option::<SlimPodStatus>::deserialize(d)? else {
+        return Ok(None);
+    };
+    let containers = |v: Option<Vec<SlimContainerStatus>>| {
+        v.map(|v| v.into_iter().map(ContainerStatus::from).collect::<Vec<_>>())
+    };
+    Ok(Some(PodStatus {
+        conditions: s.conditions,
+        container_statuses: containers(s.container_statuses),
+        ephemeral_container_statuses: containers(s.ephemeral_container_statuses),
+        host_ip: s.host_ip,
+        init_container_statuses: containers(s.init_container_statuses),
+        message: s.message,
+        nominated_node_name: s.nominated_node_name,
+        observed_generation: s.observed_generation,
+        phase: s.phase,
+        pod_ip: s.pod_ip,
+        qos_class: s.qos_class,
+        reason: s.reason,
+        resize: s.resize,
+        start_time: s.start_time,
+        ..PodStatus::default()
+    }))
 }
