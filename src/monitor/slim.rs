@@ -361,3 +361,179 @@ pub fn pod_status<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PodStatus>, 
         ..PodStatus::default()
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::cache::{WatchedGroup, WatchedJob, WatchedPod};
+    use serde_json::json;
+
+    fn managed_fields() -> serde_json::Value {
+        json!([{"manager": "volcano", "operation": "Update", "apiVersion": "batch.volcano.sh/v1alpha1",
+                "time": "2026-11-29T04:00:00Z", "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:metadata": {"f:annotations": {".": {}, "f:ucloud.dk/x": {}}}}}])
+    }
+
+    #[test]
+    fn a_jobs_metadata_is_read_whole_but_its_managed_fields() {
+        let text = json!({
+            "metadata": {
+                "name": "j-1", "namespace": "ns", "uid": "u-1", "resourceVersion": "42",
+                "generation": 3, "generateName": "j-", "selfLink": "/x", "deletionGracePeriodSeconds": 0,
+                "creationTimestamp": "2026-11-29T04:00:00Z", "deletionTimestamp": "2026-11-29T05:00:00Z",
+                "labels": {"a": "1", "b": "2"},
+                "annotations": {"ucloud.dk/x": "{\"k\":\"v\"}", "other": "o"},
+                "finalizers": ["ucloud.dk/monitor"],
+                "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "x", "uid": "ux"}],
+                "managedFields": managed_fields(),
+            },
+        })
+        .to_string();
+        let m = serde_json::from_str::<WatchedJob>(&text).unwrap().metadata;
+        assert_eq!(m.name.as_deref(), Some("j-1"));
+        assert_eq!(m.namespace.as_deref(), Some("ns"));
+        assert_eq!(m.uid.as_deref(), Some("u-1"));
+        assert_eq!(m.resource_version.as_deref(), Some("42"));
+        assert!(m.creation_timestamp.is_some() && m.deletion_timestamp.is_some());
+        assert_eq!(m.labels.unwrap().len(), 2);
+        let annotations = m.annotations.unwrap();
+        assert_eq!(annotations["ucloud.dk/x"], "{\"k\":\"v\"}");
+        assert_eq!(annotations["other"], "o");
+        assert_eq!(m.finalizers.unwrap(), ["ucloud.dk/monitor"]);
+        assert_eq!(m.owner_references.unwrap()[0].name, "x");
+        assert!(m.managed_fields.is_none() && m.generation.is_none());
+        assert!(m.generate_name.is_none() && m.self_link.is_none());
+        assert!(m.deletion_grace_period_seconds.is_none());
+    }
+
+    #[test]
+    fn a_pod_keeps_its_job_and_rank_labels_and_its_attempt() {
+        let text = json!({
+            "metadata": {
+                "name": "j-1-main-0", "namespace": "ns", "resourceVersion": "7",
+                "labels": {"volcano.sh/job-name": "j-1", "volcano.sh/task-index": "0",
+                           "volcano.sh/queue-name": "q"},
+                "annotations": {"volcano.sh/job-version": "2", "volcano.sh/task-spec": "main",
+                                "big": {"not": ["a", "string"]}},
+                "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "x", "uid": "ux"}],
+                "finalizers": ["f"],
+                "managedFields": managed_fields(),
+            },
+        })
+        .to_string();
+        let pod = serde_json::from_str::<WatchedPod>(&text).unwrap();
+        assert_eq!(pod.attempt(), Some(2));
+        let m = &pod.metadata;
+        let labels: Vec<&str> = m.labels.iter().flatten().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(labels, ["volcano.sh/job-name", "volcano.sh/task-index"]);
+        assert_eq!(m.annotations.as_ref().unwrap().len(), 1);
+        assert!(m.owner_references.is_none() && m.finalizers.is_none());
+        assert!(m.managed_fields.is_none());
+
+        // An escaped key is compared as decoded.
+        let escaped = r#"{"metadata": {"labels": {"volcano.sh\/task-index": "3"}}}"#;
+        let pod = serde_json::from_str::<WatchedPod>(escaped).unwrap();
+        assert_eq!(pod.metadata.labels.unwrap()["volcano.sh/task-index"], "3");
+    }
+
+    #[test]
+    fn a_podgroup_keeps_its_owner_and_no_labels_or_annotations() {
+        let text = json!({
+            "metadata": {
+                "name": "j-1-pg", "namespace": "ns", "resourceVersion": "9",
+                "labels": {"a": "1"}, "annotations": {"ucloud.dk/x": "y"},
+                "ownerReferences": [{"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+                                     "name": "j-1", "uid": "u"}],
+            },
+            "spec": {"minMember": 2, "queue": "q"},
+            "status": {"phase": "Pending"},
+        })
+        .to_string();
+        let pg = serde_json::from_str::<WatchedGroup>(&text)
+            .unwrap()
+            .into_group();
+        assert!(pg.metadata.labels.unwrap_or_default().is_empty());
+        assert!(pg.metadata.annotations.unwrap_or_default().is_empty());
+        assert_eq!(
+            super::super::keys::job_of_group(&pg).unwrap().name.as_ref(),
+            "j-1"
+        );
+        assert_eq!(pg.spec.min_member, Some(2));
+        assert!(pg.status.is_some());
+    }
+
+    #[test]
+    fn null_and_missing_metadata_and_maps_read_as_none() {
+        for text in [
+            r#"{"metadata": null, "status": null}"#,
+            r#"{}"#,
+            r#"{"metadata": {"labels": null, "annotations": null, "ownerReferences": null}}"#,
+        ] {
+            let pod = serde_json::from_str::<WatchedPod>(text).unwrap();
+            assert!(
+                pod.metadata.labels.is_none() && pod.metadata.annotations.is_none(),
+                "{text}"
+            );
+            let job = serde_json::from_str::<WatchedJob>(text).unwrap();
+            assert!(job.metadata.labels.is_none() && job.metadata.owner_references.is_none());
+        }
+        assert!(serde_json::from_str::<WatchedPod>(r#"{"metadata": {"labels": 3}}"#).is_err());
+    }
+
+    #[test]
+    fn a_pods_status_keeps_what_the_monitor_reads() {
+        let text = json!({
+            "metadata": {"name": "p", "namespace": "ns",
+                         "labels": {"volcano.sh/job-name": "j-1", "volcano.sh/task-index": "0"}},
+            "status": {
+                "phase": "Running", "reason": "r", "message": "m", "hostIP": "10.0.0.1",
+                "hostIPs": [{"ip": "10.0.0.1"}], "podIP": "10.1.0.5", "podIPs": [{"ip": "10.1.0.5"}],
+                "qosClass": "Guaranteed", "startTime": "2026-11-29T04:00:00Z",
+                "nominatedNodeName": "n", "observedGeneration": 1, "resize": "InProgress",
+                "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}],
+                "containerStatuses": [{
+                    "name": "main", "image": "img", "imageID": "sim://img", "containerID": "c://1",
+                    "ready": true, "started": true, "restartCount": 2, "stopSignal": "SIGTERM",
+                    "state": {"terminated": {"exitCode": 3, "startedAt": "2026-11-29T04:00:00Z",
+                                             "finishedAt": "2026-11-29T04:01:00Z"}},
+                    "lastState": {"terminated": {"exitCode": 1}},
+                    "volumeMounts": [{"name": "v", "mountPath": "/v"}],
+                }],
+                "initContainerStatuses": [{"name": "init", "image": null, "ready": null,
+                                           "restartCount": null}],
+            },
+        })
+        .to_string();
+        let pod = serde_json::from_str::<WatchedPod>(&text).unwrap();
+        assert!(pod.disruption().is_some());
+        let s = pod.into_pod().status.unwrap();
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+        assert_eq!(
+            (s.reason.as_deref(), s.message.as_deref()),
+            (Some("r"), Some("m"))
+        );
+        assert_eq!(s.host_ip.as_deref(), Some("10.0.0.1"));
+        assert_eq!(s.pod_ip.as_deref(), Some("10.1.0.5"));
+        assert_eq!(s.qos_class.as_deref(), Some("Guaranteed"));
+        assert_eq!(s.nominated_node_name.as_deref(), Some("n"));
+        assert_eq!(
+            (s.observed_generation, s.resize.as_deref()),
+            (Some(1), Some("InProgress"))
+        );
+        assert!(s.start_time.is_some());
+        assert!(s.conditions.is_none() && s.host_ips.is_none() && s.pod_ips.is_none());
+        let c = &s.container_statuses.unwrap()[0];
+        assert_eq!((c.name.as_str(), c.image.as_str()), ("main", "img"));
+        assert_eq!((c.ready, c.started, c.restart_count), (true, Some(true), 2));
+        assert_eq!(c.stop_signal.as_deref(), Some("SIGTERM"));
+        let ended = c.state.as_ref().unwrap().terminated.as_ref().unwrap();
+        assert_eq!(ended.exit_code, 3);
+        assert!(ended.finished_at.is_some());
+        assert!(c.image_id.is_empty() && c.container_id.is_none() && c.last_state.is_none());
+        assert!(c.volume_mounts.is_none());
+        let init = &s.init_container_statuses.unwrap()[0];
+        assert_eq!(
+            (init.image.as_str(), init.ready, init.restart_count),
+            ("", false, 0)
+        );
+    }
+}
