@@ -451,8 +451,8 @@ mod tests {
         let pg = serde_json::from_str::<WatchedGroup>(&text)
             .unwrap()
             .into_group();
-        assert!(pg.metadata.labels.unwrap_or_default().is_empty());
-        assert!(pg.metadata.annotations.unwrap_or_default().is_empty());
+        assert!(pg.metadata.labels.as_ref().is_none_or(|l| l.is_empty()));
+        assert!(pg.metadata.annotations.as_ref().is_none_or(|a| a.is_empty()));
         assert_eq!(
             super::super::keys::job_of_group(&pg).unwrap().name.as_ref(),
             "j-1"
