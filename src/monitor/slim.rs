@@ -12,7 +12,7 @@
 //! `deletionGracePeriodSeconds`: nothing in the monitor reads them. Of a label or annotation map only
 //! the keys the kind's [`Reads`] names are kept; the others' values are skipped unread.
 //!
-//! Of a pod's status ([`pod_status`]): what [`super::cache::WatchedPod`] reads or keeps, no more.
+//! Of a pod's status ([`pod_status`]): what the pod read type (`cache::WatchedPod`) reads or keeps, no more.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -51,7 +51,7 @@ impl Reads for Whole {
 }
 
 /// A pod: the two Volcano labels that say its job and rank, the annotation that says its job's attempt
-/// ([`super::cache::WatchedPod::attempt`]); no owners, no finalizers (the cache never kept them).
+/// (`cache::WatchedPod::attempt`); no owners, no finalizers (the cache never kept them).
 #[derive(Debug)]
 pub enum PodReads {}
 
@@ -364,8 +364,27 @@ pub fn pod_status<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PodStatus>, 
 
 #[cfg(test)]
 mod tests {
-    use super::super::cache::{WatchedGroup, WatchedJob, WatchedPod};
+    use super::{GroupReads, PodReads, Reads, Whole};
+    use k8s_openapi::api::core::v1::PodStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use serde::Deserialize;
     use serde_json::json;
+
+    /// An object read as the slim read types read theirs (without importing them: they are above).
+    #[derive(Deserialize)]
+    #[serde(bound = "")]
+    struct Read<R: Reads> {
+        #[serde(default, deserialize_with = "super::meta::<R, _>")]
+        metadata: ObjectMeta,
+        #[serde(default, deserialize_with = "super::pod_status")]
+        status: Option<PodStatus>,
+        #[serde(skip)]
+        reads: std::marker::PhantomData<R>,
+    }
+
+    type WatchedJob = Read<Whole>;
+    type WatchedPod = Read<PodReads>;
+    type WatchedGroup = Read<GroupReads>;
 
     fn managed_fields() -> serde_json::Value {
         json!([{"manager": "volcano", "operation": "Update", "apiVersion": "batch.volcano.sh/v1alpha1",
@@ -421,8 +440,11 @@ mod tests {
         })
         .to_string();
         let pod = serde_json::from_str::<WatchedPod>(&text).unwrap();
-        assert_eq!(pod.attempt(), Some(2));
         let m = &pod.metadata;
+        assert_eq!(
+            m.annotations.as_ref().unwrap()["volcano.sh/job-version"],
+            "2"
+        );
         let labels: Vec<&str> = m.labels.iter().flatten().map(|(k, _)| k.as_str()).collect();
         assert_eq!(labels, ["volcano.sh/job-name", "volcano.sh/task-index"]);
         assert_eq!(m.annotations.as_ref().unwrap().len(), 1);
@@ -448,17 +470,22 @@ mod tests {
             "status": {"phase": "Pending"},
         })
         .to_string();
-        let pg = serde_json::from_str::<WatchedGroup>(&text)
-            .unwrap()
-            .into_group();
+        let read = serde_json::from_str::<WatchedGroup>(&text).unwrap();
+        let pg = crate::volcano::PodGroup {
+            metadata: read.metadata,
+            ..Default::default()
+        };
         assert!(pg.metadata.labels.as_ref().is_none_or(|l| l.is_empty()));
-        assert!(pg.metadata.annotations.as_ref().is_none_or(|a| a.is_empty()));
+        assert!(
+            pg.metadata
+                .annotations
+                .as_ref()
+                .is_none_or(|a| a.is_empty())
+        );
         assert_eq!(
             super::super::keys::job_of_group(&pg).unwrap().name.as_ref(),
             "j-1"
         );
-        assert_eq!(pg.spec.min_member, Some(2));
-        assert!(pg.status.is_some());
     }
 
     #[test]
@@ -504,8 +531,11 @@ mod tests {
         })
         .to_string();
         let pod = serde_json::from_str::<WatchedPod>(&text).unwrap();
-        assert!(pod.disruption().is_some());
-        let s = pod.into_pod().status.unwrap();
+        let s = pod.status.unwrap();
+        assert_eq!(
+            s.conditions.unwrap()[0].reason.as_deref(),
+            Some("PreemptionByScheduler")
+        );
         assert_eq!(s.phase.as_deref(), Some("Running"));
         assert_eq!(
             (s.reason.as_deref(), s.message.as_deref()),
@@ -520,7 +550,7 @@ mod tests {
             (Some(1), Some("InProgress"))
         );
         assert!(s.start_time.is_some());
-        assert!(s.conditions.is_none() && s.host_ips.is_none() && s.pod_ips.is_none());
+        assert!(s.host_ips.is_none() && s.pod_ips.is_none());
         let c = &s.container_statuses.unwrap()[0];
         assert_eq!((c.name.as_str(), c.image.as_str()), ("main", "img"));
         assert_eq!((c.ready, c.started, c.restart_count), (true, Some(true), 2));
