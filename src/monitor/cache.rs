@@ -306,6 +306,7 @@ pub struct WatchedGroup {
 }
 
 impl WatchedGroup {
+    /// The PodGroup as the cache and the decisions take it.
     pub fn into_group(self) -> PodGroup {
         PodGroup {
             metadata: self.metadata,
