@@ -18,7 +18,8 @@ use super::{inputs, observe};
 use crate::durable::AnnotationKeys;
 use crate::forecast::{self, Estimate, Node, Resources, Running};
 use crate::volcano::{
-    JobPhase, JobSpec, JobStatus, LABEL_JOB_NAME, LABEL_TASK_INDEX, PodGroup, TaskSpec, VolcanoJob,
+    JobPhase, JobSpec, JobStatus, LABEL_JOB_NAME, LABEL_TASK_INDEX, PodGroup, PodGroupSpec,
+    PodGroupStatus, TaskSpec, VolcanoJob,
 };
 use jiff::Timestamp;
 
@@ -57,7 +58,10 @@ macro_rules! reads_as {
 /// A VolcanoJob as read from the API: metadata, the few spec fields the monitor uses, and status.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct WatchedJob {
-    #[serde(default)]
+    #[serde(
+        default,
+        deserialize_with = "super::slim::meta::<super::slim::Whole, _>"
+    )]
     pub metadata: ObjectMeta,
     #[serde(default)]
     spec: SlimJobSpec,
@@ -119,12 +123,15 @@ reads_as!(WatchedJob, VolcanoJob);
 /// A Pod as read from the API: metadata and status, no spec.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct WatchedPod {
-    #[serde(default)]
+    #[serde(
+        default,
+        deserialize_with = "super::slim::meta::<super::slim::PodReads, _>"
+    )]
     pub metadata: ObjectMeta,
     /// Of the spec only the node it is bound to (what holds a node, for the start-time estimates).
     #[serde(default)]
     spec: Option<SlimPodSpec>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::slim::pod_status")]
     status: Option<PodStatus>,
 }
 
@@ -173,22 +180,13 @@ impl WatchedPod {
     }
 
     /// The pod as the monitor keeps it: of its metadata only what identifies it and the two Volcano
-    /// labels read (its job and its rank); of its status everything but conditions, which nothing reads.
+    /// labels read (its job and its rank; [`super::slim`] decoded no more); of its status everything
+    /// decoded but conditions, which nothing reads once [`WatchedPod::disruption`] has.
     /// A runner holds one of these per rank of every job, so each byte counts ten-thousandfold.
     pub fn into_pod(mut self) -> Pod {
-        let m = &mut self.metadata;
-        m.managed_fields = None;
-        m.annotations = None;
-        m.owner_references = None;
-        m.finalizers = None;
-        if let Some(labels) = &mut m.labels {
-            labels.retain(|k, _| k == LABEL_JOB_NAME || k == LABEL_TASK_INDEX);
-        }
+        self.metadata.annotations = None;
         if let Some(status) = &mut self.status {
             status.conditions = None;
-            status.host_ips = None;
-            status.pod_ips = None;
-            status.resource_claim_statuses = None;
             // Deserialized vectors of large elements start at four; a pod has one or two containers.
             for statuses in [
                 &mut status.container_statuses,
@@ -199,17 +197,6 @@ impl WatchedPod {
             .flatten()
             {
                 statuses.shrink_to_fit();
-                for c in statuses {
-                    // Read: name, image, state. Never the rest.
-                    c.image_id = String::new();
-                    c.container_id = None;
-                    c.last_state = None;
-                    c.allocated_resources = None;
-                    c.allocated_resources_status = None;
-                    c.resources = None;
-                    c.user = None;
-                    c.volume_mounts = None;
-                }
             }
         }
         let (node_name, gates, tolerations) = self
@@ -246,7 +233,10 @@ reads_as!(WatchedPod, Pod);
 /// lists its images and conditions too, tens of kilobytes the monitor never reads).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct WatchedNode {
-    #[serde(default)]
+    #[serde(
+        default,
+        deserialize_with = "super::slim::meta::<super::slim::Whole, _>"
+    )]
     pub metadata: ObjectMeta,
     #[serde(default)]
     spec: Option<SlimNodeSpec>,
@@ -299,6 +289,34 @@ impl WatchedNode {
 }
 
 reads_as!(WatchedNode, k8s_openapi::api::core::v1::Node);
+
+/// A PodGroup as read from the API: its spec and status whole (a few small fields) and its metadata
+/// without what the monitor never reads (see [`super::slim`]).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct WatchedGroup {
+    #[serde(
+        default,
+        deserialize_with = "super::slim::meta::<super::slim::GroupReads, _>"
+    )]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    spec: PodGroupSpec,
+    #[serde(default)]
+    status: Option<PodGroupStatus>,
+}
+
+impl WatchedGroup {
+    /// The PodGroup as the cache and the decisions take it.
+    pub fn into_group(self) -> PodGroup {
+        PodGroup {
+            metadata: self.metadata,
+            spec: self.spec,
+            status: self.status,
+        }
+    }
+}
+
+reads_as!(WatchedGroup, PodGroup);
 
 /// A pod as the cache holds it: a [`Pod`] without the spec (whose inline size alone is 1.4 KB, even
 /// empty) and without the labels map (a B-tree node of over half a kilobyte for two labels). Its job is

@@ -10,7 +10,8 @@
 //! - [`observe`]: ranks, exit codes, start and end times, image pull failures, pending reasons.
 //! - [`decide`]: the pure decision per job: observed objects + now → [`decide::Step`].
 //! - [`events`]: the lifecycle events and their deterministic ids.
-//! - [`cache`]: the watched objects, kept small; [`keys`]: the keys and fast maps its users share.
+//! - [`cache`]: the watched objects, kept small; [`keys`]: the keys and fast maps its users share;
+//!   [`slim`]: what is decoded of them (only what the monitor reads).
 //! - [`peers`]: peers run together: the gate, their addresses, their ends.
 //! - [`inputs`]: the forecast's snapshot ([`crate::forecast`], which replays the scheduler) read from
 //!   the listed nodes, pods, PodGroups and jobs; [`telling`]: when a waiting job hears its estimate
@@ -45,6 +46,7 @@ pub mod queues;
 pub mod record;
 pub mod reserve;
 pub mod run;
+pub mod slim;
 pub mod telling;
 pub mod timers;
 pub mod verify;

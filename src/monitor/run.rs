@@ -34,8 +34,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::cache::{
-    Cache, FastMap, FastSet, Fingerprint, JobKey, Kind, Snapshot, WatchedJob, WatchedNode,
-    WatchedPod, is_newer,
+    Cache, FastMap, FastSet, Fingerprint, JobKey, Kind, Snapshot, WatchedGroup, WatchedJob,
+    WatchedNode, WatchedPod, is_newer,
 };
 use super::clock::{Clock, SystemClock};
 use super::decide::Settings;
@@ -48,7 +48,7 @@ use crate::cluster::HeldShards;
 use crate::config::Config;
 use crate::config::monitor::MonitorConfig;
 use crate::forecast::Node;
-use crate::volcano::{LABEL_JOB_NAME, PodGroup, Queue, VolcanoJob};
+use crate::volcano::{LABEL_JOB_NAME, Queue, VolcanoJob};
 
 /// How long a difference between the API and the cache may stay unexplained before the watch of that
 /// kind is taken to have missed it. A healthy watch delivers a change within milliseconds; this leaves
@@ -213,7 +213,7 @@ struct Watches {
     client: kube::Client,
     jobs_api: Api<WatchedJob>,
     pods_api: Api<WatchedPod>,
-    groups_api: Api<PodGroup>,
+    groups_api: Api<WatchedGroup>,
     selector: String,
     pod_selector: String,
     paged: watcher::Config,
@@ -255,7 +255,7 @@ impl Watches {
             .boxed()
     }
 
-    fn groups(&self) -> Watch<PodGroup> {
+    fn groups(&self) -> Watch<WatchedGroup> {
         watcher::watcher(self.groups_api.clone(), self.paged.clone())
             .default_backoff()
             .boxed()
@@ -310,7 +310,7 @@ impl Watches {
 struct Streams {
     jobs: Watch<WatchedJob>,
     pods: Watch<WatchedPod>,
-    groups: Watch<PodGroup>,
+    groups: Watch<WatchedGroup>,
     nodes: Watch<WatchedNode>,
     /// The node watch ended for good (this runner may not watch nodes).
     nodes_forbidden: bool,
@@ -1257,18 +1257,18 @@ impl Loop {
         }
     }
 
-    fn on_group(&mut self, event: Event<PodGroup>) {
+    fn on_group(&mut self, event: Event<WatchedGroup>) {
         self.estimates_stale = true;
         match event {
             Event::Apply(pg) | Event::InitApply(pg) => {
-                if let Some(key) = self.cache.apply_group(pg)
+                if let Some(key) = self.cache.apply_group(pg.into_group())
                     && self.cache.job(&key).is_some()
                 {
                     self.enqueue(key);
                 }
             }
             Event::Delete(pg) => {
-                if let Some(key) = self.cache.remove_group(&pg)
+                if let Some(key) = self.cache.remove_group(&pg.into_group())
                     && self.cache.job(&key).is_some()
                 {
                     self.enqueue(key);
