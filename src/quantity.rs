@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Container;
+use k8s_openapi::api::core::v1::{Container, PodSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 /// The extended resource of a GPU, as the runner renders it and the device plugin offers it.
@@ -82,18 +82,83 @@ pub fn parse_milli(s: &str) -> Option<Milli> {
 /// CPU in millicores, memory in MiB and GPUs of a resource map (a node's allocatable, a container's
 /// requests), memory and GPUs rounded up; a missing, malformed or negative quantity counts 0.
 pub fn cpu_memory_gpu(map: &BTreeMap<String, Quantity>) -> (u64, u64, u64) {
-    let milli = |name: &str| {
-        map.get(name)
-            .and_then(|q| parse_milli(&q.0))
-            .unwrap_or(0)
-            .max(0)
-    };
+    cpu_memory_gpu_of(&millis_of(map))
+}
+
+/// What a pod asks the scheduler for, as [`cpu_memory_gpu`] gives it: CPU in millicores, memory in MiB
+/// and GPUs, by the rule of [`pod_requests`]. The bookings and the monitor's estimates both count a
+/// pod this way, so that they agree with each other and with the scheduler.
+pub fn pod_cpu_memory_gpu(spec: &PodSpec) -> (u64, u64, u64) {
+    cpu_memory_gpu_of(&pod_requests(spec))
+}
+
+/// A resource map in milli-units, resource by resource.
+type Millis = BTreeMap<String, Milli>;
+
+/// [`cpu_memory_gpu`] of a map already in milli-units.
+fn cpu_memory_gpu_of(map: &Millis) -> (u64, u64, u64) {
+    let milli = |name: &str| map.get(name).copied().unwrap_or(0).max(0);
     let mib: Milli = 1024 * 1024 * 1000;
     (
         u64::try_from(milli("cpu")).unwrap_or(u64::MAX),
         u64::try_from((milli("memory") + mib - 1) / mib).unwrap_or(u64::MAX),
         u64::try_from((milli(GPU) + 999) / 1000).unwrap_or(u64::MAX),
     )
+}
+
+/// A quantity map in milli-units; a malformed or negative quantity counts 0.
+fn millis_of(map: &BTreeMap<String, Quantity>) -> Millis {
+    map.iter()
+        .map(|(k, q)| (k.clone(), parse_milli(&q.0).unwrap_or(0).max(0)))
+        .collect()
+}
+
+/// Adds `more` to `total`, resource by resource.
+fn add(total: &mut Millis, more: &Millis) {
+    for (k, v) in more {
+        let t = total.entry(k.clone()).or_insert(0);
+        *t = t.saturating_add(*v);
+    }
+}
+
+/// Raises `total` to at least `other`, resource by resource.
+fn at_least(total: &mut Millis, other: &Millis) {
+    for (k, v) in other {
+        let t = total.entry(k.clone()).or_insert(0);
+        *t = (*t).max(*v);
+    }
+}
+
+/// What a pod asks the scheduler for, resource by resource, in milli-units, by the rule Kubernetes'
+/// scheduler and kubelet apply (`PodRequests`): its containers added up, and its sidecars with them
+/// (init containers with `restartPolicy: Always` keep running beside the containers); at least what
+/// the init phase needs at its peak (an ordinary init container runs alone beside the sidecars started
+/// before it, a sidecar beside those before it); plus the pod's `overhead` (its RuntimeClass's, set on
+/// admission). Each container counts by [`container_requests`].
+fn pod_requests(spec: &PodSpec) -> Millis {
+    let mut total = Millis::new();
+    for c in &spec.containers {
+        add(&mut total, &millis_of(&container_requests(c)));
+    }
+    let mut sidecars = Millis::new();
+    let mut init_peak = Millis::new();
+    for c in spec.init_containers.iter().flatten() {
+        let own = millis_of(&container_requests(c));
+        if c.restart_policy.as_deref() == Some("Always") {
+            add(&mut total, &own);
+            add(&mut sidecars, &own);
+            at_least(&mut init_peak, &sidecars);
+        } else {
+            let mut during = sidecars.clone();
+            add(&mut during, &own);
+            at_least(&mut init_peak, &during);
+        }
+    }
+    at_least(&mut total, &init_peak);
+    if let Some(overhead) = &spec.overhead {
+        add(&mut total, &millis_of(overhead));
+    }
+    total
 }
 
 /// What a container asks the scheduler for, resource by resource: its requests, and its limits where a
@@ -133,6 +198,85 @@ mod tests {
         assert_eq!(cpu_memory_gpu(&map), (1500, 8192, 1));
         let bare: Container = serde_json::from_value(serde_json::json!({"name": "c"})).unwrap();
         assert_eq!(cpu_memory_gpu(&container_requests(&bare)), (0, 0, 0));
+    }
+
+    fn pod(spec: serde_json::Value) -> PodSpec {
+        serde_json::from_value(spec).unwrap()
+    }
+
+    /// The containers add up; an init container larger than their sum sets the pod's request, one
+    /// resource at a time; a smaller one changes nothing.
+    #[test]
+    fn a_pod_requests_its_containers_or_its_largest_init_container() {
+        let spec = pod(serde_json::json!({
+            "initContainers": [
+                {"name": "fetch", "resources": {"requests": {"cpu": "8", "memory": "1Gi"}}},
+                {"name": "small", "resources": {"requests": {"cpu": "1"}}}
+            ],
+            "containers": [
+                {"name": "a", "resources": {"limits": {"cpu": "2", "memory": "4Gi", GPU: "1"}}},
+                {"name": "b", "resources": {"requests": {"cpu": "1", "memory": "2Gi"}}}
+            ]
+        }));
+        assert_eq!(pod_cpu_memory_gpu(&spec), (8000, 6144, 1));
+        let plain = pod(serde_json::json!({"containers": [
+            {"name": "a", "resources": {"requests": {"cpu": "500m", "memory": "1"}}},
+            {"name": "b", "resources": {"requests": {"cpu": "500m", "memory": "1"}}}
+        ]}));
+        assert_eq!(
+            pod_cpu_memory_gpu(&plain),
+            (1000, 1, 0),
+            "memory adds up in bytes before it rounds to MiB"
+        );
+        assert_eq!(pod_cpu_memory_gpu(&PodSpec::default()), (0, 0, 0));
+    }
+
+    /// A sidecar (an init container with `restartPolicy: Always`) runs beside the containers, so it adds
+    /// to their sum; an ordinary init container after it runs beside it, so the init phase's peak is
+    /// both together.
+    #[test]
+    fn sidecars_add_to_the_containers_and_to_the_init_containers_after_them() {
+        let spec = pod(serde_json::json!({
+            "initContainers": [
+                {"name": "proxy", "restartPolicy": "Always", "resources": {"requests": {"cpu": "1"}}},
+                {"name": "migrate", "resources": {"requests": {"cpu": "3"}}}
+            ],
+            "containers": [{"name": "app", "resources": {"requests": {"cpu": "2"}}}]
+        }));
+        assert_eq!(
+            pod_cpu_memory_gpu(&spec).0,
+            4000,
+            "init phase: proxy 1 + migrate 3 = 4 > running: app 2 + proxy 1 = 3"
+        );
+        let before = pod(serde_json::json!({
+            "initContainers": [
+                {"name": "migrate", "resources": {"requests": {"cpu": "3"}}},
+                {"name": "proxy", "restartPolicy": "Always", "resources": {"requests": {"cpu": "1"}}}
+            ],
+            "containers": [{"name": "app", "resources": {"requests": {"cpu": "2"}}}]
+        }));
+        assert_eq!(
+            pod_cpu_memory_gpu(&before).0,
+            3000,
+            "migrate ran before the proxy started: max(3, 2 + 1)"
+        );
+        let big_sidecar = pod(serde_json::json!({
+            "initContainers": [
+                {"name": "proxy", "restartPolicy": "Always", "resources": {"requests": {"cpu": "5"}}}
+            ],
+            "containers": [{"name": "app", "resources": {"requests": {"cpu": "2"}}}]
+        }));
+        assert_eq!(pod_cpu_memory_gpu(&big_sidecar).0, 7000);
+    }
+
+    /// A pod's overhead (its RuntimeClass's) comes on top of what its containers request.
+    #[test]
+    fn the_overhead_comes_on_top() {
+        let spec = pod(serde_json::json!({
+            "overhead": {"cpu": "250m", "memory": "120Mi"},
+            "containers": [{"name": "app", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]
+        }));
+        assert_eq!(pod_cpu_memory_gpu(&spec), (1250, 1144, 0));
     }
 
     #[test]

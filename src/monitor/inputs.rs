@@ -30,7 +30,7 @@ use super::reserve::{self, Change, NodeTaints};
 use crate::durable::AnnotationKeys;
 use crate::durable::annotations::parse_millis;
 use crate::forecast::{self, Estimate, Node, Pending, Resources, Running};
-use crate::quantity::{container_requests, cpu_memory_gpu};
+use crate::quantity::{cpu_memory_gpu, pod_cpu_memory_gpu};
 use crate::volcano::{LABEL_JOB_NAME, PodGroup, Queue, VolcanoJob};
 
 /// The GPU resource name the products ask for.
@@ -163,27 +163,18 @@ fn resources_of(map: &BTreeMap<String, Quantity>) -> Resources {
     }
 }
 
-/// What a pod asks for: its containers' requests added up (limits where a request is missing), at least
-/// its largest init container, as the scheduler counts it.
+/// What a pod asks for, as the scheduler counts it ([`crate::quantity::pod_cpu_memory_gpu`]).
 fn pod_requests(pod: &Pod) -> Resources {
-    let Some(spec) = &pod.spec else {
-        return Resources::default();
-    };
-    let of = |c| resources_of(&container_requests(c));
-    let mut total = Resources::default();
-    for c in &spec.containers {
-        let r = of(c);
-        total.cpu_milli += r.cpu_milli;
-        total.memory_mib += r.memory_mib;
-        total.gpu += r.gpu;
+    let (cpu_milli, memory_mib, gpu) = pod
+        .spec
+        .as_ref()
+        .map(pod_cpu_memory_gpu)
+        .unwrap_or_default();
+    Resources {
+        cpu_milli,
+        memory_mib,
+        gpu,
     }
-    for c in spec.init_containers.iter().flatten() {
-        let r = of(c);
-        total.cpu_milli = total.cpu_milli.max(r.cpu_milli);
-        total.memory_mib = total.memory_mib.max(r.memory_mib);
-        total.gpu = total.gpu.max(r.gpu);
-    }
-    total
 }
 
 /// Whether a pod still holds its node: bound and not ended.

@@ -11,10 +11,13 @@
 //! - [`names`]: Kubernetes names (job, pods, hostnames, owner namespaces, queues).
 //! - [`desired`]: [`DesiredJob`], the objects for one job in apply order.
 //! - [`plugins`]: one file per plugin and the ordered [`plugins::REGISTRY`].
-//! - [`hooks`]: what the monitor observes ([`hooks::JobFacts`]) and the actions the hooks return.
+//! - [`facts`]: what the monitor observes ([`facts::JobFacts`]), what a hook sees and the actions it
+//!   returns: the plugins' side of the hooks.
+//! - [`hooks`]: runs every plugin's hook and merges their actions into one plan (re-exports [`facts`]).
 
 pub mod config;
 pub mod desired;
+pub mod facts;
 pub mod hooks;
 pub mod kept;
 pub mod names;

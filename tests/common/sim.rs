@@ -4,10 +4,20 @@
 
 use std::time::Duration;
 
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 use volcano_runner::sim::{SimConfig, SimHandle, Simulator};
+
+/// A JSON merge patch of the object `name` (what `kubectl patch --type merge` and the runner send): the
+/// tests' most common write after a create, here once.
+pub async fn merge<K>(api: &Api<K>, name: &str, patch: Value) -> kube::Result<K>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+}
 
 /// A simulator on a free port with a stopped clock, and a client for it.
 pub async fn start() -> (SimHandle, Client) {

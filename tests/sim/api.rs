@@ -199,16 +199,13 @@ async fn every_patch_kind() {
         .unwrap();
 
     // JSON merge patch: add and remove.
-    let merged = api
-        .patch(
-            "p",
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"labels": {"a": null, "b": "2"}}, "data": {"x": "y"}}),
-            ),
-        )
-        .await
-        .unwrap();
+    let merged = merge(
+        &api,
+        "p",
+        json!({"metadata": {"labels": {"a": null, "b": "2"}}, "data": {"x": "y"}}),
+    )
+    .await
+    .unwrap();
     assert_eq!(merged.labels().get("b").map(String::as_str), Some("2"));
     assert!(!merged.labels().contains_key("a"));
     assert_eq!(merged.data.as_ref().unwrap()["x"], "y");
@@ -237,14 +234,13 @@ async fn every_patch_kind() {
     assert_eq!(api.get("p").await.unwrap().data.unwrap()["x"], "z");
 
     // A merge patch carrying a stale resourceVersion conflicts.
-    let stale = api
-        .patch(
-            "p",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"resourceVersion": "1"}, "data": {"x": "q"}})),
-        )
-        .await
-        .unwrap_err();
+    let stale = merge(
+        &api,
+        "p",
+        json!({"metadata": {"resourceVersion": "1"}, "data": {"x": "q"}}),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(code(&stale), 409);
 
     // Server-side apply creates, then merges; it needs a field manager.
@@ -325,14 +321,13 @@ async fn every_patch_kind() {
         .await
         .unwrap_err();
     assert_eq!(code(&e), 415);
-    let ok = jobs
-        .patch(
-            "j",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {"ucloud.dk/expiry": "123"}}})),
-        )
-        .await
-        .unwrap();
+    let ok = merge(
+        &jobs,
+        "j",
+        json!({"metadata": {"annotations": {"ucloud.dk/expiry": "123"}}}),
+    )
+    .await
+    .unwrap();
     assert_eq!(ok.annotations()["ucloud.dk/expiry"], "123");
 }
 
@@ -348,12 +343,7 @@ async fn status_subresource_of_vcjobs() {
     .await
     .unwrap();
     // A status change through the main resource is ignored.
-    let main = api
-        .patch(
-            "j",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"retryCount": 9}})),
-        )
+    let main = merge(&api, "j", json!({"status": {"retryCount": 9}}))
         .await
         .unwrap();
     assert_ne!(main.data["status"]["retryCount"], 9);
@@ -398,12 +388,7 @@ async fn podgroup_status_follows_the_real_crd() {
         created.data["status"]["phase"], "Pending",
         "kept on create without a status subresource"
     );
-    let patched = api
-        .patch(
-            "manual",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"running": 1}})),
-        )
+    let patched = merge(&api, "manual", json!({"status": {"running": 1}}))
         .await
         .unwrap();
     assert_eq!(patched.data["status"]["running"], 1);
@@ -601,13 +586,9 @@ async fn cascading_deletes_follow_owner_references() {
             .deletion_timestamp
             .is_some()
     );
-    api.patch(
-        "held",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-    )
-    .await
-    .unwrap();
+    merge(&api, "held", json!({"metadata": {"finalizers": null}}))
+        .await
+        .unwrap();
     assert_eq!(code(&api.get("held").await.unwrap_err()), 404);
     assert_eq!(code(&api.get("owner2").await.unwrap_err()), 404);
 

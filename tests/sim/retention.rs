@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::api::{ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{ListParams, PostParams, WatchEvent, WatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use sim_support::*;
@@ -102,10 +102,10 @@ async fn an_ended_job_costs_the_simulator_a_few_kib_and_reads_back_whole() {
     let first = from_watch.iter().find(|p| p.name_any() == "j-0-job-0");
     assert_eq!(first, Some(&pod), "get and watch send the same object");
 
-    pods.patch(
+    merge(
+        &pods,
         "j-1-job-0",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"labels": {"volcano-runner/ended": "true"}}})),
+        json!({"metadata": {"labels": {"volcano-runner/ended": "true"}}}),
     )
     .await
     .unwrap();

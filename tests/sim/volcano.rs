@@ -513,19 +513,14 @@ async fn admission_denials_read_like_volcano() {
     )
     .await
     .unwrap();
-    api.patch(
+    merge(
+        &api,
         "j-5",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"annotations": {"ucloud.dk/expiry": "42"}}})),
+        json!({"metadata": {"annotations": {"ucloud.dk/expiry": "42"}}}),
     )
     .await
     .unwrap();
-    let err = api
-        .patch(
-            "j-5",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"queue": "research"}})),
-        )
+    let err = merge(&api, "j-5", json!({"spec": {"queue": "research"}}))
         .await
         .unwrap_err();
     assert!(

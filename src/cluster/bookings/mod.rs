@@ -1313,21 +1313,20 @@ fn amount_of(
     }
 }
 
-/// What a pod's containers request (their limits where a request is missing), added up.
+/// What a pod asks for, as the scheduler counts it (init containers and sidecars included).
 fn pod_requests(pod: &Pod) -> Amount {
     pod.spec.as_ref().map(pod_spec_requests).unwrap_or_default()
 }
 
-/// [`pod_requests`] of a pod spec (a job's template, before its pods exist).
+/// [`pod_requests`] of a pod spec (a job's template, before its pods exist):
+/// [`crate::quantity::pod_cpu_memory_gpu`], the reading the monitor's estimates use too.
 pub fn pod_spec_requests(spec: &k8s_openapi::api::core::v1::PodSpec) -> Amount {
-    let mut total = Amount::default();
-    for c in &spec.containers {
-        let a = amount_of(&crate::quantity::container_requests(c));
-        total.cpu_milli += a.cpu_milli;
-        total.memory_mib += a.memory_mib;
-        total.gpu += a.gpu;
+    let (cpu_milli, memory_mib, gpu) = crate::quantity::pod_cpu_memory_gpu(spec);
+    Amount {
+        cpu_milli,
+        memory_mib,
+        gpu,
     }
-    total
 }
 
 /// The owner a booking's share is counted against: the project, else the user.
@@ -1483,6 +1482,38 @@ mod tests {
         assert_eq!(BookedTaint::parse("1_2"), None);
         assert_eq!(next_cutoff(at(1000), step), at(1020));
         assert_eq!(next_cutoff(at(1020), step), at(1080));
+    }
+
+    /// A pod bound on a booked node holds what the scheduler counts for it: an init container that
+    /// requests more than the pod's containers sets its share, and a job's template asks for as much.
+    #[test]
+    fn a_bound_pod_holds_its_init_containers_request() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {
+                "nodeName": "n1",
+                "initContainers": [{"name": "fetch", "resources": {"requests": {"cpu": "8", "memory": "16Gi"}}}],
+                "containers": [{"name": "main", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]
+            },
+            "status": {"phase": "Running"}
+        }))
+        .unwrap();
+        let keys = AnnotationKeys::new("ucloud.dk/");
+        let held = holdings(
+            std::slice::from_ref(&pod),
+            &[],
+            &keys,
+            Timestamp::from_second(0).unwrap(),
+        );
+        let want = Amount {
+            cpu_milli: 8000,
+            memory_mib: 16384,
+            gpu: 0,
+        };
+        assert_eq!(held.len(), 1);
+        assert_eq!(held[0].node, "n1");
+        assert_eq!(held[0].uses, want, "the init container, not just `main`");
+        assert_eq!(pod_spec_requests(pod.spec.as_ref().unwrap()), want);
     }
 
     /// Only the bookings' taint and labels change, and only when they differ from what the record

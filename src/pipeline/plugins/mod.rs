@@ -29,7 +29,7 @@ use std::fmt;
 use super::PipelineError;
 use super::context::Context;
 use super::draft::Draft;
-use super::hooks::{HookActions, HookContext, HookError};
+use super::facts::{HookActions, HookContext, HookError};
 
 /// Names a plugin, for switches, logs and hook failures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -25,7 +25,8 @@ pub const BOOKED_CAPACITY: &str = "booked_capacity";
 /// A status event: the booking was cancelled with its job, and its capacity is free again.
 pub const BOOKING_CANCELLED: &str = "booking_cancelled";
 
-/// What one rank of the rendered job asks for: its pod template's containers' requests.
+/// What one rank of the rendered job asks for: its pod template's requests, as the scheduler counts
+/// them (init containers and sidecars included).
 fn per_rank(vcjob: &VolcanoJob) -> Amount {
     vcjob
         .spec
