@@ -145,7 +145,9 @@ pub struct BrokerConfig {
     pub events_mandatory: bool,
 
     /// How many unacknowledged submissions the broker hands one runner at a time. Together with the
-    /// runner's bound on concurrent handling, this is the runner's in-progress limit.
+    /// runner's bound on concurrent handling, this is the runner's in-progress limit. A prefetched
+    /// submission waiting for a handler costs only its message (a figlet submission is 1.6 KiB); the
+    /// memory goes with `runner.max_in_flight`.
     pub submit_prefetch: u16,
     /// How many unacknowledged control messages (cancels, extends) one runner holds. Its own channel and
     /// prefetch, so a cancel is delivered even while every submit slot is taken.
