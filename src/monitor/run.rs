@@ -911,6 +911,10 @@ impl Loop {
             } else {
                 self.ready.push_back((key, Instant::now()));
             }
+        } else if self.tells_queued(&key) && !self.urgent.iter().any(|(k, _)| *k == key) {
+            // Queued before its job was in the cache (its PodGroup or pod came first): taken from the
+            // urgent queue now; its entry in `ready` is skipped when it comes up (no longer queued).
+            self.urgent.push_back((key, Instant::now()));
         }
     }
 
@@ -1485,7 +1489,10 @@ impl Loop {
             let Some(key) = self.next_due(now, hold) else {
                 return;
             };
-            self.queued.remove(&key);
+            if !self.queued.remove(&key) {
+                // Taken already from the other queue.
+                continue;
+            }
             if self.busy.contains(&key) {
                 self.dirty.insert(key);
                 continue;
