@@ -90,14 +90,14 @@ async fn bench_measures_limits_and_two_phases_and_cleans_up() {
         } else {
             assert_eq!(p["ended"], 0, "{p}");
             assert!(p["ended_jobs_per_s"].is_null(), "{p}");
-            // The submit path's one write per job: the record that its QUEUED was confirmed (it follows
-            // the QUEUED, so the last few may fall after the phase's count ends).
+            // No write of the job by the submit path: with no runner monitoring, nothing needs the
+            // record that its QUEUED was confirmed (docs/monitor.md, "Order of a job's events").
             let patches: u64 = by_kind
                 .iter()
                 .filter(|(k, _)| k.starts_with("patch jobs"))
                 .map(|(_, v)| v.as_u64().unwrap())
                 .sum();
-            assert!((1..=40).contains(&patches), "{p}");
+            assert_eq!(patches, 0, "{p}");
         }
         assert_eq!(p["published"], 40, "{p}");
         assert_eq!(p["created"], 40, "{p}");
