@@ -278,12 +278,7 @@ impl Action {
     }
 }
 
-fn earliest(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
+use crate::interval::earliest;
 
 /// What every step reads of the job first: its facts, its persisted record, and whether it is being
 /// deleted and still carries our finalizer.

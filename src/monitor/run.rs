@@ -194,12 +194,7 @@ struct Loop {
 const TAINTS_RETRY: jiff::SignedDuration = jiff::SignedDuration::from_secs(60);
 
 /// The earlier of two instants, either of which may be unset.
-fn earliest_of(a: Option<jiff::Timestamp>, b: Option<jiff::Timestamp>) -> Option<jiff::Timestamp> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
+use crate::interval::earliest as earliest_of;
 
 /// Objects per page of a watch's initial list.
 const WATCH_PAGE: u32 = 100;

@@ -35,7 +35,7 @@ fn delivered_twice(events: &[Captured]) -> BTreeMap<String, usize> {
 }
 
 /// Moves the simulator's clock until every job has `state`.
-async fn advance_until(h: &Harness, jobs: &[String], state: &str) {
+pub(crate) async fn advance_until(h: &Harness, jobs: &[String], state: &str) {
     let deadline = tokio::time::Instant::now() + rabbit::PATIENCE;
     loop {
         let events = h.events().await;

@@ -4,6 +4,7 @@
 //! monitor anywhere, tells QUEUED and writes no record. Either way a submission costs three requests:
 //! the two creates and the tombstone read.
 
+use crate::events_once::advance_until;
 use crate::harness;
 use crate::rabbit;
 
@@ -116,27 +117,6 @@ async fn wait_for(h: &Harness, jobs: &[String], state: &str) {
             .all(|j| e.iter().any(|c| c.message_id == format!("{j}/{state}")))
     })
     .await;
-}
-
-/// Moves the simulator's clock until every job has `state`.
-async fn advance_until(h: &Harness, jobs: &[String], state: &str) {
-    let deadline = tokio::time::Instant::now() + rabbit::PATIENCE;
-    loop {
-        let events = h.events().await;
-        if jobs.iter().all(|j| {
-            events
-                .iter()
-                .any(|c| c.message_id == format!("{j}/{state}"))
-        }) {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{state} for every job"
-        );
-        h.sim.advance(Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// The lifecycle message ids of `job` in delivery order.
