@@ -15,6 +15,13 @@ pub const LEASE_GROUP: &str = "volcano-runner/lease-group";
 /// Annotation on a runner's member lease: what keeps the runner from its work, in words for an operator
 /// (absent when nothing), for `admin status` to show. Today: `no queue receives compute.events`.
 pub const RUNNER_PROBLEM: &str = "volcano-runner/problem";
+/// Annotation on a shard lease, valued with the identity of the runner that wrote it while holding
+/// the shard: that runner's monitor tells the QUEUED of a job created with `<prefix>queuedBy: monitor`
+/// (docs/monitor.md, *Order of a job's events*). A runner older than that writes no such annotation,
+/// and keeps the one it finds when it takes a lease over (its writes copy the lease), so the value
+/// counts only while it names the lease's holder: a submit path leaves a job's QUEUED to the holder
+/// only then, and otherwise tells QUEUED itself (a rolling upgrade, docs/ops.md).
+pub const TELLS_QUEUED: &str = "volcano-runner/tells-queued";
 /// Label on a VolcanoJob once the monitor has nothing left to do for it: set in the write that removes
 /// the cleanup finalizer, the last of a job's end. The monitor's job watch and lists exclude it
 /// (`!volcano-runner/ended`), so a job kept for `ended_job_retention` as the record of its submission

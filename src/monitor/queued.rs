@@ -37,7 +37,9 @@
 //! the other runners' leases ([`crate::cluster::ShardHolders`]):
 //! - this runner holds the job's shard: it publishes QUEUED and the record rides on its monitor's first
 //!   write (above);
-//! - another runner holds it: the job is created with `<prefix>queuedBy: monitor` ([`QUEUED_BY`],
+//! - another runner holds it, and says on its lease that it tells such QUEUEDs
+//!   ([`crate::cluster::labels::TELLS_QUEUED`]; a runner older than that does not, and is treated as
+//!   the view cannot tell, below): the job is created with `<prefix>queuedBy: monitor` ([`QUEUED_BY`],
 //!   [`BY_MONITOR`]) and the submit path publishes nothing; the job's monitor publishes the very same
 //!   QUEUED as soon as it sees the job without the record (not waiting for [`GRACE`] nor for its first
 //!   event), then carries the record to its first write as above ([`ConfirmedQueued::carry`]; when its shard
@@ -48,7 +50,8 @@
 //! - nobody holds it (no runner monitors): the submit path publishes QUEUED and writes no record; a
 //!   monitor that takes the job over later sends its copy after [`GRACE`], a duplicate that only a
 //!   missing monitor causes;
-//! - the view cannot tell (not listed yet): as before, it publishes QUEUED and writes the record.
+//! - the view cannot tell (not listed yet), or the holder is an older runner: as before, it publishes
+//!   QUEUED and writes the record.
 //!
 //! That costs three requests per submission whoever monitors the job: the two creates and the
 //! tombstone read. A cancel that overtook the submission makes the submit path claim the job and tell

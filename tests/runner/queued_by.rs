@@ -310,3 +310,106 @@ async fn a_monitor_killed_before_its_first_write_leaves_queued_to_the_next_holde
         }
     }
 }
+
+/// Writes the shard lease of one shard by hand, held by `holder` for an hour, as a runner would: with
+/// `volcano-runner/tells-queued` naming `tells` (a runner that tells the QUEUED of the jobs left to it),
+/// or without it (`None`: a runner older than that, as during a rolling upgrade).
+async fn hold_the_shard_by_hand(h: &Harness, holder: &str, tells: Option<&str>) {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    use kube::api::{ObjectMeta, PostParams};
+    use volcano_runner::cluster::labels::{COMPONENT, LEASE_GROUP, TELLS_QUEUED};
+    let leases: Api<Lease> = Api::namespaced(h.client.clone(), &h.config.cluster.namespace);
+    let prefix = &h.config.cluster.lease.name_prefix;
+    let name = format!("{prefix}-shard-0");
+    let existing = leases.get_opt(&name).await.unwrap();
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            labels: Some(BTreeMap::from([
+                (COMPONENT.to_owned(), "shard-lease".to_owned()),
+                (LEASE_GROUP.to_owned(), prefix.clone()),
+            ])),
+            annotations: tells
+                .map(|who| BTreeMap::from([(TELLS_QUEUED.to_owned(), who.to_owned())])),
+            resource_version: existing.and_then(|l| l.metadata.resource_version),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(holder.to_owned()),
+            lease_duration_seconds: Some(3600),
+            renew_time: Some(MicroTime(jiff::Timestamp::now())),
+            ..LeaseSpec::default()
+        }),
+    };
+    if lease.metadata.resource_version.is_some() {
+        leases
+            .replace(&name, &PostParams::default(), &lease)
+            .await
+            .unwrap();
+    } else {
+        leases.create(&PostParams::default(), &lease).await.unwrap();
+    }
+}
+
+/// A rolling upgrade: the job's shard is held by an older runner, whose lease does not say that it
+/// tells the QUEUED of the jobs left to it. A runner that does not hold the shard then tells QUEUED
+/// itself and writes the record of its confirm (the four requests of before), and leaves nothing to the
+/// older runner, which would never tell it. Once the lease says the holder tells it, new jobs are left
+/// to the holder again. Before, every job was left to the older runner: no QUEUED at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_held_by_an_older_runner_leaves_queued_to_the_submit_path() {
+    let h = Harness::new("queued-by-older").await;
+    hold_the_shard_by_hand(&h, "runner-old", None).await;
+    let a = h.start_with("runner-a", one_shard(&h), false);
+    h.wait_consumers(&h.config.broker.submit_queue, 1).await;
+    warm_up(&h, &["runner-a"]).await;
+
+    let jobs: Vec<String> = (0..6).map(|i| format!("o-{i}")).collect();
+    let by_kind = submit_all(&h, &jobs).await;
+    let n = jobs.len() as u64;
+    assert_eq!(
+        by_kind.get("patch jobs.batch.volcano.sh"),
+        Some(&n),
+        "the record written by the submit path: {by_kind:?}"
+    );
+    for job in &jobs {
+        let vcjob = h.vcjob(job).await.expect("the VolcanoJob exists");
+        let annotations = vcjob.metadata.annotations.unwrap_or_default();
+        assert_eq!(
+            annotations.get("ucloud.dk/queuedBy"),
+            None,
+            "{job}: not left to an older runner"
+        );
+        assert_eq!(
+            annotations
+                .get("ucloud.dk/queuedConfirmed")
+                .map(String::as_str),
+            Some("true"),
+            "{job}: the record for the older runner's monitor"
+        );
+    }
+    let events = h.events().await;
+    for job in &jobs {
+        let queued = format!("{job}/QUEUED");
+        let n = events.iter().filter(|c| c.message_id == queued).count();
+        assert_eq!(n, 1, "{job}: QUEUED once, by the submit path");
+    }
+
+    // The holder (upgraded) now says it tells QUEUED: a new job is left to it, once the watch has it.
+    hold_the_shard_by_hand(&h, "runner-old", Some("runner-old")).await;
+    rabbit::within("a job left to the upgraded holder", async {
+        for i in 0.. {
+            let job = format!("u-{i}");
+            h.submit(&figlet(&job)).await;
+            h.wait_queues_settled().await;
+            let vcjob = h.vcjob(&job).await.expect("the VolcanoJob exists");
+            let annotations = vcjob.metadata.annotations.unwrap_or_default();
+            if annotations.get("ucloud.dk/queuedBy").map(String::as_str) == Some("monitor") {
+                return;
+            }
+        }
+    })
+    .await;
+    a.stop().await;
+}

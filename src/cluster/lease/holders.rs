@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use super::{COMPONENT_SHARD, shard_of};
 use crate::cluster::ClusterConfig;
-use crate::cluster::labels::{COMPONENT, LEASE_GROUP};
+use crate::cluster::labels::{COMPONENT, LEASE_GROUP, TELLS_QUEUED};
 use crate::cluster::view::WatchView;
 
 /// Who holds a job's shard, as far as [`ShardHolders`] knows.
@@ -34,8 +34,12 @@ pub enum Holding {
     /// has monitored the shard's jobs for a while. (A lease released lately is being handed over: a
     /// runner that joins takes it within a round.)
     Nobody,
-    /// Another runner, whose lease is current.
+    /// Another runner, whose lease is current and says that its monitor tells the QUEUED of the jobs
+    /// left to it ([`TELLS_QUEUED`] naming it).
     Other(String),
+    /// Another runner, whose lease is current but does not say so: a runner older than the jobs left to
+    /// their monitor (a rolling upgrade), which would never tell their QUEUED. The submit path tells it.
+    Older(String),
 }
 
 /// How many lease durations a holder's lease must have gone unrenewed before its shard counts as
@@ -48,6 +52,8 @@ pub const STALE_AFTER: u32 = 3;
 #[derive(Debug, Clone)]
 struct Seen {
     holder: Option<String>,
+    /// Whether the lease's [`TELLS_QUEUED`] names its holder.
+    tells_queued: bool,
     /// The lease's own duration, or the configured one when longer (as the leases count it).
     duration: Duration,
     renewed: Option<jiff::Timestamp>,
@@ -155,10 +161,17 @@ fn seen(lease: &Lease, configured: Duration, at: Instant) -> Seen {
         .and_then(|s| u64::try_from(s).ok())
         .map(Duration::from_secs)
         .unwrap_or_default();
+    let holder = spec
+        .and_then(|s| s.holder_identity.clone())
+        .filter(|h| !h.is_empty());
+    let says = lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(TELLS_QUEUED));
     Seen {
-        holder: spec
-            .and_then(|s| s.holder_identity.clone())
-            .filter(|h| !h.is_empty()),
+        tells_queued: holder.is_some() && says == holder.as_ref(),
+        holder,
         duration: configured.max(own),
         renewed: spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
         at,
@@ -197,7 +210,11 @@ fn judge(lease: &Seen, me: &str, now: Instant, wall: jiff::Timestamp) -> Holding
         // Its leases count it as not held (or this would not be asked): being handed over.
         return Holding::Unknown;
     }
-    Holding::Other(holder.clone())
+    if lease.tells_queued {
+        Holding::Other(holder.clone())
+    } else {
+        Holding::Older(holder.clone())
+    }
 }
 
 #[cfg(test)]
@@ -207,6 +224,7 @@ mod tests {
     fn lease(holder: Option<&str>, renewed: jiff::Timestamp) -> Seen {
         Seen {
             holder: holder.map(str::to_owned),
+            tells_queued: holder.is_some(),
             duration: Duration::from_secs(10),
             renewed: Some(renewed),
             at: Instant::now(),
@@ -239,5 +257,41 @@ mod tests {
         let later = now + Duration::from_secs(11);
         let wall_later = wall + jiff::SignedDuration::from_secs(1);
         assert_eq!(judge(&fresh, "a", later, wall_later), Holding::Unknown);
+    }
+
+    /// A holder is left a job's QUEUED only when its lease says, under its own name, that it tells it:
+    /// a lease without the annotation, or with one an older runner kept when it took the lease over
+    /// (naming the runner before it), is an older runner's.
+    #[test]
+    fn a_holder_that_does_not_say_it_tells_queued_is_an_older_runner() {
+        use k8s_openapi::api::coordination::v1::LeaseSpec;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+        let wall = jiff::Timestamp::now();
+        let now = Instant::now();
+        let written = |says: Option<&str>| Lease {
+            metadata: kube::api::ObjectMeta {
+                annotations: says.map(|who| {
+                    std::collections::BTreeMap::from([(TELLS_QUEUED.to_owned(), who.to_owned())])
+                }),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some("b".into()),
+                lease_duration_seconds: Some(10),
+                renew_time: Some(MicroTime(wall)),
+                ..Default::default()
+            }),
+        };
+        let judged = |says| {
+            let seen = seen(&written(says), Duration::from_secs(3), now);
+            judge(&seen, "a", now, wall)
+        };
+        assert_eq!(judged(Some("b")), Holding::Other("b".into()));
+        assert_eq!(judged(None), Holding::Older("b".into()));
+        assert_eq!(
+            judged(Some("c")),
+            Holding::Older("b".into()),
+            "kept from the runner before it"
+        );
     }
 }

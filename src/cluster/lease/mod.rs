@@ -55,7 +55,7 @@ use plan::{Decision, Holder, Observations, decide_with};
 use super::ClusterConfig;
 use super::error::{ClusterError, KubeResultExt};
 use super::labels::{
-    self, COMPONENT, FIELD_MANAGER, LEASE_GROUP, MANAGED_BY, MANAGER, RUNNER_PROBLEM,
+    self, COMPONENT, FIELD_MANAGER, LEASE_GROUP, MANAGED_BY, MANAGER, RUNNER_PROBLEM, TELLS_QUEUED,
 };
 
 /// `app.kubernetes.io/component` of a shard lease.
@@ -811,6 +811,9 @@ impl ShardLeases {
                     (COMPONENT.to_owned(), component.to_owned()),
                     (LEASE_GROUP.to_owned(), self.settings.prefix.clone()),
                 ])),
+                annotations: (component == COMPONENT_SHARD).then(|| {
+                    BTreeMap::from([(TELLS_QUEUED.to_owned(), self.settings.identity.clone())])
+                }),
                 ..ObjectMeta::default()
             },
             spec: Some(LeaseSpec {
@@ -838,6 +841,20 @@ impl ShardLeases {
         let name = lease.metadata.name.clone().unwrap_or_default();
         let now = MicroTime(jiff::Timestamp::now());
         let mut updated = lease.clone();
+        if component(lease) == Some(COMPONENT_SHARD) {
+            // Said with every write of the holder (no request of its own): its monitor tells the
+            // QUEUED of the jobs left to it. A release leaves nobody to say it of.
+            let annotations = updated
+                .metadata
+                .annotations
+                .get_or_insert_with(BTreeMap::new);
+            match take {
+                Some(_) => {
+                    annotations.insert(TELLS_QUEUED.to_owned(), self.settings.identity.clone())
+                }
+                None => annotations.remove(TELLS_QUEUED),
+            };
+        }
         let spec = updated.spec.get_or_insert_with(LeaseSpec::default);
         match take {
             Some(acquire) => {

@@ -439,8 +439,10 @@ async fn queued(
 }
 
 /// Whether another runner holds the shard of `job_id`, by its current lease as this runner's watch
-/// has it (and this runner does not hold it itself): that runner's monitor is to tell the job's QUEUED.
-/// `false` when the view cannot tell: the submit path then tells it, which is always safe.
+/// has it (and this runner does not hold it itself), and says on that lease that it tells the QUEUED of
+/// the jobs left to it: that runner's monitor is to tell the job's QUEUED. `false` when the view cannot
+/// tell, or the holder is an older runner that would not tell it (a rolling upgrade): the submit path
+/// then tells it, which is always safe.
 fn another_monitors(h: &Handler, job_id: &str) -> bool {
     !h.confirmed_queued.holds(job_id)
         && h.shard_holders
