@@ -68,11 +68,9 @@ pub struct Settings {
     pub runner_id: String,
     /// `<prefix>acceptedBy`: the runner that created the job, which its QUEUED names.
     pub accepted_by: String,
-    /// `<prefix>queuedConfirmed`: the submit path had the job's QUEUED confirmed.
-    pub queued_confirmed: String,
-    /// `<prefix>queuedBy`: with `monitor`, the job's monitor tells its QUEUED (see
-    /// [`crate::monitor::queued`]).
-    pub queued_by: String,
+    /// `<prefix>queuedConfirmed` (the job's QUEUED was confirmed) and `<prefix>queuedBy` (with
+    /// `monitor`, the job's monitor tells it; see [`crate::monitor::queued`]).
+    pub queued: super::queued::QueuedKeys,
     pub image_pull_grace: SignedDuration,
     pub queue_timeout: Option<SignedDuration>,
     /// `[monitor] peer_missing_after` (see [`super::peers::never_comes`]).
@@ -101,8 +99,7 @@ impl Settings {
         Self {
             finalizer: keys.cleanup_finalizer(),
             accepted_by: keys.accepted_by.clone(),
-            queued_confirmed: super::queued::annotation_key(&keys.prefix),
-            queued_by: super::queued::queued_by_key(&keys.prefix),
+            queued: super::queued::QueuedKeys::new(&keys.prefix),
             keys,
             runner_id: runner_id.into(),
             image_pull_grace: signed(m.image_pull_grace),
@@ -1997,7 +1994,7 @@ fn awaiting_queued(
     if !needs_queued(obs, record, s) {
         return None;
     }
-    if left_to_monitor(obs, s)
+    if left_untold(obs, s)
         && !(obs.cancel_seen && annotation(obs.job, &s.keys.termination_cause).is_none())
     {
         return None;
@@ -2008,10 +2005,11 @@ fn awaiting_queued(
     (now < until).then_some(until)
 }
 
-/// Whether the job was created with `<prefix>queuedBy: monitor`: its submitting runner did not hold its
-/// shard and left its QUEUED to whichever runner monitors it.
-fn left_to_monitor(obs: &Observed<'_>, s: &Settings) -> bool {
-    annotation(obs.job, &s.queued_by) == Some(super::queued::BY_MONITOR)
+/// Whether the job was created with `<prefix>queuedBy: monitor` (its submitting runner did not hold its
+/// shard and left its QUEUED to whichever runner monitors it) and its QUEUED is not told yet.
+fn left_untold(obs: &Observed<'_>, s: &Settings) -> bool {
+    s.queued
+        .left_untold(obs.job.metadata.annotations.as_ref(), obs.queued_confirmed)
 }
 
 /// Step 2b: the job's QUEUED is left to its monitor and nothing says it went out: publish it now, the
@@ -2019,7 +2017,7 @@ fn left_to_monitor(obs: &Observed<'_>, s: &Settings) -> bool {
 /// event; the record of it rides on the monitor's next write. Held back only while a cancel that
 /// overtook the submission may be claiming the job ([`awaiting_queued`]).
 fn tell_queued(obs: &Observed<'_>, s: &Settings, seen: &Seen, now: Timestamp) -> Option<Step> {
-    if !left_to_monitor(obs, s) {
+    if !left_untold(obs, s) {
         return None;
     }
     if let Some(until) = awaiting_queued(obs, &seen.record, s, now) {
@@ -2049,7 +2047,7 @@ fn needs_queued(obs: &Observed<'_>, record: &Record, s: &Settings) -> bool {
             .metadata
             .annotations
             .as_ref()
-            .is_some_and(|a| a.contains_key(&s.queued_confirmed))
+            .is_some_and(|a| a.contains_key(&s.queued.confirmed))
 }
 
 /// The job's QUEUED, when nothing the monitor publishes about the job can have gone out before: no
@@ -2603,7 +2601,7 @@ mod tests {
         job.metadata
             .annotations
             .get_or_insert_default()
-            .insert(s.queued_confirmed.clone(), "true".into());
+            .insert(s.queued.confirmed.clone(), "true".into());
     }
 
     /// As the monitor leaves a job once RUNNING is published: the state and the start it persisted.
@@ -3213,7 +3211,7 @@ mod tests {
             job.metadata
                 .annotations
                 .get_or_insert_default()
-                .insert(s.queued_by.clone(), "monitor".into());
+                .insert(s.queued.by.clone(), "monitor".into());
             job
         };
         let ids = |world: &World| -> Vec<String> {

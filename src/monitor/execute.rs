@@ -306,15 +306,10 @@ impl Executor {
     /// Whether a cancel of the job is in this runner's view of the tombstones: asked only for a job
     /// whose QUEUED is left to its monitor and not known to be told (see [`Observed::cancel_seen`]).
     fn cancel_seen(&self, job: &VolcanoJob, known: &Known, now: Timestamp) -> bool {
-        let Some(annotations) = job.metadata.annotations.as_ref() else {
-            return false;
-        };
-        if known.queued_confirmed
-            || annotations
-                .get(&self.settings.queued_by)
-                .map(String::as_str)
-                != Some(super::queued::BY_MONITOR)
-            || annotations.contains_key(&self.settings.queued_confirmed)
+        if !self
+            .settings
+            .queued
+            .left_untold(job.metadata.annotations.as_ref(), known.queued_confirmed)
         {
             return false;
         }
@@ -576,7 +571,7 @@ impl Executor {
                 && !self.confirmed_queued.carry(job_id, ns, name)
             {
                 self.confirmed_queued.record(job_id);
-                let set = BTreeMap::from([(self.settings.queued_confirmed.clone(), "true".into())]);
+                let set = BTreeMap::from([(self.settings.queued.confirmed.clone(), "true".into())]);
                 match self.patch(job, &set, &BTreeSet::new(), false).await {
                     Ok(Some(new)) => current = Some(new),
                     Ok(None) => return Ok(Acted::Gone),
@@ -881,7 +876,7 @@ impl Executor {
     fn carried_record(&self, job: &VolcanoJob) -> Option<(String, String)> {
         let name = job.metadata.name.as_deref()?;
         let job_id = crate::pipeline::names::job_id_from_vcjob_name(name)?;
-        let key = &self.settings.queued_confirmed;
+        let key = &self.settings.queued.confirmed;
         let recorded = job
             .metadata
             .annotations

@@ -90,6 +90,42 @@ pub fn queued_by_key(prefix: &str) -> String {
     format!("{prefix}{QUEUED_BY}")
 }
 
+/// The annotations on a job that say who tells its QUEUED and whether it was told, under the annotation
+/// prefix: what the monitor reads wherever it asks whether a QUEUED is left to it and not told yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuedKeys {
+    /// `<prefix>queuedBy` ([`QUEUED_BY`]).
+    pub by: String,
+    /// `<prefix>queuedConfirmed` ([`ANNOTATION`]).
+    pub confirmed: String,
+}
+
+impl QueuedKeys {
+    /// The keys under `prefix` (e.g. `ucloud.dk/`).
+    pub fn new(prefix: &str) -> Self {
+        Self {
+            by: queued_by_key(prefix),
+            confirmed: annotation_key(prefix),
+        }
+    }
+
+    /// Whether the job with `annotations` has its QUEUED left to its monitor ([`BY_MONITOR`]) and not
+    /// told yet, as far as the job and this process know: no record of it on the job, and not
+    /// `confirmed_here` (this process had it confirmed: its submit path, or its monitor in an earlier
+    /// round). The one reading of it: the monitor's decision tells it (step 2b), its executor looks
+    /// for a cancel that overtook the submission, its loop decides the job urgently.
+    pub fn left_untold(
+        &self,
+        annotations: Option<&std::collections::BTreeMap<String, String>>,
+        confirmed_here: bool,
+    ) -> bool {
+        !confirmed_here
+            && annotations.is_some_and(|a| {
+                a.get(&self.by).is_some_and(|v| v == BY_MONITOR) && !a.contains_key(&self.confirmed)
+            })
+    }
+}
+
 /// How long after a job's creation the monitor waits for [`ANNOTATION`] before its first event of the
 /// job, then sends its own copy of QUEUED. The submit path writes it right after the create returns
 /// and the broker confirms; a runner killed in between is the only usual reason to run out of it.
@@ -327,6 +363,36 @@ async fn write_record(client: &kube::Client, job: &CarriedJob, key: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Left to the monitor and not told: `queuedBy: monitor`, no record on the job, and not confirmed
+    /// in this process; anything else is either told or not the monitor's to tell.
+    #[test]
+    fn a_queued_is_left_untold_only_by_monitor_without_a_record() {
+        use std::collections::BTreeMap;
+        let keys = QueuedKeys::new("ucloud.dk/");
+        assert_eq!(keys.by, "ucloud.dk/queuedBy");
+        assert_eq!(keys.confirmed, "ucloud.dk/queuedConfirmed");
+        let on = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let left = on(&[("ucloud.dk/queuedBy", "monitor")]);
+        assert!(keys.left_untold(Some(&left), false));
+        assert!(!keys.left_untold(Some(&left), true), "confirmed here");
+        let told = on(&[
+            ("ucloud.dk/queuedBy", "monitor"),
+            ("ucloud.dk/queuedConfirmed", "true"),
+        ]);
+        assert!(!keys.left_untold(Some(&told), false), "recorded on the job");
+        let other = on(&[("ucloud.dk/queuedBy", "submit")]);
+        assert!(!keys.left_untold(Some(&other), false), "not the monitor's");
+        assert!(!keys.left_untold(Some(&on(&[])), false));
+        assert!(!keys.left_untold(None, false));
+        let elsewhere = on(&[("other.io/queuedBy", "monitor")]);
+        assert!(!keys.left_untold(Some(&elsewhere), false), "another prefix");
+    }
 
     #[test]
     fn remembers_what_was_recorded_and_nothing_else() {

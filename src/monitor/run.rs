@@ -919,12 +919,9 @@ impl Loop {
         let Some(job) = self.cache.job(key) else {
             return false;
         };
-        let Some(annotations) = job.metadata.annotations.as_ref() else {
-            return false;
-        };
-        let s = &self.exec.settings;
-        annotations.get(&s.queued_by).map(String::as_str) == Some(super::queued::BY_MONITOR)
-            && !annotations.contains_key(&s.queued_confirmed)
+        // Asked about this process only when the job says it is left untold (a lock).
+        let queued = &self.exec.settings.queued;
+        queued.left_untold(job.metadata.annotations.as_ref(), false)
             && key
                 .job_id()
                 .is_some_and(|id| !self.exec.confirmed_queued.contains(id))
