@@ -17,7 +17,7 @@
 //! Every job is handled on its own: a failure is logged and retried with backoff for that job only (W6,
 //! W7), and nothing is acted on for a job whose shard this runner does not hold at that moment.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashSet;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,7 +41,7 @@ use super::clock::{Clock, SystemClock};
 use super::decide::Settings;
 use super::execute::{Executor, Handled};
 use super::queued::ConfirmedQueued;
-use super::timers::{Backoff, Deadlines, ESTIMATE_EVERY};
+use super::timers::{Backoff, Deadlines, ESTIMATE_EVERY, Lane, Waiting};
 use super::verify::{self, Listed, Suspect};
 use crate::broker::Publisher;
 use crate::cluster::HeldShards;
@@ -116,13 +116,13 @@ struct Pass {
 struct Loop {
     exec: Arc<Executor>,
     cache: Cache,
-    /// Jobs to decide, with when each was queued (in that order): taken once [`Loop::hold`] has passed.
-    ready: VecDeque<(JobKey, Instant)>,
-    /// Jobs whose QUEUED this monitor is to tell (left to it by a submitting runner that did not hold
-    /// the job's shard, see [`super::queued::BY_MONITOR`]) and has not told yet: taken after `coalesce`
-    /// even while the submit path is busy, since the job's user waits for that QUEUED as for the
-    /// submit path's own (one `defer_under_load` would be added to it on a busy runner).
-    urgent: VecDeque<(JobKey, Instant)>,
+    /// Jobs to decide, each in one lane, with when it came to it. [`Lane::Ready`]: taken once
+    /// [`Loop::hold`] has passed. [`Lane::Urgent`]: jobs whose QUEUED this monitor is to tell (left to
+    /// it by a submitting runner that did not hold the job's shard, see [`super::queued::BY_MONITOR`])
+    /// and has not told yet: taken after `coalesce` even while the submit path is busy, since the job's
+    /// user waits for that QUEUED as for the submit path's own (one `defer_under_load` would be added
+    /// to it on a busy runner).
+    waiting: Waiting<JobKey, Instant>,
     /// Whether this process's submit path is busy (then the jobs wait longer, `defer_under_load`).
     submit_load: Option<SubmitLoad>,
     /// `[monitor] coalesce`: how long a queued job waits before it is decided. The API tells one change
@@ -135,7 +135,6 @@ struct Loop {
     /// are made from the latest state whenever they are made, and a deadline is due by the cluster's
     /// clock, not by when it was looked at).
     defer_under_load: Duration,
-    queued: FastSet<JobKey>,
     busy: FastSet<JobKey>,
     dirty: FastSet<JobKey>,
     /// Jobs that vanished before their end was published, with their last state.
@@ -757,12 +756,10 @@ impl Loop {
                 .with_proportion(mc.proportion)
                 .with_start_margin(exec.settings.start_margin)
                 .with_queue_timeout(exec.settings.queue_timeout),
-            ready: VecDeque::new(),
-            urgent: VecDeque::new(),
+            waiting: Waiting::default(),
             submit_load: None,
             coalesce: mc.coalesce,
             defer_under_load: mc.defer_under_load.max(mc.coalesce),
-            queued: FastSet::default(),
             busy: FastSet::default(),
             dirty: FastSet::default(),
             gone: FastMap::default(),
@@ -900,17 +897,19 @@ impl Loop {
     fn enqueue(&mut self, key: JobKey) {
         if self.busy.contains(&key) {
             self.dirty.insert(key);
-        } else if self.queued.insert(key.clone()) {
-            if self.tells_queued(&key) {
-                self.urgent.push_back((key, Instant::now()));
-            } else {
-                self.ready.push_back((key, Instant::now()));
-            }
-        } else if self.tells_queued(&key) && !self.urgent.iter().any(|(k, _)| *k == key) {
-            // Queued before its job was in the cache (its PodGroup or pod came first): taken from the
-            // urgent queue now; its entry in `ready` is skipped when it comes up (no longer queued).
-            self.urgent.push_back((key, Instant::now()));
+            return;
         }
+        // A job waiting already keeps its place, unless it is now to be told QUEUED: queued before its
+        // job was in the cache (its PodGroup or pod came first), it moves to the urgent lane.
+        if self.waiting.lane_of(&key) == Some(Lane::Urgent) {
+            return;
+        }
+        let lane = if self.tells_queued(&key) {
+            Lane::Urgent
+        } else {
+            Lane::Ready
+        };
+        self.waiting.push(key, lane, Instant::now());
     }
 
     /// Whether the job's QUEUED is left to this monitor and not told yet, as far as the cache and this
@@ -928,17 +927,21 @@ impl Loop {
     }
 
     /// The next job due to be decided: one whose QUEUED is to be told once `coalesce` has passed, else
-    /// the first of the others once `hold` has (each queue in the order its jobs came).
+    /// the first of the others once `hold` has (each lane in the order its jobs came to it).
     fn next_due(&mut self, now: Instant, hold: Duration) -> Option<JobKey> {
         if self
-            .urgent
-            .front()
-            .is_some_and(|(_, at)| *at + self.coalesce <= now)
+            .waiting
+            .first(Lane::Urgent)
+            .is_some_and(|at| at + self.coalesce <= now)
         {
-            return self.urgent.pop_front().map(|(key, _)| key);
+            return self.waiting.pop(Lane::Urgent);
         }
-        if self.ready.front().is_some_and(|(_, at)| *at + hold <= now) {
-            return self.ready.pop_front().map(|(key, _)| key);
+        if self
+            .waiting
+            .first(Lane::Ready)
+            .is_some_and(|at| at + hold <= now)
+        {
+            return self.waiting.pop(Lane::Ready);
         }
         None
     }
@@ -1481,10 +1484,6 @@ impl Loop {
             let Some(key) = self.next_due(now, hold) else {
                 return;
             };
-            if !self.queued.remove(&key) {
-                // Taken already from the other queue.
-                continue;
-            }
             if self.busy.contains(&key) {
                 self.dirty.insert(key);
                 continue;
@@ -1604,8 +1603,11 @@ impl Loop {
     /// run by itself is looked at every `poll`.
     fn next_wake(&self, clock: &dyn Clock, poll: Duration, working: usize) -> Option<Duration> {
         let now = Instant::now();
-        let ready = self.ready.front().map(|(_, at)| *at + self.hold());
-        let urgent = self.urgent.front().map(|(_, at)| *at + self.coalesce);
+        let ready = self.waiting.first(Lane::Ready).map(|at| at + self.hold());
+        let urgent = self
+            .waiting
+            .first(Lane::Urgent)
+            .map(|at| at + self.coalesce);
         let queued = ready
             .into_iter()
             .chain(urgent)
