@@ -19,6 +19,35 @@ where
         .await
 }
 
+/// The version a list of `api` is at now: a watch from it sees every change made after this.
+pub async fn version_now<K>(api: &Api<K>) -> String
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.list(&kube::api::ListParams::default())
+        .await
+        .expect("the list")
+        .metadata
+        .resource_version
+        .expect("a list's resourceVersion")
+}
+
+/// A watch of `api` with `params` from `version`, as one stream of its events.
+pub async fn watch_from<K>(
+    api: &Api<K>,
+    params: &kube::api::WatchParams,
+    version: &str,
+) -> futures::stream::BoxStream<'static, kube::Result<kube::api::WatchEvent<K>>>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    use futures::StreamExt;
+    api.watch(params, version)
+        .await
+        .expect("the watch opens")
+        .boxed()
+}
+
 /// A simulator on a free port with a stopped clock, and a client for it.
 pub async fn start() -> (SimHandle, Client) {
     start_with(|_| {}).await

@@ -73,11 +73,7 @@ async fn every_event_goes_out_once_across_runners_and_a_handover() {
     for job in &jobs {
         h.submit(&figlet(job)).await;
     }
-    h.wait_events("QUEUED of every job", |e| {
-        jobs.iter()
-            .all(|j| e.iter().any(|c| c.message_id == format!("{j}/QUEUED")))
-    })
-    .await;
+    crate::submit::wait_until(&h, &jobs, "QUEUED").await;
     h.wait_queues_settled().await;
     b.stop().await;
 
@@ -130,11 +126,7 @@ async fn shards_handed_over_between_live_runners_send_nothing_twice() {
     for job in &jobs {
         h.submit(&crate::chaos::sleeper(job, 150)).await;
     }
-    h.wait_events("QUEUED of every job", |e| {
-        jobs.iter()
-            .all(|j| e.iter().any(|c| c.message_id == format!("{j}/QUEUED")))
-    })
-    .await;
+    crate::submit::wait_until(&h, &jobs, "QUEUED").await;
     h.sim.faults().add_rule(volcano_runner::sim::FaultRule {
         resource: "jobs.batch.volcano.sh".into(),
         verb: "patch".into(),

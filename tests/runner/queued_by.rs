@@ -7,6 +7,7 @@
 use crate::events_once::advance_until;
 use crate::harness;
 use crate::rabbit;
+use crate::submit::wait_until;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -55,10 +56,8 @@ async fn warm_up(h: &Harness, runners: &[&str]) {
     for i in 0..40 {
         let job = format!("warm-up-{i}");
         h.submit(&figlet(&job)).await;
-        wait_for(h, std::slice::from_ref(&job), "QUEUED").await;
-        let vcjob = h.vcjob(&job).await.expect("the warm-up job");
-        let annotations = vcjob.metadata.annotations.unwrap_or_default();
-        if let Some(by) = annotations.get("ucloud.dk/acceptedBy") {
+        wait_until(h, std::slice::from_ref(&job), "QUEUED").await;
+        if let Some(by) = annotations_of(h, &job).await.get("ucloud.dk/acceptedBy") {
             seen.insert(by.clone());
         }
         if runners.iter().all(|r| seen.contains(*r)) {
@@ -77,7 +76,7 @@ async fn submit_all(h: &Harness, jobs: &[String]) -> BTreeMap<String, u64> {
     for job in jobs {
         h.submit(&figlet(job)).await;
     }
-    wait_for(h, jobs, "QUEUED").await;
+    wait_until(h, jobs, "QUEUED").await;
     h.wait_queues_settled().await;
     // The management API's counts lag: let a write after the confirm land if there is one.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -111,12 +110,46 @@ fn three_per_submission(by_kind: &BTreeMap<String, u64>, n: u64) {
     );
 }
 
-async fn wait_for(h: &Harness, jobs: &[String], state: &str) {
-    h.wait_events(&format!("{state} of every job"), |e| {
-        jobs.iter()
-            .all(|j| e.iter().any(|c| c.message_id == format!("{j}/{state}")))
-    })
-    .await;
+/// The annotations of `job`'s VolcanoJob.
+async fn annotations_of(h: &Harness, job: &str) -> BTreeMap<String, String> {
+    let vcjob = h.vcjob(job).await.expect("the VolcanoJob exists");
+    vcjob.metadata.annotations.unwrap_or_default()
+}
+
+/// Checks that no job of `jobs` was left to its monitor (`why`): its submit path told its QUEUED.
+async fn told_by_the_submit_path(h: &Harness, jobs: &[String], why: &str) {
+    for job in jobs {
+        let annotations = annotations_of(h, job).await;
+        assert_eq!(
+            annotations.get("ucloud.dk/queuedBy"),
+            None,
+            "{job}: not left to a monitor ({why})"
+        );
+    }
+}
+
+/// How often `job`'s QUEUED was delivered.
+fn queued_count(events: &[Captured], job: &str) -> usize {
+    let queued = format!("{job}/QUEUED");
+    events.iter().filter(|c| c.message_id == queued).count()
+}
+
+/// Runner A, without a monitor, beside the monitoring runner `monitor` (started already), once
+/// `monitor` holds the shard and both consume submissions.
+async fn start_beside(h: &Harness, monitor: &str) -> harness::RunnerHandle {
+    holds_the_shard(h, monitor).await;
+    let a = h.start_with("runner-a", one_shard(h), false);
+    h.wait_consumers(&h.config.broker.submit_queue, 2).await;
+    a
+}
+
+/// Submits `jobs` beside a monitoring runner and returns those runner A accepted (left to the monitor),
+/// at least one.
+async fn submit_left_to_the_monitor(h: &Harness, jobs: &[String]) -> Vec<String> {
+    submit_all(h, jobs).await;
+    let left = accepted_by(h, jobs, "runner-a").await;
+    assert!(!left.is_empty(), "runner-a took some of the submissions");
+    left
 }
 
 /// The lifecycle message ids of `job` in delivery order.
@@ -132,8 +165,7 @@ fn lifecycle(events: &[Captured], job: &str) -> Vec<String> {
 async fn accepted_by(h: &Harness, jobs: &[String], by: &str) -> Vec<String> {
     let mut accepted = Vec::new();
     for job in jobs {
-        let vcjob = h.vcjob(job).await.expect("the VolcanoJob exists");
-        let annotations = vcjob.metadata.annotations.unwrap_or_default();
+        let annotations = annotations_of(h, job).await;
         let left = annotations.get("ucloud.dk/queuedBy").map(String::as_str);
         if annotations.get("ucloud.dk/acceptedBy").map(String::as_str) == Some(by) {
             assert_eq!(left, Some("monitor"), "{job}: left to the shard's holder");
@@ -152,9 +184,7 @@ async fn accepted_by(h: &Harness, jobs: &[String], by: &str) -> Vec<String> {
 async fn beside_a_monitoring_runner_a_submission_costs_three_requests_and_one_queued() {
     let h = Harness::new("queued-by-beside").await;
     let m = h.start_with("runner-m", one_shard(&h), true);
-    holds_the_shard(&h, "runner-m").await;
-    let a = h.start_with("runner-a", one_shard(&h), false);
-    h.wait_consumers(&h.config.broker.submit_queue, 2).await;
+    let a = start_beside(&h, "runner-m").await;
     warm_up(&h, &["runner-m", "runner-a"]).await;
 
     let jobs: Vec<String> = (0..16).map(|i| format!("b-{i}")).collect();
@@ -208,19 +238,9 @@ async fn a_runner_without_a_monitor_anywhere_costs_three_requests_per_submission
 
     let events = h.events().await;
     for job in &jobs {
-        let queued = format!("{job}/QUEUED");
-        let n = events.iter().filter(|c| c.message_id == queued).count();
-        assert_eq!(n, 1, "{job}: QUEUED once");
+        assert_eq!(queued_count(&events, job), 1, "{job}: QUEUED once");
     }
-    for job in &jobs {
-        let vcjob = h.vcjob(job).await.expect("the VolcanoJob exists");
-        let annotations = vcjob.metadata.annotations.unwrap_or_default();
-        assert_eq!(
-            annotations.get("ucloud.dk/queuedBy"),
-            None,
-            "{job}: not left to a monitor, with none there"
-        );
-    }
+    told_by_the_submit_path(&h, &jobs, "with no monitor there").await;
 }
 
 /// A submission delivered again (a duplicate, or a redelivery) of a job whose monitor tells its QUEUED
@@ -229,14 +249,10 @@ async fn a_runner_without_a_monitor_anywhere_costs_three_requests_per_submission
 async fn a_duplicate_submission_of_a_job_left_to_its_monitor_gets_no_second_queued() {
     let h = Harness::new("queued-by-duplicate").await;
     let m = h.start_with("runner-m", one_shard(&h), true);
-    holds_the_shard(&h, "runner-m").await;
-    let a = h.start_with("runner-a", one_shard(&h), false);
-    h.wait_consumers(&h.config.broker.submit_queue, 2).await;
+    let a = start_beside(&h, "runner-m").await;
 
     let jobs: Vec<String> = (0..10).map(|i| format!("d-{i}")).collect();
-    submit_all(&h, &jobs).await;
-    let left = accepted_by(&h, &jobs, "runner-a").await;
-    assert!(!left.is_empty(), "runner-a took some of the submissions");
+    let left = submit_left_to_the_monitor(&h, &jobs).await;
     for job in &left {
         h.submit(&figlet(job)).await;
     }
@@ -247,10 +263,9 @@ async fn a_duplicate_submission_of_a_job_left_to_its_monitor_gets_no_second_queu
 
     let events = h.events().await;
     for job in &left {
-        let queued = format!("{job}/QUEUED");
-        let n = events.iter().filter(|c| c.message_id == queued).count();
         assert_eq!(
-            n, 1,
+            queued_count(&events, job),
+            1,
             "{job}: QUEUED once, its duplicate submission told nothing"
         );
     }
@@ -264,17 +279,12 @@ async fn a_duplicate_submission_of_a_job_left_to_its_monitor_gets_no_second_queu
 async fn a_monitor_killed_before_its_first_write_leaves_queued_to_the_next_holder() {
     let h = Harness::new("queued-by-kill").await;
     let m1 = h.start_killable_with("runner-m1", one_shard(&h), true);
-    holds_the_shard(&h, "runner-m1").await;
-    let a = h.start_with("runner-a", one_shard(&h), false);
-    h.wait_consumers(&h.config.broker.submit_queue, 2).await;
+    let a = start_beside(&h, "runner-m1").await;
 
     let jobs: Vec<String> = (0..8).map(|i| format!("k-{i}")).collect();
-    submit_all(&h, &jobs).await;
-    let left = accepted_by(&h, &jobs, "runner-a").await;
-    assert!(!left.is_empty(), "runner-a took some of the submissions");
+    let left = submit_left_to_the_monitor(&h, &jobs).await;
     for job in &left {
-        let vcjob = h.vcjob(job).await.expect("the job");
-        let annotations = vcjob.metadata.annotations.unwrap_or_default();
+        let annotations = annotations_of(&h, job).await;
         assert!(
             !annotations.contains_key("ucloud.dk/queuedConfirmed"),
             "{job}: no write of the monitor's yet"
@@ -373,14 +383,9 @@ async fn a_shard_held_by_an_older_runner_leaves_queued_to_the_submit_path() {
         Some(&n),
         "the record written by the submit path: {by_kind:?}"
     );
+    told_by_the_submit_path(&h, &jobs, "an older runner holds the shard").await;
     for job in &jobs {
-        let vcjob = h.vcjob(job).await.expect("the VolcanoJob exists");
-        let annotations = vcjob.metadata.annotations.unwrap_or_default();
-        assert_eq!(
-            annotations.get("ucloud.dk/queuedBy"),
-            None,
-            "{job}: not left to an older runner"
-        );
+        let annotations = annotations_of(&h, job).await;
         assert_eq!(
             annotations
                 .get("ucloud.dk/queuedConfirmed")
@@ -391,9 +396,11 @@ async fn a_shard_held_by_an_older_runner_leaves_queued_to_the_submit_path() {
     }
     let events = h.events().await;
     for job in &jobs {
-        let queued = format!("{job}/QUEUED");
-        let n = events.iter().filter(|c| c.message_id == queued).count();
-        assert_eq!(n, 1, "{job}: QUEUED once, by the submit path");
+        assert_eq!(
+            queued_count(&events, job),
+            1,
+            "{job}: QUEUED once, by the submit path"
+        );
     }
 
     // The holder (upgraded) now says it tells QUEUED: a new job is left to it, once the watch has it.
@@ -403,9 +410,12 @@ async fn a_shard_held_by_an_older_runner_leaves_queued_to_the_submit_path() {
             let job = format!("u-{i}");
             h.submit(&figlet(&job)).await;
             h.wait_queues_settled().await;
-            let vcjob = h.vcjob(&job).await.expect("the VolcanoJob exists");
-            let annotations = vcjob.metadata.annotations.unwrap_or_default();
-            if annotations.get("ucloud.dk/queuedBy").map(String::as_str) == Some("monitor") {
+            if annotations_of(&h, &job)
+                .await
+                .get("ucloud.dk/queuedBy")
+                .map(String::as_str)
+                == Some("monitor")
+            {
                 return;
             }
         }

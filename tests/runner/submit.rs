@@ -458,7 +458,7 @@ async fn a_submission_to_a_monitoring_runner_costs_three_requests() {
 }
 
 /// Waits until every job in `jobs` has its `state` event.
-async fn wait_until(h: &Harness, jobs: &[String], state: &str) {
+pub(crate) async fn wait_until(h: &Harness, jobs: &[String], state: &str) {
     h.wait_events(&format!("{state} of every job"), |e| {
         jobs.iter()
             .all(|j| e.iter().any(|c| c.message_id == format!("{j}/{state}")))

@@ -271,19 +271,9 @@ async fn watches_are_cut_after_n_events() {
         }],
         ..Default::default()
     });
-    let rv = api
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
+    let rv = version_now(&api).await;
     let t = Instant::now();
-    let mut stream = api
-        .watch(&WatchParams::default().timeout(290), &rv)
-        .await
-        .unwrap()
-        .boxed();
+    let mut stream = watch_from(&api, &WatchParams::default().timeout(290), &rv).await;
     while tokio::time::timeout(Duration::from_secs(10), stream.next())
         .await
         .expect("ends in time")

@@ -187,11 +187,12 @@ async fn a_watch_from_before_the_history_window_is_410_gone() {
                 .unwrap(),
         );
     }
-    let mut stream = api
-        .watch(&WatchParams::default(), &old.resource_version().unwrap())
-        .await
-        .unwrap()
-        .boxed();
+    let mut stream = watch_from(
+        &api,
+        &WatchParams::default(),
+        &old.resource_version().unwrap(),
+    )
+    .await;
     match tokio::time::timeout(Duration::from_secs(10), stream.try_next())
         .await
         .expect("an answer in time")
@@ -201,11 +202,7 @@ async fn a_watch_from_before_the_history_window_is_410_gone() {
     }
     // A watch from a recent version resumes.
     let recent = last.unwrap().resource_version().unwrap();
-    let mut stream = api
-        .watch(&WatchParams::default(), &recent)
-        .await
-        .unwrap()
-        .boxed();
+    let mut stream = watch_from(&api, &WatchParams::default(), &recent).await;
     api.create(&PostParams::default(), &cm("new".into()))
         .await
         .unwrap();
@@ -228,13 +225,7 @@ async fn a_change_in_the_history_costs_its_text_and_a_watch_from_it_sees_what_a_
     let (sim, client) = start().await;
     namespace(&client, "hist").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "hist");
-    let from = pods
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
+    let from = version_now(&pods).await;
     let running = || WatchParams::default().fields("status.phase!=Succeeded,status.phase!=Failed");
     let labelled = || WatchParams::default().labels("volcano.sh/job-name");
     let watches = || async {

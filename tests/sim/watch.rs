@@ -165,18 +165,8 @@ async fn watch_with_selector_sees_objects_leave_and_enter() {
     api.create(&PostParams::default(), &cm("a", "web"))
         .await
         .unwrap();
-    let rv = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
-    let mut stream = api
-        .watch(&WatchParams::default().labels("tier=web"), &rv)
-        .await
-        .unwrap()
-        .boxed();
+    let rv = version_now(&api).await;
+    let mut stream = watch_from(&api, &WatchParams::default().labels("tier=web"), &rv).await;
     let left = api
         .patch(
             "a",
@@ -224,11 +214,12 @@ async fn too_old_resource_version_is_410_gone() {
         .await
         .unwrap();
     sim.compact_history();
-    let mut stream = api
-        .watch(&WatchParams::default(), &first.resource_version().unwrap())
-        .await
-        .unwrap()
-        .boxed();
+    let mut stream = watch_from(
+        &api,
+        &WatchParams::default(),
+        &first.resource_version().unwrap(),
+    )
+    .await;
     match next(&mut stream).await.unwrap() {
         WatchEvent::Error(e) => {
             assert_eq!(e.code, 410);
@@ -283,11 +274,7 @@ async fn a_quiet_kind_stays_watchable_while_a_busy_kind_rolls_the_history() {
         .unwrap()
         .resource_version()
         .unwrap();
-    let mut live = quiet
-        .watch(&WatchParams::default(), &rv)
-        .await
-        .unwrap()
-        .boxed();
+    let mut live = watch_from(&quiet, &WatchParams::default(), &rv).await;
     let mut first_busy = None;
     for i in 0..60 {
         let s: k8s_openapi::api::core::v1::Secret =
@@ -295,15 +282,7 @@ async fn a_quiet_kind_stays_watchable_while_a_busy_kind_rolls_the_history() {
         let made = busy.create(&PostParams::default(), &s).await.unwrap();
         first_busy.get_or_insert(made.resource_version().unwrap());
     }
-    let last_busy: u64 = busy
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap()
-        .parse()
-        .unwrap();
+    let last_busy: u64 = version_now(&busy).await.parse().unwrap();
     // The open watch's bookmarks come to name a version at or after the burst.
     loop {
         match next(&mut live).await.unwrap() {
@@ -317,11 +296,7 @@ async fn a_quiet_kind_stays_watchable_while_a_busy_kind_rolls_the_history() {
         }
     }
     // A watch resumed from before the burst has lost nothing of its kind.
-    let mut resumed = quiet
-        .watch(&WatchParams::default().disable_bookmarks(), &rv)
-        .await
-        .unwrap()
-        .boxed();
+    let mut resumed = watch_from(&quiet, &WatchParams::default().disable_bookmarks(), &rv).await;
     quiet
         .patch(
             "q",
@@ -343,11 +318,7 @@ async fn a_quiet_kind_stays_watchable_while_a_busy_kind_rolls_the_history() {
         }
     }
     // The busy kind's own history did roll: a watch of it from its first object is gone.
-    let mut old = busy
-        .watch(&WatchParams::default(), &first_busy.unwrap())
-        .await
-        .unwrap()
-        .boxed();
+    let mut old = watch_from(&busy, &WatchParams::default(), &first_busy.unwrap()).await;
     match next(&mut old).await.unwrap() {
         WatchEvent::Error(e) => assert_eq!(e.code, 410),
         other => panic!("expected 410, got {other:?}"),
@@ -393,19 +364,14 @@ async fn bookmarks_and_initial_events_end() {
 async fn timeout_seconds_ends_a_watch_cleanly() {
     let (_sim, client) = start().await;
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    let rv = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
+    let rv = version_now(&api).await;
     let started = std::time::Instant::now();
-    let mut stream = api
-        .watch(&WatchParams::default().timeout(1).disable_bookmarks(), &rv)
-        .await
-        .unwrap()
-        .boxed();
+    let mut stream = watch_from(
+        &api,
+        &WatchParams::default().timeout(1).disable_bookmarks(),
+        &rv,
+    )
+    .await;
     let end = tokio::time::timeout(WAIT, stream.next())
         .await
         .expect("the server ends the watch");
