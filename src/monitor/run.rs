@@ -166,6 +166,11 @@ struct Loop {
     /// the last writes of the runner that handed them over yet (its watch events were cut off), and a
     /// decision on it would publish a transition that runner had published and recorded.
     listing_shards: std::collections::BTreeSet<u32>,
+    /// The shards held as the loop last took the leases' news in ([`Loop::shards_changed`]). The
+    /// leases publish a gain at any moment, and the executor's view of them (`exec.shards`) has it at
+    /// once; until the loop has taken it in, its watches have not started over, so a job of the shard
+    /// gained is held back as while [`Loop::listing_shards`] (see [`may_decide`]).
+    taken_in: std::collections::BTreeSet<u32>,
     /// Jobs of those shards that came up meanwhile, queued again once the lists are in.
     held_back: FastSet<JobKey>,
     /// Every node's taints and version (cordoned ones too), for the node reservations
@@ -587,6 +592,7 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
     let mut resync = resync_timer(mc.reconcile_interval);
     let mut shards = m.shards.clone();
     let mut held = shards.borrow_and_update().held().clone();
+    state.taken_in.clone_from(&held);
     let mut workers: FuturesUnordered<Work> = FuturesUnordered::new();
     let clock = m.clock.clone();
     let reporter = Reporter {
@@ -694,6 +700,38 @@ fn job_span(exec: &Executor, key: &JobKey, job: &VolcanoJob) -> tracing::Span {
     crate::ops::trace::job_span(key.job_id().unwrap_or_default(), &trace)
 }
 
+/// What the loop does with a job due to be decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gate {
+    /// Decide it now.
+    Decide,
+    /// Hold it back until the lists of its shard are in ([`Loop::held_back`]).
+    HoldBack,
+    /// Not this runner's: keep nothing for it.
+    NotOurs,
+}
+
+/// Whether a job of `shard` (held by the leases now: `owns`) may be decided now. Only once the loop has
+/// taken the gain of its shard in (`taken_in`: its watches started over then) and the lists that
+/// started are in (`listing`): before, the cache may miss the last writes of the runner that handed
+/// the shard over, and a decision on it publishes again a transition (RUNNING, a QUEUED copy) that
+/// runner published and recorded. The leases publish a gain between two turns of the loop, and the
+/// loop decides the jobs due (at the top of a turn) before it takes the gain in.
+fn may_decide(
+    owns: bool,
+    shard: u32,
+    taken_in: &std::collections::BTreeSet<u32>,
+    listing: &std::collections::BTreeSet<u32>,
+) -> Gate {
+    if !owns {
+        Gate::NotOurs
+    } else if !taken_in.contains(&shard) || listing.contains(&shard) {
+        Gate::HoldBack
+    } else {
+        Gate::Decide
+    }
+}
+
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -778,6 +816,7 @@ impl Loop {
             estimates_stale: true,
             estimated_at: None,
             listing_shards: Default::default(),
+            taken_in: Default::default(),
             held_back: FastSet::default(),
             node_taints: Default::default(),
             node_taints_listing: None,
@@ -885,6 +924,7 @@ impl Loop {
         self.listing_shards.extend(now_held.difference(held));
         self.listing_shards.retain(|s| now_held.contains(s));
         let gained = now_held.difference(held).count() > 0;
+        self.taken_in.clone_from(&now_held);
         *held = now_held;
         reporter.shards(held);
         self.settled.clear();
@@ -1386,10 +1426,9 @@ impl Loop {
                 &reservations.reserve_now,
                 // Nor the jobs of shards just gained, whose lists are still coming in.
                 |id| {
-                    held.owns(id)
-                        && !self
-                            .listing_shards
-                            .contains(&crate::cluster::lease::shard_of(id, held.shards()))
+                    let shard = crate::cluster::lease::shard_of(id, held.shards());
+                    may_decide(held.owns(id), shard, &self.taken_in, &self.listing_shards)
+                        == Gate::Decide
                 },
             )
         };
@@ -1495,14 +1534,14 @@ impl Loop {
                     held.owns(id),
                 )
             });
-            if let Some((shard, true)) = shard
-                && self.listing_shards.contains(&shard)
-            {
+            let gate = shard.map_or(Gate::NotOurs, |(shard, owns)| {
+                may_decide(owns, shard, &self.taken_in, &self.listing_shards)
+            });
+            if gate == Gate::HoldBack {
                 self.held_back.insert(key);
                 continue;
             }
-            let owned = shard.is_some_and(|(_, owns)| owns);
-            if !owned {
+            if gate == Gate::NotOurs {
                 // Not ours now; whoever holds the shard looks after it. Keep nothing for it.
                 self.settled.remove(&key);
                 self.gone.remove(&key);
@@ -1650,5 +1689,33 @@ impl Loop {
             self.settled.remove(&key);
             self.enqueue(key);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    /// A job of a shard the leases hold now is decided only once the loop has taken the gain in and
+    /// its lists are in: a gain the leases published after the loop's last look (its watches not
+    /// started over yet) holds the job back, as the lists in progress do.
+    #[test]
+    fn a_job_of_a_shard_gained_is_held_back_until_the_loop_has_taken_the_gain_in() {
+        let none = BTreeSet::new();
+        let three = BTreeSet::from([3]);
+        assert_eq!(may_decide(true, 3, &three, &none), Gate::Decide);
+        assert_eq!(
+            may_decide(true, 3, &none, &none),
+            Gate::HoldBack,
+            "gained after the loop's last look"
+        );
+        assert_eq!(
+            may_decide(true, 3, &three, &three),
+            Gate::HoldBack,
+            "its lists not in yet"
+        );
+        assert_eq!(may_decide(false, 3, &three, &none), Gate::NotOurs);
+        assert_eq!(may_decide(false, 3, &none, &none), Gate::NotOurs);
     }
 }
