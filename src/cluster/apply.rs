@@ -53,9 +53,9 @@ pub enum Role {
 /// Held as the applier uses it, not as a JSON tree: the metadata typed (the applier reads its name,
 /// namespace and fingerprint, and adds a companion's owner), every other field serialised once. A
 /// submission holds its plan for the whole apply, and as `serde_json::Value` trees (a map node of about
-/// 640 bytes per JSON object, however few its fields) a figlet job's plan took some 40 KiB per submission
-/// in hand, cloned once more per companion to add its owner reference; as text it is the size of the
-/// request bodies (README, *Performance*).
+/// 640 bytes per JSON object, however few its fields) a figlet job's plan took about 68 KiB per
+/// submission in hand, and each companion was cloned once more to add its owner reference; held so, about
+/// 8 KiB, the size of the request bodies (`tests/cluster/rendered.rs`; README, *Performance*).
 #[derive(Debug, Clone)]
 pub struct Step {
     /// Group, version, kind and plural (the URL path) of the object.
