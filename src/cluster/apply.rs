@@ -49,30 +49,55 @@ pub enum Role {
 }
 
 /// One object of a plan.
+///
+/// Held as the applier uses it, not as a JSON tree: the metadata typed (the applier reads its name,
+/// namespace and fingerprint, and adds a companion's owner), every other field serialised once. A
+/// submission holds its plan for the whole apply, and as `serde_json::Value` trees (a map node of about
+/// 640 bytes per JSON object, however few its fields) a figlet job's plan took about 68 KiB per
+/// submission in hand, and each companion was cloned once more to add its owner reference; held so, about
+/// 8 KiB, the size of the request bodies (`tests/cluster/rendered.rs`; README, *Performance*).
 #[derive(Debug, Clone)]
 pub struct Step {
     /// Group, version, kind and plural (the URL path) of the object.
     pub resource: ApiResource,
-    /// The object as it should be created.
-    pub object: DynamicObject,
+    /// `apiVersion` and `kind` as the object says them.
+    pub types: TypeMeta,
+    /// The object's metadata as it should be created.
+    pub metadata: ObjectMeta,
+    /// Every other field of the object, as the text of one JSON object (`{"spec":…}`).
+    fields: Box<str>,
     /// How to create it.
     pub role: Role,
 }
 
 impl Step {
     /// A step from an untyped object. `apiVersion` and `kind` are filled in from `resource` when missing.
-    pub fn new(resource: ApiResource, mut object: DynamicObject, role: Role) -> Self {
-        if object.types.is_none() {
-            object.types = Some(TypeMeta {
-                api_version: resource.api_version.clone(),
-                kind: resource.kind.clone(),
-            });
-        }
-        Self {
+    pub fn new(
+        resource: ApiResource,
+        object: DynamicObject,
+        role: Role,
+    ) -> Result<Self, PlanError> {
+        let types = object.types.unwrap_or_else(|| TypeMeta {
+            api_version: resource.api_version.clone(),
+            kind: resource.kind.clone(),
+        });
+        let fields = match object.data {
+            serde_json::Value::Null => "{}".to_owned(),
+            data @ serde_json::Value::Object(_) => serde_json::to_string(&data)
+                .map_err(|e| PlanError(format!("{}: {e}", resource.kind)))?,
+            other => {
+                return Err(PlanError(format!(
+                    "not a Kubernetes object: its fields are {other}, not a JSON object"
+                )));
+            }
+        };
+        Ok(Self {
             resource,
-            object,
+            types,
+            metadata: object.metadata,
+            fields: fields.into_boxed_str(),
             role,
-        }
+        })
     }
 
     /// A step from JSON with `apiVersion`, `kind` and `metadata`. The plural is derived from the kind
@@ -88,7 +113,7 @@ impl Step {
             None => ("", types.api_version.as_str()),
         };
         let gvk = GroupVersionKind::gvk(group, version, &types.kind);
-        Ok(Self::new(ApiResource::from_gvk(&gvk), object, role))
+        Self::new(ApiResource::from_gvk(&gvk), object, role)
     }
 
     /// A step from a typed object (k8s-openapi types, or the Volcano mirror types).
@@ -101,12 +126,85 @@ impl Step {
             .map_err(|e| PlanError(format!("{} does not serialise: {e}", resource.kind)))?;
         let object =
             dynamic_object(value).map_err(|e| PlanError(format!("{}: {}", resource.kind, e.0)))?;
-        Ok(Self::new(resource, object, role))
+        Self::new(resource, object, role)
     }
 
     /// Which object this step is about.
     pub fn key(&self) -> ObjectKey {
-        ObjectKey::of(&self.resource, &self.object)
+        ObjectKey::of_meta(&self.resource, &self.metadata)
+    }
+
+    /// The object as a tree again: for the rare reader of its fields (a shared object not known to
+    /// exist yet, tests), not for the create, which sends [`Step::body`].
+    pub fn object(&self) -> Result<DynamicObject, PlanError> {
+        let data = serde_json::from_str(&self.fields)
+            .map_err(|e| PlanError(format!("{}: {e}", self.key())))?;
+        Ok(DynamicObject {
+            types: Some(self.types.clone()),
+            metadata: self.metadata.clone(),
+            data,
+        })
+    }
+
+    /// The request body that creates the object: its JSON, with `owner` among its ownerReferences
+    /// (replacing a reference to the same kind and name: a placeholder without the real uid, or a stale
+    /// one). Built for each request, so that nothing but the step is held while the answer is awaited.
+    pub fn body(&self, owner: Option<&OwnerReference>) -> Result<Vec<u8>, serde_json::Error> {
+        let owned;
+        let metadata = match owner {
+            Some(owner) => {
+                owned = with_owner(&self.metadata, owner);
+                &owned
+            }
+            None => &self.metadata,
+        };
+        let mut body = Vec::with_capacity(self.fields.len() + 512);
+        body.extend_from_slice(b"{\"apiVersion\":");
+        serde_json::to_writer(&mut body, &self.types.api_version)?;
+        body.extend_from_slice(b",\"kind\":");
+        serde_json::to_writer(&mut body, &self.types.kind)?;
+        body.extend_from_slice(b",\"metadata\":");
+        serde_json::to_writer(&mut body, metadata)?;
+        // `fields` is `{}` or `{"a":…}`: its members follow the metadata, its closing brace ends the body.
+        match self.fields.strip_prefix('{') {
+            Some("}") | None => body.push(b'}'),
+            Some(members) => {
+                body.push(b',');
+                body.extend_from_slice(members.as_bytes());
+            }
+        }
+        Ok(body)
+    }
+
+    /// The bytes this step holds on the heap (its metadata estimated, the rest exact): what a
+    /// submission in hand pays for its plan.
+    pub fn heap_bytes(&self) -> usize {
+        let strings = |m: &Option<std::collections::BTreeMap<String, String>>| {
+            m.iter()
+                .flatten()
+                .map(|(k, v)| k.capacity() + v.capacity() + 64)
+                .sum::<usize>()
+        };
+        let meta = &self.metadata;
+        self.fields.len()
+            + self.types.api_version.capacity()
+            + self.types.kind.capacity()
+            + meta.name.as_ref().map_or(0, String::capacity)
+            + meta.namespace.as_ref().map_or(0, String::capacity)
+            + strings(&meta.labels)
+            + strings(&meta.annotations)
+            + meta
+                .finalizers
+                .iter()
+                .flatten()
+                .map(|f| f.capacity() + 24)
+                .sum::<usize>()
+            + meta
+                .owner_references
+                .iter()
+                .flatten()
+                .map(|r| r.api_version.len() + r.kind.len() + r.name.len() + r.uid.len() + 128)
+                .sum::<usize>()
     }
 }
 
@@ -392,8 +490,21 @@ impl Applier {
             let key = step.key();
             match step.role {
                 Role::Shared => {
+                    // Known to exist (the usual case): its fields are not read back into a tree.
+                    if self.namespaces.contains(&key) {
+                        continue;
+                    }
+                    let object = step.object().map_err(|e| {
+                        StepError::cluster(
+                            &key,
+                            ClusterError::Internal {
+                                op: format!("create {key}"),
+                                message: e.0,
+                            },
+                        )
+                    })?;
                     self.namespaces
-                        .ensure(&self.client, budget, &step.resource, &step.object)
+                        .ensure(&self.client, budget, &step.resource, &object)
                         .await
                         .map_err(|e| StepError::cluster(&key, e))?;
                 }
@@ -441,10 +552,7 @@ impl Applier {
                     let Some((_, owner)) = &primary else {
                         unreachable!("check_plan puts the primary before its companions")
                     };
-                    let object = with_owner(&step.object, owner);
-                    let (uid, existed) = self
-                        .create_companion(step, &key, &object, owner, budget)
-                        .await?;
+                    let (uid, existed) = self.create_companion(step, &key, owner, budget).await?;
                     if existed {
                         reused.push(key);
                     } else {
@@ -496,7 +604,7 @@ impl Applier {
         fingerprint: &str,
         budget: &Budget<'_>,
     ) -> Result<(ObjectMeta, bool, bool), StepError> {
-        match self.create(step, key, &step.object, budget).await {
+        match self.create(step, key, None, budget).await {
             Ok(object) => return Ok((object, false, false)),
             Err(e) if !e.is_already_exists() => return Err(StepError::cluster(key, e)),
             Err(_) => {}
@@ -522,11 +630,10 @@ impl Applier {
         &self,
         step: &Step,
         key: &ObjectKey,
-        object: &DynamicObject,
         owner: &OwnerReference,
         budget: &Budget<'_>,
     ) -> Result<(Option<String>, bool), StepError> {
-        match self.create(step, key, object, budget).await {
+        match self.create(step, key, Some(owner), budget).await {
             Ok(made) => return Ok((made.uid, false)),
             Err(e) if !e.is_already_exists() => return Err(StepError::cluster(key, e)),
             Err(_) => {}
@@ -566,11 +673,13 @@ impl Applier {
         })
     }
 
+    /// Creates `step`'s object (a companion with `owner` among its ownerReferences) and returns the
+    /// metadata of the answer.
     async fn create(
         &self,
         step: &Step,
         key: &ObjectKey,
-        object: &DynamicObject,
+        owner: Option<&OwnerReference>,
         budget: &Budget<'_>,
     ) -> Result<ObjectMeta, ClusterError> {
         let params = PostParams {
@@ -578,15 +687,16 @@ impl Applier {
             ..PostParams::default()
         };
         let op = format!("create {key}");
-        let body = serde_json::to_vec(object).map_err(|e| ClusterError::Internal {
-            op: op.clone(),
-            message: format!("the object does not serialise: {e}"),
-        })?;
         let url = self.api(step, key).resource_url().to_owned();
         let result = budget
             .run(&op, || async {
+                // Written for each attempt rather than kept beside the step: the request owns it.
+                let body = step.body(owner).map_err(|e| ClusterError::Internal {
+                    op: op.clone(),
+                    message: format!("the object does not serialise: {e}"),
+                })?;
                 let request = kube::core::Request::new(url.as_str())
-                    .create(&params, body.clone())
+                    .create(&params, body)
                     .map_err(kube::Error::BuildRequest)
                     .classify(|| op.clone())?;
                 // Not `Api::create`: that decodes the whole answer (a VolcanoJob's every template) into a
@@ -799,7 +909,7 @@ fn check_plan(plan: &[Step], fingerprint_annotation: &str) -> Result<String, Pla
                         "{key} comes before the primary object it must be owned by"
                     ));
                 }
-                Some(p) if p.object.metadata.namespace != key.namespace => {
+                Some(p) if p.metadata.namespace != key.namespace => {
                     return invalid(format!(
                         "{key} is not in the primary's namespace (an ownerReference cannot cross \
                          namespaces)"
@@ -813,7 +923,7 @@ fn check_plan(plan: &[Step], fingerprint_annotation: &str) -> Result<String, Pla
     let Some(primary) = primary else {
         return invalid("there is no primary object".into());
     };
-    match annotation(&primary.object.metadata, fingerprint_annotation) {
+    match annotation(&primary.metadata, fingerprint_annotation) {
         Some(fp) if !fp.is_empty() => Ok(fp.to_owned()),
         _ => invalid(format!(
             "{} has no {fingerprint_annotation} annotation to recognise a redelivery by",
@@ -855,17 +965,14 @@ fn has_ended(object: &DynamicObject, end_marker: Option<&str>) -> bool {
             .is_some_and(|p| crate::volcano::JobPhase::from(p).is_ending())
 }
 
-/// `object` with `owner` among its ownerReferences, replacing a reference to the same kind and name (a
+/// `metadata` with `owner` among its ownerReferences, replacing a reference to the same kind and name (a
 /// placeholder without the real uid, or a stale one).
-fn with_owner(object: &DynamicObject, owner: &OwnerReference) -> DynamicObject {
-    let mut object = object.clone();
-    let refs = object
-        .metadata
-        .owner_references
-        .get_or_insert_with(Vec::new);
+fn with_owner(metadata: &ObjectMeta, owner: &OwnerReference) -> ObjectMeta {
+    let mut metadata = metadata.clone();
+    let refs = metadata.owner_references.get_or_insert_with(Vec::new);
     refs.retain(|r| !(r.kind == owner.kind && r.name == owner.name));
     refs.push(owner.clone());
-    object
+    metadata
 }
 
 #[cfg(test)]
@@ -930,9 +1037,21 @@ mod tests {
         });
         let step = Step::from_value(value.clone(), Role::Primary).unwrap();
         let decoded: DynamicObject = serde_json::from_value(value.clone()).unwrap();
-        assert_eq!(step.object, decoded);
-        assert_eq!(serde_json::to_value(&step.object).unwrap(), value);
+        assert_eq!(step.object().unwrap(), decoded);
+        assert_eq!(serde_json::to_value(step.object().unwrap()).unwrap(), value);
         assert_eq!(step.resource.plural, "jobs");
+        // What is sent is the object itself, whatever order its fields come in.
+        let body: serde_json::Value = serde_json::from_slice(&step.body(None).unwrap()).unwrap();
+        assert_eq!(body, value);
+        let bare = Step::from_value(
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a"}}),
+            Role::Shared,
+        )
+        .unwrap();
+        assert_eq!(
+            std::str::from_utf8(&bare.body(None).unwrap()).unwrap(),
+            r#"{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"a"}}"#
+        );
     }
 
     #[test]
@@ -961,8 +1080,8 @@ mod tests {
         };
         let step = Step::from_typed(&cm, Role::Companion).unwrap();
         assert_eq!(step.resource.plural, "configmaps");
-        assert_eq!(step.object.types.as_ref().unwrap().kind, "ConfigMap");
-        assert_eq!(step.object.data["data"]["k"], "v");
+        assert_eq!(step.types.kind, "ConfigMap");
+        assert_eq!(step.object().unwrap().data["data"]["k"], "v");
         assert_eq!(step.key().to_string(), "ConfigMap a/j-1-etc");
     }
 
@@ -1013,7 +1132,7 @@ mod tests {
             assert!(err.contains(why), "{err} should mention {why}");
         }
         let mut cluster_wide = companion("Service", "v1", "a", "s");
-        cluster_wide.object.metadata.namespace = None;
+        cluster_wide.metadata.namespace = None;
         let err = check_plan(&[vcjob("a", "j", Some("1")), cluster_wide], FP).unwrap_err();
         assert!(err.to_string().contains("no metadata.namespace"), "{err}");
         let queue = Step::from_value(
@@ -1029,19 +1148,19 @@ mod tests {
     #[test]
     fn owner_references_replace_placeholders() {
         let job = vcjob("a", "j-1", Some("1"));
-        let mut created = job.object.clone();
+        let mut created = job.metadata.clone();
         assert!(
-            owner_reference(&job.resource, &created.metadata).is_none(),
+            owner_reference(&job.resource, &created).is_none(),
             "no uid yet"
         );
-        created.metadata.uid = Some("uid-1".into());
-        let owner = owner_reference(&job.resource, &created.metadata).unwrap();
+        created.uid = Some("uid-1".into());
+        let owner = owner_reference(&job.resource, &created).unwrap();
         assert_eq!(owner.api_version, "batch.volcano.sh/v1alpha1");
         assert_eq!(owner.kind, "Job");
         assert_eq!(owner.name, "j-1");
         assert_eq!(owner.controller, Some(true));
 
-        let mut svc = companion("Service", "v1", "a", "j-1").object;
+        let mut svc = companion("Service", "v1", "a", "j-1");
         svc.metadata.owner_references = Some(vec![
             OwnerReference {
                 uid: String::new(),
@@ -1056,11 +1175,15 @@ mod tests {
                 block_owner_deletion: None,
             },
         ]);
-        let owned = with_owner(&svc, &owner);
+        let owned: DynamicObject =
+            serde_json::from_slice(&svc.body(Some(&owner)).unwrap()).unwrap();
         let refs = owned.metadata.owner_references.unwrap();
         assert_eq!(refs.len(), 2);
         assert!(refs.iter().any(|r| r.uid == "uid-1"));
         assert!(refs.iter().all(|r| !r.uid.is_empty()));
+        // The step itself is left as it was, the rest of the object sent as it is.
+        assert_eq!(svc.metadata.owner_references.as_ref().unwrap()[0].uid, "");
+        assert_eq!(owned.data, svc.object().unwrap().data);
     }
 
     #[test]

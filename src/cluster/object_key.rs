@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use kube::api::DynamicObject;
+use kube::api::{DynamicObject, ObjectMeta};
 use kube::core::ApiResource;
 
 /// The identity of an object: what it is and where.
@@ -19,11 +19,16 @@ pub struct ObjectKey {
 impl ObjectKey {
     /// The key of `object`, a `resource`.
     pub fn of(resource: &ApiResource, object: &DynamicObject) -> Self {
+        Self::of_meta(resource, &object.metadata)
+    }
+
+    /// The key of the object of `metadata`, a `resource`.
+    pub fn of_meta(resource: &ApiResource, metadata: &ObjectMeta) -> Self {
         Self {
             api_version: resource.api_version.clone(),
             kind: resource.kind.clone(),
-            namespace: object.metadata.namespace.clone(),
-            name: object.metadata.name.clone().unwrap_or_default(),
+            namespace: metadata.namespace.clone(),
+            name: metadata.name.clone().unwrap_or_default(),
         }
     }
 }

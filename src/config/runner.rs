@@ -45,13 +45,14 @@ pub struct RunnerConfig {
     /// How many submissions one runner handles at the same time. With `broker.submit_prefetch` this is the
     /// runner's in-progress limit: more than this wait, unacknowledged, in the client's buffer.
     ///
-    /// It is also what a busy runner's memory grows with: about 150 to 170 KiB of heap per submission in
-    /// hand (measured with `bench --no-monitor --max-in-flight` 8 to 256, issue 46): the rendered objects
-    /// as JSON trees and their copies with the owner reference, one HTTP/1.1 connection to the API
+    /// It is also what a busy runner's memory grows with: about 100 KiB per submission in hand (measured
+    /// with `bench --no-monitor --max-in-flight` 32 and 64, issue 46): one HTTP/1.1 connection to the API
     /// server per request in progress (hyper's buffers and channels, about 24 KiB each, kept in the pool
-    /// afterwards), the handling task itself. 32 costs about 5 MiB at full load, over an idle runner's
-    /// 28 MiB (most of that the program's code); on a 2-core machine one runner's unpaced rate at 32 was
-    /// within the spread of its runs at 64 (449 against 250 to 616 jobs/s). See README's Performance.
+    /// afterwards), the handling task, the rendered objects (held as the text sent, about 8 KiB for a
+    /// figlet job). At 32 an unmonitored runner peaked at 34 to 35 MiB, at 64 at about 38 (most of it the
+    /// program's code; 2 to 3 MiB more with the whole program file in the page cache); on a 2-core
+    /// machine one runner's unpaced rate at 32 was within the spread of its runs at 64. See README's
+    /// Performance.
     pub max_in_flight: u32,
     /// How long in-flight work may take to finish after SIGTERM/SIGINT before it is returned to the queue.
     /// Keep it below the pod's `terminationGracePeriodSeconds` (30 s by default).

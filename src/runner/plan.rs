@@ -178,7 +178,7 @@ mod tests {
         assert!(roles[primary + 1..].iter().all(|r| *r == Role::Companion));
         assert!(roles[..primary].iter().all(|r| *r != Role::Companion));
 
-        let job = &plan[primary].object;
+        let job = plan[primary].object().unwrap();
         let annotations = job.metadata.annotations.as_ref().unwrap();
         assert_eq!(annotations["ucloud.dk/acceptedBy"], "runner-a");
         assert_eq!(annotations["ucloud.dk/traceparent"], tp.as_str());
@@ -195,7 +195,7 @@ mod tests {
                 format!(
                     "{}/{}",
                     s.resource.kind,
-                    s.object.metadata.name.as_deref().unwrap()
+                    s.metadata.name.as_deref().unwrap()
                 )
             })
             .collect();
@@ -215,15 +215,16 @@ mod tests {
                 retention: Some(std::time::Duration::from_secs(86_400)),
             },
         );
-        let job = plan.iter().find(|s| s.role == Role::Primary).unwrap();
-        assert_eq!(job.object.metadata.finalizers, None);
+        let job = plan
+            .iter()
+            .find(|s| s.role == Role::Primary)
+            .unwrap()
+            .object()
+            .unwrap();
+        assert_eq!(job.metadata.finalizers, None);
         // No finalizer, no record to keep: no TTL either (the monitor deletes the ended job).
-        assert!(
-            job.object.data["spec"]
-                .get("ttlSecondsAfterFinished")
-                .is_none()
-        );
-        let annotations = job.object.metadata.annotations.as_ref().unwrap();
+        assert!(job.data["spec"].get("ttlSecondsAfterFinished").is_none());
+        let annotations = job.metadata.annotations.as_ref().unwrap();
         assert!(!annotations.contains_key("ucloud.dk/traceparent"));
         assert!(!annotations.contains_key("ucloud.dk/companions"));
     }

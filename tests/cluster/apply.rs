@@ -202,7 +202,7 @@ async fn a_companion_name_taken_by_a_stranger_is_a_conflict() {
     )
     .unwrap();
     Api::<DynamicObject>::namespaced_with(env.client.clone(), "alice", &stranger.resource)
-        .create(&Default::default(), &stranger.object)
+        .create(&Default::default(), &stranger.object().unwrap())
         .await
         .unwrap();
     let err = applier

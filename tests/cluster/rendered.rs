@@ -86,3 +86,33 @@ async fn a_rendered_job_applies_and_a_redelivery_is_recognised() {
     assert!(redelivered.created.is_empty(), "{:?}", redelivered.created);
     assert_eq!(redelivered.primary.uid, Some(uid));
 }
+
+/// A submission holds its plan for the whole apply (64 of them at once in the benchmark): each object's
+/// fields as the text sent, not as a JSON tree (a map node of about 640 bytes per JSON object, however
+/// few its fields), which took a figlet job's plan to some 40 KiB.
+#[test]
+fn a_plan_holds_its_objects_in_about_the_bytes_it_sends() {
+    let config: Config = toml::from_str(&golden("config/default.toml")).unwrap();
+    for example in ["figlet.json", "multinode_project.json"] {
+        let job: SubmitJob = serde_json::from_str(&golden(&format!("jobs/{example}"))).unwrap();
+        let desired =
+            pipeline::render(&job, &config, "2026-05-01T10:00:00Z".parse().unwrap()).unwrap();
+        let trees: usize = desired
+            .objects()
+            .iter()
+            .map(|o| volcano_runner::sim::store::tree_bytes(&o.to_json().unwrap()))
+            .sum();
+        let plan = steps(&desired);
+        let held: usize = plan.iter().map(Step::heap_bytes).sum();
+        let sent: usize = plan.iter().map(|s| s.body(None).unwrap().len()).sum();
+        eprintln!("{example}: plan held in {held} bytes, sends {sent}, as trees {trees}");
+        assert!(
+            held <= sent * 3 / 2,
+            "{example}: the plan holds {held} bytes for {sent} bytes of objects"
+        );
+        assert!(
+            held * 4 <= trees,
+            "{example}: the plan holds {held} bytes, its objects as trees {trees}"
+        );
+    }
+}
