@@ -93,7 +93,7 @@ pub fn pod_cpu_memory_gpu(spec: &PodSpec) -> (u64, u64, u64) {
 }
 
 /// A resource map in milli-units, resource by resource.
-type Millis = BTreeMap<String, Milli>;
+pub type Millis = BTreeMap<String, Milli>;
 
 /// [`cpu_memory_gpu`] of a map already in milli-units.
 fn cpu_memory_gpu_of(map: &Millis) -> (u64, u64, u64) {
@@ -130,21 +130,43 @@ fn at_least(total: &mut Millis, other: &Millis) {
 }
 
 /// What a pod asks the scheduler for, resource by resource, in milli-units, by the rule Kubernetes'
-/// scheduler and kubelet apply (`PodRequests`): its containers added up, and its sidecars with them
-/// (init containers with `restartPolicy: Always` keep running beside the containers); at least what
-/// the init phase needs at its peak (an ordinary init container runs alone beside the sidecars started
-/// before it, a sidecar beside those before it); plus the pod's `overhead` (its RuntimeClass's, set on
-/// admission). Each container counts by [`container_requests`].
+/// scheduler and kubelet apply (`PodRequests`; see [`requests_of_parts`]). Each container counts by
+/// [`container_requests`].
 fn pod_requests(spec: &PodSpec) -> Millis {
+    requests_of_parts(
+        spec.containers
+            .iter()
+            .map(|c| millis_of(&container_requests(c))),
+        spec.init_containers.iter().flatten().map(|c| {
+            (
+                millis_of(&container_requests(c)),
+                c.restart_policy.as_deref() == Some("Always"),
+            )
+        }),
+        spec.overhead.as_ref().map(millis_of),
+    )
+}
+
+/// Kubernetes' pod request rule (`PodRequests`) over a pod's parts, each already a resource map: its
+/// containers added up, and its sidecars with them (`init_containers` flagged `true`: init containers
+/// with `restartPolicy: Always` keep running beside the containers); at least what the init phase
+/// needs at its peak (an ordinary init container runs alone beside the sidecars started before it, a
+/// sidecar beside those before it); plus the pod's `overhead` (its RuntimeClass's, set on admission).
+/// One rule for the typed pods of the bookings and the monitor and the JSON pods of the simulator's
+/// scheduler, so that they agree.
+pub fn requests_of_parts(
+    containers: impl IntoIterator<Item = Millis>,
+    init_containers: impl IntoIterator<Item = (Millis, bool)>,
+    overhead: Option<Millis>,
+) -> Millis {
     let mut total = Millis::new();
-    for c in &spec.containers {
-        add(&mut total, &millis_of(&container_requests(c)));
+    for own in containers {
+        add(&mut total, &own);
     }
     let mut sidecars = Millis::new();
     let mut init_peak = Millis::new();
-    for c in spec.init_containers.iter().flatten() {
-        let own = millis_of(&container_requests(c));
-        if c.restart_policy.as_deref() == Some("Always") {
+    for (own, sidecar) in init_containers {
+        if sidecar {
             add(&mut total, &own);
             add(&mut sidecars, &own);
             at_least(&mut init_peak, &sidecars);
@@ -155,8 +177,8 @@ fn pod_requests(spec: &PodSpec) -> Millis {
         }
     }
     at_least(&mut total, &init_peak);
-    if let Some(overhead) = &spec.overhead {
-        add(&mut total, &millis_of(overhead));
+    if let Some(overhead) = overhead {
+        add(&mut total, &overhead);
     }
     total
 }

@@ -319,7 +319,7 @@ async fn phase_on(
     let observers = observe::Observers::start(
         config,
         &observer_queue(prefix),
-        Some((sim.kube_config(), prefix.to_owned())),
+        Some((sim.created_jobs(), prefix.to_owned())),
     )
     .await?;
     let (queued, created, ended) = (

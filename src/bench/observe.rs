@@ -1,19 +1,15 @@
-//! The two observers of a phase: a watch of VolcanoJobs (when each job appeared in the cluster) and a
-//! consumer of the events exchange (when each job's QUEUED arrived). Both record the first instant per
-//! job id on the same monotonic clock as the publisher.
+//! The two observers of a phase: the simulator's word of each VolcanoJob it creates (when each job
+//! appeared in the cluster) and a consumer of the events exchange (when each job's QUEUED arrived).
+//! Both record the first instant per job id on the same monotonic clock as the publisher.
 //!
 //! They run on a thread and runtime of their own ([`Observers`]): in the simulator's runtime they would
 //! wait behind its work (serving every runner's requests and watches) and stamp events late.
 
 use std::collections::HashMap;
-use std::pin::pin;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use futures::StreamExt;
-use kube::Api;
-use kube::api::PartialObjectMeta;
-use kube::runtime::watcher;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions};
 use lapin::types::FieldTable;
 use tokio::sync::{Notify, oneshot};
@@ -23,7 +19,6 @@ use super::BenchError;
 use crate::messages::v1::{JobEvent, JobState};
 use crate::messages::{Format, decode};
 use crate::pipeline::names::job_id_from_vcjob_name;
-use crate::volcano::VolcanoJob;
 
 /// First-seen instants by job id, shared between an observer and the phase that reads it.
 #[derive(Debug, Default, Clone)]
@@ -108,6 +103,11 @@ impl Deliveries {
     }
 }
 
+/// The job an event's id names (`<jobId>/...`).
+fn job_of(message_id: &str) -> &str {
+    message_id.split('/').next().unwrap_or_default()
+}
+
 /// The kind of an event by its id (`<jobId>/RUNNING`, `<jobId>/<n>` for a tick, `<jobId>/status/...`).
 fn kind_of(message_id: &str) -> &'static str {
     let mut parts = message_id.split('/');
@@ -129,57 +129,33 @@ fn kind_of(message_id: &str) -> &'static str {
     }
 }
 
-/// Watches every VolcanoJob's metadata (the name is all it needs; a full watch would make the
-/// simulator send, and this process decode, every job's spec again on each of its changes, on the same
-/// cores as the runners measured); returns once the watch is established (so nothing created after can
-/// be missed), and records until `stop`.
-pub async fn watch_created(
-    client: kube::Client,
+/// Records when each VolcanoJob of a job whose id starts with `prefix` was created, from the
+/// simulator in this process ([`crate::sim::SimHandle::created_jobs`]), until `stop`. It used to
+/// watch every job's metadata over HTTP: the simulator wrote and sent, and this process decoded, each
+/// of a job's half a dozen later changes too (a monitored job's status and the runner's patches), a
+/// tenth of this process's instructions per monitored job, on the cores the runners are measured on.
+pub fn record_created(
+    mut created: tokio::sync::mpsc::UnboundedReceiver<crate::sim::store::Created>,
     prefix: String,
     stop: CancellationToken,
-) -> Result<(Seen, tokio::task::JoinHandle<()>), BenchError> {
+) -> (Seen, tokio::task::JoinHandle<()>) {
     let seen = Seen::default();
-    let (ready_tx, ready_rx) = oneshot::channel();
-    let api: Api<PartialObjectMeta<VolcanoJob>> = Api::all(client);
     let record = seen.clone();
     let task = tokio::spawn(async move {
-        let mut ready = Some(ready_tx);
-        let mut stream = pin!(watcher(api, watcher::Config::default()));
         loop {
-            let event = tokio::select! {
+            let (name, at) = tokio::select! {
                 _ = stop.cancelled() => return,
-                event = stream.next() => event,
+                next = created.recv() => match next {
+                    Some(next) => next,
+                    None => return,
+                },
             };
-            let now = Instant::now();
-            match event {
-                None => return,
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "The benchmark's VolcanoJob watch failed; it restarts.")
-                }
-                Some(Ok(watcher::Event::InitDone)) => {
-                    if let Some(tx) = ready.take() {
-                        let _ = tx.send(());
-                    }
-                }
-                Some(Ok(watcher::Event::Apply(job) | watcher::Event::InitApply(job))) => {
-                    if let Some(id) = job
-                        .metadata
-                        .name
-                        .as_deref()
-                        .and_then(job_id_from_vcjob_name)
-                        .filter(|id| id.starts_with(&prefix))
-                    {
-                        record.record(id, now);
-                    }
-                }
-                Some(Ok(_)) => {}
+            if let Some(id) = job_id_from_vcjob_name(&name).filter(|id| id.starts_with(&prefix)) {
+                record.record(id, at);
             }
         }
     });
-    ready_rx
-        .await
-        .map_err(|_| BenchError::Setup("the VolcanoJob watch ended before it started".into()))?;
-    Ok((seen, task))
+    (seen, task)
 }
 
 /// Consumes `queue` (bound to the events exchange) and records each job's first QUEUED event and its
@@ -211,8 +187,32 @@ pub async fn consume_queued(
             };
             let now = Instant::now();
             let Some(Ok(delivery)) = delivery else { return };
-            if let Some(id) = delivery.properties.message_id() {
-                deliveries.record(id.as_str());
+            let id = delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|id| id.as_str());
+            if let Some(id) = id {
+                deliveries.record(id);
+            }
+            // A lifecycle transition's id names its job and state (`<jobId>/QUEUED`), and a tick's,
+            // RUNNING's or a status event's says it is neither: only other events are decoded.
+            match id.map(|id| (id, kind_of(id))) {
+                Some((id, "QUEUED")) => {
+                    record.record(job_of(id), now);
+                    let _ = delivery.ack(BasicAckOptions::default()).await;
+                    continue;
+                }
+                Some((id, "SUCCESS" | "FAILURE" | "EXPIRED" | "CANCELLED")) => {
+                    record_end.record(job_of(id), now);
+                    let _ = delivery.ack(BasicAckOptions::default()).await;
+                    continue;
+                }
+                Some((_, "other")) | None => {}
+                Some(_) => {
+                    let _ = delivery.ack(BasicAckOptions::default()).await;
+                    continue;
+                }
             }
             let format = delivery
                 .properties
@@ -249,13 +249,16 @@ pub struct Observers {
 }
 
 impl Observers {
-    /// Connects to RabbitMQ (and, given `watch`, the cluster, watching VolcanoJobs of jobs whose ids
-    /// start with its prefix) from a new thread, binds `queue` to the events exchange, and returns once
-    /// the observers are in place.
+    /// Connects to RabbitMQ from a new thread, binds `queue` to the events exchange (and, given
+    /// `created`, records the VolcanoJobs the simulator creates for jobs whose ids start with its
+    /// prefix), and returns once the observers are in place.
     pub async fn start(
         config: &crate::config::Config,
         queue: &str,
-        watch: Option<(kube::Config, String)>,
+        created: Option<(
+            tokio::sync::mpsc::UnboundedReceiver<crate::sim::store::Created>,
+            String,
+        )>,
     ) -> Result<Observers, BenchError> {
         let amqp_url = config.broker.url.expose().to_owned();
         let events_exchange = config.broker.events_exchange.clone();
@@ -293,12 +296,9 @@ impl Observers {
                         super::declare_observer_queue(&channel, &events_exchange, &queue).await?;
                         let (queued, ended, _) =
                             consume_queued(channel, &queue, token.clone(), counted).await?;
-                        let created = match watch {
-                            Some((kube_config, prefix)) => {
-                                let client = kube::Client::try_from(kube_config).map_err(|e| {
-                                    BenchError::Cluster(format!("observer client: {e}"))
-                                })?;
-                                watch_created(client, prefix, token.clone()).await?.0
+                        let created = match created {
+                            Some((created, prefix)) => {
+                                record_created(created, prefix, token.clone()).0
                             }
                             None => Seen::default(),
                         };

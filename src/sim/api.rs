@@ -647,7 +647,10 @@ impl Core {
             builtin::unknown_fields(&before, &obj, "", &mut unknown);
             errors.extend(builtin::validate(b, old, &obj));
         } else if let Some(schema) = &t.schema {
-            let out = schema::apply(schema, &mut obj);
+            let out = match old {
+                Some(old) => schema::apply_update(schema, &mut obj, old),
+                None => schema::apply(schema, &mut obj),
+            };
             errors.extend(out.errors);
             unknown = out.unknown;
         }

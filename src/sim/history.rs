@@ -153,9 +153,25 @@ impl Compact {
         serde_json::from_slice(json).expect("the history holds JSON the store wrote")
     }
 
+    /// The metadata-only line, written from the text's `metadata` alone: the rest of the object is
+    /// skipped over, not built as a tree (a watch of metadata that lags behind the compaction asks
+    /// this of every change it sends, and parsing whole objects for it was most of its cost).
     fn own_metadata_line(&self) -> &Bytes {
         self.metadata_line.get_or_init(|| {
-            let obj = Self::parse(&self.object_json());
+            /// An object of which only `metadata` is read.
+            #[derive(serde::Deserialize)]
+            struct MetadataOf {
+                metadata: Option<serde_json::Map<String, Value>>,
+            }
+            let obj = match serde_json::from_slice::<MetadataOf>(&self.object_json()) {
+                Ok(MetadataOf {
+                    metadata: Some(meta),
+                }) => Value::Object(serde_json::Map::from_iter([(
+                    "metadata".to_string(),
+                    Value::Object(meta),
+                )])),
+                _ => Self::parse(&self.object_json()),
+            };
             watch_line(self.kind.as_str(), 512, |out| {
                 write_partial_metadata(out, &obj, None)
             })

@@ -565,6 +565,16 @@ impl SimHandle {
         move || shared.read(|c| c.core.store.footprint())
     }
 
+    /// The name of every VolcanoJob created from now on, with the instant it was stored, until the
+    /// receiver is dropped ([`store::Store::tap_created`]): how the benchmark sees jobs appear without
+    /// a watch of its own on the cores it measures.
+    pub fn created_jobs(&self) -> tokio::sync::mpsc::UnboundedReceiver<store::Created> {
+        self.shared.with(|c| {
+            let res = c.core.registry.get(c.core.ids.jobs).storage;
+            c.core.store.tap_created(res)
+        })
+    }
+
     /// Drops every open watch connection at once; clients must resume (and may find their
     /// resourceVersion compacted away).
     pub fn cut_watches(&self) {

@@ -180,11 +180,37 @@ impl From<&Path<'_>> for String {
 /// Prunes, defaults and validates `value` (the whole object) against the root schema.
 pub fn apply(schema: &Schema, value: &mut Value) -> Outcome {
     let mut out = Outcome::default();
-    walk(schema, value, &Path::Root, true, &mut out);
+    walk(schema, value, &Path::Root, Level::Root(None), &mut out);
     out
 }
 
-fn walk(schema: &Schema, value: &mut Value, path: &Path<'_>, root: bool, out: &mut Outcome) {
+/// [`apply`] for an update of `old`, an object stored through this schema (so already pruned,
+/// defaulted and valid): a top-level field the update left exactly as it was is not walked again.
+/// Most updates touch one part of an object (an annotation patch leaves `spec` and `status` alone, a
+/// status update leaves `spec`), and walking a VolcanoJob's whole pod template against the CRD's
+/// schema at every patch was a tenth of the simulator's CPU in `volcano-runner bench`. The outcome is
+/// the same: walking an unchanged, already admitted field prunes, defaults and reports nothing (as
+/// with Kubernetes' validation ratcheting, an unchanged field is not held against an update).
+pub fn apply_update(schema: &Schema, value: &mut Value, old: &Value) -> Outcome {
+    let mut out = Outcome::default();
+    walk(
+        schema,
+        value,
+        &Path::Root,
+        Level::Root(old.as_object()),
+        &mut out,
+    );
+    out
+}
+
+/// Where [`walk`] is: at the object's root (with, for an update, the object it replaces), or below.
+#[derive(Clone, Copy)]
+enum Level<'a> {
+    Root(Option<&'a Map<String, Value>>),
+    Nested,
+}
+
+fn walk(schema: &Schema, value: &mut Value, path: &Path<'_>, level: Level<'_>, out: &mut Outcome) {
     if value.is_null() {
         if !schema.nullable {
             let expected = schema.ty.as_deref().unwrap_or("object");
@@ -263,12 +289,12 @@ fn walk(schema: &Schema, value: &mut Value, path: &Path<'_>, root: bool, out: &m
             }
             if let Some(item_schema) = &schema.items {
                 for (i, item) in items.iter_mut().enumerate() {
-                    walk(item_schema, item, &Path::Index(path, i), false, out);
+                    walk(item_schema, item, &Path::Index(path, i), Level::Nested, out);
                 }
             }
             check_list_uniqueness(schema, items, path, out);
         }
-        Value::Object(map) => walk_object(schema, map, path, root, out),
+        Value::Object(map) => walk_object(schema, map, path, level, out),
         _ => {}
     }
 }
@@ -408,9 +434,13 @@ fn walk_object(
     schema: &Schema,
     map: &mut Map<String, Value>,
     path: &Path<'_>,
-    root: bool,
+    level: Level<'_>,
     out: &mut Outcome,
 ) {
+    let (root, old) = match level {
+        Level::Root(old) => (true, old),
+        Level::Nested => (false, None),
+    };
     let keeps_meta = root || schema.embedded;
     // 1. prune unknown fields and nulls of non-nullable fields.
     map.retain(|key, value| {
@@ -447,9 +477,18 @@ fn walk_object(
         if keeps_meta && (key == "apiVersion" || key == "kind" || key == "metadata") {
             continue;
         }
+        if old.is_some_and(|old| old.get(key) == Some(&*child_value)) {
+            continue;
+        }
         let child = schema.properties.get(key).or(schema.additional.as_deref());
         if let Some(child) = child {
-            walk(child, child_value, &Path::Key(path, key), false, out);
+            walk(
+                child,
+                child_value,
+                &Path::Key(path, key),
+                Level::Nested,
+                out,
+            );
         }
     }
 }
@@ -497,6 +536,36 @@ mod tests {
             out.errors[0].to_string(),
             "spec.tasks[0].replicas: Invalid value: \"string\": spec.tasks[0].replicas in body must be of type integer: \"string\""
         );
+    }
+
+    /// An update walks only the top-level fields it changed: an annotation patch of an admitted
+    /// object is not checked field by field again (the stored `spec` here holds what the schema would
+    /// refuse now, as after a CRD change: it is let be, as validation ratcheting lets an unchanged field
+    /// be), while a `spec` the update changes is checked, defaulted and pruned as on a create.
+    #[test]
+    fn an_update_walks_only_the_top_level_fields_it_changed() {
+        let old = json!({
+            "metadata": {"name": "x"},
+            "spec": {"tasks": [{"name": "job", "replicas": "string"}], "maxRetry": 3, "queue": "default"},
+            "status": {"phase": "Running"}
+        });
+        let mut annotated = old.clone();
+        annotated["metadata"]["annotations"] = json!({"a": "b"});
+        let out = apply_update(&schema(), &mut annotated, &old);
+        assert!(out.errors.is_empty(), "{:?}", out.errors);
+        assert_eq!(annotated["spec"], old["spec"]);
+        assert_eq!(
+            apply(&schema(), &mut old.clone()).errors.len(),
+            1,
+            "the whole object, walked, holds the refused value"
+        );
+
+        let mut respecified = old.clone();
+        respecified["spec"] = json!({"tasks": [{"name": "job", "replicas": "two", "bogus": 1}]});
+        let out = apply_update(&schema(), &mut respecified, &old);
+        assert_eq!(out.errors.len(), 1, "{:?}", out.errors);
+        assert_eq!(out.unknown, vec!["spec.tasks[0].bogus".to_string()]);
+        assert_eq!(respecified["spec"]["maxRetry"], 3, "defaulted");
     }
 
     #[test]

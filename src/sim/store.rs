@@ -486,7 +486,13 @@ pub struct Store {
     uids: HashMap<String, ObjectKey>,
     /// Owner uid → objects whose ownerReferences name it.
     dependents: HashMap<String, BTreeSet<ObjectKey>>,
+    /// Who is told of every object of a kind as it is created ([`Store::tap_created`]).
+    taps: Vec<(ResId, CreatedSender)>,
 }
+
+/// The name of an object just created and when it was stored ([`Store::tap_created`]).
+pub type Created = (String, Instant);
+type CreatedSender = tokio::sync::mpsc::UnboundedSender<Created>;
 
 /// An object's last compacted change (see [`Store::recent`]).
 #[derive(Debug)]
@@ -551,7 +557,18 @@ impl Store {
             changes: Vec::new(),
             uids: HashMap::new(),
             dependents: HashMap::new(),
+            taps: Vec::new(),
         }
+    }
+
+    /// Tells the receiver the name of every object stored in `res` from now on as it is created, with
+    /// the instant it was stored, until the receiver is dropped. For an observer in the same process
+    /// (the benchmark's harness): a watch would have this process write, send and decode every later
+    /// change of every such object too, on the cores it measures.
+    pub fn tap_created(&mut self, res: ResId) -> tokio::sync::mpsc::UnboundedReceiver<Created> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        self.taps.push((res, tx));
+        rx
     }
 
     fn slot(&mut self, res: ResId) -> &mut Objects {
@@ -842,6 +859,11 @@ impl Store {
         set(&mut self.last_change, res, record.rv);
         if !self.touched.contains(&res) {
             self.touched.push(res);
+        }
+        if kind == EventType::Added && !self.taps.is_empty() {
+            let name = &record.key.name;
+            self.taps
+                .retain(|(tapped, tx)| *tapped != res || tx.send((name.clone(), at)).is_ok());
         }
         self.changes.push(record.clone());
         self.compact_older_than(at);

@@ -353,7 +353,10 @@ impl Model {
         for r in records {
             if self.is(core, &r.key, core.ids.jobs) {
                 // A write that touched only status or annotations (the controller's own status updates,
-                // the runner's annotations) gives the controller nothing to do.
+                // the runner's annotations) gives the controller nothing to do; nor does one that
+                // changed the finalizers of a job not being deleted (the runner removes its finalizer
+                // with the write that records a job's end: reconciling the ended job for it read the
+                // job and its pods back from their text for nothing).
                 let same = |p: &str| {
                     r.prev
                         .as_ref()
@@ -362,7 +365,8 @@ impl Model {
                 let idle = r.kind == EventType::Modified
                     && same("/metadata/generation")
                     && same("/metadata/deletionTimestamp")
-                    && same("/metadata/finalizers");
+                    && (same("/metadata/finalizers")
+                        || r.object.at("/metadata/deletionTimestamp").is_none());
                 if !idle {
                     self.dirty_jobs.insert(r.key.clone());
                 }

@@ -315,34 +315,35 @@ impl Node {
     }
 }
 
-/// A pod's effective requests: the sum over containers (limits stand in for missing requests), at least
-/// the largest init container, plus one `pods` slot.
+/// A pod's effective requests, by Kubernetes' rule ([`crate::quantity::requests_of_parts`], the one
+/// the runner's bookings and estimates count by): its containers and sidecars (init containers with
+/// `restartPolicy: Always`) added up, at least the init phase's peak, plus the pod's `overhead`; a
+/// container's limits stand in for its missing requests. Plus one `pods` slot.
 pub fn pod_requests(spec: &Value) -> Resources {
-    let container_requests = |c: &Value| -> Resources {
-        let limits = Resources::from_json(c.at("/resources/limits"));
-        let mut req = Resources::from_json(c.at("/resources/requests"));
-        for (k, v) in limits.0 {
-            req.0.entry(k).or_insert(v);
+    let container_requests = |c: &Value| -> BTreeMap<String, Milli> {
+        let mut req = Resources::from_json(c.at("/resources/requests")).0;
+        for (k, v) in Resources::from_json(c.at("/resources/limits")).0 {
+            req.entry(k).or_insert(v);
         }
         req
     };
-    let mut total = Resources::default();
-    for c in spec
-        .get("containers")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        total.add(&container_requests(c));
-    }
-    for c in spec
-        .get("initContainers")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        total.max_with(&container_requests(c));
-    }
+    let list = |field: &str| {
+        spec.get(field)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+    };
+    let mut total = Resources(crate::quantity::requests_of_parts(
+        list("containers").map(container_requests),
+        list("initContainers").map(|c| {
+            (
+                container_requests(c),
+                c.get("restartPolicy").and_then(Value::as_str) == Some("Always"),
+            )
+        }),
+        spec.get("overhead")
+            .map(|o| Resources::from_json(Some(o)).0),
+    ));
     total.0.insert("pods".into(), 1000);
     total
 }
@@ -384,6 +385,35 @@ mod tests {
         assert_eq!(r.get("cpu"), 4000);
         assert_eq!(r.get("memory"), 4 * (1i128 << 30) * 1000);
         assert_eq!(r.get("pods"), 1000);
+    }
+
+    /// A sidecar (an init container with `restartPolicy: Always`) runs beside the containers, so it
+    /// holds capacity with them, and the pod's `overhead` (its RuntimeClass's) is added: the rule the
+    /// runner's bookings and estimates count by. The scheduler counted neither: a pod the runner
+    /// expects to wait was placed.
+    #[test]
+    fn requests_add_sidecars_and_overhead_as_kubernetes_does() {
+        let spec = json!({
+            "overhead": {"cpu": "250m", "memory": "64Mi"},
+            "initContainers": [
+                {"name": "proxy", "restartPolicy": "Always",
+                 "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}},
+                {"name": "migrate", "resources": {"requests": {"cpu": "3"}}}
+            ],
+            "containers": [{"name": "app", "resources": {"requests": {"cpu": "2", "memory": "2Gi"}}}]
+        });
+        let r = pod_requests(&spec);
+        // Running: app 2 + proxy 1 = 3 cpu; init peak: proxy 1 + migrate 3 = 4 cpu; plus 250m.
+        assert_eq!(r.get("cpu"), 4250);
+        assert_eq!(r.get("memory"), (3 * 1024 + 64) * (1i128 << 20) * 1000);
+        assert_eq!(r.get("pods"), 1000);
+        let typed: k8s_openapi::api::core::v1::PodSpec = serde_json::from_value(spec).unwrap();
+        let (cpu, memory, gpu) = crate::quantity::pod_cpu_memory_gpu(&typed);
+        assert_eq!(
+            (cpu as i128, memory as i128, gpu),
+            (r.get("cpu"), r.get("memory") / ((1 << 20) * 1000), 0),
+            "the simulator's scheduler counts a pod as the runner does"
+        );
     }
 
     #[test]
