@@ -203,7 +203,8 @@ const HOLD_ANNOTATIONS: [&str; 9] = [
 ];
 
 /// A managed job's metadata as the submit path's names view keeps it ([`super::jobs::JobStore`]): its
-/// name, namespace and deletion time, and of its annotations those [`Hold::of`] reads. A metadata watch
+/// name, namespace, deletion time and resourceVersion (kube's watcher resumes from it, and lists again
+/// at once when an event has none), and of its annotations those [`Hold::of`] reads. A metadata watch
 /// of every managed job feeds that view, so every job event of every runner is decoded here; decoding
 /// the whole `ObjectMeta` made a string of each of the runner's records on the job and a JSON tree of
 /// its `managedFields` only to drop them (issue 46). An annotation is kept when its name ends in one
@@ -259,6 +260,8 @@ impl<'de> Deserialize<'de> for HoldMeta {
             deletion_timestamp: Option<Time>,
             #[serde(default)]
             annotations: HoldAnnotations,
+            #[serde(default)]
+            resource_version: Option<String>,
         }
         let Some(m) = Wire::deserialize(d)?.metadata else {
             return Ok(Self::default());
@@ -269,6 +272,7 @@ impl<'de> Deserialize<'de> for HoldMeta {
                 namespace: m.namespace,
                 deletion_timestamp: m.deletion_timestamp,
                 annotations: m.annotations.0,
+                resource_version: m.resource_version,
                 ..ObjectMeta::default()
             },
         })
@@ -542,6 +546,7 @@ mod tests {
             let slim: HoldMeta = serde_json::from_value(job.clone()).unwrap();
             assert_eq!(slim.metadata.name.as_deref(), Some("j-1"));
             assert_eq!(slim.metadata.namespace.as_deref(), Some("ns"));
+            assert_eq!(slim.metadata.resource_version.as_deref(), Some("7"));
             assert_eq!(Hold::of(&slim.metadata, &k), Hold::of(&full, &k));
             assert!(Hold::of(&slim.metadata, &k).is_some());
             let kept = slim.metadata.annotations.unwrap();
