@@ -928,7 +928,12 @@ impl Executor {
                 .body(body.clone())
                 .map_err(kube::Error::HttpError)
                 .classify(|| op.clone())?;
-            match self.request_job(request).await.classify(|| op.clone()) {
+            match self
+                .client
+                .request::<WatchedJob>(request)
+                .await
+                .classify(|| op.clone())
+            {
                 Err(ClusterError::Rejected {
                     code: 422, message, ..
                 }) => Err(ClusterError::Conflict {
@@ -1022,23 +1027,11 @@ impl Executor {
         };
         let op = format!("patch jobs.batch.volcano.sh {ns}/{name}");
         self.send_patch(&op, || async {
-            let request = kube::core::Request::new(api.resource_url())
-                .patch(name, &params, &Patch::Merge(&body))
-                .map_err(kube::Error::BuildRequest)
-                .classify(|| op.clone())?;
-            self.request_job(request).await.classify(|| op.clone())
+            api.patch(name, &params, &Patch::Merge(&body))
+                .await
+                .classify(|| op.clone())
         })
         .await
-    }
-
-    /// A request whose answer is a job (a write's, a read's), read as [`WatchedJob`] without its tasks'
-    /// pod templates ([`super::listing::without_templates`]): kube's `Client::request` would walk them
-    /// through `serde_json` only to skip them, at every answer (issue 46). A text the cut cannot read is
-    /// decoded as it came.
-    async fn request_job(&self, request: http::Request<Vec<u8>>) -> kube::Result<WatchedJob> {
-        let text = self.client.request_text(request).await?;
-        let cut = super::listing::without_templates(&text).ok().flatten();
-        serde_json::from_str(cut.as_deref().unwrap_or(&text)).map_err(kube::Error::SerdeError)
     }
 
     /// Deletes the job (its pods and companions follow by ownerReferences: after it with `background`,
@@ -1101,11 +1094,7 @@ impl Executor {
         let got = self
             .retry
             .run(&op, || async {
-                let request = kube::core::Request::new(api.resource_url())
-                    .get(name, &kube::api::GetParams::default())
-                    .map_err(kube::Error::BuildRequest)
-                    .classify(|| op.clone())?;
-                self.request_job(request).await.classify(|| op.clone())
+                api.get(name).await.classify(|| op.clone())
             })
             .await;
         match got {

@@ -71,51 +71,6 @@ pub fn read<'a>(text: &'a [u8], mut each: impl FnMut(Object<'a>)) -> Result<Page
     Ok(meta)
 }
 
-/// `job` (a VolcanoJob's JSON, as an answer to a write or read brings it) with each task's pod template
-/// (`spec.tasks[*].template`) replaced by `null`, or `None` when it has none to cut.
-///
-/// The monitor never reads a template (`cache::WatchedJob` keeps of a task its name and replicas), but
-/// `serde_json` can only skip a value by walking it string by string, and the templates are most of a
-/// job's text: here they are found by the vector search of [`Scanner::skip`] and cut with one copy of
-/// the rest. Nothing else is checked or changed: the text then goes to `serde_json` as before.
-pub fn without_templates(job: &str) -> Result<Option<String>> {
-    let mut s = Scanner {
-        text: job.as_bytes(),
-        i: 0,
-    };
-    let mut cuts: Vec<(usize, usize)> = Vec::new();
-    s.object(|s, key| match key {
-        b"spec" => s.nullable_object(|s, key| match key {
-            b"tasks" => s.nullable_array(|s| {
-                s.nullable_object(|s, key| match key {
-                    b"template" => {
-                        s.ws();
-                        let start = s.i;
-                        s.skip()?;
-                        cuts.push((start, s.i));
-                        Ok(())
-                    }
-                    _ => s.skip(),
-                })
-            }),
-            _ => s.skip(),
-        }),
-        _ => s.skip(),
-    })?;
-    if cuts.is_empty() {
-        return Ok(None);
-    }
-    let mut out = String::with_capacity(job.len());
-    let mut from = 0;
-    for (start, end) in cuts {
-        out.push_str(&job[from..start]);
-        out.push_str("null");
-        from = end;
-    }
-    out.push_str(&job[from..]);
-    Ok(Some(out))
-}
-
 /// Marks the bytes of `word` equal to `needle`: the high bit of each such byte is set, and nothing else.
 /// Exact in every byte (no borrow from one byte to the next), so the marks can be counted as well as
 /// searched.
@@ -552,53 +507,6 @@ mod tests {
             let quotes = text.iter().filter(|&&b| b == b'"').count();
             prop_assert_eq!(odd_quotes(&text), quotes % 2 == 1);
         }
-    }
-
-    /// A job's answer is read without its tasks' templates: what the monitor decodes of it is the same
-    /// as from the whole text, whatever the templates hold (brackets and quotes in strings, escapes),
-    /// and a job without templates is left as it is.
-    #[test]
-    fn a_job_without_its_templates_reads_the_same() {
-        use crate::monitor::cache::WatchedJob;
-        let template = |cmd: &str| {
-            serde_json::json!({
-                "metadata": {"labels": {"volcano.sh/job-name": "j"}},
-                "spec": {"containers": [{"name": "user", "image": "figlet", "command": ["sh", "-c", cmd],
-                         "env": [{"name": "X", "value": "{[\"]}"}],
-                         "resources": {"limits": {"cpu": "1"}}}],
-                         "volumes": [{"name": "v", "emptyDir": {}}]}
-            })
-        };
-        let job = serde_json::json!({
-            "apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
-            "metadata": {"name": "j", "namespace": "ns", "resourceVersion": "5",
-                         "annotations": {"ucloud.dk/replicas": "2", "ucloud.dk/x": "{\"a\": [1]}"}},
-            "spec": {"minAvailable": 2, "queue": "default", "schedulerName": "volcano",
-                     "tasks": [{"name": "a", "replicas": 1, "template": template("echo '}]' \\ \"")},
-                               {"replicas": 1, "template": template("echo hi"), "name": "b"}],
-                     "ttlSecondsAfterFinished": 60},
-            "status": {"state": {"phase": "Running"}, "retryCount": 1}
-        });
-        let text = serde_json::to_string_pretty(&job).unwrap();
-        let cut = without_templates(&text).unwrap().expect("templates to cut");
-        assert!(cut.len() < text.len() / 2, "{cut}");
-        assert!(!cut.contains("figlet"));
-        let whole = serde_json::from_str::<WatchedJob>(&text)
-            .unwrap()
-            .into_job();
-        let read = serde_json::from_str::<WatchedJob>(&cut).unwrap().into_job();
-        assert_eq!(read, whole);
-        assert_eq!(read.spec.tasks.len(), 2);
-        assert_eq!(read.spec.tasks[1].name, "b");
-        // Nothing to cut: no tasks, no spec, templates already null.
-        for plain in [
-            r#"{"metadata": {"name": "j"}, "spec": {"tasks": [{"name": "a"}]}}"#,
-            r#"{"metadata": {"name": "j"}, "spec": null}"#,
-            r#"{"kind": "Status", "code": 404}"#,
-        ] {
-            assert_eq!(without_templates(plain).unwrap(), None, "{plain}");
-        }
-        assert!(without_templates(r#"{"spec": {"tasks": [{"template": {"#).is_err());
     }
 
     #[test]
