@@ -29,7 +29,7 @@ use crate::pipeline::names::{self, MANAGED_BY, MANAGED_BY_LABEL};
 use crate::pipeline::{NamespaceMode, PipelineConfig};
 use crate::volcano::VolcanoJob;
 
-use super::whole_nodes::{Hold, Ledger};
+use super::whole_nodes::{Hold, HoldMeta, Ledger};
 
 /// Lifecycle states after which a job has had its terminal event.
 const TERMINAL_STATES: [&str; 4] = ["SUCCESS", "FAILURE", "EXPIRED", "CANCELLED"];
@@ -131,8 +131,9 @@ impl JobStore {
     /// every namespace), until `shutdown`. A watch error makes every lookup read until it has listed
     /// again.
     pub async fn follow(&self, shutdown: impl Future<Output = ()>) {
-        // Metadata only: the names are all this needs, not the jobs' specs.
-        let api: Api<kube::api::PartialObjectMeta<VolcanoJob>> = match &self.single_namespace {
+        // Metadata only (the names and what a job holds are all this needs, not the jobs' specs), and
+        // of the metadata only what the view keeps ([`HoldMeta`]).
+        let api: Api<HoldMeta> = match &self.single_namespace {
             Some(ns) => Api::namespaced(self.client.clone(), ns),
             None => Api::all(self.client.clone()),
         };

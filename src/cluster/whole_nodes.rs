@@ -17,14 +17,19 @@
 //! submissions checked in the same instant on two runners can both pass (like `max_active_jobs`, a soft
 //! limit across runners).
 
-use std::collections::HashMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use serde::de::{IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 use tokio::time::Instant;
 
 use crate::durable::AnnotationKeys;
 use crate::pipeline::{WholeNodeCharge, WholeNodeProduct, WholeNodesConfig};
+use crate::volcano::VolcanoJob;
 
 /// How long a job this runner created counts without the watch having shown it. Longer than any watch
 /// lag; a job created and deleted before the watch saw it stops counting after this.
@@ -181,6 +186,162 @@ impl Ledger {
             .retain(|_, (_, at)| now.saturating_duration_since(*at) < UNSEEN_GRACE);
         holds.extend(self.created.values().map(|(h, _)| h.clone()));
         holds
+    }
+}
+
+/// The names of the annotations [`Hold::of`] reads, without their prefix.
+const HOLD_ANNOTATIONS: [&str; 9] = [
+    "exclusiveNodes",
+    "terminationCause",
+    "outcome",
+    "lifecycleState",
+    "wholeNodeCharge",
+    "productId",
+    "replicas",
+    "ownerUser",
+    "ownerProject",
+];
+
+/// A managed job's metadata as the submit path's names view keeps it ([`super::jobs::JobStore`]): its
+/// name, namespace, deletion time and resourceVersion (kube's watcher resumes from it, and lists again
+/// at once when an event has none), and of its annotations those [`Hold::of`] reads. A metadata watch
+/// of every managed job feeds that view, so every job event of every runner is decoded here; decoding
+/// the whole `ObjectMeta` made a string of each of the runner's records on the job and a JSON tree of
+/// its `managedFields` only to drop them (issue 46). An annotation is kept when its name ends in one
+/// of [`HOLD_ANNOTATIONS`]: a superset of the prefixed keys, whatever the prefix.
+#[derive(Debug, Clone, Default)]
+pub struct HoldMeta {
+    pub metadata: ObjectMeta,
+}
+
+impl kube::Resource for HoldMeta {
+    type DynamicType = ();
+    type Scope = <VolcanoJob as kube::Resource>::Scope;
+
+    /// Read with metadata-only requests: the API server sends no spec.
+    fn metadata_api() -> bool {
+        true
+    }
+    fn kind(dt: &()) -> Cow<'_, str> {
+        VolcanoJob::kind(dt)
+    }
+    fn group(dt: &()) -> Cow<'_, str> {
+        VolcanoJob::group(dt)
+    }
+    fn version(dt: &()) -> Cow<'_, str> {
+        VolcanoJob::version(dt)
+    }
+    fn plural(dt: &()) -> Cow<'_, str> {
+        VolcanoJob::plural(dt)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl<'de> Deserialize<'de> for HoldMeta {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Wire {
+            #[serde(default)]
+            metadata: Option<WireMeta>,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct WireMeta {
+            #[serde(default)]
+            name: Option<String>,
+            #[serde(default)]
+            namespace: Option<String>,
+            #[serde(default)]
+            deletion_timestamp: Option<Time>,
+            #[serde(default)]
+            annotations: HoldAnnotations,
+            #[serde(default)]
+            resource_version: Option<String>,
+        }
+        let Some(m) = Wire::deserialize(d)?.metadata else {
+            return Ok(Self::default());
+        };
+        Ok(Self {
+            metadata: ObjectMeta {
+                name: m.name,
+                namespace: m.namespace,
+                deletion_timestamp: m.deletion_timestamp,
+                annotations: m.annotations.0,
+                resource_version: m.resource_version,
+                ..ObjectMeta::default()
+            },
+        })
+    }
+}
+
+/// The annotations [`Hold::of`] reads; the others' values are skipped, no string made of them.
+#[derive(Default)]
+struct HoldAnnotations(Option<BTreeMap<String, String>>);
+
+impl<'de> Deserialize<'de> for HoldAnnotations {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Annotations;
+
+        impl<'de> Visitor<'de> for Annotations {
+            type Value = Option<BTreeMap<String, String>>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a map of strings or null")
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+            fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+                d.deserialize_map(self)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut kept = BTreeMap::new();
+                while let Some(Key(key)) = map.next_key::<Key>()? {
+                    match key {
+                        Some(key) => {
+                            kept.insert(key, map.next_value::<String>()?);
+                        }
+                        None => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(Some(kept))
+            }
+        }
+
+        /// An annotation's name, made a string only when [`Hold::of`] reads it.
+        struct Key(Option<String>);
+
+        impl<'de> Deserialize<'de> for Key {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct KeyVisitor;
+
+                impl Visitor<'_> for KeyVisitor {
+                    type Value = Key;
+
+                    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                        f.write_str("a string key")
+                    }
+                    fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<Key, E> {
+                        let read = HOLD_ANNOTATIONS.iter().any(|n| key.ends_with(n));
+                        Ok(Key(read.then(|| key.to_owned())))
+                    }
+                }
+
+                d.deserialize_str(KeyVisitor)
+            }
+        }
+
+        d.deserialize_option(Annotations).map(Self)
     }
 }
 
@@ -348,5 +509,60 @@ mod tests {
         ledger.record(key, hold(alice(), "gpu-node", 2), now);
         assert_eq!(ledger.holds(empty.clone(), now + UNSEEN_GRACE / 2).len(), 1);
         assert!(ledger.holds(empty, now + UNSEEN_GRACE).is_empty());
+    }
+
+    /// The names view decodes a job's metadata slim ([`HoldMeta`]): it must hold what [`Hold::of`]
+    /// reads, under any prefix, and nothing of the rest (other annotations, labels, managed fields).
+    #[test]
+    fn the_slim_metadata_holds_what_a_hold_is_read_from() {
+        let charge = r#"{"product":"gpu-node","cpu":64,"memoryGib":512,"gpu":4}"#;
+        for prefix in ["ucloud.dk/", "example.org/runner-"] {
+            let k = AnnotationKeys::new(prefix);
+            let mut annotations = serde_json::Map::new();
+            for (name, value) in [
+                ("exclusiveNodes", "true"),
+                ("ownerUser", "alice"),
+                ("ownerProject", "lab"),
+                ("productId", "gpu-1"),
+                ("wholeNodeCharge", charge),
+                ("replicas", "3"),
+                ("lifecycleState", "RUNNING"),
+                ("submissionHash", "abc"),
+                ("traceparent", "00-1-2-01"),
+            ] {
+                annotations.insert(format!("{prefix}{name}"), value.into());
+            }
+            let mut job = serde_json::json!({
+                "apiVersion": "meta.k8s.io/v1",
+                "kind": "PartialObjectMetadata",
+                "metadata": {
+                    "name": "j-1", "namespace": "ns", "uid": "u", "resourceVersion": "7",
+                    "labels": {"app.kubernetes.io/managed-by": "volcano-runner"},
+                    "annotations": annotations,
+                    "managedFields": [{"manager": "m", "fieldsV1": {"f:metadata": {}}}],
+                },
+            });
+            let full: ObjectMeta = serde_json::from_value(job["metadata"].clone()).unwrap();
+            let slim: HoldMeta = serde_json::from_value(job.clone()).unwrap();
+            assert_eq!(slim.metadata.name.as_deref(), Some("j-1"));
+            assert_eq!(slim.metadata.namespace.as_deref(), Some("ns"));
+            assert_eq!(slim.metadata.resource_version.as_deref(), Some("7"));
+            assert_eq!(Hold::of(&slim.metadata, &k), Hold::of(&full, &k));
+            assert!(Hold::of(&slim.metadata, &k).is_some());
+            let kept = slim.metadata.annotations.unwrap();
+            assert_eq!(kept.len(), 7, "{kept:?}");
+            assert!(slim.metadata.labels.is_none() && slim.metadata.managed_fields.is_none());
+            // Asked to end, or being deleted: no longer held, as from the whole metadata.
+            job["metadata"]["annotations"][format!("{prefix}terminationCause")] = "CANCEL".into();
+            let slim: HoldMeta = serde_json::from_value(job.clone()).unwrap();
+            assert_eq!(Hold::of(&slim.metadata, &k), None);
+            job["metadata"]["annotations"] = serde_json::Value::Null;
+            job["metadata"]["deletionTimestamp"] = "2026-11-29T04:00:00Z".into();
+            let slim: HoldMeta = serde_json::from_value(job).unwrap();
+            assert!(slim.metadata.deletion_timestamp.is_some());
+            assert!(slim.metadata.annotations.is_none());
+        }
+        let empty: HoldMeta = serde_json::from_str(r#"{"metadata": null}"#).unwrap();
+        assert!(empty.metadata.name.is_none());
     }
 }
