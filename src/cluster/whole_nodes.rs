@@ -332,19 +332,24 @@ mod tests {
         }
     }
 
+    /// The annotations of a running job of project `lab` holding three `gpu-node` nodes.
+    const RUNNING_WHOLE_NODES: [(&str, &str); 7] = [
+        ("exclusiveNodes", "true"),
+        ("ownerUser", "alice"),
+        ("ownerProject", "lab"),
+        ("productId", "gpu-1"),
+        (
+            "wholeNodeCharge",
+            r#"{"product":"gpu-node","cpu":64,"memoryGib":512,"gpu":4}"#,
+        ),
+        ("replicas", "3"),
+        ("lifecycleState", "RUNNING"),
+    ];
+
     #[test]
     fn a_job_holds_whole_nodes_until_its_end_is_recorded() {
         let k = keys();
-        let charge = r#"{"product":"gpu-node","cpu":64,"memoryGib":512,"gpu":4}"#;
-        let running = meta(&[
-            ("exclusiveNodes", "true"),
-            ("ownerUser", "alice"),
-            ("ownerProject", "lab"),
-            ("productId", "gpu-1"),
-            ("wholeNodeCharge", charge),
-            ("replicas", "3"),
-            ("lifecycleState", "RUNNING"),
-        ]);
+        let running = meta(&RUNNING_WHOLE_NODES);
         assert_eq!(
             Hold::of(&running, &k),
             Some(hold(Owner::Project("lab".into()), "gpu-node", 3))
@@ -458,21 +463,11 @@ mod tests {
     /// reads, under any prefix, and nothing of the rest (other annotations, labels, managed fields).
     #[test]
     fn the_slim_metadata_holds_what_a_hold_is_read_from() {
-        let charge = r#"{"product":"gpu-node","cpu":64,"memoryGib":512,"gpu":4}"#;
         for prefix in ["ucloud.dk/", "example.org/runner-"] {
             let k = AnnotationKeys::new(prefix);
             let mut annotations = serde_json::Map::new();
-            for (name, value) in [
-                ("exclusiveNodes", "true"),
-                ("ownerUser", "alice"),
-                ("ownerProject", "lab"),
-                ("productId", "gpu-1"),
-                ("wholeNodeCharge", charge),
-                ("replicas", "3"),
-                ("lifecycleState", "RUNNING"),
-                ("submissionHash", "abc"),
-                ("traceparent", "00-1-2-01"),
-            ] {
+            let others = [("submissionHash", "abc"), ("traceparent", "00-1-2-01")];
+            for (name, value) in RUNNING_WHOLE_NODES.into_iter().chain(others) {
                 annotations.insert(format!("{prefix}{name}"), value.into());
             }
             let mut job = serde_json::json!({
