@@ -36,6 +36,7 @@ pub mod end;
 pub mod error;
 pub mod gate;
 pub mod jobs;
+pub mod kept_map;
 pub mod labels;
 pub mod lease;
 pub mod logs;

@@ -18,15 +18,14 @@
 //! limit across runners).
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
-use std::fmt;
+use std::collections::HashMap;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use tokio::time::Instant;
 
+use super::kept_map::{Kept, Keys};
 use crate::durable::AnnotationKeys;
 use crate::pipeline::{WholeNodeCharge, WholeNodeProduct, WholeNodesConfig};
 use crate::volcano::VolcanoJob;
@@ -259,7 +258,7 @@ impl<'de> Deserialize<'de> for HoldMeta {
             #[serde(default)]
             deletion_timestamp: Option<Time>,
             #[serde(default)]
-            annotations: HoldAnnotations,
+            annotations: Kept<HoldKeys>,
             #[serde(default)]
             resource_version: Option<String>,
         }
@@ -271,7 +270,7 @@ impl<'de> Deserialize<'de> for HoldMeta {
                 name: m.name,
                 namespace: m.namespace,
                 deletion_timestamp: m.deletion_timestamp,
-                annotations: m.annotations.0,
+                annotations: m.annotations.into_map(),
                 resource_version: m.resource_version,
                 ..ObjectMeta::default()
             },
@@ -279,69 +278,13 @@ impl<'de> Deserialize<'de> for HoldMeta {
     }
 }
 
-/// The annotations [`Hold::of`] reads; the others' values are skipped, no string made of them.
-#[derive(Default)]
-struct HoldAnnotations(Option<BTreeMap<String, String>>);
+/// The annotations [`Hold::of`] reads (by the end of their name, so whatever the prefix); the others'
+/// values are skipped, no string made of them.
+struct HoldKeys;
 
-impl<'de> Deserialize<'de> for HoldAnnotations {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Annotations;
-
-        impl<'de> Visitor<'de> for Annotations {
-            type Value = Option<BTreeMap<String, String>>;
-
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a map of strings or null")
-            }
-            fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-                Ok(None)
-            }
-            fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-                Ok(None)
-            }
-            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-                d.deserialize_map(self)
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut kept = BTreeMap::new();
-                while let Some(Key(key)) = map.next_key::<Key>()? {
-                    match key {
-                        Some(key) => {
-                            kept.insert(key, map.next_value::<String>()?);
-                        }
-                        None => {
-                            map.next_value::<IgnoredAny>()?;
-                        }
-                    }
-                }
-                Ok(Some(kept))
-            }
-        }
-
-        /// An annotation's name, made a string only when [`Hold::of`] reads it.
-        struct Key(Option<String>);
-
-        impl<'de> Deserialize<'de> for Key {
-            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                struct KeyVisitor;
-
-                impl Visitor<'_> for KeyVisitor {
-                    type Value = Key;
-
-                    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                        f.write_str("a string key")
-                    }
-                    fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<Key, E> {
-                        let read = HOLD_ANNOTATIONS.iter().any(|n| key.ends_with(n));
-                        Ok(Key(read.then(|| key.to_owned())))
-                    }
-                }
-
-                d.deserialize_str(KeyVisitor)
-            }
-        }
-
-        d.deserialize_option(Annotations).map(Self)
+impl Keys for HoldKeys {
+    fn keep(key: &str) -> bool {
+        HOLD_ANNOTATIONS.iter().any(|n| key.ends_with(n))
     }
 }
 
@@ -389,19 +332,24 @@ mod tests {
         }
     }
 
+    /// The annotations of a running job of project `lab` holding three `gpu-node` nodes.
+    const RUNNING_WHOLE_NODES: [(&str, &str); 7] = [
+        ("exclusiveNodes", "true"),
+        ("ownerUser", "alice"),
+        ("ownerProject", "lab"),
+        ("productId", "gpu-1"),
+        (
+            "wholeNodeCharge",
+            r#"{"product":"gpu-node","cpu":64,"memoryGib":512,"gpu":4}"#,
+        ),
+        ("replicas", "3"),
+        ("lifecycleState", "RUNNING"),
+    ];
+
     #[test]
     fn a_job_holds_whole_nodes_until_its_end_is_recorded() {
         let k = keys();
-        let charge = r#"{"product":"gpu-node","cpu":64,"memoryGib":512,"gpu":4}"#;
-        let running = meta(&[
-            ("exclusiveNodes", "true"),
-            ("ownerUser", "alice"),
-            ("ownerProject", "lab"),
-            ("productId", "gpu-1"),
-            ("wholeNodeCharge", charge),
-            ("replicas", "3"),
-            ("lifecycleState", "RUNNING"),
-        ]);
+        let running = meta(&RUNNING_WHOLE_NODES);
         assert_eq!(
             Hold::of(&running, &k),
             Some(hold(Owner::Project("lab".into()), "gpu-node", 3))
@@ -515,21 +463,11 @@ mod tests {
     /// reads, under any prefix, and nothing of the rest (other annotations, labels, managed fields).
     #[test]
     fn the_slim_metadata_holds_what_a_hold_is_read_from() {
-        let charge = r#"{"product":"gpu-node","cpu":64,"memoryGib":512,"gpu":4}"#;
         for prefix in ["ucloud.dk/", "example.org/runner-"] {
             let k = AnnotationKeys::new(prefix);
             let mut annotations = serde_json::Map::new();
-            for (name, value) in [
-                ("exclusiveNodes", "true"),
-                ("ownerUser", "alice"),
-                ("ownerProject", "lab"),
-                ("productId", "gpu-1"),
-                ("wholeNodeCharge", charge),
-                ("replicas", "3"),
-                ("lifecycleState", "RUNNING"),
-                ("submissionHash", "abc"),
-                ("traceparent", "00-1-2-01"),
-            ] {
+            let others = [("submissionHash", "abc"), ("traceparent", "00-1-2-01")];
+            for (name, value) in RUNNING_WHOLE_NODES.into_iter().chain(others) {
                 annotations.insert(format!("{prefix}{name}"), value.into());
             }
             let mut job = serde_json::json!({

@@ -14,15 +14,14 @@
 //!
 //! Of a pod's status ([`pod_status`]): what the pod read type (`cache::WatchedPod`) reads or keeps, no more.
 
-use std::collections::BTreeMap;
-use std::fmt;
 use std::marker::PhantomData;
 
 use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
-use serde::de::{IgnoredAny, MapAccess, Visitor};
+use serde::de::IgnoredAny;
 use serde::{Deserialize, Deserializer};
 
+use crate::cluster::kept_map::{Kept, Keys};
 use crate::volcano::{ANNOTATION_JOB_VERSION, LABEL_JOB_NAME, LABEL_TASK_INDEX};
 
 /// Which parts of its metadata a kind's readers use.
@@ -113,11 +112,11 @@ pub fn meta<'de, R: Reads, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::
         return Ok(ObjectMeta::default());
     };
     Ok(ObjectMeta {
-        annotations: m.annotations.map,
+        annotations: m.annotations.into_map(),
         creation_timestamp: m.creation_timestamp,
         deletion_timestamp: m.deletion_timestamp,
         finalizers: m.finalizers.value,
-        labels: m.labels.map,
+        labels: m.labels.into_map(),
         name: m.name,
         namespace: m.namespace,
         owner_references: m.owner_references.value,
@@ -125,11 +124,6 @@ pub fn meta<'de, R: Reads, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::
         uid: m.uid,
         ..ObjectMeta::default()
     })
-}
-
-/// Which keys of a string map are kept.
-trait Keys {
-    fn keep(key: &str) -> bool;
 }
 
 struct LabelKeys<R>(PhantomData<R>);
@@ -144,92 +138,6 @@ impl<R: Reads> Keys for LabelKeys<R> {
 impl<R: Reads> Keys for AnnotationKeys<R> {
     fn keep(key: &str) -> bool {
         R::annotation(key)
-    }
-}
-
-/// A string map (labels, annotations) of which only the keys `K` keeps are decoded: the other values
-/// are skipped, no string made of them nor of their keys. `null` or missing: `None`.
-struct Kept<K> {
-    map: Option<BTreeMap<String, String>>,
-    keys: PhantomData<K>,
-}
-
-impl<K> Default for Kept<K> {
-    fn default() -> Self {
-        Self {
-            map: None,
-            keys: PhantomData,
-        }
-    }
-}
-
-impl<'de, K: Keys> Deserialize<'de> for Kept<K> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct MapVisitor<K>(PhantomData<K>);
-
-        impl<'de, K: Keys> Visitor<'de> for MapVisitor<K> {
-            type Value = Option<BTreeMap<String, String>>;
-
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a map of strings or null")
-            }
-
-            fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-                Ok(None)
-            }
-
-            fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-                Ok(None)
-            }
-
-            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-                d.deserialize_map(self)
-            }
-
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut kept = BTreeMap::new();
-                while let Some(key) = map.next_key::<KeyIf<K>>()? {
-                    match key.0 {
-                        Some(key) => {
-                            kept.insert(key, map.next_value::<String>()?);
-                        }
-                        None => {
-                            map.next_value::<IgnoredAny>()?;
-                        }
-                    }
-                }
-                Ok(Some(kept))
-            }
-        }
-
-        let map = d.deserialize_option(MapVisitor::<K>(PhantomData))?;
-        Ok(Self {
-            map,
-            keys: PhantomData,
-        })
-    }
-}
-
-/// A map key, made a string only when `K` keeps it.
-struct KeyIf<K>(Option<String>, PhantomData<K>);
-
-impl<'de, K: Keys> Deserialize<'de> for KeyIf<K> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct KeyVisitor<K>(PhantomData<K>);
-
-        impl<K: Keys> Visitor<'_> for KeyVisitor<K> {
-            type Value = KeyIf<K>;
-
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string key")
-            }
-
-            fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<Self::Value, E> {
-                Ok(KeyIf(K::keep(key).then(|| key.to_owned()), PhantomData))
-            }
-        }
-
-        d.deserialize_str(KeyVisitor::<K>(PhantomData))
     }
 }
 
