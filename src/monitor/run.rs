@@ -197,9 +197,6 @@ struct Loop {
 /// an RBAC rollout is not taken for good, and one that lasts costs one refused write a minute.
 const TAINTS_RETRY: jiff::SignedDuration = jiff::SignedDuration::from_secs(60);
 
-/// The earlier of two instants, either of which may be unset.
-use crate::interval::earliest as earliest_of;
-
 /// Objects per page of a watch's initial list.
 const WATCH_PAGE: u32 = 100;
 
@@ -591,8 +588,7 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
     let mut verifying: Option<Verifying> = None;
     let mut resync = resync_timer(mc.reconcile_interval);
     let mut shards = m.shards.clone();
-    let mut held = shards.borrow_and_update().held().clone();
-    state.taken_in.clone_from(&held);
+    state.taken_in = shards.borrow_and_update().held().clone();
     let mut workers: FuturesUnordered<Work> = FuturesUnordered::new();
     let clock = m.clock.clone();
     let reporter = Reporter {
@@ -600,7 +596,7 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
         shards: m.config.cluster.lease.shards,
         reports: &m.reports,
     };
-    reporter.shards(&held);
+    reporter.shards(&state.taken_in);
     loop {
         state.dispatch(&mut workers);
         if let Some(report) = state.finish_pass() {
@@ -656,7 +652,7 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
                     break;
                 }
                 let now_held = shards.borrow_and_update().held().clone();
-                if state.shards_changed(&mut held, now_held, &reporter) {
+                if state.shards_changed(now_held, &reporter) {
                     verifying = None;
                     streams.start_over(&watches, &mut state, &ALL_KINDS);
                 }
@@ -917,15 +913,15 @@ impl Loop {
     /// (the jobs of a gained shard wait for those lists).
     fn shards_changed(
         &mut self,
-        held: &mut std::collections::BTreeSet<u32>,
         now_held: std::collections::BTreeSet<u32>,
         reporter: &Reporter<'_>,
     ) -> bool {
+        let held = &self.taken_in;
         self.listing_shards.extend(now_held.difference(held));
         self.listing_shards.retain(|s| now_held.contains(s));
         let gained = now_held.difference(held).count() > 0;
-        self.taken_in.clone_from(&now_held);
-        *held = now_held;
+        self.taken_in = now_held;
+        let held = &self.taken_in;
         reporter.shards(held);
         self.settled.clear();
         if gained {
@@ -1384,7 +1380,7 @@ impl Loop {
         self.taints_retry_at = refused
             .then(|| self.exec.clock.now().checked_add(TAINTS_RETRY).ok())
             .flatten();
-        self.taints_due = earliest_of(self.taints_due, self.taints_retry_at);
+        self.taints_due = crate::interval::earliest(self.taints_due, self.taints_retry_at);
         self.requeue_all();
     }
 
@@ -1408,7 +1404,7 @@ impl Loop {
         // unrelated event).
         let soon = self.exec.clock.now().checked_add(ESTIMATE_EVERY).ok();
         if self.reserving.as_ref().is_some_and(|h| !h.is_finished()) {
-            self.taints_due = earliest_of(self.taints_due, soon);
+            self.taints_due = crate::interval::earliest(self.taints_due, soon);
             return;
         }
         let taints: Vec<super::reserve::NodeTaints> = self.node_taints.values().cloned().collect();
@@ -1463,12 +1459,12 @@ impl Loop {
             );
             changes = super::reserve::with_maintenance(changes, &after, planned);
             let ends = windows.iter().map(|w| w.end).filter(|e| *e > now).min();
-            self.taints_due = earliest_of(self.taints_due, ends);
+            self.taints_due = crate::interval::earliest(self.taints_due, ends);
         }
         if changes.is_empty() {
             return;
         }
-        self.taints_due = earliest_of(self.taints_due, soon);
+        self.taints_due = crate::interval::earliest(self.taints_due, soon);
         let client = self.exec.client.clone();
         let refused = self.exec.taints_refused.clone();
         // Joined at shutdown with the jobs in hand.
