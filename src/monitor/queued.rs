@@ -120,9 +120,19 @@ impl QueuedKeys {
         confirmed_here: bool,
     ) -> bool {
         !confirmed_here
-            && annotations.is_some_and(|a| {
-                a.get(&self.by).is_some_and(|v| v == BY_MONITOR) && !a.contains_key(&self.confirmed)
-            })
+            && self.left_to_monitor(annotations)
+            && annotations.is_some_and(|a| !a.contains_key(&self.confirmed))
+    }
+
+    /// Whether the job with `annotations` was created with its QUEUED left to its monitor
+    /// ([`BY_MONITOR`]), told or not.
+    pub fn left_to_monitor(
+        &self,
+        annotations: Option<&std::collections::BTreeMap<String, String>>,
+    ) -> bool {
+        annotations
+            .and_then(|a| a.get(&self.by))
+            .is_some_and(|v| v == BY_MONITOR)
     }
 }
 

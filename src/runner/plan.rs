@@ -22,12 +22,10 @@ pub struct RunnerKeys {
     /// Annotation `<prefix>acceptedBy`: the runner that created the job. The QUEUED event carries it, so
     /// every runner that publishes QUEUED for this job publishes the same message.
     pub accepted_by: String,
-    /// Annotation `<prefix>queuedConfirmed` ([`crate::monitor::queued::ANNOTATION`]): written once the
-    /// broker confirmed the job's QUEUED, so that whoever monitors the job sends no copy of it.
-    pub queued_confirmed: String,
-    /// Annotation `<prefix>queuedBy` ([`crate::monitor::queued::QUEUED_BY`]): `monitor` when the job's
-    /// monitor, not its submitting runner, tells its QUEUED.
-    pub queued_by: String,
+    /// Annotations `<prefix>queuedConfirmed` (written once the broker confirmed the job's QUEUED, so
+    /// that whoever monitors the job sends no copy of it) and `<prefix>queuedBy` (`monitor` when the
+    /// job's monitor, not its submitting runner, tells its QUEUED): the keys the monitor reads them by.
+    pub queued: crate::monitor::queued::QueuedKeys,
     /// Annotation `<prefix>sealed`: the job is sealed, which its QUEUED says.
     pub sealed: String,
 }
@@ -38,8 +36,7 @@ impl RunnerKeys {
         Self {
             cleanup_finalizer: keys.cleanup_finalizer(),
             accepted_by: keys.accepted_by.clone(),
-            queued_confirmed: crate::monitor::queued::annotation_key(&keys.prefix),
-            queued_by: crate::monitor::queued::queued_by_key(&keys.prefix),
+            queued: crate::monitor::queued::QueuedKeys::new(&keys.prefix),
             sealed: keys.sealed.clone(),
         }
     }

@@ -91,7 +91,7 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
             .annotations
             .get_or_insert_default()
             .insert(
-                h.runner_keys.queued_by.clone(),
+                h.runner_keys.queued.by.clone(),
                 crate::monitor::queued::BY_MONITOR.to_owned(),
             );
     }
@@ -460,10 +460,9 @@ fn nobody_monitors(h: &Handler, job_id: &str) -> bool {
 
 /// Whether the job was created with `<prefix>queuedBy: monitor`: its monitor tells its QUEUED.
 fn left_to_monitor(h: &Handler, meta: &ObjectMeta) -> bool {
-    meta.annotations
-        .as_ref()
-        .and_then(|a| a.get(&h.runner_keys.queued_by))
-        .is_some_and(|v| v == crate::monitor::queued::BY_MONITOR)
+    h.runner_keys
+        .queued
+        .left_to_monitor(meta.annotations.as_ref())
 }
 
 /// The reason of a submission refused because a peer of it has ended.
@@ -475,7 +474,7 @@ pub const PEER_ENDED: &str = "peer_ended";
 /// When this runner monitors the job, the record rides on its monitor's first write of the job
 /// instead: no request here; when no runner monitors it, nothing is written either.
 async fn record_queued_confirmed(h: &Handler, job_id: &str, meta: &ObjectMeta, ended: Ended) {
-    let key = &h.runner_keys.queued_confirmed;
+    let key = &h.runner_keys.queued.confirmed;
     if meta
         .annotations
         .as_ref()
