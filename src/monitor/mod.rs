@@ -18,6 +18,7 @@
 //!   again.
 //! - [`reserve`]: nodes reserved by a taint for a whole-node or large gang past its waiting time.
 //! - [`timers`]: deadlines by job (in the clock's time) and retry backoff (in real time).
+//! - [`waiting`]: the jobs waiting to be decided, in two lanes (the loop's hold before a decision).
 //! - [`execute`]: carries a step out: publish (confirmed), then patch (resourceVersion), then delete.
 //! - [`live_pods`]: the pod watch, whose lists leave finished pods out and whose watch does not.
 //! - [`verify`]: the full reconciliation's check of the watches: metadata lists against the cache.
@@ -50,6 +51,7 @@ pub mod slim;
 pub mod telling;
 pub mod timers;
 pub mod verify;
+pub mod waiting;
 
 pub use clock::{Clock, SystemClock};
 pub use decide::{Observed, Settings, Step};
