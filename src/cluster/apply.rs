@@ -66,6 +66,10 @@ pub struct Step {
     pub metadata: ObjectMeta,
     /// Every other field of the object, as the text of one JSON object (`{"spec":…}`).
     fields: Box<str>,
+    /// Where in `fields` the metadata goes when the object is sent: 1 (first, after the brace), or just
+    /// after the field the object's type writes before it (k8s-openapi writes the fields of most
+    /// types in alphabetical order, `metadata` among them: a ConfigMap's after its `data`).
+    metadata_at: usize,
     /// How to create it.
     pub role: Role,
 }
@@ -96,6 +100,7 @@ impl Step {
             types,
             metadata: object.metadata,
             fields: fields.into_boxed_str(),
+            metadata_at: 1,
             role,
         })
     }
@@ -116,17 +121,30 @@ impl Step {
         Self::new(ApiResource::from_gvk(&gvk), object, role)
     }
 
-    /// A step from a typed object (k8s-openapi types, or the Volcano mirror types).
+    /// A step from a typed object (k8s-openapi types, or the Volcano mirror types): the submit path's
+    /// every object. Its metadata is cloned as it is, and its other top-level fields are written straight
+    /// to the text the step holds, in the order and form the type writes them, noting where its metadata
+    /// was: no `serde_json::Value` tree is built on the way (one per object, each JSON object of it a map
+    /// node). What the step sends is what `serde_json::to_string` of the object gives. `apiVersion` and
+    /// `kind` are the type's own, which is what its serialisation says.
     pub fn from_typed<K>(object: &K, role: Role) -> Result<Self, PlanError>
     where
         K: Resource<DynamicType = ()> + Serialize,
     {
         let resource = ApiResource::erase::<K>(&());
-        let value = serde_json::to_value(object)
+        let (fields, metadata_at) = top_level_fields(object)
             .map_err(|e| PlanError(format!("{} does not serialise: {e}", resource.kind)))?;
-        let object =
-            dynamic_object(value).map_err(|e| PlanError(format!("{}: {}", resource.kind, e.0)))?;
-        Self::new(resource, object, role)
+        Ok(Self {
+            types: TypeMeta {
+                api_version: resource.api_version.clone(),
+                kind: resource.kind.clone(),
+            },
+            metadata: object.meta().clone(),
+            resource,
+            fields: fields.into_boxed_str(),
+            metadata_at,
+            role,
+        })
     }
 
     /// Which object this step is about.
@@ -163,16 +181,27 @@ impl Step {
         serde_json::to_writer(&mut body, &self.types.api_version)?;
         body.extend_from_slice(b",\"kind\":");
         serde_json::to_writer(&mut body, &self.types.kind)?;
+        // `fields` is `{}` or `{"a":…,"b":…}`, and the metadata goes between two of its members (or
+        // before the first, or after the last): the members before it, the metadata, the members after
+        // it (which start with their comma), the closing brace.
+        let members = self
+            .fields
+            .strip_prefix('{')
+            .and_then(|f| f.strip_suffix('}'))
+            .unwrap_or_default();
+        let (before, after) =
+            members.split_at(self.metadata_at.saturating_sub(1).min(members.len()));
+        if !before.is_empty() {
+            body.push(b',');
+            body.extend_from_slice(before.as_bytes());
+        }
         body.extend_from_slice(b",\"metadata\":");
         serde_json::to_writer(&mut body, metadata)?;
-        // `fields` is `{}` or `{"a":…}`: its members follow the metadata, its closing brace ends the body.
-        match self.fields.strip_prefix('{') {
-            Some("}") | None => body.push(b'}'),
-            Some(members) => {
-                body.push(b',');
-                body.extend_from_slice(members.as_bytes());
-            }
+        if before.is_empty() && !after.is_empty() {
+            body.push(b',');
         }
+        body.extend_from_slice(after.as_bytes());
+        body.push(b'}');
         Ok(body)
     }
 
@@ -242,6 +271,257 @@ fn dynamic_object(value: serde_json::Value) -> Result<DynamicObject, PlanError> 
         metadata,
         data: serde_json::Value::Object(fields),
     })
+}
+
+/// The top-level fields a [`Step`] keeps as text: all but `apiVersion`, `kind` and `metadata`, which it
+/// holds typed.
+const TYPED_FIELDS: [&str; 3] = ["apiVersion", "kind", "metadata"];
+
+/// `object`'s top-level fields but [`TYPED_FIELDS`], as the text of one JSON object written as serde_json
+/// writes them in the object's own text, and where in it the metadata was (see [`Step::metadata_at`]).
+fn top_level_fields<K: Serialize>(object: &K) -> Result<(String, usize), serde_json::Error> {
+    let mut out = Vec::with_capacity(1024);
+    let written = std::cell::Cell::new(0);
+    let metadata_at = std::cell::Cell::new(1);
+    object.serialize(&mut TopLevelFields {
+        json: serde_json::Serializer::new(Tally {
+            out: &mut out,
+            written: &written,
+        }),
+        written: &written,
+        metadata_at: &metadata_at,
+    })?;
+    // serde_json writes UTF-8 only: this checks what is in cache already.
+    let text = String::from_utf8(out).map_err(|e| {
+        <serde_json::Error as serde::ser::Error>::custom(format_args!("not UTF-8: {e}"))
+    })?;
+    Ok((text, metadata_at.get()))
+}
+
+/// The text being written, and how long it is so far (read while serde_json holds the writer).
+struct Tally<'a> {
+    out: &'a mut Vec<u8>,
+    written: &'a std::cell::Cell<usize>,
+}
+
+impl std::io::Write for Tally<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.out.extend_from_slice(buf);
+        self.written.set(self.out.len());
+        Ok(buf.len())
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        self.write(buf).map(drop)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A serializer for a Kubernetes object that writes its top-level fields but [`TYPED_FIELDS`] as one
+/// JSON object, and notes where `metadata` came. Anything but a struct or a map at the top is refused:
+/// that is not a Kubernetes object.
+struct TopLevelFields<'a> {
+    json: serde_json::Serializer<Tally<'a>>,
+    written: &'a std::cell::Cell<usize>,
+    metadata_at: &'a std::cell::Cell<usize>,
+}
+
+/// The fields of the object being written, after its opening brace.
+struct FieldsOf<'s, 'a> {
+    json: serde_json::ser::Compound<'s, Tally<'a>, serde_json::ser::CompactFormatter>,
+    written: &'a std::cell::Cell<usize>,
+    metadata_at: &'a std::cell::Cell<usize>,
+    /// A map's key was one of [`TYPED_FIELDS`]: its value is left out too.
+    skip_value: bool,
+}
+
+impl<'s, 'a> FieldsOf<'s, 'a> {
+    fn open(top: &'s mut TopLevelFields<'a>) -> Result<Self, serde_json::Error> {
+        use serde::Serializer as _;
+        // No length: some fields are left out, and serde_json writes `{}` at once for a length of 0.
+        Ok(Self {
+            json: (&mut top.json).serialize_map(None)?,
+            written: top.written,
+            metadata_at: top.metadata_at,
+            skip_value: false,
+        })
+    }
+
+    /// Whether the field `key` is left out; notes where the metadata was.
+    fn typed(&self, key: &str) -> bool {
+        if key == "metadata" {
+            // After the brace or after the last member written; a comma comes before the next.
+            self.metadata_at.set(self.written.get());
+        }
+        TYPED_FIELDS.contains(&key)
+    }
+}
+
+fn not_an_object(what: &str) -> serde_json::Error {
+    serde::ser::Error::custom(format_args!(
+        "not a Kubernetes object: it serialises as {what}, not as a JSON object"
+    ))
+}
+
+/// Refuses a top-level value that is not an object, naming what it is.
+macro_rules! refuse {
+    ($($method:ident($($arg:ty),*) $what:literal;)*) => {
+        $(fn $method(self, $(_: $arg),*) -> Result<Self::Ok, Self::Error> {
+            Err(not_an_object($what))
+        })*
+    };
+}
+
+impl<'s, 'a> serde::Serializer for &'s mut TopLevelFields<'a> {
+    type Ok = ();
+    type Error = serde_json::Error;
+    type SerializeSeq = serde::ser::Impossible<(), serde_json::Error>;
+    type SerializeTuple = serde::ser::Impossible<(), serde_json::Error>;
+    type SerializeTupleStruct = serde::ser::Impossible<(), serde_json::Error>;
+    type SerializeTupleVariant = serde::ser::Impossible<(), serde_json::Error>;
+    type SerializeMap = FieldsOf<'s, 'a>;
+    type SerializeStruct = FieldsOf<'s, 'a>;
+    type SerializeStructVariant = serde::ser::Impossible<(), serde_json::Error>;
+
+    refuse! {
+        serialize_bool(bool) "a boolean";
+        serialize_i8(i8) "a number";
+        serialize_i16(i16) "a number";
+        serialize_i32(i32) "a number";
+        serialize_i64(i64) "a number";
+        serialize_u8(u8) "a number";
+        serialize_u16(u16) "a number";
+        serialize_u32(u32) "a number";
+        serialize_u64(u64) "a number";
+        serialize_f32(f32) "a number";
+        serialize_f64(f64) "a number";
+        serialize_char(char) "a string";
+        serialize_str(&str) "a string";
+        serialize_bytes(&[u8]) "an array";
+        serialize_none() "null";
+        serialize_unit() "null";
+        serialize_unit_struct(&'static str) "null";
+        serialize_unit_variant(&'static str, u32, &'static str) "a string";
+    }
+
+    fn serialize_some<T: ?Sized + Serialize>(self, value: &T) -> Result<(), Self::Error> {
+        value.serialize(self)
+    }
+
+    fn serialize_newtype_struct<T: ?Sized + Serialize>(
+        self,
+        _: &'static str,
+        value: &T,
+    ) -> Result<(), Self::Error> {
+        value.serialize(self)
+    }
+
+    fn serialize_newtype_variant<T: ?Sized + Serialize>(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: &T,
+    ) -> Result<(), Self::Error> {
+        Err(not_an_object("an enum variant"))
+    }
+
+    fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, Self::Error> {
+        Err(not_an_object("an array"))
+    }
+
+    fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, Self::Error> {
+        Err(not_an_object("an array"))
+    }
+
+    fn serialize_tuple_struct(
+        self,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeTupleStruct, Self::Error> {
+        Err(not_an_object("an array"))
+    }
+
+    fn serialize_tuple_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeTupleVariant, Self::Error> {
+        Err(not_an_object("an enum variant"))
+    }
+
+    fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, Self::Error> {
+        FieldsOf::open(self)
+    }
+
+    fn serialize_struct(
+        self,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeStruct, Self::Error> {
+        FieldsOf::open(self)
+    }
+
+    fn serialize_struct_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Self::SerializeStructVariant, Self::Error> {
+        Err(not_an_object("an enum variant"))
+    }
+}
+
+impl serde::ser::SerializeStruct for FieldsOf<'_, '_> {
+    type Ok = ();
+    type Error = serde_json::Error;
+
+    fn serialize_field<T: ?Sized + Serialize>(
+        &mut self,
+        key: &'static str,
+        value: &T,
+    ) -> Result<(), Self::Error> {
+        if self.typed(key) {
+            return Ok(());
+        }
+        serde::ser::SerializeMap::serialize_entry(&mut self.json, key, value)
+    }
+
+    fn end(self) -> Result<(), Self::Error> {
+        serde::ser::SerializeMap::end(self.json)
+    }
+}
+
+impl serde::ser::SerializeMap for FieldsOf<'_, '_> {
+    type Ok = ();
+    type Error = serde_json::Error;
+
+    fn serialize_key<T: ?Sized + Serialize>(&mut self, key: &T) -> Result<(), Self::Error> {
+        // A top-level map (a type with a flattened field): its keys are strings, rarely more than a few.
+        let text = serde_json::to_value(key)?;
+        self.skip_value = text.as_str().is_some_and(|k| self.typed(k));
+        if self.skip_value {
+            return Ok(());
+        }
+        serde::ser::SerializeMap::serialize_key(&mut self.json, key)
+    }
+
+    fn serialize_value<T: ?Sized + Serialize>(&mut self, value: &T) -> Result<(), Self::Error> {
+        if std::mem::take(&mut self.skip_value) {
+            return Ok(());
+        }
+        serde::ser::SerializeMap::serialize_value(&mut self.json, value)
+    }
+
+    fn end(self) -> Result<(), Self::Error> {
+        serde::ser::SerializeMap::end(self.json)
+    }
 }
 
 /// What a successful apply did.
@@ -1083,6 +1363,133 @@ mod tests {
         assert_eq!(step.types.kind, "ConfigMap");
         assert_eq!(step.object().unwrap().data["data"]["k"], "v");
         assert_eq!(step.key().to_string(), "ConfigMap a/j-1-etc");
+    }
+
+    /// What a step sends for a typed object is the object as serde_json writes it, byte for byte: every
+    /// field in the type's own order and form (the metadata among the others where the type puts it),
+    /// metadata fields that are present but empty kept so.
+    #[test]
+    fn a_typed_object_is_sent_as_serde_json_writes_it() {
+        use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PodTemplateSpec};
+
+        fn sent<K>(object: &K) -> String
+        where
+            K: Resource<DynamicType = ()> + Serialize,
+        {
+            let step = Step::from_typed(object, Role::Companion).unwrap();
+            let sent = String::from_utf8(step.body(None).unwrap()).unwrap();
+            assert_eq!(sent, serde_json::to_string(object).unwrap());
+            sent
+        }
+
+        let cm = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("j-1-etc".into()),
+                namespace: Some("a".into()),
+                labels: Some(
+                    [
+                        ("z".to_owned(), "1".to_owned()),
+                        ("a".to_owned(), "2".to_owned()),
+                    ]
+                    .into(),
+                ),
+                ..ObjectMeta::default()
+            },
+            immutable: Some(true),
+            data: Some([("k".to_owned(), "v\"\n".to_owned())].into()),
+            ..ConfigMap::default()
+        };
+        // k8s-openapi writes a ConfigMap's fields in alphabetical order, `metadata` last.
+        let text = sent(&cm);
+        assert!(
+            text.starts_with(r#"{"apiVersion":"v1","kind":"ConfigMap","data":{"#),
+            "{text}"
+        );
+        assert!(text.contains(r#""immutable":true,"metadata":{"#), "{text}");
+
+        let mut job = crate::volcano::VolcanoJob::default();
+        job.metadata.name = Some("j-1".into());
+        job.metadata.namespace = Some("a".into());
+        job.metadata.annotations = Some([(FP.to_owned(), "sha256:1".to_owned())].into());
+        job.spec.scheduler_name = Some("volcano".into());
+        job.spec.min_available = Some(2);
+        job.spec.queue = Some("q".into());
+        job.spec.tasks = vec![crate::volcano::TaskSpec {
+            name: "job".into(),
+            replicas: 2,
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some([("x".to_owned(), "y".to_owned())].into()),
+                    ..ObjectMeta::default()
+                }),
+                spec: None,
+            },
+            ..crate::volcano::TaskSpec::default()
+        }];
+        let text = sent(&job);
+        // The type's own field order, not a sorted one (`schedulerName` comes before `minAvailable`).
+        let (scheduler, min) = (text.find("schedulerName"), text.find("\"minAvailable\":2"));
+        assert!(scheduler < min && min.is_some(), "{text}");
+        let step = Step::from_typed(&job, Role::Primary).unwrap();
+        assert_eq!(step.types.api_version, "batch.volcano.sh/v1alpha1");
+        assert_eq!(step.types.kind, "Job");
+        assert_eq!(step.resource.plural, "jobs");
+        assert_eq!(step.metadata, job.metadata);
+
+        let empty = Namespace {
+            metadata: ObjectMeta {
+                name: Some("alice".into()),
+                labels: Some(Default::default()),
+                annotations: Some(Default::default()),
+                finalizers: Some(Vec::new()),
+                owner_references: Some(Vec::new()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        assert!(sent(&empty).contains(r#""labels":{}"#));
+        assert_eq!(
+            sent(&Namespace::default()),
+            r#"{"apiVersion":"v1","kind":"Namespace","metadata":{}}"#
+        );
+    }
+
+    /// The fields a step keeps come out of a map as out of a struct (a type with a flattened field
+    /// serialises as a map); anything else is refused as not an object.
+    #[test]
+    fn the_fields_kept_as_text_leave_out_the_typed_ones() {
+        let fields = |value: &serde_json::Value| top_level_fields(value);
+        let object = json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "data": {"metadata": "kept: not at the top"},
+            "metadata": {"name": "x"},
+            "immutable": true,
+        });
+        // A map of serde_json's writes its keys in order: `metadata` after `immutable`.
+        let (text, at) = fields(&object).unwrap();
+        assert_eq!(
+            text,
+            r#"{"data":{"metadata":"kept: not at the top"},"immutable":true}"#
+        );
+        assert_eq!(
+            &text[..at],
+            r#"{"data":{"metadata":"kept: not at the top"},"immutable":true"#
+        );
+        assert_eq!(
+            fields(&json!({"metadata": {}})).unwrap(),
+            ("{}".to_owned(), 1)
+        );
+        assert_eq!(
+            fields(&json!({"a": 1, "metadata": {}})).unwrap(),
+            (r#"{"a":1}"#.to_owned(), 6)
+        );
+        let refused = fields(&json!(["a"])).unwrap_err().to_string();
+        assert!(
+            refused.contains("not a Kubernetes object: it serialises as an array"),
+            "{refused}"
+        );
+        assert!(fields(&json!("a")).is_err());
     }
 
     #[test]

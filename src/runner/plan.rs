@@ -7,7 +7,7 @@
 use crate::cluster::{PlanError, Role, Step};
 use crate::durable::AnnotationKeys;
 use crate::pipeline::DesiredJob;
-use crate::pipeline::desired::{ObjectRef, Role as DesiredRole};
+use crate::pipeline::desired::{DesiredObject, ObjectRef, Role as DesiredRole};
 
 use crate::ops::trace::TraceParent;
 
@@ -104,31 +104,34 @@ pub fn build(
                 .insert(keys.companions.clone(), companions);
         }
     }
-    let mut steps = Vec::new();
-    for object in desired.objects() {
-        let role = match (object.role, object.object) {
-            (DesiredRole::Shared, _) => Role::Shared,
-            (DesiredRole::Job, ObjectRef::VolcanoJob(_)) => Role::Primary,
-            (DesiredRole::Companion, _) => Role::Companion,
-            (role, _) => {
-                return Err(PlanError(format!(
-                    "the pipeline gave a {} {} the role {role:?}, which the runner cannot apply",
-                    object.kind(),
-                    object.name()
-                )));
-            }
-        };
-        let value = object.to_json().map_err(|e| {
-            PlanError(format!(
-                "{} {} does not serialise: {e}",
+    desired.objects().iter().map(step).collect()
+}
+
+/// The applier's step for one of the pipeline's objects: its role for the applier, and the object
+/// written from its type, once, as the text the step holds (no JSON tree on the way: see
+/// [`Step::from_typed`]).
+pub fn step(object: &DesiredObject<'_>) -> Result<Step, PlanError> {
+    let role = match (object.role, object.object) {
+        (DesiredRole::Shared, _) => Role::Shared,
+        (DesiredRole::Job, ObjectRef::VolcanoJob(_)) => Role::Primary,
+        (DesiredRole::Companion, _) => Role::Companion,
+        (role, _) => {
+            return Err(PlanError(format!(
+                "the pipeline gave a {} {} the role {role:?}, which the runner cannot apply",
                 object.kind(),
                 object.name()
-            ))
-        })?;
-        let step = Step::from_value(value, role)?;
-        steps.push(step);
+            )));
+        }
+    };
+    match object.object {
+        ObjectRef::Queue(o) => Step::from_typed(o, role),
+        ObjectRef::Namespace(o) => Step::from_typed(o, role),
+        ObjectRef::NetworkPolicy(o) => Step::from_typed(o, role),
+        ObjectRef::PersistentVolumeClaim(o) => Step::from_typed(o, role),
+        ObjectRef::VolcanoJob(o) => Step::from_typed(o, role),
+        ObjectRef::Service(o) => Step::from_typed(o, role),
     }
-    Ok(steps)
+    .map_err(|e| PlanError(format!("{} (object {})", e.0, object.name())))
 }
 
 #[cfg(test)]
@@ -198,6 +201,28 @@ mod tests {
             .collect();
         assert!(!companions.is_empty());
         assert_eq!(annotations["ucloud.dk/companions"], companions.join(","));
+    }
+
+    /// Each object of a rendered job (the shipped defaults: queue, namespace, baseline policies, the
+    /// VolcanoJob, its companions) is sent as serde_json writes it: the step written from its type holds
+    /// nothing more or less, in no other order.
+    #[test]
+    fn each_step_sends_its_object_as_serde_json_writes_it() {
+        let config = Config::default();
+        let desired = crate::pipeline::render(&example(), &config, jiff::Timestamp::UNIX_EPOCH)
+            .expect("the example renders");
+        let objects = desired.objects();
+        assert!(objects.len() >= 4, "{}", objects.len());
+        for object in &objects {
+            let sent = step(object).unwrap().body(None).unwrap();
+            assert_eq!(
+                std::str::from_utf8(&sent).unwrap(),
+                serde_json::to_string(object).unwrap(),
+                "{} {}",
+                object.kind(),
+                object.name()
+            );
+        }
     }
 
     #[test]

@@ -14,7 +14,8 @@ use volcano_runner::cluster::{Applier, RetryPolicy, Role, Step};
 use volcano_runner::config::Config;
 use volcano_runner::durable::AnnotationKeys;
 use volcano_runner::messages::v1::SubmitJob;
-use volcano_runner::pipeline::{self, DesiredJob, desired};
+use volcano_runner::pipeline::{self, DesiredJob};
+use volcano_runner::runner::plan;
 
 fn golden(relative: &str) -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -23,19 +24,13 @@ fn golden(relative: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// The plan for the applier: each rendered object with its role, in the pipeline's order.
+/// The plan for the applier: each rendered object with its role, in the pipeline's order, made as the
+/// runner makes it (from the typed object).
 fn steps(desired: &DesiredJob) -> Vec<Step> {
     desired
         .objects()
         .iter()
-        .map(|o| {
-            let role = match o.role {
-                desired::Role::Shared => Role::Shared,
-                desired::Role::Job => Role::Primary,
-                desired::Role::Companion => Role::Companion,
-            };
-            Step::from_value(o.to_json().unwrap(), role).unwrap()
-        })
+        .map(|o| plan::step(o).unwrap())
         .collect()
 }
 
