@@ -770,21 +770,15 @@ impl Applier {
             let key = step.key();
             match step.role {
                 Role::Shared => {
-                    // Known to exist (the usual case): its fields are not read back into a tree.
-                    if self.namespaces.contains(&key) {
-                        continue;
-                    }
-                    let object = step.object().map_err(|e| {
-                        StepError::cluster(
-                            &key,
-                            ClusterError::Internal {
-                                op: format!("create {key}"),
-                                message: e.0,
-                            },
-                        )
-                    })?;
+                    // Known to exist (the usual case), its fields are not read back into a tree.
+                    let object = || {
+                        step.object().map_err(|e| ClusterError::Internal {
+                            op: format!("create {key}"),
+                            message: e.0,
+                        })
+                    };
                     self.namespaces
-                        .ensure(&self.client, budget, &step.resource, &object)
+                        .ensure(&self.client, budget, &step.resource, &key, object)
                         .await
                         .map_err(|e| StepError::cluster(&key, e))?;
                 }

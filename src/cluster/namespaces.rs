@@ -121,25 +121,30 @@ impl NamespaceCache {
         Self::default()
     }
 
-    /// Makes sure `object` exists: creates it unless it is known or already there. Any existing object of
-    /// that name is accepted as it is (a namespace's labels, a baseline policy someone tuned by hand), but
-    /// for a NetworkPolicy's pod selector, which is made the runner's (see [`adopt_selector`]).
+    /// Makes sure the object `key` exists: creates it unless it is known or already there. Any existing
+    /// object of that name is accepted as it is (a namespace's labels, a baseline policy someone tuned by
+    /// hand), but for a NetworkPolicy's pod selector, which is made the runner's (see [`adopt_selector`]).
+    ///
+    /// `object` gives the object itself, called only when it is to be created: on the submit path the
+    /// object is known to exist nearly always, and its caller holds it as text (reading it back into a
+    /// tree for nothing was the common case's main cost).
     pub async fn ensure(
         &self,
         client: &kube::Client,
         budget: &Budget<'_>,
         resource: &ApiResource,
-        object: &DynamicObject,
+        key: &ObjectKey,
+        object: impl FnOnce() -> Result<DynamicObject, ClusterError>,
     ) -> Result<Ensured, ClusterError> {
-        let key = ObjectKey::of(resource, object);
-        if self.known.contains(&key) {
+        if self.known.contains(key) {
             return Ok(Ensured::Cached);
         }
         let lock = self.creating.entry(key.clone()).or_default().clone();
         let _creating = lock.lock().await;
-        if self.known.contains(&key) {
+        if self.known.contains(key) {
             return Ok(Ensured::Cached);
         }
+        let object = object()?;
         let api: Api<DynamicObject> = match &key.namespace {
             Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
             None => Api::all_with(client.clone(), resource),
@@ -151,19 +156,19 @@ impl NamespaceCache {
         let op = format!("create {key}");
         let created = budget
             .run(&op, || async {
-                api.create(&params, object).await.classify(|| op.clone())
+                api.create(&params, &object).await.classify(|| op.clone())
             })
             .await;
         let outcome = match created {
             Ok(_) => Ensured::Created,
             Err(e) if e.is_already_exists() => {
-                adopt_selector(&api, budget, &key, object).await?;
+                adopt_selector(&api, budget, key, &object).await?;
                 Ensured::Existed
             }
             Err(e) => return Err(e),
         };
         self.known.insert(key.clone());
-        self.creating.remove(&key);
+        self.creating.remove(key);
         Ok(outcome)
     }
 
@@ -264,6 +269,50 @@ mod tests {
             namespace: ns.map(Into::into),
             name: name.into(),
         }
+    }
+
+    /// The object is made (the applier reads it back from its text) only when it is to be created: a
+    /// known one costs neither that nor a request.
+    #[tokio::test]
+    async fn a_known_object_is_not_read_back_nor_requested() {
+        // Nothing listens there: a request would fail.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let policy =
+            super::super::RetryPolicy::from_config(&super::super::ClusterConfig::default());
+        let budget = policy.budget();
+        let resource = ApiResource::erase::<k8s_openapi::api::core::v1::Namespace>(&());
+        let cache = NamespaceCache::new();
+        let alice = key("Namespace", None, "alice");
+        cache.insert(alice.clone());
+        let ensured = cache
+            .ensure(&client, &budget, &resource, &alice, || {
+                unreachable!("alice is known to exist: nothing to create")
+            })
+            .await
+            .unwrap();
+        assert_eq!(ensured, Ensured::Cached);
+
+        let mut made = false;
+        let failed = cache
+            .ensure(
+                &client,
+                &budget,
+                &resource,
+                &key("Namespace", None, "bob"),
+                || {
+                    made = true;
+                    Err(ClusterError::Internal {
+                        op: "create Namespace bob".into(),
+                        message: "unreadable".into(),
+                    })
+                },
+            )
+            .await
+            .unwrap_err();
+        assert!(made, "bob is not known: it is made to be created");
+        assert!(failed.to_string().contains("unreadable"), "{failed}");
+        assert!(!cache.contains(&key("Namespace", None, "bob")));
     }
 
     #[test]
