@@ -16,6 +16,7 @@ mod disruption;
 mod ended;
 mod failover;
 mod fifo;
+mod handover;
 mod lifecycle;
 mod maintenance;
 mod output_files;
