@@ -698,11 +698,16 @@ mod tests {
 
             /// Waits until the trace holds `needle`.
             fn wait_for(&self, needle: &str) {
+                self.wait_until(needle, |trace| trace.contains(needle));
+            }
+
+            /// Waits until the trace is `what` (`done` says when).
+            fn wait_until(&self, what: &str, done: impl Fn(&str) -> bool) {
                 let deadline = Instant::now() + Duration::from_secs(30);
-                while !self.trace().contains(needle) {
+                while !done(&self.trace()) {
                     assert!(
                         Instant::now() < deadline,
-                        "the trace never showed {needle}:\n{}",
+                        "the trace never showed {what}:\n{}",
                         self.trace()
                     );
                     std::thread::sleep(Duration::from_millis(20));
@@ -736,6 +741,16 @@ mod tests {
                 .status()
                 .unwrap();
             assert!(status.success(), "kill {sig}");
+        }
+
+        /// Whether the process ignores SIGTERM (its `SigIgn` mask in `/proc`).
+        fn ignores_sigterm(child: &Child) -> bool {
+            let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("SigIgn:"))
+                .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+                .is_some_and(|mask| mask & (1 << (15 - 1)) != 0)
         }
 
         fn stderr(child: &mut Child) -> String {
@@ -886,8 +901,9 @@ mod tests {
                 work(port)
             );
             let mut job = pod.job(&script);
-            pod.wait_for("nc");
-            pod.wait_for("sleep");
+            // The loop's sleep is exec'd (as the script's own text, traced with its exec, names `nc`
+            // and `sleep` before the trap is set): the trap is set.
+            pod.wait_for(r#"["/usr/bin/busybox", "sleep", "0.05"]"#);
             signal(&tracer, "-TERM");
             signal(&job, "-TERM");
             assert_eq!(wait(&mut job, "the job").code(), Some(143));
@@ -912,6 +928,11 @@ mod tests {
         /// An expiry of a job that ignores SIGTERM: at the end of the grace period every process of the
         /// pod is killed. Every call the job made up to then is in the trace: each of its writes to
         /// `count.txt` was preceded by an open the trace holds.
+        ///
+        /// Each step waits for what the trace shows, not for time: the signals go once the loop's opens
+        /// are traced (the script's own text names `count.txt` too, and its exec is traced before it has
+        /// set its trap: a SIGTERM then ended the job, and the tracer with it, on a loaded machine), and
+        /// the tracer is seen to outlive its SIGTERM by the job's calls traced after that signal.
         #[test]
         fn the_trace_is_complete_after_an_expiry_that_kills() {
             let pod = Pod::new();
@@ -922,10 +943,24 @@ mod tests {
                 work(port)
             );
             let mut job = pod.job(&script);
-            pod.wait_for("count.txt");
+            let count = pod.work().join("count.txt").display().to_string();
+            let open = format!("openat(AT_FDCWD, \"{count}\"");
+            // The loop runs, so the trap before it is set.
+            pod.wait_for(&open);
             signal(&tracer, "-TERM");
             signal(&job, "-TERM");
-            std::thread::sleep(Duration::from_millis(300));
+            // The tracer ignores SIGTERM (the signal is dropped, not pending), so only the end of the
+            // traced processes ends it.
+            assert!(
+                ignores_sigterm(&tracer),
+                "the tracer ignores SIGTERM (SigIgn of its shell)"
+            );
+            // The job got its SIGTERM (traced, since it is traced), and went on being traced.
+            pod.wait_until("the job's calls traced after its SIGTERM", |trace| {
+                trace
+                    .split_once("--- SIGTERM")
+                    .is_some_and(|(_, after)| after.contains(&open))
+            });
             assert!(
                 tracer.try_wait().unwrap().is_none(),
                 "the tracer outlives the SIGTERM"
@@ -937,16 +972,10 @@ mod tests {
             let _ = wait(&mut tracer, "the tracer");
             let trace = pod.trace();
             assert_names_the_work(&trace, &pod, port);
-            let written = std::fs::read_to_string(pod.work().join("count.txt"))
-                .unwrap()
-                .lines()
-                .count();
-            let count = pod.work().join("count.txt").display().to_string();
+            let written = std::fs::read_to_string(&count).unwrap().lines().count();
             let opened = trace
                 .lines()
-                .filter(|l| {
-                    l.contains(&format!("openat(AT_FDCWD, \"{count}\"")) && l.contains(") = ")
-                })
+                .filter(|l| l.contains(&open) && l.contains(") = "))
                 .count();
             assert!(written > 10, "the job ran a while ({written} writes)");
             assert!(
