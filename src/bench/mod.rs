@@ -111,6 +111,8 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
         runner_threads: options.runner_threads,
         submit_prefetch: prefetch,
         monitor: options.monitor.clone(),
+        cluster_nodes: phase_nodes().len(),
+        job_run_s: JOB_RUN.as_secs_f64(),
     };
 
     let limits = if options.skip_limits {
@@ -153,6 +155,7 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
         machine,
         workload,
         limits,
+        monitoring_cost: report::monitoring_cost(&phases),
         phases,
     })
 }
@@ -170,8 +173,18 @@ fn prefetch_for(messages: u32) -> u16 {
     u16::try_from(messages).unwrap_or(u16::MAX)
 }
 
-/// The configuration of one phase: its own exchanges and queues.
+/// The configuration of one phase: its own exchanges and queues, and the phases' cluster
+/// ([`phase_cluster`]), the same with the monitoring duty and without it.
 fn phase_config(options: &Options, prefix: &str, prefetch: u16) -> Config {
+    let mut config = names_config(options, prefix, prefetch);
+    phase_cluster(&mut config.sim);
+    config
+}
+
+/// The runners' configuration with exchanges and queues named after `prefix`, on the configured
+/// cluster: what the limits are measured with (the simulator's limit is its VolcanoJob creates, as
+/// measured before the phases shared one cluster).
+fn names_config(options: &Options, prefix: &str, prefetch: u16) -> Config {
     let mut config = options.config.clone();
     let b = &mut config.broker;
     let name = |what: &str| format!("volcano-runner-bench.{prefix}.{what}");
@@ -225,7 +238,7 @@ fn runner_env(config: &Config) -> Vec<(String, String)> {
 async fn measure_limits(options: &Options, run_id: &str) -> Result<Limits, BenchError> {
     let prefix = format!("{run_id}lim");
     let concurrency = prefetch_for(options.max_in_flight);
-    let config = phase_config(options, &prefix, concurrency);
+    let config = names_config(options, &prefix, concurrency);
     let workload = Workload::new(&prefix, options.submissions, options.format);
 
     // The simulator: a fresh one, VolcanoJob creates only.
@@ -270,15 +283,7 @@ async fn run_phase(
     prefetch: u16,
     monitor: bool,
 ) -> Result<Phase, BenchError> {
-    let mut config = phase_config(options, prefix, prefetch);
-    if monitor {
-        // Jobs run to their end, briefly: the monitor's whole work per job (RUNNING, the final tick,
-        // the terminal event, the cleanup) falls inside the phase.
-        config.sim.default_run = MONITORED_RUN;
-        // And none waits for capacity: with the default five nodes the phase would measure the queue
-        // (80 cpus, 40 figlet jobs a second at most), not the runners.
-        config.sim.nodes = monitored_nodes();
-    }
+    let config = phase_config(options, prefix, prefetch);
     let sim = start_sim(&config).await?;
     let phase = match PhaseBroker::declare(&config).await {
         Ok(broker) => {
@@ -400,6 +405,12 @@ async fn phase_on(
     } else {
         to_queued.len()
     };
+    let runner_cpu_s: f64 = per_runner.iter().map(|r| r.cpu_s).sum();
+    let monitoring_overlap = if monitor {
+        stats::monitoring_overlap(&mut completions.clone(), &ends)
+    } else {
+        None
+    };
     Ok(Phase {
         runners,
         monitor,
@@ -411,6 +422,8 @@ async fn phase_on(
         duplicates_per_1000_jobs: (published > 0)
             .then(|| duplicate_deliveries as f64 * 1000.0 / published as f64),
         api_requests_per_job: (jobs > 0).then(|| api_requests as f64 / jobs as f64),
+        runner_cpu_ms_per_job: (jobs > 0).then(|| runner_cpu_s * 1000.0 / jobs as f64),
+        monitoring_overlap,
         api_requests_per_s: Some(api_requests as f64 / api_elapsed.as_secs_f64().max(1e-3)),
         ratio_to_api_limit: None,
         api_requests_by_kind,
@@ -500,12 +513,26 @@ impl Timings {
     }
 }
 
-/// How long each job runs in a phase with the monitoring duty.
-const MONITORED_RUN: Duration = Duration::from_secs(2);
+/// How long each job of a phase runs once its pod starts.
+const JOB_RUN: Duration = Duration::from_secs(2);
 
-/// The cluster of a phase with the monitoring duty: 40 nodes of 64 cpus and 250 pods each, room for
-/// 2,560 one-cpu jobs at once, so jobs of 2 s can end at over 1,000 a second.
-fn monitored_nodes() -> Vec<crate::sim::NodeSpec> {
+/// The simulated cluster of every phase, with the monitoring duty or without it: the same nodes and
+/// the same jobs, so that the two kinds differ only in the runners' `--no-monitor` and their ratio
+/// measures the monitoring duty, not the simulator's work (it runs in this process, on the cores the
+/// runners are measured on). Jobs run to their end, briefly: the monitor's whole work per job
+/// (RUNNING, the final tick, the terminal event, the cleanup) falls inside a monitored phase, and the
+/// simulator schedules, starts and ends every pod in both kinds. An unmonitored phase still ends at
+/// its last QUEUED (no terminal event comes without a monitor); what the simulator had left to do
+/// goes with it, as every phase starts a fresh one.
+fn phase_cluster(sim: &mut SimConfig) {
+    sim.default_run = JOB_RUN;
+    sim.nodes = phase_nodes();
+}
+
+/// The nodes of every phase: 40 of 64 cpus and 250 pods each, room for 2,560 one-cpu jobs at once, so
+/// jobs of 2 s can end at over 1,000 a second and none waits for capacity (with the default five nodes
+/// a phase would measure the queue, 80 cpus, 40 figlet jobs a second at most, not the runners).
+fn phase_nodes() -> Vec<crate::sim::NodeSpec> {
     (1..=40)
         .map(|i| crate::sim::NodeSpec {
             name: format!("bench-node-{i}"),
@@ -837,9 +864,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_phase_has_names_of_its_own_and_runners_get_them() {
-        let options = Options {
+    fn options() -> Options {
+        Options {
             config: Config::default(),
             config_file: None,
             submissions: 10,
@@ -855,7 +881,12 @@ mod tests {
             skip_limits: false,
             soak_every: None,
             runner_wrap: Vec::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn a_phase_has_names_of_its_own_and_runners_get_them() {
+        let options = options();
         let a = phase_config(&options, "b1p1", 128);
         let b = phase_config(&options, "b1p2", 128);
         assert_ne!(a.broker.submit_queue, b.broker.submit_queue);
@@ -875,6 +906,34 @@ mod tests {
         assert_eq!(loaded.broker.submit_prefetch, 128);
         assert_eq!(loaded.runner.max_in_flight, 64);
     }
+    /// Both kinds of phase get the same cluster and the same jobs: 40 big nodes, jobs that run 2 s.
+    /// An unmonitored phase used to keep the configured five nodes and 60 s runs, so most of its jobs
+    /// never got a pod and the simulator, on the runners' cores, did far less work than in a monitored
+    /// phase: the monitored / unmonitored ratio measured that too. The limits keep the configured
+    /// cluster, as measured before.
+    #[test]
+    fn every_phase_runs_the_same_cluster_and_jobs() {
+        let options = options();
+        let phase = phase_config(&options, "b1p1", 128);
+        assert_eq!(phase.sim.nodes.len(), 40);
+        assert!(
+            phase.sim.nodes.iter().all(|n| n.cpu == "64"),
+            "{:?}",
+            phase.sim.nodes
+        );
+        assert_eq!(phase.sim.default_run, Duration::from_secs(2));
+        assert_eq!(
+            phase.sim.nodes,
+            phase_config(&options, "b1p2", 128).sim.nodes
+        );
+        let limits = names_config(&options, "b1lim", 64);
+        assert_eq!(limits.sim, options.config.sim);
+        assert_eq!(
+            limits.broker.submit_queue,
+            "volcano-runner-bench.b1lim.submit"
+        );
+    }
+
     #[test]
     fn the_requests_of_a_phase_are_the_difference_of_two_counts() {
         let before = std::collections::BTreeMap::from([

@@ -46,6 +46,29 @@ fn nearest_rank(sorted: &[Duration], p: f64) -> Duration {
 /// namespace, caches filling) and the tail (the last runner finishing its prefetch) are what a long run
 /// would not see; a run with fewer than 20 completions uses the whole span.
 pub fn sustained_rate(completions: &mut [Duration]) -> Option<f64> {
+    let window = steady_window(completions)?;
+    Some(window.jobs as f64 / window.span().as_secs_f64())
+}
+
+/// The steady part of a run that [`sustained_rate`] measures: from the completion of the first tenth
+/// of the jobs to that of the last tenth (the whole span under 20 completions), and how many jobs
+/// completed in it after its start.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SteadyWindow {
+    pub start: Duration,
+    pub end: Duration,
+    pub jobs: usize,
+}
+
+impl SteadyWindow {
+    pub fn span(&self) -> Duration {
+        self.end.saturating_sub(self.start)
+    }
+}
+
+/// The steady window of `completions` (sorted here); `None` with fewer than two completions or when
+/// they all fall at one instant, where no rate can be told.
+pub fn steady_window(completions: &mut [Duration]) -> Option<SteadyWindow> {
     if completions.len() < 2 {
         return None;
     }
@@ -56,11 +79,29 @@ pub fn sustained_rate(completions: &mut [Duration]) -> Option<f64> {
     } else {
         (n / 10, n - 1 - n / 10)
     };
-    let span = completions[last].saturating_sub(completions[first]);
-    if span.is_zero() {
-        return None;
-    }
-    Some((last - first) as f64 / span.as_secs_f64())
+    let window = SteadyWindow {
+        start: completions[first],
+        end: completions[last],
+        jobs: last - first,
+    };
+    (!window.span().is_zero()).then_some(window)
+}
+
+/// The share of a monitored phase's steady QUEUED window (`queued`: its QUEUED instants) that came
+/// after its first terminal event (`ends`: its terminal instants, same origin), from 0 to 1.
+///
+/// Only from its first job's end on does a runner carry every stage of monitoring at once (RUNNING for
+/// the jobs just started, the final tick, the end and its records for the jobs started a run time
+/// ago); before it, it does part of the duty. A QUEUED rate measured while monitoring is partly
+/// ahead, as in a phase shorter than a few run times, flatters the runner. `None` when the phase has
+/// no steady window; 0 when no job ended before the window closed.
+pub fn monitoring_overlap(queued: &mut [Duration], ends: &[Duration]) -> Option<f64> {
+    let window = steady_window(queued)?;
+    let Some(first_end) = ends.iter().min() else {
+        return Some(0.0);
+    };
+    let overlapped = window.end.saturating_sub((*first_end).max(window.start));
+    Some(overlapped.as_secs_f64() / window.span().as_secs_f64())
 }
 
 /// `count` operations in `elapsed`, per second.
@@ -107,6 +148,42 @@ mod tests {
         assert!(sustained_rate(&mut [ms(5)]).is_none());
         assert!(sustained_rate(&mut [ms(5), ms(5)]).is_none());
         assert_eq!(sustained_rate(&mut [ms(0), ms(500), ms(1000)]), Some(2.0));
+    }
+
+    /// A quick phase (1,000 submissions at 800/s, jobs of 2 s) has its steady window closed before any
+    /// job ends: nothing of the ends' monitoring overlaps the rate measured. A long one (4,000 at
+    /// 300/s) overlaps most of it; the window's start bounds the share at 1.
+    #[test]
+    fn the_monitoring_overlap_is_the_share_of_the_steady_window_after_the_first_end() {
+        let phase = |jobs: u64, per_s: u64, run_ms: u64| {
+            let queued: Vec<Duration> = (0..jobs).map(|i| ms(i * 1000 / per_s)).collect();
+            let ends: Vec<Duration> = queued.iter().map(|q| *q + ms(run_ms)).collect();
+            (queued, ends)
+        };
+        let (mut queued, ends) = phase(1000, 800, 2100);
+        assert_eq!(monitoring_overlap(&mut queued, &ends), Some(0.0));
+        let (mut queued, ends) = phase(4000, 300, 2100);
+        let overlap = monitoring_overlap(&mut queued, &ends).unwrap();
+        // Window 1,333..11,996 ms, first end at 2,100 ms.
+        assert!(
+            (overlap - (11_996.0 - 2_100.0) / (11_996.0 - 1_333.0)).abs() < 1e-3,
+            "{overlap}"
+        );
+        let (mut queued, ends) = phase(4000, 300, 0);
+        assert_eq!(monitoring_overlap(&mut queued, &ends), Some(1.0));
+        // No end at all (an incomplete phase): nothing overlapped; no window: nothing to tell.
+        let (mut queued, _) = phase(100, 100, 0);
+        assert_eq!(monitoring_overlap(&mut queued, &[]), Some(0.0));
+        assert_eq!(monitoring_overlap(&mut [ms(3)], &[ms(5)]), None);
+    }
+
+    #[test]
+    fn the_steady_window_is_what_the_sustained_rate_measures() {
+        let mut done: Vec<Duration> = (0..100).rev().map(|i| ms(i * 10)).collect();
+        let w = steady_window(&mut done).unwrap();
+        assert_eq!((w.start, w.end, w.jobs), (ms(100), ms(890), 79));
+        assert_eq!(sustained_rate(&mut done), Some(79.0 / 0.79));
+        assert!(steady_window(&mut [ms(5), ms(5)]).is_none());
     }
 
     #[test]

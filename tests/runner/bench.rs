@@ -51,6 +51,9 @@ async fn bench_measures_limits_and_two_phases_and_cleans_up() {
     assert_eq!(report["workload"]["submissions"], 40);
     assert_eq!(report["workload"]["max_in_flight"], 8);
     assert_eq!(report["workload"]["runner_threads"], 2);
+    // Both kinds of phase run on the same cluster, with the same jobs.
+    assert_eq!(report["workload"]["cluster_nodes"], 40);
+    assert_eq!(report["workload"]["job_run_s"], 2.0);
     let phases = report["phases"].as_array().unwrap();
     // Unpaced without and with the monitoring duty, then 100/s without and with it; two runners each.
     let shape: Vec<(u64, Option<f64>, bool)> = phases
@@ -82,14 +85,19 @@ async fn bench_measures_limits_and_two_phases_and_cleans_up() {
         assert!((per_job - total as f64 / 40.0).abs() < 1e-9, "{p}");
         assert!(p["api_requests_per_s"].as_f64().unwrap() > 0.0, "{p}");
         assert!(p["ratio_to_api_limit"].as_f64().unwrap() > 0.0, "{p}");
+        // The runners' CPU per job: QUEUED without monitoring, ended with it.
+        assert!(p["runner_cpu_ms_per_job"].as_f64().unwrap() > 0.0, "{p}");
         if p["monitor"] == true {
             // Every job ran to its end inside the phase, and the monitor's work is counted.
             assert_eq!(p["ended"], 40, "{p}");
+            let overlap = p["monitoring_overlap"].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&overlap), "{p}");
             assert!(by_kind.keys().any(|k| k.starts_with("patch jobs")), "{p}");
             assert!(p["ended_jobs_per_s"].as_f64().unwrap() > 0.0, "{p}");
         } else {
             assert_eq!(p["ended"], 0, "{p}");
             assert!(p["ended_jobs_per_s"].is_null(), "{p}");
+            assert!(p["monitoring_overlap"].is_null(), "{p}");
             // No write of the job by the submit path: with no runner monitoring, nothing needs the
             // record that its QUEUED was confirmed (docs/monitor.md, "Order of a job's events").
             let patches: u64 = by_kind
@@ -132,6 +140,35 @@ async fn bench_measures_limits_and_two_phases_and_cleans_up() {
             );
         }
     }
+    // What monitoring cost, per rate run both ways: the CPU ratio always; the QUEUED-rate ratio only
+    // when the monitored phase's monitoring overlapped its steady window enough, else why not (40 jobs
+    // of 2 s: their window usually closes before the first ends).
+    let cost = report["monitoring_cost"].as_array().unwrap();
+    let rates: Vec<Option<f64>> = cost.iter().map(|c| c["target_rate"].as_f64()).collect();
+    assert_eq!(rates, vec![None, Some(100.0)]);
+    for c in cost {
+        assert_eq!(c["runners"], 2, "{c}");
+        assert_eq!(c["goal"], 0.6, "{c}");
+        assert!(c["cpu_per_job_ratio"].as_f64().unwrap() > 0.0, "{c}");
+        let overlap = c["monitoring_overlap"].as_f64().unwrap();
+        match c["queued_rate_ratio"].as_f64() {
+            Some(ratio) => {
+                assert!(ratio > 0.0 && overlap >= 0.75, "{c}");
+                assert!(c["queued_rate_ratio_withheld"].is_null(), "{c}");
+            }
+            None => {
+                assert!(overlap < 0.75, "{c}");
+                let why = c["queued_rate_ratio_withheld"].as_str().unwrap();
+                assert!(why.contains("at least 75% needed"), "{c}");
+            }
+        }
+    }
+    assert!(
+        stdout.contains("2 runners unpaced: QUEUED rate "),
+        "{stdout}"
+    );
+    assert!(stdout.contains("2 runners 100/s: QUEUED rate "), "{stdout}");
+
     // The fixed-rate phases published at about the rate asked for, not as fast as they could.
     let paced = phases[2]["publish_rate"].as_f64().unwrap();
     assert!(paced < 150.0, "publish rate {paced} at --rate 100");
