@@ -81,6 +81,17 @@ async fn the_echo_of_the_monitors_own_write_is_not_decided_again() {
         .await;
     w.until("the final tick", Seen::has_final_tick).await;
     w.settle(Duration::from_millis(500)).await;
+    let end = samples(&metrics);
+    eprintln!(
+        "cost: over the job's life {} decisions, {} job patches; watch events with news: jobs {}, \
+         pods {}, podgroups {}; echoes dropped {}",
+        end.value(DECISIONS, &[]),
+        job_patches(&w),
+        end.value(EVENTS, &[("watch", "jobs"), ("news", "yes")]),
+        end.value(EVENTS, &[("watch", "pods"), ("news", "yes")]),
+        end.value(EVENTS, &[("watch", "podgroups"), ("news", "yes")]),
+        end.value(EVENTS, &[("watch", "jobs"), ("news", "no")]),
+    );
     // Every promise holds: each transition once, in order, and ticks that add up to the run.
     let seen = w.seen.of("c1");
     let states: Vec<&str> = seen
