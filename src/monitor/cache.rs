@@ -900,8 +900,39 @@ impl Cache {
         }
     }
 
+    /// The watch brings a job at the version the cache holds (the echo of a worker's write, whose
+    /// answer [`Cache::refresh_job`] put here): nothing about it is new, so it is not slimmed and stored
+    /// again, and its view keeps its generation. Returns `false` (nothing done) for any other version.
+    /// The version names the object's content (one per write in the whole store), so an equal one
+    /// is the same job.
+    pub fn seen_again(&mut self, meta: &ObjectMeta) -> bool {
+        let epoch = self.epochs[0];
+        let key: &dyn KeyParts = &(
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default(),
+        );
+        match self.jobs.get_mut(key) {
+            Some(entry)
+                if meta.resource_version.is_some()
+                    && entry.value.metadata.resource_version == meta.resource_version
+                    && entry.value.metadata.uid == meta.uid =>
+            {
+                entry.epoch = epoch;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The job's current [`Fingerprint`], `None` when it is not held.
+    pub fn fingerprint(&self, key: &JobKey) -> Option<Fingerprint> {
+        let entry = self.jobs.get(key)?;
+        Some(self.fingerprint_of(key, entry))
+    }
+
     /// A job a worker wrote (the API's answer to a patch): kept unless the cache already has a newer one.
-    pub fn refresh_job(&mut self, job: Arc<VolcanoJob>) {
+    /// Returns whether it was kept (the job's view has a new generation).
+    pub fn refresh_job(&mut self, job: Arc<VolcanoJob>) -> bool {
         let key = JobKey::of(&job.metadata);
         if let Some(entry) = self.jobs.get(&key)
             // The job a worker read and left unchanged is the cached one: copying it back would only
@@ -915,14 +946,24 @@ impl Cache {
         {
             let mut job = Arc::unwrap_or_clone(job);
             self.slim_job(&mut job);
+            // Its watch event is not stored again (see `seen_again`): the peers it names are indexed
+            // here.
+            if self.peers_key.is_some() {
+                if let Some(old) = self.jobs.get(&key).map(|e| e.value.clone()) {
+                    self.index_peers(&key, &old, false);
+                }
+                self.index_peers(&key, &job, true);
+            }
             let Some(entry) = self.jobs.get_mut(&key) else {
-                return;
+                return false;
             };
             let (old, new) = (rv_of(&entry.value.metadata), rv_of(&job.metadata));
             entry.value = Arc::new(job);
             self.redigest(Kind::Jobs, &key, Some(old), Some(new));
             self.touch(&key);
+            return true;
         }
+        false
     }
 
     /// A job was deleted, or left the job watch (its end recorded): returns its last state and its pods.
@@ -1822,6 +1863,38 @@ mod tests {
                 .as_deref(),
             Some("x")
         );
+    }
+
+    #[test]
+    fn the_echo_of_a_workers_write_is_seen_again_and_changes_nothing() {
+        let mut c = Cache::new();
+        let key = c.apply_job(job("ns", "j-1", "5"));
+        let mut written = job("ns", "j-1", "8");
+        written
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert("lifecycleState".into(), "RUNNING".into());
+        assert!(
+            c.refresh_job(Arc::new(written.clone())),
+            "the answer is kept"
+        );
+        let decided = c.fingerprint(&key).unwrap();
+        let digest = c.digest(Kind::Jobs);
+        // The watch brings the write back: the same job, nothing to store or decide.
+        assert!(c.seen_again(&written.metadata));
+        assert_eq!(c.fingerprint(&key), Some(decided));
+        assert_eq!(c.digest(Kind::Jobs), digest);
+        // An answer older than what is held is not kept, and says so.
+        assert!(!c.refresh_job(Arc::new(job("ns", "j-1", "7"))));
+        // Any other version is news, as is another job of the name.
+        assert!(!c.seen_again(&job("ns", "j-1", "9").metadata));
+        let mut other = job("ns", "j-1", "8");
+        other.metadata.uid = Some("another".into());
+        assert!(!c.seen_again(&other.metadata));
+        assert!(!c.seen_again(&job("ns", "j-2", "8").metadata));
+        c.apply_job(job("ns", "j-1", "9"));
+        assert_ne!(c.fingerprint(&key), Some(decided));
     }
 
     #[test]

@@ -68,6 +68,12 @@ pub struct Handled {
     /// The job's snapshot, as it was given, needed nothing until `next_check`: no read, no write. The
     /// same snapshot need not be decided again before then.
     pub settled: bool,
+    /// The job as written (`job`, the answer to this call's last patch) was decided again with the
+    /// snapshot's pods and PodGroup (or pods read afresh, as new as the cache's or newer), and needs
+    /// nothing until `next_check`: the view the cache holds once the answer is in it need not be
+    /// decided again (the watch's echo of the write would otherwise bring one more decision per
+    /// write, which changed nothing).
+    pub settled_as_written: bool,
 }
 
 impl Handled {
@@ -79,6 +85,7 @@ impl Handled {
             error: Some(error),
             done: Vec::new(),
             settled: false,
+            settled_as_written: false,
         }
     }
 }
@@ -127,6 +134,21 @@ struct Known {
 enum Round {
     Again,
     Done(Option<Timestamp>),
+}
+
+/// Whether the view holds the job as this call wrote it (an answer to its patch), not as the snapshot
+/// had it.
+fn wrote(snap: &Snapshot, view: &View) -> bool {
+    !Arc::ptr_eq(&snap.job, &view.job)
+        && view.job.metadata.resource_version != snap.job.metadata.resource_version
+}
+
+/// The earlier of two instants to look again at (`None`: no need).
+fn earliest(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 impl Executor {
@@ -192,6 +214,7 @@ impl Executor {
         let mut confirmed: HashSet<String> = HashSet::new();
         let mut done = Vec::new();
         let mut settled = false;
+        let mut settled_as_written = false;
         let job_id = snap.key.job_id().unwrap_or_default().to_owned();
         let mut known = Known {
             queued_confirmed: self.confirmed_queued.contains(&job_id),
@@ -230,6 +253,9 @@ impl Executor {
                 let rounds = match step {
                     Step::Wait { next_check } => {
                         settled = !view.fresh && done.is_empty();
+                        // Pods read afresh (a tick's proof) are as new as the cache's or newer:
+                        // a change the cache has yet to take in is decided when its event comes.
+                        settled_as_written = wrote(&snap, &view);
                         return Ok(next_check);
                     }
                     Step::Record {
@@ -252,6 +278,21 @@ impl Executor {
                     }
                 };
                 if let Round::Done(next_check) = rounds {
+                    // The step wrote the job and asked for no other: what it wrote is decided now (no
+                    // request, no effect), so that the cache's view of it, once the answer is in,
+                    // counts as decided. Only a decision to wait is taken; any other step is left to
+                    // the decision the written view gets from the loop.
+                    known.queued_confirmed =
+                        known.queued_confirmed || self.confirmed_queued.contains(&job_id);
+                    if wrote(&snap, &view)
+                        && view.job.retries() <= snap.job.retries()
+                        && self.owns(&job_id)
+                        && let Ok(Step::Wait { next_check: then }) =
+                            self.decide(&snap, &view, &known, self.clock.now())
+                    {
+                        settled_as_written = true;
+                        return Ok(earliest(next_check, then));
+                    }
                     return Ok(next_check);
                 }
             }
@@ -262,6 +303,7 @@ impl Executor {
             Ok(next_check) => (next_check, None),
             Err(error) => {
                 settled = false;
+                settled_as_written = false;
                 (None, Some(error))
             }
         };
@@ -271,6 +313,7 @@ impl Executor {
             error,
             done,
             settled,
+            settled_as_written,
         }
     }
 
@@ -452,6 +495,7 @@ impl Executor {
             error: result.err(),
             done,
             settled: false,
+            settled_as_written: false,
         }
     }
 

@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::cache::{
-    Cache, FastMap, FastSet, Fingerprint, JobKey, Kind, Snapshot, WatchedGroup, WatchedJob,
+    Cache, FastMap, FastSet, Fingerprint, JobKey, Kind, Rv, Snapshot, WatchedGroup, WatchedJob,
     WatchedNode, WatchedPod, is_newer,
 };
 use super::clock::{Clock, SystemClock};
@@ -192,6 +192,10 @@ struct Loop {
     /// While the node patch is refused: when the maintenance taints are tried again
     /// ([`TAINTS_RETRY`]).
     taints_retry_at: Option<jiff::Timestamp>,
+    /// Where the watch events and decisions are counted (what monitoring costs per job).
+    metrics: Option<crate::ops::Metrics>,
+    /// The last job event of each job whose worker runs, looked at when it is done (see `on_job`).
+    held_events: FastMap<JobKey, WatchedJob>,
 }
 
 /// How long after the node patch was refused the maintenance taints are tried again: a refusal during
@@ -584,6 +588,7 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
     let mut streams = Streams::start(&watches);
     let mut state = Loop::new(exec, &mc);
     state.submit_load = m.submit_load.clone();
+    state.metrics = m.metrics.clone();
     // Its own receiver of the load, waited on below; the state's is read by `Loop::hold`.
     let mut load = m.submit_load.clone();
     let mut verifying: Option<Verifying> = None;
@@ -822,6 +827,8 @@ impl Loop {
             taints_due: None,
             taints_refused_seen: false,
             taints_retry_at: None,
+            metrics: None,
+            held_events: FastMap::default(),
             exec,
         };
         state.begin_pass(&ALL_KINDS);
@@ -1043,7 +1050,18 @@ impl Loop {
         let suspects = std::mem::take(&mut self.suspects);
         let mut kinds = Vec::new();
         for (kind, suspect) in &suspects {
-            if kinds.contains(kind) || suspect.resolved(self.cache.version(*kind, &suspect.key)) {
+            // A job event held while its worker runs (see `on_job`) was not missed.
+            let held = match kind {
+                Kind::Jobs => self
+                    .held_events
+                    .get(&suspect.key)
+                    .map(|w| Rv::from(w.metadata.resource_version.as_deref())),
+                _ => None,
+            };
+            if kinds.contains(kind)
+                || suspect.resolved(self.cache.version(*kind, &suspect.key))
+                || held.is_some_and(|rv| suspect.resolved(Some(rv)))
+            {
                 continue;
             }
             tracing::warn!(
@@ -1211,16 +1229,37 @@ impl Loop {
         }
     }
 
+    /// Counts a watch event (see [`crate::ops::Metrics::monitor_watch_event`]).
+    fn watched(&self, watch: &'static str, news: bool) {
+        if let Some(metrics) = &self.metrics {
+            metrics.monitor_watch_event(watch, news);
+        }
+    }
+
     fn on_job(&mut self, event: Event<WatchedJob>) {
         self.estimates_stale = true;
         match event {
-            Event::Apply(w) | Event::InitApply(w) => {
-                let key = self.cache.apply_job(w.into_job());
-                self.peer_changed(&key);
-                self.enqueue(key);
+            // The echo of a worker's write, whose answer is in the cache already: its job was looked
+            // after when the answer came (see `finished`), so it is neither stored nor decided again.
+            Event::Apply(w) if self.cache.seen_again(&w.metadata) => self.watched("jobs", false),
+            Event::Apply(w) => {
+                let key = JobKey::of(&w.metadata);
+                if self.busy.contains(&key) {
+                    // Its worker may be writing it: the event is looked at once the answer is in the
+                    // cache (see `finished`), where the echo of that write is known for one. The
+                    // last one is enough: each holds the whole job.
+                    self.held_events.insert(key, w);
+                    return;
+                }
+                self.apply_watched(w);
+            }
+            Event::InitApply(w) => {
+                self.held_events.remove(&JobKey::of(&w.metadata));
+                self.apply_watched(w);
             }
             Event::Delete(w) => {
                 let key = JobKey::of(&w.metadata);
+                self.held_events.remove(&key);
                 let pods = self.cache.pods(&key);
                 // A job that left the watch (labelled ended) comes as it was *before* that write, at
                 // the write's version (an API server sends the content that still matched): the cached
@@ -1240,7 +1279,12 @@ impl Loop {
                 self.peer_changed(&key);
                 self.vanished(key, job, pods);
             }
-            Event::Init => self.cache.init_start(Kind::Jobs),
+            Event::Init => {
+                // The list brings every job as it is now; an event held from before may be of a job
+                // it no longer has.
+                self.held_events.clear();
+                self.cache.init_start(Kind::Jobs)
+            }
             Event::InitDone => {
                 for (key, job, pods) in self.cache.init_done(Kind::Jobs) {
                     if let Some(pass) = &mut self.pass {
@@ -1254,10 +1298,26 @@ impl Loop {
         }
     }
 
+    /// A job as the watch or a list shows it, at a version the cache may not hold: stored, and the job
+    /// (with the jobs that read it as their peer) decided again.
+    fn apply_watched(&mut self, w: WatchedJob) {
+        let news = !self.cache.seen_again(&w.metadata);
+        self.watched("jobs", news);
+        let key = self.cache.apply_job(w.into_job());
+        self.peer_changed(&key);
+        self.enqueue(key);
+    }
+
     fn on_pod(&mut self, event: Event<WatchedPod>) {
         self.estimates_stale = true;
         match event {
             Event::Apply(w) | Event::InitApply(w) => {
+                let news = self.cache.version_of(
+                    Kind::Pods,
+                    w.metadata.namespace.as_deref().unwrap_or_default(),
+                    w.metadata.name.as_deref().unwrap_or_default(),
+                ) != Some(Rv::from(w.metadata.resource_version.as_deref()));
+                self.watched("pods", news);
                 let disruption = w.disruption();
                 let attempt = w.attempt();
                 if let Some(key) = self.cache.apply_pod(w.into_pod()) {
@@ -1297,6 +1357,12 @@ impl Loop {
         self.estimates_stale = true;
         match event {
             Event::Apply(pg) | Event::InitApply(pg) => {
+                let news = self.cache.version_of(
+                    Kind::Groups,
+                    pg.metadata.namespace.as_deref().unwrap_or_default(),
+                    pg.metadata.name.as_deref().unwrap_or_default(),
+                ) != Some(Rv::from(pg.metadata.resource_version.as_deref()));
+                self.watched("podgroups", news);
                 if let Some(key) = self.cache.apply_group(pg.into_group())
                     && self.cache.job(&key).is_some()
                 {
@@ -1560,15 +1626,23 @@ impl Loop {
                 ));
                 continue;
             }
+            // Nothing about it changed since it was decided: the decision stands (found out before
+            // its snapshot is taken, which copies its pods).
+            let Some(fingerprint) = self.cache.fingerprint(&key) else {
+                self.done_in_pass(&key);
+                continue;
+            };
+            if self.settled.get(&key) == Some(&fingerprint) {
+                self.done_in_pass(&key);
+                continue;
+            }
             let Some(snap): Option<Snapshot> = self.cache.snapshot(&key) else {
                 self.done_in_pass(&key);
                 continue;
             };
             let fingerprint = snap.fingerprint;
-            if self.settled.get(&key) == Some(&fingerprint) {
-                // Nothing about it changed since it was decided: the decision stands.
-                self.done_in_pass(&key);
-                continue;
+            if let Some(metrics) = &self.metrics {
+                metrics.monitor_decided();
             }
             if let Some(pass) = &mut self.pass
                 && pass.outstanding.contains(&key)
@@ -1595,20 +1669,50 @@ impl Loop {
 
     fn finished(&mut self, key: JobKey, handled: Handled, fingerprint: Option<Fingerprint>) {
         self.busy.remove(&key);
+        // Nothing came for the job while it was decided: its view is still the snapshot's.
+        let unchanged = fingerprint.is_some() && self.cache.fingerprint(&key) == fingerprint;
+        self.done_in_pass(&key);
+        let was_gone = self.gone.contains_key(&key);
+        let refreshed = match handled.job {
+            Some(job) if !was_gone => self.cache.refresh_job(job),
+            _ => false,
+        };
+        let as_written = handled.settled_as_written && unchanged && refreshed;
         match fingerprint {
-            Some(f) if handled.settled && handled.error.is_none() => {
+            _ if handled.error.is_some() => {
+                self.settled.remove(&key);
+            }
+            Some(f) if handled.settled => {
                 self.settled.insert(key.clone(), f);
             }
+            // The snapshot with the job as written was decided: that is the cache's view now.
+            Some(_) if as_written => match self.cache.fingerprint(&key) {
+                Some(f) => {
+                    self.settled.insert(key.clone(), f);
+                }
+                None => {
+                    self.settled.remove(&key);
+                }
+            },
             _ => {
                 self.settled.remove(&key);
             }
         }
-        self.done_in_pass(&key);
-        let was_gone = self.gone.contains_key(&key);
-        if let Some(job) = handled.job
-            && !was_gone
-        {
-            self.cache.refresh_job(job);
+        if refreshed {
+            // What its watch event (skipped as an echo, see `on_job`) would have done: the jobs
+            // that read it as their peer are decided again, and so is the job, unless its view as
+            // written was decided already.
+            self.peer_changed(&key);
+            if !as_written {
+                self.enqueue(key.clone());
+            }
+        }
+        if let Some(w) = self.held_events.remove(&key) {
+            if self.cache.seen_again(&w.metadata) {
+                self.watched("jobs", false);
+            } else {
+                self.apply_watched(w);
+            }
         }
         match handled.error {
             None => {

@@ -22,6 +22,8 @@
 //! | `monitored_jobs` | gauge | | jobs whose monitoring duty this runner holds |
 //! | `accounting_lag_seconds` | gauge | | how far behind the ticks are: over the running jobs this runner monitors, the longest time a tick has been due (its end plus `[pipeline.accounting] settle`) without being published; 0 when every tick is on time (at the last full pass) |
 //! | `lease_shards_held` / `lease_shards` | gauge | | shard leases held by this runner, and in all |
+//! | `monitor_watch_events_total` | counter | `watch`, `news` | the monitor's watch events (`jobs`, `pods`, `podgroups`), `news="no"` for a version its cache held already (the echo of its own write) |
+//! | `monitor_decisions_total` | counter | | jobs the monitor decided (a worker ran the decision; a job whose view is the one it was last decided on is not counted) |
 //! | `events_published_total` | counter | `type` | outbound messages the broker confirmed |
 //! | `event_publish_failures_total` | counter | `type`, `reason` | publishes that failed after their retries |
 //! | `event_confirm_seconds` | histogram | `type` | from publish to the broker's confirm |
@@ -101,6 +103,12 @@ struct FailureLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WatchLabel {
     watch: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WatchEventLabels {
+    watch: &'static str,
+    news: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -253,12 +261,14 @@ impl Gate {
     }
 }
 
-/// The monitoring duty: its jobs, its lag and its shards.
+/// The monitoring duty: its jobs, its lag, its shards and what it costs (events read, decisions made).
 struct Monitoring {
     monitored: Gauge,
     accounting_lag: Gauge<f64, std::sync::atomic::AtomicU64>,
     shards_held: Gauge,
     shards: Gauge,
+    watch_events: Family<WatchEventLabels, Counter>,
+    decisions: Counter,
 }
 
 impl Monitoring {
@@ -286,11 +296,25 @@ impl Monitoring {
         );
         let shards = Gauge::default();
         registry.register("lease_shards", "Monitoring shards in all", shards.clone());
+        let watch_events = Family::<WatchEventLabels, Counter>::default();
+        registry.register(
+            "monitor_watch_events",
+            "The monitor's watch events by watch; news=\"no\": a version its cache held already",
+            watch_events.clone(),
+        );
+        let decisions = Counter::default();
+        registry.register(
+            "monitor_decisions",
+            "Jobs the monitor decided (a view it had decided already is not decided again)",
+            decisions.clone(),
+        );
         Self {
             monitored,
             accounting_lag,
             shards_held,
             shards,
+            watch_events,
+            decisions,
         }
     }
 }
@@ -567,6 +591,22 @@ impl Metrics {
             .monitoring
             .monitored
             .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// The monitor's `watch` (`jobs`, `pods`, `podgroups`) brought an event; `news`: a version its cache
+    /// did not hold yet (an echo of the monitor's own write is not news).
+    pub fn monitor_watch_event(&self, watch: &'static str, news: bool) {
+        let news = if news { "yes" } else { "no" };
+        self.inner
+            .monitoring
+            .watch_events
+            .get_or_create(&WatchEventLabels { watch, news })
+            .inc();
+    }
+
+    /// The monitor decided a job (a worker runs its decision).
+    pub fn monitor_decided(&self) {
+        self.inner.monitoring.decisions.inc();
     }
 
     /// The shard leases this runner holds, of how many.

@@ -11,6 +11,7 @@ mod monitor_support;
 mod rabbit;
 
 mod bookings;
+mod cost;
 mod defer;
 mod disruption;
 mod ended;
