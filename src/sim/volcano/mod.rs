@@ -655,29 +655,24 @@ impl Model {
             let active = c.get("pending").unwrap_or(&0)
                 + c.get("inqueue").unwrap_or(&0)
                 + c.get("running").unwrap_or(&0);
-            let alloc = self.queue_alloc.get(&key.name).cloned().unwrap_or_default();
-            core.update_internal(&key, |q| {
-                let state = q
-                    .at("/status/state")
-                    .and_then(Value::as_str)
-                    .unwrap_or("Open")
-                    .to_string();
-                let state = match state.as_str() {
-                    "Closed" | "Closing" if active > 0 => "Closing",
-                    "Closed" | "Closing" => "Closed",
-                    _ => "Open",
-                };
-                let mut status = json!({"state": state});
-                for (k, v) in &c {
-                    if *v > 0 {
-                        status[*k] = json!(v);
-                    }
+            let Some(q) = core.store.get(&key) else {
+                continue;
+            };
+            let state = match q.at("/status/state").and_then(Value::as_str) {
+                Some("Closed" | "Closing") if active > 0 => "Closing",
+                Some("Closed" | "Closing") => "Closed",
+                _ => "Open",
+            };
+            let mut status = json!({"state": state});
+            for (k, v) in &c {
+                if *v > 0 {
+                    status[*k] = json!(v);
                 }
-                let mut alloc = alloc.clone();
-                alloc.0.remove("pods");
-                status["allocated"] = alloc.to_json();
-                q["status"] = status;
-            });
+            }
+            let mut alloc = self.queue_alloc.get(&key.name).cloned().unwrap_or_default();
+            alloc.0.remove("pods");
+            status["allocated"] = alloc.to_json();
+            core.replace_status(&key, status);
         }
     }
 
