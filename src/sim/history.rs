@@ -336,6 +336,20 @@ impl Change {
         }
     }
 
+    /// `f` of the object as it was before the change and the change's version (see
+    /// [`Change::before_at_change`]), without a copy of the object stamped with that version: a
+    /// watch writes it at the version as it goes.
+    pub fn with_before<R>(&self, f: impl FnOnce(&Value, &str) -> R) -> Option<R> {
+        let rv = self.rv().to_string();
+        match self {
+            Change::Fresh(r) => r.prev.as_ref().map(|p| f(p, &rv)),
+            Change::Compact(c) => c
+                .prev_json
+                .as_ref()
+                .map(|json| f(&Compact::parse(json), &rv)),
+        }
+    }
+
     /// The object as it was before the change, at the change's version: what a watch whose selection
     /// the change took it out of gets as a DELETED event. `None` for a creation (and, once compacted,
     /// for a change that could not take the object out of any selection).
@@ -457,6 +471,23 @@ mod tests {
                     left += 1;
                     let was = a.before_at_change().unwrap();
                     assert_eq!(Some(&was), b.before_at_change().as_ref());
+                    // Written at the version as it goes: the same bytes as the stamped copy.
+                    for c in [a, b] {
+                        let whole = c.with_before(|p, rv| {
+                            let mut out = Vec::new();
+                            crate::sim::store::write_object(&mut out, p, Some(rv));
+                            out
+                        });
+                        assert_eq!(whole, Some(serde_json::to_vec(&was).unwrap()));
+                        let partial = c.with_before(|p, rv| {
+                            let mut out = Vec::new();
+                            crate::sim::store::write_partial_metadata(&mut out, p, Some(rv));
+                            out
+                        });
+                        let mut expected = Vec::new();
+                        crate::sim::store::write_partial_metadata(&mut expected, &was, None);
+                        assert_eq!(partial, Some(expected));
+                    }
                     assert_eq!(was["metadata"]["resourceVersion"], a.rv().to_string());
                 }
             }

@@ -31,7 +31,8 @@ use super::patch::PatchKind;
 use super::registry::{Builtin, ResId, ResourceType};
 use super::selector::{FieldSelector, LabelSelector};
 use super::store::{
-    Entry, EventType, Record, watch_line, write_partial_from, write_partial_metadata,
+    Entry, EventType, Record, stamped, watch_line, write_object, write_partial_from,
+    write_partial_metadata,
 };
 use super::table;
 
@@ -1326,14 +1327,29 @@ impl WatchSpec {
     fn encode_record(&self, ty: &str, r: &Change) -> Bytes {
         if ty == "DELETED"
             && r.kind() == EventType::Modified
-            && let Some(prev) = r.before_at_change()
+            && let Some(line) = r.with_before(|prev, rv| self.encode_at(ty, prev, rv))
         {
-            return self.encode(ty, &prev);
+            return line;
         }
         match self.repr {
             Repr::Metadata => r.event_line(ty, true),
             _ if r.in_version(&self.api_version) => r.event_line(ty, false),
             _ => self.encode(ty, &r.sent_object()),
+        }
+    }
+
+    /// [`WatchSpec::encode`] of `obj` at version `rv`, written so rather than copied and stamped.
+    fn encode_at(&self, ty: &str, obj: &Value, rv: &str) -> Bytes {
+        match self.repr {
+            Repr::Metadata => watch_line(ty, 512, |out| write_partial_metadata(out, obj, Some(rv))),
+            _ if obj.get("apiVersion").and_then(Value::as_str)
+                == Some(self.api_version.as_str()) =>
+            {
+                watch_line(ty, 4096, |out| {
+                    write_object(out, obj, Some(rv));
+                })
+            }
+            _ => self.encode(ty, &stamped(obj, rv)),
         }
     }
 

@@ -585,7 +585,7 @@ pub struct Store {
     /// Per object whose last compacted change is still in the history: that change's version, its
     /// object's JSON (a slice of its line) and what selectors read of it, which the object's next
     /// change shares rather than keeping its own.
-    recent: HashMap<ObjectKey, Recent>,
+    recent: FastMap<ObjectKey, Recent>,
     /// Per resource: the selectable fields besides the name and namespace (what compacted changes
     /// keep for field selectors).
     fields: Vec<Vec<&'static str>>,
@@ -612,12 +612,17 @@ pub struct Store {
     uid_state: u64,
     /// Changes not yet seen by the controllers (drained by the model after each write).
     changes: Vec<Arc<Record>>,
-    uids: HashMap<String, ObjectKey>,
+    uids: FastMap<String, ObjectKey>,
     /// Owner uid → objects whose ownerReferences name it.
-    dependents: HashMap<String, BTreeSet<ObjectKey>>,
+    dependents: FastMap<String, BTreeSet<ObjectKey>>,
     /// Who is told of every object of a kind as it is created ([`Store::tap_created`]).
     taps: Vec<(ResId, CreatedSender)>,
 }
+
+/// A map hashed quickly (foldhash, with a random seed per map): the store and the model look
+/// objects up by key, uid and owner several times per change, and SipHash over a namespace and a
+/// name cost more than the lookup.
+pub type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// The name of an object just created and when it was stored ([`Store::tap_created`]).
 pub type Created = (String, Instant);
@@ -672,7 +677,7 @@ impl Store {
             history: VecDeque::new(),
             fresh_from: 0,
             compact_after: COMPACT_AFTER,
-            recent: HashMap::new(),
+            recent: FastMap::default(),
             fields: Vec::new(),
             last: None,
             history_cap: history_cap.max(1),
@@ -684,8 +689,8 @@ impl Store {
             touched: Vec::new(),
             uid_state: seed,
             changes: Vec::new(),
-            uids: HashMap::new(),
-            dependents: HashMap::new(),
+            uids: FastMap::default(),
+            dependents: FastMap::default(),
             taps: Vec::new(),
         }
     }
