@@ -21,7 +21,7 @@ use serde_json::Value;
 
 use super::selector::{FieldSelector, LabelSelector};
 use super::store::{EventType, ObjectKey, Record, field_text, stamped, watch_line};
-use super::store::{line_object, write_partial_metadata};
+use super::store::{MetaSpan, line_object, write_partial_from};
 
 /// How long a change stays in the history as trees before it is compacted: long enough that every
 /// watch open when it was made has sent it from the shared line (a watch wakes within milliseconds of
@@ -57,6 +57,32 @@ impl Selectable {
         Selectable { labels, fields }
     }
 
+    /// Whether `obj` reads as these values ([`Selectable::of`] would give an equal one), found
+    /// without building them: an object's changes nearly always leave its labels and selectable
+    /// fields as they were, and the history then shares the values of the change before.
+    pub fn describes(&self, obj: &Value, fields: &[&'static str]) -> bool {
+        let labels = obj
+            .get("metadata")
+            .and_then(|m| m.get("labels"))
+            .and_then(Value::as_object);
+        let mut strings = labels
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| Some((k.as_str(), v.as_str()?)));
+        let same_labels = self
+            .labels
+            .iter()
+            .all(|(k, v)| strings.next() == Some((&**k, &**v)))
+            && strings.next().is_none();
+        same_labels
+            && self.fields.len() == fields.len()
+            && self
+                .fields
+                .iter()
+                .zip(fields)
+                .all(|((name, v), f)| name == f && field_is(obj, f, v))
+    }
+
     /// A label's value.
     pub fn label(&self, key: &str) -> Option<&str> {
         self.labels
@@ -90,6 +116,22 @@ impl Selectable {
     }
 }
 
+/// Whether a field reads as `text` to a field selector ([`field_text`] without its copy).
+fn field_is(obj: &Value, field: &str, text: &str) -> bool {
+    let mut cur = obj;
+    for seg in field.split('.') {
+        match cur.get(seg) {
+            Some(v) => cur = v,
+            None => return text.is_empty(),
+        }
+    }
+    match cur {
+        Value::String(s) => s == text,
+        Value::Null => text.is_empty(),
+        other => other.to_string() == text,
+    }
+}
+
 /// A change the history keeps without its trees (see the module's documentation).
 #[derive(Debug)]
 pub struct Compact {
@@ -99,8 +141,10 @@ pub struct Compact {
     pub kind: EventType,
     /// The watch line of the change's own event type, the whole object as every watch sends it.
     pub line: Bytes,
-    /// Its metadata-only line, written again from `line` when a watch asks for it.
+    /// Its metadata-only line, cut from `line` when a watch asks for it.
     metadata_line: OnceLock<Bytes>,
+    /// Where the object's `metadata` lies in `line`.
+    meta: Option<MetaSpan>,
     /// The object's `apiVersion`, when it is one that some watch could be served another in.
     api_version: Option<Box<str>>,
     /// What selectors read of the object after the change, and before it (`None` for a creation).
@@ -130,6 +174,7 @@ impl Compact {
             at: r.at(),
             key: r.key.clone(),
             kind: r.kind,
+            meta: r.line_meta(),
             line,
             metadata_line: OnceLock::new(),
             api_version: r
@@ -153,28 +198,18 @@ impl Compact {
         serde_json::from_slice(json).expect("the history holds JSON the store wrote")
     }
 
-    /// The metadata-only line, written from the text's `metadata` alone: the rest of the object is
-    /// skipped over, not built as a tree (a watch of metadata that lags behind the compaction asks
-    /// this of every change it sends, and parsing whole objects for it was most of its cost).
+    /// The metadata-only line: the line's `metadata` copied between a fixed head and tail (a watch
+    /// of metadata that lags behind the compaction asks this of every change it sends; reading the
+    /// text's `metadata` back into a tree and writing it again was most of its cost, and before that
+    /// parsing whole objects).
     fn own_metadata_line(&self) -> &Bytes {
         self.metadata_line.get_or_init(|| {
-            /// An object of which only `metadata` is read.
-            #[derive(serde::Deserialize)]
-            struct MetadataOf {
-                metadata: Option<serde_json::Map<String, Value>>,
-            }
-            let obj = match serde_json::from_slice::<MetadataOf>(&self.object_json()) {
-                Ok(MetadataOf {
-                    metadata: Some(meta),
-                }) => Value::Object(serde_json::Map::from_iter([(
-                    "metadata".to_string(),
-                    Value::Object(meta),
-                )])),
-                _ => Self::parse(&self.object_json()),
-            };
-            watch_line(self.kind.as_str(), 512, |out| {
-                write_partial_metadata(out, &obj, None)
-            })
+            let meta = self.meta.map(|m| m.of(&self.line));
+            watch_line(
+                self.kind.as_str(),
+                meta.map_or(2, <[u8]>::len) + 80,
+                |out| write_partial_from(out, meta),
+            )
         })
     }
 
@@ -301,6 +336,20 @@ impl Change {
         }
     }
 
+    /// `f` of the object as it was before the change and the change's version (see
+    /// [`Change::before_at_change`]), without a copy of the object stamped with that version: a
+    /// watch writes it at the version as it goes.
+    pub fn with_before<R>(&self, f: impl FnOnce(&Value, &str) -> R) -> Option<R> {
+        let rv = self.rv().to_string();
+        match self {
+            Change::Fresh(r) => r.prev.as_ref().map(|p| f(p, &rv)),
+            Change::Compact(c) => c
+                .prev_json
+                .as_ref()
+                .map(|json| f(&Compact::parse(json), &rv)),
+        }
+    }
+
     /// The object as it was before the change, at the change's version: what a watch whose selection
     /// the change took it out of gets as a DELETED event. `None` for a creation (and, once compacted,
     /// for a change that could not take the object out of any selection).
@@ -422,6 +471,23 @@ mod tests {
                     left += 1;
                     let was = a.before_at_change().unwrap();
                     assert_eq!(Some(&was), b.before_at_change().as_ref());
+                    // Written at the version as it goes: the same bytes as the stamped copy.
+                    for c in [a, b] {
+                        let whole = c.with_before(|p, rv| {
+                            let mut out = Vec::new();
+                            crate::sim::store::write_object(&mut out, p, Some(rv));
+                            out
+                        });
+                        assert_eq!(whole, Some(serde_json::to_vec(&was).unwrap()));
+                        let partial = c.with_before(|p, rv| {
+                            let mut out = Vec::new();
+                            crate::sim::store::write_partial_metadata(&mut out, p, Some(rv));
+                            out
+                        });
+                        let mut expected = Vec::new();
+                        crate::sim::store::write_partial_metadata(&mut expected, &was, None);
+                        assert_eq!(partial, Some(expected));
+                    }
                     assert_eq!(was["metadata"]["resourceVersion"], a.rv().to_string());
                 }
             }
@@ -430,6 +496,34 @@ mod tests {
             left >= 2,
             "changes took the object out of selections: {left}"
         );
+    }
+
+    #[test]
+    fn describes_agrees_with_comparing_what_selectors_read() {
+        let objects = [
+            json!({"metadata": {"labels": {"app": "x", "n": 1}}, "spec": {"nodeName": "a"}}),
+            json!({"metadata": {"labels": {"app": "x"}}, "spec": {"nodeName": "a"}}),
+            json!({"metadata": {"labels": {"app": "x", "b": "y"}}, "spec": {"nodeName": "a"}}),
+            json!({"metadata": {"labels": {"app": "y"}}, "spec": {"nodeName": "a"}}),
+            json!({"metadata": {"labels": {"app": "x"}}, "spec": {"nodeName": null}}),
+            json!({"metadata": {"labels": {"app": "x"}}, "spec": {}}),
+            json!({"metadata": {"labels": {"app": "x"}}, "spec": {"nodeName": 3}}),
+            json!({"metadata": {"labels": {"app": "x"}}, "spec": {"nodeName": "3"}}),
+            json!({"metadata": {}, "status": {"phase": "Running"}}),
+            json!({"metadata": {"labels": null}, "status": {"phase": "Running"}}),
+            json!({}),
+        ];
+        for a in &objects {
+            let sel = Selectable::of(a, FIELDS);
+            for b in &objects {
+                assert_eq!(
+                    sel.describes(b, FIELDS),
+                    sel == Selectable::of(b, FIELDS),
+                    "{a} against {b}"
+                );
+            }
+            assert!(!sel.describes(a, &FIELDS[..1]), "other fields");
+        }
     }
 
     #[test]

@@ -18,8 +18,8 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::api::{
-    DeleteOptions, Deleted, ListOptions, ListPage, Propagation, Subresource, WriteOptions, Written,
-    name_of,
+    DeleteOptions, Deleted, EntryPage, ListOptions, ListPage, Propagation, Subresource,
+    WriteOptions, Written, name_of,
 };
 use super::clock::SimClock;
 use super::cluster::Cluster;
@@ -30,7 +30,10 @@ use super::history::Change;
 use super::patch::PatchKind;
 use super::registry::{Builtin, ResId, ResourceType};
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{EventType, Record, watch_line, write_partial_metadata};
+use super::store::{
+    Entry, EventType, Record, stamped, watch_line, write_object, write_partial_from,
+    write_partial_metadata,
+};
 use super::table;
 
 /// Settings the HTTP layer needs.
@@ -816,6 +819,18 @@ fn resource(
     };
     match (method.as_str(), &p.name) {
         ("GET", Some(name)) => shared.with(|c| {
+            // An object kept as text is sent as that text (not parsed to be written out again).
+            if r != Repr::Table
+                && let Some(entry) = c
+                    .core
+                    .store
+                    .entry(&c.core.key_of(id, &ns, name))
+                    .filter(|e| e.text_metadata().is_some())
+            {
+                let mut out = Vec::new();
+                write_entry(&mut out, entry, &t.api_version(), r == Repr::Metadata);
+                return Ok(respond(200, "application/json", out));
+            }
             let obj = c.core.get(id, &ns, name)?;
             Ok(object_response(
                 200,
@@ -877,6 +892,10 @@ fn list(
     r: Repr,
 ) -> Result<Response, ApiError> {
     let opts = params.list_options(t)?;
+    if r != Repr::Table {
+        let page = shared.with(|c| c.core.list_entries(id, p.namespace.as_deref(), &opts))?;
+        return Ok(entries_response(t, &page, r));
+    }
     let (page, now) = shared.with(|c| {
         c.core
             .list(id, p.namespace.as_deref(), &opts)
@@ -889,6 +908,63 @@ fn list(
         now,
         params.get("includeObject").unwrap_or("Metadata"),
     ))
+}
+
+/// A list (whole objects or their metadata) as the store holds it: an object kept as text is sent
+/// as that text, or its metadata cut from it; a tree is written out.
+fn entries_response(t: &ResourceType, page: &EntryPage, r: Repr) -> Response {
+    let mut out = Vec::with_capacity(256 + page.entries.len() * 1024);
+    let (api_version, kind) = match r {
+        Repr::Metadata => (
+            "meta.k8s.io/v1".to_string(),
+            "PartialObjectMetadataList".to_string(),
+        ),
+        _ => (t.api_version(), t.list_kind.clone()),
+    };
+    let mut meta = json!({"resourceVersion": page.resource_version.to_string()});
+    if let Some(c) = &page.continue_token {
+        meta["continue"] = json!(c);
+    }
+    out.extend_from_slice(b"{\"apiVersion\":");
+    let _ = serde_json::to_writer(&mut out, &api_version);
+    out.extend_from_slice(b",\"kind\":");
+    let _ = serde_json::to_writer(&mut out, &kind);
+    out.extend_from_slice(b",\"metadata\":");
+    let _ = serde_json::to_writer(&mut out, &meta);
+    out.extend_from_slice(b",\"items\":[");
+    let served = t.api_version();
+    for (i, entry) in page.entries.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_entry(&mut out, entry, &served, r == Repr::Metadata);
+    }
+    out.extend_from_slice(b"]}");
+    respond(200, "application/json", out)
+}
+
+/// One stored object as a list item or a watch event's object, in `api_version` (the version the
+/// request was served in), whole or (`metadata`) as its `PartialObjectMetadata`.
+fn write_entry(out: &mut Vec<u8>, entry: &Entry, api_version: &str, metadata: bool) {
+    if metadata {
+        match entry.text_metadata() {
+            Some(meta) => write_partial_from(out, meta),
+            None => write_partial_metadata(out, &entry.object(), None),
+        }
+        return;
+    }
+    if let Some(json) = entry.text_in(api_version) {
+        out.extend_from_slice(json);
+        return;
+    }
+    let obj = entry.object();
+    if obj.get("apiVersion").and_then(Value::as_str) == Some(api_version) {
+        let _ = serde_json::to_writer(out, &*obj);
+    } else {
+        let mut o = (*obj).clone();
+        o["apiVersion"] = json!(api_version);
+        let _ = serde_json::to_writer(out, &o);
+    }
 }
 
 /// The patch kind a PATCH request's content type names; another type is 415 with the four accepted.
@@ -1251,14 +1327,29 @@ impl WatchSpec {
     fn encode_record(&self, ty: &str, r: &Change) -> Bytes {
         if ty == "DELETED"
             && r.kind() == EventType::Modified
-            && let Some(prev) = r.before_at_change()
+            && let Some(line) = r.with_before(|prev, rv| self.encode_at(ty, prev, rv))
         {
-            return self.encode(ty, &prev);
+            return line;
         }
         match self.repr {
             Repr::Metadata => r.event_line(ty, true),
             _ if r.in_version(&self.api_version) => r.event_line(ty, false),
             _ => self.encode(ty, &r.sent_object()),
+        }
+    }
+
+    /// [`WatchSpec::encode`] of `obj` at version `rv`, written so rather than copied and stamped.
+    fn encode_at(&self, ty: &str, obj: &Value, rv: &str) -> Bytes {
+        match self.repr {
+            Repr::Metadata => watch_line(ty, 512, |out| write_partial_metadata(out, obj, Some(rv))),
+            _ if obj.get("apiVersion").and_then(Value::as_str)
+                == Some(self.api_version.as_str()) =>
+            {
+                watch_line(ty, 4096, |out| {
+                    write_object(out, obj, Some(rv));
+                })
+            }
+            _ => self.encode(ty, &stamped(obj, rv)),
         }
     }
 
@@ -1461,7 +1552,7 @@ fn watch_start(
     let mut pending = VecDeque::new();
     if rv_param.is_empty() || rv_param == "0" || send_initial {
         let page = shared.with(|c| {
-            c.core.list(
+            c.core.list_entries(
                 id,
                 spec.namespace.as_deref(),
                 &ListOptions {
@@ -1471,8 +1562,12 @@ fn watch_start(
                 },
             )
         })?;
-        for obj in &page.items {
-            pending.push_back((spec.encode("ADDED", obj), true));
+        let metadata = spec.repr == Repr::Metadata;
+        for entry in &page.entries {
+            let line = watch_line("ADDED", 1024, |out| {
+                write_entry(out, entry, &spec.api_version, metadata)
+            });
+            pending.push_back((line, true));
         }
         if send_initial && spec.bookmarks {
             pending.push_back((spec.bookmark(page.resource_version, true), false));
@@ -1559,6 +1654,69 @@ impl WatchState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sim::api::{Core, WriteOptions};
+
+    fn body(r: Response) -> Vec<u8> {
+        futures::executor::block_on(axum::body::to_bytes(r.into_body(), usize::MAX))
+            .unwrap()
+            .to_vec()
+    }
+
+    /// A list sends an object kept as text as that text (and its metadata cut from it), byte for
+    /// byte what writing the tree gave, for whole objects and metadata, on every page.
+    #[test]
+    fn a_list_sends_kept_objects_as_their_text_exactly_as_it_wrote_their_trees() {
+        let mut c = Core::new(1000, 7, "2026-01-01T00:00:00Z".parse().unwrap());
+        let cms = c.ids.configmaps;
+        for name in ["a", "b", "c"] {
+            let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                            "metadata": {"name": name, "labels": {"app": name}},
+                            "data": {"text": "quote \" and \u{e9}"}});
+            let w = c
+                .create(cms, "default", cm, &WriteOptions::default())
+                .unwrap();
+            c.record_event(&w.object, "Normal", "Made", &format!("made {name}"), "test");
+        }
+        let events = c.ids.events;
+        let page = c
+            .list_entries(events, Some("default"), &ListOptions::default())
+            .unwrap();
+        assert_eq!(page.entries.len(), 3);
+        assert!(
+            page.entries
+                .iter()
+                .all(|e| e.text_in(&c.registry.get(events).api_version()).is_some()),
+            "Events are kept as text"
+        );
+        let now = c.now;
+        for res in [events, cms] {
+            let t = c.registry.get(res);
+            for repr in [Repr::Json, Repr::Metadata] {
+                for limit in [None, Some(2)] {
+                    let mut opts = ListOptions {
+                        limit,
+                        ..ListOptions::default()
+                    };
+                    loop {
+                        let entries = c.list_entries(res, None, &opts).unwrap();
+                        let trees = c.list(res, None, &opts).unwrap();
+                        let text = body(entries_response(&t, &entries, repr));
+                        let written = body(list_response(&t, &trees, repr, now, "Metadata"));
+                        assert_eq!(
+                            String::from_utf8(text).unwrap(),
+                            String::from_utf8(written).unwrap(),
+                            "{} {repr:?} {limit:?}",
+                            t.plural
+                        );
+                        match entries.continue_token {
+                            Some(token) => opts.continue_token = Some(token),
+                            None => break,
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn routes() {

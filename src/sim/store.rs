@@ -84,8 +84,90 @@ pub struct Record {
     /// several watches (a runner's job watch, its metadata watch, the benchmark's observer), and
     /// writing or copying the same object again for each was the simulator's largest cost under load.
     /// The object's JSON alone (a write's answer, an event of another type) is a slice of the line.
-    line: OnceLock<Bytes>,
+    line: OnceLock<Line>,
     metadata_line: OnceLock<Bytes>,
+}
+
+/// A written watch line and where the object's `metadata` lies in it.
+#[derive(Debug)]
+struct Line {
+    bytes: Bytes,
+    meta: Option<MetaSpan>,
+}
+
+/// Where an object's `metadata` value lies in a text holding the object (byte offsets, end
+/// excluded): a metadata-only line or list item is that slice copied between a fixed head and tail,
+/// not the metadata written again from a tree or, once only the text is left, read back from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetaSpan {
+    start: u32,
+    end: u32,
+}
+
+impl MetaSpan {
+    /// The span as found `by` bytes further on (`by` negative: earlier), in a text that starts
+    /// elsewhere.
+    pub fn shifted(self, by: isize) -> Option<MetaSpan> {
+        let at = |x: u32| u32::try_from(isize::try_from(x).ok()? + by).ok();
+        Some(MetaSpan {
+            start: at(self.start)?,
+            end: at(self.end)?,
+        })
+    }
+
+    /// The metadata's JSON in `text` (the text the span was found in).
+    pub fn of<'a>(&self, text: &'a [u8]) -> &'a [u8] {
+        &text[self.start as usize..self.end as usize]
+    }
+}
+
+/// What a `PartialObjectMetadata` holds before its metadata.
+const PARTIAL_HEAD: &[u8] =
+    br#"{"apiVersion":"meta.k8s.io/v1","kind":"PartialObjectMetadata","metadata":"#;
+
+/// A `PartialObjectMetadata` whose metadata is `meta`, the JSON of an object's metadata as written
+/// in its text (`None`: the object has none), byte for byte what [`write_partial_metadata`] writes
+/// from the object itself.
+pub fn write_partial_from(out: &mut Vec<u8>, meta: Option<&[u8]>) {
+    out.extend_from_slice(PARTIAL_HEAD);
+    out.extend_from_slice(meta.unwrap_or(b"{}"));
+    out.push(b'}');
+}
+
+/// Writes `obj` as JSON exactly as `serde_json::to_writer(out, &AtVersion(obj, rv))` does, the
+/// top-level object by hand so as to tell where its `metadata` value lies in `out`.
+pub fn write_object(out: &mut Vec<u8>, obj: &Value, rv: Option<&str>) -> Option<MetaSpan> {
+    let Value::Object(top) = obj else {
+        let _ = serde_json::to_writer(&mut *out, obj);
+        return None;
+    };
+    let mut meta = None;
+    out.push(b'{');
+    for (i, (k, v)) in top.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let _ = serde_json::to_writer(&mut *out, k);
+        out.push(b':');
+        let start = out.len();
+        match (v, rv) {
+            (Value::Object(m), Some(rv)) if k == "metadata" => {
+                let _ = serde_json::to_writer(&mut *out, &MetaAt(m, rv));
+            }
+            _ => {
+                let _ = serde_json::to_writer(&mut *out, v);
+            }
+        }
+        if k == "metadata" {
+            meta = Some((start, out.len()));
+        }
+    }
+    out.push(b'}');
+    let (start, end) = meta?;
+    Some(MetaSpan {
+        start: u32::try_from(start).ok()?,
+        end: u32::try_from(end).ok()?,
+    })
 }
 
 /// What a watch line holds before the object: `{"type":"MODIFIED","object":`.
@@ -116,19 +198,29 @@ const SCRATCH_KEEP: usize = 64 * 1024;
 /// with its change in the history, and a buffer sized by a guess (4 KiB for an object) and handed
 /// over as it was held a few KiB unused per change, more than the line itself for most objects.
 pub fn watch_line(ty: &str, capacity: usize, write: impl FnOnce(&mut Vec<u8>)) -> Bytes {
+    watch_line_with(ty, capacity, write).0
+}
+
+/// [`watch_line`], with what `write` tells of what it wrote (offsets into `out` are offsets into
+/// the line).
+fn watch_line_with<R>(
+    ty: &str,
+    capacity: usize,
+    write: impl FnOnce(&mut Vec<u8>) -> R,
+) -> (Bytes, R) {
     SCRATCH.with_borrow_mut(|out| {
         out.clear();
         out.reserve(capacity + line_head(ty) + LINE_TAIL.len());
         out.extend_from_slice(LINE_HEAD_START);
         out.extend_from_slice(ty.as_bytes());
         out.extend_from_slice(LINE_HEAD_END);
-        write(out);
+        let told = write(out);
         out.extend_from_slice(LINE_TAIL);
         let line = Bytes::copy_from_slice(out);
         if out.capacity() > SCRATCH_KEEP {
             *out = Vec::new();
         }
-        line
+        (line, told)
     })
 }
 
@@ -152,24 +244,41 @@ impl Record {
 
     /// The record as a watch line of its own event type, the whole object or (`metadata`) its
     /// metadata as a `PartialObjectMetadata`, written once for all watches that send it so.
+    ///
+    /// The metadata-only line is cut from the whole one (its `metadata` copied, not written again):
+    /// the whole line is written anyway, for a watch or, at the latest, when the change is compacted.
     fn own_line(&self, metadata: bool) -> &Bytes {
         let ty = self.kind.as_str();
-        if metadata {
-            self.metadata_line.get_or_init(|| {
-                let version = self.version();
-                watch_line(ty, 512, |out| {
-                    write_partial_metadata(out, &self.object, version.as_deref())
-                })
-            })
-        } else {
-            self.line.get_or_init(|| {
-                let version = self.version();
-                watch_line(ty, 4096, |out| {
-                    let _ =
-                        serde_json::to_writer(out, &AtVersion(&self.object, version.as_deref()));
-                })
-            })
+        let line = self.line.get_or_init(|| {
+            let version = self.version();
+            let (bytes, meta) = watch_line_with(ty, 4096, |out| {
+                write_object(out, &self.object, version.as_deref())
+            });
+            Line { bytes, meta }
+        });
+        if !metadata {
+            return &line.bytes;
         }
+        self.metadata_line.get_or_init(|| {
+            let meta = line.meta.map(|m| m.of(&line.bytes));
+            watch_line(
+                ty,
+                meta.map_or(2, <[u8]>::len) + PARTIAL_HEAD.len() + 1,
+                |out| write_partial_from(out, meta),
+            )
+        })
+    }
+
+    /// Where the object's `metadata` lies in its whole watch line, once written.
+    pub fn line_meta(&self) -> Option<MetaSpan> {
+        self.line.get()?.meta
+    }
+
+    /// Where the object's `metadata` lies in its JSON ([`Record::object_json`]), once written.
+    pub fn meta_span(&self) -> Option<MetaSpan> {
+        let line = self.line.get()?;
+        line.meta?
+            .shifted(-isize::try_from(line_head(self.kind.as_str())).ok()?)
     }
 
     /// The object (or its `PartialObjectMetadata`) as JSON: a slice of its watch line, not a copy.
@@ -249,9 +358,7 @@ impl Serialize for MetaAt<'_> {
 /// Writes `obj` as a `PartialObjectMetadata` in JSON (what metadata-only reads and watches get)
 /// straight from its metadata, without copying it, at resourceVersion `rv` when given.
 pub fn write_partial_metadata(out: &mut Vec<u8>, obj: &Value, rv: Option<&str>) {
-    out.extend_from_slice(
-        br#"{"apiVersion":"meta.k8s.io/v1","kind":"PartialObjectMetadata","metadata":"#,
-    );
+    out.extend_from_slice(PARTIAL_HEAD);
     let _ = match (obj.get("metadata"), rv) {
         (Some(Value::Object(meta)), Some(rv)) => {
             serde_json::to_writer(&mut *out, &MetaAt(meta, rv))
@@ -278,6 +385,10 @@ pub enum Entry {
 #[derive(Debug)]
 pub struct Kept {
     json: Bytes,
+    /// Where its `metadata` lies in `json` (lists of metadata cut it from there).
+    meta: Option<MetaSpan>,
+    /// Its `apiVersion` (a list in that version sends `json` as it is).
+    api_version: Option<Box<str>>,
     sel: Arc<Selectable>,
     /// Whether the object carries a `deletionTimestamp` (the garbage collector asks, of every owner
     /// of every object it deletes).
@@ -323,7 +434,7 @@ pub fn field_text(obj: &Value, field: &str) -> String {
 impl Kept {
     /// What it takes on the heap, about.
     fn bytes(&self) -> usize {
-        self.json.len() + self.sel.bytes() + 64
+        self.json.len() + self.sel.bytes() + self.api_version.as_ref().map_or(0, |v| v.len()) + 64
     }
 }
 
@@ -344,6 +455,24 @@ impl Entry {
                 *tree = Arc::downgrade(&t);
                 t
             }
+        }
+    }
+
+    /// A kept object's JSON, when it is stored in `api_version`: what a list or a watch in that
+    /// version sends of it, as it is (not parsed and written again). `None` for a tree.
+    pub fn text_in(&self, api_version: &str) -> Option<&Bytes> {
+        match self {
+            Entry::Kept(k) if k.api_version.as_deref() == Some(api_version) => Some(&k.json),
+            _ => None,
+        }
+    }
+
+    /// A kept object's `metadata` as JSON (`Some(None)` when it has none), cut from its text.
+    /// `None` for a tree.
+    pub fn text_metadata(&self) -> Option<Option<&[u8]>> {
+        match self {
+            Entry::Kept(k) => Some(k.meta.map(|m| m.of(&k.json))),
+            Entry::Tree(_) => None,
         }
     }
 
@@ -456,7 +585,7 @@ pub struct Store {
     /// Per object whose last compacted change is still in the history: that change's version, its
     /// object's JSON (a slice of its line) and what selectors read of it, which the object's next
     /// change shares rather than keeping its own.
-    recent: HashMap<ObjectKey, Recent>,
+    recent: FastMap<ObjectKey, Recent>,
     /// Per resource: the selectable fields besides the name and namespace (what compacted changes
     /// keep for field selectors).
     fields: Vec<Vec<&'static str>>,
@@ -483,12 +612,17 @@ pub struct Store {
     uid_state: u64,
     /// Changes not yet seen by the controllers (drained by the model after each write).
     changes: Vec<Arc<Record>>,
-    uids: HashMap<String, ObjectKey>,
+    uids: FastMap<String, ObjectKey>,
     /// Owner uid → objects whose ownerReferences name it.
-    dependents: HashMap<String, BTreeSet<ObjectKey>>,
+    dependents: FastMap<String, BTreeSet<ObjectKey>>,
     /// Who is told of every object of a kind as it is created ([`Store::tap_created`]).
     taps: Vec<(ResId, CreatedSender)>,
 }
+
+/// A map hashed quickly (foldhash, with a random seed per map): the store and the model look
+/// objects up by key, uid and owner several times per change, and SipHash over a namespace and a
+/// name cost more than the lookup.
+pub type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// The name of an object just created and when it was stored ([`Store::tap_created`]).
 pub type Created = (String, Instant);
@@ -543,7 +677,7 @@ impl Store {
             history: VecDeque::new(),
             fresh_from: 0,
             compact_after: COMPACT_AFTER,
-            recent: HashMap::new(),
+            recent: FastMap::default(),
             fields: Vec::new(),
             last: None,
             history_cap: history_cap.max(1),
@@ -555,8 +689,8 @@ impl Store {
             touched: Vec::new(),
             uid_state: seed,
             changes: Vec::new(),
-            uids: HashMap::new(),
-            dependents: HashMap::new(),
+            uids: FastMap::default(),
+            dependents: FastMap::default(),
             taps: Vec::new(),
         }
     }
@@ -655,7 +789,7 @@ impl Store {
                             sampled += tree_bytes(v);
                         }
                     }
-                    sampled += r.line.get().map_or(0, Bytes::len)
+                    sampled += r.line.get().map_or(0, |l| l.bytes.len())
                         + r.metadata_line.get().map_or(0, Bytes::len)
                         + 128;
                 }
@@ -914,7 +1048,10 @@ impl Store {
             Some(last) if *last.sel == sel => last.sel.clone(),
             _ => Arc::new(sel),
         };
-        let now = share(Selectable::of(&r.object, fields));
+        let now = match &recent {
+            Some(last) if last.sel.describes(&r.object, fields) => last.sel.clone(),
+            _ => share(Selectable::of(&r.object, fields)),
+        };
         let (before, prev_json, prev_own) = match &r.prev {
             None => (None, None, false),
             Some(p) if Arc::ptr_eq(p, &r.object) => (Some(now.clone()), None, false),
@@ -927,6 +1064,7 @@ impl Store {
                     .filter(|last| version == Some(last.rv.to_string().as_str()));
                 let before = match previous {
                     Some(last) => last.sel.clone(),
+                    None if now.describes(p, fields) => now.clone(),
                     None => share(Selectable::of(p, fields)),
                 };
                 if Arc::ptr_eq(&before, &now) || *before == *now {
@@ -1024,8 +1162,14 @@ impl Store {
             && depth(&object) <= MAX_KEPT_DEPTH
         {
             // The text is the one watches send (written once, shared with them).
+            let json = record.object_json(false);
             let kept = Kept {
-                json: record.object_json(false),
+                json,
+                meta: record.meta_span(),
+                api_version: object
+                    .get("apiVersion")
+                    .and_then(Value::as_str)
+                    .map(Into::into),
                 sel: Arc::new(Selectable::of(&object, &rule.fields)),
                 deleting: object.at("/metadata/deletionTimestamp").is_some(),
                 tree: Mutex::new(Arc::downgrade(&object)),
@@ -1300,6 +1444,73 @@ mod tests {
         assert_eq!(sent["metadata"]["resourceVersion"], "1");
         let partial: Value = serde_json::from_slice(&put.object_json(true)).unwrap();
         assert_eq!(partial["metadata"], sent["metadata"]);
+    }
+
+    #[test]
+    fn an_object_is_written_as_serde_json_writes_it_and_its_metadata_is_found_in_it() {
+        let objects = [
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "resourceVersion": "3",
+                   "labels": {"a\"b": "c\\d", "é": "\u{1}"}}, "spec": {"x": [1, 2.5, null, true]},
+                   "status": {}}),
+            json!({"metadata": {"name": "only"}}),
+            json!({"a": 1, "z": {"metadata": "not the top one"}}),
+            json!({"metadata": null, "b": "x"}),
+            json!({}),
+            json!([1, {"metadata": {}}]),
+            json!("text"),
+        ];
+        for obj in &objects {
+            for rv in [None, Some("42")] {
+                let expected = serde_json::to_vec(&AtVersion(obj, rv)).unwrap();
+                let mut out = b"prefix".to_vec();
+                let span = write_object(&mut out, obj, rv);
+                assert_eq!(&out[6..], &expected[..], "{obj} at {rv:?}");
+                let mut partial = Vec::new();
+                write_partial_metadata(&mut partial, obj, rv);
+                let mut cut = Vec::new();
+                write_partial_from(&mut cut, span.map(|m| m.of(&out)));
+                assert_eq!(
+                    String::from_utf8(cut).unwrap(),
+                    String::from_utf8(partial).unwrap(),
+                    "{obj} at {rv:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_metadata_line_is_cut_from_the_whole_line_as_written_from_the_tree() {
+        let mut s = Store::new(100, 1);
+        let key = ObjectKey::new(0, "ns", "o");
+        let mut o = obj("o", "U", &["P"]);
+        o["metadata"]["labels"] = json!({"app": "x"});
+        o["spec"] = json!({"big": "x".repeat(300)});
+        s.put(key.clone(), o.clone());
+        o["status"] = json!({"phase": "Running"});
+        s.put(key.clone(), o);
+        s.remove(&key);
+        let records = s.history_after(0, 0, 10).unwrap();
+        assert_eq!(records.len(), 3);
+        for r in &records {
+            let Change::Fresh(record) = r else {
+                panic!("fresh")
+            };
+            let version = record.version();
+            let mut partial = Vec::new();
+            write_partial_metadata(&mut partial, &record.object, version.as_deref());
+            // Asked for the metadata first: the whole line is written, and the metadata cut from it.
+            let own = r.object_json(true);
+            assert_eq!(
+                String::from_utf8(own.to_vec()).unwrap(),
+                String::from_utf8(partial).unwrap()
+            );
+            let whole = record.object_json(false);
+            let span = record.meta_span().expect("written, with metadata");
+            let sent: Value = serde_json::from_slice(&whole).unwrap();
+            let cut: Value = serde_json::from_slice(span.of(&whole)).unwrap();
+            assert_eq!(cut, sent["metadata"]);
+            assert_eq!(cut["resourceVersion"], r.rv().to_string());
+        }
     }
 
     #[test]

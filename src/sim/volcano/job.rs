@@ -435,7 +435,7 @@ fn write_job_status(
     }
     super::svc::release_when_finished(core, job, &step.phase, &mut status);
     if job.get("status") != Some(&status) {
-        core.update_internal(key, |j| j["status"] = status.clone());
+        core.replace_status(key, status);
     }
 }
 
@@ -469,7 +469,7 @@ fn write_podgroup_status(core: &mut Core, pg_key: &ObjectKey, counts: &Counts, e
         }
     }
     if current != Some(&pg_status) {
-        core.update_internal(pg_key, |pg| pg["status"] = pg_status);
+        core.replace_status(pg_key, pg_status);
     }
 }
 

@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 
 use super::api::{Core, name_of};
 use super::clock::format_time;
-use super::store::{EventType, ObjectKey, Record};
+use super::store::{EventType, FastMap, ObjectKey, Record};
 use nodes::Node;
 
 /// Marks a pod as about to go for a reason that is not its own doing (the `DisruptionTarget` condition
@@ -141,16 +141,16 @@ struct JobMemory {
 pub struct Model {
     pub config: ModelConfig,
     nodes: Vec<Node>,
-    pods: HashMap<ObjectKey, PodRuntime>,
+    pods: FastMap<ObjectKey, PodRuntime>,
     timers: BTreeMap<(Timestamp, u64), Timer>,
     timer_seq: u64,
-    jobs: HashMap<ObjectKey, JobMemory>,
+    jobs: FastMap<ObjectKey, JobMemory>,
     /// Job key → names of its pods.
-    job_pods: HashMap<ObjectKey, BTreeSet<String>>,
+    job_pods: FastMap<ObjectKey, BTreeSet<String>>,
     dirty_jobs: BTreeSet<ObjectKey>,
     /// PodGroups waiting for the scheduler, by arrival order, with their queue.
     pending_groups: BTreeMap<u64, (ObjectKey, String)>,
-    group_order: HashMap<ObjectKey, u64>,
+    group_order: FastMap<ObjectKey, u64>,
     group_seq: u64,
     /// Waiting PodGroups that changed since the last pass (new, or new pods): tried in the next pass
     /// even when capacity did not change.
@@ -161,22 +161,22 @@ pub struct Model {
     scanned_epoch: u64,
     /// Enqueued PodGroups whose pods are not all bound yet, with their queue and minimum resources
     /// (held back from later enqueues).
-    inqueue: HashMap<ObjectKey, (String, super::quantity::Resources)>,
+    inqueue: FastMap<ObjectKey, (String, super::quantity::Resources)>,
     /// Requests of running pods by queue.
-    queue_alloc: HashMap<String, super::quantity::Resources>,
+    queue_alloc: FastMap<String, super::quantity::Resources>,
     /// PodGroups by queue and phase, for queue status.
-    queue_counts: HashMap<String, BTreeMap<&'static str, i64>>,
+    queue_counts: FastMap<String, BTreeMap<&'static str, i64>>,
     bare_pending: BTreeSet<ObjectKey>,
     bare_fresh: BTreeSet<ObjectKey>,
     /// Queues whose status needs a refresh.
     queues_dirty: BTreeSet<String>,
-    queue_signatures: HashMap<String, String>,
+    queue_signatures: FastMap<String, String>,
     /// Jobs with an `sla-waiting-time` ([`sla`]): the waiting time and the job's PodGroup name.
-    sla_jobs: HashMap<ObjectKey, (jiff::SignedDuration, String)>,
+    sla_jobs: FastMap<ObjectKey, (jiff::SignedDuration, String)>,
     /// `bus.volcano.sh` Commands created since the last pass: the controller takes them in the next.
     new_commands: BTreeSet<ObjectKey>,
     /// Actions Commands issued against a job (by the job's key), in order, not executed yet.
-    commands: HashMap<ObjectKey, std::collections::VecDeque<String>>,
+    commands: FastMap<ObjectKey, std::collections::VecDeque<String>>,
     /// What running pods serve on loopback, their scratch directories and exec sessions.
     pub interactive: crate::sim::interactive::Interactive,
 }
@@ -240,28 +240,28 @@ impl Model {
         Model {
             config,
             nodes,
-            pods: HashMap::new(),
+            pods: FastMap::default(),
             timers: BTreeMap::new(),
             timer_seq: 0,
-            jobs: HashMap::new(),
-            job_pods: HashMap::new(),
+            jobs: FastMap::default(),
+            job_pods: FastMap::default(),
             dirty_jobs: BTreeSet::new(),
             pending_groups: BTreeMap::new(),
-            group_order: HashMap::new(),
+            group_order: FastMap::default(),
             group_seq: 0,
             fresh_groups: BTreeSet::new(),
             epoch: 1,
             scanned_epoch: 0,
-            inqueue: HashMap::new(),
-            queue_alloc: HashMap::new(),
-            queue_counts: HashMap::new(),
+            inqueue: FastMap::default(),
+            queue_alloc: FastMap::default(),
+            queue_counts: FastMap::default(),
             bare_pending: BTreeSet::new(),
             bare_fresh: BTreeSet::new(),
             queues_dirty: BTreeSet::new(),
-            queue_signatures: HashMap::new(),
-            sla_jobs: HashMap::new(),
+            queue_signatures: FastMap::default(),
+            sla_jobs: FastMap::default(),
             new_commands: BTreeSet::new(),
-            commands: HashMap::new(),
+            commands: FastMap::default(),
             interactive: Default::default(),
         }
     }
@@ -655,29 +655,24 @@ impl Model {
             let active = c.get("pending").unwrap_or(&0)
                 + c.get("inqueue").unwrap_or(&0)
                 + c.get("running").unwrap_or(&0);
-            let alloc = self.queue_alloc.get(&key.name).cloned().unwrap_or_default();
-            core.update_internal(&key, |q| {
-                let state = q
-                    .at("/status/state")
-                    .and_then(Value::as_str)
-                    .unwrap_or("Open")
-                    .to_string();
-                let state = match state.as_str() {
-                    "Closed" | "Closing" if active > 0 => "Closing",
-                    "Closed" | "Closing" => "Closed",
-                    _ => "Open",
-                };
-                let mut status = json!({"state": state});
-                for (k, v) in &c {
-                    if *v > 0 {
-                        status[*k] = json!(v);
-                    }
+            let Some(q) = core.store.get(&key) else {
+                continue;
+            };
+            let state = match q.at("/status/state").and_then(Value::as_str) {
+                Some("Closed" | "Closing") if active > 0 => "Closing",
+                Some("Closed" | "Closing") => "Closed",
+                _ => "Open",
+            };
+            let mut status = json!({"state": state});
+            for (k, v) in &c {
+                if *v > 0 {
+                    status[*k] = json!(v);
                 }
-                let mut alloc = alloc.clone();
-                alloc.0.remove("pods");
-                status["allocated"] = alloc.to_json();
-                q["status"] = status;
-            });
+            }
+            let mut alloc = self.queue_alloc.get(&key.name).cloned().unwrap_or_default();
+            alloc.0.remove("pods");
+            status["allocated"] = alloc.to_json();
+            core.replace_status(&key, status);
         }
     }
 
