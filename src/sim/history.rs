@@ -128,7 +128,9 @@ fn field_is(obj: &Value, field: &str, text: &str) -> bool {
     match cur {
         Value::String(s) => s == text,
         Value::Null => text.is_empty(),
-        other => other.to_string() == text,
+        // A number's or a boolean's text, as a selector reads it (clippy's `*other == text` would
+        // compare the value with a string, never equal).
+        other => other.to_string().as_str() == text,
     }
 }
 
