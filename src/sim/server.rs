@@ -433,24 +433,13 @@ fn list_response(
         );
     }
     let mut out = Vec::with_capacity(256 + page.items.len() * 1024);
-    let (api_version, kind) = match r {
-        Repr::Metadata => (
-            "meta.k8s.io/v1".to_string(),
-            "PartialObjectMetadataList".to_string(),
-        ),
-        _ => (t.api_version(), t.list_kind.clone()),
-    };
-    let mut meta = json!({"resourceVersion": page.resource_version.to_string()});
-    if let Some(c) = &page.continue_token {
-        meta["continue"] = json!(c);
-    }
-    out.extend_from_slice(b"{\"apiVersion\":");
-    let _ = serde_json::to_writer(&mut out, &api_version);
-    out.extend_from_slice(b",\"kind\":");
-    let _ = serde_json::to_writer(&mut out, &kind);
-    out.extend_from_slice(b",\"metadata\":");
-    let _ = serde_json::to_writer(&mut out, &meta);
-    out.extend_from_slice(b",\"items\":[");
+    list_head(
+        &mut out,
+        t,
+        r,
+        page.resource_version,
+        page.continue_token.as_deref(),
+    );
     for (i, item) in page.items.iter().enumerate() {
         if i > 0 {
             out.push(b',');
@@ -910,10 +899,15 @@ fn list(
     ))
 }
 
-/// A list (whole objects or their metadata) as the store holds it: an object kept as text is sent
-/// as that text, or its metadata cut from it; a tree is written out.
-fn entries_response(t: &ResourceType, page: &EntryPage, r: Repr) -> Response {
-    let mut out = Vec::with_capacity(256 + page.entries.len() * 1024);
+/// A list's text up to its items: its type (a metadata list's own, or the resource's list kind) and
+/// its metadata (version, and where the next page starts).
+fn list_head(
+    out: &mut Vec<u8>,
+    t: &ResourceType,
+    r: Repr,
+    resource_version: u64,
+    continue_token: Option<&str>,
+) {
     let (api_version, kind) = match r {
         Repr::Metadata => (
             "meta.k8s.io/v1".to_string(),
@@ -921,17 +915,30 @@ fn entries_response(t: &ResourceType, page: &EntryPage, r: Repr) -> Response {
         ),
         _ => (t.api_version(), t.list_kind.clone()),
     };
-    let mut meta = json!({"resourceVersion": page.resource_version.to_string()});
-    if let Some(c) = &page.continue_token {
+    let mut meta = json!({"resourceVersion": resource_version.to_string()});
+    if let Some(c) = continue_token {
         meta["continue"] = json!(c);
     }
     out.extend_from_slice(b"{\"apiVersion\":");
-    let _ = serde_json::to_writer(&mut out, &api_version);
+    let _ = serde_json::to_writer(&mut *out, &api_version);
     out.extend_from_slice(b",\"kind\":");
-    let _ = serde_json::to_writer(&mut out, &kind);
+    let _ = serde_json::to_writer(&mut *out, &kind);
     out.extend_from_slice(b",\"metadata\":");
-    let _ = serde_json::to_writer(&mut out, &meta);
+    let _ = serde_json::to_writer(&mut *out, &meta);
     out.extend_from_slice(b",\"items\":[");
+}
+
+/// A list (whole objects or their metadata) as the store holds it: an object kept as text is sent
+/// as that text, or its metadata cut from it; a tree is written out.
+fn entries_response(t: &ResourceType, page: &EntryPage, r: Repr) -> Response {
+    let mut out = Vec::with_capacity(256 + page.entries.len() * 1024);
+    list_head(
+        &mut out,
+        t,
+        r,
+        page.resource_version,
+        page.continue_token.as_deref(),
+    );
     let served = t.api_version();
     for (i, entry) in page.entries.iter().enumerate() {
         if i > 0 {
