@@ -123,6 +123,18 @@ struct View {
     fresh_at: Option<Timestamp>,
 }
 
+impl View {
+    /// The snapshot as it was given: nothing read afresh yet.
+    fn of(snap: &Snapshot) -> Self {
+        View {
+            job: snap.job.clone(),
+            pods: snap.pods.clone(),
+            fresh: false,
+            fresh_at: None,
+        }
+    }
+}
+
 /// What this runner knows besides the job, read once when [`Executor::handle`] begins.
 struct Known {
     queued_confirmed: bool,
@@ -203,12 +215,7 @@ impl Executor {
             Ok(None) => {}
             Err(e) => return Handled::failed(e.into()),
         }
-        let mut view = View {
-            job: snap.job.clone(),
-            pods: snap.pods.clone(),
-            fresh: false,
-            fresh_at: None,
-        };
+        let mut view = View::of(&snap);
         // Ids confirmed during this call: after a conflict the same decision comes again, and its
         // messages (same ids, same content) need not go out twice.
         let mut confirmed: HashSet<String> = HashSet::new();
@@ -216,11 +223,7 @@ impl Executor {
         let mut settled = false;
         let mut settled_as_written = false;
         let job_id = snap.key.job_id().unwrap_or_default().to_owned();
-        let mut known = Known {
-            queued_confirmed: self.confirmed_queued.contains(&job_id),
-            windows: self.maintenance.borrow().clone(),
-            tainted: self.tainted.borrow().clone(),
-        };
+        let mut known = self.known(&job_id);
         // Begun before the first look at the shard, and held until the last write: a shard handed to
         // another runner is released only once this has ended, so the new holder reads what was written.
         let _duty = self.begin_duty(&job_id);
@@ -278,22 +281,9 @@ impl Executor {
                     }
                 };
                 if let Round::Done(next_check) = rounds {
-                    // The step wrote the job and asked for no other: what it wrote is decided now (no
-                    // request, no effect), so that the cache's view of it, once the answer is in,
-                    // counts as decided. Only a decision to wait is taken; any other step is left to
-                    // the decision the written view gets from the loop.
-                    known.queued_confirmed =
-                        known.queued_confirmed || self.confirmed_queued.contains(&job_id);
-                    if wrote(&snap, &view)
-                        && view.job.retries() <= snap.job.retries()
-                        && self.owns(&job_id)
-                        && let Ok(Step::Wait { next_check: then }) =
-                            self.decide(&snap, &view, &known, self.clock.now())
-                    {
-                        settled_as_written = true;
-                        return Ok(earliest(next_check, then));
-                    }
-                    return Ok(next_check);
+                    let as_written = self.settle_as_written(&snap, &view, &mut known, &job_id);
+                    settled_as_written = as_written.is_some();
+                    return Ok(as_written.map_or(next_check, |then| earliest(next_check, then)));
                 }
             }
             Err(HandleError::Unsettled)
@@ -314,6 +304,38 @@ impl Executor {
             done,
             settled,
             settled_as_written,
+        }
+    }
+
+    /// What this runner knows besides the job `job_id`, as of now.
+    fn known(&self, job_id: &str) -> Known {
+        Known {
+            queued_confirmed: self.confirmed_queued.contains(job_id),
+            windows: self.maintenance.borrow().clone(),
+            tainted: self.tainted.borrow().clone(),
+        }
+    }
+
+    /// After a step that wrote the job and asked for no other: the job as written decided now (no
+    /// request, no effect), so that the cache's view of it, once the answer is in, counts as decided.
+    /// Only a decision to wait is taken (`Some`, with when to look again); any other step is left to the
+    /// decision the written view gets from the loop.
+    fn settle_as_written(
+        &self,
+        snap: &Snapshot,
+        view: &View,
+        known: &mut Known,
+        job_id: &str,
+    ) -> Option<Option<Timestamp>> {
+        known.queued_confirmed = known.queued_confirmed || self.confirmed_queued.contains(job_id);
+        if wrote(snap, view)
+            && view.job.retries() <= snap.job.retries()
+            && self.owns(job_id)
+            && let Ok(Step::Wait { next_check }) = self.decide(snap, view, known, self.clock.now())
+        {
+            Some(next_check)
+        } else {
+            None
         }
     }
 
