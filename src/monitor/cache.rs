@@ -1252,6 +1252,16 @@ impl Cache {
         Some(meta.resource_version.as_deref().into())
     }
 
+    /// Whether the object `meta` names is held at `meta`'s version: a watch event that brings nothing
+    /// new (counted as such by the monitor's metrics).
+    pub fn holds_version(&self, kind: Kind, meta: &ObjectMeta) -> bool {
+        self.version_of(
+            kind,
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default(),
+        ) == Some(Rv::from(meta.resource_version.as_deref()))
+    }
+
     /// How many objects of `kind` are held.
     pub fn count(&self, kind: Kind) -> usize {
         match kind {

@@ -1301,7 +1301,7 @@ impl Loop {
     /// A job as the watch or a list shows it, at a version the cache may not hold: stored, and the job
     /// (with the jobs that read it as their peer) decided again.
     fn apply_watched(&mut self, w: WatchedJob) {
-        let news = !self.cache.seen_again(&w.metadata);
+        let news = !self.cache.holds_version(Kind::Jobs, &w.metadata);
         self.watched("jobs", news);
         let key = self.cache.apply_job(w.into_job());
         self.peer_changed(&key);
@@ -1312,11 +1312,7 @@ impl Loop {
         self.estimates_stale = true;
         match event {
             Event::Apply(w) | Event::InitApply(w) => {
-                let news = self.cache.version_of(
-                    Kind::Pods,
-                    w.metadata.namespace.as_deref().unwrap_or_default(),
-                    w.metadata.name.as_deref().unwrap_or_default(),
-                ) != Some(Rv::from(w.metadata.resource_version.as_deref()));
+                let news = !self.cache.holds_version(Kind::Pods, &w.metadata);
                 self.watched("pods", news);
                 let disruption = w.disruption();
                 let attempt = w.attempt();
@@ -1357,11 +1353,7 @@ impl Loop {
         self.estimates_stale = true;
         match event {
             Event::Apply(pg) | Event::InitApply(pg) => {
-                let news = self.cache.version_of(
-                    Kind::Groups,
-                    pg.metadata.namespace.as_deref().unwrap_or_default(),
-                    pg.metadata.name.as_deref().unwrap_or_default(),
-                ) != Some(Rv::from(pg.metadata.resource_version.as_deref()));
+                let news = !self.cache.holds_version(Kind::Groups, &pg.metadata);
                 self.watched("podgroups", news);
                 if let Some(key) = self.cache.apply_group(pg.into_group())
                     && self.cache.job(&key).is_some()
