@@ -1738,6 +1738,16 @@ mod tests {
         j
     }
 
+    /// Job `ns/j-1` as a worker wrote it: at `rv`, recording the lifecycle state `state`.
+    fn written_job(rv: &str, state: &str) -> VolcanoJob {
+        let mut j = job("ns", "j-1", rv);
+        j.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert("lifecycleState".into(), state.into());
+        j
+    }
+
     fn pod(ns: &str, job: &str, name: &str) -> Pod {
         let mut p = Pod::default();
         p.metadata.namespace = Some(ns.into());
@@ -1841,12 +1851,7 @@ mod tests {
     fn a_late_watch_event_does_not_undo_a_workers_write() {
         let mut c = Cache::new();
         let key = c.apply_job(job("ns", "j-1", "5"));
-        let mut written = job("ns", "j-1", "8");
-        written
-            .metadata
-            .annotations
-            .get_or_insert_default()
-            .insert("lifecycleState".into(), "SUCCESS".into());
+        let written = written_job("8", "SUCCESS");
         c.refresh_job(Arc::new(written));
         c.apply_job(job("ns", "j-1", "7"));
         let kept = c.snapshot(&key).unwrap().job;
@@ -1879,12 +1884,7 @@ mod tests {
     fn the_echo_of_a_workers_write_is_seen_again_and_changes_nothing() {
         let mut c = Cache::new();
         let key = c.apply_job(job("ns", "j-1", "5"));
-        let mut written = job("ns", "j-1", "8");
-        written
-            .metadata
-            .annotations
-            .get_or_insert_default()
-            .insert("lifecycleState".into(), "RUNNING".into());
+        let written = written_job("8", "RUNNING");
         assert!(
             c.refresh_job(Arc::new(written.clone())),
             "the answer is kept"
