@@ -228,6 +228,33 @@ fn cpu_seconds(usage: &libc::rusage) -> f64 {
     seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }
 
+/// The CPU this process and the RabbitMQ node on this machine had used at a moment: what a phase
+/// costs them is the difference at its end ([`CpuSince::taken`]).
+pub struct CpuSince {
+    own: f64,
+    broker: Option<f64>,
+}
+
+impl CpuSince {
+    pub fn now() -> Self {
+        Self {
+            own: own_cpu_seconds(),
+            broker: broker_cpu_seconds(),
+        }
+    }
+
+    /// This process's CPU seconds since, and the broker's: `None` when it does not run here, and when
+    /// it restarted meanwhile (it counts from zero again: no figure rather than a wrong one).
+    pub fn taken(&self) -> (f64, Option<f64>) {
+        let own = own_cpu_seconds() - self.own;
+        let broker = self
+            .broker
+            .zip(broker_cpu_seconds())
+            .and_then(|(before, after)| (after >= before).then_some(after - before));
+        (own, broker)
+    }
+}
+
 /// CPU seconds (user + system) this process has used so far.
 pub fn own_cpu_seconds() -> f64 {
     // SAFETY: an all-zero rusage is a valid value of the plain C struct.

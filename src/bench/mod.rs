@@ -334,21 +334,12 @@ async fn phase_on(
     );
 
     let spec = runner_spec(options, config, sim, monitor);
-    let cpu_before = fleet::own_cpu_seconds();
-    let broker_cpu_before = fleet::broker_cpu_seconds();
+    let cpu = fleet::CpuSince::now();
     // Dropping the fleet on an error below kills the runners.
     let mut fleet = Fleet::start(&spec, &format!("bench-{prefix}"), runners)?;
     wait_for_consumers(&connection, config, runners, &mut fleet, options).await?;
     // Stopped with the phase (dropped at any return).
-    let _soak = options.soak_every.map(|every| {
-        let seen = soak::Seen {
-            queued: queued.clone(),
-            ended: ended.clone(),
-            deliveries: observers.deliveries.clone(),
-            store: Some(std::sync::Arc::new(sim.footprint_reader())),
-        };
-        soak::Reporter::start(every, fleet.runners(), seen)
-    });
+    let _soak = soak_reporter(options, &observers, sim, &fleet);
 
     // The API requests of the phase: from when every runner consumes until the last job is done.
     let requests_before = sim.request_counts();
@@ -378,11 +369,7 @@ async fn phase_on(
     let per_runner = fleet
         .stop(config.runner.shutdown_grace + Duration::from_secs(10))
         .await;
-    let harness_cpu_s = fleet::own_cpu_seconds() - cpu_before;
-    // A broker that restarted during the phase counts from zero again: no figure rather than a wrong one.
-    let broker_cpu_s = broker_cpu_before
-        .zip(fleet::broker_cpu_seconds())
-        .and_then(|(before, after)| (after >= before).then_some(after - before));
+    let (harness_cpu_s, broker_cpu_s) = cpu.taken();
     // Late duplicates (a republication) would arrive within moments of the last end.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (events_delivered, duplicate_deliveries) = observers.deliveries.counts();
@@ -392,57 +379,43 @@ async fn phase_on(
     }
     drop(observers);
 
-    let Timings {
-        mut to_created,
-        mut to_queued,
-        mut completions,
-        mut ends,
-    } = Timings::of(&published_at, publish_started, &created, &queued, &ended);
+    let timings = Timings::of(&published_at, publish_started, &created, &queued, &ended);
     let _ = connection.close(200, "done".into()).await;
-    let api_requests: u64 = api_requests_by_kind.values().sum();
-    let jobs = if monitor {
-        ended.len()
-    } else {
-        to_queued.len()
-    };
-    let runner_cpu_s: f64 = per_runner.iter().map(|r| r.cpu_s).sum();
-    let monitoring_overlap = if monitor {
-        stats::monitoring_overlap(&mut completions.clone(), &ends)
-    } else {
-        None
-    };
-    Ok(Phase {
+    Ok(Measured {
         runners,
         monitor,
         target_rate,
         published,
+        publish_rate,
+        complete,
         ended: ended.len(),
         events_delivered,
         duplicate_deliveries,
-        duplicates_per_1000_jobs: (published > 0)
-            .then(|| duplicate_deliveries as f64 * 1000.0 / published as f64),
-        api_requests_per_job: (jobs > 0).then(|| api_requests as f64 / jobs as f64),
-        runner_cpu_ms_per_job: (jobs > 0).then(|| runner_cpu_s * 1000.0 / jobs as f64),
-        monitoring_overlap,
-        api_requests_per_s: Some(api_requests as f64 / api_elapsed.as_secs_f64().max(1e-3)),
-        ratio_to_api_limit: None,
         api_requests_by_kind,
-        created: to_created.len(),
-        queued: to_queued.len(),
-        complete,
-        publish_rate,
-        sustained_jobs_per_s: sustained_rate(&mut completions),
-        ended_jobs_per_s: if monitor {
-            sustained_rate(&mut ends)
-        } else {
-            None
-        },
-        ratio_to_smaller_limit: None,
-        publish_to_created: Latency::of(&mut to_created),
-        publish_to_queued: Latency::of(&mut to_queued),
+        api_elapsed,
+        timings,
         per_runner,
         harness_cpu_s,
         broker_cpu_s,
+    }
+    .phase())
+}
+
+/// The phase's soak reporter, when `--soak-every` asks for one: it stops when dropped.
+fn soak_reporter(
+    options: &Options,
+    observers: &observe::Observers,
+    sim: &SimHandle,
+    fleet: &Fleet,
+) -> Option<soak::Reporter> {
+    options.soak_every.map(|every| {
+        let seen = soak::Seen {
+            queued: observers.queued.clone(),
+            ended: observers.ended.clone(),
+            deliveries: observers.deliveries.clone(),
+            store: Some(std::sync::Arc::new(sim.footprint_reader())),
+        };
+        soak::Reporter::start(every, fleet.runners(), seen)
     })
 }
 
@@ -510,6 +483,91 @@ impl Timings {
             }
         }
         t
+    }
+}
+
+/// What a phase measured, as it measured it; [`Measured::phase`] works its figures out.
+struct Measured {
+    runners: usize,
+    monitor: bool,
+    target_rate: Option<f64>,
+    published: usize,
+    /// The publisher's own rate (confirmed submissions per second).
+    publish_rate: f64,
+    /// Whether every submission was QUEUED (and, with the monitoring duty, ended) in time.
+    complete: bool,
+    /// Jobs whose terminal event arrived.
+    ended: usize,
+    events_delivered: usize,
+    duplicate_deliveries: usize,
+    /// The runners' API requests by `<verb> <resource>`.
+    api_requests_by_kind: std::collections::BTreeMap<String, u64>,
+    /// What those requests were made in: from when every runner consumed until the last job was done.
+    api_elapsed: Duration,
+    timings: Timings,
+    per_runner: Vec<report::RunnerUsage>,
+    harness_cpu_s: f64,
+    broker_cpu_s: Option<f64>,
+}
+
+impl Measured {
+    /// The phase's figures (per job QUEUED, or ended with the monitoring duty; rates; latencies): a
+    /// function of what was measured alone, apart from the I/O that measured it.
+    fn phase(self) -> Phase {
+        let Timings {
+            mut to_created,
+            mut to_queued,
+            mut completions,
+            mut ends,
+        } = self.timings;
+        let api_requests: u64 = self.api_requests_by_kind.values().sum();
+        let jobs = if self.monitor {
+            self.ended
+        } else {
+            to_queued.len()
+        };
+        let runner_cpu_s: f64 = self.per_runner.iter().map(|r| r.cpu_s).sum();
+        let monitoring_overlap = if self.monitor {
+            stats::monitoring_overlap(&mut completions.clone(), &ends)
+        } else {
+            None
+        };
+        let published = self.published;
+        Phase {
+            runners: self.runners,
+            monitor: self.monitor,
+            target_rate: self.target_rate,
+            published,
+            ended: self.ended,
+            events_delivered: self.events_delivered,
+            duplicate_deliveries: self.duplicate_deliveries,
+            duplicates_per_1000_jobs: (published > 0)
+                .then(|| self.duplicate_deliveries as f64 * 1000.0 / published as f64),
+            api_requests_per_job: (jobs > 0).then(|| api_requests as f64 / jobs as f64),
+            runner_cpu_ms_per_job: (jobs > 0).then(|| runner_cpu_s * 1000.0 / jobs as f64),
+            monitoring_overlap,
+            api_requests_per_s: Some(
+                api_requests as f64 / self.api_elapsed.as_secs_f64().max(1e-3),
+            ),
+            ratio_to_api_limit: None,
+            api_requests_by_kind: self.api_requests_by_kind,
+            created: to_created.len(),
+            queued: to_queued.len(),
+            complete: self.complete,
+            publish_rate: self.publish_rate,
+            sustained_jobs_per_s: sustained_rate(&mut completions),
+            ended_jobs_per_s: if self.monitor {
+                sustained_rate(&mut ends)
+            } else {
+                None
+            },
+            ratio_to_smaller_limit: None,
+            publish_to_created: Latency::of(&mut to_created),
+            publish_to_queued: Latency::of(&mut to_queued),
+            per_runner: self.per_runner,
+            harness_cpu_s: self.harness_cpu_s,
+            broker_cpu_s: self.broker_cpu_s,
+        }
     }
 }
 
@@ -931,6 +989,68 @@ mod tests {
         assert_eq!(
             limits.broker.submit_queue,
             "volcano-runner-bench.b1lim.submit"
+        );
+    }
+
+    /// A phase's figures are per job QUEUED without the monitoring duty and per job ended with it
+    /// (the job's whole life), and absent (not zero) when no job counts.
+    #[test]
+    fn a_phases_figures_are_per_job_queued_or_per_job_ended() {
+        let ms = |n: u64| Duration::from_millis(n);
+        let measured = |monitor: bool, queued: u64, ended: u64| Measured {
+            runners: 1,
+            monitor,
+            target_rate: None,
+            published: 10,
+            publish_rate: 100.0,
+            complete: true,
+            ended: ended as usize,
+            events_delivered: 12,
+            duplicate_deliveries: 2,
+            api_requests_by_kind: std::collections::BTreeMap::from([
+                ("create jobs.batch.volcano.sh".to_owned(), 30),
+                ("patch jobs.batch.volcano.sh".to_owned(), 10),
+            ]),
+            api_elapsed: Duration::from_secs(4),
+            timings: Timings {
+                to_created: (1..=queued).map(|i| ms(i * 5)).collect(),
+                to_queued: (1..=queued).map(|i| ms(i * 10)).collect(),
+                completions: (1..=queued).map(|i| ms(i * 100)).collect(),
+                ends: (1..=ended).map(|i| ms(1000 + i * 100)).collect(),
+            },
+            per_runner: vec![report::RunnerUsage {
+                id: "r".into(),
+                cpu_s: 2.0,
+                peak_rss_mib: 40.0,
+                exit_ok: true,
+            }],
+            harness_cpu_s: 1.0,
+            broker_cpu_s: None,
+        };
+        let off = measured(false, 10, 0).phase();
+        assert_eq!(off.api_requests_per_job, Some(40.0 / 10.0));
+        assert_eq!(off.runner_cpu_ms_per_job, Some(2000.0 / 10.0));
+        assert_eq!(off.duplicates_per_1000_jobs, Some(2000.0 / 10.0));
+        assert_eq!(off.api_requests_per_s, Some(40.0 / 4.0));
+        assert_eq!((off.created, off.queued, off.ended), (10, 10, 0));
+        assert_eq!((off.monitoring_overlap, off.ended_jobs_per_s), (None, None));
+        assert_eq!(off.publish_to_queued.map(|l| l.count), Some(10));
+        let on = measured(true, 10, 5).phase();
+        assert_eq!(on.api_requests_per_job, Some(40.0 / 5.0));
+        assert_eq!(on.runner_cpu_ms_per_job, Some(2000.0 / 5.0));
+        assert_eq!(
+            on.monitoring_overlap,
+            Some(0.0),
+            "no job ended in the QUEUED window"
+        );
+        assert!(on.ended_jobs_per_s.is_some());
+        let none_ended = measured(true, 10, 0).phase();
+        assert_eq!(
+            (
+                none_ended.api_requests_per_job,
+                none_ended.runner_cpu_ms_per_job
+            ),
+            (None, None)
         );
     }
 

@@ -66,49 +66,22 @@ pub struct Step {
     pub metadata: ObjectMeta,
     /// Every other field of the object, as the text of one JSON object (`{"spec":…}`).
     fields: Box<str>,
-    /// Where in `fields` the metadata goes when the object is sent: 1 (first, after the brace), or just
-    /// after the field the object's type writes before it (k8s-openapi writes the fields of most
-    /// types in alphabetical order, `metadata` among them: a ConfigMap's after its `data`).
+    /// Where in `fields` the metadata goes when the object is sent: where the object's serialisation
+    /// writes it, just after the field written before it (1: first, after the brace). k8s-openapi writes
+    /// the fields of most types in alphabetical order, `metadata` among them (a ConfigMap's after its
+    /// `data`); a [`DynamicObject`] writes it first.
     metadata_at: usize,
     /// How to create it.
     pub role: Role,
 }
 
 impl Step {
-    /// A step from an untyped object. `apiVersion` and `kind` are filled in from `resource` when missing.
-    pub fn new(
-        resource: ApiResource,
-        object: DynamicObject,
-        role: Role,
-    ) -> Result<Self, PlanError> {
-        let types = object.types.unwrap_or_else(|| TypeMeta {
-            api_version: resource.api_version.clone(),
-            kind: resource.kind.clone(),
-        });
-        let fields = match object.data {
-            serde_json::Value::Null => "{}".to_owned(),
-            data @ serde_json::Value::Object(_) => serde_json::to_string(&data)
-                .map_err(|e| PlanError(format!("{}: {e}", resource.kind)))?,
-            other => {
-                return Err(PlanError(format!(
-                    "not a Kubernetes object: its fields are {other}, not a JSON object"
-                )));
-            }
-        };
-        Ok(Self {
-            resource,
-            types,
-            metadata: object.metadata,
-            fields: fields.into_boxed_str(),
-            metadata_at: 1,
-            role,
-        })
-    }
-
     /// A step from JSON with `apiVersion`, `kind` and `metadata`. The plural is derived from the kind
-    /// (`Job` → `jobs`, `NetworkPolicy` → `networkpolicies`).
+    /// (`Job` → `jobs`, `NetworkPolicy` → `networkpolicies`). Made as [`Step::from_typed`] makes one, of
+    /// the JSON taken as a [`DynamicObject`] (the metadata first, then the other fields in the order
+    /// the JSON object keeps them).
     pub fn from_value(value: serde_json::Value, role: Role) -> Result<Self, PlanError> {
-        let object = dynamic_object(value)?;
+        let mut object = dynamic_object(value)?;
         let types = object
             .types
             .clone()
@@ -118,7 +91,9 @@ impl Step {
             None => ("", types.api_version.as_str()),
         };
         let gvk = GroupVersionKind::gvk(group, version, &types.kind);
-        Self::new(ApiResource::from_gvk(&gvk), object, role)
+        // The metadata is held typed, not written: it is moved out, not cloned.
+        let metadata = std::mem::take(&mut object.metadata);
+        Self::written(ApiResource::from_gvk(&gvk), types, metadata, &object, role)
     }
 
     /// A step from a typed object (k8s-openapi types, or the Volcano mirror types): the submit path's
@@ -132,15 +107,29 @@ impl Step {
         K: Resource<DynamicType = ()> + Serialize,
     {
         let resource = ApiResource::erase::<K>(&());
+        let types = TypeMeta {
+            api_version: resource.api_version.clone(),
+            kind: resource.kind.clone(),
+        };
+        Self::written(resource, types, object.meta().clone(), object, role)
+    }
+
+    /// The one way a step is made: `object`'s top-level fields but its types and metadata, written as
+    /// its serialisation writes them, with where its metadata came (see [`Step::metadata_at`]), so that
+    /// what is sent is the object as serde_json writes it.
+    fn written(
+        resource: ApiResource,
+        types: TypeMeta,
+        metadata: ObjectMeta,
+        object: &impl Serialize,
+        role: Role,
+    ) -> Result<Self, PlanError> {
         let (fields, metadata_at) = top_level_fields(object)
             .map_err(|e| PlanError(format!("{} does not serialise: {e}", resource.kind)))?;
         Ok(Self {
-            types: TypeMeta {
-                api_version: resource.api_version.clone(),
-                kind: resource.kind.clone(),
-            },
-            metadata: object.meta().clone(),
             resource,
+            types,
+            metadata,
             fields: fields.into_boxed_str(),
             metadata_at,
             role,
@@ -1325,6 +1314,18 @@ mod tests {
         assert_eq!(
             std::str::from_utf8(&bare.body(None).unwrap()).unwrap(),
             r#"{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"a"}}"#
+        );
+        // The metadata comes first, after `apiVersion` and `kind`, whatever the other fields are
+        // called (a JSON object keeps them sorted: `data` would come before `metadata`).
+        let cm = Step::from_value(
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"k": "v"},
+                   "metadata": {"name": "a", "namespace": "b"}, "immutable": true}),
+            Role::Companion,
+        )
+        .unwrap();
+        assert_eq!(
+            std::str::from_utf8(&cm.body(None).unwrap()).unwrap(),
+            r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a","namespace":"b"},"data":{"k":"v"},"immutable":true}"#
         );
     }
 

@@ -569,6 +569,23 @@ pub struct Cache {
     reserving_now: Vec<GroupKey>,
     /// The gangs whose estimate was held back while their nodes were being reserved (once each).
     held_for_reservation: FastSet<GroupKey>,
+    /// The last watch event of each job a worker had in hand when it came (see
+    /// [`Cache::take_watched`]), kept aside until the worker's answer is in ([`Cache::release_held`]).
+    held: FastMap<JobKey, WatchedJob>,
+}
+
+/// What became of a job's watch event (see [`Cache::take_watched`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Intake {
+    /// The job at the version held already (the echo of a worker's write, see [`Cache::seen_again`]):
+    /// nothing new, nothing to decide.
+    Echo,
+    /// Kept aside: the job's worker may be writing it, and the event may be the echo of that write,
+    /// which only the worker's answer can tell.
+    Held,
+    /// Stored (unless older than the job held, see [`Cache::apply_job`]); `news`: its version was not
+    /// the one held. The job, and the jobs that read it as their peer, are decided again.
+    Stored { key: JobKey, news: bool },
 }
 
 /// For [`super::reserve::plan`], from the last replay: the job ids of the waiting gangs that reserve
@@ -819,14 +836,57 @@ impl Cache {
         }
     }
 
-    /// A fresh list of `kind` starts: what it does not contain is dropped at [`Cache::init_done`].
+    /// A fresh list of `kind` starts: what it does not contain is dropped at [`Cache::init_done`]. A job
+    /// event held from before (see [`Cache::take_watched`]) may be of a job the list no longer has, and
+    /// the list brings every job as it is now: it is dropped.
     pub fn init_start(&mut self, kind: Kind) {
         self.epochs[slot(kind)] += 1;
+        if kind == Kind::Jobs {
+            self.held.clear();
+        }
     }
 
-    /// A job from the watch or a list. Returns its key.
+    /// A job as its watch brings it. The echo of a worker's write whose answer is held already is
+    /// nothing new ([`Intake::Echo`]). While `in_hand` says a worker has the job, the event is kept
+    /// aside until [`Cache::release_held`] ([`Intake::Held`], the last one: each holds the whole job):
+    /// it may be the echo of the write that worker is making, known for one only once its answer is in,
+    /// and stored before that it would have the job decided again for nothing. Otherwise it is stored
+    /// as [`Cache::apply_job`] stores it.
+    pub fn take_watched(&mut self, w: WatchedJob, in_hand: impl FnOnce(&JobKey) -> bool) -> Intake {
+        if self.seen_again(&w.metadata) {
+            return Intake::Echo;
+        }
+        let key = JobKey::of(&w.metadata);
+        if in_hand(&key) {
+            self.held.insert(key, w);
+            return Intake::Held;
+        }
+        self.take_listed(w)
+    }
+
+    /// A job as a list shows it (or a watch event not held): stored as [`Cache::apply_job`] stores it.
+    pub fn take_listed(&mut self, w: WatchedJob) -> Intake {
+        let news = !self.holds_version(Kind::Jobs, &w.metadata);
+        let key = self.apply_job(w.into_job());
+        Intake::Stored { key, news }
+    }
+
+    /// The worker that had `key` in hand is done, its answer kept ([`Cache::refresh_job`]): the event
+    /// held meanwhile, if any, is taken in now, an echo of that answer as such.
+    pub fn release_held(&mut self, key: &JobKey) -> Option<Intake> {
+        let w = self.held.remove(key)?;
+        Some(if self.seen_again(&w.metadata) {
+            Intake::Echo
+        } else {
+            self.take_listed(w)
+        })
+    }
+
+    /// A job from the watch or a list. Returns its key. What was held of it (see
+    /// [`Cache::take_watched`]) is older, and dropped.
     pub fn apply_job(&mut self, mut job: VolcanoJob) -> JobKey {
         let key = JobKey::of(&job.metadata);
+        self.held.remove(&key);
         let epoch = self.epochs[0];
         // A watch event older than what a worker wrote (an update the watch delivers after the answer
         // to our own patch) does not replace it: the job would be decided again on annotations that no
@@ -972,6 +1032,8 @@ impl Cache {
     /// would drop them. Pods not finished stay until their own deletion (a job deleted and created
     /// again under its name may already have new ones).
     pub fn remove_job(&mut self, key: &JobKey) -> Option<(Arc<VolcanoJob>, Arc<Vec<Pod>>)> {
+        // An event held for it came before its deletion.
+        self.held.remove(key);
         let job = self.jobs.remove(key)?.value;
         self.index_peers(key, &job, false);
         self.redigest(Kind::Jobs, key, Some(rv_of(&job.metadata)), None);
@@ -1227,21 +1289,32 @@ impl Cache {
             .collect()
     }
 
-    /// The cached version of one object of `kind` (pods and PodGroups by their own namespace and name),
-    /// as a list of that kind would have it: a finished pod, which no pod list has, reads as not held.
+    /// The latest version of one object of `kind` the watches have brought (pods and PodGroups by their
+    /// own namespace and name), as a list of that kind would have it: a finished pod, which no pod list
+    /// has, reads as not held, and a job's event held while its worker runs (see
+    /// [`Cache::take_watched`]) counts when it is the later one: it was not missed.
     pub fn version(&self, kind: Kind, key: &JobKey) -> Option<Rv> {
-        if kind == Kind::Pods {
-            let parts: &dyn KeyParts = &(&*key.namespace, &*key.name);
-            return self
-                .pod_index
-                .get(parts)
-                .filter(|(_, _, _, finished)| !finished)
-                .map(|(_, _, rv, _)| *rv);
+        match kind {
+            Kind::Pods => {
+                let parts: &dyn KeyParts = &(&*key.namespace, &*key.name);
+                self.pod_index
+                    .get(parts)
+                    .filter(|(_, _, _, finished)| !finished)
+                    .map(|(_, _, rv, _)| *rv)
+            }
+            Kind::Jobs => {
+                let stored = self.version_of(kind, &key.namespace, &key.name);
+                match self.held.get(key).map(|w| rv_of(&w.metadata)) {
+                    Some(held) if stored.is_none_or(|s| held.later_than(s)) => Some(held),
+                    _ => stored,
+                }
+            }
+            Kind::Groups => self.version_of(kind, &key.namespace, &key.name),
         }
-        self.version_of(kind, &key.namespace, &key.name)
     }
 
-    /// [`Cache::version`] by borrowed namespace and name.
+    /// The version of one object of `kind` stored (not a job's event held, see [`Cache::version`]), by
+    /// borrowed namespace and name.
     pub fn version_of(&self, kind: Kind, namespace: &str, name: &str) -> Option<Rv> {
         let key: &dyn KeyParts = &(namespace, name);
         let meta = match kind {
@@ -1905,6 +1978,60 @@ mod tests {
         assert!(!c.seen_again(&job("ns", "j-2", "8").metadata));
         c.apply_job(job("ns", "j-1", "9"));
         assert_ne!(c.fingerprint(&key), Some(decided));
+    }
+
+    /// A job's watch event that comes while a worker has the job in hand waits for the worker's
+    /// answer: the echo of its write is then known for one (neither stored nor decided again), anything
+    /// else is stored. Meanwhile the reconciliation counts it as seen, not missed; a deletion or a fresh
+    /// list drops it.
+    #[test]
+    fn an_event_for_a_job_in_hand_waits_for_the_workers_answer() {
+        let watched = |rv: &str| WatchedJob {
+            metadata: written_job(rv, "RUNNING").metadata,
+            ..WatchedJob::default()
+        };
+        let rv = |v: &str| Some(Rv::parse(v));
+        let mut c = Cache::new();
+        let key = c.apply_job(job("ns", "j-1", "5"));
+        let decided = c.fingerprint(&key);
+        // The echo of the worker's write comes before its answer.
+        assert_eq!(c.take_watched(watched("8"), |_| true), Intake::Held);
+        assert_eq!(c.fingerprint(&key), decided, "nothing to decide yet");
+        assert_eq!(c.version_of(Kind::Jobs, "ns", "j-1"), rv("5"));
+        assert_eq!(c.version(Kind::Jobs, &key), rv("8"), "seen, not missed");
+        assert!(c.refresh_job(Arc::new(written_job("8", "RUNNING"))));
+        let written = c.fingerprint(&key);
+        assert_eq!(c.release_held(&key), Some(Intake::Echo));
+        assert_eq!(c.fingerprint(&key), written, "the echo changes nothing");
+        assert_eq!(c.release_held(&key), None, "released once");
+        // Someone else's change while the worker runs is stored once the answer is in.
+        assert_eq!(c.take_watched(watched("9"), |_| true), Intake::Held);
+        assert!(!c.refresh_job(Arc::new(written_job("8", "RUNNING"))));
+        let stored = Intake::Stored {
+            key: key.clone(),
+            news: true,
+        };
+        assert_eq!(c.release_held(&key), Some(stored.clone()));
+        assert_eq!(c.version_of(Kind::Jobs, "ns", "j-1"), rv("9"));
+        assert_ne!(c.fingerprint(&key), written);
+        // A job not in hand: its echo is nothing new, another version is stored at once.
+        assert_eq!(c.take_watched(watched("9"), |_| false), Intake::Echo);
+        let mut in_hand = Vec::new();
+        let stored_at_once = c.take_watched(watched("10"), |k| {
+            in_hand.push(k.clone());
+            false
+        });
+        assert_eq!((stored_at_once, in_hand), (stored, vec![key.clone()]));
+        // An event held older than the job stored does not hide the newer version.
+        assert_eq!(c.take_watched(watched("7"), |_| true), Intake::Held);
+        assert_eq!(c.version(Kind::Jobs, &key), rv("10"));
+        // A fresh list, and a deletion, drop what is held.
+        c.init_start(Kind::Jobs);
+        assert_eq!(c.release_held(&key), None);
+        assert_eq!(c.take_watched(watched("11"), |_| true), Intake::Held);
+        assert!(c.remove_job(&key).is_some());
+        assert_eq!(c.version(Kind::Jobs, &key), None);
+        assert_eq!(c.release_held(&key), None);
     }
 
     #[test]

@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::cache::{
-    Cache, FastMap, FastSet, Fingerprint, JobKey, Kind, Rv, Snapshot, WatchedGroup, WatchedJob,
+    Cache, FastMap, FastSet, Fingerprint, Intake, JobKey, Kind, Snapshot, WatchedGroup, WatchedJob,
     WatchedNode, WatchedPod, is_newer,
 };
 use super::clock::{Clock, SystemClock};
@@ -194,8 +194,6 @@ struct Loop {
     taints_retry_at: Option<jiff::Timestamp>,
     /// Where the watch events and decisions are counted (what monitoring costs per job).
     metrics: Option<crate::ops::Metrics>,
-    /// The last job event of each job whose worker runs, looked at when it is done (see `on_job`).
-    held_events: FastMap<JobKey, WatchedJob>,
 }
 
 /// How long after the node patch was refused the maintenance taints are tried again: a refusal during
@@ -828,7 +826,6 @@ impl Loop {
             taints_refused_seen: false,
             taints_retry_at: None,
             metrics: None,
-            held_events: FastMap::default(),
             exec,
         };
         state.begin_pass(&ALL_KINDS);
@@ -1050,18 +1047,7 @@ impl Loop {
         let suspects = std::mem::take(&mut self.suspects);
         let mut kinds = Vec::new();
         for (kind, suspect) in &suspects {
-            // A job event held while its worker runs (see `on_job`) was not missed.
-            let held = match kind {
-                Kind::Jobs => self
-                    .held_events
-                    .get(&suspect.key)
-                    .map(|w| Rv::from(w.metadata.resource_version.as_deref())),
-                _ => None,
-            };
-            if kinds.contains(kind)
-                || suspect.resolved(self.cache.version(*kind, &suspect.key))
-                || held.is_some_and(|rv| suspect.resolved(Some(rv)))
-            {
+            if kinds.contains(kind) || suspect.resolved(self.cache.version(*kind, &suspect.key)) {
                 continue;
             }
             tracing::warn!(
@@ -1239,27 +1225,19 @@ impl Loop {
     fn on_job(&mut self, event: Event<WatchedJob>) {
         self.estimates_stale = true;
         match event {
-            // The echo of a worker's write, whose answer is in the cache already: its job was looked
-            // after when the answer came (see `finished`), so it is neither stored nor decided again.
-            Event::Apply(w) if self.cache.seen_again(&w.metadata) => self.watched("jobs", false),
+            // The echo of a worker's write, whose answer is in the cache already (its job was looked
+            // after when the answer came, see `finished`), is neither stored nor decided again; an
+            // event for a job whose worker runs waits in the cache for its answer.
             Event::Apply(w) => {
-                let key = JobKey::of(&w.metadata);
-                if self.busy.contains(&key) {
-                    // Its worker may be writing it: the event is looked at once the answer is in the
-                    // cache (see `finished`), where the echo of that write is known for one. The
-                    // last one is enough: each holds the whole job.
-                    self.held_events.insert(key, w);
-                    return;
-                }
-                self.apply_watched(w);
+                let intake = self.cache.take_watched(w, |key| self.busy.contains(key));
+                self.took(intake);
             }
             Event::InitApply(w) => {
-                self.held_events.remove(&JobKey::of(&w.metadata));
-                self.apply_watched(w);
+                let intake = self.cache.take_listed(w);
+                self.took(intake);
             }
             Event::Delete(w) => {
                 let key = JobKey::of(&w.metadata);
-                self.held_events.remove(&key);
                 let pods = self.cache.pods(&key);
                 // A job that left the watch (labelled ended) comes as it was *before* that write, at
                 // the write's version (an API server sends the content that still matched): the cached
@@ -1279,12 +1257,7 @@ impl Loop {
                 self.peer_changed(&key);
                 self.vanished(key, job, pods);
             }
-            Event::Init => {
-                // The list brings every job as it is now; an event held from before may be of a job
-                // it no longer has.
-                self.held_events.clear();
-                self.cache.init_start(Kind::Jobs)
-            }
+            Event::Init => self.cache.init_start(Kind::Jobs),
             Event::InitDone => {
                 for (key, job, pods) in self.cache.init_done(Kind::Jobs) {
                     if let Some(pass) = &mut self.pass {
@@ -1298,14 +1271,19 @@ impl Loop {
         }
     }
 
-    /// A job as the watch or a list shows it, at a version the cache may not hold: stored, and the job
-    /// (with the jobs that read it as their peer) decided again.
-    fn apply_watched(&mut self, w: WatchedJob) {
-        let news = !self.cache.holds_version(Kind::Jobs, &w.metadata);
-        self.watched("jobs", news);
-        let key = self.cache.apply_job(w.into_job());
-        self.peer_changed(&key);
-        self.enqueue(key);
+    /// What the cache made of a job's watch event or listed job: counted, and a job stored is decided
+    /// again (with the jobs that read it as their peer). One held is counted when it is released (see
+    /// `finished`).
+    fn took(&mut self, intake: Intake) {
+        match intake {
+            Intake::Echo => self.watched("jobs", false),
+            Intake::Held => {}
+            Intake::Stored { key, news } => {
+                self.watched("jobs", news);
+                self.peer_changed(&key);
+                self.enqueue(key);
+            }
+        }
     }
 
     fn on_pod(&mut self, event: Event<WatchedPod>) {
@@ -1699,12 +1677,8 @@ impl Loop {
                 self.enqueue(key.clone());
             }
         }
-        if let Some(w) = self.held_events.remove(&key) {
-            if self.cache.seen_again(&w.metadata) {
-                self.watched("jobs", false);
-            } else {
-                self.apply_watched(w);
-            }
+        if let Some(intake) = self.cache.release_held(&key) {
+            self.took(intake);
         }
         match handled.error {
             None => {

@@ -171,13 +171,10 @@ impl DesiredObject<'_> {
     pub fn namespace(&self) -> Option<&str> {
         self.metadata().namespace.as_deref()
     }
-
-    /// The object as JSON, with `apiVersion` and `kind`.
-    pub fn to_json(&self) -> Result<serde_json::Value, serde_json::Error> {
-        serde_json::to_value(self)
-    }
 }
 
+/// The object as its type writes it, `apiVersion` and `kind` first: what `volcano-runner render` prints
+/// and what a step sends ([`crate::runner::plan`]); tests read it as JSON with `serde_json::to_value`.
 impl Serialize for DesiredObject<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match self.object {

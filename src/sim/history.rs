@@ -128,10 +128,26 @@ fn field_is(obj: &Value, field: &str, text: &str) -> bool {
     match cur {
         Value::String(s) => s == text,
         Value::Null => text.is_empty(),
-        // A number's or a boolean's text, as a selector reads it (clippy's `*other == text` would
-        // compare the value with a string, never equal).
-        other => other.to_string().as_str() == text,
+        // A number's or a boolean's text (or any other value's JSON), as a selector reads it.
+        other => displays_as(other, text),
     }
+}
+
+/// Whether `value` displays as `text`, compared while it is written rather than written to a copy
+/// first: [`Selectable::describes`] runs for every change of every object.
+fn displays_as(value: &impl std::fmt::Display, text: &str) -> bool {
+    /// What is left of the text to match; writing stops at the first difference.
+    struct Rest<'a>(&'a str);
+
+    impl std::fmt::Write for Rest<'_> {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            self.0 = self.0.strip_prefix(s).ok_or(std::fmt::Error)?;
+            Ok(())
+        }
+    }
+
+    let mut rest = Rest(text);
+    std::fmt::write(&mut rest, format_args!("{value}")).is_ok() && rest.0.is_empty()
 }
 
 /// A change the history keeps without its trees (see the module's documentation).
@@ -511,6 +527,15 @@ mod tests {
             json!({"metadata": {"labels": {"app": "x"}}, "spec": {}}),
             json!({"metadata": {"labels": {"app": "x"}}, "spec": {"nodeName": 3}}),
             json!({"metadata": {"labels": {"app": "x"}}, "spec": {"nodeName": "3"}}),
+            json!({"metadata": {"labels": {"app": "x"}}, "spec": {"nodeName": 31}}),
+            json!({"metadata": {"labels": {"app": "x"}}, "spec": {"nodeName": "31"}}),
+            json!({"metadata": {"labels": {"app": "x"}}, "spec": {"nodeName": -2.5}}),
+            json!({"metadata": {"labels": {"app": "x"}}, "spec": {"nodeName": "-2.5"}}),
+            json!({"metadata": {"labels": {"app": "x"}}, "spec": {"nodeName": true}}),
+            json!({"metadata": {"labels": {"app": "x"}}, "spec": {"nodeName": "true"}}),
+            json!({"metadata": {"labels": {"app": "x"}}, "spec": {"nodeName": false}}),
+            json!({"metadata": {"labels": {"app": "x"}}, "spec": {"nodeName": ["é", 1]}}),
+            json!({"metadata": {"labels": {"app": "x"}}, "spec": {"nodeName": "[\"é\",1]"}}),
             json!({"metadata": {}, "status": {"phase": "Running"}}),
             json!({"metadata": {"labels": null}, "status": {"phase": "Running"}}),
             json!({}),

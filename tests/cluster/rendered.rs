@@ -95,7 +95,7 @@ fn a_plan_holds_its_objects_in_about_the_bytes_it_sends() {
         let trees: usize = desired
             .objects()
             .iter()
-            .map(|o| volcano_runner::sim::store::tree_bytes(&o.to_json().unwrap()))
+            .map(|o| volcano_runner::sim::store::tree_bytes(&serde_json::to_value(o).unwrap()))
             .sum();
         let plan = steps(&desired);
         let held: usize = plan.iter().map(Step::heap_bytes).sum();

@@ -22,7 +22,7 @@ fn objects(job: &SubmitJob, config: &Config) -> Vec<Value> {
     render(job, config)
         .objects()
         .iter()
-        .map(|o| o.to_json().unwrap())
+        .map(|o| serde_json::to_value(o).unwrap())
         .collect()
 }
 

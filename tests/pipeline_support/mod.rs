@@ -82,7 +82,7 @@ pub fn objects_json(desired: &DesiredJob) -> Vec<Value> {
     desired
         .objects()
         .iter()
-        .map(|o| o.to_json().unwrap())
+        .map(|o| serde_json::to_value(o).unwrap())
         .collect()
 }
 

@@ -105,7 +105,7 @@ async fn a_submitted_example_becomes_exactly_the_rendered_objects_and_one_queued
         let uid = vcjob.metadata.uid.clone().unwrap();
         let mut companions = Vec::new();
         for object in desired.objects() {
-            let expected = object.to_json().unwrap();
+            let expected = serde_json::to_value(object).unwrap();
             let r = resource(object.api_version(), object.kind());
             let actual = h
                 .sim
