@@ -662,29 +662,18 @@ pub struct QueueSpec {
     pub dequeue_strategy: Option<String>,
 }
 
-/// `status` of a Queue.
+/// `status` of a Queue: what Volcano writes there. The CRD also has PodGroup counts (`pending`,
+/// `inqueue`, `running`, `unknown`, `completed`), which Volcano's queue controller has not written since
+/// v1.11 (volcano-sh/volcano#3751: they are metrics now, and `vcctl` counts a queue's PodGroups
+/// itself); they are left out so that nothing comes to rely on them. Whoever needs them counts the
+/// PodGroups by `spec.queue` and `status.phase`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueStatus {
-    /// The phase and why.
+    /// Open, Closing or Closed (the queue controller writes it when it changes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<QueueState>,
-    /// Pods pending.
-    #[serde(default)]
-    pub pending: i32,
-    /// PodGroups admitted, waiting for pods.
-    #[serde(default)]
-    pub inqueue: i32,
-    /// Pods running.
-    #[serde(default)]
-    pub running: i32,
-    /// Pods in an unknown state.
-    #[serde(default)]
-    pub unknown: i32,
-    /// PodGroups completed.
-    #[serde(default)]
-    pub completed: i32,
-    /// Resources allocated now.
+    /// What the queue's pods hold (the scheduler writes it at the end of a session when it changed).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub allocated: BTreeMap<String, Quantity>,
 }

@@ -20,6 +20,7 @@ mod interactive;
 mod kubectl;
 mod logs;
 mod promise;
+mod queue_status;
 mod queues;
 mod retention;
 mod sla;

@@ -151,6 +151,7 @@ impl Model {
                 .entry(q.clone())
                 .or_default()
                 .add(&requests);
+            self.alloc_dirty.insert(q.clone());
         }
         let n = containers(pod, "containers").len();
         self.pods.insert(

@@ -164,11 +164,17 @@ pub struct Model {
     inqueue: FastMap<ObjectKey, (String, super::quantity::Resources)>,
     /// Requests of running pods by queue.
     queue_alloc: FastMap<String, super::quantity::Resources>,
-    /// PodGroups by queue and phase, for queue status.
-    queue_counts: FastMap<String, BTreeMap<&'static str, i64>>,
+    /// Queues whose `queue_alloc` changed since the last session close, which writes their
+    /// `status.allocated` if it differs ([`Model::close_session`]).
+    alloc_dirty: BTreeSet<String>,
+    /// PodGroups that hold their queue open (Pending, Inqueue or Running), by queue: the queue
+    /// controller's own count, which decides when a Closing queue is Closed. Volcano keeps such counts to
+    /// itself since v1.11 (metrics, not status), and so does the simulator.
+    queue_active: FastMap<String, i64>,
     bare_pending: BTreeSet<ObjectKey>,
     bare_fresh: BTreeSet<ObjectKey>,
-    /// Queues whose status needs a refresh.
+    /// Queues whose state the queue controller looks at again (the queue changed, or its active
+    /// PodGroups came to or went from none).
     queues_dirty: BTreeSet<String>,
     queue_signatures: FastMap<String, String>,
     /// Jobs with an `sla-waiting-time` ([`sla`]): the waiting time and the job's PodGroup name.
@@ -181,19 +187,33 @@ pub struct Model {
     pub interactive: crate::sim::interactive::Interactive,
 }
 
-/// The queue-status counter a PodGroup phase falls under.
-fn phase_bucket(pg: &Value) -> &'static str {
-    match pg
-        .at("/status/phase")
-        .and_then(Value::as_str)
-        .unwrap_or("Pending")
-    {
-        "Inqueue" => "inqueue",
-        "Running" => "running",
-        "Completed" => "completed",
-        "Unknown" => "unknown",
-        _ => "pending",
+/// Whether a PodGroup keeps its queue from closing: it has not finished (Pending, Inqueue, Running).
+fn holds_queue(pg: &Value) -> bool {
+    matches!(
+        pg.at("/status/phase")
+            .and_then(Value::as_str)
+            .unwrap_or("Pending"),
+        "Pending" | "Inqueue" | "Running"
+    )
+}
+
+/// The state the queue controller gives a queue whose state is `current` and which holds `active`
+/// unfinished PodGroups: a closed queue is `Closing` until they are gone, then `Closed`; any other is
+/// `Open`.
+fn queue_state(current: Option<&str>, active: i64) -> &'static str {
+    match current {
+        Some("Closed" | "Closing") if active > 0 => "Closing",
+        Some("Closed" | "Closing") => "Closed",
+        _ => "Open",
     }
+}
+
+/// Sets one field of an object's `status` and leaves the others (a status apply of that field).
+fn set_status_field(obj: &mut Value, field: &str, value: Value) {
+    if !obj.get("status").is_some_and(Value::is_object) {
+        obj["status"] = json!({});
+    }
+    obj["status"][field] = value;
 }
 
 fn group_queue(pg: &Value) -> String {
@@ -254,7 +274,8 @@ impl Model {
             scanned_epoch: 0,
             inqueue: FastMap::default(),
             queue_alloc: FastMap::default(),
-            queue_counts: FastMap::default(),
+            alloc_dirty: BTreeSet::new(),
+            queue_active: FastMap::default(),
             bare_pending: BTreeSet::new(),
             bare_fresh: BTreeSet::new(),
             queues_dirty: BTreeSet::new(),
@@ -519,17 +540,8 @@ impl Model {
     }
 
     fn on_group_change(&mut self, core: &mut Core, r: &Record) {
-        if let Some(prev) = &r.prev {
-            self.queues_dirty.insert(group_queue(prev));
-        }
-        self.queues_dirty.insert(group_queue(&r.object));
-        if let Some(prev) = &r.prev
-            && let Some(c) = self
-                .queue_counts
-                .get_mut(&group_queue(prev))
-                .and_then(|m| m.get_mut(phase_bucket(prev)))
-        {
-            *c -= 1;
+        if let Some(prev) = r.prev.as_ref().filter(|p| holds_queue(p)) {
+            self.count_active(group_queue(prev), -1);
         }
         if r.kind == EventType::Deleted {
             self.forget_group(&r.key);
@@ -537,12 +549,9 @@ impl Model {
             self.epoch += 1;
             return;
         }
-        *self
-            .queue_counts
-            .entry(group_queue(&r.object))
-            .or_default()
-            .entry(phase_bucket(&r.object))
-            .or_insert(0) += 1;
+        if holds_queue(&r.object) {
+            self.count_active(group_queue(&r.object), 1);
+        }
         let phase = r
             .object
             .at("/status/phase")
@@ -576,12 +585,24 @@ impl Model {
         }
     }
 
-    /// Whether [`Model::run`] has work left.
-    pub fn has_work(&self) -> bool {
-        !self.dirty_jobs.is_empty() || !self.queues_dirty.is_empty()
+    /// Adds `delta` to a queue's unfinished PodGroups; the queue controller looks at the queue again
+    /// when they come to or go from none (all its state depends on).
+    fn count_active(&mut self, queue: String, delta: i64) {
+        let n = self.queue_active.entry(queue.clone()).or_insert(0);
+        let was = *n;
+        *n += delta;
+        if (was > 0) != (*n > 0) {
+            self.queues_dirty.insert(queue);
+        }
     }
 
-    /// Reconciles dirty jobs, schedules, and updates queue status.
+    /// Whether [`Model::run`] has work left.
+    pub fn has_work(&self) -> bool {
+        !self.dirty_jobs.is_empty() || !self.queues_dirty.is_empty() || !self.alloc_dirty.is_empty()
+    }
+
+    /// Reconciles dirty jobs, schedules (a session, closed by writing what changed of the queues'
+    /// allocations), and updates queue state.
     pub fn run(&mut self, core: &mut Core) {
         self.take_commands(core);
         let dirty = std::mem::take(&mut self.dirty_jobs);
@@ -589,6 +610,7 @@ impl Model {
             self.reconcile_job(core, &key);
         }
         self.schedule(core);
+        self.close_session(core);
         let queues = std::mem::take(&mut self.queues_dirty);
         if !queues.is_empty() {
             self.sync_queues(core, queues);
@@ -642,37 +664,24 @@ impl Model {
         }
     }
 
-    /// Queue controller: `Open` by default, `Closing` until a closed queue's PodGroups are gone, and the
-    /// PodGroup counts in status.
+    /// Queue controller: `Open` by default, `Closing` until a closed queue's PodGroups are gone. It writes
+    /// `status.state` alone, and only when it changes: since v1.11 (volcano-sh/volcano#3751) Volcano's
+    /// `syncQueue` no longer writes the PodGroup counts (`pending`, `inqueue`, `running`, `unknown`,
+    /// `completed`) into a queue's status, only the state with `ApplyStatus` when it changed; the
+    /// counts are metrics, and `vcctl` counts the PodGroups itself. Writing them made every PodGroup
+    /// change an event on every client's Queue watch.
     fn sync_queues(&mut self, core: &mut Core, names: BTreeSet<String>) {
         for name in names {
             let key = core.key_of(core.ids.queues, "", &name);
-            let c = self
-                .queue_counts
-                .get(&key.name)
-                .cloned()
-                .unwrap_or_default();
-            let active = c.get("pending").unwrap_or(&0)
-                + c.get("inqueue").unwrap_or(&0)
-                + c.get("running").unwrap_or(&0);
             let Some(q) = core.store.get(&key) else {
                 continue;
             };
-            let state = match q.at("/status/state").and_then(Value::as_str) {
-                Some("Closed" | "Closing") if active > 0 => "Closing",
-                Some("Closed" | "Closing") => "Closed",
-                _ => "Open",
-            };
-            let mut status = json!({"state": state});
-            for (k, v) in &c {
-                if *v > 0 {
-                    status[*k] = json!(v);
-                }
+            let current = q.at("/status/state").and_then(Value::as_str);
+            let active = self.queue_active.get(&name).copied().unwrap_or(0);
+            let state = queue_state(current, active);
+            if current != Some(state) {
+                core.update_internal(&key, |q| set_status_field(q, "state", json!(state)));
             }
-            let mut alloc = self.queue_alloc.get(&key.name).cloned().unwrap_or_default();
-            alloc.0.remove("pods");
-            status["allocated"] = alloc.to_json();
-            core.replace_status(&key, status);
         }
     }
 
@@ -690,7 +699,7 @@ impl Model {
                 && let Some(a) = self.queue_alloc.get_mut(q)
             {
                 a.sub(&rt.requests);
-                self.queues_dirty.insert(q.clone());
+                self.alloc_dirty.insert(q.clone());
             }
             self.epoch += 1;
         }
@@ -757,6 +766,39 @@ impl Model {
                 disruption(p, "DeletionByPodGC", "PodGC: node no longer exists", &now);
             });
             core.delete_key(&key, None, Some(0));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_closed_queue_is_closing_while_it_holds_unfinished_podgroups() {
+        assert_eq!(queue_state(None, 0), "Open");
+        assert_eq!(queue_state(Some("Open"), 3), "Open");
+        assert_eq!(queue_state(Some("Closed"), 1), "Closing");
+        assert_eq!(queue_state(Some("Closing"), 1), "Closing");
+        assert_eq!(queue_state(Some("Closing"), 0), "Closed");
+        assert_eq!(queue_state(Some("Closed"), 0), "Closed");
+    }
+
+    #[test]
+    fn a_podgroup_holds_its_queue_until_it_has_finished() {
+        for (phase, holds) in [
+            (None, true),
+            (Some("Pending"), true),
+            (Some("Inqueue"), true),
+            (Some("Running"), true),
+            (Some("Completed"), false),
+            (Some("Unknown"), false),
+        ] {
+            let pg = match phase {
+                Some(p) => json!({"status": {"phase": p}}),
+                None => json!({}),
+            };
+            assert_eq!(holds_queue(&pg), holds, "{phase:?}");
         }
     }
 }

@@ -199,6 +199,33 @@ impl Model {
         self.schedule_bare_pods(core, full);
     }
 
+    /// The end of a session: each queue whose allocation changed since the last one gets
+    /// `status.allocated` written, once, and only when it differs from what the status says (an
+    /// absent one says nothing is allocated). Volcano's scheduler does the same when it closes a
+    /// session (`updateQueueStatus`: it compares, then writes only the queues whose allocation
+    /// changed), so a client's Queue watch hears of a queue when what it holds changed, not of every
+    /// pod bound or ended on the way.
+    pub(super) fn close_session(&mut self, core: &mut Core) {
+        for name in std::mem::take(&mut self.alloc_dirty) {
+            let key = core.key_of(core.ids.queues, "", &name);
+            let Some(q) = core.store.get(&key) else {
+                continue;
+            };
+            let allocated = self
+                .queue_alloc
+                .get(&name)
+                .map(without_pods)
+                .unwrap_or_default()
+                .to_json();
+            let written = q.at("/status/allocated").cloned().unwrap_or(json!({}));
+            if written != allocated {
+                core.update_internal(&key, |q| {
+                    super::set_status_field(q, "allocated", allocated);
+                });
+            }
+        }
+    }
+
     /// The gangs this pass looks at (all waiting ones, or those that changed), in Volcano's job order:
     /// past the sla waiting time first (the earlier deadline first), then by creation, and among gangs
     /// created in the same second by their id (the PodGroup's namespace and name), not by when the
