@@ -22,6 +22,13 @@ pub const RUNNER_PROBLEM: &str = "volcano-runner/problem";
 /// counts only while it names the lease's holder: a submit path leaves a job's QUEUED to the holder
 /// only then, and otherwise tells QUEUED itself (a rolling upgrade, docs/ops.md).
 pub const TELLS_QUEUED: &str = "volcano-runner/tells-queued";
+/// Annotation on a shard lease: the jobs of the shard whose QUEUED its holder had confirmed by the
+/// broker and whose record of that (`<prefix>queuedConfirmed`) still rides on its monitor's next write of
+/// the job, as `<namespace>/<name>@<confirmed, ms since the epoch>` separated by spaces. Written with every
+/// write of the holder (no request of its own); a runner that takes the shard over from a holder that
+/// died reads it and sends no copy of those QUEUEDs (docs/monitor.md, *When QUEUED goes out twice*;
+/// [`crate::monitor::queued`]).
+pub const QUEUED_CARRIED: &str = "volcano-runner/queued-carried";
 /// Label on a VolcanoJob once the monitor has nothing left to do for it: set in the write that removes
 /// the cleanup finalizer, the last of a job's end. The monitor's job watch and lists exclude it
 /// (`!volcano-runner/ended`), so a job kept for `ended_job_retention` as the record of its submission

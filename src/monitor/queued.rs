@@ -12,9 +12,10 @@
 //! published after the confirm arrived. The submit path records the job here after the confirm, and
 //! the monitor sends no copy for a job recorded here.
 //!
-//! This is memory only, and only ever spares a copy: a runner that restarts, a runner that monitors a
-//! job another one submitted, or a job evicted from here sends the copy, as every runner did before.
-//! Never the other way round: a job is recorded only once its QUEUED is confirmed.
+//! This is memory only (and, for the records still carried, the shard leases' lists, below), and only
+//! ever spares a copy: a runner that restarts, a runner that monitors a job another one submitted, or a
+//! job evicted from here sends the copy, as every runner did before. Never the other way round: a job
+//! is recorded (here, or on a lease's list) only once its QUEUED is confirmed.
 //!
 //! What lasts is on the job: the annotation `<prefix>queuedConfirmed` ([`ANNOTATION`]). Any runner that
 //! monitors the job (another one, or this one after a restart) then knows that QUEUED is in the queues
@@ -30,8 +31,24 @@
 //! that write, the job's shard is kept from being handed over (a [`Duty`] of it is held): when the
 //! shard leaves this runner (a hand-over, a graceful stop), [`ConfirmedQueued::write_on_handover`]
 //! writes the record of every job still carried, then lets the shard go, so the next holder reads it
-//! (`tests/runner/events_once.rs`). A runner killed meanwhile leaves its carried jobs without the record:
-//! their next holder sends the copy, as for a kill between the create and the submit path's write.
+//! (`tests/runner/events_once.rs`).
+//!
+//! **A kill while a record is carried.** Until the job's first write lands, a runner killed would leave
+//! the job without the record, and its next holder would send a copy of QUEUED (six to eight per kill
+//! in the chaos test, where that write came 2 s after the confirm at the median, the pod's start then
+//! the monitor's `defer_under_load` behind the submissions in hand, and 5 s for jobs waiting for room,
+//! at their first pending status). So the shard's lease lists the carried records of its jobs with
+//! every write of it, which costs no request ([`crate::cluster::labels::QUEUED_CARRIED`], as
+//! [`crate::cluster::lease::CarriedRecords`]: the newest [`LISTED_MAX`], each for [`LISTED_FOR`] after
+//! its confirm), and a runner that takes the shard over takes them on from the lease (they are
+//! confirmed QUEUEDs) and carries them in turn.
+//!
+//! What is left: a runner killed between a confirm and its next renewal of the job's shard lease (at
+//! most `[cluster.lease] renew_interval`, before the job's first write): the next holder sends the copy,
+//! as for a kill between the create and the submit path's write. A record taken on for a job that has
+//! ended meanwhile (its end written, and its runner killed before it renewed the lease again) stays
+//! carried until its shard leaves this runner, when [`ConfirmedQueued::write_on_handover`] writes it;
+//! it is listed no more after [`LISTED_FOR`], so it does not travel from runner to runner.
 //!
 //! **Who tells it.** The submit path decides at the create, from this runner's shards and its view of
 //! the other runners' leases ([`crate::cluster::ShardHolders`]):
@@ -170,6 +187,12 @@ struct Carried {
 struct CarriedJob {
     namespace: String,
     name: String,
+    /// When the QUEUED was confirmed (ms since the epoch, by this machine's clock; for a job taken on
+    /// from a shard's lease, as its earlier holder listed it): listed on the lease only for [`LISTED_FOR`].
+    confirmed_ms: i64,
+    /// When the record began to be carried here: how long a kill of this runner would have cost a copy
+    /// of the job's QUEUED without the lease's list is logged when it ends.
+    since: tokio::time::Instant,
     _duty: Duty,
 }
 
@@ -277,6 +300,18 @@ impl ConfirmedQueued {
     /// `false`: the submit path writes it. Call only after the confirm, for a job that has not ended
     /// (the monitor writes an ended job no more).
     pub fn carry(&self, job_id: &str, namespace: &str, name: &str) -> bool {
+        let confirmed_ms = jiff::Timestamp::now().as_millisecond();
+        self.carry_confirmed_at(job_id, namespace, name, confirmed_ms)
+    }
+
+    /// [`ConfirmedQueued::carry`], for a QUEUED confirmed at `confirmed_ms` (ms since the epoch).
+    fn carry_confirmed_at(
+        &self,
+        job_id: &str,
+        namespace: &str,
+        name: &str,
+        confirmed_ms: i64,
+    ) -> bool {
         let mut carried = self.carried();
         let Some(shards) = &carried.shards else {
             return false;
@@ -294,6 +329,8 @@ impl ConfirmedQueued {
             CarriedJob {
                 namespace: namespace.to_owned(),
                 name: name.to_owned(),
+                confirmed_ms,
+                since: tokio::time::Instant::now(),
                 _duty: duty,
             },
         );
@@ -308,7 +345,15 @@ impl ConfirmedQueued {
     /// The record of `job_id` is on the job (written, or not needed any more: the job is gone): its
     /// shard is free to go.
     pub fn carried_done(&self, job_id: &str) {
-        self.carried().jobs.remove(job_id);
+        let done = self.carried().jobs.remove(job_id);
+        if let Some(job) = done {
+            let carried_ms = u64::try_from(job.since.elapsed().as_millis()).unwrap_or(u64::MAX);
+            tracing::debug!(
+                job_id,
+                carried_ms,
+                "The record of the job's confirmed QUEUED is carried no more."
+            );
+        }
     }
 
     /// The carried jobs of the shards this runner no longer holds (all of them when `all`).
@@ -345,6 +390,72 @@ impl ConfirmedQueued {
                 .await;
             if stopped {
                 return;
+            }
+        }
+    }
+}
+
+/// How long after its confirm a carried record is listed on its shard's lease, and taken on from it: a
+/// runner that takes a shard over needs what its dead holder listed at its last renewal, at most a lease
+/// duration earlier. The bound keeps a record whose job ended meanwhile (written with its end, and the
+/// holder killed before it renewed the lease again) from travelling from runner to runner.
+pub const LISTED_FOR: Duration = Duration::from_secs(60);
+
+/// How many records a shard's lease lists at most (the newest): some kilobytes with every renewal.
+/// A record left out only costs a copy of QUEUED if its runner is killed while it carries it.
+pub const LISTED_MAX: usize = 256;
+
+/// One record as a shard's lease lists it ([`crate::cluster::labels::QUEUED_CARRIED`]):
+/// `<namespace>/<name>@<confirmed ms>`.
+fn listed_entry(job: &CarriedJob) -> String {
+    format!("{}/{}@{}", job.namespace, job.name, job.confirmed_ms)
+}
+
+/// The records a lease lists, as `(namespace, name, confirmed ms)`; malformed entries are left out.
+fn parse_listed(value: &str) -> impl Iterator<Item = (&str, &str, i64)> {
+    value.split_whitespace().filter_map(|entry| {
+        let (job, ms) = entry.rsplit_once('@')?;
+        let (namespace, name) = job.split_once('/')?;
+        Some((namespace, name, ms.parse().ok()?))
+    })
+}
+
+/// Whether a record confirmed at `confirmed_ms` is still to be listed at `now_ms`.
+fn listed_now(confirmed_ms: i64, now_ms: i64) -> bool {
+    let window = i64::try_from(LISTED_FOR.as_millis()).unwrap_or(i64::MAX);
+    now_ms.saturating_sub(confirmed_ms) < window
+}
+
+impl crate::cluster::lease::CarriedRecords for ConfirmedQueued {
+    fn listed(&self, shard: u32, shards: u32) -> Option<String> {
+        let now_ms = jiff::Timestamp::now().as_millisecond();
+        let carried = self.carried();
+        let mut jobs: Vec<&CarriedJob> = carried
+            .jobs
+            .iter()
+            .filter(|(id, job)| {
+                crate::cluster::shard_of(id, shards) == shard
+                    && listed_now(job.confirmed_ms, now_ms)
+            })
+            .map(|(_, job)| job)
+            .collect();
+        if jobs.is_empty() {
+            return None;
+        }
+        jobs.sort_unstable_by_key(|job| std::cmp::Reverse(job.confirmed_ms));
+        jobs.truncate(LISTED_MAX);
+        let entries: Vec<String> = jobs.into_iter().map(listed_entry).collect();
+        Some(entries.join(" "))
+    }
+
+    fn adopt(&self, value: &str) {
+        let now_ms = jiff::Timestamp::now().as_millisecond();
+        for (namespace, name, confirmed_ms) in parse_listed(value) {
+            if !listed_now(confirmed_ms, now_ms) {
+                continue;
+            }
+            if let Some(job_id) = crate::pipeline::names::job_id_from_vcjob_name(name) {
+                self.carry_confirmed_at(job_id, namespace, name, confirmed_ms);
             }
         }
     }
@@ -498,5 +609,50 @@ mod tests {
         assert!(confirmed.carry("a", "ns", "j-a"));
         confirmed.carried_done("a");
         assert!(!held.busy(mine), "written by the monitor");
+    }
+
+    /// The records carried for a shard's jobs are what its lease lists, and a runner that takes the shard
+    /// over carries them in turn; an entry older than [`LISTED_FOR`], malformed, or of a shard the
+    /// taker does not hold is not taken on.
+    #[tokio::test]
+    async fn the_records_carried_are_listed_on_the_lease_and_taken_on_from_it() {
+        use crate::cluster::lease::CarriedRecords;
+        use std::collections::BTreeSet;
+        let until = tokio::time::Instant::now() + Duration::from_secs(60);
+        let mine = crate::cluster::shard_of("a", 2);
+        let of_shard = |shard: u32, from: u32| {
+            (from..)
+                .map(|i| format!("o{i}"))
+                .find(|id| crate::cluster::shard_of(id, 2) == shard)
+                .unwrap()
+        };
+        let held = HeldShards::for_tests(2, BTreeSet::from([mine]), until);
+        let (_tx, rx) = watch::channel(held);
+        let killed = ConfirmedQueued::default();
+        killed.attach(rx);
+        assert_eq!(killed.listed(mine, 2), None, "nothing carried");
+        assert!(killed.carry("a", "ns", "j-a"));
+        let listed = killed.listed(mine, 2).expect("listed");
+        assert!(listed.starts_with("ns/j-a@"), "{listed}");
+        assert_eq!(killed.listed(1 - mine, 2), None, "another shard's lease");
+
+        let taker = ConfirmedQueued::default();
+        let (_tx, rx) = watch::channel(HeldShards::for_tests(2, BTreeSet::from([mine]), until));
+        taker.attach(rx);
+        let (old, theirs) = (of_shard(mine, 0), of_shard(1 - mine, 0));
+        let now_ms = jiff::Timestamp::now().as_millisecond();
+        let stale = now_ms - i64::try_from(LISTED_FOR.as_millis()).unwrap() - 1;
+        taker.adopt(&format!(
+            "{listed} ns/j-{old}@{stale} ns/j-{theirs}@{now_ms} garbage ns/j-x@soon"
+        ));
+        assert!(taker.contains("a") && taker.is_carried("a"), "taken on");
+        assert!(!taker.contains(&old), "too old");
+        assert!(!taker.contains(&theirs), "a shard the taker does not hold");
+        assert!(!taker.contains("x"));
+        assert_eq!(
+            taker.listed(mine, 2),
+            Some(listed),
+            "listed in turn, as confirmed"
+        );
     }
 }

@@ -112,7 +112,7 @@ impl Service {
         };
         ops.metrics.watch_broker(broker.clone());
         broker_ready.fill(broker.clone());
-        let config = Arc::new(self.config);
+        let config = Arc::new(self.config.clone());
         let mut runner = Runner::with_ops(
             (*config).clone(),
             self.client.clone(),
@@ -154,36 +154,7 @@ impl Service {
             });
         }
         if self.monitor {
-            let (leases, handle) = ShardLeases::new(self.client.clone(), &config.cluster);
-            // What keeps this runner from its work goes on its member lease, for `admin status`.
-            let route = runner.events_route();
-            // Leases that cannot be written leave the jobs unmonitored: told at WARN and in /readyz.
-            let leases = leases
-                .with_note(move || route.problem())
-                .with_health(ops.readiness.condition("shard leases", ""));
-            let token = shutdown.clone();
-            duties.spawn(async move { leases.run(token.cancelled_owned()).await });
-            // The record of a confirmed QUEUED of a job of this runner's shards rides on the monitor's
-            // first write of it; a shard that leaves first gets its records written before it goes.
-            let confirmed = runner.confirmed_queued();
-            confirmed.attach(handle.subscribe());
-            let key = crate::monitor::queued::annotation_key(&config.pipeline.annotation_prefix);
-            duties.spawn(confirmed.write_on_handover(self.client.clone(), key));
-            let mut monitor = Monitor::new(
-                self.client.clone(),
-                broker.publisher().with_metrics(ops.metrics.clone()),
-                config.clone(),
-                self.runner_id.clone(),
-                handle.subscribe(),
-            )
-            .with_metrics(ops.metrics.clone())
-            .with_confirmed_queued(runner.confirmed_queued())
-            .with_submit_load(runner.submit_load())
-            .with_windows(runner.windows());
-            if let Some((clock, poll)) = self.monitor_clock {
-                monitor = monitor.with_clock(clock, poll);
-            }
-            duties.spawn(monitor.run(shutdown.clone()));
+            self.start_monitoring(&config, &runner, &broker, &ops, &shutdown, &mut duties);
         }
         ops.readiness.seal();
         // The worker threads follow the CPU limit, or TOKIO_WORKER_THREADS (see docs/ops.md).
@@ -206,5 +177,50 @@ impl Service {
             warn!(timeout = ?BROKER_CLOSE_TIMEOUT, "The RabbitMQ connection did not close in time; leaving it.");
         }
         result
+    }
+
+    /// The monitoring duty, as duties of this process: the shard leases, the writer of the records of
+    /// confirmed QUEUEDs when a shard leaves, and the monitor.
+    fn start_monitoring(
+        &self,
+        config: &Arc<Config>,
+        runner: &Runner,
+        broker: &Broker,
+        ops: &crate::ops::Ops,
+        shutdown: &CancellationToken,
+        duties: &mut tokio::task::JoinSet<()>,
+    ) {
+        // The record of a confirmed QUEUED of a job of this runner's shards rides on the monitor's
+        // first write of it; a shard that leaves first gets its records written before it goes, and
+        // the shard's lease lists them meanwhile, for a runner that takes the shard over after a kill.
+        let confirmed = runner.confirmed_queued();
+        let (leases, handle) = ShardLeases::new(self.client.clone(), &config.cluster);
+        // What keeps this runner from its work goes on its member lease, for `admin status`.
+        let route = runner.events_route();
+        // Leases that cannot be written leave the jobs unmonitored: told at WARN and in /readyz.
+        let leases = leases
+            .with_note(move || route.problem())
+            .with_health(ops.readiness.condition("shard leases", ""))
+            .with_carried_records(Arc::new(confirmed.clone()));
+        let token = shutdown.clone();
+        duties.spawn(async move { leases.run(token.cancelled_owned()).await });
+        confirmed.attach(handle.subscribe());
+        let key = crate::monitor::queued::annotation_key(&config.pipeline.annotation_prefix);
+        duties.spawn(confirmed.write_on_handover(self.client.clone(), key));
+        let mut monitor = Monitor::new(
+            self.client.clone(),
+            broker.publisher().with_metrics(ops.metrics.clone()),
+            config.clone(),
+            self.runner_id.clone(),
+            handle.subscribe(),
+        )
+        .with_metrics(ops.metrics.clone())
+        .with_confirmed_queued(runner.confirmed_queued())
+        .with_submit_load(runner.submit_load())
+        .with_windows(runner.windows());
+        if let Some((clock, poll)) = &self.monitor_clock {
+            monitor = monitor.with_clock(clock.clone(), *poll);
+        }
+        duties.spawn(monitor.run(shutdown.clone()));
     }
 }

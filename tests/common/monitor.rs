@@ -20,7 +20,7 @@ use volcano_runner::messages::v1::{
     AccountingTick, ApplicationType, InvocationParameter, JobEvent, JobState, ProxyEvent,
     SubmitJob, WordInvocation, invocation_parameter,
 };
-use volcano_runner::monitor::{Clock, Monitor};
+use volcano_runner::monitor::{Clock, ConfirmedQueued, Monitor};
 use volcano_runner::runner::RunnerKeys;
 use volcano_runner::runner::plan::{self, Decorations};
 use volcano_runner::sim::{SimConfig, SimHandle, Simulator};
@@ -311,13 +311,42 @@ impl World {
         identity: &str,
         f: impl FnOnce(Monitor) -> Monitor,
     ) -> TestRunner {
+        self.runner_carrying(identity, f, None).await
+    }
+
+    /// Like [`World::runner_with`], and the monitor carries the records of confirmed QUEUEDs as a whole
+    /// runner's does: the test plays the runner's submit path with the returned set (`carry` once the
+    /// QUEUED is confirmed), and the shard leases list what it carries and take on what a lease taken
+    /// over lists.
+    pub async fn carrying_runner_with(
+        &self,
+        identity: &str,
+        f: impl FnOnce(Monitor) -> Monitor,
+    ) -> (TestRunner, ConfirmedQueued) {
+        let confirmed = ConfirmedQueued::default();
+        let runner = self
+            .runner_carrying(identity, f, Some(confirmed.clone()))
+            .await;
+        (runner, confirmed)
+    }
+
+    async fn runner_carrying(
+        &self,
+        identity: &str,
+        f: impl FnOnce(Monitor) -> Monitor,
+        carried: Option<ConfirmedQueued>,
+    ) -> TestRunner {
         let mut config = (*self.config).clone();
         config.cluster.lease.identity = Some(identity.to_owned());
         let shutdown = CancellationToken::new();
         let broker = Broker::connect(config.broker.clone(), CancellationToken::new())
             .await
             .expect("RabbitMQ is reachable");
-        let (leases, handle) = ShardLeases::new(self.client.clone(), &config.cluster);
+        let (mut leases, handle) = ShardLeases::new(self.client.clone(), &config.cluster);
+        if let Some(confirmed) = &carried {
+            leases = leases.with_carried_records(Arc::new(confirmed.clone()));
+            confirmed.attach(handle.subscribe());
+        }
         let monitor = Monitor::new(
             self.client.clone(),
             broker.publisher(),
@@ -329,6 +358,10 @@ impl World {
             Arc::new(SimClock(self.sim.clone())),
             Duration::from_millis(20),
         );
+        let monitor = match carried {
+            Some(confirmed) => monitor.with_confirmed_queued(confirmed),
+            None => monitor,
+        };
         let monitor = f(monitor);
         let reports = monitor.reports();
         let stop = shutdown.clone();
@@ -408,20 +441,7 @@ impl World {
         let meta = self.create_edited(job, edit).await;
         // As the submit path goes on: QUEUED, confirmed, then the record of it on the job (the monitor
         // sends no copy of a QUEUED recorded as confirmed).
-        let created = meta
-            .creation_timestamp
-            .as_ref()
-            .map_or(jiff::Timestamp::UNIX_EPOCH, |t| t.0);
-        let queued = volcano_runner::durable::queued_event(&job.job_id, created, "test-runner");
-        self.follower_broker
-            .publisher()
-            .publish(&volcano_runner::broker::Outbound::job_event(
-                &queued,
-                volcano_runner::messages::Format::Json,
-                &self.config.broker,
-            ))
-            .await
-            .expect("QUEUED is confirmed");
+        self.tell_queued(&job.job_id, &meta).await;
         let key = volcano_runner::monitor::queued::annotation_key(&self.keys.prefix);
         let api: kube::Api<volcano_runner::volcano::VolcanoJob> = kube::Api::namespaced(
             self.client.clone(),
@@ -436,6 +456,25 @@ impl World {
         )
         .await
         .expect("the record of QUEUED is written");
+    }
+
+    /// Publishes the QUEUED of `job_id`, created as `meta`, as the submit path does (the same message
+    /// the monitor would publish), and waits for the broker's confirm.
+    pub async fn tell_queued(&self, job_id: &str, meta: &kube::api::ObjectMeta) {
+        let created = meta
+            .creation_timestamp
+            .as_ref()
+            .map_or(jiff::Timestamp::UNIX_EPOCH, |t| t.0);
+        let queued = volcano_runner::durable::queued_event(job_id, created, "test-runner");
+        self.follower_broker
+            .publisher()
+            .publish(&volcano_runner::broker::Outbound::job_event(
+                &queued,
+                volcano_runner::messages::Format::Json,
+                &self.config.broker,
+            ))
+            .await
+            .expect("QUEUED is confirmed");
     }
 
     /// Creates the job as the runner's submit path does, and nothing more: no QUEUED, no record of it

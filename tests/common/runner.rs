@@ -43,6 +43,8 @@ pub struct Captured {
     pub body: Vec<u8>,
     pub traceparent: Option<String>,
     pub event: Option<JobEvent>,
+    /// The message's `app_id` (`[broker] app_id` of whoever published it).
+    pub app_id: Option<String>,
 }
 
 /// A vhost, a simulator and the configuration runners get.
@@ -305,6 +307,7 @@ impl Harness {
                     .flatten(),
                 body: m.delivery.data.clone(),
                 traceparent,
+                app_id: props.app_id().as_ref().map(|s| s.as_str().to_owned()),
             });
         }
         captured.clone()

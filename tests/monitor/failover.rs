@@ -378,3 +378,56 @@ fn on_every_watch(w: &World, rule: FaultRule) {
         });
     }
 }
+
+/// A runner killed while it carries the record of a confirmed QUEUED to its first write of the job (the
+/// job's pod has not started: no write has come) has listed the job on the shard's lease with its
+/// renewals (`volcano-runner/queued-carried`): the runner that takes the shard over takes the record on
+/// from the lease and sends no copy of QUEUED, where without the list it sends one 10 s after the
+/// job's creation.
+#[tokio::test]
+async fn a_record_carried_by_a_killed_runner_is_taken_on_from_the_shard_lease() {
+    let mut w = World::start("mon-carried-lease", |_| {}, |_| {}).await;
+    let (a, confirmed) = w.carrying_runner_with("runner-a", |m| m).await;
+    a.holds(4).await;
+    let job = job("cl1", "echo starting; sleep 150; echo done");
+    // As A's submit path: the job created, its QUEUED told and confirmed, the record left to A's monitor.
+    let meta = w.create_edited(&job, |_| {}).await;
+    w.tell_queued("cl1", &meta).await;
+    let (ns, name) = (
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    );
+    assert!(
+        confirmed.carry("cl1", &ns, &name),
+        "A holds the job's shard"
+    );
+    // The simulated clock stands still: the job's pod does not start, and A writes nothing of it. Two
+    // renewals (every 500 ms) list the record on the lease, if A lists it.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    a.kill().await;
+
+    let (b, _) = w.carrying_runner_with("runner-b", |m| m).await;
+    b.holds(4).await;
+    // Past the 10 s a monitor waits for the record before it sends its own copy of QUEUED; the pod
+    // starts.
+    w.advance(10);
+    w.advance(2);
+    w.until("RUNNING", |s| s.event("cl1/RUNNING").is_some())
+        .await;
+    w.settle(Duration::from_secs(3)).await;
+    let queued = w
+        .seen
+        .of("cl1")
+        .lifecycle
+        .iter()
+        .filter(|e| e.event_id == "cl1/QUEUED")
+        .count();
+    assert_eq!(
+        queued,
+        1,
+        "QUEUED once: B took the record on from the lease; seen {:?}",
+        summary(&w.seen)
+    );
+    b.stop().await;
+    w.close().await;
+}

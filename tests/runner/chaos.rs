@@ -8,7 +8,11 @@
 //! It also reports what faults cost: duplicate deliveries (an id delivered more than once) per 1,000 jobs
 //! and as a share of all events, which must stay under 5 %, and the takeover times of the shards whose
 //! holder was killed (from the dead holder's last renewal to a live runner's take-over, as seen by a
-//! watch of the leases).
+//! watch of the leases). Each duplicate QUEUED is put down to its cause, from who published each copy
+//! (every runner publishes with its own `app_id`) and what that runner's log says it did (its submit
+//! path accepted the job and told QUEUED, or its monitor published it): the submit path again (a
+//! redelivered submission), the monitor telling a job left to it again (`queuedBy: monitor`), or the
+//! monitor's copy before its first event (no record of the QUEUED on the job).
 
 use crate::harness;
 
@@ -51,44 +55,50 @@ pub(crate) fn sleeper(job_id: &str, seconds: u64) -> volcano_runner::messages::v
 struct Processes {
     env: Vec<(String, String)>,
     cluster: String,
-    slots: Vec<Child>,
+    /// The runner in each slot: its name and process.
+    slots: Vec<(String, Child)>,
     started: usize,
+    /// The names of the runners killed.
+    killed: BTreeSet<String>,
 }
 
 impl Processes {
-    /// Starts a runner; its log goes to `chaos-<n>.log` in the temporary directory, for a failed run.
-    fn spawn(&mut self) -> Child {
+    /// Starts a runner `chaos-<n>`, which publishes with that `app_id`; its log (JSON lines) goes to
+    /// [`log_of`]`(n)`, read for the causes of duplicates and kept for a failed run.
+    fn spawn(&mut self) -> (String, Child) {
         self.started += 1;
-        let log = std::env::temp_dir().join(format!("chaos-{}.log", self.started));
-        let log = std::fs::File::create(log).expect("a log file");
-        Command::new(env!("CARGO_BIN_EXE_volcano-runner"))
-            .args([
-                "run",
-                "--cluster",
-                &self.cluster,
-                "--id",
-                &format!("chaos-{}", self.started),
-            ])
+        let log = std::fs::File::create(log_of(self.started)).expect("a log file");
+        let id = format!("chaos-{}", self.started);
+        let child = Command::new(env!("CARGO_BIN_EXE_volcano-runner"))
+            .args(["run", "--cluster", &self.cluster, "--id", &id])
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("VOLCANO_RUNNER_BROKER__APP_ID", &id)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
-            .expect("a runner process starts")
+            .expect("a runner process starts");
+        (id, child)
     }
 
     /// `kill -9` of the runner in `slot`, and a new one in its place.
     fn kill_and_restart(&mut self, slot: usize) {
-        let child = &mut self.slots[slot];
+        let (id, child) = &mut self.slots[slot];
         child.kill().expect("SIGKILL");
         let _ = child.wait();
+        self.killed.insert(id.clone());
         self.slots[slot] = self.spawn();
     }
 }
 
+/// The log of runner `chaos-<n>`, in the temporary directory.
+fn log_of(n: usize) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("chaos-{n}.log"))
+}
+
 impl Drop for Processes {
     fn drop(&mut self) {
-        for child in &mut self.slots {
+        for (_, child) in &mut self.slots {
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -128,10 +138,15 @@ async fn kill_nine_of_random_runners_loses_nothing_and_does_nothing_twice() {
         ..FaultRule::default()
     });
 
-    // Every uid each VolcanoJob name ever had, from a watch of our own.
+    // Every uid each VolcanoJob name ever had, and the names of the jobs created for their monitor to
+    // tell QUEUED (`queuedBy: monitor`), from a watch of our own.
     let uids: Arc<Mutex<BTreeMap<String, BTreeSet<String>>>> = Arc::default();
+    let left: Arc<Mutex<BTreeSet<String>>> = Arc::default();
     let api: Api<VolcanoJob> = Api::all(h.client.clone());
     let seen = uids.clone();
+    let left_seen = left.clone();
+    let queued_by =
+        volcano_runner::monitor::queued::QueuedKeys::new(&h.config.pipeline.annotation_prefix);
     let watch = tokio::spawn(async move {
         let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
         while let Some(event) = stream.next().await {
@@ -146,6 +161,11 @@ async fn kill_nine_of_random_runners_loses_nothing_and_does_nothing_twice() {
             };
             let mut seen = seen.lock().unwrap();
             for j in jobs {
+                if queued_by.left_to_monitor(j.metadata.annotations.as_ref())
+                    && let Some(name) = &j.metadata.name
+                {
+                    left_seen.lock().unwrap().insert(name.clone());
+                }
                 if let (Some(name), Some(uid)) = (j.metadata.name, j.metadata.uid) {
                     seen.entry(name).or_default().insert(uid);
                 }
@@ -181,7 +201,15 @@ async fn kill_nine_of_random_runners_loses_nothing_and_does_nothing_twice() {
     let env = vec![
         ("VOLCANO_RUNNER_BROKER__URL".into(), h.vhost.amqp_url()),
         ("VOLCANO_RUNNER_OPS__LISTEN".into(), "127.0.0.1:0".into()),
-        ("VOLCANO_RUNNER_LOG".into(), "warn".into()),
+        // What the causes of duplicates are read from: the submit path's acceptances and the
+        // monitor's publications, as JSON lines.
+        (
+            "VOLCANO_RUNNER_LOG".into(),
+            "warn,volcano_runner::runner::handle::submit=info,volcano_runner::monitor::execute=info,\
+             volcano_runner::monitor::queued=debug"
+                .into(),
+        ),
+        ("VOLCANO_RUNNER_OPS__LOG_FORMAT".into(), "json".into()),
         ("VOLCANO_RUNNER_CLUSTER__LEASE__SHARDS".into(), "4".into()),
         (
             "VOLCANO_RUNNER_CLUSTER__LEASE__DURATION".into(),
@@ -209,6 +237,7 @@ async fn kill_nine_of_random_runners_loses_nothing_and_does_nothing_twice() {
         cluster: h.sim.url(),
         slots: Vec::new(),
         started: 0,
+        killed: BTreeSet::new(),
     };
     for _ in 0..RUNNERS {
         let child = fleet.spawn();
@@ -273,6 +302,7 @@ async fn kill_nine_of_random_runners_loses_nothing_and_does_nothing_twice() {
     // Late duplicates (a runner that was between publishing and persisting) have time to arrive.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let processes = fleet.started;
+    let killed = fleet.killed.clone();
     drop(fleet);
     watch.abort();
     lease_watch.abort();
@@ -291,6 +321,9 @@ async fn kill_nine_of_random_runners_loses_nothing_and_does_nothing_twice() {
         }
     }
     let uids = uids.lock().unwrap().clone();
+    let left = left.lock().unwrap().clone();
+    let tellers = Tellers::read(processes);
+    let queued_causes = queued_copies_by_cause(&events, &tellers, &left, &killed);
     // Every violation, by kind, so one run reports them all.
     let mut twice_run = Vec::new();
     let mut different_content = Vec::new();
@@ -378,8 +411,10 @@ async fn kill_nine_of_random_runners_loses_nothing_and_does_nothing_twice() {
     let share = duplicates as f64 * 100.0 / delivered.max(1) as f64;
     eprintln!(
         "chaos: {duplicates} duplicate deliveries of {delivered} events ({:.1} per 1,000 jobs, {share:.2} % \
-         of events), by kind {duplicates_by_kind:?}; shard takeovers after a kill: {}",
+         of events), by kind {duplicates_by_kind:?}; duplicate QUEUED by cause {queued_causes:?}; \
+         {}; shard takeovers after a kill: {}",
         duplicates as f64 * 1000.0 / JOBS as f64,
+        tellers.carried(),
         describe_takeovers(&takeovers)
     );
     assert!(kills >= MIN_KILLS);
@@ -497,4 +532,129 @@ fn kind_of(job: &str, message_id: &str) -> String {
     } else {
         first.to_owned()
     }
+}
+
+/// Who published QUEUED of which jobs, by runner (`chaos-<n>`), as its log says: the jobs its submit path
+/// accepted and told QUEUED of, and those whose QUEUED its monitor published; and for how long each
+/// record of a confirmed QUEUED was carried (ms), the window in which a kill costs a copy.
+#[derive(Default)]
+struct Tellers {
+    submit: BTreeMap<String, BTreeSet<String>>,
+    monitor: BTreeMap<String, BTreeSet<String>>,
+    carried_ms: Vec<u64>,
+}
+
+impl Tellers {
+    /// From the logs of runners `chaos-1` to `chaos-<processes>`.
+    fn read(processes: usize) -> Self {
+        let mut tellers = Self::default();
+        for n in 1..=processes {
+            let runner = format!("chaos-{n}");
+            let text = std::fs::read_to_string(log_of(n)).unwrap_or_default();
+            for line in text.lines() {
+                let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) else {
+                    continue;
+                };
+                let fields = &entry["fields"];
+                let field = |k: &str| fields[k].as_str().unwrap_or_default().to_owned();
+                match fields["message"].as_str() {
+                    // The submit path tells QUEUED after this (not the variant that leaves it to the
+                    // job's monitor).
+                    Some("Accepted a job.") => {
+                        tellers
+                            .submit
+                            .entry(runner.clone())
+                            .or_default()
+                            .insert(field("job_id"));
+                    }
+                    Some("Published a lifecycle transition.") => {
+                        if let Some(job) = field("event_id").strip_suffix("/QUEUED") {
+                            tellers
+                                .monitor
+                                .entry(runner.clone())
+                                .or_default()
+                                .insert(job.to_owned());
+                        }
+                    }
+                    Some("The record of the job's confirmed QUEUED is carried no more.") => {
+                        tellers.carried_ms.extend(fields["carried_ms"].as_u64());
+                    }
+                    _ => {}
+                }
+            }
+        }
+        tellers
+    }
+
+    /// `n records carried, p50/p90/max ms`.
+    fn carried(&self) -> String {
+        let mut ms = self.carried_ms.clone();
+        ms.sort_unstable();
+        let at = |q: usize| {
+            ms.get((ms.len() * q / 100).min(ms.len().saturating_sub(1)))
+                .copied()
+                .unwrap_or(0)
+        };
+        format!(
+            "{} records carried, {}/{}/{} ms p50/p90/max",
+            ms.len(),
+            at(50),
+            at(90),
+            at(100)
+        )
+    }
+
+    /// What `runner` did that published `job`'s QUEUED: its monitor, its submit path, or its log does not
+    /// say (cut short by the kill).
+    fn of(&self, runner: &str, job: &str) -> &'static str {
+        let did =
+            |m: &BTreeMap<String, BTreeSet<String>>| m.get(runner).is_some_and(|j| j.contains(job));
+        if did(&self.monitor) {
+            "monitor"
+        } else if did(&self.submit) {
+            "submit path"
+        } else {
+            "unknown"
+        }
+    }
+}
+
+/// Every delivery of a QUEUED after the job's first, by cause: who told the copy (the submit path again,
+/// a monitor again for a job left to it, a monitor's copy before its first event), and whether the
+/// runner that told the first one was killed later (one of `killed`).
+fn queued_copies_by_cause(
+    events: &[Captured],
+    tellers: &Tellers,
+    left: &BTreeSet<String>,
+    killed: &BTreeSet<String>,
+) -> BTreeMap<String, usize> {
+    let mut first: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut causes = BTreeMap::new();
+    for c in events {
+        let Some(job) = c.message_id.strip_suffix("/QUEUED") else {
+            continue;
+        };
+        let runner = c.app_id.as_deref().unwrap_or_default();
+        let Some(earlier) = first.get(job).copied() else {
+            first.insert(job, runner);
+            continue;
+        };
+        let cause = match tellers.of(runner, job) {
+            "monitor" if left.contains(&format!("j-{job}")) => {
+                "a monitor told it again (queuedBy: monitor)"
+            }
+            "monitor" => "a monitor's copy before its first event",
+            "submit path" => "the submit path told it again",
+            _ => "unknown",
+        };
+        let first_teller = if killed.contains(earlier) {
+            "killed"
+        } else {
+            "alive"
+        };
+        *causes
+            .entry(format!("{cause}, first teller {first_teller}"))
+            .or_default() += 1;
+    }
+    causes
 }

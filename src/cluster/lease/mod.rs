@@ -55,7 +55,8 @@ use plan::{Decision, Holder, Observations, decide_with};
 use super::ClusterConfig;
 use super::error::{ClusterError, KubeResultExt};
 use super::labels::{
-    self, COMPONENT, FIELD_MANAGER, LEASE_GROUP, MANAGED_BY, MANAGER, RUNNER_PROBLEM, TELLS_QUEUED,
+    self, COMPONENT, FIELD_MANAGER, LEASE_GROUP, MANAGED_BY, MANAGER, QUEUED_CARRIED,
+    RUNNER_PROBLEM, TELLS_QUEUED,
 };
 
 /// `app.kubernetes.io/component` of a shard lease.
@@ -337,10 +338,28 @@ pub struct ShardLeases {
     told: bool,
     /// Where the runner's readiness hears that its leases cannot be written.
     health: Option<crate::ops::health::Condition>,
+    /// The records of confirmed QUEUEDs this runner's monitor carries (`None`: nothing is listed).
+    carried: Option<Arc<dyn CarriedRecords>>,
+    /// [`QUEUED_CARRIED`] of the leases just taken over, for [`CarriedRecords::adopt`] once their
+    /// shards are in the held set.
+    taken_over: Vec<String>,
 }
 
 /// Says what keeps the runner from its work, or `None`.
 type Note = Box<dyn Fn() -> Option<String> + Send + Sync>;
+
+/// The records of confirmed QUEUEDs that the monitor carries to its first write of each job
+/// (`crate::monitor::queued::ConfirmedQueued`), as the shard leases see them: listed on each shard's
+/// lease with every write of it ([`QUEUED_CARRIED`]), and taken on from a lease taken over. A trait, so
+/// that the leases need not know the monitor.
+pub trait CarriedRecords: Send + Sync {
+    /// The value of [`QUEUED_CARRIED`] for the lease of `shard` (of `shards`): `None` when no job of it
+    /// is carried.
+    fn listed(&self, shard: u32, shards: u32) -> Option<String>;
+    /// A shard taken over, now in the held set, whose lease had `value` in [`QUEUED_CARRIED`]: those
+    /// QUEUEDs were confirmed, and their records are carried from now on by this runner.
+    fn adopt(&self, value: &str);
+}
 
 impl ShardLeases {
     /// The leases of this runner in `config.namespace`, and the handle the monitor reads.
@@ -378,6 +397,8 @@ impl ShardLeases {
             failing: None,
             told: false,
             health: None,
+            carried: None,
+            taken_over: Vec::new(),
         };
         (leases, LeaseHandle { rx, identity })
     }
@@ -448,6 +469,25 @@ impl ShardLeases {
         self
     }
 
+    /// From now on every write of a shard lease lists the records of confirmed QUEUEDs that `records`
+    /// carries for its jobs ([`QUEUED_CARRIED`]), and a shard taken over hands the ones its lease lists
+    /// to `records`.
+    pub fn with_carried_records(mut self, records: Arc<dyn CarriedRecords>) -> Self {
+        self.carried = Some(records);
+        self
+    }
+
+    /// Hands the records listed on the leases just taken over to the monitor's carried records: called
+    /// once the shards are in the held set, which the records of their jobs need.
+    fn adopt_taken_over(&mut self) {
+        let taken = std::mem::take(&mut self.taken_over);
+        if let Some(records) = &self.carried {
+            for value in &taken {
+                records.adopt(value);
+            }
+        }
+    }
+
     /// Takes part in the leases until `shutdown` completes, then gives every shard back and removes this
     /// runner's member lease, so the others take over at once.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
@@ -508,6 +548,7 @@ impl ShardLeases {
             }
             self.drop_expired(Instant::now());
             self.publish();
+            self.adopt_taken_over();
         }
         self.leave().await;
     }
@@ -680,6 +721,9 @@ impl ShardLeases {
             Ok(()) => {
                 self.mine.insert(shard, self.settings.valid_until(started));
                 self.write_worked();
+                if acquire && let Some(value) = lease.and_then(|l| annotation(l, QUEUED_CARRIED)) {
+                    self.taken_over.push(value.to_owned());
+                }
             }
             Err(e) if e.is_conflict() || e.is_already_exists() => {
                 self.mine.remove(&shard);
@@ -710,6 +754,16 @@ impl ShardLeases {
                 }
             }
         }
+    }
+
+    /// [`QUEUED_CARRIED`] for the shard lease `name`, as this runner's monitor carries its records.
+    fn listed(&self, name: &str) -> Option<String> {
+        let records = self.carried.as_ref()?;
+        let shard = name
+            .strip_prefix(&format!("{}-shard-", self.settings.prefix))?
+            .parse()
+            .ok()?;
+        records.listed(shard, self.settings.shards)
     }
 
     fn held_by_me(&self, lease: &Lease) -> bool {
@@ -854,6 +908,17 @@ impl ShardLeases {
                 }
                 None => annotations.remove(TELLS_QUEUED),
             };
+            // Also said with every write: the records this runner carries for the shard's jobs. A
+            // lease taken over keeps what its last holder listed (taken on once the write has worked),
+            // so that a runner killed before its first renewal loses none of them.
+            let listed = self.listed(&name);
+            let kept = (take == Some(true))
+                .then(|| annotations.get(QUEUED_CARRIED).cloned())
+                .flatten();
+            match join_listed(kept, listed) {
+                Some(value) => annotations.insert(QUEUED_CARRIED.to_owned(), value),
+                None => annotations.remove(QUEUED_CARRIED),
+            };
         }
         let spec = updated.spec.get_or_insert_with(LeaseSpec::default);
         match take {
@@ -963,6 +1028,24 @@ fn component(lease: &Lease) -> Option<&str> {
         .as_ref()
         .and_then(|l| l.get(COMPONENT))
         .map(String::as_str)
+}
+
+fn annotation<'a>(lease: &'a Lease, key: &str) -> Option<&'a str> {
+    lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+/// [`QUEUED_CARRIED`] of a lease taken over: what its last holder listed (`kept`), then what this runner
+/// lists; `None` when both are empty.
+fn join_listed(kept: Option<String>, listed: Option<String>) -> Option<String> {
+    match (kept.filter(|k| !k.is_empty()), listed) {
+        (Some(kept), Some(listed)) => Some(format!("{kept} {listed}")),
+        (kept, listed) => kept.or(listed),
+    }
 }
 
 async fn sleep_until_opt(deadline: Option<Instant>) {
