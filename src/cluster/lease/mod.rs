@@ -1022,21 +1022,19 @@ fn holder(lease: &Lease) -> Option<&str> {
 }
 
 fn component(lease: &Lease) -> Option<&str> {
-    lease
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(COMPONENT))
-        .map(String::as_str)
+    value_of(lease.metadata.labels.as_ref(), COMPONENT)
 }
 
 fn annotation<'a>(lease: &'a Lease, key: &str) -> Option<&'a str> {
-    lease
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(key))
-        .map(String::as_str)
+    value_of(lease.metadata.annotations.as_ref(), key)
+}
+
+/// The value of `key` in a label or annotation map.
+fn value_of<'a>(
+    map: Option<&'a std::collections::BTreeMap<String, String>>,
+    key: &str,
+) -> Option<&'a str> {
+    map.and_then(|m| m.get(key)).map(String::as_str)
 }
 
 /// [`QUEUED_CARRIED`] of a lease taken over: what its last holder listed (`kept`), then what this runner
