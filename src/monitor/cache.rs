@@ -458,6 +458,10 @@ pub struct Snapshot {
     pub disruption: Option<(i32, Disruption)>,
     /// What this snapshot is, for deciding whether a job needs deciding again.
     pub fingerprint: Fingerprint,
+    /// When the cache saw the job enter its current phase, by the monitor's clock (see
+    /// [`Cache::with_clock`]; `None` without one, or for a job that came to the cache in this phase):
+    /// see [`super::decide::Observed::phase_seen`].
+    pub phase_seen: Option<Timestamp>,
     /// Its peers as the watches show them (none for a job without).
     pub peers: Arc<Vec<super::peers::PeerSeen>>,
 }
@@ -497,6 +501,8 @@ struct JobEntry {
     /// As [`Entry::epoch`].
     epoch: u64,
     generation: u64,
+    /// When the cache first held the job in its current phase (see [`Snapshot::phase_seen`]).
+    phase_seen: Option<Timestamp>,
 }
 
 type GroupKey = ObjectKey;
@@ -572,6 +578,8 @@ pub struct Cache {
     /// The last watch event of each job a worker had in hand when it came (see
     /// [`Cache::take_watched`]), kept aside until the worker's answer is in ([`Cache::release_held`]).
     held: FastMap<JobKey, WatchedJob>,
+    /// The monitor's clock, for when a job was first held in its phase (see [`Cache::with_clock`]).
+    clock: Option<Arc<dyn super::clock::Clock>>,
 }
 
 /// What became of a job's watch event (see [`Cache::take_watched`]).
@@ -668,6 +676,30 @@ impl Cache {
         Self {
             replicas_key: Some(replicas_key.into()),
             ..Self::default()
+        }
+    }
+
+    /// Notes by `clock` when each job is first held in its phase ([`Snapshot::phase_seen`]): a monitor
+    /// that sees a phase late waits for the pods' events from then, not from Volcano's transition.
+    pub fn with_clock(mut self, clock: Arc<dyn super::clock::Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// When a job that enters the cache as `job` was first held in its phase: as before while its phase
+    /// stays (`old` is the job held, with when it was first held in its phase), now when it changes.
+    /// `None` for a job new to the cache (a list, a takeover, a job first seen late): its pods' events
+    /// may have come before it, and a finished pod of a job not held is not taken in, so the pods it
+    /// lacks may never come; its wait counts from Volcano's transition, as before.
+    fn phase_seen(
+        &self,
+        old: Option<(&VolcanoJob, Option<Timestamp>)>,
+        job: &VolcanoJob,
+    ) -> Option<Timestamp> {
+        match old {
+            Some((old, seen)) if old.phase() == job.phase() => seen,
+            Some(_) => self.clock.as_ref().map(|c| c.now()),
+            None => None,
         }
     }
 
@@ -917,6 +949,8 @@ impl Cache {
             }
             _ => self.next_generation(),
         };
+        let phase_seen =
+            self.phase_seen(self.jobs.get(&key).map(|e| (&*e.value, e.phase_seen)), &job);
         let new = rv_of(&job.metadata);
         let old = self.jobs.insert(
             key.clone(),
@@ -924,6 +958,7 @@ impl Cache {
                 value: Arc::new(job),
                 epoch,
                 generation,
+                phase_seen,
             },
         );
         self.redigest(
@@ -1014,11 +1049,14 @@ impl Cache {
                 }
                 self.index_peers(&key, &job, true);
             }
+            let phase_seen =
+                self.phase_seen(self.jobs.get(&key).map(|e| (&*e.value, e.phase_seen)), &job);
             let Some(entry) = self.jobs.get_mut(&key) else {
                 return false;
             };
             let (old, new) = (rv_of(&entry.value.metadata), rv_of(&job.metadata));
             entry.value = Arc::new(job);
+            entry.phase_seen = phase_seen;
             self.redigest(Kind::Jobs, &key, Some(old), Some(new));
             self.touch(&key);
             return true;
@@ -1437,6 +1475,7 @@ impl Cache {
             podgroup,
             jobs_ahead,
             fingerprint: Self::fingerprint_with(generation, jobs_ahead, estimate.as_deref()),
+            phase_seen: entry.phase_seen,
             estimate,
             estimate_pending,
             disruption: self.disruptions.get(key).map(|(g, _, d)| (*g, d.clone())),
@@ -1951,6 +1990,63 @@ mod tests {
                 .as_deref(),
             Some("x")
         );
+    }
+
+    /// The cache notes, by the monitor's clock, when it first held each job in its phase: a job held
+    /// before that enters a new phase is noted now, one whose phase stays keeps its first sight (another
+    /// version, a worker's write alike), and a job new to the cache has none (its pods may never come).
+    #[test]
+    fn a_job_is_noted_when_first_held_in_its_phase() {
+        /// The simulator's clock, stopped: it moves when the test advances it.
+        #[derive(Debug)]
+        struct Stopped(crate::sim::clock::SimClock);
+        impl crate::monitor::clock::Clock for Stopped {
+            fn now(&self) -> Timestamp {
+                self.0.now()
+            }
+            fn real_until(&self, _: Timestamp) -> Option<std::time::Duration> {
+                None
+            }
+        }
+        let clock = Arc::new(Stopped(crate::sim::clock::SimClock::new(
+            "2026-01-01T00:00:00Z".parse().unwrap(),
+            0.0,
+        )));
+        let mut c = Cache::new().with_clock(clock.clone());
+        let at = |secs: u64| {
+            "2026-01-01T00:00:00Z"
+                .parse::<Timestamp>()
+                .unwrap()
+                .checked_add(jiff::SignedDuration::from_secs(secs as i64))
+                .unwrap()
+        };
+        let in_phase = |rv: &str, phase: JobPhase| {
+            let mut j = job("ns", "j-1", rv);
+            j.status.get_or_insert_default().state.phase = phase;
+            j
+        };
+        let seen = |c: &Cache, key: &JobKey| c.snapshot(key).unwrap().phase_seen;
+        clock.0.advance(std::time::Duration::from_secs(10));
+        let key = c.apply_job(in_phase("1", JobPhase::Pending));
+        assert_eq!(seen(&c, &key), None, "new to the cache");
+        c.apply_job(in_phase("2", JobPhase::Running));
+        assert_eq!(seen(&c, &key), Some(at(10)), "a new phase");
+        clock.0.advance(std::time::Duration::from_secs(5));
+        c.apply_job(in_phase("3", JobPhase::Running));
+        assert_eq!(seen(&c, &key), Some(at(10)), "same phase, another version");
+        clock.0.advance(std::time::Duration::from_secs(5));
+        c.refresh_job(Arc::new(in_phase("4", JobPhase::Running)));
+        assert_eq!(seen(&c, &key), Some(at(10)), "a worker's write, same phase");
+        c.refresh_job(Arc::new(in_phase("5", JobPhase::Completed)));
+        assert_eq!(
+            seen(&c, &key),
+            Some(at(20)),
+            "a worker's write read a new phase"
+        );
+        let mut without = Cache::new();
+        let key = without.apply_job(in_phase("1", JobPhase::Pending));
+        without.apply_job(in_phase("2", JobPhase::Running));
+        assert_eq!(seen(&without, &key), None, "no clock, no first sight");
     }
 
     #[test]

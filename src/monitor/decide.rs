@@ -156,6 +156,11 @@ pub struct Observed<'a> {
     pub maintenance_tainted: Option<&'a BTreeSet<String>>,
     /// Its peers as the watches show them (see [`super::peers`]); empty for a job without.
     pub peers: &'a [PeerSeen],
+    /// When this monitor saw the job enter its current phase, by its own clock (`None`: not known, or
+    /// the job came to the cache in it; see [`super::cache::Snapshot::phase_seen`]). A monitor behind
+    /// its watches sees a phase late, and its pods' events are then already on their way: the wait for them counts from here, not only from Volcano's transition, or every
+    /// start and end of a lagging monitor would cost a read of the job and its pods.
+    pub phase_seen: Option<Timestamp>,
 }
 
 /// What to do next for a job.
@@ -604,7 +609,11 @@ pub fn finished(
     let whole = phase.is_finished() && *all_ended;
     if !whole
         && phase.is_finished()
-        && let Some(until) = lag_wait(job, now)
+        && let Some(until) = lag_wait(
+            job,
+            seen_with_every_rank(obs, seen.facts.replicas, ranks),
+            now,
+        )
     {
         // Volcano finished the job, the pods' watch has not delivered every rank's end yet.
         return Some(Step::Wait {
@@ -950,7 +959,8 @@ pub fn start(
                 .iter()
                 .any(|v| v.rank == r && v.started_at.is_some())
         });
-    if lagging && let Some(until) = lag_wait(job, now) {
+    let first_sight = seen_with_every_rank(obs, facts.replicas, &progress.ranks);
+    if lagging && let Some(until) = lag_wait(job, first_sight, now) {
         return Ok(Some(Step::Wait {
             next_check: Some(until),
         }));
@@ -1653,8 +1663,11 @@ fn restart_step(obs: &Observed<'_>, s: &Settings, job_id: &str, now: Timestamp) 
             .disruption
             .filter(|(attempt, _)| (told..retries).contains(attempt))
             .map(|(_, d)| d);
+        // Counted from Volcano's transition alone: the phase seen may be one after the restart's (a
+        // lagging monitor skips Restarting and Pending), so when this monitor first saw it says nothing
+        // of when the lost pod's event came; and a restart is rare, not a read per job.
         if seen.is_none()
-            && let Some(until) = lag_wait(job, now)
+            && let Some(until) = lag_wait(job, None, now)
         {
             return Some(Step::Wait {
                 next_check: Some(until),
@@ -1967,6 +1980,7 @@ pub fn decide_gone(
         maintenance_taints: false,
         maintenance_tainted: None,
         peers: &[],
+        phase_seen: None,
     };
     let facts = JobFacts::read(&job, &s.keys, &s.config.pipeline)?;
     let mut action = publish_end(&obs, s, &facts, &record, &outcome, now)?;
@@ -2383,15 +2397,33 @@ fn exit_codes(ranks: &[RankView]) -> Vec<RankCode> {
 pub const VIEW_LAG_GRACE: SignedDuration = SignedDuration::from_secs(3);
 
 /// Until when a view whose job phase is ahead of its pods waits for the watch: `VIEW_LAG_GRACE` after
-/// Volcano entered the phase. `None` (read afresh now) once that has passed, when the phase has no time,
-/// or when its time is implausibly far ahead of the clock (skew must not stretch the wait).
-fn lag_wait(job: &VolcanoJob, now: Timestamp) -> Option<Timestamp> {
-    let since = phase_time(job)?;
-    if since > now.checked_add(VIEW_LAG_GRACE).ok()? {
+/// the later of Volcano entering the phase and this monitor first seeing the job in it (`seen`): a
+/// monitor behind its watches by more than the grace (a busy runner, a burst) has the pods' events in
+/// its own buffer, and reading them from the API would add two requests per start and end just when the
+/// API server is loaded. The wait is at most the grace after `seen` (clamped to `now`). `None` (read
+/// afresh now) once that has passed, when the phase has no time, or when its
+/// time is implausibly far ahead of the clock (skew must not stretch the wait).
+fn lag_wait(job: &VolcanoJob, seen: Option<Timestamp>, now: Timestamp) -> Option<Timestamp> {
+    let entered = phase_time(job)?;
+    if entered > now.checked_add(VIEW_LAG_GRACE).ok()? {
         return None;
     }
+    let since = seen.map_or(entered, |seen| entered.max(seen.min(now)));
     let until = since.checked_add(VIEW_LAG_GRACE).ok()?;
     (now < until).then_some(until)
+}
+
+/// The monitor's first sight of the job's phase ([`Observed::phase_seen`]), while its view holds a pod
+/// of every rank: the events of the pods it holds come to it, but a pod it lacks may have finished
+/// before its job was held (a finished pod of a job not held is not taken in) and never come; such a
+/// view counts from Volcano's transition alone.
+fn seen_with_every_rank(
+    obs: &Observed<'_>,
+    replicas: u32,
+    ranks: &[RankView],
+) -> Option<Timestamp> {
+    obs.phase_seen
+        .filter(|_| (0..replicas).all(|r| ranks.iter().any(|v| v.rank == r)))
 }
 
 /// When Volcano entered the current phase.
@@ -2734,6 +2766,7 @@ mod tests {
                 maintenance_taints: false,
                 maintenance_tainted: None,
                 peers: &[],
+                phase_seen: None,
             };
             match decide(&obs, s, now).unwrap() {
                 Step::Wait { next_check } => {
@@ -2951,6 +2984,7 @@ mod tests {
                 maintenance_taints: false,
                 maintenance_tainted: None,
                 peers: &[],
+                phase_seen: None,
             };
             decide(&obs, &s, ts(now)).unwrap()
         };
@@ -3029,6 +3063,7 @@ mod tests {
                     maintenance_taints: false,
                     maintenance_tainted: None,
                     peers: &[],
+                    phase_seen: None,
                 },
                 &s,
             )
@@ -3850,6 +3885,7 @@ mod tests {
                 maintenance_taints: false,
                 maintenance_tainted: None,
                 peers: &[],
+                phase_seen: None,
             };
             decide(&obs, &s, ts(now)).unwrap()
         };
@@ -3902,6 +3938,89 @@ mod tests {
         assert!(step.needs_fresh_view(), "{step:?}");
     }
 
+    /// A monitor behind its watches (busy, a burst, a slow machine) sees a phase later than Volcano
+    /// entered it: the pods' events are then in its own buffer, and the watch gets its moment from when
+    /// this monitor first saw the phase, not only from the transition. Without that, every start and end
+    /// of a lagging monitor costs a read of the job and its pods.
+    #[test]
+    fn a_lagging_monitor_gives_the_watch_its_moment_from_its_own_first_sight() {
+        let s = settings(|_| {});
+        let mut job = job(&s);
+        queued_recorded(&mut job, &s);
+        let decide_on = |job: &VolcanoJob, pods: &[Pod], seen: Option<i64>, now: i64| {
+            let obs = Observed {
+                job,
+                pods,
+                podgroup: None,
+                jobs_ahead: None,
+                estimate: None,
+                estimate_pending: false,
+                disruption: None,
+                fresh_at: None,
+                queued_confirmed: false,
+                cancel_seen: false,
+                maintenance: Some(&[]),
+                maintenance_taints: false,
+                maintenance_tainted: None,
+                peers: &[],
+                phase_seen: seen.map(ts),
+            };
+            decide(&obs, &s, ts(now)).unwrap()
+        };
+        set_phase(&mut job, JobPhase::Running, 3);
+        let not_started = [pod("4817", 0, ContainerState::default())];
+        assert_eq!(
+            decide_on(&job, &not_started, Some(20), 21),
+            Step::Wait {
+                next_check: Some(ts(23))
+            },
+            "Running since 3, first seen at 20: the watch gets its moment from 20"
+        );
+        let step = decide_on(&job, &not_started, Some(20), 23);
+        assert!(step.needs_fresh_view(), "the moment passed: {step:?}");
+        let step = decide_on(&job, &not_started, None, 21);
+        assert!(step.needs_fresh_view(), "first sight unknown: {step:?}");
+        // A rank without a pod in the view: its pod may have come before the job was held, and never
+        // come again. From the transition.
+        let step = decide_on(&job, &[], Some(20), 21);
+        assert!(step.needs_fresh_view(), "a rank without a pod: {step:?}");
+        assert_eq!(
+            decide_on(&job, &not_started, Some(1), 4),
+            Step::Wait {
+                next_check: Some(ts(6))
+            },
+            "seen before the transition (a clock behind the cluster's): from the transition"
+        );
+
+        mark_running(&mut job, &s, 2);
+        set_phase(&mut job, JobPhase::Completed, 9);
+        let still_running = [pod("4817", 0, running(2))];
+        assert_eq!(
+            decide_on(&job, &still_running, Some(40), 41),
+            Step::Wait {
+                next_check: Some(ts(43))
+            },
+            "Completed since 9, first seen at 40, the rank still runs in the view"
+        );
+        let step = decide_on(&job, &still_running, Some(40), 43);
+        assert!(
+            matches!(step, Step::Record { .. }) && step.needs_fresh_view(),
+            "{step:?}"
+        );
+        assert_eq!(
+            decide_on(&job, &still_running, Some(50), 41),
+            Step::Wait {
+                next_check: Some(ts(44))
+            },
+            "a first sight ahead of the clock counts as now: at most the grace"
+        );
+
+        // The skew guard stands: a phase time far ahead of the clock is read afresh at once.
+        set_phase(&mut job, JobPhase::Completed, 100);
+        let step = decide_on(&job, &still_running, Some(10), 10);
+        assert!(step.needs_fresh_view(), "{step:?}");
+    }
+
     /// Log tails are read for every end but a success, and for a success too when asked to: each is a
     /// log read the API server proxies to a kubelet.
     #[test]
@@ -3931,6 +4050,7 @@ mod tests {
                 maintenance_taints: false,
                 maintenance_tainted: None,
                 peers: &[],
+                phase_seen: None,
             };
             match decide(&obs, s, ts(10)).unwrap() {
                 Step::Record { logs, outcome, .. } => (outcome.state, logs.len()),
@@ -3966,6 +4086,7 @@ mod tests {
             maintenance_taints: false,
             maintenance_tainted: None,
             peers: &[],
+            phase_seen: None,
         };
         assert_eq!(
             decide(&obs, &s, ts(2)).unwrap(),
@@ -4089,6 +4210,7 @@ mod tests {
                 maintenance_taints: false,
                 maintenance_tainted: None,
                 peers: &[],
+                phase_seen: None,
             };
             decide(&obs, &s, ts(now)).unwrap()
         };
@@ -4166,6 +4288,7 @@ mod tests {
             maintenance_taints: false,
             maintenance_tainted: None,
             peers: &[],
+            phase_seen: None,
         };
         let Step::Act(told) = decide(&obs, &s, ts(600)).unwrap() else {
             panic!("expected to start into the window: held, and told");
@@ -4232,6 +4355,7 @@ mod tests {
                 maintenance_taints: true,
                 maintenance_tainted: Some(tainted),
                 peers: &[],
+                phase_seen: None,
             };
             decide(&obs, &s, ts(now)).unwrap()
         };
@@ -4270,6 +4394,7 @@ mod tests {
             maintenance_taints: true,
             maintenance_tainted: Some(&later_on_a_node),
             peers: &[],
+            phase_seen: None,
         };
         assert!(!matches!(
             decide(&pending_estimate, &s, ts(1)).unwrap(),
@@ -4358,6 +4483,7 @@ mod tests {
                 maintenance_taints: false,
                 maintenance_tainted: None,
                 peers: &[],
+                phase_seen: None,
             };
             decide(&obs, &s, ts(now)).unwrap()
         };
@@ -4457,6 +4583,7 @@ mod tests {
                 maintenance_taints: false,
                 maintenance_tainted: None,
                 peers: &[],
+                phase_seen: None,
             };
             match decide(&obs, &s, ts(200)).unwrap() {
                 Step::Act(action) => {

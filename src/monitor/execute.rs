@@ -364,6 +364,10 @@ impl Executor {
                 .load(std::sync::atomic::Ordering::Relaxed),
             maintenance_tainted: Some(&known.tainted),
             peers: &snap.peers,
+            // A view read afresh in another phase than the cache's is no longer the one first seen.
+            phase_seen: snap
+                .phase_seen
+                .filter(|_| view.job.phase() == snap.job.phase()),
         };
         decide::decide(&obs, &self.settings, now)
     }

@@ -793,7 +793,8 @@ impl Loop {
                 .with_reserve_nodes(mc.reserve_nodes)
                 .with_proportion(mc.proportion)
                 .with_start_margin(exec.settings.start_margin)
-                .with_queue_timeout(exec.settings.queue_timeout),
+                .with_queue_timeout(exec.settings.queue_timeout)
+                .with_clock(exec.clock.clone()),
             waiting: Waiting::default(),
             submit_load: None,
             coalesce: mc.coalesce,
