@@ -2610,6 +2610,28 @@ mod tests {
     }
 
     /// The figlet example (1 replica, 1 h), as the runner creates it.
+    /// What a decision sees of `job` and `pods` alone: no PodGroup, queue, estimate, disruption or peer,
+    /// no maintenance window, nothing confirmed or read afresh.
+    fn observed<'a>(job: &'a VolcanoJob, pods: &'a [Pod]) -> Observed<'a> {
+        Observed {
+            job,
+            pods,
+            podgroup: None,
+            jobs_ahead: None,
+            estimate: None,
+            estimate_pending: false,
+            disruption: None,
+            fresh_at: None,
+            queued_confirmed: false,
+            cancel_seen: false,
+            maintenance: Some(&[]),
+            maintenance_taints: false,
+            maintenance_tainted: None,
+            peers: &[],
+            phase_seen: None,
+        }
+    }
+
     fn job(s: &Settings) -> VolcanoJob {
         let submit: SubmitJob = serde_json::from_str(include_str!(
             "../../schemas/examples/submit-job.figlet.json"
@@ -3870,24 +3892,7 @@ mod tests {
         let mut job = job(&s);
         queued_recorded(&mut job, &s);
         let decide_on = |job: &VolcanoJob, pods: &[Pod], now: i64| {
-            let obs = Observed {
-                job,
-                pods,
-                podgroup: None,
-                jobs_ahead: None,
-                estimate: None,
-                estimate_pending: false,
-                disruption: None,
-                fresh_at: None,
-                queued_confirmed: false,
-                cancel_seen: false,
-                maintenance: Some(&[]),
-                maintenance_taints: false,
-                maintenance_tainted: None,
-                peers: &[],
-                phase_seen: None,
-            };
-            decide(&obs, &s, ts(now)).unwrap()
+            decide(&observed(job, pods), &s, ts(now)).unwrap()
         };
         set_phase(&mut job, JobPhase::Running, 3);
         assert_eq!(
@@ -3949,21 +3954,8 @@ mod tests {
         queued_recorded(&mut job, &s);
         let decide_on = |job: &VolcanoJob, pods: &[Pod], seen: Option<i64>, now: i64| {
             let obs = Observed {
-                job,
-                pods,
-                podgroup: None,
-                jobs_ahead: None,
-                estimate: None,
-                estimate_pending: false,
-                disruption: None,
-                fresh_at: None,
-                queued_confirmed: false,
-                cancel_seen: false,
-                maintenance: Some(&[]),
-                maintenance_taints: false,
-                maintenance_tainted: None,
-                peers: &[],
                 phase_seen: seen.map(ts),
+                ..observed(job, pods)
             };
             decide(&obs, &s, ts(now)).unwrap()
         };
@@ -4035,24 +4027,7 @@ mod tests {
             };
             set_phase(&mut job, phase, 9);
             let pods = [pod("4817", 0, exited(code, 2, 8))];
-            let obs = Observed {
-                job: &job,
-                pods: &pods,
-                podgroup: None,
-                jobs_ahead: None,
-                estimate: None,
-                estimate_pending: false,
-                disruption: None,
-                fresh_at: None,
-                queued_confirmed: false,
-                cancel_seen: false,
-                maintenance: Some(&[]),
-                maintenance_taints: false,
-                maintenance_tainted: None,
-                peers: &[],
-                phase_seen: None,
-            };
-            match decide(&obs, s, ts(10)).unwrap() {
+            match decide(&observed(&job, &pods), s, ts(10)).unwrap() {
                 Step::Record { logs, outcome, .. } => (outcome.state, logs.len()),
                 other => panic!("{other:?}"),
             }
@@ -4071,23 +4046,7 @@ mod tests {
         let s = settings(|_| {});
         let mut job = job(&s);
         queued_recorded(&mut job, &s);
-        let obs = Observed {
-            job: &job,
-            pods: &[],
-            podgroup: None,
-            jobs_ahead: None,
-            estimate: None,
-            estimate_pending: false,
-            disruption: None,
-            fresh_at: None,
-            queued_confirmed: false,
-            cancel_seen: false,
-            maintenance: Some(&[]),
-            maintenance_taints: false,
-            maintenance_tainted: None,
-            peers: &[],
-            phase_seen: None,
-        };
+        let obs = observed(&job, &[]);
         assert_eq!(
             decide(&obs, &s, ts(2)).unwrap(),
             Step::Wait {
