@@ -2774,21 +2774,13 @@ mod tests {
     ) {
         for _ in 0..20 {
             let obs = Observed {
-                job,
-                pods,
                 podgroup,
                 jobs_ahead,
                 estimate,
-                estimate_pending: false,
-                disruption: None,
                 fresh_at: Some(now),
                 queued_confirmed: world.queued_confirmed,
                 cancel_seen: world.cancel_seen,
-                maintenance: Some(&[]),
-                maintenance_taints: false,
-                maintenance_tainted: None,
-                peers: &[],
-                phase_seen: None,
+                ..observed(job, pods)
             };
             match decide(&obs, s, now).unwrap() {
                 Step::Wait { next_check } => {
@@ -2991,22 +2983,10 @@ mod tests {
         };
         let decide_on = |job: &VolcanoJob, d: &Disruption, now: i64| {
             let obs = Observed {
-                job,
-                pods: &pods,
-                podgroup: None,
-                jobs_ahead: None,
-                estimate: None,
-                estimate_pending: false,
                 // The attempt the restart ended.
                 disruption: Some((job.retries() - 1, d)),
                 fresh_at: Some(ts(now)),
-                queued_confirmed: false,
-                cancel_seen: false,
-                maintenance: Some(&[]),
-                maintenance_taints: false,
-                maintenance_tainted: None,
-                peers: &[],
-                phase_seen: None,
+                ..observed(job, &pods)
             };
             decide(&obs, &s, ts(now)).unwrap()
         };
@@ -3071,21 +3051,8 @@ mod tests {
         let blame = |job: &VolcanoJob, disruption: Option<(i32, &Disruption)>| {
             to_blame(
                 &Observed {
-                    job,
-                    pods: &[],
-                    podgroup: None,
-                    jobs_ahead: None,
-                    estimate: None,
-                    estimate_pending: false,
                     disruption,
-                    fresh_at: None,
-                    queued_confirmed: false,
-                    cancel_seen: false,
-                    maintenance: Some(&[]),
-                    maintenance_taints: false,
-                    maintenance_tainted: None,
-                    peers: &[],
-                    phase_seen: None,
+                    ..observed(job, &[])
                 },
                 &s,
             )
@@ -4155,21 +4122,9 @@ mod tests {
         }];
         let observe = |vc: &VolcanoJob, maintenance: Option<&[Window]>, now: i64| {
             let obs = Observed {
-                job: vc,
-                pods: &pods,
-                podgroup: None,
-                jobs_ahead: None,
-                estimate: None,
-                estimate_pending: false,
-                disruption: None,
-                fresh_at: None,
                 queued_confirmed: true,
-                cancel_seen: false,
                 maintenance,
-                maintenance_taints: false,
-                maintenance_tainted: None,
-                peers: &[],
-                phase_seen: None,
+                ..observed(vc, &pods)
             };
             decide(&obs, &s, ts(now)).unwrap()
         };
@@ -4233,21 +4188,10 @@ mod tests {
             "an hour's job two hours before the window goes"
         );
         let obs = Observed {
-            job: &vc,
-            pods: &pods,
-            podgroup: None,
-            jobs_ahead: None,
             estimate: Some(&later),
-            estimate_pending: false,
-            disruption: None,
-            fresh_at: None,
             queued_confirmed: true,
-            cancel_seen: false,
             maintenance: Some(&later_windows),
-            maintenance_taints: false,
-            maintenance_tainted: None,
-            peers: &[],
-            phase_seen: None,
+            ..observed(&vc, &pods)
         };
         let Step::Act(told) = decide(&obs, &s, ts(600)).unwrap() else {
             panic!("expected to start into the window: held, and told");
@@ -4300,21 +4244,11 @@ mod tests {
                        tainted: &BTreeSet<String>,
                        now: i64| {
             let obs = Observed {
-                job: vc,
-                pods,
-                podgroup: None,
-                jobs_ahead: None,
-                estimate: None,
-                estimate_pending: false,
-                disruption: None,
-                fresh_at: None,
                 queued_confirmed: true,
-                cancel_seen: false,
                 maintenance: Some(windows),
                 maintenance_taints: true,
                 maintenance_tainted: Some(tainted),
-                peers: &[],
-                phase_seen: None,
+                ..observed(vc, pods)
             };
             decide(&obs, &s, ts(now)).unwrap()
         };
@@ -4339,21 +4273,12 @@ mod tests {
         // Not in its way, but its estimate still being made: not let go yet.
         let later_on_a_node: BTreeSet<String> = ["later".to_owned()].into();
         let pending_estimate = Observed {
-            job: &vc,
-            pods: &queued,
-            podgroup: None,
-            jobs_ahead: None,
-            estimate: None,
             estimate_pending: true,
-            disruption: None,
-            fresh_at: None,
             queued_confirmed: true,
-            cancel_seen: false,
             maintenance: Some(&later),
             maintenance_taints: true,
             maintenance_tainted: Some(&later_on_a_node),
-            peers: &[],
-            phase_seen: None,
+            ..observed(&vc, &queued)
         };
         assert!(!matches!(
             decide(&pending_estimate, &s, ts(1)).unwrap(),
@@ -4428,21 +4353,10 @@ mod tests {
         };
         let observe = |vc: &VolcanoJob, estimate: Option<&Estimate>, now: i64| {
             let obs = Observed {
-                job: vc,
-                pods: &[],
-                podgroup: None,
-                jobs_ahead: None,
                 estimate,
-                estimate_pending: false,
-                disruption: None,
-                fresh_at: None,
                 queued_confirmed: true,
-                cancel_seen: false,
                 maintenance: Some(&windows),
-                maintenance_taints: false,
-                maintenance_tainted: None,
-                peers: &[],
-                phase_seen: None,
+                ..observed(vc, &[])
             };
             decide(&obs, &s, ts(now)).unwrap()
         };
@@ -4528,21 +4442,9 @@ mod tests {
         let mut published = Vec::new();
         for _ in 0..5 {
             let obs = Observed {
-                job: &vc,
-                pods: &[],
-                podgroup: None,
-                jobs_ahead: None,
-                estimate: None,
-                estimate_pending: false,
-                disruption: None,
-                fresh_at: None,
                 queued_confirmed: true,
-                cancel_seen: false,
                 maintenance: Some(&windows),
-                maintenance_taints: false,
-                maintenance_tainted: None,
-                peers: &[],
-                phase_seen: None,
+                ..observed(&vc, &[])
             };
             match decide(&obs, &s, ts(200)).unwrap() {
                 Step::Act(action) => {
