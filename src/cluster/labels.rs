@@ -29,6 +29,9 @@ pub const TELLS_QUEUED: &str = "volcano-runner/tells-queued";
 /// died reads it and sends no copy of those QUEUEDs (docs/monitor.md, *When QUEUED goes out twice*;
 /// [`crate::monitor::queued`]).
 pub const QUEUED_CARRIED: &str = "volcano-runner/queued-carried";
+/// How many records [`QUEUED_CARRIED`] holds at most (the newest): some kilobytes with every write of a
+/// lease. A record left out only costs a copy of QUEUED if its runner is killed while it carries it.
+pub const QUEUED_CARRIED_MAX: usize = 256;
 /// Label on a VolcanoJob once the monitor has nothing left to do for it: set in the write that removes
 /// the cleanup finalizer, the last of a job's end. The monitor's job watch and lists exclude it
 /// (`!volcano-runner/ended`), so a job kept for `ended_job_retention` as the record of its submission

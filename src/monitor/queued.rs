@@ -401,9 +401,8 @@ impl ConfirmedQueued {
 /// holder killed before it renewed the lease again) from travelling from runner to runner.
 pub const LISTED_FOR: Duration = Duration::from_secs(60);
 
-/// How many records a shard's lease lists at most (the newest): some kilobytes with every renewal.
-/// A record left out only costs a copy of QUEUED if its runner is killed while it carries it.
-pub const LISTED_MAX: usize = 256;
+/// How many records a shard's lease lists at most: [`crate::cluster::labels::QUEUED_CARRIED_MAX`].
+pub const LISTED_MAX: usize = crate::cluster::labels::QUEUED_CARRIED_MAX;
 
 /// One record as a shard's lease lists it ([`crate::cluster::labels::QUEUED_CARRIED`]):
 /// `<namespace>/<name>@<confirmed ms>`.

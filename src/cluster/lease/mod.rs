@@ -56,7 +56,7 @@ use super::ClusterConfig;
 use super::error::{ClusterError, KubeResultExt};
 use super::labels::{
     self, COMPONENT, FIELD_MANAGER, LEASE_GROUP, MANAGED_BY, MANAGER, QUEUED_CARRIED,
-    RUNNER_PROBLEM, TELLS_QUEUED,
+    QUEUED_CARRIED_MAX, RUNNER_PROBLEM, TELLS_QUEUED,
 };
 
 /// `app.kubernetes.io/component` of a shard lease.
@@ -1037,13 +1037,18 @@ fn value_of<'a>(
     map.and_then(|m| m.get(key)).map(String::as_str)
 }
 
-/// [`QUEUED_CARRIED`] of a lease taken over: what its last holder listed (`kept`), then what this runner
-/// lists; `None` when both are empty.
+/// [`QUEUED_CARRIED`] of a lease taken over: what this runner lists, then what its last holder listed
+/// (`kept`) and this runner does not, at most [`QUEUED_CARRIED_MAX`] records; `None` when there is none.
 fn join_listed(kept: Option<String>, listed: Option<String>) -> Option<String> {
-    match (kept.filter(|k| !k.is_empty()), listed) {
-        (Some(kept), Some(listed)) => Some(format!("{kept} {listed}")),
-        (kept, listed) => kept.or(listed),
-    }
+    let mut seen = std::collections::HashSet::new();
+    let records: Vec<&str> = listed
+        .iter()
+        .chain(kept.iter())
+        .flat_map(|value| value.split_whitespace())
+        .filter(|record| seen.insert(*record))
+        .take(QUEUED_CARRIED_MAX)
+        .collect();
+    (!records.is_empty()).then(|| records.join(" "))
 }
 
 async fn sleep_until_opt(deadline: Option<Instant>) {
@@ -1094,6 +1099,29 @@ fn random_suffix() -> u32 {
 
 #[cfg(test)]
 mod tests {
+
+    /// A lease taken over lists this runner's records and the dead holder's once each, at most
+    /// `QUEUED_CARRIED_MAX` of them.
+    #[test]
+    fn a_lease_taken_over_lists_each_record_once_and_no_more_than_the_bound() {
+        assert_eq!(join_listed(None, None), None);
+        assert_eq!(join_listed(Some(String::new()), None), None);
+        assert_eq!(
+            join_listed(
+                Some("a/j-1@1 a/j-2@2".into()),
+                Some("a/j-2@2 a/j-3@3".into())
+            )
+            .as_deref(),
+            Some("a/j-2@2 a/j-3@3 a/j-1@1")
+        );
+        let many: Vec<String> = (0..QUEUED_CARRIED_MAX + 10)
+            .map(|n| format!("a/j-{n}@{n}"))
+            .collect();
+        let joined = join_listed(Some(many.join(" ")), Some("b/j-x@1".into())).unwrap();
+        let records: Vec<&str> = joined.split(' ').collect();
+        assert_eq!(records.len(), QUEUED_CARRIED_MAX);
+        assert_eq!(records[0], "b/j-x@1", "this runner's own first");
+    }
     use super::*;
 
     #[test]
