@@ -57,6 +57,8 @@ pub struct Harness {
     pub orchestrator: Broker,
     orchestrator_token: CancellationToken,
     captured: Mutex<Vec<Captured>>,
+    /// Messages published with `publish`, by routing key: what `wait_all_acked` waits for.
+    published: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Harness {
@@ -149,6 +151,7 @@ impl Harness {
             orchestrator,
             orchestrator_token,
             captured: Mutex::new(Vec::new()),
+            published: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -256,6 +259,12 @@ impl Harness {
         crate::rabbit::within("publish", self.orchestrator.publisher().publish(&message))
             .await
             .expect("the broker confirms");
+        *self
+            .published
+            .lock()
+            .unwrap()
+            .entry(message.routing_key)
+            .or_default() += 1;
     }
 
     /// Publishes raw bytes to the jobs exchange with the given properties (bad input).
@@ -422,6 +431,49 @@ impl Harness {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Waits until every submission, cancel and extension published with `publish` has been
+    /// acknowledged by a runner (the management API's `ack` count of each queue, which only grows: a
+    /// stale reading delays the answer, never gives a wrong one). `wait_queues_settled` alone may answer
+    /// from counts older than the last publish; use this where the test then checks that a message
+    /// changed nothing. Only for tests whose every message is acknowledged (none dead-lettered).
+    pub async fn wait_all_acked(&self) {
+        let broker = &self.config.broker;
+        let published = self.published.lock().unwrap().clone();
+        let expected = |key: &str| published.get(key).copied().unwrap_or(0);
+        let submits = expected(&broker.submit_routing_key);
+        let controls = expected(&broker.cancel_routing_key) + expected(&broker.extend_routing_key);
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let submit_acks = self.queue_acks(&broker.submit_queue).await;
+            let control_acks = self.queue_acks(&broker.control_queue).await;
+            if submit_acks >= submits && control_acks >= controls {
+                return self.wait_queues_settled().await;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "not every message acknowledged: submit {submit_acks} of {submits}, control \
+                 {control_acks} of {controls}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// How many deliveries of `queue` runners have acknowledged (management API, lagging).
+    async fn queue_acks(&self, queue: &str) -> u64 {
+        let (status, body) = crate::rabbit::management(
+            "GET",
+            &format!(
+                "/api/queues/{}/{}",
+                crate::rabbit::segment(&self.vhost.name),
+                crate::rabbit::segment(queue)
+            ),
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        body["message_stats"]["ack"].as_u64().unwrap_or(0)
     }
 
     /// `(ready, unacknowledged)` of a queue from the management API (it lags by its stats interval, so

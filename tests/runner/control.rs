@@ -164,7 +164,7 @@ async fn cancelling_twice_is_harmless() {
 
     h.cancel("twice-c", Some("second thoughts")).await;
     h.submit(&job).await;
-    h.wait_queues_settled().await;
+    h.wait_all_acked().await;
     runner.stop().await;
     let after = h
         .vcjob("twice-c")
@@ -352,7 +352,7 @@ async fn a_cancel_through_a_runner_kill_sends_one_terminate_command() {
     h.wait_queues_settled().await;
     // Delivered again (as after a kill between the command and the acknowledgement).
     h.cancel("kill-c", Some("killed on the way")).await;
-    h.wait_queues_settled().await;
+    h.wait_all_acked().await;
     second.stop().await;
     let job = h.vcjob("kill-c").await.expect("kept");
     assert!(job.metadata.deletion_timestamp.is_none(), "not deleted");

@@ -116,6 +116,19 @@ async fn annotations_of(h: &Harness, job: &str) -> BTreeMap<String, String> {
     vcjob.metadata.annotations.unwrap_or_default()
 }
 
+/// The annotations of `job`'s VolcanoJob once it exists.
+async fn created(h: &Harness, job: &str) -> BTreeMap<String, String> {
+    rabbit::within(&format!("{job} is created"), async {
+        loop {
+            if let Some(vcjob) = h.vcjob(job).await {
+                return vcjob.metadata.annotations.unwrap_or_default();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+}
+
 /// Checks that no job of `jobs` was left to its monitor (`why`): its submit path told its QUEUED.
 async fn told_by_the_submit_path(h: &Harness, jobs: &[String], why: &str) {
     for job in jobs {
@@ -256,7 +269,7 @@ async fn a_duplicate_submission_of_a_job_left_to_its_monitor_gets_no_second_queu
     for job in &left {
         h.submit(&figlet(job)).await;
     }
-    h.wait_queues_settled().await;
+    h.wait_all_acked().await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     m.stop().await;
     a.stop().await;
@@ -431,8 +444,9 @@ async fn a_shard_held_by_an_older_runner_leaves_queued_to_the_submit_path() {
         for i in 0.. {
             let job = format!("u-{i}");
             h.submit(&figlet(&job)).await;
-            h.wait_queues_settled().await;
-            if annotations_of(&h, &job)
+            // The queues' counts lag the publish: wait for the job itself (its annotations are
+            // those of its create).
+            if created(&h, &job)
                 .await
                 .get("ucloud.dk/queuedBy")
                 .map(String::as_str)
