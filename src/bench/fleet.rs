@@ -256,7 +256,7 @@ impl CpuSince {
 }
 
 /// CPU seconds (user + system) this process has used so far.
-pub fn own_cpu_seconds() -> f64 {
+fn own_cpu_seconds() -> f64 {
     // SAFETY: an all-zero rusage is a valid value of the plain C struct.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: getrusage(2) with a valid pointer to a local.
@@ -270,7 +270,7 @@ pub fn own_cpu_seconds() -> f64 {
 /// named `beam.smp` (Erlang's VM, RabbitMQ's process). `None` when none runs here (a remote broker) or
 /// none can be read. The broker shares the machine's cores with the simulator and the runners, so its
 /// share is part of what a phase costs.
-pub fn broker_cpu_seconds() -> Option<f64> {
+fn broker_cpu_seconds() -> Option<f64> {
     let mut total: Option<f64> = None;
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let is_pid = entry

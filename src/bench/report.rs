@@ -131,8 +131,8 @@ pub struct Phase {
     pub per_runner: Vec<RunnerUsage>,
     /// CPU of the benchmark process in the phase: the simulator, the publisher and the observers.
     pub harness_cpu_s: f64,
-    /// CPU of the RabbitMQ node on this machine in the phase (see [`super::fleet::broker_cpu_seconds`]);
-    /// `None` when the broker does not run here (or restarted during the phase).
+    /// CPU of the RabbitMQ node on this machine in the phase (its `beam.smp` processes, read by
+    /// `bench::fleet`); `None` when the broker does not run here (or restarted during the phase).
     pub broker_cpu_s: Option<f64>,
 }
 
