@@ -4,43 +4,15 @@
 
 use prost::Message;
 
+pub use super::located::{Located, Origin};
+use super::mounts::{self, MountPlan};
 use super::names::{self, OwnerKind};
-use super::plugins::file_mount::{self, MountPlan};
 use super::{NamespaceMode, PipelineConfig, PipelineError};
 use crate::durable::annotations::AnnotationKeys;
 use crate::messages::v1::{
     Application, FileValue, IngressValue, NetworkIpValue, Owner, PeerValue, Product, SubmitJob,
     parameter_value, resource_value,
 };
-
-/// Where in the SubmitJob a derived value came from, to name it in errors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Origin<'a> {
-    /// `resources[i]`.
-    Resource(usize),
-    /// `parameters.<name>`.
-    Parameter(&'a str),
-}
-
-impl Origin<'_> {
-    /// The JSON path of the value of `kind` (`peer`, `file`, `ingress`, `networkIp`), as validation
-    /// names it: `resources[2].peer` or `parameters.db.peer`.
-    pub fn field(&self, kind: &str) -> String {
-        match self {
-            Self::Resource(i) => format!("resources[{i}].{kind}"),
-            Self::Parameter(name) => format!("parameters.{name}.{kind}"),
-        }
-    }
-}
-
-/// A value with where it came from.
-#[derive(Debug, Clone, Copy)]
-pub struct Located<'a, T> {
-    /// Where it came from.
-    pub origin: Origin<'a>,
-    /// The value.
-    pub value: &'a T,
-}
 
 /// Namespace and queue of the job.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,7 +135,7 @@ impl<'a> Context<'a> {
             }
         }
 
-        let mounts = file_mount::plan(&files, job.output_folder.as_deref(), &pipeline.storage)?;
+        let mounts = mounts::plan(&files, job.output_folder.as_deref(), &pipeline.storage)?;
         Ok(Self {
             job,
             settings,

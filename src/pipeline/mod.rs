@@ -20,6 +20,8 @@ pub mod desired;
 pub mod facts;
 pub mod hooks;
 pub mod kept;
+pub mod located;
+pub mod mounts;
 pub mod names;
 pub mod plugins;
 pub mod sealed;

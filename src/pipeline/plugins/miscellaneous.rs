@@ -15,7 +15,7 @@ use super::{Plugin, PluginId};
 use crate::pipeline::PipelineError;
 use crate::pipeline::context::Context;
 use crate::pipeline::draft::Draft;
-use crate::pipeline::plugins::file_mount::WORK;
+use crate::pipeline::mounts::WORK;
 
 /// The Miscellaneous plugin; the module documentation says what it builds and why.
 pub struct Miscellaneous;

@@ -39,7 +39,7 @@ use crate::pipeline::PipelineError;
 use crate::pipeline::context::Context;
 use crate::pipeline::draft::{Draft, Helper};
 use crate::pipeline::kept::PerRank;
-use crate::pipeline::plugins::file_mount::WORK;
+use crate::pipeline::mounts::WORK;
 
 /// `[pipeline.output]`: the output files.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]

@@ -33,7 +33,7 @@ use crate::pipeline::LicenseServer;
 use crate::pipeline::PipelineError;
 use crate::pipeline::context::Context;
 use crate::pipeline::draft::Draft;
-use crate::pipeline::plugins::file_mount::MountPlan;
+use crate::pipeline::mounts::MountPlan;
 use crate::validate::parameters::option;
 
 /// The environment variable that tells an interactive application which file to open.

@@ -43,7 +43,7 @@ use crate::pipeline::PipelineError;
 use crate::pipeline::context::Context;
 use crate::pipeline::draft::Draft;
 use crate::pipeline::kept::PerRank;
-use crate::pipeline::plugins::file_mount::{VOLUME as DATA_VOLUME, WORK};
+use crate::pipeline::mounts::{VOLUME as DATA_VOLUME, WORK};
 use crate::pipeline::plugins::output_files::{self, HELPER_DIR};
 
 /// How a job is traced. One mechanism today; the key exists so that a configuration names its choice
