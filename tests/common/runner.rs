@@ -437,7 +437,8 @@ impl Harness {
     /// acknowledged by a runner (the management API's `ack` count of each queue, which only grows: a
     /// stale reading delays the answer, never gives a wrong one). `wait_queues_settled` alone may answer
     /// from counts older than the last publish; use this where the test then checks that a message
-    /// changed nothing. Only for tests whose every message is acknowledged (none dead-lettered).
+    /// changed nothing. Only for tests whose every message is acknowledged (none dead-lettered) by a
+    /// runner that is still running (a closed channel's counts may leave the queue's).
     pub async fn wait_all_acked(&self) {
         let broker = &self.config.broker;
         let published = self.published.lock().unwrap().clone();
