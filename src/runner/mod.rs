@@ -242,104 +242,48 @@ impl Runner {
         let mut tasks = tokio::task::JoinSet::new();
         let token = background.clone();
         tasks.spawn(self.gate_driver.run(async move { token.cancelled().await }));
-        let follow_windows = crate::cluster::maintenance::follow(
-            self.handler.client.clone(),
-            config.cluster.namespace.clone(),
-            config.cluster.relist_interval,
+        spawn_followers(
+            &mut tasks,
+            &self.handler,
             self.windows,
-        );
-        let token = background.clone();
-        tasks.spawn(async move {
-            tokio::select! {
-                () = follow_windows => {}
-                () = token.cancelled() => {}
-            }
-        });
-        tasks.spawn(consume::follow_pause(
-            self.handler.gate.clone(),
             switch,
-            background.clone(),
-        ));
-        tasks.spawn(crate::cluster::gate::follow_gate(
-            self.handler.gate.subscribe(),
-            self.ops.metrics.clone(),
-            background.clone().cancelled_owned(),
-        ));
-        let (tombstones, token) = (self.handler.tombstones.clone(), background.clone());
-        tasks.spawn(async move { tombstones.follow(token.cancelled()).await });
-        let (jobs, token) = (self.handler.jobs.clone(), background.clone());
-        tasks.spawn(async move { jobs.follow(token.cancelled()).await });
-        if let Some(holders) = self.handler.shard_holders.clone() {
-            let token = background.clone();
-            tasks.spawn(async move { holders.follow(token.cancelled()).await });
-        }
-        let tombstones = self.handler.tombstones.clone();
-        let (interval, token) = (config.cluster.tombstone_sweep_interval, background.clone());
-        // Tombstones are written by the handler's clock: aged by the same one.
-        let clock = self.handler.windows_clock.clone();
-        tasks.spawn(async move {
-            tombstones
-                .run_sweeper(interval, || clock.now(), token.cancelled())
-                .await;
-        });
-
-        // Session requests: a consumer of their own, so a session never waits behind submissions.
-        let issuer = crate::sessions::issuer::Issuer::new(
-            self.broker.clone(),
-            self.handler.client.clone(),
-            config.clone(),
-            Arc::new(jiff::Timestamp::now),
+            &self.ops.metrics,
+            &background,
         );
-        let token = background.clone();
-        tasks.spawn(async move {
-            if let Err(e) = issuer.run(token).await {
-                tracing::error!(error = %e, "Session requests cannot be consumed; no session is opened by this runner.");
-            }
-        });
-
-        let (handler, token) = (self.handler.clone(), background.clone());
-        let interval = config.cluster.pending_extension_interval;
-        tasks.spawn(async move {
-            handle::extend::run_pending(handler, interval, token.cancelled()).await;
-        });
-
-        let (handler, token) = (self.handler.clone(), background.clone());
-        let interval = config.bookings.check_interval;
-        tasks.spawn(async move {
-            handle::fates::run_tidy(handler, interval, token.cancelled()).await;
-        });
+        spawn_duties(&mut tasks, &self.handler, &self.broker, &background);
 
         let progress = [self.submitting.clone(), consume::Progress::default()];
         for (flag, progress) in self.ready.iter().zip(&progress) {
             let (progress, limit) = (progress.clone(), config.runner.stall_after);
             flag.fail_when(move || progress.stalled(limit));
         }
-        let submit_loop = consume::Loop {
-            kind: ConsumerKind::Submit,
-            consumer: submit,
+        let loop_of = |kind, consumer, slots: usize, gate, i: usize| consume::Loop {
+            kind,
+            consumer,
             handler: self.handler.clone(),
-            slots: Arc::new(Semaphore::new(config.runner.max_in_flight as usize)),
-            gate: Some(self.handler.gate.subscribe()),
+            slots: Arc::new(Semaphore::new(slots)),
+            gate,
             stats: self.stats.clone(),
             requeue_delay: config.runner.requeue_delay,
             grace: config.runner.shutdown_grace,
             metrics: self.ops.metrics.clone(),
-            ready: Some(self.ready[0].clone()),
-            progress: progress[0].clone(),
+            ready: Some(self.ready[i].clone()),
+            progress: progress[i].clone(),
         };
-        let control_loop = consume::Loop {
-            kind: ConsumerKind::Control,
-            consumer: control,
-            handler: self.handler.clone(),
-            slots: Arc::new(Semaphore::new(usize::from(config.broker.control_prefetch))),
-            gate: None,
-            stats: self.stats.clone(),
-            requeue_delay: config.runner.requeue_delay,
-            grace: config.runner.shutdown_grace,
-            metrics: self.ops.metrics.clone(),
-            ready: Some(self.ready[1].clone()),
-            progress: progress[1].clone(),
-        };
+        let submit_loop = loop_of(
+            ConsumerKind::Submit,
+            submit,
+            config.runner.max_in_flight as usize,
+            Some(self.handler.gate.subscribe()),
+            0,
+        );
+        let control_loop = loop_of(
+            ConsumerKind::Control,
+            control,
+            usize::from(config.broker.control_prefetch),
+            None,
+            1,
+        );
         tokio::join!(
             submit_loop.run(shutdown.clone()),
             control_loop.run(shutdown.clone())
@@ -355,4 +299,93 @@ impl Runner {
         );
         Ok(())
     }
+}
+
+/// The runner's followers, each stopped by `background`: the maintenance windows, the pause switch, the
+/// gate's metric, the tombstone, job and shard-holder caches, and the tombstone sweeper.
+fn spawn_followers(
+    tasks: &mut tokio::task::JoinSet<()>,
+    handler: &Arc<Handler>,
+    windows: tokio::sync::watch::Sender<Option<crate::cluster::Windows>>,
+    switch: crate::broker::ConsumerSwitch,
+    metrics: &crate::ops::Metrics,
+    background: &CancellationToken,
+) {
+    let config = &handler.config;
+    let follow_windows = crate::cluster::maintenance::follow(
+        handler.client.clone(),
+        config.cluster.namespace.clone(),
+        config.cluster.relist_interval,
+        windows,
+    );
+    let token = background.clone();
+    tasks.spawn(async move {
+        tokio::select! {
+            () = follow_windows => {}
+            () = token.cancelled() => {}
+        }
+    });
+    tasks.spawn(consume::follow_pause(
+        handler.gate.clone(),
+        switch,
+        background.clone(),
+    ));
+    tasks.spawn(crate::cluster::gate::follow_gate(
+        handler.gate.subscribe(),
+        metrics.clone(),
+        background.clone().cancelled_owned(),
+    ));
+    let (tombstones, token) = (handler.tombstones.clone(), background.clone());
+    tasks.spawn(async move { tombstones.follow(token.cancelled()).await });
+    let (jobs, token) = (handler.jobs.clone(), background.clone());
+    tasks.spawn(async move { jobs.follow(token.cancelled()).await });
+    if let Some(holders) = handler.shard_holders.clone() {
+        let token = background.clone();
+        tasks.spawn(async move { holders.follow(token.cancelled()).await });
+    }
+    let tombstones = handler.tombstones.clone();
+    let (interval, token) = (config.cluster.tombstone_sweep_interval, background.clone());
+    // Tombstones are written by the handler's clock: aged by the same one.
+    let clock = handler.windows_clock.clone();
+    tasks.spawn(async move {
+        tombstones
+            .run_sweeper(interval, || clock.now(), token.cancelled())
+            .await;
+    });
+}
+
+/// The runner's periodic duties beside consuming, each stopped by `background`: session requests (a
+/// consumer of their own, so a session never waits behind submissions), pending extensions, and the
+/// tidying of booked fates.
+fn spawn_duties(
+    tasks: &mut tokio::task::JoinSet<()>,
+    handler: &Arc<Handler>,
+    broker: &Broker,
+    background: &CancellationToken,
+) {
+    let config = &handler.config;
+    let issuer = crate::sessions::issuer::Issuer::new(
+        broker.clone(),
+        handler.client.clone(),
+        config.clone(),
+        Arc::new(jiff::Timestamp::now),
+    );
+    let token = background.clone();
+    tasks.spawn(async move {
+        if let Err(e) = issuer.run(token).await {
+            tracing::error!(error = %e, "Session requests cannot be consumed; no session is opened by this runner.");
+        }
+    });
+
+    let (handler_for_extend, token) = (handler.clone(), background.clone());
+    let interval = config.cluster.pending_extension_interval;
+    tasks.spawn(async move {
+        handle::extend::run_pending(handler_for_extend, interval, token.cancelled()).await;
+    });
+
+    let (handler, token) = (handler.clone(), background.clone());
+    let interval = config.bookings.check_interval;
+    tasks.spawn(async move {
+        handle::fates::run_tidy(handler, interval, token.cancelled()).await;
+    });
 }
