@@ -463,23 +463,22 @@ impl Harness {
 
     /// How many deliveries of `queue` runners have acknowledged (management API, lagging).
     async fn queue_acks(&self, queue: &str) -> u64 {
-        let (status, body) = crate::rabbit::management(
-            "GET",
-            &format!(
-                "/api/queues/{}/{}",
-                crate::rabbit::segment(&self.vhost.name),
-                crate::rabbit::segment(queue)
-            ),
-            None,
-        )
-        .await;
-        assert_eq!(status, 200, "{body}");
-        body["message_stats"]["ack"].as_u64().unwrap_or(0)
+        self.queue_stats(queue).await["message_stats"]["ack"]
+            .as_u64()
+            .unwrap_or(0)
     }
 
     /// `(ready, unacknowledged)` of a queue from the management API (it lags by its stats interval, so
     /// callers poll).
     pub async fn queue_totals(&self, queue: &str) -> (u64, u64) {
+        let body = self.queue_stats(queue).await;
+        let ready = body["messages_ready"].as_u64().unwrap_or(0);
+        let unacked = body["messages_unacknowledged"].as_u64().unwrap_or(0);
+        (ready, unacked)
+    }
+
+    /// The management API's view of `queue` in this test's vhost.
+    async fn queue_stats(&self, queue: &str) -> serde_json::Value {
         let (status, body) = crate::rabbit::management(
             "GET",
             &format!(
@@ -491,9 +490,7 @@ impl Harness {
         )
         .await;
         assert_eq!(status, 200, "{body}");
-        let ready = body["messages_ready"].as_u64().unwrap_or(0);
-        let unacked = body["messages_unacknowledged"].as_u64().unwrap_or(0);
-        (ready, unacked)
+        body
     }
 
     /// Dead-lettered messages so far (taken from the dead-letter queue).
