@@ -15,7 +15,8 @@ use super::CliError;
 use super::run::{ServedOps, cancel_on_signal, cluster_error, load_config, operator_client};
 use crate::broker::Broker;
 use crate::cluster::{ClusterTarget, client};
-use crate::ops::Ops;
+use crate::config::Config;
+use crate::ops::{Condition, Ops};
 use crate::proxy::bridge::{BridgeContext, Bridges};
 use crate::proxy::{HostNaming, ProxySync};
 use crate::sessions::check::{CheckSettings, SessionCheck};
@@ -93,63 +94,16 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
         Some(table_ready),
     );
     let check = match sessions_ready {
-        Some(ready) => Some(
-            SessionCheck::start(
-                check_client,
-                sync.routes(),
-                CheckSettings {
-                    namespace: config.cluster.namespace.clone(),
-                    naming: HostNaming {
-                        prefix: config.pipeline.proxy.prefix.clone(),
-                        domain: config.pipeline.proxy.domain.clone(),
-                    },
-                    secure: config.sessions.scheme == "https",
-                    allowed_origins: config.sessions.allowed_origins.clone(),
-                    clock: std::sync::Arc::new(jiff::Timestamp::now),
-                    metrics: Some(ops.metrics.clone()),
-                },
-                &config.proxy_sync,
-                Some(ready),
-                shutdown.clone(),
-            )
-            .await
-            .map_err(|e| {
-                CliError::Other(format!(
-                    "[proxy_sync] authz_listen {}: {e}",
-                    config.proxy_sync.authz_listen
-                ))
-            })?,
-        ),
+        Some(ready) => {
+            Some(start_check(&config, check_client, &sync, &ops, ready, &shutdown).await?)
+        }
         None => None,
     };
     let bridges = if config.proxy_sync.bridge_listen.is_empty() {
         None
     } else {
-        let bridges = Bridges::bind(
-            &config.proxy_sync.bridge_listen,
-            BridgeContext {
-                routes: sync.routes(),
-                naming: HostNaming {
-                    prefix: config.pipeline.proxy.prefix.clone(),
-                    domain: config.pipeline.proxy.domain.clone(),
-                },
-                client: sync.client.clone(),
-                connect_timeout: config.proxy_sync.connect_timeout,
-                lifecycle_key: config.pipeline.keys().lifecycle_state.clone(),
-                origins: OriginPolicy::new(
-                    config.sessions.scheme == "https",
-                    &config.sessions.allowed_origins,
-                ),
-                // With a session check in this process, every bridge ends with the session that
-                // opened it.
-                sessions: check.as_ref().map(|c| c.authz.clone()),
-            },
-        )
-        .await
-        .map_err(|e| CliError::Other(e.to_string()))?;
-        info!(listen = %bridges.local_addr().map_err(|e| CliError::Other(e.to_string()))?, "Serving the session bridges (VNC, terminal, logs).");
-        let serving = tokio::spawn(bridges.run(shutdown.clone()));
-        Some(serving)
+        let bridges = bind_bridges(&config, &sync, check.as_ref()).await?;
+        Some(tokio::spawn(bridges.run(shutdown.clone())))
     };
     let result = sync.run(shutdown.clone()).await;
     shutdown.cancel();
@@ -164,4 +118,73 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     endpoint.stop().await;
     result.map_err(|e| CliError::Other(e.to_string()))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The session check (`[proxy_sync] authz_listen`): which browser session may reach which job.
+async fn start_check(
+    config: &Config,
+    client: kube::Client,
+    sync: &ProxySync,
+    ops: &Ops,
+    ready: Condition,
+    shutdown: &CancellationToken,
+) -> Result<SessionCheck, CliError> {
+    SessionCheck::start(
+        client,
+        sync.routes(),
+        CheckSettings {
+            namespace: config.cluster.namespace.clone(),
+            naming: naming(config),
+            secure: config.sessions.scheme == "https",
+            allowed_origins: config.sessions.allowed_origins.clone(),
+            clock: std::sync::Arc::new(jiff::Timestamp::now),
+            metrics: Some(ops.metrics.clone()),
+        },
+        &config.proxy_sync,
+        Some(ready),
+        shutdown.clone(),
+    )
+    .await
+    .map_err(|e| {
+        CliError::Other(format!(
+            "[proxy_sync] authz_listen {}: {e}",
+            config.proxy_sync.authz_listen
+        ))
+    })
+}
+
+/// The session bridges (VNC, terminal, logs) on `[proxy_sync] bridge_listen`. With a session check in
+/// this process, every bridge ends with the session that opened it.
+async fn bind_bridges(
+    config: &Config,
+    sync: &ProxySync,
+    check: Option<&SessionCheck>,
+) -> Result<Bridges, CliError> {
+    let bridges = Bridges::bind(
+        &config.proxy_sync.bridge_listen,
+        BridgeContext {
+            routes: sync.routes(),
+            naming: naming(config),
+            client: sync.client.clone(),
+            connect_timeout: config.proxy_sync.connect_timeout,
+            lifecycle_key: config.pipeline.keys().lifecycle_state.clone(),
+            origins: OriginPolicy::new(
+                config.sessions.scheme == "https",
+                &config.sessions.allowed_origins,
+            ),
+            sessions: check.map(|c| c.authz.clone()),
+        },
+    )
+    .await
+    .map_err(|e| CliError::Other(e.to_string()))?;
+    info!(listen = %bridges.local_addr().map_err(|e| CliError::Other(e.to_string()))?, "Serving the session bridges (VNC, terminal, logs).");
+    Ok(bridges)
+}
+
+/// The job host names the proxy serves (`[pipeline.proxy]`).
+fn naming(config: &Config) -> HostNaming {
+    HostNaming {
+        prefix: config.pipeline.proxy.prefix.clone(),
+        domain: config.pipeline.proxy.domain.clone(),
+    }
 }
