@@ -126,29 +126,7 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
         });
     }
 
-    let sim = match config.cluster.target {
-        ClusterTarget::Sim => {
-            let mut sim_config = config.sim.clone();
-            sim_config.listen = args
-                .sim_listen
-                .clone()
-                .unwrap_or_else(|| "127.0.0.1:0".into());
-            if let Some(speed) = args.sim_clock_speed {
-                sim_config.clock_speed = speed;
-            }
-            let speed = sim_config.clock_speed;
-            let handle = Simulator::start(sim_config)
-                .await
-                .map_err(|e| CliError::Other(format!("the embedded simulator: {e}")))?;
-            println!(
-                "volcano-runner: embedded cluster simulator at {} (clock speed {speed})",
-                handle.url()
-            );
-            let address = EmbeddedSimAddress::publish(&handle.url());
-            Some((Arc::new(handle), speed, address))
-        }
-        _ => None,
-    };
+    let sim = start_embedded_sim(&config, &args).await?;
     let client = match &sim {
         Some((handle, _, _)) => {
             let url = handle
@@ -174,33 +152,15 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     // The runner's own namespaces are made sure of by the service (created where it may), for any
     // cluster: the embedded simulator, a standalone one, or a real one.
 
-    let mut monitor_clock = sim.as_ref().map(|(handle, speed, _)| {
-        let clock: Arc<dyn Clock> = Arc::new(SimClock {
-            handle: handle.clone(),
-            speed: *speed,
-        });
-        (clock, Duration::from_millis(200))
-    });
-    // A simulator reached by URL runs a clock of its own (often faster than real time): the monitor must
-    // use it, or it would charge wall-clock time against simulated jobs and publish ticks for the future.
-    if sim.is_none() && version.contains(SIM_VERSION_MARK) {
-        let clock = RemoteSimClock::read(&client).await.map_err(|e| {
-            CliError::Other(format!(
-                "the cluster at {} is a volcano-runner simulator, but its clock could not be read \
-                 (GET /sim/v1/clock: {e}); the monitor must use the simulator's clock, so the runner \
-                 does not start. Use a simulator of this version.",
-                config.cluster.target
-            ))
-        })?;
-        info!(
-            speed = clock.speed(),
-            "The cluster is a simulator: the monitor follows its clock."
-        );
-        let clock = Arc::new(clock);
-        loops.spawn(clock.clone().follow(client.clone(), shutdown.clone()));
-        let clock: Arc<dyn Clock> = clock;
-        monitor_clock = Some((clock, Duration::from_millis(200)));
-    }
+    let monitor_clock = monitor_clock(
+        &config,
+        &client,
+        sim.as_ref(),
+        &version,
+        &mut loops,
+        &shutdown,
+    )
+    .await?;
     let service = Service {
         config,
         client,
@@ -220,6 +180,74 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     }
     result.map_err(|e| CliError::Other(e.to_string()))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The embedded simulator of `--cluster sim`, its clock speed and its published address; `None` for
+/// any other cluster.
+async fn start_embedded_sim(config: &Config, args: &Args) -> Result<Option<Embedded>, CliError> {
+    if !matches!(config.cluster.target, ClusterTarget::Sim) {
+        return Ok(None);
+    }
+    let mut sim_config = config.sim.clone();
+    sim_config.listen = args
+        .sim_listen
+        .clone()
+        .unwrap_or_else(|| "127.0.0.1:0".into());
+    if let Some(speed) = args.sim_clock_speed {
+        sim_config.clock_speed = speed;
+    }
+    let speed = sim_config.clock_speed;
+    let handle = Simulator::start(sim_config)
+        .await
+        .map_err(|e| CliError::Other(format!("the embedded simulator: {e}")))?;
+    println!(
+        "volcano-runner: embedded cluster simulator at {} (clock speed {speed})",
+        handle.url()
+    );
+    let address = EmbeddedSimAddress::publish(&handle.url());
+    Ok(Some((Arc::new(handle), speed, address)))
+}
+
+/// The embedded simulator, its clock speed, and its address published for the other commands.
+type Embedded = (Arc<SimHandle>, f64, Option<EmbeddedSimAddress>);
+
+/// The clock the monitor follows: the embedded simulator's, or that of a simulator reached by URL (it
+/// runs a clock of its own, often faster than real time: with the wall clock the monitor would charge
+/// wall-clock time against simulated jobs and publish ticks for the future); `None` for a real cluster.
+async fn monitor_clock(
+    config: &Config,
+    client: &kube::Client,
+    sim: Option<&Embedded>,
+    version: &str,
+    loops: &mut tokio::task::JoinSet<()>,
+    shutdown: &CancellationToken,
+) -> Result<Option<(Arc<dyn Clock>, Duration)>, CliError> {
+    if let Some((handle, speed, _)) = sim {
+        let clock: Arc<dyn Clock> = Arc::new(SimClock {
+            handle: handle.clone(),
+            speed: *speed,
+        });
+        return Ok(Some((clock, Duration::from_millis(200))));
+    }
+    if !version.contains(SIM_VERSION_MARK) {
+        return Ok(None);
+    }
+    let clock = RemoteSimClock::read(client).await.map_err(|e| {
+        CliError::Other(format!(
+            "the cluster at {} is a volcano-runner simulator, but its clock could not be read \
+             (GET /sim/v1/clock: {e}); the monitor must use the simulator's clock, so the runner \
+             does not start. Use a simulator of this version.",
+            config.cluster.target
+        ))
+    })?;
+    info!(
+        speed = clock.speed(),
+        "The cluster is a simulator: the monitor follows its clock."
+    );
+    let clock = Arc::new(clock);
+    loops.spawn(clock.clone().follow(client.clone(), shutdown.clone()));
+    let clock: Arc<dyn Clock> = clock;
+    Ok(Some((clock, Duration::from_millis(200))))
 }
 
 /// The configuration (file, then `VOLCANO_RUNNER_*` variables), with `--cluster` on top.
