@@ -103,7 +103,8 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
         None
     } else {
         let bridges = bind_bridges(&config, &sync, check.as_ref()).await?;
-        Some(tokio::spawn(bridges.run(shutdown.clone())))
+        let serving = tokio::spawn(bridges.run(shutdown.clone()));
+        Some(serving)
     };
     let result = sync.run(shutdown.clone()).await;
     shutdown.cancel();
