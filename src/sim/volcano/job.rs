@@ -433,7 +433,7 @@ fn write_job_status(
     } else {
         status["taskStatusCount"] = Value::Object(by_task);
     }
-    super::svc::release_when_finished(core, job, &step.phase, &mut status);
+    super::svc::release_when_finished(core, job, ttl_applies(&step.phase), &mut status);
     if job.get("status") != Some(&status) {
         core.replace_status(key, status);
     }

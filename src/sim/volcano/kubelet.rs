@@ -446,7 +446,10 @@ impl Model {
         if let Some(storage) = &self.config.storage_dir
             && let Some(pod) = core.store.get(key)
         {
-            super::storage::keep_output(storage, &pod, self.config.default_run, core.now);
+            let (run, now) = (self.config.default_run, core.now);
+            super::storage::keep_output(storage, &pod, |name| {
+                pod_log(&pod, name, run, now, false, None).ok()
+            });
         }
         if restarts {
             let count = core

@@ -10,12 +10,9 @@
 //! deleted (a cancel, an expiry, a node lost), so at every end the file is what the wrapper left.
 
 use std::path::{Component, Path, PathBuf};
-use std::time::Duration;
 
-use jiff::Timestamp;
 use serde_json::Value;
 
-use super::kubelet::pod_log;
 use crate::pipeline::plugins::output_files;
 use crate::sim::json::JsonPath;
 
@@ -78,7 +75,9 @@ pub fn output_file(storage: &Path, pod: &Value, container: &Value) -> Option<(Pa
 
 /// Writes the output file of every wrapped container of `pod`, with its log up to `now`. A failure to
 /// write is logged: the simulated cluster goes on, as a job would whose storage failed.
-pub fn keep_output(storage: &Path, pod: &Value, default_run: Duration, now: Timestamp) {
+/// `log_of` gives a container's log up to now (the kubelet's `pod_log`), `None` for one that never
+/// started.
+pub fn keep_output(storage: &Path, pod: &Value, log_of: impl Fn(Option<&str>) -> Option<String>) {
     let Some(containers) = pod.at("/spec/containers").and_then(Value::as_array) else {
         return;
     };
@@ -88,7 +87,7 @@ pub fn keep_output(storage: &Path, pod: &Value, default_run: Duration, now: Time
         };
         let name = container["name"].as_str();
         // A container that never started wrote nothing, and its wrapper never created the file.
-        let Ok(log) = pod_log(pod, name, default_run, now, false, None) else {
+        let Some(log) = log_of(name) else {
             continue;
         };
         let written = path

@@ -18,11 +18,17 @@ use crate::sim::json::JsonPath;
 /// The key of the svc plugin in `status.controlledResources`.
 const CONTROLLED: &str = "plugin-svc";
 
-/// When `phase` is one a job never leaves and `status` still names the svc plugin's objects: deletes
-/// them (gone already is fine) and takes the plugin out of `status.controlledResources`, which the
-/// caller writes. Once per job: afterwards the status no longer names them.
-pub(super) fn release_when_finished(core: &mut Core, job: &Value, phase: &str, status: &mut Value) {
-    if !super::job::ttl_applies(phase) {
+/// When the job is `finished` (in a phase it never leaves: those the TTL collector counts) and
+/// `status` still names the svc plugin's objects: deletes them (gone already is fine) and takes the
+/// plugin out of `status.controlledResources`, which the caller writes. Once per job: afterwards the
+/// status no longer names them.
+pub(super) fn release_when_finished(
+    core: &mut Core,
+    job: &Value,
+    finished: bool,
+    status: &mut Value,
+) {
+    if !finished {
         return;
     }
     let Some(controlled) = status
