@@ -208,6 +208,10 @@ async fn start_embedded_sim(config: &Config, args: &Args) -> Result<Option<Embed
     Ok(Some((Arc::new(handle), speed, address)))
 }
 
+/// How often the monitor looks at a simulator's clock, which does not run by itself (see
+/// `Service::monitor_clock`).
+const SIM_CLOCK_LOOK: Duration = Duration::from_millis(200);
+
 /// The embedded simulator, its clock speed, and its address published for the other commands.
 type Embedded = (Arc<SimHandle>, f64, Option<EmbeddedSimAddress>);
 
@@ -227,7 +231,7 @@ async fn monitor_clock(
             handle: handle.clone(),
             speed: *speed,
         });
-        return Ok(Some((clock, Duration::from_millis(200))));
+        return Ok(Some((clock, SIM_CLOCK_LOOK)));
     }
     if !version.contains(SIM_VERSION_MARK) {
         return Ok(None);
@@ -247,7 +251,7 @@ async fn monitor_clock(
     let clock = Arc::new(clock);
     loops.spawn(clock.clone().follow(client.clone(), shutdown.clone()));
     let clock: Arc<dyn Clock> = clock;
-    Ok(Some((clock, Duration::from_millis(200))))
+    Ok(Some((clock, SIM_CLOCK_LOOK)))
 }
 
 /// The configuration (file, then `VOLCANO_RUNNER_*` variables), with `--cluster` on top.

@@ -163,6 +163,31 @@ pub struct Observed<'a> {
     pub phase_seen: Option<Timestamp>,
 }
 
+impl<'a> Observed<'a> {
+    /// What a decision sees of `job` and `pods` alone: no PodGroup, queue, estimate, disruption or peer,
+    /// no maintenance window, nothing confirmed or read afresh (a job gone from the cluster, whose last
+    /// state is all there is; and the decision's tests, which name only what differs).
+    pub fn plain(job: &'a VolcanoJob, pods: &'a [Pod]) -> Self {
+        Observed {
+            job,
+            pods,
+            podgroup: None,
+            jobs_ahead: None,
+            estimate: None,
+            estimate_pending: false,
+            disruption: None,
+            fresh_at: None,
+            queued_confirmed: false,
+            cancel_seen: false,
+            maintenance: Some(&[]),
+            maintenance_taints: false,
+            maintenance_tainted: None,
+            peers: &[],
+            phase_seen: None,
+        }
+    }
+}
+
 /// What to do next for a job.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
@@ -1966,21 +1991,8 @@ pub fn decide_gone(
             .insert(s.keys.job_start.clone(), format_millis(start));
     }
     let obs = Observed {
-        job: &job,
-        pods,
-        podgroup: None,
-        jobs_ahead: None,
-        estimate: None,
-        estimate_pending: false,
-        disruption: None,
-        fresh_at: None,
         queued_confirmed,
-        cancel_seen: false,
-        maintenance: Some(&[]),
-        maintenance_taints: false,
-        maintenance_tainted: None,
-        peers: &[],
-        phase_seen: None,
+        ..Observed::plain(&job, pods)
     };
     let facts = JobFacts::read(&job, &s.keys, &s.config.pipeline)?;
     let mut action = publish_end(&obs, s, &facts, &record, &outcome, now)?;
@@ -2610,26 +2622,8 @@ mod tests {
     }
 
     /// The figlet example (1 replica, 1 h), as the runner creates it.
-    /// What a decision sees of `job` and `pods` alone: no PodGroup, queue, estimate, disruption or peer,
-    /// no maintenance window, nothing confirmed or read afresh.
     fn observed<'a>(job: &'a VolcanoJob, pods: &'a [Pod]) -> Observed<'a> {
-        Observed {
-            job,
-            pods,
-            podgroup: None,
-            jobs_ahead: None,
-            estimate: None,
-            estimate_pending: false,
-            disruption: None,
-            fresh_at: None,
-            queued_confirmed: false,
-            cancel_seen: false,
-            maintenance: Some(&[]),
-            maintenance_taints: false,
-            maintenance_tainted: None,
-            peers: &[],
-            phase_seen: None,
-        }
+        Observed::plain(job, pods)
     }
 
     fn job(s: &Settings) -> VolcanoJob {
@@ -3926,14 +3920,24 @@ mod tests {
             };
             decide(&obs, &s, ts(now)).unwrap()
         };
+        let waits_until = |job: &VolcanoJob, pods: &[Pod], seen: i64, now: i64, until: i64, why| {
+            assert_eq!(
+                decide_on(job, pods, Some(seen), now),
+                Step::Wait {
+                    next_check: Some(ts(until))
+                },
+                "{why}"
+            );
+        };
         set_phase(&mut job, JobPhase::Running, 3);
         let not_started = [pod("4817", 0, ContainerState::default())];
-        assert_eq!(
-            decide_on(&job, &not_started, Some(20), 21),
-            Step::Wait {
-                next_check: Some(ts(23))
-            },
-            "Running since 3, first seen at 20: the watch gets its moment from 20"
+        waits_until(
+            &job,
+            &not_started,
+            20,
+            21,
+            23,
+            "Running since 3, first seen at 20: the watch gets its moment from 20",
         );
         let step = decide_on(&job, &not_started, Some(20), 23);
         assert!(step.needs_fresh_view(), "the moment passed: {step:?}");
@@ -3943,35 +3947,38 @@ mod tests {
         // come again. From the transition.
         let step = decide_on(&job, &[], Some(20), 21);
         assert!(step.needs_fresh_view(), "a rank without a pod: {step:?}");
-        assert_eq!(
-            decide_on(&job, &not_started, Some(1), 4),
-            Step::Wait {
-                next_check: Some(ts(6))
-            },
-            "seen before the transition (a clock behind the cluster's): from the transition"
+        waits_until(
+            &job,
+            &not_started,
+            1,
+            4,
+            6,
+            "seen before the transition (a clock behind the cluster's): from the transition",
         );
 
         mark_running(&mut job, &s, 2);
         set_phase(&mut job, JobPhase::Completed, 9);
         let still_running = [pod("4817", 0, running(2))];
-        assert_eq!(
-            decide_on(&job, &still_running, Some(40), 41),
-            Step::Wait {
-                next_check: Some(ts(43))
-            },
-            "Completed since 9, first seen at 40, the rank still runs in the view"
+        waits_until(
+            &job,
+            &still_running,
+            40,
+            41,
+            43,
+            "Completed since 9, first seen at 40, the rank still runs in the view",
         );
         let step = decide_on(&job, &still_running, Some(40), 43);
         assert!(
             matches!(step, Step::Record { .. }) && step.needs_fresh_view(),
             "{step:?}"
         );
-        assert_eq!(
-            decide_on(&job, &still_running, Some(50), 41),
-            Step::Wait {
-                next_check: Some(ts(44))
-            },
-            "a first sight ahead of the clock counts as now: at most the grace"
+        waits_until(
+            &job,
+            &still_running,
+            50,
+            41,
+            44,
+            "a first sight ahead of the clock counts as now: at most the grace",
         );
 
         // The skew guard stands: a phase time far ahead of the clock is read afresh at once.

@@ -446,10 +446,7 @@ impl Model {
         if let Some(storage) = &self.config.storage_dir
             && let Some(pod) = core.store.get(key)
         {
-            let (run, now) = (self.config.default_run, core.now);
-            super::storage::keep_output(storage, &pod, |name| {
-                pod_log(&pod, name, run, now, false, None).ok()
-            });
+            keep_output(storage, &pod, self.config.default_run, core.now);
         }
         if restarts {
             let count = core
@@ -604,6 +601,19 @@ impl Model {
         self.release(core, key, true);
         core.delete_key(key, None, Some(0));
     }
+}
+
+/// Writes the output wrapper's file of every wrapped container of `pod` ([`super::storage`]), with
+/// the container's log up to `now` as [`pod_log`] gives it.
+pub(super) fn keep_output(
+    storage: &std::path::Path,
+    pod: &Value,
+    default_run: Duration,
+    now: Timestamp,
+) {
+    super::storage::keep_output(storage, pod, |name| {
+        pod_log(pod, name, default_run, now, false, None).ok()
+    });
 }
 
 /// The log of a pod's container as its command would have written it up to `now`.

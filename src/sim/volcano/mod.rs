@@ -455,10 +455,7 @@ impl Model {
             EventType::Deleted => {
                 // The pod stops now (a cancel, an expiry, a node lost): its wrapper's file is final.
                 if let Some(storage) = &self.config.storage_dir {
-                    let (run, now) = (self.config.default_run, core.now);
-                    storage::keep_output(storage, pod, |name| {
-                        kubelet::pod_log(pod, name, run, now, false, None).ok()
-                    });
+                    kubelet::keep_output(storage, pod, self.config.default_run, core.now);
                 }
                 self.release(core, &r.key, true);
                 self.pods.remove(&r.key);
