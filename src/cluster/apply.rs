@@ -530,6 +530,30 @@ pub struct ApplyOutcome {
     pub reused: Vec<ObjectKey>,
 }
 
+/// What a create asks the API server to answer with: the created object's `PartialObjectMetadata`, or,
+/// from a server that cannot, the object itself (the decoder reads the metadata of either). The answer
+/// is all the applier reads of a create, and a VolcanoJob's whole answer (every template with its output
+/// wrapper) was most of the bytes a submission's requests brought back.
+pub const CREATE_ACCEPT: &str =
+    "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1, application/json";
+
+/// The POST that creates `body` in the collection at `url`, asking for the metadata alone back
+/// ([`CREATE_ACCEPT`]).
+fn create_request(
+    url: &str,
+    params: &PostParams,
+    body: Vec<u8>,
+) -> Result<http::Request<Vec<u8>>, kube::Error> {
+    let mut request = kube::core::Request::new(url)
+        .create(params, body)
+        .map_err(kube::Error::BuildRequest)?;
+    request.headers_mut().insert(
+        http::header::ACCEPT,
+        http::HeaderValue::from_static(CREATE_ACCEPT),
+    );
+    Ok(request)
+}
+
 /// The part of a write's answer the applier reads: the object's metadata. Every other field of the
 /// answer is skipped by the decoder, not built.
 #[derive(Deserialize)]
@@ -958,10 +982,7 @@ impl Applier {
                     op: op.clone(),
                     message: format!("the object does not serialise: {e}"),
                 })?;
-                let request = kube::core::Request::new(url.as_str())
-                    .create(&params, body)
-                    .map_err(kube::Error::BuildRequest)
-                    .classify(|| op.clone())?;
+                let request = create_request(&url, &params, body).classify(|| op.clone())?;
                 // Not `Api::create`: that decodes the whole answer (a VolcanoJob's every template) into a
                 // `DynamicObject` through serde's buffering, and only the metadata is read.
                 self.client
@@ -1243,6 +1264,39 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    /// A create asks for the metadata alone back, and for the object from a server that cannot: the
+    /// applier reads only the answer's metadata, and a VolcanoJob's whole answer was most of the bytes a
+    /// submission brought back.
+    #[test]
+    fn a_create_asks_for_the_metadata_alone_back() {
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PostParams::default()
+        };
+        let request = create_request("/api/v1/namespaces/a/configmaps", &params, b"{}".to_vec())
+            .expect("a request");
+        assert_eq!(request.method(), http::Method::POST);
+        let accept = request.headers()[http::header::ACCEPT].to_str().unwrap();
+        let mut kinds = accept.split(", ");
+        assert_eq!(
+            kinds.next(),
+            Some("application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1")
+        );
+        assert_eq!(
+            kinds.next(),
+            Some("application/json"),
+            "the object from a server that cannot"
+        );
+        assert!(request.uri().query().unwrap().contains("fieldManager="));
+        // What an API server answers with it decodes as the applier reads it.
+        let answer: Answer = serde_json::from_str(
+            r#"{"apiVersion":"meta.k8s.io/v1","kind":"PartialObjectMetadata","metadata":{"name":"x","uid":"u","resourceVersion":"7"}}"#,
+        )
+        .unwrap();
+        assert_eq!(answer.metadata.resource_version.as_deref(), Some("7"));
+        assert_eq!(answer.metadata.uid.as_deref(), Some("u"));
+    }
 
     const FP: &str = "example.org/submissionHash";
 

@@ -389,17 +389,23 @@ fn object_response(
 /// A written object, always as JSON (writes do not negotiate tables). With the write's record the
 /// encoding is the one its watch events carry: the object is written out once, not once for the
 /// answer and once for the watches.
-fn written(code: u16, obj: &Value, record: Option<&Record>) -> Response {
+fn written(code: u16, obj: &Value, record: Option<&Record>, r: Repr) -> Response {
+    let metadata = r == Repr::Metadata;
     let body = match record {
-        Some(r) => r.object_json(false),
+        Some(rec) => rec.object_json(metadata),
+        None if metadata => Bytes::from(partial(obj)),
         None => Bytes::from(serde_json::to_vec(obj).unwrap_or_default()),
     };
     respond(code, "application/json", body)
 }
 
-/// The answer to a write: the written object, with its record's encoding when there is one.
-fn answer(code: u16, (w, record): (Written, Option<Arc<Record>>)) -> Response {
-    with_warnings(written(code, &w.object, record.as_deref()), &w.warnings)
+/// The answer to a write: the written object, with its record's encoding when there is one; its
+/// `PartialObjectMetadata` when the request asked for that (`Accept: application/json;
+/// as=PartialObjectMetadata;g=meta.k8s.io;v=v1`), as an API server answers a create, an update or a
+/// patch in the representation the request negotiated. A client that reads only the metadata of what
+/// it wrote (the runner's creates) is spared the whole object.
+fn answer(code: u16, (w, record): (Written, Option<Arc<Record>>), r: Repr) -> Response {
+    with_warnings(written(code, &w.object, record.as_deref(), r), &w.warnings)
 }
 
 /// The history record of the write that stored `obj`, when it is the latest change (read inside the
@@ -844,20 +850,20 @@ fn resource(
             let body = parse_body(headers, &body)?;
             let opts = params.write_options();
             let w = shared.write(|c| c.core.create(id, &ns, body, &opts))?;
-            Ok(answer(201, w))
+            Ok(answer(201, w, r))
         }
         ("PUT", Some(name)) => {
             let body = parse_body(headers, &body)?;
             let opts = params.write_options();
             let w = shared.write(|c| c.core.update(id, &ns, name, body, sub, &opts))?;
-            Ok(answer(200, w))
+            Ok(answer(200, w, r))
         }
         ("PATCH", Some(name)) => {
             let kind = patch_kind(headers)?;
             let opts = params.write_options();
             let w = shared.write(|c| c.core.patch(id, &ns, name, kind, &body, sub, &opts))?;
             let code = if w.0.created { 201 } else { 200 };
-            Ok(answer(code, w))
+            Ok(answer(code, w, r))
         }
         ("DELETE", Some(name)) => {
             let opts = delete_options(params, &body)?;
@@ -997,7 +1003,7 @@ fn patch_kind(headers: &HeaderMap) -> Result<PatchKind, ApiError> {
 /// Status naming it.
 fn deleted_response(t: &ResourceType, d: Deleted) -> Response {
     match d {
-        Deleted::Pending(o) => written(200, &o, None),
+        Deleted::Pending(o) => written(200, &o, None, Repr::Json),
         Deleted::Gone(o) => json_response(
             200,
             &json!({

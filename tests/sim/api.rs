@@ -904,6 +904,85 @@ async fn metadata_only_requests() {
     assert!(raw.get("data").is_none());
 }
 
+/// A create, an update and a patch asked for `PartialObjectMetadata` answer with the written object's
+/// metadata alone, at the version written, as an API server answers in the representation a write
+/// negotiated (the runner's creates ask for it: `cluster::apply::CREATE_ACCEPT`); without the ask, the
+/// whole object.
+#[tokio::test]
+async fn writes_answer_with_the_metadata_alone_when_asked() {
+    let (_sim, client) = start().await;
+    namespace(&client, "meta-writes").await;
+    let url = "/api/v1/namespaces/meta-writes/configmaps";
+    let accept = volcano_runner::cluster::apply::CREATE_ACCEPT;
+    let send = |request: http::Request<Vec<u8>>| {
+        let client = client.clone();
+        async move {
+            client
+                .request_text(request)
+                .await
+                .map(|t| serde_json::from_str::<Value>(&t).unwrap())
+        }
+    };
+    let with_accept = |mut request: http::Request<Vec<u8>>| {
+        request
+            .headers_mut()
+            .insert(http::header::ACCEPT, http::HeaderValue::from_static(accept));
+        request
+    };
+    let body = serde_json::to_vec(&cm("w", &[("a", "b")])).unwrap();
+    let create = kube::core::Request::new(url)
+        .create(&PostParams::default(), body)
+        .unwrap();
+    let created = send(with_accept(create)).await.unwrap();
+    assert_eq!(created["kind"], "PartialObjectMetadata", "{created}");
+    assert_eq!(created["apiVersion"], "meta.k8s.io/v1");
+    assert_eq!(created["metadata"]["name"], "w");
+    assert_eq!(created["metadata"]["labels"]["a"], "b");
+    assert!(created.get("data").is_none(), "{created}");
+    let created_version = created["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let patch = kube::core::Request::new(url)
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"k": "patched"}})),
+        )
+        .unwrap();
+    let patched = send(with_accept(patch)).await.unwrap();
+    assert_eq!(patched["kind"], "PartialObjectMetadata", "{patched}");
+    assert!(patched.get("data").is_none());
+    let patched_version = patched["metadata"]["resourceVersion"].as_str().unwrap();
+    assert_ne!(
+        patched_version, created_version,
+        "the answer is the version written"
+    );
+
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "meta-writes");
+    let whole = api.get("w").await.unwrap();
+    assert_eq!(
+        whole.metadata.resource_version.as_deref(),
+        Some(patched_version)
+    );
+    let update_body = serde_json::to_vec(&whole).unwrap();
+    let update = kube::core::Request::new(url)
+        .replace("w", &PostParams::default(), update_body)
+        .unwrap();
+    let updated = send(with_accept(update)).await.unwrap();
+    assert_eq!(updated["kind"], "PartialObjectMetadata", "{updated}");
+
+    // Without the ask: the whole object, as before.
+    let body = serde_json::to_vec(&cm("plain", &[])).unwrap();
+    let create = kube::core::Request::new(url)
+        .create(&PostParams::default(), body)
+        .unwrap();
+    let plain = send(create).await.unwrap();
+    assert_eq!(plain["kind"], "ConfigMap", "{plain}");
+    assert_eq!(plain["data"]["k"], "v");
+}
+
 /// The simulator counts every API request by verb and resource (what `volcano-runner bench` reports per
 /// job): creates, gets, lists, patches of a subresource, each under its own name.
 #[tokio::test]
