@@ -233,6 +233,18 @@ fn cpu_seconds(usage: &libc::rusage) -> f64 {
 pub struct CpuSince {
     own: f64,
     broker: Option<f64>,
+    at: std::time::Instant,
+}
+
+/// What [`CpuSince::taken`] read: CPU seconds of this process and of the broker over a span of time.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuTaken {
+    pub own_s: f64,
+    /// `None` when the broker does not run here, or restarted meanwhile (it counts from zero again: no
+    /// figure rather than a wrong one).
+    pub broker_s: Option<f64>,
+    /// The real time the two were measured over.
+    pub wall_s: f64,
 }
 
 impl CpuSince {
@@ -240,18 +252,22 @@ impl CpuSince {
         Self {
             own: own_cpu_seconds(),
             broker: broker_cpu_seconds(),
+            at: std::time::Instant::now(),
         }
     }
 
-    /// This process's CPU seconds since, and the broker's: `None` when it does not run here, and when
-    /// it restarted meanwhile (it counts from zero again: no figure rather than a wrong one).
-    pub fn taken(&self) -> (f64, Option<f64>) {
-        let own = own_cpu_seconds() - self.own;
-        let broker = self
+    /// This process's CPU seconds since, the broker's, and the real time between.
+    pub fn taken(&self) -> CpuTaken {
+        let own_s = own_cpu_seconds() - self.own;
+        let broker_s = self
             .broker
             .zip(broker_cpu_seconds())
             .and_then(|(before, after)| (after >= before).then_some(after - before));
-        (own, broker)
+        CpuTaken {
+            own_s,
+            broker_s,
+            wall_s: self.at.elapsed().as_secs_f64(),
+        }
     }
 }
 

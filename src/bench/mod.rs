@@ -369,7 +369,7 @@ async fn phase_on(
     let per_runner = fleet
         .stop(config.runner.shutdown_grace + Duration::from_secs(10))
         .await;
-    let (harness_cpu_s, broker_cpu_s) = cpu.taken();
+    let cpu = cpu.taken();
     // Late duplicates (a republication) would arrive within moments of the last end.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (events_delivered, duplicate_deliveries) = observers.deliveries.counts();
@@ -395,8 +395,8 @@ async fn phase_on(
         api_elapsed,
         timings,
         per_runner,
-        harness_cpu_s,
-        broker_cpu_s,
+        cpu,
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
     }
     .phase())
 }
@@ -506,8 +506,11 @@ struct Measured {
     api_elapsed: Duration,
     timings: Timings,
     per_runner: Vec<report::RunnerUsage>,
-    harness_cpu_s: f64,
-    broker_cpu_s: Option<f64>,
+    /// This process's and the broker's CPU over the phase, from before its runners started until they
+    /// exited, and that span's length.
+    cpu: fleet::CpuTaken,
+    /// The machine's cores, all of which the runners, this process and the broker share.
+    cpus: usize,
 }
 
 impl Measured {
@@ -564,11 +567,20 @@ impl Measured {
             ratio_to_smaller_limit: None,
             publish_to_created: Latency::of(&mut to_created),
             publish_to_queued: Latency::of(&mut to_queued),
+            cores_busy: busy_share(runner_cpu_s, &self.cpu, self.cpus),
             per_runner: self.per_runner,
-            harness_cpu_s: self.harness_cpu_s,
-            broker_cpu_s: self.broker_cpu_s,
+            harness_cpu_s: self.cpu.own_s,
+            broker_cpu_s: self.cpu.broker_s,
         }
     }
+}
+
+/// The share of the machine's cores that the runners, this process and the broker kept busy over the
+/// phase (the runners' CPU is their whole life, which the span covers). Near one, the phase was bound by
+/// the cores, whoever used them; well under one, by something else (a serial part, a latency).
+fn busy_share(runner_cpu_s: f64, cpu: &fleet::CpuTaken, cpus: usize) -> Option<f64> {
+    let used = runner_cpu_s + cpu.own_s + cpu.broker_s?;
+    (cpu.wall_s > 0.0 && cpus > 0).then(|| used / (cpu.wall_s * cpus as f64))
 }
 
 /// How long each job of a phase runs once its pod starts.
@@ -1024,14 +1036,40 @@ mod tests {
                 peak_rss_mib: 40.0,
                 exit_ok: true,
             }],
-            harness_cpu_s: 1.0,
-            broker_cpu_s: None,
+            cpu: fleet::CpuTaken {
+                own_s: 1.0,
+                broker_s: None,
+                wall_s: 5.0,
+            },
+            cpus: 2,
         };
         let off = measured(false, 10, 0).phase();
         assert_eq!(off.api_requests_per_job, Some(40.0 / 10.0));
         assert_eq!(off.runner_cpu_ms_per_job, Some(2000.0 / 10.0));
         assert_eq!(off.duplicates_per_1000_jobs, Some(2000.0 / 10.0));
         assert_eq!(off.api_requests_per_s, Some(40.0 / 4.0));
+        assert_eq!(off.cores_busy, None, "the broker's share is unknown here");
+        let known = fleet::CpuTaken {
+            own_s: 1.0,
+            broker_s: Some(1.0),
+            wall_s: 5.0,
+        };
+        assert_eq!(
+            busy_share(2.0, &known, 2),
+            Some(0.4),
+            "4 s of CPU in 5 s on 2 cores"
+        );
+        assert_eq!(
+            busy_share(
+                2.0,
+                &fleet::CpuTaken {
+                    wall_s: 0.0,
+                    ..known
+                },
+                2
+            ),
+            None
+        );
         assert_eq!((off.created, off.queued, off.ended), (10, 10, 0));
         assert_eq!((off.monitoring_overlap, off.ended_jobs_per_s), (None, None));
         assert_eq!(off.publish_to_queued.map(|l| l.count), Some(10));

@@ -129,6 +129,12 @@ pub struct Phase {
     pub publish_to_created: Option<Latency>,
     pub publish_to_queued: Option<Latency>,
     pub per_runner: Vec<RunnerUsage>,
+    /// The share of the machine's cores the runners, the benchmark's process and the broker kept busy
+    /// over the phase (`None` when the broker's CPU is unknown). Near 100% the phase was bound by the
+    /// cores; with the simulator in this process, a monitored phase usually is, an unmonitored one
+    /// usually not (its bound is the simulator's one lock), so their QUEUED rates are bounded by
+    /// different things (README, Performance).
+    pub cores_busy: Option<f64>,
     /// CPU of the benchmark process in the phase: the simulator, the publisher and the observers.
     pub harness_cpu_s: f64,
     /// CPU of the RabbitMQ node on this machine in the phase (its `beam.smp` processes, read by
@@ -171,6 +177,9 @@ impl Report {
             write_phase_row(&mut out, p);
         }
         write_monitoring_cost(&mut out, &self.monitoring_cost);
+        for p in &self.phases {
+            write_cores(&mut out, p);
+        }
         for p in &self.phases {
             write_requests_by_kind(&mut out, p);
         }
@@ -400,6 +409,33 @@ fn write_monitoring_cost(out: &mut String, ratios: &[MonitoringRatio]) {
     }
 }
 
+/// Where a phase's CPU went, per job (QUEUED without the monitoring duty, ended with it): the runners,
+/// this process (the simulator, the publisher, the observers) and the broker, and how busy that kept
+/// the machine's cores.
+fn write_cores(out: &mut String, p: &Phase) {
+    let jobs = if p.monitor { p.ended } else { p.queued };
+    if jobs == 0 {
+        return;
+    }
+    let per_job = |s: f64| format!("{:.2}", s * 1000.0 / jobs as f64);
+    let runners: f64 = p.per_runner.iter().map(|r| r.cpu_s).sum();
+    let rate = p
+        .target_rate
+        .map_or("unpaced".into(), |r| format!("{r:.0}/s"));
+    let busy = p.cores_busy.map_or(String::new(), |b| {
+        format!("; the cores {:.0}% busy", b * 100.0)
+    });
+    let _ = writeln!(
+        out,
+        "CPU per job, {} runner(s), monitor {}, {rate}: runners {}, simulator and benchmark {}, RabbitMQ {} ms{busy}",
+        p.runners,
+        if p.monitor { "on" } else { "off" },
+        per_job(runners),
+        per_job(p.harness_cpu_s),
+        p.broker_cpu_s.map_or("-".into(), per_job),
+    );
+}
+
 /// A phase's API requests per job, by `<verb> <resource>`, largest first: where the requests go.
 fn write_requests_by_kind(out: &mut String, p: &Phase) {
     let jobs = if p.monitor { p.ended } else { p.queued };
@@ -494,6 +530,7 @@ mod tests {
                     peak_rss_mib: 61.2,
                     exit_ok: true,
                 }],
+                cores_busy: Some(0.875),
                 harness_cpu_s: 4.0,
                 broker_cpu_s: Some(1.5),
             }],
@@ -525,6 +562,13 @@ mod tests {
         );
         assert!(table.contains("broker 4000 msgs/s"), "{table}");
         assert!(table.contains("load at start 0.50"), "{table}");
+        // 900 jobs ended: 3.25 s of runner CPU, 4.0 s of this process, 1.5 s of the broker.
+        assert!(
+            table.contains(
+                "CPU per job, 1 runner(s), monitor on, unpaced: runners 3.61, simulator and benchmark 4.44, RabbitMQ 1.67 ms; the cores 88% busy"
+            ),
+            "{table}"
+        );
         let skipped = Report {
             limits: None,
             ..report()
@@ -548,6 +592,7 @@ mod tests {
         assert_eq!(phase["duplicates_per_1000_jobs"], 7.0);
         assert_eq!(phase["harness_cpu_s"], 4.0);
         assert_eq!(phase["broker_cpu_s"], 1.5);
+        assert_eq!(phase["cores_busy"], 0.875);
         assert_eq!(phase["monitoring_overlap"], 0.9);
         assert_eq!(phase["runner_cpu_ms_per_job"], 3.6);
         assert_eq!(json["workload"]["cluster_nodes"], 40);
