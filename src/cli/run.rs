@@ -127,19 +127,20 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     }
 
     let sim = start_embedded_sim(&config, &args).await?;
-    let client = match &sim {
-        Some((handle, _, _)) => {
-            let url = handle
-                .url()
-                .parse()
-                .map_err(|e| CliError::Other(format!("the embedded simulator's URL: {e}")))?;
-            client::connect_url_with(url, &config.cluster, &ops.kube_layer())
-                .map_err(cluster_error)?
-        }
-        None => client::connect_with(&config.cluster, &ops.kube_layer())
-            .await
-            .map_err(cluster_error)?,
-    };
+    let client =
+        match &sim {
+            Some(embedded) => {
+                let url =
+                    embedded.clock.handle.url().parse().map_err(|e| {
+                        CliError::Other(format!("the embedded simulator's URL: {e}"))
+                    })?;
+                client::connect_url_with(url, &config.cluster, &ops.kube_layer())
+                    .map_err(cluster_error)?
+            }
+            None => client::connect_with(&config.cluster, &ops.kube_layer())
+                .await
+                .map_err(cluster_error)?,
+        };
     ops.readiness.add_cluster(
         client.clone(),
         config.ops.cluster_check_timeout,
@@ -172,9 +173,9 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     shutdown.cancel();
     while loops.join_next().await.is_some() {}
     endpoint.stop().await;
-    if let Some((handle, _, address)) = sim {
+    if let Some(Embedded { clock, address }) = sim {
         drop(address);
-        if let Ok(handle) = Arc::try_unwrap(handle) {
+        if let Ok(handle) = Arc::try_unwrap(clock.handle) {
             handle.shutdown().await;
         }
     }
@@ -205,15 +206,25 @@ async fn start_embedded_sim(config: &Config, args: &Args) -> Result<Option<Embed
         handle.url()
     );
     let address = EmbeddedSimAddress::publish(&handle.url());
-    Ok(Some((Arc::new(handle), speed, address)))
+    Ok(Some(Embedded {
+        clock: SimClock {
+            handle: Arc::new(handle),
+            speed,
+        },
+        address,
+    }))
 }
 
 /// How often the monitor looks at a simulator's clock, which does not run by itself (see
 /// `Service::monitor_clock`).
 const SIM_CLOCK_LOOK: Duration = Duration::from_millis(200);
 
-/// The embedded simulator, its clock speed, and its address published for the other commands.
-type Embedded = (Arc<SimHandle>, f64, Option<EmbeddedSimAddress>);
+/// The embedded simulator with its clock speed (the monitor's clock), and its address published for
+/// the other commands while it runs.
+struct Embedded {
+    clock: SimClock,
+    address: Option<EmbeddedSimAddress>,
+}
 
 /// The clock the monitor follows: the embedded simulator's, or that of a simulator reached by URL (it
 /// runs a clock of its own, often faster than real time: with the wall clock the monitor would charge
@@ -226,11 +237,8 @@ async fn monitor_clock(
     loops: &mut tokio::task::JoinSet<()>,
     shutdown: &CancellationToken,
 ) -> Result<Option<(Arc<dyn Clock>, Duration)>, CliError> {
-    if let Some((handle, speed, _)) = sim {
-        let clock: Arc<dyn Clock> = Arc::new(SimClock {
-            handle: handle.clone(),
-            speed: *speed,
-        });
+    if let Some(embedded) = sim {
+        let clock: Arc<dyn Clock> = Arc::new(embedded.clock.clone());
         return Ok(Some((clock, SIM_CLOCK_LOOK)));
     }
     if !version.contains(SIM_VERSION_MARK) {
@@ -549,6 +557,7 @@ impl Clock for RemoteSimClock {
 
 /// The embedded simulator's clock, as the monitor's clock: the monitor's timers then fire in simulated
 /// time, at the simulator's speed.
+#[derive(Clone)]
 struct SimClock {
     handle: Arc<SimHandle>,
     speed: f64,

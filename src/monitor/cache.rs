@@ -686,18 +686,14 @@ impl Cache {
         self
     }
 
-    /// When a job that enters the cache as `job` was first held in its phase: as before while its phase
-    /// stays (`old` is the job held, with when it was first held in its phase), now when it changes.
+    /// When a job that enters the cache as `job` under `key` was first held in its phase: as before while
+    /// its phase stays (the job held there keeps when it was first held in its phase), now when it changes.
     /// `None` for a job new to the cache (a list, a takeover, a job first seen late): its pods' events
     /// may have come before it, and a finished pod of a job not held is not taken in, so the pods it
     /// lacks may never come; its wait counts from Volcano's transition, as before.
-    fn phase_seen(
-        &self,
-        old: Option<(&VolcanoJob, Option<Timestamp>)>,
-        job: &VolcanoJob,
-    ) -> Option<Timestamp> {
-        match old {
-            Some((old, seen)) if old.phase() == job.phase() => seen,
+    fn phase_seen(&self, key: &JobKey, job: &VolcanoJob) -> Option<Timestamp> {
+        match self.jobs.get(key) {
+            Some(held) if held.value.phase() == job.phase() => held.phase_seen,
             Some(_) => self.clock.as_ref().map(|c| c.now()),
             None => None,
         }
@@ -949,8 +945,7 @@ impl Cache {
             }
             _ => self.next_generation(),
         };
-        let phase_seen =
-            self.phase_seen(self.jobs.get(&key).map(|e| (&*e.value, e.phase_seen)), &job);
+        let phase_seen = self.phase_seen(&key, &job);
         let new = rv_of(&job.metadata);
         let old = self.jobs.insert(
             key.clone(),
@@ -1049,8 +1044,7 @@ impl Cache {
                 }
                 self.index_peers(&key, &job, true);
             }
-            let phase_seen =
-                self.phase_seen(self.jobs.get(&key).map(|e| (&*e.value, e.phase_seen)), &job);
+            let phase_seen = self.phase_seen(&key, &job);
             let Some(entry) = self.jobs.get_mut(&key) else {
                 return false;
             };
@@ -1997,21 +1991,9 @@ mod tests {
     /// version, a worker's write alike), and a job new to the cache has none (its pods may never come).
     #[test]
     fn a_job_is_noted_when_first_held_in_its_phase() {
-        /// The simulator's clock, stopped: it moves when the test advances it.
-        #[derive(Debug)]
-        struct Stopped(crate::sim::clock::SimClock);
-        impl crate::monitor::clock::Clock for Stopped {
-            fn now(&self) -> Timestamp {
-                self.0.now()
-            }
-            fn real_until(&self, _: Timestamp) -> Option<std::time::Duration> {
-                None
-            }
-        }
-        let clock = Arc::new(Stopped(crate::sim::clock::SimClock::new(
+        let clock = Arc::new(crate::monitor::clock::ManualClock::at(
             "2026-01-01T00:00:00Z".parse().unwrap(),
-            0.0,
-        )));
+        ));
         let mut c = Cache::new().with_clock(clock.clone());
         let at = |secs: u64| {
             "2026-01-01T00:00:00Z"
@@ -2026,15 +2008,15 @@ mod tests {
             j
         };
         let seen = |c: &Cache, key: &JobKey| c.snapshot(key).unwrap().phase_seen;
-        clock.0.advance(std::time::Duration::from_secs(10));
+        clock.advance(std::time::Duration::from_secs(10));
         let key = c.apply_job(in_phase("1", JobPhase::Pending));
         assert_eq!(seen(&c, &key), None, "new to the cache");
         c.apply_job(in_phase("2", JobPhase::Running));
         assert_eq!(seen(&c, &key), Some(at(10)), "a new phase");
-        clock.0.advance(std::time::Duration::from_secs(5));
+        clock.advance(std::time::Duration::from_secs(5));
         c.apply_job(in_phase("3", JobPhase::Running));
         assert_eq!(seen(&c, &key), Some(at(10)), "same phase, another version");
-        clock.0.advance(std::time::Duration::from_secs(5));
+        clock.advance(std::time::Duration::from_secs(5));
         c.refresh_job(Arc::new(in_phase("4", JobPhase::Running)));
         assert_eq!(seen(&c, &key), Some(at(10)), "a worker's write, same phase");
         c.refresh_job(Arc::new(in_phase("5", JobPhase::Completed)));

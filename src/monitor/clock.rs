@@ -35,9 +35,48 @@ impl Clock for SystemClock {
     }
 }
 
+/// A clock that moves only when a test moves it: the monitor's unit tests decide on simulated minutes
+/// without sleeping and without the simulator.
+#[cfg(test)]
+#[derive(Debug)]
+pub struct ManualClock(std::sync::Mutex<Timestamp>);
+
+#[cfg(test)]
+impl ManualClock {
+    pub fn at(now: Timestamp) -> Self {
+        Self(std::sync::Mutex::new(now))
+    }
+
+    pub fn advance(&self, by: Duration) {
+        let mut now = self.0.lock().unwrap();
+        *now = now.checked_add(by).expect("in range");
+    }
+}
+
+#[cfg(test)]
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        *self.0.lock().unwrap()
+    }
+
+    fn real_until(&self, _: Timestamp) -> Option<Duration> {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_manual_clock_moves_only_when_moved() {
+        let start: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let clock = ManualClock::at(start);
+        assert_eq!(clock.now(), start);
+        clock.advance(Duration::from_secs(90));
+        assert_eq!(clock.now(), start + jiff::SignedDuration::from_secs(90));
+        assert_eq!(clock.real_until(start), None, "it does not run by itself");
+    }
 
     #[test]
     fn system_clock_sleeps_until_the_instant() {
