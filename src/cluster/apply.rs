@@ -530,6 +530,27 @@ pub struct ApplyOutcome {
     pub reused: Vec<ObjectKey>,
 }
 
+/// Notes an object of the plan as reused (it existed: an earlier delivery's) or as created by this
+/// attempt (what a rollback deletes).
+fn note(
+    step: &Step,
+    key: ObjectKey,
+    uid: Option<String>,
+    existed: bool,
+    created: &mut Vec<Created>,
+    reused: &mut Vec<ObjectKey>,
+) {
+    if existed {
+        reused.push(key);
+    } else {
+        created.push(Created {
+            key,
+            resource: step.resource.clone(),
+            uid,
+        });
+    }
+}
+
 /// What a create asks the API server to answer with: the created object's `PartialObjectMetadata`, or,
 /// from a server that cannot, the object itself (the decoder reads the metadata of either). The answer
 /// is all the applier reads of a create, and a VolcanoJob's whole answer (every template with its output
@@ -782,19 +803,7 @@ impl Applier {
         for step in plan {
             let key = step.key();
             match step.role {
-                Role::Shared => {
-                    // Known to exist (the usual case), its fields are not read back into a tree.
-                    let object = || {
-                        step.object().map_err(|e| ClusterError::Internal {
-                            op: format!("create {key}"),
-                            message: e.0,
-                        })
-                    };
-                    self.namespaces
-                        .ensure(&self.client, budget, &step.resource, &key, object)
-                        .await
-                        .map_err(|e| StepError::cluster(&key, e))?;
-                }
+                Role::Shared => self.ensure_shared(step, &key, budget).await?,
                 Role::Primary => {
                     let (object, existed, ended) =
                         self.create_primary(step, &key, fingerprint, budget).await?;
@@ -812,16 +821,8 @@ impl Applier {
                             reused: vec![key],
                         });
                     }
-                    if existed {
-                        reused.push(key);
-                        primary_existed = true;
-                    } else {
-                        created.push(Created {
-                            key,
-                            resource: step.resource.clone(),
-                            uid: object.uid.clone(),
-                        });
-                    }
+                    primary_existed = existed;
+                    note(step, key, object.uid.clone(), existed, created, &mut reused);
                     let owner = owner_reference(&step.resource, &object).ok_or_else(|| {
                         StepError::cluster(
                             &step.key(),
@@ -840,15 +841,7 @@ impl Applier {
                         unreachable!("check_plan puts the primary before its companions")
                     };
                     let (uid, existed) = self.create_companion(step, &key, owner, budget).await?;
-                    if existed {
-                        reused.push(key);
-                    } else {
-                        created.push(Created {
-                            key,
-                            resource: step.resource.clone(),
-                            uid,
-                        });
-                    }
+                    note(step, key, uid, existed, created, &mut reused);
                 }
             }
         }
@@ -880,6 +873,27 @@ impl Applier {
             created: created.iter().map(|c| c.key.clone()).collect(),
             reused,
         })
+    }
+
+    /// Makes sure a shared object (the owner's namespace) exists. Known to exist (the usual case), its
+    /// fields are not read back into a tree.
+    async fn ensure_shared(
+        &self,
+        step: &Step,
+        key: &ObjectKey,
+        budget: &Budget<'_>,
+    ) -> Result<(), StepError> {
+        let object = || {
+            step.object().map_err(|e| ClusterError::Internal {
+                op: format!("create {key}"),
+                message: e.0,
+            })
+        };
+        self.namespaces
+            .ensure(&self.client, budget, &step.resource, key, object)
+            .await
+            .map(drop)
+            .map_err(|e| StepError::cluster(key, e))
     }
 
     /// Creates the primary, or finds it applied by an earlier delivery. Returns the object and whether it

@@ -575,6 +575,72 @@ impl Executor {
         Ok(Some(labelled || published))
     }
 
+    /// Lets the pods the action names be scheduled: their scheduling gate removed, the tolerations the
+    /// action gives them added. `true` when a pod changed since the watch showed it (a conflict: the
+    /// job's pods are read again and the job decided again).
+    async fn release_pods(
+        &self,
+        job: &Arc<VolcanoJob>,
+        pods: &[Pod],
+        action: &Action,
+    ) -> Result<bool, HandleError> {
+        if action.ungate.is_none() && action.tolerate.is_none() {
+            return Ok(false);
+        }
+        let gated = action
+            .ungate
+            .as_ref()
+            .map(|(g, p)| (g.as_str(), p.as_slice()));
+        let tolerating = action
+            .tolerate
+            .as_ref()
+            .map(|(t, p)| (t.as_slice(), p.as_slice()));
+        let names: BTreeSet<&String> = gated
+            .map(|(_, p)| p)
+            .into_iter()
+            .chain(tolerating.map(|(_, p)| p))
+            .flatten()
+            .collect();
+        for name in names {
+            let Some(pod) = pods.iter().find(|p| p.metadata.name.as_ref() == Some(name)) else {
+                continue;
+            };
+            let gate = gated.filter(|(_, p)| p.contains(name)).map(|(g, _)| g);
+            let tolerations = tolerating
+                .filter(|(_, p)| p.contains(name))
+                .map_or(&[][..], |(t, _)| t);
+            match self.release(job, pod, gate, tolerations).await {
+                Ok(()) => {}
+                // The pod changed since the watch showed it: read the job's pods again and decide
+                // again.
+                Err(e) if e.is_conflict() => return Ok(true),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(false)
+    }
+
+    /// Publishes the action's messages not confirmed yet in this handling, and notes them confirmed.
+    async fn publish_unconfirmed(
+        &self,
+        job: &Arc<VolcanoJob>,
+        action: &Action,
+        confirmed: &mut HashSet<String>,
+    ) -> Result<(), HandleError> {
+        let publish: Vec<Outbound> = action
+            .publish
+            .iter()
+            .filter(|m| !confirmed.contains(message_id(m)))
+            .cloned()
+            .collect();
+        if !publish.is_empty() {
+            let traceparent = self.traceparent(job);
+            self.publish(&publish, traceparent.as_deref()).await?;
+            confirmed.extend(publish.iter().map(|m| message_id(m).to_owned()));
+        }
+        Ok(())
+    }
+
     async fn act(
         &self,
         job: &Arc<VolcanoJob>,
@@ -587,49 +653,10 @@ impl Executor {
         if let Some(addresses) = &action.peer_endpoints {
             self.write_peer_endpoints(job, addresses).await?;
         }
-        if action.ungate.is_some() || action.tolerate.is_some() {
-            let gated = action
-                .ungate
-                .as_ref()
-                .map(|(g, p)| (g.as_str(), p.as_slice()));
-            let tolerating = action
-                .tolerate
-                .as_ref()
-                .map(|(t, p)| (t.as_slice(), p.as_slice()));
-            let names: BTreeSet<&String> = gated
-                .map(|(_, p)| p)
-                .into_iter()
-                .chain(tolerating.map(|(_, p)| p))
-                .flatten()
-                .collect();
-            for name in names {
-                let Some(pod) = pods.iter().find(|p| p.metadata.name.as_ref() == Some(name)) else {
-                    continue;
-                };
-                let gate = gated.filter(|(_, p)| p.contains(name)).map(|(g, _)| g);
-                let tolerations = tolerating
-                    .filter(|(_, p)| p.contains(name))
-                    .map_or(&[][..], |(t, _)| t);
-                match self.release(job, pod, gate, tolerations).await {
-                    Ok(()) => {}
-                    // The pod changed since the watch showed it: read the job's pods again and decide
-                    // again.
-                    Err(e) if e.is_conflict() => return Ok(Acted::Conflict),
-                    Err(e) => return Err(e.into()),
-                }
-            }
+        if self.release_pods(job, pods, action).await? {
+            return Ok(Acted::Conflict);
         }
-        let publish: Vec<Outbound> = action
-            .publish
-            .iter()
-            .filter(|m| !confirmed.contains(message_id(m)))
-            .cloned()
-            .collect();
-        if !publish.is_empty() {
-            let traceparent = self.traceparent(job);
-            self.publish(&publish, traceparent.as_deref()).await?;
-            confirmed.extend(publish.iter().map(|m| message_id(m).to_owned()));
-        }
+        self.publish_unconfirmed(job, action, confirmed).await?;
         if action.carry_queued {
             // Confirmed: in the queues ahead of anything published from now on. Its record rides on
             // the next write of the job (or is written before its shard goes). A shard already on its

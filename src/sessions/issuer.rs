@@ -237,61 +237,13 @@ impl Issuer {
             return;
         }
         let correlation_id = delivery.correlation_id().map(str::to_owned);
-        // Properties that arrived not UTF-8 (shown with '?'): the request is not acted on.
-        let marked = delivery
-            .invalid_properties()
-            .map(|names| crate::broker::properties::invalid_properties_reason(&names));
-        let decoded = format
-            .map_err(|e| reason_of(&e))
-            .and_then(|format| marked.map_or(Ok(format), Err))
-            .and_then(|format| {
-                match delivery.type_name() {
-                    Some(t) if t != MessageType::OpenSession.amqp_type() => {
-                        return Err(DeadLetterReason::new(
-                            "unexpected_message_type",
-                            format!(
-                                "{t} is not {}: only session requests go to the session queue",
-                                MessageType::OpenSession.amqp_type()
-                            ),
-                        ));
-                    }
-                    _ => {}
-                }
-                messages::decode::<OpenSession>(format, delivery.body()).map_err(|e| reason_of(&e))
-            })
-            .and_then(|request| {
-                crate::validate::open_session(&request)
-                    .map(|()| request)
-                    .map_err(|e| {
-                        DeadLetterReason::new(e.kind().code(), e.to_string()).with_field(e.field())
-                    })
-            });
+        let decoded = decode_request(&delivery, format);
         let request = match decoded {
             Ok(request) => request,
             Err(reason) => {
-                warn!(code = %reason.code, reason = %reason.message, "A session request is invalid; refusing and dead-lettering it.");
-                if let Some(reply_to) = &reply_to {
-                    let reply = SessionReply {
-                        job_id: messages::peek_job_id(reply_format, delivery.body())
-                            .filter(|id| crate::validate::job_id(id).is_ok())
-                            .unwrap_or_default(),
-                        rank: 0,
-                        kind: 0,
-                        result: Some(Outcome::Refused(SessionRefusal {
-                            reason: reason.code.clone(),
-                            message: reason.message.clone(),
-                        })),
-                    };
-                    if let Err(e) = self
-                        .reply(reply_to, correlation_id.as_deref(), reply_format, &reply)
-                        .await
-                    {
-                        warn!(error = %e, "The refusal of an invalid session request could not be sent.");
-                    }
-                }
-                if let Err(e) = delivery.dead_letter(&reason).await {
-                    warn!(error = %e, "Dead-lettering an invalid session request failed.");
-                }
+                let to = reply_to.as_deref().map(|r| (r, correlation_id.as_deref()));
+                self.refuse_invalid(delivery, to, reply_format, &reason)
+                    .await;
                 return;
             }
         };
@@ -337,6 +289,40 @@ impl Issuer {
                     debug!(error = %e, "Returning a session request failed; it comes back anyway.");
                 }
             }
+        }
+    }
+
+    /// Refuses an invalid request: a refusal to its `reply_to` when it names one (with the job id when
+    /// one can be read from the body), and the request to the dead-letter queue with the reason.
+    async fn refuse_invalid(
+        &self,
+        delivery: Delivery,
+        reply_to: Option<(&str, Option<&str>)>,
+        reply_format: Format,
+        reason: &DeadLetterReason,
+    ) {
+        warn!(code = %reason.code, reason = %reason.message, "A session request is invalid; refusing and dead-lettering it.");
+        if let Some((reply_to, correlation_id)) = reply_to {
+            let reply = SessionReply {
+                job_id: messages::peek_job_id(reply_format, delivery.body())
+                    .filter(|id| crate::validate::job_id(id).is_ok())
+                    .unwrap_or_default(),
+                rank: 0,
+                kind: 0,
+                result: Some(Outcome::Refused(SessionRefusal {
+                    reason: reason.code.clone(),
+                    message: reason.message.clone(),
+                })),
+            };
+            if let Err(e) = self
+                .reply(reply_to, correlation_id, reply_format, &reply)
+                .await
+            {
+                warn!(error = %e, "The refusal of an invalid session request could not be sent.");
+            }
+        }
+        if let Err(e) = delivery.dead_letter(reason).await {
+            warn!(error = %e, "Dead-lettering an invalid session request failed.");
         }
     }
 
@@ -468,6 +454,43 @@ impl Issuer {
         }
         Ok((report, next))
     }
+}
+
+/// A delivery's session request, decoded and validated; the reason to dead-letter it otherwise (a
+/// format or a message type it cannot be, properties that arrived not UTF-8, an invalid request).
+fn decode_request(
+    delivery: &Delivery,
+    format: Result<Format, messages::DecodeError>,
+) -> Result<OpenSession, DeadLetterReason> {
+    // Properties that arrived not UTF-8 (shown with '?'): the request is not acted on.
+    let marked = delivery
+        .invalid_properties()
+        .map(|names| crate::broker::properties::invalid_properties_reason(&names));
+    format
+        .map_err(|e| reason_of(&e))
+        .and_then(|format| marked.map_or(Ok(format), Err))
+        .and_then(|format| {
+            match delivery.type_name() {
+                Some(t) if t != MessageType::OpenSession.amqp_type() => {
+                    return Err(DeadLetterReason::new(
+                        "unexpected_message_type",
+                        format!(
+                            "{t} is not {}: only session requests go to the session queue",
+                            MessageType::OpenSession.amqp_type()
+                        ),
+                    ));
+                }
+                _ => {}
+            }
+            messages::decode::<OpenSession>(format, delivery.body()).map_err(|e| reason_of(&e))
+        })
+        .and_then(|request| {
+            crate::validate::open_session(&request)
+                .map(|()| request)
+                .map_err(|e| {
+                    DeadLetterReason::new(e.kind().code(), e.to_string()).with_field(e.field())
+                })
+        })
 }
 
 fn reason_of(e: &messages::DecodeError) -> DeadLetterReason {
