@@ -443,10 +443,7 @@ impl Core {
             None => self.store.list(t.storage, ns, after_ref),
         };
         for entry in candidates {
-            if !opts.label.matches_entry(entry) {
-                continue;
-            }
-            if !opts.field.matches_entry(entry) {
+            if !entry.selected_by(&opts.label, &opts.field) {
                 continue;
             }
             if let Some(l) = limit

@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use serde_json::Value;
 
+use super::encode::{EventType, ObjectKey, Record, field_text, stamped, watch_line};
+use super::encode::{MetaSpan, line_object, write_partial_from};
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{EventType, ObjectKey, Record, field_text, stamped, watch_line};
-use super::store::{MetaSpan, line_object, write_partial_from};
 
 /// How long a change stays in the history as trees before it is compacted: long enough that every
 /// watch open when it was made has sent it from the shared line (a watch wakes within milliseconds of

@@ -16,6 +16,7 @@ pub mod builtin;
 pub mod clock;
 pub mod cluster;
 pub mod discovery;
+pub mod encode;
 pub mod error;
 pub mod exec;
 pub mod faults;

@@ -5,8 +5,6 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
-use super::store::Entry;
-
 /// One requirement of a label selector.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Requirement {
@@ -163,12 +161,6 @@ impl LabelSelector {
             )
     }
 
-    /// Whether a stored object's labels satisfy every requirement, without parsing an object kept as
-    /// text.
-    pub fn matches_entry(&self, entry: &Entry) -> bool {
-        self.0.is_empty() || self.matches_by(|k| entry.label(k))
-    }
-
     /// Whether an object's `metadata.labels` satisfy every requirement.
     pub fn matches(&self, labels: Option<&serde_json::Map<String, Value>>) -> bool {
         self.matches_by(|k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str))
@@ -309,11 +301,12 @@ impl FieldSelector {
         })
     }
 
-    /// Whether a stored object's fields satisfy every term, without parsing an object kept as text.
-    pub fn matches_entry(&self, entry: &Entry) -> bool {
+    /// Whether the field values `get` gives (owned: a stored object's, read from its text or its tree)
+    /// satisfy every term.
+    pub fn matches_owned(&self, get: impl Fn(&str) -> String) -> bool {
         self.0
             .iter()
-            .all(|t| (entry.field(&t.field) == t.value) != t.negated)
+            .all(|t| (get(&t.field) == t.value) != t.negated)
     }
 
     /// Whether the field values `get` reads (as a field selector reads them: a missing field is
