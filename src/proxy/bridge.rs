@@ -214,6 +214,41 @@ fn resolve(routes: &Routes, naming: &HostNaming, host: &str) -> Option<(String, 
     })
 }
 
+/// A session that opened a bridge: the sessions' store it lives in, its hash and when it expires (the
+/// bridge closes with it).
+type SessionHold = (Arc<Authz>, Hash, jiff::Timestamp);
+
+/// The live session that opens this bridge, when the proxy checks sessions: the one the request names
+/// (`HEADER_SESSION`), not expired, of this job and, but for the logs, of this rank. `Ok(None)` when
+/// sessions are not checked.
+fn live_session(
+    context: &BridgeContext,
+    headers: &axum::http::HeaderMap,
+    job_id: &str,
+    rank: u32,
+    kind: Kind,
+) -> Result<Option<SessionHold>, NoLiveSession> {
+    let Some(authz) = &context.sessions else {
+        return Ok(None);
+    };
+    let named = headers
+        .get(HEADER_SESSION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("session-"))
+        .and_then(Hash::from_hex);
+    let live = named.and_then(|hash| authz.record(&hash)).filter(|r| {
+        !r.is_expired(authz.now())
+            && r.job_id == job_id
+            && (matches!(kind, Kind::Logs) || r.rank == rank)
+    });
+    live.map(|record| Some((authz.clone(), record.hash, record.expires_at)))
+        .ok_or(NoLiveSession)
+}
+
+/// No live session of the job (and rank) opens the bridge: refused with 403.
+#[derive(Debug)]
+struct NoLiveSession;
+
 async fn route(
     context: Arc<BridgeContext>,
     stop: CancellationToken,
@@ -270,30 +305,14 @@ async fn route(
         )
             .into_response();
     }
-    let session = match &context.sessions {
-        None => None,
-        Some(authz) => {
-            let named = request
-                .headers()
-                .get(HEADER_SESSION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("session-"))
-                .and_then(Hash::from_hex);
-            let live = named.and_then(|hash| authz.record(&hash)).filter(|r| {
-                !r.is_expired(authz.now())
-                    && r.job_id == job_id
-                    && (matches!(kind, Kind::Logs) || r.rank == rank)
-            });
-            match live {
-                Some(record) => Some((authz.clone(), record.hash, record.expires_at)),
-                None => {
-                    return (
-                        StatusCode::FORBIDDEN,
-                        "refused: no live session of this job opens this bridge\n",
-                    )
-                        .into_response();
-                }
-            }
+    let session = match live_session(&context, request.headers(), &job_id, rank, kind) {
+        Ok(session) => session,
+        Err(NoLiveSession) => {
+            return (
+                StatusCode::FORBIDDEN,
+                "refused: no live session of this job opens this bridge\n",
+            )
+                .into_response();
         }
     };
     // noVNC asks for the `binary` subprotocol; others ask for none.
@@ -343,7 +362,7 @@ async fn ended(
     job_id: String,
     rank: u32,
     backend: Backend,
-    session: Option<(Arc<Authz>, Hash, jiff::Timestamp)>,
+    session: Option<SessionHold>,
     stop: CancellationToken,
 ) -> String {
     let mut changes = routes.subscribe();

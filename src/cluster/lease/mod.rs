@@ -564,17 +564,7 @@ impl ShardLeases {
             }
         };
         let now = Instant::now();
-        for lease in &leases {
-            if let (Some(name), Some(rv)) = (&lease.metadata.name, &lease.metadata.resource_version)
-            {
-                self.observations.observe(name, rv, now);
-            }
-        }
-        self.observations.retain(|name| {
-            leases
-                .iter()
-                .any(|l| l.metadata.name.as_deref() == Some(name))
-        });
+        self.observe(&leases, now);
         let by_name: BTreeMap<&str, &Lease> = leases
             .iter()
             .filter_map(|l| Some((l.metadata.name.as_deref()?, l)))
@@ -609,33 +599,8 @@ impl ShardLeases {
                 self.mine.remove(&(shard as u32));
             }
         }
-        self.next_lapse = (0..self.settings.shards)
-            .zip(&holders)
-            .filter(|(_, h)| **h == Holder::Other { expired: false })
-            .filter_map(|(shard, _)| {
-                let name = self.settings.shard_name(shard);
-                let lease = by_name.get(name.as_str())?;
-                holder(lease)?;
-                let unchanged = self.observations.unchanged_for(&name, now);
-                let left = self.lease_duration_of(lease).checked_sub(unchanged)?;
-                Some(now + left)
-            })
-            .min();
-        // A live runner short of its share (a newcomer holding none, or one that got fewer than the
-        // floor of the share, say because a shard it asked for was taken first) takes what the others
-        // hand over.
-        let mut holding: BTreeMap<&str, usize> = BTreeMap::new();
-        for lease in (0..self.settings.shards)
-            .zip(&holders)
-            .filter(|(_, h)| matches!(h, Holder::Me | Holder::Other { expired: false }))
-            .filter_map(|(shard, _)| by_name.get(self.settings.shard_name(shard).as_str()))
-        {
-            if let Some(name) = holder(lease) {
-                *holding.entry(name).or_default() += 1;
-            }
-        }
-        let floor = self.settings.shards as usize / live.max(1);
-        let short_member = live > holding.len() || holding.values().any(|held| *held < floor);
+        self.next_lapse = self.next_lapse_of(&holders, &by_name, now);
+        let short_member = self.short_member(&holders, &by_name, live);
         let Decision {
             renew,
             acquire,
@@ -661,6 +626,66 @@ impl ShardLeases {
         }
         self.gc_members(&leases, now).await;
         self.tell_failing(Instant::now());
+    }
+
+    /// Notes the version each lease was listed at (a lease's age is how long its version has not
+    /// moved, on this runner's clock), and forgets the leases gone.
+    fn observe(&mut self, leases: &[Lease], now: Instant) {
+        for lease in leases {
+            if let (Some(name), Some(rv)) = (&lease.metadata.name, &lease.metadata.resource_version)
+            {
+                self.observations.observe(name, rv, now);
+            }
+        }
+        self.observations.retain(|name| {
+            leases
+                .iter()
+                .any(|l| l.metadata.name.as_deref() == Some(name))
+        });
+    }
+
+    /// When the first shard another runner holds lapses if its holder stops renewing it.
+    fn next_lapse_of(
+        &self,
+        holders: &[Holder],
+        by_name: &BTreeMap<&str, &Lease>,
+        now: Instant,
+    ) -> Option<Instant> {
+        (0..self.settings.shards)
+            .zip(holders)
+            .filter(|(_, h)| **h == Holder::Other { expired: false })
+            .filter_map(|(shard, _)| {
+                let name = self.settings.shard_name(shard);
+                let lease = by_name.get(name.as_str())?;
+                holder(lease)?;
+                let unchanged = self.observations.unchanged_for(&name, now);
+                let left = self.lease_duration_of(lease).checked_sub(unchanged)?;
+                Some(now + left)
+            })
+            .min()
+    }
+
+    /// Whether a live runner is short of its share (a newcomer holding none, or one that got fewer
+    /// than the floor of the share, say because a shard it asked for was taken first): the others then
+    /// hand over what it takes.
+    fn short_member(
+        &self,
+        holders: &[Holder],
+        by_name: &BTreeMap<&str, &Lease>,
+        live: usize,
+    ) -> bool {
+        let mut holding: BTreeMap<&str, usize> = BTreeMap::new();
+        for lease in (0..self.settings.shards)
+            .zip(holders)
+            .filter(|(_, h)| matches!(h, Holder::Me | Holder::Other { expired: false }))
+            .filter_map(|(shard, _)| by_name.get(self.settings.shard_name(shard).as_str()))
+        {
+            if let Some(name) = holder(lease) {
+                *holding.entry(name).or_default() += 1;
+            }
+        }
+        let floor = self.settings.shards as usize / live.max(1);
+        live > holding.len() || holding.values().any(|held| *held < floor)
     }
 
     /// Releases the shards given up whose work has ended, or whose deadline has passed, and returns
