@@ -127,20 +127,19 @@ pub async fn run(args: Args, config: Option<&Path>) -> Result<ExitCode, CliError
     }
 
     let sim = start_embedded_sim(&config, &args).await?;
-    let client =
-        match &sim {
-            Some(embedded) => {
-                let url =
-                    embedded.clock.handle.url().parse().map_err(|e| {
-                        CliError::Other(format!("the embedded simulator's URL: {e}"))
-                    })?;
-                client::connect_url_with(url, &config.cluster, &ops.kube_layer())
-                    .map_err(cluster_error)?
-            }
-            None => client::connect_with(&config.cluster, &ops.kube_layer())
-                .await
-                .map_err(cluster_error)?,
-        };
+    let client = match &sim {
+        Some(embedded) => {
+            let url = embedded
+                .url()
+                .parse()
+                .map_err(|e| CliError::Other(format!("the embedded simulator's URL: {e}")))?;
+            client::connect_url_with(url, &config.cluster, &ops.kube_layer())
+                .map_err(cluster_error)?
+        }
+        None => client::connect_with(&config.cluster, &ops.kube_layer())
+            .await
+            .map_err(cluster_error)?,
+    };
     ops.readiness.add_cluster(
         client.clone(),
         config.ops.cluster_check_timeout,
@@ -224,6 +223,13 @@ const SIM_CLOCK_LOOK: Duration = Duration::from_millis(200);
 struct Embedded {
     clock: SimClock,
     address: Option<EmbeddedSimAddress>,
+}
+
+impl Embedded {
+    /// Where its Kubernetes API listens.
+    fn url(&self) -> String {
+        self.clock.handle.url()
+    }
 }
 
 /// The clock the monitor follows: the embedded simulator's, or that of a simulator reached by URL (it

@@ -11,13 +11,14 @@ use serde_json::{Map, Value, json};
 
 use super::builtin;
 use super::clock::format_time;
+use super::encode::ObjectKey;
 use super::error::{ApiError, FieldError, FieldErrorKind};
 use super::names;
 use super::patch::{self, PatchError, PatchKind};
 use super::registry::{Builtin, Registry, ResId, ResourceType};
 use super::schema;
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{Entry, KeepRule, ObjectKey, Store};
+use super::store::{Entry, KeepRule, Store};
 use super::volcano::admission;
 
 /// Resource ids the simulator itself needs.

@@ -8,7 +8,8 @@ use jiff::Timestamp;
 use serde_json::Value;
 
 use super::api::{Core, FOREGROUND_FINALIZER, Propagation};
-use super::store::{Entry, EventType, ObjectKey, Record, owner_uids, uid_of};
+use super::encode::{EventType, ObjectKey, Record};
+use super::store::{Entry, owner_uids, uid_of};
 use super::volcano::{Model, ModelConfig};
 
 /// Upper bound on controller rounds per settle; reaching it means a controller keeps rewriting.

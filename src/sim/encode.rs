@@ -398,3 +398,41 @@ pub fn field_text(obj: &Value, field: &str) -> String {
         other => other.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn an_object_is_written_as_serde_json_writes_it_and_its_metadata_is_found_in_it() {
+        let objects = [
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "resourceVersion": "3",
+                   "labels": {"a\"b": "c\\d", "é": "\u{1}"}}, "spec": {"x": [1, 2.5, null, true]},
+                   "status": {}}),
+            json!({"metadata": {"name": "only"}}),
+            json!({"a": 1, "z": {"metadata": "not the top one"}}),
+            json!({"metadata": null, "b": "x"}),
+            json!({}),
+            json!([1, {"metadata": {}}]),
+            json!("text"),
+        ];
+        for obj in &objects {
+            for rv in [None, Some("42")] {
+                let expected = serde_json::to_vec(&AtVersion(obj, rv)).unwrap();
+                let mut out = b"prefix".to_vec();
+                let span = write_object(&mut out, obj, rv);
+                assert_eq!(&out[6..], &expected[..], "{obj} at {rv:?}");
+                let mut partial = Vec::new();
+                write_partial_metadata(&mut partial, obj, rv);
+                let mut cut = Vec::new();
+                write_partial_from(&mut cut, span.map(|m| m.of(&out)));
+                assert_eq!(
+                    String::from_utf8(cut).unwrap(),
+                    String::from_utf8(partial).unwrap(),
+                    "{obj} at {rv:?}"
+                );
+            }
+        }
+    }
+}

@@ -493,17 +493,17 @@ mod tests {
                     for c in [a, b] {
                         let whole = c.with_before(|p, rv| {
                             let mut out = Vec::new();
-                            crate::sim::store::write_object(&mut out, p, Some(rv));
+                            crate::sim::encode::write_object(&mut out, p, Some(rv));
                             out
                         });
                         assert_eq!(whole, Some(serde_json::to_vec(&was).unwrap()));
                         let partial = c.with_before(|p, rv| {
                             let mut out = Vec::new();
-                            crate::sim::store::write_partial_metadata(&mut out, p, Some(rv));
+                            crate::sim::encode::write_partial_metadata(&mut out, p, Some(rv));
                             out
                         });
                         let mut expected = Vec::new();
-                        crate::sim::store::write_partial_metadata(&mut expected, &was, None);
+                        crate::sim::encode::write_partial_metadata(&mut expected, &was, None);
                         assert_eq!(partial, Some(expected));
                     }
                     assert_eq!(was["metadata"]["resourceVersion"], a.rv().to_string());

@@ -24,8 +24,8 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
+use crate::sim::encode::ObjectKey;
 use crate::sim::json::JsonPath;
-use crate::sim::store::ObjectKey;
 
 /// What an interactive pod's application offers on its port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

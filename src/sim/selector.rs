@@ -301,20 +301,12 @@ impl FieldSelector {
         })
     }
 
-    /// Whether the field values `get` gives (owned: a stored object's, read from its text or its tree)
-    /// satisfy every term.
-    pub fn matches_owned(&self, get: impl Fn(&str) -> String) -> bool {
-        self.0
-            .iter()
-            .all(|t| (get(&t.field) == t.value) != t.negated)
-    }
-
     /// Whether the field values `get` reads (as a field selector reads them: a missing field is
     /// empty) satisfy every term.
-    pub fn matches_by<'a>(&self, get: impl Fn(&str) -> &'a str) -> bool {
+    pub fn matches_by<S: AsRef<str>>(&self, get: impl Fn(&str) -> S) -> bool {
         self.0
             .iter()
-            .all(|t| (get(&t.field) == t.value) != t.negated)
+            .all(|t| (get(&t.field).as_ref() == t.value) != t.negated)
     }
 
     /// The value an equality term pins `field` to, if any (to narrow a list to one namespace or name).

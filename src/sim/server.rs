@@ -24,16 +24,17 @@ use super::api::{
 use super::clock::SimClock;
 use super::cluster::Cluster;
 use super::discovery;
+use super::encode::{
+    EventType, Record, stamped, watch_line, write_object, write_partial_from,
+    write_partial_metadata,
+};
 use super::error::ApiError;
 use super::faults::Faults;
 use super::history::Change;
 use super::patch::PatchKind;
 use super::registry::{Builtin, ResId, ResourceType};
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{
-    Entry, EventType, Record, stamped, watch_line, write_object, write_partial_from,
-    write_partial_metadata,
-};
+use super::store::Entry;
 use super::table;
 
 /// Settings the HTTP layer needs.
@@ -386,9 +387,9 @@ fn object_response(
     }
 }
 
-/// A written object, always as JSON (writes do not negotiate tables). With the write's record the
-/// encoding is the one its watch events carry: the object is written out once, not once for the
-/// answer and once for the watches.
+/// A written object as JSON, whole or as its `PartialObjectMetadata` (writes do not negotiate tables).
+/// With the write's record the encoding is the one its watch events carry: the object is written out
+/// once, not once for the answer and once for the watches.
 fn written(code: u16, obj: &Value, record: Option<&Record>, r: Repr) -> Response {
     let metadata = r == Repr::Metadata;
     let body = match record {

@@ -11,8 +11,8 @@ use super::nodes::pod_requests;
 use super::{JobMemory, Model, Timer, podgroup_name};
 use crate::sim::api::{Core, name_of};
 use crate::sim::clock::format_time;
+use crate::sim::encode::ObjectKey;
 use crate::sim::quantity::Resources;
-use crate::sim::store::ObjectKey;
 
 const ACTIVE_PHASES: &[&str] = &["Pending", "Running"];
 

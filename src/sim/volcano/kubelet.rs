@@ -13,8 +13,8 @@ use super::nodes::pod_requests;
 use super::{Model, PodRuntime, Timer};
 use crate::sim::api::{Core, name_of, namespace_of};
 use crate::sim::clock::format_time;
+use crate::sim::encode::ObjectKey;
 use crate::sim::error::ApiError;
-use crate::sim::store::ObjectKey;
 
 fn strings(v: Option<&Value>) -> Vec<String> {
     v.and_then(Value::as_array)

@@ -29,7 +29,8 @@ use serde_json::{Value, json};
 
 use super::api::{Core, name_of};
 use super::clock::format_time;
-use super::store::{EventType, FastMap, ObjectKey, Record};
+use super::encode::{EventType, ObjectKey, Record};
+use super::store::FastMap;
 use nodes::Node;
 
 /// Marks a pod as about to go for a reason that is not its own doing (the `DisruptionTarget` condition

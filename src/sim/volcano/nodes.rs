@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 
 use super::affinity::Resident;
 use crate::sim::NodeSpec;
+use crate::sim::encode::ObjectKey;
 use crate::sim::quantity::{Milli, Resources, parse_milli};
-use crate::sim::store::ObjectKey;
 
 /// One node as the scheduler and kubelet see it.
 #[derive(Debug, Clone)]

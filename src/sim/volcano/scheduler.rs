@@ -21,8 +21,8 @@ use super::nodes::{Misfit, pod_requests, unavailable_message};
 use super::proportion::{self, QueueShare};
 use crate::sim::api::{Core, name_of};
 use crate::sim::clock::format_time;
+use crate::sim::encode::ObjectKey;
 use crate::sim::quantity::Resources;
-use crate::sim::store::ObjectKey;
 
 struct QueueInfo {
     state: String,

@@ -20,8 +20,8 @@ use serde_json::Value;
 
 use super::Model;
 use crate::sim::api::Core;
+use crate::sim::encode::ObjectKey;
 use crate::sim::json::JsonPath;
-use crate::sim::store::ObjectKey;
 
 /// The job annotation the `sla` plugin reads.
 pub const SLA_WAITING_TIME: &str = "sla-waiting-time";
