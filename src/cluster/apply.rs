@@ -530,24 +530,26 @@ pub struct ApplyOutcome {
     pub reused: Vec<ObjectKey>,
 }
 
-/// Notes an object of the plan as reused (it existed: an earlier delivery's) or as created by this
-/// attempt (what a rollback deletes).
-fn note(
-    step: &Step,
-    key: ObjectKey,
-    uid: Option<String>,
-    existed: bool,
-    created: &mut Vec<Created>,
-    reused: &mut Vec<ObjectKey>,
-) {
-    if existed {
-        reused.push(key);
-    } else {
-        created.push(Created {
-            key,
-            resource: step.resource.clone(),
-            uid,
-        });
+/// What an attempt has done so far, step by step: the objects it created (owned by the caller, which
+/// rolls them back when a later step fails) and those it found there already.
+struct Progress<'a> {
+    created: &'a mut Vec<Created>,
+    reused: Vec<ObjectKey>,
+}
+
+impl Progress<'_> {
+    /// Notes the step's object as reused (`existed`: an earlier delivery's) or as created by this
+    /// attempt (what a rollback deletes).
+    fn note(&mut self, step: &Step, key: ObjectKey, uid: Option<String>, existed: bool) {
+        if existed {
+            self.reused.push(key);
+        } else {
+            self.created.push(Created {
+                key,
+                resource: step.resource.clone(),
+                uid,
+            });
+        }
     }
 }
 
@@ -799,7 +801,10 @@ impl Applier {
         let mut primary: Option<(ObjectMeta, OwnerReference)> = None;
         let mut primary_step: Option<&Step> = None;
         let mut primary_existed = false;
-        let mut reused = Vec::new();
+        let mut progress = Progress {
+            created,
+            reused: Vec::new(),
+        };
         for step in plan {
             let key = step.key();
             match step.role {
@@ -817,12 +822,12 @@ impl Applier {
                             primary: object,
                             primary_existed: true,
                             primary_ended: true,
-                            created: created.iter().map(|c| c.key.clone()).collect(),
+                            created: progress.created.iter().map(|c| c.key.clone()).collect(),
                             reused: vec![key],
                         });
                     }
                     primary_existed = existed;
-                    note(step, key, object.uid.clone(), existed, created, &mut reused);
+                    progress.note(step, key, object.uid.clone(), existed);
                     let owner = owner_reference(&step.resource, &object).ok_or_else(|| {
                         StepError::cluster(
                             &step.key(),
@@ -841,11 +846,12 @@ impl Applier {
                         unreachable!("check_plan puts the primary before its companions")
                     };
                     let (uid, existed) = self.create_companion(step, &key, owner, budget).await?;
-                    note(step, key, uid, existed, created, &mut reused);
+                    progress.note(step, key, uid, existed);
                 }
             }
         }
         let (primary, _) = primary.unwrap_or_else(|| unreachable!("check_plan requires a primary"));
+        let Progress { created, reused } = progress;
         if primary_existed
             && !created.is_empty()
             && let Some(step) = primary_step

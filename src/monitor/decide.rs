@@ -20,7 +20,9 @@
 //!    passed), record the outcome by the persisted termination cause (EXPIRED, CANCELLED, FAILURE with
 //!    the cause), W11.
 //! 4. Volcano finished the job (or every rank's program ended `cleanup_grace` ago): record SUCCESS when
-//!    every rank exited 0, else FAILURE with every exit code (W9: never "Failed becomes SUCCESS").
+//!    every rank exited 0, else FAILURE with every exit code (W9: never "Failed becomes SUCCESS"). A
+//!    SUCCESS seen whole and final is not recorded first but closed at once: published, then recorded
+//!    with the terminal state and the finalizer's removal in one write ([`close_at_once`]).
 //!
 //!    (4c) A booked job's pods are gated until its booked start: wait for it, then lift the gate
 //!    ([`booked_start`], docs/bookings.md); only then do the maintenance windows judge it (4d).
@@ -32,7 +34,9 @@
 //!
 //! Recording the outcome is the only write before a publication. It records a decision (and the facts it
 //! rests on: times, exit codes, log tails), not that anything was published, so a kill right after it
-//! loses nothing: whoever looks next publishes from the record, and says exactly the same.
+//! loses nothing: whoever looks next publishes from the record, and says exactly the same. A success
+//! closed at once needs no such record: the facts it rests on are the finished pods', which whoever
+//! looks next reads the same.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -231,7 +235,8 @@ impl Step {
 /// Effects, executed in field order.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Action {
-    /// What this is, for logs and metrics: `start`, `monitor`, `status`, `end`, `finish`, `gone`.
+    /// What this is, for logs and metrics: `start`, `monitor`, `status`, `end`, `close` (an end
+    /// published and recorded in one write), `finish`, `gone`.
     pub what: &'static str,
     /// Published in this order, each confirmed before the next group (lifecycle events last).
     pub publish: Vec<Outbound>,
@@ -266,6 +271,10 @@ pub struct Action {
     /// The job's QUEUED is published here, told by its monitor: once confirmed, the record of it rides
     /// on the monitor's next write of the job ([`crate::monitor::ConfirmedQueued::carry`]).
     pub carry_queued: bool,
+    /// The outcome this action publishes is recorded by its own write, not before it ([`close_at_once`]).
+    /// Once published it is what must be recorded: a write that finds the job changed under it is made
+    /// again on the job read then, unless that records an end already.
+    pub records_outcome: bool,
 }
 
 impl Action {
@@ -287,6 +296,7 @@ impl Action {
             ungate: None,
             tolerate: None,
             carry_queued: false,
+            records_outcome: false,
         }
     }
 
@@ -649,7 +659,61 @@ pub fn finished(
     if let Step::Record { fresh, .. } = &mut step {
         *fresh = !whole;
     }
+    if whole && let Some(closing) = close_at_once(obs, s, seen, &step, now) {
+        return Some(closing);
+    }
     Some(step)
+}
+
+/// A job that succeeded, seen whole and final (Volcano finished it and every rank's program ended in
+/// the view), is closed in one write: its end is published, then the outcome is recorded together with
+/// the terminal state, the finalizer's removal and the `ended` label, instead of the outcome in a write
+/// of its own before it is published. `None`: the two writes stay two.
+///
+/// Why this is safe only here: a runner killed after publishing and before the write leaves its
+/// successor the same view (a finished job's stopped pods and their exit codes and end times do not
+/// change; they stay until the job's TTL), from which [`natural`] computes the same outcome, and the
+/// final tick and the terminal event follow from it under the same ids. A failure is not closed so: its
+/// log tails are read from the pods and its cause may be a disruption only this runner's watch saw; a
+/// job that must lose companions or be sent `TerminateJob` first is not either (see
+/// [`finishes_with_the_end`]). Nor is one whose QUEUED may still be on its way.
+fn close_at_once(
+    obs: &Observed<'_>,
+    s: &Settings,
+    seen: &Seen,
+    record: &Step,
+    now: Timestamp,
+) -> Option<Step> {
+    let Step::Record {
+        outcome, logs, set, ..
+    } = record
+    else {
+        return None;
+    };
+    let kept_tails = obs
+        .job
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(&super::end_tails::key(&s.keys.prefix)));
+    if outcome.state != Terminal::Success
+        || !logs.is_empty()
+        || kept_tails
+        || !finishes_with_the_end(obs.job, s)
+        || awaiting_queued(obs, &seen.record, s, now).is_some()
+    {
+        return None;
+    }
+    let mut action = publish_end(obs, s, &seen.facts, &seen.record, outcome, now).ok()?;
+    action.what = "close";
+    action.records_outcome = true;
+    action
+        .set
+        .extend(set.iter().map(|(k, v)| (k.clone(), v.clone())));
+    action
+        .set
+        .insert(s.keys.outcome.clone(), outcome.to_annotation());
+    Some(Step::Act(action))
 }
 
 /// What the maintenance windows decide for a job that has not started ([`maintenance_hold`]): the
@@ -3110,6 +3174,62 @@ mod tests {
         assert_eq!(end.reason, "exit_code");
         assert_eq!(end.status, "Rank 0 exited with code 3");
         assert_eq!(end.exit_codes[0].exit_code, 3);
+    }
+
+    /// A success seen whole (Volcano finished the job, every rank's program ended in the view) is
+    /// published and then recorded in one write with the terminal state and the finalizer's removal; a
+    /// failure's outcome is recorded first (its tails are read from the pods, and a successor could not
+    /// compute its cause again), as is a success whose ranks' ends the view has not all seen.
+    #[test]
+    fn only_a_success_seen_whole_is_closed_in_one_write() {
+        let s = settings(|_| {});
+        let look = |phase: JobPhase, pods: &[Pod]| {
+            let mut job = job(&s);
+            queued_recorded(&mut job, &s);
+            mark_running(&mut job, &s, 2);
+            set_phase(&mut job, phase, 41);
+            // Kept by its TTL, as every job this runner creates (the tests' jobs are rendered without).
+            job.spec.ttl_seconds_after_finished = Some(86_400);
+            decide(&observed(&job, pods), &s, ts(45)).unwrap()
+        };
+        let success = look(JobPhase::Completed, &[pod("4817", 0, exited(0, 2, 40))]);
+        let Step::Act(close) = success else {
+            panic!("one action: {success:?}");
+        };
+        assert_eq!(close.what, "close");
+        assert!(close.records_outcome && close.remove_finalizer && close.again);
+        let recorded: Outcome = serde_json::from_str(&close.set[&s.keys.outcome]).unwrap();
+        assert_eq!(recorded.state, Terminal::Success);
+        assert_eq!(recorded.ended_at, ts(40).as_millisecond());
+        assert_eq!(close.set[&s.keys.lifecycle_state], "SUCCESS");
+        let told: Vec<String> = close
+            .publish
+            .iter()
+            .filter_map(|o| match o {
+                Outbound::Lifecycle(e) => Some(e.event_id.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(told, ["4817/SUCCESS"]);
+
+        let failure = look(JobPhase::Failed, &[pod("4817", 0, exited(3, 2, 40))]);
+        assert!(
+            matches!(&failure, Step::Record { outcome, .. } if outcome.state == Terminal::Failure),
+            "{failure:?}"
+        );
+        // Volcano finished it, but the pods' watch has not brought the rank's end yet: after the lag
+        // wait the view is read afresh and the outcome recorded first.
+        let mut job = job(&s);
+        job.spec.ttl_seconds_after_finished = Some(86_400);
+        queued_recorded(&mut job, &s);
+        mark_running(&mut job, &s, 2);
+        set_phase(&mut job, JobPhase::Completed, 41);
+        let running_pod = [pod("4817", 0, running(2))];
+        let late = decide(&observed(&job, &running_pod), &s, ts(300)).unwrap();
+        assert!(
+            matches!(&late, Step::Record { fresh: true, .. }),
+            "{late:?}"
+        );
     }
 
     #[test]

@@ -475,6 +475,45 @@ impl Executor {
                 if !self.reread(view, at).await? {
                     return Ok(Round::Done(None));
                 }
+                if action.records_outcome {
+                    return self.record_published(view, action, confirmed).await;
+                }
+            }
+        }
+        Ok(Round::Again)
+    }
+
+    /// After a conflict, the write of an action whose published outcome it was to record
+    /// ([`Action::records_outcome`]): made again on the job as read now, so that what was published is
+    /// what is recorded (a cancel that came in between would otherwise have its own end told after it),
+    /// unless the job records an end already (then decided again from that).
+    async fn record_published(
+        &self,
+        view: &mut View,
+        action: Action,
+        confirmed: &mut HashSet<String>,
+    ) -> Result<Round, HandleError> {
+        for _ in 0..MAX_ROUNDS {
+            let record = super::record::Record::read(&view.job, &self.settings.keys);
+            if record.outcome.is_some()
+                || matches!(record.published, super::record::Published::Ended(_))
+            {
+                break;
+            }
+            match self.act(&view.job, &view.pods, &action, confirmed).await? {
+                Acted::Settled(new) => {
+                    if let Some(new) = new {
+                        view.job = new;
+                    }
+                    break;
+                }
+                Acted::Gone => return Ok(Round::Done(None)),
+                Acted::Conflict => {
+                    let at = self.clock.now();
+                    if !self.reread(view, at).await? {
+                        return Ok(Round::Done(None));
+                    }
+                }
             }
         }
         Ok(Round::Again)

@@ -231,9 +231,7 @@ impl Issuer {
         {
             // Not even a refusal goes there.
             warn!(code = %reason.code, reason = %reason.message, "A session request names a runner queue as its reply_to; dead-lettering it.");
-            if let Err(e) = delivery.dead_letter(&reason).await {
-                warn!(error = %e, "Dead-lettering a session request failed.");
-            }
+            dead_letter(delivery, &reason).await;
             return;
         }
         let correlation_id = delivery.correlation_id().map(str::to_owned);
@@ -253,9 +251,7 @@ impl Issuer {
                 "no reply_to: set the AMQP reply_to property (a queue, or amq.rabbitmq.reply-to) to receive the session",
             );
             warn!(job = %request.job_id, "A session request has no reply_to; dead-lettering it.");
-            if let Err(e) = delivery.dead_letter(&reason).await {
-                warn!(error = %e, "Dead-lettering a session request failed.");
-            }
+            dead_letter(delivery, &reason).await;
             return;
         };
         let result = match self.open(&request).await {
@@ -321,9 +317,7 @@ impl Issuer {
                 warn!(error = %e, "The refusal of an invalid session request could not be sent.");
             }
         }
-        if let Err(e) = delivery.dead_letter(reason).await {
-            warn!(error = %e, "Dead-lettering an invalid session request failed.");
-        }
+        dead_letter(delivery, reason).await;
     }
 
     /// Decides a valid request and, when it is granted, stores the session. `Err`: the cluster did not
@@ -453,6 +447,14 @@ impl Issuer {
             }
         }
         Ok((report, next))
+    }
+}
+
+/// Sends a request to the dead-letter queue with the reason. A failure is logged and left: a copy not
+/// confirmed returns the request to its queue, and a lost ack has the broker deliver it again.
+async fn dead_letter(delivery: Delivery, reason: &DeadLetterReason) {
+    if let Err(e) = delivery.dead_letter(reason).await {
+        warn!(code = %reason.code, error = %e, "Dead-lettering a session request failed.");
     }
 }
 

@@ -178,6 +178,93 @@ async fn a_kill_between_publishing_and_persisting_republishes_the_same_tick() {
     w.close().await;
 }
 
+/// A job succeeds and its monitor publishes the end (the final tick and SUCCESS) before it records it
+/// (one write closes a success: the outcome, the terminal state, the finalizer's removal, the label), but
+/// every patch of the job fails, and the monitor is killed in that window. The runner that takes over
+/// finds the job finished, with no outcome recorded, computes the same end from the same stopped pods and
+/// publishes it again under the same ids with the same content (its final tick too), then records it.
+/// Fails where the outcome is recorded before it is published: SUCCESS never goes out while the patches
+/// fail.
+#[tokio::test]
+async fn a_kill_between_publishing_a_success_and_its_one_write_republishes_the_same_end() {
+    let mut w = World::start("mon-close", |_| {}, |_| {}).await;
+    let a = w.runner("runner-a").await;
+    a.holds(4).await;
+    let job = job("k2", "sleep 30");
+    let namespace = w.namespace_of(&job);
+    w.submit(&job).await;
+    w.advance(3);
+    w.until("RUNNING", |s| s.event("k2/RUNNING").is_some())
+        .await;
+    let start = ms(&w.seen.event("k2/RUNNING").unwrap().started_at);
+    let recorded = |w: &World| {
+        let vc = w.vcjob(&namespace, "k2").expect("the job is kept");
+        let annotations = vc["metadata"]["annotations"].clone();
+        (
+            annotations.get("ucloud.dk/outcome").is_some(),
+            annotations["ucloud.dk/lifecycleState"]
+                .as_str()
+                .map(str::to_owned),
+        )
+    };
+    crate::rabbit::within("RUNNING recorded", async {
+        while recorded(&w) != (false, Some("RUNNING".to_owned())) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    w.sim.faults().add_rule(FaultRule {
+        resource: "jobs".into(),
+        verb: "patch".into(),
+        error_503: 1.0,
+        ..FaultRule::default()
+    });
+    w.advance(40);
+    w.until("SUCCESS published, not recorded", |s| {
+        s.event("k2/SUCCESS").is_some() && s.of("k2").has_final_tick()
+    })
+    .await;
+    assert_eq!(
+        recorded(&w),
+        (false, Some("RUNNING".to_owned())),
+        "nothing of the end is recorded while every patch fails"
+    );
+    a.kill().await;
+    let told_by_a = w
+        .seen
+        .of("k2")
+        .lifecycle
+        .iter()
+        .filter(|e| e.event_id == "k2/SUCCESS")
+        .count();
+    w.sim.faults().clear();
+    let b = w.runner("runner-b").await;
+    b.holds(4).await;
+    w.until("SUCCESS again, from the new holder", |s| {
+        s.of("k2")
+            .lifecycle
+            .iter()
+            .any(|e| e.event_id == "k2/SUCCESS" && e.runner_id == "runner-b")
+    })
+    .await;
+    w.settle(Duration::from_millis(500)).await;
+    assert!(told_by_a >= 1);
+    let success = w.seen.event("k2/SUCCESS").unwrap().clone();
+    assert_eq!(ms(&success.ended_at) - start, 30_000, "sleep 30");
+    // `unique_ticks` fails if two publications of a tick (the final one) differ in any field.
+    let ticks = w.seen.of("k2").unique_ticks();
+    check_ticks("k2", &ticks, start, ms(&success.ended_at));
+    check_lifecycle(&w.seen, "k2", &["QUEUED", "RUNNING", "SUCCESS"]);
+    crate::rabbit::within("the end recorded by the new holder", async {
+        while recorded(&w) != (true, Some("SUCCESS".to_owned())) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    b.stop().await;
+    w.close().await;
+}
+
 /// Every watch is cut after each event it delivers, and the simulator also drops all watch connections
 /// while the job runs: the watcher resumes (or lists again after 410 Gone) and the full reconciliation
 /// looks at every job anyway, so no transition is lost.
