@@ -126,22 +126,12 @@ async fn a_kill_between_publishing_and_persisting_republishes_the_same_tick() {
     let mut w = World::start("mon-window", |_| {}, |_| {}).await;
     let a = w.runner("runner-a").await;
     a.holds(4).await;
-    let job = job("k1", "sleep 300");
-    w.submit(&job).await;
-    w.advance(3);
-    w.until("RUNNING", |s| s.event("k1/RUNNING").is_some())
-        .await;
-    let start = ms(&w.seen.event("k1/RUNNING").unwrap().started_at);
+    let start = started(&mut w, &job("k1", "sleep 300")).await;
     // The first boundary plus the accounting settle delay (10 s).
     w.advance(70);
     w.until("tick 0", |s| s.of("k1").unique_ticks().len() == 1)
         .await;
-    w.sim.faults().add_rule(FaultRule {
-        resource: "jobs".into(),
-        verb: "patch".into(),
-        error_503: 1.0,
-        ..FaultRule::default()
-    });
+    fail_job_patches(&w);
     w.advance(60);
     w.until("tick 1, published but not persisted", |s| {
         s.of("k1").ticks.iter().any(|t| t.tick_id == "k1/1")
@@ -192,11 +182,7 @@ async fn a_kill_between_publishing_a_success_and_its_one_write_republishes_the_s
     a.holds(4).await;
     let job = job("k2", "sleep 30");
     let namespace = w.namespace_of(&job);
-    w.submit(&job).await;
-    w.advance(3);
-    w.until("RUNNING", |s| s.event("k2/RUNNING").is_some())
-        .await;
-    let start = ms(&w.seen.event("k2/RUNNING").unwrap().started_at);
+    let start = started(&mut w, &job).await;
     let recorded = |w: &World| {
         let vc = w.vcjob(&namespace, "k2").expect("the job is kept");
         let annotations = vc["metadata"]["annotations"].clone();
@@ -213,12 +199,7 @@ async fn a_kill_between_publishing_a_success_and_its_one_write_republishes_the_s
         }
     })
     .await;
-    w.sim.faults().add_rule(FaultRule {
-        resource: "jobs".into(),
-        verb: "patch".into(),
-        error_503: 1.0,
-        ..FaultRule::default()
-    });
+    fail_job_patches(&w);
     w.advance(40);
     w.until("SUCCESS published, not recorded", |s| {
         s.event("k2/SUCCESS").is_some() && s.of("k2").has_final_tick()
@@ -374,11 +355,7 @@ async fn ten_seconds_of_503_lose_nothing() {
     runner.holds(4).await;
     let job = job("u1", "sleep 90");
     let ns = w.namespace_of(&job);
-    w.submit(&job).await;
-    w.advance(3);
-    w.until("RUNNING", |s| s.event("u1/RUNNING").is_some())
-        .await;
-    let start = ms(&w.seen.event("u1/RUNNING").unwrap().started_at);
+    let start = started(&mut w, &job).await;
     w.sim.faults().unavailable_for(Duration::from_secs(10));
     let outage = Instant::now();
     // The job ends and a tick falls due during the outage.
@@ -453,6 +430,26 @@ async fn a_broken_job_does_not_stop_the_others() {
     );
     runner.stop().await;
     w.close().await;
+}
+
+/// Submits `job`, lets its pods start and waits for its RUNNING: its start, in milliseconds.
+async fn started(w: &mut World, job: &volcano_runner::messages::v1::SubmitJob) -> i64 {
+    w.submit(job).await;
+    w.advance(3);
+    let running = format!("{}/RUNNING", job.job_id);
+    w.until("RUNNING", |s| s.event(&running).is_some()).await;
+    ms(&w.seen.event(&running).unwrap().started_at)
+}
+
+/// Every patch of a VolcanoJob is answered 503 from now on, until the faults are cleared: the monitor
+/// can publish but not record.
+fn fail_job_patches(w: &World) {
+    w.sim.faults().add_rule(FaultRule {
+        resource: "jobs".into(),
+        verb: "patch".into(),
+        error_503: 1.0,
+        ..FaultRule::default()
+    });
 }
 
 /// Adds `rule` to the watches of the three kinds the monitor watches.
