@@ -246,6 +246,78 @@ async fn a_kill_between_publishing_a_success_and_its_one_write_republishes_the_s
     w.close().await;
 }
 
+/// A success is published and, while its closing write is on its way (every job patch held up 3 s), a
+/// cancel's record lands on the job (its cause, at the second Volcano finished it: a cancel that counts
+/// as asked before the end). The write's guard fails; the monitor reads the job again and records the
+/// SUCCESS it published, rather than deciding anew and telling CANCELLED after it.
+#[tokio::test]
+async fn a_cancel_recorded_under_a_published_success_does_not_change_its_end() {
+    let mut w = World::start("mon-close-conflict", |_| {}, |_| {}).await;
+    let a = w.runner("runner-a").await;
+    a.holds(4).await;
+    let job = job("k3", "sleep 30");
+    let namespace = w.namespace_of(&job);
+    started(&mut w, &job).await;
+    let state = |w: &World| {
+        w.vcjob(&namespace, "k3").expect("the job is kept")["metadata"]["annotations"]
+            ["ucloud.dk/lifecycleState"]
+            .as_str()
+            .map(str::to_owned)
+    };
+    crate::rabbit::within("RUNNING recorded", async {
+        while state(&w).as_deref() != Some("RUNNING") {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    w.sim.faults().add_rule(FaultRule {
+        resource: "jobs".into(),
+        verb: "patch".into(),
+        latency_ms: 3_000,
+        ..FaultRule::default()
+    });
+    w.advance(40);
+    w.until("SUCCESS published", |s| s.event("k3/SUCCESS").is_some())
+        .await;
+    // The cancel's record, as the runner's cancel writes it, with the finish's own second.
+    let jobs: kube::Api<volcano_runner::volcano::VolcanoJob> =
+        kube::Api::namespaced(w.client.clone(), &namespace);
+    let mut vc = jobs.get("j-k3").await.unwrap();
+    let finished_at = vc
+        .status
+        .as_ref()
+        .and_then(|s| s.state.last_transition_time.as_ref())
+        .map(|t| t.0)
+        .expect("Volcano finished the job");
+    let annotations = vc.metadata.annotations.get_or_insert_default();
+    annotations.insert(w.keys.termination_cause.clone(), "cancelled".into());
+    annotations.insert(
+        w.keys.termination_at.clone(),
+        volcano_runner::durable::annotations::format_millis(finished_at),
+    );
+    jobs.replace("j-k3", &Default::default(), &vc)
+        .await
+        .unwrap();
+    crate::rabbit::within("the end recorded", async {
+        while state(&w).as_deref() != Some("SUCCESS") {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    w.sim.faults().clear();
+    w.advance(30);
+    w.settle(Duration::from_millis(1_000)).await;
+    check_lifecycle(&w.seen, "k3", &["QUEUED", "RUNNING", "SUCCESS"]);
+    let recorded =
+        w.vcjob(&namespace, "k3").unwrap()["metadata"]["annotations"]["ucloud.dk/outcome"]
+            .as_str()
+            .map(str::to_owned)
+            .expect("the outcome is recorded");
+    assert!(recorded.contains("\"SUCCESS\""), "{recorded}");
+    a.stop().await;
+    w.close().await;
+}
+
 /// Every watch is cut after each event it delivers, and the simulator also drops all watch connections
 /// while the job runs: the watcher resumes (or lists again after 410 Gone) and the full reconciliation
 /// looks at every job anyway, so no transition is lost.
