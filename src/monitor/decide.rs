@@ -690,20 +690,17 @@ fn close_at_once(
     else {
         return None;
     };
-    let kept_tails = obs
-        .job
-        .metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key(&super::end_tails::key(&s.keys.prefix)));
+    // Tails kept before a command would go into the outcome (see `Executor::record`): recorded first.
     if outcome.state != Terminal::Success
         || !logs.is_empty()
-        || kept_tails
+        || super::end_tails::kept_on(obs.job, &s.keys.prefix)
         || !finishes_with_the_end(obs.job, s)
         || awaiting_queued(obs, &seen.record, s, now).is_some()
     {
         return None;
     }
+    // A job whose facts cannot be read is recorded first: the publication after the record meets the
+    // same error and reports it.
     let mut action = publish_end(obs, s, &seen.facts, &seen.record, outcome, now).ok()?;
     action.what = "close";
     action.records_outcome = true;
@@ -3183,16 +3180,16 @@ mod tests {
     #[test]
     fn only_a_success_seen_whole_is_closed_in_one_write() {
         let s = settings(|_| {});
-        let look = |phase: JobPhase, pods: &[Pod]| {
+        let look = |phase: JobPhase, pods: &[Pod], now: i64| {
             let mut job = job(&s);
             queued_recorded(&mut job, &s);
             mark_running(&mut job, &s, 2);
             set_phase(&mut job, phase, 41);
             // Kept by its TTL, as every job this runner creates (the tests' jobs are rendered without).
             job.spec.ttl_seconds_after_finished = Some(86_400);
-            decide(&observed(&job, pods), &s, ts(45)).unwrap()
+            decide(&observed(&job, pods), &s, ts(now)).unwrap()
         };
-        let success = look(JobPhase::Completed, &[pod("4817", 0, exited(0, 2, 40))]);
+        let success = look(JobPhase::Completed, &[pod("4817", 0, exited(0, 2, 40))], 45);
         let Step::Act(close) = success else {
             panic!("one action: {success:?}");
         };
@@ -3212,20 +3209,14 @@ mod tests {
             .collect();
         assert_eq!(told, ["4817/SUCCESS"]);
 
-        let failure = look(JobPhase::Failed, &[pod("4817", 0, exited(3, 2, 40))]);
+        let failure = look(JobPhase::Failed, &[pod("4817", 0, exited(3, 2, 40))], 45);
         assert!(
             matches!(&failure, Step::Record { outcome, .. } if outcome.state == Terminal::Failure),
             "{failure:?}"
         );
         // Volcano finished it, but the pods' watch has not brought the rank's end yet: after the lag
         // wait the view is read afresh and the outcome recorded first.
-        let mut job = job(&s);
-        job.spec.ttl_seconds_after_finished = Some(86_400);
-        queued_recorded(&mut job, &s);
-        mark_running(&mut job, &s, 2);
-        set_phase(&mut job, JobPhase::Completed, 41);
-        let running_pod = [pod("4817", 0, running(2))];
-        let late = decide(&observed(&job, &running_pod), &s, ts(300)).unwrap();
+        let late = look(JobPhase::Completed, &[pod("4817", 0, running(2))], 300);
         assert!(
             matches!(&late, Step::Record { fresh: true, .. }),
             "{late:?}"

@@ -27,6 +27,14 @@ pub fn key(prefix: &str) -> String {
     format!("{prefix}{ANNOTATION}")
 }
 
+/// Whether the job keeps tails read before a command ended it (the annotation is there).
+pub fn kept_on(job: &VolcanoJob, prefix: &str) -> bool {
+    job.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(&key(prefix)))
+}
+
 /// How much of each log: `per_rank` bytes at most, `total` for the whole job.
 #[derive(Debug, Clone, Copy)]
 pub struct Budget {

@@ -459,64 +459,42 @@ impl Executor {
         for failure in &action.failures {
             tracing::warn!(job = %job_id, plugin = %failure.plugin, error = %failure.error, "A hook failed; the other plugins' actions stand.");
         }
-        match self.act(&view.job, &view.pods, &action, confirmed).await? {
-            Acted::Settled(new) => {
-                if let Some(new) = new {
-                    view.job = new;
+        for _ in 0..MAX_ROUNDS {
+            match self.act(&view.job, &view.pods, &action, confirmed).await? {
+                Acted::Settled(new) => {
+                    if let Some(new) = new {
+                        view.job = new;
+                    }
+                    return Ok(if action.again {
+                        Round::Again
+                    } else {
+                        Round::Done(action.next_check)
+                    });
                 }
-                if !action.again {
-                    return Ok(Round::Done(action.next_check));
-                }
-            }
-            Acted::Gone => return Ok(Round::Done(None)),
-            Acted::Conflict => {
-                // Changed under us: read the job and its pods again, and decide again.
-                let at = self.clock.now();
-                if !self.reread(view, at).await? {
-                    return Ok(Round::Done(None));
-                }
-                if action.records_outcome {
-                    return self.record_published(view, action, confirmed).await;
+                Acted::Gone => return Ok(Round::Done(None)),
+                Acted::Conflict => {
+                    // Changed under us: read the job and its pods again, and decide again. But an
+                    // outcome published before its record ([`Action::records_outcome`]) is what must be
+                    // recorded: its write is made again on the job as read now (a cancel that came in
+                    // between would otherwise have its own end told after it), unless that job records
+                    // an end already.
+                    let at = self.clock.now();
+                    if !self.reread(view, at).await? {
+                        return Ok(Round::Done(None));
+                    }
+                    if !action.records_outcome || self.records_an_end(&view.job) {
+                        return Ok(Round::Again);
+                    }
                 }
             }
         }
         Ok(Round::Again)
     }
 
-    /// After a conflict, the write of an action whose published outcome it was to record
-    /// ([`Action::records_outcome`]): made again on the job as read now, so that what was published is
-    /// what is recorded (a cancel that came in between would otherwise have its own end told after it),
-    /// unless the job records an end already (then decided again from that).
-    async fn record_published(
-        &self,
-        view: &mut View,
-        action: Action,
-        confirmed: &mut HashSet<String>,
-    ) -> Result<Round, HandleError> {
-        for _ in 0..MAX_ROUNDS {
-            let record = super::record::Record::read(&view.job, &self.settings.keys);
-            if record.outcome.is_some()
-                || matches!(record.published, super::record::Published::Ended(_))
-            {
-                break;
-            }
-            match self.act(&view.job, &view.pods, &action, confirmed).await? {
-                Acted::Settled(new) => {
-                    if let Some(new) = new {
-                        view.job = new;
-                    }
-                    break;
-                }
-                Acted::Gone => return Ok(Round::Done(None)),
-                Acted::Conflict => {
-                    let at = self.clock.now();
-                    if !self.reread(view, at).await? {
-                        return Ok(Round::Done(None));
-                    }
-                }
-            }
-        }
-        Ok(Round::Again)
+    /// Whether the job records its outcome or its published end.
+    fn records_an_end(&self, job: &VolcanoJob) -> bool {
+        let record = super::record::Record::read(job, &self.settings.keys);
+        record.outcome.is_some() || matches!(record.published, super::record::Published::Ended(_))
     }
 
     /// Publishes the end of a job that vanished; nothing can be persisted.
@@ -1262,12 +1240,7 @@ impl Executor {
         action: &mut Action,
     ) {
         let prefix = &self.settings.keys.prefix;
-        let has = job
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(&end_tails::key(prefix)));
-        if has {
+        if end_tails::kept_on(job, prefix) {
             return;
         }
         let budget = end_tails::Budget {

@@ -529,6 +529,26 @@ impl World {
         )
     }
 
+    /// An annotation of the VolcanoJob as the simulator holds it (`None`: not there, or no job).
+    pub fn annotation(&self, namespace: &str, job_id: &str, key: &str) -> Option<String> {
+        self.vcjob(namespace, job_id)?["metadata"]["annotations"][key]
+            .as_str()
+            .map(str::to_owned)
+    }
+
+    /// Waits until the job records `state` as its published lifecycle state (`lifecycleState`).
+    pub async fn until_recorded(&self, namespace: &str, job_id: &str, state: &str) {
+        let key = &self.keys.lifecycle_state;
+        let recorded = async {
+            while self.annotation(namespace, job_id, key).as_deref() != Some(state) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(PATIENCE, recorded)
+            .await
+            .unwrap_or_else(|_| panic!("{job_id} never recorded {state}"));
+    }
+
     /// Whether the job was asked to end: Volcano is terminating it or has (a `TerminateJob` command), or
     /// it is being deleted.
     pub fn is_ending(&self, namespace: &str, job_id: &str) -> bool {

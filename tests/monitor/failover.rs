@@ -183,22 +183,13 @@ async fn a_kill_between_publishing_a_success_and_its_one_write_republishes_the_s
     let job = job("k2", "sleep 30");
     let namespace = w.namespace_of(&job);
     let start = started(&mut w, &job).await;
-    let recorded = |w: &World| {
-        let vc = w.vcjob(&namespace, "k2").expect("the job is kept");
-        let annotations = vc["metadata"]["annotations"].clone();
+    let outcome_and_state = |w: &World| {
         (
-            annotations.get("ucloud.dk/outcome").is_some(),
-            annotations["ucloud.dk/lifecycleState"]
-                .as_str()
-                .map(str::to_owned),
+            w.annotation(&namespace, "k2", &w.keys.outcome).is_some(),
+            w.annotation(&namespace, "k2", &w.keys.lifecycle_state),
         )
     };
-    crate::rabbit::within("RUNNING recorded", async {
-        while recorded(&w) != (false, Some("RUNNING".to_owned())) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    w.until_recorded(&namespace, "k2", "RUNNING").await;
     fail_job_patches(&w);
     w.advance(40);
     w.until("SUCCESS published, not recorded", |s| {
@@ -206,7 +197,7 @@ async fn a_kill_between_publishing_a_success_and_its_one_write_republishes_the_s
     })
     .await;
     assert_eq!(
-        recorded(&w),
+        outcome_and_state(&w),
         (false, Some("RUNNING".to_owned())),
         "nothing of the end is recorded while every patch fails"
     );
@@ -236,12 +227,11 @@ async fn a_kill_between_publishing_a_success_and_its_one_write_republishes_the_s
     let ticks = w.seen.of("k2").unique_ticks();
     check_ticks("k2", &ticks, start, ms(&success.ended_at));
     check_lifecycle(&w.seen, "k2", &["QUEUED", "RUNNING", "SUCCESS"]);
-    crate::rabbit::within("the end recorded by the new holder", async {
-        while recorded(&w) != (true, Some("SUCCESS".to_owned())) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    w.until_recorded(&namespace, "k2", "SUCCESS").await;
+    assert!(
+        w.annotation(&namespace, "k2", &w.keys.outcome).is_some(),
+        "the outcome is recorded with the end"
+    );
     b.stop().await;
     w.close().await;
 }
@@ -258,18 +248,7 @@ async fn a_cancel_recorded_under_a_published_success_does_not_change_its_end() {
     let job = job("k3", "sleep 30");
     let namespace = w.namespace_of(&job);
     started(&mut w, &job).await;
-    let state = |w: &World| {
-        w.vcjob(&namespace, "k3").expect("the job is kept")["metadata"]["annotations"]
-            ["ucloud.dk/lifecycleState"]
-            .as_str()
-            .map(str::to_owned)
-    };
-    crate::rabbit::within("RUNNING recorded", async {
-        while state(&w).as_deref() != Some("RUNNING") {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    w.until_recorded(&namespace, "k3", "RUNNING").await;
     w.sim.faults().add_rule(FaultRule {
         resource: "jobs".into(),
         verb: "patch".into(),
@@ -298,21 +277,14 @@ async fn a_cancel_recorded_under_a_published_success_does_not_change_its_end() {
     jobs.replace("j-k3", &Default::default(), &vc)
         .await
         .unwrap();
-    crate::rabbit::within("the end recorded", async {
-        while state(&w).as_deref() != Some("SUCCESS") {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    w.until_recorded(&namespace, "k3", "SUCCESS").await;
     w.sim.faults().clear();
     w.advance(30);
     w.settle(Duration::from_millis(1_000)).await;
     check_lifecycle(&w.seen, "k3", &["QUEUED", "RUNNING", "SUCCESS"]);
-    let recorded =
-        w.vcjob(&namespace, "k3").unwrap()["metadata"]["annotations"]["ucloud.dk/outcome"]
-            .as_str()
-            .map(str::to_owned)
-            .expect("the outcome is recorded");
+    let recorded = w
+        .annotation(&namespace, "k3", &w.keys.outcome)
+        .expect("the outcome is recorded");
     assert!(recorded.contains("\"SUCCESS\""), "{recorded}");
     a.stop().await;
     w.close().await;

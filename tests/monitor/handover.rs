@@ -89,21 +89,7 @@ async fn the_new_holder_of_a_shard_handed_over_after_running_publishes_no_second
     a_busy.send_replace(false);
     w.until("RUNNING", |s| s.event("h1/RUNNING").is_some())
         .await;
-    let lifecycle_state = w.keys.lifecycle_state.clone();
-    let recorded = |w: &World| {
-        w.vcjob(&namespace, "h1")
-            .and_then(|j| {
-                j["metadata"]["annotations"][&lifecycle_state]
-                    .as_str()
-                    .map(str::to_owned)
-            })
-            .is_some_and(|s| s == "RUNNING")
-    };
-    let deadline = Instant::now() + PATIENCE;
-    while !recorded(&w) {
-        assert!(Instant::now() < deadline, "A never recorded RUNNING");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    w.until_recorded(&namespace, "h1", "RUNNING").await;
     let passes = b.reports.borrow().passes;
     a.stop().await;
     b.holds(1).await;
