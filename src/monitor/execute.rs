@@ -229,7 +229,12 @@ impl Executor {
         let _duty = self.begin_duty(&job_id);
         let result = async {
             for _ in 0..MAX_ROUNDS {
-                if !self.owns(&job_id) {
+                // A shard on its way out starts nothing more for its jobs; but what this handling has
+                // told is still recorded (its duty keeps the shard here until then): a write of it that
+                // conflicted is made again, or the next holder would find it unrecorded and tell it
+                // a second time.
+                let owned = self.owns(&job_id);
+                if !owned && confirmed.is_empty() {
                     return Ok(None);
                 }
                 let now = self.clock.now();
@@ -242,13 +247,11 @@ impl Executor {
                     return Ok(Some(now));
                 }
                 let step = self.decide(&snap, &view, &known, now)?;
+                if !owned && !records_only(&step, &confirmed) {
+                    return Ok(None);
+                }
                 if step.needs_fresh_view() && !view.fresh {
-                    if step.fresh_pods_suffice() {
-                        let at = self.clock.now();
-                        view.pods = self.fresh_pods(&view.job).await?;
-                        view.fresh = true;
-                        view.fresh_at = Some(at);
-                    } else if !self.reread(&mut view, now).await? {
+                    if !self.freshen(&step, &mut view, now).await? {
                         return Ok(None);
                     }
                     continue;
@@ -389,6 +392,23 @@ impl Executor {
 
     /// Reads the job and its pods again (changed under us, or a step that needs a view read just
     /// now), as of `at`. `false`: the job is gone.
+    /// Reads afresh what `step` needs (the pods alone for a tick); `false`: the job is gone.
+    async fn freshen(
+        &self,
+        step: &Step,
+        view: &mut View,
+        now: Timestamp,
+    ) -> Result<bool, HandleError> {
+        if !step.fresh_pods_suffice() {
+            return self.reread(view, now).await;
+        }
+        let at = self.clock.now();
+        view.pods = self.fresh_pods(&view.job).await?;
+        view.fresh = true;
+        view.fresh_at = Some(at);
+        Ok(true)
+    }
+
     async fn reread(&self, view: &mut View, at: Timestamp) -> Result<bool, HandleError> {
         match self.fresh_view(&view.job).await? {
             Some((j, p)) => {
@@ -1300,6 +1320,14 @@ enum Acted {
     Gone,
 }
 
+/// Whether `step` tells nothing that `confirmed` does not hold already: it only records (and finishes)
+/// what this handling has told.
+fn records_only(step: &Step, confirmed: &HashSet<String>) -> bool {
+    matches!(step, Step::Act(action)
+        if !action.publish.is_empty()
+            && action.publish.iter().all(|m| confirmed.contains(message_id(m))))
+}
+
 fn message_id(message: &Outbound) -> &str {
     match message {
         Outbound::Lifecycle(e) => &e.event_id,
@@ -1501,5 +1529,29 @@ mod tests {
         let mut bare = seen.clone();
         bare.metadata.annotations = None;
         assert!(guarded_annotation_patch(&bare, &set, &remove).is_none());
+    }
+
+    #[test]
+    fn a_step_records_only_when_it_tells_nothing_new() {
+        let event = |id: &str| {
+            Outbound::Lifecycle(crate::messages::v1::JobEvent {
+                event_id: id.to_owned(),
+                ..Default::default()
+            })
+        };
+        let act = |ids: &[&str]| {
+            Step::Act(Action {
+                what: "start",
+                publish: ids.iter().map(|id| event(id)).collect(),
+                ..Action::default()
+            })
+        };
+        let told: HashSet<String> = ["h1/QUEUED".to_owned(), "h1/RUNNING".to_owned()].into();
+        assert!(records_only(&act(&["h1/RUNNING"]), &told));
+        assert!(records_only(&act(&["h1/QUEUED", "h1/RUNNING"]), &told));
+        assert!(!records_only(&act(&["h1/RUNNING", "h1/tick/1"]), &told));
+        assert!(!records_only(&act(&[]), &told), "a write of its own");
+        assert!(!records_only(&act(&["h1/RUNNING"]), &HashSet::new()));
+        assert!(!records_only(&Step::Wait { next_check: None }, &told));
     }
 }

@@ -132,3 +132,68 @@ async fn the_new_holder_of_a_shard_handed_over_after_running_publishes_no_second
     b.stop().await;
     w.close().await;
 }
+
+/// Runner A publishes a job's RUNNING, and the write that records it fails its guard (another write on
+/// the job came first, as the record of a confirmed QUEUED written when a shard goes does): A reads the
+/// job again, slowly, and is stopped meanwhile, its shard given back. A still records what it told before
+/// the shard goes (its duty holds the release), so runner B, taking the shard, reads RUNNING recorded and
+/// tells nothing again. Before, A gave the job up at the next round (no shard), RUNNING unrecorded, and B
+/// published it a second time (the duplicates seen with three runners starting together).
+#[tokio::test]
+async fn a_holder_stopped_while_its_running_record_conflicts_records_it_before_letting_go() {
+    let mut w = World::start(
+        "mon-handover-conflict",
+        |c| c.cluster.lease.shards = 1,
+        |_| {},
+    )
+    .await;
+    let a = w.runner("runner-a").await;
+    a.holds(1).await;
+    let job = job("h2", "sleep 60");
+    w.submit(&job).await;
+    let namespace = w.namespace_of(&job);
+    // Every patch of the job fails its guard, and a read of it takes 2 s.
+    w.sim.faults().add_rule(FaultRule {
+        resource: "jobs".into(),
+        verb: "patch".into(),
+        error_422: 1.0,
+        ..FaultRule::default()
+    });
+    w.sim.faults().add_rule(FaultRule {
+        resource: "jobs".into(),
+        verb: "get".into(),
+        latency_ms: 2000,
+        ..FaultRule::default()
+    });
+    w.advance(3);
+    w.until("RUNNING", |s| s.event("h2/RUNNING").is_some())
+        .await;
+    // The record's patch has failed; A's read of the job is under way.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    w.sim.faults().clear();
+    assert_ne!(
+        w.annotation(&namespace, "h2", &w.keys.lifecycle_state)
+            .as_deref(),
+        Some("RUNNING"),
+        "the record is not written yet: the race is not set up"
+    );
+    a.stop().await;
+    let b = w.runner("runner-b").await;
+    b.holds(1).await;
+    w.until_recorded(&namespace, "h2", "RUNNING").await;
+    for _ in 0..3 {
+        w.advance(5);
+        w.settle(Duration::from_millis(300)).await;
+    }
+    let running: Vec<String> = w
+        .seen
+        .of("h2")
+        .lifecycle
+        .iter()
+        .filter(|e| e.event_id == "h2/RUNNING")
+        .map(|e| e.runner_id.clone())
+        .collect();
+    assert_eq!(running, ["runner-a"], "RUNNING went out once, from A");
+    b.stop().await;
+    w.close().await;
+}
