@@ -12,6 +12,18 @@ use volcano_runner::sim::FaultRule;
 /// How long the new holder's lists of jobs take, once its gain has started them.
 const SLOW_LISTS: Duration = Duration::from_secs(10);
 
+/// The runners that published the job's RUNNING, one per delivery.
+fn told_running(w: &World, job_id: &str) -> Vec<String> {
+    let running = format!("{job_id}/RUNNING");
+    w.seen
+        .of(job_id)
+        .lifecycle
+        .iter()
+        .filter(|e| e.event_id == running)
+        .map(|e| e.runner_id.clone())
+        .collect()
+}
+
 /// Runner A holds the only shard; runner B has seen the job running (its pod, and Volcano's phase) but
 /// not A's record of RUNNING (its watch of jobs loses every event from then on), as a watch behind its
 /// events would. A publishes RUNNING, records it, and stops, handing the shard over. B gains it while the
@@ -120,15 +132,11 @@ async fn the_new_holder_of_a_shard_handed_over_after_running_publishes_no_second
         "the job came due before B's lists were in"
     );
     w.settle(Duration::from_millis(500)).await;
-    let running: Vec<String> = w
-        .seen
-        .of("h1")
-        .lifecycle
-        .iter()
-        .filter(|e| e.event_id == "h1/RUNNING")
-        .map(|e| e.runner_id.clone())
-        .collect();
-    assert_eq!(running, ["runner-a"], "RUNNING went out once, from A");
+    assert_eq!(
+        told_running(&w, "h1"),
+        ["runner-a"],
+        "RUNNING went out once, from A"
+    );
     b.stop().await;
     w.close().await;
 }
@@ -185,15 +193,11 @@ async fn a_holder_stopped_while_its_running_record_conflicts_records_it_before_l
         w.advance(5);
         w.settle(Duration::from_millis(300)).await;
     }
-    let running: Vec<String> = w
-        .seen
-        .of("h2")
-        .lifecycle
-        .iter()
-        .filter(|e| e.event_id == "h2/RUNNING")
-        .map(|e| e.runner_id.clone())
-        .collect();
-    assert_eq!(running, ["runner-a"], "RUNNING went out once, from A");
+    assert_eq!(
+        told_running(&w, "h2"),
+        ["runner-a"],
+        "RUNNING went out once, from A"
+    );
     b.stop().await;
     w.close().await;
 }
