@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::live::free_port;
 use crate::monitor_support::{PATIENCE, World, web_job};
 
 /// `GET path` over plain HTTP/1.0: the status and the body.
@@ -23,14 +24,6 @@ async fn get(addr: &str, path: &str) -> Option<(u16, String)> {
     let status = text.split(' ').nth(1)?.parse().ok()?;
     let body = text.split_once("\r\n\r\n")?.1.to_owned();
     Some((status, body))
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The JSON lines of a log (the others, if any, are skipped).
