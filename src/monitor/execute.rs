@@ -390,8 +390,6 @@ impl Executor {
             .is_some_and(|job_id| self.confirmed_queued.cancel_seen(job_id, now))
     }
 
-    /// Reads the job and its pods again (changed under us, or a step that needs a view read just
-    /// now), as of `at`. `false`: the job is gone.
     /// Reads afresh what `step` needs (the pods alone for a tick); `false`: the job is gone.
     async fn freshen(
         &self,
@@ -409,6 +407,8 @@ impl Executor {
         Ok(true)
     }
 
+    /// Reads the job and its pods again (changed under us, or a step that needs a view read just
+    /// now), as of `at`. `false`: the job is gone.
     async fn reread(&self, view: &mut View, at: Timestamp) -> Result<bool, HandleError> {
         match self.fresh_view(&view.job).await? {
             Some((j, p)) => {

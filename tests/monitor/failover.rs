@@ -412,7 +412,7 @@ async fn ten_seconds_of_503_lose_nothing() {
     assert_eq!(
         w.annotation(&ns, "u1", state).as_deref(),
         Some("RUNNING"),
-        "nothing can be recorded while the API is down"
+        "the outage holds: nothing of the end is recorded while the API is down"
     );
     w.until_recorded(&ns, "u1", "SUCCESS").await;
     assert!(outage.elapsed() >= Duration::from_secs(10));
