@@ -529,6 +529,17 @@ impl World {
         )
     }
 
+    /// The requests the simulator has answered so far whose kind starts with `kind` (`"patch
+    /// jobs.batch.volcano.sh"`: every job patch, whatever its subresource).
+    pub fn served(&self, kind: &str) -> u64 {
+        self.sim
+            .request_counts()
+            .iter()
+            .filter(|(k, _)| k.starts_with(kind))
+            .map(|(_, v)| *v)
+            .sum()
+    }
+
     /// An annotation of the VolcanoJob as the simulator holds it (`None`: not there, or no job).
     pub fn annotation(&self, namespace: &str, job_id: &str, key: &str) -> Option<String> {
         self.vcjob(namespace, job_id)?["metadata"]["annotations"][key]

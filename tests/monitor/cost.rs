@@ -19,12 +19,7 @@ const EVENTS: &str = "volcano_runner_monitor_watch_events_total";
 
 /// The job patches the simulator has answered so far.
 fn job_patches(w: &World) -> u64 {
-    w.sim
-        .request_counts()
-        .iter()
-        .filter(|(k, _)| k.starts_with("patch jobs.batch.volcano.sh"))
-        .map(|(_, v)| *v)
-        .sum()
+    w.served("patch jobs.batch.volcano.sh")
 }
 
 /// While a job runs, each tick is one decision: the timer's, which publishes the tick and writes the

@@ -160,9 +160,8 @@ async fn a_holder_stopped_while_its_running_record_conflicts_records_it_before_l
     let job = job("h2", "sleep 60");
     w.submit(&job).await;
     let namespace = w.namespace_of(&job);
-    let served = |w: &World, kind: &str| w.sim.request_counts().get(kind).copied().unwrap_or(0);
     let (patch, get) = ("patch jobs.batch.volcano.sh", "get jobs.batch.volcano.sh");
-    let (patches, gets) = (served(&w, patch), served(&w, get));
+    let (patches, gets) = (w.served(patch), w.served(get));
     // Every patch of the job fails its guard, and a read of it takes 2 s.
     w.sim.faults().add_rule(FaultRule {
         resource: "jobs".into(),
@@ -182,7 +181,7 @@ async fn a_holder_stopped_while_its_running_record_conflicts_records_it_before_l
     // The record's patch has failed its guard, and A's read of the job after it (its second: the first
     // was the fresh view RUNNING is decided on) is under way.
     crate::rabbit::within("A's read of the job after the conflict", async {
-        while served(&w, patch) == patches || served(&w, get) < gets + 2 {
+        while w.served(patch) == patches || w.served(get) < gets + 2 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
