@@ -647,7 +647,9 @@ pub async fn run(m: Monitor, shutdown: CancellationToken) {
                 windows_open = changed.is_ok();
                 if windows_open {
                     windows.borrow_and_update();
-                    state.windows_changed();
+                    // A window scheduled or cancelled changes what every running job is due,
+                    // and every estimate.
+                    state.requeue_all();
                 }
             }
             changed = shards.changed() => {
@@ -902,16 +904,6 @@ impl Loop {
         }
         self.begin_verify();
         Some(watches.verify())
-    }
-
-    /// A window scheduled or cancelled changes what every running job is due, and every estimate.
-    fn windows_changed(&mut self) {
-        self.settled.clear();
-        self.estimates_stale = true;
-        let keys: Vec<JobKey> = self.cache.fingerprints().map(|(k, _)| k.clone()).collect();
-        for key in keys {
-            self.enqueue(key);
-        }
     }
 
     /// The shards held changed to `now_held`: another runner may have acted on a job meanwhile, so
@@ -1649,8 +1641,12 @@ impl Loop {
             _ => false,
         };
         let as_written = handled.settled_as_written && unchanged && refreshed;
+        // Asked for again while it was decided (a maintenance window, the nodes' taints or the shards
+        // changed, a deadline came): what was decided read the world as it was before, and does not
+        // stand for the view, whose fingerprint does not show what changed.
+        let superseded = self.dirty.contains(&key);
         match fingerprint {
-            _ if handled.error.is_some() => {
+            _ if handled.error.is_some() || superseded => {
                 self.settled.remove(&key);
             }
             Some(f) if handled.settled => {

@@ -2,7 +2,8 @@
 //! real RabbitMQ: a running job a window cuts is warned `[monitor] maintenance_warn_before` ahead, then
 //! ended at the window's start (FAILURE, reason `maintenance`) and charged up to the start only; a job
 //! that expires before the window is left alone; a cancelled window ends nothing; a runner killed at the
-//! window's start leaves one end and one final tick.
+//! window's start leaves one end and one final tick; a window that comes while the job is being decided
+//! (its write slowed) still ends it at its start.
 //!
 //! Jobs that have not started, submitted through a real runner's consumer: one whose time allocation a
 //! window is in the way of is created gated, told once until when it waits, and starts after the window;
@@ -250,6 +251,49 @@ async fn a_runner_killed_at_the_windows_start_leaves_one_end_and_one_charge() {
     let ticks = w.seen.of("mw4").unique_ticks();
     check_ticks("mw4", &ticks, start, window.start.as_millisecond());
     second.stop().await;
+    w.close().await;
+}
+
+/// A window that comes while the job is being decided (the write of its ticks slowed) is not lost on
+/// it: what was decided without the window does not stand once the window is known, and the job is
+/// ended at the window's start, not left running until something else about it changes.
+#[tokio::test]
+async fn a_window_that_comes_while_the_job_is_decided_ends_it() {
+    let mut w = World::start("mon-maint-midway", |_| {}, |_| {}).await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let job1 = with_allocation(job("mw9", "sleep infinity"), 4 * 3600);
+    let ns = w.namespace_of(&job1);
+    w.submit(&job1).await;
+    w.advance(2);
+    w.until("RUNNING", |s| s.event("mw9/RUNNING").is_some())
+        .await;
+    let start = ms(&w.seen.event("mw9/RUNNING").unwrap().started_at);
+    w.sim.faults().add_rule(volcano_runner::sim::FaultRule {
+        resource: "jobs.batch.volcano.sh".into(),
+        verb: "patch".into(),
+        latency_ms: 3000,
+        ..volcano_runner::sim::FaultRule::default()
+    });
+    // Ticks are due: published, then recorded on the job by the slowed patch, during which the window
+    // (from now, on every node) is scheduled and its taints go on the nodes.
+    w.advance(300);
+    w.until("the ticks", |s| !s.of("mw9").ticks.is_empty())
+        .await;
+    let window = schedule(&w, 0, 3600, &[]).await;
+    w.sim.faults().clear();
+    deleted(&w, &ns, "mw9").await;
+    w.advance(5);
+    w.until("FAILURE maintenance", |s| s.event("mw9/FAILURE").is_some())
+        .await;
+    w.until("the final tick", |s| s.of("mw9").has_final_tick())
+        .await;
+    let end = w.seen.event("mw9/FAILURE").unwrap().clone();
+    assert_eq!(end.reason, "maintenance");
+    assert_eq!(ms(&end.ended_at), window.start.as_millisecond());
+    let ticks = w.seen.of("mw9").unique_ticks();
+    check_ticks("mw9", &ticks, start, window.start.as_millisecond());
+    runner.stop().await;
     w.close().await;
 }
 
