@@ -31,7 +31,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use monitor_support::*;
 use volcano_runner::cluster::{MaintenanceWindows, Window};
-use volcano_runner::messages::v1::{JobState, SubmitJob};
+use volcano_runner::messages::v1::{JobEvent, JobState, SubmitJob};
 
 fn with_allocation(mut job: SubmitJob, secs: i64) -> SubmitJob {
     job.time_allocation = Some(pbjson_types::Duration {
@@ -64,6 +64,19 @@ async fn schedule(w: &World, start_in: i64, end_in: i64, nodes: &[&str]) -> Wind
 /// Waits until the job is terminated (a TerminateJob command) at the window's start.
 async fn deleted(w: &World, ns: &str, job_id: &str) {
     w.until_ending(ns, job_id).await;
+}
+
+/// Once the job is terminated for a window: its pods given time to stop, the FAILURE and the final
+/// tick that follow; the FAILURE.
+async fn ended_for_the_window(w: &mut World, ns: &str, job_id: &str) -> JobEvent {
+    deleted(w, ns, job_id).await;
+    w.advance(5);
+    let failure = format!("{job_id}/FAILURE");
+    w.until("FAILURE maintenance", |s| s.event(&failure).is_some())
+        .await;
+    w.until("the final tick", |s| s.of(job_id).has_final_tick())
+        .await;
+    w.seen.event(&failure).unwrap().clone()
 }
 
 fn warning_id(job_id: &str, window: &Window) -> String {
@@ -129,13 +142,7 @@ async fn a_running_job_a_window_cuts_is_warned_then_ended_at_its_start_and_charg
     );
     // Looked at late (a minute after the start): still charged up to the start only.
     w.advance(61);
-    deleted(&w, &ns, "mw1").await;
-    w.advance(5);
-    w.until("FAILURE maintenance", |s| s.event("mw1/FAILURE").is_some())
-        .await;
-    w.until("the final tick", |s| s.of("mw1").has_final_tick())
-        .await;
-    let failure = w.seen.event("mw1/FAILURE").unwrap().clone();
+    let failure = ended_for_the_window(&mut w, &ns, "mw1").await;
     assert_eq!(failure.state, JobState::Failure as i32);
     assert_eq!(failure.reason, "maintenance");
     assert!(failure.status.contains(&window.id), "{}", failure.status);
@@ -206,20 +213,27 @@ async fn a_window_on_other_nodes_or_cancelled_ends_nothing() {
     w.close().await;
 }
 
+/// A world whose `runner-a` holds every shard, and in it the job `job_id` of four hours, running: its
+/// namespace and its start (epoch ms).
+async fn one_running(label: &str, job_id: &str) -> (World, TestRunner, String, i64) {
+    let mut w = World::start(label, |_| {}, |_| {}).await;
+    let runner = w.runner("runner-a").await;
+    runner.holds(4).await;
+    let submitted = with_allocation(job(job_id, "sleep infinity"), 4 * 3600);
+    let ns = w.namespace_of(&submitted);
+    w.submit(&submitted).await;
+    w.advance(2);
+    let running = format!("{job_id}/RUNNING");
+    w.until("RUNNING", |s| s.event(&running).is_some()).await;
+    let start = ms(&w.seen.event(&running).unwrap().started_at);
+    (w, runner, ns, start)
+}
+
 /// The runner that ends the job is killed as soon as the job is marked; the one that takes over ends it
 /// once, with the same end, and the ticks charge the time until the window's start exactly once.
 #[tokio::test]
 async fn a_runner_killed_at_the_windows_start_leaves_one_end_and_one_charge() {
-    let mut w = World::start("mon-maint-kill", |_| {}, |_| {}).await;
-    let runner = w.runner("runner-a").await;
-    runner.holds(4).await;
-    let job1 = with_allocation(job("mw4", "sleep infinity"), 4 * 3600);
-    let ns = w.namespace_of(&job1);
-    w.submit(&job1).await;
-    w.advance(2);
-    w.until("RUNNING", |s| s.event("mw4/RUNNING").is_some())
-        .await;
-    let start = ms(&w.seen.event("mw4/RUNNING").unwrap().started_at);
+    let (mut w, runner, ns, start) = one_running("mon-maint-kill", "mw4").await;
     let window = schedule(&w, 1800, 3600, &[]).await;
     w.advance_to_ms(window.start.as_millisecond());
     deleted(&w, &ns, "mw4").await;
@@ -259,16 +273,7 @@ async fn a_runner_killed_at_the_windows_start_leaves_one_end_and_one_charge() {
 /// ended at the window's start, not left running until something else about it changes.
 #[tokio::test]
 async fn a_window_that_comes_while_the_job_is_decided_ends_it() {
-    let mut w = World::start("mon-maint-midway", |_| {}, |_| {}).await;
-    let runner = w.runner("runner-a").await;
-    runner.holds(4).await;
-    let job1 = with_allocation(job("mw9", "sleep infinity"), 4 * 3600);
-    let ns = w.namespace_of(&job1);
-    w.submit(&job1).await;
-    w.advance(2);
-    w.until("RUNNING", |s| s.event("mw9/RUNNING").is_some())
-        .await;
-    let start = ms(&w.seen.event("mw9/RUNNING").unwrap().started_at);
+    let (mut w, runner, ns, start) = one_running("mon-maint-midway", "mw9").await;
     w.sim.faults().add_rule(volcano_runner::sim::FaultRule {
         resource: "jobs.batch.volcano.sh".into(),
         verb: "patch".into(),
@@ -282,13 +287,7 @@ async fn a_window_that_comes_while_the_job_is_decided_ends_it() {
         .await;
     let window = schedule(&w, 0, 3600, &[]).await;
     w.sim.faults().clear();
-    deleted(&w, &ns, "mw9").await;
-    w.advance(5);
-    w.until("FAILURE maintenance", |s| s.event("mw9/FAILURE").is_some())
-        .await;
-    w.until("the final tick", |s| s.of("mw9").has_final_tick())
-        .await;
-    let end = w.seen.event("mw9/FAILURE").unwrap().clone();
+    let end = ended_for_the_window(&mut w, &ns, "mw9").await;
     assert_eq!(end.reason, "maintenance");
     assert_eq!(ms(&end.ended_at), window.start.as_millisecond());
     let ticks = w.seen.of("mw9").unique_ticks();
