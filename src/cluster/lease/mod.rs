@@ -23,10 +23,14 @@
 //! **Handing a shard over.** A shard given back voluntarily (to a newcomer, or at shutdown) is first
 //! dropped from the held set, so the monitor starts nothing more for its jobs; the lease is released
 //! only once the monitor's work on those jobs already under way ([`Duties`]: a publication, its
-//! confirm and the write that records it) has ended, and at the latest at the shard's deadline. A
-//! release before that let the new holder read a job before the old holder's record of a transition
-//! landed, and publish the transition a second time (18 to 54 duplicates per 1,000 jobs with three
-//! runners and no fault).
+//! confirm and the write that records it) has ended. A release before that let the new holder read a
+//! job before the old holder's record of a transition landed, and publish the transition a second time
+//! (18 to 54 duplicates per 1,000 jobs with three runners and no fault). Work still under way at the
+//! shard's deadline (a write in flight behind a slow API) is not waited for longer, but the lease is
+//! then left to lapse, not released: the next holder starts a whole `duration` after the last renewal
+//! instead of at once, which gives that write `safety_margin` and more to land first.
+//! Such a lease still names this runner: while the newcomer is short of its share, each round gives
+//! it back again without writing it, so it is never renewed.
 //!
 //! **Takeover time.** With the defaults (duration 10 s, renew every 2 s) a dead runner's shards are
 //! taken within about 14 s: up to 2 s until the others see its last renewal, 10 s of silence, and up to
@@ -688,9 +692,9 @@ impl ShardLeases {
         live > holding.len() || holding.values().any(|held| *held < floor)
     }
 
-    /// Releases the shards given up whose work has ended, or whose deadline has passed, and returns
-    /// them. `leases`: as listed just now (`None`: listed here). A release that fails leaves the shard to
-    /// lapse.
+    /// Gives up for good the shards given back whose work has ended, or whose deadline has passed, and
+    /// returns them: those whose work has ended are released, the others left to lapse. `leases`: as
+    /// listed just now (`None`: listed here). A release that fails leaves the shard to lapse.
     async fn release_ready(&mut self, leases: Option<&[Lease]>, now: Instant) -> BTreeSet<u32> {
         let busy = self.duties.busy(&self.releasing.keys().copied().collect());
         let ready: BTreeSet<u32> = self
@@ -703,6 +707,17 @@ impl ShardLeases {
             return ready;
         }
         self.releasing.retain(|shard, _| !ready.contains(shard));
+        // Work still under way at the deadline (a write in flight behind a slow API): the lease lapses
+        // instead, so the next holder starts a whole `duration` after the last renewal, not at once,
+        // and the write has that much longer to land first.
+        let release: BTreeSet<u32> = ready.difference(&busy).copied().collect();
+        let lapse: Vec<u32> = ready.intersection(&busy).copied().collect();
+        if !lapse.is_empty() {
+            tracing::debug!(shards = ?lapse, "Shards given back still have work under way at their deadline; their leases lapse.");
+        }
+        if release.is_empty() {
+            return ready;
+        }
         let listed;
         let leases = match leases {
             Some(leases) => leases,
@@ -717,7 +732,7 @@ impl ShardLeases {
                 }
             },
         };
-        for &shard in &ready {
+        for &shard in &release {
             let name = self.settings.shard_name(shard);
             if let Some(lease) = leases
                 .iter()
@@ -1004,7 +1019,8 @@ impl ShardLeases {
     }
 
     /// Stops every duty, lets the work under way end (until the shards' deadlines at most), then
-    /// releases the shards and deletes the member lease (best effort, bounded).
+    /// releases the shards whose work has ended (the others lapse) and deletes the member lease (best
+    /// effort, bounded).
     async fn leave(mut self) {
         let mut shards = std::mem::take(&mut self.mine);
         shards.append(&mut self.releasing);
@@ -1013,19 +1029,23 @@ impl ShardLeases {
             let held = shards.keys().copied().collect();
             let _ = tokio::time::timeout_at(until, self.duties.ended(&held)).await;
         }
-        let held: Vec<u32> = shards.into_keys().collect();
-        let Ok(leases) = self.list().await else {
-            return;
-        };
-        for lease in &leases {
-            let is_my_shard = held
-                .iter()
-                .any(|s| lease.metadata.name.as_deref() == Some(&self.settings.shard_name(*s)));
-            if is_my_shard
-                && self.held_by_me(lease)
-                && let Err(e) = self.write_holder(lease, None).await
-            {
-                tracing::debug!(error = %e, "Could not release a shard at shutdown; it will lapse.");
+        // A shard whose work is still under way lapses rather than being released (see `release_ready`).
+        let busy = self.duties.busy(&shards.keys().copied().collect());
+        let held: Vec<u32> = shards.into_keys().filter(|s| !busy.contains(s)).collect();
+        if !held.is_empty() {
+            let Ok(leases) = self.list().await else {
+                return;
+            };
+            for lease in &leases {
+                let is_my_shard = held
+                    .iter()
+                    .any(|s| lease.metadata.name.as_deref() == Some(&self.settings.shard_name(*s)));
+                if is_my_shard
+                    && self.held_by_me(lease)
+                    && let Err(e) = self.write_holder(lease, None).await
+                {
+                    tracing::debug!(error = %e, "Could not release a shard at shutdown; it will lapse.");
+                }
             }
         }
         let member = self.settings.member_name(&self.settings.identity);
