@@ -1641,9 +1641,9 @@ impl Loop {
             _ => false,
         };
         let as_written = handled.settled_as_written && unchanged && refreshed;
-        // Asked for again while it was decided (a maintenance window, the nodes' taints or the shards
-        // changed, a deadline came): what was decided read the world as it was before, and does not
-        // stand for the view, whose fingerprint does not show what changed.
+        // Asked for again while it was decided (the maintenance windows or the nodes' taints changed, a
+        // deadline came, its start estimate moved): what was decided read the world as it was before,
+        // and does not stand for the view, whose fingerprint does not show what changed.
         let superseded = self.dirty.contains(&key);
         match fingerprint {
             _ if handled.error.is_some() || superseded => {

@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use common::*;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Api;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -87,13 +86,61 @@ async fn alone(env: &Env, shards: u32) -> Runner {
     a
 }
 
-/// Checks every 5 ms, until stopped, that no shard is held by two runners at once.
-fn sampler(runners: Vec<LeaseHandle>) -> (Arc<AtomicBool>, JoinHandle<Vec<String>>) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    let task = tokio::spawn(async move {
+/// A task that looks at the runners or their leases at a steady pace while the test goes on, and what
+/// it gathered once [`Sampling::finish`] stops it.
+struct Sampling<T> {
+    stop: Arc<AtomicBool>,
+    task: JoinHandle<T>,
+}
+
+impl<T> Sampling<T> {
+    /// Runs `body` on its own task; its loop asks [`Looks::next`] before each look.
+    fn start<F>(every: Duration, body: impl FnOnce(Looks) -> F) -> Self
+    where
+        F: std::future::Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let stop = Arc::new(AtomicBool::new(false));
+        let looks = Looks {
+            stop: stop.clone(),
+            every,
+            first: true,
+        };
+        Self {
+            stop,
+            task: tokio::spawn(body(looks)),
+        }
+    }
+
+    /// Stops the looking and returns what it gathered.
+    async fn finish(self) -> T {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}
+
+/// The pace of a [`Sampling`]: the first look at once, then one every `every` until it is stopped.
+struct Looks {
+    stop: Arc<AtomicBool>,
+    every: Duration,
+    first: bool,
+}
+
+impl Looks {
+    /// Whether to look again (after the pause since the last look).
+    async fn next(&mut self) -> bool {
+        if !std::mem::take(&mut self.first) {
+            tokio::time::sleep(self.every).await;
+        }
+        !self.stop.load(Ordering::Relaxed)
+    }
+}
+
+/// Checks every 5 ms, until finished, that no shard is held by two runners at once.
+fn sampler(runners: Vec<LeaseHandle>) -> Sampling<Vec<String>> {
+    Sampling::start(Duration::from_millis(5), |mut looks| async move {
         let mut violations = Vec::new();
-        while !flag.load(Ordering::Relaxed) {
+        while looks.next().await {
             let views: Vec<_> = runners.iter().map(LeaseHandle::held).collect();
             let shards = views.first().map(|v| v.shards()).unwrap_or(0);
             for shard in 0..shards {
@@ -107,16 +154,13 @@ fn sampler(runners: Vec<LeaseHandle>) -> (Arc<AtomicBool>, JoinHandle<Vec<String
                     violations.push(format!("shard {shard} held by {holders:?}"));
                 }
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
         }
         violations
-    });
-    (stop, task)
+    })
 }
 
-async fn no_overlap(sampler: (Arc<AtomicBool>, JoinHandle<Vec<String>>)) {
-    sampler.0.store(true, Ordering::Relaxed);
-    let violations = sampler.1.await.unwrap();
+async fn no_overlap(sampler: Sampling<Vec<String>>) {
+    let violations = sampler.finish().await;
     assert!(violations.is_empty(), "{violations:?}");
 }
 
@@ -181,20 +225,15 @@ async fn a_clean_shutdown_hands_the_shards_over_at_once() {
     no_overlap(check).await;
 }
 
-/// The `renewTime` of every shard lease as `identity` last wrote it, sampled every 10 ms until the
-/// returned flag is set: a renewal the old holder made is seen before the next holder's write replaces
-/// it (a round writes once per `RENEW`).
-fn renewals_by(
-    env: &Env,
-    identity: &str,
-) -> (Arc<AtomicBool>, JoinHandle<BTreeMap<String, Lease>>) {
+/// Every shard lease as it last was while it named `identity`, by name, looked at every 10 ms until
+/// finished: a renewal the old holder made is seen before the next holder's write replaces it (a
+/// round writes once per `RENEW`).
+fn renewals_by(env: &Env, identity: &str) -> Sampling<BTreeMap<String, Lease>> {
     let api: Api<Lease> = Api::namespaced(env.client.clone(), &env.config.namespace);
     let identity = identity.to_owned();
-    let stop = Arc::new(AtomicBool::new(false));
-    let stopped = stop.clone();
-    let task = tokio::spawn(async move {
+    Sampling::start(Duration::from_millis(10), |mut looks| async move {
         let mut last = BTreeMap::new();
-        while !stopped.load(Ordering::Relaxed) {
+        while looks.next().await {
             for lease in api.list(&Default::default()).await.unwrap().items {
                 let name = lease.metadata.name.clone().unwrap_or_default();
                 let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone());
@@ -202,19 +241,14 @@ fn renewals_by(
                     last.insert(name, lease);
                 }
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
         }
         last
-    });
-    (stop, task)
+    })
 }
 
-/// The shards `runner` comes to hold again after it let them go, sampled every 5 ms until the flag
-/// is set.
-fn regains_of(runner: LeaseHandle) -> (Arc<AtomicBool>, JoinHandle<Vec<u32>>) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let stopped = stop.clone();
-    let task = tokio::spawn(async move {
+/// The shards `runner` comes to hold again after it let them go, looked at every 5 ms until finished.
+fn regains_of(runner: LeaseHandle) -> Sampling<Vec<u32>> {
+    Sampling::start(Duration::from_millis(5), |mut looks| async move {
         let holding = || {
             let held = runner.held();
             (0..held.shards())
@@ -224,20 +258,22 @@ fn regains_of(runner: LeaseHandle) -> (Arc<AtomicBool>, JoinHandle<Vec<u32>>) {
         let mut before = holding();
         let mut let_go: BTreeSet<u32> = BTreeSet::new();
         let mut regained = Vec::new();
-        while !stopped.load(Ordering::Relaxed) {
+        while looks.next().await {
             let now = holding();
             let_go.extend(before.difference(&now));
             regained.extend(now.difference(&before).filter(|s| let_go.contains(*s)));
             before = now;
-            tokio::time::sleep(Duration::from_millis(5)).await;
         }
         regained
-    });
-    (stop, task)
+    })
 }
 
-fn micro(lease: &Lease, field: fn(&LeaseSpec) -> Option<&MicroTime>) -> jiff::Timestamp {
-    lease.spec.as_ref().and_then(field).expect("written").0
+/// A lease's spec, as every lease written by a runner has one.
+fn spec(lease: &Lease) -> &LeaseSpec {
+    lease
+        .spec
+        .as_ref()
+        .expect("a lease written by a runner has a spec")
 }
 
 /// A shard handed to a newcomer while work on its jobs is still under way at its deadline (a write in
@@ -262,8 +298,7 @@ async fn a_shard_whose_work_outlives_its_deadline_lapses_instead_of_being_releas
         b.holding().len() == 1
     })
     .await;
-    renewals.0.store(true, Ordering::Relaxed);
-    let by_a = renewals.1.await.unwrap();
+    let by_a = renewals.finish().await;
     let taken = *b.holding().first().unwrap();
     let api: Api<Lease> = Api::namespaced(env.client.clone(), &env.config.namespace);
     let name = by_a
@@ -272,14 +307,10 @@ async fn a_shard_whose_work_outlives_its_deadline_lapses_instead_of_being_releas
         .expect("A held the shard B took")
         .clone();
     let now_held = api.get(&name).await.unwrap();
-    let by = now_held
-        .spec
-        .as_ref()
-        .and_then(|s| s.holder_identity.as_deref());
-    assert_eq!(by, Some("runner-b"));
-    let last_renewal = micro(&by_a[&name], |s| s.renew_time.as_ref());
-    let acquired = micro(&now_held, |s| s.acquire_time.as_ref());
-    let gap = acquired.duration_since(last_renewal);
+    assert_eq!(spec(&now_held).holder_identity.as_deref(), Some("runner-b"));
+    let last_renewal = spec(&by_a[&name]).renew_time.as_ref().expect("renewed");
+    let acquired = spec(&now_held).acquire_time.as_ref().expect("acquired");
+    let gap = acquired.0.duration_since(last_renewal.0);
     assert!(
         gap >= jiff::SignedDuration::try_from(DURATION).unwrap(),
         "B took the shard {gap:?} after A's last renewal: released at A's deadline with its work under way"
@@ -288,8 +319,7 @@ async fn a_shard_whose_work_outlives_its_deadline_lapses_instead_of_being_releas
     tokio::time::sleep(RENEW * 4).await;
     assert_eq!(a.holding().len(), 1, "A holds {:?}", a.holding());
     assert_eq!(b.holding(), BTreeSet::from([taken]));
-    regains.0.store(true, Ordering::Relaxed);
-    let regained = regains.1.await.unwrap();
+    let regained = regains.finish().await;
     assert!(
         regained.is_empty(),
         "A took back {regained:?} it had given up"

@@ -66,8 +66,8 @@ async fn deleted(w: &World, ns: &str, job_id: &str) {
     w.until_ending(ns, job_id).await;
 }
 
-/// Once the job is terminated for a window: its pods given time to stop, the FAILURE and the final
-/// tick that follow; the FAILURE.
+/// Waits for the job's end at a window: terminated, its pods given 5 s to stop, then its FAILURE and its
+/// final tick. Returns the FAILURE.
 async fn ended_for_the_window(w: &mut World, ns: &str, job_id: &str) -> JobEvent {
     deleted(w, ns, job_id).await;
     w.advance(5);

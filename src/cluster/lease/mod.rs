@@ -711,12 +711,19 @@ impl ShardLeases {
         // instead, so the next holder starts a whole `duration` after the last renewal, not at once,
         // and the write has that much longer to land first.
         let release: BTreeSet<u32> = ready.difference(&busy).copied().collect();
-        let lapse: Vec<u32> = ready.intersection(&busy).copied().collect();
-        if !lapse.is_empty() {
-            tracing::debug!(shards = ?lapse, "Shards given back still have work under way at their deadline; their leases lapse.");
+        if release.len() < ready.len() {
+            tracing::debug!(shards = ?ready.intersection(&busy).collect::<Vec<_>>(), "Shards given back still have work under way at their deadline; their leases lapse.");
         }
-        if release.is_empty() {
-            return ready;
+        self.release(&release, leases).await;
+        ready
+    }
+
+    /// Writes the leases of `shards` that still name this runner as held by nobody, so that another
+    /// runner takes them at once. `leases`: as listed just now (`None`: listed here, if there is
+    /// anything to release). A lease that cannot be listed or written lapses instead.
+    async fn release(&self, shards: &BTreeSet<u32>, leases: Option<&[Lease]>) {
+        if shards.is_empty() {
+            return;
         }
         let listed;
         let leases = match leases {
@@ -728,11 +735,11 @@ impl ShardLeases {
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "Could not list the leases to release shards; they will lapse instead.");
-                    return ready;
+                    return;
                 }
             },
         };
-        for &shard in &release {
+        for &shard in shards {
             let name = self.settings.shard_name(shard);
             if let Some(lease) = leases
                 .iter()
@@ -743,7 +750,6 @@ impl ShardLeases {
                 tracing::debug!(shard, error = %e, "Releasing a shard failed; it will lapse instead.");
             }
         }
-        ready
     }
 
     /// Renews (`acquire == false`) or acquires a shard. On success the shard is held until the new
@@ -1030,24 +1036,10 @@ impl ShardLeases {
             let _ = tokio::time::timeout_at(until, self.duties.ended(&held)).await;
         }
         // A shard whose work is still under way lapses rather than being released (see `release_ready`).
-        let busy = self.duties.busy(&shards.keys().copied().collect());
-        let held: Vec<u32> = shards.into_keys().filter(|s| !busy.contains(s)).collect();
-        if !held.is_empty() {
-            let Ok(leases) = self.list().await else {
-                return;
-            };
-            for lease in &leases {
-                let is_my_shard = held
-                    .iter()
-                    .any(|s| lease.metadata.name.as_deref() == Some(&self.settings.shard_name(*s)));
-                if is_my_shard
-                    && self.held_by_me(lease)
-                    && let Err(e) = self.write_holder(lease, None).await
-                {
-                    tracing::debug!(error = %e, "Could not release a shard at shutdown; it will lapse.");
-                }
-            }
-        }
+        let held: BTreeSet<u32> = shards.into_keys().collect();
+        let busy = self.duties.busy(&held);
+        self.release(&held.difference(&busy).copied().collect(), None)
+            .await;
         let member = self.settings.member_name(&self.settings.identity);
         let deleted = self
             .timed(self.api.delete(&member, &DeleteParams::default()))
