@@ -396,9 +396,15 @@ async fn phase_on(
         timings,
         per_runner,
         cpu,
-        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cpus: cpus(),
     }
     .phase())
+}
+
+/// The cores this process may use: the phase's share of them is measured against it, and the machine
+/// line reports it.
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// The phase's soak reporter, when `--soak-every` asks for one: it stops when dropped.
@@ -900,7 +906,7 @@ fn machine() -> Machine {
         .ok()
         .and_then(|l| l.split_whitespace().next().and_then(|v| v.parse().ok()));
     Machine {
-        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cpus: cpus(),
         cpu_model,
         memory_gib,
         os: format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),

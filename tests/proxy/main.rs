@@ -8,6 +8,8 @@
 
 #[path = "../common/monitor.rs"]
 mod monitor_support;
+#[path = "../common/ports.rs"]
+mod ports;
 #[path = "../common/rabbit.rs"]
 mod rabbit;
 

@@ -7,6 +7,8 @@
 mod busy_workload;
 #[path = "../common/runner.rs"]
 mod harness;
+#[path = "../common/ports.rs"]
+mod ports;
 #[path = "../common/rabbit.rs"]
 mod rabbit;
 #[path = "../common/raw_amqp.rs"]

@@ -4,6 +4,7 @@
 //! connection's close). Idle, it stops without claiming messages in hand.
 
 use crate::harness;
+use crate::ports::free_port;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -12,15 +13,6 @@ use std::time::{Duration, Instant};
 
 use harness::Harness;
 use volcano_runner::sim::{FaultRule, SimConfig};
-
-/// A free port on 127.0.0.1 for the runner's metrics and health endpoint.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// `GET path` on the runner's endpoint: the status and the body, or `None` when nothing answers.
 fn get(port: u16, path: &str) -> Option<(u16, String)> {

@@ -694,7 +694,7 @@ impl ShardLeases {
 
     /// Gives up for good the shards given back whose work has ended, or whose deadline has passed, and
     /// returns them: those whose work has ended are released, the others left to lapse. `leases`: as
-    /// listed just now (`None`: listed here). A release that fails leaves the shard to lapse.
+    /// listed just now (`None`: listed here). See [`Self::release`] for a release that fails.
     async fn release_ready(&mut self, leases: Option<&[Lease]>, now: Instant) -> BTreeSet<u32> {
         let busy = self.duties.busy(&self.releasing.keys().copied().collect());
         let ready: BTreeSet<u32> = self
@@ -720,7 +720,10 @@ impl ShardLeases {
 
     /// Writes the leases of `shards` that still name this runner as held by nobody, so that another
     /// runner takes them at once. `leases`: as listed just now (`None`: listed here, if there is
-    /// anything to release). A lease that cannot be listed or written lapses instead.
+    /// anything to release). A lease that cannot be listed or written still names this runner: the
+    /// next round reads it as this runner's again and decides anew, giving it back (without a write
+    /// while its work is under way) as long as another runner is short of its share, renewing it when
+    /// none is; it lapses only when this runner stops renewing (at shutdown, or dead).
     async fn release(&self, shards: &BTreeSet<u32>, leases: Option<&[Lease]>) {
         if shards.is_empty() {
             return;
@@ -734,7 +737,7 @@ impl ShardLeases {
                     &listed
                 }
                 Err(e) => {
-                    tracing::debug!(error = %e, "Could not list the leases to release shards; they will lapse instead.");
+                    tracing::debug!(error = %e, "Could not list the leases to release shards; the next round decides on them again.");
                     return;
                 }
             },
@@ -747,7 +750,7 @@ impl ShardLeases {
                 .filter(|l| self.held_by_me(l))
                 && let Err(e) = self.write_holder(lease, None).await
             {
-                tracing::debug!(shard, error = %e, "Releasing a shard failed; it will lapse instead.");
+                tracing::debug!(shard, error = %e, "Releasing a shard failed; the next round decides on it again.");
             }
         }
     }
