@@ -335,6 +335,7 @@ async fn phase_on(
 
     let spec = runner_spec(options, config, sim, monitor);
     let cpu = fleet::CpuSince::now();
+    let lock_before = sim.lock_held();
     // Dropping the fleet on an error below kills the runners.
     let mut fleet = Fleet::start(&spec, &format!("bench-{prefix}"), runners)?;
     wait_for_consumers(&connection, config, runners, &mut fleet, options).await?;
@@ -370,6 +371,7 @@ async fn phase_on(
         .stop(config.runner.shutdown_grace + Duration::from_secs(10))
         .await;
     let cpu = cpu.taken();
+    let sim_lock_held_s = (sim.lock_held() - lock_before).as_secs_f64();
     // Late duplicates (a republication) would arrive within moments of the last end.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (events_delivered, duplicate_deliveries) = observers.deliveries.counts();
@@ -396,6 +398,7 @@ async fn phase_on(
         timings,
         per_runner,
         cpu,
+        sim_lock_held_s,
         cpus: cpus(),
     }
     .phase())
@@ -515,6 +518,8 @@ struct Measured {
     /// This process's and the broker's CPU over the phase, from before its runners started until they
     /// exited, and that span's length.
     cpu: fleet::CpuTaken,
+    /// How long the simulator's one lock was held over the same span.
+    sim_lock_held_s: f64,
     /// The machine's cores, all of which the runners, this process and the broker share.
     cpus: usize,
 }
@@ -574,6 +579,7 @@ impl Measured {
             publish_to_created: Latency::of(&mut to_created),
             publish_to_queued: Latency::of(&mut to_queued),
             cores_busy: busy_share(runner_cpu_s, &self.cpu, self.cpus),
+            sim_lock_busy: (self.cpu.wall_s > 0.0).then(|| self.sim_lock_held_s / self.cpu.wall_s),
             per_runner: self.per_runner,
             harness_cpu_s: self.cpu.own_s,
             broker_cpu_s: self.cpu.broker_s,
@@ -1047,6 +1053,7 @@ mod tests {
                 broker_s: None,
                 wall_s: 5.0,
             },
+            sim_lock_held_s: 4.0,
             cpus: 2,
         };
         let off = measured(false, 10, 0).phase();
@@ -1055,6 +1062,7 @@ mod tests {
         assert_eq!(off.duplicates_per_1000_jobs, Some(2000.0 / 10.0));
         assert_eq!(off.api_requests_per_s, Some(40.0 / 4.0));
         assert_eq!(off.cores_busy, None, "the broker's share is unknown here");
+        assert_eq!(off.sim_lock_busy, Some(0.8), "4 s held in 5 s");
         let known = fleet::CpuTaken {
             own_s: 1.0,
             broker_s: Some(1.0),

@@ -135,6 +135,11 @@ pub struct Phase {
     /// usually not (its bound is the simulator's one lock), so their QUEUED rates are bounded by
     /// different things (README, Performance).
     pub cores_busy: Option<f64>,
+    /// The share of the phase's real time (the span `cores_busy` is measured over) that the
+    /// simulator's one lock was held: every API request, watch read and controller step of the
+    /// simulated cluster runs under it. Near 100% the phase was bound by the simulator, whatever the
+    /// cores had left; the unmonitored phases on the build machines are (README, Performance).
+    pub sim_lock_busy: Option<f64>,
     /// CPU of the benchmark process in the phase: the simulator, the publisher and the observers.
     pub harness_cpu_s: f64,
     /// CPU of the RabbitMQ node on this machine in the phase (its `beam.smp` processes, read by
@@ -425,9 +430,12 @@ fn write_cores(out: &mut String, p: &Phase) {
     let busy = p.cores_busy.map_or(String::new(), |b| {
         format!("; the cores {:.0}% busy", b * 100.0)
     });
+    let lock = p.sim_lock_busy.map_or(String::new(), |b| {
+        format!(", the simulator's lock {:.0}% held", b * 100.0)
+    });
     let _ = writeln!(
         out,
-        "CPU per job, {} runner(s), monitor {}, {rate}: runners {}, simulator and benchmark {}, RabbitMQ {} ms{busy}",
+        "CPU per job, {} runner(s), monitor {}, {rate}: runners {}, simulator and benchmark {}, RabbitMQ {} ms{busy}{lock}",
         p.runners,
         if p.monitor { "on" } else { "off" },
         per_job(runners),
@@ -531,6 +539,7 @@ mod tests {
                     exit_ok: true,
                 }],
                 cores_busy: Some(0.875),
+                sim_lock_busy: Some(0.6),
                 harness_cpu_s: 4.0,
                 broker_cpu_s: Some(1.5),
             }],
@@ -565,7 +574,7 @@ mod tests {
         // 900 jobs ended: 3.25 s of runner CPU, 4.0 s of this process, 1.5 s of the broker.
         assert!(
             table.contains(
-                "CPU per job, 1 runner(s), monitor on, unpaced: runners 3.61, simulator and benchmark 4.44, RabbitMQ 1.67 ms; the cores 88% busy"
+                "CPU per job, 1 runner(s), monitor on, unpaced: runners 3.61, simulator and benchmark 4.44, RabbitMQ 1.67 ms; the cores 88% busy, the simulator's lock 60% held"
             ),
             "{table}"
         );
@@ -593,6 +602,7 @@ mod tests {
         assert_eq!(phase["harness_cpu_s"], 4.0);
         assert_eq!(phase["broker_cpu_s"], 1.5);
         assert_eq!(phase["cores_busy"], 0.875);
+        assert_eq!(phase["sim_lock_busy"], 0.6);
         assert_eq!(phase["monitoring_overlap"], 0.9);
         assert_eq!(phase["runner_cpu_ms_per_job"], 3.6);
         assert_eq!(json["workload"]["cluster_nodes"], 40);

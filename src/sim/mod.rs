@@ -504,6 +504,13 @@ impl SimHandle {
         self.shared.request_counts()
     }
 
+    /// How long its one lock (the cluster's state: every request, watch read and controller step runs
+    /// under it) has been held since it started. Over a span of real time, its share says whether a
+    /// load was bound by the simulator rather than by its clients or the cores.
+    pub fn lock_held(&self) -> std::time::Duration {
+        self.shared.lock_held()
+    }
+
     /// `http://127.0.0.1:PORT`, for `kube::Config::new` or `kubectl --server`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)

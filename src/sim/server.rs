@@ -3,9 +3,9 @@
 //! fault injection in front of it all.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::sim::json::JsonPath;
 use axum::body::{Body, Bytes};
@@ -67,6 +67,10 @@ pub(crate) struct Shared {
     /// `patch jobs.batch.volcano.sh/status`): what a benchmark reports per job, and the measure of the
     /// load a real API server would carry.
     requests: Mutex<BTreeMap<String, u64>>,
+    /// How long the cluster's lock has been held, in nanoseconds: every request and every controller
+    /// step runs under it, so its share of real time says when the simulator, not its clients, is what
+    /// a load is bound by (the benchmark prints it per phase).
+    held_ns: AtomicU64,
 }
 
 impl Shared {
@@ -91,6 +95,7 @@ impl Shared {
             shutdown,
             settings,
             requests: Mutex::new(BTreeMap::new()),
+            held_ns: AtomicU64::new(0),
         }
     }
 
@@ -116,10 +121,22 @@ impl Shared {
         self.cluster.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Counts the time the lock was held since `since` (taken just after locking it).
+    fn held_since(&self, since: Instant) {
+        let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.held_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// How long the cluster's lock has been held since the simulator started.
+    pub fn lock_held(&self) -> Duration {
+        Duration::from_nanos(self.held_ns.load(Ordering::Relaxed))
+    }
+
     /// Runs `f` on the cluster at the current simulated instant, then lets the controllers settle and
     /// wakes watches.
     pub fn with<R>(&self, f: impl FnOnce(&mut Cluster) -> R) -> R {
         let mut c = self.lock();
+        let since = Instant::now();
         let now = self.clock.now();
         c.advance_to(now);
         let r = f(&mut c);
@@ -130,6 +147,7 @@ impl Shared {
             .next_timer()
             .is_some_and(|t| nanos(t) < self.ticker_due.load(Ordering::Relaxed));
         drop(c);
+        self.held_since(since);
         self.notify(rv, &touched);
         if earlier_timer {
             self.wake_ticker.notify_one();
@@ -152,7 +170,12 @@ impl Shared {
 
     /// Reads the cluster without moving time (watch streams use this).
     pub fn read<R>(&self, f: impl FnOnce(&Cluster) -> R) -> R {
-        f(&self.lock())
+        let c = self.lock();
+        let since = Instant::now();
+        let r = f(&c);
+        drop(c);
+        self.held_since(since);
+        r
     }
 
     fn notify(&self, rv: u64, touched: &[ResId]) {
