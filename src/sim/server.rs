@@ -121,9 +121,10 @@ impl Shared {
         self.cluster.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Counts the time the lock was held since `since` (taken just after locking it).
-    fn held_since(&self, since: Instant) {
-        let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    /// Counts `held`, from just after the lock was taken to just before it is let go (not after: letting
+    /// it go wakes the next holder, whose time would then overlap this one's).
+    fn count_held(&self, held: Duration) {
+        let ns = u64::try_from(held.as_nanos()).unwrap_or(u64::MAX);
         self.held_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
@@ -146,8 +147,9 @@ impl Shared {
         let earlier_timer = c
             .next_timer()
             .is_some_and(|t| nanos(t) < self.ticker_due.load(Ordering::Relaxed));
+        let held = since.elapsed();
         drop(c);
-        self.held_since(since);
+        self.count_held(held);
         self.notify(rv, &touched);
         if earlier_timer {
             self.wake_ticker.notify_one();
@@ -173,8 +175,9 @@ impl Shared {
         let c = self.lock();
         let since = Instant::now();
         let r = f(&c);
+        let held = since.elapsed();
         drop(c);
-        self.held_since(since);
+        self.count_held(held);
         r
     }
 
