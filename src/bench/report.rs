@@ -139,8 +139,7 @@ pub struct Phase {
     /// simulator's one lock was held: every API request, watch read and controller step of the
     /// simulated cluster runs under it. Near 100% the phase was bound by the simulator, whatever the
     /// cores had left (handing the lock from one holder to the next takes time of its own, which is not
-    /// counted: on the build machines the unmonitored phases read about 88%, with a quarter of the cores
-    /// idle; README, Performance).
+    /// counted, so a bound phase reads somewhat under 100%; README, Performance).
     pub sim_lock_busy: Option<f64>,
     /// CPU of the benchmark process in the phase: the simulator, the publisher and the observers.
     pub harness_cpu_s: f64,

@@ -117,15 +117,13 @@ impl Shared {
             .clone()
     }
 
-    fn lock(&self) -> MutexGuard<'_, Cluster> {
-        self.cluster.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Counts `held`, from just after the lock was taken to just before it is let go (not after: letting
-    /// it go wakes the next holder, whose time would then overlap this one's).
-    fn count_held(&self, held: Duration) {
-        let ns = u64::try_from(held.as_nanos()).unwrap_or(u64::MAX);
-        self.held_ns.fetch_add(ns, Ordering::Relaxed);
+    /// The cluster, locked; the time it is held is counted when it is let go ([`Locked`]).
+    fn lock(&self) -> Locked<'_> {
+        Locked {
+            guard: self.cluster.lock().unwrap_or_else(PoisonError::into_inner),
+            since: Instant::now(),
+            held_ns: &self.held_ns,
+        }
     }
 
     /// How long the cluster's lock has been held since the simulator started.
@@ -137,7 +135,6 @@ impl Shared {
     /// wakes watches.
     pub fn with<R>(&self, f: impl FnOnce(&mut Cluster) -> R) -> R {
         let mut c = self.lock();
-        let since = Instant::now();
         let now = self.clock.now();
         c.advance_to(now);
         let r = f(&mut c);
@@ -147,9 +144,7 @@ impl Shared {
         let earlier_timer = c
             .next_timer()
             .is_some_and(|t| nanos(t) < self.ticker_due.load(Ordering::Relaxed));
-        let held = since.elapsed();
         drop(c);
-        self.count_held(held);
         self.notify(rv, &touched);
         if earlier_timer {
             self.wake_ticker.notify_one();
@@ -172,13 +167,7 @@ impl Shared {
 
     /// Reads the cluster without moving time (watch streams use this).
     pub fn read<R>(&self, f: impl FnOnce(&Cluster) -> R) -> R {
-        let c = self.lock();
-        let since = Instant::now();
-        let r = f(&c);
-        let held = since.elapsed();
-        drop(c);
-        self.count_held(held);
-        r
+        f(&self.lock())
     }
 
     fn notify(&self, rv: u64, touched: &[ResId]) {
@@ -222,6 +211,35 @@ impl Shared {
     /// Drops every open watch connection, as a network failure or an API server restart does.
     pub fn cut_watches(&self) {
         self.cuts.send_modify(|g| *g += 1);
+    }
+}
+
+/// The cluster's lock, held: adds the time it was held to [`Shared::lock_held`] as it is let go.
+struct Locked<'a> {
+    guard: MutexGuard<'a, Cluster>,
+    since: Instant,
+    held_ns: &'a AtomicU64,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = Cluster;
+    fn deref(&self) -> &Cluster {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Cluster {
+        &mut self.guard
+    }
+}
+
+impl Drop for Locked<'_> {
+    /// Counted before the guard itself is dropped (after this), not after: letting the lock go wakes
+    /// the next holder, whose time would then overlap this one's.
+    fn drop(&mut self) {
+        let ns = u64::try_from(self.since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.held_ns.fetch_add(ns, Ordering::Relaxed);
     }
 }
 

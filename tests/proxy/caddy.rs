@@ -20,8 +20,9 @@ use volcano_runner::messages::v1::{ProxyAction, ProxyEvent};
 use volcano_runner::pipeline::plugins::proxy::target;
 use volcano_runner::proxy::ProxySyncConfig;
 
-use crate::live::{Browser, COOKIE, Caddy, Role, Server, free_port, get, websocket_echo};
+use crate::live::{Browser, COOKIE, Caddy, Role, Server, get, websocket_echo};
 use crate::monitor_support::{World, web_job};
+use crate::ports::free_port;
 use crate::support::{self, cancel};
 use crate::sync::{expected, published, replicas, run_jobs};
 

@@ -9,8 +9,8 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::live::free_port;
 use crate::monitor_support::{PATIENCE, World, web_job};
+use crate::ports::free_port;
 
 /// `GET path` over plain HTTP/1.0: the status and the body.
 async fn get(addr: &str, path: &str) -> Option<(u16, String)> {

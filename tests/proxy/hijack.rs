@@ -22,8 +22,9 @@ use volcano_runner::sessions::token::{self, Hash};
 
 use crate::cdp::{Chrome, websocket_probe};
 use crate::interactive::{terminal_job, vnc_job};
-use crate::live::{COOKIE, Caddy, free_port};
+use crate::live::{COOKIE, Caddy};
 use crate::monitor_support::{PATIENCE, TestRunner, World, web_job};
+use crate::ports::free_port;
 use crate::sessions::{
     Requester, RunningIssuer, issuer, requester, sim_clock, token_of, until_known,
 };

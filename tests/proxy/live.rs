@@ -23,7 +23,7 @@ use crate::monitor_support::PATIENCE;
 /// The session cookie (the original's name).
 pub const COOKIE: &str = "ucloud-compute-session";
 
-pub use crate::ports::free_port;
+use crate::ports::free_port;
 
 /// An empty directory of its own under the temporary directory.
 fn fresh_dir(label: &str) -> PathBuf {

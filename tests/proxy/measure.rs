@@ -215,7 +215,7 @@ async fn caddy_load_and_route_latency() {
     use volcano_runner::sessions::check::{CheckSettings, SessionCheck};
 
     let live = crate::live::Caddy::start().await;
-    let authz_port = crate::live::free_port();
+    let authz_port = crate::ports::free_port();
     let with_check = CaddySettings {
         admin: Upstream::parse(&live.admin_url).unwrap(),
         listen_port: live.http_port,

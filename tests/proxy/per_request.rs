@@ -28,8 +28,9 @@ use volcano_runner::sessions::record::{SessionRecord, SessionStore};
 use volcano_runner::sessions::token::{self, Hash};
 
 use crate::caddy::{event, host, publish};
-use crate::live::{COOKIE, Caddy, Role, Server, free_port, get, upgrade_head};
+use crate::live::{COOKIE, Caddy, Role, Server, get, upgrade_head};
 use crate::monitor_support::{PATIENCE, World};
+use crate::ports::free_port;
 use crate::support::{self, Instance};
 
 fn sim_clock(w: &World) -> Arc<dyn Fn() -> jiff::Timestamp + Send + Sync> {

@@ -806,7 +806,8 @@ async fn hostile_input_is_bounded_and_no_session_id_reaches_the_logs() {
 /// the job ends its host is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chromium_opens_each_rank_through_caddy_with_its_session_and_nothing_without_one() {
-    use crate::live::{Browser, Caddy, free_port};
+    use crate::live::{Browser, Caddy};
+    use crate::ports::free_port;
     // Plain http in the test (Chromium keeps no `Secure` cookie from http), like a dev installation.
     let w = World::start(
         "sessions-browser",
@@ -960,7 +961,8 @@ async fn a_terminal_application_gets_a_shell_through_caddy_behind_its_session_an
     use volcano_runner::proxy::bridge::{BridgeContext, Bridges};
 
     use crate::interactive::terminal_job;
-    use crate::live::{COOKIE, Caddy, free_port, get};
+    use crate::live::{COOKIE, Caddy, get};
+    use crate::ports::free_port;
 
     let (mut w, runner) = world("sessions-terminal").await;
     let caddy = Caddy::start().await;

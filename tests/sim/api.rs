@@ -1049,9 +1049,8 @@ async fn the_time_its_lock_is_held_grows_with_requests_and_stays_within_real_tim
 }
 
 /// Merge patches of one object sent at once, each adding its own annotation, all land: however the
-/// server orders concurrent writes, none is lost to another (a patch worked out on a version another
-/// write has since replaced must not be stored: a server that worked patches out outside its lock
-/// without that check lost one of the 40 in two runs of three).
+/// server orders concurrent writes, none is lost to another: a patch made from a version that another
+/// write has since replaced must not be stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_patches_of_one_object_all_land() {
     let (_sim, client) = start().await;
