@@ -12,6 +12,7 @@ pub mod fleet;
 pub mod limits;
 pub mod observe;
 pub mod report;
+pub mod settle;
 pub mod soak;
 pub mod stats;
 pub mod workload;
@@ -334,11 +335,18 @@ async fn phase_on(
     );
 
     let spec = runner_spec(options, config, sim, monitor);
-    let cpu = fleet::CpuSince::now();
-    let lock_before = sim.lock_held();
     // Dropping the fleet on an error below kills the runners.
     let mut fleet = Fleet::start(&spec, &format!("bench-{prefix}"), runners)?;
     wait_for_consumers(&connection, config, runners, &mut fleet, options).await?;
+    if monitor {
+        let client = sim
+            .client()
+            .map_err(|e| BenchError::Cluster(e.to_string()))?;
+        settle::wait_for_shards(client, config, runners).await;
+    }
+    // The span the cores' and the lock's shares are of: the phase's work, not the runners' start.
+    let cpu = fleet::CpuSince::now();
+    let lock_before = sim.lock_held();
     // Stopped with the phase (dropped at any return).
     let _soak = soak_reporter(options, &observers, sim, &fleet);
 

@@ -174,6 +174,8 @@ struct Loop {
     taken_in: std::collections::BTreeSet<u32>,
     /// Jobs of those shards that came up meanwhile, queued again once the lists are in.
     held_back: FastSet<JobKey>,
+    /// The watches' first lists are in: before, no shard is listed ([`Loop::say_listed`]).
+    lists_in: bool,
     /// Every node's taints and version (cordoned ones too), for the node reservations
     /// (`[monitor] reserve_nodes`, [`super::reserve`]).
     node_taints: std::collections::BTreeMap<String, super::reserve::NodeTaints>,
@@ -821,6 +823,7 @@ impl Loop {
             listing_shards: Default::default(),
             taken_in: Default::default(),
             held_back: FastSet::default(),
+            lists_in: false,
             node_taints: Default::default(),
             node_taints_listing: None,
             reservation_key: super::reserve::taint_key(&exec.settings.keys),
@@ -925,7 +928,23 @@ impl Loop {
         if gained {
             tracing::info!(shards = ?held, "Gained shards: reconciling every job.");
         }
+        self.say_listed();
         gained
+    }
+
+    /// Tells the leases which held shards this monitor has listed since it gained them, whose jobs it
+    /// decides (and whose QUEUED it tells) as they come: the leases say so to the other runners
+    /// ([`crate::cluster::HeldShards::set_listed`]).
+    fn say_listed(&self) {
+        let listed = if self.lists_in {
+            self.taken_in
+                .difference(&self.listing_shards)
+                .copied()
+                .collect()
+        } else {
+            std::collections::BTreeSet::new()
+        };
+        self.exec.shards.borrow().set_listed(listed);
     }
 
     fn enqueue(&mut self, key: JobKey) {
@@ -1063,6 +1082,8 @@ impl Loop {
         }
         // Every list is in: the jobs of shards just gained may be decided now.
         self.listing_shards.clear();
+        self.lists_in = true;
+        self.say_listed();
         for key in std::mem::take(&mut self.held_back) {
             self.enqueue(key);
         }

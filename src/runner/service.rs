@@ -201,7 +201,8 @@ impl Service {
         let leases = leases
             .with_note(move || route.problem())
             .with_health(ops.readiness.condition("shard leases", ""))
-            .with_carried_records(Arc::new(confirmed.clone()));
+            .with_carried_records(Arc::new(confirmed.clone()))
+            .tells_once_listed();
         let token = shutdown.clone();
         duties.spawn(async move { leases.run(token.cancelled_owned()).await });
         confirmed.attach(handle.subscribe());

@@ -459,3 +459,106 @@ async fn a_shard_held_by_an_older_runner_leaves_queued_to_the_submit_path() {
     .await;
     a.stop().await;
 }
+
+/// Whether the one shard's lease says that `runner` tells the QUEUED of the jobs left to it.
+async fn says_it_tells(h: &Harness, runner: &str) -> bool {
+    use volcano_runner::cluster::labels::TELLS_QUEUED;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(h.client.clone(), &h.config.cluster.namespace);
+    let name = format!("{}-shard-0", h.config.cluster.lease.name_prefix);
+    leases
+        .get_opt(&name)
+        .await
+        .unwrap()
+        .and_then(|l| l.metadata.annotations)
+        .and_then(|a| a.get(TELLS_QUEUED).cloned())
+        .as_deref()
+        == Some(runner)
+}
+
+/// A runner that gains a shard says on its lease that it tells the QUEUED of the jobs left to it only
+/// once its monitor has listed the shard; meanwhile the other runners' submit paths tell the QUEUED of
+/// the shard's jobs themselves (and write its record). Here the monitor's list of pods takes 20 s, as
+/// lists of thousands of live jobs do on a busy API server. Before, the lease said so from the moment
+/// the shard was taken, and every job runner A accepted was left to a monitor that decided nothing
+/// until its lists were in: no QUEUED for 20 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_still_listing_a_shard_it_gained_leaves_no_queued_waiting() {
+    use volcano_runner::sim::FaultRule;
+    let h = Harness::new("queued-by-listing").await;
+    let a = h.start_with("runner-a", one_shard(&h), false);
+    h.wait_consumers(&h.config.broker.submit_queue, 1).await;
+    warm_up(&h, &["runner-a"]).await;
+    h.sim.faults().add_rule(FaultRule {
+        resource: "pods".into(),
+        verb: "list".into(),
+        latency_ms: 20_000,
+        ..FaultRule::default()
+    });
+    let m = h.start_with("runner-m", one_shard(&h), true);
+    holds_the_shard(&h, "runner-m").await;
+    h.wait_consumers(&h.config.broker.submit_queue, 2).await;
+
+    let jobs: Vec<String> = (0..12).map(|i| format!("l-{i}")).collect();
+    for job in &jobs {
+        h.submit(&figlet(job)).await;
+    }
+    tokio::time::timeout(Duration::from_secs(10), wait_until(&h, &jobs, "QUEUED"))
+        .await
+        .expect("every QUEUED within 10 s, while runner-m's monitor still lists its pods");
+    assert!(
+        !says_it_tells(&h, "runner-m").await,
+        "runner-m's lease says it tells QUEUED while its monitor lists"
+    );
+    let mut by_a = 0;
+    for job in &jobs {
+        let annotations = annotations_of(&h, job).await;
+        if annotations.get("ucloud.dk/acceptedBy").map(String::as_str) == Some("runner-a") {
+            by_a += 1;
+            assert_eq!(
+                annotations.get("ucloud.dk/queuedBy"),
+                None,
+                "{job}: not left to a monitor still listing"
+            );
+            assert_eq!(
+                annotations
+                    .get("ucloud.dk/queuedConfirmed")
+                    .map(String::as_str),
+                Some("true"),
+                "{job}: the record written by runner A's submit path"
+            );
+        }
+    }
+    assert!(by_a > 0, "runner-a took some of the submissions");
+
+    // Once its lists are in, the lease says so, and a job is left to runner-m again.
+    h.sim.faults().clear();
+    rabbit::within("runner-m's lease says it tells QUEUED", async {
+        while !says_it_tells(&h, "runner-m").await {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    rabbit::within("a job left to runner-m", async {
+        for i in 0.. {
+            let job = format!("after-{i}");
+            h.submit(&figlet(&job)).await;
+            if created(&h, &job)
+                .await
+                .get("ucloud.dk/queuedBy")
+                .map(String::as_str)
+                == Some("monitor")
+            {
+                return;
+            }
+        }
+    })
+    .await;
+    h.wait_queues_settled().await;
+    m.stop().await;
+    a.stop().await;
+    let events = h.events().await;
+    for job in &jobs {
+        assert_eq!(queued_count(&events, job), 1, "{job}: QUEUED once");
+    }
+}

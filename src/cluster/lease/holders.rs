@@ -37,8 +37,10 @@ pub enum Holding {
     /// Another runner, whose lease is current and says that its monitor tells the QUEUED of the jobs
     /// left to it ([`TELLS_QUEUED`] naming it).
     Other(String),
-    /// Another runner, whose lease is current but does not say so: a runner older than the jobs left to
-    /// their monitor (a rolling upgrade), which would never tell their QUEUED. The submit path tells it.
+    /// Another runner, whose lease is current but does not say so: a runner whose monitor is still
+    /// listing the shard it gained (it would tell the QUEUED only once its lists are in), or one older
+    /// than the jobs left to their monitor (a rolling upgrade), which would never tell it. The submit
+    /// path tells it.
     Older(String),
 }
 

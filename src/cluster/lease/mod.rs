@@ -79,6 +79,8 @@ pub struct HeldShards {
     held: BTreeSet<u32>,
     deadlines: Arc<Mutex<BTreeMap<u32, Instant>>>,
     duties: Duties,
+    /// The held shards the monitor has listed since it gained them (see [`HeldShards::set_listed`]).
+    listed: Arc<watch::Sender<BTreeSet<u32>>>,
 }
 
 /// The monitor's work in progress, by shard: what a shard's lease waits for before it is handed over.
@@ -185,6 +187,7 @@ impl HeldShards {
             held,
             deadlines: Arc::new(Mutex::new(deadlines)),
             duties: Duties::default(),
+            listed: Arc::new(watch::Sender::new(BTreeSet::new())),
         }
     }
 
@@ -250,6 +253,21 @@ impl HeldShards {
     /// dropped (or the shard's deadline passes). Begin first, then ask [`owns`](Self::owns).
     pub fn begin_duty(&self, job_id: &str) -> Duty {
         self.duties.begin(shard_of(job_id, self.shards))
+    }
+
+    /// The monitor says which held shards it has listed afresh since it gained them: from then on it
+    /// tells the QUEUED of their jobs left to it as they come. The leases say so on those shards' leases
+    /// ([`TELLS_QUEUED`]) and on no other, so that other runners' submit paths leave it no job of a
+    /// shard it is still listing (seconds on a busy API server, with thousands of live jobs), whose
+    /// QUEUED would wait for the lists; they tell those themselves.
+    pub fn set_listed(&self, shards: BTreeSet<u32>) {
+        self.listed.send_if_modified(|listed| {
+            let changed = *listed != shards;
+            if changed {
+                *listed = shards;
+            }
+            changed
+        });
     }
 }
 
@@ -347,6 +365,11 @@ pub struct ShardLeases {
     /// [`QUEUED_CARRIED`] of the leases just taken over, for [`CarriedRecords::adopt`] once their
     /// shards are in the held set.
     taken_over: Vec<String>,
+    /// What the monitor has listed ([`HeldShards::set_listed`]), when [`ShardLeases::tells_once_listed`]
+    /// asks the leases to say [`TELLS_QUEUED`] only of those shards; `None`: of every shard held.
+    listed: Option<watch::Receiver<BTreeSet<u32>>>,
+    /// What `listed` held when the last round began: the shards whose leases that round said it of.
+    said: BTreeSet<u32>,
 }
 
 /// Says what keeps the runner from its work, or `None`.
@@ -386,6 +409,7 @@ impl ShardLeases {
             held: BTreeSet::new(),
             deadlines: deadlines.clone(),
             duties: duties.clone(),
+            listed: Arc::new(watch::Sender::new(BTreeSet::new())),
         });
         let leases = Self {
             api: Api::namespaced(client, &config.namespace),
@@ -403,6 +427,8 @@ impl ShardLeases {
             health: None,
             carried: None,
             taken_over: Vec::new(),
+            listed: None,
+            said: BTreeSet::new(),
         };
         (leases, LeaseHandle { rx, identity })
     }
@@ -481,6 +507,49 @@ impl ShardLeases {
         self
     }
 
+    /// Says on a shard's lease that this runner tells the QUEUED of the jobs left to it
+    /// ([`TELLS_QUEUED`]) only once its monitor has listed the shard ([`HeldShards::set_listed`]), and
+    /// writes the lease again as soon as it has, rather than at the next renewal. Without it the leases
+    /// say so of every shard from the moment they take it (a runner without a monitor of its own to
+    /// wait for: the tests of the leases alone).
+    pub fn tells_once_listed(mut self) -> Self {
+        let listed = self.tx.borrow().listed.subscribe();
+        self.listed = Some(listed);
+        self
+    }
+
+    /// Whether this runner's leases say it tells the QUEUED of `shard`'s jobs left to it.
+    fn tells(&self, shard: u32) -> bool {
+        self.listed
+            .as_ref()
+            .is_none_or(|listed| listed.borrow().contains(&shard))
+    }
+
+    /// Waits until the monitor has listed a shard it had not when the last round began (never,
+    /// without [`ShardLeases::tells_once_listed`]).
+    fn newly_listed(&self) -> impl Future<Output = ()> + use<> {
+        let listed = self.listed.clone();
+        let said = self.said.clone();
+        async move {
+            let Some(mut listed) = listed else {
+                return std::future::pending().await;
+            };
+            loop {
+                if listed
+                    .borrow_and_update()
+                    .difference(&said)
+                    .next()
+                    .is_some()
+                {
+                    return;
+                }
+                if listed.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+        }
+    }
+
     /// Hands the records listed on the leases just taken over to the monitor's carried records: called
     /// once the shards are in the held set, which the records of their jobs need.
     fn adopt_taken_over(&mut self) {
@@ -517,6 +586,15 @@ impl ShardLeases {
             };
             tokio::select! {
                 () = &mut shutdown => break,
+                // Said on the leases at once: until then other runners' submit paths tell the QUEUED
+                // of the shard's jobs themselves, each with a write of its record.
+                () = self.newly_listed() => {
+                    let round = self.round();
+                    tokio::select! {
+                        () = &mut shutdown => break,
+                        () = round => {}
+                    }
+                }
                 () = handed_over => {
                     let release = self.release_ready(None, Instant::now());
                     tokio::select! {
@@ -559,6 +637,9 @@ impl ShardLeases {
 
     /// One round: list, renew membership, decide, write.
     async fn round(&mut self) {
+        if let Some(listed) = &self.listed {
+            self.said = listed.borrow().clone();
+        }
         let listed = self.list().await;
         let leases = match listed {
             Ok(leases) => leases,
@@ -762,7 +843,8 @@ impl ShardLeases {
         let result = match lease {
             Some(lease) => self.write_holder(lease, Some(acquire)).await,
             None => {
-                self.create_lease(&self.settings.shard_name(shard), COMPONENT_SHARD)
+                let tells = self.tells(shard);
+                self.create_lease(&self.settings.shard_name(shard), COMPONENT_SHARD, tells)
                     .await
             }
         };
@@ -808,11 +890,14 @@ impl ShardLeases {
     /// [`QUEUED_CARRIED`] for the shard lease `name`, as this runner's monitor carries its records.
     fn listed(&self, name: &str) -> Option<String> {
         let records = self.carried.as_ref()?;
-        let shard = name
-            .strip_prefix(&format!("{}-shard-", self.settings.prefix))?
+        records.listed(self.shard_number(name)?, self.settings.shards)
+    }
+
+    /// The shard whose lease is named `name`.
+    fn shard_number(&self, name: &str) -> Option<u32> {
+        name.strip_prefix(&format!("{}-shard-", self.settings.prefix))?
             .parse()
-            .ok()?;
-        records.listed(shard, self.settings.shards)
+            .ok()
     }
 
     fn held_by_me(&self, lease: &Lease) -> bool {
@@ -861,7 +946,7 @@ impl ShardLeases {
                 };
                 self.write_holder(&lease, Some(false)).await
             }
-            None => self.create_lease(&name, COMPONENT_MEMBER).await,
+            None => self.create_lease(&name, COMPONENT_MEMBER, false).await,
         };
         if let Err(e) = result {
             tracing::debug!(error = %e, "Could not renew this runner's member lease.");
@@ -904,7 +989,14 @@ impl ShardLeases {
         Ok(listed.classify(|| "list Leases".to_owned())?.items)
     }
 
-    async fn create_lease(&self, name: &str, component: &str) -> Result<(), ClusterError> {
+    /// Creates the lease `name` held by this runner; a shard lease says [`TELLS_QUEUED`] when
+    /// `tells_queued`.
+    async fn create_lease(
+        &self,
+        name: &str,
+        component: &str,
+        tells_queued: bool,
+    ) -> Result<(), ClusterError> {
         let now = jiff::Timestamp::now();
         let lease = Lease {
             metadata: ObjectMeta {
@@ -914,7 +1006,7 @@ impl ShardLeases {
                     (COMPONENT.to_owned(), component.to_owned()),
                     (LEASE_GROUP.to_owned(), self.settings.prefix.clone()),
                 ])),
-                annotations: (component == COMPONENT_SHARD).then(|| {
+                annotations: tells_queued.then(|| {
                     BTreeMap::from([(TELLS_QUEUED.to_owned(), self.settings.identity.clone())])
                 }),
                 ..ObjectMeta::default()
@@ -951,11 +1043,12 @@ impl ShardLeases {
                 .metadata
                 .annotations
                 .get_or_insert_with(BTreeMap::new);
+            let tells = self.shard_number(&name).is_some_and(|s| self.tells(s));
             match take {
-                Some(_) => {
+                Some(_) if tells => {
                     annotations.insert(TELLS_QUEUED.to_owned(), self.settings.identity.clone())
                 }
-                None => annotations.remove(TELLS_QUEUED),
+                _ => annotations.remove(TELLS_QUEUED),
             };
             // Also said with every write: the records this runner carries for the shard's jobs. A
             // lease taken over keeps what its last holder listed (taken on once the write has worked),
@@ -1213,6 +1306,7 @@ mod tests {
             held: BTreeSet::from([shard]),
             deadlines,
             duties: Duties::default(),
+            listed: Arc::new(watch::Sender::new(BTreeSet::new())),
         };
         assert!(held.owns(job));
         assert!(!held.holds((shard + 1) % shards));

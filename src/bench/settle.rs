@@ -1,0 +1,166 @@
+//! A monitored phase starts once the runners' shards have settled, as in a fleet that has been running:
+//! every shard held, the runners holding their shares, and every holder saying on its lease that its
+//! monitor tells the QUEUED of the jobs left to it (it has listed the shard). Submissions published
+//! while runners still hand shards to one another measure the hand-over (a newcomer lists every job,
+//! pod and PodGroup under the load of the phase), not the capacity of the fleet.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, ListParams};
+use tokio::time::Instant;
+
+use crate::cluster::labels::{COMPONENT, LEASE_GROUP, TELLS_QUEUED};
+use crate::config::Config;
+
+/// How long a phase waits for the shards to settle before it starts anyway (said at WARN): runners run
+/// under a profiler (`--runner-wrap`) take their leases slowly.
+const SETTLE_WAIT: Duration = Duration::from_secs(120);
+
+/// How often the leases are listed while waiting.
+const POLL: Duration = Duration::from_millis(200);
+
+/// Why the shard leases `leases` (of `shards` shards, `runners` runners) have not settled, or `None`
+/// when they have: each shard's lease held, by as many runners as there are (or shards, when fewer),
+/// none holding more than one shard more than another, and each lease naming its holder in
+/// [`TELLS_QUEUED`].
+pub fn unsettled(leases: &[Lease], shards: u32, runners: usize) -> Option<String> {
+    let mut held: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut silent = 0;
+    for lease in leases {
+        let Some(holder) = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref())
+        else {
+            continue;
+        };
+        *held.entry(holder).or_default() += 1;
+        let tells = lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(TELLS_QUEUED));
+        if tells.map(String::as_str) != Some(holder) {
+            silent += 1;
+        }
+    }
+    let taken: u32 = held.values().sum();
+    let holders = held.len();
+    let most = held.values().max().copied().unwrap_or(0);
+    let fewest = held.values().min().copied().unwrap_or(0);
+    let expected = runners.min(shards as usize);
+    if taken < shards {
+        Some(format!("{taken} of {shards} shards held"))
+    } else if holders < expected {
+        Some(format!("{holders} of {expected} runners hold shards"))
+    } else if most > fewest + 1 {
+        Some(format!("a runner holds {most} shards and another {fewest}"))
+    } else if silent > 0 {
+        Some(format!(
+            "{silent} shard leases do not say yet that their holder tells QUEUED (it is listing)"
+        ))
+    } else {
+        None
+    }
+}
+
+/// Waits until the runners' shards have settled ([`unsettled`]), at most [`SETTLE_WAIT`]; past it the
+/// phase starts anyway, and says why at WARN.
+pub async fn wait_for_shards(client: kube::Client, config: &Config, runners: usize) {
+    let lease = &config.cluster.lease;
+    let api: Api<Lease> = Api::namespaced(client, &config.cluster.namespace);
+    let selector = format!(
+        "{LEASE_GROUP}={},{COMPONENT}={}",
+        lease.name_prefix,
+        crate::cluster::lease::COMPONENT_SHARD
+    );
+    let deadline = Instant::now() + SETTLE_WAIT;
+    let mut why = String::from("the leases could not be listed");
+    while Instant::now() < deadline {
+        match api.list(&ListParams::default().labels(&selector)).await {
+            Ok(list) => match unsettled(&list.items, lease.shards.max(1), runners) {
+                None => return,
+                Some(reason) => why = reason,
+            },
+            Err(e) => why = format!("the leases could not be listed: {e}"),
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    tracing::warn!(
+        waited = ?SETTLE_WAIT,
+        why,
+        "The runners' shards did not settle; the phase starts anyway and measures their hand-over too."
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use kube::api::ObjectMeta;
+
+    fn lease(holder: Option<&str>, tells: Option<&str>) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                annotations: tells
+                    .map(|t| BTreeMap::from([(TELLS_QUEUED.to_owned(), t.to_owned())])),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(str::to_owned),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    fn held(by: &[&str]) -> Vec<Lease> {
+        by.iter().map(|h| lease(Some(h), Some(h))).collect()
+    }
+
+    #[test]
+    fn shards_shared_and_told_are_settled() {
+        assert_eq!(
+            unsettled(&held(&["a", "b", "c", "a", "b", "c", "a", "b"]), 8, 3),
+            None
+        );
+        assert_eq!(unsettled(&held(&["a"; 8]), 8, 1), None);
+        // More runners than shards: each shard held once is enough.
+        assert_eq!(unsettled(&held(&["a", "b"]), 2, 3), None);
+    }
+
+    #[test]
+    fn a_shard_not_held_a_runner_without_shards_or_one_short_is_not_settled() {
+        let seven = held(&["a", "b", "c", "a", "b", "c", "a"]);
+        assert_eq!(
+            unsettled(&seven, 8, 3).as_deref(),
+            Some("7 of 8 shards held")
+        );
+        let mut free = held(&["a", "b", "c", "a", "b", "c", "a"]);
+        free.push(lease(None, None));
+        assert_eq!(
+            unsettled(&free, 8, 3).as_deref(),
+            Some("7 of 8 shards held")
+        );
+        assert_eq!(
+            unsettled(&held(&["a", "b", "a", "b", "a", "b", "a", "b"]), 8, 3).as_deref(),
+            Some("2 of 3 runners hold shards")
+        );
+        assert_eq!(
+            unsettled(&held(&["a", "b", "c", "a", "a", "a", "a", "b"]), 8, 3).as_deref(),
+            Some("a runner holds 5 shards and another 1")
+        );
+    }
+
+    #[test]
+    fn a_lease_that_does_not_name_its_holder_as_telling_queued_is_not_settled() {
+        let mut leases = held(&["a", "b", "c", "a", "b", "c", "a", "b"]);
+        leases[2] = lease(Some("c"), None);
+        leases[5] = lease(Some("c"), Some("b"));
+        assert_eq!(
+            unsettled(&leases, 8, 3).as_deref(),
+            Some("2 shard leases do not say yet that their holder tells QUEUED (it is listing)")
+        );
+    }
+}
