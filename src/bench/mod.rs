@@ -339,10 +339,7 @@ async fn phase_on(
     let mut fleet = Fleet::start(&spec, &format!("bench-{prefix}"), runners)?;
     wait_for_consumers(&connection, config, runners, &mut fleet, options).await?;
     if monitor {
-        let client = sim
-            .client()
-            .map_err(|e| BenchError::Cluster(e.to_string()))?;
-        settle::wait_for_shards(client, config, runners).await;
+        settle::wait_for_shards(sim, config, runners).await?;
     }
     // The span the cores' and the lock's shares are of: the phase's work, not the runners' start.
     let cpu = fleet::CpuSince::now();

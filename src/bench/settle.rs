@@ -11,8 +11,10 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams};
 use tokio::time::Instant;
 
+use super::BenchError;
 use crate::cluster::labels::{COMPONENT, LEASE_GROUP, TELLS_QUEUED};
 use crate::config::Config;
+use crate::sim::SimHandle;
 
 /// How long a phase waits for the shards to settle before it starts anyway (said at WARN): runners run
 /// under a profiler (`--runner-wrap`) take their leases slowly.
@@ -66,9 +68,16 @@ pub fn unsettled(leases: &[Lease], shards: u32, runners: usize) -> Option<String
     }
 }
 
-/// Waits until the runners' shards have settled ([`unsettled`]), at most [`SETTLE_WAIT`]; past it the
-/// phase starts anyway, and says why at WARN.
-pub async fn wait_for_shards(client: kube::Client, config: &Config, runners: usize) {
+/// Waits until the runners' shards on the simulated cluster `sim` have settled ([`unsettled`]), at
+/// most [`SETTLE_WAIT`]; past it the phase starts anyway, and says why at WARN.
+pub async fn wait_for_shards(
+    sim: &SimHandle,
+    config: &Config,
+    runners: usize,
+) -> Result<(), BenchError> {
+    let client = sim
+        .client()
+        .map_err(|e| BenchError::Cluster(e.to_string()))?;
     let lease = &config.cluster.lease;
     let api: Api<Lease> = Api::namespaced(client, &config.cluster.namespace);
     let selector = format!(
@@ -81,7 +90,7 @@ pub async fn wait_for_shards(client: kube::Client, config: &Config, runners: usi
     while Instant::now() < deadline {
         match api.list(&ListParams::default().labels(&selector)).await {
             Ok(list) => match unsettled(&list.items, lease.shards.max(1), runners) {
-                None => return,
+                None => return Ok(()),
                 Some(reason) => why = reason,
             },
             Err(e) => why = format!("the leases could not be listed: {e}"),
@@ -93,6 +102,7 @@ pub async fn wait_for_shards(client: kube::Client, config: &Config, runners: usi
         why,
         "The runners' shards did not settle; the phase starts anyway and measures their hand-over too."
     );
+    Ok(())
 }
 
 #[cfg(test)]
