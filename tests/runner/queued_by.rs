@@ -440,13 +440,20 @@ async fn a_shard_held_by_an_older_runner_leaves_queued_to_the_submit_path() {
 
     // The holder (upgraded) now says it tells QUEUED: a new job is left to it, once the watch has it.
     hold_the_shard_by_hand(&h, "runner-old", Some("runner-old")).await;
-    rabbit::within("a job left to the upgraded holder", async {
+    one_left_to_the_monitor(&h, "u", "a job left to the upgraded holder").await;
+    a.stop().await;
+}
+
+/// Submits jobs `<prefix>-0`, `<prefix>-1`, ... until one is created left to its monitor
+/// (`queuedBy: monitor`), within the tests' patience (`what` says whose).
+async fn one_left_to_the_monitor(h: &Harness, prefix: &str, what: &str) {
+    rabbit::within(what, async {
         for i in 0.. {
-            let job = format!("u-{i}");
+            let job = format!("{prefix}-{i}");
             h.submit(&figlet(&job)).await;
             // The queues' counts lag the publish: wait for the job itself (its annotations are
             // those of its create).
-            if created(&h, &job)
+            if created(h, &job)
                 .await
                 .get("ucloud.dk/queuedBy")
                 .map(String::as_str)
@@ -457,7 +464,6 @@ async fn a_shard_held_by_an_older_runner_leaves_queued_to_the_submit_path() {
         }
     })
     .await;
-    a.stop().await;
 }
 
 /// Whether the one shard's lease says that `runner` tells the QUEUED of the jobs left to it.
@@ -539,21 +545,7 @@ async fn a_runner_still_listing_a_shard_it_gained_leaves_no_queued_waiting() {
         }
     })
     .await;
-    rabbit::within("a job left to runner-m", async {
-        for i in 0.. {
-            let job = format!("after-{i}");
-            h.submit(&figlet(&job)).await;
-            if created(&h, &job)
-                .await
-                .get("ucloud.dk/queuedBy")
-                .map(String::as_str)
-                == Some("monitor")
-            {
-                return;
-            }
-        }
-    })
-    .await;
+    one_left_to_the_monitor(&h, "after", "a job left to runner-m").await;
     h.wait_queues_settled().await;
     m.stop().await;
     a.stop().await;
