@@ -201,8 +201,7 @@ impl Service {
         let leases = leases
             .with_note(move || route.problem())
             .with_health(ops.readiness.condition("shard leases", ""))
-            .with_carried_records(Arc::new(confirmed.clone()))
-            .tells_once_listed();
+            .with_carried_records(Arc::new(confirmed.clone()));
         let token = shutdown.clone();
         duties.spawn(async move { leases.run(token.cancelled_owned()).await });
         confirmed.attach(handle.subscribe());

@@ -466,9 +466,10 @@ async fn one_left_to_the_monitor(h: &Harness, prefix: &str, what: &str) {
     .await;
 }
 
-/// Whether the one shard's lease says that `runner` tells the QUEUED of the jobs left to it.
+/// Whether the one shard's lease is held by `runner` and says that it tells the QUEUED of the jobs left
+/// to it.
 async fn says_it_tells(h: &Harness, runner: &str) -> bool {
-    use volcano_runner::cluster::labels::TELLS_QUEUED;
+    use volcano_runner::cluster::lease::{holder, tells_queued};
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(h.client.clone(), &h.config.cluster.namespace);
     let name = format!("{}-shard-0", h.config.cluster.lease.name_prefix);
@@ -476,10 +477,7 @@ async fn says_it_tells(h: &Harness, runner: &str) -> bool {
         .get_opt(&name)
         .await
         .unwrap()
-        .and_then(|l| l.metadata.annotations)
-        .and_then(|a| a.get(TELLS_QUEUED).cloned())
-        .as_deref()
-        == Some(runner)
+        .is_some_and(|l| holder(&l) == Some(runner) && tells_queued(&l))
 }
 
 /// A runner that gains a shard says on its lease that it tells the QUEUED of the jobs left to it only

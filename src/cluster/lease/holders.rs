@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use super::{COMPONENT_SHARD, shard_of};
 use crate::cluster::ClusterConfig;
-use crate::cluster::labels::{COMPONENT, LEASE_GROUP, TELLS_QUEUED};
+use crate::cluster::labels::{COMPONENT, LEASE_GROUP};
 use crate::cluster::view::WatchView;
 
 /// Who holds a job's shard, as far as [`ShardHolders`] knows.
@@ -35,7 +35,7 @@ pub enum Holding {
     /// runner that joins takes it within a round.)
     Nobody,
     /// Another runner, whose lease is current and says that its monitor tells the QUEUED of the jobs
-    /// left to it ([`TELLS_QUEUED`] naming it).
+    /// left to it ([`TELLS_QUEUED`](crate::cluster::labels::TELLS_QUEUED) naming it).
     Other(String),
     /// Another runner, whose lease is current but does not say so: a runner whose monitor is still
     /// listing the shard it gained (it would tell the QUEUED only once its lists are in), or one older
@@ -54,7 +54,7 @@ pub const STALE_AFTER: u32 = 3;
 #[derive(Debug, Clone)]
 struct Seen {
     holder: Option<String>,
-    /// Whether the lease's [`TELLS_QUEUED`] names its holder.
+    /// Whether the lease's [`TELLS_QUEUED`](crate::cluster::labels::TELLS_QUEUED) names its holder.
     tells_queued: bool,
     /// The lease's own duration, or the configured one when longer (as the leases count it).
     duration: Duration,
@@ -163,17 +163,9 @@ fn seen(lease: &Lease, configured: Duration, at: Instant) -> Seen {
         .and_then(|s| u64::try_from(s).ok())
         .map(Duration::from_secs)
         .unwrap_or_default();
-    let holder = spec
-        .and_then(|s| s.holder_identity.clone())
-        .filter(|h| !h.is_empty());
-    let says = lease
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(TELLS_QUEUED));
     Seen {
-        tells_queued: holder.is_some() && says == holder.as_ref(),
-        holder,
+        tells_queued: super::tells_queued(lease),
+        holder: super::holder(lease).map(str::to_owned),
         duration: configured.max(own),
         renewed: spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0),
         at,
@@ -222,6 +214,7 @@ fn judge(lease: &Seen, me: &str, now: Instant, wall: jiff::Timestamp) -> Holding
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::labels::TELLS_QUEUED;
 
     fn lease(holder: Option<&str>, renewed: jiff::Timestamp) -> Seen {
         Seen {

@@ -365,9 +365,10 @@ pub struct ShardLeases {
     /// [`QUEUED_CARRIED`] of the leases just taken over, for [`CarriedRecords::adopt`] once their
     /// shards are in the held set.
     taken_over: Vec<String>,
-    /// What the monitor has listed ([`HeldShards::set_listed`]), when [`ShardLeases::tells_once_listed`]
-    /// asks the leases to say [`TELLS_QUEUED`] only of those shards; `None`: of every shard held.
-    listed: Option<watch::Receiver<BTreeSet<u32>>>,
+    /// What the monitor has listed ([`HeldShards::set_listed`]): the shards whose leases say
+    /// [`TELLS_QUEUED`]. A runner whose monitor never lists (or has none) says it of none, and the other
+    /// runners' submit paths tell the QUEUED of its shards' jobs themselves.
+    listed: watch::Receiver<BTreeSet<u32>>,
     /// What `listed` held when the last round began: the shards whose leases that round said it of.
     said: BTreeSet<u32>,
 }
@@ -404,12 +405,14 @@ impl ShardLeases {
         };
         let deadlines = Arc::new(Mutex::new(BTreeMap::new()));
         let duties = Duties::default();
+        let listed = Arc::new(watch::Sender::new(BTreeSet::new()));
+        let listed_rx = listed.subscribe();
         let (tx, rx) = watch::channel(HeldShards {
             shards: settings.shards,
             held: BTreeSet::new(),
             deadlines: deadlines.clone(),
             duties: duties.clone(),
-            listed: Arc::new(watch::Sender::new(BTreeSet::new())),
+            listed,
         });
         let leases = Self {
             api: Api::namespaced(client, &config.namespace),
@@ -427,7 +430,7 @@ impl ShardLeases {
             health: None,
             carried: None,
             taken_over: Vec::new(),
-            listed: None,
+            listed: listed_rx,
             said: BTreeSet::new(),
         };
         (leases, LeaseHandle { rx, identity })
@@ -507,33 +510,18 @@ impl ShardLeases {
         self
     }
 
-    /// Says on a shard's lease that this runner tells the QUEUED of the jobs left to it
-    /// ([`TELLS_QUEUED`]) only once its monitor has listed the shard ([`HeldShards::set_listed`]), and
-    /// writes the lease again as soon as it has, rather than at the next renewal. Without it the leases
-    /// say so of every shard from the moment they take it (a runner without a monitor of its own to
-    /// wait for: the tests of the leases alone).
-    pub fn tells_once_listed(mut self) -> Self {
-        let listed = self.tx.borrow().listed.subscribe();
-        self.listed = Some(listed);
-        self
-    }
-
-    /// Whether this runner's leases say it tells the QUEUED of `shard`'s jobs left to it.
+    /// Whether this runner's leases say it tells the QUEUED of `shard`'s jobs left to it: only once its
+    /// monitor has listed the shard ([`HeldShards::set_listed`]).
     fn tells(&self, shard: u32) -> bool {
-        self.listed
-            .as_ref()
-            .is_none_or(|listed| listed.borrow().contains(&shard))
+        self.listed.borrow().contains(&shard)
     }
 
-    /// Waits until the monitor has listed a shard it had not when the last round began (never,
-    /// without [`ShardLeases::tells_once_listed`]).
+    /// Waits until the monitor has listed a shard it had not when the last round began: that round
+    /// runs at once then, so that the lease says it without waiting for the next renewal.
     fn newly_listed(&self) -> impl Future<Output = ()> + use<> {
-        let listed = self.listed.clone();
+        let mut listed = self.listed.clone();
         let said = self.said.clone();
         async move {
-            let Some(mut listed) = listed else {
-                return std::future::pending().await;
-            };
             loop {
                 if listed
                     .borrow_and_update()
@@ -637,9 +625,7 @@ impl ShardLeases {
 
     /// One round: list, renew membership, decide, write.
     async fn round(&mut self) {
-        if let Some(listed) = &self.listed {
-            self.said = listed.borrow().clone();
-        }
+        self.said = self.listed.borrow().clone();
         let listed = self.list().await;
         let leases = match listed {
             Ok(leases) => leases,
@@ -1146,12 +1132,20 @@ impl ShardLeases {
     }
 }
 
-fn holder(lease: &Lease) -> Option<&str> {
+/// The lease's holder, if any.
+pub fn holder(lease: &Lease) -> Option<&str> {
     lease
         .spec
         .as_ref()
         .and_then(|s| s.holder_identity.as_deref())
         .filter(|h| !h.is_empty())
+}
+
+/// Whether a shard lease says that its holder's monitor tells the QUEUED of the jobs left to it
+/// ([`TELLS_QUEUED`] naming the holder; an annotation naming another runner is a leftover of an older
+/// holder, which keeps what it finds).
+pub fn tells_queued(lease: &Lease) -> bool {
+    holder(lease).is_some_and(|h| annotation(lease, TELLS_QUEUED) == Some(h))
 }
 
 fn component(lease: &Lease) -> Option<&str> {
