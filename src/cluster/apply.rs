@@ -14,6 +14,9 @@
 //! 4. when a step fails, deletes everything *this attempt* created, newest first, before returning the
 //!    error (W14). Objects found existing are left alone; namespaces and shared objects are never deleted.
 //!
+//! [`Applier::apply_telling`] also says the moment the primary exists, so that what must follow its
+//! create (the submit path's read of a cancel's tombstone) goes alongside the companions' creates.
+//!
 //! Transient errors are retried within one [`RetryPolicy`] budget for the whole plan. Rollback is best
 //! effort: if it cannot delete something (the API server is down), the leftover carries the same
 //! fingerprint or ownerReference, so the next attempt adopts it instead of tripping over it.
@@ -27,9 +30,10 @@ use kube::api::{
 };
 use kube::core::{ApiResource, Resource, TypeMeta};
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 
 use super::error::{ClusterError, ErrorClass, KubeResultExt};
-use super::labels::FIELD_MANAGER;
+use super::labels::{FIELD_MANAGER, ROLLED_BACK};
 use super::namespaces::NamespaceCache;
 use super::object_key::ObjectKey;
 use super::retry::{Budget, RetryPolicy};
@@ -540,14 +544,17 @@ struct Progress<'a> {
 impl Progress<'_> {
     /// Notes the step's object as reused (`existed`: an earlier delivery's) or as created by this
     /// attempt (what a rollback deletes).
-    fn note(&mut self, step: &Step, key: ObjectKey, uid: Option<String>, existed: bool) {
+    fn note(&mut self, step: &Step, key: ObjectKey, made: &ObjectMeta, existed: bool) {
         if existed {
             self.reused.push(key);
         } else {
+            let ours = step.metadata.finalizers.clone().unwrap_or_default();
             self.created.push(Created {
                 key,
                 resource: step.resource.clone(),
-                uid,
+                uid: made.uid.clone(),
+                finalizers: (!ours.is_empty())
+                    .then(|| (ours, made.finalizers.clone().unwrap_or_default())),
             });
         }
     }
@@ -715,6 +722,9 @@ struct Created {
     key: ObjectKey,
     resource: ApiResource,
     uid: Option<String>,
+    /// The finalizers this attempt put on the object (a primary's cleanup finalizer), and those it had
+    /// as created: a rollback takes this attempt's off before the delete (see [`release`]).
+    finalizers: Option<(Vec<String>, Vec<String>)>,
 }
 
 impl fmt::Debug for Applier {
@@ -758,11 +768,24 @@ impl Applier {
 
     /// Applies `plan` in order. See the module documentation.
     pub async fn apply(&self, plan: &[Step]) -> Result<ApplyOutcome, ApplyError> {
+        self.apply_telling(plan, None).await
+    }
+
+    /// Applies `plan` in order, and tells `primary_in` the moment the primary exists in the cluster and
+    /// has not ended, before its companions are created. What has to follow the primary's create, and
+    /// not theirs, can then go alongside them instead of after them: the submit path's read of a
+    /// cancel's tombstone, one round trip fewer per submission. Dropped without a word when the primary
+    /// was not created or had ended.
+    pub async fn apply_telling(
+        &self,
+        plan: &[Step],
+        primary_in: Option<tokio::sync::oneshot::Sender<()>>,
+    ) -> Result<ApplyOutcome, ApplyError> {
         let desired = check_plan(plan, &self.fingerprint_annotation)?;
         let budget = self.retry.budget();
         let mut created = Vec::new();
         match self
-            .apply_steps(plan, &desired, &budget, &mut created)
+            .apply_steps(plan, &desired, &budget, &mut created, primary_in)
             .await
         {
             Ok(outcome) => Ok(outcome),
@@ -797,6 +820,7 @@ impl Applier {
         fingerprint: &str,
         budget: &Budget<'_>,
         created: &mut Vec<Created>,
+        mut primary_in: Option<tokio::sync::oneshot::Sender<()>>,
     ) -> Result<ApplyOutcome, StepError> {
         let mut primary: Option<(ObjectMeta, OwnerReference)> = None;
         let mut primary_step: Option<&Step> = None;
@@ -827,7 +851,7 @@ impl Applier {
                         });
                     }
                     primary_existed = existed;
-                    progress.note(step, key, object.uid.clone(), existed);
+                    progress.note(step, key, &object, existed);
                     let owner = owner_reference(&step.resource, &object).ok_or_else(|| {
                         StepError::cluster(
                             &step.key(),
@@ -839,6 +863,10 @@ impl Applier {
                     })?;
                     primary = Some((object, owner));
                     primary_step = Some(step);
+                    if let Some(tell) = primary_in.take() {
+                        // Nobody listening is fine: the caller reads after the apply instead.
+                        let _ = tell.send(());
+                    }
                 }
                 Role::Companion => {
                     // check_plan guarantees the primary came first.
@@ -846,7 +874,11 @@ impl Applier {
                         unreachable!("check_plan puts the primary before its companions")
                     };
                     let (uid, existed) = self.create_companion(step, &key, owner, budget).await?;
-                    progress.note(step, key, uid, existed);
+                    let made = ObjectMeta {
+                        uid,
+                        ..ObjectMeta::default()
+                    };
+                    progress.note(step, key, &made, existed);
                 }
             }
         }
@@ -917,6 +949,26 @@ impl Applier {
             Err(_) => {}
         }
         let found = self.get_existing(step, key, budget, true).await?;
+        if annotation(&found.metadata, ROLLED_BACK).is_some() {
+            // An earlier attempt's, undone: what is left of it goes (its delete may have failed), and
+            // the submission is tried again once it has.
+            let leftover = Created {
+                key: key.clone(),
+                resource: step.resource.clone(),
+                uid: found.metadata.uid.clone(),
+                finalizers: None,
+            };
+            delete_created(&self.client, budget, &leftover)
+                .await
+                .map_err(|e| StepError::cluster(key, e))?;
+            return Err(StepError::cluster(
+                key,
+                ClusterError::Conflict {
+                    op: format!("create {key}"),
+                    message: "an earlier attempt's job, rolled back, is still being removed".into(),
+                },
+            ));
+        }
         let ended = has_ended(&found, self.end_marker.as_deref());
         let existing = found.metadata;
         let theirs = annotation(&existing, &self.fingerprint_annotation);
@@ -1112,6 +1164,7 @@ impl Applier {
                 key: key.clone(),
                 resource: step.resource.clone(),
                 uid: found.metadata.uid.clone(),
+                finalizers: None,
             };
             match delete_created(&self.client, budget, &item).await {
                 Ok(()) => {
@@ -1162,6 +1215,9 @@ async fn delete_created(
         Some(ns) => Api::namespaced_with(client.clone(), ns, &item.resource),
         None => Api::all_with(client.clone(), &item.resource),
     };
+    if let Some((ours, had)) = &item.finalizers {
+        release(client, &api, budget, item, ours, had).await?;
+    }
     let params = DeleteParams {
         propagation_policy: Some(PropagationPolicy::Background),
         preconditions: Some(Preconditions {
@@ -1180,6 +1236,63 @@ async fn delete_created(
         // Gone already, or replaced by an object that is not ours (uid precondition failed).
         Ok(_) => Ok(()),
         Err(e) if e.is_not_found() || e.is_conflict() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Before a rolled-back object is deleted: marks it [`ROLLED_BACK`] and takes off the finalizers this
+/// attempt put on it, in one JSON patch that applies only to the object created (its uid) with the
+/// finalizers it was created with. A primary carries the cleanup finalizer, which only a monitor's
+/// recorded end takes off: deleted with it, a job no attempt will run would stay, being deleted, and
+/// read as an ended job by the submission's next delivery (which would publish QUEUED and drop the
+/// submission), and as a job deleted before its end by its monitor (which would publish a FAILURE).
+/// Marked and without it, the job goes at once, and every reader knows it for an attempt undone.
+async fn release(
+    client: &kube::Client,
+    api: &Api<DynamicObject>,
+    budget: &Budget<'_>,
+    item: &Created,
+    ours: &[String],
+    had: &[String],
+) -> Result<(), ClusterError> {
+    let key = &item.key;
+    let kept: Vec<&String> = had.iter().filter(|f| !ours.contains(f)).collect();
+    let mut ops = Vec::new();
+    if let Some(uid) = &item.uid {
+        ops.push(json!({"op": "test", "path": "/metadata/uid", "value": uid}));
+    }
+    if !had.is_empty() {
+        ops.push(json!({"op": "test", "path": "/metadata/finalizers", "value": had}));
+        ops.push(json!({"op": "replace", "path": "/metadata/finalizers", "value": kept}));
+    }
+    // A primary always has annotations (its fingerprint), so the key is added to them.
+    ops.push(json!({
+        "op": "add",
+        "path": format!("/metadata/annotations/{}", ROLLED_BACK.replace('/', "~1")),
+        "value": "true",
+    }));
+    let body = serde_json::to_vec(&ops).unwrap_or_default();
+    let url = format!(
+        "{}/{}?fieldManager={FIELD_MANAGER}",
+        api.resource_url(),
+        key.name
+    );
+    let op = format!("release {key}");
+    let result = budget
+        .run(&op, || async {
+            let request = http::Request::patch(url.as_str())
+                .header(http::header::ACCEPT, "application/json")
+                .header(http::header::CONTENT_TYPE, "application/json-patch+json")
+                .body(body.clone())
+                .map_err(kube::Error::HttpError)
+                .classify(|| op.clone())?;
+            client.request_text(request).await.classify(|| op.clone())
+        })
+        .await;
+    match result {
+        Ok(_) => Ok(()),
+        // Gone already: nothing to delete either.
+        Err(e) if e.is_not_found() => Ok(()),
         Err(e) => Err(e),
     }
 }

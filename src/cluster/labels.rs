@@ -41,6 +41,12 @@ pub const QUEUED_CARRIED_MAX: usize = 256;
 /// and the cache drops them with their job (see [`crate::monitor::live_pods`]).
 pub const ENDED: &str = "volcano-runner/ended";
 
+/// Annotation on a VolcanoJob that an attempt to submit it created and then rolled back (a later step
+/// failed): written, with the attempt's cleanup finalizer taken off, just before the delete. The job will
+/// never run; the submission's next delivery creates it afresh. Every reader passes such a job by: the
+/// submit path does not take it for an ended job of the submission (it removes what is left of it and
+/// tries again), and a monitor publishes nothing of it, neither its end nor that it vanished.
+pub const ROLLED_BACK: &str = "volcano-runner/rolled-back";
 /// The field manager name used for every write, so `kubectl get -o yaml --show-managed-fields` shows who
 /// wrote what.
 pub const FIELD_MANAGER: &str = "volcano-runner";

@@ -411,6 +411,9 @@ impl Waits {
 /// The decision for a job that exists (see the module documentation for the order): each numbered
 /// step is a function of its own, tried in that order until one applies.
 pub fn decide(obs: &Observed<'_>, s: &Settings, now: Timestamp) -> Result<Step, FactsError> {
+    if rolled_back(obs.job) {
+        return Ok(Step::Wait { next_check: None });
+    }
     let seen = Seen::read(obs.job, s)?;
     // 1. Everything is published.
     if let Published::Ended(_) = seen.record.published {
@@ -562,6 +565,13 @@ pub fn publish_outcome(
         outcome,
         now,
     )?))
+}
+
+/// Whether the job is an attempt to submit it that was undone ([`crate::cluster::labels::ROLLED_BACK`]):
+/// it never runs, and the submission's next delivery creates it afresh, so nothing of it is told, not
+/// even that it vanished.
+fn rolled_back(job: &VolcanoJob) -> bool {
+    annotation(job, crate::cluster::labels::ROLLED_BACK).is_some()
 }
 
 /// Step 3: asked to end (or being deleted): close by the recorded cause once the pods have stopped.
@@ -2014,6 +2024,9 @@ pub fn decide_gone(
     now: Timestamp,
     queued_confirmed: bool,
 ) -> Result<Option<Action>, FactsError> {
+    if rolled_back(last) {
+        return Ok(None);
+    }
     let facts = JobFacts::read(last, &s.keys, &s.config.pipeline)?;
     let record = Record::read(last, &s.keys);
     if let Published::Ended(_) = record.published {
@@ -3716,6 +3729,36 @@ mod tests {
             ("4817/FAILURE", "deleted")
         );
         assert_eq!(end.ended_at.unwrap().seconds, START + 100);
+    }
+
+    /// A job an attempt to submit it created and rolled back (`volcano-runner/rolled-back`, written
+    /// with its finalizer's removal just before the delete) never runs: its submission is created
+    /// afresh. Nothing is told of it, neither an end for its deletion nor that it vanished, where the
+    /// same job unmarked gets both.
+    #[test]
+    fn a_rolled_back_job_is_passed_by_deleted_or_vanished() {
+        let s = settings(|_| {});
+        let mut job = job(&s);
+        set_phase(&mut job, JobPhase::Running, 0);
+        let pods = vec![pod("4817", 0, running(0))];
+        job.metadata.deletion_timestamp = Some(Time(ts(60)));
+        assert!(
+            decide_gone(&job, &pods, &s, ts(100), false)
+                .unwrap()
+                .is_some(),
+            "unmarked, it is lost track of"
+        );
+        job.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(crate::cluster::labels::ROLLED_BACK.into(), "true".into());
+        assert_eq!(decide_gone(&job, &pods, &s, ts(100), false).unwrap(), None);
+        let mut world = World::default();
+        drive(&s, &mut job, &pods, ts(100), &mut world);
+        assert!(world.published.is_empty(), "{:?}", world.published);
+        assert_eq!(world.next_check, None);
+        assert_eq!(world.finish_writes, 0);
     }
 
     #[test]

@@ -335,6 +335,70 @@ async fn a_transient_failure_half_way_rolls_back_and_stays_retryable() {
     assert_eq!(outcome.created.len(), 3);
 }
 
+/// A primary created with a finalizer of this attempt's (the runner's cleanup finalizer) is rolled back
+/// for good: marked `volcano-runner/rolled-back`, the finalizer taken off, deleted, and gone at once
+/// (before, it stayed, being deleted, and the next delivery took it for the submission's ended job). A
+/// leftover of such a job whose delete did not happen is removed by the next attempt, which asks to be
+/// tried again (retryable) instead of adopting it; the attempt after creates the job afresh.
+#[tokio::test]
+async fn a_rolled_back_job_goes_with_its_finalizer_and_a_leftover_is_not_adopted() {
+    let env = start_with(|c| c.retry.max_elapsed = Duration::from_millis(2500)).await;
+    let applier = applier(&env);
+    let with_finalizer = |fingerprint: &str| {
+        let mut plan = full_plan("alice", fingerprint);
+        plan[2].metadata.finalizers = Some(vec!["ucloud.dk/cleanup".to_owned()]);
+        plan
+    };
+    env.sim.faults().add_rule(FaultRule {
+        resource: "configmaps".into(),
+        verb: "create".into(),
+        error_503: 1.0,
+        ..FaultRule::default()
+    });
+    let err = applier
+        .apply(&with_finalizer("sha256:a"))
+        .await
+        .unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    assert!(
+        !exists(&jobs(&env.client, "alice"), "j-1").await,
+        "gone, not held by the finalizer"
+    );
+
+    // A leftover: marked, its finalizer off, not deleted (the delete failed).
+    env.sim.faults().clear();
+    let created = applier.apply(&with_finalizer("sha256:a")).await.unwrap();
+    assert!(!created.primary_existed);
+    let patch = serde_json::json!({"metadata": {
+        "finalizers": [],
+        "annotations": {volcano_runner::cluster::labels::ROLLED_BACK: "true"},
+    }});
+    jobs(&env.client, "alice")
+        .patch(
+            "j-1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+    let err = applier
+        .apply(&with_finalizer("sha256:a"))
+        .await
+        .unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    assert!(
+        !exists(&jobs(&env.client, "alice"), "j-1").await,
+        "the leftover removed"
+    );
+    let outcome = applier.apply(&with_finalizer("sha256:a")).await.unwrap();
+    assert!(!outcome.primary_existed, "created afresh");
+    let job = jobs(&env.client, "alice").get("j-1").await.unwrap();
+    assert!(
+        !job.annotations()
+            .contains_key(volcano_runner::cluster::labels::ROLLED_BACK)
+    );
+}
+
 /// A 503 window shorter than the budget is ridden out: the apply succeeds after the window.
 #[tokio::test]
 async fn retries_ride_through_a_503_window() {

@@ -230,3 +230,122 @@ async fn work_cut_off_by_the_grace_period_is_returned_and_finished_elsewhere() {
     }
     assert!(h.dead_letters().await.is_empty());
 }
+
+/// A create that times out half-way through a submission (the NetworkPolicy's takes 6 s; the runner's
+/// client waits 5 s) rolls the job back and requeues the submission, and the next delivery creates the
+/// job afresh. Before, the rolled-back job kept its cleanup finalizer and stayed, being deleted, until a
+/// monitor took it off: a runner without a monitor (or one whose monitor had not got to it within the
+/// requeue's 100 ms) took it for the submission's ended job at the next delivery, published QUEUED and
+/// dropped the submission. The rollback now marks the job (`volcano-runner/rolled-back`) and takes its
+/// finalizer off before the delete, and every reader passes such a job by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submission_whose_create_timed_out_half_way_is_created_afresh() {
+    let h = Harness::new("fault-rollback").await;
+    let runner = h.start("runner-a");
+    rolled_back_once(&h, "rb-1").await;
+    let vcjobs: kube::Api<volcano_runner::volcano::VolcanoJob> = kube::Api::all(h.client.clone());
+    let policies: kube::Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+        kube::Api::all(h.client.clone());
+    rabbit::within("rb-1's job created afresh, with its NetworkPolicy", async {
+        loop {
+            let jobs = vcjobs.list(&Default::default()).await.unwrap();
+            let job = jobs
+                .items
+                .into_iter()
+                .find(|j| j.metadata.name.as_deref() == Some("j-rb-1"));
+            let policy = policies.list(&Default::default()).await.unwrap();
+            let fresh = job.is_some_and(|j| {
+                j.metadata.deletion_timestamp.is_none()
+                    && !j
+                        .metadata
+                        .annotations
+                        .unwrap_or_default()
+                        .contains_key(volcano_runner::cluster::labels::ROLLED_BACK)
+            });
+            let owned = policy
+                .items
+                .iter()
+                .any(|p| p.metadata.name.as_deref() == Some("policy-rb-1"));
+            if fresh && owned {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    h.wait_queues_settled().await;
+    runner.stop().await;
+    let events = h.events().await;
+    assert_eq!(failures(&events), Vec::<String>::new(), "no FAILURE");
+    assert!(h.dead_letters().await.is_empty(), "nothing dead-lettered");
+}
+
+/// The same with a monitoring runner and the simulator's clock at real speed: the job created afresh
+/// runs and succeeds, and nothing is told of the one rolled back (no FAILURE).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_created_afresh_after_a_rollback_runs_and_succeeds() {
+    let sim = volcano_runner::sim::SimConfig {
+        clock_speed: 1.0,
+        default_run: Duration::from_secs(2),
+        ..volcano_runner::sim::SimConfig::for_tests()
+    };
+    let h = Harness::with_sim("fault-rollback-run", sim).await;
+    let mut config = h.config.clone();
+    config.cluster.lease.shards = 1;
+    let runner = h.start_with("runner-a", config, true);
+    let success = |id: &'static str| {
+        move |e: &[harness::Captured]| {
+            e.iter().any(|c| {
+                c.message_id.starts_with(&format!("{id}/"))
+                    && c.event
+                        .as_ref()
+                        .is_some_and(|e| e.state == JobState::Success as i32)
+            })
+        }
+    };
+    rolled_back_once(&h, "rb-2").await;
+    let events = h
+        .wait_events_for("rb-2's SUCCESS", Duration::from_secs(60), success("rb-2"))
+        .await;
+    h.wait_queues_settled().await;
+    runner.stop().await;
+    assert_eq!(failures(&events), Vec::<String>::new(), "no FAILURE");
+    assert!(
+        events.iter().any(|c| c.message_id == "rb-2/RUNNING"),
+        "rb-2 ran"
+    );
+    assert!(h.dead_letters().await.is_empty(), "nothing dead-lettered");
+}
+
+/// Runs a first job through, then submits `id` while the NetworkPolicy's create takes longer than the
+/// runner's client waits, and lifts that once the first attempt has rolled the job back.
+async fn rolled_back_once(h: &Harness, id: &str) {
+    h.submit(&figlet(&format!("{id}-warm-up"))).await;
+    h.wait_events("the runner works", |e| {
+        e.iter()
+            .any(|c| c.message_id == format!("{id}-warm-up/QUEUED"))
+    })
+    .await;
+    h.sim.faults().add_rule(FaultRule {
+        resource: "networkpolicies".into(),
+        verb: "create".into(),
+        latency_ms: 6_000,
+        ..FaultRule::default()
+    });
+    let deletes = || {
+        h.sim
+            .request_counts()
+            .get("delete jobs.batch.volcano.sh")
+            .copied()
+            .unwrap_or(0)
+    };
+    let before = deletes();
+    h.submit(&figlet(id)).await;
+    rabbit::within("the first attempt rolled back", async {
+        while deletes() == before {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    h.sim.faults().clear();
+}

@@ -28,7 +28,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tracing::info;
 
-use crate::cluster::{ApplyError, ApplyOutcome, CapacityPermit, Role, Tombstone};
+use crate::cluster::{ApplyError, ApplyOutcome, CapacityPermit, ClusterError, Role, Tombstone};
 use crate::messages::v1::{JobState, SubmitJob};
 use crate::pipeline;
 use crate::validate;
@@ -113,7 +113,18 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         Ok(held) => held,
         Err(settle) => return settle,
     };
-    let outcome = match h.applier.apply(&plan).await {
+    // The read that decides whether a cancel came in while the job was created goes the moment the
+    // job exists, alongside its companions' creates: a round trip fewer than after them.
+    let (primary_in, created) = tokio::sync::oneshot::channel();
+    let read_tombstone = async {
+        created.await.ok()?;
+        Some(h.tombstones.check(job_id, h.now()).await)
+    };
+    let (applied, tombstone) = tokio::join!(
+        h.applier.apply_telling(&plan, Some(primary_in)),
+        read_tombstone
+    );
+    let outcome = match applied {
         Ok(outcome) => outcome,
         Err(e) => {
             let retried = matches!(&e, ApplyError::Cluster { source, .. } if source.is_retryable());
@@ -144,7 +155,7 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         return queued(h, m, job_id, &outcome.primary, Ended::Yes).await;
     }
 
-    accepted(h, m, job_id, &outcome, booked.as_ref()).await
+    accepted(h, m, job_id, &outcome, booked.as_ref(), tombstone).await
 }
 
 /// A job of this id may exist: an earlier delivery of this submission (perhaps on a runner that died
@@ -161,6 +172,13 @@ async fn existing(
 ) -> Result<bool, Settle> {
     match h.jobs.find_if_known(job_id).await {
         Err(e) => Err(Settle::cluster(&e)),
+        // An earlier attempt's job, rolled back: not this submission's record. The create finds it
+        // if it is still there, removes it, and the submission is tried again.
+        Ok(Some(existing))
+            if annotation(&existing, crate::cluster::labels::ROLLED_BACK).is_some() =>
+        {
+            Ok(false)
+        }
         Ok(Some(existing)) => {
             if annotation(&existing, &h.keys.submission_hash) != Some(fingerprint) {
                 return Err(duplicate(h, m, job_id, fingerprint16, &existing).await);
@@ -278,16 +296,22 @@ async fn hold_capacity(
 }
 
 /// After the create: a cancel that came in meanwhile wins; otherwise QUEUED, and for a booked job its
-/// `booked` answer after it.
+/// `booked` answer after it. `tombstone`: the read of the tombstone made once the job existed (`None`:
+/// not made, read now).
 async fn accepted(
     h: &Handler,
     m: &Message<'_>,
     job_id: &str,
     outcome: &ApplyOutcome,
     booked: Option<&crate::cluster::bookings::Booking>,
+    tombstone: Option<Result<Option<Tombstone>, ClusterError>>,
 ) -> Settle {
     // A cancel may have come in while we created the job.
-    match h.tombstones.check(job_id, h.now()).await {
+    let tombstone = match tombstone {
+        Some(read) => read,
+        None => h.tombstones.check(job_id, h.now()).await,
+    };
+    match tombstone {
         Err(e) => return Settle::cluster(&e),
         Ok(Some(tombstone)) => {
             return match h.jobs.find(job_id).await {
