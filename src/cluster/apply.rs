@@ -553,7 +553,7 @@ impl Progress<'_> {
                 key,
                 resource: step.resource.clone(),
                 uid: made.uid.clone(),
-                finalizers: (!ours.is_empty())
+                finalizers: (step.role == Role::Primary)
                     .then(|| (ours, made.finalizers.clone().unwrap_or_default())),
             });
         }
@@ -722,8 +722,9 @@ struct Created {
     key: ObjectKey,
     resource: ApiResource,
     uid: Option<String>,
-    /// The finalizers this attempt put on the object (a primary's cleanup finalizer), and those it had
-    /// as created: a rollback takes this attempt's off before the delete (see [`release`]).
+    /// Of a primary: the finalizers this attempt put on it (the cleanup finalizer), and those it had as
+    /// created. A rollback marks a primary and takes this attempt's finalizers off before the delete
+    /// (see [`release`]).
     finalizers: Option<(Vec<String>, Vec<String>)>,
 }
 
@@ -1240,13 +1241,14 @@ async fn delete_created(
     }
 }
 
-/// Before a rolled-back object is deleted: marks it [`ROLLED_BACK`] and takes off the finalizers this
+/// Before a rolled-back primary is deleted: marks it [`ROLLED_BACK`] and takes off the finalizers this
 /// attempt put on it, in one JSON patch that applies only to the object created (its uid) with the
 /// finalizers it was created with. A primary carries the cleanup finalizer, which only a monitor's
 /// recorded end takes off: deleted with it, a job no attempt will run would stay, being deleted, and
 /// read as an ended job by the submission's next delivery (which would publish QUEUED and drop the
-/// submission), and as a job deleted before its end by its monitor (which would publish a FAILURE).
-/// Marked and without it, the job goes at once, and every reader knows it for an attempt undone.
+/// submission), and as a job deleted before its end by its monitor (which would publish a FAILURE, or
+/// `lost_track` once it vanished, of a job whose QUEUED it had told). Marked and without it, the job
+/// goes at once, and every reader knows it for an attempt undone.
 async fn release(
     client: &kube::Client,
     api: &Api<DynamicObject>,
