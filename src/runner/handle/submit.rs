@@ -113,28 +113,9 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
         Ok(held) => held,
         Err(settle) => return settle,
     };
-    // The read that decides whether a cancel came in while the job was created goes the moment the
-    // job exists, alongside its companions' creates: a round trip fewer than after them.
-    let (primary_in, created) = tokio::sync::oneshot::channel();
-    let read_tombstone = async {
-        created.await.ok()?;
-        Some(h.tombstones.check(job_id, h.now()).await)
-    };
-    let (applied, tombstone) = tokio::join!(
-        h.applier.apply_telling(&plan, Some(primary_in)),
-        read_tombstone
-    );
-    let outcome = match applied {
-        Ok(outcome) => outcome,
-        Err(e) => {
-            let retried = matches!(&e, ApplyError::Cluster { source, .. } if source.is_retryable());
-            if booked.is_some() && !retried {
-                // Never created: what was set aside for it is free again. At worst (this fails too)
-                // it stays set aside until the booking's end.
-                let _ = h.bookings.cancel(job_id, h.now()).await;
-            }
-            return apply_failed(h, m, subject, &e).await;
-        }
+    let (outcome, tombstone) = match apply(h, m, subject, &plan, booked.is_some()).await {
+        Ok(applied) => applied,
+        Err(settle) => return settle,
     };
     commit(permit, &outcome);
     if let Some(mut ledger) = whole_nodes
@@ -156,6 +137,44 @@ pub async fn handle(h: &Handler, m: &Message<'_>, job: &SubmitJob) -> Settle {
     }
 
     accepted(h, m, job_id, &outcome, booked.as_ref(), tombstone).await
+}
+
+/// The read of a cancel's tombstone, made once the job existed (see [`accepted`]).
+type TombstoneRead = Option<Result<Option<Tombstone>, ClusterError>>;
+
+/// Creates the job's objects. The read that decides whether a cancel came in while the job was created
+/// goes the moment the job exists, alongside its companions' creates: a round trip fewer than after
+/// them. `Err` settles the delivery: the apply failed (a booked job's booking is let go unless the
+/// failure is retried).
+async fn apply(
+    h: &Handler,
+    m: &Message<'_>,
+    subject: Subject<'_>,
+    plan: &[crate::cluster::Step],
+    booked: bool,
+) -> Result<(ApplyOutcome, TombstoneRead), Settle> {
+    let job_id = subject.job_id;
+    let (primary_in, created) = tokio::sync::oneshot::channel();
+    let read_tombstone = async {
+        created.await.ok()?;
+        Some(h.tombstones.check(job_id, h.now()).await)
+    };
+    let (applied, tombstone) = tokio::join!(
+        h.applier.apply_telling(plan, Some(primary_in)),
+        read_tombstone
+    );
+    match applied {
+        Ok(outcome) => Ok((outcome, tombstone)),
+        Err(e) => {
+            let retried = matches!(&e, ApplyError::Cluster { source, .. } if source.is_retryable());
+            if booked && !retried {
+                // Never created: what was set aside for it is free again. At worst (this fails too)
+                // it stays set aside until the booking's end.
+                let _ = h.bookings.cancel(job_id, h.now()).await;
+            }
+            Err(apply_failed(h, m, subject, &e).await)
+        }
+    }
 }
 
 /// A job of this id may exist: an earlier delivery of this submission (perhaps on a runner that died
@@ -304,7 +323,7 @@ async fn accepted(
     job_id: &str,
     outcome: &ApplyOutcome,
     booked: Option<&crate::cluster::bookings::Booking>,
-    tombstone: Option<Result<Option<Tombstone>, ClusterError>>,
+    tombstone: TombstoneRead,
 ) -> Settle {
     // A cancel may have come in while we created the job.
     let tombstone = match tombstone {
