@@ -30,7 +30,7 @@ use kube::api::{
 };
 use kube::core::{ApiResource, Resource, TypeMeta};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::error::{ClusterError, ErrorClass, KubeResultExt};
 use super::labels::{FIELD_MANAGER, ROLLED_BACK};
@@ -566,6 +566,21 @@ impl Progress<'_> {
 /// wrapper) was most of the bytes a submission's requests brought back.
 pub const CREATE_ACCEPT: &str =
     "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1, application/json";
+
+/// A JSON patch (`ops`, RFC 6902) of the object at `url`, sent as a raw request: kube's `Patch::Json`
+/// needs its `jsonpatch` feature for the two writes that use one (a rollback's release, the monitor's
+/// guarded annotation writes). A failed `test` comes back as 422.
+pub fn json_patch_request(
+    url: &str,
+    ops: &serde_json::Value,
+) -> Result<http::Request<Vec<u8>>, kube::Error> {
+    let body = serde_json::to_vec(ops).map_err(kube::Error::SerdeError)?;
+    http::Request::patch(url)
+        .header(http::header::ACCEPT, "application/json")
+        .header(http::header::CONTENT_TYPE, "application/json-patch+json")
+        .body(body)
+        .map_err(kube::Error::HttpError)
+}
 
 /// The POST that creates `body` in the collection at `url`, asking for the metadata alone back
 /// ([`CREATE_ACCEPT`]).
@@ -1273,7 +1288,7 @@ async fn release(
         "path": format!("/metadata/annotations/{}", ROLLED_BACK.replace('/', "~1")),
         "value": "true",
     }));
-    let body = serde_json::to_vec(&ops).unwrap_or_default();
+    let ops = Value::Array(ops);
     let url = format!(
         "{}/{}?fieldManager={FIELD_MANAGER}",
         api.resource_url(),
@@ -1282,12 +1297,7 @@ async fn release(
     let op = format!("release {key}");
     let result = budget
         .run(&op, || async {
-            let request = http::Request::patch(url.as_str())
-                .header(http::header::ACCEPT, "application/json")
-                .header(http::header::CONTENT_TYPE, "application/json-patch+json")
-                .body(body.clone())
-                .map_err(kube::Error::HttpError)
-                .classify(|| op.clone())?;
+            let request = json_patch_request(&url, &ops).classify(|| op.clone())?;
             client.request_text(request).await.classify(|| op.clone())
         })
         .await;

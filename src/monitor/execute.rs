@@ -1036,8 +1036,7 @@ impl Executor {
             .collect()
     }
 
-    /// A JSON patch (see [`Executor::patch`]): a failed `test` comes back as a conflict. Sent as a raw
-    /// request: kube's `Patch::Json` needs its `jsonpatch` feature for one call.
+    /// A JSON patch (see [`Executor::patch`]): a failed `test` comes back as a conflict.
     async fn write_json_patch(
         &self,
         job: &VolcanoJob,
@@ -1045,18 +1044,13 @@ impl Executor {
     ) -> Result<Option<Arc<VolcanoJob>>, ClusterError> {
         let (ns, name) = names(job);
         let op = format!("patch jobs.batch.volcano.sh {ns}/{name}");
-        let body = serde_json::to_vec(ops).unwrap_or_default();
         let url = format!(
             "{}/{name}?fieldManager={FIELD_MANAGER}",
             self.jobs(ns).resource_url()
         );
         self.send_patch(&op, || async {
-            let request = http::Request::patch(url.as_str())
-                .header(http::header::ACCEPT, "application/json")
-                .header(http::header::CONTENT_TYPE, "application/json-patch+json")
-                .body(body.clone())
-                .map_err(kube::Error::HttpError)
-                .classify(|| op.clone())?;
+            let request =
+                crate::cluster::apply::json_patch_request(&url, ops).classify(|| op.clone())?;
             match self
                 .client
                 .request::<WatchedJob>(request)

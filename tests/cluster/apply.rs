@@ -349,21 +349,24 @@ async fn a_rolled_back_job_goes_with_its_finalizer_and_a_leftover_is_not_adopted
         plan[2].metadata.finalizers = Some(vec!["ucloud.dk/cleanup".to_owned()]);
         plan
     };
+    // Fails for a retry and leaves no job: `what` says why there is none.
+    let retried_without_job = |what: &'static str| {
+        let plan = with_finalizer("sha256:a");
+        let applier = &applier;
+        let env = &env;
+        async move {
+            let err = applier.apply(&plan).await.unwrap_err();
+            assert!(err.is_retryable(), "{err}");
+            assert!(!exists(&jobs(&env.client, "alice"), "j-1").await, "{what}");
+        }
+    };
     env.sim.faults().add_rule(FaultRule {
         resource: "configmaps".into(),
         verb: "create".into(),
         error_503: 1.0,
         ..FaultRule::default()
     });
-    let err = applier
-        .apply(&with_finalizer("sha256:a"))
-        .await
-        .unwrap_err();
-    assert!(err.is_retryable(), "{err}");
-    assert!(
-        !exists(&jobs(&env.client, "alice"), "j-1").await,
-        "gone, not held by the finalizer"
-    );
+    retried_without_job("gone, not held by the finalizer").await;
 
     // A leftover: marked, its finalizer off, not deleted (the delete failed).
     env.sim.faults().clear();
@@ -381,15 +384,7 @@ async fn a_rolled_back_job_goes_with_its_finalizer_and_a_leftover_is_not_adopted
         )
         .await
         .unwrap();
-    let err = applier
-        .apply(&with_finalizer("sha256:a"))
-        .await
-        .unwrap_err();
-    assert!(err.is_retryable(), "{err}");
-    assert!(
-        !exists(&jobs(&env.client, "alice"), "j-1").await,
-        "the leftover removed"
-    );
+    retried_without_job("the leftover removed").await;
     let outcome = applier.apply(&with_finalizer("sha256:a")).await.unwrap();
     assert!(!outcome.primary_existed, "created afresh");
     let job = jobs(&env.client, "alice").get("j-1").await.unwrap();
