@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::error::{ClusterError, ErrorClass, KubeResultExt};
-use super::labels::{FIELD_MANAGER, ROLLED_BACK};
+use super::labels::{FIELD_MANAGER, ROLLED_BACK, is_rolled_back};
 use super::namespaces::NamespaceCache;
 use super::object_key::ObjectKey;
 use super::retry::{Budget, RetryPolicy};
@@ -543,18 +543,27 @@ struct Progress<'a> {
 
 impl Progress<'_> {
     /// Notes the step's object as reused (`existed`: an earlier delivery's) or as created by this
-    /// attempt (what a rollback deletes).
-    fn note(&mut self, step: &Step, key: ObjectKey, made: &ObjectMeta, existed: bool) {
+    /// attempt (what a rollback deletes). `uid` is the created object's; `had`, of a primary only, the
+    /// finalizers it was created with (what its rollback releases: [`Release`]).
+    fn note(
+        &mut self,
+        step: &Step,
+        key: ObjectKey,
+        uid: Option<String>,
+        had: Option<Vec<String>>,
+        existed: bool,
+    ) {
         if existed {
             self.reused.push(key);
         } else {
-            let ours = step.metadata.finalizers.clone().unwrap_or_default();
             self.created.push(Created {
                 key,
                 resource: step.resource.clone(),
-                uid: made.uid.clone(),
-                finalizers: (step.role == Role::Primary)
-                    .then(|| (ours, made.finalizers.clone().unwrap_or_default())),
+                uid,
+                release: had.map(|had| Release {
+                    ours: step.metadata.finalizers.clone().unwrap_or_default(),
+                    had,
+                }),
             });
         }
     }
@@ -737,10 +746,15 @@ struct Created {
     key: ObjectKey,
     resource: ApiResource,
     uid: Option<String>,
-    /// Of a primary: the finalizers this attempt put on it (the cleanup finalizer), and those it had as
-    /// created. A rollback marks a primary and takes this attempt's finalizers off before the delete
-    /// (see [`release`]).
-    finalizers: Option<(Vec<String>, Vec<String>)>,
+    /// Of a primary: what its rollback writes before the delete (see [`release`]).
+    release: Option<Release>,
+}
+
+/// The finalizers of a primary this attempt created: those the attempt put on it (the cleanup
+/// finalizer), which a rollback takes off, and all it had as created, which the rollback's write tests.
+struct Release {
+    ours: Vec<String>,
+    had: Vec<String>,
 }
 
 impl fmt::Debug for Applier {
@@ -867,7 +881,13 @@ impl Applier {
                         });
                     }
                     primary_existed = existed;
-                    progress.note(step, key, &object, existed);
+                    progress.note(
+                        step,
+                        key,
+                        object.uid.clone(),
+                        Some(object.finalizers.clone().unwrap_or_default()),
+                        existed,
+                    );
                     let owner = owner_reference(&step.resource, &object).ok_or_else(|| {
                         StepError::cluster(
                             &step.key(),
@@ -890,11 +910,7 @@ impl Applier {
                         unreachable!("check_plan puts the primary before its companions")
                     };
                     let (uid, existed) = self.create_companion(step, &key, owner, budget).await?;
-                    let made = ObjectMeta {
-                        uid,
-                        ..ObjectMeta::default()
-                    };
-                    progress.note(step, key, &made, existed);
+                    progress.note(step, key, uid, None, existed);
                 }
             }
         }
@@ -965,14 +981,14 @@ impl Applier {
             Err(_) => {}
         }
         let found = self.get_existing(step, key, budget, true).await?;
-        if annotation(&found.metadata, ROLLED_BACK).is_some() {
+        if is_rolled_back(&found.metadata) {
             // An earlier attempt's, undone: what is left of it goes (its delete may have failed), and
             // the submission is tried again once it has.
             let leftover = Created {
                 key: key.clone(),
                 resource: step.resource.clone(),
                 uid: found.metadata.uid.clone(),
-                finalizers: None,
+                release: None,
             };
             delete_created(&self.client, budget, &leftover)
                 .await
@@ -1180,7 +1196,7 @@ impl Applier {
                 key: key.clone(),
                 resource: step.resource.clone(),
                 uid: found.metadata.uid.clone(),
-                finalizers: None,
+                release: None,
             };
             match delete_created(&self.client, budget, &item).await {
                 Ok(()) => {
@@ -1231,8 +1247,8 @@ async fn delete_created(
         Some(ns) => Api::namespaced_with(client.clone(), ns, &item.resource),
         None => Api::all_with(client.clone(), &item.resource),
     };
-    if let Some((ours, had)) = &item.finalizers {
-        release(client, &api, budget, item, ours, had).await?;
+    if let Some(written) = &item.release {
+        release(client, &api, budget, item, written).await?;
     }
     let params = DeleteParams {
         propagation_policy: Some(PropagationPolicy::Background),
@@ -1269,8 +1285,7 @@ async fn release(
     api: &Api<DynamicObject>,
     budget: &Budget<'_>,
     item: &Created,
-    ours: &[String],
-    had: &[String],
+    Release { ours, had }: &Release,
 ) -> Result<(), ClusterError> {
     let key = &item.key;
     let kept: Vec<&String> = had.iter().filter(|f| !ours.contains(f)).collect();

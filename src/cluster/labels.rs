@@ -47,6 +47,13 @@ pub const ENDED: &str = "volcano-runner/ended";
 /// submit path does not take it for an ended job of the submission (it removes what is left of it and
 /// tries again), and a monitor publishes nothing of it, neither its end nor that it vanished.
 pub const ROLLED_BACK: &str = "volcano-runner/rolled-back";
+
+/// Whether an object carries [`ROLLED_BACK`]: the one test every reader of a rolled-back job makes.
+pub fn is_rolled_back(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> bool {
+    meta.annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(ROLLED_BACK))
+}
 /// The field manager name used for every write, so `kubectl get -o yaml --show-managed-fields` shows who
 /// wrote what.
 pub const FIELD_MANAGER: &str = "volcano-runner";

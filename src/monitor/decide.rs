@@ -571,7 +571,7 @@ pub fn publish_outcome(
 /// it never runs, and the submission's next delivery creates it afresh, so nothing of it is told, not
 /// even that it vanished.
 fn rolled_back(job: &VolcanoJob) -> bool {
-    annotation(job, crate::cluster::labels::ROLLED_BACK).is_some()
+    crate::cluster::labels::is_rolled_back(&job.metadata)
 }
 
 /// Step 3: asked to end (or being deleted): close by the recorded cause once the pods have stopped.

@@ -504,6 +504,11 @@ impl SimHandle {
         self.shared.request_counts()
     }
 
+    /// The API requests of one kind (`get configmaps`, ...) it has served since it started.
+    pub fn request_count(&self, kind: &str) -> u64 {
+        self.shared.request_counts().get(kind).copied().unwrap_or(0)
+    }
+
     /// How long its one lock (the cluster's state: every request, watch read and controller step runs
     /// under it) has been held since it started. Over a span of real time, its share says whether a
     /// load was bound by the simulator rather than by its clients or the cores.

@@ -281,7 +281,11 @@ async fn a_submission_whose_create_timed_out_half_way_is_created_afresh() {
 }
 
 /// The same with a monitoring runner and the simulator's clock at real speed: the job created afresh
-/// runs and succeeds, and nothing is told of the one rolled back (no FAILURE).
+/// runs and succeeds, and no FAILURE is told. This one passes on the build before the fix too (the
+/// redelivery here does not meet the half-deleted job, which the runner's own monitor handles first):
+/// it holds the whole path (release, the job created afresh and monitored) end to end; that a monitor
+/// tells nothing of a rolled-back job, deleted or vanished, is held by
+/// `monitor::decide::tests::a_rolled_back_job_is_passed_by_deleted_or_vanished`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_created_afresh_after_a_rollback_runs_and_succeeds() {
     let sim = volcano_runner::sim::SimConfig {
@@ -332,13 +336,7 @@ async fn rolled_back_once(h: &Harness, id: &str) {
         latency_ms: 6_000,
         ..FaultRule::default()
     });
-    let deletes = || {
-        h.sim
-            .request_counts()
-            .get("delete jobs.batch.volcano.sh")
-            .copied()
-            .unwrap_or(0)
-    };
+    let deletes = || h.sim.request_count("delete jobs.batch.volcano.sh");
     let before = deletes();
     h.submit(&figlet(id)).await;
     rabbit::within("the first attempt rolled back", async {

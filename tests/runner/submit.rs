@@ -361,13 +361,7 @@ async fn the_tombstone_is_read_once_the_job_exists_alongside_its_companions() {
         latency_ms: 1_000,
         ..FaultRule::default()
     });
-    let reads = || {
-        h.sim
-            .request_counts()
-            .get("get configmaps")
-            .copied()
-            .unwrap_or(0)
-    };
+    let reads = || h.sim.request_count("get configmaps");
     let before = reads();
     h.submit(&figlet("alongside")).await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -433,13 +427,7 @@ async fn steady(h: &Harness) {
     // Both watches of the runner's namespace (the pause switch and the tombstones) and the jobs' are
     // running: each has listed before it watches.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let watching = |kind: &str| {
-        h.sim
-            .request_counts()
-            .get(&format!("watch {kind}"))
-            .copied()
-            .unwrap_or(0)
-    };
+    let watching = |kind: &str| h.sim.request_count(&format!("watch {kind}"));
     while watching("configmaps") < 2 || watching("jobs.batch.volcano.sh") < 1 {
         assert!(
             std::time::Instant::now() < deadline,

@@ -193,9 +193,7 @@ async fn existing(
         Err(e) => Err(Settle::cluster(&e)),
         // An earlier attempt's job, rolled back: not this submission's record. The create finds it
         // if it is still there, removes it, and the submission is tried again.
-        Ok(Some(existing))
-            if annotation(&existing, crate::cluster::labels::ROLLED_BACK).is_some() =>
-        {
+        Ok(Some(existing)) if crate::cluster::labels::is_rolled_back(&existing.metadata) => {
             Ok(false)
         }
         Ok(Some(existing)) => {
