@@ -1702,6 +1702,12 @@ impl Loop {
             None => {
                 if was_gone {
                     self.gone.remove(&key);
+                    // A job of the same name created meanwhile (a rolled-back job's submission, created
+                    // afresh) waits in the cache: its events were queued under the key that the gone
+                    // job's handling took, so it is decided now, or never until its next event.
+                    if self.cache.fingerprint(&key).is_some() {
+                        self.enqueue(key.clone());
+                    }
                 }
                 self.backoff.succeed(&key);
                 self.retries.set(&key, None);

@@ -552,3 +552,77 @@ async fn a_runner_still_listing_a_shard_it_gained_leaves_no_queued_waiting() {
         assert_eq!(queued_count(&events, job), 1, "{job}: QUEUED once");
     }
 }
+
+/// A job left to its monitor and rolled back after that monitor told its QUEUED: runner A (no monitor)
+/// created the job with `queuedBy: monitor`, runner M's monitor told its QUEUED, then A's create of the
+/// NetworkPolicy outlasted A's client (5 s) and A rolled the job back (marked
+/// `volcano-runner/rolled-back`, its finalizer taken off, deleted). M's monitor passes the rolled-back
+/// job by as it goes: no FAILURE (`lost_track`) for a job whose QUEUED it told; the submission's next
+/// delivery creates the job afresh and it runs to its SUCCESS. This is the two-runner form of
+/// `monitor::decide::tests::a_rolled_back_job_is_passed_by_deleted_or_vanished`: with that pass-by
+/// taken out of `decide_gone`, every job here is closed with a FAILURE. It found a fault of the monitor's
+/// loop as well: the job created afresh within the monitor's hold of the gone one (the same name, queued
+/// under the same key) was stored but never decided, as the gone job's handling took its turn: no
+/// RUNNING, no end, for half the jobs here (`Loop::finished` now queues the key again when the cache
+/// holds a job of that name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_rolled_back_after_its_monitor_told_its_queued_is_passed_by_and_runs_afresh() {
+    use volcano_runner::messages::v1::JobState;
+    use volcano_runner::sim::FaultRule;
+    let h = Harness::new("queued-by-rollback").await;
+    let m = h.start_with("runner-m", one_shard(&h), true);
+    let a = start_beside(&h, "runner-m").await;
+    warm_up(&h, &["runner-m", "runner-a"]).await;
+
+    h.sim.faults().add_rule(FaultRule {
+        resource: "networkpolicies".into(),
+        verb: "create".into(),
+        latency_ms: 6_000,
+        ..FaultRule::default()
+    });
+    let deletes = || h.sim.request_count("delete jobs.batch.volcano.sh");
+    let before = deletes();
+    let jobs: Vec<String> = (0..8).map(|i| format!("rb-{i}")).collect();
+    for job in &jobs {
+        h.submit(&figlet(job)).await;
+    }
+    rabbit::within("every job's first attempt rolled back", async {
+        while deletes() < before + jobs.len() as u64 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    // No submit path gets as far as QUEUED while every NetworkPolicy's create fails: a QUEUED now is
+    // one runner-m's monitor told of a job runner-a created, and which runner-a rolled back.
+    let events = h.events().await;
+    let told: Vec<&String> = jobs
+        .iter()
+        .filter(|j| queued_count(&events, j) > 0)
+        .collect();
+    assert!(
+        !told.is_empty(),
+        "runner-m's monitor told the QUEUED of a job runner-a created before its rollback"
+    );
+    h.sim.faults().clear();
+
+    advance_until(&h, &jobs, "SUCCESS").await;
+    h.wait_queues_settled().await;
+    m.stop().await;
+    a.stop().await;
+    let events = h.events().await;
+    let failures: Vec<&String> = events
+        .iter()
+        .filter(|c| {
+            c.event
+                .as_ref()
+                .is_some_and(|e| e.state == JobState::Failure as i32)
+        })
+        .map(|c| &c.message_id)
+        .collect();
+    assert_eq!(
+        failures,
+        Vec::<&String>::new(),
+        "no FAILURE (told: {told:?})"
+    );
+    assert!(h.dead_letters().await.is_empty(), "nothing dead-lettered");
+}
