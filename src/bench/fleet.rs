@@ -232,7 +232,7 @@ fn cpu_seconds(usage: &libc::rusage) -> f64 {
 /// costs them is the difference at its end ([`CpuSince::taken`]).
 pub struct CpuSince {
     own: f64,
-    broker: Option<f64>,
+    broker: Option<Vec<(u32, f64)>>,
     at: std::time::Instant,
 }
 
@@ -261,8 +261,9 @@ impl CpuSince {
         let own_s = own_cpu_seconds() - self.own;
         let broker_s = self
             .broker
+            .as_ref()
             .zip(broker_cpu_seconds())
-            .and_then(|(before, after)| (after >= before).then_some(after - before));
+            .and_then(|(before, after)| broker_taken(before, &after));
         CpuTaken {
             own_s,
             broker_s,
@@ -282,12 +283,31 @@ fn own_cpu_seconds() -> f64 {
     cpu_seconds(&usage)
 }
 
-/// CPU seconds (user + system) that the RabbitMQ node on this machine has used so far: every process
-/// named `beam.smp` (Erlang's VM, RabbitMQ's process). `None` when none runs here (a remote broker) or
-/// none can be read. The broker shares the machine's cores with the simulator and the runners, so its
-/// share is part of what a phase costs.
-fn broker_cpu_seconds() -> Option<f64> {
+/// The broker's CPU seconds between two readings of [`broker_cpu_seconds`], summed over the processes
+/// in both: an Erlang VM that started or ended between them (each `rabbitmqctl` or
+/// `rabbitmq-diagnostics` run meanwhile is one, as `scripts/demo` runs) is left out rather than making
+/// the sum wrong, or less than before and so no figure at all. `None` when no process is in both (the
+/// node restarted: it counts from zero again).
+fn broker_taken(before: &[(u32, f64)], after: &[(u32, f64)]) -> Option<f64> {
     let mut total: Option<f64> = None;
+    for (pid, now) in after {
+        let Some((_, then)) = before.iter().find(|(p, _)| p == pid) else {
+            continue;
+        };
+        // Less than before: another process under a reused pid.
+        if now >= then {
+            *total.get_or_insert(0.0) += now - then;
+        }
+    }
+    total
+}
+
+/// CPU seconds (user + system) that each process of the RabbitMQ node on this machine has used so
+/// far, by pid: every process named `beam.smp` (Erlang's VM, RabbitMQ's process). `None` when none runs
+/// here (a remote broker) or none can be read. The broker shares the machine's cores with the simulator
+/// and the runners, so its share is part of what a phase costs.
+fn broker_cpu_seconds() -> Option<Vec<(u32, f64)>> {
+    let mut total: Option<Vec<(u32, f64)>> = None;
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let is_pid = entry
             .file_name()
@@ -308,7 +328,12 @@ fn broker_cpu_seconds() -> Option<f64> {
         else {
             continue;
         };
-        *total.get_or_insert(0.0) += ticks as f64 / clock_ticks_per_second();
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
+            continue;
+        };
+        total
+            .get_or_insert_default()
+            .push((pid, ticks as f64 / clock_ticks_per_second()));
     }
     total
 }
@@ -391,6 +416,23 @@ mod tests {
         let from_stat = ticks as f64 / clock_ticks_per_second();
         let from_rusage = own_cpu_seconds();
         assert!(from_stat <= from_rusage + 0.05, "{from_stat} {from_rusage}");
+    }
+
+    #[test]
+    fn the_brokers_cpu_is_taken_over_the_processes_read_both_times() {
+        // The node (pid 10) used 2.5 s; a `rabbitmqctl` VM (pid 20) ended and another (pid 30) started
+        // between the readings: neither counts. Summed as before, the figure would be 2.5 - 4.0 < 0.
+        let before = [(10, 100.0), (20, 4.0)];
+        let after = [(10, 102.5), (30, 0.5)];
+        assert_eq!(broker_taken(&before, &after), Some(2.5));
+        // A reused pid whose CPU went down is another process.
+        assert_eq!(broker_taken(&[(10, 100.0)], &[(10, 1.0), (11, 3.0)]), None);
+        // The node restarted: no process in both readings, no figure.
+        assert_eq!(broker_taken(&[(10, 100.0)], &[(11, 0.2)]), None);
+        assert_eq!(
+            broker_taken(&[(10, 1.0), (11, 2.0)], &[(10, 1.5), (11, 2.25)]),
+            Some(0.75)
+        );
     }
 
     #[test]
