@@ -19,7 +19,7 @@ fn queued_ids(events: &[harness::Captured]) -> BTreeSet<String> {
         .collect()
 }
 
-fn failures(events: &[harness::Captured]) -> Vec<String> {
+pub(crate) fn failures(events: &[harness::Captured]) -> Vec<String> {
     events
         .iter()
         .filter(|c| {
@@ -330,12 +330,7 @@ async fn rolled_back_once(h: &Harness, id: &str) {
             .any(|c| c.message_id == format!("{id}-warm-up/QUEUED"))
     })
     .await;
-    h.sim.faults().add_rule(FaultRule {
-        resource: "networkpolicies".into(),
-        verb: "create".into(),
-        latency_ms: 6_000,
-        ..FaultRule::default()
-    });
+    slow_policy_creates(h);
     let deletes = || h.sim.request_count("delete jobs.batch.volcano.sh");
     let before = deletes();
     h.submit(&figlet(id)).await;
@@ -346,4 +341,15 @@ async fn rolled_back_once(h: &Harness, id: &str) {
     })
     .await;
     h.sim.faults().clear();
+}
+
+/// Every NetworkPolicy's create takes 6 s, longer than a runner's client waits (5 s): each submission's
+/// attempt rolls its job back, until the test clears the simulator's faults.
+pub(crate) fn slow_policy_creates(h: &Harness) {
+    h.sim.faults().add_rule(FaultRule {
+        resource: "networkpolicies".into(),
+        verb: "create".into(),
+        latency_ms: 6_000,
+        ..FaultRule::default()
+    });
 }

@@ -567,19 +567,12 @@ async fn a_runner_still_listing_a_shard_it_gained_leaves_no_queued_waiting() {
 /// holds a job of that name).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_rolled_back_after_its_monitor_told_its_queued_is_passed_by_and_runs_afresh() {
-    use volcano_runner::messages::v1::JobState;
-    use volcano_runner::sim::FaultRule;
     let h = Harness::new("queued-by-rollback").await;
     let m = h.start_with("runner-m", one_shard(&h), true);
     let a = start_beside(&h, "runner-m").await;
     warm_up(&h, &["runner-m", "runner-a"]).await;
 
-    h.sim.faults().add_rule(FaultRule {
-        resource: "networkpolicies".into(),
-        verb: "create".into(),
-        latency_ms: 6_000,
-        ..FaultRule::default()
-    });
+    crate::faults::slow_policy_creates(&h);
     let deletes = || h.sim.request_count("delete jobs.batch.volcano.sh");
     let before = deletes();
     let jobs: Vec<String> = (0..8).map(|i| format!("rb-{i}")).collect();
@@ -609,19 +602,10 @@ async fn a_job_rolled_back_after_its_monitor_told_its_queued_is_passed_by_and_ru
     h.wait_queues_settled().await;
     m.stop().await;
     a.stop().await;
-    let events = h.events().await;
-    let failures: Vec<&String> = events
-        .iter()
-        .filter(|c| {
-            c.event
-                .as_ref()
-                .is_some_and(|e| e.state == JobState::Failure as i32)
-        })
-        .map(|c| &c.message_id)
-        .collect();
+    let failures = crate::faults::failures(&h.events().await);
     assert_eq!(
         failures,
-        Vec::<&String>::new(),
+        Vec::<String>::new(),
         "no FAILURE (told: {told:?})"
     );
     assert!(h.dead_letters().await.is_empty(), "nothing dead-lettered");
