@@ -307,35 +307,29 @@ fn broker_taken(before: &[(u32, f64)], after: &[(u32, f64)]) -> Option<f64> {
 /// here (a remote broker) or none can be read. The broker shares the machine's cores with the simulator
 /// and the runners, so its share is part of what a phase costs.
 fn broker_cpu_seconds() -> Option<Vec<(u32, f64)>> {
-    let mut total: Option<Vec<(u32, f64)>> = None;
+    let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let is_pid = entry
+        let Some(pid) = entry
             .file_name()
             .to_str()
-            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
-        if !is_pid {
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
             continue;
-        }
+        };
         let path = entry.path();
         let is_beam =
             std::fs::read_to_string(path.join("comm")).is_ok_and(|c| c.trim() == "beam.smp");
         if !is_beam {
             continue;
         }
-        let Some(ticks) = std::fs::read_to_string(path.join("stat"))
+        if let Some(ticks) = std::fs::read_to_string(path.join("stat"))
             .ok()
             .and_then(|stat| stat_cpu_ticks(&stat))
-        else {
-            continue;
-        };
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
-            continue;
-        };
-        total
-            .get_or_insert_default()
-            .push((pid, ticks as f64 / clock_ticks_per_second()));
+        {
+            found.push((pid, ticks as f64 / clock_ticks_per_second()));
+        }
     }
-    total
+    (!found.is_empty()).then_some(found)
 }
 
 /// `utime + stime` (in clock ticks) from a `/proc/<pid>/stat` line. The command name (second field) is

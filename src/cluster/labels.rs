@@ -54,6 +54,7 @@ pub fn is_rolled_back(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Obj
         .as_ref()
         .is_some_and(|a| a.contains_key(ROLLED_BACK))
 }
+
 /// The field manager name used for every write, so `kubectl get -o yaml --show-managed-fields` shows who
 /// wrote what.
 pub const FIELD_MANAGER: &str = "volcano-runner";
