@@ -529,7 +529,8 @@ impl Executor {
         let _duty = self.begin_duty(&job_id);
         // Nothing can be written on a job that is gone.
         let queued_confirmed = self.confirmed_queued.contains(&job_id);
-        self.confirmed_queued.carried_done(&job_id);
+        self.confirmed_queued
+            .gone(&job_id, job.metadata.uid.as_deref());
         let result = async {
             if !self.owns(&job_id) {
                 return Ok(());
@@ -702,7 +703,9 @@ impl Executor {
             // next holder reads it and tells nothing again.
             let (ns, name) = names(job);
             if let Some(job_id) = crate::pipeline::names::job_id_from_vcjob_name(name)
-                && !self.confirmed_queued.carry(job_id, ns, name)
+                && !self
+                    .confirmed_queued
+                    .carry(job_id, job.metadata.uid.as_deref(), ns, name)
             {
                 self.confirmed_queued.record(job_id);
                 let set = BTreeMap::from([(self.settings.queued.confirmed.clone(), "true".into())]);
@@ -1007,6 +1010,9 @@ impl Executor {
 
     /// The job id and the annotation key of the record of a confirmed QUEUED that this write is to
     /// carry (see [`ConfirmedQueued::carry`]): the submit path left it to the monitor's first write.
+    /// Any job this process had its QUEUED confirmed for and that lacks the record gets it, carried or
+    /// not: a job created afresh under the name of a gone one whose record went with it (its QUEUED is
+    /// the same message, told once), or one whose submit path could not write it. It costs no request.
     fn carried_record(&self, job: &VolcanoJob) -> Option<(String, String)> {
         let name = job.metadata.name.as_deref()?;
         let job_id = crate::pipeline::names::job_id_from_vcjob_name(name)?;
@@ -1021,7 +1027,7 @@ impl Executor {
             return None;
         }
         self.confirmed_queued
-            .is_carried(job_id)
+            .contains(job_id)
             .then(|| (job_id.to_owned(), key.clone()))
     }
 

@@ -187,6 +187,10 @@ struct Carried {
 struct CarriedJob {
     namespace: String,
     name: String,
+    /// The uid of the job whose QUEUED was confirmed (`None` for a record taken on from a shard's lease,
+    /// which lists none): a job gone under the same name releases only a record of its own, not one
+    /// carried for a job created afresh under that name ([`ConfirmedQueued::gone`]).
+    uid: Option<String>,
     /// When the QUEUED was confirmed (ms since the epoch, by this machine's clock; for a job taken on
     /// from a shard's lease, as its earlier holder listed it): listed on the lease only for [`LISTED_FOR`].
     confirmed_ms: i64,
@@ -295,19 +299,20 @@ impl ConfirmedQueued {
         self.carried().shards = Some(shards);
     }
 
-    /// Leaves the record of `job_id`'s confirmed QUEUED (its job `namespace/name`) to this runner's
-    /// monitor, when this runner holds the job's shard: `true`, and the submit path writes nothing.
-    /// `false`: the submit path writes it. Call only after the confirm, for a job that has not ended
-    /// (the monitor writes an ended job no more).
-    pub fn carry(&self, job_id: &str, namespace: &str, name: &str) -> bool {
+    /// Leaves the record of `job_id`'s confirmed QUEUED (its job `namespace/name`, of `uid`) to this
+    /// runner's monitor, when this runner holds the job's shard: `true`, and the submit path writes
+    /// nothing. `false`: the submit path writes it. Call only after the confirm, for a job that has not
+    /// ended (the monitor writes an ended job no more).
+    pub fn carry(&self, job_id: &str, uid: Option<&str>, namespace: &str, name: &str) -> bool {
         let confirmed_ms = jiff::Timestamp::now().as_millisecond();
-        self.carry_confirmed_at(job_id, namespace, name, confirmed_ms)
+        self.carry_confirmed_at(job_id, uid, namespace, name, confirmed_ms)
     }
 
     /// [`ConfirmedQueued::carry`], for a QUEUED confirmed at `confirmed_ms` (ms since the epoch).
     fn carry_confirmed_at(
         &self,
         job_id: &str,
+        uid: Option<&str>,
         namespace: &str,
         name: &str,
         confirmed_ms: i64,
@@ -329,6 +334,7 @@ impl ConfirmedQueued {
             CarriedJob {
                 namespace: namespace.to_owned(),
                 name: name.to_owned(),
+                uid: uid.map(str::to_owned),
                 confirmed_ms,
                 since: tokio::time::Instant::now(),
                 _duty: duty,
@@ -342,10 +348,32 @@ impl ConfirmedQueued {
         self.carried().jobs.contains_key(job_id)
     }
 
-    /// The record of `job_id` is on the job (written, or not needed any more: the job is gone): its
-    /// shard is free to go.
+    /// The record of `job_id` is on the job (written, or not needed any more): its shard is free to go.
+    /// A record is of the job id (its QUEUED is one message whatever job carries it), so whichever job
+    /// of that name a write carries it onto settles it.
     pub fn carried_done(&self, job_id: &str) {
         let done = self.carried().jobs.remove(job_id);
+        Self::log_done(job_id, done);
+    }
+
+    /// The job `job_id` of `uid` is gone: nothing can be written on it, so its record is carried no
+    /// more; unless the record is of a job created afresh under the same name since (another uid: the
+    /// submission's next delivery after a rollback), which still needs it on its first write.
+    pub fn gone(&self, job_id: &str, uid: Option<&str>) {
+        let mut carried = self.carried();
+        let theirs = carried.jobs.get(job_id).is_some_and(
+            |job| matches!((&job.uid, uid), (Some(carried), Some(gone)) if carried != gone),
+        );
+        let done = if theirs {
+            None
+        } else {
+            carried.jobs.remove(job_id)
+        };
+        drop(carried);
+        Self::log_done(job_id, done);
+    }
+
+    fn log_done(job_id: &str, done: Option<CarriedJob>) {
         if let Some(job) = done {
             let carried_ms = u64::try_from(job.since.elapsed().as_millis()).unwrap_or(u64::MAX);
             tracing::debug!(
@@ -454,7 +482,7 @@ impl crate::cluster::lease::CarriedRecords for ConfirmedQueued {
                 continue;
             }
             if let Some(job_id) = crate::pipeline::names::job_id_from_vcjob_name(name) {
-                self.carry_confirmed_at(job_id, namespace, name, confirmed_ms);
+                self.carry_confirmed_at(job_id, None, namespace, name, confirmed_ms);
             }
         }
     }
@@ -567,7 +595,7 @@ mod tests {
         use std::collections::BTreeSet;
         let until = tokio::time::Instant::now() + Duration::from_secs(60);
         let confirmed = ConfirmedQueued::default();
-        assert!(!confirmed.carry("a", "ns", "j-a"), "no monitor here");
+        assert!(!confirmed.carry("a", None, "ns", "j-a"), "no monitor here");
 
         let mine = crate::cluster::shard_of("a", 2);
         let theirs = 1 - mine;
@@ -579,11 +607,11 @@ mod tests {
         let (tx, rx) = watch::channel(held.clone());
         confirmed.attach(rx);
         assert!(
-            !confirmed.carry(&other, "ns", "j-other"),
+            !confirmed.carry(&other, None, "ns", "j-other"),
             "another runner's shard"
         );
         assert!(!held.busy(theirs));
-        assert!(confirmed.carry("a", "ns", "j-a"));
+        assert!(confirmed.carry("a", None, "ns", "j-a"));
         assert!(confirmed.is_carried("a") && confirmed.contains("a"));
         assert!(held.busy(mine), "the shard waits for the record");
         assert!(
@@ -605,9 +633,46 @@ mod tests {
         assert!(!held.busy(mine));
 
         tx.send_replace(held.now_holding(BTreeSet::from([mine])));
-        assert!(confirmed.carry("a", "ns", "j-a"));
+        assert!(confirmed.carry("a", None, "ns", "j-a"));
         confirmed.carried_done("a");
         assert!(!held.busy(mine), "written by the monitor");
+    }
+
+    /// A job gone releases its own record, and a record taken on from a lease (no uid), but not one
+    /// carried for a job created afresh under its name (another uid), which its first write needs.
+    #[tokio::test]
+    async fn a_gone_job_releases_only_a_record_of_its_own() {
+        use std::collections::BTreeSet;
+        let until = tokio::time::Instant::now() + Duration::from_secs(60);
+        let held = HeldShards::for_tests(1, BTreeSet::from([0]), until);
+        let (_tx, rx) = watch::channel(held.clone());
+        let confirmed = ConfirmedQueued::default();
+        confirmed.attach(rx);
+
+        assert!(confirmed.carry("a", Some("uid-2"), "ns", "j-a"));
+        confirmed.gone("a", Some("uid-1"));
+        assert!(confirmed.is_carried("a"), "carried for the fresh job");
+        assert!(held.busy(0), "its shard still waits for the record");
+        confirmed.gone("a", Some("uid-2"));
+        assert!(!confirmed.is_carried("a"), "its own job gone");
+        assert!(!held.busy(0));
+
+        assert!(
+            confirmed.carry("a", None, "ns", "j-a"),
+            "as taken on from a lease"
+        );
+        confirmed.gone("a", Some("uid-1"));
+        assert!(
+            !confirmed.is_carried("a"),
+            "a record of no known job goes with any"
+        );
+        assert!(confirmed.carry("a", Some("uid-3"), "ns", "j-a"));
+        confirmed.gone("a", None);
+        assert!(
+            !confirmed.is_carried("a"),
+            "a gone job of no known uid releases it"
+        );
+        assert!(confirmed.contains("a"), "still known to be confirmed");
     }
 
     /// The records carried for a shard's jobs are what its lease lists, and a runner that takes the shard
@@ -630,7 +695,7 @@ mod tests {
         let killed = ConfirmedQueued::default();
         killed.attach(rx);
         assert_eq!(killed.listed(mine, 2), None, "nothing carried");
-        assert!(killed.carry("a", "ns", "j-a"));
+        assert!(killed.carry("a", None, "ns", "j-a"));
         let listed = killed.listed(mine, 2).expect("listed");
         assert!(listed.starts_with("ns/j-a@"), "{listed}");
         assert_eq!(killed.listed(1 - mine, 2), None, "another shard's lease");

@@ -532,7 +532,7 @@ async fn a_record_carried_by_a_killed_runner_is_taken_on_from_the_shard_lease() 
         meta.name.clone().unwrap_or_default(),
     );
     assert!(
-        confirmed.carry("cl1", &ns, &name),
+        confirmed.carry("cl1", meta.uid.as_deref(), &ns, &name),
         "A holds the job's shard"
     );
     // The simulated clock stands still: the job's pod does not start, and A writes nothing of it. Two

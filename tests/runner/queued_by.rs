@@ -600,6 +600,20 @@ async fn a_job_rolled_back_after_its_monitor_told_its_queued_is_passed_by_and_ru
 
     advance_until(&h, &jobs, "SUCCESS").await;
     h.wait_queues_settled().await;
+    // The QUEUED told of a job rolled back is the one its fresh job has (one message per job id): the
+    // record of it is on the fresh job, so that a later holder of the shard sends no copy. The gone
+    // job's handling must not release a record carried for the fresh one, nor the fresh job's first
+    // write leave out one this process had confirmed.
+    for job in &jobs {
+        let annotations = annotations_of(&h, job).await;
+        assert_eq!(
+            annotations
+                .get("ucloud.dk/queuedConfirmed")
+                .map(String::as_str),
+            Some("true"),
+            "{job}: the record of its confirmed QUEUED (told: {told:?}): {annotations:?}"
+        );
+    }
     m.stop().await;
     a.stop().await;
     let failures = crate::faults::failures(&h.events().await);

@@ -527,7 +527,10 @@ async fn record_queued_confirmed(h: &Handler, job_id: &str, meta: &ObjectMeta, e
         meta.namespace.as_deref().unwrap_or_default(),
         meta.name.as_deref().unwrap_or_default(),
     );
-    if ended == Ended::No && h.confirmed_queued.carry(job_id, namespace, name) {
+    if ended == Ended::No
+        && h.confirmed_queued
+            .carry(job_id, meta.uid.as_deref(), namespace, name)
+    {
         return;
     }
     // No runner monitors the job: no monitor to spare a copy of QUEUED. One that takes the job over
