@@ -88,6 +88,8 @@ pub struct Options {
     pub phase_timeout: Duration,
     /// Skip the limit measurements (for a quick look at one phase).
     pub skip_limits: bool,
+    /// How many times every phase runs, interleaved (`--trials`); the report gives the median ratio.
+    pub trials: usize,
     /// Soak mode: every so often during a phase, print each runner's RSS and CPU per job so far, and
     /// this process's RSS (the simulator's, with the harness), so that a long run shows whether they
     /// grow with the jobs submitted.
@@ -130,33 +132,40 @@ pub async fn run(options: &Options) -> Result<Report, BenchError> {
 
     let mut phases = Vec::new();
     let mut index = 0;
-    for rate in &options.rates {
-        for &monitor in &options.monitor {
-            for &runners in &options.runners {
-                index += 1;
-                let prefix = format!("{run_id}p{index}");
-                info!(runners, rate = ?rate, monitor, "Starting a phase.");
-                let mut phase =
-                    run_phase(options, &prefix, runners, *rate, prefetch, monitor).await?;
-                phase.ratio_to_smaller_limit = phase
-                    .sustained_jobs_per_s
-                    .zip(limits.as_ref())
-                    .map(|(r, l)| r / l.smaller());
-                phase.ratio_to_api_limit = phase
-                    .api_requests_per_s
-                    .zip(limits.as_ref())
-                    .map(|(r, l)| r / l.sim_creates_per_s);
-                phases.push(phase);
+    // Trials outermost: each trial runs every phase, its unmonitored and monitored phases back to back,
+    // so that whatever else the machine does drifts over all kinds of phase alike.
+    for trial in 1..=options.trials.max(1) {
+        for rate in &options.rates {
+            for &monitor in &options.monitor {
+                for &runners in &options.runners {
+                    index += 1;
+                    let prefix = format!("{run_id}p{index}");
+                    info!(trial, runners, rate = ?rate, monitor, "Starting a phase.");
+                    let mut phase =
+                        run_phase(options, &prefix, runners, *rate, prefetch, monitor).await?;
+                    phase.trial = trial;
+                    phase.ratio_to_smaller_limit = phase
+                        .sustained_jobs_per_s
+                        .zip(limits.as_ref())
+                        .map(|(r, l)| r / l.smaller());
+                    phase.ratio_to_api_limit = phase
+                        .api_requests_per_s
+                        .zip(limits.as_ref())
+                        .map(|(r, l)| r / l.sim_creates_per_s);
+                    phases.push(phase);
+                }
             }
         }
     }
+    let monitoring_cost = report::monitoring_cost(&phases);
     Ok(Report {
         started_at,
         version: env!("CARGO_PKG_VERSION").into(),
         machine,
         workload,
         limits,
-        monitoring_cost: report::monitoring_cost(&phases),
+        monitoring_cost_median: report::monitoring_cost_median(&monitoring_cost),
+        monitoring_cost,
         phases,
     })
 }
@@ -553,6 +562,8 @@ impl Measured {
         };
         let published = self.published;
         Phase {
+            // Set by the run, which knows the trial.
+            trial: 1,
             runners: self.runners,
             monitor: self.monitor,
             target_rate: self.target_rate,
@@ -966,6 +977,7 @@ mod tests {
             log_dir: "/tmp".into(),
             phase_timeout: Duration::from_secs(1),
             skip_limits: false,
+            trials: 1,
             soak_every: None,
             runner_wrap: Vec::new(),
         }

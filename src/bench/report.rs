@@ -21,9 +21,12 @@ pub struct Report {
     pub limits: Option<Limits>,
     /// One entry per runner count and rate.
     pub phases: Vec<Phase>,
-    /// What the monitoring duty costs: one entry per runner count and rate run both with and without
-    /// it ([`monitoring_cost`]).
+    /// What the monitoring duty costs: one entry per trial, runner count and rate run both with and
+    /// without it ([`monitoring_cost`]).
     pub monitoring_cost: Vec<MonitoringRatio>,
+    /// With more than one trial (`--trials`): the median of the trials' QUEUED-rate ratios per runner
+    /// count and rate ([`monitoring_cost_median`]), the figure to hold to the goal on a noisy machine.
+    pub monitoring_cost_median: Vec<MonitoringMedian>,
 }
 
 /// The machine the figures were measured on.
@@ -78,6 +81,9 @@ impl Limits {
 /// One phase: some runners, submissions published unpaced or at a fixed rate.
 #[derive(Debug, Clone, Serialize)]
 pub struct Phase {
+    /// The trial the phase belongs to (1 up to `--trials`): each trial runs every phase once, and a
+    /// monitored phase is set against the unmonitored phase of its own trial.
+    pub trial: usize,
     pub runners: usize,
     /// Whether the runners had the monitoring duty; if so every job ran to its end in the phase.
     pub monitor: bool,
@@ -182,7 +188,11 @@ impl Report {
         for p in &self.phases {
             write_phase_row(&mut out, p);
         }
-        write_monitoring_cost(&mut out, &self.monitoring_cost);
+        write_monitoring_cost(
+            &mut out,
+            &self.monitoring_cost,
+            &self.monitoring_cost_median,
+        );
         for p in &self.phases {
             write_cores(&mut out, p);
         }
@@ -294,6 +304,8 @@ fn write_phase_row(out: &mut String, p: &Phase) {
 /// without it, on the same cluster and jobs.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MonitoringRatio {
+    /// The trial both phases belong to.
+    pub trial: usize,
     pub runners: usize,
     pub target_rate: Option<f64>,
     /// The monitored phase's sustained QUEUED rate over the unmonitored one's (issue 46's figure), or
@@ -332,7 +344,10 @@ pub fn monitoring_cost(phases: &[Phase]) -> Vec<MonitoringRatio> {
         .filter(|on| on.monitor)
         .filter_map(|on| {
             let off = phases.iter().find(|off| {
-                !off.monitor && off.runners == on.runners && off.target_rate == on.target_rate
+                !off.monitor
+                    && off.trial == on.trial
+                    && off.runners == on.runners
+                    && off.target_rate == on.target_rate
             })?;
             let raw = on
                 .sustained_jobs_per_s
@@ -356,6 +371,7 @@ pub fn monitoring_cost(phases: &[Phase]) -> Vec<MonitoringRatio> {
                 .filter(|(_, on)| *on > 0.0)
                 .map(|(off, on)| off / on);
             Some(MonitoringRatio {
+                trial: on.trial,
                 runners: on.runners,
                 target_rate: on.target_rate,
                 queued_rate_ratio,
@@ -370,9 +386,87 @@ pub fn monitoring_cost(phases: &[Phase]) -> Vec<MonitoringRatio> {
         .collect()
 }
 
-/// The footer of the table: per runner count and rate run both ways, the QUEUED-rate ratio against
-/// the goal (or why it is not given) and the CPU-per-job ratio.
-fn write_monitoring_cost(out: &mut String, ratios: &[MonitoringRatio]) {
+/// The median over the trials of one runner count and rate's QUEUED-rate ratio (`--trials`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MonitoringMedian {
+    pub runners: usize,
+    pub target_rate: Option<f64>,
+    /// The trials' ratios, in the trials' order; a trial whose ratio was withheld is left out.
+    pub queued_rate_ratios: Vec<f64>,
+    /// Their median (the mean of the middle two for an even count); `None` when every trial's was
+    /// withheld.
+    pub median_queued_rate_ratio: Option<f64>,
+    /// As in [`MonitoringRatio::goal`].
+    pub goal: f64,
+}
+
+/// Per runner count and rate, the median of the trials' QUEUED-rate ratios, when the run had more
+/// than one trial: one pair of phases on a shared machine spreads wider than the goals' margin (README,
+/// Performance), the median of interleaved trials much less.
+pub fn monitoring_cost_median(ratios: &[MonitoringRatio]) -> Vec<MonitoringMedian> {
+    if ratios.iter().all(|r| r.trial <= 1) {
+        return Vec::new();
+    }
+    let mut medians: Vec<MonitoringMedian> = Vec::new();
+    for r in ratios {
+        let at = medians
+            .iter()
+            .position(|m| m.runners == r.runners && m.target_rate == r.target_rate);
+        let m = match at {
+            Some(i) => &mut medians[i],
+            None => {
+                medians.push(MonitoringMedian {
+                    runners: r.runners,
+                    target_rate: r.target_rate,
+                    queued_rate_ratios: Vec::new(),
+                    median_queued_rate_ratio: None,
+                    goal: r.goal,
+                });
+                medians.last_mut().expect("just pushed")
+            }
+        };
+        m.queued_rate_ratios.extend(r.queued_rate_ratio);
+    }
+    for m in &mut medians {
+        m.median_queued_rate_ratio = median(&m.queued_rate_ratios);
+    }
+    medians
+}
+
+/// The median of `values` (the mean of the middle two for an even count).
+fn median(values: &[f64]) -> Option<f64> {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(sorted[n / 2]),
+        _ => Some((sorted[n / 2 - 1] + sorted[n / 2]) / 2.0),
+    }
+}
+
+/// A QUEUED-rate ratio against the goal: the goal is for unpaced phases only.
+fn against_goal(ratio: f64, goal: f64, target_rate: Option<f64>) -> String {
+    let met = match (target_rate, ratio >= goal) {
+        (Some(_), _) => "",
+        (None, true) => " (goal met)",
+        (None, false) => " (goal NOT met)",
+    };
+    format!(
+        "{:.0}% (goal >= {:.0}% unpaced){met}",
+        ratio * 100.0,
+        goal * 100.0
+    )
+}
+
+/// The footer of the table: per trial, runner count and rate run both ways, the QUEUED-rate ratio
+/// against the goal (or why it is not given) and the CPU-per-job ratio; then, over several trials, the
+/// medians.
+fn write_monitoring_cost(
+    out: &mut String,
+    ratios: &[MonitoringRatio],
+    medians: &[MonitoringMedian],
+) {
     if ratios.is_empty() {
         return;
     }
@@ -384,19 +478,13 @@ fn write_monitoring_cost(out: &mut String, ratios: &[MonitoringRatio]) {
             .target_rate
             .map_or("unpaced".into(), |t| format!("{t:.0}/s"));
         let queued = match (r.queued_rate_ratio, &r.queued_rate_ratio_withheld) {
-            (Some(ratio), _) => {
-                let met = match (r.target_rate, ratio >= r.goal) {
-                    (Some(_), _) => "",
-                    (None, true) => " (goal met)",
-                    (None, false) => " (goal NOT met)",
-                };
-                format!(
-                    "{:.0}% (goal >= {:.0}% unpaced){met}",
-                    ratio * 100.0,
-                    r.goal * 100.0
-                )
-            }
+            (Some(ratio), _) => against_goal(ratio, r.goal, r.target_rate),
             (None, why) => format!("not given: {}", why.as_deref().unwrap_or("unknown")),
+        };
+        let trial = if medians.is_empty() {
+            String::new()
+        } else {
+            format!("trial {}, ", r.trial)
         };
         let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
         let cpu = format!(
@@ -408,9 +496,31 @@ fn write_monitoring_cost(out: &mut String, ratios: &[MonitoringRatio]) {
         );
         let _ = writeln!(
             out,
-            "  {} runner{} {rate}: QUEUED rate {queued}; CPU per job {cpu}",
+            "  {trial}{} runner{} {rate}: QUEUED rate {queued}; CPU per job {cpu}",
             r.runners,
             if r.runners == 1 { "" } else { "s" },
+        );
+    }
+    for m in medians {
+        let rate = m
+            .target_rate
+            .map_or("unpaced".into(), |t| format!("{t:.0}/s"));
+        let median = m.median_queued_rate_ratio.map_or_else(
+            || "not given (withheld in every trial)".to_owned(),
+            |ratio| against_goal(ratio, m.goal, m.target_rate),
+        );
+        let each = m
+            .queued_rate_ratios
+            .iter()
+            .map(|r| format!("{:.0}%", r * 100.0))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let _ = writeln!(
+            out,
+            "  median of {} trial(s), {} runner{} {rate}: QUEUED rate {median} [{each}]",
+            m.queued_rate_ratios.len(),
+            m.runners,
+            if m.runners == 1 { "" } else { "s" },
         );
     }
 }
@@ -501,6 +611,7 @@ mod tests {
                 sim_creates_per_s: 2500.0,
             }),
             phases: vec![Phase {
+                trial: 1,
                 runners: 1,
                 monitor: true,
                 target_rate: None,
@@ -545,6 +656,7 @@ mod tests {
                 broker_cpu_s: Some(1.5),
             }],
             monitoring_cost: Vec::new(),
+            monitoring_cost_median: Vec::new(),
         }
     }
 
@@ -687,6 +799,101 @@ mod tests {
             ),
             "{table}"
         );
+    }
+
+    /// Over several trials each monitored phase is set against the unmonitored phase of its own trial,
+    /// and the footer gives the median of the ratios given (a withheld one left out); one trial gives
+    /// no median and no trial numbers.
+    #[test]
+    fn trials_pair_within_themselves_and_give_the_median_ratio() {
+        let on = report().phases[0].clone();
+        let off = Phase {
+            monitor: false,
+            monitoring_overlap: None,
+            ..on.clone()
+        };
+        let pair = |trial: usize, off_rate: f64, on_rate: f64, overlap: f64| {
+            [
+                Phase {
+                    trial,
+                    sustained_jobs_per_s: Some(off_rate),
+                    ..off.clone()
+                },
+                Phase {
+                    trial,
+                    sustained_jobs_per_s: Some(on_rate),
+                    monitoring_overlap: Some(overlap),
+                    ..on.clone()
+                },
+            ]
+        };
+        let phases: Vec<Phase> = [
+            pair(1, 1000.0, 900.0, 0.9),
+            pair(2, 400.0, 200.0, 0.9),
+            pair(3, 1000.0, 850.0, 0.9),
+            pair(4, 1000.0, 990.0, 0.2),
+        ]
+        .concat();
+        let cost = monitoring_cost(&phases);
+        let ratios: Vec<(usize, Option<f64>)> = cost
+            .iter()
+            .map(|c| (c.trial, c.queued_rate_ratio))
+            .collect();
+        assert_eq!(
+            ratios,
+            vec![(1, Some(0.9)), (2, Some(0.5)), (3, Some(0.85)), (4, None)],
+            "each against its own trial's unmonitored rate"
+        );
+        let medians = monitoring_cost_median(&cost);
+        assert_eq!(medians.len(), 1);
+        assert_eq!(medians[0].queued_rate_ratios, vec![0.9, 0.5, 0.85]);
+        assert_eq!(medians[0].median_queued_rate_ratio, Some(0.85));
+        let table = Report {
+            monitoring_cost: cost,
+            monitoring_cost_median: medians.clone(),
+            phases,
+            ..report()
+        }
+        .table();
+        assert!(
+            table.contains(
+                "  trial 2, 1 runner unpaced: QUEUED rate 50% (goal >= 80% unpaced) (goal NOT met)"
+            ),
+            "{table}"
+        );
+        assert!(
+            table.contains("  median of 3 trial(s), 1 runner unpaced: QUEUED rate 85% (goal >= 80% unpaced) (goal met) [90%, 50%, 85%]"),
+            "{table}"
+        );
+        let json = serde_json::to_value(&medians).unwrap();
+        assert_eq!(json[0]["median_queued_rate_ratio"], 0.85);
+
+        let even = MonitoringMedian {
+            queued_rate_ratios: vec![0.9, 0.5, 0.85, 0.6],
+            ..medians[0].clone()
+        };
+        let middle = median(&even.queued_rate_ratios).unwrap();
+        assert!(
+            (middle - 0.725).abs() < 1e-12,
+            "the middle two's mean: {middle}"
+        );
+        assert_eq!(median(&[]), None);
+
+        let one = monitoring_cost(&pair(1, 1000.0, 900.0, 0.9));
+        assert!(
+            monitoring_cost_median(&one).is_empty(),
+            "one trial: no median"
+        );
+        let table = Report {
+            monitoring_cost: one,
+            ..report()
+        }
+        .table();
+        assert!(
+            table.contains("\n  1 runner unpaced: QUEUED rate 90%"),
+            "{table}"
+        );
+        assert!(!table.contains("trial"), "{table}");
     }
 
     /// A monitored phase whose steady QUEUED window closed before most of its monitoring (its jobs'

@@ -52,6 +52,12 @@ pub struct Args {
     /// Skip the broker and simulator limits.
     #[arg(long)]
     pub skip_limits: bool,
+    /// Run every phase this many times, interleaved (each trial its unmonitored and monitored phases
+    /// back to back), and give the median of the trials' monitored / unmonitored QUEUED-rate ratios:
+    /// on a machine shared with the simulator and RabbitMQ one pair of phases spreads wider than the
+    /// goals' margin.
+    #[arg(long, default_value_t = 1)]
+    pub trials: usize,
     /// How long one phase may take before it is reported incomplete (seconds).
     #[arg(long, default_value_t = 600)]
     pub phase_timeout: u64,
@@ -139,6 +145,9 @@ fn options(args: &Args, config_file: Option<&Path>) -> Result<Options, CliError>
             "--soak-every must be at least 1 (seconds)".into(),
         ));
     }
+    if args.trials == 0 {
+        return Err(CliError::Other("--trials must be at least 1".into()));
+    }
     if args.max_in_flight == 0 {
         return Err(CliError::Other("--max-in-flight must be at least 1".into()));
     }
@@ -183,6 +192,7 @@ fn options(args: &Args, config_file: Option<&Path>) -> Result<Options, CliError>
         log_dir,
         phase_timeout: Duration::from_secs(args.phase_timeout),
         skip_limits: args.skip_limits,
+        trials: args.trials,
         soak_every: args.soak_every.map(Duration::from_secs),
         runner_wrap: args
             .runner_wrap
@@ -215,6 +225,7 @@ mod tests {
         assert_eq!(o.runners, vec![1, 3]);
         assert_eq!(o.rates, vec![None]);
         assert_eq!(o.max_in_flight, 64);
+        assert_eq!(o.trials, 1, "one pair of phases per runner count");
         assert_eq!(
             o.monitor,
             vec![false, true],
@@ -245,5 +256,8 @@ mod tests {
         assert!(both.unwrap_err().to_string().contains("--submissions"));
         let e = options(&args(&["--submissions", "0"]), None).unwrap_err();
         assert!(e.to_string().contains("--submissions"), "{e}");
+        let e = options(&args(&["--trials", "0"]), None).unwrap_err();
+        assert!(e.to_string().contains("--trials"), "{e}");
+        assert_eq!(options(&args(&["--trials", "5"]), None).unwrap().trials, 5);
     }
 }
