@@ -116,6 +116,20 @@ async fn annotations_of(h: &Harness, job: &str) -> BTreeMap<String, String> {
     vcjob.metadata.annotations.unwrap_or_default()
 }
 
+/// Requires the record of a confirmed QUEUED (`queuedConfirmed`) on each of `jobs`, `why` in the message.
+async fn records_of_confirmed_queued(h: &Harness, jobs: &[String], why: &str) {
+    for job in jobs {
+        let annotations = annotations_of(h, job).await;
+        assert_eq!(
+            annotations
+                .get("ucloud.dk/queuedConfirmed")
+                .map(String::as_str),
+            Some("true"),
+            "{job}: {why}: {annotations:?}"
+        );
+    }
+}
+
 /// The annotations of `job`'s VolcanoJob once it exists.
 async fn created(h: &Harness, job: &str) -> BTreeMap<String, String> {
     rabbit::within(&format!("{job} is created"), async {
@@ -419,16 +433,7 @@ async fn a_shard_held_by_an_older_runner_leaves_queued_to_the_submit_path() {
         "the record written by the submit path: {by_kind:?}"
     );
     told_by_the_submit_path(&h, &jobs, "an older runner holds the shard").await;
-    for job in &jobs {
-        let annotations = annotations_of(&h, job).await;
-        assert_eq!(
-            annotations
-                .get("ucloud.dk/queuedConfirmed")
-                .map(String::as_str),
-            Some("true"),
-            "{job}: the record for the older runner's monitor"
-        );
-    }
+    records_of_confirmed_queued(&h, &jobs, "the record for the older runner's monitor").await;
     let events = h.events().await;
     for job in &jobs {
         assert_eq!(
@@ -604,16 +609,8 @@ async fn a_job_rolled_back_after_its_monitor_told_its_queued_is_passed_by_and_ru
     // record of it is on the fresh job, so that a later holder of the shard sends no copy. The gone
     // job's handling must not release a record carried for the fresh one, nor the fresh job's first
     // write leave out one this process had confirmed.
-    for job in &jobs {
-        let annotations = annotations_of(&h, job).await;
-        assert_eq!(
-            annotations
-                .get("ucloud.dk/queuedConfirmed")
-                .map(String::as_str),
-            Some("true"),
-            "{job}: the record of its confirmed QUEUED (told: {told:?}): {annotations:?}"
-        );
-    }
+    let why = format!("the record of its confirmed QUEUED (told: {told:?})");
+    records_of_confirmed_queued(&h, &jobs, &why).await;
     m.stop().await;
     a.stop().await;
     let failures = crate::faults::failures(&h.events().await);
