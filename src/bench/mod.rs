@@ -2,7 +2,8 @@
 //! process and the real RabbitMQ, it measures the broker's and the simulator's limits for the runner's
 //! work, then runs phases of N submissions against 1 and then more runner processes (this program's
 //! `run`), unpaced and at fixed rates, and reports sustained jobs/s, publish-to-created and
-//! publish-to-QUEUED latencies, and each runner's CPU time and peak RSS.
+//! publish-to-QUEUED latencies, and each runner's CPU time and peak RSS. With `--trials` every phase
+//! runs that many times, interleaved, and the report gives the median of what monitoring costs.
 //!
 //! Every phase gets a fresh simulator and exchanges and queues of its own (named after the run and the
 //! phase, deleted at the end), so phases cannot see each other's jobs or events and a deployment's

@@ -19,7 +19,7 @@ pub struct Report {
     /// What the broker and the simulator manage alone, measured in the same run; `None` with
     /// `--skip-limits`.
     pub limits: Option<Limits>,
-    /// One entry per runner count and rate.
+    /// One entry per trial, rate, kind of phase and runner count, in the order they ran.
     pub phases: Vec<Phase>,
     /// What the monitoring duty costs: one entry per trial, runner count and rate run both with and
     /// without it ([`monitoring_cost`]).
