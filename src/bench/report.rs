@@ -185,8 +185,11 @@ impl Report {
             "CPU s/runner",
             "peak RSS MiB"
         );
+        // With several trials every line of a phase says which trial it belongs to.
+        let trials = self.phases.iter().any(|p| p.trial > 1);
+        let trial = |p: &Phase| trials.then_some(p.trial);
         for p in &self.phases {
-            write_phase_row(&mut out, p);
+            write_phase_row(&mut out, p, trial(p));
         }
         write_monitoring_cost(
             &mut out,
@@ -194,10 +197,10 @@ impl Report {
             &self.monitoring_cost_median,
         );
         for p in &self.phases {
-            write_cores(&mut out, p);
+            write_cores(&mut out, p, trial(p));
         }
         for p in &self.phases {
-            write_requests_by_kind(&mut out, p);
+            write_requests_by_kind(&mut out, p, trial(p));
         }
         out
     }
@@ -246,8 +249,9 @@ impl Report {
     }
 }
 
-/// One phase's row of the table (marked when it did not complete).
-fn write_phase_row(out: &mut String, p: &Phase) {
+/// One phase's row of the table (marked when it did not complete, and with its trial when the run had
+/// several).
+fn write_phase_row(out: &mut String, p: &Phase, trial: Option<usize>) {
     let rate = p
         .target_rate
         .map_or("unpaced".into(), |r| format!("{r:.0}/s"));
@@ -280,9 +284,10 @@ fn write_phase_row(out: &mut String, p: &Phase) {
     } else {
         format!("  (incomplete: {} of {} QUEUED)", p.queued, p.published)
     };
+    let trial = trial.map_or(String::new(), |t| format!("  (trial {t})"));
     let _ = writeln!(
         out,
-        "{:>7} | {:>7} | {:>9} | {:>8} | {:>6} | {:>6} | {:>8} | {:>6} | {:>21} | {:>21} | {:>15} | {:>13}{incomplete}",
+        "{:>7} | {:>7} | {:>9} | {:>8} | {:>6} | {:>6} | {:>8} | {:>6} | {:>21} | {:>21} | {:>15} | {:>13}{incomplete}{trial}",
         p.runners,
         if p.monitor { "on" } else { "off" },
         rate,
@@ -407,42 +412,33 @@ pub fn monitoring_cost_median(ratios: &[MonitoringRatio]) -> Vec<MonitoringMedia
     if ratios.iter().all(|r| r.trial <= 1) {
         return Vec::new();
     }
-    let mut medians: Vec<MonitoringMedian> = Vec::new();
+    let alike = |a: &MonitoringRatio, b: &MonitoringRatio| {
+        a.runners == b.runners && a.target_rate == b.target_rate
+    };
+    // The first trial's entry of each runner count and rate, in the order they ran.
+    let mut firsts: Vec<&MonitoringRatio> = Vec::new();
     for r in ratios {
-        let at = medians
-            .iter()
-            .position(|m| m.runners == r.runners && m.target_rate == r.target_rate);
-        let m = match at {
-            Some(i) => &mut medians[i],
-            None => {
-                medians.push(MonitoringMedian {
-                    runners: r.runners,
-                    target_rate: r.target_rate,
-                    queued_rate_ratios: Vec::new(),
-                    median_queued_rate_ratio: None,
-                    goal: r.goal,
-                });
-                medians.last_mut().expect("just pushed")
+        if !firsts.iter().any(|f| alike(f, r)) {
+            firsts.push(r);
+        }
+    }
+    firsts
+        .into_iter()
+        .map(|first| {
+            let given: Vec<f64> = ratios
+                .iter()
+                .filter(|r| alike(r, first))
+                .filter_map(|r| r.queued_rate_ratio)
+                .collect();
+            MonitoringMedian {
+                runners: first.runners,
+                target_rate: first.target_rate,
+                median_queued_rate_ratio: super::stats::median(&given),
+                queued_rate_ratios: given,
+                goal: first.goal,
             }
-        };
-        m.queued_rate_ratios.extend(r.queued_rate_ratio);
-    }
-    for m in &mut medians {
-        m.median_queued_rate_ratio = median(&m.queued_rate_ratios);
-    }
-    medians
-}
-
-/// The median of `values` (the mean of the middle two for an even count).
-fn median(values: &[f64]) -> Option<f64> {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let n = sorted.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(sorted[n / 2]),
-        _ => Some((sorted[n / 2 - 1] + sorted[n / 2]) / 2.0),
-    }
+        })
+        .collect()
 }
 
 /// A QUEUED-rate ratio against the goal: the goal is for unpaced phases only.
@@ -528,7 +524,8 @@ fn write_monitoring_cost(
 /// Where a phase's CPU went, per job (QUEUED without the monitoring duty, ended with it): the runners,
 /// this process (the simulator, the publisher, the observers) and the broker, and how busy that kept
 /// the machine's cores.
-fn write_cores(out: &mut String, p: &Phase) {
+fn write_cores(out: &mut String, p: &Phase, trial: Option<usize>) {
+    let trial = trial.map_or(String::new(), |t| format!("trial {t}, "));
     let jobs = if p.monitor { p.ended } else { p.queued };
     if jobs == 0 {
         return;
@@ -546,7 +543,7 @@ fn write_cores(out: &mut String, p: &Phase) {
     });
     let _ = writeln!(
         out,
-        "CPU per job, {} runner(s), monitor {}, {rate}: runners {}, simulator and benchmark {}, RabbitMQ {} ms{busy}{lock}",
+        "CPU per job, {trial}{} runner(s), monitor {}, {rate}: runners {}, simulator and benchmark {}, RabbitMQ {} ms{busy}{lock}",
         p.runners,
         if p.monitor { "on" } else { "off" },
         per_job(runners),
@@ -556,7 +553,8 @@ fn write_cores(out: &mut String, p: &Phase) {
 }
 
 /// A phase's API requests per job, by `<verb> <resource>`, largest first: where the requests go.
-fn write_requests_by_kind(out: &mut String, p: &Phase) {
+fn write_requests_by_kind(out: &mut String, p: &Phase, trial: Option<usize>) {
+    let trial = trial.map_or(String::new(), |t| format!("trial {t}, "));
     let jobs = if p.monitor { p.ended } else { p.queued };
     if jobs == 0 || p.api_requests_by_kind.is_empty() {
         return;
@@ -573,7 +571,7 @@ fn write_requests_by_kind(out: &mut String, p: &Phase) {
         .join(", ");
     let _ = writeln!(
         out,
-        "API requests per job, {} runner(s), monitor {}, {rate}: {list}",
+        "API requests per job, {trial}{} runner(s), monitor {}, {rate}: {list}",
         p.runners,
         if p.monitor { "on" } else { "off" },
     );
@@ -865,19 +863,19 @@ mod tests {
             table.contains("  median of 3 trial(s), 1 runner unpaced: QUEUED rate 85% (goal >= 80% unpaced) (goal met) [90%, 50%, 85%]"),
             "{table}"
         );
+        assert!(
+            table.contains("CPU per job, trial 4, 1 runner(s), monitor on, unpaced:"),
+            "{table}"
+        );
+        assert!(
+            table.contains("API requests per job, trial 3, 1 runner(s), monitor off, unpaced:"),
+            "{table}"
+        );
+        let rows: Vec<&str> = table.lines().filter(|l| l.contains(" | ")).collect();
+        assert!(rows[2].ends_with("  (trial 1)"), "{}", rows[2]);
+        assert!(rows[8].ends_with("  (trial 4)"), "{}", rows[8]);
         let json = serde_json::to_value(&medians).unwrap();
         assert_eq!(json[0]["median_queued_rate_ratio"], 0.85);
-
-        let even = MonitoringMedian {
-            queued_rate_ratios: vec![0.9, 0.5, 0.85, 0.6],
-            ..medians[0].clone()
-        };
-        let middle = median(&even.queued_rate_ratios).unwrap();
-        assert!(
-            (middle - 0.725).abs() < 1e-12,
-            "the middle two's mean: {middle}"
-        );
-        assert_eq!(median(&[]), None);
 
         let one = monitoring_cost(&pair(1, 1000.0, 900.0, 0.9));
         assert!(

@@ -104,6 +104,20 @@ pub fn monitoring_overlap(queued: &mut [Duration], ends: &[Duration]) -> Option<
     Some(overlapped.as_secs_f64() / window.span().as_secs_f64())
 }
 
+/// The median of `values` (the mean of the middle two for an even count); `None` for none. For
+/// figures of whole phases (a few trials' ratios), where the nearest rank of [`Latency`] would pick one
+/// trial's value over another's for no reason.
+pub fn median(values: &[f64]) -> Option<f64> {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(sorted[n / 2]),
+        _ => Some((sorted[n / 2 - 1] + sorted[n / 2]) / 2.0),
+    }
+}
+
 /// `count` operations in `elapsed`, per second.
 pub fn rate(count: usize, elapsed: Duration) -> f64 {
     if elapsed.is_zero() {
@@ -184,6 +198,17 @@ mod tests {
         assert_eq!((w.start, w.end, w.jobs), (ms(100), ms(890), 79));
         assert_eq!(sustained_rate(&mut done), Some(79.0 / 0.79));
         assert!(steady_window(&mut [ms(5), ms(5)]).is_none());
+    }
+
+    #[test]
+    fn the_median_is_the_middle_value_or_the_mean_of_the_middle_two() {
+        assert_eq!(median(&[0.9, 0.5, 0.85]), Some(0.85));
+        let middle = median(&[0.9, 0.5, 0.85, 0.6]).unwrap();
+        assert!(
+            (middle - 0.725).abs() < 1e-12,
+            "the middle two's mean: {middle}"
+        );
+        assert_eq!(median(&[]), None);
     }
 
     #[test]

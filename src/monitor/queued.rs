@@ -361,10 +361,13 @@ impl ConfirmedQueued {
     /// submission's next delivery after a rollback), which still needs it on its first write.
     pub fn gone(&self, job_id: &str, uid: Option<&str>) {
         let mut carried = self.carried();
-        let theirs = carried.jobs.get(job_id).is_some_and(
-            |job| matches!((&job.uid, uid), (Some(carried), Some(gone)) if carried != gone),
-        );
-        let done = if theirs {
+        let of_a_fresh_job = carried
+            .jobs
+            .get(job_id)
+            .and_then(|job| job.uid.as_deref())
+            .zip(uid)
+            .is_some_and(|(confirmed, gone)| confirmed != gone);
+        let done = if of_a_fresh_job {
             None
         } else {
             carried.jobs.remove(job_id)
